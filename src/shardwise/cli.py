@@ -1,0 +1,61 @@
+"""The `shardwise` command: one thin layer over the library.
+
+Each sub-command lives in `shardwise/commands/<name>.py` and exposes
+`register(subparsers, name, help)` (which adds its parser and sets `func`);
+it must not import torch at module level, so that
+`plan` and `estimate` answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shardwise.errors import UsageError
+
+# name -> one-line help; the module is shardwise.commands.<name> ('-' -> '_').
+COMMANDS = {
+    "demo": "plan the article's example, then plan and really train a tiny model on 4 CPU processes",
+    "plan": "rank every dp x tp x pp layout for a model on a cluster and explain the winner",
+    "estimate": "predict memory and step time of one layout",
+    "explain": "the planner's decision in plain words, with numbers",
+    "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
+    "train": "train a model with a dp x tp x pp layout on torch.distributed",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Only the chosen command's module is imported, so each command starts fast."""
+    parser = argparse.ArgumentParser(
+        prog="shardwise",
+        description="Where to split a training job (data, tensor, pipeline parallel), how to run it, and proof it is right.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, text in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(f"shardwise.commands.{name.replace('-', '_')}").register(sub, name, text)
+        else:
+            sub.add_parser(name, help=text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except UsageError as exc:
+        print(f"shardwise: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("shardwise: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the `shardwise` CLI, one module each (see shardwise.cli)."""

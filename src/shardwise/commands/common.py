@@ -1,0 +1,62 @@
+"""Arguments and output helpers shared by several sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shardwise.errors import UsageError
+from shardwise.specs import SCHEDULES, Layout, load_cluster, load_model
+
+
+def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--model", required=default is None, default=default,
+                   help="model preset (e.g. llama3-8b, tiny) or path to a Hugging Face config.json")
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, help="cluster preset (e.g. dgx-h100-80gb) or path to a cluster .toml")
+    p.add_argument("--gpus", type=int, required=True, help="total number of GPUs")
+
+
+def add_job_args(p: argparse.ArgumentParser, global_batch: int | None = None, seq_len: int | None = None) -> None:
+    p.add_argument("--global-batch", type=int, required=global_batch is None, default=global_batch,
+                   help="sequences per optimizer step (same for every layout)")
+    p.add_argument("--seq-len", type=int, required=seq_len is None, default=seq_len, help="tokens per sequence")
+
+
+def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = False) -> None:
+    """The knobs of one layout, with the contract's flag names."""
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    p.add_argument("--micro-batch", type=int, required=micro_batch_required, default=None if micro_batch_required else 1,
+                   help="sequences per micro-batch")
+    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
+    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"], help="activation recompute")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
+
+
+def layout_from_args(args, dp: int) -> Layout:
+    schedule = args.schedule or ("interleaved-1f1b" if args.vpp > 1 else "1f1b")
+    return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
+                  recompute=args.recompute, sequence_parallel=args.sequence_parallel, schedule=schedule)
+
+
+def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if tp < 1 or pp < 1 or gpus % (tp * pp):
+        raise UsageError(f"tp*pp = {tp}*{pp} does not divide {gpus} GPUs — choose tp and pp whose product divides --gpus")
+    return gpus // (tp * pp)
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+__all__ = ["add_model_arg", "add_cluster_args", "add_job_args", "add_layout_args", "layout_from_args",
+           "dp_from_gpus", "print_json", "load_model", "load_cluster"]

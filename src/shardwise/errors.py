@@ -1,0 +1,11 @@
+"""The one error type users see: a one-line message naming the problem and the fix.
+
+The CLI turns it into `shardwise: error: <message>` and exit code 2, with no traceback.
+Raise it at the edge (spec loading, layout validation) before any process group starts.
+"""
+
+
+class UsageError(ValueError):
+    """Bad input from the user: an unknown preset, an impossible layout, a malformed file."""
+
+    exit_code = 2

@@ -1,0 +1,1 @@
+"""Pipeline schedules as data: generators, a static validator, a simulator and closed forms."""

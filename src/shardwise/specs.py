@@ -1,0 +1,395 @@
+"""Validated descriptions of what is trained, where, and how it is split.
+
+ModelSpec   — the architecture (from a preset or a Hugging Face config.json).
+ClusterSpec — the hardware (from a preset or a TOML file).
+TrainSpec   — the job: global batch, sequence length, optimizer bytes.
+Layout      — one way to split the job: dp x tp x pp, micro-batch, ZeRO, recompute, schedule.
+
+Everything here is plain Python (no torch), so the planner imports in milliseconds.
+Every check raises UsageError with one line that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+from shardwise.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, in the terms both the planner and the runtime use.
+
+    family "llama": RMSNorm, RoPE, SwiGLU MLP (3 matrices), grouped-query attention, no biases.
+    family "gpt2":  LayerNorm, learned positions, GELU MLP (2 matrices), biases, tied embeddings.
+    """
+
+    name: str
+    family: str
+    hidden: int
+    ffn_hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int
+    max_positions: int = 2048
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.family == "llama"
+
+    @property
+    def has_bias(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # Parameter counts, matrix by matrix, as Hugging Face builds the model.
+    def params_per_layer(self) -> int:
+        h, f = self.hidden, self.ffn_hidden
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        norms = 2 * h * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
+        bias = (self.q_dim + 2 * self.kv_dim + h + f + h) if self.has_bias else 0
+        return attn + mlp + norms + bias
+
+    def embedding_params(self) -> int:
+        pos = self.max_positions * self.hidden if self.learned_positions else 0
+        return self.vocab_size * self.hidden + pos
+
+    def head_params(self) -> int:
+        """Final norm plus the LM head (zero extra when tied to the embedding)."""
+        final_norm = self.hidden * (2 if self.family == "gpt2" else 1)
+        return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden)
+
+    def num_params(self) -> int:
+        return self.embedding_params() + self.num_layers * self.params_per_layer() + self.head_params()
+
+    def to_hf_config(self) -> dict:
+        """An HF-style config.json for this spec (round-trips through load_model)."""
+        if self.family == "gpt2":
+            return {
+                "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
+                "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
+                "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
+            }
+        return {
+            "model_type": "llama", "hidden_size": self.hidden, "intermediate_size": self.ffn_hidden,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "vocab_size": self.vocab_size,
+            "head_dim": self.head_dim, "max_position_embeddings": self.max_positions,
+            "tie_word_embeddings": self.tie_embeddings, "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+        }
+
+
+def _preset_dir(kind: str):
+    return resources.files("shardwise").joinpath("presets").joinpath(kind)
+
+
+def model_presets() -> list[str]:
+    return sorted(p.name[: -len(".json")] for p in _preset_dir("models").iterdir() if p.name.endswith(".json"))
+
+
+def cluster_presets() -> list[str]:
+    return sorted(p.name[: -len(".toml")] for p in _preset_dir("clusters").iterdir() if p.name.endswith(".toml"))
+
+
+def _require(cfg: dict, key: str, source: str):
+    if key not in cfg:
+        raise UsageError(f"{source}: missing key '{key}' — add it to the config (see the Hugging Face config of the model)")
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{source}: key '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config dict (Llama- or GPT-2-family keys)."""
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__}")
+    if "n_embd" in cfg or cfg.get("model_type") == "gpt2":
+        hidden = _require(cfg, "n_embd", source)
+        heads = _require(cfg, "n_head", source)
+        inner = cfg.get("n_inner") or 4 * hidden
+        spec = ModelSpec(
+            name=name, family="gpt2", hidden=hidden, ffn_hidden=int(inner),
+            num_layers=_require(cfg, "n_layer", source), num_heads=heads, num_kv_heads=heads,
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
+            max_positions=_require(cfg, "n_positions", source), tie_embeddings=True,
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        )
+    elif "hidden_size" in cfg:
+        hidden = _require(cfg, "hidden_size", source)
+        heads = _require(cfg, "num_attention_heads", source)
+        kv = cfg.get("num_key_value_heads") or heads
+        spec = ModelSpec(
+            name=name, family="llama", hidden=hidden, ffn_hidden=_require(cfg, "intermediate_size", source),
+            num_layers=_require(cfg, "num_hidden_layers", source), num_heads=heads, num_kv_heads=int(kv),
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=int(cfg.get("head_dim") or hidden // heads),
+            max_positions=int(cfg.get("max_position_embeddings", 2048)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        )
+    else:
+        raise UsageError(
+            f"{source}: not a recognised model config — need Llama keys (hidden_size, ...) or GPT-2 keys (n_embd, ...)"
+        )
+    if spec.num_heads % spec.num_kv_heads:
+        raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
+    if spec.family == "gpt2" and spec.hidden % spec.num_heads:
+        raise UsageError(f"{source}: n_embd {spec.hidden} is not divisible by n_head {spec.num_heads}")
+    return spec
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A preset name (see `model_presets()`) or a path to a Hugging Face config.json."""
+    path = Path(ref)
+    if ref.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
+        try:
+            cfg = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{ref}: malformed JSON ({exc}) — fix the file or use a preset") from None
+        return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
+    preset = _preset_dir("models").joinpath(f"{ref}.json")
+    if not preset.is_file():
+        raise UsageError(f"unknown model '{ref}' — valid presets: {', '.join(model_presets())}; or pass a path to a config.json")
+    return model_from_hf_config(json.loads(preset.read_text()), name=ref, source=f"preset {ref}")
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Hardware, per GPU. Bandwidths are unidirectional bytes/s one GPU can drive on that link."""
+
+    name: str
+    gpus_per_node: int
+    gpu_memory_bytes: float
+    peak_flops: float  # dense BF16 FLOP/s per GPU
+    hbm_bandwidth: float  # bytes/s
+    intra_node_bandwidth: float  # NVLink, bytes/s per GPU, one direction
+    inter_node_bandwidth: float  # network, bytes/s per GPU, one direction
+    intra_node_latency: float = 5e-6  # seconds per collective step
+    inter_node_latency: float = 10e-6
+    num_gpus: int = 0  # 0 = not fixed by the cluster; `--gpus` sets it
+    # Optional measured tables from `shardwise calibrate` (size -> seconds); empty for datasheet presets.
+    measured: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.gpu_memory_bytes / 2**30
+
+
+_CLUSTER_KEYS = {
+    "gpus_per_node": int, "gpu_memory_gib": float, "peak_tflops": float, "hbm_bandwidth_gbs": float,
+    "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
+}
+
+
+def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
+    """Cluster TOML: a [cluster] table with the keys in _CLUSTER_KEYS (GB/s = 1e9 bytes/s, TFLOP/s = 1e12)."""
+    table = data.get("cluster", data)
+    values = {}
+    for key, kind in _CLUSTER_KEYS.items():
+        if key not in table:
+            raise UsageError(f"{source}: missing key '{key}' in [cluster] — see the presets in shardwise/presets/clusters")
+        try:
+            values[key] = kind(table[key])
+        except (TypeError, ValueError):
+            raise UsageError(f"{source}: key '{key}' must be a number, got {table[key]!r}") from None
+        if values[key] <= 0:
+            raise UsageError(f"{source}: key '{key}' must be positive, got {table[key]!r}")
+    return ClusterSpec(
+        name=str(table.get("name", name)),
+        gpus_per_node=values["gpus_per_node"],
+        gpu_memory_bytes=values["gpu_memory_gib"] * 2**30,
+        peak_flops=values["peak_tflops"] * 1e12,
+        hbm_bandwidth=values["hbm_bandwidth_gbs"] * 1e9,
+        intra_node_bandwidth=values["intra_node_bandwidth_gbs"] * 1e9,
+        inter_node_bandwidth=values["inter_node_bandwidth_gbs"] * 1e9,
+        intra_node_latency=float(table.get("intra_node_latency_us", 5.0)) * 1e-6,
+        inter_node_latency=float(table.get("inter_node_latency_us", 10.0)) * 1e-6,
+        num_gpus=int(table.get("num_gpus", 0)),
+        measured=dict(data.get("measured", {})),
+    )
+
+
+def load_cluster(ref: str) -> ClusterSpec:
+    """A preset name (see `cluster_presets()`) or a path to a cluster TOML file."""
+    path = Path(ref)
+    if ref.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise UsageError(f"cluster file '{ref}' not found — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
+        try:
+            data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{ref}: malformed TOML ({exc}) — fix the file or use a preset") from None
+        return cluster_from_toml(data, name=path.stem, source=ref)
+    preset = _preset_dir("clusters").joinpath(f"{ref}.toml")
+    if not preset.is_file():
+        raise UsageError(f"unknown cluster '{ref}' — valid presets: {', '.join(cluster_presets())}; or pass a path to a .toml")
+    return cluster_from_toml(tomllib.loads(preset.read_text()), name=ref, source=f"preset {ref}")
+
+
+# --------------------------------------------------------------------------- training job
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The job. Mixed-precision Adam bytes per parameter (see docs/planner.md for the why):
+
+    weight_bytes 2 (bf16 weights used in forward/backward), grad_bytes 4 (fp32 gradient
+    accumulation buffer, as Megatron and FSDP keep it), optimizer_bytes 12 (fp32 master copy +
+    Adam m + v). 2 + 4 + 12 = 18 B/param, what real frameworks keep; the textbook 16 assumes
+    bf16 gradients.
+    """
+
+    global_batch: int
+    seq_len: int
+    weight_bytes: int = 2
+    grad_bytes: int = 4
+    optimizer_bytes: int = 12
+    activation_bytes: int = 2  # bf16 activations
+
+    def __post_init__(self):
+        if self.global_batch <= 0 or self.seq_len <= 0:
+            raise UsageError(f"global batch and sequence length must be positive (got {self.global_batch}, {self.seq_len})")
+
+    @property
+    def bytes_per_param(self) -> int:
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One split of the job over dp * tp * pp GPUs (rank order: pp outer, dp, tp inner)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    vpp: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.micro_batch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_(self, **changes) -> "Layout":
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"v{self.vpp}")
+        parts.append(f"mb{self.micro_batch}")
+        return "·".join(parts)
+
+
+def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None) -> None:
+    """Raise UsageError naming the first thing that makes `layout` impossible for this job."""
+    for name in ("dp", "tp", "pp", "micro_batch", "vpp"):
+        if getattr(layout, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
+    if num_gpus is not None and layout.world_size != num_gpus:
+        raise UsageError(
+            f"dp*tp*pp = {layout.dp}*{layout.tp}*{layout.pp} = {layout.world_size} does not match {num_gpus} GPUs — "
+            f"choose degrees whose product is {num_gpus}"
+        )
+    if layout.schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule '{layout.schedule}' — choose one of {', '.join(SCHEDULES)}")
+    if layout.recompute not in RECOMPUTE:
+        raise UsageError(f"unknown recompute '{layout.recompute}' — choose one of {', '.join(RECOMPUTE)}")
+    if layout.zero not in ZERO_STAGES:
+        raise UsageError(f"unknown ZeRO stage {layout.zero} — choose 0, 1, 2 or 3")
+    if model.num_heads % layout.tp:
+        raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
+    if model.num_kv_heads % layout.tp:
+        raise UsageError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name} — pick a divisor of {model.num_kv_heads}")
+    if model.ffn_hidden % layout.tp:
+        raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
+    if layout.pp * layout.vpp > model.num_layers:
+        raise UsageError(
+            f"pp*vpp = {layout.pp * layout.vpp} model chunks exceed the {model.num_layers} layers of {model.name} — lower pp or vpp"
+        )
+    if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":
+        raise UsageError(f"vpp={layout.vpp} needs --schedule interleaved-1f1b (got {layout.schedule})")
+    if layout.schedule == "interleaved-1f1b" and layout.pp == 1:
+        raise UsageError("interleaved-1f1b needs pp > 1 — use pp>=2 or another schedule")
+    if global_batch % (layout.dp * layout.micro_batch):
+        raise UsageError(
+            f"global batch {global_batch} is not divisible by dp*micro_batch = {layout.dp}*{layout.micro_batch} — "
+            f"pick a global batch that is a multiple of {layout.dp * layout.micro_batch}"
+        )
+    m = layout.num_microbatches(global_batch)
+    if layout.schedule == "naive" and m != 1 and layout.pp > 1:
+        raise UsageError(
+            f"the naive layer split runs one micro-batch per step, but this layout gives {m} — "
+            f"set micro-batch = global batch / dp, or pick gpipe/1f1b"
+        )
+    if layout.schedule == "interleaved-1f1b" and m % layout.pp:
+        raise UsageError(
+            f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
+        )
+
+
+def stage_layer_counts(num_layers: int, chunks: int) -> list[int]:
+    """Split L layers into contiguous chunks of ceil(L/c) or floor(L/c) layers (extra ones go first)."""
+    base, extra = divmod(num_layers, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,99 @@
+"""Model and cluster specs: presets load, parameter counts equal the real models, bad input is one clear line."""
+
+import json
+
+import pytest
+
+from shardwise.errors import UsageError
+from shardwise.specs import Layout, load_cluster, load_model, model_presets, stage_layer_counts, validate_layout
+
+REQUIRED_MODELS = ["gpt2", "gpt3-175b", "llama-65b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
+                   "llama3-70b", "llama3.1-405b"]
+
+# Published totals (the model cards), as a second check beside transformers.
+KNOWN = {"gpt2": 124_439_808, "llama2-7b": 6_738_415_616, "llama3-8b": 8_030_261_248,
+         "llama3.1-405b": 405_853_388_800, "llama2-70b": 68_976_648_192, "llama-65b": 65_285_660_672}
+
+
+def _hf_count(spec) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = spec.to_hf_config()
+    if spec.family == "gpt2":
+        config = transformers.GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"})
+        cls = transformers.GPT2LMHeadModel
+    else:
+        config = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+        cls = transformers.LlamaForCausalLM
+    with torch.device("meta"):
+        model = cls(config)
+    return sum(p.numel() for p in model.parameters())  # parameters() de-duplicates tied weights
+
+
+@pytest.mark.parametrize("name", REQUIRED_MODELS + ["tiny", "tiny-gpt2"])
+def test_param_count_equals_transformers(name):
+    spec = load_model(name)
+    assert spec.num_params() == _hf_count(spec)
+    if name in KNOWN:
+        assert spec.num_params() == KNOWN[name]
+
+
+def test_required_presets_present():
+    assert set(REQUIRED_MODELS) <= set(model_presets())
+    for c in ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200"]:
+        assert load_cluster(c).gpus_per_node == 8
+
+
+def test_hf_config_file_round_trip(tmp_path):
+    spec = load_model("llama3-8b")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(spec.to_hf_config()))
+    assert load_model(str(path)).num_params() == spec.num_params()
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "malformed JSON"),
+    ('{"hidden_size": 64, "num_attention_heads": 4}', "missing key 'intermediate_size'"),
+    ('{"n_embd": 64, "n_layer": 2, "n_head": 4}', "missing key 'vocab_size'"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_malformed_config_names_the_problem(tmp_path, content, fragment):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=fragment):
+        load_model(str(path))
+
+
+def test_unknown_presets_list_valid_ones():
+    with pytest.raises(UsageError, match="valid presets: .*llama3-8b"):
+        load_model("llama-9000")
+    with pytest.raises(UsageError, match="valid presets: .*dgx-h100-80gb"):
+        load_cluster("tpu-pod")
+
+
+def test_malformed_cluster_toml(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[cluster]\ngpus_per_node = 8\n")
+    with pytest.raises(UsageError, match="missing key 'gpu_memory_gib'"):
+        load_cluster(str(path))
+    path.write_text("[cluster\n")
+    with pytest.raises(UsageError, match="malformed TOML"):
+        load_cluster(str(path))
+
+
+@pytest.mark.parametrize("layout, fragment", [
+    (Layout(dp=2, tp=3, pp=1), "does not divide the 32 attention heads"),
+    (Layout(dp=1, tp=16, pp=1), "KV heads"),
+    (Layout(dp=3, tp=1, pp=1), "does not match 4 GPUs"),
+    (Layout(dp=8, tp=1, pp=1, micro_batch=3), "not divisible by dp\\*micro_batch"),
+    (Layout(dp=1, tp=1, pp=8, vpp=2, schedule="1f1b"), "needs --schedule interleaved-1f1b"),
+])
+def test_invalid_layouts(layout, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        validate_layout(layout, load_model("llama3-8b"), global_batch=64,
+                        num_gpus=4 if layout.world_size == 3 else layout.world_size)
+
+
+def test_uneven_stages():
+    assert stage_layer_counts(126, 16) == [8] * 14 + [7] * 2
+    assert sum(stage_layer_counts(7, 3)) == 7
