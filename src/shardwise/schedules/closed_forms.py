@@ -15,18 +15,29 @@ from __future__ import annotations
 
 
 def pipeline_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, c: float = 0.0) -> float:
-    """Time of one step (all m micro-batches through all p stages and back)."""
+    """Time of one step (all m micro-batches through all p stages and back).
+
+    Exact (equal to the simulator) for c = 0 and for naive and GPipe at any c. For the other
+    schedules with c > 0 it adds only the fill and drain latency 2(p-1)c: a lower bound, because
+    1F1B-style steady states have no slack to hide a transfer (see docs/pipeline.md for the bounds).
+    """
     work = m * (f + b + w)
+    fill_drain = 2 * (p - 1) * c
     if p == 1:
         return work
-    if schedule in ("naive", "gpipe", "1f1b"):
-        return work + (p - 1) * (f + b + w + 2 * c)
+    if schedule == "naive":
+        # One micro-batch at a time: every stage, every transfer, on the critical path.
+        return m * (p * (f + b + w) + fill_drain)
+    if schedule in ("gpipe", "1f1b"):
+        return work + (p - 1) * (f + b + w) + fill_drain
     if schedule == "interleaved-1f1b":
         # Warm-up and cool-down shrink by v: each chunk is 1/v of a stage.
-        return work + (p - 1) * (f + b + w) / v + 2 * (p - 1) * c
+        return work + (p - 1) * (f + b + w) / v + fill_drain
     if schedule == "zb-h1":
-        # W passes fill the cool-down bubble; only F and B sit on the critical path (Qi et al. eq. 1).
-        return work + (p - 1) * max(f + b - w, 0.0) + 2 * (p - 1) * c
+        # W passes fill the cool-down bubble, leaving (p-1)(f+b-w) (Qi et al. 2023, Sec. 3) when
+        # w <= min(f, b); a larger W cannot shrink it below (p-1)*max(f, b), the time the first
+        # backward needs to come back. With m < p the warm-up never fills, costing min(f,b,w) per missing micro-batch.
+        return work + (p - 1) * max(f + b - w, f, b) + max(p - m, 0) * min(f, b, w) + fill_drain
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
@@ -38,14 +49,21 @@ def bubble_fraction(schedule: str, p: int, m: int, v: int, f: float = 1.0, b: fl
 
 
 def peak_inflight_microbatches(schedule: str, p: int, m: int, v: int, stage: int = 0) -> float:
-    """Micro-batches of a whole stage's activations held at once on `stage` (stage 0 is the worst).
+    """Micro-batches of a whole stage's activations held at once on pipeline rank `stage`.
 
-    Interleaved counts chunk-micro-batches / v, giving Megatron's p * (1 + (p-1)/(p*v)) on stage 0.
+    A micro-batch's activations are held from its forward to its backward (to its W for zero-bubble,
+    since the weight gradient needs the saved inputs). Interleaved counts chunk-micro-batches / v,
+    giving Megatron's p * (1 + (p-1)/(p*v)) on rank 0.
     """
-    if schedule in ("naive", "gpipe"):
+    if schedule == "naive":
+        return 1.0  # one micro-batch at a time
+    if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zb-h1"):
+    if schedule == "1f1b":
         return float(min(p - stage, m))
+    if schedule == "zb-h1":
+        # Rank r delays its first r weight passes, so every rank peaks at 1F1B's worst (rank 0's) p.
+        return float(min(p, m))
     if schedule == "interleaved-1f1b":
         chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v

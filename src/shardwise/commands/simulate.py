@@ -1,0 +1,115 @@
+"""`shardwise simulate`: run a pipeline schedule on paper — makespan, bubble, memory, timeline picture."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from shardwise.errors import UsageError
+
+COMPARE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def register(subparsers, name: str, help: str) -> None:
+    from shardwise.schedules.generators import SCHEDULE_NAMES
+
+    p = subparsers.add_parser(name, help=help, description=help)
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="pipeline schedule (default 1f1b)")
+    p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
+    p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
+    p.add_argument("--vpp", type=int, default=None,
+                   help="model chunks per rank (interleaved-1f1b only; default 2 for interleaved, else 1)")
+    p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
+                   help="per micro-batch per stage, in ms: forward, backward for inputs, backward for weights (default 1,1,1)")
+    p.add_argument("--comm", type=float, default=0.0, metavar="C", help="one point-to-point transfer, in ms (default 0)")
+    p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
+    p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
+    p.add_argument("--trace", type=Path, default=None, help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def parse_costs(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
+        raise UsageError(f"--costs must be three non-negative numbers F,B,W (e.g. 1,1,1), got '{text}'")
+    return values
+
+
+def _check(args) -> None:
+    if args.comm < 0:
+        raise UsageError(f"--comm must be non-negative, got {args.comm}")
+    if args.out is not None and args.out.suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"--out must end in .png or .svg, got '{args.out}'")
+    if args.compare and args.schedule is not None:
+        raise UsageError("--compare simulates gpipe, 1f1b, interleaved-1f1b and zb-h1 itself — drop --schedule")
+
+
+def _shapes(args) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs to simulate."""
+    if args.compare:
+        if args.vpp is not None and args.vpp < 2:
+            raise UsageError(f"--compare needs --vpp of at least 2 for the interleaved panel, got {args.vpp}")
+        return [(s, (args.vpp or 2) if s == "interleaved-1f1b" else 1) for s in COMPARE]
+    schedule = args.schedule or "1f1b"
+    vpp = args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1)
+    return [(schedule, vpp)]
+
+
+def _title(sim) -> str:
+    s = sim.schedule
+    return f"{s.name}  (p={s.p}, m={s.m}" + (f", v={s.v})" if s.v > 1 else ")")
+
+
+def _scaled(events, to_seconds: float, rank_offset: int = 0):
+    from dataclasses import replace
+
+    return [replace(e, rank=e.rank + rank_offset, start=e.start * to_seconds, end=e.end * to_seconds) for e in events]
+
+
+def run(args) -> int:
+    from shardwise.schedules.generators import build
+    from shardwise.schedules.simulate import Costs, simulate
+    from shardwise.timeline import draw_timelines, write_chrome_trace
+
+    _check(args)
+    f, b, w = parse_costs(args.costs)
+    sims = [simulate(build(name, args.pp, args.microbatches, v), Costs(f, b, w, args.comm)) for name, v in _shapes(args)]
+    ms = 1e-3  # costs are in ms; pictures and traces take seconds
+    if args.out is not None:
+        panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]
+        draw_timelines(panels, args.out, suptitle=f"costs per micro-batch per stage: F={f:g} B={b:g} W={w:g} ms, comm={args.comm:g} ms")
+    if args.trace is not None:
+        # One trace; with --compare each schedule's ranks get their own process ids.
+        events = [e for i, s in enumerate(sims) for e in _scaled(s.events + s.transfers, ms, rank_offset=i * args.pp)]
+        write_chrome_trace(events, args.trace)
+    if args.json:
+        from shardwise.commands.common import print_json
+
+        results = [s.to_dict() | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}} for s in sims]
+        print_json({"compare": results} if args.compare else results[0])
+    else:
+        _print_summary(sims, args)
+    return 0
+
+
+def _print_summary(sims, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms")
+    for col in ("schedule", "v", "makespan ms", "bubble", "bubble per rank", "peak in flight per rank"):
+        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col != "v")
+    for s in sims:
+        table.add_row(s.schedule.name, str(s.schedule.v), f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
+                      " ".join(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
+                      " ".join(f"{x:g}" for x in s.peak_inflight_per_rank))
+    console = Console()
+    console.print(table)
+    console.print("in flight: activations held, in micro-batches of one whole stage (chunk-micro-batches / v)")
+    for label, path in (("timeline", args.out), ("trace", args.trace)):
+        if path is not None:
+            console.print(f"{label} written to {path}")
