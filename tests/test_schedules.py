@@ -1,0 +1,172 @@
+"""Schedules as data: the stage mapping, the generators' shapes, p2p plans, and the validator."""
+
+from __future__ import annotations
+
+import graphlib
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.errors import UsageError
+from shardwise.schedules.generators import SCHEDULE_NAMES, build
+from shardwise.schedules.schedule import (Action, Schedule, dependencies, next_rank, p2p_plan, prev_rank,
+                                          stage_owner, virtual_stage)
+from shardwise.schedules.validate import InvalidSchedule, problems, validate
+
+
+@st.composite
+def shapes(draw, names=SCHEDULE_NAMES):
+    name = draw(st.sampled_from(names))
+    p = draw(st.integers(1, 6))
+    if name == "interleaved-1f1b":
+        return name, p, p * draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    return name, p, draw(st.integers(1, 10)), 1
+
+
+def test_virtual_stage_is_megatrons_round_robin():
+    # p=4, v=2: rank 1 holds stages 1 and 5; stage 5 comes after stage 4 on rank 0.
+    assert [virtual_stage(1, c, 4) for c in range(2)] == [1, 5]
+    assert all(stage_owner(virtual_stage(r, c, 4), 4) == (r, c) for r in range(4) for c in range(2))
+    assert next_rank(3, 0, 4, 2) == (0, 1)  # the last rank's chunk 0 feeds rank 0's chunk 1
+    assert next_rank(3, 1, 4, 2) is None and prev_rank(0, 0, 4) is None
+    assert prev_rank(0, 1, 4) == (3, 0)
+
+
+def test_1f1b_warmup_and_order():
+    s = build("1f1b", 4, 8)
+    kinds = ["".join(a.kind for a in acts) for acts in s.ranks]
+    assert kinds[0] == "FFF" + "FB" * 5 + "BBB"  # p-r-1 = 3 warm-up forwards, 3 cool-down backwards
+    assert kinds[3] == "FB" * 8
+    assert [a.microbatch for a in s.ranks[0][:6]] == [0, 1, 2, 3, 0, 4]
+
+
+def test_zb_h1_splits_backward_and_delays_weights_by_rank():
+    s = build("zb-h1", 4, 8)
+    for r, acts in enumerate(s.ranks):
+        assert Counter(a.kind for a in acts) == {"F": 8, "I": 8, "W": 8}
+        first_w = next(i for i, a in enumerate(acts) if a.kind == "W")
+        assert sum(a.kind == "I" for a in acts[:first_w]) == r + 1  # rank r holds back r weight passes
+
+
+def test_interleaved_is_megatrons_order():
+    s = build("interleaved-1f1b", 2, 4, 2)
+    # Rank 0 warm-up: (p-1)*2 + (v-1)*p = 4 forwards, micro-batches in groups of p through chunk 0 then 1.
+    assert [(a.kind, a.microbatch, a.chunk) for a in s.ranks[0][:6]] == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("F", 1, 1), ("F", 2, 0), ("B", 0, 1)]
+
+
+def test_naive_runs_one_microbatch_at_a_time():
+    s = build("naive", 3, 2)
+    assert [str(a) for a in s.ranks[1]] == ["F0", "B0", "F1", "B1"]
+
+
+@pytest.mark.parametrize("name,p,m,v,msg", [
+    ("interleaved-1f1b", 4, 6, 2, "multiple of --pp"),
+    ("1f1b", 4, 8, 2, "needs --schedule interleaved-1f1b"),
+    ("1f1b", 0, 8, 1, "--pp must be at least 1"),
+    ("gpipe", 2, 0, 1, "--microbatches must be at least 1"),
+    ("pipedream", 2, 2, 1, "unknown schedule"),
+])
+def test_bad_shapes_are_usage_errors(name, p, m, v, msg):
+    with pytest.raises(UsageError, match=msg):
+        build(name, p, m, v)
+
+
+@settings(max_examples=120, deadline=None)
+@given(shapes())
+def test_every_generator_is_valid(shape):
+    s = build(*shape)
+    assert problems(s) == []
+    name, p, m, v = shape
+    for acts in s.ranks:  # every micro-batch forwarded and backwarded once per chunk
+        assert Counter((a.microbatch, a.chunk) for a in acts if a.kind == "F") == {(i, c): 1 for i in range(m) for c in range(v)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes(), st.data())
+def test_p2p_plan_matches_every_send_with_one_recv(shape, data):
+    s = build(*shape)
+    plan = p2p_plan(s)
+    sends = Counter(t for steps in plan for step in steps for t in step.send)
+    recvs = Counter(t for steps in plan for step in steps for t in step.recv)
+    assert sends == recvs and all(n == 1 for n in sends.values())
+    name, p, m, v = shape
+    # Each micro-batch crosses every rank boundary once forward and once backward.
+    crossings = sum(1 for st_ in range(p * v - 1) if stage_owner(st_, p)[0] != stage_owner(st_ + 1, p)[0])
+    assert len(sends) == 2 * m * crossings
+    for r, steps in enumerate(plan):
+        for step in steps:
+            assert all(t.dst_rank == r for t in step.recv) and all(t.src_rank == r for t in step.send)
+
+
+def _acyclic(s: Schedule) -> bool:
+    """Independent oracle: program order + dependencies form a DAG iff in-order execution cannot deadlock."""
+    graph: dict = {}
+    for r, acts in enumerate(s.ranks):
+        for i, a in enumerate(acts):
+            preds = {(d.rank, d.action) for d in dependencies(s, r, a)}
+            if i:
+                preds.add((r, acts[i - 1]))
+            graph[(r, a)] = preds
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+        return True
+    except graphlib.CycleError:
+        return False
+
+
+def _with_rank(s: Schedule, r: int, acts: list[Action]) -> Schedule:
+    ranks = list(s.ranks)
+    ranks[r] = tuple(acts)
+    return Schedule(s.name, s.p, s.m, s.v, ranks)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shapes(), st.data())
+def test_validator_agrees_with_a_graph_oracle_on_swapped_actions(shape, data):
+    s = build(*shape)
+    r = data.draw(st.integers(0, s.p - 1))
+    acts = list(s.ranks[r])
+    if len(acts) < 2:
+        return
+    i = data.draw(st.integers(0, len(acts) - 2))
+    acts[i], acts[i + 1] = acts[i + 1], acts[i]
+    mutated = _with_rank(s, r, acts)
+    same_pair = acts[i].microbatch == acts[i + 1].microbatch and acts[i].chunk == acts[i + 1].chunk
+    expect_valid = _acyclic(mutated) and not same_pair  # swapping F/B or I/W of one micro-batch breaks order
+    assert (problems(mutated) == []) == expect_valid
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes(), st.data())
+def test_removed_or_duplicated_action_is_rejected(shape, data):
+    s = build(*shape)
+    r = data.draw(st.integers(0, s.p - 1))
+    acts = list(s.ranks[r])
+    i = data.draw(st.integers(0, len(acts) - 1))
+    removed = _with_rank(s, r, acts[:i] + acts[i + 1:])
+    duplicated = _with_rank(s, r, acts + [acts[i]])
+    for bad in (removed, duplicated):
+        with pytest.raises(InvalidSchedule):
+            validate(bad)
+
+
+def test_validator_finds_a_cross_rank_deadlock():
+    # Rank 0 waits for B0 from rank 1 before its F1; rank 1 wants F1 before it runs B0.
+    s = Schedule("bad", 2, 2, 1, [[Action("F", 0), Action("B", 0), Action("F", 1), Action("B", 1)],
+                                  [Action("F", 0), Action("F", 1), Action("B", 0), Action("B", 1)]])
+    with pytest.raises(InvalidSchedule, match="deadlock: rank 0 at B0 waits for B0 on rank 1"):
+        validate(s)
+
+
+@pytest.mark.parametrize("acts,msg", [
+    ([Action("B", 0), Action("F", 0)], "B0 comes before F0"),
+    ([Action("F", 0), Action("W", 0), Action("I", 0)], "W0 comes before I0"),
+    ([Action("F", 0), Action("B", 0), Action("W", 0)], "needs one F and one B"),
+    ([Action("F", 0), Action("B", 3)], "out of range"),
+])
+def test_validator_names_the_problem(acts, msg):
+    with pytest.raises(InvalidSchedule, match=msg):
+        validate(Schedule("bad", 1, 1, 1, [acts]))

@@ -1,0 +1,143 @@
+"""The simulator against the textbook closed forms, and closed_forms.py proven equal to it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.schedules import closed_forms as cf
+from shardwise.schedules.generators import SCHEDULE_NAMES, build
+from shardwise.schedules.schedule import stage_owner, virtual_stage
+from shardwise.schedules.simulate import Costs, simulate
+
+
+def grid():
+    for name in SCHEDULE_NAMES:
+        for p in (1, 2, 3, 4, 8):
+            for m in (1, 2, 3, 4, 5, 8, 16):
+                for v in ((1, 2, 3) if name == "interleaved-1f1b" else (1,)):
+                    if name != "interleaved-1f1b" or m % p == 0:
+                        yield name, p, m, v
+
+
+COSTS = [(1, 1, 1), (1, 2, 0.5), (2, 1, 1), (1, 0.5, 2), (1, 1, 0)]
+
+
+@pytest.mark.parametrize("name,p,m,v", list(grid()))
+def test_closed_forms_equal_the_simulator(name, p, m, v):
+    s = build(name, p, m, v)
+    for f, b, w in COSTS:
+        sim = simulate(s, Costs(f, b, w))
+        assert cf.pipeline_makespan(name, p, m, v, f, b, w) == pytest.approx(sim.makespan, abs=1e-9)
+        assert cf.bubble_fraction(name, p, m, v, f, b, w) == pytest.approx(sim.bubble_fraction, abs=1e-9)
+    assert [cf.peak_inflight_microbatches(name, p, m, v, r) for r in range(p)] == sim.peak_inflight_per_rank
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(SCHEDULE_NAMES), st.integers(1, 6), st.integers(1, 4), st.integers(1, 12),
+       st.tuples(*[st.integers(0, 8).map(lambda x: x / 4)] * 3).filter(lambda t: sum(t) > 0))
+def test_closed_forms_equal_the_simulator_for_any_costs(name, p, v, m, fbw):
+    v = v if name == "interleaved-1f1b" else 1
+    m = m * p if name == "interleaved-1f1b" else m
+    f, b, w = fbw
+    sim = simulate(build(name, p, m, v), Costs(f, b, w))
+    assert cf.pipeline_makespan(name, p, m, v, f, b, w) == pytest.approx(sim.makespan, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(name, p, m):
+    sim = simulate(build(name, p, m), Costs(1, 1, 1))
+    assert sim.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert sim.bubble_fraction_per_rank == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2)])
+def test_interleaved_bubble_is_p_minus_1_over_vm_of_ideal(p, m, v):
+    f, b, w = 1, 1.5, 0.5
+    sim = simulate(build("interleaved-1f1b", p, m, v), Costs(f, b, w))
+    ideal = m * (f + b + w)
+    assert (sim.makespan - ideal) / ideal == pytest.approx((p - 1) / (v * m))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16)])
+def test_zb_h1_bubble_is_a_third_of_1f1b_when_f_b_w_are_equal(p, m):
+    ideal = m * 3.0
+    zb = simulate(build("zb-h1", p, m), Costs(1, 1, 1)).makespan - ideal
+    ofob = simulate(build("1f1b", p, m), Costs(1, 1, 1)).makespan - ideal
+    assert zb == pytest.approx(ofob / 3)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 8), (4, 3), (8, 16)])
+def test_peak_activations_in_flight(p, m):
+    gpipe = simulate(build("gpipe", p, m)).peak_inflight_per_rank
+    ofob = simulate(build("1f1b", p, m)).peak_inflight_per_rank
+    zb = simulate(build("zb-h1", p, m)).peak_inflight_per_rank
+    assert gpipe[0] == m  # GPipe holds every micro-batch on stage 0
+    assert ofob == [min(p - r, m) for r in range(p)]  # 1F1B: at most p
+    assert max(zb) == max(ofob)  # ZB-H1 keeps 1F1B's peak (in stage-activation units)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4)])
+def test_interleaved_peak_is_megatrons(p, m, v):
+    peaks = simulate(build("interleaved-1f1b", p, m, v)).peak_inflight_per_rank
+    # Megatron (Narayanan et al. 2021): rank 0 holds p * (1 + (p-1)/(p*v)) micro-batches of activations.
+    assert peaks[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+@pytest.mark.parametrize("name,p,m,v", [(n, 4, 8, 2 if n == "interleaved-1f1b" else 1) for n in SCHEDULE_NAMES]
+                         + [("1f1b", 3, 2, 1), ("zb-h1", 5, 7, 1)])
+@pytest.mark.parametrize("c", [0.1, 0.5, 2.0])
+def test_comm_closed_form_bounds(name, p, m, v, c):
+    """c > 0: the closed form (fill and drain latency only) is a lower bound; exact for naive and GPipe.
+
+    Upper bound: charging c to the producer of every cross-rank tensor can only delay things more.
+    """
+    f, b, w = 1.0, 1.5, 0.5
+    s = build(name, p, m, v)
+    sim = simulate(s, Costs(f, b, w, c)).makespan
+    closed = cf.pipeline_makespan(name, p, m, v, f, b, w, c)
+    assert closed <= sim + 1e-9
+    if name in ("naive", "gpipe"):
+        assert closed == pytest.approx(sim)
+    inflated = Costs(f + v * c, (b + v * c) if name == "zb-h1" else b + v * c, w, 0.0)
+    assert sim <= simulate(s, inflated).makespan + 1e-9
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_events_respect_order_and_dependencies(name):
+    p, m, v, c = 4, 8, (2 if name == "interleaved-1f1b" else 1), 0.3
+    s = build(name, p, m, v)
+    sim = simulate(s, Costs(1, 2, 1, c))
+    by_key = {(e.rank, e.kind, e.microbatch, e.chunk): e for e in sim.events}
+    for r in range(p):
+        evs = [e for e in sim.events if e.rank == r]
+        assert [(e.kind, e.microbatch, e.chunk) for e in evs] == [(a.kind, a.microbatch, a.chunk) for a in s.ranks[r]]
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(evs, evs[1:]))  # one action at a time
+    for e in sim.events:  # a forward starts only after its input arrived from the previous stage
+        st_ = virtual_stage(e.rank, e.chunk, p)
+        if e.kind == "F" and st_ > 0:
+            r, ch = stage_owner(st_ - 1, p)
+            prev = by_key[(r, "F", e.microbatch, ch)]
+            assert e.start >= prev.end + (c if r != e.rank else 0) - 1e-12
+    assert sum(sim.busy_per_rank) == pytest.approx(p * m * 4)
+
+
+def test_per_rank_costs_slow_stage_sets_the_pace():
+    # Rank 1 twice as slow: the step takes at least its m * 6 of work plus rank 0's first F and last B.
+    p, m = 4, 8
+    slow = simulate(build("1f1b", p, m), Costs([1, 2, 1, 1], [1, 2, 1, 1], [1, 2, 1, 1]))
+    assert slow.busy_per_rank == [24, 48, 24, 24]
+    assert slow.makespan >= 48 + 1 + 2
+    assert slow.bubble_fraction_per_rank[1] < slow.bubble_fraction_per_rank[0]
+    # A list of p*v per-virtual-stage costs equals the same split given per rank.
+    s = build("interleaved-1f1b", 2, 4, 2)
+    assert simulate(s, Costs([0.5] * 4, [1] * 4, [0.25] * 4)).makespan == simulate(s, Costs(1, 2, 0.5)).makespan
+
+
+def test_inflight_curve_returns_to_zero():
+    sim = simulate(build("zb-h1", 4, 8), Costs(1, 1, 1))
+    for curve in sim.inflight:
+        assert curve[-1][1] == 0 and min(u for _, u in curve) >= 0
+        assert [t for t, _ in curve] == sorted(t for t, _ in curve)

@@ -1,0 +1,101 @@
+"""Timelines: Chrome-trace JSON, pictures, and the `shardwise simulate` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.schedules.generators import build
+from shardwise.schedules.simulate import Costs, simulate
+from shardwise.timeline import Event, bubble_fraction, chrome_trace, draw_timeline, write_chrome_trace
+
+MEASURED = [  # what an executor records: seconds, with communication and waiting
+    {"rank": 0, "kind": "F", "microbatch": 0, "chunk": 0, "start": 10.000, "end": 10.002},
+    {"rank": 0, "kind": "send", "microbatch": 0, "chunk": 0, "start": 10.002, "end": 10.0025},
+    {"rank": 1, "kind": "recv", "microbatch": 0, "chunk": 0, "start": 10.000, "end": 10.0025},
+    {"rank": 1, "kind": "F", "microbatch": 0, "chunk": 0, "start": 10.0025, "end": 10.0045},
+    {"rank": 1, "kind": "B", "microbatch": 0, "chunk": 0, "start": 10.0045, "end": 10.0085},
+    {"rank": 0, "kind": "idle", "microbatch": -1, "chunk": 0, "start": 10.002, "end": 10.009},
+    {"rank": 0, "kind": "B", "microbatch": 0, "chunk": 0, "start": 10.009, "end": 10.013},
+]
+
+
+def test_chrome_trace_is_perfetto_shaped(tmp_path):
+    path = write_chrome_trace(MEASURED, tmp_path / "trace.json")
+    trace = json.loads(path.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(MEASURED)
+    f0 = next(e for e in spans if e["name"] == "F0" and e["pid"] == 1)
+    assert f0["ts"] == pytest.approx(2500.0) and f0["dur"] == pytest.approx(2000.0)  # microseconds from the first event
+    assert {e["tid"] for e in spans if e["cat"] in ("send", "recv")} == {1}  # communication on its own track
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+
+
+def test_bubble_fraction_counts_only_compute():
+    # Span 13 ms on 2 ranks; compute 2+4 on rank 0 and 2+4 on rank 1.
+    assert bubble_fraction(MEASURED) == pytest.approx(1 - 12 / 26)
+    sim = simulate(build("1f1b", 4, 8), Costs(1, 1, 1))
+    assert bubble_fraction(sim.events) == pytest.approx(sim.bubble_fraction)
+
+
+@pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
+def test_draw_timeline_writes_a_picture(tmp_path, suffix, magic):
+    path = draw_timeline(MEASURED, tmp_path / f"t{suffix}", title="measured")
+    assert path.read_bytes().startswith(magic)
+    if suffix == ".svg":
+        text = path.read_text()
+        assert "bubble 53.8%" in text and "rank 1" in text  # title carries the bubble; one row per rank
+
+
+def test_events_accept_dataclasses_and_dicts():
+    as_dicts = [dict(rank=e.rank, kind=e.kind, microbatch=e.microbatch, chunk=e.chunk, start=e.start, end=e.end)
+                for e in simulate(build("gpipe", 2, 2)).events]
+    assert chrome_trace(as_dicts) == chrome_trace([Event(**d) for d in as_dicts])
+
+
+def test_simulate_json_contract(capsys):
+    assert main(["simulate", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--costs", "1,1,1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["makespan"] == pytest.approx(33.0)
+    assert out["bubble_fraction"] == pytest.approx(3 / 11)
+    assert out["bubble_fraction_per_rank"] == pytest.approx([3 / 11] * 4)
+    assert out["peak_inflight_microbatches_per_rank"] == [4, 3, 2, 1]
+
+
+def test_simulate_compare_draws_and_traces(tmp_path, capsys):
+    png, trace = tmp_path / "compare.png", tmp_path / "trace.json"
+    code = main(["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--comm", "0.1",
+                 "--out", str(png), "--trace", str(trace), "--json"])
+    assert code == 0
+    results = json.loads(capsys.readouterr().out)["compare"]
+    assert [r["schedule"] for r in results] == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+    assert results[2]["vpp"] == 2
+    bubbles = [r["bubble_fraction"] for r in results]
+    assert bubbles[3] < bubbles[2] < bubbles[1]  # ZB-H1 < interleaved < 1F1B
+    assert png.read_bytes().startswith(b"\x89PNG")
+    pids = {e["pid"] for e in json.loads(trace.read_text())["traceEvents"]}
+    assert pids == set(range(16))  # four schedules x four ranks
+
+
+def test_simulate_summary_without_json(capsys):
+    assert main(["simulate", "--schedule", "zb-h1", "--pp", "2", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "zb-h1" in out and "bubble" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"], "multiple of --pp"),
+    (["--schedule", "1f1b", "--vpp", "2", "--pp", "4", "--microbatches", "8"], "needs --schedule interleaved-1f1b"),
+    (["--pp", "0", "--microbatches", "8"], "--pp must be at least 1"),
+    (["--pp", "2", "--microbatches", "8", "--costs", "1,x,1"], "--costs must be three"),
+    (["--pp", "2", "--microbatches", "8", "--comm", "-1"], "--comm must be non-negative"),
+    (["--pp", "2", "--microbatches", "8", "--out", "t.pdf"], "--out must end in .png or .svg"),
+    (["--compare", "--schedule", "1f1b", "--pp", "2", "--microbatches", "8"], "drop --schedule"),
+])
+def test_simulate_bad_input_is_one_line(argv, msg, capsys):
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1 and "Traceback" not in err
