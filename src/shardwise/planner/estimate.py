@@ -1,0 +1,90 @@
+"""One layout -> memory, step time, throughput, MFU/HFU: the record `plan`, `estimate` and `explain` share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.planner.memory import Job, memory_breakdown
+from shardwise.planner.step_time import step_flops, step_time
+from shardwise.specs import Layout
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Estimate:
+    layout: Layout
+    num_microbatches: int
+    worst_rank: int
+    memory_bytes: dict
+    time_s: dict
+    model_flops: float
+    hardware_flops: float
+    gpus: int
+    gpu_memory_bytes: float
+    peak_flops: float
+    tokens_per_step: int
+
+    @property
+    def memory_per_gpu(self) -> float:
+        return sum(self.memory_bytes.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_gpu <= self.gpu_memory_bytes
+
+    @property
+    def step_time(self) -> float:
+        return sum(self.time_s.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_time
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.model_flops / self.step_time / self.gpus / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.hardware_flops / self.step_time / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_tflops_per_gpu * 1e12 / self.peak_flops
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_tflops_per_gpu * 1e12 / self.peak_flops
+
+    def to_dict(self) -> dict:
+        lay = self.layout
+        return {
+            "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
+            "num_microbatches": self.num_microbatches, "zero": lay.zero, "recompute": lay.recompute,
+            "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule,
+            "fits": self.fits,
+            "memory_gib_per_gpu": round(self.memory_per_gpu / GIB, 3),
+            "gpu_memory_gib": round(self.gpu_memory_bytes / GIB, 3),
+            "worst_pipeline_rank": self.worst_rank,
+            "memory_breakdown_gib": {k: round(v / GIB, 3) for k, v in self.memory_bytes.items()},
+            "step_time_s": round(self.step_time, 6),
+            "time_breakdown_s": {k: round(v, 6) for k, v in self.time_s.items()},
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "model_tflops_per_gpu": round(self.model_tflops_per_gpu, 2),
+            "hardware_tflops_per_gpu": round(self.hardware_tflops_per_gpu, 2),
+            "mfu": round(self.mfu, 4),
+            "hfu": round(self.hfu, 4),
+        }
+
+
+def estimate(job: Job, layout: Layout) -> Estimate:
+    """Predict one (already validated) layout."""
+    rank, mem = memory_breakdown(job, layout)
+    model_flops, hw_flops = step_flops(job, layout)
+    return Estimate(
+        layout=layout, num_microbatches=layout.num_microbatches(job.train.global_batch), worst_rank=rank,
+        memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,
+        gpus=layout.world_size * job.context_parallel, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
+        peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
+    )

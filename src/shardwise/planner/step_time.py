@@ -1,0 +1,196 @@
+"""Time of one optimizer step, with its breakdown (seconds), and the FLOPs behind MFU and HFU.
+
+FLOPs follow the PaLM paper (Chowdhery et al. 2022, App. B): model FLOPs per token are
+6 N_matmul + 12 L q_dim s (attention scores and their product with V, forward + backward,
+causal masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
+The pipeline's makespan comes from `shardwise.schedules.closed_forms.pipeline_makespan`, the same
+closed form the schedule simulator is tested against. Constants and their sources: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.planner.comm import collective_time
+from shardwise.planner.memory import Job, rank_layers, rank_params
+from shardwise.schedules.closed_forms import pipeline_makespan
+from shardwise.specs import Layout, ModelSpec
+
+# Achievable GEMM rate: a GEMM streams its operand tiles through HBM, and the tensor cores are not
+# fully fed while they do. Model: time = FLOPs / peak + FLOPs / (GEMM_INTENSITY * HBM bandwidth),
+# i.e. rate = peak / (1 + (peak / HBM) / GEMM_INTENSITY) — the serial roofline at an effective
+# arithmetic intensity of GEMM_INTENSITY FLOP per HBM byte (tiles re-used through L2).
+# 550 gives 0.78 of peak on A100 and 0.65 on H100, what large bf16 cuBLAS GEMMs sustain.
+GEMM_INTENSITY = 550.0
+# The attention core as one fused kernel (FlashAttention-2 forward+backward) runs at this share of
+# the GEMM rate (softmax and masking between its two GEMMs).
+FLASH_EFFICIENCY = 0.8
+# Element-wise traffic (norms, residual adds, activation function, RoPE) in activation-sized
+# reads+writes per token per layer in forward; backward moves about twice as much.
+ELEMENTWISE_PASSES_HIDDEN = 10  # on h-wide tensors (replicated over TP unless sequence parallel)
+ELEMENTWISE_PASSES_FFN = 3  # on f-wide tensors (split by TP)
+# Materialised softmax (no fused kernel): scale, mask, softmax, dropout read and write the scores.
+SCORE_PASSES = 8
+# Share of the data-parallel gradient traffic hidden behind backward compute (bucketed overlap,
+# Megatron overlap_grad_reduce / DDP buckets / FSDP prefetch). The rest is exposed.
+DP_OVERLAP = 0.5
+# With tp_comm_overlap, the share of TP communication still exposed (chunk start-up, the first and
+# last chunk of each overlapped GEMM).
+TP_OVERLAP_EXPOSED = 0.2
+# Bytes read+written per parameter by the Adam step: fp32 master, m, v, grad read (16) and
+# master, m, v, bf16 weight written (14). The step is bound by HBM bandwidth.
+OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+def matmul_params_per_layer(model: ModelSpec) -> int:
+    h, f = model.hidden, model.ffn_hidden
+    return h * model.q_dim + 2 * h * model.kv_dim + model.q_dim * h + (3 if model.gated_mlp else 2) * h * f
+
+
+def model_flops_per_step(job: Job) -> float:
+    """PaLM model FLOPs of one step over the whole job (forward + backward, no recompute)."""
+    m, s = job.model, job.train.seq_len
+    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size) + 12 * m.num_layers * m.q_dim * s
+    return per_token * s * job.train.global_batch
+
+
+def achievable_flops(job: Job) -> float:
+    measured = job.cluster.measured.get("matmul_tflops") if job.cluster.measured else None
+    if measured:
+        return float(measured) * 1e12
+    c = job.cluster
+    return c.peak_flops / (1 + c.peak_flops / c.hbm_bandwidth / GEMM_INTENSITY)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per micro-batch costs (seconds) of one pipeline rank, split as the schedules need them."""
+
+    f: float  # forward
+    b: float  # backward for inputs (+ recompute)
+    w: float  # backward for weights
+    compute: float  # model-FLOP work inside f+b+w
+    recompute: float
+    tp_comm: float
+    flops_model: float
+    flops_recompute: float
+
+
+def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
+    model, tp, b = job.model, layout.tp, layout.micro_batch
+    s_kv = job.train.seq_len
+    tokens = b * job.tokens_per_sequence_per_gpu
+    layers = rank_layers(model.num_layers, layout.pp, layout.vpp, rank)
+    rate = achievable_flops(job)
+    e = job.train.activation_bytes
+    hbm = job.cluster.hbm_bandwidth
+
+    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp  # forward, one layer
+    attn_flops = 4 * tokens * s_kv * model.q_dim / tp
+    mm = mm_flops / rate
+    if job.flash_attention:
+        attn = attn_flops / (rate * FLASH_EFFICIENCY)
+        scores_io = 0.0
+    else:
+        attn = attn_flops / rate
+        scores_io = SCORE_PASSES * e * model.num_heads * tokens * s_kv / tp / hbm
+    sp = tp if layout.sequence_parallel else 1
+    elem = tokens * e * (ELEMENTWISE_PASSES_HIDDEN * model.hidden / sp + ELEMENTWISE_PASSES_FFN * model.ffn_hidden / tp) / hbm
+    # Two all-reduces per layer in forward and two in backward (or all-gather + reduce-scatter
+    # pairs with sequence parallelism: the same bytes on the wire).
+    act = tokens * model.hidden * e
+    if layout.sequence_parallel:
+        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp)
+    else:
+        one = collective_time(job.cluster, "all_reduce", act, tp)
+    tp_fwd = 2 * one * (TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0)
+
+    fwd_layer = mm + attn + scores_io + elem + tp_fwd
+    f = layers * fwd_layer
+    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd)
+    w = layers * mm
+    flops_model = layers * 3 * (mm_flops + attn_flops)
+    if layout.recompute == "full":
+        rec, flops_rec = f, layers * (mm_flops + attn_flops)
+    elif layout.recompute == "selective":
+        rec, flops_rec = layers * (attn + scores_io), layers * attn_flops
+    else:
+        rec, flops_rec = 0.0, 0.0
+    if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients
+        head_flops = 2 * tokens * model.hidden * model.vocab_size / tp
+        head = head_flops / rate
+        f, b_in, w = f + head, b_in + head, w + head
+        flops_model += 3 * head_flops
+    compute = f + b_in + w - layers * 2 * tp_fwd
+    return StageCost(f=f, b=b_in + rec, w=w, compute=compute, recompute=rec, tp_comm=layers * 2 * tp_fwd,
+                     flops_model=flops_model, flops_recompute=flops_rec)
+
+
+def dp_comm_time(job: Job, layout: Layout, params: float, m: int, window: float) -> float:
+    """Exposed data-parallel time of one step: gradient reduction and, with ZeRO, parameter gathers.
+
+    ZeRO-0: one all-reduce of the gradients. ZeRO-1: reduce-scatter + all-gather of the updated
+    weights (the same bytes). ZeRO-2: gradients are reduce-scattered after every micro-batch
+    (nothing keeps them whole). ZeRO-3: weights all-gathered in forward and again in backward and
+    gradients reduce-scattered, every micro-batch. Gradients travel in 16 bits (weight_bytes).
+    DP_OVERLAP of it hides behind backward compute, at most `window` seconds of it.
+    """
+    d = layout.dp * job.context_parallel
+    if d <= 1:
+        return 0.0
+    c, nbytes, stride = job.cluster, params * job.train.weight_bytes, layout.tp
+    ar = collective_time(c, "all_reduce", nbytes, d, stride)
+    rs = collective_time(c, "reduce_scatter", nbytes, d, stride)
+    ag = collective_time(c, "all_gather", nbytes, d, stride)
+    if layout.zero == 0:
+        total = ar
+    elif layout.zero == 1:
+        total = rs + ag
+    elif layout.zero == 2:
+        total = m * rs + ag
+    else:
+        total = m * (2 * ag + rs)
+    hidden = min(DP_OVERLAP * total, window)
+    return total - hidden
+
+
+def step_time(job: Job, layout: Layout) -> dict:
+    """Breakdown (seconds) of one step on the slowest pipeline rank, plus the FLOP totals."""
+    m = layout.num_microbatches(job.train.global_batch)
+    p, v = layout.pp, layout.vpp
+    ranks = sorted({0, p - 1})
+    costs = {r: stage_cost(job, layout, r) for r in ranks}
+    slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
+    # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
+    act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
+    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if p > 1 else 0.0
+    span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
+    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c)
+    work = m * (slow.f + slow.b + slow.w)
+    # Parameters of the rank with most of them (first or last) set the DP and optimizer time.
+    params = max(rank_params(job.model, layout, r) for r in ranks)
+    dp = dp_comm_time(job, layout, params, m, window=m * slow.b if layout.zero >= 2 else slow.b)
+    sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
+    opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
+    breakdown = {
+        "compute": m * slow.compute,
+        "recompute": m * slow.recompute,
+        "tp_comm": m * slow.tp_comm,
+        "pp_p2p": span - span0,
+        "pipeline_bubble": span0 - work,
+        "dp_comm": dp,
+        "optimizer": opt,
+    }
+    return breakdown
+
+
+def step_flops(job: Job, layout: Layout) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one step over all GPUs."""
+    model_flops = model_flops_per_step(job)
+    m = layout.num_microbatches(job.train.global_batch)
+    # Recompute FLOPs per micro-batch summed over all ranks ~ the whole model's share once.
+    stage = stage_cost(job, layout, 0)
+    layers0 = rank_layers(job.model.num_layers, layout.pp, layout.vpp, 0)
+    per_layer_rec = stage.flops_recompute / max(layers0, 1)
+    rec = per_layer_rec * job.model.num_layers * layout.tp * m * layout.dp * job.context_parallel
+    return model_flops, model_flops + rec
