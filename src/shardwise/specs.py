@@ -369,11 +369,6 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
             f"pick a global batch that is a multiple of {layout.dp * layout.micro_batch}"
         )
     m = layout.num_microbatches(global_batch)
-    if layout.schedule == "naive" and m != 1 and layout.pp > 1:
-        raise UsageError(
-            f"the naive layer split runs one micro-batch per step, but this layout gives {m} — "
-            f"set micro-batch = global batch / dp, or pick gpipe/1f1b"
-        )
     if layout.schedule == "interleaved-1f1b" and m % layout.pp:
         raise UsageError(
             f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
