@@ -53,10 +53,73 @@ def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
     return gpus // (tp * pp)
 
 
+def add_software_args(p: argparse.ArgumentParser) -> None:
+    """Facts about the training software the planner models (not searched)."""
+    p.add_argument("--flash-attention", action="store_true",
+                   help="the attention core is a fused kernel (FlashAttention/SDPA): no stored s x s scores")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="TP collectives overlap their GEMMs (Transformer Engine / NeMo tp_comm_overlap)")
+
+
+def job_from_args(args):
+    """The planner's Job from --model/--cluster/--global-batch/--seq-len (+ software flags)."""
+    from shardwise.planner.memory import Job
+    from shardwise.specs import TrainSpec
+
+    return Job(load_model(args.model), load_cluster(args.cluster), TrainSpec(args.global_batch, args.seq_len),
+               flash_attention=getattr(args, "flash_attention", False),
+               tp_comm_overlap=getattr(args, "tp_comm_overlap", False))
+
+
+def layout_table(estimates, title: str):
+    """A rich table of ranked layout estimates (plan, estimate)."""
+    from rich.table import Table
+
+    gib = 2**30
+    table = Table(title=title)
+    for col, just in (("#", "right"), ("layout", "left"), ("schedule", "left"), ("ZeRO", "right"),
+                      ("recompute", "left"), ("SP", "center"), ("mem GiB/GPU", "right"), ("fits", "center"),
+                      ("step s", "right"), ("tokens/s", "right"), ("MFU", "right")):
+        table.add_column(col, justify=just)
+    for i, e in enumerate(estimates, 1):
+        lay = e.layout
+        table.add_row(str(i), lay.describe(), lay.schedule if lay.pp > 1 else "-", str(lay.zero), lay.recompute,
+                      "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
+                      "[green]yes[/]" if e.fits else "[red]no[/]", f"{e.step_time:.2f}",
+                      f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
+    return table
+
+
+def breakdown_table(est):
+    """Memory and time breakdown of one estimate, side by side."""
+    from rich.table import Table
+
+    gib = 2**30
+    table = Table(title=f"breakdown (worst pipeline rank {est.worst_rank})")
+    table.add_column("memory", justify="left")
+    table.add_column("GiB", justify="right")
+    table.add_column("time", justify="left")
+    table.add_column("s", justify="right")
+    mem, tim = list(est.memory_bytes.items()), list(est.time_s.items())
+    for i in range(max(len(mem), len(tim))):
+        mk, mv = mem[i] if i < len(mem) else ("", None)
+        tk, tv = tim[i] if i < len(tim) else ("", None)
+        table.add_row(mk, "" if mv is None else f"{mv / gib:.2f}", tk, "" if tv is None else f"{tv:.3f}")
+    table.add_row("[b]total[/]", f"[b]{est.memory_per_gpu / gib:.2f}[/]", "[b]step[/]", f"[b]{est.step_time:.3f}[/]")
+    return table
+
+
+def print_explanation(console, paragraphs, title: str) -> None:
+    console.print(f"[b]{title}[/]")
+    for text in paragraphs:
+        console.print(f"- {text}", highlight=False)
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
 __all__ = ["add_model_arg", "add_cluster_args", "add_job_args", "add_layout_args", "layout_from_args",
-           "dp_from_gpus", "print_json", "load_model", "load_cluster"]
+           "dp_from_gpus", "print_json", "add_software_args", "job_from_args",
+           "layout_table", "breakdown_table", "print_explanation", "load_model", "load_cluster"]

@@ -1,0 +1,38 @@
+"""`shardwise estimate`: memory and step time of one layout."""
+
+from __future__ import annotations
+
+from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
+                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, print_json)
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help)
+    add_model_arg(p)
+    add_cluster_args(p)
+    add_job_args(p)
+    add_layout_args(p, micro_batch_required=True)
+    add_software_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from shardwise.planner import estimate
+    from shardwise.specs import validate_layout
+
+    job = job_from_args(args)
+    layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp))
+    validate_layout(layout, job.model, job.train.global_batch, args.gpus)
+    est = estimate(job, layout)
+    if args.json:
+        print_json(est.to_dict())
+        return 0
+    from rich.console import Console
+
+    from shardwise.commands.common import breakdown_table, layout_table
+
+    console = Console()
+    console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}"))
+    console.print(breakdown_table(est))
+    return 0

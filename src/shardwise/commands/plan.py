@@ -1,0 +1,57 @@
+"""`shardwise plan`: rank every dp x tp x pp layout and say why the winner wins."""
+
+from __future__ import annotations
+
+from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_software_args,
+                                       job_from_args, print_json)
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help)
+    add_model_arg(p)
+    add_cluster_args(p)
+    add_job_args(p)
+    add_software_args(p)
+    p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
+    p.add_argument("--json", action="store_true", help='print {"best": {...}, "candidates": [...]}')
+    p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
+    p.set_defaults(func=run)
+
+
+def plan(args):
+    """(job, search result), or UsageError when nothing fits."""
+    from shardwise.errors import UsageError
+    from shardwise.planner.search import nothing_fits_message, search
+
+    if args.top < 1:
+        raise UsageError(f"--top must be at least 1, got {args.top}")
+    job = job_from_args(args)
+    result = search(job, args.gpus)
+    if not result.ranked:
+        raise UsageError(nothing_fits_message(job, args.gpus, result))
+    return job, result
+
+
+def run(args) -> int:
+    job, result = plan(args)
+    top = result.ranked[: args.top]
+    if args.json:
+        out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top]}
+        if args.explain:
+            from shardwise.planner.explain import explain
+            out["explanation"] = explain(job, args.gpus, result)
+        print_json(out)
+        return 0
+    from rich.console import Console
+
+    from shardwise.commands.common import layout_table, print_explanation
+
+    console = Console()
+    console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
+                                         f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
+                                         f"({result.timed} of {result.scored} scored layouts fit)"))
+    from shardwise.planner.explain import explain
+
+    paragraphs = explain(job, args.gpus, result)
+    print_explanation(console, paragraphs if args.explain else paragraphs[-1:], "Why the winner wins")
+    return 0

@@ -1,0 +1,115 @@
+"""Enumerate every dp x tp x pp layout and its knobs, score the ones worth scoring, rank them.
+
+Pruning (each rule removes only layouts another scored layout beats on both memory and time,
+in this model — docs/planner.md explains each):
+  * tp divides the attention heads, the KV heads and the FFN; pp*vpp <= layers; dp*micro_batch
+    divides the global batch; interleaving needs m % pp == 0 (Megatron's rule).
+  * sequence parallelism is only considered with tp > 1, and then always on: it moves the same
+    bytes as the plain all-reduce (RS + AG = AR) and stores and touches less.
+  * ZeRO-0 only when dp == 1 (ZeRO-1 moves the same bytes with less memory and a shorter
+    optimizer step); ZeRO stages beyond the first that fits are slower and not scored.
+  * recompute: for each level the cheapest fitting ZeRO stage is scored; a level that needs an
+    equal or higher stage than a cheaper level already scored is dominated.
+  * memory is checked before time (memory is cheaper to compute).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardwise.errors import UsageError
+from shardwise.planner.estimate import GIB, Estimate, estimate
+from shardwise.planner.memory import Job, memory_breakdown, total_bytes
+from shardwise.specs import Layout, divisors
+
+SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Estimate]  # fitting layouts, fastest first
+    scored: int  # layouts whose memory was computed
+    timed: int  # layouts whose step time was computed
+    leanest: Estimate | None  # smallest memory per GPU seen (for "nothing fits")
+
+
+def _schedules(pp: int, num_layers: int, m: int):
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    for s in SEARCH_SCHEDULES:
+        yield s, 1
+    if m % pp == 0:
+        for v in range(2, num_layers // pp + 1):
+            yield "interleaved-1f1b", v
+
+
+def degrees(job: Job, gpus: int):
+    """(tp, pp, dp) triples that respect the model's shape and the global batch."""
+    model, batch = job.model, job.train.global_batch
+    for tp in divisors(gpus):
+        if model.num_heads % tp or model.num_kv_heads % tp or model.ffn_hidden % tp:
+            continue
+        for pp in divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if pp <= model.num_layers and batch % dp == 0:
+                yield tp, pp, dp
+
+
+def search(job: Job, gpus: int) -> SearchResult:
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    limit = job.cluster.gpu_memory_bytes
+    ranked: list[Estimate] = []
+    scored = timed = 0
+    leanest: tuple[float, Layout] | None = None
+    for tp, pp, dp in degrees(job, gpus):
+        for mb in divisors(job.train.global_batch // dp):
+            m = job.train.global_batch // (dp * mb)
+            for schedule, vpp in _schedules(pp, job.model.num_layers, m):
+                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule,
+                              sequence_parallel=tp > 1)
+                best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
+                for recompute in RECOMPUTE_ORDER:
+                    for zero in ((0,) if dp == 1 else (1, 2, 3)):
+                        if zero >= best_zero:
+                            break
+                        layout = base.with_(zero=zero, recompute=recompute)
+                        mem = total_bytes(memory_breakdown(job, layout)[1])
+                        scored += 1
+                        if leanest is None or mem < leanest[0]:
+                            leanest = (mem, layout)
+                        if mem <= limit:
+                            ranked.append(estimate(job, layout))
+                            timed += 1
+                            best_zero = zero
+                            break
+    ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
+    return SearchResult(ranked=ranked, scored=scored, timed=timed,
+                        leanest=estimate(job, leanest[1]) if leanest else None)
+
+
+def nothing_fits_message(job: Job, gpus: int, result: SearchResult) -> str:
+    """One line: what fits nowhere, by how much, and what would make it fit."""
+    limit = job.cluster.gpu_memory_gib
+    if result.leanest is None:
+        return (f"no valid layout of {job.model.name} on {gpus} GPUs with global batch {job.train.global_batch} — "
+                f"use a GPU count whose divisors match the {job.model.num_heads} heads and a global batch divisible by the data-parallel degree")
+    lean = result.leanest
+    need = lean.memory_per_gpu / GIB
+    # Model states shard over every GPU at best (ZeRO-3 x TP x PP); activations do not shrink below
+    # the leanest layout's, so scale the GPU count by the ratio of the overshoot.
+    states = sum(lean.memory_bytes[k] for k in ("weights", "gradients", "optimizer")) * gpus
+    other = lean.memory_per_gpu - states / gpus
+    room = job.cluster.gpu_memory_bytes - other
+    hint = ""
+    if room > 0:
+        want = math.ceil(states / room)
+        per_node = job.cluster.gpus_per_node
+        want = max(gpus + 1, per_node * math.ceil(want / per_node))
+        hint = f"use about {want} GPUs, "
+    return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
+            f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.0f} GiB — "
+            f"{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
