@@ -112,16 +112,23 @@ def _draw_panel(ax, evs: list[Event], title: str, t0: float, scale: float, px_pe
     chunks = max((e.chunk for e in evs), default=0) + 1
     t_end = max((e.end for e in evs), default=t0)
     kinds = {"idle"}
+
+    def idle(y: int, x: float, width: float) -> None:
+        ax.barh(y, width, left=x, height=0.8, color=COLORS["idle"], hatch="////", edgecolor="#D0D0D0", linewidth=0)
+
     for r in ranks:  # idle is the hatched background; everything else is drawn over it
-        ax.barh(row[r], (t_end - t0) * scale, left=0, height=0.8, color=COLORS["idle"], hatch="////",
-                edgecolor="#D0D0D0", linewidth=0)
+        idle(row[r], 0.0, (t_end - t0) * scale)
     for e in evs:
         x, width = (e.start - t0) * scale, (e.end - e.start) * scale
-        if e.kind in COMM:  # a thin strip at the bottom of the row, so it never hides compute
+        if e.kind == "idle":  # measured waiting: already the background, drawn again so nothing hides it
+            idle(row[e.rank], x, width)
+        elif e.kind in COMM:  # a thin strip at the bottom of the row, so it never hides compute
             ax.barh(row[e.rank] + 0.3, width, left=x, height=0.2, color=COLORS[e.kind], linewidth=0)
         else:
-            color = _shade(COLORS.get(e.kind, "#BBBBBB"), e.chunk, chunks) if e.kind in COMPUTE else COLORS.get(e.kind, "#BBBBBB")
-            ax.barh(row[e.rank], width, left=x, height=0.8, color=color, edgecolor="white", linewidth=0.6)
+            color = _shade(COLORS.get(e.kind, "#BBBBBB"), e.chunk, chunks) if e.kind in COMPUTE else "#BBBBBB"
+            wide = width * px_per_unit >= 4  # white separators only where they do not swallow the box
+            ax.barh(row[e.rank], width, left=x, height=0.8, color=color, edgecolor="white" if wide else "none",
+                    linewidth=0.6 if wide else 0)
             label = str(e.microbatch) if e.kind in COMPUTE and e.microbatch >= 0 else ""
             if label and width * px_per_unit >= 7 * len(label) + 2:  # only where the number fits
                 ax.text(x + width / 2, row[e.rank], label, ha="center", va="center", fontsize=7.5, color="black")

@@ -101,15 +101,16 @@ def _print_summary(sims, args) -> None:
     from rich.table import Table
 
     table = Table(title=f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms")
-    for col in ("schedule", "v", "makespan ms", "bubble", "bubble per rank", "peak in flight per rank"):
-        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col != "v")
+    for col in ("schedule", "makespan ms", "bubble", "bubble/rank", "in flight/rank"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
     for s in sims:
-        table.add_row(s.schedule.name, str(s.schedule.v), f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
+        name = s.schedule.name + (f" v={s.schedule.v}" if s.schedule.v > 1 else "")
+        table.add_row(name, f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
                       " ".join(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
                       " ".join(f"{x:g}" for x in s.peak_inflight_per_rank))
     console = Console()
     console.print(table)
-    console.print("in flight: activations held, in micro-batches of one whole stage (chunk-micro-batches / v)")
+    console.print("in flight/rank: peak activations held, in micro-batches of one whole stage")
     for label, path in (("timeline", args.out), ("trace", args.trace)):
         if path is not None:
             console.print(f"{label} written to {path}")

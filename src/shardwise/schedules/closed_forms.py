@@ -17,27 +17,35 @@ from __future__ import annotations
 def pipeline_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, c: float = 0.0) -> float:
     """Time of one step (all m micro-batches through all p stages and back).
 
-    Exact (equal to the simulator) for c = 0 and for naive and GPipe at any c. For the other
-    schedules with c > 0 it adds only the fill and drain latency 2(p-1)c: a lower bound, because
-    1F1B-style steady states have no slack to hide a transfer (see docs/pipeline.md for the bounds).
+    Equal to the simulator for c = 0, and for naive, GPipe and 1F1B at any c. For interleaved and
+    ZB-H1 the transfer term is exact while c is small enough for the schedule's slack to hide the
+    steady-state transfers, and a lower bound beyond (docs/pipeline.md gives the tested bounds).
     """
     work = m * (f + b + w)
-    fill_drain = 2 * (p - 1) * c
     if p == 1:
         return work
     if schedule == "naive":
-        # One micro-batch at a time: every stage, every transfer, on the critical path.
-        return m * (p * (f + b + w) + fill_drain)
-    if schedule in ("gpipe", "1f1b"):
-        return work + (p - 1) * (f + b + w) + fill_drain
+        # One micro-batch at a time: every stage and every transfer is on the critical path.
+        return m * (p * (f + b + w) + 2 * (p - 1) * c)
+    if schedule == "gpipe":
+        return work + (p - 1) * (f + b + w) + 2 * (p - 1) * c
+    if schedule == "1f1b":
+        # Besides fill and drain, 1F1B's steady state has no slack: each backward waits for a round
+        # trip, except once every p micro-batches when the warm-up forward covers it.
+        exposed = m - 2 - (m - 2) // p if m >= 2 else 0
+        return work + (p - 1) * (f + b + w) + 2 * (p - 1 + exposed) * c
     if schedule == "interleaved-1f1b":
-        # Warm-up and cool-down shrink by v: each chunk is 1/v of a stage.
-        return work + (p - 1) * (f + b + w) / v + fill_drain
+        # Warm-up and cool-down shrink by v (each chunk is 1/v of a stage), but a micro-batch now
+        # crosses p*v - 1 rank boundaries each way.
+        return work + (p - 1) * (f + b + w) / v + 2 * (p * v - 1) * c
     if schedule == "zb-h1":
         # W passes fill the cool-down bubble, leaving (p-1)(f+b-w) (Qi et al. 2023, Sec. 3) when
         # w <= min(f, b); a larger W cannot shrink it below (p-1)*max(f, b), the time the first
-        # backward needs to come back. With m < p the warm-up never fills, costing min(f,b,w) per missing micro-batch.
-        return work + (p - 1) * max(f + b - w, f, b) + max(p - m, 0) * min(f, b, w) + fill_drain
+        # backward needs to come back. With m < p the warm-up never fills, costing min(f,b,w) per
+        # missing micro-batch. Transfers: fill and drain plus up to p-1 exposed round trips.
+        exposed = min(m - 2, p - 1) if m >= 2 else 0
+        return (work + (p - 1) * max(f + b - w, f, b) + max(p - m, 0) * min(f, b, w)
+                + 2 * (p - 1 + exposed) * c)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
