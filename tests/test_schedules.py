@@ -170,3 +170,18 @@ def test_validator_finds_a_cross_rank_deadlock():
 def test_validator_names_the_problem(acts, msg):
     with pytest.raises(InvalidSchedule, match=msg):
         validate(Schedule("bad", 1, 1, 1, [acts]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes())
+def test_sends_and_receives_between_two_ranks_happen_in_the_same_order(shape):
+    # So an executor can match point-to-point messages in posting order (NCCL has no tags).
+    plan = p2p_plan(build(*shape))
+    sent, received = {}, {}
+    for steps in plan:
+        for step in steps:
+            for t in step.send:
+                sent.setdefault((t.src_rank, t.dst_rank), []).append(t)
+            for t in step.recv:
+                received.setdefault((t.src_rank, t.dst_rank), []).append(t)
+    assert sent == received
