@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
-from shardwise.planner.memory import Job, memory_breakdown, total_bytes
+from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, Job, memory_breakdown, total_bytes
 from shardwise.specs import Layout, divisors
 
 SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
@@ -99,14 +99,14 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult) -> str:
                 f"use a GPU count whose divisors match the {job.model.num_heads} heads and a global batch divisible by the data-parallel degree")
     lean = result.leanest
     need = lean.memory_per_gpu / GIB
-    # Model states shard over every GPU at best (ZeRO-3 x TP x PP); activations do not shrink below
-    # the leanest layout's, so scale the GPU count by the ratio of the overshoot.
-    states = sum(lean.memory_bytes[k] for k in ("weights", "gradients", "optimizer")) * gpus
-    other = lean.memory_per_gpu - states / gpus
-    room = job.cluster.gpu_memory_bytes - other
+    # Model states shard over every GPU at best (ZeRO-3 x TP x PP); what else the leanest layout
+    # needs per GPU (activations, logits, workspace) does not shrink with more GPUs.
+    states_total = job.model.num_params() * job.train.bytes_per_param
+    other = lean.memory_bytes["activations"] + lean.memory_bytes["logits"]
+    room = (job.cluster.gpu_memory_bytes - WORKSPACE_BYTES) / (1 + FRAGMENTATION) - other
     hint = ""
     if room > 0:
-        want = math.ceil(states / room)
+        want = math.ceil(states_total / room)
         per_node = job.cluster.gpus_per_node
         want = max(gpus + 1, per_node * math.ceil(want / per_node))
         hint = f"use about {want} GPUs, "

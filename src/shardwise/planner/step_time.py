@@ -33,7 +33,7 @@ ELEMENTWISE_PASSES_FFN = 3  # on f-wide tensors (split by TP)
 SCORE_PASSES = 8
 # Share of the data-parallel gradient traffic hidden behind backward compute (bucketed overlap,
 # Megatron overlap_grad_reduce / DDP buckets / FSDP prefetch). The rest is exposed.
-DP_OVERLAP = 0.5
+DP_OVERLAP = 0.8
 # With tp_comm_overlap, the share of TP communication still exposed (chunk start-up, the first and
 # last chunk of each overlapped GEMM).
 TP_OVERLAP_EXPOSED = 0.2

@@ -1,0 +1,176 @@
+"""Memory model: Korthikanti et al. 2022 formulas by hand, model states by ZeRO stage, properties."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.planner.memory import (FRAGMENTATION, WORKSPACE_BYTES, Job, checkpoint_bytes, layer_activation_terms,
+                                      memory_breakdown, model_state_bytes, rank_layers, rank_memory, rank_params,
+                                      stage_activation_bytes)
+from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model
+
+# A GPT-3-like layer (the paper's setting: 4h FFN, multi-head attention, dropout), small numbers.
+GPT = ModelSpec(name="gpt", family="gpt2", hidden=64, ffn_hidden=256, num_layers=8, num_heads=4, num_kv_heads=4,
+                vocab_size=1000, head_dim=16, max_positions=128, tie_embeddings=True)
+S, B, H, A = 128, 2, 64, 4
+
+
+def total(tp=1, sp=False):
+    linear, scores = layer_activation_terms(GPT, S, B, tp, sp)
+    return linear + scores
+
+
+def test_no_parallelism_is_sbh_34_plus_5as_over_h():
+    # 128*2*64*(34 + 5*4*128/64) = 16384 * 74 = 1_212_416 bytes
+    assert total() == S * B * H * (34 + 5 * A * S / H) == 1_212_416
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_tensor_parallel_is_sbh_10_plus_24_over_t_plus_5as_over_ht(t):
+    assert total(tp=t) == pytest.approx(S * B * H * (10 + 24 / t + 5 * A * S / (H * t)))
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_sequence_parallel_divides_everything_by_t(t):
+    assert total(tp=t, sp=True) == pytest.approx(S * B * H / t * (34 + 5 * A * S / H))
+
+
+def test_selective_recompute_with_sp_keeps_34_sbh_over_t():
+    linear, _ = layer_activation_terms(GPT, S, B, 4, True)
+    assert linear == pytest.approx(34 * S * B * H / 4)
+
+
+def test_full_recompute_keeps_2sbh_per_layer():
+    assert checkpoint_bytes(GPT, S, B, 1, False) == 2 * S * B * H
+    assert checkpoint_bytes(GPT, S, B, 4, True) == 2 * S * B * H / 4
+
+
+def test_gqa_and_swiglu_by_hand():
+    # tiny: h 64, 4 heads of 16, 2 KV heads (kv_dim 32), ffn 128, SwiGLU, no dropout.
+    tiny = load_model("tiny")
+    linear, scores = layer_activation_terms(tiny, 10, 1, 1, False)
+    # replicated 4*2*h = 512/token; Q,K 2*(64+32)=192, V 2*32=64, out-proj in 2*64=128; MLP 3*2*128 = 768
+    assert linear == 10 * (512 + 192 + 64 + 128 + 768)
+    assert scores == 4 * 10 * 10 * 2  # softmax output only, bf16
+
+
+def _job(model="tiny", cluster="dgx-a100-80gb", batch=16, seq=64, **kw):
+    return Job(load_model(model), load_cluster(cluster), TrainSpec(batch, seq), **kw)
+
+
+def test_inflight_microbatches_follow_the_schedule():
+    job = _job(batch=16)
+    lay = Layout(dp=1, tp=1, pp=2, micro_batch=1)
+    per_layer = sum(layer_activation_terms(job.model, 64, 1, 1, False))
+    layers = 2  # 4 layers over 2 stages
+    assert rank_memory(job, lay, 0)["activations"] == layers * 2 * per_layer  # 1F1B: p in flight
+    assert rank_memory(job, lay.with_(schedule="gpipe"), 0)["activations"] == layers * 16 * per_layer  # GPipe: m
+    assert rank_memory(job, lay.with_(schedule="zb-h1"), 0)["activations"] == layers * 2 * per_layer
+    inter = lay.with_(schedule="interleaved-1f1b", vpp=2)  # p(1 + (p-1)/(pv)) = 2.5 stage-micro-batches
+    assert rank_memory(job, inter, 0)["activations"] == pytest.approx(layers * 2.5 * per_layer)
+
+
+def test_uneven_stages_and_embedding_on_first_head_on_last():
+    assert rank_layers(126, 16, 1, 0) == 8 and rank_layers(126, 16, 1, 15) == 7
+    m = load_model("llama3.1-405b")
+    lay = Layout(tp=8, pp=16)
+    assert rank_params(m, lay, 0) == (8 * m.params_per_layer() + m.embedding_params()) / 8
+    assert rank_params(m, lay, 15) == (7 * m.params_per_layer() + m.head_params()) / 8
+    job = Job(m, load_cluster("dgx-h100-80gb"), TrainSpec(64, 4096))
+    assert rank_memory(job, lay.with_(dp=1), 15)["logits"] == 4096 * m.vocab_size / 8 * 6
+    assert rank_memory(job, lay.with_(dp=1), 0)["logits"] == 0
+
+
+def test_zero_stages_by_hand():
+    job = _job()
+    P = 1000.0
+    s0 = model_state_bytes(job, Layout(dp=4, zero=0), P)
+    assert (s0["weights"], s0["gradients"], s0["optimizer"]) == (2000, 4000, 12000)
+    s1 = model_state_bytes(job, Layout(dp=4, zero=1), P)
+    assert (s1["gradients"], s1["optimizer"]) == (4000, 3000)
+    s2 = model_state_bytes(job, Layout(dp=4, zero=2), P)
+    assert (s2["gradients"], s2["optimizer"]) == (1000, 3000)
+    s3 = model_state_bytes(job, Layout(dp=4, zero=3), P)
+    layer = job.model.params_per_layer()
+    assert s3["weights"] == pytest.approx(2 * (P / 4 + min(2 * layer, P) * 0.75))
+
+
+def test_workspace_allowance_is_stated():
+    job = _job()
+    mem = rank_memory(job, Layout(), 0)
+    rest = sum(v for k, v in mem.items() if k != "workspace")
+    assert mem["workspace"] == pytest.approx(WORKSPACE_BYTES + FRAGMENTATION * rest)
+
+
+# ------------------------------------------------------------------ properties (hypothesis)
+
+MODELS = ["tiny", "tiny-gpt2", "llama2-7b", "llama3-8b", "gpt3-175b"]
+
+
+def _worst(job, lay):
+    return sum(memory_breakdown(job, lay)[1].values())
+
+
+def _states(job, lay):
+    return max(sum(v for k, v in rank_memory(job, lay, r).items() if k in ("weights", "gradients", "optimizer"))
+               for r in {0, lay.pp - 1})
+
+
+knobs = st.fixed_dictionaries({
+    "model": st.sampled_from(MODELS), "dp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2, 4]),
+    "mb": st.sampled_from([1, 2]), "zero": st.sampled_from([0, 1, 2, 3]),
+    "recompute": st.sampled_from(["none", "selective", "full"]), "sp": st.booleans(),
+    "schedule": st.sampled_from(["gpipe", "1f1b", "zb-h1"]), "flash": st.booleans(),
+})
+
+
+def _make(k, tp=1, **over):
+    job = _job(k["model"], batch=16, seq=128, flash_attention=k["flash"])
+    lay = Layout(dp=k["dp"], tp=tp, pp=k["pp"], micro_batch=k["mb"], zero=k["zero"], recompute=k["recompute"],
+                 sequence_parallel=k["sp"] and tp > 1, schedule=k["schedule"]).with_(**over)
+    return job, lay
+
+
+@settings(max_examples=60, deadline=None)
+@given(knobs)
+def test_memory_never_rises_with_tp(k):
+    job, _ = _make(k)
+    tps = [t for t in (1, 2, 4) if job.model.num_kv_heads % t == 0]
+    mems = []
+    for t in tps:
+        _, lay = _make(k, tp=t, sequence_parallel=k["sp"] and t > 1)
+        mems.append(_worst(job, lay))
+    # SP can only switch on once tp > 1, which lowers memory further
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(mems, mems[1:]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(knobs)
+def test_memory_never_rises_with_zero_stage(k):
+    job, lay = _make(k)
+    mems = [_worst(job, lay.with_(zero=z)) for z in (0, 1, 2, 3)]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(mems, mems[1:]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(knobs)
+def test_model_states_never_rise_with_pp(k):
+    job, lay = _make(k)
+    states = [_states(job, lay.with_(pp=p)) for p in (1, 2, 4)]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(states, states[1:]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(knobs)
+def test_more_recompute_never_raises_memory(k):
+    job, lay = _make(k)
+    mems = [_worst(job, lay.with_(recompute=r)) for r in ("none", "selective", "full")]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(mems, mems[1:]))
+
+
+def test_stage_activations_full_recompute_is_checkpoints_plus_one_layer():
+    job = _job()
+    lay = Layout(recompute="full", micro_batch=2)
+    ck = checkpoint_bytes(job.model, 64, 2, 1, False)
+    linear, _ = layer_activation_terms(job.model, 64, 2, 1, False)
+    assert stage_activation_bytes(job, lay, 4, 1) == 3 * ck + linear
