@@ -76,8 +76,10 @@ def test_simulate_compare_draws_and_traces(tmp_path, capsys):
     bubbles = [r["bubble_fraction"] for r in results]
     assert bubbles[3] < bubbles[2] < bubbles[1]  # ZB-H1 < interleaved < 1F1B
     assert png.read_bytes().startswith(b"\x89PNG")
-    pids = {e["pid"] for e in json.loads(trace.read_text())["traceEvents"]}
-    assert pids == set(range(16))  # four schedules x four ranks
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == set(range(16))  # four schedules x four ranks
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names[0] == "gpipe rank 0" and names[15] == "zb-h1 rank 3"
 
 
 def test_simulate_summary_without_json(capsys):

@@ -64,13 +64,15 @@ def _name(e: Event) -> str:
     return e.kind if e.microbatch < 0 else f"{e.kind} mb{e.microbatch}"
 
 
-def chrome_trace(events: Iterable) -> dict:
-    """Chrome-trace dict: one process per rank, compute on thread 0, communication on thread 1."""
+def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None) -> dict:
+    """Chrome-trace dict: one process per rank, compute on thread 0, communication on thread 1.
+
+    `names` overrides the process name of some ranks (default "rank N")."""
     evs = [as_event(e) for e in events]
     t0 = min((e.start for e in evs), default=0.0)
     out = []
     for rank in sorted({e.rank for e in evs}):
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": (names or {}).get(rank, f"rank {rank}")}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute"}})
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "communication"}})
@@ -81,9 +83,9 @@ def chrome_trace(events: Iterable) -> dict:
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(events: Iterable, path: str | Path) -> Path:
+def write_chrome_trace(events: Iterable, path: str | Path, names: Mapping[int, str] | None = None) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(events)))
+    path.write_text(json.dumps(chrome_trace(events, names)))
     return path
 
 

@@ -85,7 +85,8 @@ def run(args) -> int:
     if args.trace is not None:
         # One trace; with --compare each schedule's ranks get their own process ids.
         events = [e for i, s in enumerate(sims) for e in _scaled(s.events + s.transfers, ms, rank_offset=i * args.pp)]
-        write_chrome_trace(events, args.trace)
+        names = {i * args.pp + r: f"{s.schedule.name} rank {r}" for i, s in enumerate(sims) for r in range(args.pp)}
+        write_chrome_trace(events, args.trace, names)
     if args.json:
         from shardwise.commands.common import print_json
 
