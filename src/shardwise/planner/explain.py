@@ -97,13 +97,20 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
     )
 
-    if len(result.ranked) > 1:
-        ru = result.ranked[1]
+    split = (lay.dp, lay.tp, lay.pp)
+    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) != split), None)
+    variants = [e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) == split]
+    if len(variants) > 1:
+        spread = variants[-1].step_time / win.step_time - 1
+        out.append(f"Variants of the same dp{lay.dp}·tp{lay.tp}·pp{lay.pp} split (micro-batch, virtual stages, schedule, "
+                   f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.0%}; the closest is "
+                   f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
+    if other is not None:
         out.append(
-            f"Runner-up: {_knobs(ru)} at {ru.step_time:.2f} s/step ({ru.step_time / win.step_time - 1:+.1%}), "
-            f"{ru.memory_per_gpu / GIB:.1f} GiB/GPU, MFU {ru.mfu:.1%}. "
+            f"Runner-up split: {_knobs(other)} at {other.step_time:.2f} s/step ({other.step_time / win.step_time - 1:+.1%}), "
+            f"{other.memory_per_gpu / GIB:.1f} GiB/GPU, MFU {other.mfu:.1%}. "
             f"Winner: {_knobs(win)} at {win.step_time:.2f} s/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}."
         )
     else:
-        out.append(f"Only one layout fits: {_knobs(win)}.")
+        out.append(f"Only one dp x tp x pp split fits: {_knobs(win)}.")
     return out
