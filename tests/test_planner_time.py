@@ -26,9 +26,13 @@ def test_ring_all_reduce_alpha_beta_by_hand():
 
 def test_a_group_wider_than_a_node_uses_the_network():
     intra = collective_time(A100, "all_reduce", 1e9, 8, stride=1)
+    # 16 consecutive ranks: 8 per node drive the node's 8 NICs (one NCCL ring each): 8 x 25 GB/s
     inter = collective_time(A100, "all_reduce", 1e9, 16, stride=1)
-    assert inter == pytest.approx(2 * 15 * 10e-6 + 2 * 15 / 16 * 1e9 / (25e9 * LINK_EFFICIENCY))
-    assert inter > 10 * intra
+    assert inter == pytest.approx(2 * 15 * 10e-6 + 2 * 15 / 16 * 1e9 / (200e9 * LINK_EFFICIENCY))
+    assert inter > intra
+    # one member per node (stride 8, e.g. DP with tp=8): a single NIC's 25 GB/s
+    one_nic = collective_time(A100, "all_reduce", 1e9, 4, stride=8)
+    assert one_nic == pytest.approx(2 * 3 * 10e-6 + 2 * 3 / 4 * 1e9 / (25e9 * LINK_EFFICIENCY))
     # DP groups are tp ranks apart: 4 ranks at stride 4 span two nodes
     assert collective_time(A100, "all_reduce", 1e9, 4, stride=4) > collective_time(A100, "all_reduce", 1e9, 4, stride=2)
 

@@ -6,7 +6,8 @@ Alpha-beta (Hockney; ring algorithms as NCCL runs them, Thakur et al. 2005), n r
   reduce-scatter   (n-1) alpha   + (n-1)/n * B / beta        (B = the full input size)
   send-recv        alpha + B / beta
 beta is the link's one-direction bandwidth per GPU times LINK_EFFICIENCY (NCCL bus bandwidth
-reaches ~80 % of the datasheet on NVLink and InfiniBand).
+reaches ~80 % of the datasheet on NVLink and InfiniBand). Across nodes a group with k members per
+node uses k NICs per node in parallel (NCCL: one ring per NIC), see `link`.
 
 Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read here):
   {"matmul_tflops": float,                               # achieved dense bf16 matmul TFLOP/s per GPU
@@ -29,10 +30,17 @@ _STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": 
 
 
 def link(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[float, float]:
-    """(bandwidth, latency) of a group of `group_size` ranks `stride` apart: NVLink if it fits one node."""
+    """(bandwidth, latency) for a ring over `group_size` ranks `stride` apart.
+
+    Inside one node: NVLink. Across nodes, NCCL runs one ring per NIC, so a group with k members
+    on each node drives k NICs per node: k x the per-GPU network bandwidth (what nccl-tests'
+    bus bandwidth shows), never more than NVLink.
+    """
     if group_size * stride <= cluster.gpus_per_node:
         return cluster.intra_node_bandwidth * LINK_EFFICIENCY, cluster.intra_node_latency
-    return cluster.inter_node_bandwidth * LINK_EFFICIENCY, cluster.inter_node_latency
+    per_node = max(1, min(group_size, cluster.gpus_per_node // stride))
+    bw = min(cluster.intra_node_bandwidth, per_node * cluster.inter_node_bandwidth)
+    return bw * LINK_EFFICIENCY, cluster.inter_node_latency
 
 
 def interpolate(points: list, nbytes: float) -> float:
