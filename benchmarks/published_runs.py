@@ -131,7 +131,10 @@ def parse(row: dict) -> Run:
     schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
     layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, zero=_zero(row["zero_stage"]),
                     recompute=recompute, sequence_parallel=sp and tp > 1, schedule=schedule)
-    job = Job(model, cluster, TrainSpec(global_batch=batch, seq_len=seq), flash_attention=flash, context_parallel=cp,
+    # NeMo's distributed_fused_adam keeps one contiguous gradient buffer in its grad_sync_dtype (bf16
+    # in these configs) and fp32 master weights + moments sharded: 2 + 2 + 12/d bytes per parameter.
+    train = TrainSpec(global_batch=batch, seq_len=seq, grad_bytes=2 if dgxc else 4)
+    job = Job(model, cluster, train, flash_attention=flash, context_parallel=cp,
               tp_comm_overlap=dgxc)
     run = Run(name, job, layout, published, convention, weak)
     if published is None:
