@@ -45,6 +45,7 @@ class Run:
     convention: str  # "model" or "hardware"
     weak: bool
     skip: str = ""  # why the row is not usable
+    flops_per_sequence: float | None = None  # the source's own model-FLOP count, when it states one
 
 
 def _int(cell: str) -> int | None:
@@ -137,6 +138,11 @@ def parse(row: dict) -> Run:
     job = Job(model, cluster, train, flash_attention=flash, context_parallel=cp,
               tp_comm_overlap=dgxc)
     run = Run(name, job, layout, published, convention, weak)
+    m = re.search(r"Model flops/seq = ([\d.]+e[+]?\d+)", row["notes"])
+    proxy = re.search(r"\(([\d/]+) layers\)", row["notes"])  # reduced-depth proxies of the full model
+    is_proxy = bool(proxy) and str(model.num_layers) in proxy.group(1).split("/")
+    if m and not is_proxy:  # NeMo counts its own model FLOPs (Nemotron: 1.01e16 vs PaLM's 8.6e15): use them
+        run.flops_per_sequence = float(m.group(1))
     if published is None:
         m = re.search(r"iteration time ([\d.]+) s", row["notes"])
         if m:  # Korthikanti baselines: the source gives the time; model FLOP/s follow from it.
@@ -155,6 +161,9 @@ def load_runs(path: Path) -> list[Run]:
 def predict(run: Run) -> tuple[float, bool]:
     est = estimate(run.job, run.layout)
     value = est.hardware_tflops_per_gpu if run.convention == "hardware" else est.model_tflops_per_gpu
+    if run.flops_per_sequence and run.convention == "model":
+        # Same FLOP count as the source, so the comparison is one of step times.
+        value = run.flops_per_sequence * run.job.train.global_batch / est.step_time / est.gpus / 1e12
     return value, est.fits
 
 
