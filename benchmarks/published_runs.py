@@ -121,7 +121,9 @@ def parse(row: dict) -> Run:
     # Global batch: the configured value when the source gives two (NeoX: paper 1538, config 1536).
     batches = [int(x) for x in re.findall(r"\d+", row["global_batch_seqs"].split("(")[0] + " " +
                                               " ".join(re.findall(r"config[^)]*?(\d+)", row["global_batch_seqs"])))]
-    batch = next((b for b in reversed(batches) if b % (dp * mb) == 0), batches[0])
+    batch = next((b for b in reversed(batches) if b % (dp * mb) == 0), None)
+    if batch is None:  # an approximate batch ("~1024 (2M tokens)"): the nearest multiple of dp * mb
+        batch = max(1, round(batches[0] / (dp * mb))) * dp * mb
     flash = any(s in (name + row["source"]).lower() for s in FLASH_SOURCES)
     if tflops_cell and _float(tflops_cell):
         published, convention = _float(tflops_cell), "hardware" if hardware else "model"

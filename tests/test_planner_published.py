@@ -51,3 +51,12 @@ def test_selective_plus_sp_beats_full_recompute_like_the_paper():
         full = next(v for k, v in rows.items() if k.startswith(f"Korthikanti {size} full"))
         sel = next(v for k, v in rows.items() if k.startswith(f"Korthikanti {size} selective"))
         assert 1.2 < sel["predicted"] / full["predicted"] < 1.45
+
+
+def test_almost_every_row_within_25_percent():
+    # Known gap (docs/planner.md): MT-NLG's 2021 DeepSpeed pipeline ran ~30 % below this model.
+    rows, _ = bench.compare(CSV)
+    strong = [r for r in rows if "error" in r and not r["weak"]]
+    within = [r for r in strong if abs(r["error"]) <= 0.25]
+    assert len(within) >= 0.95 * len(strong)
+    assert sum(r["fits"] for r in strong) >= len(strong) - 1
