@@ -15,6 +15,9 @@ def register(subparsers, name, help):
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     p.add_argument("--json", action="store_true", help='print {"best": {...}, "candidates": [...]}')
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
+    p.add_argument("--all-variants", action="store_true",
+                   help="list every fitting variant (micro-batch, vpp, schedule, ZeRO, recompute) instead of the "
+                        "best one of each dp x tp x pp split")
     p.set_defaults(func=run)
 
 
@@ -32,9 +35,20 @@ def plan(args):
     return job, result
 
 
+def best_per_split(ranked):
+    """The fastest layout of each dp x tp x pp split, in rank order."""
+    seen, out = set(), []
+    for e in ranked:
+        key = (e.layout.dp, e.layout.tp, e.layout.pp)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
 def run(args) -> int:
     job, result = plan(args)
-    top = result.ranked[: args.top]
+    top = (result.ranked if args.all_variants else best_per_split(result.ranked))[: args.top]
     if args.json:
         out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top]}
         if args.explain:
@@ -49,7 +63,8 @@ def run(args) -> int:
     console = Console()
     console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
-                                         f"({result.timed} of {result.scored} scored layouts fit)"))
+                                         f"({len(result.ranked)} of {result.scored} scored layouts fit"
+                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'})"))
     from shardwise.planner.explain import explain
 
     paragraphs = explain(job, args.gpus, result)
