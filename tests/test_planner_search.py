@@ -124,3 +124,13 @@ def test_planner_commands_do_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_plan_lists_one_layout_per_split_unless_all_variants(capsys):
+    _, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "6", "--json")
+    splits = [(c["dp"], c["tp"], c["pp"]) for c in json.loads(out)["candidates"]]
+    assert len(splits) == len(set(splits)) == 6
+    _, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "6", "--json", "--all-variants")
+    cands = json.loads(out)["candidates"]
+    times = [c["step_time_s"] for c in cands]
+    assert times == sorted(times) and len({(c["dp"], c["tp"], c["pp"]) for c in cands}) < 6
