@@ -65,8 +65,8 @@ def run(args) -> int:
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
                                          f"{'' if args.all_variants else '; best of each dp x tp x pp split'})"))
-    from shardwise.planner.explain import explain
+    from shardwise.planner.explain import explain, summary
 
-    paragraphs = explain(job, args.gpus, result)
-    print_explanation(console, paragraphs if args.explain else paragraphs[-1:], "Why the winner wins")
+    paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
+    print_explanation(console, paragraphs, "Why the winner wins")
     return 0

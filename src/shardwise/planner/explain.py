@@ -114,3 +114,15 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     else:
         out.append(f"Only one dp x tp x pp split fits: {_knobs(win)}.")
     return out
+
+
+def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
+    """The short 'why' printed under `plan`'s table: where the winner's step goes, and the runner-up."""
+    win = result.ranked[0]
+    t = win.time_s
+    share = {k: v / win.step_time for k, v in t.items()}
+    line = (f"{_knobs(win)}: {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB per GPU; "
+            f"of its {win.step_time:.2f} s step, compute {share['compute'] + share['recompute']:.0%}, "
+            f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
+            f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}; MFU {win.mfu:.1%}.")
+    return [line] + explain(job, gpus, result)[-1:]
