@@ -1,0 +1,248 @@
+"""Pipeline parallelism: cut the model into stages, then run a schedule (data) over them.
+
+Stages: the L layers are cut into p*v contiguous pieces (v chunks per rank when interleaving;
+rank r holds virtual stages r, r+p, ...). The cut minimises the most expensive stage, where a
+layer costs its forward+backward FLOPs, the LM head and loss count on the last stage and the
+embedding on the first — so uneven splits (⌈L/S⌉ or ⌊L/S⌋ layers, or fewer next to a heavy head)
+come out of the same rule.
+
+Executor: each rank walks its list from `schedules.p2p_plan` in order. Receives are posted right
+before the action that needs them and waited on; sends are non-blocking and waited on at the end
+of the step — exactly the simulator's rules, so a schedule the validator accepts cannot deadlock
+here. Tags name each transfer (kind, micro-batch, producing stage), so gloo matches them by name;
+NCCL ignores tags but sees the same per-pair order on both sides because both follow the schedule.
+
+Zero-bubble split backward: I computes only the input gradient (autograd.grad w.r.t. the stage
+input, keeping the graph), W then computes the weight gradients from the same graph.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardwise.schedules.schedule import Schedule, Step, Transfer, p2p_plan, virtual_stage
+from shardwise.specs import ModelSpec
+
+
+# --------------------------------------------------------------------------- stage split
+
+
+def stage_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
+    """(per layer, embedding, LM head + loss) forward FLOPs per token; backward is ~2x for all three."""
+    layer = 2 * spec.params_per_layer() + 4 * seq_len * spec.q_dim  # matmuls + attention scores/values
+    embedding = 2 * spec.hidden  # a lookup (and its scatter-add in backward): memory, not FLOPs
+    head = 2 * spec.hidden * spec.vocab_size + 5 * spec.vocab_size  # logits matmul + softmax/loss
+    return float(layer), float(embedding), float(head)
+
+
+def split_layers(spec: ModelSpec, num_stages: int, seq_len: int = 2048) -> list[list[int]]:
+    """Contiguous layer ids per virtual stage, minimising the costliest stage (each stage ≥ 1 layer)."""
+    L = spec.num_layers
+    if not 1 <= num_stages <= L:
+        raise ValueError(f"cannot cut {L} layers into {num_stages} stages")
+    layer, embed, head = stage_costs(spec, seq_len)
+
+    def cost(first: int, stop: int, stage: int) -> float:
+        return (stop - first) * layer + (embed if stage == 0 else 0.0) + (head if stage == num_stages - 1 else 0.0)
+
+    # best[s][i]: minimal max-cost to place layers[:i] on stages[:s]; classic linear-partition DP.
+    INF = float("inf")
+    best = [[INF] * (L + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (L + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, num_stages + 1):
+        for i in range(s, L - (num_stages - s) + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], cost(j, i, s - 1))
+                # Ties go to the earlier cut, so even splits put the extra layer on the first stages.
+                if value < best[s][i] - 1e-9:
+                    best[s][i], cut[s][i] = value, j
+    bounds, i = [], L
+    for s in range(num_stages, 0, -1):
+        bounds.append((cut[s][i], i))
+        i = cut[s][i]
+    return [list(range(a, b)) for a, b in reversed(bounds)]
+
+
+def build_stage_chunks(spec: ModelSpec, pp: int, vpp: int, pp_rank: int, *, seed: int, seq_len: int,
+                       recompute: str = "none", device="cpu") -> list[nn.Module]:
+    """The model chunks rank `pp_rank` holds, in chunk order: chunk c is virtual stage c*pp + pp_rank."""
+    from shardwise.model import Transformer
+
+    stages = split_layers(spec, pp * vpp, seq_len)
+    chunks = []
+    for c in range(vpp):
+        s = virtual_stage(pp_rank, c, pp)
+        chunks.append(Transformer(spec, seed=seed, layer_ids=stages[s], first=s == 0, last=s == pp * vpp - 1,
+                                  device=device, recompute=recompute))
+    return chunks
+
+
+# --------------------------------------------------------------------------- activation accounting
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward, per (micro-batch, chunk), excluding parameters.
+
+    The same tensor saved by several ops (x feeds wq, wk and wv) is counted once, as the
+    Korthikanti et al. accounting does. `peak` is the most held at once on this rank.
+    """
+
+    def __init__(self, params):
+        self._param_ptrs = {p.data_ptr() for p in params}
+        self.held: dict[tuple[int, int], int] = {}
+        self.current = 0
+        self.peak = 0
+        self._seen: set = set()
+        self._key = None
+
+    def hooks(self, key):
+        self._key, self._seen = key, set()
+        self.held.setdefault(key, 0)
+
+        def pack(t):
+            ident = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            if t.data_ptr() not in self._param_ptrs and ident not in self._seen:
+                self._seen.add(ident)
+                nbytes = t.numel() * t.element_size()
+                self.held[self._key] += nbytes
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def release(self, key):
+        self.current -= self.held.pop(key, 0)
+
+
+# --------------------------------------------------------------------------- executor
+
+
+@dataclass
+class ActionRecord:
+    """One action's measured interval on this rank (seconds since the step's aligned start)."""
+
+    rank: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass
+class _Held:
+    """What one (micro-batch, chunk) keeps between its forward and its backward."""
+
+    inputs: torch.Tensor | None = None  # received activation (requires grad), None on virtual stage 0
+    output: torch.Tensor | None = None  # the chunk's output, or its loss / m on the last stage
+    grad_output: torch.Tensor | None = None  # kept from I for W (zero-bubble)
+
+
+@dataclass
+class PipelineExecutor:
+    """Runs one schedule on this pipeline rank (pp > 1, so neighbouring stages are on other ranks).
+
+    chunks: this rank's model chunks (already tensor-parallel); activation_shape: the tensor that
+    crosses stages for one micro-batch (batch, seq (÷tp with sequence parallelism), hidden).
+    """
+
+    schedule: Schedule
+    pp_rank: int
+    chunks: list[nn.Module]
+    pp_group: dist.ProcessGroup | None
+    activation_shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+    saved: SavedBytes | None = None  # set to measure activation bytes in flight
+    records: list[ActionRecord] = field(default_factory=list)
+
+    def __post_init__(self):
+        assert self.schedule.p > 1, "the executor runs pipelines; pp == 1 trains without it"
+        self.steps: list[Step] = p2p_plan(self.schedule)[self.pp_rank]
+        self.last_stage = self.schedule.num_stages - 1
+
+    # -- point to point
+    def _peer(self, pp_peer: int) -> int:
+        return dist.get_global_rank(self.pp_group, pp_peer) if self.pp_group is not None else pp_peer
+
+    def _tag(self, t: Transfer) -> int:
+        return (t.src_stage * 2 + (t.kind == "grad")) * self.schedule.m + t.microbatch
+
+    def _recv(self, t: Transfer) -> torch.Tensor:
+        buf = torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
+        dist.recv(buf, src=self._peer(t.src_rank), group=self.pp_group, tag=self._tag(t))
+        return buf
+
+    def _send(self, t: Transfer, tensor: torch.Tensor, pending: list) -> None:
+        tensor = tensor.detach().contiguous()  # kept alive in `pending` until the send completes
+        pending.append((dist.isend(tensor, dst=self._peer(t.dst_rank), group=self.pp_group, tag=self._tag(t)), tensor))
+
+    # -- one step
+    def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
+        """Run this rank's actions for one optimizer step over m micro-batches. Returns the mean
+        micro-batch loss on the rank holding the last stage, else None. Times are recorded
+        relative to t0 (a clock aligned across ranks)."""
+        held: dict[tuple[int, int], _Held] = {}
+        pending, loss = [], None
+        for step in self.steps:
+            a = step.action
+            received = {t.kind: self._recv(t) for t in step.recv}
+            start = time.perf_counter() - t0
+            stage = virtual_stage(self.pp_rank, a.chunk, self.schedule.p)
+            h = held.setdefault((a.microbatch, a.chunk), _Held())
+            if a.kind == "F":
+                out = self._forward(a, h, stage, received.get("activation"), inputs, targets)
+                if stage == self.last_stage:
+                    loss = out.detach() if loss is None else loss + out.detach()
+            else:
+                out = self._backward(a, h, received.get("grad"))
+                if h.output is None:
+                    del held[(a.microbatch, a.chunk)]
+            self.records.append(ActionRecord(self.pp_rank, a.kind, a.microbatch, a.chunk, start,
+                                             time.perf_counter() - t0))
+            for t in step.send:
+                self._send(t, out, pending)
+        for work, _ in pending:
+            work.wait()
+        return loss
+
+    def _forward(self, a, h: _Held, stage: int, activation, inputs, targets):
+        if stage == 0:
+            x = inputs[a.microbatch]
+        else:
+            x = h.inputs = activation.requires_grad_(True)
+        target = targets[a.microbatch] if stage == self.last_stage else None
+        with self.saved.hooks((a.microbatch, a.chunk)) if self.saved else nullcontext():
+            out = self.chunks[a.chunk](x, target)
+        h.output = out / self.schedule.m if target is not None else out  # step loss = mean over micro-batches
+        return h.output
+
+    def _backward(self, a, h: _Held, grad_output):
+        """B: full backward. I: input gradient only, graph kept. W: weight gradients from that graph."""
+        if a.kind == "W":
+            params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
+            torch.autograd.backward(h.output, h.grad_output, inputs=params)
+            return self._release(a, h)
+        if a.kind == "B":
+            torch.autograd.backward(h.output, grad_output)
+            grad_in = h.inputs.grad if h.inputs is not None else None
+            self._release(a, h)
+            return grad_in
+        h.grad_output = grad_output
+        if h.inputs is None:  # virtual stage 0: no input gradient to produce; W does all the work
+            return None
+        (grad_in,) = torch.autograd.grad(h.output, [h.inputs], grad_output, retain_graph=True)
+        return grad_in
+
+    def _release(self, a, h: _Held):
+        if self.saved:
+            self.saved.release((a.microbatch, a.chunk))
+        h.inputs = h.output = h.grad_output = None
