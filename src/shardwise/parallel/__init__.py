@@ -1,0 +1,77 @@
+"""Parallelism as transformations of a plain model, over one (pp, dp, tp) DeviceMesh.
+
+    mesh  = build_mesh(pp, dp, tp)                    # parallel/mesh.py
+    model = Transformer(spec, seed=seed)              # the full model (or a pipeline stage of it)
+    model = parallelize(model, mesh, layout, device)  # TP slices it, then DP/ZeRO wraps or shards it
+
+`clip_grad_norm_` and `full_state_dict` know how each parameter is split, so they work under any layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from shardwise.parallel.data_parallel import data_parallel, grad_sync, make_optimizer, unwrap
+from shardwise.parallel.mesh import build_mesh, coordinates, group, init_distributed, size
+from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, tensor_parallel, unshard
+
+
+def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu") -> nn.Module:
+    """Full model on CPU -> the layout's TP slices it -> onto `device` -> its DP / ZeRO stage wraps or shards it.
+    Returns the module to call (the plain model stays reachable through `unwrap`)."""
+    tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
+    model.to(device)
+    return data_parallel(model, None if mesh is None else mesh["dp"], layout.zero)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm_(models: list[nn.Module], max_norm: float, mesh) -> torch.Tensor:
+    """Clip by the norm of the whole model's gradient, whatever the layout; returns that norm.
+
+    TP shards add up over tp; parameters replicated over tp count once (tp rank 0); FSDP shards add
+    up over dp (DDP gradients are already equal on every dp rank); pipeline stages add up over pp."""
+    tp_rank = coordinates(mesh)["tp"]
+    sharded, replicated, sharded_over_dp = [], [], False
+    for model in models:
+        for name, p in unwrap(model).named_parameters():
+            if p.grad is None:
+                continue
+            sharded_over_dp |= isinstance(p.grad, DTensor)
+            (sharded if name in getattr(unwrap(model), "tp_shards", {}) else replicated).append(_local(p.grad))
+    grads = sharded + replicated
+    device = grads[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), device=device)
+    if sharded:
+        sq = sq + torch.nn.utils.get_total_norm(sharded).float() ** 2
+    if replicated and tp_rank == 0:
+        sq = sq + torch.nn.utils.get_total_norm(replicated).float() ** 2
+    for dim in ("tp", "pp") + (("dp",) if sharded_over_dp else ()):
+        if group(mesh, dim) is not None:
+            dist.all_reduce(sq, group=group(mesh, dim))
+    norm = sq.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    if grads:
+        torch._foreach_mul_(grads, coef)
+    return norm
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, gathered to its full unpadded shape under its layout-free name (CPU tensors).
+    Collective: every rank of the model's tp and dp groups must call it."""
+    model = unwrap(model)
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        out[name] = unshard(model, name, t).cpu()
+    return out
+
+
+__all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "parallelize", "tensor_parallel",
+           "data_parallel", "grad_sync", "make_optimizer", "unwrap", "clip_grad_norm_", "full_state_dict",
+           "sync_sequence_parallel_grads"]

@@ -1,0 +1,66 @@
+"""Data parallelism over the mesh's dp dimension, with the ZeRO stage the layout asks for.
+
+zero 0  DistributedDataParallel on the dp group: bucketed all-reduce overlapped with backward.
+zero 1  DDP + torch's ZeroRedundancyOptimizer on the dp group: each dp rank keeps and updates the
+        AdamW state of 1/dp of the parameters, then broadcasts them (ZeRO stage 1).
+zero 2  FSDP2 `fully_shard(reshard_after_forward=False)`: gradients and optimizer state sharded,
+        parameters stay gathered from forward to backward (PyTorch's SHARD_GRAD_OP, its ZeRO-2).
+zero 3  FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
+        sharded, gathered block by block (ZeRO stage 3).
+Each composes with tensor parallelism: it sees the TP shards as ordinary local parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+
+def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
+    """Wrap or shard `model` over the 1-D `dp_mesh`; returns the module to call in the loop."""
+    if dp_mesh is None or dp_mesh.size() == 1:
+        return model
+    if zero >= 2:
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3)
+        model.zero_stage = zero
+        return model
+    device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
+    # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
+    no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
+        DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **no_buffer_sync)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+@contextmanager
+def grad_sync(module: nn.Module, enabled: bool):
+    """Gradient accumulation: skip the dp reduction on all but the last micro-batch of a step."""
+    if isinstance(module, DistributedDataParallel):
+        with nullcontext() if enabled else module.no_sync():
+            yield
+    elif isinstance(module, FSDPModule):
+        # ZeRO-3 reduce-scatters every micro-batch (keeps gradients sharded); ZeRO-2 once per step.
+        module.set_requires_gradient_sync(enabled or module.zero_stage == 3)
+        yield
+    else:
+        yield
+
+
+def make_optimizer(param_groups: list[dict], zero: int, dp_mesh, **adamw) -> torch.optim.Optimizer:
+    """AdamW; under ZeRO-1 its state is partitioned over the dp ranks."""
+    if zero == 1 and dp_mesh is not None and dp_mesh.size() > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(param_groups, optimizer_class=torch.optim.AdamW,
+                                       process_group=dp_mesh.get_group(), **adamw)
+    return torch.optim.AdamW(param_groups, **adamw)

@@ -1,0 +1,59 @@
+"""One DeviceMesh with named dimensions ("pp", "dp", "tp"); tp innermost.
+
+global rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so the tp ranks of a group are neighbours
+(the same node when tp <= GPUs per node) and pipeline stages are the outermost split.
+Every process group of the runtime is `mesh[dim].get_group()`; nothing else keeps group lists.
+Every group carries the job's timeout, so a lost peer raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+DIMS = ("pp", "dp", "tp")
+
+
+def init_distributed(backend: str, timeout_s: float) -> None:
+    """Join the job's default process group from torchrun's environment (RANK, WORLD_SIZE, MASTER_*)."""
+    if dist.is_initialized():
+        return
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def _group_options(backend: str, timeout_s: float):
+    """DeviceMesh gives sub-groups the backend's default timeout (30 min) unless options carry one."""
+    opts = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    opts._timeout = timedelta(seconds=timeout_s)
+    return opts
+
+
+def build_mesh(pp: int, dp: int, tp: int, *, backend: str | None = None, timeout_s: float = 300.0) -> DeviceMesh:
+    """The (pp, dp, tp) mesh over all ranks of the default group. Collective: every rank calls it."""
+    backend = backend or dist.get_backend()
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    opts = _group_options(backend, timeout_s)
+    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=DIMS,
+                            backend_override={d: (backend, opts) for d in DIMS})
+
+
+def coordinates(mesh: DeviceMesh | None) -> dict[str, int]:
+    """This rank's (pp, dp, tp) position; all zeros for a single process."""
+    if mesh is None:
+        return {d: 0 for d in DIMS}
+    return {d: mesh[d].get_local_rank() for d in DIMS}
+
+
+def size(mesh: DeviceMesh | None, dim: str) -> int:
+    return 1 if mesh is None else mesh[dim].size()
+
+
+def group(mesh: DeviceMesh | None, dim: str):
+    """The process group of `dim`, or None when there is nothing to talk to (single process, size 1)."""
+    return None if size(mesh, dim) == 1 else mesh[dim].get_group()

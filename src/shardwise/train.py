@@ -1,0 +1,265 @@
+"""The training loop: one optimizer step = forward/backward over micro-batches, sync, clip, AdamW.
+
+    runtime = build_runtime(cfg, mesh)     # model built from the seed, then parallelized for the layout
+    for step in 1..N:
+        loss = runtime.forward_backward(runtime.parts, microbatches)   # replaceable: the pipeline executor
+        sync sequence-parallel gradients; clip by the global norm; set the LR; optimizer.step()
+
+`forward_backward(parts, microbatches) -> loss` is the one seam for pipeline parallelism: `parts` are the
+model chunks this rank holds (one, without PP), `microbatches` this dp rank's (inputs, targets) pairs;
+it runs every forward and backward of the step and returns the sum of micro-batch losses / M on the
+last pipeline stage (None elsewhere). Everything else in the step is layout-agnostic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardwise import data
+from shardwise.model import Transformer
+from shardwise.parallel import (build_mesh, clip_grad_norm_, coordinates, grad_sync, group, init_distributed,
+                                make_optimizer, parallelize, size, sync_sequence_parallel_grads, unwrap)
+from shardwise.specs import Layout, ModelSpec
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    spec: ModelSpec
+    layout: Layout
+    steps: int
+    global_batch: int
+    seq_len: int
+    seed: int = 0
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int | None = None  # default: 10 % of the steps
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+    metrics_file: str | None = None
+    progress: bool = True
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step (step is 1-based)."""
+    warmup = cfg.steps // 10 if cfg.warmup_steps is None else cfg.warmup_steps
+    i = step - 1
+    if i < warmup:
+        return cfg.lr * (i + 1) / warmup
+    progress = (i - warmup) / max(1, cfg.steps - 1 - warmup)
+    low = cfg.lr * cfg.min_lr_ratio
+    return low + 0.5 * (cfg.lr - low) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# --------------------------------------------------------------------------- building
+
+
+@dataclass
+class Runtime:
+    cfg: TrainConfig
+    mesh: object  # DeviceMesh or None for a single process
+    device: torch.device
+    parts: list[nn.Module]  # what forward_backward calls (DDP- or FSDP-wrapped)
+    optimizer: torch.optim.Optimizer
+    forward_backward: Callable = None
+    step: int = 0
+
+    @property
+    def models(self) -> list[nn.Module]:
+        """The plain (unwrapped) model chunks: layout-free parameter names, TP metadata."""
+        return [unwrap(p) for p in self.parts]
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def build_optimizer(parts: list[nn.Module], cfg: TrainConfig, mesh) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (nanoGPT). Same groups under every layout."""
+    params = [p for part in parts for p in part.parameters()]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return make_optimizer(groups, cfg.layout.zero, None if mesh is None else mesh["dp"],
+                          lr=lr_at(cfg, 1), betas=(0.9, 0.95), eps=1e-8)
+
+
+def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
+    """The whole model from the seed (every layout starts from the same weights), parallelized for cfg.layout."""
+    device = _device(cfg)
+    model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute)
+    parts = [parallelize(model, mesh, cfg.layout, device)]
+    return Runtime(cfg, mesh, device, parts, build_optimizer(parts, cfg, mesh), forward_backward)
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def forward_backward(parts: list[nn.Module], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Gradient accumulation without pipelining: each micro-batch's mean loss / M, backward at once;
+    the dp gradient reduction runs only with the last micro-batch."""
+    (model,) = parts
+    device_type = microbatches[0][0].device.type
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device_type == "cuda" else nullcontext()
+    total = torch.zeros((), device=microbatches[0][0].device)
+    for i, (x, y) in enumerate(microbatches):
+        with grad_sync(model, enabled=i == len(microbatches) - 1):
+            with autocast:
+                loss = model(x, y) / len(microbatches)
+            loss.backward()
+        total += loss.detach()
+    return total
+
+
+def _reduce_loss(loss: torch.Tensor | None, rt: Runtime) -> torch.Tensor:
+    """The step's loss on every rank: from the last pipeline stage, averaged over dp."""
+    loss = torch.zeros((), device=rt.device) if loss is None else loss.detach().float()
+    if group(rt.mesh, "pp") is not None:
+        if coordinates(rt.mesh)["pp"] != size(rt.mesh, "pp") - 1:
+            loss = torch.zeros_like(loss)
+        dist.all_reduce(loss, group=group(rt.mesh, "pp"))
+    if group(rt.mesh, "dp") is not None:
+        dist.all_reduce(loss, group=group(rt.mesh, "dp"))
+        loss = loss / size(rt.mesh, "dp")
+    return loss
+
+
+def train_step(rt: Runtime) -> dict:
+    """One optimizer step; returns the loss, gradient norm and learning rate of that step."""
+    cfg, lay = rt.cfg, rt.cfg.layout
+    rt.step += 1
+    mbs = data.local_microbatches(cfg.seed, rt.step, cfg.global_batch, cfg.seq_len, lay.dp,
+                                  coordinates(rt.mesh)["dp"], lay.micro_batch, rt.device)
+    rt.optimizer.zero_grad(set_to_none=True)
+    loss = rt.forward_backward(rt.parts, mbs)
+    for model in rt.models:
+        sync_sequence_parallel_grads(model)
+    norm = clip_grad_norm_(rt.parts, cfg.grad_clip, rt.mesh)
+    lr = lr_at(cfg, rt.step)
+    for g in rt.optimizer.param_groups:
+        g["lr"] = lr
+    rt.optimizer.step()
+    return {"loss": _reduce_loss(loss, rt).item(), "grad_norm": norm.item(), "lr": lr}
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class TrainResult:
+    records: list[dict] = field(default_factory=list)
+    runtime: Runtime | None = None
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records]
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _maybe_die(step: int) -> None:
+    """Fault injection for the tests: SHARDWISE_TEST_KILL_RANK dies at SHARDWISE_TEST_KILL_AT_STEP."""
+    rank = os.environ.get("SHARDWISE_TEST_KILL_RANK")
+    if rank is not None and dist.is_initialized() and dist.get_rank() == int(rank) \
+            and step == int(os.environ.get("SHARDWISE_TEST_KILL_AT_STEP", "1")):
+        os._exit(13)
+
+
+def train(cfg: TrainConfig, mesh=None) -> TrainResult:
+    """Train cfg.steps steps on this rank's part of `mesh` (None: a single process, no torch.distributed)."""
+    result = TrainResult(runtime=build_runtime(cfg, mesh))
+    rank0 = _is_rank0()
+    sink = open_metrics(cfg.metrics_file) if rank0 and cfg.metrics_file else None
+    with progress_bar(cfg, enabled=rank0 and cfg.progress) as update:
+        for _ in range(cfg.steps):
+            _maybe_die(result.runtime.step + 1)
+            start = time.perf_counter()
+            rec = train_step(result.runtime)
+            elapsed = time.perf_counter() - start  # .item() above waited for the device
+            rec = {"step": result.runtime.step, "loss": rec["loss"], "step_time_s": elapsed,
+                   "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"]}
+            result.records.append(rec)
+            if sink:
+                sink.write(json.dumps(rec) + "\n")
+                sink.flush()
+            update(rec)
+    if sink:
+        sink.close()
+    return result
+
+
+def open_metrics(path: str):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8")
+
+
+class progress_bar:
+    """Rank 0's rich progress bar: step, loss, tokens/s, step time."""
+
+    def __init__(self, cfg: TrainConfig, enabled: bool):
+        self.cfg, self.enabled = cfg, enabled
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda rec: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        lay = self.cfg.layout
+        self.progress = Progress(
+            TextColumn(f"[bold]{self.cfg.spec.name}[/] dp{lay.dp}·tp{lay.tp}·pp{lay.pp}"), BarColumn(),
+            MofNCompleteColumn(), TextColumn("loss [cyan]{task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]} s/step"), TimeElapsedColumn())
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=self.cfg.steps, loss="-", tps="-", dt="-")
+
+        def update(rec):
+            self.progress.update(self.task, advance=1, loss=f"{rec['loss']:.4f}",
+                                 tps=f"{rec['tokens_per_s']:,.0f}", dt=f"{rec['step_time_s']:.3f}")
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.stop()
+        return False
+
+
+# --------------------------------------------------------------------------- one process of a job
+
+
+def worker_main(cfg: TrainConfig) -> list[dict]:
+    """Entry point of every rank (our launcher or torchrun): join the job, build the mesh, train, leave."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    init_distributed(cfg.backend, cfg.timeout_s)
+    try:
+        lay = cfg.layout
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend=cfg.backend, timeout_s=cfg.timeout_s)
+        records = train(cfg, mesh).records
+        dist.barrier()
+        return records
+    finally:
+        dist.destroy_process_group()
