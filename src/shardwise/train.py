@@ -108,6 +108,11 @@ def build_optimizer(parts: list[nn.Module], cfg: TrainConfig, mesh) -> torch.opt
 def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
     """The whole model from the seed (every layout starts from the same weights), parallelized for cfg.layout."""
     device = _device(cfg)
+    if cfg.layout.pp > 1:
+        from shardwise.parallel.pipeline import build_pipeline
+
+        parts, step = build_pipeline(cfg, mesh, device)
+        return Runtime(cfg, mesh, device, parts, build_optimizer(parts, cfg, mesh), step)
     model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute)
     parts = [parallelize(model, mesh, cfg.layout, device)]
     return Runtime(cfg, mesh, device, parts, build_optimizer(parts, cfg, mesh), forward_backward)
@@ -208,7 +213,16 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
             update(rec)
     if sink:
         sink.close()
+    if rank0 and cfg.progress and result.records:
+        print(summary(result.records, cfg), flush=True)
     return result
+
+
+def summary(records: list[dict], cfg: TrainConfig) -> str:
+    times = sorted(r["step_time_s"] for r in records[1:] or records)  # the first step includes warm-up work
+    median = times[len(times) // 2]
+    return (f"trained {len(records)} steps: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f}, "
+            f"median step {median:.4f} s, {cfg.tokens_per_step / median:,.0f} tokens/s")
 
 
 def open_metrics(path: str):

@@ -19,11 +19,14 @@ from shardwise.parallel.mesh import build_mesh, coordinates, group, init_distrib
 from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, tensor_parallel, unshard
 
 
-def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu") -> nn.Module:
+def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True) -> nn.Module:
     """Full model on CPU -> the layout's TP slices it -> onto `device` -> its DP / ZeRO stage wraps or shards it.
-    Returns the module to call (the plain model stays reachable through `unwrap`)."""
+    Returns the module to call (the plain model stays reachable through `unwrap`). replicate=False leaves
+    ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step."""
     tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
     model.to(device)
+    if not replicate and layout.zero < 2:
+        return model
     return data_parallel(model, None if mesh is None else mesh["dp"], layout.zero)
 
 
@@ -37,10 +40,13 @@ def clip_grad_norm_(models: list[nn.Module], max_norm: float, mesh) -> torch.Ten
     TP shards add up over tp; parameters replicated over tp count once (tp rank 0); FSDP shards add
     up over dp (DDP gradients are already equal on every dp rank); pipeline stages add up over pp."""
     tp_rank = coordinates(mesh)["tp"]
-    sharded, replicated, sharded_over_dp = [], [], False
+    sharded, replicated, twins, sharded_over_dp = [], [], [], False
     for model in models:
         for name, p in unwrap(model).named_parameters():
             if p.grad is None:
+                continue
+            if name in getattr(unwrap(model), "pp_replicas", ()):
+                twins.append(_local(p.grad))  # a tied LM head: its twin on the first stage is counted
                 continue
             sharded_over_dp |= isinstance(p.grad, DTensor)
             (sharded if name in getattr(unwrap(model), "tp_shards", {}) else replicated).append(_local(p.grad))
@@ -56,8 +62,8 @@ def clip_grad_norm_(models: list[nn.Module], max_norm: float, mesh) -> torch.Ten
             dist.all_reduce(sq, group=group(mesh, dim))
     norm = sq.sqrt()
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    if grads:
-        torch._foreach_mul_(grads, coef)
+    if grads or twins:
+        torch._foreach_mul_(grads + twins, coef)
     return norm
 
 

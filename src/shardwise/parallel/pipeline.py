@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from torch import nn
 
 from shardwise.schedules.schedule import Schedule, Step, Transfer, p2p_plan, virtual_stage
 from shardwise.specs import ModelSpec
+from shardwise.timeline import Event
 
 
 # --------------------------------------------------------------------------- stage split
@@ -126,18 +128,6 @@ class SavedBytes:
 
 
 @dataclass
-class ActionRecord:
-    """One action's measured interval on this rank (seconds since the step's aligned start)."""
-
-    rank: int
-    kind: str
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-
-
-@dataclass
 class _Held:
     """What one (micro-batch, chunk) keeps between its forward and its backward."""
 
@@ -162,12 +152,17 @@ class PipelineExecutor:
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
     saved: SavedBytes | None = None  # set to measure activation bytes in flight
-    records: list[ActionRecord] = field(default_factory=list)
+    records: list[Event] = field(default_factory=list)  # measured, seconds since the aligned epoch
+    # (chunk, is_last_weight_backward) -> context for each backward: FSDP's gradient sync switch
+    grad_sync: Callable | None = None
+    amp: Callable = nullcontext  # autocast context for forwards (bf16 on GPU)
 
     def __post_init__(self):
         assert self.schedule.p > 1, "the executor runs pipelines; pp == 1 trains without it"
         self.steps: list[Step] = p2p_plan(self.schedule)[self.pp_rank]
         self.last_stage = self.schedule.num_stages - 1
+        # The last action computing weight gradients of each chunk: data-parallel sync goes with it.
+        self.last_weight_step = {s.action.chunk: i for i, s in enumerate(self.steps) if s.action.kind in ("B", "W")}
 
     # -- point to point
     def _peer(self, pp_peer: int) -> int:
@@ -192,22 +187,27 @@ class PipelineExecutor:
         relative to t0 (a clock aligned across ranks)."""
         held: dict[tuple[int, int], _Held] = {}
         pending, loss = [], None
-        for step in self.steps:
+        for i, step in enumerate(self.steps):
             a = step.action
-            received = {t.kind: self._recv(t) for t in step.recv}
             start = time.perf_counter() - t0
+            received = {t.kind: self._recv(t) for t in step.recv}
+            if step.recv:
+                self.records.append(Event(self.pp_rank, "recv", a.microbatch, a.chunk, start, time.perf_counter() - t0))
+                start = time.perf_counter() - t0
             stage = virtual_stage(self.pp_rank, a.chunk, self.schedule.p)
             h = held.setdefault((a.microbatch, a.chunk), _Held())
             if a.kind == "F":
-                out = self._forward(a, h, stage, received.get("activation"), inputs, targets)
+                with self.amp():
+                    out = self._forward(a, h, stage, received.get("activation"), inputs, targets)
                 if stage == self.last_stage:
                     loss = out.detach() if loss is None else loss + out.detach()
             else:
-                out = self._backward(a, h, received.get("grad"))
+                sync = self.grad_sync(a.chunk, i == self.last_weight_step[a.chunk]) if self.grad_sync else nullcontext()
+                with sync:
+                    out = self._backward(a, h, received.get("grad"))
                 if h.output is None:
                     del held[(a.microbatch, a.chunk)]
-            self.records.append(ActionRecord(self.pp_rank, a.kind, a.microbatch, a.chunk, start,
-                                             time.perf_counter() - t0))
+            self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, time.perf_counter() - t0))
             for t in step.send:
                 self._send(t, out, pending)
         for work, _ in pending:
@@ -246,3 +246,99 @@ class PipelineExecutor:
         if self.saved:
             self.saved.release((a.microbatch, a.chunk))
         h.inputs = h.output = h.grad_output = None
+
+
+# --------------------------------------------------------------------------- in the training loop
+
+
+def aligned_epoch(pp_group) -> float:
+    """A local perf_counter value taken right after a barrier: the ranks' common time zero for traces
+    (aligned to within the barrier's exit skew, tens of microseconds on one machine)."""
+    if pp_group is not None:
+        dist.barrier(group=pp_group)
+    return time.perf_counter()
+
+
+class PipelineStep:
+    """The training loop's `forward_backward` under pipeline parallelism.
+
+    Runs this rank's schedule over the step's micro-batches; then, once per step, averages the
+    gradients over dp (ZeRO 0/1: one flat all-reduce per chunk — DDP's per-micro-batch hooks would
+    fire on the wrong backward in an interleaved schedule) and sums tied embedding gradients between
+    the first and the last stage. FSDP (ZeRO 2/3) reduces its own gradients with the chunk's last
+    weight backward (`grad_sync`)."""
+
+    def __init__(self, executor: PipelineExecutor, dp_group, zero: int, tied=None):
+        self.executor, self.dp_group, self.zero, self.tied = executor, dp_group, zero, tied
+        self.epoch = aligned_epoch(executor.pp_group)
+
+    def __call__(self, parts, microbatches):
+        loss = self.executor.step([x for x, _ in microbatches], [y for _, y in microbatches], self.epoch)
+        if self.dp_group is not None and self.zero < 2:
+            for part in parts:
+                average_gradients(part, self.dp_group)
+        if self.tied is not None:
+            self.tied.sync()
+        return loss
+
+
+def average_gradients(module: nn.Module, group) -> None:
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    for g, new in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(new.view_as(g))
+
+
+class TiedEmbeddings:
+    """GPT-2 ties the LM head to the embedding; with pp > 1 they live on the first and the last stage,
+    so their gradients are summed between those two ranks each step (Megatron's embedding group).
+    The last stage's copy is then a replica: `clip_grad_norm_` skips it via `model.pp_replicas`."""
+
+    def __init__(self, mesh, parts, first: bool, last: bool):
+        coords = {d: mesh[d].get_local_rank() for d in ("pp", "dp", "tp")}
+        pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+        self.group = None
+        # Every rank must create every group, in the same order (torch.distributed's rule).
+        for d in range(dp):
+            for t in range(tp):
+                ranks = [(0 * dp + d) * tp + t, ((pp - 1) * dp + d) * tp + t]
+                g = dist.new_group(ranks)
+                if (d, t) == (coords["dp"], coords["tp"]) and (first or last):
+                    self.group = g
+        self.weight = None
+        for part in parts:
+            model = getattr(part, "module", part)
+            if first and model.tok_embeddings is not None:
+                self.weight = model.tok_embeddings.weight
+            if last and model.output is not None:
+                self.weight = model.output.weight
+                model.pp_replicas = {"output.weight"}
+
+    def sync(self):
+        if self.group is not None and self.weight is not None and self.weight.grad is not None:
+            dist.all_reduce(self.weight.grad, group=self.group)
+
+
+def build_pipeline(cfg, mesh, device) -> tuple[list[nn.Module], PipelineStep]:
+    """This rank's model chunks (tensor- and data-parallel) and the step that runs the schedule on them."""
+    from shardwise.parallel import coordinates, grad_sync, group, parallelize
+    from shardwise.schedules import build, validate
+
+    lay, spec = cfg.layout, cfg.spec
+    pp_rank = coordinates(mesh)["pp"]
+    chunks = build_stage_chunks(spec, lay.pp, lay.vpp, pp_rank, seed=cfg.seed, seq_len=cfg.seq_len,
+                                recompute=lay.recompute)
+    parts = [parallelize(chunk, mesh, lay, device, replicate=False) for chunk in chunks]
+    schedule = validate(build(lay.schedule, lay.pp, lay.num_microbatches(cfg.global_batch), lay.vpp))
+    seq = cfg.seq_len // lay.tp if lay.sequence_parallel and lay.tp > 1 else cfg.seq_len
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if torch.device(device).type == "cuda" else nullcontext
+    executor = PipelineExecutor(schedule, pp_rank, parts, group(mesh, "pp"), (lay.micro_batch, seq, spec.hidden),
+                                device=device, amp=amp,
+                                grad_sync=lambda c, last: grad_sync(parts[c], enabled=last))
+    first, last = pp_rank == 0, pp_rank == lay.pp - 1
+    tied = TiedEmbeddings(mesh, parts, first, last) if spec.tie_embeddings else None
+    return parts, PipelineStep(executor, group(mesh, "dp"), lay.zero, tied)
