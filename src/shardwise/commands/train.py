@@ -1,0 +1,122 @@
+"""`shardwise train`: train a model with a dp x tp x pp layout on torch.distributed.
+
+On one machine it starts the dp*tp*pp processes itself; under `torchrun --nnodes N ...` every process
+runs one rank. `--plan plan.json` takes the layout from `shardwise plan --json` (its "best" entry)
+or from `shardwise estimate --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from shardwise.commands.common import add_layout_args
+from shardwise.errors import UsageError
+
+LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, "zero": int,
+               "recompute": str, "sequence_parallel": bool, "schedule": str}
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help,
+                              epilog="example: shardwise train --model tiny --dp 2 --tp 2 --steps 50 --metrics-file m.jsonl")
+    p.add_argument("--model", default="tiny", help="model preset (e.g. tiny, tiny-gpt2) or path to a Hugging Face config.json")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default 1)")
+    add_layout_args(p)
+    p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None)
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
+    p.add_argument("--plan", default=None, help="take the layout from `shardwise plan --json` / `estimate --json` output")
+    p.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout (default 8)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the data order (default 0)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW (default 1e-3)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps before the cosine decay (default 10%% of --steps)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on weight matrices (default 0.1)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm to this (default 1.0)")
+    p.add_argument("--metrics-file", default=None, help="write one JSON object per step (step, loss, step_time_s, tokens_per_s, lr, grad_norm)")
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"], help="default: nccl with GPUs, else gloo")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the job fails (default 300)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def read_plan(path: str) -> dict:
+    """The layout keys of a plan file: its "best" object, or a bare layout object."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"plan file '{path}' not found — write one with `shardwise plan ... --json > {path}`")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}) — write it with `shardwise plan ... --json`") from None
+    layout = data.get("best", data) if isinstance(data, dict) else None
+    if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
+        raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
+    out = {}
+    for key, kind in LAYOUT_KEYS.items():
+        if key in layout:
+            value = layout[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise UsageError(f"{path}: '{key}' must be {kind.__name__}, got {value!r}")
+            out[key] = value
+    return out
+
+
+def layout_from(args):
+    """The layout from --plan and/or the flags; a flag that contradicts the plan is an error."""
+    from shardwise.specs import Layout
+
+    flags = {k: getattr(args, k) for k in LAYOUT_KEYS if getattr(args, k) is not None}
+    values = {}
+    if args.plan:
+        values = read_plan(args.plan)
+        for key, value in flags.items():
+            if key in values and values[key] != value:
+                raise UsageError(f"--{key.replace('_', '-')} {value} contradicts {key}={values[key]} in {args.plan} — drop one of them")
+    values = {**values, **flags}
+    values.setdefault("schedule", "interleaved-1f1b" if values.get("vpp", 1) > 1 else "1f1b")
+    dp, pp = values.get("dp", 1), values.get("pp", 1)
+    if dp < 1:
+        raise UsageError(f"--dp must be at least 1, got {dp}")
+    if args.global_batch % dp:
+        raise UsageError(f"--global-batch {args.global_batch} is not divisible by dp={dp} — each dp rank takes an equal slice; "
+                         f"pick a multiple of {dp}")
+    if args.microbatches is not None:
+        if "micro_batch" in flags:
+            raise UsageError("give --micro-batch or --microbatches, not both")
+        if args.microbatches < 1 or dp < 1 or args.global_batch % (dp * args.microbatches):
+            raise UsageError(f"--microbatches {args.microbatches} does not divide the {args.global_batch // max(dp, 1)} "
+                             f"sequences per dp rank (global batch {args.global_batch}, dp {dp}) — pick a divisor")
+        values["micro_batch"] = args.global_batch // (dp * args.microbatches)
+    elif "micro_batch" not in values:
+        # Without a pipeline one micro-batch per step is fastest; a pipeline needs several.
+        values["micro_batch"] = max(1, args.global_batch // max(dp, 1)) if pp == 1 else 1
+    return Layout(**values)
+
+
+def config_from(args):
+    from shardwise.launch import resolve_backend
+    from shardwise.specs import load_model
+    from shardwise.train import TrainConfig
+
+    return TrainConfig(spec=load_model(args.model), layout=layout_from(args), steps=args.steps,
+                       global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
+                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                       backend=resolve_backend(args.backend), timeout_s=args.timeout,
+                       metrics_file=args.metrics_file, progress=not args.no_progress)
+
+
+def run(args) -> int:
+    from shardwise.launch import JobFailed, check, launch
+
+    cfg = config_from(args)
+    check(cfg)
+    try:
+        launch(cfg)
+    except JobFailed as exc:
+        print(f"shardwise: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,147 @@
+"""Start a training job: check everything first, then run the ranks.
+
+- Under torchrun (RANK and WORLD_SIZE in the environment): this process is one rank; run it.
+- Otherwise, one process: train here, without torch.distributed.
+- Otherwise: start dp*tp*pp processes on this machine with torchrun's own machinery
+  (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port, no restarts).
+  If a rank dies, the agent stops the others at once; we name the rank that died.
+
+`check` raises UsageError for anything wrong with the job, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from shardwise.errors import UsageError
+from shardwise.train import TrainConfig
+
+MIN_VOCAB = 256  # the byte tokenizer's ids
+
+
+class JobFailed(RuntimeError):
+    """A rank of a running job failed; the message names it."""
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_backend(requested: str | None) -> str:
+    """nccl on GPUs, gloo on CPUs; a backend this machine cannot run is a usage error."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UsageError("this torch build has no torch.distributed — install a standard torch wheel")
+    gpus = torch.cuda.is_available() and dist.is_nccl_available()
+    if requested is None:
+        return "nccl" if gpus else "gloo"
+    if requested == "nccl" and not gpus:
+        raise UsageError("backend nccl needs CUDA GPUs and a CUDA build of torch, and this machine has none — use --backend gloo")
+    if requested == "gloo" and not dist.is_gloo_available():
+        raise UsageError("backend gloo is not available in this torch build — use --backend nccl")
+    if requested not in ("gloo", "nccl"):
+        raise UsageError(f"unknown backend '{requested}' — use gloo (CPU) or nccl (GPU)")
+    return requested
+
+
+def check(cfg: TrainConfig) -> None:
+    """Every reason this job cannot run, as one UsageError, before any process starts."""
+    from shardwise.specs import validate_layout
+
+    lay, spec = cfg.layout, cfg.spec
+    for name, value in (("--steps", cfg.steps), ("--global-batch", cfg.global_batch), ("--seq-len", cfg.seq_len)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if not cfg.lr > 0 or not cfg.grad_clip > 0 or not cfg.timeout_s > 0:
+        raise UsageError("--lr, --grad-clip and --timeout must be positive")
+    if cfg.warmup_steps is not None and not 0 <= cfg.warmup_steps <= cfg.steps:
+        raise UsageError(f"--warmup-steps must be between 0 and --steps ({cfg.steps}), got {cfg.warmup_steps}")
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != lay.world_size:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = "
+                         f"{lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp")
+    validate_layout(lay, spec, cfg.global_batch)
+    if lay.pp > 1:
+        raise UsageError("pipeline parallelism: coming in issue 4 — run with --pp 1 for now")
+    if cfg.seq_len > spec.max_positions:
+        raise UsageError(f"--seq-len {cfg.seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most {spec.max_positions}")
+    if spec.vocab_size < MIN_VOCAB:
+        raise UsageError(f"{spec.name} has a vocabulary of {spec.vocab_size}, but the byte tokenizer needs {MIN_VOCAB} — use a model with vocab_size >= {MIN_VOCAB}")
+    if lay.sequence_parallel and lay.tp > 1 and cfg.seq_len % lay.tp:
+        raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
+    if cfg.backend == "nccl":
+        _check_gpus(lay.world_size)
+
+
+def _check_gpus(world: int) -> None:
+    import torch
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
+    if torch.cuda.device_count() < local:
+        raise UsageError(f"{local} ranks on this machine need {local} GPUs, found {torch.cuda.device_count()} — "
+                         f"lower dp*tp*pp or run on more machines with torchrun --nnodes")
+
+
+def launch(cfg: TrainConfig) -> None:
+    """Run the (already checked) job to the end; raises JobFailed naming the rank that failed."""
+    from shardwise.train import train, worker_main
+
+    if under_torchrun():
+        worker_main(cfg)
+    elif cfg.layout.world_size == 1:
+        train(cfg)
+    else:
+        _launch_local(cfg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_local(cfg: TrainConfig) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from shardwise.train import worker_main
+
+    world = cfg.layout.world_size
+    # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+                          monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1")
+    # The agent logs each failure with its own traceback; we report it in one line instead.
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        elastic_launch(config, worker_main)(cfg)
+    except ChildFailedError as exc:
+        raise JobFailed(describe_failures(exc.failures)) from None
+
+
+def describe_failures(failures: dict) -> str:
+    """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
+    is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence."""
+    def vanished(f) -> bool:
+        return not (f.error_file and os.path.isfile(f.error_file))
+
+    ordered = sorted(failures.items(), key=lambda kv: (not vanished(kv[1]), kv[1].timestamp, kv[0]))
+    parts = []
+    for rank, f in ordered:
+        how = f"died (exit code {f.exitcode}{', ' + f.signal_name() if f.exitcode < 0 else ''})" if vanished(f) \
+            else f"failed: {_last_line(f.message)}"
+        parts.append(f"rank {rank} {how}")
+    others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
+    return f"training stopped: {parts[0]}{others} — the other ranks were stopped"
+
+
+def _last_line(message) -> str:
+    text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "unknown error"

@@ -1,0 +1,155 @@
+"""`shardwise train` end to end: bad input, the launcher, --plan, a dying rank, two torchrun "nodes"."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from shardwise.cli import build_parser, main
+from shardwise.commands.train import config_from
+from shardwise.train import train
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _config(argv: list[str]):
+    argv = ["train", *argv]
+    return config_from(build_parser(argv).parse_args(argv))
+
+
+def _reference_losses(argv: list[str]) -> list[float]:
+    """The same job in this process: one rank, no torch.distributed, the CLI's own hyper-parameters."""
+    cfg = _config(argv + ["--no-progress"])
+    assert cfg.layout.world_size == 1
+    return train(cfg).losses
+
+
+def _metrics(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_same_losses(records, reference):
+    assert [r["step"] for r in records] == list(range(1, len(reference) + 1))
+    for r, ref in zip(records, reference):
+        assert set(r) >= {"step", "loss", "step_time_s", "tokens_per_s", "lr", "grad_norm"}
+        assert r["loss"] == pytest.approx(ref, rel=1e-5)
+        assert r["step_time_s"] > 0 and r["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--tp", "4"], "does not divide the 2 KV heads"),
+    (["--tp", "3"], "does not divide the 4 attention heads"),
+    (["--model", "tiny-gpt2", "--tp", "8"], "does not divide the 4 attention heads"),
+    (["--dp", "3"], "not divisible by dp=3"),
+    (["--dp", "0"], "--dp must be at least 1"),
+    (["--backend", "nccl"], "backend nccl needs CUDA GPUs"),
+    (["--pp", "2"], "pipeline parallelism: coming in issue 4"),
+    (["--seq-len", "1000"], "exceeds the 256 positions"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--dp", "2", "--microbatches", "3"], "--microbatches 3 does not divide"),
+    (["--micro-batch", "2", "--microbatches", "2"], "not both"),
+    (["--tp", "2", "--sequence-parallel", "--seq-len", "63"], "--seq-len 63 is not divisible"),
+    (["--plan", "/nonexistent/plan.json"], "plan file '/nonexistent/plan.json' not found"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_process_group(argv, expected, capsys):
+    assert main(["train", *argv, "--steps" if "--steps" not in argv else "--seed", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shardwise: error: ") and expected in err and "\n" not in err
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("not json", "not valid JSON"),
+    ('{"candidates": []}', "no layout found"),
+    ('{"best": {"dp": 2, "tp": "x", "pp": 1}}', "'tp' must be int"),
+    ('{"best": {"dp": 2, "tp": 1, "pp": 1, "zero": 7}}', "unknown ZeRO stage 7"),
+])
+def test_bad_plan_file(content, expected, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(content)
+    assert main(["train", "--plan", str(plan)]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_world_size_under_torchrun_must_match_the_layout(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(["train", "--dp", "2"]) == 2
+    assert "torchrun started 3 processes but dp*tp*pp = 2*1*1 = 2" in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
+def test_plan_layout_and_flags(tmp_path, capsys):
+    """The "best" entry of `shardwise plan --json` is read as is; a contradicting flag is an error."""
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-a100-80gb", "--gpus", "4",
+                 "--global-batch", "8", "--seq-len", "64", "--json"]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(capsys.readouterr().out)
+    best = json.loads(plan.read_text())["best"]
+    layout = _config(["--plan", str(plan)]).layout
+    assert (layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.zero) == \
+        (best["dp"], best["tp"], best["pp"], best["micro_batch"], best["zero"])
+    bare = tmp_path / "layout.json"
+    bare.write_text(json.dumps({"dp": 2, "tp": 2, "pp": 1, "sequence_parallel": True}))
+    layout = _config(["--plan", str(bare), "--global-batch", "8"]).layout
+    assert (layout.dp, layout.tp, layout.sequence_parallel, layout.micro_batch) == (2, 2, True, 4)
+    assert main(["train", "--plan", str(bare), "--tp", "1"]) == 2
+    assert "--tp 1 contradicts tp=2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_launcher_runs_a_plan_and_matches_one_process(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 2, "tp": 2, "pp": 1, "micro_batch": 2, "zero": 1,
+                                         "sequence_parallel": True, "schedule": "1f1b", "recompute": "none"}}))
+    args = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len", "32", "--seed", "7"]
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--plan", str(plan), *args,
+                           "--metrics-file", str(metrics), "--timeout", "60"],
+                          env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained 3 steps" in proc.stdout
+    _assert_same_losses(_metrics(metrics), _reference_losses(args))
+
+
+@pytest.mark.slow
+def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--dp", "2", "--steps", "50", "--seq-len", "32",
+                           "--no-progress", "--timeout", "60"],
+                          env={**ENV, "SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "2"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "shardwise: error: training stopped: rank 1 died (exit code 13)" in proc.stderr
+    assert time.monotonic() - start < 60  # the agent noticed; nobody waited for the collective timeout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_train_and_match(tmp_path):
+    """Two torchrun agents (--nnodes 2, one rank each) meet at a loopback c10d rendezvous: dp=2 across "nodes"."""
+    args = ["--model", "tiny-gpt2", "--steps", "3", "--global-batch", "4", "--seq-len", "32", "--seed", "5"]
+    port, metrics = _free_port(), tmp_path / "m.jsonl"
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--node-rank", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                               "--rdzv-id", "two-nodes", "--max-restarts", "0", "--local-addr", "127.0.0.1",
+                               "-m", "shardwise", "train", "--dp", "2", *args, "--timeout", "60", "--no-progress",
+                               "--metrics-file", str(metrics)],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for n in (0, 1)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    _assert_same_losses(_metrics(metrics), _reference_losses(args))
