@@ -2,7 +2,10 @@
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models", Sec. 4, generalised from GPT (4h FFN, h == q_dim == kv_dim, dropout) to grouped-query
-attention, any FFN width and SwiGLU's three matrices. Every formula is derived in docs/planner.md.
+attention, any FFN width and SwiGLU's three matrices. `SavedTensors` says which tensors the training
+code keeps beyond the paper's list: the paper's accounting by default, `SHARDWISE_RUNTIME` for
+shardwise's own model (measured in tests/test_pipeline_memory.py). Every formula is derived in
+docs/planner.md.
 Pure Python: the search calls these functions tens of thousands of times.
 """
 
@@ -24,6 +27,38 @@ ZERO3_GATHERED_LAYERS = 2
 
 
 @dataclass(frozen=True)
+class SavedTensors:
+    """What the training code keeps for backward beyond Korthikanti et al.'s list (the defaults).
+
+    norm_fp32_stats: the norm computes in fp32 and autograd keeps its fp32 input (4 B), its
+      normalised output (e) and 1/rms (4 B per token) — Llama's RMSNorm written in PyTorch — instead
+      of one e-byte input.
+    gated_mlp_tensors: f-wide tensors a gated MLP keeps: gate, up and product (3), or also silu(gate)
+      when SiLU and the product are separate autograd ops (4).
+    softmax_stats_bytes: a fused attention kernel keeps the log-sum-exp per head and token (fp32: 4);
+      it belongs to the attention core, so selective recompute drops it.
+    logits_bytes: per logit element on the last stage, per micro-batch in flight there.
+    head_inputs: the last stage also keeps the final norm's and the LM head's inputs.
+    token_id_bytes: integer token ids kept by the embedding (first stage) and the loss (last stage).
+    """
+
+    norm_fp32_stats: bool = False
+    gated_mlp_tensors: int = 3
+    softmax_stats_bytes: int = 0
+    logits_bytes: float = LOGITS_BYTES
+    head_inputs: bool = False
+    token_id_bytes: int = 0
+
+
+PAPER = SavedTensors()
+# shardwise.model (RMSNorm with fp32 statistics, SwiGLU as silu(w1 x) * w3 x, SDPA's fused kernel,
+# fp32 log-softmax in the loss, int64 ids), as its saved-tensor hooks show; run it with
+# TrainSpec(activation_bytes=4) for fp32 and Job(flash_attention=True): SDPA never keeps the scores.
+SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, gated_mlp_tensors=4, softmax_stats_bytes=4, logits_bytes=4,
+                                 head_inputs=True, token_id_bytes=8)
+
+
+@dataclass(frozen=True)
 class Job:
     """What the planner models for one training job (the specs plus two facts about the software).
 
@@ -33,6 +68,7 @@ class Job:
     published runs that ran with it. The job then occupies dp * tp * pp * cp GPUs.
     tp_comm_overlap: TP collectives are split and pipelined with the GEMMs that produce/consume them
     (Transformer Engine userbuffers, NeMo's tp_comm_overlap); off = Megatron 2022, fully exposed.
+    saved: which tensors the training code keeps for backward (PAPER or SHARDWISE_RUNTIME).
     """
 
     model: ModelSpec
@@ -41,6 +77,7 @@ class Job:
     flash_attention: bool = False
     context_parallel: int = 1
     tp_comm_overlap: bool = False
+    saved: SavedTensors = PAPER
 
     @property
     def tokens_per_sequence_per_gpu(self) -> int:
@@ -50,7 +87,14 @@ class Job:
 # --------------------------------------------------------------------------- activations
 
 
-def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2) -> tuple[float, float]:
+def norm_bytes(h: int, e: int, saved: SavedTensors = PAPER) -> float:
+    """Bytes one norm keeps per token: its input, or with fp32 statistics the fp32 input, the
+    normalised output and 1/rms."""
+    return (4 * h + e * h + 4) if saved.norm_fp32_stats else e * h
+
+
+def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2,
+                           saved: SavedTensors = PAPER) -> tuple[float, float]:
     """(linear, scores): bytes one layer stores for backward, per GPU, without recompute.
 
     linear  — terms proportional to s*b (Korthikanti's 34 s*b*h for GPT without parallelism);
@@ -60,16 +104,21 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     """
     h, q, kv, f, a = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
     mask = 1 if model.family == "gpt2" else 0  # GPT trains with dropout (1-byte masks); Llama recipes do not
-    # LN1 input, QKV input, LN2 input, FC1 input (e each) + attention-out and MLP-out dropout masks.
-    replicated = s * b * h * (4 * e + 2 * mask)
+    # LN1 and LN2 (their inputs), QKV input, FC1 input (e each) + attention-out and MLP-out dropout masks.
+    replicated = s * b * (2 * norm_bytes(h, e, saved) + 2 * e * h + 2 * mask * h)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
     attention = s * b * e * ((q + kv) + kv + q)
-    # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up and their product (3 f-wide).
-    mlp = s * b * f * e * (3 if model.gated_mlp else 2)
+    # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)).
+    mlp = s * b * f * e * (saved.gated_mlp_tensors if model.gated_mlp else 2)
     # Softmax output (e), dropout mask (1) and dropout output (e) per score, for every head.
     scores = a * s * s * b * (e + (1 + e) * mask)
     linear = replicated / (tp if sp else 1) + (attention + mlp) / tp
     return linear, scores / tp
+
+
+def softmax_stats_bytes(model: ModelSpec, s: int, b: int, tp: int, saved: SavedTensors = PAPER) -> float:
+    """What a fused attention kernel keeps instead of the scores: a log-sum-exp per head and token."""
+    return s * b * model.num_heads * saved.softmax_stats_bytes / tp
 
 
 def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2) -> float:
@@ -78,20 +127,65 @@ def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int
 
 
 def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: float) -> float:
-    """Activations of `layers` layers with `inflight` micro-batches held at once."""
+    """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
+    between forwards and backwards, plus the working set of a layer being recomputed."""
     s, b, e = job.tokens_per_sequence_per_gpu, layout.micro_batch, job.train.activation_bytes
-    linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e)
-    if job.flash_attention:
-        scores = 0.0  # the fused kernel never stores the s x s scores
+    linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
+    if job.flash_attention:  # the fused kernel never stores the s x s scores, only their statistics
+        scores = softmax_stats_bytes(job.model, s, b, layout.tp, job.saved)
     held = layers * inflight
     if layout.recompute == "none":
         return held * (linear + scores)
     if layout.recompute == "selective":
         return held * linear  # the attention core (the s^2 part) is recomputed
-    # full: every layer input is kept; the layer being recomputed holds its full set once
-    # (its attention core in a fused kernel), so the total never exceeds selective's.
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
-    return max(held - 1, 0) * ckpt + min(held, 1) * linear
+    return held * ckpt + recompute_working_bytes(job, layout, held)
+
+
+def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
+    """Full recompute keeps every layer input; the layer being recomputed in backward holds its full
+    set once more (its attention core in a fused kernel) in place of its input, so a stage's total,
+    (held - 1) * checkpoint + linear, never exceeds selective's. Zero for the other policies."""
+    if layout.recompute != "full":
+        return 0.0
+    s, b, e = job.tokens_per_sequence_per_gpu, layout.micro_batch, job.train.activation_bytes
+    linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
+    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
+    return min(held, 1) * (linear - ckpt)
+
+
+def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
+    """Micro-batches held at once by the first (or the last) virtual stage alone: what multiplies
+    the embedding's and the LM head's extra bytes. Equal to the schedule simulator's per-chunk peak
+    (tests/test_pipeline_memory.py): GPipe holds all m; the last stage frees each micro-batch right
+    after its forward, except in ZB-H1, which keeps it until the delayed W pass."""
+    if schedule == "naive":
+        return 1
+    if schedule == "gpipe":
+        return m
+    if schedule == "zb-h1":
+        return min(p, m)
+    if first:
+        return min(2 * p if schedule == "interleaved-1f1b" else p, m)
+    return 1
+
+
+def first_stage_bytes(job: Job, layout: Layout) -> float:
+    """Per micro-batch, on the first stage beyond its layers: the token ids the embedding keeps."""
+    return job.tokens_per_sequence_per_gpu * layout.micro_batch * job.saved.token_id_bytes
+
+
+def last_stage_bytes(job: Job, layout: Layout) -> float:
+    """Per micro-batch, on the last stage beyond its layers: the logits and the loss's buffers
+    (vocab-parallel with TP), and, when the runtime keeps them, the final norm's and the head's
+    inputs and the targets."""
+    saved, model = job.saved, job.model
+    tokens = job.tokens_per_sequence_per_gpu * layout.micro_batch
+    e = job.train.activation_bytes
+    out = tokens * model.vocab_size / layout.tp * saved.logits_bytes + tokens * saved.token_id_bytes
+    if saved.head_inputs:
+        out += tokens * (norm_bytes(model.hidden, e, saved) + e * model.hidden) / (layout.tp if layout.sequence_parallel else 1)
+    return out
 
 
 # --------------------------------------------------------------------------- model states
@@ -147,9 +241,11 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
     out = model_state_bytes(job, layout, rank_params(job.model, layout, rank))
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
+    if rank == 0:
+        out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
     logits = 0.0
-    if rank == layout.pp - 1:  # logits and the fp32 loss buffers of one micro-batch
-        logits = job.tokens_per_sequence_per_gpu * layout.micro_batch * job.model.vocab_size / layout.tp * LOGITS_BYTES
+    if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
+        logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
     out["logits"] = logits
     out["workspace"] = WORKSPACE_BYTES + FRAGMENTATION * sum(out.values())
     return out
