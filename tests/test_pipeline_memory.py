@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from shardwise.planner.memory import (SHARDWISE_RUNTIME, Job, checkpoint_bytes, layer_activation_terms, rank_layers,
-                                      rank_memory, recompute_working_bytes)
+from shardwise.planner.memory import (SHARDWISE_RUNTIME, Job, checkpoint_bytes, edge_inflight, layer_activation_terms,
+                                      rank_layers, rank_memory, recompute_working_bytes)
 from shardwise.schedules import build, simulate, validate
 from shardwise.schedules.closed_forms import peak_inflight_microbatches
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
@@ -224,3 +224,24 @@ def test_paper_accounting_undercounts_the_runtime():
     paper, _ = layer_activation_terms(SPEC, SEQ, MB, 1, False, 4)
     ours, _ = layer_activation_terms(SPEC, SEQ, MB, 1, False, 4, SHARDWISE_RUNTIME)
     assert ours > 1.1 * paper
+
+
+@pytest.mark.parametrize("name", ["naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
+def test_edge_inflight_is_the_simulated_peak_of_the_first_and_last_virtual_stage(name):
+    """The planner multiplies the embedding's and the LM head's extra bytes by these counts."""
+    for p in (2, 3, 4, 8):
+        for m in (1, 2, 3, 4, 8, 16):
+            for v in ((2, 3) if name == "interleaved-1f1b" else (1,)):
+                if name == "interleaved-1f1b" and m % p:
+                    continue
+                sim = simulate(validate(build(name, p, m, v)))
+                split = {(e.rank, e.microbatch, e.chunk) for e in sim.events if e.kind == "I"}
+                for first, (rank, chunk) in ((True, (0, 0)), (False, (p - 1, v - 1))):
+                    changes = sorted((e.start, 1) if e.kind == "F" else (e.end, -1) for e in sim.events
+                                     if (e.rank, e.chunk) == (rank, chunk)
+                                     and e.kind in ("F", "W" if (rank, e.microbatch, chunk) in split else "B"))
+                    held = peak = 0
+                    for _, delta in changes:
+                        held += delta
+                        peak = max(peak, held)
+                    assert edge_inflight(name, p, m, first) == peak, (p, m, v, first)
