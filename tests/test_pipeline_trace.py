@@ -54,3 +54,19 @@ def test_measured_costs_are_the_mean_durations_per_stage():
            Event(1, "W", 0, 0, 4, 9), Event(1, "recv", 0, 0, 0.5, 1.0)]
     c = measured_costs(sched, evs)
     assert c.f == [2.0, 2.0] and c.b == [0.0, 1.0] and c.w == [0.0, 5.0] and c.c == 0.5
+
+
+def test_train_cli_runs_a_pipeline_with_trace(tmp_path):
+    import subprocess
+    import sys
+
+    metrics = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "shardwise", "train", "--model", "tiny", "--pp", "2", "--schedule", "zb-h1",
+           "--microbatches", "4", "--steps", "2", "--global-batch", "4", "--seq-len", "16", "--no-progress",
+           "--metrics-file", str(metrics), "--trace", str(tmp_path / "trace")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "bubble measured" in out.stdout
+    assert len(metrics.read_text().splitlines()) == 2
+    assert (tmp_path / "trace" / "timeline.png").exists() and (tmp_path / "trace" / "trace.json").exists()
+

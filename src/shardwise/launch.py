@@ -65,8 +65,11 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = "
                          f"{lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp")
     validate_layout(lay, spec, cfg.global_batch)
-    if lay.pp > 1:
-        raise UsageError("pipeline parallelism: coming in issue 4 — run with --pp 1 for now")
+    if lay.pp > 1 and lay.schedule == "zb-h1" and lay.zero >= 2:
+        raise UsageError("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
+                         "use --zero 1 with zb-h1, or another schedule")
+    if cfg.trace_dir and lay.pp == 1:
+        raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
     if cfg.seq_len > spec.max_positions:
         raise UsageError(f"--seq-len {cfg.seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most {spec.max_positions}")
     if spec.vocab_size < MIN_VOCAB:

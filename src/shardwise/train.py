@@ -49,6 +49,7 @@ class TrainConfig:
     backend: str = "gloo"
     timeout_s: float = 300.0
     metrics_file: str | None = None
+    trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True
 
     @property
@@ -215,7 +216,21 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
         sink.close()
     if rank0 and cfg.progress and result.records:
         print(summary(result.records, cfg), flush=True)
+    if cfg.trace_dir and cfg.layout.pp > 1:
+        _write_trace(result.runtime)
     return result
+
+
+def _write_trace(rt: Runtime) -> None:
+    from shardwise.parallel.pipeline import write_trace
+
+    lay = rt.cfg.layout
+    title = f"{rt.cfg.spec.name}: dp{lay.dp}·tp{lay.tp}·pp{lay.pp}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
+    info = write_trace(rt.forward_backward, rt.cfg.trace_dir, title)
+    if info:
+        print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
+              f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
+              + ", ".join(info["files"]), flush=True)
 
 
 def summary(records: list[dict], cfg: TrainConfig) -> str:

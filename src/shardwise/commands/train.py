@@ -39,6 +39,8 @@ def register(subparsers, name, help):
     p.add_argument("--metrics-file", default=None, help="write one JSON object per step (step, loss, step_time_s, tokens_per_s, lr, grad_norm)")
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"], help="default: nccl with GPUs, else gloo")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the job fails (default 300)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="pipeline runs: write DIR/trace.json (Perfetto) and DIR/timeline.png/.svg (measured vs simulated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -106,7 +108,7 @@ def config_from(args):
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
-                       metrics_file=args.metrics_file, progress=not args.no_progress)
+                       metrics_file=args.metrics_file, trace_dir=args.trace, progress=not args.no_progress)
 
 
 def run(args) -> int:

@@ -184,16 +184,16 @@ class PipelineExecutor:
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
         """Run this rank's actions for one optimizer step over m micro-batches. Returns the mean
         micro-batch loss on the rank holding the last stage, else None. Times are recorded
-        relative to t0 (a clock aligned across ranks)."""
+        relative to t0 (wall-clock seconds, the same zero on every rank)."""
         held: dict[tuple[int, int], _Held] = {}
         pending, loss = [], None
         for i, step in enumerate(self.steps):
             a = step.action
-            start = time.perf_counter() - t0
+            start = time.time() - t0
             received = {t.kind: self._recv(t) for t in step.recv}
             if step.recv:
-                self.records.append(Event(self.pp_rank, "recv", a.microbatch, a.chunk, start, time.perf_counter() - t0))
-                start = time.perf_counter() - t0
+                self.records.append(Event(self.pp_rank, "recv", a.microbatch, a.chunk, start, time.time() - t0))
+                start = time.time() - t0
             stage = virtual_stage(self.pp_rank, a.chunk, self.schedule.p)
             h = held.setdefault((a.microbatch, a.chunk), _Held())
             if a.kind == "F":
@@ -207,7 +207,7 @@ class PipelineExecutor:
                     out = self._backward(a, h, received.get("grad"))
                 if h.output is None:
                     del held[(a.microbatch, a.chunk)]
-            self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, time.perf_counter() - t0))
+            self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, time.time() - t0))
             for t in step.send:
                 self._send(t, out, pending)
         for work, _ in pending:
@@ -252,11 +252,13 @@ class PipelineExecutor:
 
 
 def aligned_epoch(pp_group) -> float:
-    """A local perf_counter value taken right after a barrier: the ranks' common time zero for traces
-    (aligned to within the barrier's exit skew, tens of microseconds on one machine)."""
+    """The ranks' common time zero for traces: pipeline rank 0's wall clock, broadcast. Records use
+    time.time(), one clock for every process of a machine (exact alignment) and NTP-synchronised
+    across machines (alignment to the network's clock skew, typically well under a millisecond)."""
+    epoch = torch.tensor([time.time()], dtype=torch.float64)
     if pp_group is not None:
-        dist.barrier(group=pp_group)
-    return time.perf_counter()
+        dist.broadcast(epoch, src=dist.get_global_rank(pp_group, 0), group=pp_group)
+    return float(epoch.item())
 
 
 class PipelineStep:
