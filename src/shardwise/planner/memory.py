@@ -157,8 +157,9 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
 def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
     """Micro-batches held at once by the first (or the last) virtual stage alone: what multiplies
     the embedding's and the LM head's extra bytes. Equal to the schedule simulator's per-chunk peak
-    (tests/test_pipeline_memory.py): GPipe holds all m; the last stage frees each micro-batch right
-    after its forward, except in ZB-H1, which keeps it until the delayed W pass."""
+    (tests/test_pipeline_memory.py): GPipe holds all m; the first stage p under 1F1B (2p for the first
+    chunk of interleaved); the last stage runs each backward right after its forward, except in ZB-H1,
+    which keeps the micro-batch until its delayed W pass."""
     if schedule == "naive":
         return 1
     if schedule == "gpipe":
