@@ -1,0 +1,248 @@
+"""shardwise's runtime against PyTorch's own, same model, same layout, world 2, in one run (ratios, not tests).
+
+    python benchmarks/runtime_vs_torch.py [--models tiny,small] [--batch 8] [--seq-len 64]
+                                          [--steps 20] [--repeats 5] [--json]
+
+Per model, two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl) time one optimizer step
+(zero_grad, forward + loss, backward, AdamW) as the median over `repeats` blocks of `steps` steps:
+  TP    shardwise tensor_parallel (tp=2)  vs  DTensor: parallelize_module with ColwiseParallel /
+        RowwiseParallel on the same linears, vocab-parallel embedding and head, loss_parallel
+        (torchtitan's plan). Goal: <= 0.5x.
+  floor the TP step's floor: the single-process step / tp, plus the measured time of exactly the
+        collectives one TP step issues (recorded, then replayed alone).
+  DP    shardwise data_parallel (dp=2, ZeRO 0) vs bare DistributedDataParallel. Goal: <= 1.05x.
+  Also the full shardwise train_step (adds data sampling, global-norm clipping and the loss all-reduce).
+Timings are only comparable within one run: on a shared machine, rerun and compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shardwise.model import Transformer
+from shardwise.parallel import build_mesh, data_parallel, init_distributed, tensor_parallel
+from shardwise.specs import Layout, load_model, model_from_hf_config
+from shardwise.train import TrainConfig, build_runtime, train_step
+
+tp_module = importlib.import_module("shardwise.parallel.tensor_parallel")  # the module, not the function
+
+SMALL = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 512}
+
+
+def spec_for(name: str):
+    return model_from_hf_config(SMALL, "small", "benchmark") if name == "small" else load_model(name)
+
+
+# --------------------------------------------------------------------------- the step being timed
+
+
+def _batch(args, rank_rows=None):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
+    if rank_rows is not None:
+        x = x[rank_rows]
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def _step_fn(model, x, y, loss_ctx=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with loss_ctx() if loss_ctx else _null():
+            loss = model(x, y)
+            loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _time(step, args) -> float:
+    """Median seconds per step over `repeats` blocks of `steps` steps, after warm-up; ranks start together."""
+    for _ in range(3):
+        step()
+    blocks = []
+    for _ in range(args.repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step()
+        float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
+        blocks.append((time.perf_counter() - t0) / args.steps)
+    return statistics.median(blocks)
+
+
+# --------------------------------------------------------------------------- the contenders
+
+
+def dtensor_tp(spec, mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = Transformer(spec, seed=0)
+    plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+            "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i, block in model.layers.items():
+        for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+            owner, leaf = name.split(".")
+            if getattr(getattr(block, owner), leaf) is not None:  # gpt2 has no w3
+                plan[f"layers.{i}.{name}"] = ColwiseParallel()
+        plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
+        plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
+    return parallelize_module(model, mesh["tp"], plan)
+
+
+def _record_tp_collectives(step) -> list[tuple]:
+    """Run one step with the TP collectives wrapped, returning (op, shape, dtype) for each call."""
+    calls = []
+    originals = {"all_reduce": dist.all_reduce, "ag": tp_module._all_gather_single, "rs": tp_module._reduce_scatter_single}
+
+    def rec(kind, fn):
+        def wrapped(*a, **k):
+            t = a[0] if kind == "all_reduce" else a[1]
+            calls.append((kind, tuple(t.shape), t.dtype))
+            return fn(*a, **k)
+        return wrapped
+    dist.all_reduce = rec("all_reduce", originals["all_reduce"])
+    tp_module._all_gather_single, tp_module._reduce_scatter_single = rec("ag", originals["ag"]), rec("rs", originals["rs"])
+    try:
+        step()
+    finally:
+        dist.all_reduce, tp_module._all_gather_single = originals["all_reduce"], originals["ag"]
+        tp_module._reduce_scatter_single = originals["rs"]
+    return calls
+
+
+def _replay(calls, group, args) -> float:
+    tensors = [(kind, torch.randn(shape).to(dtype), group) for kind, shape, dtype in calls]
+    size = dist.get_world_size(group)
+
+    def once():
+        for kind, t, g in tensors:
+            if kind == "all_reduce":
+                dist.all_reduce(t, group=g)
+            elif kind == "ag":
+                out = t.new_empty((t.shape[0] * size,) + t.shape[1:])
+                tp_module._all_gather_single(out, t, group=g)
+            else:
+                out = t.new_empty((t.shape[0] // size,) + t.shape[1:])
+                tp_module._reduce_scatter_single(out, t, group=g)
+        return torch.zeros(())
+    return _time(once, args)
+
+
+# --------------------------------------------------------------------------- one model, both ranks
+
+
+def bench_model(name: str, args, rank: int) -> dict:
+    spec = spec_for(name)
+    out = {"model": name, "params": sum(p.numel() for p in Transformer(spec).parameters())}
+    x, y = _batch(args)
+    # single process compute (both ranks at once, so the cores are as busy as under TP)
+    out["single_s"] = _time(_step_fn(Transformer(spec, seed=0), x, y), args)
+
+    tp_mesh = build_mesh(1, 1, 2, backend=args.backend, timeout_s=120)
+    ours = tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"])
+    ours_step = _step_fn(ours, x, y)
+    out["tp_shardwise_s"] = _time(ours_step, args)
+    calls = _record_tp_collectives(ours_step)
+    out["tp_collectives"] = len(calls)
+    out["tp_comm_s"] = _replay(calls, tp_mesh["tp"].get_group(), args)
+    out["tp_floor_s"] = out["single_s"] / 2 + out["tp_comm_s"]
+
+    from torch.distributed.tensor.parallel import loss_parallel
+    out["tp_dtensor_s"] = _time(_step_fn(dtensor_tp(spec, tp_mesh), x, y, loss_parallel), args)
+
+    dp_mesh = build_mesh(1, 2, 1, backend=args.backend, timeout_s=120)
+    xl, yl = _batch(args, slice(rank * args.batch // 2, (rank + 1) * args.batch // 2))
+    out["dp_shardwise_s"] = _time(_step_fn(data_parallel(Transformer(spec, seed=0), dp_mesh["dp"], 0), xl, yl), args)
+    bare = torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0))
+    out["dp_ddp_s"] = _time(_step_fn(bare, xl, yl), args)
+    cfg = TrainConfig(spec, Layout(dp=2, micro_batch=args.batch // 2), steps=10**6, global_batch=args.batch,
+                      seq_len=args.seq_len, backend=args.backend, progress=False)
+    rt = build_runtime(cfg, dp_mesh)
+    out["dp_train_step_s"] = _time(lambda: torch.tensor(train_step(rt)["loss"]), args)
+    return out
+
+
+def _worker(rank, world, port, args, path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(args.threads)
+    init_distributed(args.backend, 120)
+    try:
+        results = [bench_model(name, args, rank) for name in args.models.split(",")]
+        if rank == 0:
+            with open(path, "w") as f:
+                json.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(results: list[dict]) -> str:
+    rows = ["| model | params | TP shardwise | TP DTensor | ratio (goal <= 0.5) | TP floor (collectives) | TP / floor "
+            "| DP shardwise | bare DDP | ratio (goal <= 1.05) | shardwise train_step (DP) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        ms = lambda k: f"{r[k] * 1e3:.1f} ms"  # noqa: E731
+        rows.append(f"| {r['model']} | {r['params']:,} | {ms('tp_shardwise_s')} | {ms('tp_dtensor_s')} | "
+                    f"{r['tp_shardwise_s'] / r['tp_dtensor_s']:.2f}x | {ms('tp_floor_s')} ({r['tp_collectives']} in "
+                    f"{r['tp_comm_s'] * 1e3:.1f} ms) | {r['tp_shardwise_s'] / r['tp_floor_s']:.2f}x | {ms('dp_shardwise_s')} | "
+                    f"{ms('dp_ddp_s')} | {r['dp_shardwise_s'] / r['dp_ddp_s']:.2f}x | {ms('dp_train_step_s')} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,small", help="comma-separated: presets or 'small' (h256, 4 layers)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "results.json")
+        mp.spawn(_worker, args=(2, _free_port(), args, path), nprocs=2)
+        with open(path) as f:
+            results = json.load(f)
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"world 2, {args.backend}, batch {args.batch} x {args.seq_len}, median of {args.repeats} x {args.steps} steps, "
+              f"{args.threads} thread(s) per rank")
+        print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
