@@ -78,7 +78,7 @@ def test_estimate_json_matches_the_library(capsys):
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     data = json.loads(out)
-    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048))
+    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048), flash_attention=True)  # the CLI default
     lay = Layout(dp=2, tp=8, pp=4, micro_batch=1, vpp=2, zero=1, recompute="selective", sequence_parallel=True,
                  schedule="interleaved-1f1b")
     assert data == json.loads(json.dumps(estimate(job, lay).to_dict()))

@@ -55,8 +55,10 @@ def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
 
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
-    p.add_argument("--flash-attention", action="store_true",
-                   help="the attention core is a fused kernel (FlashAttention/SDPA): no stored s x s scores")
+    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="the attention core is a fused kernel (FlashAttention/SDPA) that stores no s x s scores, as "
+                        "every current framework does (default); --no-flash-attention models the materialised "
+                        "softmax of Korthikanti et al. 2022")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="TP collectives overlap their GEMMs (Transformer Engine / NeMo tp_comm_overlap)")
 
