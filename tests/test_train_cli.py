@@ -155,3 +155,15 @@ def test_two_torchrun_nodes_train_and_match(tmp_path):
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     _assert_same_losses(_metrics(metrics), _reference_losses(args))
+
+
+def test_padding_a_vocabulary_is_announced(tmp_path, capsys):
+    from shardwise.commands.train import _note_vocab_padding
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}))
+    _note_vocab_padding(_config(["--model", str(config), "--tp", "2"]))
+    assert "vocabulary 259 padded to 260 rows for tp=2" in capsys.readouterr().err
+    _note_vocab_padding(_config(["--model", "tiny", "--tp", "2"]))
+    assert capsys.readouterr().err == ""

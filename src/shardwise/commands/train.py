@@ -116,9 +116,21 @@ def run(args) -> int:
 
     cfg = config_from(args)
     check(cfg)
+    _note_vocab_padding(cfg)
     try:
         launch(cfg)
     except JobFailed as exc:
         print(f"shardwise: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _note_vocab_padding(cfg) -> None:
+    import os
+
+    from shardwise.parallel.tensor_parallel import padded_vocab
+
+    vocab, tp = cfg.spec.vocab_size, cfg.layout.tp
+    if vocab % tp and os.environ.get("RANK", "0") == "0":
+        print(f"note: vocabulary {vocab} padded to {padded_vocab(vocab, tp)} rows for tp={tp} (as Megatron does); "
+              "padded logits are masked, so training equals the unpadded model", file=sys.stderr)
