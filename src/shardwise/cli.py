@@ -22,6 +22,7 @@ COMMANDS = {
     "explain": "the planner's decision in plain words, with numbers",
     "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
     "train": "train a model with a dp x tp x pp layout on torch.distributed",
+    "calibrate": "measure this machine (matmul, memory, collectives by size) and write a cluster profile",
 }
 
 

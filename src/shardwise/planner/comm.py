@@ -14,7 +14,8 @@ Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read 
    "all_reduce":     [[bytes, seconds], ...],            # measured at the calibrated world size
    "all_gather": [...], "reduce_scatter": [...], "send_recv": [...]}
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
-beyond the largest point; a collective without a table falls back to alpha-beta.
+beyond the largest point; a collective without a table, or over a group of another size than the
+table's "world_size" (when given), falls back to alpha-beta.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: 
     if group_size <= 1 and kind != "send_recv" or nbytes <= 0:
         return 0.0
     table = cluster.measured.get(kind) if cluster.measured else None
-    if table:
+    # A table holds for the group size it was measured at (send_recv: always a pair).
+    if table and (kind == "send_recv" or cluster.measured.get("world_size", group_size) == group_size):
         return interpolate(table, nbytes)
     bw, lat = link(cluster, group_size, stride)
     if kind == "send_recv":

@@ -1,0 +1,26 @@
+"""Measure the machine this runs on, with the real backend and world size, as a cluster profile.
+
+    profile = calibrate(CalibrateConfig(world=2, backend="gloo", model=load_model("tiny")))
+    Path("profile.toml").write_text(profile.to_toml())    # then: plan/estimate --cluster profile.toml
+
+W ranks (one thread each; spawned here, or the ranks torchrun started) measure at the same time, so
+they contend for cores and memory as training ranks do. Every figure is the median of `repeats`
+timed repeats after `warmup` untimed ones, each repeat starting at a barrier (measure.py):
+
+  matmul       every GEMM of the model's linear layers and LM head at micro_batch x seq_len tokens,
+               forward and both backward GEMMs; rate = total FLOPs / total time, each GEMM weighted
+               by how often one step runs it (fp32 on CPU, bf16 on GPU).
+  copy         one large tensor copy; bandwidth = 2 x bytes / time (read + write).
+  collectives  all_reduce, all_gather, reduce_scatter, send_recv at each size over all W ranks
+               (send_recv: rank 2i -> 2i+1); a repeat lasts as long as its slowest rank.
+
+profile.py turns the figures into the cluster TOML: [measured] in the format planner/comm.py reads,
+[cluster] keys fitted from it so the planner's alpha-beta fallback agrees with the tables.
+"""
+
+from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, check_config, gemm_shapes, human, parse_size, rank_steps
+from shardwise.calibrate.launch import CalibrationFailed, calibrate, under_torchrun
+from shardwise.calibrate.profile import Profile, fit_alpha_beta
+
+__all__ = ["COLLECTIVES", "CalibrateConfig", "CalibrationFailed", "Profile", "calibrate", "check_config",
+           "fit_alpha_beta", "gemm_shapes", "human", "parse_size", "rank_steps", "under_torchrun"]

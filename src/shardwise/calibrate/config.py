@@ -1,0 +1,100 @@
+"""What a calibration measures: the options, their checks, and the model's GEMM shapes (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shardwise.errors import UsageError
+from shardwise.specs import ModelSpec
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+DEFAULT_SIZES = {"cpu": tuple(2**k for k in range(10, 25, 2)),  # 1 KiB .. 16 MiB
+                 "cuda": tuple(2**k for k in range(10, 31, 2))}  # 1 KiB .. 1 GiB
+DEFAULT_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    model: ModelSpec
+    world: int = 2
+    backend: str = "gloo"
+    sizes: tuple[int, ...] = ()  # collective message bytes; empty: DEFAULT_SIZES for the device
+    repeats: int = 10
+    warmup: int = 3
+    micro_batch: int = 1
+    seq_len: int = 128
+    copy_bytes: int = 0  # 0: DEFAULT_COPY_BYTES for the device
+    timeout_s: float = 120.0  # any collective; also the longest a spawning parent waits without progress
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    def resolved(self) -> "CalibrateConfig":
+        return replace(self, sizes=tuple(sorted(set(self.sizes or DEFAULT_SIZES[self.device_type]))),
+                       copy_bytes=self.copy_bytes or DEFAULT_COPY_BYTES[self.device_type])
+
+
+def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
+    """Raise UsageError (one line: the problem and the fix) before any process starts."""
+    if cfg.world < 1:
+        raise UsageError(f"--world must be at least 1, got {cfg.world}")
+    if cfg.backend not in ("gloo", "nccl"):
+        raise UsageError(f"unknown backend '{cfg.backend}' — use gloo (CPU) or nccl (GPU)")
+    if cfg.backend == "nccl" and cuda_devices == 0:
+        raise UsageError("--backend nccl needs CUDA GPUs and none is visible — use --backend gloo on CPU")
+    if cfg.backend == "nccl" and cfg.world > cuda_devices:
+        raise UsageError(f"--world {cfg.world} exceeds the {cuda_devices} visible GPUs — lower --world")
+    if cfg.repeats < 1 or cfg.warmup < 0:
+        raise UsageError(f"--repeats must be at least 1 and --warmup at least 0 (got {cfg.repeats}, {cfg.warmup})")
+    if cfg.micro_batch < 1 or cfg.seq_len < 1:
+        raise UsageError(f"--micro-batch and --seq-len must be positive (got {cfg.micro_batch}, {cfg.seq_len})")
+    if cfg.timeout_s <= 0:
+        raise UsageError(f"--timeout must be positive, got {cfg.timeout_s}")
+
+
+def parse_size(text: str) -> int:
+    """'4096', '64K', '1M', '1G' (binary units; a trailing B or iB is fine) -> bytes."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise UsageError(f"size '{text}' is not a number of bytes — write it like 4096, 64K, 1M or 1G") from None
+    if value < 1:
+        raise UsageError(f"size '{text}' must be at least 1 byte")
+    return int(value)
+
+
+def human(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]]:
+    """(m, n, k, times per step) of every GEMM one step runs: out = (m x k) @ (k x n).
+
+    Each linear layer (in -> out) runs forward (tokens, out, in), input gradient (tokens, in, out)
+    and weight gradient (out, in, tokens); the layers are those planner/step_time.py counts.
+    Shapes that repeat are merged, their counts added.
+    """
+    h, f, L = model.hidden, model.ffn_hidden, model.num_layers
+    linears = [(model.q_dim, h, L), (model.kv_dim, h, 2 * L), (h, model.q_dim, L),
+               (f, h, (2 if model.gated_mlp else 1) * L), (h, f, L), (model.vocab_size, h, 1)]
+    counts: dict[tuple[int, int, int], int] = {}
+    for out, inp, times in linears:
+        for shape in ((tokens, out, inp), (tokens, inp, out), (out, inp, tokens)):
+            counts[shape] = counts.get(shape, 0) + times
+    return [(m, n, k, c) for (m, n, k), c in counts.items()]
+
+
+def rank_steps(cfg: CalibrateConfig) -> int:
+    """Progress steps of a calibration: one per GEMM shape, the copy, one per collective and size."""
+    collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) if cfg.world > 1 else 0
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + 1 + collectives

@@ -1,0 +1,175 @@
+"""The measurements one rank runs (inside its process group), with one timing discipline for all:
+warm-up, a barrier before every timed repeat, the median of the repeats."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, gemm_shapes, human
+
+# Small operations run back to back in batches lasting at least this long (timer resolution, launch noise).
+MIN_REPEAT_S = 2e-3
+MAX_INNER = 64
+# A measurement whose interquartile range exceeds this share of its median is measured once more
+# (the quieter of the two is kept) and, if still noisy, flagged in the profile.
+NOISY = 0.5
+
+
+class Timer:
+    """This rank's device, dtype and timing discipline; reductions agree a figure across ranks."""
+
+    def __init__(self, cfg: CalibrateConfig, rank: int, world: int):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        cuda = cfg.device_type == "cuda"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.dtype = torch.bfloat16 if cuda else torch.float32
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def reduce(self, values: list[float], op: str) -> list[float]:
+        """Element-wise 'max' or 'mean' over ranks (a collective's repeat lasts as long as its slowest rank)."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64 if self.device.type == "cpu" else torch.float32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return [float(v) / (self.world if op == "mean" else 1) for v in t.cpu()]
+
+    def times(self, fn) -> list[float]:
+        """Seconds per call for each timed repeat; calls shorter than MIN_REPEAT_S run `inner` times a repeat."""
+        for _ in range(self.cfg.warmup):
+            fn()
+        self.sync()
+        self.barrier()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        once = time.perf_counter() - t0
+        inner = int(self.reduce([min(MAX_INNER, math.ceil(MIN_REPEAT_S / max(once, 1e-9)))], "max")[0])
+        out = []
+        for _ in range(self.cfg.repeats):
+            self.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            self.sync()
+            out.append((time.perf_counter() - t0) / inner)
+        return out
+
+
+def spread(times: list[float]) -> float:
+    """Interquartile range / median."""
+    s = sorted(times)
+    med = statistics.median(s)
+    return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / med if med > 0 else 0.0
+
+
+def measure_matmul(t: Timer, out: dict):
+    """out["matmul_tflops"]: the step's GEMM mix, FLOPs / time; out["gemms"]: [[m, n, k, seconds]]. Mean over ranks."""
+    shapes = gemm_shapes(t.cfg.model, t.cfg.tokens)
+    seconds = []
+    for m, n, k, _ in shapes:
+        a = torch.randn(m, k, device=t.device, dtype=t.dtype)
+        b = torch.randn(k, n, device=t.device, dtype=t.dtype)
+        c = torch.empty(m, n, device=t.device, dtype=t.dtype)
+        seconds.append(statistics.median(t.times(lambda: torch.mm(a, b, out=c))))
+        yield f"matmul {m}x{n}x{k}"
+    seconds = t.reduce(seconds, "mean")
+    flops = sum(2 * m * n * k * count for m, n, k, count in shapes)
+    busy = sum(s * count for s, (*_, count) in zip(seconds, shapes))
+    out["matmul_tflops"] = flops / busy / 1e12
+    out["gemms"] = [[m, n, k, s] for (m, n, k, _), s in zip(shapes, seconds)]
+
+
+def measure_copy(t: Timer, out: dict):
+    """out["copy_gbs"]: read + write bytes per second of one large copy, mean over ranks."""
+    src = torch.ones(t.cfg.copy_bytes // _element_size(t.dtype), device=t.device, dtype=t.dtype)
+    dst = torch.empty_like(src)
+    seconds = t.reduce([statistics.median(t.times(lambda: dst.copy_(src)))], "mean")[0]
+    out["copy_gbs"] = 2 * src.numel() * src.element_size() / seconds / 1e9
+    yield "memory copy"
+
+
+def message_numel(nbytes: int, element_size: int, world: int) -> int:
+    """Elements of a buffer of about `nbytes`, divisible by the world (all_gather/reduce_scatter chunks)."""
+    return max(world, nbytes // element_size // world * world)
+
+
+def collective(t: Timer, kind: str, nbytes: int):
+    """(bytes as planner/comm.py counts them, a function that runs one `kind` of that size)."""
+    esize = _element_size(t.dtype)
+    numel = message_numel(nbytes, esize, t.world)
+    full = torch.ones(numel, device=t.device, dtype=t.dtype)
+    chunk = torch.ones(numel // t.world, device=t.device, dtype=t.dtype)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    peer = t.rank ^ 1  # send_recv pairs (0, 1), (2, 3), ...; an odd last rank only keeps time
+    fns = {"all_reduce": lambda: dist.all_reduce(full),
+           "all_gather": lambda: gather(full, chunk),          # comm.py: bytes = the gathered size
+           "reduce_scatter": lambda: scatter(chunk, full),     # comm.py: bytes = the full input
+           "send_recv": (lambda: None) if peer >= t.world else
+                        (lambda: dist.send(full, dst=peer)) if t.rank % 2 == 0 else (lambda: dist.recv(full, src=peer))}
+    return numel * esize, fns[kind]
+
+
+def measure_collectives(t: Timer, out: dict):
+    """out["tables"][kind] = [[bytes, seconds], ...]; out["spread"]["kind@bytes"] = IQR / median."""
+    out["tables"], out["spread"] = {k: [] for k in COLLECTIVES}, {}
+    if t.world == 1:
+        return
+    for kind in COLLECTIVES:
+        for size in t.cfg.sizes:
+            nbytes, fn = collective(t, kind, size)
+            reps = t.reduce(t.times(fn), "max")
+            if spread(reps) > NOISY:  # every rank sees the same reps, so all agree to measure again
+                again = t.reduce(t.times(fn), "max")
+                reps = min(reps, again, key=spread)
+            out["tables"][kind].append([nbytes, statistics.median(reps)])
+            out["spread"][f"{kind}@{nbytes}"] = spread(reps)
+            yield f"{kind} {human(nbytes)}"
+
+
+def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda label: None) -> dict | None:
+    """Every measurement on this rank (in an initialised process group when world > 1), `report(label)`
+    after each. Returns the Profile fields on rank 0, None elsewhere."""
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+    t = Timer(cfg, rank, world)
+    out: dict = {}
+    for steps in (measure_matmul(t, out), measure_copy(t, out), measure_collectives(t, out)):
+        for label in steps:
+            report(label)
+    if rank != 0:
+        return None
+    return dict(out, world=world, backend=cfg.backend, device=_device_name(t.device),
+                dtype=str(t.dtype).removeprefix("torch."), model=cfg.model.name, tokens=cfg.tokens,
+                memory_gib=_memory_gib(t.device, world), repeats=cfg.repeats)
+
+
+def _element_size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _device_name(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _memory_gib(device, world: int) -> float:
+    """GPU memory, or on CPU this rank's share of the host RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world / 2**30

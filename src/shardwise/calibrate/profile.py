@@ -1,0 +1,127 @@
+"""A calibration's figures as the cluster profile `plan`/`estimate --cluster` read (pure Python)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import socket
+import statistics
+from dataclasses import dataclass, field
+
+from shardwise.planner.comm import LINK_EFFICIENCY
+from shardwise.specs import cluster_from_toml
+
+# (latency steps, bandwidth volume) per (n - 1) ring step, as planner/comm.py models them.
+_RING = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0)}
+
+
+@dataclass
+class Profile:
+    world: int
+    backend: str
+    device: str
+    dtype: str
+    model: str
+    tokens: int
+    memory_gib: float
+    matmul_tflops: float
+    gemms: list  # [[m, n, k, seconds], ...]
+    copy_gbs: float
+    tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
+    spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
+    repeats: int = 0
+
+    def monotone_tables(self) -> dict:
+        """A smaller message never takes longer than a larger one: each time is capped by the next
+        larger size's (pulls down noise on the small sizes; what the planner reads)."""
+        out = {}
+        for kind, points in self.tables.items():
+            pts = sorted(points)
+            for i in range(len(pts) - 2, -1, -1):
+                pts[i] = [pts[i][0], min(pts[i][1], pts[i + 1][1])]
+            out[kind] = pts
+        return out
+
+    def link(self) -> tuple[float, float]:
+        """(bandwidth GB/s as the [cluster] key means it, latency us), fitted so that comm.py's
+        alpha-beta fallback reproduces the tables: the median over the collectives."""
+        tables = {k: v for k, v in self.monotone_tables().items() if v}
+        if self.world == 1 or not tables:
+            return self.copy_gbs, 5.0  # one rank never communicates; keep the keys valid
+        fits = [fit_alpha_beta(kind, points, self.world) for kind, points in tables.items()]
+        beta = statistics.median(b for b, _ in fits)
+        alpha = statistics.median(a for _, a in fits)
+        return beta / LINK_EFFICIENCY / 1e9, alpha * 1e6
+
+    def noisy(self, limit: float = 0.5) -> list[str]:
+        return sorted(k for k, v in self.spread.items() if v > limit)
+
+    def cluster_table(self) -> dict:
+        bw, lat = self.link()
+        return {
+            "name": f"calibrated {self.device} x{self.world} ({self.backend})",
+            "gpus_per_node": self.world, "num_gpus": self.world, "gpu_memory_gib": self.memory_gib,
+            "peak_tflops": self.matmul_tflops, "hbm_bandwidth_gbs": self.copy_gbs,
+            "intra_node_bandwidth_gbs": bw, "inter_node_bandwidth_gbs": bw,
+            "intra_node_latency_us": lat, "inter_node_latency_us": lat,
+        }
+
+    def measured_table(self) -> dict:
+        out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
+               "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms}
+        out.update({k: v for k, v in self.monotone_tables().items() if v})
+        return out
+
+    def to_dict(self) -> dict:
+        return {"cluster": self.cluster_table(), "measured": self.measured_table()}
+
+    def to_cluster(self):
+        return cluster_from_toml(self.to_dict(), name="calibrated", source="calibration")
+
+    def to_toml(self) -> str:
+        head = [f"# Measured by `shardwise calibrate` on {socket.gethostname()} at "
+                f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC: world {self.world}, {self.backend}, "
+                f"{self.dtype}, median of {self.repeats} repeats.",
+                "# peak_tflops: the achieved matmul rate on the model's GEMMs, not a datasheet figure;",
+                "# hbm_bandwidth_gbs: a large copy; link bandwidth and latency: fitted to the [measured] tables.",
+                "# One machine: inter_node_* repeat intra_node_* (no network is crossed)."]
+        return "\n".join(head) + "\n\n" + _toml_table("cluster", self.cluster_table()) + "\n" + \
+            _toml_table("measured", self.measured_table())
+
+
+def fit_alpha_beta(kind: str, points: list, world: int) -> tuple[float, float]:
+    """(beta bytes/s, alpha s) of t = steps (n-1) alpha + volume (n-1)/n B / beta (send_recv: alpha + B / beta).
+
+    beta: least-squares slope through the larger half of the sizes, where bandwidth dominates;
+    alpha: the smallest size's time per latency step."""
+    if kind in _RING:
+        steps, volume = _RING[kind]
+        latency_steps, factor = steps * (world - 1), volume * (world - 1) / world
+    else:  # send_recv: one message between two ranks
+        latency_steps, factor = 1.0, 1.0
+    pts = sorted(points)
+    big = pts[len(pts) // 2:] if len(pts) >= 4 else pts[-2:]
+    xs, ys = [factor * b for b, _ in big], [t for _, t in big]
+    slope = 0.0
+    if len(xs) >= 2:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        den = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den > 0 else 0.0
+    if slope <= 0:  # one point, or noise flattened the large sizes: the largest point's rate
+        slope = ys[-1] / xs[-1]
+    return 1.0 / slope, pts[0][1] / latency_steps
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+
+
+def _toml_table(name: str, table: dict) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())

@@ -1,0 +1,107 @@
+"""`shardwise calibrate`: measure this machine and write a cluster profile for `plan`/`estimate --cluster`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardwise.commands.common import add_model_arg, print_json
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help)
+    p.add_argument("--world", type=int, default=2, help="ranks to measure with (spawned here; under torchrun its world)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU, fp32) or nccl (GPU, bf16)")
+    p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
+                   help="collective message sizes, e.g. 1K 64K 1M 16M (default 1 KiB..16 MiB on CPU, ..1 GiB on GPU)")
+    add_model_arg(p, default="tiny")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (sets the GEMM shapes)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (sets the GEMM shapes)")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (the median is kept)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repeats before each measurement")
+    p.add_argument("--copy-size", default=None, help="bytes of the memory-bandwidth copy (default 64M on CPU, 2G on GPU)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take before the run fails")
+    p.add_argument("--out", default="profile.toml", help="where to write the cluster profile (TOML)")
+    p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _config(args):
+    from shardwise.calibrate import CalibrateConfig, parse_size
+    from shardwise.specs import load_model
+
+    sizes = tuple(parse_size(s) for arg in (args.sizes or []) for s in arg.split(",") if s)
+    return CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, sizes=sizes, repeats=args.repeats,
+                           warmup=args.warmup, micro_batch=args.micro_batch,
+                           seq_len=args.seq_len, copy_bytes=parse_size(args.copy_size) if args.copy_size else 0,
+                           timeout_s=args.timeout)
+
+
+def run(args) -> int:
+    import sys
+
+    from shardwise.calibrate import CalibrationFailed, calibrate, check_config, rank_steps, under_torchrun
+
+    cfg = _config(args)
+    check_config(cfg, _cuda_devices() if args.backend == "nccl" else 0)  # before torch starts any rank
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    total = rank_steps(cfg.resolved())
+    columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=under_torchrun() and _rank() != 0) as bar:
+        task = bar.add_task("starting ranks", total=total)
+        try:
+            profile = calibrate(cfg, lambda label: bar.update(task, advance=1, description=label))
+        except CalibrationFailed as exc:
+            print(f"shardwise: error: {exc}", file=sys.stderr)
+            return 1
+    if profile is None:  # another torchrun rank: rank 0 reports
+        return 0
+    Path(args.out).write_text(profile.to_toml())
+    if args.json:
+        print_json(profile.to_dict())
+        return 0
+    _print(Console(), profile, args.out)
+    return 0
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _print(console, profile, out: str) -> None:
+    from rich.table import Table
+
+    from shardwise.calibrate import COLLECTIVES, human
+
+    c = profile.cluster_table()
+    console.print(f"[b]{c['name']}[/]: matmul {profile.matmul_tflops * 1e3:,.1f} GFLOP/s per rank "
+                  f"({profile.model} GEMMs at {profile.tokens} tokens, {profile.dtype}), memory copy "
+                  f"{profile.copy_gbs:,.1f} GB/s, link {c['intra_node_bandwidth_gbs']:,.2f} GB/s + "
+                  f"{c['intra_node_latency_us']:,.0f} us", highlight=False)
+    if profile.world > 1:
+        table = Table(title=f"collective time (ms) at world {profile.world}, median of {profile.repeats}")
+        table.add_column("bytes", justify="right")
+        for kind in COLLECTIVES:
+            table.add_column(kind, justify="right")
+        tables = profile.monotone_tables()  # what the planner reads
+        for i, (nbytes, _) in enumerate(tables["all_reduce"]):
+            table.add_row(human(nbytes), *(f"{tables[k][i][1] * 1e3:.3f}" for k in COLLECTIVES))
+        console.print(table)
+    noisy = profile.noisy()
+    if noisy:
+        console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "
+                      f"rerun on a quiet machine or with more --repeats[/]", highlight=False)
+    console.print(f"wrote {out} — use it: shardwise plan --model {profile.model} --cluster {out} "
+                  f"--gpus {profile.world} --global-batch ... --seq-len ...", highlight=False)

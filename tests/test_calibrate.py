@@ -1,0 +1,153 @@
+"""`shardwise calibrate`: a real world-2 gloo calibration writes a profile the planner loads and uses.
+
+Timings are never asserted: only that the profile is well-formed, consistent with what the planner
+reads, and that the planner's numbers really come from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
+from shardwise.cli import main
+from shardwise.planner.comm import collective_time, interpolate
+from shardwise.planner.memory import Job
+from shardwise.planner.step_time import achievable_flops, matmul_params_per_layer
+from shardwise.specs import ClusterSpec, TrainSpec, load_cluster, load_model
+
+SIZES = [1024, 65536, 1048576]
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _calibrate_cmd(out: Path) -> list[str]:
+    return ["calibrate", "--world", "2", "--backend", "gloo", "--sizes", "1K", "64K,1M", "--repeats", "3",
+            "--warmup", "1", "--copy-size", "4M", "--seq-len", "32", "--out", str(out), "--json"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """One real calibration through the CLI: (profile path, its --json output)."""
+    out = tmp_path_factory.mktemp("cal") / "profile.toml"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", *_calibrate_cmd(out)], capture_output=True,
+                          text=True, env=ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def test_profile_loads_with_positive_monotone_tables(calibrated):
+    path, printed = calibrated
+    cluster = load_cluster(str(path))
+    assert cluster.gpus_per_node == 2 and cluster.num_gpus == 2
+    for value in (cluster.peak_flops, cluster.hbm_bandwidth, cluster.intra_node_bandwidth, cluster.intra_node_latency,
+                  cluster.gpu_memory_bytes):
+        assert value > 0
+    m = cluster.measured
+    assert m["world_size"] == 2 and m["backend"] == "gloo"
+    assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
+    for kind in COLLECTIVES:
+        sizes, times = zip(*m[kind])
+        assert list(sizes) == SIZES  # fp32, divisible by the world: exactly the sizes asked for
+        assert all(t > 0 for t in times)
+        assert list(times) == sorted(times), kind
+    # --json prints what the file holds.
+    assert printed["measured"]["all_reduce"] == m["all_reduce"]
+    assert printed["cluster"]["peak_tflops"] == pytest.approx(cluster.peak_flops / 1e12)
+
+
+def test_planner_reads_the_measured_tables(calibrated):
+    path, _ = calibrated
+    cluster = load_cluster(str(path))
+    job = Job(load_model("tiny"), cluster, TrainSpec(global_batch=8, seq_len=32))
+    assert achievable_flops(job) == pytest.approx(cluster.measured["matmul_tflops"] * 1e12)
+    for kind in COLLECTIVES:
+        assert collective_time(cluster, kind, 300_000, 2) == pytest.approx(interpolate(cluster.measured[kind], 300_000))
+    # A group of another size than the calibrated one falls back to alpha-beta from the fitted keys.
+    bare = ClusterSpec(**{**cluster.__dict__, "measured": {}})
+    assert collective_time(cluster, "all_reduce", 300_000, 4) == pytest.approx(collective_time(bare, "all_reduce", 300_000, 4))
+
+
+def _estimate(capsys, profile: Path) -> dict:
+    code = main(["estimate", "--model", "tiny", "--cluster", str(profile), "--gpus", "2", "--tp", "2",
+                 "--global-batch", "8", "--seq-len", "32", "--micro-batch", "1", "--json"])
+    assert code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_runs_on_the_profile_and_follows_its_numbers(calibrated, capsys, tmp_path):
+    path, _ = calibrated
+    base = _estimate(capsys, path)
+    text = path.read_text()
+    rate = load_cluster(str(path)).measured["matmul_tflops"]
+    faster = tmp_path / "faster.toml"
+    faster.write_text(text.replace(f"matmul_tflops = {rate!r}", f"matmul_tflops = {rate * 4!r}"))
+    assert faster.read_text() != text
+    quick = _estimate(capsys, faster)
+    assert quick["time_breakdown_s"]["compute"] < base["time_breakdown_s"]["compute"]
+    assert quick["time_breakdown_s"]["tp_comm"] == pytest.approx(base["time_breakdown_s"]["tp_comm"])
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path):
+    out = tmp_path / "profile.toml"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "shardwise", *_calibrate_cmd(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert load_cluster(str(out)).measured["world_size"] == 2
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--world", "0"], "--world must be at least 1"),
+    (["--backend", "nccl", "--world", "4096"], "nccl"),
+    (["--backend", "mpi"], "unknown backend"),
+    (["--sizes", "12X"], "not a number of bytes"),
+    (["--repeats", "0"], "--repeats"),
+])
+def test_bad_input_exits_2_with_one_line(argv, words, capsys, tmp_path):
+    assert main(["calibrate", *argv, "--out", str(tmp_path / "p.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("4096", "64K", "1M", "2GiB", "1.5k")] == [4096, 65536, 2**20, 2**31, 1536]
+
+
+def test_gemm_shapes_count_the_planners_flops():
+    model, tokens = load_model("tiny"), 96
+    flops = sum(2 * m * n * k * c for m, n, k, c in gemm_shapes(model, tokens))
+    per_token = model.num_layers * matmul_params_per_layer(model) + model.hidden * model.vocab_size
+    assert flops == 3 * 2 * tokens * per_token  # forward + two backward GEMMs per linear layer
+
+
+def _profile(tables: dict, world: int) -> Profile:
+    return Profile(world=world, backend="gloo", device="cpu", dtype="float32", model="tiny", tokens=128,
+                   memory_gib=1.0, matmul_tflops=0.1, gemms=[], copy_gbs=10.0, tables=tables, repeats=3)
+
+
+def test_fit_recovers_alpha_beta_and_the_fallback_reproduces_the_tables():
+    alpha, beta, n = 30e-6, 2e9, 4
+    sizes = [2**k for k in range(10, 26, 3)]
+    model = {"all_reduce": lambda b: 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta,
+             "all_gather": lambda b: (n - 1) * alpha + (n - 1) / n * b / beta,
+             "reduce_scatter": lambda b: (n - 1) * alpha + (n - 1) / n * b / beta,
+             "send_recv": lambda b: alpha + b / beta}
+    tables = {k: [[b, f(b)] for b in sizes] for k, f in model.items()}
+    for kind, points in tables.items():
+        fitted_beta, _ = fit_alpha_beta(kind, points, n)
+        assert fitted_beta == pytest.approx(beta, rel=1e-6)
+    profile = _profile(tables, n)
+    cluster = ClusterSpec(**{**profile.to_cluster().__dict__, "measured": {}})
+    for kind, f in model.items():  # large sizes: bandwidth-bound, the fallback matches the table
+        assert collective_time(cluster, kind, sizes[-1], n if kind != "send_recv" else 2) == pytest.approx(f(sizes[-1]), rel=0.02)
+
+
+def test_monotone_tables_cap_small_sizes_by_larger_ones():
+    profile = _profile({"all_reduce": [[1024, 5e-4], [4096, 2e-4], [65536, 3e-4]]}, 2)
+    assert profile.monotone_tables()["all_reduce"] == [[1024, 2e-4], [4096, 2e-4], [65536, 3e-4]]
