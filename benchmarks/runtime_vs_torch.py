@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, data_parallel, init_distributed, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
-from shardwise.train import TrainConfig, build_runtime, train_step
+from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
 
 tp_module = importlib.import_module("shardwise.parallel.tensor_parallel")  # the module, not the function
 
@@ -70,6 +70,18 @@ def _step_fn(model, x, y, loss_ctx=None):
     return step
 
 
+def _runtime_step(model, x, y):
+    """The runtime's own path: forward_backward (grad_sync, loss scaling) then AdamW."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = forward_backward([model], [(x, y)])
+        opt.step()
+        return loss
+    return step
+
+
 class _null:
     def __enter__(self):
         return self
@@ -78,19 +90,23 @@ class _null:
         return False
 
 
-def _time(step, args) -> float:
-    """Median seconds per step over `repeats` blocks of `steps` steps, after warm-up; ranks start together."""
-    for _ in range(3):
-        step()
-    blocks = []
+def _time(steps: dict, args) -> dict:
+    """Median seconds per step of each contender over `repeats` blocks of `steps` steps, after warm-up.
+    Blocks are interleaved (A B C A B C ...) so every contender sees the same load on a shared machine;
+    the ranks start each block together."""
+    for step in steps.values():
+        for _ in range(3):
+            step()
+    blocks = {name: [] for name in steps}
     for _ in range(args.repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            loss = step()
-        float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
-        blocks.append((time.perf_counter() - t0) / args.steps)
-    return statistics.median(blocks)
+        for name, step in steps.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                loss = step()
+            float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach())
+            blocks[name].append((time.perf_counter() - t0) / args.steps)
+    return {name: statistics.median(b) for name, b in blocks.items()}
 
 
 # --------------------------------------------------------------------------- the contenders
@@ -134,7 +150,8 @@ def _record_tp_collectives(step) -> list[tuple]:
     return calls
 
 
-def _replay(calls, group, args) -> float:
+def _replay(calls, group):
+    """A step of exactly the collectives one TP step issues, nothing else."""
     tensors = [(kind, torch.randn(shape).to(dtype), group) for kind, shape, dtype in calls]
     size = dist.get_world_size(group)
 
@@ -149,40 +166,38 @@ def _replay(calls, group, args) -> float:
                 out = t.new_empty((t.shape[0] // size,) + t.shape[1:])
                 tp_module._reduce_scatter_single(out, t, group=g)
         return torch.zeros(())
-    return _time(once, args)
+    return once
 
 
 # --------------------------------------------------------------------------- one model, both ranks
 
 
 def bench_model(name: str, args, rank: int) -> dict:
-    spec = spec_for(name)
-    out = {"model": name, "params": sum(p.numel() for p in Transformer(spec).parameters())}
-    x, y = _batch(args)
-    # single process compute (both ranks at once, so the cores are as busy as under TP)
-    out["single_s"] = _time(_step_fn(Transformer(spec, seed=0), x, y), args)
-
-    tp_mesh = build_mesh(1, 1, 2, backend=args.backend, timeout_s=120)
-    ours = tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"])
-    ours_step = _step_fn(ours, x, y)
-    out["tp_shardwise_s"] = _time(ours_step, args)
-    calls = _record_tp_collectives(ours_step)
-    out["tp_collectives"] = len(calls)
-    out["tp_comm_s"] = _replay(calls, tp_mesh["tp"].get_group(), args)
-    out["tp_floor_s"] = out["single_s"] / 2 + out["tp_comm_s"]
-
     from torch.distributed.tensor.parallel import loss_parallel
-    out["tp_dtensor_s"] = _time(_step_fn(dtensor_tp(spec, tp_mesh), x, y, loss_parallel), args)
 
-    dp_mesh = build_mesh(1, 2, 1, backend=args.backend, timeout_s=120)
+    spec = spec_for(name)
+    x, y = _batch(args)
     xl, yl = _batch(args, slice(rank * args.batch // 2, (rank + 1) * args.batch // 2))
-    out["dp_shardwise_s"] = _time(_step_fn(data_parallel(Transformer(spec, seed=0), dp_mesh["dp"], 0), xl, yl), args)
-    bare = torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0))
-    out["dp_ddp_s"] = _time(_step_fn(bare, xl, yl), args)
+    tp_mesh = build_mesh(1, 1, 2, backend=args.backend, timeout_s=120)
+    dp_mesh = build_mesh(1, 2, 1, backend=args.backend, timeout_s=120)
+    ours_tp = _step_fn(tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"]), x, y)
+    calls = _record_tp_collectives(ours_tp)
     cfg = TrainConfig(spec, Layout(dp=2, micro_batch=args.batch // 2), steps=10**6, global_batch=args.batch,
                       seq_len=args.seq_len, backend=args.backend, progress=False)
     rt = build_runtime(cfg, dp_mesh)
-    out["dp_train_step_s"] = _time(lambda: torch.tensor(train_step(rt)["loss"]), args)
+    contenders = {
+        # the whole model in each process at once, so the cores are as busy as under TP
+        "single_s": _step_fn(Transformer(spec, seed=0), x, y),
+        "tp_shardwise_s": ours_tp,
+        "tp_dtensor_s": _step_fn(dtensor_tp(spec, tp_mesh), x, y, loss_parallel),
+        "tp_comm_s": _replay(calls, tp_mesh["tp"].get_group()),
+        "dp_shardwise_s": _runtime_step(data_parallel(Transformer(spec, seed=0), dp_mesh["dp"], 0), xl, yl),
+        "dp_ddp_s": _step_fn(torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0)), xl, yl),
+        "dp_train_step_s": lambda: torch.tensor(train_step(rt)["loss"]),
+    }
+    out = {"model": name, "params": sum(p.numel() for p in Transformer(spec).parameters()), "tp_collectives": len(calls)}
+    out.update(_time(contenders, args))
+    out["tp_floor_s"] = out["single_s"] / 2 + out["tp_comm_s"]
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import replace
 
 import pytest
 import torch
