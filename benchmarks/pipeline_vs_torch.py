@@ -70,7 +70,7 @@ class Shardwise:
         self.executor.step(list(x.chunk(m)), list(y.chunk(m)), 0.0)
 
     def compute_events(self):
-        return [(e.kind, e.start, e.end) for e in self.executor.records if e.kind in ("F", "B", "I", "W")]
+        return [(e.kind, e.start, e.end) for e in self.executor.records]
 
 
 class Torch:
@@ -156,11 +156,16 @@ def worker(rank, port, args, queue):
 # --------------------------------------------------------------------------- analysis
 
 
-def measured_bubble(per_rank_events):
-    """Per repeat: 1 - busy / makespan for each rank, the makespan spanning both ranks' actions."""
-    start = min(s for ev in per_rank_events for _, s, _ in ev)
-    end = max(e for ev in per_rank_events for _, _, e in ev)
-    return [1 - sum(e - s for _, s, e in ev) / (end - start) for ev in per_rank_events]
+COMPUTE = ("F", "B", "I", "W")
+
+
+def measured_bubble(per_rank_events, kinds=COMPUTE):
+    """Per repeat: 1 - busy / makespan for each rank, the makespan spanning both ranks' actions.
+    With kinds=("recv",): the share of the makespan spent waiting in a receive."""
+    start = min(s for ev in per_rank_events for k, s, _ in ev if k in COMPUTE)
+    end = max(e for ev in per_rank_events for k, _, e in ev if k in COMPUTE)
+    busy = [sum(e - s for k, s, e in ev if k in kinds) for ev in per_rank_events]
+    return [b / (end - start) for b in busy] if kinds != COMPUTE else [1 - b / (end - start) for b in busy]
 
 
 def analyse(name, results, args):
@@ -173,6 +178,9 @@ def analyse(name, results, args):
     repeats = len(results[0]["events"][key])
     bubbles = [measured_bubble([results[r]["events"][key][i] for r in (0, 1)]) for i in range(repeats)]
     measured = [statistics.median(b[r] for b in bubbles) for r in (0, 1)]
+    # The executor records its blocking receives (if it does): how much of the bubble is waiting on the peer.
+    waits = [measured_bubble([results[r]["events"][key][i] for r in (0, 1)], ("recv",)) for i in range(repeats)]
+    recv_wait = [statistics.median(w[r] for w in waits) for r in (0, 1)]
 
     def median_cost(rank, kind):
         return statistics.median(e - s for ev in results[rank]["events"][key] for k, s, e in ev if k == kind)
@@ -184,6 +192,7 @@ def analyse(name, results, args):
     return {
         "schedule": name, "shardwise_step_s": ours, "torch_step_s": theirs, "ratio": ours / theirs,
         "measured_bubble_per_rank": measured, "simulated_bubble_per_rank": sim.bubble_fraction_per_rank,
+        "measured_recv_wait_per_rank": recv_wait,
         "uniform_closed_form_bubble": bubble_fraction(name, 2, args.microbatches, 1),
         "forward_s_per_rank": f, "backward_s_per_rank": b, "p2p_s": c,
     }
@@ -223,13 +232,13 @@ def main(argv=None) -> int:
     print(f"pp 2 on gloo/CPU, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, micro-batch "
           f"{args.micro_batch}, m {args.microbatches}; median of {args.repeats} steps after {args.warmup} "
           f"warm-up; gradients agree to {grad_diff:.1e}\n")
-    print("| schedule | shardwise step | torch step | ratio | measured bubble (rank 0 / 1) | "
+    print("| schedule | shardwise step | torch step | ratio | measured bubble (rank 0 / 1) | of which in recv | "
           "simulated bubble (rank 0 / 1) | uniform closed form |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        mb, sb = r["measured_bubble_per_rank"], r["simulated_bubble_per_rank"]
+        mb, sb, rw = r["measured_bubble_per_rank"], r["simulated_bubble_per_rank"], r["measured_recv_wait_per_rank"]
         print(f"| {r['schedule']} | {r['shardwise_step_s'] * 1e3:.1f} ms | {r['torch_step_s'] * 1e3:.1f} ms | "
-              f"{r['ratio']:.2f} | {mb[0]:.1%} / {mb[1]:.1%} | {sb[0]:.1%} / {sb[1]:.1%} | "
+              f"{r['ratio']:.2f} | {mb[0]:.1%} / {mb[1]:.1%} | {rw[0]:.1%} / {rw[1]:.1%} | {sb[0]:.1%} / {sb[1]:.1%} | "
               f"{r['uniform_closed_form_bubble']:.1%} |")
     r = rows[0]
     print(f"\nmeasured per micro-batch: F {r['forward_s_per_rank'][0] * 1e3:.2f} / {r['forward_s_per_rank'][1] * 1e3:.2f} ms,"
