@@ -1,4 +1,11 @@
-"""Start the ranks of a calibration: spawned here, or this process as one rank under torchrun."""
+"""Start the ranks of a measurement (calibrate, validate): spawned here, or in place under torchrun.
+
+    result = run_ranks(entry, payload, world, backend, timeout_s, report)
+
+`entry(payload, rank, world, report)` runs on every rank inside an initialised process group (none
+when world is 1) and returns the result on rank 0 (None elsewhere); rank 0's `report(label)` calls
+reach the caller's `report` (a progress bar) across the process boundary.
+"""
 
 from __future__ import annotations
 
@@ -22,45 +29,54 @@ def under_torchrun() -> bool:
 
 
 def calibrate(cfg: CalibrateConfig, report=lambda label: None) -> Profile | None:
-    """Measure with cfg.world ranks: the Profile (None on torchrun ranks other than 0).
-
-    Under torchrun this process is one rank and the world comes from the environment; otherwise
-    cfg.world ranks are spawned and this process only relays their progress and collects the result."""
+    """Measure with cfg.world ranks (under torchrun: its world): the Profile on rank 0, None elsewhere."""
     cfg = cfg.resolved()
     if under_torchrun():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        cfg = replace(cfg, world=world)
-        return _run_rank(cfg, rank, "env://", report if rank == 0 else (lambda label: None))
-    if cfg.world == 1:
-        return _run_rank(cfg, 0, "", report)
-    return _spawn(cfg, report)
-
-
-def _run_rank(cfg: CalibrateConfig, rank: int, init_method: str, report) -> Profile | None:
-    import torch
-    import torch.distributed as dist
-
-    from shardwise.calibrate.measure import measure_rank
-
-    if cfg.device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    if cfg.world > 1:
-        dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=cfg.world,
-                                timeout=_dt.timedelta(seconds=cfg.timeout_s))
-    try:
-        out = measure_rank(cfg, rank, cfg.world, report)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        cfg = replace(cfg, world=int(os.environ["WORLD_SIZE"]))
+    out = run_ranks(_measure, cfg, cfg.world, cfg.backend, cfg.timeout_s, report)
     return None if out is None else Profile(**out)
 
 
-def _spawned(rank: int, cfg: CalibrateConfig, init_method: str, results) -> None:
-    """A spawned rank: rank 0 sends its progress and the result to the parent through `results`."""
+def _measure(cfg: CalibrateConfig, rank: int, world: int, report):
+    from shardwise.calibrate.measure import measure_rank
+
+    return measure_rank(cfg, rank, world, report)
+
+
+def run_ranks(entry, payload, world: int, backend: str, timeout_s: float, report=lambda label: None):
+    """Run `entry` on `world` ranks; rank 0's result. Raises CalibrationFailed if a rank fails or hangs."""
+    if under_torchrun():
+        rank = int(os.environ["RANK"])
+        return _rank_main(rank, entry, payload, world, backend, timeout_s, "env://",
+                          report if rank == 0 else (lambda label: None))
+    if world == 1:
+        return _rank_main(0, entry, payload, 1, backend, timeout_s, "", report)
+    return _spawn(entry, payload, world, backend, timeout_s, report)
+
+
+def _rank_main(rank, entry, payload, world, backend, timeout_s, init_method, report):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one thread per rank: ranks share the machine's cores as training ranks do
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if world > 1:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=_dt.timedelta(seconds=timeout_s))
+    try:
+        return entry(payload, rank, world, report)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawned(rank, entry, payload, world, backend, timeout_s, init_method, results) -> None:
+    """A spawned rank: rank 0 sends its progress and its result to the parent through `results`."""
     report = (lambda label: results.put(("step", label))) if rank == 0 else (lambda label: None)
-    profile = _run_rank(cfg, rank, init_method, report)
-    if profile is not None:
-        results.put(("result", profile))
+    out = _rank_main(rank, entry, payload, world, backend, timeout_s, init_method, report)
+    if rank == 0:
+        results.put(("result", out))
 
 
 def _free_port() -> int:
@@ -69,13 +85,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(cfg: CalibrateConfig, report) -> Profile:
+def _spawn(entry, payload, world, backend, timeout_s, report):
     import torch.multiprocessing as mp
 
     results = mp.get_context("spawn").Queue()
-    ranks = mp.start_processes(_spawned, args=(cfg, f"tcp://127.0.0.1:{_free_port()}", results),
-                               nprocs=cfg.world, join=False, start_method="spawn")
-    profile, last = None, time.monotonic()
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    ranks = mp.start_processes(_spawned, args=(entry, payload, world, backend, timeout_s, init, results),
+                               nprocs=world, join=False, start_method="spawn")
+    done, out, last = False, None, time.monotonic()
     try:
         while True:
             try:
@@ -84,17 +101,17 @@ def _spawn(cfg: CalibrateConfig, report) -> Profile:
                 if kind == "step":
                     report(value)
                 else:
-                    profile = value
+                    done, out = True, value
             except _queue.Empty:
                 pass
             try:
-                if ranks.join(timeout=0) and profile is not None:
-                    return profile
+                if ranks.join(timeout=0) and done:
+                    return out
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
                 raise CalibrationFailed(f"rank {exc.error_index} failed: {_last_line(str(exc))}") from None
-            if time.monotonic() - last > cfg.timeout_s:  # the ranks' own collective timeouts fire first
-                raise CalibrationFailed(f"no progress for {cfg.timeout_s:.0f} s — a rank hangs; "
-                                        f"use fewer or smaller --sizes, or a longer --timeout")
+            if time.monotonic() - last > timeout_s:  # the ranks' own collective timeouts fire first
+                raise CalibrationFailed(f"no progress for {timeout_s:.0f} s — a rank hangs; "
+                                        f"measure less at a time, or give a longer --timeout")
     finally:
         for p in ranks.processes:
             if p.is_alive():

@@ -144,7 +144,6 @@ def measure_collectives(t: Timer, out: dict):
 def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda label: None) -> dict | None:
     """Every measurement on this rank (in an initialised process group when world > 1), `report(label)`
     after each. Returns the Profile fields on rank 0, None elsewhere."""
-    torch.set_num_threads(1)
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
     out: dict = {}
