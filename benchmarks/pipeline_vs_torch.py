@@ -5,7 +5,8 @@ Two gloo CPU processes (pp = 2), m micro-batches, one Llama-style model from sha
 and torch's `ScheduleGPipe` / `Schedule1F1B` on a `PipelineStage` built from the very same stage
 module. Reported:
   - step time (forward + backward of the m micro-batches, median over repeats after warm-up) and the
-    ratio shardwise / torch (goal <= 1.0);
+    ratio shardwise / torch (goal <= 1.0): the median over repeats of the two back-to-back steps'
+    ratio, with its interquartile range;
   - shardwise's measured bubble per rank (1 - busy / makespan, from the executor's records) next to the
     simulated bubble (`schedules.simulate` fed with the measured per-stage F and B and the measured
     point-to-point time of one activation).
@@ -175,6 +176,10 @@ def analyse(name, results, args):
     key = ("shardwise", name)
     ours = statistics.median(results[0]["times"][key])
     theirs = statistics.median(results[0]["times"][("torch", name)])
+    # Each repeat times both runtimes back to back, so the ratio is the median of the per-repeat ratios:
+    # on a shared machine a burst of load slows both sides of a pair, not one side of the medians.
+    paired = [a / b for a, b in zip(results[0]["times"][key], results[0]["times"][("torch", name)])]
+    q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
     repeats = len(results[0]["events"][key])
     bubbles = [measured_bubble([results[r]["events"][key][i] for r in (0, 1)]) for i in range(repeats)]
     measured = [statistics.median(b[r] for b in bubbles) for r in (0, 1)]
@@ -190,7 +195,8 @@ def analyse(name, results, args):
     c = statistics.median(results[r]["p2p"] for r in (0, 1))
     sim = simulate(validate(build(name, 2, args.microbatches, 1)), Costs(f=f, b=b, w=0.0, c=c))
     return {
-        "schedule": name, "shardwise_step_s": ours, "torch_step_s": theirs, "ratio": ours / theirs,
+        "schedule": name, "shardwise_step_s": ours, "torch_step_s": theirs, "ratio": statistics.median(paired),
+        "paired_ratio_quartiles": [q1, q3],
         "measured_bubble_per_rank": measured, "simulated_bubble_per_rank": sim.bubble_fraction_per_rank,
         "measured_recv_wait_per_rank": recv_wait,
         "uniform_closed_form_bubble": bubble_fraction(name, 2, args.microbatches, 1),
@@ -232,13 +238,14 @@ def main(argv=None) -> int:
     print(f"pp 2 on gloo/CPU, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, micro-batch "
           f"{args.micro_batch}, m {args.microbatches}; median of {args.repeats} steps after {args.warmup} "
           f"warm-up; gradients agree to {grad_diff:.1e}\n")
-    print("| schedule | shardwise step | torch step | ratio | measured bubble (rank 0 / 1) | of which in recv | "
+    print("| schedule | shardwise step | torch step | ratio (paired IQR) | measured bubble (rank 0 / 1) | of which in recv | "
           "simulated bubble (rank 0 / 1) | uniform closed form |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb, sb, rw = r["measured_bubble_per_rank"], r["simulated_bubble_per_rank"], r["measured_recv_wait_per_rank"]
         print(f"| {r['schedule']} | {r['shardwise_step_s'] * 1e3:.1f} ms | {r['torch_step_s'] * 1e3:.1f} ms | "
-              f"{r['ratio']:.2f} | {mb[0]:.1%} / {mb[1]:.1%} | {rw[0]:.1%} / {rw[1]:.1%} | {sb[0]:.1%} / {sb[1]:.1%} | "
+              f"{r['ratio']:.2f} ({r['paired_ratio_quartiles'][0]:.2f}–{r['paired_ratio_quartiles'][1]:.2f}) | "
+              f"{mb[0]:.1%} / {mb[1]:.1%} | {rw[0]:.1%} / {rw[1]:.1%} | {sb[0]:.1%} / {sb[1]:.1%} | "
               f"{r['uniform_closed_form_bubble']:.1%} |")
     r = rows[0]
     print(f"\nmeasured per micro-batch: F {r['forward_s_per_rank'][0] * 1e3:.2f} / {r['forward_s_per_rank'][1] * 1e3:.2f} ms,"
