@@ -22,7 +22,9 @@ COMMANDS = {
     "explain": "the planner's decision in plain words, with numbers",
     "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
     "train": "train a model with a dp x tp x pp layout on torch.distributed",
+    "checkpoint": "inspect a training checkpoint, or export its model as one safetensors file",
     "calibrate": "measure this machine (matmul, memory, collectives by size) and write a cluster profile",
+    "validate": "train a sweep of real layouts briefly and compare the planner's predictions with the measurements",
 }
 
 

@@ -1,0 +1,136 @@
+"""`shardwise validate`: train a sweep of real layouts briefly; the planner's predictions against the measurements."""
+
+from __future__ import annotations
+
+import sys
+
+from shardwise.commands.common import add_model_arg, print_json
+from shardwise.errors import UsageError
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help,
+                              epilog="example: shardwise calibrate --world 2 --out profile.toml && "
+                                     "shardwise validate --model tiny --world 2 --cluster profile.toml --plot accuracy.png")
+    add_model_arg(p, default="tiny")
+    p.add_argument("--world", type=int, default=2, help="ranks (processes); every layout uses all of them")
+    p.add_argument("--layouts", nargs="+", default=None, metavar="LAYOUT",
+                   help="layouts to run, e.g. dp2 tp2:sp pp2:gpipe pp2:interleaved-1f1b:v2 dp2:zero3:full dp2:mb2 "
+                        "(default: every split with its ZeRO, recompute, schedule and micro-batch variants)")
+    p.add_argument("--cluster", default=None,
+                   help="profile from `shardwise calibrate` (default: calibrate this machine first, at this world)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per layout and round")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each runs every layout once, in a new random order")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per layout before the first round")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the round order")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the run fails")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the predicted-vs-measured picture here")
+    p.add_argument("--json", action="store_true", help="print one JSON object (layouts and summary)")
+    p.set_defaults(func=run)
+
+
+def _config(args, cluster):
+    from shardwise.specs import load_model
+    from shardwise.validate import ValidateConfig, check_layout, parse_layout
+
+    for flag, value in (("--world", args.world), ("--steps", args.steps), ("--repeats", args.repeats),
+                        ("--global-batch", args.global_batch), ("--seq-len", args.seq_len)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be at least 0, got {args.warmup}")
+    model = load_model(args.model)
+    layouts = tuple(parse_layout(t, args.world) for t in args.layouts or [])
+    for lay in layouts:
+        check_layout(lay, model, args.world, args.global_batch, args.seq_len)
+    return ValidateConfig(model=model, cluster=cluster, world=args.world, layouts=layouts,
+                          global_batch=args.global_batch, seq_len=args.seq_len, steps=args.steps,
+                          repeats=args.repeats, warmup=args.warmup, backend=args.backend, seed=args.seed,
+                          timeout_s=args.timeout)
+
+
+def _progress(console, what: str, total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                   TimeElapsedColumn(), console=console, transient=True)
+    return bar, bar.add_task("starting ranks", total=total)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from shardwise.calibrate import CalibrateConfig, CalibrationFailed, calibrate, check_config, rank_steps
+    from shardwise.specs import load_cluster, load_model
+    from shardwise.validate import default_layouts, plot, validate
+
+    cuda = _cuda_devices() if args.backend == "nccl" else 0
+    cal = CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, seq_len=args.seq_len,
+                          timeout_s=args.timeout)
+    check_config(cal, cuda)  # world, backend and GPUs, before anything starts
+    cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
+    if not cfg.layouts:
+        from dataclasses import replace
+
+        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
+    err = Console(stderr=True)
+    try:
+        if cfg.cluster is None:
+            bar, task = _progress(err, "calibrating", rank_steps(cal))
+            with bar:
+                profile = calibrate(cal, lambda label: bar.update(task, advance=1, description=label))
+            from dataclasses import replace
+
+            cfg = replace(cfg, cluster=profile.to_cluster())
+        bar, task = _progress(err, "validating", len(cfg.layouts) * (cfg.repeats + 2))
+        with bar:
+            result = validate(cfg, lambda label: bar.update(task, advance=1, description=label))
+    except CalibrationFailed as exc:
+        print(f"shardwise: error: {exc}", file=sys.stderr)
+        return 1
+    if result is None:  # another torchrun rank
+        return 0
+    if args.plot:
+        plot(result, args.plot)
+    if args.json:
+        print_json(result)
+        return 0
+    _print(Console(), result, args.plot)
+    return 0
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _print(console, result: dict, picture: str | None) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{result['model']} on {result['world']} ranks ({result['backend']}, {result['cluster']}): "
+                        f"predicted vs measured, global batch {result['global_batch']} x {result['seq_len']} tokens")
+    for col in ("layout", "pred ms", "meas ms", "error", "spread", "pred MiB", "meas MiB", "mem error"):
+        table.add_column(col, justify="left" if col == "layout" else "right")
+    mib = 2**20
+    for x in sorted(result["layouts"], key=lambda x: x["measured_step_time_s"]):
+        p, m = x["predicted_step_time_s"], x["measured_step_time_s"]
+        pm, mm = x["predicted_memory_bytes"], x["measured_memory_bytes"]
+        table.add_row(x["name"], f"{p * 1e3:.2f}", f"{m * 1e3:.2f}", f"{(p - m) / m:+.0%}",
+                      ("[yellow]" if x["noisy"] else "") + f"{x['step_time_spread']:.0%}", f"{pm / mib:.2f}",
+                      f"{mm / mib:.2f}", f"{(pm - mm) / mm:+.1%}")
+    console.print(table)
+    s = result["summary"]
+    console.print(f"step time: median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}; ranking: "
+                  f"Spearman {s['spearman']:.2f}, Kendall tau {s['kendall_tau']:.2f}; planner's pick is "
+                  f"{s['top1_regret']:.1%} slower than the measured best, which is "
+                  f"{'' if s['best_in_top3'] else 'not '}in its top 3. Memory: median |error| "
+                  f"{s['memory_median_abs_error']:.1%}, p90 {s['memory_p90_abs_error']:.1%}.", highlight=False)
+    if s["noisy_layouts"]:
+        console.print(f"[yellow]{s['noisy_layouts']} layout(s) stayed noisy (spread > 25 %) after a repeat — "
+                      f"the machine is busy; rerun when it is quiet or with more --repeats[/]")
+    if picture:
+        console.print(f"wrote {picture}")

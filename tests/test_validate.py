@@ -1,0 +1,129 @@
+"""`shardwise validate`: the machinery (a small real sweep, its contract, its statistics), not the accuracy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from shardwise.cli import main
+from shardwise.specs import Layout, load_model
+from shardwise.validate import (default_layouts, kendall_tau, parse_layout, quantile, spearman, summarize)
+
+LAYOUT_KEYS = {"predicted_step_time_s", "measured_step_time_s", "predicted_memory_bytes", "measured_memory_bytes"}
+SUMMARY_KEYS = {"median_abs_error", "p90_abs_error", "spearman", "kendall_tau", "top1_regret", "best_in_top3"}
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """A real world-2 sweep: data parallel, tensor parallel, a GPipe pipeline, ZeRO-3 with full recompute."""
+    cmd = [sys.executable, "-m", "shardwise", "validate", "--model", "tiny", "--world", "2",
+           "--cluster", "dgx-h100-80gb", "--layouts", "dp2", "tp2", "pp2:gpipe", "dp2:zero3:full",
+           "--global-batch", "4", "--seq-len", "32", "--steps", "2", "--repeats", "1", "--warmup", "1", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_contract_keys_and_well_formed_values(sweep):
+    assert [x["name"] for x in sweep["layouts"]] == ["dp2 tp1 pp1 mb1", "dp1 tp2 pp1 mb1", "dp1 tp1 pp2 mb1 gpipe",
+                                                     "dp2 tp1 pp1 mb1 zero3 full recompute"]
+    for x in sweep["layouts"]:
+        assert LAYOUT_KEYS <= x.keys()
+        assert all(x[k] > 0 for k in LAYOUT_KEYS)
+        assert x["timed_steps"] >= 2
+    s = sweep["summary"]
+    assert SUMMARY_KEYS <= s.keys()
+    assert -1 <= s["spearman"] <= 1 and -1 <= s["kendall_tau"] <= 1
+    assert s["median_abs_error"] >= 0 and s["p90_abs_error"] >= s["median_abs_error"]
+    assert s["top1_regret"] >= 0 and isinstance(s["best_in_top3"], bool)
+
+
+def test_measured_model_states_are_the_planners(sweep):
+    """Parameters, gradients and AdamW states as allocated equal the planner's bytes (fp32: 4 + 4 + 8 per parameter)."""
+    by_name = {x["name"]: x for x in sweep["layouts"]}
+    dp = by_name["dp2 tp1 pp1 mb1"]
+    params = load_model("tiny").num_params()
+    assert dp["measured_memory"]["weights"] == dp["predicted_memory"]["weights"] == 4 * params
+    assert dp["measured_memory"]["gradients"] == 4 * params
+    # AdamW keeps exp_avg and exp_avg_sq per parameter plus one step counter per tensor.
+    assert 8 * params <= dp["measured_memory"]["optimizer"] <= 8 * params + 8 * 64
+    zero3 = by_name["dp2 tp1 pp1 mb1 zero3 full recompute"]
+    assert zero3["measured_memory"]["gradients"] == pytest.approx(2 * params, rel=0.01)  # sharded over dp = 2
+    # Saved activations: measured by autograd's hooks, positive; recompute keeps less than none.
+    assert 0 < zero3["measured_memory"]["activations"] < dp["measured_memory"]["activations"]
+
+
+def test_plot(tmp_path, sweep):
+    from shardwise.validate import plot
+
+    path = tmp_path / "accuracy.png"
+    plot(sweep, str(path))
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--world", "0"], "--world must be at least 1"),
+    (["--layouts", "dp2:turbo"], "unknown part 'turbo'"),
+    (["--layouts", "tp3"], "does not divide the world"),
+    (["--layouts", "dp1:tp1:pp1"], "does not match 2 GPUs"),
+    (["--layouts", "pp2:interleaved-1f1b:v4"], "exceed"),
+    (["--backend", "nccl", "--world", "4096"], "nccl"),
+    (["--steps", "0"], "--steps"),
+])
+def test_bad_input_exits_2_with_one_line(argv, words, capsys):
+    assert main(["validate", "--cluster", "dgx-h100-80gb", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_parse_layout():
+    assert parse_layout("dp2", 2) == Layout(dp=2)
+    assert parse_layout("tp2:sp:full", 2) == Layout(tp=2, sequence_parallel=True, recompute="full")
+    assert parse_layout("pp2:v2:mb2", 4) == Layout(dp=2, pp=2, vpp=2, micro_batch=2, schedule="interleaved-1f1b")
+    assert parse_layout("dp2:zero3:gpipe", 2) == Layout(dp=2, zero=3, schedule="gpipe")
+
+
+def test_default_sweep_covers_every_split_schedule_and_zero_stage():
+    lays = default_layouts(load_model("tiny"), 2, 8, 64)
+    assert {(x.dp, x.tp, x.pp) for x in lays} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    assert {x.schedule for x in lays if x.pp > 1} == {"naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b"}
+    assert {x.zero for x in lays} == {0, 1, 2, 3}
+    assert {x.recompute for x in lays} == {"none", "selective", "full"}
+    assert any(x.sequence_parallel for x in lays) and any(x.micro_batch == 2 for x in lays)
+    assert len(set(lays)) == len(lays)
+
+
+pairs = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=3, max_size=12).filter(
+    lambda xs: len({a for a, _ in xs}) > 1 and len({b for _, b in xs}) > 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs)
+def test_rank_correlations_match_scipy(xs):
+    a, b = [float(x) for x, _ in xs], [float(y) for _, y in xs]
+    assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-9)
+    assert kendall_tau(a, b) == pytest.approx(stats.kendalltau(a, b).statistic, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=20), st.floats(0, 1))
+def test_quantile_matches_numpy(xs, q):
+    import numpy as np
+
+    assert quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)), abs=1e-9)
+
+
+def test_summary_regret_and_top3():
+    predicted = [1.0, 2.0, 3.0, 4.0]
+    measured = [1.2, 1.0, 5.0, 0.9]  # the planner picks layout 0; the best is layout 3, its 4th choice
+    s = summarize(predicted, measured)
+    assert s["top1_regret"] == pytest.approx(1.2 / 0.9 - 1)
+    assert s["best_in_top3"] is False
+    assert s["median_abs_error"] == pytest.approx((0.4 + 1.0) / 2)  # errors 0.17, 1.0, 0.4, 3.4
