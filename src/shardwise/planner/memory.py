@@ -185,7 +185,8 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     e = job.train.activation_bytes
     out = tokens * model.vocab_size / layout.tp * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
-        out += tokens * (norm_bytes(model.hidden, e, saved) + e * model.hidden) / (layout.tp if layout.sequence_parallel else 1)
+        split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
+        out += tokens * (norm_bytes(model.hidden, e, saved) + e * model.hidden) / split
     return out
 
 
