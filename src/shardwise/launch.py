@@ -3,8 +3,9 @@
 - Under torchrun (RANK and WORLD_SIZE in the environment): this process is one rank; run it.
 - Otherwise, one process: train here, without torch.distributed.
 - Otherwise: start dp*tp*pp processes on this machine with torchrun's own machinery
-  (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port, no restarts).
-  If a rank dies, the agent stops the others at once; we name the rank that died.
+  (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port).
+  If a rank dies, the agent stops the others at once; with --max-restarts R it starts them all again
+  (they resume from the newest checkpoint) up to R times, then we name the rank that died.
 
 `check` raises UsageError for anything wrong with the job, before any process group exists.
 """
@@ -78,6 +79,9 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
     if cfg.backend == "nccl":
         _check_gpus(lay.world_size)
+    from shardwise.checkpoint import check as check_checkpoints
+
+    check_checkpoints(cfg)
 
 
 def _check_gpus(world: int) -> None:
@@ -117,7 +121,7 @@ def _launch_local(cfg: TrainConfig) -> None:
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=cfg.max_restarts,
                           monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1")
     # The agent logs each failure with its own traceback; we report it in one line instead.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):

@@ -51,6 +51,13 @@ class TrainConfig:
     metrics_file: str | None = None
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True
+    # checkpoints (shardwise.checkpoint): where, how often, how many to keep; stop early; resume; restarts
+    checkpoint_dir: str | None = None
+    save_every: int | None = None  # default: only after the last step of this invocation
+    keep: int = 3
+    stop_after: int | None = None  # end this invocation after this step (with a checkpoint); --steps sets the schedule
+    resume: bool = False  # start from the newest complete checkpoint in checkpoint_dir, under any layout
+    max_restarts: int = 0  # torchrun's agent restarts the job this often; a restart resumes by itself
 
     @property
     def device_type(self) -> str:
@@ -61,9 +68,13 @@ class TrainConfig:
         return self.global_batch * self.seq_len
 
 
+def warmup_of(cfg: TrainConfig) -> int:
+    return cfg.steps // 10 if cfg.warmup_steps is None else cfg.warmup_steps
+
+
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step (step is 1-based)."""
-    warmup = cfg.steps // 10 if cfg.warmup_steps is None else cfg.warmup_steps
+    warmup = warmup_of(cfg)
     i = step - 1
     if i < warmup:
         return cfg.lr * (i + 1) / warmup
@@ -187,20 +198,32 @@ def _is_rank0() -> bool:
 
 
 def _maybe_die(step: int) -> None:
-    """Fault injection for the tests: SHARDWISE_TEST_KILL_RANK dies at SHARDWISE_TEST_KILL_AT_STEP."""
+    """Fault injection for the tests: SHARDWISE_TEST_KILL_RANK dies at SHARDWISE_TEST_KILL_AT_STEP
+    (on the first attempt only: a job restarted by torchrun's agent then runs to the end)."""
     rank = os.environ.get("SHARDWISE_TEST_KILL_RANK")
     if rank is not None and dist.is_initialized() and dist.get_rank() == int(rank) \
-            and step == int(os.environ.get("SHARDWISE_TEST_KILL_AT_STEP", "1")):
+            and step == int(os.environ.get("SHARDWISE_TEST_KILL_AT_STEP", "1")) \
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         os._exit(13)
 
 
 def train(cfg: TrainConfig, mesh=None) -> TrainResult:
-    """Train cfg.steps steps on this rank's part of `mesh` (None: a single process, no torch.distributed)."""
+    """Train up to step cfg.steps (or cfg.stop_after) on this rank's part of `mesh` (None: a single process,
+    no torch.distributed), from step 0 or from the newest checkpoint when resuming; save checkpoints on the way."""
+    from shardwise import checkpoint
+
     result = TrainResult(runtime=build_runtime(cfg, mesh))
-    rank0 = _is_rank0()
-    sink = open_metrics(cfg.metrics_file) if rank0 and cfg.metrics_file else None
-    with progress_bar(cfg, enabled=rank0 and cfg.progress) as update:
-        for _ in range(cfg.steps):
+    rt, rank0 = result.runtime, _is_rank0()
+    resume_from = checkpoint.resume_path(cfg)
+    if resume_from is not None:
+        manifest = checkpoint.restore(rt, resume_from)
+        if rank0 and cfg.progress:
+            lay = Layout(**manifest["layout"])
+            print(f"resumed from {resume_from} (step {rt.step}, saved by dp{lay.dp}·tp{lay.tp}·pp{lay.pp} zero {lay.zero})", flush=True)
+    last = min(cfg.steps, cfg.stop_after or cfg.steps)
+    sink = open_metrics(cfg.metrics_file, after_step=rt.step if resume_from else None) if rank0 and cfg.metrics_file else None
+    with progress_bar(cfg, enabled=rank0 and cfg.progress, start=rt.step) as update:
+        for _ in range(rt.step, last):
             _maybe_die(result.runtime.step + 1)
             start = time.perf_counter()
             rec = train_step(result.runtime)
@@ -212,6 +235,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
                 sink.write(json.dumps(rec) + "\n")
                 sink.flush()
             update(rec)
+            if checkpoint.due(cfg, rt.step, last):
+                saved = checkpoint.save(rt, cfg.checkpoint_dir)
+                if rank0 and cfg.progress:
+                    print(f"saved {saved}", flush=True)
     if sink:
         sink.close()
     if rank0 and cfg.progress and result.records:
@@ -240,16 +267,22 @@ def summary(records: list[dict], cfg: TrainConfig) -> str:
             f"median step {median:.4f} s, {cfg.tokens_per_step / median:,.0f} tokens/s")
 
 
-def open_metrics(path: str):
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w", encoding="utf-8")
+def open_metrics(path: str, after_step: int | None = None):
+    """A fresh metrics file; when resuming from step s (after_step), keep its records up to s and append."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    if after_step is None or not file.exists():
+        return open(file, "w", encoding="utf-8")
+    kept = [ln for ln in file.read_text(encoding="utf-8").splitlines() if ln.strip() and json.loads(ln)["step"] <= after_step]
+    file.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    return open(file, "a", encoding="utf-8")
 
 
 class progress_bar:
     """Rank 0's rich progress bar: step, loss, tokens/s, step time."""
 
-    def __init__(self, cfg: TrainConfig, enabled: bool):
-        self.cfg, self.enabled = cfg, enabled
+    def __init__(self, cfg: TrainConfig, enabled: bool, start: int = 0):
+        self.cfg, self.enabled, self.start = cfg, enabled, start
 
     def __enter__(self):
         if not self.enabled:
@@ -262,7 +295,7 @@ class progress_bar:
             MofNCompleteColumn(), TextColumn("loss [cyan]{task.fields[loss]}"),
             TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]} s/step"), TimeElapsedColumn())
         self.progress.start()
-        self.task = self.progress.add_task("train", total=self.cfg.steps, loss="-", tps="-", dt="-")
+        self.task = self.progress.add_task("train", total=self.cfg.steps, completed=self.start, loss="-", tps="-", dt="-")
 
         def update(rec):
             self.progress.update(self.task, advance=1, loss=f"{rec['loss']:.4f}",

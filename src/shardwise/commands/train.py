@@ -42,6 +42,17 @@ def register(subparsers, name, help):
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="pipeline runs: write DIR/trace.json (Perfetto) and DIR/timeline.png/.svg (measured vs simulated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp, ZeRO stage or schedule")
+    ck.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="write checkpoints to DIR/step_NNNNNN (and resume from there)")
+    ck.add_argument("--save-every", type=int, default=None, metavar="N",
+                    help="save every N steps (default: only after the last step of this invocation)")
+    ck.add_argument("--keep", type=int, default=3, metavar="K", help="keep the newest K checkpoints (default 3)")
+    ck.add_argument("--stop-after", type=int, default=None, metavar="K",
+                    help="end this invocation after step K with a checkpoint; --steps still sets the whole run's schedule")
+    ck.add_argument("--resume", action="store_true",
+                    help="continue from the newest complete checkpoint in --checkpoint-dir, under this invocation's layout")
+    ck.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                    help="if a rank dies, restart the job up to R times; it resumes from the newest checkpoint (default 0)")
     p.set_defaults(func=run)
 
 
@@ -108,7 +119,9 @@ def config_from(args):
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
-                       metrics_file=args.metrics_file, trace_dir=args.trace, progress=not args.no_progress)
+                       metrics_file=args.metrics_file, trace_dir=args.trace, progress=not args.no_progress,
+                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
+                       stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts)
 
 
 def run(args) -> int:

@@ -1,0 +1,237 @@
+"""Checkpoints that survive layout changes and failures.
+
+    save(rt, dir)        every rank writes its own shards of the layout-free state (DCP), then rank 0
+                         publishes DIR/step_NNNNNN atomically and keeps the newest K
+    restore(rt, ckpt)    every rank reads its slices for ITS layout: resharding is a property of the format
+    check(cfg)           everything about --checkpoint-dir / --resume, before any process starts
+
+State: parameters and AdamW moments under full-model names and logical shapes (state.py), the step (the
+LR schedule and the data position are functions of it: lr_at(step), data.global_batch(seed, step)) and the
+RNG state. The run's settings are in the manifest, so a resume can refuse to continue a different run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from shardwise.checkpoint import state, store
+from shardwise.checkpoint.store import MANIFEST, SafeReader, read_manifest, resolve, verify_files
+from shardwise.errors import UsageError
+
+# The settings that make two invocations one run: a resume must use the same ones.
+RUN_KEYS = ("steps", "global_batch", "seq_len", "seed", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip")
+
+
+def run_settings(cfg) -> dict:
+    from shardwise.train import warmup_of
+
+    out = {k: getattr(cfg, k) for k in RUN_KEYS}
+    out["warmup_steps"] = warmup_of(cfg)
+    return out
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this job (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _dist() else 0
+
+
+@contextmanager
+def _quiet():
+    """DCP warns that it runs in one process when torch.distributed is not initialised: that is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _barrier() -> None:
+    if _dist():
+        dist.barrier()
+
+
+# --------------------------------------------------------------------------- save
+
+
+def due(cfg, step: int, last: int) -> bool:
+    """Save after every --save-every steps and after the last step of this invocation."""
+    if not cfg.checkpoint_dir:
+        return False
+    return step == last or bool(cfg.save_every) and step % cfg.save_every == 0
+
+
+def save(rt, root) -> Path:
+    """Write rt's state as DIR/step_NNNNNN. Collective: every rank of the job calls it. Returns the directory."""
+    root, step, rank = Path(root), rt.step, _rank()
+    tmp, final = store.tmp_dir(root, step), store.step_dir(root, step)
+    start = time.perf_counter()
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # a save of this step that crashed earlier
+            import shutil
+
+            shutil.rmtree(tmp)
+    _barrier()
+    with _quiet():
+        metadata = dcp.save(state.collect(rt), storage_writer=dcp.FileSystemWriter(tmp, thread_count=1), no_dist=not _dist())
+    _test_die_while_saving(step)
+    # Every rank hashes the shard files it wrote, in parallel; rank 0 lists them all in the manifest.
+    mine = store.describe_files(tmp, [p.name for p in tmp.glob(f"__{rank}_*.distcp")])
+    files = [mine]
+    if _dist():
+        files = [None] * dist.get_world_size()
+        dist.all_gather_object(files, mine)
+    if rank == 0:
+        listed = {n: info for f in files for n, info in f.items()} | store.describe_files(tmp, [".metadata"])
+        referenced = {s.relative_path for s in metadata.storage_data.values()}
+        if not referenced <= listed.keys():
+            raise RuntimeError(f"checkpoint {tmp}: DCP wrote {sorted(referenced - listed.keys())} that no rank reported")
+        store.publish(tmp, final, _manifest(rt, metadata, listed, time.perf_counter() - start))
+        store.prune(root, rt.cfg.keep, step)
+    _barrier()
+    return final
+
+
+def _manifest(rt, metadata, files: dict, seconds: float) -> dict:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    cfg = rt.cfg
+    tensors = {k: {"shape": list(m.size), "dtype": str(m.properties.dtype).removeprefix("torch.")}
+               for k, m in sorted(metadata.state_dict_metadata.items()) if isinstance(m, TensorStorageMetadata)}
+    return {"format": store.FORMAT, "version": store.VERSION, "step": rt.step,
+            "layout": cfg.layout.to_dict(), "world_size": cfg.layout.world_size, "model": asdict(cfg.spec),
+            "run": run_settings(cfg), "data_position": {"seed": cfg.seed, "next_step": rt.step + 1},
+            "tensors": tensors, "files": files, "bytes": sum(f["bytes"] for f in files.values()),
+            "save_seconds": round(seconds, 3), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "torch": torch.__version__}
+
+
+def _test_die_while_saving(step: int) -> None:
+    """Fault injection for the tests: rank 0 is SIGKILLed after every shard is written, before publishing."""
+    if os.environ.get("SHARDWISE_TEST_KILL_IN_SAVE") == str(step) and _rank() == 0 and restart_count() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def restore(rt, ckpt) -> dict:
+    """Load checkpoint `ckpt` into rt under rt's own layout. Collective. Returns the manifest."""
+    ckpt = Path(ckpt)
+    manifest = read_manifest(ckpt)
+    verify_files(ckpt, manifest, hashes=False)  # the launcher checked the hashes; here: nothing changed size since
+    reader = SafeReader(ckpt)
+    wanted, finish = state.targets(rt)
+    _check_keys(ckpt, reader.read_metadata().state_dict_metadata, wanted)
+    with _quiet():
+        dcp.load(wanted, storage_reader=reader, no_dist=not _dist())
+    finish()
+    return manifest
+
+
+def _check_keys(ckpt: Path, saved: dict, wanted: dict) -> None:
+    """Every tensor this rank needs is in the checkpoint with its logical shape."""
+    for key, t in wanted.items():
+        have = saved.get(key)
+        if have is None:
+            raise UsageError(f"{ckpt / '.metadata'}: no tensor '{key}' — the checkpoint was written for another model")
+        if key != "rng.cpu" and tuple(have.size) != tuple(t.shape):
+            raise UsageError(f"{ckpt / '.metadata'}: '{key}' has shape {tuple(have.size)}, this model needs {tuple(t.shape)}")
+
+
+def resume_path(cfg) -> Path | None:
+    """The checkpoint this invocation starts from: the newest complete one when resuming (--resume, or a
+    restart by torchrun's agent), else None."""
+    if cfg.checkpoint_dir and (cfg.resume or restart_count() > 0):
+        return store.newest(cfg.checkpoint_dir)
+    return None
+
+
+# --------------------------------------------------------------------------- before any process starts
+
+
+def check(cfg) -> None:
+    """Every problem with the checkpoint options, as one UsageError, before any process group exists."""
+    if not cfg.checkpoint_dir:
+        for flag, value in (("--save-every", cfg.save_every), ("--stop-after", cfg.stop_after), ("--resume", cfg.resume or None),
+                            ("--max-restarts", cfg.max_restarts or None)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are written and resumed from)")
+        return
+    root = Path(cfg.checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--checkpoint-dir {root} is a file — give a directory")
+    if cfg.save_every is not None and cfg.save_every < 1:
+        raise UsageError(f"--save-every must be at least 1, got {cfg.save_every}")
+    if cfg.keep < 1:
+        raise UsageError(f"--keep must be at least 1, got {cfg.keep}")
+    if cfg.stop_after is not None and not 1 <= cfg.stop_after <= cfg.steps:
+        raise UsageError(f"--stop-after must be between 1 and --steps ({cfg.steps}), got {cfg.stop_after}")
+    if cfg.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be at least 0, got {cfg.max_restarts}")
+    latest = store.newest(root)
+    if latest is None:
+        if cfg.resume:
+            raise UsageError(f"--resume: {root} holds no complete checkpoint — drop --resume to start the run")
+        return
+    if not (cfg.resume or restart_count() > 0):
+        raise UsageError(f"{root} already holds checkpoints of a run (newest {latest.name}) — add --resume to continue it, "
+                         f"or use an empty --checkpoint-dir for a new run")
+    manifest = validate(latest, cfg.spec)
+    _check_same_run(latest, manifest, cfg)
+    if cfg.stop_after is not None and cfg.stop_after <= manifest["step"]:
+        raise UsageError(f"--stop-after {cfg.stop_after}, but {latest} is already at step {manifest['step']} — "
+                         f"pick a later step")
+
+
+def validate(ckpt: Path, spec=None) -> dict:
+    """Manifest, every file's size and hash, DCP's index (safely) and, given a spec, that it is this model's.
+    Reads only. Returns the manifest."""
+    manifest = read_manifest(ckpt)
+    verify_files(ckpt, manifest)
+    saved = store.read_index(ckpt).state_dict_metadata
+    listed = {k: tuple(v.get("shape", ())) for k, v in manifest["tensors"].items() if isinstance(v, dict)}
+    if {k: tuple(v.size) for k, v in saved.items() if hasattr(v, "size")} != listed:
+        raise UsageError(f"{Path(ckpt) / '.metadata'}: its tensors differ from those in {MANIFEST} — the checkpoint is "
+                         f"damaged; move {ckpt} away to resume from the one before it")
+    if spec is not None:
+        _check_model(ckpt, manifest, spec)
+    return manifest
+
+
+def _check_model(ckpt: Path, manifest: dict, spec) -> None:
+    mine, theirs = asdict(spec), manifest["model"]
+    diff = [k for k in mine if k != "name" and mine[k] != theirs.get(k)]
+    if diff:
+        what = ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in diff[:3])
+        raise UsageError(f"{Path(ckpt) / MANIFEST}: written for model '{theirs.get('name')}', not '{spec.name}' ({what}) — "
+                         f"use --model {theirs.get('name')} or another --checkpoint-dir")
+
+
+def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
+    theirs, mine = manifest["run"], run_settings(cfg)
+    diff = [k for k in RUN_KEYS if theirs.get(k) != mine[k]]
+    if diff:
+        what = ", ".join(f"--{k.replace('_', '-')} {theirs.get(k)} (now {mine[k]})" for k in diff)
+        raise UsageError(f"{ckpt}: that run used {what} — resume with the same settings (the layout may change)")
+    if manifest["step"] >= cfg.steps and restart_count() == 0:
+        raise UsageError(f"{ckpt} is the end of the run (step {manifest['step']} of {cfg.steps}) — nothing left to train")
+
+
+__all__ = ["save", "restore", "due", "check", "validate", "resume_path", "resolve", "restart_count"]

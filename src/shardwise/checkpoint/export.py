@@ -1,0 +1,69 @@
+"""Read a checkpoint without any process group: what is in it, and the whole model as one safetensors file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from shardwise.checkpoint.store import resolve
+from shardwise.errors import UsageError
+
+
+def summary(path) -> dict:
+    """What `shardwise checkpoint inspect` shows: the validated manifest, condensed."""
+    from shardwise.checkpoint import validate
+
+    ckpt = resolve(path)
+    m = validate(ckpt)
+    groups = {}
+    for key, info in m["tensors"].items():
+        kind = key.split(".", 1)[0]
+        n = 1
+        for d in info["shape"]:
+            n *= d
+        g = groups.setdefault(kind, {"tensors": 0, "elements": 0})
+        g["tensors"] += 1
+        g["elements"] += n
+    return {"checkpoint": str(ckpt), "step": m["step"], "steps": m["run"].get("steps"), "layout": m["layout"],
+            "world_size": m["world_size"], "model": m["model"], "run": m["run"], "saved_at": m.get("saved_at"),
+            "files": len(m["files"]), "bytes": m["bytes"], "groups": groups, "tensors": m["tensors"]}
+
+
+def load_tensors(path, prefix: str = "model.") -> tuple[dict[str, torch.Tensor], dict]:
+    """Every tensor under `prefix` at its full logical shape (no process group), and the manifest."""
+    import torch.distributed.checkpoint as dcp
+
+    from shardwise.checkpoint import _quiet, validate
+    from shardwise.checkpoint.store import SafeReader
+
+    ckpt = resolve(path)
+    manifest = validate(ckpt)
+    wanted = {}
+    for key, info in manifest["tensors"].items():
+        if key.startswith(prefix):
+            dtype = getattr(torch, str(info.get("dtype")), None)
+            if not isinstance(dtype, torch.dtype):
+                raise UsageError(f"{ckpt / 'manifest.json'}: tensor {key} has unknown dtype {info.get('dtype')!r}")
+            wanted[key] = torch.empty(info["shape"], dtype=dtype)
+    if not wanted:
+        raise UsageError(f"{ckpt}: no tensors named {prefix}* in this checkpoint")
+    with _quiet():
+        dcp.load(wanted, storage_reader=SafeReader(ckpt), no_dist=True)
+    return {k[len(prefix):]: v for k, v in wanted.items()}, manifest
+
+
+def export_safetensors(path, out) -> dict:
+    """The model's parameters (full, unpadded, layout-free names) as one .safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors, manifest = load_tensors(path)
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"--to {out} is a directory — give a file name such as {out / 'model.safetensors'}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "pt", "shardwise_step": str(manifest["step"]), "shardwise_model": json.dumps(manifest["model"])}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
+    return {"file": str(out), "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
+            "bytes": out.stat().st_size, "step": manifest["step"]}

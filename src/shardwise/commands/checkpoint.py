@@ -1,0 +1,85 @@
+"""`shardwise checkpoint`: look inside a training checkpoint, or export its model as one safetensors file.
+
+    shardwise checkpoint inspect DIR [--json] [--tensors]
+    shardwise checkpoint export DIR --to model.safetensors
+
+DIR is a --checkpoint-dir (its newest complete checkpoint is used) or one step_NNNNNN directory in it.
+Both commands read only, and validate every file against the manifest first.
+"""
+
+from __future__ import annotations
+
+from shardwise.commands.common import print_json
+
+
+def register(subparsers, name, help):
+    p = subparsers.add_parser(name, help=help, description=help)
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+    ins = sub.add_parser("inspect", help="step, the layout that wrote it, model, run settings, tensors, sizes",
+                         description="step, the layout that wrote it, model, run settings, tensors, sizes")
+    ins.add_argument("path", metavar="DIR", help="a --checkpoint-dir (newest checkpoint) or one step_NNNNNN directory")
+    ins.add_argument("--json", action="store_true", help="print everything as JSON")
+    ins.add_argument("--tensors", action="store_true", help="list every tensor with its logical shape")
+    ins.set_defaults(func=run_inspect)
+    exp = sub.add_parser("export", help="write the model (full, unpadded tensors, layout-free names) as one .safetensors file",
+                         description="write the model (full, unpadded tensors, layout-free names) as one .safetensors file",
+                         epilog="load it anywhere: safetensors.torch.load_file('model.safetensors')")
+    exp.add_argument("path", metavar="DIR", help="a --checkpoint-dir (newest checkpoint) or one step_NNNNNN directory")
+    exp.add_argument("--to", required=True, metavar="FILE", help="output file, e.g. model.safetensors")
+    exp.set_defaults(func=run_export)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def run_inspect(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shardwise.checkpoint.export import summary
+
+    info = summary(args.path)
+    if args.json:
+        if not args.tensors:
+            info.pop("tensors")
+        print_json(info)
+        return 0
+    lay, model, run = info["layout"], info["model"], info["run"]
+    console = Console()
+    table = Table(title=info["checkpoint"], show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    sched = f", {lay['schedule']}" + (f" v{lay['vpp']}" if lay["vpp"] > 1 else "") if lay["pp"] > 1 else ""
+    table.add_row("step", f"{info['step']} of {info['steps']}")
+    table.add_row("written by", f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']} ({info['world_size']} ranks), ZeRO {lay['zero']}"
+                  f"{', sequence parallel' if lay['sequence_parallel'] else ''}{sched}")
+    params = info["groups"].get("model", {}).get("elements", 0)
+    table.add_row("model", f"{model['name']} ({model['family']}, {model['num_layers']} layers, hidden {model['hidden']}, "
+                  f"vocab {model['vocab_size']}), {params:,} parameters")
+    table.add_row("run", f"global batch {run['global_batch']} x {run['seq_len']} tokens, seed {run['seed']}, lr {run['lr']}, "
+                  f"warm-up {run['warmup_steps']}")
+    for kind, g in sorted(info["groups"].items()):
+        table.add_row(f"{kind}.*", f"{g['tensors']} tensors, {g['elements']:,} elements")
+    table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
+    table.add_row("resume", "under any layout: shardwise train ... --checkpoint-dir <dir> --resume")
+    console.print(table)
+    if args.tensors:
+        t = Table("tensor", "shape", "dtype")
+        for key, v in info["tensors"].items():
+            t.add_row(key, "×".join(map(str, v["shape"])) or "scalar", v["dtype"])
+        console.print(t)
+    return 0
+
+
+def run_export(args) -> int:
+    from shardwise.checkpoint.export import export_safetensors
+
+    out = export_safetensors(args.path, args.to)
+    print(f"wrote {out['file']}: {out['tensors']} tensors, {out['parameters']:,} parameters, {_size(out['bytes'])} "
+          f"(step {out['step']})")
+    return 0
