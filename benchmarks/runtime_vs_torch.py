@@ -1,10 +1,10 @@
 """shardwise's runtime against PyTorch's own, same model, same layout, world 2, in one run (ratios, not tests).
 
     python benchmarks/runtime_vs_torch.py [--models tiny,small] [--batch 8] [--seq-len 64]
-                                          [--steps 20] [--repeats 5] [--json]
+                                          [--repeats 60] [--json]
 
 Per model, two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl) time one optimizer step
-(zero_grad, forward + loss, backward, AdamW) as the median over `repeats` blocks of `steps` steps:
+(zero_grad, forward + loss, backward, AdamW) as the median of `repeats` steps, contenders interleaved:
   TP    shardwise tensor_parallel (tp=2)  vs  DTensor: parallelize_module with ColwiseParallel /
         RowwiseParallel on the same linears, vocab-parallel embedding and head, loss_parallel
         (torchtitan's plan). Goal: <= 0.5x.
@@ -91,22 +91,21 @@ class _null:
 
 
 def _time(steps: dict, args) -> dict:
-    """Median seconds per step of each contender over `repeats` blocks of `steps` steps, after warm-up.
-    Blocks are interleaved (A B C A B C ...) so every contender sees the same load on a shared machine;
-    the ranks start each block together."""
+    """Median seconds of one step of each contender over `repeats` samples, after warm-up. Samples are
+    interleaved step by step (A B C A B C ...) so every contender sees the same load on a shared machine;
+    the ranks start each step together (a barrier outside the timed region)."""
     for step in steps.values():
         for _ in range(3):
             step()
-    blocks = {name: [] for name in steps}
+    samples = {name: [] for name in steps}
     for _ in range(args.repeats):
         for name, step in steps.items():
             dist.barrier()
             t0 = time.perf_counter()
-            for _ in range(args.steps):
-                loss = step()
+            loss = step()
             float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach())
-            blocks[name].append((time.perf_counter() - t0) / args.steps)
-    return {name: statistics.median(b) for name, b in blocks.items()}
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 # --------------------------------------------------------------------------- the contenders
@@ -238,8 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="tiny,small", help="comma-separated: presets or 'small' (h256, 4 layers)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=60, help="timed steps per contender (interleaved)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--json", action="store_true")
@@ -253,7 +251,7 @@ def main(argv=None) -> int:
         json.dump(results, sys.stdout, indent=2)
         print()
     else:
-        print(f"world 2, {args.backend}, batch {args.batch} x {args.seq_len}, median of {args.repeats} x {args.steps} steps, "
+        print(f"world 2, {args.backend}, batch {args.batch} x {args.seq_len}, median of {args.repeats} interleaved steps, "
               f"{args.threads} thread(s) per rank")
         print(table(results))
     return 0
