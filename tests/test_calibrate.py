@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
+from shardwise.calibrate.measure import fit_line
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
@@ -49,6 +50,7 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
         assert value > 0
     m = cluster.measured
     assert m["world_size"] == 2 and m["backend"] == "gloo"
+    assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
     for kind in COLLECTIVES:
         sizes, times = zip(*m[kind])
@@ -64,7 +66,7 @@ def test_planner_reads_the_measured_tables(calibrated):
     path, _ = calibrated
     cluster = load_cluster(str(path))
     job = Job(load_model("tiny"), cluster, TrainSpec(global_batch=8, seq_len=32))
-    assert achievable_flops(job) == pytest.approx(cluster.measured["matmul_tflops"] * 1e12)
+    assert achievable_flops(job) == pytest.approx(cluster.measured["model_tflops"] * 1e12)
     for kind in COLLECTIVES:
         assert collective_time(cluster, kind, 300_000, 2) == pytest.approx(interpolate(cluster.measured[kind], 300_000))
     # A group of another size than the calibrated one falls back to alpha-beta from the fitted keys.
@@ -83,13 +85,22 @@ def test_estimate_runs_on_the_profile_and_follows_its_numbers(calibrated, capsys
     path, _ = calibrated
     base = _estimate(capsys, path)
     text = path.read_text()
-    rate = load_cluster(str(path)).measured["matmul_tflops"]
-    faster = tmp_path / "faster.toml"
-    faster.write_text(text.replace(f"matmul_tflops = {rate!r}", f"matmul_tflops = {rate * 4!r}"))
-    assert faster.read_text() != text
-    quick = _estimate(capsys, faster)
-    assert quick["time_breakdown_s"]["compute"] < base["time_breakdown_s"]["compute"]
-    assert quick["time_breakdown_s"]["tp_comm"] == pytest.approx(base["time_breakdown_s"]["tp_comm"])
+    measured = load_cluster(str(path)).measured
+    rate, overhead = measured["model_tflops"], measured["layer_overhead_s"]
+
+    def variant(old: str, new: str) -> dict:
+        changed = tmp_path / "changed.toml"
+        changed.write_text(text.replace(old, new))
+        assert changed.read_text() != text
+        return _estimate(capsys, changed)
+
+    faster = variant(f"model_tflops = {rate!r}", f"model_tflops = {rate * 4!r}")
+    assert faster["time_breakdown_s"]["compute"] < base["time_breakdown_s"]["compute"]
+    changed = variant(f"layer_overhead_s = {overhead!r}", f"layer_overhead_s = {overhead + 1e-3!r}")
+    # +1 ms per layer and micro-batch: 4 layers x 8 micro-batches (tp2, global batch 8, micro-batch 1)
+    delta = changed["time_breakdown_s"]["compute"] - base["time_breakdown_s"]["compute"]
+    assert delta == pytest.approx(4 * 8 * 1e-3, abs=2e-6)
+    assert changed["time_breakdown_s"]["tp_comm"] == pytest.approx(base["time_breakdown_s"]["tp_comm"])
 
 
 def test_under_torchrun_each_process_is_one_rank(tmp_path):
@@ -151,3 +162,10 @@ def test_fit_recovers_alpha_beta_and_the_fallback_reproduces_the_tables():
 def test_monotone_tables_cap_small_sizes_by_larger_ones():
     profile = _profile({"all_reduce": [[1024, 5e-4], [4096, 2e-4], [65536, 3e-4]]}, 2)
     assert profile.monotone_tables()["all_reduce"] == [[1024, 2e-4], [4096, 2e-4], [65536, 3e-4]]
+
+
+def test_theil_sen_ignores_one_disturbed_point():
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    ys = [0.5 + 2 * x for x in xs]
+    ys[3] += 40  # a busy moment
+    assert fit_line(xs, ys) == pytest.approx((0.5, 2.0))

@@ -10,6 +10,10 @@ timed repeats after `warmup` untimed ones, each repeat starting at a barrier (me
   matmul       every GEMM of the model's linear layers and LM head at micro_batch x seq_len tokens,
                forward and both backward GEMMs; rate = total FLOPs / total time, each GEMM weighted
                by how often one step runs it (fp32 on CPU, bf16 on GPU).
+  model        the runtime's own model (up to 4 layers and the LM head), forward + backward, at
+               micro-batches 1-4 x micro_batch: time = overhead + FLOPs / rate (Theil-Sen fit). The
+               rate covers everything a layer runs; the overhead, per layer, is the fixed cost of op
+               dispatch and kernel launches that dominates small models (the planner adds it per layer).
   copy         one large tensor copy; bandwidth = 2 x bytes / time (read + write).
   collectives  all_reduce, all_gather, reduce_scatter, send_recv at each size over all W ranks
                (send_recv: rank 2i -> 2i+1); a repeat lasts as long as its slowest rank.

@@ -22,7 +22,7 @@ class CalibrateConfig:
     repeats: int = 10
     warmup: int = 3
     micro_batch: int = 1
-    seq_len: int = 128
+    seq_len: int = 64
     copy_bytes: int = 0  # 0: DEFAULT_COPY_BYTES for the device
     timeout_s: float = 120.0  # any collective; also the longest a spawning parent waits without progress
 
@@ -95,6 +95,7 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 
 def rank_steps(cfg: CalibrateConfig) -> int:
-    """Progress steps of a calibration: one per GEMM shape, the copy, one per collective and size."""
+    """Progress steps of a calibration: one per GEMM shape, four model micro-batches, the copy, one per
+    collective and size."""
     collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) if cfg.world > 1 else 0
-    return len(gemm_shapes(cfg.model, cfg.tokens)) + 1 + collectives
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + 4 + 1 + collectives

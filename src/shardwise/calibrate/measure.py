@@ -17,6 +17,8 @@ from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, gemm_shapes
 # Small operations run back to back in batches lasting at least this long (timer resolution, launch noise).
 MIN_REPEAT_S = 2e-3
 MAX_INNER = 64
+# The model measurement uses at most this many layers (plus embedding and LM head).
+MODEL_LAYERS = 4
 # A measurement whose interquartile range exceeds this share of its median is measured once more
 # (the quieter of the two is kept) and, if still noisy, flagged in the profile.
 NOISY = 0.5
@@ -102,6 +104,61 @@ def measure_copy(t: Timer, out: dict):
     yield "memory copy"
 
 
+def model_flops(model, layers: int, batch: int, seq: int) -> float:
+    """Forward + backward FLOPs of one micro-batch through `layers` layers and the LM head, weighted as
+    the planner times them (planner/step_time.py): GEMMs at the rate, the attention core at
+    FLASH_EFFICIENCY of it. Fitting measured times against these makes the planner reproduce them."""
+    from shardwise.planner.step_time import FLASH_EFFICIENCY, matmul_params_per_layer
+
+    tokens = batch * seq
+    gemm = 2 * tokens * (layers * matmul_params_per_layer(model) + model.hidden * model.vocab_size)
+    attention = 4 * tokens * seq * model.q_dim * layers / FLASH_EFFICIENCY
+    return 3 * (gemm + attention)
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Theil-Sen (intercept, slope) of y = intercept + slope * x: the median of the pairwise slopes, then
+    the median intercept — one disturbed point (a busy machine) cannot tilt it, unlike least squares."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    slope = statistics.median(slopes) if slopes else 0.0
+    return statistics.median(y - slope * x for x, y in zip(xs, ys)), slope
+
+
+def measure_model(t: Timer, out: dict):
+    """The runtime's own model, forward + backward, at micro-batches b, 2b, 3b, 4b of seq_len tokens:
+    time = overhead + weighted FLOPs / rate. out["model_tflops"] = the rate (everything a layer runs:
+    GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
+    (op dispatch, kernel launches) per layer. A model of at most MODEL_LAYERS layers (and the LM head)
+    stands for the whole one. Mean over ranks."""
+    from contextlib import nullcontext
+
+    from shardwise.model import Transformer
+
+    spec, seq = t.cfg.model, t.cfg.seq_len
+    layers = min(spec.num_layers, MODEL_LAYERS)
+    model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
+
+    def step(x):
+        with amp:
+            loss = model(x, x)
+        loss.backward()
+
+    xs, ys = [], []
+    for b in (t.cfg.micro_batch * k for k in (1, 2, 3, 4)):
+        x = torch.randint(0, spec.vocab_size, (b, seq), device=t.device)
+        ys.append(statistics.median(t.times(lambda: step(x))))
+        xs.append(model_flops(spec, layers, b, seq))
+        yield f"model forward+backward, micro-batch {b}"
+    ys = t.reduce(ys, "mean")
+    overhead, slope = fit_line(xs, ys)
+    if slope <= 0:  # noise: no usable slope; the whole time as FLOPs at the largest micro-batch
+        overhead, slope = 0.0, ys[-1] / xs[-1]
+    out["model_tflops"] = 1 / slope / 1e12
+    out["layer_overhead_s"] = max(overhead, 0.0) / layers
+    out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
+
+
 def message_numel(nbytes: int, element_size: int, world: int) -> int:
     """Elements of a buffer of about `nbytes`, divisible by the world (all_gather/reduce_scatter chunks)."""
     return max(world, nbytes // element_size // world * world)
@@ -147,7 +204,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
     out: dict = {}
-    for steps in (measure_matmul(t, out), measure_copy(t, out), measure_collectives(t, out)):
+    for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out)):
         for label in steps:
             report(label)
     if rank != 0:

@@ -26,6 +26,9 @@ class Profile:
     matmul_tflops: float
     gemms: list  # [[m, n, k, seconds], ...]
     copy_gbs: float
+    model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
+    layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
+    model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -67,7 +70,9 @@ class Profile:
 
     def measured_table(self) -> dict:
         out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
-               "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms}
+               "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
+               "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
+               "model_points": self.model_points}
         out.update({k: v for k, v in self.monotone_tables().items() if v})
         return out
 

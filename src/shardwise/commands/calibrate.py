@@ -15,7 +15,7 @@ def register(subparsers, name, help):
                    help="collective message sizes, e.g. 1K 64K 1M 16M (default 1 KiB..16 MiB on CPU, ..1 GiB on GPU)")
     add_model_arg(p, default="tiny")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (sets the GEMM shapes)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (sets the GEMM shapes)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (sets the GEMM shapes; default 64, as train)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (the median is kept)")
     p.add_argument("--warmup", type=int, default=3, help="untimed repeats before each measurement")
     p.add_argument("--copy-size", default=None, help="bytes of the memory-bandwidth copy (default 64M on CPU, 2G on GPU)")
@@ -86,10 +86,11 @@ def _print(console, profile, out: str) -> None:
     from shardwise.calibrate import COLLECTIVES, human
 
     c = profile.cluster_table()
-    console.print(f"[b]{c['name']}[/]: matmul {profile.matmul_tflops * 1e3:,.1f} GFLOP/s per rank "
-                  f"({profile.model} GEMMs at {profile.tokens} tokens, {profile.dtype}), memory copy "
-                  f"{profile.copy_gbs:,.1f} GB/s, link {c['intra_node_bandwidth_gbs']:,.2f} GB/s + "
-                  f"{c['intra_node_latency_us']:,.0f} us", highlight=False)
+    console.print(f"[b]{c['name']}[/] ({profile.model} at {profile.tokens} tokens per micro-batch, {profile.dtype}), "
+                  f"per rank: GEMMs {profile.matmul_tflops * 1e3:,.1f} GFLOP/s; model layers "
+                  f"{profile.model_tflops * 1e3:,.1f} GFLOP/s + {profile.layer_overhead_s * 1e3:,.2f} ms per layer "
+                  f"and micro-batch; memory copy {profile.copy_gbs:,.1f} GB/s; link "
+                  f"{c['intra_node_bandwidth_gbs']:,.2f} GB/s + {c['intra_node_latency_us']:,.0f} us", highlight=False)
     if profile.world > 1:
         table = Table(title=f"collective time (ms) at world {profile.world}, median of {profile.repeats}")
         table.add_column("bytes", justify="right")

@@ -12,7 +12,9 @@ node uses k NICs per node in parallel (NCCL: one ring per NIC), see `link`.
 Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read here):
   {"matmul_tflops": float,                               # achieved dense bf16 matmul TFLOP/s per GPU
    "all_reduce":     [[bytes, seconds], ...],            # measured at the calibrated world size
-   "all_gather": [...], "reduce_scatter": [...], "send_recv": [...]}
+   "all_gather": [...], "reduce_scatter": [...], "send_recv": [...],
+   "world_size": int,                                    # the group size the tables hold for
+   "model_tflops": float, "layer_overhead_s": float}     # optional: the model's own layers (step_time.py)
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.

@@ -57,9 +57,11 @@ def model_flops_per_step(job: Job) -> float:
 
 
 def achievable_flops(job: Job) -> float:
-    measured = job.cluster.measured.get("matmul_tflops") if job.cluster.measured else None
-    if measured:
-        return float(measured) * 1e12
+    """The calibrated rate of the model's layers (`model_tflops`), else of its GEMMs, else the roofline below."""
+    measured = job.cluster.measured or {}
+    rate = measured.get("model_tflops") or measured.get("matmul_tflops")
+    if rate:
+        return float(rate) * 1e12
     c = job.cluster
     return c.peak_flops / (1 + c.peak_flops / c.hbm_bandwidth / GEMM_INTENSITY)
 
@@ -107,10 +109,12 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
         one = collective_time(job.cluster, "all_reduce", act, tp)
     tp_fwd = 2 * one * (TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0)
 
-    fwd_layer = mm + attn + scores_io + elem + tp_fwd
+    # Calibrated fixed cost of a layer per micro-batch (op dispatch, kernel launches), a third per pass.
+    oh = float((job.cluster.measured or {}).get("layer_overhead_s", 0.0)) / 3
+    fwd_layer = mm + attn + scores_io + elem + tp_fwd + oh
     f = layers * fwd_layer
-    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd)
-    w = layers * mm
+    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd + oh)
+    w = layers * (mm + oh)
     flops_model = layers * 3 * (mm_flops + attn_flops)
     if layout.recompute == "full":
         rec, flops_rec = f, layers * (mm_flops + attn_flops)
