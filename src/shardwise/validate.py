@@ -152,7 +152,7 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
     est = estimate(planner_job(cfg), layout)
     memory = {k: est.memory_bytes[k] for k in ("weights", "gradients", "optimizer")}
     memory["activations"] = est.memory_bytes["activations"] + est.memory_bytes.get("logits", 0.0)
-    return {"step_time_s": est.step_time, "memory": memory}
+    return {"step_time_s": est.step_time, "memory": memory, "total_bytes": est.memory_per_gpu}
 
 
 # --------------------------------------------------------------------------- measurements (every rank)
@@ -209,9 +209,16 @@ def _local_bytes(t) -> int:
 
 
 def measure_memory(rt) -> dict:
-    """One untimed step with saved-tensor accounting, then the states this rank holds (bytes)."""
+    """One untimed step with saved-tensor accounting, then the states this rank holds (bytes).
+    On a GPU also the caching allocator's peak over that step ("allocator_peak")."""
+    import torch
+
     from shardwise.train import train_step
 
+    cuda = rt.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     models = rt.models
     counter = SavedActivations(models)
     executor = getattr(rt.forward_backward, "executor", None)
@@ -242,7 +249,8 @@ def measure_memory(rt) -> dict:
     optim = sum(_local_bytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
     return {"weights": sum(_local_bytes(p) for p in params),
             "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": optim, "activations": counter.peak}
+            "optimizer": optim, "activations": counter.peak,
+            "allocator_peak": torch.cuda.max_memory_allocated() if cuda else 0}
 
 
 def _timed_steps(rt, steps: int, world: int) -> list[float]:
@@ -309,8 +317,10 @@ def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] |
     out = []
     for i, rt in enumerate(runtimes):
         mem = measure_memory(rt)
-        worst = _slowest([float(mem[k]) for k in STATE_KEYS] + [float(sum(mem.values()))], world)
-        out.append({"times": times[i], "memory": dict(zip(STATE_KEYS, worst[:4])), "memory_total": worst[4]})
+        states = [float(mem[k]) for k in STATE_KEYS]
+        worst = _slowest(states + [sum(states), float(mem["allocator_peak"])], world)
+        out.append({"times": times[i], "memory": dict(zip(STATE_KEYS, worst[:4])), "memory_total": worst[4],
+                    "allocator_peak": worst[5]})
         report(f"memory {describe(cfg.layouts[i])}")
     return out if rank == 0 else None
 
@@ -413,6 +423,9 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
             "predicted_memory_bytes": sum(pred["memory"].values()), "measured_memory_bytes": run["memory_total"],
             "predicted_memory": pred["memory"], "measured_memory": run["memory"],
         })
+        if run["allocator_peak"]:  # GPU: torch.cuda.max_memory_allocated over a step vs the planner's total
+            layouts[-1].update(measured_allocator_peak_bytes=run["allocator_peak"],
+                               predicted_total_bytes=pred["total_bytes"])
     summary = summarize([x["predicted_step_time_s"] for x in layouts], [x["measured_step_time_s"] for x in layouts])
     mem_errors = [abs(x["predicted_memory_bytes"] - x["measured_memory_bytes"]) / x["measured_memory_bytes"] for x in layouts]
     summary.update(memory_median_abs_error=statistics.median(mem_errors), memory_p90_abs_error=quantile(mem_errors, 0.9),
