@@ -1,0 +1,87 @@
+"""Predicted vs measured: train a sweep of real layouts for a few steps and score the planner.
+
+    result = validate(ValidateConfig(model=load_model("tiny"), cluster=load_cluster("profile.toml"), world=2))
+    result["summary"]  # median_abs_error, p90_abs_error, spearman, kendall_tau, top1_regret, best_in_top3
+
+All layouts run in one world of `world` ranks (one thread each). Each is built once (its own mesh,
+runtime and optimizer, from the same seed) and warmed up; then `repeats` rounds each run every layout
+for `steps` timed steps, in a new random order per round (the same on every rank), so slow drifts of
+a shared machine spread over all layouts instead of biasing one. A timed step starts at a barrier
+and lasts as long as its slowest rank; a layout's time is the median of its steps. A layout whose
+spread (interquartile range / median) exceeds NOISY runs one more round; if still noisy it is flagged.
+
+Memory, per rank after one more (untimed) step: parameters, gradients and optimizer states as
+allocated, plus the peak of the bytes autograd saves for backward (parameters excluded) — against
+the planner's weights + gradients + optimizer + activations + logits of its worst rank (its
+workspace and fragmentation allowances are GPU-allocator terms, not compared here).
+
+config.py: options and layouts; measure.py: what each rank runs; stats.py: the summary; plot.py: the picture.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from shardwise.specs import Layout, TrainSpec
+from shardwise.validate.config import ValidateConfig, check_layout, default_layouts, describe, parse_layout
+from shardwise.validate.measure import NOISY, run_rank
+from shardwise.validate.plot import plot
+from shardwise.validate.stats import kendall_tau, quantile, spearman, spread, summarize
+
+__all__ = ["ValidateConfig", "check_layout", "default_layouts", "describe", "kendall_tau", "parse_layout", "plot",
+           "predict", "quantile", "spearman", "spread", "summarize", "validate"]
+
+
+def planner_job(cfg: ValidateConfig):
+    """The planner's view of the runtime: fp32 AdamW states on CPU (bf16 activations under autocast
+    on GPU), SDPA's fused attention, and the tensors shardwise's model saves for backward."""
+    from shardwise.planner.memory import SHARDWISE_RUNTIME, Job
+
+    train = TrainSpec(cfg.global_batch, cfg.seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                      activation_bytes=2 if cfg.backend == "nccl" else 4)
+    return Job(cfg.model, cfg.cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME)
+
+
+def predict(cfg: ValidateConfig, layout: Layout) -> dict:
+    from shardwise.planner import estimate
+
+    est = estimate(planner_job(cfg), layout)
+    memory = {k: est.memory_bytes[k] for k in ("weights", "gradients", "optimizer")}
+    memory["activations"] = est.memory_bytes["activations"] + est.memory_bytes.get("logits", 0.0)
+    return {"step_time_s": est.step_time, "memory": memory, "total_bytes": est.memory_per_gpu}
+
+
+def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
+    """Run the sweep; the report dict on rank 0 (None on other torchrun ranks)."""
+    from shardwise.calibrate.launch import run_ranks
+
+    if not cfg.layouts:
+        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
+    runs = run_ranks(run_rank, cfg, cfg.world, cfg.backend, cfg.timeout_s, report)
+    if runs is None:
+        return None
+    layouts = []
+    for lay, run in zip(cfg.layouts, runs):
+        pred = predict(cfg, lay)
+        layouts.append({
+            "name": describe(lay), **lay.to_dict(),
+            "predicted_step_time_s": pred["step_time_s"], "measured_step_time_s": statistics.median(run["times"]),
+            "step_time_spread": spread(run["times"]), "noisy": spread(run["times"]) > NOISY,
+            "timed_steps": len(run["times"]),
+            "predicted_memory_bytes": sum(pred["memory"].values()), "measured_memory_bytes": run["memory_total"],
+            "predicted_memory": pred["memory"], "measured_memory": run["memory"],
+        })
+        if run["allocator_peak"]:  # GPU: torch.cuda.max_memory_allocated over a step vs the planner's total
+            layouts[-1].update(measured_allocator_peak_bytes=run["allocator_peak"],
+                               predicted_total_bytes=pred["total_bytes"])
+    summary = summarize([x["predicted_step_time_s"] for x in layouts], [x["measured_step_time_s"] for x in layouts])
+    mem_errors = [abs(x["predicted_memory_bytes"] - x["measured_memory_bytes"]) / x["measured_memory_bytes"] for x in layouts]
+    summary.update(memory_median_abs_error=statistics.median(mem_errors), memory_p90_abs_error=quantile(mem_errors, 0.9),
+                   noisy_layouts=sum(x["noisy"] for x in layouts))
+    calibrated = {k: cfg.cluster.measured[k] for k in ("matmul_tflops", "model_tflops", "layer_overhead_s")
+                  if k in (cfg.cluster.measured or {})}
+    return {"model": cfg.model.name, "world": cfg.world, "backend": cfg.backend, "cluster": cfg.cluster.name,
+            "calibration": calibrated,
+            "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,
+            "layouts": layouts, "summary": summary}

@@ -1,0 +1,108 @@
+"""What a validation runs: its options, its layouts (parsed, swept, checked, named)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.errors import UsageError
+from shardwise.specs import SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    model: ModelSpec
+    cluster: ClusterSpec
+    world: int = 2
+    layouts: tuple[Layout, ...] = ()  # empty: default_layouts()
+    global_batch: int = 8
+    seq_len: int = 64
+    steps: int = 5  # timed steps per layout and round
+    repeats: int = 3  # rounds
+    warmup: int = 2  # untimed steps per layout before the first round
+    backend: str = "gloo"
+    seed: int = 0
+    timeout_s: float = 300.0
+
+
+def parse_layout(text: str, world: int) -> Layout:
+    """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full' -> Layout.
+
+    Parts (':'-separated): dpN tpN ppN mbN vN zeroN, sp, a recompute policy (none, selective, full),
+    a schedule name. dp defaults to world / (tp * pp)."""
+    fields: dict = {}
+    for part in filter(None, text.strip().lower().split(":")):
+        key = next((k for k in ("zero", "dp", "tp", "pp", "mb", "v") if part.startswith(k) and part[len(k):].isdigit()), None)
+        if key:
+            fields[{"mb": "micro_batch", "v": "vpp"}.get(key, key)] = int(part[len(key):])
+        elif part in ("none", "selective", "full"):
+            fields["recompute"] = part
+        elif part in SCHEDULES:
+            fields["schedule"] = part
+        elif part == "sp":
+            fields["sequence_parallel"] = True
+        else:
+            raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN mbN vN zeroN sp, "
+                             f"none/selective/full or a schedule ({', '.join(SCHEDULES)})")
+    tp, pp = fields.get("tp", 1), fields.get("pp", 1)
+    if "dp" not in fields:
+        if world % (tp * pp):
+            raise UsageError(f"layout '{text}': tp*pp = {tp * pp} does not divide the world of {world}")
+        fields["dp"] = world // (tp * pp)
+    if fields.get("vpp", 1) > 1:
+        fields.setdefault("schedule", "interleaved-1f1b")
+    return Layout(**fields)
+
+
+def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> list[Layout]:
+    """Every dp x tp x pp split of the world, and around each: ZeRO stages, recompute, sequence
+    parallelism, every pipeline schedule, and a bigger micro-batch — those this job can run."""
+    from shardwise.specs import divisors
+
+    out = []
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            base = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
+            variants = [base, base.with_(micro_batch=2), base.with_(recompute="selective"), base.with_(recompute="full")]
+            if base.dp > 1:
+                variants += [base.with_(zero=z) for z in (1, 2, 3)]
+            if tp > 1:
+                variants.append(base.with_(sequence_parallel=True))
+            if pp > 1:
+                variants += [base.with_(schedule=s) for s in ("naive", "gpipe", "zb-h1")]
+                variants.append(base.with_(schedule="interleaved-1f1b", vpp=2))
+            out += [v for v in variants if _runnable(v, model, world, global_batch, seq_len)]
+    return list(dict.fromkeys(out))
+
+
+def _runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> bool:
+    try:
+        check_layout(layout, model, world, global_batch, seq_len)
+    except UsageError:
+        return False
+    return True
+
+
+def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> None:
+    """The planner's and the runtime's checks (UsageError naming the layout)."""
+    from shardwise.launch import check
+    from shardwise.train import TrainConfig
+
+    try:
+        validate_layout(layout, model, global_batch, world)
+        check(TrainConfig(spec=model, layout=layout, steps=1, global_batch=global_batch, seq_len=seq_len))
+    except UsageError as exc:
+        raise UsageError(f"layout {describe(layout)}: {exc}") from None
+
+
+def describe(lay: Layout) -> str:
+    """A short unique name: the split, then what differs from the defaults."""
+    parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}", f"mb{lay.micro_batch}"]
+    if lay.pp > 1:
+        parts.append(lay.schedule + (f" v{lay.vpp}" if lay.vpp > 1 else ""))
+    if lay.zero:
+        parts.append(f"zero{lay.zero}")
+    if lay.recompute != "none":
+        parts.append(f"{lay.recompute} recompute")
+    if lay.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)

@@ -1,0 +1,181 @@
+"""What every rank measures: timed steps (barrier, slowest rank) and memory (states + saved activations)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from shardwise.validate.config import ValidateConfig, describe
+from shardwise.validate.stats import spread
+
+# A layout whose spread (IQR / median) exceeds this after its rounds gets one more round.
+NOISY = 0.25
+STATE_KEYS = ("weights", "gradients", "optimizer", "activations")
+
+
+def _storage(t) -> int:
+    """The storage address of `t`; 0 for a freed storage (FSDP's resharded parameters)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return 0
+
+
+class SavedActivations:
+    """Peak bytes autograd saves for backward, by key (a micro-batch or a (micro-batch, chunk)).
+
+    Parameters and buffers are excluded by storage (as held when the key's forward starts: FSDP's
+    parameters gathered during the forward are counted, as what they are then, saved tensors).
+    A tensor saved by several ops counts once.
+    Same interface as the pipeline executor's `saved` (hooks(key), release(key))."""
+
+    def __init__(self, modules):
+        self.modules, self.held, self.current, self.peak = modules, {}, 0, 0
+
+    def _constants(self) -> set:
+        return {_storage(t) for m in self.modules for t in (*m.parameters(), *m.buffers())}
+
+    def hooks(self, key):
+        import torch
+
+        self.held.setdefault(key, 0)
+        constants, seen = self._constants(), set()
+
+        def pack(t):
+            ident = (_storage(t), t.storage_offset(), t.numel())
+            if ident[0] not in constants and ident not in seen:
+                seen.add(ident)
+                nbytes = t.numel() * t.element_size()
+                self.held[key] += nbytes
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def release(self, key):
+        self.current -= self.held.pop(key, 0)
+
+
+def _local_bytes(t) -> int:
+    from torch.distributed.tensor import DTensor
+
+    t = t.to_local() if isinstance(t, DTensor) else t
+    return t.numel() * t.element_size()
+
+
+def measure_memory(rt) -> dict:
+    """One untimed step with saved-tensor accounting, then the states this rank holds (bytes).
+    On a GPU also the caching allocator's peak over that step ("allocator_peak")."""
+    import torch
+
+    from shardwise.train import train_step
+
+    cuda = rt.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    models = rt.models
+    counter = SavedActivations(models)
+    executor = getattr(rt.forward_backward, "executor", None)
+    if executor is not None:  # the pipeline executor keys by (micro-batch, chunk) and releases after backward
+        executor.saved = counter
+        train_step(rt)
+        executor.saved = None
+    else:  # micro-batches run forward then backward one at a time: a new forward releases the last one
+        state = {"n": 0, "ctx": None}
+
+        def pre(module, args):
+            counter.release(state["n"] - 1)
+            state["ctx"] = counter.hooks(state["n"])
+            state["ctx"].__enter__()
+
+        def post(module, args, output):
+            state["ctx"].__exit__(None, None, None)
+            state["n"] += 1
+
+        handles = [models[0].register_forward_pre_hook(pre), models[0].register_forward_hook(post)]
+        try:
+            train_step(rt)
+        finally:
+            for h in handles:
+                h.remove()
+    params = {id(p): p for m in models for p in m.parameters()}.values()
+    opt = getattr(rt.optimizer, "optim", rt.optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer
+    optim = sum(_local_bytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
+    return {"weights": sum(_local_bytes(p) for p in params),
+            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": optim, "activations": counter.peak,
+            "allocator_peak": torch.cuda.max_memory_allocated() if cuda else 0}
+
+
+def _timed_steps(rt, steps: int, world: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.train import train_step
+
+    out = []
+    for _ in range(steps):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        train_step(rt)  # ends with .item() of the loss: the step's work is done
+        if rt.device.type == "cuda":
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _slowest(values: list[float], world: int) -> list[float]:
+    """Element-wise max over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] | None:
+    """Every layout on this rank: build, warm up, timed rounds in random order, memory."""
+    import torch
+
+    from shardwise.parallel import build_mesh
+    from shardwise.train import TrainConfig, build_runtime, train_step
+
+    torch.manual_seed(cfg.seed)
+    runtimes = []
+    for lay in cfg.layouts:
+        tcfg = TrainConfig(spec=cfg.model, layout=lay, steps=10**6, global_batch=cfg.global_batch,
+                           seq_len=cfg.seq_len, seed=cfg.seed, backend=cfg.backend, timeout_s=cfg.timeout_s,
+                           progress=False)
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend=cfg.backend, timeout_s=cfg.timeout_s) if world > 1 else None
+        rt = build_runtime(tcfg, mesh)
+        for _ in range(cfg.warmup):
+            train_step(rt)
+        runtimes.append(rt)
+        report(f"built {describe(lay)}")
+    order, times = random.Random(cfg.seed), [[] for _ in runtimes]
+
+    def round_of(indices):
+        indices = list(indices)
+        order.shuffle(indices)
+        for i in indices:
+            times[i] += _slowest(_timed_steps(runtimes[i], cfg.steps, world), world)
+            report(f"timed {describe(cfg.layouts[i])}")
+
+    for _ in range(cfg.repeats):
+        round_of(range(len(runtimes)))
+    round_of(i for i, ts in enumerate(times) if spread(ts) > NOISY)  # every rank has the same times
+    out = []
+    for i, rt in enumerate(runtimes):
+        mem = measure_memory(rt)
+        states = [float(mem[k]) for k in STATE_KEYS]
+        worst = _slowest(states + [sum(states), float(mem["allocator_peak"])], world)
+        out.append({"times": times[i], "memory": dict(zip(STATE_KEYS, worst[:4])), "memory_total": worst[4],
+                    "allocator_peak": worst[5]})
+        report(f"memory {describe(cfg.layouts[i])}")
+    return out if rank == 0 else None
