@@ -14,9 +14,11 @@ import torch.distributed as dist
 
 from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, gemm_shapes, human
 
-# Small operations run back to back in batches lasting at least this long (timer resolution, launch noise).
-MIN_REPEAT_S = 2e-3
-MAX_INNER = 64
+# Small operations run back to back in batches lasting at least this long, so that each repeat holds
+# its share of the machine's scheduling hiccups (a rank descheduled for a 4 ms tick stalls a collective)
+# as a training step of many such operations does; the median over repeats then drops only rare outliers.
+MIN_REPEAT_S = 20e-3
+MAX_INNER = 1000
 # The model measurement uses at most this many layers (plus embedding and LM head).
 MODEL_LAYERS = 4
 # A measurement whose interquartile range exceeds this share of its median is measured once more
