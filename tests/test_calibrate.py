@@ -51,6 +51,7 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     m = cluster.measured
     assert m["world_size"] == 2 and m["backend"] == "gloo"
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
+    assert m["step_overhead_s"] >= 0
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
     for kind in COLLECTIVES:
         sizes, times = zip(*m[kind])
@@ -101,6 +102,9 @@ def test_estimate_runs_on_the_profile_and_follows_its_numbers(calibrated, capsys
     delta = changed["time_breakdown_s"]["compute"] - base["time_breakdown_s"]["compute"]
     assert delta == pytest.approx(4 * 8 * 1e-3, abs=2e-6)
     assert changed["time_breakdown_s"]["tp_comm"] == pytest.approx(base["time_breakdown_s"]["tp_comm"])
+    step = variant(f"step_overhead_s = {measured['step_overhead_s']!r}", "step_overhead_s = 0.5")
+    delta = step["time_breakdown_s"]["optimizer"] - base["time_breakdown_s"]["optimizer"]
+    assert delta == pytest.approx(0.5 - measured["step_overhead_s"], abs=2e-6)
 
 
 def test_under_torchrun_each_process_is_one_rank(tmp_path):

@@ -95,7 +95,7 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 
 def rank_steps(cfg: CalibrateConfig) -> int:
-    """Progress steps of a calibration: one per GEMM shape, four model micro-batches, the copy, one per
-    collective and size."""
+    """Progress steps of a calibration: one per GEMM shape, four model micro-batches, the optimizer step,
+    the copy, one per collective and size."""
     collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) if cfg.world > 1 else 0
-    return len(gemm_shapes(cfg.model, cfg.tokens)) + 4 + 1 + collectives
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + 4 + 1 + 1 + collectives

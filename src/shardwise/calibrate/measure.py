@@ -130,7 +130,8 @@ def measure_model(t: Timer, out: dict):
     """The runtime's own model, forward + backward, at micro-batches b, 2b, 3b, 4b of seq_len tokens:
     time = overhead + weighted FLOPs / rate. out["model_tflops"] = the rate (everything a layer runs:
     GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
-    (op dispatch, kernel launches) per layer. A model of at most MODEL_LAYERS layers (and the LM head)
+    (op dispatch, kernel launches) per layer; out["optimizer_s"] = gradient clipping + an AdamW step over
+    its out["optimizer_params"] parameters. A model of at most MODEL_LAYERS layers (and the LM head)
     stands for the whole one. Mean over ranks."""
     from contextlib import nullcontext
 
@@ -159,6 +160,16 @@ def measure_model(t: Timer, out: dict):
     out["model_tflops"] = 1 / slope / 1e12
     out["layer_overhead_s"] = max(overhead, 0.0) / layers
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
+    # The rest of a training step on the same model: clip the gradient norm, then AdamW.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    out["optimizer_s"] = t.reduce([statistics.median(t.times(update))], "mean")[0]
+    out["optimizer_params"] = sum(p.numel() for p in model.parameters())
+    yield "gradient clipping + AdamW step"
 
 
 def message_numel(nbytes: int, element_size: int, world: int) -> int:

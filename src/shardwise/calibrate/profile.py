@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from shardwise.planner.comm import LINK_EFFICIENCY
+from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
 # (latency steps, bandwidth volume) per (n - 1) ring step, as planner/comm.py models them.
@@ -29,6 +30,8 @@ class Profile:
     model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
     layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
+    optimizer_s: float = 0.0  # gradient clipping + AdamW step of that model
+    optimizer_params: int = 0
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -55,6 +58,12 @@ class Profile:
         alpha = statistics.median(a for _, a in fits)
         return beta / LINK_EFFICIENCY / 1e9, alpha * 1e6
 
+    def step_overhead_s(self) -> float:
+        """What clipping + the optimizer step took beyond the planner's bandwidth term for them (the
+        fixed per-tensor cost that dominates small models)."""
+        bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
+        return max(self.optimizer_s - bandwidth_term, 0.0)
+
     def noisy(self, limit: float = 0.5) -> list[str]:
         return sorted(k for k, v in self.spread.items() if v > limit)
 
@@ -72,7 +81,7 @@ class Profile:
         out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
-               "model_points": self.model_points}
+               "step_overhead_s": self.step_overhead_s(), "model_points": self.model_points}
         out.update({k: v for k, v in self.monotone_tables().items() if v})
         return out
 

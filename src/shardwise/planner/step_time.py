@@ -178,6 +178,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     dp = dp_comm_time(job, layout, params, m, window=m * slow.b if layout.zero >= 2 else slow.b)
     sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
+    # A calibrated fixed cost per step: clipping and the optimizer's per-tensor work (0 for datasheet clusters).
+    opt += float((job.cluster.measured or {}).get("step_overhead_s", 0.0))
     breakdown = {
         "compute": m * slow.compute,
         "recompute": m * slow.recompute,
