@@ -24,7 +24,24 @@ def init_distributed(backend: str, timeout_s: float) -> None:
         return
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    store = _restarted_job_store(timeout_s)
+    if store is None:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    else:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), store=store,
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def _restarted_job_store(timeout_s: float):
+    """torchrun's agent keeps one TCPStore for every attempt of a job, without a per-attempt prefix; the ranks of
+    a restarted job would read the addresses the dead attempt published there and gloo would connect to closed
+    ports. Give each restart its own key space (None on the first attempt: the default rendezvous)."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                        timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"/shardwise/attempt_{attempt}", tcp)
 
 
 def _group_options(backend: str, timeout_s: float):

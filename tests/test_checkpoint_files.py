@@ -1,0 +1,185 @@
+"""Checkpoint files: what is in them, and what happens when they are wrong.
+
+Damaged or foreign checkpoints (truncated shard, missing shard, random bytes, a different model, a different
+run, a pickle that would run code) are refused by `train --resume`, `checkpoint inspect` and `checkpoint export`
+with one line naming the file and exit 2, before any process group exists, and every file is left as it was.
+Single process, in this process: a tiny model, a few steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shardwise.checkpoint import store
+from shardwise.cli import main
+
+ARGS = ["--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "16", "--seed", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A complete two-step checkpoint of a four-step run."""
+    root = tmp_path_factory.mktemp("good") / "ckpt"
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--stop-after", "2"]) == 0
+    return root
+
+
+def _copy(good, tmp_path):
+    root = tmp_path / "ckpt"
+    shutil.copytree(good, root)
+    return root, root / "step_000002"
+
+
+def _snapshot(root) -> dict:
+    return {str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _rehash(ckpt, name):
+    """Make the manifest agree with a replaced file, as a forger would."""
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": store.sha256(ckpt / name)}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _truncate(ckpt):
+    data = (ckpt / "__0_0.distcp").read_bytes()
+    (ckpt / "__0_0.distcp").write_bytes(data[: len(data) // 2])
+    return "__0_0.distcp", "truncated"
+
+
+def _missing(ckpt):
+    (ckpt / "__0_0.distcp").unlink()
+    return "__0_0.distcp", "missing"
+
+
+def _random_shard(ckpt):
+    size = (ckpt / "__0_0.distcp").stat().st_size
+    (ckpt / "__0_0.distcp").write_bytes(os.urandom(size))
+    return "__0_0.distcp", "corrupted"
+
+
+def _random_index(ckpt):
+    (ckpt / ".metadata").write_bytes(os.urandom(4096))
+    _rehash(ckpt, ".metadata")
+    return ".metadata", "not a DCP checkpoint index"
+
+
+def _random_manifest(ckpt):
+    (ckpt / "manifest.json").write_bytes(os.urandom(300))
+    return "manifest.json", "not valid JSON"
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def _code_in_index(ckpt):
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    _rehash(ckpt, ".metadata")
+    return ".metadata", "refusing to load"
+
+
+DAMAGE = {"truncated": _truncate, "missing-shard": _missing, "random-shard": _random_shard,
+          "random-index": _random_index, "random-manifest": _random_manifest, "code-in-index": _code_in_index}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+@pytest.mark.parametrize("command", ["resume", "inspect", "export"])
+def test_damaged_checkpoint_is_one_line_exit_2_and_untouched(damage, command, good, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root, ckpt = _copy(good, tmp_path)
+    name, problem = DAMAGE[damage](ckpt)
+    before = _snapshot(root)
+    argv = {"resume": ["train", *ARGS, "--checkpoint-dir", str(root), "--resume"],
+            "inspect": ["checkpoint", "inspect", str(root)],
+            "export": ["checkpoint", "export", str(root), "--to", str(tmp_path / "m.safetensors")]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"shardwise: error: {ckpt / name}: ") and problem in err and "\n" not in err, err
+    assert _snapshot(root) == before
+    assert not dist.is_initialized()
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "m.safetensors").exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "tiny-gpt2"], "written for model 'tiny', not 'tiny-gpt2'"),
+    (["--seed", "3"], "that run used --seed 2 (now 3) — resume with the same settings"),
+    (["--steps", "6"], "that run used --steps 4 (now 6)"),
+    (["--stop-after", "1"], "--stop-after 1, but"),
+])
+def test_resume_refuses_another_model_or_run(argv, expected, good, tmp_path, capsys):
+    root, _ = _copy(good, tmp_path)
+    before = _snapshot(root)
+    args = [a for a in ARGS]
+    for flag, value in zip(argv[::2], argv[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    assert main(["train", *args, "--checkpoint-dir", str(root), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "\n" not in err, err
+    assert _snapshot(root) == before
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--save-every", "2"], "--save-every needs --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-dir", "{empty}", "--resume"], "holds no complete checkpoint — drop --resume"),
+    (["--checkpoint-dir", "{good}"], "already holds checkpoints of a run (newest step_000002) — add --resume"),
+    (["--checkpoint-dir", "{empty}", "--stop-after", "9"], "--stop-after must be between 1 and --steps (4)"),
+    (["--checkpoint-dir", "{empty}", "--save-every", "0"], "--save-every must be at least 1"),
+    (["--checkpoint-dir", "{empty}", "--keep", "0"], "--keep must be at least 1"),
+])
+def test_checkpoint_flags(argv, expected, good, tmp_path, capsys):
+    argv = [a.format(empty=tmp_path / "empty", good=good) for a in argv]
+    assert main(["train", *ARGS, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shardwise: error: ") and expected in err and "\n" not in err, err
+
+
+def test_finished_run_has_nothing_to_resume(tmp_path, capsys):
+    root = tmp_path / "ckpt"
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root)]) == 0
+    assert [p.name for p in root.iterdir()] == ["step_000004"]  # no --save-every: the last step only
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--resume"]) == 2
+    assert "is the end of the run (step 4 of 4)" in capsys.readouterr().err
+
+
+def test_inspect_and_export(good, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    assert main(["checkpoint", "inspect", str(good), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["step"] == 2 and info["steps"] == 4 and info["layout"]["dp"] == 1 and info["model"]["name"] == "tiny"
+    assert info["groups"]["model"]["elements"] == 180_800  # the tiny preset's parameters, as ModelSpec counts them
+    assert info["groups"]["optim"]["tensors"] == 3 * info["groups"]["model"]["tensors"]
+    assert main(["checkpoint", "inspect", str(good / "step_000002"), "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "dp1·tp1·pp1" in out and "model.tok_embeddings.weight" in out and "256×64" in out
+    assert main(["checkpoint", "export", str(good), "--to", str(tmp_path / "m.safetensors")]) == 0
+    tensors = load_file(tmp_path / "m.safetensors")
+    assert tensors["tok_embeddings.weight"].shape == (256, 64) and sum(t.numel() for t in tensors.values()) == 180_800
+    # the exported weights are step 2's: resuming to step 4 from the same checkpoint starts from them
+    from shardwise.checkpoint.export import load_tensors
+
+    same, _ = load_tensors(good)
+    assert all(torch.equal(same[k], v) for k, v in tensors.items())
+
+
+def test_keep_k_and_crash_leftovers(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "step_000001.tmp").mkdir()  # a save that crashed
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--save-every", "1", "--keep", "2"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["step_000003", "step_000004"]
