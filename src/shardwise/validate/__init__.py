@@ -79,7 +79,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     mem_errors = [abs(x["predicted_memory_bytes"] - x["measured_memory_bytes"]) / x["measured_memory_bytes"] for x in layouts]
     summary.update(memory_median_abs_error=statistics.median(mem_errors), memory_p90_abs_error=quantile(mem_errors, 0.9),
                    noisy_layouts=sum(x["noisy"] for x in layouts))
-    calibrated = {k: cfg.cluster.measured[k] for k in ("matmul_tflops", "model_tflops", "layer_overhead_s")
+    calibrated = {k: cfg.cluster.measured[k] for k in ("matmul_tflops", "model_tflops", "layer_overhead_s", "step_overhead_s")
                   if k in (cfg.cluster.measured or {})}
     return {"model": cfg.model.name, "world": cfg.world, "backend": cfg.backend, "cluster": cfg.cluster.name,
             "calibration": calibrated,
