@@ -96,6 +96,6 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 def rank_steps(cfg: CalibrateConfig) -> int:
     """Progress steps of a calibration: one per GEMM shape, four model micro-batches, the optimizer step,
-    the copy, one per collective and size."""
-    collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) if cfg.world > 1 else 0
+    the copy, one per collective and size, the all-reduce between compute."""
+    collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 1 if cfg.world > 1 else 0
     return len(gemm_shapes(cfg.model, cfg.tokens)) + 4 + 1 + 1 + collectives

@@ -24,6 +24,10 @@ MODEL_LAYERS = 4
 # A measurement whose interquartile range exceeds this share of its median is measured once more
 # (the quieter of the two is kept) and, if still noisy, flagged in the profile.
 NOISY = 0.5
+# Compute between two collectives in the in-situ probe (measure_sync): about what separates two of
+# tensor parallelism's all-reduces in a small model's layer.
+SYNC_GAP_S = 0.4e-3
+SYNC_ROUNDS = 5
 
 
 class Timer:
@@ -172,6 +176,46 @@ def measure_model(t: Timer, out: dict):
     yield "gradient clipping + AdamW step"
 
 
+def measure_sync(t: Timer, out: dict):
+    """out["sync_overhead_s"]: what a small all-reduce costs when it is issued between compute, beyond
+    its back-to-back (table) time. Back to back, the ranks stay in lockstep; between compute they
+    arrive apart and the first one blocks — on a shared machine it may be descheduled and must be woken
+    (a 4 ms scheduler tick in the worst case), and its partner waits. Three loops, interleaved round by
+    round so a busy moment hits all three: compute alone, compute + all-reduce, all-reduce alone; each
+    repeat is a mean over many calls (it holds its share of the stalls), the median over repeats is kept.
+    Cost = (compute + all-reduce) - compute - all-reduce alone; 0 when not positive."""
+    if t.world == 1:
+        out["sync_overhead_s"] = 0.0
+        return
+    a = torch.randn(t.cfg.tokens, t.cfg.model.hidden, device=t.device, dtype=t.dtype)
+    b = torch.randn(t.cfg.model.hidden, t.cfg.model.hidden, device=t.device, dtype=t.dtype)
+    small = torch.ones(message_numel(min(t.cfg.sizes), _element_size(t.dtype), t.world), device=t.device, dtype=t.dtype)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        torch.mm(a, b)
+    t.sync()
+    per_mm = (time.perf_counter() - t0) / 10
+    k = int(t.reduce([max(1, round(SYNC_GAP_S / max(per_mm, 1e-9)))], "max")[0])
+
+    def compute():
+        for _ in range(k):
+            torch.mm(a, b)
+
+    def both():
+        compute()
+        dist.all_reduce(small)
+
+    loops = {"compute": compute, "both": both, "alone": lambda: dist.all_reduce(small)}
+    reps = {name: [] for name in loops}
+    for _ in range(SYNC_ROUNDS):
+        for name, fn in loops.items():
+            reps[name] += t.reduce(t.times(fn), "max")
+    med = {name: statistics.median(v) for name, v in reps.items()}
+    out["sync_overhead_s"] = max(med["both"] - med["compute"] - med["alone"], 0.0)
+    out["sync_points"] = [med["compute"], med["both"], med["alone"]]
+    yield "all-reduce between compute"
+
+
 def message_numel(nbytes: int, element_size: int, world: int) -> int:
     """Elements of a buffer of about `nbytes`, divisible by the world (all_gather/reduce_scatter chunks)."""
     return max(world, nbytes // element_size // world * world)
@@ -217,7 +261,8 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
     out: dict = {}
-    for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out)):
+    for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out),
+                  measure_sync(t, out)):
         for label in steps:
             report(label)
     if rank != 0:

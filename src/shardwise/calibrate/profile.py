@@ -32,6 +32,8 @@ class Profile:
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
     optimizer_s: float = 0.0  # gradient clipping + AdamW step of that model
     optimizer_params: int = 0
+    sync_overhead_s: float = 0.0  # a small all-reduce between compute, beyond its back-to-back time
+    sync_points: list = field(default_factory=list)  # [compute, compute + all-reduce, all-reduce] seconds per call
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -81,7 +83,8 @@ class Profile:
         out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
-               "step_overhead_s": self.step_overhead_s(), "model_points": self.model_points}
+               "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s,
+               "model_points": self.model_points}
         out.update({k: v for k, v in self.monotone_tables().items() if v})
         return out
 

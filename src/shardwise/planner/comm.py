@@ -15,7 +15,8 @@ Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read 
    "all_gather": [...], "reduce_scatter": [...], "send_recv": [...],
    "world_size": int,                                    # the group size the tables hold for
    "model_tflops": float, "layer_overhead_s": float,     # optional: the model's own layers (step_time.py)
-   "step_overhead_s": float}                             # optional: fixed cost of clipping + optimizer per step
+   "step_overhead_s": float,                             # optional: fixed cost of clipping + optimizer per step
+   "sync_overhead_s": float}                             # optional: a collective between compute, beyond the table
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.
@@ -77,3 +78,11 @@ def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: 
     steps, volume = _STEPS[kind]
     n = group_size
     return steps * (n - 1) * lat + volume * (n - 1) / n * nbytes / bw
+
+
+def sync_time(cluster: ClusterSpec) -> float:
+    """What one synchronising call (a collective or a blocking receive issued between compute) costs
+    beyond its back-to-back time: the ranks arrive apart, the first blocks and must be woken. Measured
+    by `shardwise calibrate` (`sync_overhead_s`); 0 for datasheet clusters, whose alpha-beta latency
+    already stands for a call on an otherwise idle GPU."""
+    return float((cluster.measured or {}).get("sync_overhead_s", 0.0))

@@ -69,6 +69,9 @@ class Job:
     tp_comm_overlap: TP collectives are split and pipelined with the GEMMs that produce/consume them
     (Transformer Engine userbuffers, NeMo's tp_comm_overlap); off = Megatron 2022, fully exposed.
     saved: which tensors the training code keeps for backward (PAPER or SHARDWISE_RUNTIME).
+    zero1_broadcast_per_tensor: ZeRO-1 as torch's ZeroRedundancyOptimizer does it (shardwise's runtime):
+    gradients all-reduced, then every parameter tensor broadcast from the rank that updated it, one
+    call per tensor; off = Megatron's distributed optimizer (one reduce-scatter, one all-gather).
     """
 
     model: ModelSpec
@@ -78,6 +81,7 @@ class Job:
     context_parallel: int = 1
     tp_comm_overlap: bool = False
     saved: SavedTensors = PAPER
+    zero1_broadcast_per_tensor: bool = False
 
     @property
     def tokens_per_sequence_per_gpu(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardwise.planner.comm import collective_time
+from shardwise.planner.comm import collective_time, sync_time
 from shardwise.planner.memory import Job, rank_layers, rank_params
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
@@ -101,19 +101,22 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     sp = tp if layout.sequence_parallel else 1
     elem = tokens * e * (ELEMENTWISE_PASSES_HIDDEN * model.hidden / sp + ELEMENTWISE_PASSES_FFN * model.ffn_hidden / tp) / hbm
     # Two all-reduces per layer in forward and two in backward (or all-gather + reduce-scatter
-    # pairs with sequence parallelism: the same bytes on the wire).
+    # pairs with sequence parallelism: the same bytes on the wire, twice the calls). Each call also
+    # pays the calibrated cost of synchronising between compute (0 for datasheet clusters).
     act = tokens * model.hidden * e
+    sync = sync_time(job.cluster) if tp > 1 else 0.0
     if layout.sequence_parallel:
-        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp)
+        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp) + 2 * sync
     else:
-        one = collective_time(job.cluster, "all_reduce", act, tp)
+        one = collective_time(job.cluster, "all_reduce", act, tp) + sync
     tp_fwd = 2 * one * (TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0)
+    edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
 
     # Calibrated fixed cost of a layer per micro-batch (op dispatch, kernel launches), a third per pass.
     oh = float((job.cluster.measured or {}).get("layer_overhead_s", 0.0)) / 3
     fwd_layer = mm + attn + scores_io + elem + tp_fwd + oh
-    f = layers * fwd_layer
-    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd + oh)
+    f = layers * fwd_layer + edge_f
+    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd + oh) + edge_b
     w = layers * (mm + oh)
     flops_model = layers * 3 * (mm_flops + attn_flops)
     if layout.recompute == "full":
@@ -127,37 +130,100 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
         head = head_flops / rate
         f, b_in, w = f + head, b_in + head, w + head
         flops_model += 3 * head_flops
-    compute = f + b_in + w - layers * 2 * tp_fwd
-    return StageCost(f=f, b=b_in + rec, w=w, compute=compute, recompute=rec, tp_comm=layers * 2 * tp_fwd,
+    tp_comm = layers * 2 * tp_fwd + edge_f + edge_b
+    compute = f + b_in + w - tp_comm
+    return StageCost(f=f, b=b_in + rec, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec)
 
 
-def dp_comm_time(job: Job, layout: Layout, params: float, m: int, window: float) -> float:
-    """Exposed data-parallel time of one step: gradient reduction and, with ZeRO, parameter gathers.
+def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of the vocabulary-parallel edges: the embedding's
+    sum over tp (first stage; a reduce-scatter under sequence parallelism, whose backward gathers),
+    the LM head's input (last stage: the conjugate of a layer's entry) and the loss's all-gather of
+    two fp32 statistics per token (runtime's VocabParallelCrossEntropy; Megatron's all-reduces move
+    the same few bytes)."""
+    tp, c = layout.tp, job.cluster
+    if tp == 1:
+        return 0.0, 0.0
+    act = tokens * job.model.hidden * job.train.activation_bytes
+    sync = sync_time(c)
+    ar, ag, rs = (collective_time(c, k, act, tp) + sync for k in ("all_reduce", "all_gather", "reduce_scatter"))
+    sp = layout.sequence_parallel
+    f = b = 0.0
+    if rank == 0:
+        f, b = (rs, ag) if sp else (ar, 0.0)
+    if rank == layout.pp - 1:
+        f += (ag if sp else 0.0) + collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync
+        b += rs if sp else ar
+    return f, b
+
+
+def param_tensors(model: ModelSpec, layout: Layout, rank: int) -> int:
+    """Parameter tensors on one GPU of pipeline rank `rank` (what per-tensor collectives count)."""
+    per_layer = 2 * (2 if model.family == "gpt2" else 1) + (4 + (3 if model.gated_mlp else 2)) * (2 if model.has_bias else 1)
+    n = rank_layers(model.num_layers, layout.pp, layout.vpp, rank) * per_layer
+    if rank == 0:
+        n += 1 + (1 if model.learned_positions else 0)
+    if rank == layout.pp - 1:
+        n += (2 if model.family == "gpt2" else 1) + (0 if model.tie_embeddings and layout.pp == 1 else 1)
+    return n
+
+
+def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> float:
+    """Exposed data-parallel time of one step on pipeline rank `rank`: gradient reduction and, with
+    ZeRO, parameter gathers — one term per call, each paying the calibrated synchronisation cost.
 
     ZeRO-0: one all-reduce of the gradients. ZeRO-1: reduce-scatter + all-gather of the updated
-    weights (the same bytes). ZeRO-2: gradients are reduce-scattered after every micro-batch
-    (nothing keeps them whole). ZeRO-3: weights all-gathered in forward and again in backward and
-    gradients reduce-scattered, every micro-batch. Gradients travel in 16 bits (weight_bytes).
-    DP_OVERLAP of it hides behind backward compute, at most `window` seconds of it.
+    weights (the same bytes); with `zero1_broadcast_per_tensor`, an all-reduce then one broadcast per
+    parameter tensor, back to back. ZeRO-2/3 shard per FSDP unit (each layer, plus a root unit per
+    model chunk with the embedding, final norm and head): ZeRO-2 gathers every unit in each
+    micro-batch's forward and reduce-scatters the gradients once per step; ZeRO-3 gathers every unit
+    in forward and every layer again in backward (the root stays gathered) and reduce-scatters every
+    micro-batch. Gradients travel in 16 bits (weight_bytes). DP_OVERLAP of it hides behind backward
+    compute, at most `window` seconds of it.
     """
     d = layout.dp * job.context_parallel
     if d <= 1:
         return 0.0
-    c, nbytes, stride = job.cluster, params * job.train.weight_bytes, layout.tp
-    ar = collective_time(c, "all_reduce", nbytes, d, stride)
-    rs = collective_time(c, "reduce_scatter", nbytes, d, stride)
-    ag = collective_time(c, "all_gather", nbytes, d, stride)
+    c, wb, stride, sync = job.cluster, job.train.weight_bytes, layout.tp, sync_time(job.cluster)
+    params = rank_params(job.model, layout, rank)
+
+    def calls(kind: str, sizes: list[float]) -> float:
+        return sum(collective_time(c, kind, wb * n, d, stride) + sync for n in sizes)
+
+    chunks = layout.vpp if layout.pp > 1 else 1
     if layout.zero == 0:
-        total = ar
+        total = calls("all_reduce", [params / chunks] * chunks)
+    elif layout.zero == 1 and job.zero1_broadcast_per_tensor:
+        n = param_tensors(job.model, layout, rank)
+        total = calls("all_reduce", [params / chunks] * chunks) + n * collective_time(c, "all_gather", wb * params / n, d, stride)
     elif layout.zero == 1:
-        total = rs + ag
-    elif layout.zero == 2:
-        total = m * rs + ag
+        total = calls("reduce_scatter", [params]) + calls("all_gather", [params])
     else:
-        total = m * (2 * ag + rs)
+        layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
+        layer = job.model.params_per_layer() / layout.tp
+        blocks, roots = [layer] * layers, [(params - layers * layer) / chunks] * chunks
+        gathers, scatters = calls("all_gather", blocks + roots), calls("reduce_scatter", blocks + roots)
+        if layout.zero == 2:
+            total = m * gathers + scatters
+        else:
+            total = m * (gathers + calls("all_gather", blocks) + scatters)
     hidden = min(DP_OVERLAP * total, window)
     return total - hidden
+
+
+def step_comm_time(job: Job, layout: Layout) -> float:
+    """Small all-reduces once per step, each a synchronisation: the gradient norm over tp and pp (and
+    dp when FSDP shards the gradients), the logged loss over pp and dp, and under sequence
+    parallelism the norms' partial gradients over tp (Megatron does the same)."""
+    tp, pp, d = layout.tp, layout.pp, layout.dp * job.context_parallel
+    groups = [(tp, 1), (pp, tp * layout.dp), (pp, tp * layout.dp), (d, tp)]
+    if layout.zero >= 2:
+        groups.append((d, tp))
+    if layout.sequence_parallel:
+        groups.append((tp, 1))
+    c = job.cluster
+    return sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
 
 
 def step_time(job: Job, layout: Layout) -> dict:
@@ -169,13 +235,16 @@ def step_time(job: Job, layout: Layout) -> dict:
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
     act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
-    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if p > 1 else 0.0
+    c = 0.0
+    if p > 1:  # a blocking receive: the transfer plus the calibrated synchronisation
+        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) + sync_time(job.cluster)
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
     span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c)
     work = m * (slow.f + slow.b + slow.w)
-    # Parameters of the rank with most of them (first or last) set the DP and optimizer time.
-    params = max(rank_params(job.model, layout, r) for r in ranks)
-    dp = dp_comm_time(job, layout, params, m, window=m * slow.b if layout.zero >= 2 else slow.b)
+    # The rank with most parameters (first or last) sets the DP and optimizer time.
+    heavy = max(ranks, key=lambda r: rank_params(job.model, layout, r))
+    params = rank_params(job.model, layout, heavy)
+    dp = dp_comm_time(job, layout, heavy, m, window=m * slow.b if layout.zero >= 2 else slow.b)
     sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
     # A calibrated fixed cost per step: clipping and the optimizer's per-tensor work (0 for datasheet clusters).
@@ -187,6 +256,7 @@ def step_time(job: Job, layout: Layout) -> dict:
         "pp_p2p": span - span0,
         "pipeline_bubble": span0 - work,
         "dp_comm": dp,
+        "step_comm": step_comm_time(job, layout),
         "optimizer": opt,
     }
     return breakdown
