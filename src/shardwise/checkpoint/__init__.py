@@ -185,6 +185,9 @@ def check(cfg) -> None:
         raise UsageError(f"--stop-after must be between 1 and --steps ({cfg.steps}), got {cfg.stop_after}")
     if cfg.max_restarts < 0:
         raise UsageError(f"--max-restarts must be at least 0, got {cfg.max_restarts}")
+    if cfg.max_restarts and cfg.layout.world_size == 1:
+        raise UsageError("--max-restarts restarts the ranks of a multi-process job, and dp*tp*pp = 1 runs in this process — "
+                         "drop it, or resume by hand with --resume")
     latest = store.newest(root)
     if latest is None:
         if cfg.resume:

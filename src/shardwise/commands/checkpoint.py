@@ -9,6 +9,8 @@ Both commands read only, and validate every file against the manifest first.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shardwise.commands.common import print_json
 
 
@@ -64,9 +66,11 @@ def run_inspect(args) -> int:
     table.add_row("run", f"global batch {run['global_batch']} x {run['seq_len']} tokens, seed {run['seed']}, lr {run['lr']}, "
                   f"warm-up {run['warmup_steps']}")
     for kind, g in sorted(info["groups"].items()):
-        table.add_row(f"{kind}.*", f"{g['tensors']} tensors, {g['elements']:,} elements")
+        table.add_row(f"{kind}.*", f"{g['tensors']} tensor{'s' if g['tensors'] != 1 else ''}, {g['elements']:,} elements")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
-    table.add_row("resume", "under any layout: shardwise train ... --checkpoint-dir <dir> --resume")
+    parent = Path(info["checkpoint"]).parent
+    table.add_row("resume", f"shardwise train --model {model['name']} --steps {info['steps']} --checkpoint-dir {parent} --resume "
+                  f"(with any --dp/--tp/--pp)")
     console.print(table)
     if args.tensors:
         t = Table("tensor", "shape", "dtype")
