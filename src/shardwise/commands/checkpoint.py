@@ -39,6 +39,10 @@ def _size(n: float) -> str:
         n /= 1024
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def run_inspect(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -66,7 +70,7 @@ def run_inspect(args) -> int:
     table.add_row("run", f"global batch {run['global_batch']} x {run['seq_len']} tokens, seed {run['seed']}, lr {run['lr']}, "
                   f"warm-up {run['warmup_steps']}")
     for kind, g in sorted(info["groups"].items()):
-        table.add_row(f"{kind}.*", f"{g['tensors']} tensor{'s' if g['tensors'] != 1 else ''}, {g['elements']:,} elements")
+        table.add_row(f"{kind}.*", f"{_count(g['tensors'], 'tensor')}, {_count(g['elements'], 'element')}")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
     table.add_row("resume", f"shardwise train --model {model['name']} --steps {info['steps']} --checkpoint-dir {parent} --resume "
