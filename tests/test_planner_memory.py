@@ -90,9 +90,11 @@ def test_zero_stages_by_hand():
     assert (s1["gradients"], s1["optimizer"]) == (4000, 3000)
     s2 = model_state_bytes(job, Layout(dp=4, zero=2), P)
     assert (s2["gradients"], s2["optimizer"]) == (1000, 3000)
-    s3 = model_state_bytes(job, Layout(dp=4, zero=3), P)
+    assert s2["weights"] == 2 * (P / 4 + P)  # the shard, and every unit gathered beside it
     layer = job.model.params_per_layer()
-    assert s3["weights"] == pytest.approx(2 * (P / 4 + min(2 * layer, P) * 0.75))
+    P = 10 * layer + 5000.0  # ten layers and a root unit of 5000 parameters
+    s3 = model_state_bytes(job, Layout(dp=4, zero=3), P, layers=10)
+    assert s3["weights"] == pytest.approx(2 * (P / 4 + 5000 + 2 * layer))  # shard + root + current and prefetched layer
 
 
 def test_workspace_allowance_is_stated():

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, gemm_shapes, human
+from shardwise.calibrate.config import COLLECTIVES, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
 
 # Small operations run back to back in batches lasting at least this long, so that each repeat holds
 # its share of the machine's scheduling hiccups (a rank descheduled for a 4 ms tick stalls a collective)
@@ -134,12 +134,18 @@ def measure_model(t: Timer, out: dict):
     """The runtime's own model, forward + backward, at micro-batches b, 2b, 3b, 4b of seq_len tokens:
     time = overhead + weighted FLOPs / rate. out["model_tflops"] = the rate (everything a layer runs:
     GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
-    (op dispatch, kernel launches) per layer; out["optimizer_s"] = gradient clipping + an AdamW step over
-    its out["optimizer_params"] parameters. A model of at most MODEL_LAYERS layers (and the LM head)
-    stands for the whole one. Mean over ranks."""
+    (op dispatch, kernel launches) per layer; out["checkpoint_overhead_s"] = what a checkpointed layer
+    costs beyond the work it recomputes (selective recompute at micro-batch b against none, less the
+    planner's estimate of the recomputed attention core); out["optimizer_s"] = gradient clipping + an
+    AdamW step over its out["optimizer_params"] parameters. A model of at most MODEL_LAYERS layers (and
+    the LM head) stands for the whole one. The five variants run in MODEL_ROUNDS rounds, each in a new
+    order (the same on every rank), so a busy moment of a shared machine spreads over all of them
+    instead of tilting the fit; each keeps the median of its rounds. Mean over ranks."""
+    import random
     from contextlib import nullcontext
 
     from shardwise.model import Transformer
+    from shardwise.planner.step_time import FLASH_EFFICIENCY
 
     spec, seq = t.cfg.model, t.cfg.seq_len
     layers = min(spec.num_layers, MODEL_LAYERS)
@@ -151,19 +157,28 @@ def measure_model(t: Timer, out: dict):
             loss = model(x, x)
         loss.backward()
 
-    xs, ys = [], []
-    for b in (t.cfg.micro_batch * k for k in (1, 2, 3, 4)):
-        x = torch.randint(0, spec.vocab_size, (b, seq), device=t.device)
-        ys.append(statistics.median(t.times(lambda: step(x))))
-        xs.append(model_flops(spec, layers, b, seq))
-        yield f"model forward+backward, micro-batch {b}"
-    ys = t.reduce(ys, "mean")
+    batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
+    variants = [(b, "none") for b in batches] + [(batches[0], "selective")]
+    inputs = {b: torch.randint(0, spec.vocab_size, (b, seq), device=t.device) for b in batches}
+    reps: dict = {v: [] for v in variants}
+    order = random.Random(0)
+    for r in range(MODEL_ROUNDS):
+        for b, mode in order.sample(variants, len(variants)):
+            model.set_recompute(mode)
+            reps[(b, mode)].append(statistics.median(t.times(lambda: step(inputs[b]))))
+        yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
+    model.set_recompute("none")
+    med = t.reduce([statistics.median(reps[v]) for v in variants], "mean")
+    xs, ys = [model_flops(spec, layers, b, seq) for b in batches], med[:4]
     overhead, slope = fit_line(xs, ys)
     if slope <= 0:  # noise: no usable slope; the whole time as FLOPs at the largest micro-batch
         overhead, slope = 0.0, ys[-1] / xs[-1]
     out["model_tflops"] = 1 / slope / 1e12
     out["layer_overhead_s"] = max(overhead, 0.0) / layers
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
+    core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
+    out["checkpoint_overhead_s"] = max((med[4] - med[0]) / layers - core, 0.0)
+    out["checkpoint_points"] = [med[0], med[4]]
     # The rest of a training step on the same model: clip the gradient norm, then AdamW.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 

@@ -32,6 +32,8 @@ class Profile:
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
     optimizer_s: float = 0.0  # gradient clipping + AdamW step of that model
     optimizer_params: int = 0
+    checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
+    checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
     sync_overhead_s: float = 0.0  # a small all-reduce between compute, beyond its back-to-back time
     sync_points: list = field(default_factory=list)  # [compute, compute + all-reduce, all-reduce] seconds per call
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
@@ -84,6 +86,7 @@ class Profile:
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s,
+               "checkpoint_overhead_s": self.checkpoint_overhead_s,
                "model_points": self.model_points}
         out.update({k: v for k, v in self.monotone_tables().items() if v})
         return out

@@ -16,7 +16,8 @@ Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read 
    "world_size": int,                                    # the group size the tables hold for
    "model_tflops": float, "layer_overhead_s": float,     # optional: the model's own layers (step_time.py)
    "step_overhead_s": float,                             # optional: fixed cost of clipping + optimizer per step
-   "sync_overhead_s": float}                             # optional: a collective between compute, beyond the table
+   "sync_overhead_s": float,                             # optional: a collective between compute, beyond the table
+   "checkpoint_overhead_s": float}                       # optional: a checkpointed layer, beyond its recompute
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.

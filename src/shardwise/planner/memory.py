@@ -22,7 +22,7 @@ WORKSPACE_BYTES = 1.0 * 2**30
 FRAGMENTATION = 0.05
 # Per logit element on the last stage: bf16 logits (2) + fp32 copy for the softmax/cross-entropy (4).
 LOGITS_BYTES = 6
-# ZeRO-3 keeps the current and the prefetched layer gathered.
+# ZeRO-3 keeps the current and the prefetched layer gathered (FSDP's backward prefetch).
 ZERO3_GATHERED_LAYERS = 2
 
 
@@ -214,12 +214,17 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int) -> float:
     return p / layout.tp
 
 
-def model_state_bytes(job: Job, layout: Layout, params: float) -> dict[str, float]:
-    """Weights, gradients and optimizer states of `params` parameters under the layout's ZeRO stage.
+def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None) -> dict[str, float]:
+    """Weights, gradients and optimizer states of `params` parameters (`layers` of them whole layers)
+    under the layout's ZeRO stage.
 
     ZeRO shards over the data-parallel group (times CP, as Megatron's distributed optimizer does):
-    stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights — which then
-    need the current and the prefetched layer gathered in full.
+    stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights. Stages 2 and 3
+    shard the weights as FSDP does and gather them in full beside the shards while they are used:
+    stage 2 (SHARD_GRAD_OP) keeps every unit gathered from its forward to its backward; stage 3
+    (FULL_SHARD) gathers one layer at a time plus the prefetched next one, and keeps the root unit
+    (embedding, final norm, head: the parameters outside the layers) gathered between forward and
+    backward (FSDP never reshards the root after forward).
     """
     t, d = job.train, layout.dp * job.context_parallel
     zero = layout.zero if d > 1 else 0
@@ -230,10 +235,12 @@ def model_state_bytes(job: Job, layout: Layout, params: float) -> dict[str, floa
         optim /= d
     if zero >= 2:
         grads /= d
-    if zero >= 3:
-        layer = job.model.params_per_layer() / layout.tp
-        gathered = min(ZERO3_GATHERED_LAYERS * layer, params)
-        weights = t.weight_bytes * (params / d + gathered * (1 - 1 / d))
+        gathered = params
+        if zero >= 3:
+            layer = job.model.params_per_layer() / layout.tp
+            root = params - layers * layer if layers is not None else 0.0
+            gathered = min(root + ZERO3_GATHERED_LAYERS * layer, params)
+        weights = t.weight_bytes * (params / d + gathered)
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
@@ -245,7 +252,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     m = layout.num_microbatches(job.train.global_batch)
     inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
     layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
-    out = model_state_bytes(job, layout, rank_params(job.model, layout, rank))
+    out = model_state_bytes(job, layout, rank_params(job.model, layout, rank), layers)
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
     if rank == 0:
         out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)

@@ -119,10 +119,12 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd + oh) + edge_b
     w = layers * (mm + oh)
     flops_model = layers * 3 * (mm_flops + attn_flops)
+    # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
+    ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     if layout.recompute == "full":
-        rec, flops_rec = f, layers * (mm_flops + attn_flops)
+        rec, flops_rec = layers * (fwd_layer + ckpt), layers * (mm_flops + attn_flops)
     elif layout.recompute == "selective":
-        rec, flops_rec = layers * (attn + scores_io), layers * attn_flops
+        rec, flops_rec = layers * (attn + scores_io + ckpt), layers * attn_flops
     else:
         rec, flops_rec = 0.0, 0.0
     if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients
@@ -226,6 +228,16 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     return sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
 
 
+def pipeline_receives(layout: Layout, m: int) -> int:
+    """Blocking receives per step on the busiest pipeline rank: each of its virtual stages receives
+    every micro-batch's activation (unless it is the first stage) and its gradient (unless the last)."""
+    p, v = layout.pp, layout.vpp
+    if p == 1:
+        return 0
+    last = p * v - 1
+    return max(m * sum((c * p + r > 0) + (c * p + r < last) for c in range(v)) for r in range(p))
+
+
 def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank, plus the FLOP totals."""
     m = layout.num_microbatches(job.train.global_batch)
@@ -235,11 +247,11 @@ def step_time(job: Job, layout: Layout) -> dict:
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
     act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
-    c = 0.0
-    if p > 1:  # a blocking receive: the transfer plus the calibrated synchronisation
-        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) + sync_time(job.cluster)
+    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if p > 1 else 0.0
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
-    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c)
+    # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
+    # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
+    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * sync_time(job.cluster)
     work = m * (slow.f + slow.b + slow.w)
     # The rank with most parameters (first or last) sets the DP and optimizer time.
     heavy = max(ranks, key=lambda r: rank_params(job.model, layout, r))

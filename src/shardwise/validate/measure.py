@@ -22,26 +22,41 @@ def _storage(t) -> int:
 
 
 class SavedActivations:
-    """Peak bytes autograd saves for backward, by key (a micro-batch or a (micro-batch, chunk)).
+    """Peak bytes autograd saves for backward, by key (a micro-batch or a (micro-batch, chunk)), and the
+    peak of FSDP's gathered parameters.
 
-    Parameters and buffers are excluded by storage (as held when the key's forward starts: FSDP's
-    parameters gathered during the forward are counted, as what they are then, saved tensors).
-    A tensor saved by several ops counts once.
+    Parameters and buffers are excluded by storage, as registered when the tensor is saved: FSDP's
+    gathered parameters are parameters then, so they count as weights (`gathered_peak`: the full
+    parameters FSDP holds beside its shards, sampled whenever a tensor is saved in forward or unpacked
+    in backward), never as activations. A tensor saved by several ops counts once.
     Same interface as the pipeline executor's `saved` (hooks(key), release(key))."""
 
-    def __init__(self, modules):
-        self.modules, self.held, self.current, self.peak = modules, {}, 0, 0
+    def __init__(self, modules, fsdp: bool = False, exclude=()):
+        self.modules, self.fsdp, self.held, self.current, self.peak = modules, fsdp, {}, 0, 0
+        self.gathered_peak, self.exclude = 0, {_storage(t) for t in exclude}
 
-    def _constants(self) -> set:
-        return {_storage(t) for m in self.modules for t in (*m.parameters(), *m.buffers())}
+    def _params(self) -> list:
+        return [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
+
+    def _sample_gathered(self) -> None:
+        """FSDP's gathered (plain, allocated) parameters right now; its shards are DTensors."""
+        from torch.distributed.tensor import DTensor
+
+        if not self.fsdp:
+            return
+        full = {_storage(p): p.numel() * p.element_size() for m in self.modules for p in m.parameters()
+                if not isinstance(p, DTensor) and _storage(p)}
+        self.gathered_peak = max(self.gathered_peak, sum(full.values()) + _prefetched_bytes(self.modules))
 
     def hooks(self, key):
         import torch
 
         self.held.setdefault(key, 0)
-        constants, seen = self._constants(), set()
+        seen = set()
 
         def pack(t):
+            constants = {_storage(p) for p in self._params()} | self.exclude
+            self._sample_gathered()
             ident = (_storage(t), t.storage_offset(), t.numel())
             if ident[0] not in constants and ident not in seen:
                 seen.add(ident)
@@ -51,10 +66,60 @@ class SavedActivations:
                 self.peak = max(self.peak, self.current)
             return t
 
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        def unpack(t):
+            self._sample_gathered()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
     def release(self, key):
         self.current -= self.held.pop(key, 0)
+
+
+def _prefetched_bytes(modules) -> int:
+    """FSDP's all-gathers issued ahead (backward prefetch) whose output is not yet unpacked into
+    parameters: their buffers hold the next unit in full already. FSDP2 keeps them in a private
+    attribute; 0 if a future torch moves it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    total = 0
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, FSDPModule):
+                group = getattr(sub._get_fsdp_state(), "_fsdp_param_group", None)
+                result = getattr(group, "_all_gather_result", None)
+                out = getattr(result, "all_gather_output", None)
+                total += out.numel() * out.element_size() if out is not None else 0
+    return total
+
+
+def recompute_working_bytes(rt, fsdp: bool) -> int:
+    """Full recompute: what the layer being recomputed in backward saves beyond its input (which is
+    already counted, as its checkpoint) — measured by running one layer's forward with its checkpoint
+    off under the same hooks. The activation peak is then every checkpoint held plus this working set."""
+    import torch
+
+    lay, cfg = rt.cfg.layout, rt.cfg
+    model = next(m for m in rt.models if len(m.layers))
+    block = next(iter(model.layers.values()))
+    seq = cfg.seq_len // lay.tp if lay.sequence_parallel and lay.tp > 1 else cfg.seq_len
+    x = torch.randn(lay.micro_batch, seq, cfg.spec.hidden, device=rt.device, requires_grad=True)
+    rope = (model.rope_cos, model.rope_sin) if cfg.spec.family == "llama" else None
+    counter = SavedActivations(rt.models, fsdp, exclude=[x])
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" else _nothing()
+    block.recompute = False
+    try:
+        with counter.hooks(0), amp:
+            block(x, rope)  # no backward: the graph (and what it saved) is dropped here
+    finally:
+        block.recompute = True
+    return counter.peak
+
+
+def _nothing():
+    from contextlib import nullcontext
+
+    return nullcontext()
 
 
 def _local_bytes(t) -> int:
@@ -75,8 +140,11 @@ def measure_memory(rt) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    from torch.distributed.fsdp import FSDPModule
+
     models = rt.models
-    counter = SavedActivations(models)
+    fsdp = any(isinstance(m, FSDPModule) for m in models)
+    counter = SavedActivations(models, fsdp)
     executor = getattr(rt.forward_backward, "executor", None)
     if executor is not None:  # the pipeline executor keys by (micro-batch, chunk) and releases after backward
         executor.saved = counter
@@ -103,10 +171,13 @@ def measure_memory(rt) -> dict:
     params = {id(p): p for m in models for p in m.parameters()}.values()
     opt = getattr(rt.optimizer, "optim", rt.optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer
     optim = sum(_local_bytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
-    return {"weights": sum(_local_bytes(p) for p in params),
-            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": optim, "activations": counter.peak,
-            "allocator_peak": torch.cuda.max_memory_allocated() if cuda else 0}
+    out = {"weights": sum(_local_bytes(p) for p in params) + counter.gathered_peak,
+           "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+           "optimizer": optim, "activations": counter.peak,
+           "allocator_peak": torch.cuda.max_memory_allocated() if cuda else 0}
+    if rt.cfg.layout.recompute == "full":
+        out["activations"] += recompute_working_bytes(rt, fsdp)
+    return out
 
 
 def _timed_steps(rt, steps: int, world: int) -> list[float]:
