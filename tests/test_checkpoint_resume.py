@@ -72,12 +72,11 @@ def _cfg(model: str, layout: Layout, **kw) -> TrainConfig:
 def _jobs(tmp, phase: str) -> dict[int, list[tuple[str, TrainConfig]]]:
     """Jobs of a phase ("save" or "resume") by world size."""
     by_world: dict[int, list] = {}
-    cases = [(n, m, a, b) for n, m, a, b in CHANGES] + [(n, m, a, a) for n, m, a in SAME]
+    cases = CHANGES + [(n, m, a, a) for n, m, a in SAME]
     for name, model, first, second in cases:
         layout = first if phase == "save" else second
         validate_layout(layout, MODELS[model], 8, layout.world_size)
-        kw = {"checkpoint_dir": str(tmp / name)}
-        kw.update(stop_after=STOP) if phase == "save" else kw.update(resume=True)
+        kw = {"checkpoint_dir": str(tmp / name), **({"stop_after": STOP} if phase == "save" else {"resume": True})}
         by_world.setdefault(layout.world_size, []).append((f"{name}-{phase}", _cfg(model, layout, **kw)))
     if phase == "save":
         for name, model, layout in SAME:  # the uninterrupted run of that layout

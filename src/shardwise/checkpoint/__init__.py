@@ -13,6 +13,7 @@ RNG state. The run's settings are in the manifest, so a resume can refuse to con
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -84,8 +85,6 @@ def save(rt, root) -> Path:
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():  # a save of this step that crashed earlier
-            import shutil
-
             shutil.rmtree(tmp)
     _barrier()
     with _quiet():
