@@ -52,6 +52,9 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["world_size"] == 2 and m["backend"] == "gloo"
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["step_overhead_s"] >= 0
+    for key in ("sync_overhead_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s"):
+        assert m[key] >= 0, key
+    assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
     for kind in COLLECTIVES:
         sizes, times = zip(*m[kind])
@@ -152,6 +155,7 @@ def test_fit_recovers_alpha_beta_and_the_fallback_reproduces_the_tables():
     model = {"all_reduce": lambda b: 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta,
              "all_gather": lambda b: (n - 1) * alpha + (n - 1) / n * b / beta,
              "reduce_scatter": lambda b: (n - 1) * alpha + (n - 1) / n * b / beta,
+             "broadcast": lambda b: (n - 1) * alpha + b / beta,
              "send_recv": lambda b: alpha + b / beta}
     tables = {k: [[b, f(b)] for b in sizes] for k, f in model.items()}
     for kind, points in tables.items():

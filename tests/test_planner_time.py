@@ -124,3 +124,68 @@ def test_estimate_never_crashes_on_valid_input(model, cluster, tp, pp, dp, mb, v
     d = e.to_dict()
     assert e.step_time > 0 and e.memory_per_gpu > 0 and 0 < e.mfu <= e.hfu < 1
     assert all(math.isfinite(v) and v >= 0 for v in d["time_breakdown_s"].values())
+
+
+# ------------------------------------------------------------------ calibrated per-call costs (counted, not fitted)
+
+def _tiny_job(**measured):
+    cluster = dataclasses.replace(A100, measured=measured)
+    return Job(load_model("tiny"), cluster, TrainSpec(8, 64), flash_attention=True)
+
+
+def _delta(key: str, lay: Layout, **measured) -> float:
+    """What the calibrated costs in `measured` add to `key` (comm_overlap, when given, holds for both)."""
+    base = {k: v for k, v in measured.items() if k == "comm_overlap"}
+    return step_time(_tiny_job(**measured), lay)[key] - step_time(_tiny_job(**base), lay)[key]
+
+
+def test_every_tensor_parallel_call_pays_the_sync_cost():
+    # tiny: 4 layers x (2 all-reduces forward + 2 backward) + embedding, LM head and loss = 19 calls per
+    # micro-batch, 8 micro-batches; with sequence parallelism 4 x 8 + 2 + 3 = 37.
+    x = 1e-3
+    assert _delta("tp_comm", Layout(tp=2), sync_overhead_s=x) == pytest.approx(8 * 19 * x)
+    assert _delta("tp_comm", Layout(tp=2, sequence_parallel=True), sync_overhead_s=x) == pytest.approx(8 * 37 * x)
+    # once per step: the gradient norm over tp (and SP's partial norm gradients)
+    assert _delta("step_comm", Layout(tp=2), sync_overhead_s=x) == pytest.approx(x)
+    assert _delta("step_comm", Layout(tp=2, sequence_parallel=True), sync_overhead_s=x) == pytest.approx(2 * x)
+
+
+def test_fsdp_calls_are_counted_per_unit():
+    # dp2, 4 micro-batches per rank; 4 layer units + 1 root. ZeRO-3: per micro-batch 5 gathers in
+    # forward, 4 in backward (the root stays gathered), 5 reduce-scatters = 14. ZeRO-2: 5 gathers per
+    # micro-batch and 5 reduce-scatters once = 25.
+    y = 1e-3
+    assert _delta("dp_comm", Layout(dp=2, zero=3), fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(4 * 14 * y)
+    assert _delta("dp_comm", Layout(dp=2, zero=2), fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(25 * y)
+    # ZeRO-0: one all-reduce
+    assert _delta("dp_comm", Layout(dp=2), sync_overhead_s=y, comm_overlap=0.0) == pytest.approx(y)
+
+
+def test_checkpointed_layers_pay_the_checkpoint_cost():
+    z = 1e-3
+    for policy in ("selective", "full"):  # 4 layers x 8 micro-batches
+        assert _delta("recompute", Layout(recompute=policy), checkpoint_overhead_s=z) == pytest.approx(32 * z)
+
+
+def test_pipeline_receives_each_pay_the_sync_cost():
+    from shardwise.planner.step_time import pipeline_receives
+
+    assert pipeline_receives(Layout(pp=2), 8) == 8  # rank 0 the gradients, rank 1 the activations
+    assert pipeline_receives(Layout(pp=4), 8) == 16  # a middle rank receives both
+    assert pipeline_receives(Layout(pp=2, vpp=2, schedule="interleaved-1f1b"), 8) == 24  # 3 of its 4 chunk edges
+    assert pipeline_receives(Layout(), 8) == 0
+    x = 1e-3
+    assert _delta("pp_p2p", Layout(pp=2, schedule="gpipe"), sync_overhead_s=x) == pytest.approx(8 * x)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
+def test_parameter_tensors_are_the_runtimes(name):
+    from shardwise.model import Transformer
+    from shardwise.planner.step_time import param_tensors
+
+    spec = load_model(name)
+    assert param_tensors(spec, Layout(), 0) == len(list(Transformer(spec).parameters()))
+    lay = Layout(pp=2)
+    first = Transformer(spec, layer_ids=range(2), last=False)
+    last = Transformer(spec, layer_ids=range(2, 4), first=False)
+    assert [param_tensors(spec, lay, r) for r in (0, 1)] == [len(list(m.parameters())) for m in (first, last)]

@@ -60,6 +60,16 @@ def test_measured_model_states_are_the_planners(sweep):
     assert 0 < zero3["measured_memory"]["activations"] < dp["measured_memory"]["activations"]
 
 
+def test_measured_memory_is_the_planners(sweep):
+    """States + saved activations, per part, as the planner counts them: FSDP's gathered parameters as
+    weights (ZeRO-3 keeps the root unit and two layers gathered beside its shards), full recompute's
+    activations with the working set of the layer being recomputed. Within 1 % (AdamW's step
+    counters, the padded vocabulary of tp2)."""
+    for x in sweep["layouts"]:
+        for part, predicted in x["predicted_memory"].items():
+            assert x["measured_memory"][part] == pytest.approx(predicted, rel=0.01), (x["name"], part)
+
+
 def test_plot(tmp_path, sweep):
     from shardwise.validate import plot
 

@@ -15,7 +15,7 @@ timed repeats after `warmup` untimed ones, each repeat starting at a barrier (me
                rate covers everything a layer runs; the overhead, per layer, is the fixed cost of op
                dispatch and kernel launches that dominates small models (the planner adds it per layer).
   copy         one large tensor copy; bandwidth = 2 x bytes / time (read + write).
-  collectives  all_reduce, all_gather, reduce_scatter, send_recv at each size over all W ranks
+  collectives  all_reduce, all_gather, reduce_scatter, broadcast, send_recv at each size over all W ranks
                (send_recv: rank 2i -> 2i+1); a repeat lasts as long as its slowest rank.
 
 profile.py turns the figures into the cluster TOML: [measured] in the format planner/comm.py reads,

@@ -24,9 +24,7 @@ MODEL_LAYERS = 4
 # A measurement whose interquartile range exceeds this share of its median is measured once more
 # (the quieter of the two is kept) and, if still noisy, flagged in the profile.
 NOISY = 0.5
-# Compute between two collectives in the in-situ probe (measure_sync): about what separates two of
-# tensor parallelism's all-reduces in a small model's layer.
-SYNC_GAP_S = 0.4e-3
+# Rounds of the in-context measurements (measure_sync, measure_fsdp), their variants alternating.
 SYNC_ROUNDS = 5
 
 
@@ -192,43 +190,96 @@ def measure_model(t: Timer, out: dict):
 
 
 def measure_sync(t: Timer, out: dict):
-    """out["sync_overhead_s"]: what a small all-reduce costs when it is issued between compute, beyond
+    """out["sync_points"]: what a small all-reduce costs when it is issued between compute, against
     its back-to-back (table) time. Back to back, the ranks stay in lockstep; between compute they
     arrive apart and the first one blocks — on a shared machine it may be descheduled and must be woken
-    (a 4 ms scheduler tick in the worst case), and its partner waits. Three loops, interleaved round by
-    round so a busy moment hits all three: compute alone, compute + all-reduce, all-reduce alone; each
-    repeat is a mean over many calls (it holds its share of the stalls), the median over repeats is kept.
-    Cost = (compute + all-reduce) - compute - all-reduce alone; 0 when not positive."""
+    (a 4 ms scheduler tick in the worst case), and its partner waits. The compute is one layer of the
+    model's forward, the message one micro-batch's activation, as tensor parallelism issues them. Three
+    loops, interleaved round by round so a busy moment hits all three: the layer alone, the layer +
+    all-reduce, the all-reduce alone; each repeat is a mean over many calls (so it holds its share of
+    the stalls), the median over repeats is kept. Profile.sync_overhead_s: (layer + all-reduce) - layer
+    - the table's time for that all-reduce, so that table + sync reproduces the call in context."""
     if t.world == 1:
-        out["sync_overhead_s"] = 0.0
         return
-    a = torch.randn(t.cfg.tokens, t.cfg.model.hidden, device=t.device, dtype=t.dtype)
-    b = torch.randn(t.cfg.model.hidden, t.cfg.model.hidden, device=t.device, dtype=t.dtype)
-    small = torch.ones(message_numel(min(t.cfg.sizes), _element_size(t.dtype), t.world), device=t.device, dtype=t.dtype)
-    t0 = time.perf_counter()
-    for _ in range(10):
-        torch.mm(a, b)
-    t.sync()
-    per_mm = (time.perf_counter() - t0) / 10
-    k = int(t.reduce([max(1, round(SYNC_GAP_S / max(per_mm, 1e-9)))], "max")[0])
+    from shardwise.model import Transformer
 
-    def compute():
-        for _ in range(k):
-            torch.mm(a, b)
+    spec = t.cfg.model
+    model = Transformer(spec, seed=0, layer_ids=range(1), first=False, last=False, device=t.device)
+    rope = (model.rope_cos, model.rope_sin) if spec.family == "llama" else None
+    x = torch.randn(t.cfg.micro_batch, t.cfg.seq_len, spec.hidden, device=t.device, dtype=t.dtype)
+    act = torch.ones_like(x)
+
+    def layer():
+        model.layers["0"](x, rope)
 
     def both():
-        compute()
-        dist.all_reduce(small)
+        layer()
+        dist.all_reduce(act)
 
-    loops = {"compute": compute, "both": both, "alone": lambda: dist.all_reduce(small)}
-    reps = {name: [] for name in loops}
+    loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act)}
+    reps: dict = {name: [] for name in loops}
     for _ in range(SYNC_ROUNDS):
         for name, fn in loops.items():
             reps[name] += t.reduce(t.times(fn), "max")
     med = {name: statistics.median(v) for name, v in reps.items()}
-    out["sync_overhead_s"] = max(med["both"] - med["compute"] - med["alone"], 0.0)
-    out["sync_points"] = [med["compute"], med["both"], med["alone"]]
-    yield "all-reduce between compute"
+    out["sync_points"] = [med["layer"], med["both"], med["alone"]]
+    out["sync_bytes"] = act.numel() * act.element_size()
+    yield "all-reduce between layers"
+
+
+def measure_fsdp(t: Timer, out: dict):
+    """out["fsdp_call_s"]: what each of FSDP's collectives costs in a training step beyond its table
+    time: the synchronisation, and FSDP's own work around it (copying shards in and out of the flat
+    buffer, registering the gathered parameters, its hooks). One layer with the embedding and head,
+    forward + backward, plain and under fully_shard (the layer and the root: 5 collectives — the
+    layer's all-gather in forward and backward and reduce-scatter, the root's all-gather and
+    reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
+    out["fsdp_tensor_s"]: gradient clipping + AdamW over the sharded parameters against the plain
+    ones, per parameter tensor (each is a DTensor, whose every op pays a dispatch)."""
+    if t.world == 1:
+        out["fsdp_call_s"] = out["fsdp_tensor_s"] = 0.0
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from shardwise.model import Transformer
+    from shardwise.planner.comm import interpolate
+
+    spec = t.cfg.model
+    plain = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
+    sharded = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
+    mesh = init_device_mesh(t.device.type, (t.world,))
+    fully_shard(sharded.layers["0"], mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
+
+    def step(model):
+        model(x, x).backward()
+
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in (("plain", plain), ("sharded", sharded))}
+
+    def update(name, model):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizers[name].step()
+
+    reps: dict = {k: [] for k in ("plain", "sharded", "plain update", "sharded update")}
+    for _ in range(SYNC_ROUNDS):
+        for name, model in (("plain", plain), ("sharded", sharded)):
+            reps[name].append(statistics.median(t.times(lambda: step(model))))
+            reps[name + " update"].append(statistics.median(t.times(lambda: update(name, model))))
+    plain_s, sharded_s, plain_u, sharded_u = t.reduce([statistics.median(v) for v in reps.values()], "max")
+    # Clipping and AdamW over sharded parameters (DTensors) pay a dispatch per tensor.
+    out["fsdp_tensor_s"] = max((sharded_u - plain_u) / len(list(sharded.parameters())), 0.0)
+    esize = _element_size(t.dtype)
+    layer = spec.params_per_layer() * esize
+    root = (spec.num_params() - spec.num_layers * spec.params_per_layer()) * esize
+    tables = out["tables"]
+    wire = sum(interpolate(tables[kind], nbytes) for kind, nbytes in
+               (("all_gather", layer), ("all_gather", layer), ("reduce_scatter", layer),
+                ("all_gather", root), ("reduce_scatter", root)))
+    out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
+    out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u]
+    yield "FSDP layer against a plain one"
 
 
 def message_numel(nbytes: int, element_size: int, world: int) -> int:
@@ -248,6 +299,7 @@ def collective(t: Timer, kind: str, nbytes: int):
     fns = {"all_reduce": lambda: dist.all_reduce(full),
            "all_gather": lambda: gather(full, chunk),          # comm.py: bytes = the gathered size
            "reduce_scatter": lambda: scatter(chunk, full),     # comm.py: bytes = the full input
+           "broadcast": lambda: dist.broadcast(full, src=0),   # comm.py: bytes = the tensor
            "send_recv": (lambda: None) if peer >= t.world else
                         (lambda: dist.send(full, dst=peer)) if t.rank % 2 == 0 else (lambda: dist.recv(full, src=peer))}
     return numel * esize, fns[kind]
@@ -277,7 +329,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     t = Timer(cfg, rank, world)
     out: dict = {}
     for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out),
-                  measure_sync(t, out)):
+                  measure_sync(t, out), measure_fsdp(t, out)):
         for label in steps:
             report(label)
     if rank != 0:

@@ -7,7 +7,7 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
-from shardwise.planner.comm import LINK_EFFICIENCY
+from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
@@ -34,8 +34,11 @@ class Profile:
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
-    sync_overhead_s: float = 0.0  # a small all-reduce between compute, beyond its back-to-back time
-    sync_points: list = field(default_factory=list)  # [compute, compute + all-reduce, all-reduce] seconds per call
+    sync_points: list = field(default_factory=list)  # [layer, layer + all-reduce, all-reduce] seconds per call
+    sync_bytes: int = 0  # that all-reduce's message
+    fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
+    fsdp_tensor_s: float = 0.0  # clipping + AdamW per sharded (DTensor) parameter tensor, beyond a plain one
+    fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -68,6 +71,14 @@ class Profile:
         bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
         return max(self.optimizer_s - bandwidth_term, 0.0)
 
+    def sync_overhead_s(self) -> float:
+        """What an all-reduce issued between two layers costs beyond the table the planner reads for it:
+        (layer + all-reduce) - layer - table time at that size, so table + this = the call in context."""
+        if len(self.sync_points) < 2 or not self.tables.get("all_reduce"):
+            return 0.0
+        layer, both = self.sync_points[:2]
+        return max(both - layer - interpolate(self.monotone_tables()["all_reduce"], self.sync_bytes), 0.0)
+
     def noisy(self, limit: float = 0.5) -> list[str]:
         return sorted(k for k, v in self.spread.items() if v > limit)
 
@@ -85,9 +96,12 @@ class Profile:
         out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
-               "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s,
-               "checkpoint_overhead_s": self.checkpoint_overhead_s,
+               "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
+               "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
+               "fsdp_tensor_s": self.fsdp_tensor_s,
                "model_points": self.model_points}
+        if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
+            out["comm_overlap"] = 0.0
         out.update({k: v for k, v in self.monotone_tables().items() if v})
         return out
 
@@ -116,6 +130,8 @@ def fit_alpha_beta(kind: str, points: list, world: int) -> tuple[float, float]:
     if kind in _RING:
         steps, volume = _RING[kind]
         latency_steps, factor = steps * (world - 1), volume * (world - 1) / world
+    elif kind == "broadcast":  # pipelined ring: (n-1) alpha + B / beta
+        latency_steps, factor = world - 1.0, 1.0
     else:  # send_recv: one message between two ranks
         latency_steps, factor = 1.0, 1.0
     pts = sorted(points)

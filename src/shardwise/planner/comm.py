@@ -4,6 +4,7 @@ Alpha-beta (Hockney; ring algorithms as NCCL runs them, Thakur et al. 2005), n r
   all-reduce       2 (n-1) alpha + 2 (n-1)/n * B / beta
   all-gather       (n-1) alpha   + (n-1)/n * B / beta        (B = the gathered, full size)
   reduce-scatter   (n-1) alpha   + (n-1)/n * B / beta        (B = the full input size)
+  broadcast        (n-1) alpha   + B / beta                  (pipelined ring)
   send-recv        alpha + B / beta
 beta is the link's one-direction bandwidth per GPU times LINK_EFFICIENCY (NCCL bus bandwidth
 reaches ~80 % of the datasheet on NVLink and InfiniBand). Across nodes a group with k members per
@@ -12,12 +13,15 @@ node uses k NICs per node in parallel (NCCL: one ring per NIC), see `link`.
 Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read here):
   {"matmul_tflops": float,                               # achieved dense bf16 matmul TFLOP/s per GPU
    "all_reduce":     [[bytes, seconds], ...],            # measured at the calibrated world size
-   "all_gather": [...], "reduce_scatter": [...], "send_recv": [...],
+   "all_gather": [...], "reduce_scatter": [...], "broadcast": [...], "send_recv": [...],
    "world_size": int,                                    # the group size the tables hold for
    "model_tflops": float, "layer_overhead_s": float,     # optional: the model's own layers (step_time.py)
    "step_overhead_s": float,                             # optional: fixed cost of clipping + optimizer per step
    "sync_overhead_s": float,                             # optional: a collective between compute, beyond the table
-   "checkpoint_overhead_s": float}                       # optional: a checkpointed layer, beyond its recompute
+   "checkpoint_overhead_s": float,                       # optional: a checkpointed layer, beyond its recompute
+   "fsdp_call_s": float,                                 # optional: one FSDP collective in a step, beyond the table
+   "fsdp_tensor_s": float,                               # optional: clipping + AdamW per FSDP-sharded tensor
+   "comm_overlap": float}                                # optional: share of DP traffic hidden behind compute
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.
@@ -66,7 +70,7 @@ def interpolate(points: list, nbytes: float) -> float:
 
 
 def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
-    """Seconds for one `kind` (all_reduce, all_gather, reduce_scatter, send_recv) of `nbytes`."""
+    """Seconds for one `kind` (all_reduce, all_gather, reduce_scatter, broadcast, send_recv) of `nbytes`."""
     if group_size <= 1 and kind != "send_recv" or nbytes <= 0:
         return 0.0
     table = cluster.measured.get(kind) if cluster.measured else None
@@ -76,6 +80,8 @@ def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: 
     bw, lat = link(cluster, group_size, stride)
     if kind == "send_recv":
         return lat + nbytes / bw
+    if kind == "broadcast":
+        return (group_size - 1) * lat + nbytes / bw
     steps, volume = _STEPS[kind]
     n = group_size
     return steps * (n - 1) * lat + volume * (n - 1) / n * nbytes / bw

@@ -190,27 +190,33 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> 
     c, wb, stride, sync = job.cluster, job.train.weight_bytes, layout.tp, sync_time(job.cluster)
     params = rank_params(job.model, layout, rank)
 
-    def calls(kind: str, sizes: list[float]) -> float:
-        return sum(collective_time(c, kind, wb * n, d, stride) + sync for n in sizes)
+    def calls(kind: str, sizes: list[float], extra: float = sync) -> float:
+        return sum(collective_time(c, kind, wb * n, d, stride) + extra for n in sizes)
 
     chunks = layout.vpp if layout.pp > 1 else 1
     if layout.zero == 0:
         total = calls("all_reduce", [params / chunks] * chunks)
     elif layout.zero == 1 and job.zero1_broadcast_per_tensor:
         n = param_tensors(job.model, layout, rank)
-        total = calls("all_reduce", [params / chunks] * chunks) + n * collective_time(c, "all_gather", wb * params / n, d, stride)
+        total = calls("all_reduce", [params / chunks] * chunks) + n * collective_time(c, "broadcast", wb * params / n, d, stride)
     elif layout.zero == 1:
         total = calls("reduce_scatter", [params]) + calls("all_gather", [params])
     else:
         layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
         layer = job.model.params_per_layer() / layout.tp
         blocks, roots = [layer] * layers, [(params - layers * layer) / chunks] * chunks
-        gathers, scatters = calls("all_gather", blocks + roots), calls("reduce_scatter", blocks + roots)
+        # FSDP's calls: the calibrated cost of one in a step beyond the table (its synchronisation and
+        # its own copy-in/copy-out and hooks), else the plain synchronisation cost.
+        fsdp = float((c.measured or {}).get("fsdp_call_s", sync))
+        gathers, scatters = calls("all_gather", blocks + roots, fsdp), calls("reduce_scatter", blocks + roots, fsdp)
         if layout.zero == 2:
             total = m * gathers + scatters
         else:
-            total = m * (gathers + calls("all_gather", blocks) + scatters)
-    hidden = min(DP_OVERLAP * total, window)
+            total = m * (gathers + calls("all_gather", blocks, fsdp) + scatters)
+    # A calibrated profile says how much overlaps where it knows (CPU: none, collectives block the
+    # compute thread); datasheet clusters use DP_OVERLAP.
+    overlap = float((c.measured or {}).get("comm_overlap", DP_OVERLAP))
+    hidden = min(overlap * total, window)
     return total - hidden
 
 
@@ -259,8 +265,12 @@ def step_time(job: Job, layout: Layout) -> dict:
     dp = dp_comm_time(job, layout, heavy, m, window=m * slow.b if layout.zero >= 2 else slow.b)
     sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
-    # A calibrated fixed cost per step: clipping and the optimizer's per-tensor work (0 for datasheet clusters).
-    opt += float((job.cluster.measured or {}).get("step_overhead_s", 0.0))
+    # A calibrated fixed cost per step: clipping and the optimizer's per-tensor work, and with FSDP the
+    # dispatch of each sharded parameter tensor (0 for datasheet clusters).
+    measured = job.cluster.measured or {}
+    opt += float(measured.get("step_overhead_s", 0.0))
+    if layout.zero >= 2 and layout.dp * job.context_parallel > 1:
+        opt += param_tensors(job.model, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     breakdown = {
         "compute": m * slow.compute,
         "recompute": m * slow.recompute,
