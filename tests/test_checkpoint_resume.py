@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardwise.checkpoint import state as ckpt_state
-from shardwise.parallel import build_mesh, init_distributed
+from shardwise.launch import spawn_ranks
+from shardwise.parallel import build_mesh
 from shardwise.specs import Layout, load_model, model_from_hf_config, validate_layout
 from shardwise.train import TrainConfig, train
 
@@ -91,23 +90,11 @@ def _run(key: str, cfg: TrainConfig, mesh, out_dir) -> None:
             json.dump(records, f)
 
 
-def _worker(rank: int, world: int, port: int, jobs, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    init_distributed("gloo", 60)
-    try:
-        for key, cfg in jobs:
-            lay = cfg.layout
-            _run(key, cfg, build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60), out_dir)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
+    for key, cfg in jobs:
+        lay = cfg.layout
+        _run(key, cfg, build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60), out_dir)
+        dist.barrier()
 
 
 def _phase(tmp, phase: str) -> None:
@@ -116,7 +103,7 @@ def _phase(tmp, phase: str) -> None:
             for key, cfg in jobs:
                 _run(key, cfg, None, str(tmp))
         else:
-            mp.spawn(_worker, args=(world, _free_port(), jobs, str(tmp)), nprocs=world)
+            spawn_ranks(_worker, world, jobs, str(tmp))
 
 
 def _records(tmp, key) -> list[dict]:

@@ -10,14 +10,13 @@ pipeline stage under its layout-free name (atol 1e-5).
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from shardwise.parallel import build_mesh, coordinates, full_state_dict, init_distributed
+from shardwise.launch import spawn_ranks
+from shardwise.parallel import build_mesh, coordinates, full_state_dict
 from shardwise.parallel.pipeline import split_layers
 from shardwise.specs import Layout, load_model, model_from_hf_config, validate_layout
 from shardwise.train import TrainConfig, train
@@ -64,30 +63,18 @@ def _layouts(world: int) -> list[tuple[str, Layout]]:
     return jobs
 
 
-def _worker(rank: int, world: int, port: int, jobs, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    init_distributed("gloo", 60)
-    try:
-        for key, cfg in jobs:
-            lay = cfg.layout
-            mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60)
-            result = train(cfg, mesh)
-            params = {}
-            for part in result.runtime.parts:
-                params.update(full_state_dict(part))
-            c = coordinates(mesh)
-            if c["dp"] == 0 and c["tp"] == 0:
-                torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
+    for key, cfg in jobs:
+        lay = cfg.layout
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60)
+        result = train(cfg, mesh)
+        params = {}
+        for part in result.runtime.parts:
+            params.update(full_state_dict(part))
+        c = coordinates(mesh)
+        if c["dp"] == 0 and c["tp"] == 0:
+            torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
+        dist.barrier()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +90,7 @@ def references():
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_pipeline_layouts_match_single_process(world, references, tmp_path):
     jobs = _layouts(world)
-    mp.spawn(_worker, args=(world, _free_port(), jobs, str(tmp_path)), nprocs=world)
+    spawn_ranks(_worker, world, jobs, str(tmp_path))
     failures = []
     for key, cfg in jobs:
         parts = [torch.load(tmp_path / f"{key}-pp{r}.pt", weights_only=True) for r in range(cfg.layout.pp)]

@@ -11,13 +11,11 @@ the bytes autograd saves (SavedBytes); the tests check
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from shardwise.launch import spawn_ranks
 from shardwise.planner.memory import (SHARDWISE_RUNTIME, Job, checkpoint_bytes, edge_inflight, layer_activation_terms,
                                       rank_layers, rank_memory, recompute_working_bytes)
 from shardwise.schedules import build, simulate, validate
@@ -69,12 +67,9 @@ def _measure(pp, pp_rank, group, name, v, recompute):
             "layers": [len(c.layers) for c in chunks]}
 
 
-def _worker(rank, world, port, queue):
+def _worker(rank, world, out_dir):
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
     out = {}
     for i, cfg in enumerate(CONFIGS):
@@ -83,28 +78,15 @@ def _worker(rank, world, port, queue):
             out[cfg] = _measure(4, rank, None, name, v, recompute)
         elif i % 2 == rank // 2:  # this rank's pair runs this pp = 2 configuration
             out[cfg] = _measure(2, rank % 2, pairs[rank // 2], name, v, recompute)
-    queue.put((rank, out))
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    torch.save(out, f"{out_dir}/{rank}.pt")
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(tmp_path_factory):
     """{(pp, schedule, v, recompute): [per pp rank: {"peak", "chunk_bytes", "layers"}]}."""
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 4, port, queue)) for r in range(4)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    out_dir = tmp_path_factory.mktemp("memory")
+    spawn_ranks(_worker, 4, str(out_dir))
+    results = {r: torch.load(out_dir / f"{r}.pt", weights_only=True) for r in range(4)}
     table = {}
     for cfg in CONFIGS:
         pp = cfg[0]

@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from shardwise.parallel import build_mesh, init_distributed
+from shardwise.launch import spawn_ranks
+from shardwise.parallel import build_mesh
 from shardwise.parallel.pipeline import measured_costs, write_trace
 from shardwise.schedules import build
 from shardwise.specs import Layout, load_model
@@ -18,26 +15,18 @@ from shardwise.timeline import Event
 from shardwise.train import TrainConfig, train
 
 
-def _worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    init_distributed("gloo", 60)
-    try:
-        cfg = TrainConfig(load_model("tiny"), Layout(pp=2, micro_batch=1, schedule="1f1b"), steps=2, global_batch=4,
-                          seq_len=16, progress=False)
-        rt = train(cfg, build_mesh(2, 1, 1, backend="gloo", timeout_s=60)).runtime
-        summary = write_trace(rt.forward_backward, out_dir, "tiny, pp 2, 1F1B")
-        if rank == 0:
-            with open(os.path.join(out_dir, "summary.json"), "w") as f:
-                json.dump(summary, f)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, world, out_dir):
+    cfg = TrainConfig(load_model("tiny"), Layout(pp=2, micro_batch=1, schedule="1f1b"), steps=2, global_batch=4,
+                      seq_len=16, progress=False)
+    rt = train(cfg, build_mesh(2, 1, 1, backend="gloo", timeout_s=60)).runtime
+    summary = write_trace(rt.forward_backward, out_dir, "tiny, pp 2, 1F1B")
+    if rank == 0:
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f)
 
 
 def test_trace_files_from_a_real_run(tmp_path):
-    from test_pipeline_exactness import _free_port
-
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_worker, 2, str(tmp_path))
     summary = json.loads((tmp_path / "summary.json").read_text())
     trace = json.loads((tmp_path / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]

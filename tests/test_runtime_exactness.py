@@ -10,15 +10,13 @@ unpadded shape (atol 1e-5). Clipping engages (norms are ~2-5, the clip is 1.0).
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from shardwise.launch import spawn_ranks
 from shardwise.model import Transformer
-from shardwise.parallel import build_mesh, full_state_dict, init_distributed
+from shardwise.parallel import build_mesh, full_state_dict
 from shardwise.specs import Layout, load_model, model_from_hf_config, validate_layout
 from shardwise.train import TrainConfig, train
 
@@ -64,25 +62,13 @@ def _jobs(world: int) -> list[tuple[str, TrainConfig]]:
     return jobs
 
 
-def _worker(rank: int, world: int, port: int, jobs, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    init_distributed("gloo", 60)
-    try:
-        for key, cfg in jobs:
-            mesh = build_mesh(1, cfg.layout.dp, cfg.layout.tp, backend="gloo", timeout_s=60)
-            result = train(cfg, mesh)
-            params = full_state_dict(result.runtime.parts[0])
-            if rank == 0:
-                torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
+    for key, cfg in jobs:
+        mesh = build_mesh(1, cfg.layout.dp, cfg.layout.tp, backend="gloo", timeout_s=60)
+        result = train(cfg, mesh)
+        params = full_state_dict(result.runtime.parts[0])
+        if rank == 0:
+            torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +85,7 @@ def references():
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_layout_matches_single_process(world, references, tmp_path):
     jobs = _jobs(world)
-    mp.spawn(_worker, args=(world, _free_port(), jobs, str(tmp_path)), nprocs=world)
+    spawn_ranks(_worker, world, jobs, str(tmp_path))
     failures = []
     for key, cfg in jobs:
         got = torch.load(tmp_path / f"{key}.pt", weights_only=True)

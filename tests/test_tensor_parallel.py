@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from shardwise.launch import spawn_ranks
 from shardwise.model import Transformer
-from shardwise.parallel import build_mesh, init_distributed, tensor_parallel
+from shardwise.parallel import build_mesh, tensor_parallel
 from shardwise.parallel.tensor_parallel import VocabParallelCrossEntropy, padded_vocab
 from shardwise.specs import model_from_hf_config
 
@@ -24,37 +22,28 @@ def _spec(vocab=VOCAB):
                                  "max_position_embeddings": 32}, "t", "test")
 
 
-def _worker(rank, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    torch.set_num_threads(1)
-    init_distributed("gloo", 60)
-    try:
-        mesh = build_mesh(1, 1, 2, backend="gloo", timeout_s=60)
-        group = mesh["tp"].get_group()
-        # 1. the loss on vocabulary shards equals the full cross-entropy; so does the gradient of each shard
-        g = torch.Generator().manual_seed(0)
-        logits = torch.randn(3, 5, VOCAB, generator=g) * 3
-        targets = torch.randint(0, VOCAB, (3, 5), generator=g)
-        rows = padded_vocab(VOCAB, 2) // 2
-        padded = torch.cat([logits, torch.full((3, 5, 1), 123.0)], dim=-1)  # a huge padded logit: must be ignored
-        shard = padded[..., rank * rows:(rank + 1) * rows].clone().requires_grad_()
-        loss = VocabParallelCrossEntropy(rank * rows, VOCAB, group)(shard, targets)
-        loss.backward()
-        # 2. a TP model's LM head emits only this rank's vocabulary rows
-        model = tensor_parallel(Transformer(_spec(), seed=1), mesh["tp"])
-        widths = []
-        model.output.register_forward_hook(lambda m, a, o: widths.append(o.shape[-1]))
-        model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))
-        torch.save({"loss": loss.detach(), "grad": shard.grad, "width": widths[0]}, os.path.join(out_dir, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, world, out_dir):
+    mesh = build_mesh(1, 1, 2, backend="gloo", timeout_s=60)
+    group = mesh["tp"].get_group()
+    # 1. the loss on vocabulary shards equals the full cross-entropy; so does the gradient of each shard
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, VOCAB, generator=g) * 3
+    targets = torch.randint(0, VOCAB, (3, 5), generator=g)
+    rows = padded_vocab(VOCAB, 2) // 2
+    padded = torch.cat([logits, torch.full((3, 5, 1), 123.0)], dim=-1)  # a huge padded logit: must be ignored
+    shard = padded[..., rank * rows:(rank + 1) * rows].clone().requires_grad_()
+    loss = VocabParallelCrossEntropy(rank * rows, VOCAB, group)(shard, targets)
+    loss.backward()
+    # 2. a TP model's LM head emits only this rank's vocabulary rows
+    model = tensor_parallel(Transformer(_spec(), seed=1), mesh["tp"])
+    widths = []
+    model.output.register_forward_hook(lambda m, a, o: widths.append(o.shape[-1]))
+    model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))
+    torch.save({"loss": loss.detach(), "grad": shard.grad, "width": widths[0]}, os.path.join(out_dir, f"{rank}.pt"))
 
 
 def test_vocab_parallel_loss_and_head(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=2)
+    spawn_ranks(_worker, 2, str(tmp_path))
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 5, VOCAB, generator=g) * 3).requires_grad_()
     targets = torch.randint(0, VOCAB, (3, 5), generator=g)

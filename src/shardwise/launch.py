@@ -105,10 +105,34 @@ def launch(cfg: TrainConfig) -> None:
         _launch_local(cfg)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawn_ranks(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Run fn(rank, world, *args) on `world` new local processes, each one thread, inside one process
+    group (tests and benchmarks: unlike `launch`, no agent; a failing rank raises here)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_spawned_rank, args=(world, free_port(), fn, args, backend, timeout_s), nprocs=world)
+
+
+def _spawned_rank(rank, world, port, fn, args, backend, timeout_s) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.parallel import init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    init_distributed(backend, timeout_s)
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
 
 
 def _launch_local(cfg: TrainConfig) -> None:
@@ -121,7 +145,7 @@ def _launch_local(cfg: TrainConfig) -> None:
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=cfg.max_restarts,
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=cfg.max_restarts,
                           monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1")
     # The agent logs each failure with its own traceback; we report it in one line instead.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
