@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from exactness import differences, reference_runs
+
 from shardwise.launch import spawn_ranks
 from shardwise.parallel import build_mesh, coordinates, full_state_dict
 from shardwise.parallel.pipeline import split_layers
@@ -79,11 +81,7 @@ def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def references():
-    out = {}
-    for name in MODELS:
-        result = train(_cfg(name))
-        out[name] = (result.records, {k: v.detach().clone() for k, v in result.runtime.models[0].named_parameters()})
-    return out
+    return reference_runs(MODELS, _cfg)
 
 
 @pytest.mark.slow
@@ -94,11 +92,6 @@ def test_pipeline_layouts_match_single_process(world, references, tmp_path):
     failures = []
     for key, cfg in jobs:
         parts = [torch.load(tmp_path / f"{key}-pp{r}.pt", weights_only=True) for r in range(cfg.layout.pp)]
-        ref_records, ref_params = references[cfg.spec.name]
-        for field in ("loss", "grad_norm"):
-            ours, ref = [r[field] for r in parts[0]["records"]], [r[field] for r in ref_records]
-            if len(ours) != 5 or not torch.allclose(torch.tensor(ours), torch.tensor(ref), rtol=1e-5, atol=0):
-                failures.append(f"{key}: {field} {ours} vs single process {ref}")
         params = {}
         for part in parts:
             params.update(part["params"])
@@ -106,10 +99,7 @@ def test_pipeline_layouts_match_single_process(world, references, tmp_path):
             twin = params.pop("output.weight", None)  # the last stage's copy of tok_embeddings.weight
             if twin is not None and (twin - params["tok_embeddings.weight"]).abs().max() > 1e-6:
                 failures.append(f"{key}: tied LM head drifted from the embedding")
-        assert params.keys() == ref_params.keys(), key
-        worst = max(((params[n] - p).abs().max().item(), n) for n, p in ref_params.items())
-        if worst[0] > 1e-5:
-            failures.append(f"{key}: parameter {worst[1]} differs by {worst[0]:.2e}")
+        failures += differences(key, parts[0]["records"], params, references[cfg.spec.name], steps=5)
     assert not failures, "\n".join(failures)
 
 

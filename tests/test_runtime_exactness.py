@@ -14,6 +14,8 @@ import os
 import pytest
 import torch
 
+from exactness import differences, reference_runs
+
 from shardwise.launch import spawn_ranks
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, full_state_dict
@@ -73,12 +75,7 @@ def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def references():
-    """Single-process runs, no torch.distributed: per-step records and final parameters."""
-    out = {}
-    for name in MODELS:
-        result = train(_cfg(name))
-        out[name] = (result.records, {k: v.detach().clone() for k, v in result.runtime.models[0].named_parameters()})
-    return out
+    return reference_runs(MODELS, _cfg)
 
 
 @pytest.mark.slow
@@ -89,15 +86,7 @@ def test_every_layout_matches_single_process(world, references, tmp_path):
     failures = []
     for key, cfg in jobs:
         got = torch.load(tmp_path / f"{key}.pt", weights_only=True)
-        ref_records, ref_params = references[cfg.spec.name]
-        for field in ("loss", "grad_norm"):
-            ours, ref = [r[field] for r in got["records"]], [r[field] for r in ref_records]
-            if len(ours) != 5 or not torch.allclose(torch.tensor(ours), torch.tensor(ref), rtol=1e-5, atol=0):
-                failures.append(f"{key}: {field} {ours} vs single process {ref}")
-        assert got["params"].keys() == ref_params.keys(), key
-        worst = max(((got["params"][n] - p).abs().max().item(), n) for n, p in ref_params.items())
-        if worst[0] > 1e-5:
-            failures.append(f"{key}: parameter {worst[1]} differs by {worst[0]:.2e}")
+        failures += differences(key, got["records"], got["params"], references[cfg.spec.name], steps=5)
     assert not failures, "\n".join(failures)
 
 
