@@ -10,7 +10,7 @@ from shardwise.specs import ModelSpec
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 DEFAULT_SIZES = {"cpu": tuple(2**k for k in range(10, 25, 2)),  # 1 KiB .. 16 MiB
                  "cuda": tuple(2**k for k in range(10, 31, 2))}  # 1 KiB .. 1 GiB
-# Rounds of the model measurement (its five variants in a new order each round).
+# Rounds of the model measurement (its six variants in a new order each round).
 MODEL_ROUNDS = 3
 DEFAULT_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
 
@@ -97,7 +97,7 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 
 def rank_steps(cfg: CalibrateConfig) -> int:
-    """Progress steps of a calibration: one per GEMM shape, one per round of the model measurement, the optimizer step,
+    """Progress steps of a calibration: one per GEMM shape, one per round of the model measurement,
     the copy, one per collective and size, the all-reduce between layers, the FSDP layer."""
     collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 2 if cfg.world > 1 else 0
-    return len(gemm_shapes(cfg.model, cfg.tokens)) + MODEL_ROUNDS + 1 + 1 + collectives
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + MODEL_ROUNDS + 1 + collectives

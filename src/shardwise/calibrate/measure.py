@@ -12,6 +12,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from shardwise import data
+
 from shardwise.calibrate.config import COLLECTIVES, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
 
 # Small operations run back to back in batches lasting at least this long, so that each repeat holds
@@ -134,9 +136,10 @@ def measure_model(t: Timer, out: dict):
     GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
     (op dispatch, kernel launches) per layer; out["checkpoint_overhead_s"] = what a checkpointed layer
     costs beyond the work it recomputes (selective recompute at micro-batch b against none, less the
-    planner's estimate of the recomputed attention core); out["optimizer_s"] = gradient clipping + an
-    AdamW step over its out["optimizer_params"] parameters. A model of at most MODEL_LAYERS layers (and
-    the LM head) stands for the whole one. The five variants run in MODEL_ROUNDS rounds, each in a new
+    planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a training step
+    of one micro-batch (the batch, zero_grad, gradient clipping, an AdamW step over its
+    out["optimizer_params"] parameters, the loss to the host). A model of at most MODEL_LAYERS layers (and
+    the LM head) stands for the whole one. The six variants run in MODEL_ROUNDS rounds, each in a new
     order (the same on every rank), so a busy moment of a shared machine spreads over all of them
     instead of tilting the fit; each keeps the median of its rounds. Mean over ranks."""
     import random
@@ -150,20 +153,34 @@ def measure_model(t: Timer, out: dict):
     model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
 
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
     def step(x):
         with amp:
             loss = model(x, x)
         loss.backward()
 
+    def train_step(b):
+        """What train.train_step runs around the layers: the batch, zero_grad, clipping, AdamW, the loss."""
+        opt.zero_grad(set_to_none=True)
+        ((x, y),) = data.local_microbatches(0, 1, b, seq, 1, 0, b, t.device)
+        with amp:
+            loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+
     batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
-    variants = [(b, "none") for b in batches] + [(batches[0], "selective")]
+    variants = [(b, "none") for b in batches] + [(batches[0], "selective"), (batches[0], "step")]
     inputs = {b: torch.randint(0, spec.vocab_size, (b, seq), device=t.device) for b in batches}
     reps: dict = {v: [] for v in variants}
     order = random.Random(0)
     for r in range(MODEL_ROUNDS):
         for b, mode in order.sample(variants, len(variants)):
-            model.set_recompute(mode)
-            reps[(b, mode)].append(statistics.median(t.times(lambda: step(inputs[b]))))
+            model.set_recompute("selective" if mode == "selective" else "none")
+            fn = (lambda: train_step(b)) if mode == "step" else (lambda: step(inputs[b]))
+            reps[(b, mode)].append(statistics.median(t.times(fn)))
         yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
     model.set_recompute("none")
     med = t.reduce([statistics.median(reps[v]) for v in variants], "mean")
@@ -177,16 +194,9 @@ def measure_model(t: Timer, out: dict):
     core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
     out["checkpoint_overhead_s"] = max((med[4] - med[0]) / layers - core, 0.0)
     out["checkpoint_points"] = [med[0], med[4]]
-    # The rest of a training step on the same model: clip the gradient norm, then AdamW.
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-
-    def update():
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    out["optimizer_s"] = t.reduce([statistics.median(t.times(update))], "mean")[0]
+    # The rest of a training step on the same model: batch, zero_grad, clipping, AdamW, the loss.
+    out["optimizer_s"] = max(med[5] - med[0], 0.0)
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
-    yield "gradient clipping + AdamW step"
 
 
 def measure_sync(t: Timer, out: dict):

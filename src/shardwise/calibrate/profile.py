@@ -30,7 +30,7 @@ class Profile:
     model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
     layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
-    optimizer_s: float = 0.0  # gradient clipping + AdamW step of that model
+    optimizer_s: float = 0.0  # the rest of a one-micro-batch training step: batch, zero_grad, clipping, AdamW, loss
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
@@ -66,8 +66,9 @@ class Profile:
         return beta / LINK_EFFICIENCY / 1e9, alpha * 1e6
 
     def step_overhead_s(self) -> float:
-        """What clipping + the optimizer step took beyond the planner's bandwidth term for them (the
-        fixed per-tensor cost that dominates small models)."""
+        """What a training step runs around the layers (the batch, zero_grad, clipping, AdamW, the loss)
+        beyond the planner's bandwidth term for the optimizer (the fixed per-tensor cost that dominates
+        small models)."""
         bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
         return max(self.optimizer_s - bandwidth_term, 0.0)
 

@@ -22,7 +22,7 @@ def register(subparsers, name, help):
     p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=5, help="timed steps per layout and round")
-    p.add_argument("--repeats", type=int, default=3, help="rounds; each runs every layout once, in a new random order")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; each runs every layout once, in a new random order")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per layout before the first round")
     p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the round order")

@@ -17,7 +17,7 @@ class ValidateConfig:
     global_batch: int = 8
     seq_len: int = 64
     steps: int = 5  # timed steps per layout and round
-    repeats: int = 3  # rounds
+    repeats: int = 5  # rounds
     warmup: int = 2  # untimed steps per layout before the first round
     backend: str = "gloo"
     seed: int = 0
