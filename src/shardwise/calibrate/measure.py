@@ -141,7 +141,8 @@ def measure_model(t: Timer, out: dict):
     out["optimizer_params"] parameters, the loss to the host). A model of at most MODEL_LAYERS layers (and
     the LM head) stands for the whole one. The six variants run in MODEL_ROUNDS rounds, each in a new
     order (the same on every rank), so a busy moment of a shared machine spreads over all of them
-    instead of tilting the fit; each keeps the median of its rounds. Mean over ranks."""
+    instead of tilting the fit; each keeps the median of its rounds. Each repeat lasts as long as its
+    slowest rank, as a synchronous training step does."""
     import random
     from contextlib import nullcontext
 
@@ -180,10 +181,11 @@ def measure_model(t: Timer, out: dict):
         for b, mode in order.sample(variants, len(variants)):
             model.set_recompute("selective" if mode == "selective" else "none")
             fn = (lambda: train_step(b)) if mode == "step" else (lambda: step(inputs[b]))
-            reps[(b, mode)].append(statistics.median(t.times(fn)))
+            # A training step waits for its slowest rank: each repeat counts as long as the slowest one.
+            reps[(b, mode)].append(statistics.median(t.reduce(t.times(fn), "max")))
         yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
     model.set_recompute("none")
-    med = t.reduce([statistics.median(reps[v]) for v in variants], "mean")
+    med = [statistics.median(reps[v]) for v in variants]  # the same on every rank
     xs, ys = [model_flops(spec, layers, b, seq) for b in batches], med[:4]
     overhead, slope = fit_line(xs, ys)
     if slope <= 0:  # noise: no usable slope; the whole time as FLOPs at the largest micro-batch
@@ -208,7 +210,7 @@ def measure_sync(t: Timer, out: dict):
     loops, interleaved round by round so a busy moment hits all three: the layer alone, the layer +
     all-reduce, the all-reduce alone; each repeat is a mean over many calls (so it holds its share of
     the stalls), the median over repeats is kept. Profile.sync_overhead_s: (layer + all-reduce) - layer
-    - the table's time for that all-reduce, so that table + sync reproduces the call in context."""
+    - all-reduce alone."""
     if t.world == 1:
         return
     from shardwise.model import Transformer

@@ -7,7 +7,7 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
-from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
+from shardwise.planner.comm import LINK_EFFICIENCY
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
@@ -73,12 +73,13 @@ class Profile:
         return max(self.optimizer_s - bandwidth_term, 0.0)
 
     def sync_overhead_s(self) -> float:
-        """What an all-reduce issued between two layers costs beyond the table the planner reads for it:
-        (layer + all-reduce) - layer - table time at that size, so table + this = the call in context."""
-        if len(self.sync_points) < 2 or not self.tables.get("all_reduce"):
+        """What an all-reduce issued between two layers costs beyond the same all-reduce back to back:
+        (layer + all-reduce) - layer - all-reduce alone, all three from the same interleaved rounds
+        (the tables, measured minutes apart, carry their own noise; this difference does not)."""
+        if len(self.sync_points) < 3:
             return 0.0
-        layer, both = self.sync_points[:2]
-        return max(both - layer - interpolate(self.monotone_tables()["all_reduce"], self.sync_bytes), 0.0)
+        layer, both, alone = self.sync_points[:3]
+        return max(both - layer - alone, 0.0)
 
     def noisy(self, limit: float = 0.5) -> list[str]:
         return sorted(k for k, v in self.spread.items() if v > limit)
@@ -98,6 +99,7 @@ class Profile:
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
+               "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s,
                "model_points": self.model_points}

@@ -101,12 +101,14 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     sp = tp if layout.sequence_parallel else 1
     elem = tokens * e * (ELEMENTWISE_PASSES_HIDDEN * model.hidden / sp + ELEMENTWISE_PASSES_FFN * model.ffn_hidden / tp) / hbm
     # Two all-reduces per layer in forward and two in backward (or all-gather + reduce-scatter
-    # pairs with sequence parallelism: the same bytes on the wire, twice the calls). Each call also
-    # pays the calibrated cost of synchronising between compute (0 for datasheet clusters).
+    # pairs with sequence parallelism: the same bytes on the wire, twice the calls). A call that comes
+    # after compute also pays the calibrated cost of synchronising (0 for datasheet clusters); under
+    # sequence parallelism a block's gather follows the previous scatter with only a norm between
+    # them, the ranks still in lockstep, so each pair synchronises once.
     act = tokens * model.hidden * e
     sync = sync_time(job.cluster) if tp > 1 else 0.0
     if layout.sequence_parallel:
-        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp) + 2 * sync
+        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp) + sync
     else:
         one = collective_time(job.cluster, "all_reduce", act, tp) + sync
     tp_fwd = 2 * one * (TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0)
