@@ -63,6 +63,48 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="TP collectives overlap their GEMMs (Transformer Engine / NeMo tp_comm_overlap)")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"values must not be negative, got {text!r}")
+    return values
+
+
+def _choice_list(choices):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(","))
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} — choose from {', '.join(choices)}")
+        return values
+    return parse
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    """Narrow the search (default: every valid value of every knob). Lists are comma-separated."""
+    g = p.add_argument_group("search space (default: everything valid)")
+    g.add_argument("--tp", type=_int_list, default=None, metavar="T,...", help="tensor-parallel degrees to try")
+    g.add_argument("--pp", type=_int_list, default=None, metavar="P,...", help="pipeline-parallel degrees to try")
+    g.add_argument("--micro-batch", type=_int_list, default=None, metavar="B,...", help="micro-batch sizes to try")
+    g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), metavar="Z,...", help="ZeRO stages to try")
+    g.add_argument("--recompute", type=_choice_list(["none", "selective", "full"]), default=("none", "selective", "full"),
+                   metavar="R,...", help="activation recompute policies to try (none, selective, full)")
+    g.add_argument("--schedules", type=_choice_list(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]),
+                   default=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), metavar="S,...",
+                   help="pipeline schedules to try")
+    g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")
+
+
+def space_from_args(args):
+    from shardwise.planner.search import SearchSpace
+
+    return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
+                       recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp)
+
+
 def job_from_args(args):
     """The planner's Job from --model/--cluster/--global-batch/--seq-len (+ software flags)."""
     from shardwise.planner.memory import Job

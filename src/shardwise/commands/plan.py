@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_software_args,
-                                       job_from_args, print_json)
+from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
+                                       add_software_args, job_from_args, print_json, space_from_args)
 
 
 def register(subparsers, name, help):
@@ -12,6 +12,7 @@ def register(subparsers, name, help):
     add_cluster_args(p)
     add_job_args(p)
     add_software_args(p)
+    add_search_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     p.add_argument("--json", action="store_true", help='print {"best": {...}, "candidates": [...]}')
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
@@ -29,9 +30,10 @@ def plan(args):
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
     job = job_from_args(args)
-    result = search(job, args.gpus)
+    space = space_from_args(args)
+    result = search(job, args.gpus, space)
     if not result.ranked:
-        raise UsageError(nothing_fits_message(job, args.gpus, result))
+        raise UsageError(nothing_fits_message(job, args.gpus, result, space))
     return job, result
 
 

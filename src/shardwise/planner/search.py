@@ -27,6 +27,27 @@ SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which knobs the search may turn (None: every valid value). The user narrows it from the CLI."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE_ORDER
+    schedules: tuple[str, ...] = SEARCH_SCHEDULES + ("interleaved-1f1b",)
+    max_vpp: int | None = None
+
+    def zero_stages(self, dp: int) -> tuple[int, ...]:
+        """ZeRO stages worth scoring: none matters without dp; ZeRO-0 only where ZeRO-1 is not allowed
+        (it moves the same bytes with more memory and a longer optimizer step)."""
+        if dp == 1:
+            return (0,)
+        allowed = tuple(z for z in (0, 1, 2, 3) if z in self.zero)
+        return allowed[1:] if allowed[:2] == (0, 1) else allowed
+
+
 @dataclass
 class SearchResult:
     ranked: list[Estimate]  # fitting layouts, fastest first
@@ -35,45 +56,50 @@ class SearchResult:
     leanest: Estimate | None  # smallest memory per GPU seen (for "nothing fits")
 
 
-def _schedules(pp: int, num_layers: int, m: int):
+def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace()):
     if pp == 1:
         yield "1f1b", 1
         return
     for s in SEARCH_SCHEDULES:
-        yield s, 1
-    if m % pp == 0:
-        for v in range(2, num_layers // pp + 1):
+        if s in space.schedules:
+            yield s, 1
+    if m % pp == 0 and "interleaved-1f1b" in space.schedules:
+        for v in range(2, min(num_layers // pp, space.max_vpp or num_layers) + 1):
             yield "interleaved-1f1b", v
 
 
-def degrees(job: Job, gpus: int):
-    """(tp, pp, dp) triples that respect the model's shape and the global batch."""
+def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
+    """(tp, pp, dp) triples that respect the model's shape, the global batch and the search space."""
     model, batch = job.model, job.train.global_batch
     for tp in divisors(gpus):
         if model.num_heads % tp or model.num_kv_heads % tp or model.ffn_hidden % tp:
             continue
+        if space.tp is not None and tp not in space.tp:
+            continue
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
-            if pp <= model.num_layers and batch % dp == 0:
+            if pp <= model.num_layers and batch % dp == 0 and (space.pp is None or pp in space.pp):
                 yield tp, pp, dp
 
 
-def search(job: Job, gpus: int) -> SearchResult:
+def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
     limit = job.cluster.gpu_memory_bytes
     ranked: list[Estimate] = []
     scored = timed = 0
     leanest: tuple[float, Layout] | None = None
-    for tp, pp, dp in degrees(job, gpus):
+    for tp, pp, dp in degrees(job, gpus, space):
         for mb in divisors(job.train.global_batch // dp):
+            if space.micro_batch is not None and mb not in space.micro_batch:
+                continue
             m = job.train.global_batch // (dp * mb)
-            for schedule, vpp in _schedules(pp, job.model.num_layers, m):
+            for schedule, vpp in _schedules(pp, job.model.num_layers, m, space):
                 base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule,
                               sequence_parallel=tp > 1)
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
-                for recompute in RECOMPUTE_ORDER:
-                    for zero in ((0,) if dp == 1 else (1, 2, 3)):
+                for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
+                    for zero in space.zero_stages(dp):
                         if zero >= best_zero:
                             break
                         layout = base.with_(zero=zero, recompute=recompute)
@@ -91,7 +117,7 @@ def search(job: Job, gpus: int) -> SearchResult:
                         leanest=estimate(job, leanest[1]) if leanest else None)
 
 
-def nothing_fits_message(job: Job, gpus: int, result: SearchResult) -> str:
+def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: SearchSpace = SearchSpace()) -> str:
     """One line: what fits nowhere, by how much, and what would make it fit."""
     limit = job.cluster.gpu_memory_gib
     if result.leanest is None:
@@ -110,6 +136,8 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult) -> str:
         per_node = job.cluster.gpus_per_node
         want = max(gpus + 1, per_node * math.ceil(want / per_node))
         hint = f"use about {want} GPUs, "
+    if space != SearchSpace():
+        hint = "widen the search (--tp, --pp, --zero, --recompute, ...), " + hint
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.0f} GiB — "
             f"{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
