@@ -10,6 +10,7 @@ reach the caller's `report` (a progress bar) across the process boundary.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import os
 import queue as _queue
 import socket
@@ -68,6 +69,9 @@ def _rank_main(rank, entry, payload, world, backend, timeout_s, init_method, rep
         return entry(payload, rank, world, report)
     finally:
         if dist.is_initialized():
+            # Free what still holds gloo work objects (FSDP's state sits in reference cycles) while the
+            # interpreter is alive: freed during its shutdown they abort the process (SIGABRT).
+            gc.collect()
             dist.destroy_process_group()
 
 

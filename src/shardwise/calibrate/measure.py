@@ -209,8 +209,11 @@ def measure_sync(t: Timer, out: dict):
     model's forward, the message one micro-batch's activation, as tensor parallelism issues them. Three
     loops, interleaved round by round so a busy moment hits all three: the layer alone, the layer +
     all-reduce, the all-reduce alone; each repeat is a mean over many calls (so it holds its share of
-    the stalls), the median over repeats is kept. Profile.sync_overhead_s: (layer + all-reduce) - layer
-    - all-reduce alone."""
+    the stalls), the median over repeats is kept. The same for a send/recv between rank pairs after the
+    layer (a pipeline's blocking receive). Profile.sync_overhead_s: (layer + all-reduce) - layer - the
+    table's time for that all-reduce (so table + it is the call in context: the back-to-back time of a
+    small collective on a shared machine is bimodal, with both ranks on one core or not, and the planner
+    reads the table); Profile.p2p_sync_s the same for the send/recv."""
     if t.world == 1:
         return
     from shardwise.model import Transformer
@@ -228,13 +231,24 @@ def measure_sync(t: Timer, out: dict):
         layer()
         dist.all_reduce(act)
 
-    loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act)}
+    peer = t.rank ^ 1  # the pairs of the send_recv table; an odd last rank only keeps time
+
+    def send_recv():
+        if peer < t.world:
+            (dist.send if t.rank % 2 == 0 else dist.recv)(act, peer)
+
+    def layer_send_recv():
+        layer()
+        send_recv()
+
+    loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
+             "p2p": layer_send_recv, "p2p alone": send_recv}
     reps: dict = {name: [] for name in loops}
     for _ in range(SYNC_ROUNDS):
         for name, fn in loops.items():
             reps[name] += t.reduce(t.times(fn), "max")
     med = {name: statistics.median(v) for name, v in reps.items()}
-    out["sync_points"] = [med["layer"], med["both"], med["alone"]]
+    out["sync_points"] = [med[name] for name in loops]
     out["sync_bytes"] = act.numel() * act.element_size()
     yield "all-reduce between layers"
 

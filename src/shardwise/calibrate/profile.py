@@ -7,7 +7,7 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
-from shardwise.planner.comm import LINK_EFFICIENCY
+from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
@@ -34,7 +34,7 @@ class Profile:
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
-    sync_points: list = field(default_factory=list)  # [layer, layer + all-reduce, all-reduce] seconds per call
+    sync_points: list = field(default_factory=list)  # layer, + all-reduce, all-reduce, + send/recv, send/recv: s per call
     sync_bytes: int = 0  # that all-reduce's message
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensor_s: float = 0.0  # clipping + AdamW per sharded (DTensor) parameter tensor, beyond a plain one
@@ -72,14 +72,21 @@ class Profile:
         bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
         return max(self.optimizer_s - bandwidth_term, 0.0)
 
-    def sync_overhead_s(self) -> float:
-        """What an all-reduce issued between two layers costs beyond the same all-reduce back to back:
-        (layer + all-reduce) - layer - all-reduce alone, all three from the same interleaved rounds
-        (the tables, measured minutes apart, carry their own noise; this difference does not)."""
-        if len(self.sync_points) < 3:
+    def _in_context(self, index: int, kind: str) -> float:
+        """(layer + call) - layer - the table's time for that call: what the call costs between layers
+        beyond what the planner reads from its table."""
+        if len(self.sync_points) <= index or not self.tables.get(kind):
             return 0.0
-        layer, both, alone = self.sync_points[:3]
-        return max(both - layer - alone, 0.0)
+        layer, both = self.sync_points[0], self.sync_points[index]
+        return max(both - layer - interpolate(self.monotone_tables()[kind], self.sync_bytes), 0.0)
+
+    def sync_overhead_s(self) -> float:
+        """A collective issued between two layers, beyond its table time (measured on an all-reduce)."""
+        return self._in_context(1, "all_reduce")
+
+    def p2p_sync_s(self) -> float:
+        """A blocking receive after a layer, beyond the send_recv table's time."""
+        return self._in_context(3, "send_recv")
 
     def noisy(self, limit: float = 0.5) -> list[str]:
         return sorted(k for k, v in self.spread.items() if v > limit)
@@ -99,7 +106,7 @@ class Profile:
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
-               "sync_points": self.sync_points,
+               "p2p_sync_s": self.p2p_sync_s(), "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s,
                "model_points": self.model_points}

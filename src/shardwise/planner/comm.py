@@ -21,7 +21,8 @@ Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read 
    "checkpoint_overhead_s": float,                       # optional: a checkpointed layer, beyond its recompute
    "fsdp_call_s": float,                                 # optional: one FSDP collective in a step, beyond the table
    "fsdp_tensor_s": float,                               # optional: clipping + AdamW per FSDP-sharded tensor
-   "comm_overlap": float}                                # optional: share of DP traffic hidden behind compute
+   "comm_overlap": float,                                # optional: share of DP traffic hidden behind compute
+   "p2p_sync_s": float}                                  # optional: a blocking receive after compute, beyond the table
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.
@@ -93,3 +94,9 @@ def sync_time(cluster: ClusterSpec) -> float:
     by `shardwise calibrate` (`sync_overhead_s`); 0 for datasheet clusters, whose alpha-beta latency
     already stands for a call on an otherwise idle GPU."""
     return float((cluster.measured or {}).get("sync_overhead_s", 0.0))
+
+
+def p2p_sync_time(cluster: ClusterSpec) -> float:
+    """The same for a blocking point-to-point receive after compute (`p2p_sync_s`, else `sync_overhead_s`)."""
+    measured = cluster.measured or {}
+    return float(measured.get("p2p_sync_s", measured.get("sync_overhead_s", 0.0)))

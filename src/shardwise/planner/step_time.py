@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardwise.planner.comm import collective_time, sync_time
+from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.memory import Job, rank_layers, rank_params
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
@@ -259,7 +259,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
     # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
-    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * sync_time(job.cluster)
+    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * p2p_sync_time(job.cluster)
     work = m * (slow.f + slow.b + slow.w)
     # The rank with most parameters (first or last) sets the DP and optimizer time.
     heavy = max(ranks, key=lambda r: rank_params(job.model, layout, r))
