@@ -191,3 +191,12 @@ def test_parameter_tensors_are_the_runtimes(name):
     first = Transformer(spec, layer_ids=range(2), last=False)
     last = Transformer(spec, layer_ids=range(2, 4), first=False)
     assert [param_tensors(spec, lay, r) for r in (0, 1)] == [len(list(m.parameters())) for m in (first, last)]
+
+
+def test_ddp_wraps_every_micro_batch():
+    # dp2: 4 micro-batches per rank under DDP; pipelines and FSDP do not use DDP.
+    w = 1e-3
+    assert _delta("compute", Layout(dp=2), ddp_microbatch_s=w) == pytest.approx(4 * w)
+    assert _delta("compute", Layout(dp=2, zero=1), ddp_microbatch_s=w) == pytest.approx(4 * w)
+    for lay in (Layout(dp=2, zero=3), Layout(pp=2), Layout(tp=2)):
+        assert _delta("compute", lay, ddp_microbatch_s=w) == 0

@@ -261,12 +261,15 @@ def measure_fsdp(t: Timer, out: dict):
     layer's all-gather in forward and backward and reduce-scatter, the root's all-gather and
     reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
     out["fsdp_tensor_s"]: gradient clipping + AdamW over the sharded parameters against the plain
-    ones, per parameter tensor (each is a DTensor, whose every op pays a dispatch)."""
+    ones, per parameter tensor (each is a DTensor, whose every op pays a dispatch).
+    out["ddp_microbatch_s"]: the same model under DistributedDataParallel's no_sync against plain: what
+    DDP's wrapper and per-parameter hooks cost per micro-batch (ZeRO 0/1 without pipelining)."""
     if t.world == 1:
-        out["fsdp_call_s"] = out["fsdp_tensor_s"] = 0.0
+        out["fsdp_call_s"] = out["fsdp_tensor_s"] = out["ddp_microbatch_s"] = 0.0
         return
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
 
     from shardwise.model import Transformer
     from shardwise.planner.comm import interpolate
@@ -274,6 +277,7 @@ def measure_fsdp(t: Timer, out: dict):
     spec = t.cfg.model
     plain = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
     sharded = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
+    replicated = DistributedDataParallel(Transformer(spec, seed=0, layer_ids=range(1), device=t.device))
     mesh = init_device_mesh(t.device.type, (t.world,))
     fully_shard(sharded.layers["0"], mesh=mesh)
     fully_shard(sharded, mesh=mesh)
@@ -288,12 +292,18 @@ def measure_fsdp(t: Timer, out: dict):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizers[name].step()
 
-    reps: dict = {k: [] for k in ("plain", "sharded", "plain update", "sharded update")}
+    def ddp_step():
+        with replicated.no_sync():  # the micro-batches before a step's last: DDP's wrapper and hooks, no traffic
+            step(replicated)
+
+    reps: dict = {k: [] for k in ("plain", "sharded", "plain update", "sharded update", "ddp")}
     for _ in range(SYNC_ROUNDS):
         for name, model in (("plain", plain), ("sharded", sharded)):
             reps[name].append(statistics.median(t.times(lambda: step(model))))
             reps[name + " update"].append(statistics.median(t.times(lambda: update(name, model))))
-    plain_s, sharded_s, plain_u, sharded_u = t.reduce([statistics.median(v) for v in reps.values()], "max")
+        reps["ddp"].append(statistics.median(t.times(ddp_step)))
+    plain_s, sharded_s, plain_u, sharded_u, ddp_s = t.reduce([statistics.median(v) for v in reps.values()], "max")
+    out["ddp_microbatch_s"] = max(ddp_s - plain_s, 0.0)
     # Clipping and AdamW over sharded parameters (DTensors) pay a dispatch per tensor.
     out["fsdp_tensor_s"] = max((sharded_u - plain_u) / len(list(sharded.parameters())), 0.0)
     esize = _element_size(t.dtype)
@@ -304,8 +314,8 @@ def measure_fsdp(t: Timer, out: dict):
                (("all_gather", layer), ("all_gather", layer), ("reduce_scatter", layer),
                 ("all_gather", root), ("reduce_scatter", root)))
     out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
-    out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u]
-    yield "FSDP layer against a plain one"
+    out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
+    yield "FSDP and DDP layer against a plain one"
 
 
 def message_numel(nbytes: int, element_size: int, world: int) -> int:

@@ -38,6 +38,7 @@ class Profile:
     sync_bytes: int = 0  # that all-reduce's message
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensor_s: float = 0.0  # clipping + AdamW per sharded (DTensor) parameter tensor, beyond a plain one
+    ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
     fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
@@ -108,7 +109,7 @@ class Profile:
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
                "p2p_sync_s": self.p2p_sync_s(), "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
-               "fsdp_tensor_s": self.fsdp_tensor_s,
+               "fsdp_tensor_s": self.fsdp_tensor_s, "ddp_microbatch_s": self.ddp_microbatch_s,
                "model_points": self.model_points}
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0

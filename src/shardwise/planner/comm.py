@@ -22,7 +22,8 @@ Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read 
    "fsdp_call_s": float,                                 # optional: one FSDP collective in a step, beyond the table
    "fsdp_tensor_s": float,                               # optional: clipping + AdamW per FSDP-sharded tensor
    "comm_overlap": float,                                # optional: share of DP traffic hidden behind compute
-   "p2p_sync_s": float}                                  # optional: a blocking receive after compute, beyond the table
+   "p2p_sync_s": float,                                  # optional: a blocking receive after compute, beyond the table
+   "ddp_microbatch_s": float}                            # optional: DDP's wrapper and hooks per micro-batch
 Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
 beyond the largest point; a collective without a table, or over a group of another size than the
 table's "world_size" (when given), falls back to alpha-beta.

@@ -273,8 +273,12 @@ def step_time(job: Job, layout: Layout) -> dict:
     opt += float(measured.get("step_overhead_s", 0.0))
     if layout.zero >= 2 and layout.dp * job.context_parallel > 1:
         opt += param_tensors(job.model, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
+    # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
+    wrapper = 0.0
+    if layout.zero < 2 and layout.pp == 1 and layout.dp * job.context_parallel > 1:
+        wrapper = m * float((job.cluster.measured or {}).get("ddp_microbatch_s", 0.0))
     breakdown = {
-        "compute": m * slow.compute,
+        "compute": m * slow.compute + wrapper,
         "recompute": m * slow.recompute,
         "tp_comm": m * slow.tp_comm,
         "pp_p2p": span - span0,
