@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    job = Job(load_model(args.model), load_cluster(args.cluster), TrainSpec(args.global_batch, args.seq_len))
+    job = Job(load_model(args.model), load_cluster(args.cluster), TrainSpec(args.global_batch, args.seq_len),
+              flash_attention=True)  # the CLI's default
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
