@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 
+from shardwise.parallel.pipeline import SavedBytes, storage_address
 from shardwise.validate.config import ValidateConfig, describe
 from shardwise.validate.stats import spread
 
@@ -13,67 +14,26 @@ NOISY = 0.25
 STATE_KEYS = ("weights", "gradients", "optimizer", "activations")
 
 
-def _storage(t) -> int:
-    """The storage address of `t`; 0 for a freed storage (FSDP's resharded parameters)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except RuntimeError:
-        return 0
+class SavedActivations(SavedBytes):
+    """The executor's saved-bytes accounting plus the peak of FSDP's gathered parameters.
 
-
-class SavedActivations:
-    """Peak bytes autograd saves for backward, by key (a micro-batch or a (micro-batch, chunk)), and the
-    peak of FSDP's gathered parameters.
-
-    Parameters and buffers are excluded by storage, as registered when the tensor is saved: FSDP's
-    gathered parameters are parameters then, so they count as weights (`gathered_peak`: the full
-    parameters FSDP holds beside its shards, sampled whenever a tensor is saved in forward or unpacked
-    in backward), never as activations. A tensor saved by several ops counts once.
-    Same interface as the pipeline executor's `saved` (hooks(key), release(key))."""
+    FSDP's gathered parameters are parameters when a tensor is saved, so they count as weights
+    (`gathered_peak`: the full parameters FSDP holds beside its shards, sampled whenever a tensor is
+    saved in forward or unpacked in backward), never as activations."""
 
     def __init__(self, modules, fsdp: bool = False, exclude=()):
-        self.modules, self.fsdp, self.held, self.current, self.peak = modules, fsdp, {}, 0, 0
-        self.gathered_peak, self.exclude = 0, {_storage(t) for t in exclude}
+        super().__init__(modules, exclude)
+        self.fsdp, self.gathered_peak = fsdp, 0
 
-    def _params(self) -> list:
-        return [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
-
-    def _sample_gathered(self) -> None:
+    def observe(self) -> None:
         """FSDP's gathered (plain, allocated) parameters right now; its shards are DTensors."""
         from torch.distributed.tensor import DTensor
 
         if not self.fsdp:
             return
-        full = {_storage(p): p.numel() * p.element_size() for m in self.modules for p in m.parameters()
-                if not isinstance(p, DTensor) and _storage(p)}
+        full = {storage_address(p): p.numel() * p.element_size() for m in self.modules for p in m.parameters()
+                if not isinstance(p, DTensor) and storage_address(p)}
         self.gathered_peak = max(self.gathered_peak, sum(full.values()) + _prefetched_bytes(self.modules))
-
-    def hooks(self, key):
-        import torch
-
-        self.held.setdefault(key, 0)
-        seen = set()
-
-        def pack(t):
-            constants = {_storage(p) for p in self._params()} | self.exclude
-            self._sample_gathered()
-            ident = (_storage(t), t.storage_offset(), t.numel())
-            if ident[0] not in constants and ident not in seen:
-                seen.add(ident)
-                nbytes = t.numel() * t.element_size()
-                self.held[key] += nbytes
-                self.current += nbytes
-                self.peak = max(self.peak, self.current)
-            return t
-
-        def unpack(t):
-            self._sample_gathered()
-            return t
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-    def release(self, key):
-        self.current -= self.held.pop(key, 0)
 
 
 def _prefetched_bytes(modules) -> int:
