@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -29,10 +28,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardwise import checkpoint
-from shardwise.parallel import build_mesh, init_distributed
+from shardwise.launch import spawn_ranks
+from shardwise.parallel import build_mesh
 from shardwise.specs import Layout, load_model
 from shardwise.train import TrainConfig, build_runtime, train_step
 
@@ -95,34 +94,22 @@ def _measure(rt, single, repeats: int, work: Path) -> dict:
     return {k: statistics.median(v) for k, v in times.items()} | {"bytes": sizes}
 
 
-def _worker(rank: int, port: int, jobs, repeats: int, work: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    torch.set_num_threads(1)
-    init_distributed("gloo", 600)
-    try:
-        results = []
-        for model, layout in jobs:
-            cfg = _cfg(model, layout)
-            rt = build_runtime(cfg, build_mesh(layout.pp, layout.dp, layout.tp, backend="gloo", timeout_s=600))
-            train_step(rt)
-            single = None
-            if rank == 0:
-                single = build_runtime(TrainConfig(cfg.spec, Layout(micro_batch=2), steps=10, global_batch=2, seq_len=32,
-                                                   progress=False), None)
-                train_step(single)
-            res = _measure(rt, single, repeats, Path(work))
-            results.append({"model": model, "layout": layout.describe(), "parameters": cfg.spec.num_params(), **res})
-            del rt, single
+def _worker(rank: int, world: int, jobs, repeats: int, work: str, out: str) -> None:
+    results = []
+    for model, layout in jobs:
+        cfg = _cfg(model, layout)
+        rt = build_runtime(cfg, build_mesh(layout.pp, layout.dp, layout.tp, backend="gloo", timeout_s=600))
+        train_step(rt)
+        single = None
         if rank == 0:
-            Path(out).write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            single = build_runtime(TrainConfig(cfg.spec, Layout(micro_batch=2), steps=10, global_batch=2, seq_len=32,
+                                               progress=False), None)
+            train_step(single)
+        res = _measure(rt, single, repeats, Path(work))
+        results.append({"model": model, "layout": layout.describe(), "parameters": cfg.spec.num_params(), **res})
+        del rt, single
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
 
 
 def _mb(n: int) -> str:
@@ -140,7 +127,7 @@ def main() -> None:
     jobs = [(m, LAYOUTS[args.layout]) for m in args.models.split(",")]
     with tempfile.TemporaryDirectory(dir=args.dir) as work:
         out = os.path.join(work, "results.json")
-        mp.spawn(_worker, args=(_free_port(), jobs, args.repeats, work, out), nprocs=2)
+        spawn_ranks(_worker, 2, jobs, args.repeats, work, out, timeout_s=600)
         results = json.loads(Path(out).read_text())
     if args.json:
         print(json.dumps(results, indent=2))

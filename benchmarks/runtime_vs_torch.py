@@ -21,7 +21,6 @@ import argparse
 import importlib
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,10 +28,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardwise.model import Transformer
-from shardwise.parallel import build_mesh, data_parallel, init_distributed, tensor_parallel
+from shardwise.launch import spawn_ranks
+from shardwise.parallel import build_mesh, data_parallel, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
 
@@ -200,23 +199,12 @@ def bench_model(name: str, args, rank: int) -> dict:
     return out
 
 
-def _worker(rank, world, port, args, path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+def _worker(rank, world, args, path):
     torch.set_num_threads(args.threads)
-    init_distributed(args.backend, 120)
-    try:
-        results = [bench_model(name, args, rank) for name in args.models.split(",")]
-        if rank == 0:
-            with open(path, "w") as f:
-                json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    results = [bench_model(name, args, rank) for name in args.models.split(",")]
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(results, f)
 
 
 def table(results: list[dict]) -> str:
@@ -244,7 +232,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "results.json")
-        mp.spawn(_worker, args=(2, _free_port(), args, path), nprocs=2)
+        spawn_ranks(_worker, 2, args, path, backend=args.backend, timeout_s=120)
         with open(path) as f:
             results = json.load(f)
     if args.json:
