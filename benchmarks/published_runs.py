@@ -23,7 +23,9 @@ from pathlib import Path
 from shardwise.planner import Job, estimate
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster
 
-DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared/reference/published_runs.csv"
+# The project's shared reference file when it sits beside the checkout, else the copy shipped here.
+SHARED_CSV = Path(__file__).resolve().parents[2] / "shared/reference/published_runs.csv"
+DEFAULT_CSV = SHARED_CSV if SHARED_CSV.is_file() else Path(__file__).resolve().parent / "data/published_runs.csv"
 
 # Vocabulary when the row says NR: the tokenizer of that model family where it is public,
 # else the padded GPT-2 BPE Megatron uses (51200).
