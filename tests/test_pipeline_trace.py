@@ -17,7 +17,7 @@ from shardwise.train import TrainConfig, train
 
 def _worker(rank, world, out_dir):
     cfg = TrainConfig(load_model("tiny"), Layout(pp=2, micro_batch=1, schedule="1f1b"), steps=2, global_batch=4,
-                      seq_len=16, progress=False)
+                      seq_len=16, progress=False, trace_dir=out_dir)
     rt = train(cfg, build_mesh(2, 1, 1, backend="gloo", timeout_s=60)).runtime
     summary = write_trace(rt.forward_backward, out_dir, "tiny, pp 2, 1F1B")
     if rank == 0:

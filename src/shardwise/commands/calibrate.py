@@ -43,6 +43,9 @@ def run(args) -> int:
 
     cfg = _config(args)
     check_config(cfg, _cuda_devices() if args.backend == "nccl" else 0)  # before torch starts any rank
+    from shardwise.commands.common import prepare_output
+
+    prepare_output(args.out, "--out")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -73,7 +73,9 @@ def run_inspect(args) -> int:
         table.add_row(f"{kind}.*", f"{_count(g['tensors'], 'tensor')}, {_count(g['elements'], 'element')}")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
-    table.add_row("resume", f"shardwise train --model {model['name']} --steps {info['steps']} --checkpoint-dir {parent} --resume "
+    flags = " ".join(f"--{key.replace('_', '-')} {run[key]}" for key in
+                     ("steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "weight_decay", "grad_clip"))
+    table.add_row("resume", f"shardwise train --model {model['name']} {flags} --checkpoint-dir {parent} --resume "
                   f"(with any --dp/--tp/--pp)")
     console.print(table)
     if args.tensors:

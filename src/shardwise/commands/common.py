@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from shardwise.errors import UsageError
@@ -42,13 +43,16 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
 def layout_from_args(args, dp: int) -> Layout:
     schedule = args.schedule or ("interleaved-1f1b" if args.vpp > 1 else "1f1b")
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
-                  recompute=args.recompute, sequence_parallel=args.sequence_parallel, schedule=schedule)
+                  recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule)
 
 
 def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    if tp < 1 or pp < 1 or gpus % (tp * pp):
+    for flag, value in (("--tp", tp), ("--pp", pp)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if gpus % (tp * pp):
         raise UsageError(f"tp*pp = {tp}*{pp} does not divide {gpus} GPUs — choose tp and pp whose product divides --gpus")
     return gpus // (tp * pp)
 
@@ -100,6 +104,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 def space_from_args(args):
     from shardwise.planner.search import SearchSpace
+
+    if args.max_vpp is not None and args.max_vpp < 1:
+        raise UsageError(f"--max-vpp must be at least 1, got {args.max_vpp}")
 
     return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
                        recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp)
@@ -157,6 +164,21 @@ def print_explanation(console, paragraphs, title: str) -> None:
     console.print(f"[b]{title}[/]")
     for text in paragraphs:
         console.print(f"- {text}", highlight=False)
+
+
+def prepare_output(path, flag: str) -> None:
+    """Create the folder an output file goes to, before any long work; a path we cannot write is a usage error."""
+    from pathlib import Path
+
+    if path is None:
+        return
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create its folder ({exc.strerror}) — pick a writable path") from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: the folder {folder} is not writable — pick a writable path")
 
 
 def print_json(obj) -> None:

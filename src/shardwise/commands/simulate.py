@@ -44,6 +44,10 @@ def _check(args) -> None:
         raise UsageError(f"--comm must be non-negative, got {args.comm}")
     if args.out is not None and args.out.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--out must end in .png or .svg, got '{args.out}'")
+    from shardwise.commands.common import prepare_output
+
+    prepare_output(args.out, "--out")
+    prepare_output(args.trace, "--trace")
     if args.compare and args.schedule is not None:
         raise UsageError("--compare simulates gpipe, 1f1b, interleaved-1f1b and zb-h1 itself — drop --schedule")
 

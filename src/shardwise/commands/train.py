@@ -103,7 +103,11 @@ def layout_from(args):
         if args.microbatches < 1 or dp < 1 or args.global_batch % (dp * args.microbatches):
             raise UsageError(f"--microbatches {args.microbatches} does not divide the {args.global_batch // max(dp, 1)} "
                              f"sequences per dp rank (global batch {args.global_batch}, dp {dp}) — pick a divisor")
-        values["micro_batch"] = args.global_batch // (dp * args.microbatches)
+        implied = args.global_batch // (dp * args.microbatches)
+        if values.get("micro_batch", implied) != implied:
+            raise UsageError(f"--microbatches {args.microbatches} means micro-batch {implied}, which contradicts "
+                             f"micro_batch={values['micro_batch']} in {args.plan} — drop one of them")
+        values["micro_batch"] = implied
     elif "micro_batch" not in values:
         # Without a pipeline one micro-batch per step is fastest; a pipeline needs several.
         values["micro_batch"] = max(1, args.global_batch // max(dp, 1)) if pp == 1 else 1

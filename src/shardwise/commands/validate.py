@@ -71,6 +71,9 @@ def run(args) -> int:
     cal = CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, seq_len=args.seq_len,
                           timeout_s=args.timeout)
     check_config(cal, cuda)  # world, backend and GPUs, before anything starts
+    from shardwise.commands.common import prepare_output
+
+    prepare_output(args.plot, "--plot")
     cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
     if not cfg.layouts:
         from dataclasses import replace

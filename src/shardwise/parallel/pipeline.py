@@ -288,11 +288,14 @@ class PipelineStep:
     the first and the last stage. FSDP (ZeRO 2/3) reduces its own gradients with the chunk's last
     weight backward (`grad_sync`)."""
 
-    def __init__(self, executor: PipelineExecutor, dp_group, zero: int, tied=None):
+    def __init__(self, executor: PipelineExecutor, dp_group, zero: int, tied=None, keep_records: bool = False):
         self.executor, self.dp_group, self.zero, self.tied = executor, dp_group, zero, tied
+        self.keep_records = keep_records  # every step's records (for --trace), else only the last step's
         self.epoch = aligned_epoch(executor.pp_group)
 
     def __call__(self, parts, microbatches):
+        if not self.keep_records:
+            self.executor.records.clear()
         loss = self.executor.step([x for x, _ in microbatches], [y for _, y in microbatches], self.epoch)
         if self.dp_group is not None and self.zero < 2:
             for part in parts:
@@ -318,7 +321,9 @@ class TiedEmbeddings:
     so their gradients are summed between those two ranks each step (Megatron's embedding group).
     The last stage's copy is then a replica: `clip_grad_norm_` skips it via `model.pp_replicas`."""
 
-    def __init__(self, mesh, parts, first: bool, last: bool):
+    def __init__(self, mesh, parts, first: bool, last: bool, timeout_s: float):
+        from datetime import timedelta
+
         coords = {d: mesh[d].get_local_rank() for d in ("pp", "dp", "tp")}
         pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
         self.group = None
@@ -326,7 +331,7 @@ class TiedEmbeddings:
         for d in range(dp):
             for t in range(tp):
                 ranks = [(0 * dp + d) * tp + t, ((pp - 1) * dp + d) * tp + t]
-                g = dist.new_group(ranks)
+                g = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
                 if (d, t) == (coords["dp"], coords["tp"]) and (first or last):
                     self.group = g
         self.weight = None
@@ -360,8 +365,8 @@ def build_pipeline(cfg, mesh, device) -> tuple[list[nn.Module], PipelineStep]:
                                 device=device, amp=amp,
                                 grad_sync=lambda c, last: grad_sync(parts[c], enabled=last))
     first, last = pp_rank == 0, pp_rank == lay.pp - 1
-    tied = TiedEmbeddings(mesh, parts, first, last) if spec.tie_embeddings else None
-    return parts, PipelineStep(executor, group(mesh, "dp"), lay.zero, tied)
+    tied = TiedEmbeddings(mesh, parts, first, last, cfg.timeout_s) if spec.tie_embeddings else None
+    return parts, PipelineStep(executor, group(mesh, "dp"), lay.zero, tied, keep_records=bool(cfg.trace_dir))
 
 
 # --------------------------------------------------------------------------- timelines of a real run
