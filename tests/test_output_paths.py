@@ -1,0 +1,18 @@
+"""Output files: their folder is created before any work, and an impossible path is one line, exit 2."""
+
+from shardwise.cli import main
+
+
+def test_simulate_creates_the_output_folders(tmp_path):
+    out, trace = tmp_path / "a" / "b" / "t.png", tmp_path / "c" / "t.json"
+    assert main(["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", str(out),
+                 "--trace", str(trace), "--json"]) == 0
+    assert out.stat().st_size > 0 and trace.stat().st_size > 0
+
+
+def test_unwritable_output_is_a_usage_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where a folder would have to be
+    code = main(["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", str(blocker / "t.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
