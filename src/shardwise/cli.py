@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shardwise: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        sys.stderr.close()
+        return 0
     return int(code or 0)
 
 

@@ -49,6 +49,7 @@ class TrainConfig:
     backend: str = "gloo"
     timeout_s: float = 300.0
     metrics_file: str | None = None
+    json_output: bool = False  # rank 0 prints the records and a summary as one JSON object at the end
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True
     # checkpoints (shardwise.checkpoint): where, how often, how many to keep; stop early; resume; restarts
@@ -243,28 +244,40 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
         sink.close()
     if rank0 and cfg.progress and result.records:
         print(summary(result.records, cfg), flush=True)
-    if cfg.trace_dir and cfg.layout.pp > 1:
-        _write_trace(result.runtime)
+    trace = _write_trace(result.runtime) if cfg.trace_dir and cfg.layout.pp > 1 else None
+    if rank0 and cfg.json_output:
+        print(json.dumps({"records": result.records, "summary": summary_dict(result.records, cfg), "trace": trace}), flush=True)
     return result
 
 
-def _write_trace(rt: Runtime) -> None:
+def _write_trace(rt: Runtime) -> dict | None:
     from shardwise.parallel.pipeline import write_trace
 
     lay = rt.cfg.layout
     title = f"{rt.cfg.spec.name}: dp{lay.dp}·tp{lay.tp}·pp{lay.pp}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
     info = write_trace(rt.forward_backward, rt.cfg.trace_dir, title)
-    if info:
+    if info and rt.cfg.progress:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
               f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
               + ", ".join(info["files"]), flush=True)
+    return info
+
+
+def summary_dict(records: list[dict], cfg: TrainConfig) -> dict:
+    if not records:
+        return {"steps": 0}
+    times = sorted(r["step_time_s"] for r in records[1:] or records)  # the first step includes warm-up work
+    median = times[len(times) // 2]
+    lay = cfg.layout
+    return {"steps": len(records), "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"],
+            "median_step_time_s": median, "tokens_per_s": cfg.tokens_per_step / median,
+            "layout": lay.to_dict(), "num_microbatches": lay.num_microbatches(cfg.global_batch)}
 
 
 def summary(records: list[dict], cfg: TrainConfig) -> str:
-    times = sorted(r["step_time_s"] for r in records[1:] or records)  # the first step includes warm-up work
-    median = times[len(times) // 2]
-    return (f"trained {len(records)} steps: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f}, "
-            f"median step {median:.4f} s, {cfg.tokens_per_step / median:,.0f} tokens/s")
+    s = summary_dict(records, cfg)
+    return (f"trained {s['steps']} steps: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
+            f"median step {s['median_step_time_s']:.4f} s, {s['tokens_per_s']:,.0f} tokens/s")
 
 
 def open_metrics(path: str, after_step: int | None = None):

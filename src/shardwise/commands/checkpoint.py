@@ -29,6 +29,7 @@ def register(subparsers, name, help):
                          epilog="load it anywhere: safetensors.torch.load_file('model.safetensors')")
     exp.add_argument("path", metavar="DIR", help="a --checkpoint-dir (newest checkpoint) or one step_NNNNNN directory")
     exp.add_argument("--to", required=True, metavar="FILE", help="output file, e.g. model.safetensors")
+    exp.add_argument("--json", action="store_true", help="print what was written as JSON")
     exp.set_defaults(func=run_export)
 
 
@@ -90,6 +91,11 @@ def run_export(args) -> int:
     from shardwise.checkpoint.export import export_safetensors
 
     out = export_safetensors(args.path, args.to)
+    if args.json:
+        from shardwise.commands.common import print_json
+
+        print_json(out)
+        return 0
     print(f"wrote {out['file']}: {out['tensors']} tensors, {out['parameters']:,} parameters, {_size(out['bytes'])} "
           f"(step {out['step']})")
     return 0

@@ -1,4 +1,4 @@
-"""Output files: their folder is created before any work, and an impossible path is one line, exit 2."""
+"""What commands write: output folders created before any work (an impossible path is one line, exit 2); --json."""
 
 from shardwise.cli import main
 
@@ -16,3 +16,16 @@ def test_unwritable_output_is_a_usage_error(tmp_path, capsys):
     code = main(["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", str(blocker / "t.png")])
     err = capsys.readouterr().err
     assert code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_json_prints_records_and_summary(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "shardwise", "train", "--model", "tiny", "--steps", "2", "--global-batch", "4",
+                          "--seq-len", "16", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["step"] for r in data["records"]] == [1, 2]
+    assert data["summary"]["steps"] == 2 and data["summary"]["layout"]["dp"] == 1
