@@ -256,7 +256,7 @@ def _write_trace(rt: Runtime) -> dict | None:
     lay = rt.cfg.layout
     title = f"{rt.cfg.spec.name}: dp{lay.dp}·tp{lay.tp}·pp{lay.pp}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
     info = write_trace(rt.forward_backward, rt.cfg.trace_dir, title)
-    if info and rt.cfg.progress:
+    if info and not rt.cfg.json_output:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
               f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
               + ", ".join(info["files"]), flush=True)
