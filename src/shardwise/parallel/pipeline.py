@@ -31,6 +31,11 @@ from shardwise.schedules.schedule import Schedule, Step, Transfer, p2p_plan, vir
 from shardwise.specs import ModelSpec
 from shardwise.timeline import Event
 
+try:  # torch's split of one backward into input- and weight-gradient passes (private; torch >= 2.5)
+    from torch.distributed.pipelining import _backward as _split_backward
+except ImportError:  # pragma: no cover - older torch: W walks the kept graph again
+    _split_backward = None
+
 
 # --------------------------------------------------------------------------- stage split
 
@@ -152,6 +157,7 @@ class _Held:
     inputs: torch.Tensor | None = None  # received activation (requires grad), None on virtual stage 0
     output: torch.Tensor | None = None  # the chunk's output, or its loss / m on the last stage
     grad_output: torch.Tensor | None = None  # kept from I for W (zero-bubble)
+    param_groups: list | None = None  # the weight-gradient part of the graph, kept from I for W
 
 
 @dataclass
@@ -247,7 +253,10 @@ class PipelineExecutor:
         """B: full backward. I: input gradient only, graph kept. W: weight gradients from that graph."""
         if a.kind == "W":
             params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
-            torch.autograd.backward(h.output, h.grad_output, inputs=params)
+            if h.param_groups is not None:  # only the weight part of the graph is left to walk
+                _split_backward.stage_backward_weight(iter(params), h.param_groups)
+            else:
+                torch.autograd.backward(h.output, h.grad_output, inputs=params)
             return self._release(a, h)
         if a.kind == "B":
             torch.autograd.backward(h.output, grad_output)
@@ -257,13 +266,20 @@ class PipelineExecutor:
         h.grad_output = grad_output
         if h.inputs is None:  # virtual stage 0: no input gradient to produce; W does all the work
             return None
+        if _split_backward is not None:
+            # torch's graph split: the input gradient now, the weight-gradient subgraph kept for W,
+            # so I + W cost one backward (the plain fallback below walks the graph twice).
+            params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
+            grads, h.param_groups = _split_backward.stage_backward_input(
+                [h.output], None if grad_output is None else [grad_output], [h.inputs], iter(params))
+            return grads[0]
         (grad_in,) = torch.autograd.grad(h.output, [h.inputs], grad_output, retain_graph=True)
         return grad_in
 
     def _release(self, a, h: _Held):
         if self.saved:
             self.saved.release((a.microbatch, a.chunk))
-        h.inputs = h.output = h.grad_output = None
+        h.inputs = h.output = h.grad_output = h.param_groups = None
 
 
 # --------------------------------------------------------------------------- in the training loop
