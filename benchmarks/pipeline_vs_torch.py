@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import socket
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from shardwise.launch import free_port
 from shardwise.specs import load_model
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -219,9 +219,7 @@ def main(argv=None) -> int:
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=worker, args=(r, port, args, queue)) for r in (0, 1)]
     for p in procs:
         p.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from shardwise.launch import free_port
 from shardwise.cli import build_parser, main
 from shardwise.commands.train import config_from
 from shardwise.train import train
@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_process_group(argv, expecte
 
 
 @pytest.mark.parametrize("content, expected", [
-    ("not json", "not valid JSON"),
+    ("not json", "malformed JSON"),
     ('{"candidates": []}', "no layout found"),
     ('{"best": {"dp": 2, "tp": "x", "pp": 1}}', "'tp' must be int"),
     ('{"best": {"dp": 2, "tp": 1, "pp": 1, "zero": 7}}', "unknown ZeRO stage 7"),
@@ -134,17 +134,11 @@ def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
     assert time.monotonic() - start < 60  # the agent noticed; nobody waited for the collective timeout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_torchrun_nodes_train_and_match(tmp_path):
     """Two torchrun agents (--nnodes 2, one rank each) meet at a loopback c10d rendezvous: dp=2 across "nodes"."""
     args = ["--model", "tiny-gpt2", "--steps", "3", "--global-batch", "4", "--seq-len", "32", "--seed", "5"]
-    port, metrics = _free_port(), tmp_path / "m.jsonl"
+    port, metrics = free_port(), tmp_path / "m.jsonl"
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                                "--node-rank", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                                "--rdzv-id", "two-nodes", "--max-restarts", "0", "--local-addr", "127.0.0.1",

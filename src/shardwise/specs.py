@@ -173,16 +173,21 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     return spec
 
 
+def read_json_file(path: Path, source: str, fix: str):
+    """A user's JSON file, or one UsageError line naming it and the fix."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{source}: malformed JSON ({exc}) — {fix}") from None
+
+
 def load_model(ref: str) -> ModelSpec:
     """A preset name (see `model_presets()`) or a path to a Hugging Face config.json."""
     path = Path(ref)
     if ref.endswith(".json") or path.is_file():
         if not path.is_file():
             raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
-        try:
-            cfg = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{ref}: malformed JSON ({exc}) — fix the file or use a preset") from None
+        cfg = read_json_file(path, ref, "fix the file or use a preset")
         return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
     preset = _preset_dir("models").joinpath(f"{ref}.json")
     if not preset.is_file():

@@ -13,7 +13,6 @@ import datetime as _dt
 import gc
 import os
 import queue as _queue
-import socket
 import time
 from dataclasses import replace
 
@@ -83,17 +82,13 @@ def _spawned(rank, entry, payload, world, backend, timeout_s, init_method, resul
         results.put(("result", out))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(entry, payload, world, backend, timeout_s, report):
     import torch.multiprocessing as mp
 
     results = mp.get_context("spawn").Queue()
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    from shardwise.launch import free_port
+
+    init = f"tcp://127.0.0.1:{free_port()}"
     ranks = mp.start_processes(_spawned, args=(entry, payload, world, backend, timeout_s, init, results),
                                nprocs=world, join=False, start_method="spawn")
     done, out, last = False, None, time.monotonic()

@@ -7,7 +7,6 @@ or from `shardwise estimate --json`.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -63,10 +62,9 @@ def read_plan(path: str) -> dict:
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"plan file '{path}' not found — write one with `shardwise plan ... --json > {path}`")
-    try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc}) — write it with `shardwise plan ... --json`") from None
+    from shardwise.specs import read_json_file
+
+    data = read_json_file(file, path, "write it with `shardwise plan ... --json`")
     layout = data.get("best", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
