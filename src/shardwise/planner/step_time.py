@@ -246,16 +246,24 @@ def pipeline_receives(layout: Layout, m: int) -> int:
     return max(m * sum((c * p + r > 0) + (c * p + r < last) for c in range(v)) for r in range(p))
 
 
+def pipeline_costs(job: Job, layout: Layout) -> tuple[StageCost, float]:
+    """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
+    stage is timed at them) and one activation transfer between neighbouring ranks (seconds).
+    The report's timeline simulates the schedule with the same numbers."""
+    costs = [stage_cost(job, layout, r) for r in sorted({0, layout.pp - 1})]
+    slow = max(costs, key=lambda c: c.f + c.b + c.w)
+    # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
+    act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
+    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if layout.pp > 1 else 0.0
+    return slow, c
+
+
 def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank, plus the FLOP totals."""
     m = layout.num_microbatches(job.train.global_batch)
     p, v = layout.pp, layout.vpp
     ranks = sorted({0, p - 1})
-    costs = {r: stage_cost(job, layout, r) for r in ranks}
-    slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
-    # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
-    act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
-    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if p > 1 else 0.0
+    slow, c = pipeline_costs(job, layout)
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
     # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
