@@ -115,7 +115,7 @@ def _grads(chunk):
 
 
 def worker(rank, port, args, queue):
-    from shardwise.parallel.pipeline import build_stage_chunks
+    from shardwise.parallel.pipeline_step import build_stage_chunks
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from shardwise.model import Transformer
 from shardwise.launch import spawn_ranks
-from shardwise.parallel import build_mesh, data_parallel, tensor_parallel
+from shardwise.parallel import build_mesh, parallelize, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
 
@@ -69,13 +69,13 @@ def _step_fn(model, x, y, loss_ctx=None):
     return step
 
 
-def _runtime_step(model, x, y):
+def _runtime_step(chunk, x, y):
     """The runtime's own path: forward_backward (grad_sync, loss scaling) then AdamW."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(chunk.module.parameters(), lr=1e-4)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = forward_backward([model], [(x, y)])
+        loss = forward_backward([chunk], [(x, y)])
         opt.step()
         return loss
     return step
@@ -178,7 +178,7 @@ def bench_model(name: str, args, rank: int) -> dict:
     xl, yl = _batch(args, slice(rank * args.batch // 2, (rank + 1) * args.batch // 2))
     tp_mesh = build_mesh(1, 1, 2, backend=args.backend, timeout_s=120)
     dp_mesh = build_mesh(1, 2, 1, backend=args.backend, timeout_s=120)
-    ours_tp = _step_fn(tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"]), x, y)
+    ours_tp = _step_fn(tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"]).model, x, y)
     calls = _record_tp_collectives(ours_tp)
     cfg = TrainConfig(spec, Layout(dp=2, micro_batch=args.batch // 2), steps=10**6, global_batch=args.batch,
                       seq_len=args.seq_len, backend=args.backend, progress=False)
@@ -189,7 +189,7 @@ def bench_model(name: str, args, rank: int) -> dict:
         "tp_shardwise_s": ours_tp,
         "tp_dtensor_s": _step_fn(dtensor_tp(spec, tp_mesh), x, y, loss_parallel),
         "tp_comm_s": _replay(calls, tp_mesh["tp"].get_group()),
-        "dp_shardwise_s": _runtime_step(data_parallel(Transformer(spec, seed=0), dp_mesh["dp"], 0), xl, yl),
+        "dp_shardwise_s": _runtime_step(parallelize(Transformer(spec, seed=0), dp_mesh, Layout(dp=2)), xl, yl),
         "dp_ddp_s": _step_fn(torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0)), xl, yl),
         "dp_train_step_s": lambda: torch.tensor(train_step(rt)["loss"]),
     }

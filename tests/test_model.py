@@ -6,8 +6,6 @@ import torch
 from shardwise.model import Transformer, num_parameters
 from shardwise.specs import load_model, model_from_hf_config
 
-transformers = pytest.importorskip("transformers")
-
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gpt2"])
 def test_parameter_count_matches_spec(preset):
@@ -77,6 +75,7 @@ def _copy_into_hf_gpt2(model, hf):
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gpt2"])
 def test_logits_equal_hugging_face(preset):
+    transformers = pytest.importorskip("transformers")  # only this test needs it
     spec = load_model(preset)
     model = Transformer(spec, seed=11).eval()
     config = transformers.AutoConfig.for_model(**spec.to_hf_config())

@@ -41,7 +41,9 @@ def _data(seed=0):
 
 def _measure(pp, pp_rank, group, name, v, recompute):
     """One step of one configuration on this rank: peak bytes, bytes per (micro-batch, chunk), layers."""
-    from shardwise.parallel.pipeline import PipelineExecutor, SavedBytes, build_stage_chunks
+    from shardwise.parallel.pipeline import PipelineExecutor
+    from shardwise.parallel.pipeline_step import build_stage_chunks
+    from shardwise.validate.saved_bytes import SavedBytes
 
     class Recording(SavedBytes):
         """SavedBytes that also remembers what each (micro-batch, chunk) held when it was released."""
@@ -152,7 +154,7 @@ def test_planner_activations_match_the_measurement(measured, cfg):
     pp, name, v, recompute = cfg
     job, layout = _job(), Layout(pp=pp, micro_batch=MB, vpp=v, schedule=name, recompute=recompute)
     for r, got in enumerate(measured[cfg]):
-        assert rank_layers(SPEC.num_layers, pp, v, r) == sum(got["layers"])  # the same split
+        assert rank_layers(job, layout, r) == sum(got["layers"])  # the same split
         mem = rank_memory(job, layout, r)
         inflight = peak_inflight_microbatches(name, pp, M, v, stage=r) * sum(got["layers"])
         predicted = mem["activations"] + mem["logits"] - recompute_working_bytes(job, layout, inflight)
@@ -161,7 +163,7 @@ def test_planner_activations_match_the_measurement(measured, cfg):
 
 
 def _saved_by_forward(model, x, y) -> int:
-    from shardwise.parallel.pipeline import SavedBytes
+    from shardwise.validate.saved_bytes import SavedBytes
 
     saved = SavedBytes([model])
     with saved.hooks((0, 0)):

@@ -8,7 +8,7 @@ import os
 
 from shardwise.launch import spawn_ranks
 from shardwise.parallel import build_mesh
-from shardwise.parallel.pipeline import measured_costs, write_trace
+from shardwise.trace import measured_costs, write_trace
 from shardwise.schedules import build
 from shardwise.specs import Layout, load_model
 from shardwise.timeline import Event
@@ -19,7 +19,7 @@ def _worker(rank, world, out_dir):
     cfg = TrainConfig(load_model("tiny"), Layout(pp=2, micro_batch=1, schedule="1f1b"), steps=2, global_batch=4,
                       seq_len=16, progress=False, trace_dir=out_dir)
     rt = train(cfg, build_mesh(2, 1, 1, backend="gloo", timeout_s=60)).runtime
-    summary = write_trace(rt.forward_backward, out_dir, "tiny, pp 2, 1F1B")
+    summary = write_trace(rt.forward_backward.executor, out_dir, "tiny, pp 2, 1F1B")
     if rank == 0:
         with open(os.path.join(out_dir, "summary.json"), "w") as f:
             json.dump(summary, f)

@@ -71,12 +71,13 @@ def test_inflight_microbatches_follow_the_schedule():
 
 
 def test_uneven_stages_and_embedding_on_first_head_on_last():
-    assert rank_layers(126, 16, 1, 0) == 8 and rank_layers(126, 16, 1, 15) == 7
     m = load_model("llama3.1-405b")
     lay = Layout(tp=8, pp=16)
-    assert rank_params(m, lay, 0) == (8 * m.params_per_layer() + m.embedding_params()) / 8
-    assert rank_params(m, lay, 15) == (7 * m.params_per_layer() + m.head_params()) / 8
     job = Job(m, load_cluster("dgx-h100-80gb"), TrainSpec(64, 4096))
+    # The runtime's cut (stage_split): 7 layers beside the embedding and beside the LM head, 8 elsewhere.
+    assert [rank_layers(job, lay, r) for r in range(16)] == [7] + [8] * 14 + [7]
+    assert rank_params(job, lay, 0) == (7 * m.params_per_layer() + m.embedding_params()) / 8
+    assert rank_params(job, lay, 15) == (7 * m.params_per_layer() + m.head_params()) / 8
     assert rank_memory(job, lay.with_(dp=1), 15)["logits"] == 4096 * m.vocab_size / 8 * 6
     assert rank_memory(job, lay.with_(dp=1), 0)["logits"] == 0
 

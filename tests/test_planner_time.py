@@ -183,14 +183,16 @@ def test_pipeline_receives_each_pay_the_sync_cost():
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
 def test_parameter_tensors_are_the_runtimes(name):
     from shardwise.model import Transformer
+    from shardwise.planner.memory import Job
     from shardwise.planner.step_time import param_tensors
 
     spec = load_model(name)
-    assert param_tensors(spec, Layout(), 0) == len(list(Transformer(spec).parameters()))
+    job = Job(spec, load_cluster("dgx-h100-80gb"), TrainSpec(8, 64))
+    assert param_tensors(job, Layout(), 0) == len(list(Transformer(spec).parameters()))
     lay = Layout(pp=2)
     first = Transformer(spec, layer_ids=range(2), last=False)
     last = Transformer(spec, layer_ids=range(2, 4), first=False)
-    assert [param_tensors(spec, lay, r) for r in (0, 1)] == [len(list(m.parameters())) for m in (first, last)]
+    assert [param_tensors(job, lay, r) for r in (0, 1)] == [len(list(m.parameters())) for m in (first, last)]
 
 
 def test_ddp_wraps_every_micro_batch():

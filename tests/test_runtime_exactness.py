@@ -68,7 +68,7 @@ def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
     for key, cfg in jobs:
         mesh = build_mesh(1, cfg.layout.dp, cfg.layout.tp, backend="gloo", timeout_s=60)
         result = train(cfg, mesh)
-        params = full_state_dict(result.runtime.parts[0])
+        params = full_state_dict(result.runtime.chunks[0])
         if rank == 0:
             torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}.pt"))
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from shardwise.errors import UsageError
-from shardwise.specs import Layout, load_cluster, load_model, model_presets, stage_layer_counts, validate_layout
+from shardwise.specs import Layout, load_cluster, load_model, model_presets, validate_layout
 
 REQUIRED_MODELS = ["gpt2", "gpt3-175b", "llama-65b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
                    "llama3-70b", "llama3.1-405b"]
@@ -93,7 +93,3 @@ def test_invalid_layouts(layout, fragment):
         validate_layout(layout, load_model("llama3-8b"), global_batch=64,
                         num_gpus=4 if layout.world_size == 3 else layout.world_size)
 
-
-def test_uneven_stages():
-    assert stage_layer_counts(126, 16) == [8] * 14 + [7] * 2
-    assert sum(stage_layer_counts(7, 3)) == 7

@@ -35,7 +35,7 @@ def _worker(rank, world, out_dir):
     loss = VocabParallelCrossEntropy(rank * rows, VOCAB, group)(shard, targets)
     loss.backward()
     # 2. a TP model's LM head emits only this rank's vocabulary rows
-    model = tensor_parallel(Transformer(_spec(), seed=1), mesh["tp"])
+    model = tensor_parallel(Transformer(_spec(), seed=1), mesh["tp"]).model
     widths = []
     model.output.register_forward_hook(lambda m, a, o: widths.append(o.shape[-1]))
     model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))

@@ -380,12 +380,6 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         )
 
 
-def stage_layer_counts(num_layers: int, chunks: int) -> list[int]:
-    """Split L layers into contiguous chunks of ceil(L/c) or floor(L/c) layers (extra ones go first)."""
-    base, extra = divmod(num_layers, chunks)
-    return [base + (1 if i < extra else 0) for i in range(chunks)]
-
-
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

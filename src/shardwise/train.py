@@ -2,11 +2,12 @@
 
     runtime = build_runtime(cfg, mesh)     # model built from the seed, then parallelized for the layout
     for step in 1..N:
-        loss = runtime.forward_backward(runtime.parts, microbatches)   # replaceable: the pipeline executor
+        loss = runtime.forward_backward(runtime.chunks, microbatches)   # replaceable: the pipeline executor
         sync sequence-parallel gradients; clip by the global norm; set the LR; optimizer.step()
 
-`forward_backward(parts, microbatches) -> loss` is the one seam for pipeline parallelism: `parts` are the
-model chunks this rank holds (one, without PP), `microbatches` this dp rank's (inputs, targets) pairs;
+`forward_backward(chunks, microbatches) -> loss` is the one seam for pipeline parallelism: `chunks` are the
+model chunks this rank holds (one, without PP) as `parallelize` returned them (`Sharded`), `microbatches`
+this dp rank's (inputs, targets) pairs;
 it runs every forward and backward of the step and returns the sum of micro-batch losses / M on the
 last pipeline stage (None elsewhere). Everything else in the step is layout-agnostic.
 """
@@ -28,8 +29,8 @@ from torch import nn
 
 from shardwise import data
 from shardwise.model import Transformer
-from shardwise.parallel import (build_mesh, clip_grad_norm_, coordinates, grad_sync, group, init_distributed,
-                                make_optimizer, parallelize, size, sync_sequence_parallel_grads, unwrap)
+from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, grad_sync, group, init_distributed,
+                                make_optimizer, parallelize, size, sync_sequence_parallel_grads)
 from shardwise.specs import Layout, ModelSpec
 
 
@@ -68,14 +69,15 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
-
-def warmup_of(cfg: TrainConfig) -> int:
-    return cfg.steps // 10 if cfg.warmup_steps is None else cfg.warmup_steps
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps of the LR schedule: --warmup-steps, else 10 % of the steps."""
+        return self.steps // 10 if self.warmup_steps is None else self.warmup_steps
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step (step is 1-based)."""
-    warmup = warmup_of(cfg)
+    warmup = cfg.warmup
     i = step - 1
     if i < warmup:
         return cfg.lr * (i + 1) / warmup
@@ -92,15 +94,20 @@ class Runtime:
     cfg: TrainConfig
     mesh: object  # DeviceMesh or None for a single process
     device: torch.device
-    parts: list[nn.Module]  # what forward_backward calls (DDP- or FSDP-wrapped)
+    chunks: list[Sharded]  # this rank's model chunks, as parallelize returned them
     optimizer: torch.optim.Optimizer
     forward_backward: Callable = None
     step: int = 0
 
     @property
+    def parts(self) -> list[nn.Module]:
+        """What forward_backward calls (DDP- or FSDP-wrapped)."""
+        return [c.module for c in self.chunks]
+
+    @property
     def models(self) -> list[nn.Module]:
-        """The plain (unwrapped) model chunks: layout-free parameter names, TP metadata."""
-        return [unwrap(p) for p in self.parts]
+        """The plain (unwrapped) model chunks: layout-free parameter names."""
+        return [c.model for c in self.chunks]
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -109,9 +116,9 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def build_optimizer(parts: list[nn.Module], cfg: TrainConfig, mesh) -> torch.optim.Optimizer:
+def build_optimizer(chunks: list[Sharded], cfg: TrainConfig, mesh) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (nanoGPT). Same groups under every layout."""
-    params = [p for part in parts for p in part.parameters()]
+    params = [p for chunk in chunks for p in chunk.module.parameters()]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return make_optimizer(groups, cfg.layout.zero, None if mesh is None else mesh["dp"],
@@ -122,27 +129,28 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
     """The whole model from the seed (every layout starts from the same weights), parallelized for cfg.layout."""
     device = _device(cfg)
     if cfg.layout.pp > 1:
-        from shardwise.parallel.pipeline import build_pipeline
+        from shardwise.parallel.pipeline_step import build_pipeline
 
-        parts, step = build_pipeline(cfg, mesh, device)
-        return Runtime(cfg, mesh, device, parts, build_optimizer(parts, cfg, mesh), step)
+        chunks, step = build_pipeline(cfg, mesh, device)
+        return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step)
     model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute)
-    parts = [parallelize(model, mesh, cfg.layout, device)]
-    return Runtime(cfg, mesh, device, parts, build_optimizer(parts, cfg, mesh), forward_backward)
+    chunks = [parallelize(model, mesh, cfg.layout, device)]
+    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward)
 
 
 # --------------------------------------------------------------------------- one step
 
 
-def forward_backward(parts: list[nn.Module], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def forward_backward(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """Gradient accumulation without pipelining: each micro-batch's mean loss / M, backward at once;
     the dp gradient reduction runs only with the last micro-batch."""
-    (model,) = parts
+    (chunk,) = chunks
+    model = chunk.module
     device_type = microbatches[0][0].device.type
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device_type == "cuda" else nullcontext()
     total = torch.zeros((), device=microbatches[0][0].device)
     for i, (x, y) in enumerate(microbatches):
-        with grad_sync(model, enabled=i == len(microbatches) - 1):
+        with grad_sync(chunk, enabled=i == len(microbatches) - 1):
             with autocast:
                 loss = model(x, y) / len(microbatches)
             loss.backward()
@@ -170,10 +178,10 @@ def train_step(rt: Runtime) -> dict:
     mbs = data.local_microbatches(cfg.seed, rt.step, cfg.global_batch, cfg.seq_len, lay.dp,
                                   coordinates(rt.mesh)["dp"], lay.micro_batch, rt.device)
     rt.optimizer.zero_grad(set_to_none=True)
-    loss = rt.forward_backward(rt.parts, mbs)
-    for model in rt.models:
-        sync_sequence_parallel_grads(model)
-    norm = clip_grad_norm_(rt.parts, cfg.grad_clip, rt.mesh)
+    loss = rt.forward_backward(rt.chunks, mbs)
+    for chunk in rt.chunks:
+        sync_sequence_parallel_grads(chunk)
+    norm = clip_grad_norm_(rt.chunks, cfg.grad_clip, rt.mesh)
     lr = lr_at(cfg, rt.step)
     for g in rt.optimizer.param_groups:
         g["lr"] = lr
@@ -251,11 +259,11 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
 
 
 def _write_trace(rt: Runtime) -> dict | None:
-    from shardwise.parallel.pipeline import write_trace
+    from shardwise.trace import write_trace
 
     lay = rt.cfg.layout
     title = f"{rt.cfg.spec.name}: dp{lay.dp}·tp{lay.tp}·pp{lay.pp}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
-    info = write_trace(rt.forward_backward, rt.cfg.trace_dir, title)
+    info = write_trace(rt.forward_backward.executor, rt.cfg.trace_dir, title)
     if info and not rt.cfg.json_output:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
               f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "

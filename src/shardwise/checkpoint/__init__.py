@@ -34,10 +34,8 @@ RUN_KEYS = ("steps", "global_batch", "seq_len", "seed", "lr", "min_lr_ratio", "w
 
 
 def run_settings(cfg) -> dict:
-    from shardwise.train import warmup_of
-
     out = {k: getattr(cfg, k) for k in RUN_KEYS}
-    out["warmup_steps"] = warmup_of(cfg)
+    out["warmup_steps"] = cfg.warmup
     return out
 
 

@@ -54,11 +54,10 @@ def _local_optimizer(optimizer) -> torch.optim.Optimizer:
 def entries(rt) -> list[Entry]:
     owned = {id(p) for g in _local_optimizer(rt.optimizer).param_groups for p in g["params"]}
     out = []
-    for model in rt.models:
-        replicas = getattr(model, "pp_replicas", set())
-        for name, p in model.named_parameters():
-            key = "tok_embeddings.weight" if name in replicas else name
-            out.append(Entry(key, p, model.tp_shards.get(name), id(p) in owned, name in replicas))
+    for chunk in rt.chunks:
+        for name, p in chunk.model.named_parameters():
+            key = "tok_embeddings.weight" if name in chunk.replicas else name
+            out.append(Entry(key, p, chunk.tp_shards.get(name), id(p) in owned, name in chunk.replicas))
     return out
 
 

@@ -21,6 +21,10 @@ def register(subparsers, name: str, help: str) -> None:
     p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
                    help="per micro-batch per stage, in ms: forward, backward for inputs, backward for weights (default 1,1,1)")
     p.add_argument("--comm", type=float, default=0.0, metavar="C", help="one point-to-point transfer, in ms (default 0)")
+    p.add_argument("--model", default=None,
+                   help="cut this model (preset or config.json) into stages as training does; --costs is then an average "
+                        "stage and each stage costs its share of the FLOPs (the LM head's stage more)")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence, with --model (default 2048)")
     p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
     p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
@@ -62,6 +66,21 @@ def _shapes(args) -> list[tuple[str, int]]:
     return [(schedule, vpp)]
 
 
+def _costs(args, v: int, f: float, b: float, w: float):
+    from shardwise.schedules.simulate import Costs, model_costs
+
+    if args.model is None:
+        return Costs(f, b, w, args.comm)
+    from shardwise.specs import load_model
+
+    spec = load_model(args.model)
+    if args.seq_len < 1:
+        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
+    if args.pp * v > spec.num_layers:
+        raise UsageError(f"pp*vpp = {args.pp * v} stages exceed the {spec.num_layers} layers of {spec.name} — lower --pp or --vpp")
+    return model_costs(spec, args.pp, v, args.seq_len, f, b, w, args.comm)
+
+
 def _title(sim) -> str:
     s = sim.schedule
     return f"{s.name}  (p={s.p}, m={s.m}" + (f", v={s.v})" if s.v > 1 else ")")
@@ -75,12 +94,12 @@ def _scaled(events, to_seconds: float, rank_offset: int = 0):
 
 def run(args) -> int:
     from shardwise.schedules.generators import build
-    from shardwise.schedules.simulate import Costs, simulate
+    from shardwise.schedules.simulate import simulate
     from shardwise.timeline import draw_timelines, write_chrome_trace
 
     _check(args)
     f, b, w = parse_costs(args.costs)
-    sims = [simulate(build(name, args.pp, args.microbatches, v), Costs(f, b, w, args.comm)) for name, v in _shapes(args)]
+    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w)) for name, v in _shapes(args)]
     ms = 1e-3  # costs are in ms; pictures and traces take seconds
     if args.out is not None:
         panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]

@@ -2,54 +2,59 @@
 
     mesh  = build_mesh(pp, dp, tp)                    # parallel/mesh.py
     model = Transformer(spec, seed=seed)              # the full model (or a pipeline stage of it)
-    model = parallelize(model, mesh, layout, device)  # TP slices it, then DP/ZeRO wraps or shards it
+    chunk = parallelize(model, mesh, layout, device)  # TP slices it, then DP/ZeRO wraps or shards it
+    chunk.module(x, y)                                # a `Sharded`: the module to call, and how it is split
 
-`clip_grad_norm_` and `full_state_dict` know how each parameter is split, so they work under any layout.
+`clip_grad_norm_` and `full_state_dict` read the split from the `Sharded`, so they work under any layout.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from shardwise.parallel.data_parallel import data_parallel, grad_sync, make_optimizer, unwrap
+from shardwise.parallel.data_parallel import data_parallel, grad_sync, make_optimizer
 from shardwise.parallel.mesh import build_mesh, coordinates, group, init_distributed, size
+from shardwise.parallel.sharded import Sharded
 from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, tensor_parallel, unshard
 
 
-def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True) -> nn.Module:
+def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True) -> Sharded:
     """Full model on CPU -> the layout's TP slices it -> onto `device` -> its DP / ZeRO stage wraps or shards it.
-    Returns the module to call (the plain model stays reachable through `unwrap`). replicate=False leaves
-    ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step."""
-    tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
+    Returns a `Sharded`: the module to call, the plain model and how every parameter is split.
+    replicate=False leaves ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step."""
+    chunk = tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
     model.to(device)
-    if not replicate and layout.zero < 2:
-        return model
-    return data_parallel(model, None if mesh is None else mesh["dp"], layout.zero)
+    zero = layout.zero if size(mesh, "dp") > 1 else 0
+    if not replicate and zero < 2:
+        return replace(chunk, zero=zero)
+    return replace(chunk, module=data_parallel(model, None if mesh is None else mesh["dp"], zero), zero=zero)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def clip_grad_norm_(models: list[nn.Module], max_norm: float, mesh) -> torch.Tensor:
+def clip_grad_norm_(chunks: list[Sharded], max_norm: float, mesh) -> torch.Tensor:
     """Clip by the norm of the whole model's gradient, whatever the layout; returns that norm.
 
     TP shards add up over tp; parameters replicated over tp count once (tp rank 0); FSDP shards add
     up over dp (DDP gradients are already equal on every dp rank); pipeline stages add up over pp."""
     tp_rank = coordinates(mesh)["tp"]
     sharded, replicated, twins, sharded_over_dp = [], [], [], False
-    for model in models:
-        for name, p in unwrap(model).named_parameters():
+    for chunk in chunks:
+        for name, p in chunk.model.named_parameters():
             if p.grad is None:
                 continue
-            if name in getattr(unwrap(model), "pp_replicas", ()):
+            if name in chunk.replicas:
                 twins.append(_local(p.grad))  # a tied LM head: its twin on the first stage is counted
                 continue
             sharded_over_dp |= isinstance(p.grad, DTensor)
-            (sharded if name in getattr(unwrap(model), "tp_shards", {}) else replicated).append(_local(p.grad))
+            (sharded if name in chunk.tp_shards else replicated).append(_local(p.grad))
     grads = sharded + replicated
     device = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), device=device)
@@ -67,17 +72,16 @@ def clip_grad_norm_(models: list[nn.Module], max_norm: float, mesh) -> torch.Ten
     return norm
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(chunk: Sharded) -> dict[str, torch.Tensor]:
     """Every parameter, gathered to its full unpadded shape under its layout-free name (CPU tensors).
-    Collective: every rank of the model's tp and dp groups must call it."""
-    model = unwrap(model)
+    Collective: every rank of the chunk's tp and dp groups must call it."""
     out = {}
-    for name, p in model.named_parameters():
+    for name, p in chunk.model.named_parameters():
         t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
-        out[name] = unshard(model, name, t).cpu()
+        out[name] = unshard(chunk, name, t).cpu()
     return out
 
 
-__all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "parallelize", "tensor_parallel",
-           "data_parallel", "grad_sync", "make_optimizer", "unwrap", "clip_grad_norm_", "full_state_dict",
+__all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "parallelize", "Sharded", "tensor_parallel",
+           "data_parallel", "grad_sync", "make_optimizer", "clip_grad_norm_", "full_state_dict",
            "sync_sequence_parallel_grads"]

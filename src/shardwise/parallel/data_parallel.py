@@ -29,7 +29,6 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3)
-        model.zero_stage = zero
         return model
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
     # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
@@ -38,19 +37,17 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **no_buffer_sync)
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    return module.module if isinstance(module, DistributedDataParallel) else module
-
-
 @contextmanager
-def grad_sync(module: nn.Module, enabled: bool):
-    """Gradient accumulation: skip the dp reduction on all but the last micro-batch of a step."""
+def grad_sync(chunk, enabled: bool):
+    """Gradient accumulation: skip the dp reduction on all but the last micro-batch of a step.
+    `chunk` is what `parallelize` returned (a `Sharded`)."""
+    module = chunk.module
     if isinstance(module, DistributedDataParallel):
         with nullcontext() if enabled else module.no_sync():
             yield
     elif isinstance(module, FSDPModule):
         # ZeRO-3 reduce-scatters every micro-batch (keeps gradients sharded); ZeRO-2 once per step.
-        module.set_requires_gradient_sync(enabled or module.zero_stage == 3)
+        module.set_requires_gradient_sync(enabled or chunk.zero == 3)
         yield
     else:
         yield

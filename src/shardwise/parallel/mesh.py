@@ -2,7 +2,8 @@
 
 global rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so the tp ranks of a group are neighbours
 (the same node when tp <= GPUs per node) and pipeline stages are the outermost split.
-Every process group of the runtime is `mesh[dim].get_group()`; nothing else keeps group lists.
+Every process group of the runtime is `mesh[dim].get_group()`, except `edge_group` (a tied embedding's
+two copies), which is cut from the same mesh's rank grid; nothing else keeps rank lists.
 Every group carries the job's timeout, so a lost peer raises instead of hanging.
 """
 
@@ -74,3 +75,18 @@ def size(mesh: DeviceMesh | None, dim: str) -> int:
 def group(mesh: DeviceMesh | None, dim: str):
     """The process group of `dim`, or None when there is nothing to talk to (single process, size 1)."""
     return None if size(mesh, dim) == 1 else mesh[dim].get_group()
+
+
+def edge_group(mesh: DeviceMesh, timeout_s: float):
+    """The group of the first and the last pipeline stage of this rank's (dp, tp) coordinate (Megatron's
+    embedding group: a tied embedding's two copies). A mesh dimension cannot hold two non-adjacent pp
+    ranks, so the groups are cut from the mesh's own rank grid. Collective: every rank creates every
+    group, in the same order; returns this rank's, or None on a middle stage."""
+    grid = mesh.mesh.reshape(mesh.size(0), -1)  # pp first; one column per coordinate of the other dims
+    mine = None
+    for column in grid.T.tolist():
+        ranks = sorted({column[0], column[-1]})
+        g = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
+        if dist.get_rank() in ranks:
+            mine = g
+    return mine

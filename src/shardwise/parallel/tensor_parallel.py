@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from shardwise.parallel.sharded import Sharded
+
 # --------------------------------------------------------------------------- collectives
 
 # torch 2.13 renamed the tensor-in/tensor-out collectives; keep working on older releases too.
@@ -196,19 +198,17 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // tp) * tp
 
 
-def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> nn.Module:
+def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> Sharded:
     """Slice `model` (a full shardwise Transformer or a pipeline stage of one) over the 1-D `tp_mesh`, in place.
 
-    Sets `model.tp_shards` ({parameter name: TPShard}) and `model.sp_partial_grads` (names whose gradients
-    are partial sums over tp under sequence parallelism); parameter names do not change."""
+    Returns the model with its split: `tp_shards` ({parameter name: TPShard}) and `sp_partial_grads`
+    (names whose gradients are partial sums over tp under sequence parallelism); names do not change."""
     tp = 1 if tp_mesh is None else tp_mesh.size()
-    model.tp_shards, model.sp_partial_grads, model.tp_group = {}, [], None
     if tp == 1:
-        return model
+        return Sharded(model, model)
     group, rank = tp_mesh.get_group(), tp_mesh.get_local_rank()
     enter, exit_ = (GATHER_SEQ, REDUCE_SCATTER_SEQ) if sequence_parallel else (COPY, REDUCE)
-    model.tp_group = group
-    shards = model.tp_shards
+    shards, sp_partial = {}, []
 
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
@@ -226,9 +226,9 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
             model.get_submodule(parent).register_module(leaf, RowParallelLinear(module, rank, tp, group, exit_))
             shards[f"{name}.weight"] = TPShard(1, module.in_features)
             if sequence_parallel and module.bias is not None:
-                model.sp_partial_grads.append(f"{name}.bias")
+                sp_partial.append(f"{name}.bias")
         elif "norm" in leaf and sequence_parallel:
-            model.sp_partial_grads.extend(f"{name}.{p}" for p, _ in module.named_parameters())
+            sp_partial.extend(f"{name}.{p}" for p, _ in module.named_parameters())
 
     vocab = model.spec.vocab_size
     rows = padded_vocab(vocab, tp)
@@ -248,21 +248,22 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
         model.output.out_features = rows // tp
         model.output.register_forward_pre_hook(partial(_enter_hook, enter, group))
         model.loss_fn = VocabParallelCrossEntropy(start, vocab, group)
-    return model
+    return Sharded(model, model, tp_shards=shards, sp_partial_grads=tuple(sp_partial), tp_group=group)
 
 
 # --------------------------------------------------------------------------- helpers for the loop
 
 
-def sync_sequence_parallel_grads(model: nn.Module) -> None:
+def sync_sequence_parallel_grads(chunk: Sharded) -> None:
     """Sum over tp the gradients that sequence parallelism left partial (norms, row biases): one all-reduce."""
-    names = getattr(model, "sp_partial_grads", [])
-    if not names:
+    if not chunk.sp_partial_grads:
         return
-    params = dict(model.named_parameters())
-    grads = [_local(params[n].grad) for n in names if params[n].grad is not None]
+    params = dict(chunk.model.named_parameters())
+    grads = [_local(params[n].grad) for n in chunk.sp_partial_grads if params[n].grad is not None]
+    if not grads:
+        return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=model.tp_group)
+    dist.all_reduce(flat, group=chunk.tp_group)
     for g, new in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(new.view_as(g))
 
@@ -271,11 +272,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def unshard(model: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
+def unshard(chunk: Sharded, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """The full (unpadded) tensor of parameter `name` from this rank's TP shard. Collective over tp."""
-    shard = getattr(model, "tp_shards", {}).get(name)
+    shard = chunk.tp_shards.get(name)
     if shard is None:
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(model.tp_group))]
-    dist.all_gather(parts, tensor.contiguous(), group=model.tp_group)
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(chunk.tp_group))]
+    dist.all_gather(parts, tensor.contiguous(), group=chunk.tp_group)
     return torch.cat(parts, dim=shard.dim).narrow(shard.dim, 0, shard.full)

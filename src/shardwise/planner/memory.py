@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.schedules.closed_forms import peak_inflight_microbatches
-from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec, stage_layer_counts
+from shardwise import stage_split
+from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
 
 # CUDA context, cuBLAS/NCCL workspaces and communication buckets: a fixed allowance per GPU.
 WORKSPACE_BYTES = 1.0 * 2**30
@@ -197,14 +198,20 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
 # --------------------------------------------------------------------------- model states
 
 
-def rank_layers(num_layers: int, pp: int, vpp: int, rank: int) -> int:
-    """Layers on pipeline rank `rank`: its vpp chunks, ceil/floor of L/(pp*vpp) each (extras go first)."""
-    return sum(stage_layer_counts(num_layers, pp * vpp)[rank::pp])
+def rank_layers(job: Job, layout: Layout, rank: int) -> int:
+    """Layers on pipeline rank `rank`: its vpp chunks, cut exactly as the runtime cuts them (stage_split)."""
+    return stage_split.rank_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len)
 
 
-def rank_params(model: ModelSpec, layout: Layout, rank: int) -> float:
+def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
+    """The pipeline ranks worth evaluating: one of each kind (first, last, each layer count between)."""
+    return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len)
+
+
+def rank_params(job: Job, layout: Layout, rank: int) -> float:
     """Parameters held by one GPU of pipeline rank `rank` (matrices split by TP, vocab-parallel embedding)."""
-    p = rank_layers(model.num_layers, layout.pp, layout.vpp, rank) * model.params_per_layer()
+    model = job.model
+    p = rank_layers(job, layout, rank) * model.params_per_layer()
     if rank == 0:
         p += model.embedding_params()
     if rank == layout.pp - 1:
@@ -251,8 +258,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
     m = layout.num_microbatches(job.train.global_batch)
     inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
-    layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
-    out = model_state_bytes(job, layout, rank_params(job.model, layout, rank), layers)
+    layers = rank_layers(job, layout, rank)
+    out = model_state_bytes(job, layout, rank_params(job, layout, rank), layers)
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
     if rank == 0:
         out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
@@ -265,10 +272,10 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
 
 
 def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
-    """(worst pipeline rank, its breakdown in bytes). The first and last ranks are the candidates:
-    the first holds the embedding and the most micro-batches in flight, the last the LM head and logits."""
-    ranks = {0, layout.pp - 1}
-    best = max(((r, rank_memory(job, layout, r)) for r in sorted(ranks)), key=lambda x: sum(x[1].values()))
+    """(worst pipeline rank, its breakdown in bytes). The candidates: the first rank (the embedding, the
+    most micro-batches in flight), the last (the LM head and logits) and, when the stage split gives
+    some middle ranks more layers, the first of those."""
+    best = max(((r, rank_memory(job, layout, r)) for r in pipeline_ranks(job, layout)), key=lambda x: sum(x[1].values()))
     return best
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
-from shardwise.planner.memory import Job, rank_layers, rank_params
+from shardwise.planner.memory import Job, pipeline_ranks, rank_layers, rank_params
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
 
@@ -84,7 +84,7 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     model, tp, b = job.model, layout.tp, layout.micro_batch
     s_kv = job.train.seq_len
     tokens = b * job.tokens_per_sequence_per_gpu
-    layers = rank_layers(model.num_layers, layout.pp, layout.vpp, rank)
+    layers = rank_layers(job, layout, rank)
     rate = achievable_flops(job)
     e = job.train.activation_bytes
     hbm = job.cluster.hbm_bandwidth
@@ -162,10 +162,11 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     return f, b
 
 
-def param_tensors(model: ModelSpec, layout: Layout, rank: int) -> int:
+def param_tensors(job: Job, layout: Layout, rank: int) -> int:
     """Parameter tensors on one GPU of pipeline rank `rank` (what per-tensor collectives count)."""
+    model = job.model
     per_layer = 2 * (2 if model.family == "gpt2" else 1) + (4 + (3 if model.gated_mlp else 2)) * (2 if model.has_bias else 1)
-    n = rank_layers(model.num_layers, layout.pp, layout.vpp, rank) * per_layer
+    n = rank_layers(job, layout, rank) * per_layer
     if rank == 0:
         n += 1 + (1 if model.learned_positions else 0)
     if rank == layout.pp - 1:
@@ -190,7 +191,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> 
     if d <= 1:
         return 0.0
     c, wb, stride, sync = job.cluster, job.train.weight_bytes, layout.tp, sync_time(job.cluster)
-    params = rank_params(job.model, layout, rank)
+    params = rank_params(job, layout, rank)
 
     def calls(kind: str, sizes: list[float], extra: float = sync) -> float:
         return sum(collective_time(c, kind, wb * n, d, stride) + extra for n in sizes)
@@ -199,12 +200,12 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> 
     if layout.zero == 0:
         total = calls("all_reduce", [params / chunks] * chunks)
     elif layout.zero == 1 and job.zero1_broadcast_per_tensor:
-        n = param_tensors(job.model, layout, rank)
+        n = param_tensors(job, layout, rank)
         total = calls("all_reduce", [params / chunks] * chunks) + n * collective_time(c, "broadcast", wb * params / n, d, stride)
     elif layout.zero == 1:
         total = calls("reduce_scatter", [params]) + calls("all_gather", [params])
     else:
-        layers = rank_layers(job.model.num_layers, layout.pp, layout.vpp, rank)
+        layers = rank_layers(job, layout, rank)
         layer = job.model.params_per_layer() / layout.tp
         blocks, roots = [layer] * layers, [(params - layers * layer) / chunks] * chunks
         # FSDP's calls: the calibrated cost of one in a step beyond the table (its synchronisation and
@@ -247,10 +248,11 @@ def pipeline_receives(layout: Layout, m: int) -> int:
 
 
 def pipeline_costs(job: Job, layout: Layout) -> tuple[StageCost, float]:
-    """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
-    stage is timed at them) and one activation transfer between neighbouring ranks (seconds).
+    """What the pipeline term is evaluated with: the slowest kind of rank's per micro-batch costs (every
+    stage is timed at them; `pipeline_ranks`: first, last, and the most-layered between) and one
+    activation transfer between neighbouring ranks (seconds).
     The report's timeline simulates the schedule with the same numbers."""
-    costs = [stage_cost(job, layout, r) for r in sorted({0, layout.pp - 1})]
+    costs = [stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)]
     slow = max(costs, key=lambda c: c.f + c.b + c.w)
     # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
     act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
@@ -262,7 +264,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank, plus the FLOP totals."""
     m = layout.num_microbatches(job.train.global_batch)
     p, v = layout.pp, layout.vpp
-    ranks = sorted({0, p - 1})
+    ranks = pipeline_ranks(job, layout)
     slow, c = pipeline_costs(job, layout)
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
@@ -270,8 +272,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * p2p_sync_time(job.cluster)
     work = m * (slow.f + slow.b + slow.w)
     # The rank with most parameters (first or last) sets the DP and optimizer time.
-    heavy = max(ranks, key=lambda r: rank_params(job.model, layout, r))
-    params = rank_params(job.model, layout, heavy)
+    heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
+    params = rank_params(job, layout, heavy)
     dp = dp_comm_time(job, layout, heavy, m, window=m * slow.b if layout.zero >= 2 else slow.b)
     sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
@@ -280,7 +282,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     measured = job.cluster.measured or {}
     opt += float(measured.get("step_overhead_s", 0.0))
     if layout.zero >= 2 and layout.dp * job.context_parallel > 1:
-        opt += param_tensors(job.model, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
+        opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
     wrapper = 0.0
     if layout.zero < 2 and layout.pp == 1 and layout.dp * job.context_parallel > 1:
@@ -304,7 +306,7 @@ def step_flops(job: Job, layout: Layout) -> tuple[float, float]:
     m = layout.num_microbatches(job.train.global_batch)
     # Recompute FLOPs per micro-batch summed over all ranks ~ the whole model's share once.
     stage = stage_cost(job, layout, 0)
-    layers0 = rank_layers(job.model.num_layers, layout.pp, layout.vpp, 0)
+    layers0 = rank_layers(job, layout, 0)
     per_layer_rec = stage.flops_recompute / max(layers0, 1)
     rec = per_layer_rec * job.model.num_layers * layout.tp * m * layout.dp * job.context_parallel
     return model_flops, model_flops + rec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from shardwise.parallel.pipeline import SavedBytes, storage_address
+from shardwise.validate.saved_bytes import SavedBytes, storage_address
 from shardwise.validate.config import ValidateConfig, describe
 from shardwise.validate.stats import spread
 

@@ -1,0 +1,104 @@
+"""The one stage split: which contiguous layers each pipeline stage holds.
+
+Used by the runtime (which layers each rank builds), the planner (memory and time per pipeline rank)
+and the simulator (per-stage costs of a model): they all call `split_layers` / `stage_layer_counts`,
+so what the planner scores is the cut that runs. No torch: the planner imports it.
+
+The rule: the L layers are cut into S = pp*vpp contiguous pieces (virtual stage s on rank s mod pp,
+Megatron's interleaved mapping) that minimise the costliest stage, where a layer costs its forward
+FLOPs, the first stage also pays the embedding and the last the LM head and loss (backward is about
+twice the forward for all three, so the ratio is the same). Among the cuts with that minimal maximum,
+the most even one, with the extra layers on the later stages: under 1F1B rank r holds p − r
+micro-batches in flight, so a layer costs the least memory late in the pipeline. Consequences:
+  - with no edge costs (or edge costs within the slack) it is the even split, ⌊L/S⌋ or ⌈L/S⌉
+    layers per stage (Megatron's and torchtitan's default when S divides L);
+  - a heavy LM head takes layers off the last stage: Llama 3.1 405B on 16 stages gives 7 layers to
+    the first and last stage and 8 elsewhere, which is what Meta ran (Llama 3 paper, Sec. 3.3.2).
+Why cost-balanced rather than even: a pipeline step is as slow as its slowest stage, and the head of
+a large-vocabulary model costs several layers (GPT-2: 3.7 layers at s = 2048) — an even split leaves
+that stage the bottleneck that every other stage waits for.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from functools import lru_cache
+
+from shardwise.specs import ModelSpec
+
+
+def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
+    """(per layer, embedding, LM head + loss) forward FLOPs per token."""
+    layer = 2 * spec.params_per_layer() + 4 * seq_len * spec.q_dim  # matmuls + attention scores/values
+    embedding = 2 * spec.hidden  # a lookup (and its scatter-add in backward): memory, not FLOPs
+    head = 2 * spec.hidden * spec.vocab_size + 5 * spec.vocab_size  # logits matmul + softmax/loss
+    return float(layer), float(embedding), float(head)
+
+
+@lru_cache(maxsize=4096)
+def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[int, ...]:
+    """Layers per virtual stage (see the module docstring for the rule). Every stage gets at least one."""
+    L, S = spec.num_layers, num_stages
+    if not 1 <= S <= L:
+        raise ValueError(f"cannot cut {L} layers into {S} stages")
+    layer, embed, head = layer_costs(spec, seq_len)
+    edge = [0.0] * S
+    edge[0] += embed
+    edge[-1] += head
+
+    def capacity(limit: float) -> list[int]:
+        # The most layers each stage can take without exceeding `limit` (1e-9 absorbs rounding).
+        return [int((limit - e) / layer + 1e-9) for e in edge]
+
+    def fits(limit: float) -> bool:
+        caps = capacity(limit)
+        return min(caps) >= 1 and sum(min(c, L) for c in caps) >= L
+
+    # The smallest maximum stage cost is n*layer + edge of some stage: search those candidates.
+    candidates = sorted({n * layer + e for e in set(edge) for n in range(1, L + 1)})
+    caps = capacity(candidates[bisect_left(candidates, True, key=fits)])
+    # Most even under the caps: fill every stage up to a common level k, then take the surplus back
+    # from the first stages at that level, so extra layers sit on the later stages, which hold fewer
+    # micro-batches in flight (1F1B: rank r holds p - r).
+    k = next(k for k in range(1, L + 1) if sum(min(c, k) for c in caps) >= L)
+    counts = [min(c, k) for c in caps]
+    surplus = sum(counts) - L
+    for s in range(S):
+        if surplus and counts[s] == k and k > 1:
+            counts[s] -= 1
+            surplus -= 1
+    return tuple(counts)
+
+
+def split_layers(spec: ModelSpec, num_stages: int, seq_len: int) -> list[list[int]]:
+    """Contiguous layer ids per virtual stage."""
+    out, first = [], 0
+    for n in stage_layer_counts(spec, num_stages, seq_len):
+        out.append(list(range(first, first + n)))
+        first += n
+    return out
+
+
+def rank_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> int:
+    """Layers held by pipeline rank `rank`: its vpp chunks (virtual stages rank, rank + pp, ...)."""
+    return sum(stage_layer_counts(spec, pp * vpp, seq_len)[rank::pp])
+
+
+def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> list[int]:
+    """One pipeline rank per kind (first, last, and each layer count in between), the lowest of each:
+    ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
+    as many micro-batches in flight. The planner evaluates these instead of every rank."""
+    seen, out = set(), []
+    for r in range(pp):
+        kind = (r == 0, r == pp - 1, rank_layers(spec, pp, vpp, r, seq_len))
+        if kind not in seen:
+            seen.add(kind)
+            out.append(r)
+    return out
+
+
+def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int) -> list[float]:
+    """Forward FLOPs per token of each virtual stage under the split (what the split balances)."""
+    layer, embed, head = layer_costs(spec, seq_len)
+    counts = stage_layer_counts(spec, num_stages, seq_len)
+    return [n * layer + (embed if s == 0 else 0.0) + (head if s == num_stages - 1 else 0.0) for s, n in enumerate(counts)]

@@ -1,0 +1,72 @@
+"""Traces of real pipeline runs: the executor's records of every action, gathered from every stage and
+written as a Chrome trace (Perfetto) and a picture of the last step, measured above simulated.
+
+    epoch = aligned_epoch(pp_group)              # one time zero for every rank (the executor records against it)
+    info = write_trace(executor, out_dir, title)  # collective over the pp group; a summary on global rank 0
+
+Drawing and the trace format live in timeline.py, shared with the simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from statistics import mean, median
+
+import torch
+import torch.distributed as dist
+
+from shardwise.schedules import Costs, simulate
+from shardwise.timeline import Event, bubble_fraction, draw_timelines, write_chrome_trace
+
+
+def aligned_epoch(pp_group) -> float:
+    """The ranks' common time zero for traces: pipeline rank 0's wall clock, broadcast. Records use
+    time.time(), one clock for every process of a machine (exact alignment) and NTP-synchronised
+    across machines (alignment to the network's clock skew, typically well under a millisecond)."""
+    epoch = torch.tensor([time.time()], dtype=torch.float64)
+    if pp_group is not None:
+        dist.broadcast(epoch, src=dist.get_global_rank(pp_group, 0), group=pp_group)
+    return float(epoch.item())
+
+
+def measured_costs(schedule, events: list[Event]):
+    """Per-virtual-stage mean F / B (or I and W) durations and the typical transfer time, from one run's
+    records, as simulator Costs: so the simulated timeline is the same run under the schedule's rules."""
+    def per_stage(kinds) -> list[float]:
+        out = []
+        for stage in range(schedule.num_stages):
+            rank, chunk = stage % schedule.p, stage // schedule.p
+            d = [e.end - e.start for e in events if e.rank == rank and e.chunk == chunk and e.kind in kinds]
+            out.append(mean(d) if d else 0.0)
+        return out
+
+    split = any(e.kind == "I" for e in events)
+    recv = [e.end - e.start for e in events if e.kind == "recv"]
+    # The shortest receives are the ones whose data had already arrived: their time is the transfer itself.
+    c = median(sorted(recv)[: max(1, len(recv) // 4)]) if recv else 0.0
+    return Costs(f=per_stage({"F"}), b=per_stage({"I"} if split else {"B"}), w=per_stage({"W"}) if split else 0.0, c=c)
+
+
+def write_trace(ex, out_dir, title: str) -> dict | None:
+    """Gather every stage's records of the last optimizer step to global rank 0 and write there:
+    trace.json (Chrome trace, all steps, opens in Perfetto), timeline.png / .svg (measured vs simulated
+    with the measured per-stage costs). Collective over the pp group; returns a summary on rank 0."""
+    gathered = [None] * dist.get_world_size(ex.pp_group)
+    dist.all_gather_object(gathered, ex.records, group=ex.pp_group)
+    if dist.get_rank() != 0:
+        return None
+    events = [e for records in gathered for e in records]
+    last_start = max(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
+    last = [replace(e, start=e.start - last_start, end=e.end - last_start) for e in events if e.start >= last_start - 1e-9]
+    sim = simulate(ex.schedule, measured_costs(ex.schedule, last))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_chrome_trace(events, out / "trace.json")
+    panels = [(f"measured ({ex.schedule.name}, last step)", last), ("simulated with the measured costs", sim.events)]
+    for suffix in ("png", "svg"):
+        draw_timelines(panels, out / f"timeline.{suffix}", suptitle=title)
+    return {"measured_bubble": bubble_fraction(last), "simulated_bubble": sim.bubble_fraction,
+            "measured_step_s": max(e.end for e in last) - min(e.start for e in last), "simulated_step_s": sim.makespan,
+            "files": [str(out / n) for n in ("trace.json", "timeline.png", "timeline.svg")]}

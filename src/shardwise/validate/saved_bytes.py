@@ -1,0 +1,63 @@
+"""Activation memory, measured: the bytes autograd saves for backward, per micro-batch, and their peak.
+
+The executor and `validate` hand a `SavedBytes` the keys they run (a micro-batch, or a (micro-batch,
+chunk)); it counts through `torch.autograd.graph.saved_tensors_hooks`, and the runner releases a key
+when its backward is done.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def storage_address(t) -> int:
+    """The address of `t`'s storage; 0 for a freed one (FSDP's resharded parameters)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return 0
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward, per key (a micro-batch, or a (micro-batch, chunk)), and the
+    peak held at once. Parameters and buffers of `modules` (and `exclude`) are not activations: they
+    are recognised by storage at the moment a tensor is saved. The same tensor saved by several ops
+    (x feeds wq, wk and wv) counts once, as the Korthikanti et al. accounting does. Subclasses may
+    `observe()` other memory each time a tensor is saved or unpacked."""
+
+    def __init__(self, modules, exclude=()):
+        self.modules = list(modules)
+        self.exclude = {storage_address(t) for t in exclude}
+        self.held: dict = {}
+        self.current = 0
+        self.peak = 0
+
+    def _constants(self) -> set:
+        return {storage_address(t) for m in self.modules for t in (*m.parameters(), *m.buffers())} | self.exclude
+
+    def observe(self) -> None:
+        pass
+
+    def hooks(self, key):
+        self.held.setdefault(key, 0)
+        seen: set = set()
+
+        def pack(t):
+            self.observe()
+            ident = (storage_address(t), t.storage_offset(), t.numel())
+            if ident[0] not in self._constants() and ident not in seen:
+                seen.add(ident)
+                nbytes = t.numel() * t.element_size()
+                self.held[key] += nbytes
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+            return t
+
+        def unpack(t):
+            self.observe()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def release(self, key):
+        self.current -= self.held.pop(key, 0)

@@ -1,0 +1,99 @@
+"""One stage split (shardwise.stage_split) for the runtime, the planner and the simulator.
+
+The rule is checked against an independent oracle (a linear-partition dynamic program over contiguous
+cuts), and each consumer is checked to cut the model the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
+from shardwise.stage_split import distinct_ranks, layer_costs, rank_layers, split_layers, stage_layer_counts
+
+
+def _oracle_min_max(spec, stages: int, seq: int) -> float:
+    """Minimal possible cost of the costliest stage over every contiguous cut (O(S L^2) DP)."""
+    L = spec.num_layers
+    layer, embed, head = layer_costs(spec, seq)
+
+    def cost(a, b, s):
+        return (b - a) * layer + (embed if s == 0 else 0.0) + (head if s == stages - 1 else 0.0)
+
+    inf = float("inf")
+    best = [[inf] * (L + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, L + 1):
+            best[s][i] = min(max(best[s - 1][j], cost(j, i, s - 1)) for j in range(s - 1, i))
+    return best[stages][L]
+
+
+specs = st.builds(
+    lambda layers, hidden, vocab: dataclasses.replace(load_model("tiny"), num_layers=layers, hidden=hidden,
+                                                      vocab_size=vocab, ffn_hidden=2 * hidden, head_dim=hidden // 4),
+    st.integers(1, 24), st.sampled_from([32, 64, 256, 1024]), st.sampled_from([256, 4096, 50257, 128256]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(specs, st.data(), st.sampled_from([64, 2048]))
+def test_split_minimises_the_costliest_stage_and_is_contiguous(spec, data, seq):
+    stages = data.draw(st.integers(1, spec.num_layers))
+    cut = split_layers(spec, stages, seq)
+    assert [i for s in cut for i in s] == list(range(spec.num_layers)) and all(cut)
+    layer, embed, head = layer_costs(spec, seq)
+    costs = [len(s) * layer + (embed if i == 0 else 0) + (head if i == stages - 1 else 0) for i, s in enumerate(cut)]
+    assert max(costs) == pytest.approx(_oracle_min_max(spec, stages, seq), rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 64), st.data())
+def test_with_negligible_edge_costs_it_is_the_even_split_extras_late(layers, data):
+    spec = dataclasses.replace(load_model("tiny"), num_layers=layers, vocab_size=1, hidden=1 << 12)
+    stages = data.draw(st.integers(1, layers))
+    counts = stage_layer_counts(spec, stages, 64)
+    assert max(counts) - min(counts) <= 1
+    assert list(counts[1:-1]) == sorted(counts[1:-1])  # between the edges, extra layers on the later stages
+
+
+def test_a_heavy_head_takes_layers_off_the_last_stage():
+    # Llama 3.1 405B on 16 stages: 7 layers beside the embedding and the head, 8 elsewhere (what Meta ran).
+    assert stage_layer_counts(load_model("llama3.1-405b"), 16, 4096) == (7,) + (8,) * 14 + (7,)
+    gpt2 = stage_layer_counts(load_model("gpt2"), 4, 2048)  # its head costs ~3.7 layers
+    assert gpt2[-1] < min(gpt2[:-1])
+
+
+def test_distinct_ranks_cover_every_kind_of_rank():
+    spec = load_model("llama3.1-405b")
+    ranks = distinct_ranks(spec, 16, 1, 4096)
+    assert ranks == [0, 1, 15]
+    kinds = {(r == 0, r == 15, rank_layers(spec, 16, 1, r, 4096)) for r in range(16)}
+    assert kinds == {(r == 0, r == 15, rank_layers(spec, 16, 1, r, 4096)) for r in ranks}
+
+
+@pytest.mark.parametrize("model,pp,vpp,seq", [("gpt2", 4, 1, 1024), ("gpt2", 4, 3, 1024), ("llama3-8b", 8, 2, 2048),
+                                              ("tiny", 2, 2, 64), ("llama3.1-405b", 16, 1, 4096)])
+def test_runtime_planner_and_simulator_cut_alike(model, pp, vpp, seq):
+    """The runtime builds the layers the planner counts, and the simulator's per-stage costs follow them."""
+    from shardwise.parallel.pipeline_step import build_stage_chunks
+    from shardwise.planner.memory import Job, rank_layers as planner_layers
+    from shardwise.schedules import model_costs
+
+    spec = load_model(model)
+    job = Job(spec, load_cluster("dgx-h100-80gb"), TrainSpec(pp * 4, seq))
+    layout = Layout(pp=pp, vpp=vpp, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+    counts = stage_layer_counts(spec, pp * vpp, seq)
+    for r in range(pp):
+        assert planner_layers(job, layout, r) == sum(counts[r::pp])
+    if spec.num_params() < 1e9:  # the runtime builds real modules: small models only
+        for r in range(pp):
+            chunks = build_stage_chunks(spec, pp, vpp, r, seed=0, seq_len=seq, device="meta")
+            assert [len(c.layers) for c in chunks] == list(counts[r::pp])
+    f = model_costs(spec, pp, vpp, seq, f=2.0).f  # per virtual stage, an average one costing 2 / vpp
+    layer, embed, head = layer_costs(spec, seq)
+    flops = [n * layer + (embed if s == 0 else 0) + (head if s == pp * vpp - 1 else 0) for s, n in enumerate(counts)]
+    assert f == pytest.approx([2.0 / vpp * x / (sum(flops) / len(flops)) for x in flops])
