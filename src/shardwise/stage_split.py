@@ -37,10 +37,13 @@ def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
 
 @lru_cache(maxsize=4096)
 def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[int, ...]:
-    """Layers per virtual stage (see the module docstring for the rule). Every stage gets at least one."""
+    """Layers per virtual stage (see the module docstring for the rule). Every stage gets at least one
+    layer when there are enough (the runtime refuses more stages than layers; the planner may score
+    published runs that had some empty stages)."""
     L, S = spec.num_layers, num_stages
-    if not 1 <= S <= L:
+    if S < 1:
         raise ValueError(f"cannot cut {L} layers into {S} stages")
+    least = 1 if S <= L else 0
     layer, embed, head = layer_costs(spec, seq_len)
     edge = [0.0] * S
     edge[0] += embed
@@ -52,10 +55,10 @@ def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[
 
     def fits(limit: float) -> bool:
         caps = capacity(limit)
-        return min(caps) >= 1 and sum(min(c, L) for c in caps) >= L
+        return min(caps) >= least and sum(min(c, L) for c in caps) >= L
 
     # The smallest maximum stage cost is n*layer + edge of some stage: search those candidates.
-    candidates = sorted({n * layer + e for e in set(edge) for n in range(1, L + 1)})
+    candidates = sorted({n * layer + e for e in set(edge) for n in range(least, L + 1)})
     caps = capacity(candidates[bisect_left(candidates, True, key=fits)])
     # Most even under the caps: fill every stage up to a common level k, then take the surplus back
     # from the first stages at that level, so extra layers sit on the later stages, which hold fewer
@@ -64,7 +67,7 @@ def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[
     counts = [min(c, k) for c in caps]
     surplus = sum(counts) - L
     for s in range(S):
-        if surplus and counts[s] == k and k > 1:
+        if surplus and counts[s] == k and k > least:
             counts[s] -= 1
             surplus -= 1
     return tuple(counts)
