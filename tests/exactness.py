@@ -36,3 +36,33 @@ def differences(key: str, records: list[dict], params: dict, reference, steps: i
     if worst[0] > ATOL:
         found.append(f"{key}: parameter {worst[1]} differs by {worst[0]:.2e}")
     return found
+
+
+def train_layouts(rank: int, world: int, jobs, out_dir: str) -> None:
+    """Spawned-rank body: train every (key, cfg) in turn on its own mesh; the rank at dp = cp = tp = 0 of each
+    pipeline stage saves the records and the stage's full parameters as out_dir/{key}-pp{stage}.pt."""
+    import os
+
+    import torch.distributed as dist
+
+    from shardwise.parallel import build_mesh, coordinates, full_state_dict
+
+    for key, cfg in jobs:
+        lay = cfg.layout
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend="gloo", timeout_s=60)
+        result = train(cfg, mesh)
+        params = {}
+        for chunk in result.runtime.chunks:
+            params.update(full_state_dict(chunk))
+        c = coordinates(mesh)
+        if c["dp"] == c["cp"] == c["tp"] == 0:
+            torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
+        dist.barrier()
+
+
+def collected(out_dir, key: str, pp: int) -> tuple[list[dict], dict]:
+    """(records, every parameter) of a run saved by `train_layouts`, its pipeline stages put together."""
+    from pathlib import Path
+
+    parts = [torch.load(Path(out_dir) / f"{key}-pp{r}.pt", weights_only=True) for r in range(pp)]
+    return parts[0]["records"], {k: v for part in parts for k, v in part["params"].items()}

@@ -9,18 +9,13 @@ pipeline stage under its layout-free name (atol 1e-5).
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
-import torch.distributed as dist
 
-from exactness import differences, reference_runs
+from exactness import collected, differences, reference_runs, train_layouts
 
 from shardwise.launch import spawn_ranks
-from shardwise.parallel import build_mesh, coordinates, full_state_dict
 from shardwise.specs import Layout, load_model, model_from_hf_config, validate_layout
-from shardwise.train import TrainConfig, train
+from shardwise.train import TrainConfig
 
 LR = 2e-4  # see test_runtime_exactness.py: keeps Adam's ~1e-9-gradient entries inside the tolerance
 GLOBAL_BATCH = 8
@@ -64,20 +59,6 @@ def _layouts(world: int) -> list[tuple[str, Layout]]:
     return jobs
 
 
-def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
-    for key, cfg in jobs:
-        lay = cfg.layout
-        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60)
-        result = train(cfg, mesh)
-        params = {}
-        for chunk in result.runtime.chunks:
-            params.update(full_state_dict(chunk))
-        c = coordinates(mesh)
-        if c["dp"] == 0 and c["tp"] == 0:
-            torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
-        dist.barrier()
-
-
 @pytest.fixture(scope="module")
 def references():
     return reference_runs(MODELS, _cfg)
@@ -87,17 +68,14 @@ def references():
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_pipeline_layouts_match_single_process(world, references, tmp_path):
     jobs = _layouts(world)
-    spawn_ranks(_worker, world, jobs, str(tmp_path))
+    spawn_ranks(train_layouts, world, jobs, str(tmp_path))
     failures = []
     for key, cfg in jobs:
-        parts = [torch.load(tmp_path / f"{key}-pp{r}.pt", weights_only=True) for r in range(cfg.layout.pp)]
-        params = {}
-        for part in parts:
-            params.update(part["params"])
+        records, params = collected(tmp_path, key, cfg.layout.pp)
         if cfg.spec.tie_embeddings:
             twin = params.pop("output.weight", None)  # the last stage's copy of tok_embeddings.weight
             if twin is not None and (twin - params["tok_embeddings.weight"]).abs().max() > 1e-6:
                 failures.append(f"{key}: tied LM head drifted from the embedding")
-        failures += differences(key, parts[0]["records"], params, references[cfg.spec.name], steps=5)
+        failures += differences(key, records, params, references[cfg.spec.name], steps=5)
     assert not failures, "\n".join(failures)
 

@@ -2,7 +2,7 @@
 
 - Under torchrun (RANK and WORLD_SIZE in the environment): this process is one rank; run it.
 - Otherwise, one process: train here, without torch.distributed.
-- Otherwise: start dp*tp*pp processes on this machine with torchrun's own machinery
+- Otherwise: start dp*tp*pp*cp processes on this machine with torchrun's own machinery
   (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port).
   If a rank dies, the agent stops the others at once; with --max-restarts R it starts them all again
   (they resume from the newest checkpoint) up to R times, then we name the rank that died.
@@ -63,9 +63,10 @@ def check(cfg: TrainConfig) -> None:
     if cfg.warmup_steps is not None and not 0 <= cfg.warmup_steps <= cfg.steps:
         raise UsageError(f"--warmup-steps must be between 0 and --steps ({cfg.steps}), got {cfg.warmup_steps}")
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != lay.world_size:
-        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = "
-                         f"{lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp")
-    validate_layout(lay, spec, cfg.global_batch)
+        cp = f"*cp" if lay.cp > 1 else ""
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp{cp} = {lay.dp}*{lay.tp}*{lay.pp}"
+                         f"{f'*{lay.cp}' if lay.cp > 1 else ''} = {lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp{cp}")
+    validate_layout(lay, spec, cfg.global_batch, seq_len=cfg.seq_len)
     if lay.pp > 1 and lay.schedule == "zb-h1" and lay.zero >= 2:
         raise UsageError("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
                          "use --zero 1 with zb-h1, or another schedule")

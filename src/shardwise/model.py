@@ -72,6 +72,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=bias)
         self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=bias)
         self.recompute_core = False  # selective recompute: recompute the attention core in backward
+        self.attend = causal_attention  # (q, k, v) -> output; context parallelism swaps in attention over shards
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -82,12 +83,16 @@ class Attention(nn.Module):
             out = self._core(q, k, v, rope)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
-    @staticmethod
-    def _core(q, k, v, rope):
+    def _core(self, q, k, v, rope):
         if rope is not None:
             cos, sin = (t[: q.shape[2]] for t in rope)
             q, k = apply_rope(q, cos, sin).type_as(v), apply_rope(k, cos, sin).type_as(v)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return self.attend(q, k, v)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q: (batch, heads, seq, head_dim); k, v: (batch, kv_heads, seq, head_dim)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
 class FeedForward(nn.Module):

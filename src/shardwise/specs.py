@@ -26,6 +26,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+CP_MODES = ("ring", "allgather")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -305,7 +306,7 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    """One split of the job over dp * tp * pp GPUs (rank order: pp outer, dp, tp inner)."""
+    """One split of the job over dp * tp * pp * cp GPUs (rank order: pp outer, dp, cp, tp inner)."""
 
     dp: int = 1
     tp: int = 1
@@ -316,10 +317,12 @@ class Layout:
     recompute: str = "none"
     sequence_parallel: bool = False
     schedule: str = "1f1b"
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (zig-zag chunks)
+    cp_mode: str = "ring"  # attention over the shards: "ring" (K/V passed around) or "allgather"
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.micro_batch)
@@ -331,23 +334,28 @@ class Layout:
         return replace(self, **changes)
 
     def describe(self) -> str:
-        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
         if self.vpp > 1:
             parts.append(f"v{self.vpp}")
         parts.append(f"mb{self.micro_batch}")
         return "·".join(parts)
 
 
-def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None) -> None:
+def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,
+                    seq_len: int | None = None) -> None:
     """Raise UsageError naming the first thing that makes `layout` impossible for this job."""
-    for name in ("dp", "tp", "pp", "micro_batch", "vpp"):
+    for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp"):
         if getattr(layout, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
     if num_gpus is not None and layout.world_size != num_gpus:
+        degrees = "dp*tp*pp" + ("*cp" if layout.cp > 1 else "")
+        values = "*".join(str(v) for v in (layout.dp, layout.tp, layout.pp) + ((layout.cp,) if layout.cp > 1 else ()))
         raise UsageError(
-            f"dp*tp*pp = {layout.dp}*{layout.tp}*{layout.pp} = {layout.world_size} does not match {num_gpus} GPUs — "
+            f"{degrees} = {values} = {layout.world_size} does not match {num_gpus} GPUs — "
             f"choose degrees whose product is {num_gpus}"
         )
+    if seq_len is not None:
+        check_sequence_split(layout, model, seq_len)
     if layout.schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule '{layout.schedule}' — choose one of {', '.join(SCHEDULES)}")
     if layout.recompute not in RECOMPUTE:
@@ -378,6 +386,33 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(
             f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
         )
+
+
+def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None:
+    """Can each sequence be split over cp (and, with sequence parallelism, each shard over tp)?
+
+    Context parallelism cuts the sequence into 2*cp equal chunks (rank i holds chunks i and 2cp-1-i, which
+    balances the causal mask's work). Every position scheme of the supported families is a function of the
+    token's global index (RoPE rotates by it, GPT-2 looks it up), so positions split with the tokens; what
+    splitting cannot do is give a token a position the model does not have: a sequence longer than the
+    model's positions stays impossible at any cp."""
+    if layout.cp_mode not in CP_MODES:
+        raise UsageError(f"unknown --cp-mode '{layout.cp_mode}' — choose {' or '.join(CP_MODES)}")
+    if layout.cp > 1 and seq_len % (2 * layout.cp):
+        raise UsageError(
+            f"cp={layout.cp} cuts each sequence into 2*cp = {2 * layout.cp} equal chunks (zig-zag causal balance), but "
+            f"--seq-len {seq_len} is not divisible by {2 * layout.cp} — use a multiple of {2 * layout.cp}")
+    if layout.cp > 1 and seq_len > model.max_positions:
+        kind = ("a learned table of" if model.learned_positions else "rotary positions trained for")
+        raise UsageError(
+            f"--seq-len {seq_len} exceeds the {model.max_positions} positions of {model.name} ({kind} {model.max_positions}); "
+            f"cp splits the tokens over ranks but each keeps its global position, so cp cannot lengthen the sequence — "
+            f"use at most {model.max_positions} tokens or a model with more positions")
+    local = seq_len // layout.cp
+    if layout.cp > 1 and layout.sequence_parallel and layout.tp > 1 and local % layout.tp:
+        raise UsageError(
+            f"sequence parallelism splits each rank's {local} tokens (seq-len {seq_len} / cp {layout.cp}) over tp={layout.tp}, "
+            f"which does not divide them — use a sequence length that is a multiple of {layout.cp * layout.tp}")
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -29,8 +29,9 @@ from torch import nn
 
 from shardwise import data
 from shardwise.model import Transformer
-from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, grad_sync, group, init_distributed,
-                                make_optimizer, parallelize, size, sync_sequence_parallel_grads)
+from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, data_dim, data_mesh, grad_sync, group,
+                                init_distributed, make_optimizer, parallelize, shard_sequence, size,
+                                sync_sequence_parallel_grads)
 from shardwise.specs import Layout, ModelSpec
 
 
@@ -121,7 +122,7 @@ def build_optimizer(chunks: list[Sharded], cfg: TrainConfig, mesh) -> torch.opti
     params = [p for chunk in chunks for p in chunk.module.parameters()]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return make_optimizer(groups, cfg.layout.zero, None if mesh is None else mesh["dp"],
+    return make_optimizer(groups, cfg.layout.zero, data_mesh(mesh),
                           lr=lr_at(cfg, 1), betas=(0.9, 0.95), eps=1e-8)
 
 
@@ -134,7 +135,7 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
         chunks, step = build_pipeline(cfg, mesh, device)
         return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step)
     model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute)
-    chunks = [parallelize(model, mesh, cfg.layout, device)]
+    chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len)]
     return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward)
 
 
@@ -159,15 +160,17 @@ def forward_backward(chunks: list[Sharded], microbatches: list[tuple[torch.Tenso
 
 
 def _reduce_loss(loss: torch.Tensor | None, rt: Runtime) -> torch.Tensor:
-    """The step's loss on every rank: from the last pipeline stage, averaged over dp."""
+    """The step's loss on every rank: from the last pipeline stage, averaged over dp (and cp: every cp rank
+    holds the mean over the same number of tokens)."""
     loss = torch.zeros((), device=rt.device) if loss is None else loss.detach().float()
     if group(rt.mesh, "pp") is not None:
         if coordinates(rt.mesh)["pp"] != size(rt.mesh, "pp") - 1:
             loss = torch.zeros_like(loss)
         dist.all_reduce(loss, group=group(rt.mesh, "pp"))
-    if group(rt.mesh, "dp") is not None:
-        dist.all_reduce(loss, group=group(rt.mesh, "dp"))
-        loss = loss / size(rt.mesh, "dp")
+    data = data_dim(rt.mesh)
+    if group(rt.mesh, data) is not None:
+        dist.all_reduce(loss, group=group(rt.mesh, data))
+        loss = loss / size(rt.mesh, data)
     return loss
 
 
@@ -175,8 +178,11 @@ def train_step(rt: Runtime) -> dict:
     """One optimizer step; returns the loss, gradient norm and learning rate of that step."""
     cfg, lay = rt.cfg, rt.cfg.layout
     rt.step += 1
+    where = coordinates(rt.mesh)
     mbs = data.local_microbatches(cfg.seed, rt.step, cfg.global_batch, cfg.seq_len, lay.dp,
-                                  coordinates(rt.mesh)["dp"], lay.micro_batch, rt.device)
+                                  where["dp"], lay.micro_batch, rt.device)
+    if lay.cp > 1:  # this cp rank's zig-zag chunks of every sequence
+        mbs = [(shard_sequence(x, lay.cp, where["cp"]), shard_sequence(y, lay.cp, where["cp"])) for x, y in mbs]
     rt.optimizer.zero_grad(set_to_none=True)
     loss = rt.forward_backward(rt.chunks, mbs)
     for chunk in rt.chunks:
@@ -228,7 +234,7 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
         manifest = checkpoint.restore(rt, resume_from)
         if rank0 and cfg.progress:
             lay = Layout(**manifest["layout"])
-            print(f"resumed from {resume_from} (step {rt.step}, saved by dp{lay.dp}·tp{lay.tp}·pp{lay.pp} zero {lay.zero})", flush=True)
+            print(f"resumed from {resume_from} (step {rt.step}, saved by {split(lay)} zero {lay.zero})", flush=True)
     last = min(cfg.steps, cfg.stop_after or cfg.steps)
     sink = open_metrics(cfg.metrics_file, after_step=rt.step if resume_from else None) if rank0 and cfg.metrics_file else None
     with progress_bar(cfg, enabled=rank0 and cfg.progress, start=rt.step) as update:
@@ -262,13 +268,18 @@ def _write_trace(rt: Runtime) -> dict | None:
     from shardwise.trace import write_trace
 
     lay = rt.cfg.layout
-    title = f"{rt.cfg.spec.name}: dp{lay.dp}·tp{lay.tp}·pp{lay.pp}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
+    title = f"{rt.cfg.spec.name}: {split(lay)}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
     info = write_trace(rt.forward_backward.executor, rt.cfg.trace_dir, title)
     if info and not rt.cfg.json_output:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
               f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
               + ", ".join(info["files"]), flush=True)
     return info
+
+
+def split(lay: Layout) -> str:
+    """dp·tp·pp, with ·cp and its mode when the sequence is split."""
+    return f"dp{lay.dp}·tp{lay.tp}·pp{lay.pp}" + (f"·cp{lay.cp} ({lay.cp_mode})" if lay.cp > 1 else "")
 
 
 def summary_dict(records: list[dict], cfg: TrainConfig) -> dict:
@@ -312,7 +323,7 @@ class progress_bar:
 
         lay = self.cfg.layout
         self.progress = Progress(
-            TextColumn(f"[bold]{self.cfg.spec.name}[/] dp{lay.dp}·tp{lay.tp}·pp{lay.pp}"), BarColumn(),
+            TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"), BarColumn(),
             MofNCompleteColumn(), TextColumn("loss [cyan]{task.fields[loss]}"),
             TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]} s/step"), TimeElapsedColumn())
         self.progress.start()
@@ -340,7 +351,7 @@ def worker_main(cfg: TrainConfig) -> list[dict]:
     init_distributed(cfg.backend, cfg.timeout_s)
     try:
         lay = cfg.layout
-        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend=cfg.backend, timeout_s=cfg.timeout_s)
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s)
         records = train(cfg, mesh).records
         dist.barrier()
         return records

@@ -1,6 +1,6 @@
-"""`shardwise train`: train a model with a dp x tp x pp layout on torch.distributed.
+"""`shardwise train`: train a model with a dp x tp x pp (x cp) layout on torch.distributed.
 
-On one machine it starts the dp*tp*pp processes itself; under `torchrun --nnodes N ...` every process
+On one machine it starts the dp*tp*pp*cp processes itself; under `torchrun --nnodes N ...` every process
 runs one rank. `--plan plan.json` takes the layout from `shardwise plan --json` (its "best" entry)
 or from `shardwise estimate --json`.
 """
@@ -14,7 +14,7 @@ from shardwise.commands.common import add_layout_args
 from shardwise.errors import UsageError
 
 LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, "zero": int,
-               "recompute": str, "sequence_parallel": bool, "schedule": str}
+               "recompute": str, "sequence_parallel": bool, "schedule": str, "cp": int, "cp_mode": str}
 
 
 def register(subparsers, name, help):
@@ -23,6 +23,11 @@ def register(subparsers, name, help):
     p.add_argument("--model", default="tiny", help="model preset (e.g. tiny, tiny-gpt2) or path to a Hugging Face config.json")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default 1)")
     add_layout_args(p)
+    p.add_argument("--cp", type=int, default=None,
+                   help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
+    p.add_argument("--cp-mode", default=None, choices=["ring", "allgather"],
+                   help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
+                        "compute; default) or allgather (K/V gathered once per layer, as Llama 3 does)")
     p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None)
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")

@@ -1,9 +1,10 @@
-"""Parallelism as transformations of a plain model, over one (pp, dp, tp) DeviceMesh.
+"""Parallelism as transformations of a plain model, over one (pp, dp, cp, tp) DeviceMesh.
 
-    mesh  = build_mesh(pp, dp, tp)                    # parallel/mesh.py
+    mesh  = build_mesh(pp, dp, tp, cp=cp)             # parallel/mesh.py
     model = Transformer(spec, seed=seed)              # the full model (or a pipeline stage of it)
-    chunk = parallelize(model, mesh, layout, device)  # TP slices it, then DP/ZeRO wraps or shards it
-    chunk.module(x, y)                                # a `Sharded`: the module to call, and how it is split
+    chunk = parallelize(model, mesh, layout, device, seq_len=seq_len)  # TP slices it, CP shards the
+    chunk.module(x, y)                                # sequence, DP/ZeRO wraps or shards it: a `Sharded`,
+                                                      # the module to call and how it is split
 
 `clip_grad_norm_` and `full_state_dict` read the split from the `Sharded`, so they work under any layout.
 """
@@ -17,22 +18,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from shardwise.parallel.context_parallel import context_parallel, shard_sequence
 from shardwise.parallel.data_parallel import data_parallel, grad_sync, make_optimizer
-from shardwise.parallel.mesh import build_mesh, coordinates, group, init_distributed, size
+from shardwise.parallel.mesh import build_mesh, coordinates, data_dim, data_mesh, group, init_distributed, size
 from shardwise.parallel.sharded import Sharded
 from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, tensor_parallel, unshard
 
 
-def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True) -> Sharded:
-    """Full model on CPU -> the layout's TP slices it -> onto `device` -> its DP / ZeRO stage wraps or shards it.
+def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True,
+                seq_len: int | None = None) -> Sharded:
+    """Full model on CPU -> the layout's TP slices it -> CP makes it run on this rank's part of `seq_len`-token
+    sequences -> onto `device` -> its DP / ZeRO stage wraps or shards it over dp (x cp).
     Returns a `Sharded`: the module to call, the plain model and how every parameter is split.
     replicate=False leaves ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step."""
     chunk = tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
+    if layout.cp > 1:
+        context_parallel(model, mesh["cp"], layout.cp_mode, seq_len)
     model.to(device)
-    zero = layout.zero if size(mesh, "dp") > 1 else 0
+    zero = layout.zero if size(mesh, data_dim(mesh)) > 1 else 0
     if not replicate and zero < 2:
         return replace(chunk, zero=zero)
-    return replace(chunk, module=data_parallel(model, None if mesh is None else mesh["dp"], zero), zero=zero)
+    return replace(chunk, module=data_parallel(model, data_mesh(mesh), zero), zero=zero)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +49,7 @@ def clip_grad_norm_(chunks: list[Sharded], max_norm: float, mesh) -> torch.Tenso
     """Clip by the norm of the whole model's gradient, whatever the layout; returns that norm.
 
     TP shards add up over tp; parameters replicated over tp count once (tp rank 0); FSDP shards add
-    up over dp (DDP gradients are already equal on every dp rank); pipeline stages add up over pp."""
+    up over dp (x cp) (DDP gradients are already equal on every dp and cp rank); pipeline stages add up over pp."""
     tp_rank = coordinates(mesh)["tp"]
     sharded, replicated, twins, sharded_over_dp = [], [], [], False
     for chunk in chunks:
@@ -62,7 +68,7 @@ def clip_grad_norm_(chunks: list[Sharded], max_norm: float, mesh) -> torch.Tenso
         sq = sq + torch.nn.utils.get_total_norm(sharded).float() ** 2
     if replicated and tp_rank == 0:
         sq = sq + torch.nn.utils.get_total_norm(replicated).float() ** 2
-    for dim in ("tp", "pp") + (("dp",) if sharded_over_dp else ()):
+    for dim in ("tp", "pp") + ((data_dim(mesh),) if sharded_over_dp else ()):
         if group(mesh, dim) is not None:
             dist.all_reduce(sq, group=group(mesh, dim))
     norm = sq.sqrt()
@@ -82,6 +88,7 @@ def full_state_dict(chunk: Sharded) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "parallelize", "Sharded", "tensor_parallel",
+__all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "data_dim", "data_mesh", "parallelize",
+           "Sharded", "tensor_parallel", "context_parallel", "shard_sequence",
            "data_parallel", "grad_sync", "make_optimizer", "clip_grad_norm_", "full_state_dict",
            "sync_sequence_parallel_grads"]

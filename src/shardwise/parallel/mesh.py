@@ -1,9 +1,12 @@
-"""One DeviceMesh with named dimensions ("pp", "dp", "tp"); tp innermost.
+"""One DeviceMesh with named dimensions ("pp", "dp", "cp", "tp"); tp innermost, then cp (Megatron's order).
 
-global rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so the tp ranks of a group are neighbours
-(the same node when tp <= GPUs per node) and pipeline stages are the outermost split.
-Every process group of the runtime is `mesh[dim].get_group()`, except `edge_group` (a tied embedding's
-two copies), which is cut from the same mesh's rank grid; nothing else keeps rank lists.
+global rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, so the tp ranks of a group are
+neighbours (the same node when tp <= GPUs per node), the cp ranks next (their K/V traffic on the same node
+while cp * tp <= GPUs per node) and pipeline stages are the outermost split.
+With cp > 1, dp and cp are also flattened into "dp_cp": gradients are averaged and ZeRO shards over every
+replica of the weights, which is dp * cp ranks (`data_dim`).
+Every process group of the runtime is `mesh[dim].get_group()` (or the flattened "dp_cp"), except `edge_group`
+(a tied embedding's two copies), which is cut from the same mesh's rank grid; nothing else keeps rank lists.
 Every group carries the job's timeout, so a lost peer raises instead of hanging.
 """
 
@@ -16,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DIMS = ("pp", "dp", "tp")
+DIMS = ("pp", "dp", "cp", "tp")
 
 
 def init_distributed(backend: str, timeout_s: float) -> None:
@@ -52,33 +55,54 @@ def _group_options(backend: str, timeout_s: float):
     return opts
 
 
-def build_mesh(pp: int, dp: int, tp: int, *, backend: str | None = None, timeout_s: float = 300.0) -> DeviceMesh:
-    """The (pp, dp, tp) mesh over all ranks of the default group. Collective: every rank calls it."""
+def build_mesh(pp: int, dp: int, tp: int, *, cp: int = 1, backend: str | None = None,
+               timeout_s: float = 300.0) -> DeviceMesh:
+    """The (pp, dp, cp, tp) mesh over all ranks of the default group. Collective: every rank calls it."""
     backend = backend or dist.get_backend()
     device_type = "cuda" if backend == "nccl" else "cpu"
     opts = _group_options(backend, timeout_s)
-    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=DIMS,
+    mesh = init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=DIMS,
                             backend_override={d: (backend, opts) for d in DIMS})
+    if cp > 1:  # kept on the mesh: torch asks callers to hold flattened meshes themselves
+        mesh.shardwise_flat = {"dp_cp": mesh["dp", "cp"]._flatten("dp_cp", backend_override=(backend, opts))}
+    return mesh
+
+
+def data_dim(mesh: DeviceMesh | None) -> str:
+    """The dimension gradients are averaged and ZeRO-sharded over: "dp", or "dp_cp" with context
+    parallelism (every cp rank holds the same weights and computes part of the same sequences' gradient)."""
+    return "dp_cp" if size(mesh, "cp") > 1 else "dp"
+
+
+def submesh(mesh: DeviceMesh, dim: str) -> DeviceMesh:
+    """The 1-D mesh of `dim`: one of DIMS, or a flattened one ("dp_cp")."""
+    flat = getattr(mesh, "shardwise_flat", {})
+    return flat[dim] if dim in flat else mesh[dim]
+
+
+def data_mesh(mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The 1-D mesh of `data_dim` (None for a single process)."""
+    return None if mesh is None else submesh(mesh, data_dim(mesh))
 
 
 def coordinates(mesh: DeviceMesh | None) -> dict[str, int]:
-    """This rank's (pp, dp, tp) position; all zeros for a single process."""
+    """This rank's (pp, dp, cp, tp) position; all zeros for a single process."""
     if mesh is None:
         return {d: 0 for d in DIMS}
     return {d: mesh[d].get_local_rank() for d in DIMS}
 
 
 def size(mesh: DeviceMesh | None, dim: str) -> int:
-    return 1 if mesh is None else mesh[dim].size()
+    return 1 if mesh is None else submesh(mesh, dim).size()
 
 
 def group(mesh: DeviceMesh | None, dim: str):
     """The process group of `dim`, or None when there is nothing to talk to (single process, size 1)."""
-    return None if size(mesh, dim) == 1 else mesh[dim].get_group()
+    return None if size(mesh, dim) == 1 else submesh(mesh, dim).get_group()
 
 
 def edge_group(mesh: DeviceMesh, timeout_s: float):
-    """The group of the first and the last pipeline stage of this rank's (dp, tp) coordinate (Megatron's
+    """The group of the first and the last pipeline stage of this rank's (dp, cp, tp) coordinate (Megatron's
     embedding group: a tied embedding's two copies). A mesh dimension cannot hold two non-adjacent pp
     ranks, so the groups are cut from the mesh's own rank grid. Collective: every rank creates every
     group, in the same order; returns this rank's, or None on a middle stage."""

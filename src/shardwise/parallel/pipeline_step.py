@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise.parallel.mesh import coordinates, edge_group, group
+from shardwise.parallel.mesh import coordinates, data_dim, edge_group, group
 from shardwise.parallel.pipeline import PipelineExecutor
 from shardwise.schedules import build, validate, virtual_stage
 from shardwise.specs import ModelSpec
@@ -43,7 +43,7 @@ class PipelineStep:
     """The training loop's `forward_backward` under pipeline parallelism.
 
     Runs this rank's schedule over the step's micro-batches; then, once per step, averages the
-    gradients over dp (ZeRO 0/1: one flat all-reduce per chunk — DDP's per-micro-batch hooks would
+    gradients over dp x cp (ZeRO 0/1: one flat all-reduce per chunk — DDP's per-micro-batch hooks would
     fire on the wrong backward in an interleaved schedule) and sums tied embedding gradients between
     the first and the last stage. FSDP (ZeRO 2/3) reduces its own gradients with the chunk's last
     weight backward (`grad_sync`)."""
@@ -104,16 +104,17 @@ def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:
     pp_rank = coordinates(mesh)["pp"]
     models = build_stage_chunks(spec, lay.pp, lay.vpp, pp_rank, seed=cfg.seed, seq_len=cfg.seq_len,
                                 recompute=lay.recompute)
-    chunks = [parallelize(model, mesh, lay, device, replicate=False) for model in models]
+    chunks = [parallelize(model, mesh, lay, device, replicate=False, seq_len=cfg.seq_len) for model in models]
     tied = None
     if spec.tie_embeddings:
         # The last stage's LM head is a copy of the first stage's embedding.
         chunks = [replace(c, replicas=frozenset({"output.weight"})) if c.model.output is not None else c for c in chunks]
         tied = TiedEmbeddings(mesh, chunks, cfg.timeout_s)
     schedule = validate(build(lay.schedule, lay.pp, lay.num_microbatches(cfg.global_batch), lay.vpp))
-    seq = cfg.seq_len // lay.tp if lay.sequence_parallel and lay.tp > 1 else cfg.seq_len
+    seq = cfg.seq_len // lay.cp  # this cp rank's tokens
+    seq = seq // lay.tp if lay.sequence_parallel and lay.tp > 1 else seq
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if torch.device(device).type == "cuda" else nullcontext
     executor = PipelineExecutor(schedule, pp_rank, [c.module for c in chunks], group(mesh, "pp"),
                                 (lay.micro_batch, seq, spec.hidden), device=device, amp=amp,
                                 grad_sync=lambda c, last: grad_sync(chunks[c], enabled=last))
-    return chunks, PipelineStep(executor, group(mesh, "dp"), lay.zero, tied, keep_records=bool(cfg.trace_dir))
+    return chunks, PipelineStep(executor, group(mesh, data_dim(mesh)), lay.zero, tied, keep_records=bool(cfg.trace_dir))

@@ -62,7 +62,8 @@ def recompute_working_bytes(rt, fsdp: bool) -> int:
     lay, cfg = rt.cfg.layout, rt.cfg
     model = next(m for m in rt.models if len(m.layers))
     block = next(iter(model.layers.values()))
-    seq = cfg.seq_len // lay.tp if lay.sequence_parallel and lay.tp > 1 else cfg.seq_len
+    seq = cfg.seq_len // lay.cp  # this cp rank's tokens
+    seq = seq // lay.tp if lay.sequence_parallel and lay.tp > 1 else seq
     x = torch.randn(lay.micro_batch, seq, cfg.spec.hidden, device=rt.device, requires_grad=True)
     rope = (model.rope_cos, model.rope_sin) if cfg.spec.family == "llama" else None
     counter = SavedActivations(rt.models, fsdp, exclude=[x])
@@ -183,7 +184,7 @@ def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] |
         tcfg = TrainConfig(spec=cfg.model, layout=lay, steps=10**6, global_batch=cfg.global_batch,
                            seq_len=cfg.seq_len, seed=cfg.seed, backend=cfg.backend, timeout_s=cfg.timeout_s,
                            progress=False)
-        mesh = build_mesh(lay.pp, lay.dp, lay.tp, backend=cfg.backend, timeout_s=cfg.timeout_s) if world > 1 else None
+        mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s) if world > 1 else None
         rt = build_runtime(tcfg, mesh)
         for _ in range(cfg.warmup):
             train_step(rt)
