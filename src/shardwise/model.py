@@ -59,6 +59,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).type_as(x)
 
 
+def project(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
+    """Every linear of `linears` applied to the same input x. One call for all of them, so tensor
+    parallelism can replace it with one that moves x once for the group (Megatron's fused QKV and
+    gate/up projections): its `tensor_parallel` sets the block's `project` to a `ColumnParallel`."""
+    return tuple(w(x) for w in linears)
+
+
 class Attention(nn.Module):
     """Causal self-attention. Head counts are inferred from the weight shapes (view(..., -1, head_dim)),
     so the same code runs the full model and a tensor-parallel shard holding heads/tp heads."""
@@ -71,17 +78,19 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=bias)
         self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=bias)
+        self.project = project  # tensor parallelism swaps in its own (shardwise.parallel.tensor_parallel)
         self.recompute_core = False  # selective recompute: recompute the attention core in backward
         self.attend = causal_attention  # (q, k, v) -> output; context parallelism swaps in attention over shards
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        # (batch, seq, heads, head_dim) -> (batch, heads, seq, head_dim); under sequence parallelism x holds
+        # part of the sequence and q, k, v all of it, so shapes come from the projections, not from x.
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in self.project(x, (self.wq, self.wk, self.wv)))
         if self.recompute_core:
             out = checkpoint(self._core, q, k, v, rope, use_reentrant=False)
         else:
             out = self._core(q, k, v, rope)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return self.wo(out.transpose(1, 2).flatten(2))
 
     def _core(self, q, k, v, rope):
         if rope is not None:
@@ -104,11 +113,14 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=bias)
         self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if spec.gated_mlp else None
         self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=bias)
+        self.project = project  # tensor parallelism swaps in its own (shardwise.parallel.tensor_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+            gate, up = self.project(x, (self.w1, self.w3))
+            return self.w2(F.silu(gate) * up)
+        (up,) = self.project(x, (self.w1,))
+        return self.w2(F.gelu(up, approximate="tanh"))
 
 
 class Block(nn.Module):

@@ -5,13 +5,17 @@ Per block (Shoeybi et al. 2019):
                 local heads -> wo row-parallel -> g
   feed-forward: f -> w1 (and w3) column-parallel -> w2 row-parallel -> g
   f: identity forward, all-reduce backward; g: all-reduce forward, identity backward (conjugates).
-  One f per block, not per linear: the three projections share one input, like Megatron's fused QKV.
+  One f per block, not per linear: the projections of one input are one `project` call of the model
+  (`ColumnParallel`), like Megatron's fused QKV and gate/up linears.
 
 Sequence parallelism (Korthikanti et al. 2022): between blocks the activations are split along the
 sequence; f becomes all-gather (backward: reduce-scatter) and g becomes reduce-scatter (backward:
 all-gather), so norms run on 1/tp of the tokens. Their weights (and the row-parallel biases) then
 see only part of the tokens, so their gradients are summed over tp once per step
-(`sync_sequence_parallel_grads`).
+(`sync_sequence_parallel_grads`). The column-parallel linears keep only the sequence shard of their
+input for backward and all-gather it again there for the weight gradients (`_GatherLinears`, as
+Megatron's LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel): the saved input
+is s*b*h/tp, as the paper counts it, at the price of one more all-gather per group in backward.
 
 Vocabulary: the embedding and the LM head are split by vocabulary rows; the loss is computed on the
 vocabulary shards (`VocabParallelCrossEntropy`), so no rank ever holds the full logits. A vocabulary
@@ -25,7 +29,6 @@ per-rank work DTensor's dispatch overhead dominates the step (see benchmarks/run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -74,7 +77,6 @@ def _split_seq(x, group):
 # Conjugate pairs (forward op, backward op): the backward of each is the adjoint of its forward.
 COPY = (_identity, _all_reduce)  # Megatron's f
 REDUCE = (_all_reduce, _identity)  # Megatron's g
-GATHER_SEQ = (_gather_seq, _reduce_scatter_seq)  # f under sequence parallelism
 REDUCE_SCATTER_SEQ = (_reduce_scatter_seq, _gather_seq)  # g under sequence parallelism
 SCATTER_SEQ = (_split_seq, _gather_seq)  # enter the sequence-parallel region from replicated values
 
@@ -94,11 +96,64 @@ def collective(ops, x, group):
     return _Collective.apply(x, group, ops)
 
 
-def _enter_hook(ops, group, module, args):
-    return (collective(ops, args[0], group),) + tuple(args[1:])
+class _GatherLinears(torch.autograd.Function):
+    """all_gather(x along the sequence) -> every linear (w_i, b_i) of it, saving only the shard x.
+
+    Backward all-gathers x again for the weight gradients and reduce-scatters the summed input
+    gradient. Under autocast (GPU) x is cast to the autocast dtype first: what is gathered and kept
+    is then the bf16 activation that a plain linear would keep, and the fp32 weights are saved as
+    themselves (no bf16 copy)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x, group, *params):
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        ctx.group = group
+        ctx.save_for_backward(x, *params)
+        full = _gather_seq(x, group)
+        return tuple(F.linear(full, w, b) for w, b in zip(params[::2], params[1::2]))
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, *grads):
+        x, *params = ctx.saved_tensors
+        full = _gather_seq(x, ctx.group)
+        tokens = full.reshape(-1, full.shape[-1])
+        grad_full, out = None, []
+        for w, b, g in zip(params[::2], params[1::2], grads):
+            grad_full = g.matmul(w) if grad_full is None else grad_full + g.matmul(w)
+            g = g.reshape(-1, g.shape[-1])
+            out += [g.t().matmul(tokens), None if b is None else g.sum(0)]
+        return (_reduce_scatter_seq(grad_full, ctx.group), None, *out)
+
+
+class ColumnParallel:
+    """The model's `project(x, linears)` over column-parallel linears that share their input x:
+    f (COPY) once, then each linear; under sequence parallelism one `_GatherLinears` for the group."""
+
+    def __init__(self, group, sequence_parallel: bool):
+        self.group, self.sequence_parallel = group, sequence_parallel
+
+    def __call__(self, x, linears):
+        if not self.sequence_parallel:
+            x = collective(COPY, x, self.group)
+            return tuple(F.linear(x, w.weight, w.bias) for w in linears)
+        return _GatherLinears.apply(x, self.group, *(t for w in linears for t in (w.weight, w.bias)))
 
 
 # --------------------------------------------------------------------------- layers
+
+
+class ColumnParallelLinear(nn.Module):
+    """The LM head on its vocabulary rows: y = f(x) @ W_shard^T (the logits stay split over tp)."""
+
+    def __init__(self, weight: nn.Parameter, columns: ColumnParallel):
+        super().__init__()
+        self.weight, self.bias, self.columns = weight, None, columns
+
+    def forward(self, x):
+        return self.columns(x, (self,))[0]
 
 
 class RowParallelLinear(nn.Module):
@@ -207,13 +262,14 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
     if tp == 1:
         return Sharded(model, model)
     group, rank = tp_mesh.get_group(), tp_mesh.get_local_rank()
-    enter, exit_ = (GATHER_SEQ, REDUCE_SCATTER_SEQ) if sequence_parallel else (COPY, REDUCE)
+    columns = ColumnParallel(group, sequence_parallel)
+    exit_ = REDUCE_SCATTER_SEQ if sequence_parallel else REDUCE
     shards, sp_partial = {}, []
 
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ("attention", "feed_forward"):
-            module.register_forward_pre_hook(partial(_enter_hook, enter, group))
+            module.project = columns
         elif leaf in COLUMN and module is not None:
             module.weight = nn.Parameter(_slice(module.weight, 0, rank, tp))
             shards[f"{name}.weight"] = TPShard(0, module.out_features)
@@ -241,12 +297,11 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
         model.pos_embeddings.register_forward_hook(lambda mod, args, out: collective(SCATTER_SEQ, out, group))
     if model.output is not None:
         if model.spec.tie_embeddings and model.tok_embeddings is not None:
-            model.output.weight = model.tok_embeddings.weight  # still tied: both are the same vocab rows
+            weight = model.tok_embeddings.weight  # still tied: both are the same vocab rows
         else:
-            model.output.weight = nn.Parameter(_slice(model.output.weight, 0, rank, tp, rows))
+            weight = nn.Parameter(_slice(model.output.weight, 0, rank, tp, rows))
             shards["output.weight"] = TPShard(0, vocab)
-        model.output.out_features = rows // tp
-        model.output.register_forward_pre_hook(partial(_enter_hook, enter, group))
+        model.output = ColumnParallelLinear(weight, columns)
         model.loss_fn = VocabParallelCrossEntropy(start, vocab, group)
     return Sharded(model, model, tp_shards=shards, sp_partial_grads=tuple(sp_partial), tp_group=group)
 
