@@ -8,6 +8,12 @@ zero 2  FSDP2 `fully_shard(reshard_after_forward=False)`: gradients and optimize
 zero 3  FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
         sharded, gathered block by block (ZeRO stage 3).
 Each composes with tensor parallelism: it sees the TP shards as ordinary local parameters.
+
+ZeRO 2 and 3 reduce-scatter the gradients after every micro-batch's backward (DeepSpeed's ZeRO-2), so
+only the 1/dp shard of the gradients is ever held between micro-batches. Accumulating unsharded
+gradients over the step instead (one reduce-scatter per step) would hold all of them plus the
+gathered parameters: more memory than ZeRO-1 for the same traffic, a layout nobody should pick.
+The price is m reduce-scatters per step instead of one; the planner counts exactly that.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -39,17 +45,11 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
 
 @contextmanager
 def grad_sync(chunk, enabled: bool):
-    """Gradient accumulation: skip the dp reduction on all but the last micro-batch of a step.
+    """Gradient accumulation under DDP (ZeRO 0/1): skip the dp all-reduce on all but the last micro-batch
+    of a step. FSDP (ZeRO 2/3) reduce-scatters every micro-batch whatever `enabled` says (module docstring).
     `chunk` is what `parallelize` returned (a `Sharded`)."""
     module = chunk.module
-    if isinstance(module, DistributedDataParallel):
-        with nullcontext() if enabled else module.no_sync():
-            yield
-    elif isinstance(module, FSDPModule):
-        # ZeRO-3 reduce-scatters every micro-batch (keeps gradients sharded); ZeRO-2 once per step.
-        module.set_requires_gradient_sync(enabled or chunk.zero == 3)
-        yield
-    else:
+    with module.no_sync() if isinstance(module, DistributedDataParallel) and not enabled else nullcontext():
         yield
 
 

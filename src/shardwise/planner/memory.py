@@ -73,6 +73,9 @@ class Job:
     zero1_broadcast_per_tensor: ZeRO-1 as torch's ZeroRedundancyOptimizer does it (shardwise's runtime):
     gradients all-reduced, then every parameter tensor broadcast from the rank that updated it, one
     call per tensor; off = Megatron's distributed optimizer (one reduce-scatter, one all-gather).
+    async_sp_regather: under sequence parallelism the backward all-gather of each saved input shard
+    runs behind the input-gradient GEMM of its linears (Megatron's async communication); off =
+    issued and waited for in turn (shardwise's runtime).
     """
 
     model: ModelSpec
@@ -83,6 +86,7 @@ class Job:
     tp_comm_overlap: bool = False
     saved: SavedTensors = PAPER
     zero1_broadcast_per_tensor: bool = False
+    async_sp_regather: bool = True
 
     @property
     def tokens_per_sequence_per_gpu(self) -> int:

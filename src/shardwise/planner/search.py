@@ -4,8 +4,8 @@ Pruning (each rule removes only layouts another scored layout beats on both memo
 in this model — docs/planner.md explains each):
   * tp divides the attention heads, the KV heads and the FFN; pp*vpp <= layers; dp*micro_batch
     divides the global batch; interleaving needs m % pp == 0 (Megatron's rule).
-  * sequence parallelism is only considered with tp > 1, and then always on: it moves the same
-    bytes as the plain all-reduce (RS + AG = AR) and stores and touches less.
+  * sequence parallelism is only considered with tp > 1 (on and off: it stores and touches less,
+    but its backward gathers each saved sequence shard again, one more all-gather per layer half).
   * ZeRO-0 only when dp == 1 (ZeRO-1 moves the same bytes with less memory and a shorter
     optimizer step); ZeRO stages beyond the first that fits are slower and not scored.
   * recompute: for each level the cheapest fitting ZeRO stage is scored; a level that needs an
@@ -15,6 +15,7 @@ in this model — docs/planner.md explains each):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -94,9 +95,8 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
             if space.micro_batch is not None and mb not in space.micro_batch:
                 continue
             m = job.train.global_batch // (dp * mb)
-            for schedule, vpp in _schedules(pp, job.model.num_layers, m, space):
-                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule,
-                              sequence_parallel=tp > 1)
+            for (schedule, vpp), sp in itertools.product(_schedules(pp, job.model.num_layers, m, space), (True, False)[tp == 1:]):
+                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp)
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
                 for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
                     for zero in space.zero_stages(dp):

@@ -80,6 +80,14 @@ class StageCost:
     flops_recompute: float
 
 
+def column_group_flops(model: ModelSpec, tokens: int, tp: int) -> tuple[float, float]:
+    """Forward FLOPs (= input-gradient FLOPs) of the two column-parallel groups of a layer: q/k/v, and
+    gate/up (fc1 without a gate), per GPU."""
+    h = model.hidden
+    return (2 * tokens * h * (model.q_dim + 2 * model.kv_dim) / tp,
+            2 * tokens * h * model.ffn_hidden * (2 if model.gated_mlp else 1) / tp)
+
+
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     model, tp, b = job.model, layout.tp, layout.micro_batch
     s_kv = job.train.seq_len
@@ -111,14 +119,24 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
         one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp) + sync
     else:
         one = collective_time(job.cluster, "all_reduce", act, tp) + sync
-    tp_fwd = 2 * one * (TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0)
+    exposed = TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0
+    tp_fwd = 2 * one * exposed
+    # Backward: the same pairs, and under sequence parallelism one more all-gather per column-parallel
+    # group (q/k/v, gate/up): its input was saved sequence-sharded and is gathered again for the weight
+    # gradients (Megatron; shardwise.parallel.tensor_parallel._GatherLinears). Megatron issues it
+    # asynchronously behind the group's input-gradient GEMM (Job.async_sp_regather); shardwise waits.
+    tp_bwd = tp_fwd
+    if layout.sequence_parallel:
+        regather = collective_time(job.cluster, "all_gather", act, tp) + sync
+        for group_flops in column_group_flops(model, tokens, tp):
+            tp_bwd += max(0.0, regather - group_flops / rate) if job.async_sp_regather else regather * exposed
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
 
     # Calibrated fixed cost of a layer per micro-batch (op dispatch, kernel launches), a third per pass.
     oh = float((job.cluster.measured or {}).get("layer_overhead_s", 0.0)) / 3
     fwd_layer = mm + attn + scores_io + elem + tp_fwd + oh
     f = layers * fwd_layer + edge_f
-    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_fwd + oh) + edge_b
+    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_bwd + oh) + edge_b
     w = layers * (mm + oh)
     flops_model = layers * 3 * (mm_flops + attn_flops)
     # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
@@ -134,7 +152,7 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
         head = head_flops / rate
         f, b_in, w = f + head, b_in + head, w + head
         flops_model += 3 * head_flops
-    tp_comm = layers * 2 * tp_fwd + edge_f + edge_b
+    tp_comm = layers * (tp_fwd + tp_bwd) + edge_f + edge_b
     compute = f + b_in + w - tp_comm
     return StageCost(f=f, b=b_in + rec, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec)
@@ -156,9 +174,9 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     f = b = 0.0
     if rank == 0:
         f, b = (rs, ag) if sp else (ar, 0.0)
-    if rank == layout.pp - 1:
+    if rank == layout.pp - 1:  # under SP the head's input is gathered again in backward (Megatron)
         f += (ag if sp else 0.0) + collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync
-        b += rs if sp else ar
+        b += rs + ag if sp else ar
     return f, b
 
 
@@ -181,11 +199,12 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> 
     ZeRO-0: one all-reduce of the gradients. ZeRO-1: reduce-scatter + all-gather of the updated
     weights (the same bytes); with `zero1_broadcast_per_tensor`, an all-reduce then one broadcast per
     parameter tensor, back to back. ZeRO-2/3 shard per FSDP unit (each layer, plus a root unit per
-    model chunk with the embedding, final norm and head): ZeRO-2 gathers every unit in each
-    micro-batch's forward and reduce-scatters the gradients once per step; ZeRO-3 gathers every unit
-    in forward and every layer again in backward (the root stays gathered) and reduce-scatters every
-    micro-batch. Gradients travel in 16 bits (weight_bytes). DP_OVERLAP of it hides behind backward
-    compute, at most `window` seconds of it.
+    model chunk with the embedding, final norm and head) and reduce-scatter every micro-batch's
+    gradients, so that only their shard is held (DeepSpeed's ZeRO-2; shardwise's runtime); ZeRO-2
+    gathers every unit once per micro-batch (kept from forward to backward), ZeRO-3 gathers every
+    unit in forward and every layer again in backward (the root stays gathered). Gradients travel
+    in 16 bits (weight_bytes). DP_OVERLAP of it hides behind backward compute, at most `window`
+    seconds of it.
     """
     d = layout.dp * job.context_parallel
     if d <= 1:
@@ -213,7 +232,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> 
         fsdp = float((c.measured or {}).get("fsdp_call_s", sync))
         gathers, scatters = calls("all_gather", blocks + roots, fsdp), calls("reduce_scatter", blocks + roots, fsdp)
         if layout.zero == 2:
-            total = m * gathers + scatters
+            total = m * (gathers + scatters)
         else:
             total = m * (gathers + calls("all_gather", blocks, fsdp) + scatters)
     # A calibrated profile says how much overlaps where it knows (CPU: none, collectives block the

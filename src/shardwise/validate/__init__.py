@@ -40,7 +40,8 @@ def planner_job(cfg: ValidateConfig):
 
     train = TrainSpec(cfg.global_batch, cfg.seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
                       activation_bytes=2 if cfg.backend == "nccl" else 4)
-    return Job(cfg.model, cfg.cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME, zero1_broadcast_per_tensor=True)
+    return Job(cfg.model, cfg.cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME, zero1_broadcast_per_tensor=True,
+               async_sp_regather=False)
 
 
 def predict(cfg: ValidateConfig, layout: Layout) -> dict:
