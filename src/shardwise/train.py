@@ -33,6 +33,9 @@ from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinate
                                 init_distributed, make_optimizer, parallelize, shard_sequence, size,
                                 sync_sequence_parallel_grads)
 from shardwise.specs import Layout, ModelSpec
+from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     metrics_file: str | None = None
     json_output: bool = False  # rank 0 prints the records and a summary as one JSON object at the end
+    measure_memory: bool = False  # the first step runs under validate's memory counters (summary: memory_*_gib)
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True
     # checkpoints (shardwise.checkpoint): where, how often, how many to keep; stop early; resume; restarts
@@ -202,6 +206,7 @@ def train_step(rt: Runtime) -> dict:
 class TrainResult:
     records: list[dict] = field(default_factory=list)
     runtime: Runtime | None = None
+    memory: dict | None = None  # this rank's measured memory (cfg.measure_memory), bytes per part
 
     @property
     def losses(self) -> list[float]:
@@ -241,7 +246,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
         for _ in range(rt.step, last):
             _maybe_die(result.runtime.step + 1)
             start = time.perf_counter()
-            rec = train_step(result.runtime)
+            if cfg.measure_memory and not result.records:  # one step under the counters, the others bare
+                rec, result.memory = measure_memory(rt, train_step)
+            else:
+                rec = train_step(result.runtime)
             elapsed = time.perf_counter() - start  # .item() above waited for the device
             rec = {"step": result.runtime.step, "loss": rec["loss"], "step_time_s": elapsed,
                    "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"]}
@@ -256,12 +264,29 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
                     print(f"saved {saved}", flush=True)
     if sink:
         sink.close()
+    memory = memory_summary(cfg, result.memory) if result.memory is not None else {}
     if rank0 and cfg.progress and result.records:
         print(summary(result.records, cfg), flush=True)
     trace = _write_trace(result.runtime) if cfg.trace_dir and cfg.layout.pp > 1 else None
     if rank0 and cfg.json_output:
-        print(json.dumps({"records": result.records, "summary": summary_dict(result.records, cfg), "trace": trace}), flush=True)
+        out = {"records": result.records, "summary": {**summary_dict(result.records, cfg), **memory}, "trace": trace}
+        print(json.dumps(out), flush=True)
     return result
+
+
+def memory_summary(cfg: TrainConfig, measured: dict) -> dict:
+    """The measured peak (max over ranks; collective) against the planner's prediction for this run, GiB:
+    states + saved activations as `validate` counts them (shardwise.validate.memory)."""
+    from shardwise.planner.memory import counted_memory, runtime_job
+    from shardwise.specs import load_cluster
+
+    worst = worst_over_ranks(measured)
+    # The planner's memory does not depend on the cluster (only its time does): any preset will do.
+    job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=cfg.device_type == "cuda")
+    predicted = counted_memory(job, cfg.layout)
+    return {"memory_measured_gib": worst["total"] / GIB, "memory_predicted_gib": sum(predicted.values()) / GIB,
+            "memory_measured_breakdown_gib": {k: worst[k] / GIB for k in STATE_KEYS},
+            "memory_predicted_breakdown_gib": {k: v / GIB for k, v in predicted.items()}}
 
 
 def _write_trace(rt: Runtime) -> dict | None:

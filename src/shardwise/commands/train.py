@@ -47,7 +47,8 @@ def register(subparsers, name, help):
                    help="pipeline runs: write DIR/trace.json (Perfetto) and DIR/timeline.png/.svg (measured vs simulated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
-                   help='print {"records": [...], "summary": {...}} at the end instead of the progress bar and messages')
+                   help='print {"records": [...], "summary": {...}} at the end instead of the progress bar and messages; '
+                        'the summary compares the measured memory of the first step with the planner\'s prediction')
     ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp, ZeRO stage or schedule")
     ck.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="write checkpoints to DIR/step_NNNNNN (and resume from there)")
     ck.add_argument("--save-every", type=int, default=None, metavar="N",
@@ -129,6 +130,7 @@ def config_from(args):
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
                        metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json), json_output=args.json,
+                       measure_memory=args.json,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts)
 

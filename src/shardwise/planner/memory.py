@@ -93,6 +93,18 @@ class Job:
         return self.train.seq_len // self.context_parallel
 
 
+def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int, gpu: bool) -> Job:
+    """The planner's view of shardwise's own runtime (`validate`, `train --json`): fp32 weights,
+    gradients and AdamW states (4 + 4 + 8 bytes per parameter), fp32 activations on CPU (bf16 under
+    autocast on GPU), SDPA's fused attention, the tensors shardwise.model saves, torch's
+    ZeroRedundancyOptimizer for ZeRO-1 and SP's backward re-gather waited for. Its memory does not
+    depend on the cluster; its time does."""
+    train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                      activation_bytes=2 if gpu else 4)
+    return Job(model, cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME, zero1_broadcast_per_tensor=True,
+               async_sp_regather=False)
+
+
 # --------------------------------------------------------------------------- activations
 
 
@@ -285,3 +297,13 @@ def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
 
 def total_bytes(breakdown: dict[str, float]) -> float:
     return sum(breakdown.values())
+
+
+def counted_memory(job: Job, layout: Layout) -> dict[str, float]:
+    """What `validate` and `train --json` measure, predicted (bytes): the worst pipeline rank's weights,
+    gradients, optimizer states and saved activations (logits included), without the workspace and
+    fragmentation allowances (those are GPU allocator terms; shardwise.validate.memory counts tensors)."""
+    _, mem = memory_breakdown(job, layout)
+    out = {k: mem[k] for k in ("weights", "gradients", "optimizer")}
+    out["activations"] = mem["activations"] + mem["logits"]
+    return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from shardwise.specs import Layout, TrainSpec
+from shardwise.specs import Layout
 from shardwise.validate.config import ValidateConfig, check_layout, default_layouts, describe, parse_layout
 from shardwise.validate.measure import NOISY, run_rank
 from shardwise.validate.plot import plot
@@ -34,23 +34,19 @@ __all__ = ["ValidateConfig", "check_layout", "default_layouts", "describe", "ken
 
 
 def planner_job(cfg: ValidateConfig):
-    """The planner's view of the runtime: fp32 AdamW states on CPU (bf16 activations under autocast
-    on GPU), SDPA's fused attention, and the tensors shardwise's model saves for backward."""
-    from shardwise.planner.memory import SHARDWISE_RUNTIME, Job
+    """The planner's view of the runtime (planner.memory.runtime_job) on this validation's cluster."""
+    from shardwise.planner.memory import runtime_job
 
-    train = TrainSpec(cfg.global_batch, cfg.seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
-                      activation_bytes=2 if cfg.backend == "nccl" else 4)
-    return Job(cfg.model, cfg.cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME, zero1_broadcast_per_tensor=True,
-               async_sp_regather=False)
+    return runtime_job(cfg.model, cfg.cluster, cfg.global_batch, cfg.seq_len, gpu=cfg.backend == "nccl")
 
 
 def predict(cfg: ValidateConfig, layout: Layout) -> dict:
     from shardwise.planner import estimate
+    from shardwise.planner.memory import counted_memory
 
-    est = estimate(planner_job(cfg), layout)
-    memory = {k: est.memory_bytes[k] for k in ("weights", "gradients", "optimizer")}
-    memory["activations"] = est.memory_bytes["activations"] + est.memory_bytes.get("logits", 0.0)
-    return {"step_time_s": est.step_time, "memory": memory, "total_bytes": est.memory_per_gpu}
+    job = planner_job(cfg)
+    est = estimate(job, layout)
+    return {"step_time_s": est.step_time, "memory": counted_memory(job, layout), "total_bytes": est.memory_per_gpu}
 
 
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:

@@ -23,7 +23,8 @@ class SavedBytes:
     peak held at once. Parameters and buffers of `modules` (and `exclude`) are not activations: they
     are recognised by storage at the moment a tensor is saved. The same tensor saved by several ops
     (x feeds wq, wk and wv) counts once, as the Korthikanti et al. accounting does. Subclasses may
-    `observe()` other memory each time a tensor is saved or unpacked."""
+    `observe()` other memory each time a tensor is saved or unpacked, and `on_forward()` when a
+    key's forward starts."""
 
     def __init__(self, modules, exclude=()):
         self.modules = list(modules)
@@ -38,7 +39,12 @@ class SavedBytes:
     def observe(self) -> None:
         pass
 
+    def on_forward(self) -> None:
+        pass
+
     def hooks(self, key):
+        """The saved-tensor hooks to run key's forward under."""
+        self.on_forward()
         self.held.setdefault(key, 0)
         seen: set = set()
 
