@@ -93,7 +93,8 @@ class Job:
         return self.train.seq_len // self.context_parallel
 
 
-def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int, gpu: bool) -> Job:
+def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int, gpu: bool,
+                context_parallel: int = 1) -> Job:
     """The planner's view of shardwise's own runtime (`validate`, `train --json`): fp32 weights,
     gradients and AdamW states (4 + 4 + 8 bytes per parameter), fp32 activations on CPU (bf16 under
     autocast on GPU), SDPA's fused attention, the tensors shardwise.model saves, torch's
@@ -101,8 +102,8 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     depend on the cluster; its time does."""
     train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
                       activation_bytes=2 if gpu else 4)
-    return Job(model, cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME, zero1_broadcast_per_tensor=True,
-               async_sp_regather=False)
+    return Job(model, cluster, train, flash_attention=True, context_parallel=context_parallel, saved=SHARDWISE_RUNTIME,
+               zero1_broadcast_per_tensor=True, async_sp_regather=False)
 
 
 # --------------------------------------------------------------------------- activations
