@@ -20,6 +20,7 @@ COMMANDS = {
     "plan": "rank every dp x tp x pp layout for a model on a cluster and explain the winner",
     "estimate": "predict memory and step time of one layout",
     "explain": "the planner's decision in plain words, with numbers",
+    "report": "write one self-contained HTML page: the ranked layouts, their memory and time, the winner's pipeline, a validate run",
     "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
     "train": "train a model with a dp x tp x pp layout on torch.distributed",
     "checkpoint": "inspect a training checkpoint, or export its model as one safetensors file",

@@ -6,7 +6,7 @@ from shardwise.commands.plan import register as _register_plan
 
 
 def register(subparsers, name, help):
-    _register_plan(subparsers, name, help)
+    _register_plan(subparsers, name, help, outputs=False)
     subparsers.choices[name].set_defaults(func=run)
 
 

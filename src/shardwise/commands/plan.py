@@ -2,23 +2,43 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
                                        add_software_args, job_from_args, print_json, space_from_args)
 
 
-def register(subparsers, name, help):
-    p = subparsers.add_parser(name, help=help, description=help)
+def add_plan_args(p) -> None:
+    """What a plan is computed from: model, cluster, job, software, search space (plan, explain, report)."""
     add_model_arg(p)
     add_cluster_args(p)
     add_job_args(p)
     add_software_args(p)
     add_search_args(p)
+
+
+def register(subparsers, name, help, outputs: bool = True):
+    p = subparsers.add_parser(name, help=help, description=help)
+    add_plan_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     p.add_argument("--json", action="store_true", help='print {"best": {...}, "candidates": [...]}')
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
     p.add_argument("--all-variants", action="store_true",
                    help="list every fitting variant (micro-batch, vpp, schedule, ZeRO, recompute) instead of the "
                         "best one of each dp x tp x pp split")
+    if outputs:
+        from shardwise.emit import TARGETS
+
+        g = p.add_argument_group("outputs")
+        g.add_argument("--emit", choices=TARGETS, default=None,
+                       help="write a layout as a launch configuration for this stack: Megatron-LM arguments (bash), "
+                            "torchtitan TOML or DeepSpeed JSON; the table then holds only layouts that stack can run, "
+                            "scored with its framework profile")
+        g.add_argument("--out", type=Path, default=None, metavar="PATH", help="where --emit writes")
+        g.add_argument("--rank", type=int, default=None, metavar="N",
+                       help="which row of the table --emit writes (default 1, the winner)")
+        g.add_argument("--html", type=Path, default=None, metavar="PATH",
+                       help="also write the report page: one self-contained HTML file (as `shardwise report`)")
     p.set_defaults(func=run)
 
 
@@ -27,7 +47,7 @@ def plan(args):
     from shardwise.errors import UsageError
     from shardwise.planner.search import nothing_fits_message, search
 
-    if args.top < 1:
+    if getattr(args, "top", 1) < 1:  # plan and explain show --top rows; report shows them all
         raise UsageError(f"--top must be at least 1, got {args.top}")
     job = job_from_args(args)
     space = space_from_args(args)
@@ -48,14 +68,77 @@ def best_per_split(ranked):
     return out
 
 
+def check_outputs(args) -> None:
+    """--emit/--out/--rank/--html make sense together and can be written: checked before the search."""
+    from shardwise.commands.common import prepare_output
+    from shardwise.errors import UsageError
+
+    if args.emit and args.out is None:
+        raise UsageError(f"--emit {args.emit} needs --out PATH (the file to write)")
+    if args.out is not None and not args.emit:
+        raise UsageError("--out is where --emit writes — add --emit megatron|torchtitan|deepspeed "
+                         "(the report page goes to --html PATH)")
+    if args.rank is not None and not args.emit:
+        raise UsageError("--rank picks the layout --emit writes — add --emit megatron|torchtitan|deepspeed")
+    if args.rank is not None and args.rank < 1:
+        raise UsageError(f"--rank must be at least 1 (the winner), got {args.rank}")
+    if args.emit and getattr(args, "framework", None) is None and hasattr(args, "framework"):
+        from shardwise.emit import FRAMEWORK
+
+        args.framework = FRAMEWORK[args.emit]  # score with the target's own framework profile
+    prepare_output(args.out, "--out")
+    prepare_output(args.html, "--html")
+
+
+def emit(args, job, rows) -> dict:
+    """Write row --rank of the table for --emit; what was written, for the report and --json."""
+    from shardwise.emit import TITLE, Target, emitter, render
+    from shardwise.errors import UsageError
+
+    rank = args.rank or 1
+    if rank > len(rows):
+        raise UsageError(f"--rank {rank}: the table has {len(rows)} layouts {TITLE[args.emit]} can run — pick 1 to {len(rows)}")
+    target = Target(job=job, estimate=rows[rank - 1], gpus=args.gpus, rank=rank, framework=getattr(args, "framework", None))
+    args.out.write_text(render(args.emit, target))
+    return {"target": args.emit, "title": TITLE[args.emit], "path": str(args.out), "rank": rank,
+            "framework": target.framework, "launch": emitter(args.emit).launch(target, args.out),
+            "layout": target.estimate.to_dict()}
+
+
+def write_html(path, job, gpus, result, framework=None, emitted=None) -> dict:
+    """The report page for a plan; its path and size."""
+    from shardwise.report import page, plan_page, write
+
+    html = page(plan=plan_page(job, gpus, result, framework=framework, emitted=emitted))
+    write(path, html)
+    return {"path": str(path), "bytes": len(html.encode())}
+
+
 def run(args) -> int:
+    outputs = hasattr(args, "emit")
+    if outputs:
+        check_outputs(args)
     job, result = plan(args)
-    top = (result.ranked if args.all_variants else best_per_split(result.ranked))[: args.top]
+    if outputs and args.emit:
+        from dataclasses import replace
+
+        from shardwise.emit import expressible
+
+        result = replace(result, ranked=expressible(args.emit, job, result.ranked))
+    rows = result.ranked if args.all_variants else best_per_split(result.ranked)
+    top = rows[: args.top]
+    emitted = emit(args, job, rows) if outputs and args.emit else None
+    framework = getattr(args, "framework", None)
+    html = write_html(args.html, job, args.gpus, result, framework, emitted) if outputs and args.html else None
     if args.json:
         out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top]}
         if args.explain:
             from shardwise.planner.explain import explain
             out["explanation"] = explain(job, args.gpus, result)
+        if emitted:
+            out["emitted"] = emitted
+        if html:
+            out["html"] = html
         print_json(out)
         return 0
     from rich.console import Console
@@ -63,12 +146,19 @@ def run(args) -> int:
     from shardwise.commands.common import layout_table, print_explanation
 
     console = Console()
+    only = f"; layouts {emitted['title']} can run" if emitted else ""
     console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
-                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'})"))
+                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'}{only})"))
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
     print_explanation(console, paragraphs, "Why the winner wins")
+    if emitted:
+        console.print(f"wrote {emitted['path']}: {emitted['title']} configuration of layout #{emitted['rank']} "
+                      f"({rows[emitted['rank'] - 1].layout.describe()}). Start it with:", highlight=False)
+        console.print(f"  {emitted['launch']}", highlight=False, soft_wrap=True)
+    if html:
+        console.print(f"wrote {html['path']} ({html['bytes'] / 1e6:.2f} MB): open it in a browser", highlight=False)
     return 0

@@ -1,0 +1,97 @@
+"""The planner's layout in the user's own stack: Megatron-LM, torchtitan or DeepSpeed launch configurations.
+
+    from shardwise.emit import Target, emitter
+    text = emitter("megatron").render(target)        # UsageError (one line, the knob) if it cannot
+    emitter("deepspeed").problem(job, layout)         # None, or why DeepSpeed cannot run this layout
+
+Each target is one module (megatron.py, torchtitan.py, deepspeed.py) with
+    problem(job, layout) -> str | None    what in the layout the target's configuration cannot express
+    render(target) -> str                 the file, in the target's own format
+    launch(target, path) -> str           the command that starts it
+and the option names each one writes come from the target's source (docs/emit.md lists them with
+their sources). Pure Python: no import of the target frameworks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from shardwise.errors import UsageError
+
+TARGETS = ("megatron", "torchtitan", "deepspeed")
+
+# The planner framework profile (`plan --framework`) each target's layouts are scored with. This is the
+# one place the mapping lives; `plan --emit X` applies it when --framework is not given.
+FRAMEWORK = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+
+# What a user sees as the target's name.
+TITLE = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an emitter writes: the job, the chosen estimate (its layout and predictions) and its rank."""
+
+    job: object  # planner Job
+    estimate: object  # planner Estimate
+    gpus: int
+    rank: int  # 1-based, in plan's table
+    framework: str | None = None  # the planner profile it was scored with (None: shardwise's default)
+
+    @property
+    def layout(self):
+        return self.estimate.layout
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.job.cluster.gpus_per_node))
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.gpus, self.job.cluster.gpus_per_node)
+
+    def summary(self) -> list[str]:
+        """Provenance lines for the file's header comment."""
+        est, lay, job = self.estimate, self.layout, self.job
+        gib = 2**30
+        knobs = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
+                 f"{lay.recompute} recompute"] + (["sequence parallel"] if lay.sequence_parallel else [])
+        assumes = [f"framework {self.framework or 'shardwise default'}", "bf16",
+                   "fused attention" if job.flash_attention else "materialised softmax",
+                   "TP overlap on" if job.tp_comm_overlap else "TP overlap off"]
+        return [
+            f"{job.model.name} on {self.gpus} x {job.cluster.name} ({self.nodes} nodes x {self.gpus_per_node} GPUs), "
+            f"global batch {job.train.global_batch} x {job.train.seq_len} tokens",
+            f"layout #{self.rank} of `shardwise plan`: {', '.join(knobs)}",
+            f"predicted {est.memory_per_gpu / gib:.1f} of {est.gpu_memory_bytes / gib:.0f} GiB per GPU, "
+            f"{est.step_time:.2f} s per step, MFU {est.mfu:.1%} ({', '.join(assumes)})",
+        ]
+
+
+def emitter(name: str):
+    """The module that writes target `name`."""
+    if name not in TARGETS:
+        raise UsageError(f"unknown --emit target '{name}' — choose one of {', '.join(TARGETS)}")
+    return importlib.import_module(f"shardwise.emit.{name}")
+
+
+def expressible(name: str, job, estimates):
+    """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can."""
+    mod = emitter(name)
+    kept = [e for e in estimates if mod.problem(job, e.layout) is None]
+    if not kept and estimates:
+        raise UsageError(f"{TITLE[name]} cannot run any layout that fits: {mod.problem(job, estimates[0].layout)}")
+    return kept
+
+
+def render(name: str, target: Target) -> str:
+    """The file for target `name`, or UsageError naming what the target cannot express."""
+    mod = emitter(name)
+    why = mod.problem(target.job, target.layout)
+    if why is not None:
+        raise UsageError(f"{TITLE[name]} cannot run {target.layout.describe()}: {why}")
+    return mod.render(target)
+
+
+__all__ = ["TARGETS", "FRAMEWORK", "TITLE", "Target", "emitter", "expressible", "render"]

@@ -1,0 +1,76 @@
+"""DeepSpeed: its JSON config (read by `deepspeed.runtime.config.DeepSpeedConfig`, `--deepspeed_config`).
+
+Keys and meanings are DeepSpeed's `deepspeed/runtime/config.py`, `runtime/zero/config.py`,
+`runtime/tensor_parallel/config.py` and `runtime/pipe/engine.py` (docs/emit.md gives the version;
+tests/test_emit.py builds DeepSpeedConfig from what is written here):
+  train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size
+      (DeepSpeed checks this); with a pipeline the accumulation steps are the pipeline's micro-batches.
+  zero_optimization.stage 0-3; bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype).
+  tensor_parallel.autotp_size: AutoTP training (no sequence parallelism, no pipeline).
+  pipeline.stages / partition / activation_checkpoint_interval: the engine reads the last one; the
+      stages are the `PipelineModule(num_stages=...)` the training script builds. DeepSpeed's pipeline
+      runs 1F1B (its TrainSchedule) and refuses ZeRO-2/3.
+  activation_checkpointing: present when every layer is recomputed (the model calls
+      deepspeed.checkpointing.checkpoint per layer, as Megatron-DeepSpeed does).
+Selective (attention-core) recompute is model code, not a DeepSpeed key: not expressible.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def problem(job, layout) -> str | None:
+    if layout.pp > 1 and layout.schedule != "1f1b":
+        return (f"schedule {layout.schedule} — DeepSpeed's pipeline engine runs 1F1B only; narrow the search with "
+                f"--schedules 1f1b")
+    if layout.pp > 1 and layout.zero >= 2:
+        return f"ZeRO-{layout.zero} with a pipeline — DeepSpeed's pipeline engine refuses ZeRO-2/3; use --zero 0,1"
+    if layout.tp > 1 and layout.sequence_parallel:
+        return ("sequence parallelism — DeepSpeed's AutoTP (tensor_parallel.autotp_size) splits the layers but not "
+                "the sequence")
+    if layout.tp > 1 and layout.pp > 1:
+        return ("TP with a pipeline — DeepSpeed's pipeline takes its TP groups from Megatron-DeepSpeed's topology, "
+                "not from AutoTP; use --tp 1 or --pp 1")
+    if layout.recompute == "selective":
+        return ("selective recompute — it is model code (Megatron-DeepSpeed), not a DeepSpeed config key; "
+                "narrow the search with --recompute none,full")
+    return None
+
+
+def config(target) -> dict:
+    job, lay = target.job, target.layout
+    m = lay.num_microbatches(job.train.global_batch)
+    zero = {"stage": lay.zero}
+    if lay.zero >= 1:
+        zero |= {"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True}
+    out = {
+        "train_batch_size": job.train.global_batch,
+        "train_micro_batch_size_per_gpu": lay.micro_batch,
+        "gradient_accumulation_steps": m,
+        "bf16": {"enabled": True},
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": zero,
+        "gradient_clipping": 1.0,
+    }
+    if lay.tp > 1:
+        out["tensor_parallel"] = {"autotp_size": lay.tp}
+    if lay.pp > 1:
+        out["pipeline"] = {"stages": lay.pp, "partition": "uniform",
+                           "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0}
+    if lay.recompute == "full":
+        out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    return out
+
+
+def render(target) -> str:
+    return json.dumps(config(target), indent=2) + "\n"
+
+
+def launch(target, path) -> str:
+    lay = target.layout
+    model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='uniform'))"
+             if lay.pp > 1 else "")
+    return (f"deepspeed --num_nodes {target.nodes} --num_gpus {target.gpus_per_node} --hostfile HOSTFILE "
+            f"your_train.py --deepspeed --deepspeed_config {path}{model}")

@@ -1,0 +1,139 @@
+"""Megatron-LM / Megatron-Core: a bash script with the command-line arguments and the torchrun line.
+
+Option names and meanings are Megatron-LM's `megatron/training/arguments.py` (docs/emit.md gives the
+commit; tests/test_emit.py parses what is written here with that parser's option table and builds
+megatron-core's config dataclasses from it):
+  --tensor-model-parallel-size, --pipeline-model-parallel-size, --sequence-parallel
+  --num-layers-per-virtual-pipeline-stage  interleaved 1F1B when the layers split evenly; otherwise
+  --pipeline-model-parallel-layout         the stage-by-stage split ("Et*27|t*27|t*26L": E embedding,
+                                           t a transformer layer, L the loss; stage k = chunk·pp + rank)
+  --micro-batch-size, --global-batch-size  Megatron derives the number of micro-batches from them
+  ZeRO-1  --use-distributed-optimizer; ZeRO-2/3 --use-megatron-fsdp with --data-parallel-sharding-strategy
+          optim_grads / optim_grads_params (which also requires --ckpt-format fsdp_dtensor)
+  recompute selective: --recompute-granularity selective (the attention core, Korthikanti et al.);
+          full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  --overlap-grad-reduce / --overlap-param-gather with data parallelism, --tp-comm-overlap when modelled.
+Megatron has no GPipe or zero-bubble (ZB-H1) schedule: those layouts are not expressible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+
+from shardwise.specs import stage_layer_counts
+
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def problem(job, layout) -> str | None:
+    if layout.pp > 1 and layout.schedule not in SCHEDULES:
+        return (f"schedule {layout.schedule} — Megatron-LM runs 1F1B, or interleaved 1F1B with virtual stages "
+                f"(narrow the search with --schedules 1f1b,interleaved-1f1b)")
+    if job.tp_comm_overlap and layout.tp > 1 and not layout.sequence_parallel:
+        return "--tp-comm-overlap needs sequence parallelism in Megatron-LM (--sequence-parallel)"
+    return None
+
+
+def pipeline_layout(num_layers: int, pp: int, vpp: int) -> str:
+    """Megatron's --pipeline-model-parallel-layout for shardwise's split of L layers over pp*vpp stages."""
+    stages = ["t" * n if n < 3 else f"t*{n}" for n in stage_layer_counts(num_layers, pp * vpp)]
+    first, middle, last = "E" + stages[0], stages[1:-1], stages[-1] + "L"
+    runs = [(stage, len(list(group))) for stage, group in itertools.groupby(middle)]
+    # A run of k equal stages is written (t*n|)*k, which Megatron's parser unrolls; commas are cosmetic.
+    return first + "|" + ",".join([f"({stage}|)*{k}" if k > 1 else f"{stage}|" for stage, k in runs] + [last])
+
+
+def _model_args(job) -> list[str]:
+    m, s = job.model, job.train.seq_len
+    args = ["--num-layers", m.num_layers, "--hidden-size", m.hidden, "--ffn-hidden-size", m.ffn_hidden,
+            "--num-attention-heads", m.num_heads]
+    if m.head_dim * m.num_heads != m.hidden:
+        args += ["--kv-channels", m.head_dim]
+    if m.num_kv_heads != m.num_heads:
+        args += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
+    args += ["--seq-length", s, "--max-position-embeddings", max(s, m.max_positions)]
+    if m.family == "llama":
+        args += ["--position-embedding-type", "rope", "--rotary-base", int(m.rope_theta), "--normalization", "RMSNorm",
+                 "--norm-epsilon", m.norm_eps, "--swiglu", "--disable-bias-linear"]
+    else:
+        args += ["--position-embedding-type", "learned_absolute", "--normalization", "LayerNorm",
+                 "--norm-epsilon", m.norm_eps]
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--attention-backend", "flash" if job.flash_attention else "unfused"]
+    return args
+
+
+def _parallel_args(job, layout) -> list[str]:
+    args = ["--tensor-model-parallel-size", layout.tp, "--pipeline-model-parallel-size", layout.pp]
+    if layout.tp > 1 and layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    if layout.tp > 1 and job.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    stages = layout.pp * layout.vpp
+    if layout.pp > 1 and job.model.num_layers % stages:
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(job.model.num_layers, layout.pp, layout.vpp)]
+    elif layout.vpp > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", job.model.num_layers // stages]
+    if layout.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif layout.zero >= 2:
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                 "optim_grads" if layout.zero == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
+    if layout.dp > 1:
+        args.append("--overlap-grad-reduce")
+        if layout.zero >= 1:
+            args.append("--overlap-param-gather")
+    if layout.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif layout.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
+    return args
+
+
+def arguments(target) -> dict[str, list[str]]:
+    """The argument groups, as strings: {"MODEL_ARGS": [...], "PARALLEL_ARGS": [...], "BATCH_ARGS": [...]}."""
+    job, lay = target.job, target.layout
+    batch = ["--micro-batch-size", lay.micro_batch, "--global-batch-size", job.train.global_batch, "--bf16"]
+    groups = {"MODEL_ARGS": _model_args(job), "PARALLEL_ARGS": _parallel_args(job, lay), "BATCH_ARGS": batch}
+    return {k: [str(a) for a in v] for k, v in groups.items()}
+
+
+def _lines(args: list[str]) -> list[str]:
+    """One option (with its value) per line."""
+    out: list[str] = []
+    for a in args:
+        if a.startswith("--") or not out:
+            out.append(a)
+        else:
+            out[-1] += " " + shlex.quote(a)
+    return out
+
+
+def render(target) -> str:
+    lay = target.layout
+    lines = ["#!/usr/bin/env bash", "# Megatron-LM launch written by `shardwise plan --emit megatron`."]
+    lines += [f"# {line}" for line in target.summary()]
+    lines += ["# Run it on every node with NODE_RANK (0..%d) and MASTER_ADDR set, from a Megatron-LM checkout"
+              % (target.nodes - 1),
+              "# (or set MEGATRON_LM); add your data, tokenizer and optimizer arguments after the script's name.",
+              f"# The vocabulary comes from your tokenizer ({target.job.model.vocab_size} in the planned model).",
+              "set -euo pipefail"]
+    if lay.tp > 1 and lay.zero < 2:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron orders TP communication before compute with it")
+    for name, args in arguments(target).items():
+        lines.append(f"{name}=(")
+        lines += [f"    {line}" for line in _lines(args)]
+        lines.append(")")
+    lines += [
+        f"torchrun --nnodes {target.nodes} --nproc-per-node {target.gpus_per_node} "
+        '--node-rank "${NODE_RANK:-0}" \\',
+        '    --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-6000}" \\',
+        '    "${MEGATRON_LM:-.}/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${BATCH_ARGS[@]}" "$@"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def launch(target, path) -> str:
+    return f"NODE_RANK=<0..{target.nodes - 1}> MASTER_ADDR=<node 0> bash {path} --data-path ... --tokenizer-type ..."

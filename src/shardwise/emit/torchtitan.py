@@ -1,0 +1,129 @@
+"""torchtitan: its TOML job config (read by `torchtitan.config.ConfigManager`, `--job.config_file`).
+
+Keys and meanings are torchtitan's `torchtitan/config/job_config.py` (the TOML job config of releases up
+to 0.2.x; docs/emit.md gives the version; tests/test_emit.py parses what is written here with that
+ConfigManager, which rejects unknown keys):
+  [parallelism] data_parallel_shard_degree (FSDP2) with fsdp_reshard_after_forward "never" = ZeRO-2
+      (weights stay gathered from forward to backward) or "always" = ZeRO-3; data_parallel_replicate_degree
+      = DDP (ZeRO-0), which torchtitan runs only on a 1-D mesh; tensor_parallel_degree (always with
+      sequence parallelism); pipeline_parallel_degree, _schedule (GPipe, 1F1B, Interleaved1F1B),
+      _microbatch_size; the split as _layers_per_stage (even) or module_fqns_per_model_part (uneven),
+      with the embedding and head not counted as layers (_first/_last_stage_less_layers = 0), as shardwise
+      splits a model; stage k sits on rank k mod pp (torchtitan's "loop" style, Megatron's order).
+  [training] local_batch_size (per data-parallel rank per accumulation step), global_batch_size (the
+      rest is gradient accumulation), seq_len, bf16 parameters with fp32 reductions.
+  [activation_checkpoint] mode "none" or "full" (every layer).
+torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its selective modes (per-op, every
+N-th layer) are not the attention-core recompute shardwise scores: those layouts are not expressible.
+"""
+
+from __future__ import annotations
+
+import json
+
+from shardwise.specs import stage_layer_counts
+
+SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+# torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads) -> name.
+FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 8): "405B"}
+
+
+def problem(job, layout) -> str | None:
+    if layout.dp > 1 and layout.zero == 1:
+        return ("ZeRO-1 — torchtitan shards data-parallel state only with FSDP2 (ZeRO-2/3) or replicates it with "
+                "DDP (ZeRO-0); narrow the search with --zero 0,2,3")
+    if layout.dp > 1 and layout.zero == 0 and (layout.tp > 1 or layout.pp > 1):
+        return ("ZeRO-0 with TP or PP — torchtitan's DDP (data_parallel_replicate_degree) runs only without TP and PP; "
+                "use FSDP (--zero 2,3)")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        return "TP without sequence parallelism — torchtitan's tensor parallelism always shards the norms along the sequence"
+    if layout.pp > 1 and layout.schedule not in SCHEDULE:
+        return (f"schedule {layout.schedule} — torchtitan runs GPipe, 1F1B and Interleaved1F1B here (its zero-bubble "
+                f"schedules need several stages per rank); narrow the search with --schedules gpipe,1f1b,interleaved-1f1b")
+    if layout.recompute == "selective":
+        return ("selective recompute — torchtitan's selective modes (per-op, every N-th layer) are not the "
+                "attention-core recompute shardwise scored; narrow the search with --recompute none,full")
+    return None
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string
+    return "[" + ", ".join(_value(x) for x in v) + "]"
+
+
+def toml(sections: dict[str, dict]) -> str:
+    out = []
+    for name, table in sections.items():
+        out.append(f"[{name}]")
+        out += [f"{key} = {_value(value)}" for key, value in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def _split(job, layout) -> dict:
+    """How the layers are cut into pp*vpp stages, in torchtitan's keys."""
+    L, stages = job.model.num_layers, layout.pp * layout.vpp
+    keys = {"pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
+    if L % stages == 0:
+        return keys | {"pipeline_parallel_layers_per_stage": L // stages}
+    parts, first = [], 0
+    for k, n in enumerate(stage_layer_counts(L, stages)):
+        parts.append((["tok_embeddings"] if k == 0 else []) + [f"layers.{i}" for i in range(first, first + n)]
+                     + (["norm", "output"] if k == stages - 1 else []))
+        first += n
+    return keys | {"module_fqns_per_model_part": parts}
+
+
+def sections(target) -> dict[str, dict]:
+    job, lay = target.job, target.layout
+    m = job.model
+    flavor = FLAVORS.get((m.hidden, m.num_layers, m.num_heads, m.num_kv_heads)) if m.family == "llama" else None
+    par = {"data_parallel_replicate_degree": lay.dp if lay.zero == 0 else 1,
+           "data_parallel_shard_degree": lay.dp if lay.zero >= 2 else 1}
+    if lay.zero >= 2:
+        par["fsdp_reshard_after_forward"] = "never" if lay.zero == 2 else "always"
+    par["tensor_parallel_degree"] = lay.tp
+    if lay.tp > 1 and job.tp_comm_overlap:
+        par["enable_async_tensor_parallel"] = True
+    par["pipeline_parallel_degree"] = lay.pp
+    per_rank = job.train.global_batch // lay.dp
+    if lay.pp > 1:
+        par |= {"pipeline_parallel_schedule": SCHEDULE[lay.schedule], "pipeline_parallel_microbatch_size": lay.micro_batch}
+        par |= _split(job, lay)
+    out = {
+        "job": {"dump_folder": "./outputs", "description": f"{m.name} {lay.describe()} (shardwise plan #{target.rank})"},
+        "model": {"name": "llama3", "flavor": flavor or m.name},
+        # With a pipeline the whole per-rank batch goes through it as micro-batches; without one, each
+        # micro-batch is an accumulation step.
+        "training": {"local_batch_size": per_rank if lay.pp > 1 else lay.micro_batch,
+                     "global_batch_size": job.train.global_batch, "seq_len": job.train.seq_len,
+                     "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
+        "parallelism": par,
+        "activation_checkpoint": {"mode": "full" if lay.recompute == "full" else "none"},
+    }
+    if lay.tp > 1 and job.tp_comm_overlap:
+        out["compile"] = {"enable": True}  # async TP takes effect under torch.compile only
+    return out
+
+
+def render(target) -> str:
+    m = target.job.model
+    head = ["# torchtitan job config written by `shardwise plan --emit torchtitan`."]
+    head += [f"# {line}" for line in target.summary()]
+    if (m.hidden, m.num_layers, m.num_heads, m.num_kv_heads) not in FLAVORS or m.family != "llama":
+        head.append(f"# torchtitan has no flavor of {m.name}: register one named {m.name!r} in torchtitan/models/llama3 "
+                    f"with dim={m.hidden}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
+                    f"ffn hidden {m.ffn_hidden}, vocab_size={m.vocab_size}.")
+    head.append("# Run on every node: torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                "--rdzv-endpoint HOST:29500 -m torchtitan.train --job.config_file THIS_FILE")
+    return "\n".join(head) + "\n\n" + toml(sections(target))
+
+
+def launch(target, path) -> str:
+    return (f"torchrun --nnodes {target.nodes} --nproc-per-node {target.gpus_per_node} --rdzv-backend c10d "
+            f"--rdzv-endpoint <node 0>:29500 -m torchtitan.train --job.config_file {path}")

@@ -1,0 +1,109 @@
+"""What the report page shows, as one JSON-able dict: the ranked layouts, the winner's timeline, the
+explanation and a validation run. Columnar and rounded to 5 significant digits, so thousands of
+layouts stay small; the page draws everything from this dict."""
+
+from __future__ import annotations
+
+GIB = 2**30
+
+# Display names, in the order the bars stack (planner keys; keys the planner adds later get their own name).
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+                 "activations": "activations", "logits": "logits", "workspace": "workspace + fragmentation"}
+TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP traffic", "pp_p2p": "PP p2p",
+               "pipeline_bubble": "pipeline bubble", "dp_comm": "DP traffic", "step_comm": "per-step collectives",
+               "optimizer": "optimizer step"}
+LAYOUT_COLUMNS = ("dp", "tp", "pp", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
+                  "tokens_per_s", "mfu", "split_rank")
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.5g}")
+
+
+def _keys(dicts, preferred) -> list[str]:
+    seen = list(preferred)
+    for d in dicts:
+        seen += [k for k in d if k not in seen]
+    return [k for k in seen if any(k in d for d in dicts)]
+
+
+def layouts(ranked) -> dict:
+    """Every fitting layout in rank order, with its memory and step-time breakdowns."""
+    mem_keys = _keys([e.memory_bytes for e in ranked[:1]], MEMORY_LABELS)
+    time_keys = _keys([e.time_s for e in ranked[:1]], TIME_LABELS)
+    seen, rows, mem, time = set(), [], [], []
+    for e in ranked:
+        lay = e.layout
+        split = (lay.dp, lay.tp, lay.pp)
+        split_rank = None if split in seen else len(seen) + 1  # its row in `plan`'s table (best of each split)
+        seen.add(split)
+        rows.append([lay.dp, lay.tp, lay.pp, lay.vpp, lay.micro_batch, e.num_microbatches, lay.zero, lay.recompute,
+                     lay.sequence_parallel, lay.schedule if lay.pp > 1 else "-", _r(e.memory_per_gpu / GIB),
+                     _r(e.step_time), round(e.tokens_per_s), round(e.mfu, 4), split_rank])
+        mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])
+        time.append([_r(e.time_s.get(k, 0.0)) for k in time_keys])
+    return {"columns": list(LAYOUT_COLUMNS), "rows": rows, "memory": mem, "time": time,
+            "memory_keys": [[k, MEMORY_LABELS.get(k, k.replace("_", " "))] for k in mem_keys],
+            "time_keys": [[k, TIME_LABELS.get(k, k.replace("_", " "))] for k in time_keys]}
+
+
+def timeline(job, est) -> dict | None:
+    """The winner's pipeline step: its schedule simulated with the per-stage costs the planner used."""
+    from shardwise.planner.step_time import pipeline_costs
+    from shardwise.schedules import Costs, build, simulate
+    from shardwise.timeline import COLORS, LABELS
+
+    lay = est.layout
+    if lay.pp == 1:
+        return None
+    slow, c = pipeline_costs(job, lay)
+    costs = Costs(slow.f, slow.b, slow.w, c)
+    sim = simulate(build(lay.schedule, lay.pp, est.num_microbatches, lay.vpp), costs)
+    kinds = sorted({e.kind for e in sim.events}, key="FBIW".index)
+    ranks = []
+    for r in range(lay.pp):
+        evs = sorted((e for e in sim.events if e.rank == r), key=lambda e: e.start)
+        gaps, end = [], 0.0
+        for e in evs:  # mostly 0: the page rebuilds start = previous end + gap, end = start + duration
+            gaps.append(_r(e.start - end) if e.start - end > 1e-12 * sim.makespan else 0)
+            end = e.end
+        ranks.append({"kind": "".join(e.kind for e in evs), "mb": [e.microbatch for e in evs],
+                      "chunk": [e.chunk for e in evs], "gap": gaps})
+    # Duration of each kind on each virtual stage (stage = chunk * pp + rank), as the simulator charged it.
+    stages = lay.pp * lay.vpp
+    duration = {k: [costs.of(k, s, lay.pp, lay.vpp) for s in range(stages)] for k in kinds}
+    return {"schedule": lay.schedule, "pp": lay.pp, "vpp": lay.vpp, "m": est.num_microbatches,
+            "makespan_s": sim.makespan, "bubble_fraction": sim.bubble_fraction,
+            "costs_s": {"f": slow.f, "b": slow.b, "w": slow.w, "transfer": c},
+            "duration_s": duration, "ranks": ranks,
+            "colors": {k: COLORS[k] for k in kinds}, "labels": {k: LABELS[k] for k in kinds}}
+
+
+def plan_page(job, gpus: int, result, framework: str | None = None, emitted: dict | None = None) -> dict:
+    """The plan part of the page: `result` is the planner's search result (its ranked layouts, fastest first)."""
+    from shardwise.planner.explain import explain
+
+    cluster, train = job.cluster, job.train
+    win = result.ranked[0]
+    assumptions = [f"framework profile: {framework or 'shardwise default'}", "bf16 weights, fp32 gradients and Adam states (18 B/param)",
+                   "fused attention (FlashAttention)" if job.flash_attention else "materialised softmax (no fused attention)",
+                   "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed"]
+    return {
+        "model": job.model.name, "cluster": cluster.name, "gpus": gpus, "gpus_per_node": cluster.gpus_per_node,
+        "global_batch": train.global_batch, "seq_len": train.seq_len, "params": job.model.num_params(),
+        "gpu_memory_gib": _r(cluster.gpu_memory_gib), "scored": result.scored, "fit": len(result.ranked),
+        "assumptions": assumptions, "explanation": explain(job, gpus, result), "layouts": layouts(result.ranked),
+        "winner": {"describe": win.layout.describe(), **win.to_dict()},
+        "timeline": timeline(job, win), "emitted": emitted,
+    }
+
+
+def validate_page(result: dict) -> dict:
+    """The validate part: predicted vs measured per layout, and the summary."""
+    rows = [{"name": x["name"], "predicted_s": x["predicted_step_time_s"], "measured_s": x["measured_step_time_s"],
+             "predicted_mib": x["predicted_memory_bytes"] / 2**20, "measured_mib": x["measured_memory_bytes"] / 2**20,
+             "noisy": bool(x.get("noisy", False)), "tp": x.get("tp", 1), "pp": x.get("pp", 1)}
+            for x in result["layouts"]]
+    return {"model": result.get("model"), "world": result.get("world"), "backend": result.get("backend"),
+            "cluster": result.get("cluster"), "global_batch": result.get("global_batch"),
+            "seq_len": result.get("seq_len"), "summary": result.get("summary", {}), "layouts": rows}

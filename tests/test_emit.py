@@ -1,0 +1,349 @@
+"""`plan --emit`: each file parses with its target's own parser and reads back to the planned layout.
+
+The round trip of every test: the planner's layout -> the emitted file -> the target's parser ->
+dp·tp·pp·vpp·micro-batch·ZeRO·recompute (and the stage split, the schedule, sequence parallelism),
+read back with the target's semantics (written here from the targets' sources, not from the emitters):
+  * Megatron-LM: the emitted bash script runs with a stand-in `torchrun` that records its argv; the
+    arguments are parsed by Megatron-LM's option table (tests/data/megatron_lm_arguments.json, extracted
+    from its argument parser — Megatron-LM is not on PyPI) and handed to megatron-core's own config
+    classes (TransformerConfig, ModelParallelConfig, DistributedDataParallelConfig,
+    PipelineParallelLayerLayout), which check them as Megatron does.
+  * torchtitan: its ConfigManager reads the TOML (it rejects unknown keys); the stage split is
+    torchtitan's own generate_llm_fqn_per_model_part.
+  * DeepSpeed: DeepSpeedConfig reads the JSON and asserts train_batch_size = micro-batch x accumulation x
+    data-parallel size for the planned data-parallel size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.emit import Target, emitter, render
+from shardwise.planner import Job, estimate
+from shardwise.specs import Layout, TrainSpec, load_cluster, load_model, stage_layer_counts
+
+DATA = Path(__file__).parent / "data"
+README_PLAN = ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
+               "--seq-len", "2048"]
+KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute")
+
+
+def knobs(layout) -> dict:
+    return {k: getattr(layout, k) for k in KNOBS}
+
+
+# --------------------------------------------------------------------------- Megatron-LM
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's argument parser, rebuilt from its option table (flags, destinations, types, choices)."""
+    table = json.loads((DATA / "megatron_lm_arguments.json").read_text())
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for o in table["options"]:
+        kind = o["action"]
+        if kind in ("store_true", "store_false"):
+            p.add_argument(*o["flags"], dest=o["dest"], action=kind, default=None)
+        elif kind == "boolean_optional":
+            p.add_argument(*[f for f in o["flags"] if not f.startswith("--no-")], dest=o["dest"],
+                           action=argparse.BooleanOptionalAction, default=None)
+        else:
+            typed = {"int": int, "float": float}.get(o["type"], str)
+            plain = o["choices"] if o["type"] == "str" and o["choices"] else None  # enum choices are reprs: any string
+            p.add_argument(*o["flags"], dest=o["dest"], type=typed, nargs=o["nargs"], choices=plain, default=None)
+    return p
+
+
+def run_megatron_script(path: Path, tmp_path: Path) -> tuple[int, list[str]]:
+    """Run the emitted script with a stand-in torchrun; (world size, the arguments for pretrain_gpt.py)."""
+    stub = tmp_path / "bin" / "torchrun"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text(f"#!{sys.executable}\nimport json, os, sys\njson.dump(sys.argv[1:], open(os.environ['ARGV_OUT'], 'w'))\n")
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    record = tmp_path / "argv.json"
+    env = dict(os.environ, PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", ARGV_OUT=str(record))
+    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(record.read_text())
+    script = next(i for i, a in enumerate(argv) if a.endswith("pretrain_gpt.py"))
+    launcher = dict(zip(argv[:script:2], argv[1:script:2]))
+    return int(launcher["--nnodes"]) * int(launcher["--nproc-per-node"]), argv[script + 1:]
+
+
+def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
+    """The layout Megatron-LM runs from this script, through megatron-core's config classes."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+    world, argv = run_megatron_script(path, tmp_path)
+    ns, unknown = megatron_parser().parse_known_args(argv)
+    assert unknown == [], f"not Megatron-LM options: {unknown}"
+    tp, pp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size
+    dp = world // (tp * pp)
+    assert dp * tp * pp == world
+    counts = None
+    if ns.pipeline_model_parallel_layout:
+        layout = PipelineParallelLayerLayout(ns.pipeline_model_parallel_layout, pp)
+        layout.validate_layer_layout(num_layers, None)
+        vpp = layout.virtual_pipeline_model_parallel_size
+        counts = [sum(t.name == "decoder" for t in layout.layout[s % pp][s // pp]) for s in range(pp * vpp)]
+    elif ns.num_layers_per_virtual_pipeline_stage:  # Megatron's validate_args
+        vpp = num_layers // pp // ns.num_layers_per_virtual_pipeline_stage
+    else:
+        vpp = 1
+    # As megatron.training.arguments.core_transformer_config_from_args: every field of the config taken from args.
+    given = {f.name: getattr(ns, f.name) for f in fields(TransformerConfig) if getattr(ns, f.name, None) is not None}
+    given.pop("attention_backend", None)  # an enum in megatron-core; the string was checked by the parser
+    given |= {"virtual_pipeline_model_parallel_size": vpp if vpp > 1 else None, "pipeline_dtype": torch.bfloat16,
+              "gated_linear_unit": bool(ns.swiglu)}  # what core_transformer_config_from_args derives
+    config = TransformerConfig(**given)
+    ddp = DistributedDataParallelConfig(
+        use_distributed_optimizer=bool(ns.use_distributed_optimizer), overlap_grad_reduce=bool(ns.overlap_grad_reduce),
+        overlap_param_gather=bool(ns.overlap_param_gather), use_megatron_fsdp=bool(ns.use_megatron_fsdp),
+        data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard")
+    if ddp.use_megatron_fsdp:
+        zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}[ddp.data_parallel_sharding_strategy]
+        assert ns.ckpt_format == "fsdp_dtensor"  # Megatron-FSDP requires it (validate_args)
+    else:
+        zero = 1 if ddp.use_distributed_optimizer else 0
+    if ddp.overlap_param_gather:  # validate_args: only with a sharded optimizer and overlapped reduction
+        assert zero >= 1 and ddp.overlap_grad_reduce
+    if config.recompute_granularity == "full":
+        assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)  # every layer
+    recompute = config.recompute_granularity or "none"
+    return {"dp": dp, "tp": config.tensor_model_parallel_size, "pp": config.pipeline_model_parallel_size,
+            "vpp": config.virtual_pipeline_model_parallel_size or 1, "micro_batch": ns.micro_batch_size,
+            "zero": zero, "recompute": recompute, "sequence_parallel": config.sequence_parallel,
+            "microbatches": ns.global_batch_size // (ns.micro_batch_size * dp),
+            "schedule": ("interleaved-1f1b" if vpp > 1 else "1f1b") if pp > 1 else None, "counts": counts}
+
+
+# --------------------------------------------------------------------------- torchtitan
+
+
+def torchtitan_function(module: str, name: str):
+    """A pure-Python function of torchtitan, compiled from its installed source alone (its module imports
+    GPU kernels that need triton)."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("torchtitan").origin).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    tree = ast.parse(source.read_text())
+    tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name]
+    scope: dict = {}
+    exec(compile(tree, str(source), "exec"), scope)
+    return scope[name]
+
+
+def torchtitan_config_manager(monkeypatch):
+    """torchtitan's ConfigManager, imported without torchtitan/__init__.py, which loads its float8 and MoE
+    GPU kernels (they need triton, which a CPU machine does not have); the config package needs neither."""
+    import importlib.util
+    import types
+
+    if "torchtitan.config" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        package = types.ModuleType("torchtitan")
+        package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+        monkeypatch.setitem(sys.modules, "torchtitan", package)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchtitan.config import ConfigManager
+    return ConfigManager
+
+
+def read_torchtitan(path: Path, num_layers: int, monkeypatch) -> dict:
+    ConfigManager = torchtitan_config_manager(monkeypatch)
+    generate_llm_fqn_per_model_part = torchtitan_function("torchtitan.distributed.pipeline_parallel",
+                                                          "generate_llm_fqn_per_model_part")
+
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    par, train = cfg.parallelism, cfg.training
+    tp, pp = par.tensor_parallel_degree, par.pipeline_parallel_degree
+    replicate, shard = par.data_parallel_replicate_degree, par.data_parallel_shard_degree
+    assert shard >= 1 and (replicate == 1 or shard == 1)  # DDP or FSDP, never both (HSDP)
+    dp = replicate * shard
+    zero = {"never": 2, "always": 3}[par.fsdp_reshard_after_forward] if shard > 1 else 0
+    accumulation = train.global_batch_size // (train.local_batch_size * dp)  # torchtitan/train.py
+    counts, vpp, schedule = None, 1, None
+    if pp > 1:
+        parts = par.module_fqns_per_model_part
+        if parts is None:  # torchtitan/distributed/pipeline_parallel.py
+            stages = math.ceil((num_layers + par.pipeline_parallel_first_stage_less_layers
+                                + par.pipeline_parallel_last_stage_less_layers) / par.pipeline_parallel_layers_per_stage)
+            parts = generate_llm_fqn_per_model_part(stages, num_layers, par.pipeline_parallel_first_stage_less_layers,
+                                                    par.pipeline_parallel_last_stage_less_layers)
+        vpp = len(parts) // pp
+        counts = [sum(name.startswith("layers.") for name in part) for part in parts]
+        schedule = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b"}[par.pipeline_parallel_schedule]
+        micro_batch = par.pipeline_parallel_microbatch_size
+        microbatches = train.local_batch_size // micro_batch * accumulation
+    else:
+        micro_batch, microbatches = train.local_batch_size, accumulation
+    return {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "zero": zero,
+            "recompute": cfg.activation_checkpoint.mode, "sequence_parallel": tp > 1,  # torchtitan's TP is always SP
+            "microbatches": microbatches, "schedule": schedule, "counts": counts}
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from deepspeed.runtime import config as ds_config
+
+    class DataParallel:  # the model-parallel unit DeepSpeed asks for the data-parallel size
+        def get_data_parallel_world_size(self):
+            return dp
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as if torch.distributed were up
+    cfg = ds_config.DeepSpeedConfig(str(path), mpu=DataParallel())  # asserts the batch arithmetic for this dp
+    assert cfg.bfloat16_config.enabled
+    raw = cfg._param_dict
+    pp = cfg.pipeline["stages"] if "pipeline" in raw else 1
+    full = cfg.pipeline["activation_checkpoint_interval"] > 0 if pp > 1 else "activation_checkpointing" in raw
+    return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
+            "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
+            "recompute": "full" if full else "none", "sequence_parallel": False,
+            "microbatches": cfg.gradient_accumulation_steps, "schedule": "1f1b" if pp > 1 else None, "counts": None}
+
+
+def read(target_name: str, path: Path, job, layout, tmp_path, monkeypatch) -> dict:
+    if target_name == "megatron":
+        return read_megatron(path, tmp_path, job.model.num_layers)
+    if target_name == "torchtitan":
+        return read_torchtitan(path, job.model.num_layers, monkeypatch)
+    return read_deepspeed(path, layout.dp, monkeypatch)
+
+
+def check_round_trip(got: dict, job, layout) -> None:
+    assert {k: got[k] for k in KNOBS} == knobs(layout)
+    assert got["microbatches"] == layout.num_microbatches(job.train.global_batch)
+    assert got["sequence_parallel"] == (layout.sequence_parallel and layout.tp > 1)
+    if layout.pp > 1:
+        assert got["schedule"] == layout.schedule
+        if got["counts"] is not None:  # the target's stage split is the planner's
+            assert got["counts"] == stage_layer_counts(job.model.num_layers, layout.pp * layout.vpp)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_readme_plan_round_trips_through_the_targets_parser(target, tmp_path, capsys, monkeypatch):
+    """The README's llama-65b plan, winner and runner-up, through `plan --emit` and back."""
+    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048), flash_attention=True)
+    for rank in (1, 2):
+        out = tmp_path / f"{target}-{rank}.out"
+        capsys.readouterr()  # what the parsers printed (DeepSpeed logs to stdout)
+        assert main(README_PLAN + ["--emit", target, "--out", str(out), "--rank", str(rank), "--json"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        planned = printed["candidates"][rank - 1]  # row `rank` of plan's table
+        assert printed["emitted"]["layout"] == planned and printed["emitted"]["rank"] == rank
+        layout = Layout(dp=planned["dp"], tp=planned["tp"], pp=planned["pp"], micro_batch=planned["micro_batch"],
+                        vpp=planned["vpp"], zero=planned["zero"], recompute=planned["recompute"],
+                        sequence_parallel=planned["sequence_parallel"], schedule=planned["schedule"])
+        check_round_trip(read(target, out, job, layout, tmp_path, monkeypatch), job, layout)
+
+
+# Layouts beyond the README's winner: uneven stage splits, ZeRO-0/2/3, both recompute levels, no pipeline,
+# gradient accumulation, GQA, a GPT-2-family model.
+CASES = {
+    "megatron": [
+        ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 1, "none", True, "interleaved-1f1b")),
+        ("llama-65b", 48, 1024, 2048, Layout(2, 8, 3, 1, 1, 2, "selective", True, "1f1b")),
+        ("llama-65b", 64, 1024, 2048, Layout(8, 8, 1, 2, 1, 3, "full", True)),
+        ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b")),
+    ],
+    "torchtitan": [
+        ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 3, "full", True, "interleaved-1f1b")),
+        ("llama3-70b", 48, 96, 4096, Layout(2, 8, 3, 2, 1, 2, "none", True, "gpipe")),
+        ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 2, 1, 0, "full", False)),
+    ],
+    "deepspeed": [
+        ("llama-65b", 64, 1024, 2048, Layout(8, 1, 8, 2, 1, 1, "full", False, "1f1b")),
+        ("llama3-8b", 16, 64, 4096, Layout(8, 2, 1, 2, 1, 3, "none", False)),
+        ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 1, 1, 2, "full", False)),
+    ],
+}
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_more_layouts_round_trip(target, tmp_path, monkeypatch):
+    for i, (model, gpus, batch, seq, layout) in enumerate(CASES[target]):
+        job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, seq), flash_attention=True)
+        out = tmp_path / f"case{i}"
+        out.write_text(render(target, Target(job=job, estimate=estimate(job, layout), gpus=gpus, rank=1)))
+        check_round_trip(read(target, out, job, layout, tmp_path, monkeypatch), job, layout)
+
+
+def test_megatron_arguments_are_megatron_lm_options(tmp_path):
+    """Every flag the script passes is one of Megatron-LM's options (argparse refuses unknown or misspelled ones)."""
+    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048), flash_attention=True,
+              tp_comm_overlap=True)
+    out = tmp_path / "m.sh"
+    lay = Layout(4, 2, 8, 1, 10, 1, "selective", True, "interleaved-1f1b")
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, lay), gpus=64, rank=1)))
+    _, argv = run_megatron_script(out, tmp_path)
+    known = {f for o in json.loads((DATA / "megatron_lm_arguments.json").read_text())["options"] for f in o["flags"]}
+    assert [a for a in argv if a.startswith("--") and a not in known] == []
+    assert "--tp-comm-overlap" in argv
+    # The rebuilt parser does refuse what Megatron-LM would: a misspelled flag, a value outside the choices.
+    assert megatron_parser().parse_known_args(argv + ["--tensor-parallel-size", "2"])[1] == ["--tensor-parallel-size", "2"]
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        megatron_parser().parse_args(["--recompute-granularity", "some"])
+
+
+@pytest.mark.parametrize("target, narrow, knob", [
+    ("megatron", ["--pp", "8", "--schedules", "zb-h1"], "zb-h1"),
+    ("torchtitan", ["--zero", "1", "--tp", "2", "--pp", "8"], "ZeRO-1"),
+    ("deepspeed", ["--pp", "8", "--schedules", "interleaved-1f1b"], "interleaved-1f1b"),
+    ("deepspeed", ["--tp", "8", "--pp", "1"], "sequence parallelism"),
+])
+def test_a_layout_the_target_cannot_express_is_one_line_exit_2(target, narrow, knob, tmp_path, capsys):
+    out = tmp_path / "x"
+    assert main(README_PLAN + narrow + ["--emit", target, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and knob in err and not out.exists()
+
+
+def test_problem_names_the_knob_for_each_target():
+    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048))
+    zb = Layout(1, 8, 8, 1, 1, 0, "none", True, "zb-h1")
+    assert "zb-h1" in emitter("megatron").problem(job, zb)
+    assert "zb-h1" in emitter("torchtitan").problem(job, zb)
+    assert "zb-h1" in emitter("deepspeed").problem(job, zb)
+    assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
+    assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
+    assert emitter("megatron").problem(job, zb.with_(schedule="1f1b")) is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--emit", "megatron"], "--out"),
+    (["--out", "x.sh"], "--emit"),
+    (["--rank", "2"], "--emit"),
+    (["--emit", "deepspeed", "--out", "x.json", "--rank", "0"], "--rank"),
+    (["--emit", "deepspeed", "--out", "x.json", "--rank", "999"], "--rank 999"),
+])
+def test_emit_flag_mistakes_are_one_line_exit_2(argv, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(README_PLAN + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
