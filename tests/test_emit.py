@@ -32,12 +32,13 @@ import pytest
 from shardwise.cli import main
 from shardwise.emit import Target, emitter, render
 from shardwise.planner import Job, estimate
-from shardwise.specs import Layout, TrainSpec, load_cluster, load_model, stage_layer_counts
+from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
+from shardwise.stage_split import stage_layer_counts
 
 DATA = Path(__file__).parent / "data"
 README_PLAN = ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
                "--seq-len", "2048"]
-KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute")
+KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute", "cp")
 
 
 def knobs(layout) -> dict:
@@ -94,9 +95,9 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
     world, argv = run_megatron_script(path, tmp_path)
     ns, unknown = megatron_parser().parse_known_args(argv)
     assert unknown == [], f"not Megatron-LM options: {unknown}"
-    tp, pp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size
-    dp = world // (tp * pp)
-    assert dp * tp * pp == world
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size or 1
+    dp = world // (tp * pp * cp)  # Megatron's data-parallel size
+    assert dp * tp * pp * cp == world
     counts = None
     if ns.pipeline_model_parallel_layout:
         layout = PipelineParallelLayerLayout(ns.pipeline_model_parallel_layout, pp)
@@ -112,6 +113,8 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
     given.pop("attention_backend", None)  # an enum in megatron-core; the string was checked by the parser
     given |= {"virtual_pipeline_model_parallel_size": vpp if vpp > 1 else None, "pipeline_dtype": torch.bfloat16,
               "gated_linear_unit": bool(ns.swiglu)}  # what core_transformer_config_from_args derives
+    if ns.cp_comm_type and len(ns.cp_comm_type) == 1:  # argument_utils: one type for every layer
+        given["cp_comm_type"] = ns.cp_comm_type[0]
     config = TransformerConfig(**given)
     ddp = DistributedDataParallelConfig(
         use_distributed_optimizer=bool(ns.use_distributed_optimizer), overlap_grad_reduce=bool(ns.overlap_grad_reduce),
@@ -130,6 +133,7 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
     return {"dp": dp, "tp": config.tensor_model_parallel_size, "pp": config.pipeline_model_parallel_size,
             "vpp": config.virtual_pipeline_model_parallel_size or 1, "micro_batch": ns.micro_batch_size,
             "zero": zero, "recompute": recompute, "sequence_parallel": config.sequence_parallel,
+            "cp": config.context_parallel_size, "cp_mode": {"p2p": "ring", "all_gather": "allgather"}[(ns.cp_comm_type or ["p2p"])[0]],
             "microbatches": ns.global_batch_size // (ns.micro_batch_size * dp),
             "schedule": ("interleaved-1f1b" if vpp > 1 else "1f1b") if pp > 1 else None, "counts": counts}
 
@@ -198,6 +202,8 @@ def read_torchtitan(path: Path, num_layers: int, monkeypatch) -> dict:
         micro_batch, microbatches = train.local_batch_size, accumulation
     return {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "zero": zero,
             "recompute": cfg.activation_checkpoint.mode, "sequence_parallel": tp > 1,  # torchtitan's TP is always SP
+            "cp": par.context_parallel_degree,
+            "cp_mode": {"alltoall": "ring", "allgather": "allgather"}[par.context_parallel_rotate_method],
             "microbatches": microbatches, "schedule": schedule, "counts": counts}
 
 
@@ -221,7 +227,7 @@ def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
     full = cfg.pipeline["activation_checkpoint_interval"] > 0 if pp > 1 else "activation_checkpointing" in raw
     return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
-            "recompute": "full" if full else "none", "sequence_parallel": False,
+            "recompute": "full" if full else "none", "sequence_parallel": False, "cp": 1, "cp_mode": "ring",
             "microbatches": cfg.gradient_accumulation_steps, "schedule": "1f1b" if pp > 1 else None, "counts": None}
 
 
@@ -237,10 +243,11 @@ def check_round_trip(got: dict, job, layout) -> None:
     assert {k: got[k] for k in KNOBS} == knobs(layout)
     assert got["microbatches"] == layout.num_microbatches(job.train.global_batch)
     assert got["sequence_parallel"] == (layout.sequence_parallel and layout.tp > 1)
+    assert layout.cp == 1 or got["cp_mode"] == layout.cp_mode
     if layout.pp > 1:
         assert got["schedule"] == layout.schedule
         if got["counts"] is not None:  # the target's stage split is the planner's
-            assert got["counts"] == stage_layer_counts(job.model.num_layers, layout.pp * layout.vpp)
+            assert got["counts"] == list(stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len))
 
 
 # --------------------------------------------------------------------------- tests
@@ -271,11 +278,13 @@ CASES = {
         ("llama-65b", 48, 1024, 2048, Layout(2, 8, 3, 1, 1, 2, "selective", True, "1f1b")),
         ("llama-65b", 64, 1024, 2048, Layout(8, 8, 1, 2, 1, 3, "full", True)),
         ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b")),
+        ("llama3-70b", 64, 64, 32768, Layout(2, 8, 2, 1, 1, 1, "selective", True, "1f1b", cp=2, cp_mode="allgather")),
     ],
     "torchtitan": [
         ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 3, "full", True, "interleaved-1f1b")),
         ("llama3-70b", 48, 96, 4096, Layout(2, 8, 3, 2, 1, 2, "none", True, "gpipe")),
         ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 2, 1, 0, "full", False)),
+        ("llama3-70b", 64, 64, 32768, Layout(2, 8, 2, 1, 1, 3, "none", True, "1f1b", cp=2)),
     ],
     "deepspeed": [
         ("llama-65b", 64, 1024, 2048, Layout(8, 1, 8, 2, 1, 1, "full", False, "1f1b")),

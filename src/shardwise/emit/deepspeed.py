@@ -21,6 +21,9 @@ import json
 
 
 def problem(job, layout) -> str | None:
+    if layout.cp > 1:
+        return ("context parallelism — DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
+                "ring or all-gather attention")
     if layout.pp > 1 and layout.schedule != "1f1b":
         return (f"schedule {layout.schedule} — DeepSpeed's pipeline engine runs 1F1B only; narrow the search with "
                 f"--schedules 1f1b")

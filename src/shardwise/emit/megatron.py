@@ -4,14 +4,16 @@ Option names and meanings are Megatron-LM's `megatron/training/arguments.py` (do
 commit; tests/test_emit.py parses what is written here with that parser's option table and builds
 megatron-core's config dataclasses from it):
   --tensor-model-parallel-size, --pipeline-model-parallel-size, --sequence-parallel
-  --num-layers-per-virtual-pipeline-stage  interleaved 1F1B when the layers split evenly; otherwise
-  --pipeline-model-parallel-layout         the stage-by-stage split ("Et*27|t*27|t*26L": E embedding,
+  --num-layers-per-virtual-pipeline-stage  interleaved 1F1B when shardwise's split (stage_split.py) is
+                                           even; otherwise
+  --pipeline-model-parallel-layout         that split stage by stage ("Et*26|t*27|t*27L": E embedding,
                                            t a transformer layer, L the loss; stage k = chunk·pp + rank)
   --micro-batch-size, --global-batch-size  Megatron derives the number of micro-batches from them
   ZeRO-1  --use-distributed-optimizer; ZeRO-2/3 --use-megatron-fsdp with --data-parallel-sharding-strategy
           optim_grads / optim_grads_params (which also requires --ckpt-format fsdp_dtensor)
   recompute selective: --recompute-granularity selective (the attention core, Korthikanti et al.);
           full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  --context-parallel-size with --cp-comm-type p2p (ring) or all_gather
   --overlap-grad-reduce / --overlap-param-gather with data parallelism, --tp-comm-overlap when modelled.
 Megatron has no GPipe or zero-bubble (ZB-H1) schedule: those layouts are not expressible.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from shardwise.specs import stage_layer_counts
+from shardwise.stage_split import stage_layer_counts
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 
@@ -35,9 +37,9 @@ def problem(job, layout) -> str | None:
     return None
 
 
-def pipeline_layout(num_layers: int, pp: int, vpp: int) -> str:
-    """Megatron's --pipeline-model-parallel-layout for shardwise's split of L layers over pp*vpp stages."""
-    stages = ["t" * n if n < 3 else f"t*{n}" for n in stage_layer_counts(num_layers, pp * vpp)]
+def pipeline_layout(counts) -> str:
+    """Megatron's --pipeline-model-parallel-layout for these layers per virtual stage (stage k = chunk·pp + rank)."""
+    stages = ["t" * n if n < 3 else f"t*{n}" for n in counts]
     first, middle, last = "E" + stages[0], stages[1:-1], stages[-1] + "L"
     runs = [(stage, len(list(group))) for stage, group in itertools.groupby(middle)]
     # A run of k equal stages is written (t*n|)*k, which Megatron's parser unrolls; commas are cosmetic.
@@ -71,11 +73,13 @@ def _parallel_args(job, layout) -> list[str]:
         args.append("--sequence-parallel")
     if layout.tp > 1 and job.tp_comm_overlap:
         args.append("--tp-comm-overlap")
-    stages = layout.pp * layout.vpp
-    if layout.pp > 1 and job.model.num_layers % stages:
-        args += ["--pipeline-model-parallel-layout", pipeline_layout(job.model.num_layers, layout.pp, layout.vpp)]
+    if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
+        args += ["--context-parallel-size", layout.cp, "--cp-comm-type", "p2p" if layout.cp_mode == "ring" else "all_gather"]
+    counts = stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)  # the planner's split
+    if layout.pp > 1 and len(set(counts)) > 1:
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
     elif layout.vpp > 1:
-        args += ["--num-layers-per-virtual-pipeline-stage", job.model.num_layers // stages]
+        args += ["--num-layers-per-virtual-pipeline-stage", counts[0]]
     if layout.zero == 1:
         args.append("--use-distributed-optimizer")
     elif layout.zero >= 2:

@@ -7,9 +7,10 @@ ConfigManager, which rejects unknown keys):
       (weights stay gathered from forward to backward) or "always" = ZeRO-3; data_parallel_replicate_degree
       = DDP (ZeRO-0), which torchtitan runs only on a 1-D mesh; tensor_parallel_degree (always with
       sequence parallelism); pipeline_parallel_degree, _schedule (GPipe, 1F1B, Interleaved1F1B),
-      _microbatch_size; the split as _layers_per_stage (even) or module_fqns_per_model_part (uneven),
-      with the embedding and head not counted as layers (_first/_last_stage_less_layers = 0), as shardwise
-      splits a model; stage k sits on rank k mod pp (torchtitan's "loop" style, Megatron's order).
+      _microbatch_size; shardwise's split (stage_split.py) as _layers_per_stage when even (with
+      _first/_last_stage_less_layers = 0) or module_fqns_per_model_part stage by stage; stage k sits on
+      rank k mod pp (torchtitan's "loop" style, Megatron's order); context_parallel_degree with
+      _rotate_method "alltoall" (ring) or "allgather".
   [training] local_batch_size (per data-parallel rank per accumulation step), global_batch_size (the
       rest is gradient accumulation), seq_len, bf16 parameters with fp32 reductions.
   [activation_checkpoint] mode "none" or "full" (every layer).
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from shardwise.specs import stage_layer_counts
+from shardwise.stage_split import stage_layer_counts
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads) -> name.
@@ -52,7 +53,7 @@ def _value(v) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # a TOML basic string
+        return json.dumps(v, ensure_ascii=False)  # a TOML basic string
     return "[" + ", ".join(_value(x) for x in v) + "]"
 
 
@@ -66,13 +67,14 @@ def toml(sections: dict[str, dict]) -> str:
 
 
 def _split(job, layout) -> dict:
-    """How the layers are cut into pp*vpp stages, in torchtitan's keys."""
-    L, stages = job.model.num_layers, layout.pp * layout.vpp
+    """The planner's cut of the layers into pp*vpp stages (stage_split.py), in torchtitan's keys."""
+    stages = layout.pp * layout.vpp
+    counts = stage_layer_counts(job.model, stages, job.train.seq_len)
     keys = {"pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
-    if L % stages == 0:
-        return keys | {"pipeline_parallel_layers_per_stage": L // stages}
+    if len(set(counts)) == 1:
+        return keys | {"pipeline_parallel_layers_per_stage": counts[0]}
     parts, first = [], 0
-    for k, n in enumerate(stage_layer_counts(L, stages)):
+    for k, n in enumerate(counts):
         parts.append((["tok_embeddings"] if k == 0 else []) + [f"layers.{i}" for i in range(first, first + n)]
                      + (["norm", "output"] if k == stages - 1 else []))
         first += n
@@ -90,6 +92,9 @@ def sections(target) -> dict[str, dict]:
     par["tensor_parallel_degree"] = lay.tp
     if lay.tp > 1 and job.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
+    if lay.cp > 1:  # torch's ring rotates K/V shards with all-to-all; "allgather" gathers them
+        par |= {"context_parallel_degree": lay.cp,
+                "context_parallel_rotate_method": "alltoall" if lay.cp_mode == "ring" else "allgather"}
     par["pipeline_parallel_degree"] = lay.pp
     per_rank = job.train.global_batch // lay.dp
     if lay.pp > 1:
