@@ -6,12 +6,15 @@ from __future__ import annotations
 
 GIB = 2**30
 
-# Display names, in the order the bars stack (planner keys; keys the planner adds later get their own name).
-MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "logits": "logits", "workspace": "workspace + fragmentation"}
-TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP traffic", "pp_p2p": "PP p2p",
-               "pipeline_bubble": "pipeline bubble", "dp_comm": "DP traffic", "step_comm": "per-step collectives",
-               "optimizer": "optimizer step"}
+# Display names and colours (Okabe-Ito), in the order the bars stack. Keys the planner adds later get
+# their own name and a grey; idle time (the bubble) is the light grey of the timeline's idle rows.
+MEMORY_LABELS = {"weights": ("weights", "#0072B2"), "gradients": ("gradients", "#E69F00"),
+                 "optimizer": ("optimizer states", "#009E73"), "activations": ("activations", "#CC79A7"),
+                 "logits": ("logits", "#56B4E9"), "workspace": ("workspace + fragmentation", "#999999")}
+TIME_LABELS = {"compute": ("compute", "#0072B2"), "recompute": ("recompute", "#56B4E9"),
+               "tp_comm": ("TP traffic", "#009E73"), "pp_p2p": ("PP p2p", "#CC79A7"),
+               "pipeline_bubble": ("pipeline bubble", "#C9CED6"), "dp_comm": ("DP traffic", "#D55E00"),
+               "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288")}
 LAYOUT_COLUMNS = ("dp", "tp", "pp", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
                   "tokens_per_s", "mfu", "split_rank")
 
@@ -43,8 +46,8 @@ def layouts(ranked) -> dict:
         mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])
         time.append([_r(e.time_s.get(k, 0.0)) for k in time_keys])
     return {"columns": list(LAYOUT_COLUMNS), "rows": rows, "memory": mem, "time": time,
-            "memory_keys": [[k, MEMORY_LABELS.get(k, k.replace("_", " "))] for k in mem_keys],
-            "time_keys": [[k, TIME_LABELS.get(k, k.replace("_", " "))] for k in time_keys]}
+            "memory_keys": [[k, *MEMORY_LABELS.get(k, (k.replace("_", " "), "#666666"))] for k in mem_keys],
+            "time_keys": [[k, *TIME_LABELS.get(k, (k.replace("_", " "), "#666666"))] for k in time_keys]}
 
 
 def timeline(job, est) -> dict | None:

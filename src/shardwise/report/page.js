@@ -160,7 +160,7 @@
   function barChart(canvas, keys, title, unit, line) {
     const chart = new Chart(canvas, {
       type: "bar",
-      data: { labels: [], datasets: keys.map(([key, label], i) => ({ label, key, data: [], backgroundColor: PALETTE[i % PALETTE.length], borderWidth: 0 })) },
+      data: { labels: [], datasets: keys.map(([key, label, color]) => ({ label, key, data: [], backgroundColor: color, borderWidth: 0 })) },
       options: {
         indexAxis: "y", responsive: true, maintainAspectRatio: false,
         scales: { x: { stacked: true, beginAtZero: true, title: { display: true, text: unit } }, y: { stacked: true, ticks: { autoSkip: false, font: { size: 11 } } } },
@@ -234,32 +234,41 @@
     $("timeline-note").textContent = `${t.schedule}, ${t.pp} ranks` + (t.vpp > 1 ? ` × ${t.vpp} model chunks` : "") +
       `, ${t.m} micro-batches: the schedule shardwise simulates, timed with the planner's per micro-batch costs ` +
       `(forward ${num(1e3 * t.costs_s.f, 2)} ms, backward ${num(1e3 * (t.costs_s.b + t.costs_s.w), 2)} ms per stage, ` +
-      `transfer ${num(1e3 * t.costs_s.transfer, 3)} ms). Pipeline span ${num(makespan, 3)} s, bubble ${num(100 * t.bubble_fraction, 1)} %. Hover for details.`;
+      `transfer ${num(1e3 * t.costs_s.transfer, 3)} ms). Pipeline span ${num(makespan, 3)} s, bubble ${num(100 * t.bubble_fraction, 1)} %. ` +
+      "Hover for details; drag across the chart to zoom in, double-click to see the whole step.";
     $("timeline-legend").innerHTML = Object.keys(t.colors).map((k) => `<span><i style="background:${t.colors[k]}"></i>${esc(t.labels[k])}</span>`).join("") +
       (t.vpp > 1 ? `<span><i style="background:${shade(t.colors.F, 1, 2)}"></i>lighter: later model chunk</span>` : "") +
       `<span><i style="background:#eef0f3"></i>idle (bubble)</span>`;
     const canvas = $("timeline-canvas");
     const left = 64, right = 16, top = 8, axis = 28;
     const rowH = Math.max(8, Math.min(26, Math.floor(560 / t.pp)));
+    const view = { t0: 0, t1: makespan };  // drag to zoom into a time window, double-click for the whole step
+    let drag = null;
+    const x0 = () => left, width = () => canvas.parentNode.clientWidth || 1000;
+    const scale = () => (width() - left - right) / (view.t1 - view.t0);
+    const timeAt = (x) => view.t0 + (x - left) / scale();
     function draw() {
-      const width = canvas.parentNode.clientWidth || 1000;
-      const height = top + rowH * t.pp + axis;
+      const w = width(), height = top + rowH * t.pp + axis;
       const dpr = window.devicePixelRatio || 1;
-      canvas.width = width * dpr; canvas.height = height * dpr; canvas.style.height = height + "px";
+      canvas.width = w * dpr; canvas.height = height * dpr; canvas.style.height = height + "px";
       const ctx = canvas.getContext("2d");
       ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      ctx.clearRect(0, 0, width, height);
-      const scale = (width - left - right) / makespan;
+      ctx.clearRect(0, 0, w, height);
+      const k = scale(), span = view.t1 - view.t0;
       ctx.font = "12px " + Chart.defaults.font.family;
       ctx.textBaseline = "middle";
       events.forEach((evs, r) => {
         const y = top + r * rowH;
         ctx.fillStyle = "#eef0f3";
-        ctx.fillRect(left, y + 1, makespan * scale, rowH - 2);
+        ctx.fillRect(x0(), y + 1, span * k, rowH - 2);
+        ctx.save();
+        ctx.beginPath(); ctx.rect(x0(), y, span * k, rowH); ctx.clip();
         for (const e of evs) {
+          if (e.end < view.t0 || e.start > view.t1) continue;
           ctx.fillStyle = shade(t.colors[e.kind], e.chunk, t.vpp);
-          ctx.fillRect(left + e.start * scale, y + 1, Math.max((e.end - e.start) * scale, 0.6), rowH - 2);
+          ctx.fillRect(x0() + (e.start - view.t0) * k, y + 1, Math.max((e.end - e.start) * k, 0.6), rowH - 2);
         }
+        ctx.restore();
         if (rowH >= 10 || r % Math.ceil(10 / rowH) === 0) {
           ctx.fillStyle = "#5b6575"; ctx.textAlign = "right";
           ctx.fillText(`rank ${r}`, left - 6, y + rowH / 2);
@@ -267,23 +276,39 @@
       });
       const ticks = 8, y0 = top + rowH * t.pp;
       ctx.strokeStyle = "#9aa3b2"; ctx.fillStyle = "#5b6575"; ctx.textAlign = "center";
+      const digits = Math.max(0, Math.min(6, 2 - Math.floor(Math.log10(span / ticks))));
       for (let i = 0; i <= ticks; i++) {
-        const x = left + (i / ticks) * makespan * scale;
+        const x = x0() + (i / ticks) * span * k;
         ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
-        ctx.fillText(`${num((i / ticks) * makespan, makespan < 1 ? 3 : 2)} s`, x, y0 + 14);
+        ctx.fillText(`${num(view.t0 + (i / ticks) * span, digits)} s`, x, y0 + 14);
       }
-      return scale;
+      if (drag && Math.abs(drag.x1 - drag.x0) > 2) {
+        ctx.fillStyle = "rgba(11, 107, 203, 0.15)";
+        ctx.fillRect(Math.min(drag.x0, drag.x1), top, Math.abs(drag.x1 - drag.x0), rowH * t.pp);
+      }
     }
-    let scale = draw();
-    window.addEventListener("resize", () => { scale = draw(); });
+    api.timeline.view = view;
+    api.timeline.draw = draw;
+    draw();
+    window.addEventListener("resize", draw);
     const tip = $("timeline-tip");
+    const local = (ev) => { const box = canvas.getBoundingClientRect(); return [ev.clientX - box.left, ev.clientY - box.top, box]; };
+    canvas.addEventListener("mousedown", (ev) => { const [x] = local(ev); drag = { x0: x, x1: x }; });
+    window.addEventListener("mouseup", () => {
+      if (!drag) return;
+      const a = Math.max(left, Math.min(drag.x0, drag.x1)), b = Math.min(width() - right, Math.max(drag.x0, drag.x1));
+      if (b - a > 4) { const ta = timeAt(a), tb = timeAt(b); view.t0 = ta; view.t1 = tb; }
+      drag = null;
+      draw();
+    });
+    canvas.addEventListener("dblclick", () => { view.t0 = 0; view.t1 = makespan; draw(); });
     canvas.addEventListener("mousemove", (ev) => {
-      const box = canvas.getBoundingClientRect();
-      const x = ev.clientX - box.left, y = ev.clientY - box.top;
-      const r = Math.floor((y - top) / rowH), time = (x - left) / scale;
+      const [x, y, box] = local(ev);
+      if (drag) { drag.x1 = x; draw(); return; }
+      const r = Math.floor((y - top) / rowH), time = timeAt(x);
       const evs = events[r];
       let hit = null;
-      if (evs && time >= 0) {
+      if (evs && x >= left) {
         let lo = 0, hi = evs.length - 1;
         while (lo <= hi) {
           const mid = (lo + hi) >> 1;
