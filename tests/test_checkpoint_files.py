@@ -89,8 +89,20 @@ def _code_in_index(ckpt):
     return ".metadata", "refusing to load"
 
 
+def _edit_manifest(change):
+    def damage(ckpt):
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        problem = change(manifest)
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+        return "manifest.json", problem
+    return damage
+
+
 DAMAGE = {"truncated": _truncate, "missing-shard": _missing, "random-shard": _random_shard,
-          "random-index": _random_index, "random-manifest": _random_manifest, "code-in-index": _code_in_index}
+          "random-index": _random_index, "random-manifest": _random_manifest, "code-in-index": _code_in_index,
+          "dp-zero": _edit_manifest(lambda m: m["layout"].update(dp=0) or "'layout.dp' is 0, but must be 1 or more"),
+          "negative-step": _edit_manifest(lambda m: m.update(step=-3) or "'step' is -3"),
+          "no-model-name": _edit_manifest(lambda m: m["model"].pop("name") and "'model.name' is None")}
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

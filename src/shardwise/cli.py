@@ -29,9 +29,16 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a bad flag is one line (the problem, and where the flags are listed), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"shardwise: error: {message} — see `{self.prog} --help`\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Only the chosen command's module is imported, so each command starts fast."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="shardwise",
         description="Where to split a training job (data, tensor, pipeline parallel), how to run it, and proof it is right.",
     )
@@ -49,7 +56,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad flag (already reported in one line)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         code = args.func(args)
     except UsageError as exc:

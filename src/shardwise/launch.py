@@ -80,6 +80,11 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
     if cfg.backend == "nccl":
         _check_gpus(lay.world_size)
+    from shardwise.paths import output_dir, output_file
+
+    output_file(cfg.metrics_file, "--metrics-file", "metrics.jsonl")
+    output_dir(cfg.trace_dir, "--trace")
+    output_dir(cfg.checkpoint_dir, "--checkpoint-dir")
     from shardwise.checkpoint import check as check_checkpoints
 
     check_checkpoints(cfg)

@@ -15,6 +15,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -127,45 +128,90 @@ def cluster_presets() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in _preset_dir("clusters").iterdir() if p.name.endswith(".toml"))
 
 
-def _require(cfg: dict, key: str, source: str):
+# Hugging Face `model_type` -> the family shardwise models it as: parameters, memory, time and the runtime's
+# model all follow that family. A config of any other model_type is refused by name (it would be modelled
+# wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
+# is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
+MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2"}
+MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pipeline splits, virtual stages)
+MAX_DIM = 2**31  # any width, head count or vocabulary
+
+
+def _require(cfg: dict, key: str, source: str, limit: int = MAX_DIM):
     if key not in cfg:
         raise UsageError(f"{source}: missing key '{key}' — add it to the config (see the Hugging Face config of the model)")
     value = cfg[key]
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise UsageError(f"{source}: key '{key}' must be a positive integer, got {value!r}")
+    if value > limit:
+        raise UsageError(f"{source}: key '{key}' is {value:,}, above the {limit:,} shardwise accepts — check the config")
     return value
+
+
+def _optional(cfg: dict, key: str, default, source: str):
+    """An optional key: absent or null gives `default`; else an integer (int default) or a number (float
+    default) that is positive and finite."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    kind = type(default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (kind is int and value != int(value)) or value > MAX_DIM:
+        what = "a positive integer" if kind is int else "a positive number"
+        raise UsageError(f"{source}: key '{key}' must be {what}, got {value!r} — fix it or leave it out")
+    return kind(value)
+
+
+def _flag(cfg: dict, key: str, source: str) -> bool:
+    value = cfg.get(key, False)
+    if not isinstance(value, bool) and value is not None:
+        raise UsageError(f"{source}: key '{key}' must be true or false, got {value!r}")
+    return bool(value)
+
+
+def model_family(cfg: dict, source: str) -> str:
+    """The family of a config: by its model_type (which must be in MODEL_TYPES), else by its keys."""
+    model_type = cfg.get("model_type")
+    if model_type is not None:
+        if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+            raise UsageError(f"{source}: model_type {model_type!r} is not an architecture shardwise models — "
+                             f"supported: {', '.join(sorted(MODEL_TYPES))}; pick a preset ({', '.join(model_presets())})")
+        return MODEL_TYPES[model_type]
+    if "n_embd" in cfg:
+        return "gpt2"
+    if "hidden_size" in cfg:
+        return "llama"
+    raise UsageError(
+        f"{source}: not a recognised model config — need Llama keys (hidden_size, ...) or GPT-2 keys (n_embd, ...)"
+    )
 
 
 def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config dict (Llama- or GPT-2-family keys)."""
     if not isinstance(cfg, dict):
         raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__}")
-    if "n_embd" in cfg or cfg.get("model_type") == "gpt2":
+    family = model_family(cfg, source)
+    if family == "gpt2":
         hidden = _require(cfg, "n_embd", source)
         heads = _require(cfg, "n_head", source)
-        inner = cfg.get("n_inner") or 4 * hidden
         spec = ModelSpec(
-            name=name, family="gpt2", hidden=hidden, ffn_hidden=int(inner),
-            num_layers=_require(cfg, "n_layer", source), num_heads=heads, num_kv_heads=heads,
+            name=name, family="gpt2", hidden=hidden, ffn_hidden=_optional(cfg, "n_inner", 4 * hidden, source),
+            num_layers=_require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
             vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
             max_positions=_require(cfg, "n_positions", source), tie_embeddings=True,
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-        )
-    elif "hidden_size" in cfg:
-        hidden = _require(cfg, "hidden_size", source)
-        heads = _require(cfg, "num_attention_heads", source)
-        kv = cfg.get("num_key_value_heads") or heads
-        spec = ModelSpec(
-            name=name, family="llama", hidden=hidden, ffn_hidden=_require(cfg, "intermediate_size", source),
-            num_layers=_require(cfg, "num_hidden_layers", source), num_heads=heads, num_kv_heads=int(kv),
-            vocab_size=_require(cfg, "vocab_size", source), head_dim=int(cfg.get("head_dim") or hidden // heads),
-            max_positions=int(cfg.get("max_position_embeddings", 2048)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            norm_eps=_optional(cfg, "layer_norm_epsilon", 1e-5, source),
         )
     else:
-        raise UsageError(
-            f"{source}: not a recognised model config — need Llama keys (hidden_size, ...) or GPT-2 keys (n_embd, ...)"
+        hidden = _require(cfg, "hidden_size", source)
+        heads = _require(cfg, "num_attention_heads", source)
+        spec = ModelSpec(
+            name=name, family="llama", hidden=hidden, ffn_hidden=_require(cfg, "intermediate_size", source),
+            num_layers=_require(cfg, "num_hidden_layers", source, MAX_LAYERS), num_heads=heads,
+            num_kv_heads=_optional(cfg, "num_key_value_heads", heads, source),
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=_optional(cfg, "head_dim", max(1, hidden // heads), source),
+            max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
+            tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
+            norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", 10000.0, source),
         )
     if spec.num_heads % spec.num_kv_heads:
         raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
@@ -180,6 +226,10 @@ def read_json_file(path: Path, source: str, fix: str):
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{source}: malformed JSON ({exc}) — {fix}") from None
+    except OSError as exc:
+        raise UsageError(f"{source}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
+    except RecursionError:
+        raise UsageError(f"{source}: nested too deeply to be a config — {fix}") from None
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -230,16 +280,19 @@ _CLUSTER_KEYS = {
 def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     """Cluster TOML: a [cluster] table with the keys in _CLUSTER_KEYS (GB/s = 1e9 bytes/s, TFLOP/s = 1e12)."""
     table = data.get("cluster", data)
+    if not isinstance(table, dict):
+        raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
     values = {}
     for key, kind in _CLUSTER_KEYS.items():
         if key not in table:
             raise UsageError(f"{source}: missing key '{key}' in [cluster] — see the presets in shardwise/presets/clusters")
-        try:
-            values[key] = kind(table[key])
-        except (TypeError, ValueError):
-            raise UsageError(f"{source}: key '{key}' must be a number, got {table[key]!r}") from None
+        values[key] = _cluster_number(table, key, kind, source)
         if values[key] <= 0:
             raise UsageError(f"{source}: key '{key}' must be positive, got {table[key]!r}")
+    for key in ("intra_node_latency_us", "inter_node_latency_us", "num_gpus"):
+        if key in table and _cluster_number(table, key, int if key == "num_gpus" else float, source) < 0:
+            raise UsageError(f"{source}: key '{key}' must not be negative, got {table[key]!r}")
+    _check_measured(data.get("measured", {}), source)
     return ClusterSpec(
         name=str(table.get("name", name)),
         gpus_per_node=values["gpus_per_node"],
@@ -255,9 +308,46 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     )
 
 
+def _cluster_number(table: dict, key: str, kind, source: str):
+    """A finite number (an integer where `kind` is int), or one UsageError line."""
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or (kind is int and value != int(value)):
+        what = "a whole number" if kind is int else "a finite number"
+        raise UsageError(f"{source}: key '{key}' must be {what}, got {value!r}")
+    return kind(value)
+
+
+def _check_measured(measured, source: str) -> None:
+    """[measured] (written by `shardwise calibrate`): numbers finite, collective tables [[bytes, seconds], ...]."""
+    if not isinstance(measured, dict):
+        raise UsageError(f"{source}: [measured] must be a table — rerun `shardwise calibrate` to write it again")
+
+    def numbers(value):
+        if isinstance(value, (list, tuple)):
+            return [x for v in value for x in numbers(v)]
+        if isinstance(value, dict):
+            return [x for v in value.values() for x in numbers(v)]
+        return [value] if isinstance(value, (int, float)) else []
+
+    bad = [k for k, v in measured.items() if any(not math.isfinite(x) for x in numbers(v))]
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"):
+        table = measured.get(kind)
+        if table is not None and not (isinstance(table, list) and all(
+                isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)
+                for row in table)):
+            bad.append(kind)
+    if bad:
+        raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes, seconds], ...]) — "
+                         f"rerun `shardwise calibrate` to write it again")
+
+
 def load_cluster(ref: str) -> ClusterSpec:
     """A preset name (see `cluster_presets()`) or a path to a cluster TOML file."""
     path = Path(ref)
+    if path.is_dir():
+        raise UsageError(f"--cluster {ref} is a folder — give a cluster .toml file (e.g. from `shardwise calibrate`) "
+                         f"or a preset ({', '.join(cluster_presets())})")
     if ref.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise UsageError(f"cluster file '{ref}' not found — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
@@ -265,6 +355,8 @@ def load_cluster(ref: str) -> ClusterSpec:
             data = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{ref}: malformed TOML ({exc}) — fix the file or use a preset") from None
+        except OSError as exc:
+            raise UsageError(f"{ref}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
         return cluster_from_toml(data, name=path.stem, source=ref)
     preset = _preset_dir("clusters").joinpath(f"{ref}.toml")
     if not preset.is_file():
@@ -292,9 +384,12 @@ class TrainSpec:
     optimizer_bytes: int = 12
     activation_bytes: int = 2  # bf16 activations
 
+    MAX = 2**32  # sequences per step, tokens per sequence: far beyond any run, and keeps every answer fast
+
     def __post_init__(self):
-        if self.global_batch <= 0 or self.seq_len <= 0:
-            raise UsageError(f"global batch and sequence length must be positive (got {self.global_batch}, {self.seq_len})")
+        for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len)):
+            if not 1 <= value <= self.MAX:
+                raise UsageError(f"{flag} must be between 1 and {self.MAX:,}, got {value:,}")
 
     @property
     def bytes_per_param(self) -> int:
@@ -419,6 +514,22 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    out, rest, p = [1], n, 2
+    while p * p <= rest:  # factorise: about sqrt of the largest prime factor steps, not sqrt(n) divisions
+        k = 0
+        while rest % p == 0:
+            rest //= p
+            k += 1
+        if k:
+            out = [d * p**e for d in out for e in range(k + 1)]
+        p += 1 if p == 2 else 2
+    if rest > 1:
+        out += [d * rest for d in out]
+    return tuple(sorted(out))
+
+
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """Every positive divisor of n >= 1, ascending."""
+    return list(_divisors(n))

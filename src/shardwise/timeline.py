@@ -115,26 +115,36 @@ def _draw_panel(ax, evs: list[Event], title: str, t0: float, scale: float, px_pe
     t_end = max((e.end for e in evs), default=t0)
     kinds = {"idle"}
 
-    def idle(y: int, x: float, width: float) -> None:
-        ax.barh(y, width, left=x, height=0.8, color=COLORS["idle"], hatch="////", edgecolor="#D0D0D0", linewidth=0)
+    bars: dict[tuple, list[tuple[float, float, float]]] = {}  # style -> (y, left, width): one barh call per style
 
+    def bar(style: tuple, y: float, x: float, width: float) -> None:
+        bars.setdefault(style, []).append((y, x, width))
+
+    idle = ("idle", 0.8, COLORS["idle"], "#D0D0D0", 0, "////")
     for r in ranks:  # idle is the hatched background; everything else is drawn over it
-        idle(row[r], 0.0, (t_end - t0) * scale)
+        bar(idle, row[r], 0.0, (t_end - t0) * scale)
     for e in evs:
         x, width = (e.start - t0) * scale, (e.end - e.start) * scale
         if e.kind == "idle":  # measured waiting: already the background, drawn again so nothing hides it
-            idle(row[e.rank], x, width)
+            bar(idle, row[e.rank], x, width)
         elif e.kind in COMM:  # a thin strip at the bottom of the row, so it never hides compute
-            ax.barh(row[e.rank] + 0.3, width, left=x, height=0.2, color=COLORS[e.kind], linewidth=0)
+            bar(("comm", 0.2, COLORS[e.kind], "none", 0, None), row[e.rank] + 0.3, x, width)
         else:
             color = _shade(COLORS.get(e.kind, "#BBBBBB"), e.chunk, chunks) if e.kind in COMPUTE else "#BBBBBB"
             wide = width * px_per_unit >= 4  # white separators only where they do not swallow the box
-            ax.barh(row[e.rank], width, left=x, height=0.8, color=color, edgecolor="white" if wide else "none",
-                    linewidth=0.6 if wide else 0)
+            bar(("compute", 0.8, color, "white" if wide else "none", 0.6 if wide else 0, None), row[e.rank], x, width)
             label = str(e.microbatch) if e.kind in COMPUTE and e.microbatch >= 0 else ""
             if label and width * px_per_unit >= 7 * len(label) + 2:  # only where the number fits
                 ax.text(x + width / 2, row[e.rank], label, ha="center", va="center", fontsize=7.5, color="black")
         kinds.add(e.kind)
+    order = {"idle": 0, "compute": 1, "comm": 2}  # background first, strips last
+    from matplotlib.collections import PolyCollection
+
+    for style, items in sorted(bars.items(), key=lambda kv: order[kv[0][0]]):
+        _, height, color, edge, lw, hatch = style  # one collection per style: thousands of boxes draw in a blink
+        h = height / 2
+        boxes = [((x, y - h), (x + w, y - h), (x + w, y + h), (x, y + h)) for y, x, w in items]
+        ax.add_collection(PolyCollection(boxes, facecolors=[color], edgecolors=[edge], linewidths=lw, hatch=hatch))
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     ax.set_title(f"{title} — bubble {100 * bubble_fraction(evs):.1f}%" if title else

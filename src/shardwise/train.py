@@ -57,7 +57,8 @@ class TrainConfig:
     json_output: bool = False  # rank 0 prints the records and a summary as one JSON object at the end
     measure_memory: bool = False  # the first step runs under validate's memory counters (summary: memory_*_gib)
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
-    progress: bool = True
+    progress: bool = True  # rank 0's progress bar
+    messages: bool | None = None  # the resumed / saved / summary lines (default: with the progress bar)
     # checkpoints (shardwise.checkpoint): where, how often, how many to keep; stop early; resume; restarts
     checkpoint_dir: str | None = None
     save_every: int | None = None  # default: only after the last step of this invocation
@@ -213,6 +214,10 @@ class TrainResult:
         return [r["loss"] for r in self.records]
 
 
+def _messages(cfg: TrainConfig) -> bool:
+    return cfg.progress if cfg.messages is None else cfg.messages
+
+
 def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -237,7 +242,7 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     resume_from = checkpoint.resume_path(cfg)
     if resume_from is not None:
         manifest = checkpoint.restore(rt, resume_from)
-        if rank0 and cfg.progress:
+        if rank0 and _messages(cfg):
             lay = Layout(**manifest["layout"])
             print(f"resumed from {resume_from} (step {rt.step}, saved by {split(lay)} zero {lay.zero})", flush=True)
     last = min(cfg.steps, cfg.stop_after or cfg.steps)
@@ -260,12 +265,12 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
             update(rec)
             if checkpoint.due(cfg, rt.step, last):
                 saved = checkpoint.save(rt, cfg.checkpoint_dir)
-                if rank0 and cfg.progress:
+                if rank0 and _messages(cfg):
                     print(f"saved {saved}", flush=True)
     if sink:
         sink.close()
     memory = memory_summary(cfg, result.memory) if result.memory is not None else {}
-    if rank0 and cfg.progress and result.records:
+    if rank0 and _messages(cfg) and result.records:
         print(summary(result.records, cfg), flush=True)
     trace = _write_trace(result.runtime) if cfg.trace_dir and cfg.layout.pp > 1 else None
     if rank0 and cfg.json_output:

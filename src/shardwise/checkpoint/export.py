@@ -58,11 +58,11 @@ def export_safetensors(path, out) -> dict:
     """The model's parameters (full, unpadded, layout-free names) as one .safetensors file."""
     from safetensors.torch import save_file
 
+    from shardwise.paths import output_file
+
+    output_file(out, "--to", "model.safetensors")  # before reading gigabytes
     tensors, manifest = load_tensors(path)
     out = Path(out)
-    if out.is_dir():
-        raise UsageError(f"--to {out} is a directory — give a file name such as {out / 'model.safetensors'}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": "pt", "shardwise_step": str(manifest["step"]), "shardwise_model": json.dumps(manifest["model"])}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
     return {"file": str(out), "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),

@@ -138,7 +138,43 @@ def read_manifest(ckpt: Path) -> dict:
     for key, kind in (("step", int), ("files", dict), ("tensors", dict), ("model", dict), ("layout", dict), ("run", dict)):
         if not isinstance(manifest.get(key), kind):
             raise _bad(file, f"'{key}' is missing or not a {kind.__name__}")
+    _check_values(file, manifest)
     return manifest
+
+
+def _whole(value, low: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _check_values(file: Path, manifest: dict) -> None:
+    """The values a resume, inspect and export rely on are in range (a hand-edited manifest is refused, not shown)."""
+    from shardwise.specs import RECOMPUTE, SCHEDULES, ZERO_STAGES
+
+    step, lay, model, run = manifest["step"], manifest["layout"], manifest["model"], manifest["run"]
+    checks = [("step", _whole(step), "a step of 1 or more"),
+              ("world_size", _whole(manifest.get("world_size")), "a whole number of ranks, 1 or more")]
+    checks += [(f"layout.{k}", _whole(lay.get(k, 1)), "1 or more") for k in ("dp", "tp", "pp", "micro_batch", "vpp")]
+    checks += [("layout.zero", lay.get("zero", 0) in ZERO_STAGES and not isinstance(lay.get("zero", 0), bool), "0, 1, 2 or 3"),
+               ("layout.schedule", lay.get("schedule", "1f1b") in SCHEDULES, "a schedule name"),
+               ("layout.recompute", lay.get("recompute", "none") in RECOMPUTE, "none, selective or full"),
+               ("layout.sequence_parallel", isinstance(lay.get("sequence_parallel", False), bool), "true or false")]
+    checks += [(f"model.{k}", _whole(model.get(k)), "1 or more") for k in ("num_layers", "hidden", "vocab_size")]
+    checks += [(f"model.{k}", isinstance(model.get(k), str), "a string") for k in ("name", "family")]
+    checks += [(f"run.{k}", _whole(run.get(k)), "1 or more") for k in ("steps", "global_batch", "seq_len")]
+    checks += [("run.seed", _whole(run.get("seed"), 0), "0 or more"),
+               ("run.steps", _whole(run.get("steps")) and _whole(step) and run["steps"] >= step, f"at least the step ({step})")]
+    checks += [(f"run.{k}", isinstance(run.get(k), (int, float)) and not isinstance(run.get(k), bool), "a number")
+               for k in ("lr", "weight_decay", "grad_clip", "warmup_steps")]
+    checks += [(f"tensors.{k}", isinstance(t, dict) and isinstance(t.get("shape"), list)
+                and all(_whole(d, 0) for d in t["shape"]), "a shape of whole numbers")
+               for k, t in manifest["tensors"].items()]
+    for key, ok, what in checks:
+        if not ok:
+            head, _, tail = key.partition(".")
+            value = manifest.get(head) if not tail else (manifest[head].get(tail) if isinstance(manifest[head], dict) else None)
+            raise _bad(file, f"'{key}' is {value!r}, but must be {what}")
+    if _STEP.match(file.parent.name) and int(_STEP.match(file.parent.name).group(1)) != step:
+        raise _bad(file, f"says step {step}, but the folder is {file.parent.name}")
 
 
 def verify_files(ckpt: Path, manifest: dict, hashes: bool = True) -> None:

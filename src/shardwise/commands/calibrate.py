@@ -45,7 +45,7 @@ def run(args) -> int:
     check_config(cfg, _cuda_devices() if args.backend == "nccl" else 0)  # before torch starts any rank
     from shardwise.commands.common import prepare_output
 
-    prepare_output(args.out, "--out")
+    prepare_output(args.out, "--out", "profile.toml")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from shardwise.errors import UsageError
@@ -166,19 +165,12 @@ def print_explanation(console, paragraphs, title: str) -> None:
         console.print(f"- {text}", highlight=False)
 
 
-def prepare_output(path, flag: str) -> None:
-    """Create the folder an output file goes to, before any long work; a path we cannot write is a usage error."""
-    from pathlib import Path
+def prepare_output(path, flag: str, example: str = "out") -> None:
+    """Create the folder an output file goes to, before any long work; a path we cannot write (a folder, a
+    file where a folder must be, no permission) is a usage error."""
+    from shardwise.paths import output_file
 
-    if path is None:
-        return
-    folder = Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create its folder ({exc.strerror}) — pick a writable path") from None
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path}: the folder {folder} is not writable — pick a writable path")
+    output_file(path, flag, example)
 
 
 def print_json(obj) -> None:

@@ -7,7 +7,11 @@ from shardwise.commands.plan import register as _register_plan
 
 def register(subparsers, name, help):
     _register_plan(subparsers, name, help, outputs=False)
-    subparsers.choices[name].set_defaults(func=run)
+    parser = subparsers.choices[name]
+    parser.set_defaults(func=run)
+    for action in parser._actions:  # plan's flags, but explain prints its own JSON
+        if action.dest == "json":
+            action.help = 'print {"best": {...}, "explanation": ["paragraph", ...]}'
 
 
 def run(args) -> int:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from shardwise.errors import UsageError
 
 COMPARE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+# Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions the closed forms answer (exact for
+# uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture stays readable up to MAX_DRAWN.
+MAX_SIMULATED = 40_000  # actions, over all schedules of one command (~15 us each)
+MAX_DRAWN = 4_000  # actions in one --out picture
+MAX_DRAWN_RANKS = 64  # rows of one --out picture
+MAX_STAGES = 10_000  # pp * vpp: a stage holds at least one layer (specs.MAX_LAYERS)
+MAX_MICROBATCHES = 2**32
 
 
 def register(subparsers, name: str, help: str) -> None:
@@ -37,20 +45,36 @@ def parse_costs(text: str) -> tuple[float, float, float]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
-        raise UsageError(f"--costs must be three non-negative numbers F,B,W (e.g. 1,1,1), got '{text}'")
+    if len(values) != 3 or not all(math.isfinite(x) and 0 <= x <= 1e12 for x in values):
+        raise UsageError(f"--costs must be three finite numbers F,B,W, each 0 or more (e.g. 1,1,1), got '{text}'")
+    if sum(values) <= 0:
+        raise UsageError(f"--costs {text}: every pass costs nothing, so there is no step to simulate — make F, B or W "
+                         f"positive (e.g. 1,1,1)")
     return values
 
 
+def _actions(name: str, p: int, m: int, v: int) -> int:
+    return p * m * v * (3 if name == "zb-h1" else 2)
+
+
 def _check(args) -> None:
-    if args.comm < 0:
-        raise UsageError(f"--comm must be non-negative, got {args.comm}")
+    if not (math.isfinite(args.comm) and 0 <= args.comm <= 1e12):
+        raise UsageError(f"--comm must be non-negative and finite (ms), got {args.comm}")
+    for flag, value, top in (("--pp", args.pp, MAX_STAGES), ("--microbatches", args.microbatches, MAX_MICROBATCHES),
+                             ("--vpp", args.vpp if args.vpp is not None else 1, MAX_STAGES)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+        if value > top:
+            raise UsageError(f"{flag} must be at most {top:,}, got {value:,}")
+    if args.pp * (args.vpp or 1) > MAX_STAGES:
+        raise UsageError(f"pp*vpp = {args.pp * args.vpp:,} stages is above {MAX_STAGES:,} (a stage holds at least one "
+                         f"layer) — lower --pp or --vpp")
     if args.out is not None and args.out.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--out must end in .png or .svg, got '{args.out}'")
     from shardwise.commands.common import prepare_output
 
-    prepare_output(args.out, "--out")
-    prepare_output(args.trace, "--trace")
+    prepare_output(args.out, "--out", "timeline.png")
+    prepare_output(args.trace, "--trace", "trace.json")
     if args.compare and args.schedule is not None:
         raise UsageError("--compare simulates gpipe, 1f1b, interleaved-1f1b and zb-h1 itself — drop --schedule")
 
@@ -93,13 +117,23 @@ def _scaled(events, to_seconds: float, rank_offset: int = 0):
 
 
 def run(args) -> int:
-    from shardwise.schedules.generators import build
+    from shardwise.schedules.generators import build, check_shape
     from shardwise.schedules.simulate import simulate
     from shardwise.timeline import draw_timelines, write_chrome_trace
 
     _check(args)
     f, b, w = parse_costs(args.costs)
-    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w)) for name, v in _shapes(args)]
+    shapes = _shapes(args)
+    for name, v in shapes:
+        check_shape(name, args.pp, args.microbatches, v)
+    actions = sum(_actions(name, args.pp, args.microbatches, v) for name, v in shapes)
+    if actions > MAX_SIMULATED:
+        return _closed_form(args, shapes, actions, (f, b, w))
+    if args.out is not None and (actions > MAX_DRAWN * len(shapes) or args.pp > MAX_DRAWN_RANKS):
+        raise UsageError(f"--out draws every action of every rank, and {args.pp} ranks with {actions:,} actions are too "
+                         f"many to see — draw at most {MAX_DRAWN_RANKS} ranks and {MAX_DRAWN:,} actions per schedule "
+                         f"(e.g. --pp 8 --microbatches 32), or write --trace for Perfetto")
+    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w)) for name, v in shapes]
     ms = 1e-3  # costs are in ms; pictures and traces take seconds
     if args.out is not None:
         panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]
@@ -112,14 +146,15 @@ def run(args) -> int:
     if args.json:
         from shardwise.commands.common import print_json
 
-        results = [s.to_dict() | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}} for s in sims]
+        results = [s.to_dict() | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated"}
+                   for s in sims]
         print_json({"compare": results} if args.compare else results[0])
     else:
         _print_summary(sims, args)
     return 0
 
 
-def _print_summary(sims, args) -> None:
+def _print_summary(sims, args, note: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -129,11 +164,65 @@ def _print_summary(sims, args) -> None:
     for s in sims:
         name = s.schedule.name + (f" v={s.schedule.v}" if s.schedule.v > 1 else "")
         table.add_row(name, f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
-                      " ".join(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
-                      " ".join(f"{x:g}" for x in s.peak_inflight_per_rank))
+                      _row(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
+                      _row(f"{x:g}" for x in s.peak_inflight_per_rank))
     console = Console()
     console.print(table)
+    if note:
+        console.print(note, highlight=False)
     console.print("in flight/rank: peak activations held, in micro-batches of one whole stage")
     for label, path in (("timeline", args.out), ("trace", args.trace)):
         if path is not None:
             console.print(f"{label} written to {path}")
+
+
+def _closed_form(args, shapes, actions: int, fbw) -> int:
+    """A pipeline too large to simulate action by action: the closed forms, where they are exact
+    (uniform costs; and without transfers, or for naive, GPipe and 1F1B at any transfer time)."""
+    from types import SimpleNamespace
+
+    from shardwise.schedules import closed_forms as cf
+
+    too_many = f"{actions:,} actions are more than the {MAX_SIMULATED:,} simulated one by one"
+    if args.out is not None or args.trace is not None:
+        raise UsageError(f"--out/--trace draw every action, and {too_many} — draw a smaller pipeline "
+                         f"(e.g. --pp 8 --microbatches 32), or drop --out/--trace for the closed-form figures")
+    if args.model is not None:
+        raise UsageError(f"{too_many}, and the closed forms assume equal stages, which --model's are not — "
+                         f"use fewer --pp/--microbatches, or drop --model")
+    inexact = [n for n, _ in shapes if args.comm > 0 and n in ("interleaved-1f1b", "zb-h1")]
+    if inexact:
+        raise UsageError(f"{too_many}, and the closed form of {', '.join(inexact)} with --comm > 0 is only a lower "
+                         f"bound — use --comm 0, or fewer --pp/--microbatches")
+    p, m, (f, b, w), c = args.pp, args.microbatches, fbw, args.comm
+    forms = []
+    for name, v in shapes:
+        span = cf.pipeline_makespan(name, p, m, v, f, b, w, c)
+        bubble = 1.0 - m * (f + b + w) / span if span > 0 else 0.0  # every rank does the same work
+        forms.append(SimpleNamespace(
+            schedule=SimpleNamespace(name=name, p=p, m=m, v=v), makespan=span, bubble_fraction=bubble,
+            bubble_fraction_per_rank=_per_rank(p, lambda r: bubble),
+            peak_inflight_per_rank=_per_rank(p, lambda r: cf.peak_inflight_microbatches(name, p, m, v, r))))
+    if args.json:
+        from shardwise.commands.common import print_json
+
+        results = [{"schedule": s.schedule.name, "pp": p, "microbatches": m, "vpp": s.schedule.v, "makespan": s.makespan,
+                    "bubble_fraction": s.bubble_fraction, "bubble_fraction_per_rank": s.bubble_fraction_per_rank,
+                    "peak_inflight_microbatches_per_rank": s.peak_inflight_per_rank,
+                    "costs_ms": {"f": f, "b": b, "w": w, "comm": c}, "method": "closed form"} for s in forms]
+        print_json({"compare": results} if args.compare else results[0])
+    else:
+        _print_summary(forms, args, note=f"closed forms ({too_many}); equal to the simulator for uniform costs")
+    return 0
+
+
+def _per_rank(p: int, value) -> list[float]:
+    """One value per rank (values repeat across ranks, so a huge p is cheap)."""
+    return [float(value(r)) for r in range(p)]
+
+
+def _row(values, shown: int = 8) -> str:
+    values = list(values)
+    if len(values) <= shown:
+        return " ".join(values)
+    return " ".join(values[: shown // 2]) + f" … ({len(values) - shown} more) … " + " ".join(values[-shown // 2:])

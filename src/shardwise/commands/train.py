@@ -45,7 +45,8 @@ def register(subparsers, name, help):
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the job fails (default 300)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="pipeline runs: write DIR/trace.json (Perfetto) and DIR/timeline.png/.svg (measured vs simulated)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (the resumed, saved and summary lines are still printed)")
     p.add_argument("--json", action="store_true",
                    help='print {"records": [...], "summary": {...}} at the end instead of the progress bar and messages; '
                         'the summary compares the measured memory of the first step with the planner\'s prediction')
@@ -129,8 +130,8 @@ def config_from(args):
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
-                       metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json), json_output=args.json,
-                       measure_memory=args.json,
+                       metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json),
+                       messages=not args.json, json_output=args.json, measure_memory=args.json,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts)
 

@@ -73,7 +73,7 @@ def run(args) -> int:
     check_config(cal, cuda)  # world, backend and GPUs, before anything starts
     from shardwise.commands.common import prepare_output
 
-    prepare_output(args.plot, "--plot")
+    prepare_output(args.plot, "--plot", "accuracy.png")
     cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
     if not cfg.layouts:
         from dataclasses import replace

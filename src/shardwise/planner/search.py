@@ -26,6 +26,9 @@ from shardwise.specs import Layout, divisors
 
 SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 RECOMPUTE_ORDER = ("none", "selective", "full")
+# Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
+MAX_GPUS = 2**20  # more GPUs than any cluster built
+MAX_CANDIDATES = 10_000  # dp x tp x pp x micro-batch x schedule x vpp combinations one search scores (~0.1-0.4 ms each)
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,77 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
                 yield tp, pp, dp
 
 
-def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
+def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> int:
+    """How many (layout, schedule, vpp) combinations `search` would score: arithmetic, no scoring."""
+    batch, total = job.train.global_batch, 0
+    for tp, pp, dp in degrees(job, gpus, space):
+        for mb in divisors(batch // dp):
+            if space.micro_batch is None or mb in space.micro_batch:
+                m = batch // (dp * mb)
+                if pp == 1:
+                    total += 1
+                    continue
+                total += sum(s in space.schedules for s in SEARCH_SCHEDULES)
+                if m % pp == 0 and "interleaved-1f1b" in space.schedules:
+                    total += max(0, min(job.model.num_layers // pp, space.max_vpp or job.model.num_layers) - 1)
+    return total
+
+
+def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> None:
+    """UsageError for a search that is impossible or too large, before any scoring."""
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — plan a part of the "
+                         f"cluster (layouts repeat across identical parts)")
+    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch)):
+        if values is not None and min(values) < 1:
+            raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
+    bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
+    if bad or not space.zero:
+        raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
+    if space.max_vpp is not None and space.max_vpp < 1:
+        raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
+    n = count_candidates(job, gpus, space)
+    if n == 0:
+        raise UsageError(no_layout_message(job, gpus, space))
+    if n > MAX_CANDIDATES:
+        raise UsageError(f"this search spans {n:,} layouts, more than the {MAX_CANDIDATES:,} shardwise scores in one go — "
+                         f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4")
+
+
+def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
+    """Why no dp x tp x pp split exists for this job and search space: the first knob with no valid value."""
+    model, batch = job.model, job.train.global_batch
+    tps = [t for t in divisors(gpus) if not (model.num_heads % t or model.num_kv_heads % t or model.ffn_hidden % t)]
+    if space.tp is not None:
+        if not [t for t in tps if t in space.tp]:
+            return (f"--tp {','.join(map(str, space.tp))}: tp must divide the {gpus} GPUs, the {model.num_heads} attention heads, "
+                    f"{model.num_kv_heads} KV heads and FFN size {model.ffn_hidden} of {model.name} — possible: "
+                    f"{', '.join(map(str, tps))}")
+        tps = [t for t in tps if t in space.tp]
+    pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= model.num_layers]
+    if space.pp is not None:
+        allowed = sorted({p for _, p in pairs})
+        pairs = [(t, p) for t, p in pairs if p in space.pp]
+        if not pairs:
+            return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and be at most the "
+                    f"{model.num_layers} layers of {model.name} — possible here: {', '.join(map(str, allowed))}")
+    dps = sorted({gpus // (t * p) for t, p in pairs})
+    if not any(batch % dp == 0 for dp in dps):
+        return (f"global batch {batch} is not divisible by any data-parallel degree dp = gpus/(tp*pp) possible here "
+                f"({', '.join(map(str, dps[:8]))}{', ...' if len(dps) > 8 else ''}) — use a global batch that is a multiple "
+                f"of {dps[0]}, or another GPU count")
+    per_rank = sorted({batch // dp for dp in dps if batch % dp == 0})
+    if space.micro_batch is not None and not any(n % mb == 0 for n in per_rank for mb in space.micro_batch):
+        return (f"--micro-batch {','.join(map(str, space.micro_batch))}: a micro-batch must divide the sequences each "
+                f"data-parallel rank takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick a divisor")
+    return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
+            f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers) — add 1f1b or gpipe")
+
+
+def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
+    check_search(job, gpus, space)
     limit = job.cluster.gpu_memory_bytes
     ranked: list[Estimate] = []
     scored = timed = 0
@@ -121,8 +192,7 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     """One line: what fits nowhere, by how much, and what would make it fit."""
     limit = job.cluster.gpu_memory_gib
     if result.leanest is None:
-        return (f"no valid layout of {job.model.name} on {gpus} GPUs with global batch {job.train.global_batch} — "
-                f"use a GPU count whose divisors match the {job.model.num_heads} heads and a global batch divisible by the data-parallel degree")
+        return no_layout_message(job, gpus, space)
     lean = result.leanest
     need = lean.memory_per_gpu / GIB
     # Model states shard over every GPU at best (ZeRO-3 x TP x PP); what else the leanest layout

@@ -8,7 +8,7 @@ The simulator uses the same resolution (`resolve`) to compute times.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from typing import Iterator
 
 from shardwise.schedules.schedule import KINDS, Action, Dep, Schedule, dependencies
@@ -21,30 +21,34 @@ class InvalidSchedule(ValueError):
 def resolve(schedule: Schedule) -> Iterator[tuple[int, Action, list[Dep]]]:
     """Yield (rank, action, deps) in an order where each action comes after its deps and its rank's earlier actions.
 
+    A rank runs until its next action misses a dependency, then waits on that one action and is woken when it
+    is done: each action is looked at a bounded number of times, so this takes time linear in the schedule's size.
     Raises InvalidSchedule on deadlock, naming what each stuck rank waits for.
     """
     done: set[tuple[int, Action]] = set()
     pos = [0] * schedule.p
-    remaining = sum(len(acts) for acts in schedule.ranks)
-    while remaining:
-        moved = False
-        for r, acts in enumerate(schedule.ranks):
-            while pos[r] < len(acts):
-                action = acts[pos[r]]
-                deps = dependencies(schedule, r, action)
-                if not all((d.rank, d.action) in done for d in deps):
-                    break
-                done.add((r, action))
-                pos[r] += 1
-                remaining -= 1
-                moved = True
-                yield r, action, deps
-        if not moved:
-            stuck = [f"rank {r} at {acts[pos[r]]} waits for "
-                     + ", ".join(f"{d.action} on rank {d.rank}" for d in dependencies(schedule, r, acts[pos[r]])
-                                 if (d.rank, d.action) not in done)
-                     for r, acts in enumerate(schedule.ranks) if pos[r] < len(acts)]
-            raise InvalidSchedule("deadlock: " + "; ".join(stuck))
+    waiting: dict[tuple[int, Action], list[int]] = {}
+    runnable = deque(range(schedule.p))
+    while runnable:
+        r = runnable.popleft()
+        acts = schedule.ranks[r]
+        while pos[r] < len(acts):
+            action = acts[pos[r]]
+            deps = dependencies(schedule, r, action)
+            missing = next(((d.rank, d.action) for d in deps if (d.rank, d.action) not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(r)
+                break
+            done.add((r, action))
+            pos[r] += 1
+            yield r, action, deps
+            runnable.extend(waiting.pop((r, action), ()))
+    if any(pos[r] < len(acts) for r, acts in enumerate(schedule.ranks)):
+        stuck = [f"rank {r} at {acts[pos[r]]} waits for "
+                 + ", ".join(f"{d.action} on rank {d.rank}" for d in dependencies(schedule, r, acts[pos[r]])
+                             if (d.rank, d.action) not in done)
+                 for r, acts in enumerate(schedule.ranks) if pos[r] < len(acts)]
+        raise InvalidSchedule("deadlock: " + "; ".join(stuck))
 
 
 def problems(schedule: Schedule) -> list[str]:

@@ -1,0 +1,57 @@
+"""Output paths, checked before any long work starts.
+
+A file path that names a folder, a folder path that names a file, a place nobody may write: each is one
+UsageError line naming the flag and the fix, raised before a process starts or a measurement runs, so a
+result is never computed and then lost at the moment it is written. The checks really write (a folder is
+created, a probe file is opened and removed): permission bits do not tell root, or a read-only mount, the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from shardwise.errors import UsageError
+
+
+def _make_folder(folder: Path, flag: str, shown) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except FileExistsError:
+        raise UsageError(f"{flag} {shown}: a file stands where a folder must be — pick another path") from None
+    except OSError as exc:
+        what = "cannot create its folder" if not folder.is_dir() else f"cannot write in {folder}"
+        raise UsageError(f"{flag} {shown}: {what} ({exc.strerror or exc}) — pick a writable path") from None
+
+
+def output_file(path, flag: str, example: str = "out") -> None:
+    """`path` can be written as a file: not a folder, its folder exists (created now if missing), and the
+    file can be opened for writing (an existing one is left as it is). `example` names a file for the hint."""
+    if path is None:
+        return
+    text = str(path)
+    file = Path(text)
+    if file.is_dir() or text.endswith(("/", os.sep)):
+        raise UsageError(f"{flag} {text} is a folder — give a file path, e.g. {file / example}")
+    _make_folder(file.parent, flag, text)
+    existed = file.exists()
+    try:
+        with open(file, "a"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {text}: cannot write this file ({exc.strerror or exc}) — pick another path") from None
+    if not existed:
+        file.unlink()
+
+
+def output_dir(path, flag: str) -> None:
+    """`path` is a folder we can write in (created now if missing)."""
+    if path is None:
+        return
+    folder = Path(str(path))
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {path} is a file — give a folder (it is created if missing)")
+    _make_folder(folder, flag, path)

@@ -1,0 +1,225 @@
+"""A new user's first hour (issue 15): every bad input is one line and exit 2 before any work starts, and
+plan / estimate / explain / simulate answer (or refuse) any input, however huge or degenerate, without a
+traceback or a hang. Everything runs in this process (no subprocess, no process group), so it stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardwise.cli import main
+
+JOB = ["--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024", "--seq-len", "2048"]
+PLAN = ["plan", "--model", "llama-65b", *JOB]
+
+
+def _one_line_error(argv, capsys) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, (argv, captured.out[-500:], err)
+    assert err.startswith("shardwise: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Files a new user might pass by mistake."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+
+    def config(name, **cfg):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(cfg))
+        return str(path)
+
+    llama = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256)
+    cluster = ("[cluster]\ngpus_per_node = 8\ngpu_memory_gib = 80\npeak_tflops = 312\nhbm_bandwidth_gbs = 2039\n"
+               "intra_node_bandwidth_gbs = 300\ninter_node_bandwidth_gbs = 25\n")
+
+    def toml(name, extra="", base=cluster):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(base + extra)
+        return str(path)
+
+    return {
+        "dir": str(tmp_path / "folder"), "file": str(tmp_path / "file"),
+        "bert": config("bert", model_type="bert", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                       intermediate_size=3072, vocab_size=30522),
+        "model_type_list": config("mt", model_type=["llama"], **llama),
+        "tie_string": config("tie", tie_word_embeddings="false", **llama),
+        "eps_string": config("eps", rms_norm_eps="tiny", **llama),
+        "layers_huge": config("deep", **{**llama, "num_hidden_layers": 10**9}),
+        "kv_negative": config("kv", num_key_value_heads=-2, **llama),
+        "latency_negative": toml("lat", "intra_node_latency_us = -5\n"),
+        "peak_nan": toml("nan", base=cluster.replace("312", "nan")),
+        "gpus_fraction": toml("frac", base=cluster.replace("gpus_per_node = 8", "gpus_per_node = 2.5")),
+        "cluster_not_table": toml("scalar", base="cluster = 5\n"),
+        "measured_nan": toml("meas", "\n[measured]\nall_reduce = [[1024, nan]]\n"),
+    }
+
+
+BAD = [
+    # the findings of issue 15
+    (PLAN + ["--zero", "5"], "ZeRO stages are 0, 1, 2 and 3"),
+    (PLAN + ["--tp", "3"], "--tp 3: tp must divide the 64 GPUs, the 64 attention heads"),
+    (PLAN + ["--micro-batch", "0"], "--micro-batch values must be at least 1"),
+    (["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", str(10**18), "--global-batch", str(10**18),
+      "--seq-len", "2048"], "--global-batch must be between 1 and 4,294,967,296"),
+    (["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", str(10**18), "--global-batch", "1024",
+      "--seq-len", "2048"], "is above 1,048,576"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--costs", "nan,1,1"], "three finite numbers"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--costs", "inf,1,1"], "three finite numbers"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--costs", "0,0,0"], "every pass costs nothing"),
+    (["simulate", "--pp", str(10**9), "--microbatches", "4"], "--pp must be at most 10,000"),
+    (["plan", "--model", "{bert}", *JOB], "model_type 'bert' is not an architecture shardwise models"),
+    (["plan", "--model", "llama-65b", "--cluster", "{dir}", "--gpus", "8", "--global-batch", "8", "--seq-len", "8"],
+     "is a folder — give a cluster .toml file"),
+    (["plan", "--model", "llama-65b", "--cluster", "{latency_negative}", "--gpus", "8", "--global-batch", "8", "--seq-len", "8"],
+     "'intra_node_latency_us' must not be negative"),
+    # the same kinds, not listed
+    (PLAN + ["--pp", "3"], "--pp 3: pp must divide"),
+    (PLAN + ["--micro-batch", "3"], "--micro-batch 3: a micro-batch must divide"),
+    (PLAN + ["--zero", "-1"], "must not be negative"),
+    (["plan", "--model", "tiny", *JOB[:-4], "--global-batch", "1001", "--seq-len", "2048"],
+     "global batch 1001 is not divisible by any data-parallel degree dp = gpus/(tp*pp) possible here (8, 16, 32, 64)"),
+    (["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "720720", "--global-batch", "1441440",
+      "--seq-len", "2048"], "narrow it"),
+    (["estimate", "--model", "llama-65b", *JOB[:-4], "--global-batch", str(2**40), "--seq-len", "2048", "--micro-batch", "1"],
+     "--global-batch must be between 1 and"),
+    (["explain", "--model", "{model_type_list}", *JOB], "is not an architecture shardwise models"),
+    (["plan", "--model", "{tie_string}", *JOB], "'tie_word_embeddings' must be true or false"),
+    (["plan", "--model", "{eps_string}", *JOB], "'rms_norm_eps' must be a positive number"),
+    (["plan", "--model", "{layers_huge}", *JOB], "'num_hidden_layers' is 1,000,000,000, above the 10,000"),
+    (["plan", "--model", "{kv_negative}", *JOB], "'num_key_value_heads' must be a positive integer"),
+    (["plan", "--model", "tiny", "--cluster", "{peak_nan}", *JOB[2:]], "'peak_tflops' must be a finite number"),
+    (["plan", "--model", "tiny", "--cluster", "{gpus_fraction}", *JOB[2:]], "'gpus_per_node' must be a whole number"),
+    (["plan", "--model", "tiny", "--cluster", "{cluster_not_table}", *JOB[2:]], "[cluster] must be a table"),
+    (["plan", "--model", "tiny", "--cluster", "{measured_nan}", *JOB[2:]], "[measured] all_reduce must be finite"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--comm", "inf"], "--comm must be non-negative and finite"),
+    (["simulate", "--pp", "100", "--microbatches", "2", "--out", "{dir}/t.png"], "too many to see"),
+    (["simulate", "--pp", "200", "--microbatches", "400", "--schedule", "zb-h1", "--comm", "0.5"], "only a lower bound"),
+    (["simulate", "--pp", "200", "--microbatches", "400", "--trace", "{dir}/t.json"], "draw every action"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--trace", "{dir}"], "is a folder — give a file path"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--out", "{file}/t.png"], "a file stands where a folder must be"),
+    # output paths of long runs, checked before anything starts
+    (["train", "--model", "tiny", "--steps", "2", "--metrics-file", "{dir}"], "--metrics-file {dir} is a folder"),
+    (["train", "--model", "tiny", "--steps", "2", "--metrics-file", "{file}/m.jsonl"], "a file stands where a folder must be"),
+    (["train", "--model", "tiny", "--pp", "2", "--steps", "2", "--trace", "{file}"], "--trace {file} is a file"),
+    (["train", "--model", "tiny", "--steps", "2", "--checkpoint-dir", "{file}/ck"], "--checkpoint-dir {file}/ck: cannot create"),
+    (["calibrate", "--world", "2", "--out", "{dir}"], "--out {dir} is a folder — give a file path, e.g."),
+    (["checkpoint", "export", "{dir}", "--to", "{dir}"], "--to {dir} is a folder"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", BAD, ids=[" ".join(a[:1] + a[-2:])[:60] for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2(argv, expected, files, capsys):
+    argv = [a.format(**files) for a in argv]
+    err = _one_line_error(argv, capsys)
+    assert expected.format(**files) in err, err
+
+
+def test_a_config_without_model_type_is_read_by_its_keys(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   vocab_size=256, num_key_value_heads=None, head_dim=None)))
+    assert main(["estimate", "--model", str(cfg), "--cluster", "dgx-a100-80gb", "--gpus", "1", "--global-batch", "4",
+                 "--seq-len", "32", "--micro-batch", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True
+
+
+def test_simulate_beyond_the_simulated_size_answers_with_the_closed_forms(monkeypatch, capsys):
+    """The closed-form answer of a pipeline too large to simulate equals the simulation (checked where both run)."""
+    import shardwise.commands.simulate as sim_cmd
+
+    argv = ["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--costs", "1,2,0.5", "--json"]
+    assert main(argv) == 0
+    simulated = json.loads(capsys.readouterr().out)["compare"]
+    monkeypatch.setattr(sim_cmd, "MAX_SIMULATED", 0)
+    assert main(argv) == 0
+    formulas = json.loads(capsys.readouterr().out)["compare"]
+    assert [r["method"] for r in simulated] == ["simulated"] * 4 and [r["method"] for r in formulas] == ["closed form"] * 4
+    for s, f in zip(simulated, formulas):
+        for key in ("makespan", "bubble_fraction"):
+            assert f[key] == pytest.approx(s[key], abs=1e-9), (s["schedule"], key)
+        assert f["bubble_fraction_per_rank"] == pytest.approx(s["bubble_fraction_per_rank"], abs=1e-9)
+        assert f["peak_inflight_microbatches_per_rank"] == s["peak_inflight_microbatches_per_rank"]
+
+
+def test_count_candidates_is_what_the_search_scores(monkeypatch):
+    """The budget check counts exactly the layouts the search then visits (two separate walks over the space)."""
+    from shardwise.planner import search as search_mod
+    from shardwise.planner.memory import Job
+    from shardwise.specs import TrainSpec, load_cluster, load_model
+
+    seen = set()
+    real = search_mod.memory_breakdown
+
+    def spy(job, layout):
+        seen.add((layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.schedule, layout.vpp))
+        return real(job, layout)
+
+    monkeypatch.setattr(search_mod, "memory_breakdown", spy)
+    for model, gpus, batch in (("llama2-7b", 48, 96), ("gpt2", 12, 36), ("tiny", 8, 8)):
+        seen.clear()
+        job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, 1024))
+        search_mod.search(job, gpus)
+        assert len(seen) == search_mod.count_candidates(job, gpus), model
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 10**7))
+def test_divisors_by_factorisation_are_every_divisor(n):
+    from shardwise.specs import divisors
+
+    got = divisors(n)
+    assert got == sorted(got) and all(n % d == 0 for d in got) and got[0] == 1 and got[-1] == n
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    assert len(got) == len(set(small) | {n // d for d in small})
+
+
+def _answer_or_one_line(argv, capsys):
+    """The JSON answer (exit 0), or None after checking the refusal is one line (exit 2)."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code in (0, 2), captured.err
+    if code == 2:
+        assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err
+        return None
+    return json.loads(captured.out)
+
+
+HUGE = st.one_of(st.integers(-3, 70), st.sampled_from([720720, 2**20, 2**20 + 1, 10**6 + 3, 2**32, 2**32 + 1]),
+                 st.integers(2**20, 2**80))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(["plan", "explain", "estimate"]),
+       model=st.sampled_from(["tiny", "gpt2", "llama3-8b", "llama3.1-405b", "gpt3-175b"]),
+       gpus=HUGE, batch=HUGE, seq=HUGE, tp=HUGE, pp=HUGE, mb=HUGE)
+def test_planner_commands_answer_or_refuse_any_numbers(command, model, gpus, batch, seq, tp, pp, mb, capsys):
+    argv = [command, "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", str(gpus), "--global-batch", str(batch),
+            "--seq-len", str(seq), "--json"]
+    if command == "estimate":
+        argv += ["--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb)]
+    _answer_or_one_line(argv, capsys)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=st.sampled_from(["naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", None]),
+       pp=HUGE, m=HUGE, vpp=st.one_of(st.none(), HUGE), comm=st.sampled_from(["0", "0.5", "1e300", "nan", "-0.0"]),
+       costs=st.sampled_from(["1,1,1", "0,0,1", "1e-300,0,0", "1e300,1,1", "1,nan,1", "-1,1,1", "1,1"]))
+def test_simulate_answers_or_refuses_any_numbers(schedule, pp, m, vpp, comm, costs, capsys):
+    argv = ["simulate", "--pp", str(pp), "--microbatches", str(m), "--comm", comm, "--costs", costs, "--json"]
+    argv += ["--schedule", schedule] if schedule else ["--compare"]
+    argv += ["--vpp", str(vpp)] if vpp is not None else []
+    out = _answer_or_one_line(argv, capsys)
+    if out is not None:
+        for r in out.get("compare", [out]):
+            assert 0 <= r["bubble_fraction"] <= 1 and 0 < r["makespan"] < float("inf")
