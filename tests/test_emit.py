@@ -324,7 +324,7 @@ def test_megatron_arguments_are_megatron_lm_options(tmp_path):
     ("megatron", ["--pp", "8", "--schedules", "zb-h1"], "zb-h1"),
     ("torchtitan", ["--zero", "1", "--tp", "2", "--pp", "8"], "ZeRO-1"),
     ("deepspeed", ["--pp", "8", "--schedules", "interleaved-1f1b"], "interleaved-1f1b"),
-    ("deepspeed", ["--recompute", "selective"], "selective recompute"),
+    ("deepspeed", ["--recompute", "selective", "--pp", "1", "--tp", "1"], "selective recompute"),
 ])
 def test_a_layout_the_target_cannot_express_is_one_line_exit_2(target, narrow, knob, tmp_path, capsys):
     out = tmp_path / "x"
