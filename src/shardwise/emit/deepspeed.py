@@ -8,8 +8,10 @@ tests/test_emit.py builds DeepSpeedConfig from what is written here):
   zero_optimization.stage 0-3; bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype).
   tensor_parallel.autotp_size: AutoTP training (no sequence parallelism, no pipeline).
   pipeline.stages / partition / activation_checkpoint_interval: the engine reads the last one; the
-      stages are the `PipelineModule(num_stages=...)` the training script builds. DeepSpeed's pipeline
-      runs 1F1B (its TrainSchedule) and refuses ZeRO-2/3.
+      stages are the `PipelineModule(num_stages=..., partition_method=...)` the training script builds.
+      DeepSpeed cuts the layers itself: "parameters" balances parameters, which, like shardwise's
+      cost-balanced split, takes layers off the stages that hold the embedding and the LM head.
+      DeepSpeed's pipeline runs 1F1B (its TrainSchedule) and refuses ZeRO-2/3.
   activation_checkpointing: present when every layer is recomputed (the model calls
       deepspeed.checkpointing.checkpoint per layer, as Megatron-DeepSpeed does).
 Selective (attention-core) recompute is model code, not a DeepSpeed key: not expressible.
@@ -59,7 +61,7 @@ def config(target) -> dict:
     if lay.tp > 1:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
     if lay.pp > 1:
-        out["pipeline"] = {"stages": lay.pp, "partition": "uniform",
+        out["pipeline"] = {"stages": lay.pp, "partition": "parameters",
                            "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0}
     if lay.recompute == "full":
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
@@ -73,7 +75,7 @@ def render(target) -> str:
 
 def launch(target, path) -> str:
     lay = target.layout
-    model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='uniform'))"
+    model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters'))"
              if lay.pp > 1 else "")
     return (f"deepspeed --num_nodes {target.nodes} --num_gpus {target.gpus_per_node} --hostfile HOSTFILE "
             f"your_train.py --deepspeed --deepspeed_config {path}{model}")

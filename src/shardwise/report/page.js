@@ -151,8 +151,8 @@
       ctx.save();
       ctx.strokeStyle = "#C8102E"; ctx.lineWidth = 2; ctx.setLineDash([6, 4]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-      ctx.setLineDash([]); ctx.fillStyle = "#C8102E"; ctx.textAlign = "right";
-      ctx.fillText(opts.label, x - 4, top + 12);
+      ctx.setLineDash([]); ctx.fillStyle = "#C8102E"; ctx.textAlign = "right"; ctx.textBaseline = "bottom";
+      ctx.fillText(opts.label, x, top - 3);  // above the bars, in the padding reserved for it
       ctx.restore();
     },
   };
@@ -162,7 +162,7 @@
       type: "bar",
       data: { labels: [], datasets: keys.map(([key, label, color]) => ({ label, key, data: [], backgroundColor: color, borderWidth: 0 })) },
       options: {
-        indexAxis: "y", responsive: true, maintainAspectRatio: false,
+        indexAxis: "y", responsive: true, maintainAspectRatio: false, layout: { padding: { top: line ? 16 : 0 } },
         scales: { x: { stacked: true, beginAtZero: true, title: { display: true, text: unit } }, y: { stacked: true, ticks: { autoSkip: false, font: { size: 11 } } } },
         plugins: {
           title: { display: true, text: title, align: "start", font: { size: 14, weight: "600" } },
