@@ -121,21 +121,36 @@ def job_from_args(args):
                tp_comm_overlap=getattr(args, "tp_comm_overlap", False))
 
 
-def layout_table(estimates, title: str):
-    """A rich table of ranked layout estimates (plan, estimate)."""
+SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narrow tables: schedule and recompute
+WIDE = 118  # below this many columns the table gets short headers and values, so nothing is cut
+
+
+def layout_table(estimates, title: str, width: int | None = None):
+    """A rich table of ranked layout estimates (plan, estimate). Narrower than WIDE columns (a pipe, an 80-column
+    terminal): short headers and values, no borders; the layout itself is never shortened."""
+    from rich import box
     from rich.table import Table
 
+    from shardwise.units import seconds
+
     gib = 2**30
-    table = Table(title=title)
-    for col, just in (("#", "right"), ("layout", "left"), ("schedule", "left"), ("ZeRO", "right"),
-                      ("recompute", "left"), ("SP", "center"), ("mem GiB/GPU", "right"), ("fits", "center"),
-                      ("step s", "right"), ("tokens/s", "right"), ("MFU", "right")):
-        table.add_column(col, justify=just)
+    narrow = width is not None and width < WIDE
+    short = (lambda text: SHORT.get(text, text)) if narrow else (lambda text: text)
+    if narrow:
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0),
+                      caption="i-1f1b: interleaved 1F1B; Z: ZeRO stage; rc: recompute (sel: selective)")
+        headers = ("#", "layout", "sched", "Z", "rc", "SP", "GiB", "fits", "step", "tok/s", "MFU")
+    else:
+        table = Table(title=title)
+        headers = ("#", "layout", "schedule", "ZeRO", "recompute", "SP", "mem GiB/GPU", "fits", "step", "tokens/s", "MFU")
+    for col, just in zip(headers, ("right", "left", "left", "right", "left", "center", "right", "center", "right",
+                                   "right", "right")):
+        table.add_column(col, justify=just, no_wrap=col == "layout", overflow="fold")
     for i, e in enumerate(estimates, 1):
         lay = e.layout
-        table.add_row(str(i), lay.describe(), lay.schedule if lay.pp > 1 else "-", str(lay.zero), lay.recompute,
-                      "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
-                      "[green]yes[/]" if e.fits else "[red]no[/]", f"{e.step_time:.2f}",
+        table.add_row(str(i), lay.describe(), short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),
+                      short(lay.recompute), "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
+                      "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),
                       f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
     return table
 
@@ -144,18 +159,20 @@ def breakdown_table(est):
     """Memory and time breakdown of one estimate, side by side."""
     from rich.table import Table
 
+    from shardwise.units import seconds
+
     gib = 2**30
     table = Table(title=f"breakdown (worst pipeline rank {est.worst_rank})")
     table.add_column("memory", justify="left")
     table.add_column("GiB", justify="right")
     table.add_column("time", justify="left")
-    table.add_column("s", justify="right")
+    table.add_column("", justify="right")
     mem, tim = list(est.memory_bytes.items()), list(est.time_s.items())
     for i in range(max(len(mem), len(tim))):
         mk, mv = mem[i] if i < len(mem) else ("", None)
         tk, tv = tim[i] if i < len(tim) else ("", None)
-        table.add_row(mk, "" if mv is None else f"{mv / gib:.2f}", tk, "" if tv is None else f"{tv:.3f}")
-    table.add_row("[b]total[/]", f"[b]{est.memory_per_gpu / gib:.2f}[/]", "[b]step[/]", f"[b]{est.step_time:.3f}[/]")
+        table.add_row(mk, "" if mv is None else f"{mv / gib:.2f}", tk, "" if tv is None else seconds(tv))
+    table.add_row("[b]total[/]", f"[b]{est.memory_per_gpu / gib:.2f}[/]", "[b]step[/]", f"[b]{seconds(est.step_time)}[/]")
     return table
 
 

@@ -33,6 +33,6 @@ def run(args) -> int:
     from shardwise.commands.common import breakdown_table, layout_table
 
     console = Console()
-    console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}"))
+    console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
     console.print(breakdown_table(est))
     return 0

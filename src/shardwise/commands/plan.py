@@ -150,7 +150,8 @@ def run(args) -> int:
     console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
-                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'}{only})"))
+                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'}{only})",
+                               width=console.width))
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)

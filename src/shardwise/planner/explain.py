@@ -10,6 +10,7 @@ from __future__ import annotations
 from shardwise.planner.estimate import GIB, Estimate
 from shardwise.planner.memory import Job
 from shardwise.planner.search import SearchResult
+from shardwise.units import seconds
 
 
 def _knobs(e: Estimate) -> str:
@@ -32,7 +33,7 @@ def _compare(best: dict, chosen: int, winner: Estimate, name: str) -> str:
     others = []
     for value, e in sorted(best.items()):
         if value != chosen:
-            others.append(f"{name}={value}: {e.step_time:.2f} s (+{e.step_time / winner.step_time - 1:.0%})")
+            others.append(f"{name}={value}: {seconds(e.step_time)} (+{e.step_time / winner.step_time - 1:.0%})")
     return "; ".join(others[:4]) if others else f"no other {name} degree fits"
 
 
@@ -67,7 +68,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so tp <= "
         f"{cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
         f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "
-        f"This layout's TP traffic runs on {link} and costs {win.time_s['tp_comm']:.2f} s ({tp_share:.0%} of the step). "
+        f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of the step). "
         f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}."
     )
 
@@ -78,7 +79,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         out.append(
             f"PP = {lay.pp} ({lay.schedule}{f', {lay.vpp} virtual stages per rank' if lay.vpp > 1 else ''}): each rank holds "
             f"about {model.num_layers / lay.pp:.1f} of the {model.num_layers} layers; with {m} micro-batches of "
-            f"{lay.micro_batch} sequence(s) the bubble is {win.time_s['pipeline_bubble']:.2f} s ({bubble:.1%} of the step). "
+            f"{lay.micro_batch} sequence(s) the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
             f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
         )
     else:
@@ -91,7 +92,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     out.append(
         f"DP = {lay.dp}: {lay.dp} replicas each take {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
         f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic costs "
-        f"{win.time_s['dp_comm']:.2f} s. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
+        f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute} recompute). Total {win.memory_per_gpu / GIB:.1f} of "
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
@@ -107,9 +108,9 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
                    f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
     if other is not None:
         out.append(
-            f"Runner-up split: {_knobs(other)} at {other.step_time:.2f} s/step ({other.step_time / win.step_time - 1:+.1%}), "
+            f"Runner-up split: {_knobs(other)} at {seconds(other.step_time)}/step ({other.step_time / win.step_time - 1:+.1%}), "
             f"{other.memory_per_gpu / GIB:.1f} GiB/GPU, MFU {other.mfu:.1%}. "
-            f"Winner: {_knobs(win)} at {win.step_time:.2f} s/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}."
+            f"Winner: {_knobs(win)} at {seconds(win.step_time)}/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}."
         )
     else:
         out.append(f"Only one dp x tp x pp split fits: {_knobs(win)}.")
@@ -122,7 +123,7 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     t = win.time_s
     share = {k: v / win.step_time for k, v in t.items()}
     line = (f"{_knobs(win)}: {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB per GPU; "
-            f"of its {win.step_time:.2f} s step, compute {share['compute'] + share['recompute']:.0%}, "
+            f"of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
             f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
             f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}; MFU {win.mfu:.1%}.")
     return [line] + explain(job, gpus, result)[-1:]

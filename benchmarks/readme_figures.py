@@ -1,0 +1,168 @@
+"""Regenerate every figure in README.md that the code computes, or check that none has drifted.
+
+    python benchmarks/readme_figures.py            # rewrite the generated blocks of README.md
+    python benchmarks/readme_figures.py --check    # exit 1 naming the blocks that differ (tests/test_readme_figures.py)
+
+A generated block sits between `<!-- generated: NAME -->` and `<!-- /generated: NAME -->`; everything between the
+markers is produced here from the code and the shipped data (the plan and explain outputs of the README's
+command, the model presets, the published-runs comparison on benchmarks/data/published_runs.csv, the schedule
+table from the simulator). Figures that depend on this machine's speed (benchmarks, calibrate/validate, the
+resume transcript) are not regenerated: the README marks them as measured, with the command that measured them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import importlib.util
+import io
+import os
+import re
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DATA = ROOT / "benchmarks" / "data" / "published_runs.csv"
+PLAN = ["--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
+        "--seq-len", "2048"]
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
+
+
+def _cli(argv: list[str], columns: int) -> str:
+    """What `shardwise ARGV` prints in a terminal `columns` wide (no colours)."""
+    from shardwise.cli import main
+
+    out, old = io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)
+    try:
+        with contextlib.redirect_stdout(out):
+            code = main(argv)
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+    if code:
+        raise SystemExit(f"readme_figures: `shardwise {' '.join(argv)}` failed with exit code {code}")
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def plan() -> str:
+    command = " ".join(["shardwise plan", *PLAN, "--top", "5"])
+    return f"```bash\n{command}\n```\n\n```\n{_cli(['plan', *PLAN, '--top', '5'], 124)}\n```\n"
+
+
+def explain() -> str:
+    return f"```\n$ shardwise explain {' '.join(PLAN)}\n{_cli(['explain', *PLAN], 120)}\n```\n"
+
+
+def models() -> str:
+    from shardwise.specs import MODEL_TYPES, model_presets
+
+    names = ", ".join(f"`{n}`" for n in model_presets())
+    types = ", ".join(f"`{t}`" for t in sorted(MODEL_TYPES))
+    text = (f"- Models: a preset ({names}) or any Hugging Face `config.json` whose `model_type` shardwise models "
+            f"({types}; any other is refused by name). Parameter counts equal the real models' exactly (tested "
+            f"against `transformers`).")
+    return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
+
+
+def _published_module():
+    spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _percent(values: list[float]) -> str:
+    return f"{100 * statistics.median(values):.1f} %"
+
+
+def published() -> str:
+    """Per framework (the CSV's `framework` column): rows, median and max |error|, how many fit."""
+    rows, _ = _published_module().compare(DATA)
+    with open(DATA, newline="") as fh:
+        frameworks = [r["framework"] or "other" for r in csv.DictReader(fh)]
+    groups: dict[str, list[dict]] = {}
+    for framework, row in zip(frameworks, rows):
+        if "error" in row and not row["weak"]:
+            groups.setdefault(framework, []).append(row)
+    lines = ["| framework | rows | median abs. error | max abs. error | fit the GPUs |", "|---|---:|---:|---:|---:|"]
+
+    def line(name: str, group: list[dict], bold: bool = False) -> str:
+        errors = [abs(r["error"]) for r in group]
+        fit = sum(r["fits"] for r in group)
+        cells = [name, str(len(group)), _percent(errors), f"{100 * max(errors):.1f} %",
+                 "all" if fit == len(group) else f"{fit} of {len(group)}"]
+        return "| " + " | ".join(f"**{c}**" if bold else c for c in cells) + " |"
+
+    for name in sorted(groups, key=lambda k: (-len(groups[k]), k)):
+        lines.append(line(name, groups[name]))
+    lines.append(line("all", [r for g in groups.values() for r in g], bold=True))
+    weak = sum(1 for r in rows if r.get("weak"))
+    skipped = sum(1 for r in rows if "skip" in r)
+    return ("\n".join(lines) + f"\n\n{len(rows)} rows in the file; {weak} are weak evidence (a `?` on their throughput) "
+            f"and {skipped} report no throughput: printed by the script, kept out of this table.\n")
+
+
+def schedules() -> str:
+    from shardwise.schedules import Costs, build, simulate
+
+    lines = ["| schedule (p=4, m=8, F=B=W) | bubble | peak activations in flight (rank 0) |", "|---|---|---|"]
+    for label, name, v in (("GPipe", "gpipe", 1), ("1F1B", "1f1b", 1), ("interleaved 1F1B, v=2", "interleaved-1f1b", 2),
+                           ("ZB-H1", "zb-h1", 1)):
+        sim = simulate(build(name, 4, 8, v), Costs(1, 1, 1))
+        lines.append(f"| {label} | {100 * sim.bubble_fraction:.1f} % | {sim.peak_inflight_per_rank[0]:g} |")
+    return "\n".join(lines) + "\n"
+
+
+FIGURES = {"plan": plan, "explain": explain, "models": models, "published": published, "schedules": schedules}
+
+
+def regenerate(text: str) -> tuple[str, list[str]]:
+    """README text with every generated block rendered anew, and the names of the blocks that changed."""
+    changed, seen = [], set()
+
+    def render(match: re.Match) -> str:
+        name = match["name"]
+        if name not in FIGURES:
+            raise SystemExit(f"readme_figures: README.md has a block '{name}' this script does not know")
+        seen.add(name)
+        body = FIGURES[name]()
+        if body != match["body"]:
+            changed.append(name)
+        return match.group(1) + body + match.group(4)
+
+    new = BLOCK.sub(render, text)
+    missing = sorted(FIGURES.keys() - seen)
+    if missing:
+        raise SystemExit(f"readme_figures: README.md lacks the generated block(s) {', '.join(missing)}")
+    return new, changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs")
+    args = ap.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    new, changed = regenerate(text)
+    if args.check:
+        if changed:
+            print(f"README.md figures differ from the code: {', '.join(changed)} — run `python benchmarks/readme_figures.py`"
+                  f" and commit README.md", file=sys.stderr)
+            return 1
+        print("README.md figures match the code")
+        return 0
+    if changed:
+        README.write_text(new, encoding="utf-8")
+    print(f"README.md: {'regenerated ' + ', '.join(changed) if changed else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Numbers for people: a duration in the unit that fits it (s, ms, µs), so a 0.4 ms step never reads "0.00 s"."""
+
+from __future__ import annotations
+
+
+def seconds(t: float) -> str:
+    """2 decimals in seconds from 1 s up (the planner's steps of real jobs); 3 significant digits in ms or µs below."""
+    if t != t or t in (float("inf"), float("-inf")):
+        return f"{t} s"
+    size = abs(t)
+    if size == 0:
+        return "0 s"
+    if size >= 1:
+        return f"{t:,.2f} s"
+    if size >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
