@@ -161,16 +161,19 @@ def test_timeline_draws_the_planners_pipeline_span(page, report_405b):
     page.quiet()
 
 
-def test_validate_run_is_drawn(browser, tmp_path):
+def test_validate_run_beside_a_plan_without_pipeline(browser, tmp_path):
     from test_report import validate_result
 
     result = tmp_path / "v.json"
     result.write_text(json.dumps(validate_result(7)))
     out = tmp_path / "v.html"
-    assert main(["report", "--validate", str(result), "--out", str(out)]) == 0
+    plan = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256",
+            "--seq-len", "4096", "--pp", "1"]
+    assert main(["report", *plan, "--validate", str(result), "--out", str(out)]) == 0
     page = Page(browser, out)
     points = page.js("window.shardwiseReport.charts.validate.data.datasets.filter(d => d.type !== 'line').reduce((n, d) => n + d.data.length, 0)")
     assert points == 7 and page.js("document.querySelectorAll('#validate-table tbody tr').length") == 7
+    assert "no pipeline" in page.js("document.getElementById('timeline-note').textContent")
     page.quiet()
 
 

@@ -40,7 +40,8 @@ def page(plan: dict | None = None, validate: dict | None = None) -> str:
     if plan is not None:
         title = f"{plan['model']} on {plan['gpus']:,} × {plan['cluster']}: where to split"
         subtitle = (f"global batch {plan['global_batch']:,} × {plan['seq_len']:,} tokens; {plan['fit']:,} of "
-                    f"{plan['scored']:,} scored layouts fit in {plan['gpu_memory_gib']:g} GiB per GPU")
+                    f"{plan['scored']:,} scored layouts fit in {plan['gpu_memory_gib']:g} GiB per GPU"
+                    + (f" and {plan['emitted']['title']} can run" if plan.get("emitted") else ""))
     else:
         title = f"{validate['model']}: predicted vs measured"
         subtitle = f"{len(validate['layouts'])} layouts trained on {validate['world']} ranks ({validate['backend']})"
