@@ -97,3 +97,19 @@ def test_positions_beyond_the_model_cannot_be_split_into_existence():
     gpt2 = MODELS["tiny-gpt2"]
     with pytest.raises(UsageError, match="learned table"):
         validate_layout(Layout(cp=2), gpt2, 8, seq_len=2 * gpt2.max_positions)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_math_blocks_equal_the_fused_kernel(causal):
+    """The fallback off CPU (GPUs, untested here) computes what the CPU kernel computes, GQA included."""
+    from shardwise.parallel.context_parallel import (_block_backward, _block_forward, math_block_backward,
+                                                     math_block_forward)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 8, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    dout = torch.randn(2, 4, 8, 16, generator=g, dtype=torch.float64)
+    out, lse = _block_forward(q, k, v, causal)
+    out_m, lse_m = math_block_forward(q, k, v, causal)
+    assert torch.allclose(out, out_m, atol=1e-12) and torch.allclose(lse, lse_m, atol=1e-12)
+    for fused, math in zip(_block_backward(dout, q, k, v, out, lse, causal), math_block_backward(dout, q, k, v, out, lse, causal)):
+        assert fused.shape == math.shape and torch.allclose(fused, math, atol=1e-12)

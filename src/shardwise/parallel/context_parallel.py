@@ -55,56 +55,61 @@ def shard_sequence(t: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- attention blocks
-# q: (batch, kv_heads, group, sq, dim) — query heads grouped by the KV head they share (GQA); k, v:
-# (batch, kv_heads, sk, dim). Scores, softmax and accumulators are fp32 (or the inputs' type if wider).
+# q: (batch, heads, sq, dim); k, v: (batch, kv_heads, sk, dim) (GQA: fewer KV heads). A block returns its
+# output and the log-sum-exp of its scores per query, so blocks merge exactly (online softmax); `causal` is
+# the square block on the diagonal. On CPU a block is the same fused kernel SDPA runs (FlashAttention-style,
+# it skips the masked half); elsewhere plain fp32 math (correct, not fast).
 
 
-def _acc(t: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(t.dtype, torch.float32)
+def _block_forward(q, k, v, causal: bool):
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    return math_block_forward(q, k, v, causal)
 
 
-def _scores(q, k, scale, mask):
-    s = (q @ k.unsqueeze(2).transpose(-1, -2)).to(_acc(q)) * scale
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+def _block_backward(dout, q, k, v, out, lse, causal: bool):
+    """(dq, dk, dv) of one block, given the *final* output and log-sum-exp of these queries (FlashAttention-2)."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal)
+    return math_block_backward(dout, q, k, v, out, lse, causal)
 
 
-def _block_forward(q, k, v, scale, mask=None):
-    """(output, log-sum-exp) of q attending to one K/V block."""
-    s = _scores(q, k, scale, mask)
+def math_block_forward(q, k, v, causal: bool):
+    s, k, v = _math_scores(q, k, v, causal)
     lse = torch.logsumexp(s, dim=-1)
-    return torch.exp(s - lse.unsqueeze(-1)) @ v.unsqueeze(2).to(s.dtype), lse
+    return (torch.exp(s - lse.unsqueeze(-1)) @ v).to(q.dtype), lse
 
 
-def _block_backward(q, k, v, dout, lse, delta, scale, mask=None):
-    """(dq, dk, dv) of one block, from the final log-sum-exp (FlashAttention-2's backward)."""
-    p = torch.exp(_scores(q, k, scale, mask) - lse.unsqueeze(-1))
-    dv = (p.transpose(-1, -2) @ dout).sum(2)
-    ds = p * (dout @ v.unsqueeze(2).transpose(-1, -2).to(p.dtype) - delta.unsqueeze(-1))
-    return (ds @ k.unsqueeze(2).to(p.dtype)) * scale, (ds.transpose(-1, -2) @ q.to(p.dtype)).sum(2) * scale, dv
+def math_block_backward(dout, q, k, v, out, lse, causal: bool):
+    kv_heads = k.shape[1]
+    s, k, v = _math_scores(q, k, v, causal)
+    p, dout = torch.exp(s - lse.unsqueeze(-1)), dout.to(s.dtype)
+    dv = p.transpose(-1, -2) @ dout
+    ds = p * (dout @ v.transpose(-1, -2) - (dout * out.to(s.dtype)).sum(-1, keepdim=True))
+    scale = q.shape[-1] ** -0.5
+    dq, dk = ds @ k * scale, ds.transpose(-1, -2) @ q.to(s.dtype) * scale
+    fold = lambda t: t.unflatten(1, (kv_heads, -1)).sum(2)  # noqa: E731  (GQA: sum over the heads sharing a KV head)
+    return dq.to(q.dtype), fold(dk).to(q.dtype), fold(dv).to(q.dtype)
+
+
+def _math_scores(q, k, v, causal):
+    group, acc = q.shape[1] // k.shape[1], _acc(q)
+    k, v = k.repeat_interleave(group, dim=1).to(acc), v.repeat_interleave(group, dim=1).to(acc)
+    s = (q.to(acc) @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return s, k, v
 
 
 def _merge(out, lse, block_out, block_lse):
-    """Online softmax: fold a block's partial result into the running (out, lse), in place."""
+    """Online softmax: fold a block's partial result into the running fp32 (out, lse), in place."""
     new = torch.logaddexp(lse, block_lse)
     out.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(block_out * torch.exp(block_lse - new).unsqueeze(-1))
     lse.copy_(new)
 
 
-def _causal(n: int, device) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
-
-
-def _grouped(q, kv_heads):
-    b, h, s, d = q.shape
-    return q.reshape(b, kv_heads, h // kv_heads, s, d)
-
-
-def _backward_inputs(ctx, dout):
-    """Saved tensors, grouped q and dout, and delta = rowsum(dout * out) (FlashAttention-2's D)."""
-    q, k, v, out, lse = ctx.saved_tensors
-    qg, dog = _grouped(q, k.shape[1]), _grouped(dout, k.shape[1]).to(_acc(q))
-    delta = (dog * _grouped(out, k.shape[1]).to(dog.dtype)).sum(-1)
-    return q, k, v, lse, qg, dog, delta, dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)
 
 
 # --------------------------------------------------------------------------- ring
@@ -133,9 +138,9 @@ def _wait(pending):
     return recv
 
 
-def _ring_step_rows(step: int, rank: int, cp: int, c: int):
+def _ring_step(step: int, rank: int, cp: int, c: int):
     """Which local queries attend to which part of the block held at `step` (zig-zag layout, causal):
-    (query slice, key slice, causal?). Own block: causal over both chunks. A block from an earlier rank:
+    (query slice, key slice, causal). Own block: causal over both chunks. A block from an earlier rank:
     every query sees its first chunk only. From a later rank: only the second query chunk sees it, fully."""
     src = (rank - step) % cp
     if step == 0:
@@ -148,41 +153,34 @@ def _ring_step_rows(step: int, rank: int, cp: int, c: int):
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group):
-        cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        ring, scale = _Ring(group), q.shape[-1] ** -0.5
-        qg = _grouped(q, k.shape[1])
-        s = q.shape[2]
-        c = s // 2
-        out = qg.new_zeros(qg.shape, dtype=_acc(q))
-        lse = qg.new_full(qg.shape[:-1], float("-inf"), dtype=_acc(q))
+        cp, rank, ring, c = dist.get_world_size(group), dist.get_rank(group), _Ring(group), q.shape[2] // 2
+        out = q.new_zeros(q.shape, dtype=_acc(q))
+        lse = q.new_full(q.shape[:-1], float("-inf"), dtype=_acc(q))
         kv = torch.stack([k, v])
         for step in range(cp):
             pending = ring.exchange(kv, tag=step) if step + 1 < cp else None  # overlaps this step's block
-            rows, keys, causal = _ring_step_rows(step, rank, cp, c)
-            mask = _causal(s, q.device) if causal else None
-            block_out, block_lse = _block_forward(qg[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :], scale, mask)
-            _merge(out[..., rows, :], lse[..., rows], block_out, block_lse)
+            rows, keys, causal = _ring_step(step, rank, cp, c)
+            block = _block_forward(q[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :], causal)
+            _merge(out[..., rows, :], lse[..., rows], *block)
             if pending is not None:
                 kv = _wait(pending)
-        out = out.to(q.dtype).reshape(q.shape)
+        out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group = group
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lse, qg, dog, delta, cp, rank = _backward_inputs(ctx, dout)
-        ring, scale = _Ring(ctx.group), q.shape[-1] ** -0.5
-        s = q.shape[2]
-        c = s // 2
-        dq = torch.zeros(qg.shape, dtype=_acc(q), device=q.device)
+        q, k, v, out, lse = ctx.saved_tensors
+        group, dout = ctx.group, dout.contiguous()
+        cp, rank, ring, c = dist.get_world_size(group), dist.get_rank(group), _Ring(group), q.shape[2] // 2
+        dq = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
         kv, dkv_pending = torch.stack([k, v]), None
         for step in range(cp):
             kv_pending = ring.exchange(kv, tag=2 * step) if step + 1 < cp else None
-            rows, keys, causal = _ring_step_rows(step, rank, cp, c)
-            mask = _causal(s, q.device) if causal else None
-            dq_b, dk_b, dv_b = _block_backward(qg[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :],
-                                               dog[..., rows, :], lse[..., rows], delta[..., rows], scale, mask)
+            rows, keys, causal = _ring_step(step, rank, cp, c)
+            dq_b, dk_b, dv_b = _block_backward(dout[..., rows, :], q[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :],
+                                               out[..., rows, :], lse[..., rows], causal)
             dq[..., rows, :] += dq_b
             dkv = torch.zeros((2,) + k.shape, dtype=_acc(q), device=k.device)
             dkv[0][..., keys, :] += dk_b
@@ -194,7 +192,7 @@ class RingAttention(torch.autograd.Function):
             if kv_pending is not None:
                 kv = _wait(kv_pending)
         dkv = _wait(dkv_pending)
-        return dq.to(q.dtype).reshape(q.shape), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
 
 
 # --------------------------------------------------------------------------- all-gather
@@ -206,61 +204,58 @@ def _gather_kv(k, v, group):
     kv = torch.stack([k, v]).contiguous()
     gathered = kv.new_empty((cp * 2,) + kv.shape[1:])
     _all_gather_single(gathered, kv, group=group)
-    return torch.cat(_global_chunks(gathered.view((cp,) + kv.shape), cp), dim=-2)
+    halves = gathered.view((cp,) + kv.shape).chunk(2, dim=-2)
+    # chunk j < cp is rank j's first half, chunk j >= cp rank 2cp-1-j's second
+    return torch.cat([halves[0][j] if j < cp else halves[1][2 * cp - 1 - j] for j in range(2 * cp)], dim=-2)
 
 
-def _global_chunks(per_rank, cp):
-    """Chunks 0..2cp−1 in order from (cp, ..., 2c, dim): chunk j < cp is rank j's first half, else rank 2cp−1−j's second."""
-    halves = per_rank.chunk(2, dim=-2)
-    return [halves[0][j] if j < cp else halves[1][2 * cp - 1 - j] for j in range(2 * cp)]
-
-
-def _allgather_rows(rank: int, cp: int, c: int, device):
-    """For each local query chunk: (query slice, keys it can see in global order, mask)."""
+def _allgather_blocks(rank: int, cp: int, c: int):
+    """(query slice, key slice, causal) blocks a rank computes: each local chunk j sees every earlier chunk
+    fully and itself causally."""
     out = []
     for half, chunk in ((0, rank), (1, 2 * cp - 1 - rank)):
-        end = (chunk + 1) * c
-        mask = torch.ones(c, end, dtype=torch.bool, device=device).tril(diagonal=chunk * c)
-        out.append((slice(half * c, (half + 1) * c), end, mask))
+        rows = slice(half * c, (half + 1) * c)
+        if chunk:
+            out.append((rows, slice(0, chunk * c), False))
+        out.append((rows, slice(chunk * c, (chunk + 1) * c), True))
     return out
 
 
 class AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group):
-        cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        scale, qg = q.shape[-1] ** -0.5, _grouped(q, k.shape[1])
-        c = q.shape[2] // 2
+        cp, rank, c = dist.get_world_size(group), dist.get_rank(group), q.shape[2] // 2
         kv = _gather_kv(k, v, group)
-        out = qg.new_empty(qg.shape, dtype=_acc(q))
-        lse = qg.new_empty(qg.shape[:-1], dtype=_acc(q))
-        for rows, end, mask in _allgather_rows(rank, cp, c, q.device):
-            out[..., rows, :], lse[..., rows] = _block_forward(qg[..., rows, :], kv[0][..., :end, :], kv[1][..., :end, :],
-                                                               scale, mask)
-        out = out.to(q.dtype).reshape(q.shape)
+        out = q.new_zeros(q.shape, dtype=_acc(q))
+        lse = q.new_full(q.shape[:-1], float("-inf"), dtype=_acc(q))
+        for rows, keys, causal in _allgather_blocks(rank, cp, c):
+            _merge(out[..., rows, :], lse[..., rows], *_block_forward(q[..., rows, :], kv[0][..., keys, :],
+                                                                       kv[1][..., keys, :], causal))
+        out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)  # K/V are gathered again in backward, not kept
         ctx.group = group
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lse, qg, dog, delta, cp, rank = _backward_inputs(ctx, dout)
-        group, scale = ctx.group, q.shape[-1] ** -0.5
-        c = q.shape[2] // 2
+        q, k, v, out, lse = ctx.saved_tensors
+        group, dout = ctx.group, dout.contiguous()
+        cp, rank, c = dist.get_world_size(group), dist.get_rank(group), q.shape[2] // 2
         kv = _gather_kv(k, v, group)
-        dq = torch.empty(qg.shape, dtype=_acc(q), device=q.device)
+        dq = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
         dkv = torch.zeros(kv.shape, dtype=_acc(q), device=q.device)
-        for rows, end, mask in _allgather_rows(rank, cp, c, q.device):
-            dq[..., rows, :], dk, dv = _block_backward(qg[..., rows, :], kv[0][..., :end, :], kv[1][..., :end, :],
-                                                       dog[..., rows, :], lse[..., rows], delta[..., rows], scale, mask)
-            dkv[0][..., :end, :] += dk
-            dkv[1][..., :end, :] += dv
-        # Back to rank order (rank r: chunks r and 2cp−1−r), then sum every rank's contribution to each block.
+        for rows, keys, causal in _allgather_blocks(rank, cp, c):
+            dq_b, dk_b, dv_b = _block_backward(dout[..., rows, :], q[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :],
+                                               out[..., rows, :], lse[..., rows], causal)
+            dq[..., rows, :] += dq_b
+            dkv[0][..., keys, :] += dk_b
+            dkv[1][..., keys, :] += dv_b
+        # Back to rank order (rank r: chunks r and 2cp-1-r), then sum every rank's contribution to each block.
         chunks = dkv.chunk(2 * cp, dim=-2)
         per_rank = torch.stack([torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=-2) for r in range(cp)])
-        mine = dkv.new_empty(per_rank.shape[1:])
-        _reduce_scatter_single(mine, per_rank.reshape((cp * 2,) + mine.shape[1:]), group=group)
-        return dq.to(q.dtype).reshape(q.shape), mine[0].to(k.dtype), mine[1].to(v.dtype), None
+        mine = dkv.new_empty((2,) + k.shape)
+        _reduce_scatter_single(mine, per_rank.reshape((cp * 2,) + k.shape), group=group)
+        return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None
 
 
 # --------------------------------------------------------------------------- the transformation
