@@ -56,13 +56,19 @@ def train_layouts(rank: int, world: int, jobs, out_dir: str) -> None:
             params.update(full_state_dict(chunk))
         c = coordinates(mesh)
         if c["dp"] == c["cp"] == c["tp"] == 0:
-            torch.save({"records": result.records, "params": params}, os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
+            torch.save({"records": result.records, "params": params, "memory": result.memory},
+                       os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
         dist.barrier()
 
 
 def collected(out_dir, key: str, pp: int) -> tuple[list[dict], dict]:
     """(records, every parameter) of a run saved by `train_layouts`, its pipeline stages put together."""
+    parts = saved_runs(out_dir, key, pp)
+    return parts[0]["records"], {k: v for part in parts for k, v in part["params"].items()}
+
+
+def saved_runs(out_dir, key: str, pp: int) -> list[dict]:
+    """What `train_layouts` saved for each pipeline stage: records, params, memory (with cfg.measure_memory)."""
     from pathlib import Path
 
-    parts = [torch.load(Path(out_dir) / f"{key}-pp{r}.pt", weights_only=True) for r in range(pp)]
-    return parts[0]["records"], {k: v for part in parts for k, v in part["params"].items()}
+    return [torch.load(Path(out_dir) / f"{key}-pp{r}.pt", weights_only=True) for r in range(pp)]

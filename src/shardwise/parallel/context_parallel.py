@@ -112,6 +112,13 @@ def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def _output_buffer(q: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like q (batch, heads, seq, dim) but laid out (batch, seq, heads, dim), as SDPA returns it: the
+    model's transpose back to (batch, seq, hidden) is then a view, and wo keeps the very tensor attention saved."""
+    b, h, s, d = q.shape
+    return q.new_zeros((b, s, h, d), dtype=_acc(q)).transpose(1, 2)
+
+
 # --------------------------------------------------------------------------- ring
 
 
@@ -154,7 +161,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group):
         cp, rank, ring, c = dist.get_world_size(group), dist.get_rank(group), _Ring(group), q.shape[2] // 2
-        out = q.new_zeros(q.shape, dtype=_acc(q))
+        out = _output_buffer(q)
         lse = q.new_full(q.shape[:-1], float("-inf"), dtype=_acc(q))
         kv = torch.stack([k, v])
         for step in range(cp):
@@ -226,7 +233,7 @@ class AllGatherAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group):
         cp, rank, c = dist.get_world_size(group), dist.get_rank(group), q.shape[2] // 2
         kv = _gather_kv(k, v, group)
-        out = q.new_zeros(q.shape, dtype=_acc(q))
+        out = _output_buffer(q)
         lse = q.new_full(q.shape[:-1], float("-inf"), dtype=_acc(q))
         for rows, keys, causal in _allgather_blocks(rank, cp, c):
             _merge(out[..., rows, :], lse[..., rows], *_block_forward(q[..., rows, :], kv[0][..., keys, :],
