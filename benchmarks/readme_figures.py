@@ -121,7 +121,43 @@ def schedules() -> str:
     return "\n".join(lines) + "\n"
 
 
-FIGURES = {"plan": plan, "explain": explain, "models": models, "published": published, "schedules": schedules}
+def emit() -> str:
+    """`plan --emit` for the README's plan: what each target's file holds and the layout it gets."""
+    import json
+    import tempfile
+
+    what = {"megatron": ("a bash script: Megatron-LM / Megatron-Core arguments (`--tensor-model-parallel-size`, "
+                         "`--pipeline-model-parallel-size`, `--num-layers-per-virtual-pipeline-stage` or "
+                         "`--pipeline-model-parallel-layout`, `--sequence-parallel`, `--micro-batch-size`, "
+                         "`--global-batch-size`, `--recompute-*`, `--use-distributed-optimizer` / Megatron-FSDP, overlap "
+                         "flags) and the `torchrun` line",
+                         "Megatron-LM's option table + megatron-core's config classes; Megatron-LM's own `validate_args` by hand"),
+            "torchtitan": ("its TOML job config (`[parallelism]`, `[training]`, `[activation_checkpoint]`)",
+                           "torchtitan's `ConfigManager`"),
+            "deepspeed": ("its JSON config (ZeRO stage, micro-batch, accumulation, bf16, AutoTP, pipeline stages)",
+                          "DeepSpeed's `DeepSpeedConfig`")}
+    zero = {"megatron": {1: "distributed optimizer", 2: "Megatron-FSDP", 3: "Megatron-FSDP"},
+            "torchtitan": {0: "DDP", 2: "FSDP", 3: "FSDP"}}
+    lines = ["| `--emit` | writes | the plan above becomes | checked by (tests) |", "|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for target, (writes, checked) in what.items():
+            out = json.loads(_cli(["plan", *PLAN, "--emit", target, "--out", str(Path(tmp) / target), "--json"], 120))
+            lay = out["emitted"]["layout"]
+            split = (f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']}" + (f"·v{lay['vpp']}" if lay["vpp"] > 1 else "")
+                     + f"·mb{lay['micro_batch']}")
+            how = zero.get(target, {}).get(lay["zero"])
+            knobs = [split, f"ZeRO-{lay['zero']}" + (f" ({how})" if how else "")]
+            if lay["pp"] > 1:
+                knobs.append(lay["schedule"])
+            if lay["recompute"] != "none":
+                knobs.append(f"{lay['recompute']} recompute")
+            knobs.append(f"{lay['step_time_s']:.1f} s/step")
+            lines.append(f"| `{target}` | {writes} | {', '.join(knobs)} | {checked} |")
+    return "\n".join(lines) + "\n"
+
+
+FIGURES = {"plan": plan, "explain": explain, "models": models, "published": published, "schedules": schedules,
+           "emit": emit}
 
 
 def regenerate(text: str) -> tuple[str, list[str]]:
