@@ -98,18 +98,18 @@ def emit(args, job, rows) -> dict:
     rank = args.rank or 1
     if rank > len(rows):
         raise UsageError(f"--rank {rank}: the table has {len(rows)} layouts {TITLE[args.emit]} can run — pick 1 to {len(rows)}")
-    target = Target(job=job, estimate=rows[rank - 1], gpus=args.gpus, rank=rank, framework=getattr(args, "framework", None))
+    target = Target(job=job, estimate=rows[rank - 1], gpus=args.gpus, rank=rank)
     args.out.write_text(render(args.emit, target))
     return {"target": args.emit, "title": TITLE[args.emit], "path": str(args.out), "rank": rank,
             "framework": target.framework, "launch": emitter(args.emit).launch(target, args.out),
             "layout": target.estimate.to_dict()}
 
 
-def write_html(path, job, gpus, result, framework=None, emitted=None) -> dict:
+def write_html(path, job, gpus, result, emitted=None) -> dict:
     """The report page for a plan; its path and size."""
     from shardwise.report import page, plan_page, write
 
-    html = page(plan=plan_page(job, gpus, result, framework=framework, emitted=emitted))
+    html = page(plan=plan_page(job, gpus, result, emitted=emitted))
     write(path, html)
     return {"path": str(path), "bytes": len(html.encode())}
 
@@ -128,8 +128,7 @@ def run(args) -> int:
     rows = result.ranked if args.all_variants else best_per_split(result.ranked)
     top = rows[: args.top]
     emitted = emit(args, job, rows) if outputs and args.emit else None
-    framework = getattr(args, "framework", None)
-    html = write_html(args.html, job, args.gpus, result, framework, emitted) if outputs and args.html else None
+    html = write_html(args.html, job, args.gpus, result, emitted) if outputs and args.html else None
     if args.json:
         out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top]}
         if args.explain:

@@ -61,7 +61,7 @@ def run(args) -> int:
         from shardwise.commands.plan import plan as run_plan
 
         job, result = run_plan(args)
-        plan = plan_page(job, args.gpus, result, framework=getattr(args, "framework", None))
+        plan = plan_page(job, args.gpus, result)
         best = result.ranked[0].to_dict()
     html = page(plan=plan, validate=validate)
     write(args.out, html)

@@ -37,11 +37,15 @@ class Target:
     estimate: object  # planner Estimate
     gpus: int
     rank: int  # 1-based, in plan's table
-    framework: str | None = None  # the planner profile it was scored with (None: shardwise's default)
 
     @property
     def layout(self):
         return self.estimate.layout
+
+    @property
+    def framework(self) -> str:
+        """The planner's framework profile the layout was scored with."""
+        return profile(self.job)
 
     @property
     def nodes(self) -> int:
@@ -57,7 +61,7 @@ class Target:
         gib = 2**30
         knobs = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
                  f"{lay.recompute} recompute"] + (["sequence parallel"] if lay.sequence_parallel else [])
-        assumes = [f"framework {self.framework or 'shardwise default'}", "bf16",
+        assumes = [f"framework {self.framework}", "bf16",
                    "fused attention" if job.flash_attention else "materialised softmax",
                    "TP overlap on" if job.tp_comm_overlap else "TP overlap off"]
         return [
@@ -67,6 +71,11 @@ class Target:
             f"predicted {est.memory_per_gpu / gib:.1f} of {est.gpu_memory_bytes / gib:.0f} GiB per GPU, "
             f"{est.step_time:.2f} s per step, MFU {est.mfu:.1%} ({', '.join(assumes)})",
         ]
+
+
+def profile(job) -> str:
+    """The framework profile a planner Job was scored with (planners without profiles: shardwise's own model)."""
+    return getattr(job, "framework", None) or "shardwise default"
 
 
 def emitter(name: str):
@@ -94,4 +103,4 @@ def render(name: str, target: Target) -> str:
     return mod.render(target)
 
 
-__all__ = ["TARGETS", "FRAMEWORK", "TITLE", "Target", "emitter", "expressible", "render"]
+__all__ = ["TARGETS", "FRAMEWORK", "TITLE", "Target", "emitter", "expressible", "profile", "render"]

@@ -82,13 +82,14 @@ def timeline(job, est) -> dict | None:
             "colors": {k: COLORS[k] for k in kinds}, "labels": {k: LABELS[k] for k in kinds}}
 
 
-def plan_page(job, gpus: int, result, framework: str | None = None, emitted: dict | None = None) -> dict:
+def plan_page(job, gpus: int, result, emitted: dict | None = None) -> dict:
     """The plan part of the page: `result` is the planner's search result (its ranked layouts, fastest first)."""
+    from shardwise.emit import profile
     from shardwise.planner.explain import explain
 
     cluster, train = job.cluster, job.train
     win = result.ranked[0]
-    assumptions = [f"framework profile: {framework or 'shardwise default'}", "bf16 weights, fp32 gradients and Adam states (18 B/param)",
+    assumptions = [f"framework profile: {profile(job)}", "bf16 weights, fp32 gradients and Adam states (18 B/param)",
                    "fused attention (FlashAttention)" if job.flash_attention else "materialised softmax (no fused attention)",
                    "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed"]
     return {
