@@ -13,7 +13,6 @@ import torch
 
 from exactness import collected, differences, reference_runs, saved_runs, train_layouts
 
-from shardwise.errors import UsageError
 from shardwise.launch import spawn_ranks
 from shardwise.parallel.context_parallel import shard_sequence, zigzag_positions
 from shardwise.specs import Layout, load_model, validate_layout
@@ -104,21 +103,23 @@ def test_zigzag_split_covers_the_sequence_and_balances_causal_work():
     assert shard_sequence(x, 2, 1).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
 
 
-@pytest.mark.parametrize("layout, seq, message", [
-    (Layout(cp=3), 16, "not divisible by 6"),
-    (Layout(cp=2, cp_mode="spiral"), 16, "unknown --cp-mode"),
-    (Layout(cp=2, tp=4, sequence_parallel=True), 12, "multiple of 8"),
-    (Layout(cp=0), 16, "--cp must be at least 1"),
+@pytest.mark.parametrize("argv, expected", [
+    (["--cp", "3", "--seq-len", "64"], "--seq-len 64 is not divisible by 6"),
+    (["--cp", "0"], "--cp must be at least 1"),
+    (["--cp", "2", "--cp-mode", "spiral"], "invalid choice: 'spiral'"),
+    (["--model", "tiny-gpt2", "--cp", "2", "--tp", "4", "--sequence-parallel", "--seq-len", "12"], "multiple of 8"),
+    (["--cp", "2", "--seq-len", "512"], "cp cannot lengthen the sequence"),
+    (["--model", "tiny-gpt2", "--cp", "4", "--seq-len", "4096"], "a learned table of"),
 ])
-def test_bad_sequence_splits_are_named(layout, seq, message):
-    with pytest.raises(UsageError, match=message):
-        validate_layout(layout, MODELS["tiny-gpt2"], 8, seq_len=seq)
+def test_bad_context_parallel_input_is_one_line_and_exit_2(argv, expected, capsys):
+    import torch.distributed as dist
 
+    from shardwise.cli import main
 
-def test_positions_beyond_the_model_cannot_be_split_into_existence():
-    gpt2 = MODELS["tiny-gpt2"]
-    with pytest.raises(UsageError, match="learned table"):
-        validate_layout(Layout(cp=2), gpt2, 8, seq_len=2 * gpt2.max_positions)
+    assert main(["train", *argv, "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shardwise: error: ") and expected in err and "\n" not in err
+    assert not dist.is_initialized()
 
 
 @pytest.mark.parametrize("causal", [True, False])
