@@ -20,8 +20,6 @@ import uuid
 from shardwise.errors import UsageError
 from shardwise.train import TrainConfig
 
-MIN_VOCAB = 256  # the byte tokenizer's ids
-
 
 class JobFailed(RuntimeError):
     """A rank of a running job failed; the message names it."""
@@ -74,8 +72,6 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
     if cfg.seq_len > spec.max_positions:
         raise UsageError(f"--seq-len {cfg.seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most {spec.max_positions}")
-    if spec.vocab_size < MIN_VOCAB:
-        raise UsageError(f"{spec.name} has a vocabulary of {spec.vocab_size}, but the byte tokenizer needs {MIN_VOCAB} — use a model with vocab_size >= {MIN_VOCAB}")
     if lay.sequence_parallel and lay.tp > 1 and cfg.seq_len % lay.tp:
         raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
     if cfg.backend == "nccl":

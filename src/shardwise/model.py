@@ -163,15 +163,18 @@ class Transformer(nn.Module):
             self.output = nn.Linear(spec.hidden, spec.vocab_size, bias=False) if last else None
         self.loss_fn = CrossEntropy() if last else None
         self.to_empty(device=device)
-        self._tie()
+        self.tie()
+        meta = torch.device(device).type == "meta"  # shapes only: the weights come later (shardwise.hf.load)
         if spec.family == "llama":  # constants, not state: never saved, never synchronised
             cos, sin = rope_tables(spec)
-            self.register_buffer("rope_cos", cos.to(device), persistent=False)
-            self.register_buffer("rope_sin", sin.to(device), persistent=False)
-        self.init_weights(seed)
+            self.register_buffer("rope_cos", cos.to("cpu" if meta else device), persistent=False)
+            self.register_buffer("rope_sin", sin.to("cpu" if meta else device), persistent=False)
+        if not meta:
+            self.init_weights(seed)
         self.set_recompute(recompute)
 
-    def _tie(self):
+    def tie(self):
+        """GPT-2's LM head is the embedding (again, after either was replaced: shardwise.hf.load)."""
         if self.spec.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 

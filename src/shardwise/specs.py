@@ -233,8 +233,14 @@ def read_json_file(path: Path, source: str, fix: str):
 
 
 def load_model(ref: str) -> ModelSpec:
-    """A preset name (see `model_presets()`) or a path to a Hugging Face config.json."""
+    """A preset name (see `model_presets()`), a path to a Hugging Face config.json, or a model folder holding one."""
     path = Path(ref)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{ref}: no config.json in this folder — a Hugging Face model folder holds config.json "
+                             f"(and its weights); or give a preset ({', '.join(model_presets())})")
+        cfg = read_json_file(path / "config.json", str(path / "config.json"), "fix the file or download the model again")
+        return model_from_hf_config(cfg, name=path.resolve().name, source=str(path / "config.json"))
     if ref.endswith(".json") or path.is_file():
         if not path.is_file():
             raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")

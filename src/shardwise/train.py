@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise import data
+from shardwise.corpus.batches import batches, validation_batches
+from shardwise.hf.load import loader
 from shardwise.model import Transformer
 from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, data_dim, data_mesh, grad_sync, group,
                                 init_distributed, make_optimizer, parallelize, shard_sequence, size,
@@ -66,6 +67,13 @@ class TrainConfig:
     stop_after: int | None = None  # end this invocation after this step (with a checkpoint); --steps sets the schedule
     resume: bool = False  # start from the newest complete checkpoint in checkpoint_dir, under any layout
     max_restarts: int = 0  # torchrun's agent restarts the job this often; a restart resumes by itself
+    # real models and data: None = weights from the seed / the built-in corpus
+    weights: object | None = None  # hf.load.HFFolder (--model DIR): each rank reads only its slices
+    hf_config: dict | None = None  # that folder's config.json, written back by `checkpoint export --format hf`
+    data: object | None = None  # corpus.TokenFile: --data, tokenized once into a memory-mapped file
+    val_data: object | None = None  # corpus.TokenFile: --val-data
+    eval_every: int | None = None  # validation loss and perplexity every N steps (and after the last)
+    eval_batches: int = 4  # global batches of --val-data per evaluation (at most)
 
     @property
     def device_type(self) -> str:
@@ -104,6 +112,7 @@ class Runtime:
     optimizer: torch.optim.Optimizer
     forward_backward: Callable = None
     step: int = 0
+    data: object = None  # corpus.batches: this rank's rows of each step's global batch, and the saved position
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -138,10 +147,10 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
         from shardwise.parallel.pipeline_step import build_pipeline
 
         chunks, step = build_pipeline(cfg, mesh, device)
-        return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step)
-    model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute)
-    chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len)]
-    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward)
+        return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step, data=batches(cfg))
+    model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute, device="meta" if cfg.weights else "cpu")
+    chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len, weights=loader(cfg.weights))]
+    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward, data=batches(cfg))
 
 
 # --------------------------------------------------------------------------- one step
@@ -179,15 +188,44 @@ def _reduce_loss(loss: torch.Tensor | None, rt: Runtime) -> torch.Tensor:
     return loss
 
 
+def _cp_shards(rt: Runtime, mbs: list) -> list:
+    """This cp rank's zig-zag chunks of every sequence (all of them without context parallelism)."""
+    cp = rt.cfg.layout.cp
+    if cp == 1:
+        return mbs
+    rank = coordinates(rt.mesh)["cp"]
+    return [(shard_sequence(x, cp, rank), shard_sequence(y, cp, rank)) for x, y in mbs]
+
+
+def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Validation without pipelining: the mean micro-batch loss, no gradients."""
+    (chunk,) = chunks
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if microbatches[0][0].device.type == "cuda" else nullcontext()
+    with torch.no_grad(), autocast:
+        return sum(chunk.module(x, y).float() for x, y in microbatches) / len(microbatches)
+
+
+def evaluate(rt: Runtime) -> dict:
+    """Validation loss (mean next-token loss over the same --val-data sequences for every layout) and perplexity."""
+    lay = rt.cfg.layout
+    run = getattr(rt.forward_backward, "forward_only", forward_only)  # the pipeline's own, under pp > 1
+    val = validation_batches(rt.cfg, lay.dp, coordinates(rt.mesh)["dp"], lay.micro_batch, rt.device)
+    losses = [_reduce_loss(run(rt.chunks, _cp_shards(rt, mbs)), rt).item() for mbs in val]
+    loss = sum(losses) / len(losses)
+    return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}
+
+
+def eval_due(cfg: TrainConfig, step: int) -> bool:
+    """--val-data: every --eval-every steps and after the run's last step."""
+    return cfg.val_data is not None and (step == cfg.steps or bool(cfg.eval_every) and step % cfg.eval_every == 0)
+
+
 def train_step(rt: Runtime) -> dict:
     """One optimizer step; returns the loss, gradient norm and learning rate of that step."""
     cfg, lay = rt.cfg, rt.cfg.layout
     rt.step += 1
     where = coordinates(rt.mesh)
-    mbs = data.local_microbatches(cfg.seed, rt.step, cfg.global_batch, cfg.seq_len, lay.dp,
-                                  where["dp"], lay.micro_batch, rt.device)
-    if lay.cp > 1:  # this cp rank's zig-zag chunks of every sequence
-        mbs = [(shard_sequence(x, lay.cp, where["cp"]), shard_sequence(y, lay.cp, where["cp"])) for x, y in mbs]
+    mbs = _cp_shards(rt, rt.data.local_microbatches(rt.step, lay.dp, where["dp"], lay.micro_batch, rt.device))
     rt.optimizer.zero_grad(set_to_none=True)
     loss = rt.forward_backward(rt.chunks, mbs)
     for chunk in rt.chunks:
@@ -258,6 +296,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
             elapsed = time.perf_counter() - start  # .item() above waited for the device
             rec = {"step": result.runtime.step, "loss": rec["loss"], "step_time_s": elapsed,
                    "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"]}
+            if eval_due(cfg, rt.step):
+                rec.update(evaluate(rt))
+                if rank0 and _messages(cfg):
+                    print(f"step {rt.step}: validation loss {rec['val_loss']:.4f}, perplexity {rec['val_perplexity']:.2f}", flush=True)
             result.records.append(rec)
             if sink:
                 sink.write(json.dumps(rec) + "\n")

@@ -36,6 +36,7 @@ RUN_KEYS = ("steps", "global_batch", "seq_len", "seed", "lr", "min_lr_ratio", "w
 def run_settings(cfg) -> dict:
     out = {k: getattr(cfg, k) for k in RUN_KEYS}
     out["warmup_steps"] = cfg.warmup
+    out["data"] = cfg.data.key if cfg.data is not None else None  # the tokenized --data (None: built-in corpus)
     return out
 
 
@@ -113,10 +114,20 @@ def _manifest(rt, metadata, files: dict, seconds: float) -> dict:
                for k, m in sorted(metadata.state_dict_metadata.items()) if isinstance(m, TensorStorageMetadata)}
     return {"format": store.FORMAT, "version": store.VERSION, "step": rt.step,
             "layout": cfg.layout.to_dict(), "world_size": cfg.layout.world_size, "model": asdict(cfg.spec),
-            "run": run_settings(cfg), "data_position": {"seed": cfg.seed, "next_step": rt.step + 1},
+            "run": run_settings(cfg), "data_position": rt.data.state(rt.step), **_sources(cfg),
             "tensors": tensors, "files": files, "bytes": sum(f["bytes"] for f in files.values()),
             "save_seconds": round(seconds, 3), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "torch": torch.__version__}
+
+
+def _sources(cfg) -> dict:
+    """Where the weights and data came from: `checkpoint export --format hf` writes the model folder's config
+    back and copies the tokenizer; a resume checks it trains on the same data."""
+    out = {"hf_config": cfg.hf_config}
+    if cfg.data is not None:
+        out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key}
+        out["tokenizer"] = cfg.data.tokenizer
+    return out
 
 
 def _test_die_while_saving(step: int) -> None:
@@ -139,6 +150,7 @@ def restore(rt, ckpt) -> dict:
     with _quiet():
         dcp.load(wanted, storage_reader=reader, no_dist=not _dist())
     finish()
+    rt.data.restore(manifest.get("data_position") or {}, rt.step)
     return manifest
 
 
@@ -226,6 +238,10 @@ def _check_model(ckpt: Path, manifest: dict, spec) -> None:
 
 def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
     theirs, mine = manifest["run"], run_settings(cfg)
+    if theirs.get("data") != mine["data"]:
+        was = ", ".join(manifest.get("data", {}).get("files", [])[:2]) or "the built-in corpus"
+        raise UsageError(f"{ckpt}: that run trained on {was} (tokenized as {theirs.get('data')}) — resume with the same "
+                         f"--data and --tokenizer")
     diff = [k for k in RUN_KEYS if theirs.get(k) != mine[k]]
     if diff:
         what = ", ".join(f"--{k.replace('_', '-')} {theirs.get(k)} (now {mine[k]})" for k in diff)

@@ -33,25 +33,34 @@ def summary(path) -> dict:
 
 def load_tensors(path, prefix: str = "model.") -> tuple[dict[str, torch.Tensor], dict]:
     """Every tensor under `prefix` at its full logical shape (no process group), and the manifest."""
-    import torch.distributed.checkpoint as dcp
-
-    from shardwise.checkpoint import _quiet, validate
-    from shardwise.checkpoint.store import SafeReader
+    from shardwise.checkpoint import validate
 
     ckpt = resolve(path)
     manifest = validate(ckpt)
-    wanted = {}
-    for key, info in manifest["tensors"].items():
-        if key.startswith(prefix):
-            dtype = getattr(torch, str(info.get("dtype")), None)
-            if not isinstance(dtype, torch.dtype):
-                raise UsageError(f"{ckpt / 'manifest.json'}: tensor {key} has unknown dtype {info.get('dtype')!r}")
-            wanted[key] = torch.empty(info["shape"], dtype=dtype)
-    if not wanted:
+    keys = [k for k in manifest["tensors"] if k.startswith(prefix)]
+    if not keys:
         raise UsageError(f"{ckpt}: no tensors named {prefix}* in this checkpoint")
+    return {k[len(prefix):]: v for k, v in read_tensors(ckpt, manifest, keys).items()}, manifest
+
+
+def read_tensors(ckpt: Path, manifest: dict, keys) -> dict[str, torch.Tensor]:
+    """The full logical tensors `keys` of a validated checkpoint (no process group): DCP reads each from the
+    shards that hold its pieces, so a caller can read a model a few tensors at a time."""
+    import torch.distributed.checkpoint as dcp
+
+    from shardwise.checkpoint import _quiet
+    from shardwise.checkpoint.store import SafeReader
+
+    wanted = {}
+    for key in keys:
+        info = manifest["tensors"][key]
+        dtype = getattr(torch, str(info.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise UsageError(f"{ckpt / 'manifest.json'}: tensor {key} has unknown dtype {info.get('dtype')!r}")
+        wanted[key] = torch.empty(info["shape"], dtype=dtype)
     with _quiet():
         dcp.load(wanted, storage_reader=SafeReader(ckpt), no_dist=True)
-    return {k[len(prefix):]: v for k, v in wanted.items()}, manifest
+    return wanted
 
 
 def export_safetensors(path, out) -> dict:

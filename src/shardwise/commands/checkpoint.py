@@ -2,6 +2,7 @@
 
     shardwise checkpoint inspect DIR [--json] [--tensors]
     shardwise checkpoint export DIR --to model.safetensors
+    shardwise checkpoint export DIR --format hf --to FOLDER     (a Hugging Face model folder)
 
 DIR is a --checkpoint-dir (its newest complete checkpoint is used) or one step_NNNNNN directory in it.
 Both commands read only, and validate every file against the manifest first.
@@ -24,11 +25,16 @@ def register(subparsers, name, help):
     ins.add_argument("--json", action="store_true", help="print everything as JSON")
     ins.add_argument("--tensors", action="store_true", help="list every tensor with its logical shape")
     ins.set_defaults(func=run_inspect)
-    exp = sub.add_parser("export", help="write the model (full, unpadded tensors, layout-free names) as one .safetensors file",
-                         description="write the model (full, unpadded tensors, layout-free names) as one .safetensors file",
-                         epilog="load it anywhere: safetensors.torch.load_file('model.safetensors')")
+    exp = sub.add_parser("export", help="write the model as one .safetensors file, or as a Hugging Face model folder",
+                         description="write the model as one .safetensors file (full, unpadded tensors, layout-free names), "
+                                     "or with --format hf as a Hugging Face model folder (config.json, sharded safetensors, index)",
+                         epilog="load it anywhere: safetensors.torch.load_file('model.safetensors'), or "
+                                "transformers.AutoModelForCausalLM.from_pretrained('FOLDER') after --format hf")
     exp.add_argument("path", metavar="DIR", help="a --checkpoint-dir (newest checkpoint) or one step_NNNNNN directory")
-    exp.add_argument("--to", required=True, metavar="FILE", help="output file, e.g. model.safetensors")
+    exp.add_argument("--to", required=True, metavar="FILE|FOLDER", help="output file (e.g. model.safetensors), or a new folder with --format hf")
+    exp.add_argument("--format", default="safetensors", choices=["safetensors", "hf"],
+                     help="safetensors: one file under shardwise's names (default); hf: a folder transformers loads")
+    exp.add_argument("--max-shard-size", default="5GB", metavar="SIZE", help="--format hf: the largest safetensors file (default 5GB)")
     exp.add_argument("--json", action="store_true", help="print what was written as JSON")
     exp.set_defaults(func=run_export)
 
@@ -88,6 +94,8 @@ def run_inspect(args) -> int:
 
 
 def run_export(args) -> int:
+    if args.format == "hf":
+        return _export_hf(args)
     from shardwise.checkpoint.export import export_safetensors
 
     out = export_safetensors(args.path, args.to)
@@ -98,4 +106,17 @@ def run_export(args) -> int:
         return 0
     print(f"wrote {out['file']}: {out['tensors']} tensors, {out['parameters']:,} parameters, {_size(out['bytes'])} "
           f"(step {out['step']})")
+    return 0
+
+
+def _export_hf(args) -> int:
+    from shardwise.hf.save import export_hf
+
+    out = export_hf(args.path, args.to, args.max_shard_size)
+    if args.json:
+        print_json(out)
+        return 0
+    extra = f", tokenizer from {out['tokenizer']}" if out["tokenizer"] else ""
+    print(f"wrote {out['folder']}: config.json, {_count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
+          f"{out['parameters']:,} parameters, {_size(out['bytes'])} (step {out['step']}){extra}")
     return 0

@@ -7,6 +7,7 @@ or from `shardwise estimate --json`.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,12 @@ LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help,
                               epilog="example: shardwise train --model tiny --dp 2 --tp 2 --steps 50 --metrics-file m.jsonl")
-    p.add_argument("--model", default="tiny", help="model preset (e.g. tiny, tiny-gpt2) or path to a Hugging Face config.json")
+    p.add_argument("--model", default="tiny",
+                   help="model preset (e.g. tiny, tiny-gpt2), a Hugging Face config.json, or a Hugging Face model folder "
+                        "(config.json + safetensors: its weights are loaded)")
+    p.add_argument("--init", default=None, choices=["pretrained", "random"],
+                   help="pretrained: the --model folder's weights (the default when it has them); random: seeded "
+                        "initialisation, ignoring them")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default 1)")
     add_layout_args(p)
     p.add_argument("--cp", type=int, default=None,
@@ -50,6 +56,18 @@ def register(subparsers, name, help):
     p.add_argument("--json", action="store_true",
                    help='print {"records": [...], "summary": {...}} at the end instead of the progress bar and messages; '
                         'the summary compares the measured memory of the first step with the planner\'s prediction')
+    dg = p.add_argument_group("data", "your corpus, tokenized once into a cached memory-mapped token file")
+    dg.add_argument("--data", nargs="+", default=None, metavar="PATH",
+                    help="text files, JSON lines (.jsonl) or Parquet (.parquet) files, or folders of them "
+                         "(default: the built-in corpus, byte tokens)")
+    dg.add_argument("--data-field", default="text", metavar="NAME", help="the JSON-lines field or Parquet column with the text (default text)")
+    dg.add_argument("--tokenizer", default=None, metavar="PATH|DIR",
+                    help="a Hugging Face tokenizer.json, or a folder holding one (default: the --model folder's, else bytes)")
+    dg.add_argument("--val-data", nargs="+", default=None, metavar="PATH", help="validation text: loss and perplexity in the metrics")
+    dg.add_argument("--eval-every", type=int, default=None, metavar="N", help="evaluate every N steps (and after the last; default: after the last)")
+    dg.add_argument("--eval-batches", type=int, default=4, metavar="K", help="global batches of --val-data per evaluation, at most (default 4)")
+    dg.add_argument("--data-cache", default=None, metavar="DIR",
+                    help="where tokenized corpora are kept (default $SHARDWISE_CACHE/tokens or ~/.cache/shardwise/tokens)")
     ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp, ZeRO stage or schedule")
     ck.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="write checkpoints to DIR/step_NNNNNN (and resume from there)")
     ck.add_argument("--save-every", type=int, default=None, metavar="N",
@@ -122,25 +140,34 @@ def layout_from(args):
 
 
 def config_from(args):
+    from shardwise.hf.load import model_source
     from shardwise.launch import resolve_backend
     from shardwise.specs import load_model
     from shardwise.train import TrainConfig
 
-    return TrainConfig(spec=load_model(args.model), layout=layout_from(args), steps=args.steps,
+    spec = load_model(args.model)
+    weights, hf_config = model_source(args.model, args.init, spec)
+    return TrainConfig(spec=spec, layout=layout_from(args), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
                        metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json),
                        messages=not args.json, json_output=args.json, measure_memory=args.json,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
-                       stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts)
+                       stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts,
+                       weights=weights, hf_config=hf_config, eval_every=args.eval_every, eval_batches=args.eval_batches)
 
 
 def run(args) -> int:
     from shardwise.launch import JobFailed, check, launch
 
+    from shardwise.corpus import prepare_run
+
     cfg = config_from(args)
     check(cfg)
+    cfg = prepare_run(cfg, data=args.data, val_data=args.val_data, tokenizer=args.tokenizer, model=args.model,
+                      field=args.data_field, cache=args.data_cache,
+                      progress=cfg.progress and os.environ.get("RANK", "0") == "0")
     _note_vocab_padding(cfg)
     try:
         launch(cfg)
@@ -151,8 +178,6 @@ def run(args) -> int:
 
 
 def _note_vocab_padding(cfg) -> None:
-    import os
-
     from shardwise.parallel.tensor_parallel import padded_vocab
 
     vocab, tp = cfg.spec.vocab_size, cfg.layout.tp

@@ -26,15 +26,19 @@ from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, ten
 
 
 def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cpu", replicate: bool = True,
-                seq_len: int | None = None) -> Sharded:
+                seq_len: int | None = None, weights=None) -> Sharded:
     """Full model on CPU -> the layout's TP slices it -> CP makes it run on this rank's part of `seq_len`-token
     sequences -> onto `device` -> its DP / ZeRO stage wraps or shards it over dp (x cp).
     Returns a `Sharded`: the module to call, the plain model and how every parameter is split.
-    replicate=False leaves ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step."""
+    replicate=False leaves ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step.
+    weights(chunk, device): a model built on the meta device gets this rank's slices instead (shardwise.hf.load)."""
     chunk = tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
     if layout.cp > 1:
         context_parallel(model, mesh["cp"], layout.cp_mode, seq_len)
-    model.to(device)
+    if weights is not None:
+        weights(chunk, device)
+    else:
+        model.to(device)
     zero = layout.zero if size(mesh, data_dim(mesh)) > 1 else 0
     if not replicate and zero < 2:
         return replace(chunk, zero=zero)

@@ -118,6 +118,27 @@ class PipelineExecutor:
             work.wait()
         return loss
 
+    def forward_only(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor | None:
+        """Validation: each micro-batch through the stages in order, no backward. Returns the mean micro-batch
+        loss on the rank holding the last stage, else None. Every rank walks (micro-batch, stage) in the same
+        order and a receive needs only earlier items, so blocking sends (NCCL's rendezvous) cannot deadlock."""
+        p, loss = self.schedule.p, None
+        with torch.no_grad():
+            for mb in range(len(inputs)):
+                for stage in range(self.pp_rank, self.schedule.num_stages, p):
+                    x = inputs[mb]
+                    if stage > 0:
+                        x = torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
+                        dist.recv(x, src=self._peer((stage - 1) % p), group=self.pp_group)
+                    last = stage == self.last_stage
+                    with self.amp():
+                        out = self.chunks[stage // p](x, targets[mb] if last else None)
+                    if last:
+                        loss = out.float() / len(inputs) + (0 if loss is None else loss)
+                    else:
+                        dist.send(out.contiguous(), dst=self._peer((stage + 1) % p), group=self.pp_group)
+        return loss
+
     def _forward(self, a, h: _Held, stage: int, activation, inputs, targets):
         if stage == 0:
             x = inputs[a.microbatch]

@@ -64,6 +64,10 @@ class PipelineStep:
             self.tied.sync()
         return loss
 
+    def forward_only(self, chunks, microbatches):
+        """Validation: the mean micro-batch loss on the last stage's ranks, no gradients."""
+        return self.executor.forward_only([x for x, _ in microbatches], [y for _, y in microbatches])
+
 
 def average_gradients(module: nn.Module, group) -> None:
     grads = [p.grad for p in module.parameters() if p.grad is not None]
@@ -98,13 +102,15 @@ class TiedEmbeddings:
 
 def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:
     """This rank's model chunks (tensor- and data-parallel `Sharded`) and the step that runs the schedule on them."""
+    from shardwise.hf.load import loader
     from shardwise.parallel import grad_sync, parallelize
 
     lay, spec = cfg.layout, cfg.spec
     pp_rank = coordinates(mesh)["pp"]
     models = build_stage_chunks(spec, lay.pp, lay.vpp, pp_rank, seed=cfg.seed, seq_len=cfg.seq_len,
-                                recompute=lay.recompute)
-    chunks = [parallelize(model, mesh, lay, device, replicate=False, seq_len=cfg.seq_len) for model in models]
+                                recompute=lay.recompute, device="meta" if cfg.weights else "cpu")
+    chunks = [parallelize(model, mesh, lay, device, replicate=False, seq_len=cfg.seq_len, weights=loader(cfg.weights))
+              for model in models]
     tied = None
     if spec.tie_embeddings:
         # The last stage's LM head is a copy of the first stage's embedding.

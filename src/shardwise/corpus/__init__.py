@@ -1,0 +1,55 @@
+"""Real data: your tokenizer, your corpus, tokenized once into a memory-mapped token file.
+
+    tokenizer.py    the byte tokenizer (built-in corpus) or a Hugging Face tokenizer.json (`tokenizers`)
+    sources.py      documents from text files, JSON lines and Parquet
+    token_file.py   tokenize once into DIR/<key>.bin (uint16/uint32, like nanoGPT and Megatron), keyed by
+                    the data's and the tokenizer's hashes, with a progress bar; reused while both are unchanged
+    batches.py      fixed-length sequences of that file, in a seeded order, the same global batch for
+                    every layout; the position is saved in checkpoints
+"""
+
+from __future__ import annotations
+
+
+
+from dataclasses import replace
+from pathlib import Path
+
+from shardwise.errors import UsageError
+
+
+def choose_tokenizer(tokenizer: str | None, model: str | None, data) :
+    """--tokenizer, else the --model folder's own tokenizer.json (for --data), else bytes."""
+    from shardwise.corpus.tokenizer import BYTE_TOKENIZER, FILE, load_tokenizer
+
+    if tokenizer:
+        return load_tokenizer(tokenizer)
+    if data and model and (Path(model) / FILE).is_file():
+        return load_tokenizer(model)
+    return BYTE_TOKENIZER
+
+
+def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, model: str | None = None,
+                field: str = "text", cache: str | None = None, progress: bool = False):
+    """cfg with its data: --data and --val-data tokenized (or found in the cache) and checked against the model
+    and the global batch. Every problem is one UsageError naming the file, before any process starts."""
+    from shardwise.corpus.batches import check_size
+    from shardwise.corpus.token_file import prepare
+    from shardwise.corpus.tokenizer import check_vocab
+
+    if tokenizer and not (data or val_data):
+        raise UsageError("--tokenizer tokenizes --data — give --data PATH... (the built-in corpus uses bytes)")
+    if cfg.eval_every is not None and not val_data:
+        raise UsageError("--eval-every needs --val-data PATH... (the text to evaluate on)")
+    for flag, value in (("--eval-every", cfg.eval_every), ("--eval-batches", cfg.eval_batches)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    tok = choose_tokenizer(tokenizer, model, data or val_data)
+    check_vocab(tok, cfg.spec.vocab_size, cfg.spec.name)
+    out = {}
+    for key, paths, flag in (("data", data, "--data"), ("val_data", val_data, "--val-data")):
+        if paths:
+            tf = prepare(paths, tok, field, cache, progress, flag)
+            check_size(tf, cfg.seq_len, cfg.global_batch, flag)
+            out[key] = tf
+    return replace(cfg, **out) if out else cfg

@@ -1,0 +1,154 @@
+"""Documents from files: plain text, JSON lines, Parquet.
+
+- Text (any other extension): a file is one document. It is read in pieces of about 1 MB, each cut after
+  a line break that has non-blank text on both sides, so memory stays small and `tokenizers` can encode
+  the pieces in parallel. For byte-level BPE tokenizers (GPT-2, Llama 3, ...) such a cut gives the same
+  tokens as encoding the file whole; tokenizers that prepend a space marker to their input (SentencePiece
+  style, Llama 2) see one extra marker per piece.
+- JSON lines (.jsonl, .ndjson): one document per line, from the `text` field or --data-field.
+- Parquet (.parquet, needs pyarrow): one document per row of the `text` column or --data-field.
+A folder stands for every file under it (sorted, hidden files skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from shardwise.errors import UsageError
+
+PIECE = 1 << 20
+JSONL = (".jsonl", ".ndjson")
+PARQUET = (".parquet",)
+BLANK = set(b" \t\r\n\f\v")
+PYARROW_HINT = "pip install 'shardwise[parquet]' (or: pip install pyarrow)"
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    kind: str  # "text", "jsonl" or "parquet"
+    bytes: int
+
+
+def _kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    return "jsonl" if suffix in JSONL else "parquet" if suffix in PARQUET else "text"
+
+
+def expand(paths, flag: str = "--data") -> list[Source]:
+    """The files behind the given paths, checked: they exist, and Parquet can be read here."""
+    out = []
+    for given in paths:
+        p = Path(given)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts))
+            if not files:
+                raise UsageError(f"{flag} {given}: the folder holds no files — the corpus is empty")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise UsageError(f"{flag} {given}: not found — give text, .jsonl or .parquet files, or folders of them")
+        for f in files:
+            kind = _kind(f)
+            if kind == "parquet":
+                try:
+                    import pyarrow.parquet  # noqa: F401
+                except ImportError:
+                    raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
+            out.append(Source(str(f), kind, f.stat().st_size))
+    return out
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pieces(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:
+    """(text, ends a document, bytes of the file consumed) in file order."""
+    if src.kind == "jsonl":
+        return _jsonl(src.path, field)
+    if src.kind == "parquet":
+        return _parquet(src, field)
+    return _text(src.path)
+
+
+def _cut(buf: bytes, start: int) -> int:
+    """Index just after the first line break at or after `start` with non-blank bytes on both sides; -1 if none."""
+    i = buf.find(b"\n", max(start, 1))
+    while i != -1 and i + 1 < len(buf):
+        if buf[i - 1] not in BLANK and buf[i + 1] not in BLANK:
+            return i + 1
+        i = buf.find(b"\n", i + 1)
+    return -1
+
+
+def _decode(data: bytes, path: str, offset: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {offset + exc.start:,}) — convert it to UTF-8, or give .jsonl or "
+                         f".parquet") from None
+
+
+def _text(path: str) -> Iterator[tuple[str, bool, int]]:
+    with open(path, "rb") as f:
+        buf, offset, eof = b"", 0, False
+        while not eof:
+            block = f.read(PIECE)
+            eof = not block
+            buf += block
+            while len(buf) > PIECE:
+                cut = _cut(buf, PIECE)
+                if cut == -1:
+                    break
+                yield _decode(buf[:cut], path, offset), False, cut
+                offset += cut
+                buf = buf[cut:]
+        yield _decode(buf, path, offset), True, len(buf)
+
+
+def _jsonl(path: str, field: str) -> Iterator[tuple[str, bool, int]]:
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                yield "", False, len(line)
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise UsageError(f"{path}:{n}: not valid JSON — each line of a JSON-lines file is one JSON object") from None
+            text = obj.get(field) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                raise UsageError(f"{path}:{n}: no text field '{field}' — name the field that holds the text with --data-field")
+            yield text, True, len(line)
+
+
+def _parquet(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(src.path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses for damaged files
+        raise UsageError(f"{src.path}: not a readable Parquet file ({str(exc).splitlines()[0][:120]})") from None
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise UsageError(f"{src.path}: no column '{field}' (columns: {', '.join(names[:8])}) — name the text column with --data-field")
+    rows = max(1, pf.metadata.num_rows)
+    done = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
+        texts = batch.column(0).to_pylist()
+        for text in texts:
+            if text is not None and not isinstance(text, str):
+                raise UsageError(f"{src.path}: column '{field}' holds {type(text).__name__}, not text — name the text column "
+                                 f"with --data-field")
+            new = (done + 1) * src.bytes // rows - done * src.bytes // rows
+            done += 1
+            yield text or "", bool(text), new

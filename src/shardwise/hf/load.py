@@ -1,0 +1,272 @@
+"""Read a Hugging Face model folder into shardwise's model, under any layout.
+
+    folder = inspect_folder(path, spec)   # before any process starts: config, every shard, every shape
+    load_into(model, folder, device)      # in each rank, after tensor parallelism sliced the model on meta
+
+The model is built on the meta device (shapes only) and sliced for its layout there; `load_into` then
+gives each parameter this rank's rows or columns, from `safe_open(...).get_slice` on the memory-mapped
+files. No rank allocates or reads a tensor it does not hold:
+- a whole fp32 tensor on CPU stays a copy-on-write view of the mapped file (as transformers' from_pretrained
+  keeps it): its pages are read when the parameter is first used and become the process's own when first
+  written (the first optimizer step);
+- anything else (a tensor-parallel slice, GPT-2's transposed Conv1D weights, bf16/fp16 files, a GPU) is
+  copied into a new contiguous fp32 tensor (FSDP refuses strided parameters, and gloo reads a tensor from
+  the start of its storage, so a slice must not stay a view), through
+  one mapping per tensor closed right after, so the file pages a copy touches are released tensor by tensor:
+  a rank's peak memory is its own shard plus at most one HF tensor's pages (benchmarks/hf_load.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardwise.errors import UsageError
+from shardwise.hf.mapping import BASE_PREFIX, IGNORED, hf_tensors, source
+from shardwise.specs import ModelSpec
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+MAX_HEADER = 100 * 2**20  # safetensors' own limit
+
+
+@dataclass(frozen=True)
+class HFFolder:
+    """A checked model folder: where each HF tensor this model needs is (file, name in that file)."""
+
+    path: str
+    config: dict
+    where: dict[str, tuple[str, str, str]]  # our HF name -> (file, name stored in the file, safetensors dtype)
+    shapes: dict[str, tuple[int, ...]]  # our HF name -> its shape
+
+    def file_of(self, hf_name: str) -> Path:
+        return Path(self.path) / self.where[hf_name][0]
+
+
+# --------------------------------------------------------------------------- the folder, checked whole
+
+
+def has_weights(path) -> bool:
+    p = Path(path)
+    return p.is_dir() and ((p / SINGLE).is_file() or (p / INDEX).is_file())
+
+
+def read_config(path) -> dict:
+    from shardwise.specs import read_json_file
+
+    folder = Path(path)
+    if not (folder / CONFIG).is_file():
+        raise UsageError(f"{folder}: no {CONFIG} — a Hugging Face model folder needs config.json beside its weights")
+    return read_json_file(folder / CONFIG, str(folder / CONFIG), "fix the file or download the model again")
+
+
+def check_config(cfg: dict, source_name: str) -> None:
+    """What shardwise's model cannot compute exactly, refused rather than loaded into different numbers."""
+    kind = cfg.get("model_type", "gpt2" if "n_embd" in cfg else None)
+    problems = []
+    if kind in ("llama", "mistral"):
+        if cfg.get("rope_scaling"):
+            problems.append(f"rope_scaling {cfg['rope_scaling']}")
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key):
+                problems.append(f"{key} true")
+        if cfg.get("hidden_act", "silu") != "silu":
+            problems.append(f"hidden_act {cfg['hidden_act']}")
+        if kind == "mistral" and cfg.get("sliding_window") is not None:
+            problems.append(f"sliding_window {cfg['sliding_window']}")
+    elif kind == "gpt2":
+        if cfg.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            problems.append(f"activation_function {cfg['activation_function']}")
+        for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if cfg.get(key):
+                problems.append(f"{key} true")
+        if cfg.get("scale_attn_weights") is False:
+            problems.append("scale_attn_weights false")
+    else:
+        raise UsageError(f"{source_name}: model_type {kind!r} — shardwise loads the weights of llama, mistral and gpt2 models")
+    if problems:
+        raise UsageError(f"{source_name}: {', '.join(problems)} is not supported by shardwise's {kind} model — "
+                         f"the logits would differ; train with --init random or use another model")
+
+
+def read_header(file: Path) -> dict:
+    """A safetensors header, checked against the file's size: {name: {dtype, shape, data_offsets}}."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or n > min(MAX_HEADER, size - 8):
+            raise UsageError(f"{file}: truncated or not a safetensors file ({size} bytes) — download it again")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UsageError(f"{file}: damaged safetensors header — download it again") from None
+    header.pop("__metadata__", None)
+    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    if end > size - 8 - n:
+        raise UsageError(f"{file}: truncated — it holds {size - 8 - n:,} bytes of tensor data and its header needs {end:,}; "
+                         f"download it again")
+    return header
+
+
+def _files(folder: Path) -> dict[str, list[str] | None]:
+    """{file: the tensors the index puts there (None: no index)}; a missing shard is an error."""
+    if (folder / INDEX).is_file():
+        from shardwise.specs import read_json_file
+
+        index = read_json_file(folder / INDEX, str(folder / INDEX), "download the model again")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UsageError(f"{folder / INDEX}: no weight_map — download the model again")
+        files: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(str(file), []).append(name)
+        for file in files:
+            if not (folder / file).is_file():
+                raise UsageError(f"{folder / file}: missing — {INDEX} lists this shard; download it again")
+        return files
+    if (folder / SINGLE).is_file():
+        return {SINGLE: None}
+    found = ", ".join(sorted(p.name for p in folder.glob("*.bin"))) or "none"
+    raise UsageError(f"{folder}: no {SINGLE} or {INDEX} (other weight files: {found}) — shardwise reads safetensors; "
+                     f"convert with transformers' save_pretrained(..., safe_serialization=True) or use --init random")
+
+
+def inspect_folder(path, spec: ModelSpec) -> HFFolder:
+    """Everything about a model folder that can be wrong, as one UsageError naming the file, before any
+    process starts: config, missing or truncated shards, shapes that differ from the config."""
+    folder = Path(path)
+    config = read_config(folder)
+    check_config(config, str(folder / CONFIG))
+    stored: dict[str, tuple[str, dict]] = {}
+    for file, listed in _files(folder).items():
+        header = read_header(folder / file)
+        for name in listed or ():
+            if name not in header:
+                raise UsageError(f"{folder / file}: has no tensor '{name}', which {INDEX} puts there — download it again")
+        for name, info in header.items():
+            stored[name] = (file, info)
+    wanted = hf_tensors(spec)
+    prefix = BASE_PREFIX[spec.family]
+    where = {}
+    for name, (_, shape, _) in wanted.items():
+        actual = name if name in stored else name.removeprefix(prefix)
+        if actual not in stored:
+            raise UsageError(f"{folder}: no tensor '{name}' in its safetensors — {CONFIG} describes a model with it "
+                             f"({spec.num_layers} layers); the config does not match the weights")
+        file, info = stored[actual]
+        if tuple(info["shape"]) != shape:
+            raise UsageError(f"{folder / file}: '{actual}' has shape {tuple(info['shape'])}, but {CONFIG} implies {shape} — "
+                             f"the config does not describe these weights")
+        if info["dtype"] not in DTYPES:
+            raise UsageError(f"{folder / file}: '{actual}' is {info['dtype']} — shardwise loads F32, F16, BF16 and F64 weights")
+        where[name] = (file, actual, info["dtype"])
+    used = {actual for _, actual, _ in where.values()}
+    tied_head = {"lm_head.weight"} if spec.tie_embeddings else set()
+    extra = sorted(n for n in stored if n not in used and n not in tied_head and not IGNORED.search(n))
+    if extra:
+        file = stored[extra[0]][0]
+        raise UsageError(f"{folder / file}: holds '{extra[0]}'{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, "
+                         f"which shardwise's {spec.family} model has no place for — the config does not describe these weights")
+    return HFFolder(str(folder), config, where, {name: shape for name, (_, shape, _) in wanted.items()})
+
+
+# --------------------------------------------------------------------------- each rank: its slices
+
+
+def _region(shape, shard, tp_rank: int) -> list[tuple[int, int]]:
+    """The rows/columns of the logical tensor this rank's local tensor holds ([start, stop) per dim);
+    a padded vocabulary's extra rows are outside the logical tensor."""
+    region = [(0, n) for n in shape]
+    if shard is not None:
+        start = tp_rank * shape[shard.dim]
+        region[shard.dim] = (start, start + max(0, min(shape[shard.dim], shard.full - start)))
+    return region
+
+
+def read_local(folder: HFFolder, spec: ModelSpec, name: str, shape, shard, tp_rank: int, device="cpu", mapped=None):
+    """This rank's local tensor of parameter `name` (fp32, zero padding), from the mapped file. `mapped`: open
+    files ({file: safe_open handle}) to take copy-on-write views from (they stay mapped while a view lives)."""
+    import torch
+    from safetensors import safe_open
+
+    src = source(spec, name)
+    region = _region(shape, shard, tp_rank)
+    theirs = list(reversed(region)) if src.conv1d else list(region)
+    out_dim = len(theirs) - 1 if src.conv1d else 0
+    a, b = theirs[out_dim]
+    theirs[out_dim] = (a + src.offset, b + src.offset)
+    padded = any(b - a < n for (a, b), n in zip(region, shape))
+    local = (torch.zeros if padded else torch.empty)(shape, dtype=torch.float32, device=device)
+    if any(b <= a for a, b in theirs):  # only padding rows here
+        return local
+    file, stored, dtype = folder.where[src.name]
+    select = tuple(slice(a, b) for a, b in theirs)
+    whole = not src.conv1d and not src.offset and all(b - a == n for (a, b), n in zip(region, folder.shapes[src.name]))
+    if mapped is not None and whole and dtype == "F32" and torch.device(device).type == "cpu":
+        if file not in mapped:
+            mapped[file] = safe_open(Path(folder.path) / file, framework="pt")
+        piece = mapped[file].get_slice(stored)[:]
+        if piece.storage_offset() == 0:  # gloo reads a tensor from the start of its storage
+            return piece
+    # One mapping per tensor: closing it releases the pages this copy touched.
+    with safe_open(Path(folder.path) / file, framework="pt") as f:
+        piece = f.get_slice(stored)[select]
+        piece = piece.t() if src.conv1d else piece
+        view = local
+        for d, (a, b) in enumerate(region):
+            view = view.narrow(d, 0, b - a)
+        view.copy_(piece)
+        del piece
+    return local
+
+
+def load_into(chunk, folder: HFFolder, device) -> None:
+    """Give every parameter of `chunk` (a `Sharded` model built on meta, sliced by tensor_parallel) this
+    rank's values, then move it to `device`."""
+    import torch.distributed as dist
+    from torch import nn
+
+    model = chunk.model
+    tp_rank = dist.get_rank(chunk.tp_group) if chunk.tp_group is not None else 0
+    mapped = {}
+    for name, p in list(model.named_parameters()):
+        parent, _, leaf = name.rpartition(".")
+        value = read_local(folder, model.spec, name, tuple(p.shape), chunk.tp_shards.get(name), tp_rank, device, mapped)
+        setattr(model.get_submodule(parent), leaf, nn.Parameter(value))
+    for handle in mapped.values():
+        handle.__exit__(None, None, None)  # the views keep their mapping
+    model.tie()
+    model.to(device)  # the RoPE tables
+
+
+def loader(folder: HFFolder | None):
+    """`parallelize(..., weights=loader(folder))`: the function that fills a chunk built on meta (None:
+    no folder, the weights come from the seed)."""
+    return None if folder is None else _Loader(folder)
+
+
+@dataclass(frozen=True)
+class _Loader:
+    folder: HFFolder
+
+    def __call__(self, chunk, device) -> None:
+        load_into(chunk, self.folder, device)
+
+
+def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolder | None, dict | None]:
+    """What `train --model M [--init I]` starts from: (the checked folder to load, or None for the seeded init;
+    the folder's config.json, or None for a preset or a bare config file)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        if init == "pretrained":
+            raise UsageError(f"--init pretrained needs a Hugging Face model folder with weights, and --model {model} is "
+                             f"{'a config file' if folder.is_file() else 'a preset'} — give the folder, or drop --init")
+        return None, None
+    config = read_config(folder)
+    if init == "random" or (init is None and not has_weights(folder)):
+        return None, config
+    return inspect_folder(folder, spec), config

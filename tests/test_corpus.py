@@ -1,0 +1,159 @@
+"""Real data in one process: what the token file holds, the cache, the layout-free batches, bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hf_models import make_tokenizer, shipped_texts, write_corpus
+from shardwise.cli import main
+from shardwise.corpus import token_file
+from shardwise.corpus.batches import CorpusBatches
+from shardwise.corpus.token_file import prepare
+from shardwise.corpus.tokenizer import load_tokenizer
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    return {"tokenizer": make_tokenizer(root / "tok"), "corpus": write_corpus(root / "data"), "cache": str(root / "cache"),
+            "root": root}
+
+
+def _tokens(tf) -> list[int]:
+    return np.fromfile(tf.path, dtype=tf.dtype).tolist()
+
+
+def _expected(tok_file, documents) -> list[int]:
+    tok = tokenizers.Tokenizer.from_file(str(tok_file))
+    eos = tok.token_to_id("<|endoftext|>")
+    return [t for d in documents if d for t in tok.encode(d, add_special_tokens=False).ids + [eos]]
+
+
+@pytest.mark.parametrize("kind", ["text", "jsonl", "parquet"])
+def test_token_file_is_each_document_then_end_of_text(env, kind):
+    corpus = env["corpus"]
+    if kind not in corpus:
+        pytest.skip("pyarrow is not installed (the [parquet] extra)")
+    field = "body" if kind == "jsonl" else "text"
+    tf = prepare([corpus[kind]], load_tokenizer(env["tokenizer"]), field, env["cache"])
+    if kind == "text":
+        docs = [p.read_text(encoding="utf-8") for p in sorted(corpus["text"].iterdir())]
+    elif kind == "jsonl":
+        docs = [json.loads(line)["body"] for line in corpus["jsonl"].read_text(encoding="utf-8").splitlines()]
+    else:
+        import pyarrow.parquet as pq
+
+        docs = pq.read_table(corpus["parquet"]).column("text").to_pylist()
+    assert tf.dtype == "uint16" and tf.documents == len(docs)
+    assert _tokens(tf) == _expected(env["tokenizer"], docs)
+
+
+def test_a_long_file_read_in_pieces_has_the_whole_file_tokens(env, tmp_path, monkeypatch):
+    """A file is encoded in pieces (here 16 KB, 1 MB in use) cut between lines: for byte-level BPE, the same tokens."""
+    from shardwise.corpus import sources
+
+    monkeypatch.setattr(sources, "PIECE", 16 << 10)
+    text = "\n".join(p.read_text(encoding="utf-8") for p in shipped_texts()) * 3
+    assert len(text.encode()) > 8 * sources.PIECE
+    (tmp_path / "long.txt").write_text(text, encoding="utf-8")
+    tf = prepare([tmp_path / "long.txt"], load_tokenizer(env["tokenizer"]), cache=env["cache"])
+    assert tf.documents == 1 and _tokens(tf) == _expected(env["tokenizer"], [text])
+
+
+def test_the_cache_is_reused_and_keyed_by_data_and_tokenizer(env, tmp_path, monkeypatch):
+    tok = load_tokenizer(env["tokenizer"])
+    (tmp_path / "a.txt").write_text("one document " * 50)
+    first = prepare([tmp_path / "a.txt"], tok, cache=env["cache"])
+    monkeypatch.setattr(token_file, "_tokenize", lambda *a, **k: pytest.fail("tokenized again"))
+    assert prepare([tmp_path / "a.txt"], tok, cache=env["cache"]) == first
+    monkeypatch.undo()
+    (tmp_path / "a.txt").write_text("another document " * 50)
+    second = prepare([tmp_path / "a.txt"], tok, cache=env["cache"])
+    from shardwise.corpus.tokenizer import BYTE_TOKENIZER
+
+    third = prepare([tmp_path / "a.txt"], BYTE_TOKENIZER, cache=env["cache"])
+    assert len({first.key, second.key, third.key}) == 3
+    assert third.dtype == "uint16" and _tokens(third) == list(("another document " * 50).encode()) + [0]
+
+
+def test_global_batches_do_not_depend_on_the_layout_and_resume_anywhere(env):
+    """Every dp split of a step's batch is the same global batch, over epoch boundaries, and a position
+    restored under another dp continues with the same next batch."""
+    tf = prepare([env["corpus"]["jsonl"]], load_tokenizer(env["tokenizer"]), "body", env["cache"])
+    B, S = 8, 128
+    ref = CorpusBatches(tf, seed=5, global_batch=B, seq_len=S)
+    steps = ref.sequences.count // B + 3  # the run crosses an epoch
+    reference = [torch.cat([x for x, _ in ref.local_microbatches(s, 1, 0, B, "cpu")]) for s in range(1, steps + 1)]
+    assert not torch.equal(reference[0], reference[1])
+    for dp in (2, 4):
+        ranks = [CorpusBatches(tf, seed=5, global_batch=B, seq_len=S) for _ in range(dp)]
+        for s in range(1, steps + 1):
+            got = torch.cat([x for r, b in enumerate(ranks) for x, _ in b.local_microbatches(s, dp, r, 1, "cpu")])
+            assert torch.equal(got, reference[s - 1]), (dp, s)
+    saved = CorpusBatches(tf, seed=5, global_batch=B, seq_len=S)
+    for s in range(1, 6):
+        saved.local_microbatches(s, 1, 0, B, "cpu")
+    state = json.loads(json.dumps(saved.state(5)))
+    assert state["sequences"] == 5 * B and state["tokens"] == 5 * B * S and state["next_step"] == 6
+    resumed = [CorpusBatches(tf, seed=5, global_batch=B, seq_len=S) for _ in range(4)]
+    for b in resumed:
+        b.restore(state, 5)
+    nxt = torch.cat([x for r, b in enumerate(resumed) for x, _ in b.local_microbatches(6, 4, r, 2, "cpu")])
+    assert torch.equal(nxt, reference[5])
+    other_seed = CorpusBatches(tf, seed=6, global_batch=B, seq_len=S)
+    assert not torch.equal(torch.cat([x for x, _ in other_seed.local_microbatches(1, 1, 0, B, "cpu")]), reference[0])
+
+
+def test_train_reports_validation_loss_and_perplexity(env, tmp_path):
+    corpus = env["corpus"]
+    args = ["train", "--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "32", "--no-progress",
+            "--data", str(corpus["text"]), "--val-data", str(corpus["jsonl"]), "--data-field", "body",
+            "--eval-every", "2", "--eval-batches", "2", "--data-cache", env["cache"], "--metrics-file", str(tmp_path / "m.jsonl")]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        assert r["val_perplexity"] == pytest.approx(np.exp(r["val_loss"]))
+    assert evals[1]["val_loss"] < evals[0]["val_loss"] < np.log(256) + 0.5
+
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(["train", "--model", "tiny", "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--no-progress",
+                 *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and all(n in err for n in needles), err
+
+
+def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch):
+    cache = ["--data-cache", env["cache"]]
+    (tmp_path / "empty.txt").write_text("")
+    _one_line_error(capsys, ["--data", str(tmp_path / "empty.txt"), *cache], "empty.txt", "corpus is empty")
+    (tmp_path / "short.txt").write_text("too short for a batch of four sequences of 32 tokens " * 2)
+    _one_line_error(capsys, ["--data", str(tmp_path / "short.txt"), *cache], "short.txt", "fewer than one global batch of 4")
+    _one_line_error(capsys, ["--data", str(tmp_path / "nope.txt")], "nope.txt: not found")
+    _one_line_error(capsys, ["--data", str(env["corpus"]["text"]), "--tokenizer", str(env["tokenizer"]), *cache],
+                    str(env["tokenizer"]), "vocabulary of 384 tokens exceeds the 256 of tiny")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": oops}\n')
+    _one_line_error(capsys, ["--data", str(tmp_path / "bad.jsonl"), *cache], "bad.jsonl:2: not valid JSON")
+    _one_line_error(capsys, ["--data", str(env["corpus"]["jsonl"]), *cache], "paragraphs.jsonl:1: no text field 'text'",
+                    "--data-field")
+    if "parquet" in env["corpus"]:
+        _one_line_error(capsys, ["--data", str(env["corpus"]["parquet"]), "--data-field", "body", *cache],
+                        "paragraphs.parquet: no column 'body'")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    _one_line_error(capsys, ["--data", str(tmp_path / "x.parquet")], "x.parquet: reading Parquet needs pyarrow",
+                    "pip install")
+    _one_line_error(capsys, ["--eval-every", "2"], "--eval-every needs --val-data")
+    _one_line_error(capsys, ["--tokenizer", str(env["tokenizer"])], "--tokenizer tokenizes --data")
+    (tmp_path / "t.json").write_text("{not json")
+    _one_line_error(capsys, ["--data", str(tmp_path / "short.txt"), "--tokenizer", str(tmp_path / "t.json")], "t.json",
+                    "not a tokenizer.json")

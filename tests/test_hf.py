@@ -1,0 +1,163 @@
+"""Hugging Face folders in and out, in one process: the mapping reproduces transformers' logits, an exported
+checkpoint loads in transformers with the same logits, and a bad folder is one line and exit 2.
+(Every layout: tests/test_hf_layouts.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from hf_models import hf_logits, make_model
+from shardwise.cli import main
+from shardwise.hf.load import inspect_folder, loader
+from shardwise.model import Transformer
+from shardwise.parallel import parallelize
+from shardwise.specs import Layout, load_model
+
+transformers = pytest.importorskip("transformers")
+ATOL = 1e-5
+
+
+def _load(folder) -> Transformer:
+    spec = load_model(str(folder))
+    return parallelize(Transformer(spec, device="meta"), None, Layout(), "cpu", weights=loader(inspect_folder(folder, spec))).model
+
+
+def _tokens(vocab=384):
+    return torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    make_model(root / "llama", "llama", shard_size="60KB", tokenizer=False)  # several shards and an index
+    make_model(root / "gpt2", "gpt2", vocab=385, tokenizer=False)  # one model.safetensors
+    make_model(root / "llama-bf16", "llama", tokenizer=False, dtype=torch.bfloat16)  # read into new fp32 tensors
+    return root
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16"])
+def test_loaded_model_has_transformers_logits(folders, family):
+    folder = folders / family
+    model = _load(folder).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(_tokens()), hf_logits(folder, _tokens()), rtol=0, atol=ATOL)
+
+
+def test_gpt2_names_without_the_transformer_prefix_load_too(folders, tmp_path):
+    """GPT-2 checkpoints on the Hub name tensors 'h.0.attn.c_attn.weight' (no 'transformer.'), as the original release did."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folders / "gpt2", tmp_path / "hub")
+    tensors = load_file(tmp_path / "hub" / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, tmp_path / "hub" / "model.safetensors",
+              metadata={"format": "pt"})
+    with torch.no_grad():
+        torch.testing.assert_close(_load(tmp_path / "hub")(_tokens()), hf_logits(folders / "gpt2", _tokens()), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_train_export_reload_in_transformers(folders, tmp_path, family):
+    """train --model DIR (1 process, 3 steps) -> checkpoint export --format hf -> transformers: the trained logits."""
+    from shardwise.checkpoint.export import load_tensors
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    assert main(["train", "--model", str(folders / family), "--steps", "3", "--global-batch", "2", "--seq-len", "16",
+                 "--checkpoint-dir", str(ckpt), "--no-progress", "--lr", "1e-2"]) == 0
+    assert main(["checkpoint", "export", str(ckpt), "--format", "hf", "--to", str(out), "--max-shard-size", "50KB"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    trained, _ = load_tensors(ckpt)
+    spec = load_model(str(out))
+    ours = Transformer(spec)
+    ours.load_state_dict(trained, strict=False)
+    start = _load(folders / family)
+    with torch.no_grad():
+        assert (ours(_tokens()) - start(_tokens())).abs().max() > 1e-3  # training moved the weights
+        torch.testing.assert_close(hf_logits(out, _tokens()), ours(_tokens()), rtol=0, atol=ATOL)
+
+
+def test_random_init_ignores_the_weights(folders):
+    from shardwise.commands.train import config_from
+    from shardwise.cli import build_parser
+
+    argv = ["train", "--model", str(folders / "llama"), "--init", "random"]
+    cfg = config_from(build_parser(argv).parse_args(argv))
+    assert cfg.weights is None and cfg.hf_config["model_type"] == "llama"
+    argv = ["train", "--model", str(folders / "llama")]
+    assert config_from(build_parser(argv).parse_args(argv)).weights is not None
+
+
+def _damage(kind, folder):
+    if kind == "no-config":
+        (folder / "config.json").unlink()
+        return str(folder), "no config.json"
+    if kind == "shape":
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["intermediate_size"] = 128
+        (folder / "config.json").write_text(json.dumps(cfg))
+        return ".safetensors: 'model.layers.0.mlp.gate_proj.weight'", "has shape (96, 64), but config.json implies (128, 64)"
+    if kind == "layers":
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["num_hidden_layers"] = 5
+        (folder / "config.json").write_text(json.dumps(cfg))
+        return "model.layers.4", "does not match the weights"
+    shards = sorted(folder.glob("model-*.safetensors"))
+    if kind == "missing-shard":
+        shards[1].unlink()
+        return f"{shards[1].name}: missing", "download it again"
+    if kind == "truncated":
+        shards[2].write_bytes(shards[2].read_bytes()[:-100])
+        return f"{shards[2].name}: truncated", "download it again"
+    if kind == "rope-scaling":
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        return "rope_scaling", "not supported"
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["no-config", "shape", "layers", "missing-shard", "truncated", "rope-scaling"])
+def test_bad_folder_is_one_line_naming_the_file(folders, tmp_path, capsys, kind):
+    folder = tmp_path / "llama"
+    shutil.copytree(folders / "llama", folder)
+    assert len(list(folder.glob("model-*.safetensors"))) > 3
+    where, what = _damage(kind, folder)
+    assert main(["train", "--model", str(folder), "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and where in err and what in err, err
+
+
+def test_init_pretrained_needs_a_folder(capsys):
+    assert main(["train", "--model", "tiny", "--init", "pretrained"]) == 2
+    assert "needs a Hugging Face model folder" in capsys.readouterr().err
+
+
+def test_export_refuses_a_folder_in_use(folders, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--model", "tiny", "--steps", "1", "--global-batch", "2", "--seq-len", "8",
+                 "--checkpoint-dir", str(ckpt), "--no-progress"]) == 0
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    assert main(["checkpoint", "export", str(ckpt), "--format", "hf", "--to", str(tmp_path / "out")]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
+    assert main(["checkpoint", "export", str(ckpt), "--format", "hf", "--to", str(tmp_path / "new"),
+                 "--max-shard-size", "lots"]) == 2
+    assert "--max-shard-size 'lots'" in capsys.readouterr().err
+
+
+def test_a_preset_exports_to_a_folder_transformers_loads(tmp_path):
+    """No source folder: the config is written from the spec (tiny: Llama with GQA)."""
+    from shardwise.checkpoint.export import load_tensors
+
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--model", "tiny", "--steps", "1", "--global-batch", "2", "--seq-len", "8",
+                 "--checkpoint-dir", str(ckpt), "--no-progress"]) == 0
+    assert main(["checkpoint", "export", str(ckpt), "--format", "hf", "--to", str(tmp_path / "out")]) == 0
+    ours = Transformer(load_model("tiny"))
+    ours.load_state_dict(load_tensors(ckpt)[0])
+    with torch.no_grad():
+        torch.testing.assert_close(hf_logits(tmp_path / "out", _tokens(256)), ours(_tokens(256)), rtol=0, atol=ATOL)
