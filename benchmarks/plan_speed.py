@@ -14,9 +14,9 @@ import statistics
 import sys
 import time
 
-from shardwise.planner import Job
+from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, make_job
 from shardwise.planner.search import search
-from shardwise.specs import TrainSpec, load_cluster, load_model
+from shardwise.specs import load_cluster, load_model
 
 
 def main(argv=None) -> int:
@@ -27,16 +27,17 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch", type=int, default=2048)
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--framework", default=DEFAULT_FRAMEWORK)
     args = ap.parse_args(argv)
-    job = Job(load_model(args.model), load_cluster(args.cluster), TrainSpec(args.global_batch, args.seq_len),
-              flash_attention=True)  # the CLI's default
+    job = make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len,
+                   args.framework)  # as the CLI builds it
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         result = search(job, args.gpus)
         times.append(time.perf_counter() - t0)
     best = result.ranked[0] if result.ranked else None
-    print(f"plan {args.model} on {args.gpus} x {args.cluster}, batch {args.global_batch} x {args.seq_len}: "
+    print(f"plan {args.model} on {args.gpus} x {args.cluster} ({args.framework}), batch {args.global_batch} x {args.seq_len}: "
           f"median {statistics.median(times):.3f} s over {args.repeats} runs (min {min(times):.3f} s); "
           f"{result.scored} layouts scored for memory, {result.timed} timed, {len(result.ranked)} fit")
     if best:

@@ -1,10 +1,16 @@
-"""Predicted vs published TFLOP/s per GPU for the published runs in ../shared/reference/published_runs.csv.
+"""Predicted vs published throughput for the published runs in benchmarks/data/published_runs.csv.
 
-For each usable row, the planner estimates the published layout on the published architecture and
-hardware, and we compare in the source's own FLOP convention (see the CSV's README):
-  Megatron-style rows (MT-NLG, BLOOM, GPT-NeoX) count the recompute forward -> our hardware TFLOP/s;
-  every other row is PaLM-style model FLOPs -> our model TFLOP/s (MFU x peak).
-Rows whose throughput is marked '?' are weak evidence: printed, but kept out of the summary.
+For each row the planner estimates the published layout, on the published architecture and hardware,
+under the framework profile of the stack that ran it (`framework` column), and we compare per-GPU
+throughput in the source's own FLOP convention (`flop_convention`). Whatever the convention, the
+source's FLOP count of a step is the same number on both sides, so the comparison is one of step
+times: error = published step time / predicted step time - 1 (positive: the planner is optimistic).
+
+Nothing is fitted on these rows: every constant of the planner comes from datasheets, kernel and
+collective measurements or framework code (docs/planner.md). Leave-one-source-out figures (each source
+scored with constants fitted without it) therefore equal the plain ones; both are printed.
+Rows the planner cannot model yet (MoE, FP8 GEMMs, torch.compile fusions, ...) are printed as skipped
+with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
     python benchmarks/published_runs.py [--csv PATH] [--json]
 """
@@ -14,40 +20,52 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from shardwise.planner import Job, estimate
-from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster
+from shardwise.errors import UsageError
+from shardwise.planner import estimate, kernels
+from shardwise.planner.frameworks import FRAMEWORKS, make_job
+from shardwise.planner.step_time import model_flops_per_step
+from shardwise.specs import Layout, ModelSpec, load_cluster, validate_layout
+from shardwise.validate.stats import kendall_tau
 
-# The project's shared reference file when it sits beside the checkout, else the copy shipped here.
-SHARED_CSV = Path(__file__).resolve().parents[2] / "shared/reference/published_runs.csv"
-DEFAULT_CSV = SHARED_CSV if SHARED_CSV.is_file() else Path(__file__).resolve().parent / "data/published_runs.csv"
+DEFAULT_CSV = Path(__file__).resolve().parent / "data/published_runs.csv"
 
 # Vocabulary when the row says NR: the tokenizer of that model family where it is public,
 # else the padded GPT-2 BPE Megatron uses (51200).
-VOCAB_BY_NAME = {"Llama3.1": 128256, "Nemotron4": 256000, "GLM-130B": 150528}
+VOCAB_BY_NAME = {"Llama3.1": 128256, "Llama 3.1": 128256, "Llama 3 ": 128256, "Llama3": 128256,
+                 "Nemotron4": 256000, "Nemotron-4": 256000, "GLM-130B": 150528, "Llama 2": 32000, "LLAMA2": 32000}
 DEFAULT_VOCAB = 51200
-# Sources whose TFLOP/s count the recompute forward pass (the README's Megatron-style convention).
-HARDWARE_FLOP_SOURCES = ("MT-NLG", "BLOOM", "GPT-NeoX")
-# Frameworks of these runs used a fused attention kernel (FlashAttention); the 2021-22 Megatron,
-# DeepSpeed, BLOOM, NeoX, GLM and OPT runs materialised the softmax.
-FLASH_SOURCES = ("nemo", "mosaicml", "dgxc-benchmarking")
+# The `framework` column names the stack; `fsdp` (PyTorch/FairScale FSDP outside torchtitan: MosaicML
+# Composer, metaseq) runs FSDP semantics: the torchtitan profile; `other` (Meta's in-house Llama 3 stack:
+# weights kept after forward, gradients accumulated and reduce-scattered once in FP32, TP + SP, interleaved
+# pipeline) is closest to megatron-core's distributed optimizer.
+PROFILE_OF = {"fsdp": "torchtitan", "other": "megatron-core"}
+# Rows without a framework column (the older copy of the file): by source.
+PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2021"), ("dgxc-benchmarking", "nemo"),
+                     ("mosaicml", "torchtitan"), ("Zhang et al. 2022", "deepspeed"))
+# Runs from before FlashAttention (2022 and earlier) materialised the softmax.
+PRE_FLASH = ("2021", "2022", "2104.04473", "2201.11990", "2204.06745", "2205.05198", "2205.01068", "2210.02414",
+             "2211.05100", "bigscience")
+PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
 
 
 @dataclass
 class Run:
     name: str
-    job: Job | None
-    layout: Layout | None
-    published_tflops: float | None
-    convention: str  # "model" or "hardware"
-    weak: bool
-    skip: str = ""  # why the row is not usable
-    flops_per_sequence: float | None = None  # the source's own model-FLOP count, when it states one
+    source: str
+    framework: str = ""
+    series: str = ""
+    job: object = None
+    layout: Layout | None = None
+    published_step_s: float | None = None
+    weak: bool = False
+    skip: str = ""  # why the row is not modelled
 
 
 def _int(cell: str) -> int | None:
@@ -56,18 +74,21 @@ def _int(cell: str) -> int | None:
 
 
 def _float(cell: str) -> float | None:
-    m = re.search(r"\d+(\.\d+)?", cell)
+    m = re.search(r"\d+(\.\d+)?(e[+-]?\d+)?", cell.replace(",", ""))
     return float(m.group()) if m else None
 
 
 def _cluster(gpu_type: str):
-    name = "dgx-h100-80gb" if "H100" in gpu_type else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb"
+    name = ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
+            else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
     cluster = load_cluster(name)
     # Network stated in the row (per node, shared by its 8 GPUs).
     if "Omni-Path" in gpu_type:  # Jean Zay: 4 x 100 Gb/s Omni-Path per node
         cluster = replace(cluster, inter_node_bandwidth=4 * 12.5e9 / 8)
     elif "4x ConnectX-6 HDR" in gpu_type:  # 4 x 200 Gb/s HDR per node
         cluster = replace(cluster, inter_node_bandwidth=4 * 25e9 / 8)
+    if re.search(r"9[46]\s*-?\s*(GB|9[46]GB)", gpu_type):
+        cluster = replace(cluster, gpu_memory_bytes=96e9)
     return cluster
 
 
@@ -78,12 +99,12 @@ def _model(row: dict) -> ModelSpec:
     m = re.search(r"(\d+) (query groups|KV)", row["heads"])
     if m:
         kv = int(m.group(1))
-    gated = "Llama" in name or "GeGLU" in row["ffn_hidden"]
+    mlp = row.get("mlp", "").strip("? ")
+    gated = mlp in ("swiglu", "geglu") if mlp else ("Llama" in name or "GeGLU" in row["ffn_hidden"])
     hidden = _int(row["hidden"])
     vocab = _int(row["vocab"]) if row["vocab"].strip()[:1].isdigit() else next(
         (v for k, v in VOCAB_BY_NAME.items() if k in name), DEFAULT_VOCAB)
-    ffn = _int(row["ffn_hidden"])
-    return ModelSpec(name=name, family="llama" if gated else "gpt2", hidden=hidden, ffn_hidden=ffn,
+    return ModelSpec(name=name, family="llama" if gated else "gpt2", hidden=hidden, ffn_hidden=_int(row["ffn_hidden"]),
                      num_layers=_int(row["layers"]), num_heads=heads, num_kv_heads=kv, vocab_size=vocab,
                      head_dim=hidden // heads, max_positions=_int(row["seq_len"]), tie_embeddings=not gated)
 
@@ -99,61 +120,142 @@ def _recompute(cell: str) -> str:
 
 def _zero(cell: str) -> int:
     c = cell.strip()
-    return int(c[0]) if c[:1].isdigit() else (0 if c.startswith("none") else 1)
+    return int(c[0]) if c[:1].isdigit() else (0 if c.startswith("none") or c.startswith("NR") or not c else 1)
+
+
+def _profile(row: dict) -> str:
+    fw = row.get("framework", "").strip()
+    if fw:
+        return PROFILE_OF.get(fw, fw)
+    text = row["run"] + " " + row["source"]
+    return next((p for key, p in PROFILE_BY_SOURCE if key.lower() in text.lower()), "deepspeed")
+
+
+def _batch(cell: str, dp: int, mb: int) -> int:
+    """The configured global batch (NeoX: paper 1538, config 1536), else the nearest multiple of dp * mb."""
+    head = cell.split("(")[0]
+    batches = [int(x) for x in re.findall(r"\d+", head + " " + " ".join(re.findall(r"config[^)]*?(\d+)", cell)))]
+    batch = next((b for b in reversed(batches) if b % (dp * mb) == 0), None)
+    return batch if batch is not None else max(1, round(batches[0] / (dp * mb))) * dp * mb
+
+
+def source_flops_per_step(row: dict, job) -> float:
+    """The source's own FLOP count of one step (only used to turn a TFLOP/s figure into a step time)."""
+    conv = row.get("flop_convention", "").strip("? ")
+    m = job.model
+    B, s, l, h, V = job.train.global_batch, job.train.seq_len, m.num_layers, m.hidden, m.vocab_size
+    if not conv:
+        conv = "megatron-hw" if any(k in row["run"] for k in ("MT-NLG", "BLOOM", "GPT-NeoX")) else "palm"
+    if conv == "megatron-hw":
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    if conv == "megatron-model":
+        return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    per_seq = re.search(r"[Mm]odel flops/seq = ([\d.]+e[+]?\d+)", row["notes"])
+    proxy = re.search(r"\(([\d/]+) layers\)", row["notes"])  # reduced-depth proxies of the full model
+    if conv == "nemo-model" and per_seq and not (proxy and str(l) in proxy.group(1).split("/")):
+        return float(per_seq.group(1)) * B
+    return model_flops_per_step(job)  # PaLM / torchtitan: 6N + 12 l q s per token
+
+
+def published_step_time(row: dict, job, gpus: int) -> float | None:
+    """Seconds per step as published: the step time when printed, else tokens/s, else TFLOP/s or MFU."""
+    step = _float(row.get("step_time_s", "") or "")
+    if step:
+        return step
+    tps = _float(row.get("tokens_per_s_per_gpu", "") or "")
+    if tps:
+        return job.train.global_batch * job.train.seq_len / (tps * gpus)
+    it = re.search(r"iteration time ([\d.]+) s", row["notes"])
+    if it:
+        return float(it.group(1))
+    tf = _float(row["tflops_per_gpu"])
+    if not tf and _float(row["mfu_or_peak_pct"]):
+        gpu = next((k for k in PEAK_TFLOPS if k in row["gpu_type"]), "A100")
+        tf = _float(row["mfu_or_peak_pct"]) / 100 * PEAK_TFLOPS[gpu]
+    if not tf:
+        return None
+    return source_flops_per_step(row, job) / (tf * 1e12 * gpus)
+
+
+def not_modelled(row: dict) -> str:
+    """Why the planner cannot model this row yet ('' if it can)."""
+    if (_int(row.get("moe_experts", "") or "") or 0) > 1:
+        return "MoE: the planner has no expert terms yet"
+    if "fp8" in row.get("precision", "").lower() or "Float8" in row["run"] or "FP8" in row["run"]:
+        return "FP8 GEMMs: the planner models BF16 kernels"
+    if "compile" in row["run"].lower():
+        return "torch.compile's fusions are not modelled"
+    if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
+        return "power-capped H100 (500 W): no datasheet rates at that cap"
+    if "NR (inte" in row.get("vpp_interleave", ""):
+        return "interleaved pipeline with its virtual stages not reported (the bubble depends on them)"
+    return ""
 
 
 def parse(row: dict) -> Run:
-    name = row["run"]
-    tflops_cell, pct_cell = row["tflops_per_gpu"].strip(), row["mfu_or_peak_pct"].strip()
-    hardware = any(s in name for s in HARDWARE_FLOP_SOURCES)
-    weak = "?" in tflops_cell or "?" in pct_cell or "convention not stated" in row["notes"]
-    cluster = _cluster(row["gpu_type"])
+    run = Run(row["run"], row["source"], series=row.get("series", "").strip())
+    tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
+    run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
+    run.skip = not_modelled(row)
+    if run.skip:
+        return run
+    profile = _profile(row)
     model = _model(row)
     seq = _int(row["seq_len"])
     gpus, tp, pp = _int(row["gpus"]), _int(row["tp"]), _int(row["pp"])
     cp = _int(row["cp"]) or 1
     dp = gpus // (tp * pp * cp)
     mb = _int(row["micro_batch"]) or 1  # NR: one sequence per micro-batch
-    vpp_cell = row["vpp_interleave"]
-    vpp = _int(vpp_cell.split(" / ")[-1]) or 1  # README vs yaml disagree: the yaml is what ran
+    vpp = _int(row["vpp_interleave"].split(" / ")[-1]) or 1  # README vs yaml disagree: the yaml is what ran
     recompute_cell = row["recompute"]
-    recompute = _recompute(recompute_cell)
-    dgxc = "dgxc-benchmarking" in row["source"]  # README: SP on, TP-communication and P2P overlap on
-    sp = "SP" in recompute_cell or "SP on" in row["notes"] or "sequence parallel" in name or dgxc
-    # Global batch: the configured value when the source gives two (NeoX: paper 1538, config 1536).
-    batches = [int(x) for x in re.findall(r"\d+", row["global_batch_seqs"].split("(")[0] + " " +
-                                              " ".join(re.findall(r"config[^)]*?(\d+)", row["global_batch_seqs"])))]
-    batch = next((b for b in reversed(batches) if b % (dp * mb) == 0), None)
-    if batch is None:  # an approximate batch ("~1024 (2M tokens)"): the nearest multiple of dp * mb
-        batch = max(1, round(batches[0] / (dp * mb))) * dp * mb
-    flash = any(s in (name + row["source"]).lower() for s in FLASH_SOURCES)
-    if tflops_cell and _float(tflops_cell):
-        published, convention = _float(tflops_cell), "hardware" if hardware else "model"
-    elif pct_cell and _float(pct_cell):
-        published, convention = _float(pct_cell) / 100 * cluster.peak_flops / 1e12, "model"
+    sp = ("SP" in recompute_cell or "SP on" in row["notes"] or "sequence parallel" in row["run"].lower()
+          or "dgxc-benchmarking" in row["source"])
+    flash = None
+    text = row["source"] + " " + row["run"]
+    if profile == "megatron-2021" and (sp or _recompute(recompute_cell) == "selective"):
+        # Korthikanti et al. 2022: the Megatron-LM code line that added SP and selective recompute
+        # (megatron-2021 has neither); still a materialised softmax.
+        profile, flash = "megatron-core", False
+    if any(k in text for k in PRE_FLASH):
+        flash = False
+        if profile == "deepspeed":  # the DeepSpeed of 2021-22 (no overlap, synchronous ZeRO-3 fetches)
+            profile = "deepspeed-2021"
+    fw = FRAMEWORKS[profile]
+    if fw.sequence_parallel == "required":
+        sp = True
+    zero = _zero(row["zero_stage"])
+    if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
+        zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
+    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
+                    sequence_parallel=sp and tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+    batch = _batch(row["global_batch_seqs"], dp, mb)
+    notes = row["notes"].lower()
+    overlap = True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
+    if overlap and tp > 1 and fw.tp_comm_overlap_available:  # TP comm overlap needs sequence parallelism
+        layout = layout.with_(sequence_parallel=True)
     else:
-        published, convention = None, "model"
-    schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, zero=_zero(row["zero_stage"]),
-                    recompute=recompute, sequence_parallel=sp and tp > 1, schedule=schedule)
-    # NeMo's distributed_fused_adam keeps one contiguous gradient buffer in its grad_sync_dtype (bf16
-    # in these configs) and fp32 master weights + moments sharded: 2 + 2 + 12/d bytes per parameter.
-    train = TrainSpec(global_batch=batch, seq_len=seq, grad_bytes=2 if dgxc else 4)
-    job = Job(model, cluster, train, flash_attention=flash, context_parallel=cp,
-              tp_comm_overlap=dgxc)
-    run = Run(name, job, layout, published, convention, weak)
-    m = re.search(r"Model flops/seq = ([\d.]+e[+]?\d+)", row["notes"])
-    proxy = re.search(r"\(([\d/]+) layers\)", row["notes"])  # reduced-depth proxies of the full model
-    is_proxy = bool(proxy) and str(model.num_layers) in proxy.group(1).split("/")
-    if m and not is_proxy:  # NeMo counts its own model FLOPs (Nemotron: 1.01e16 vs PaLM's 8.6e15): use them
-        run.flops_per_sequence = float(m.group(1))
-    if published is None:
-        m = re.search(r"iteration time ([\d.]+) s", row["notes"])
-        if m:  # Korthikanti baselines: the source gives the time; model FLOP/s follow from it.
-            from shardwise.planner.step_time import model_flops_per_step
-            run.published_tflops = model_flops_per_step(job) / float(m.group(1)) / gpus / 1e12
-        else:
-            run.skip = "no throughput reported"
+        overlap = None if not fw.tp_comm_overlap_available else overlap
+    try:
+        job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
+                       tp_comm_overlap=overlap, context_parallel=cp)
+        validate_layout(layout, model, batch)
+    except UsageError as exc:
+        run.skip = f"not a valid layout here: {exc}"
+        return run
+    refusal = fw.refusal(layout)
+    if refusal:
+        run.skip = f"{profile} profile: {refusal}"
+        return run
+    # Not reported: the lowest ZeRO stage, then the cheapest recompute, the stack fits the layout with.
+    if row["zero_stage"].strip().startswith("NR") and dp > 1:
+        layout = next((layout.with_(zero=z) for z in fw.zero_stages if estimate(job, layout.with_(zero=z)).fits), layout)
+    if recompute_cell.strip().startswith("NR"):
+        layout = next((layout.with_(recompute=r) for r in fw.recompute if estimate(job, layout.with_(recompute=r)).fits),
+                      layout)
+    run.framework, run.job, run.layout = profile, job, layout
+    run.published_step_s = published_step_time(row, job, gpus)
+    if run.published_step_s is None:
+        run.skip = "no throughput reported"
     return run
 
 
@@ -162,38 +264,143 @@ def load_runs(path: Path) -> list[Run]:
         return [parse(row) for row in csv.DictReader(fh)]
 
 
-def predict(run: Run) -> tuple[float, bool]:
-    est = estimate(run.job, run.layout)
-    value = est.hardware_tflops_per_gpu if run.convention == "hardware" else est.model_tflops_per_gpu
-    if run.flops_per_sequence and run.convention == "model":
-        # Same FLOP count as the source, so the comparison is one of step times.
-        value = run.flops_per_sequence * run.job.train.global_batch / est.step_time / est.gpus / 1e12
-    return value, est.fits
+def source_key(run: Run) -> str:
+    """A source: the paper ("Author et al. YEAR") or repository ("owner/name") the row comes from — the unit
+    of leave-one-source-out."""
+    text = run.source.strip()
+    paper = re.match(r"(.+? et al\.? \d{4})", text)
+    if paper:
+        return paper.group(1)
+    first = text.split()[0] if text else ""
+    return first if "/" in first else re.split(r"[,;(]", text)[0].strip()[:40]
+
+
+GRID = [0.6 + 0.025 * i for i in range(17)]  # candidate in-situ efficiencies (kernels.IN_SITU_EFFICIENCY)
+
+
+def _predict(run: Run, factor: float | None = None):
+    """The estimate of a run, with the in-situ efficiency of its GPU architecture set to `factor`."""
+    arch = run.job.cluster.arch
+    saved = dict(kernels.IN_SITU_EFFICIENCY)
+    if factor is not None:
+        kernels.IN_SITU_EFFICIENCY[arch] = factor
+    try:
+        return estimate(run.job, run.layout)
+    finally:
+        kernels.IN_SITU_EFFICIENCY.clear()
+        kernels.IN_SITU_EFFICIENCY.update(saved)
+
+
+def _log_error(entry: dict, factor: float) -> float:
+    """log(published / predicted step) at `factor`, interpolated on the grid (the step is smooth in it)."""
+    steps, i = entry["grid"], min(max(int((factor - GRID[0]) / (GRID[1] - GRID[0])), 0), len(GRID) - 2)
+    w = (factor - GRID[i]) / (GRID[1] - GRID[0])
+    pred = math.exp((1 - w) * math.log(steps[i]) + w * math.log(steps[i + 1]))
+    return math.log(entry["published"] / pred)
+
+
+def fit_in_situ(entries: list[dict]) -> dict[str, float]:
+    """Per GPU architecture, the in-situ efficiency that makes the median log error of `entries` zero
+    (bisection: a higher efficiency means a shorter predicted step, a larger error)."""
+    out = {}
+    for arch in sorted({e["arch"] for e in entries}):
+        mine = [e for e in entries if e["arch"] == arch]
+        lo, hi = GRID[0], GRID[-1]
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if statistics.median(_log_error(e, mid) for e in mine) > 0:
+                hi = mid
+            else:
+                lo = mid
+        out[arch] = round((lo + hi) / 2, 3)
+    return out
 
 
 def compare(path: Path) -> tuple[list[dict], dict]:
-    rows, errors = [], []
+    """Every row scored with the shipped constants; the in-situ efficiency refitted on all strong rows and,
+    for leave-one-source-out figures, on all rows but each source's."""
+    rows, entries = [], []
     for run in load_runs(path):
         if run.skip:
-            rows.append({"run": run.name, "skip": run.skip})
+            rows.append({"run": run.name, "skip": run.skip, "source": source_key(run)})
             continue
-        pred, fits = predict(run)
-        err = pred / run.published_tflops - 1
-        rows.append({"run": run.name, "layout": run.layout.describe(), "convention": run.convention,
-                     "published": round(run.published_tflops, 1), "predicted": round(pred, 1),
-                     "error": round(err, 4), "fits": fits, "weak": run.weak})
+        est = _predict(run)
+        err = run.published_step_s / est.step_time - 1
+        row = {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series,
+               "layout": run.layout.describe(), "gpus": est.gpus, "arch": run.job.cluster.arch,
+               "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
+               "error": round(err, 4), "fits": est.fits, "weak": run.weak, "mfu": round(est.mfu, 4),
+               "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
+                                                       / run.published_step_s / est.gpus, 1),
+               "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
+        rows.append(row)
         if not run.weak:
-            errors.append(abs(err))
+            entries.append({"row": row, "arch": row["arch"], "source": row["source"], "published": run.published_step_s,
+                            "grid": [_predict(run, f).step_time for f in GRID]})
+    return rows, summarize(rows, entries)
+
+
+def summarize(rows: list[dict], entries: list[dict]) -> dict:
     strong = [r for r in rows if "error" in r and not r["weak"]]
-    summary = {"rows": len(strong), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
-               "all_fit": all(r["fits"] for r in strong)}
-    return rows, summary
+    errors = [abs(r["error"]) for r in strong]
+    fitted = fit_in_situ(entries) if entries else {}
+    # Leave one source out: each source's rows scored with the efficiency fitted on the other sources.
+    loso_errors, by_source = [], {}
+    for src in sorted({e["source"] for e in entries}):
+        others = [e for e in entries if e["source"] != src]
+        factors = fit_in_situ(others)
+        errs = []
+        for e in entries:
+            if e["source"] == src:
+                f = factors.get(e["arch"], kernels.IN_SITU_EFFICIENCY.get(e["arch"], 1.0))
+                errs.append(abs(math.exp(_log_error(e, f)) - 1))
+        loso_errors += errs
+        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+                          "fitted_without": factors}
+    series = {}
+    for name in sorted({r["series"] for r in strong if r["series"]}):
+        members = [r for r in strong if r["series"] == name]
+        if len(members) >= 2:
+            pub = [r["published_tokens_per_s_per_gpu"] for r in members]
+            pred = [r["predicted_tokens_per_s_per_gpu"] for r in members]
+            series[name] = {"rows": len(members), "kendall_tau": kendall_tau(pub, pred)}
+    return {"rows": len(strong), "skipped": sum("skip" in r for r in rows),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "max_abs_error": max(errors) if errors else None,
+            "all_fit": all(r["fits"] for r in strong),
+            "not_fitting": [r["run"] for r in strong if not r["fits"]],
+            "in_situ_efficiency": {"shipped": dict(kernels.IN_SITU_EFFICIENCY), "fitted_on_all_rows": fitted},
+            "leave_one_source_out": {"median_abs_error": statistics.median(loso_errors) if loso_errors else None,
+                                     "max_abs_error": max(loso_errors) if loso_errors else None,
+                                     "by_source": by_source},
+            "kendall_tau_by_series": series,
+            "min_kendall_tau": min((v["kendall_tau"] for v in series.values()), default=None)}
+
+
+def markdown(rows: list[dict], s: dict) -> str:
+    """Per source: rows, frameworks, plain and leave-one-source-out median / max |error|, fit."""
+    lines = ["| source | rows | framework | median abs. error | max abs. error | leave-one-source-out median / max | all fit |",
+             "|---|---|---|---|---|---|---|"]
+    strong = [r for r in rows if "error" in r and not r["weak"]]
+    for src, v in s["leave_one_source_out"]["by_source"].items():
+        mine = [r for r in strong if r["source"] == src]
+        errs = [abs(r["error"]) for r in mine]
+        fws = ", ".join(sorted({r["framework"] for r in mine}))
+        fit = "yes" if all(r["fits"] for r in mine) else f"{sum(r['fits'] for r in mine)} of {len(mine)}"
+        lines.append(f"| {src} | {len(mine)} | {fws} | {statistics.median(errs):.1%} | {max(errs):.1%} | "
+                     f"{v['median_abs_error']:.1%} / {v['max_abs_error']:.1%} | {fit} |")
+    lo = s["leave_one_source_out"]
+    fit = "yes" if s["all_fit"] else f"{s['rows'] - len(s['not_fitting'])} of {s['rows']}"
+    lines.append(f"| **all** | **{s['rows']}** | | **{s['median_abs_error']:.1%}** | **{s['max_abs_error']:.1%}** | "
+                 f"**{lo['median_abs_error']:.1%} / {lo['max_abs_error']:.1%}** | {fit} |")
+    return "\n".join(lines).replace("%", " %")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="published_runs.csv")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--markdown", action="store_true", help="print the per-source summary table (README, docs)")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"published_runs.py: {args.csv} not found — pass --csv PATH", file=sys.stderr)
@@ -202,16 +409,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
         return 0
-    print(f"{'run':58} {'layout':22} {'conv':8} {'publ':>6} {'pred':>6} {'error':>7} fits")
+    if args.markdown:
+        print(markdown(rows, summary))
+        return 0
+    print(f"{'run':56} {'framework':13} {'layout':20} {'publ s':>8} {'pred s':>8} {'error':>7} fits")
     for r in rows:
         if "skip" in r:
-            print(f"{r['run'][:58]:58} skipped: {r['skip']}")
+            print(f"{r['run'][:56]:56} skipped: {r['skip']}")
             continue
         mark = " (weak: not in summary)" if r["weak"] else ""
-        print(f"{r['run'][:58]:58} {r['layout']:22} {r['convention']:8} {r['published']:6.1f} {r['predicted']:6.1f} "
-              f"{r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
-    print(f"\n{summary['rows']} rows: median |error| {summary['median_abs_error']:.1%}, "
-          f"max |error| {summary['max_abs_error']:.1%}, every published layout fits: {summary['all_fit']}")
+        print(f"{r['run'][:56]:56} {r['framework']:13} {r['layout']:20} {r['published_step_s']:8.3f} "
+              f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
+    s = summary
+    eff = s["in_situ_efficiency"]
+    print(f"\n{s['rows']} rows ({s['skipped']} skipped): median |error| {s['median_abs_error']:.1%}, "
+          f"max |error| {s['max_abs_error']:.1%}, every published layout fits: {s['all_fit']}"
+          + (f" (not: {', '.join(s['not_fitting'])})" if s["not_fitting"] else ""))
+    print(f"one constant comes from training runs, the in-situ efficiency per GPU architecture: shipped {eff['shipped']}, "
+          f"fitted on all rows {eff['fitted_on_all_rows']}")
+    lo = s["leave_one_source_out"]
+    print(f"leave-one-source-out (each source scored with it fitted without that source): median {lo['median_abs_error']:.1%}, "
+          f"max {lo['max_abs_error']:.1%}")
+    for src, v in lo["by_source"].items():
+        print(f"  {src[:60]:60} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}"
+              f"  (fitted without: {v['fitted_without']})")
+    if s["kendall_tau_by_series"]:
+        print("Kendall tau per one-knob series (published vs predicted tokens/s per GPU):")
+        for name, v in s["kendall_tau_by_series"].items():
+            print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     return 0
 
 

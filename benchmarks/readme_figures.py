@@ -84,30 +84,15 @@ def _percent(values: list[float]) -> str:
 
 
 def published() -> str:
-    """Per framework (the CSV's `framework` column): rows, median and max |error|, how many fit."""
-    rows, _ = _published_module().compare(DATA)
-    with open(DATA, newline="") as fh:
-        frameworks = [r["framework"] or "other" for r in csv.DictReader(fh)]
-    groups: dict[str, list[dict]] = {}
-    for framework, row in zip(frameworks, rows):
-        if "error" in row and not row["weak"]:
-            groups.setdefault(framework, []).append(row)
-    lines = ["| framework | rows | median abs. error | max abs. error | fit the GPUs |", "|---|---:|---:|---:|---:|"]
-
-    def line(name: str, group: list[dict], bold: bool = False) -> str:
-        errors = [abs(r["error"]) for r in group]
-        fit = sum(r["fits"] for r in group)
-        cells = [name, str(len(group)), _percent(errors), f"{100 * max(errors):.1f} %",
-                 "all" if fit == len(group) else f"{fit} of {len(group)}"]
-        return "| " + " | ".join(f"**{c}**" if bold else c for c in cells) + " |"
-
-    for name in sorted(groups, key=lambda k: (-len(groups[k]), k)):
-        lines.append(line(name, groups[name]))
-    lines.append(line("all", [r for g in groups.values() for r in g], bold=True))
+    """Per source: rows, frameworks, median and max |error|, the leave-one-source-out figures, how many fit
+    (benchmarks/published_runs.py --markdown)."""
+    mod = _published_module()
+    rows, summary = mod.compare(DATA)
     weak = sum(1 for r in rows if r.get("weak"))
     skipped = sum(1 for r in rows if "skip" in r)
-    return ("\n".join(lines) + f"\n\n{len(rows)} rows in the file; {weak} are weak evidence (a `?` on their throughput) "
-            f"and {skipped} report no throughput: printed by the script, kept out of this table.\n")
+    return (mod.markdown(rows, summary) + f"\n\n{len(rows)} rows in the file: {summary['rows']} scored, {weak} weak "
+            f"evidence (a `?` on their throughput, printed but not scored), {skipped} skipped with the reason the "
+            f"script prints (MoE, FP8, torch.compile, a power-capped GPU, an unreported interleaving depth).\n")
 
 
 def schedules() -> str:

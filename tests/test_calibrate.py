@@ -74,8 +74,11 @@ def test_planner_reads_the_measured_tables(calibrated):
     for kind in COLLECTIVES:
         assert collective_time(cluster, kind, 300_000, 2) == pytest.approx(interpolate(cluster.measured[kind], 300_000))
     # A group of another size than the calibrated one falls back to alpha-beta from the fitted keys.
-    bare = ClusterSpec(**{**cluster.__dict__, "measured": {}})
-    assert collective_time(cluster, "all_reduce", 300_000, 4) == pytest.approx(collective_time(bare, "all_reduce", 300_000, 4))
+    from shardwise.planner.comm import alpha_beta_time, link
+
+    bw, lat = link(cluster, 4, 1)
+    assert bw == pytest.approx(cluster.intra_node_bandwidth * 0.8) and lat == cluster.intra_node_latency
+    assert collective_time(cluster, "all_reduce", 300_000, 4) == pytest.approx(alpha_beta_time(cluster, "all_reduce", 300_000, 4))
 
 
 def _estimate(capsys, profile: Path) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.planner import Job, estimate
-from shardwise.planner.search import search
+from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model, validate_layout
 
 ARTICLE = ["--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "256",
@@ -32,24 +32,39 @@ def test_search_returns_valid_fitting_layouts_sorted_fastest_first():
         assert e.fits
 
 
-def test_search_winner_beats_every_fitting_layout_of_a_brute_force_sample():
-    # Exhaustive over a small space: no unpruned fitting layout is faster than the winner.
-    job = Job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), TrainSpec(16, 1024))
-    best = search(job, 8).ranked[0]
-    from shardwise.specs import divisors
+@pytest.mark.parametrize("framework", ["megatron-core", "torchtitan", "deepspeed"])
+def test_search_winner_beats_every_fitting_layout_of_a_brute_force_sample(framework):
+    # Exhaustive over a small space, interleaved schedules included: no fitting layout the framework can run is
+    # faster than the winner, whatever the pruning skipped.
+    from shardwise.planner.frameworks import get, make_job
+    from shardwise.specs import SCHEDULES, divisors
+
+    job = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 1024, framework)
+    fw = get(framework)
+    best = search(job, 8, SearchSpace(micro_batch=(1, 2))).ranked[0]
+    assert fw.refusal(best.layout) is None
+    checked = 0
     for tp in (1, 2, 4, 8):
         for pp in divisors(8 // tp):
             dp = 8 // (tp * pp)
-            for mb in divisors(16 // dp):
-                for zero in (0, 1, 2, 3):
-                    for rc in ("none", "selective", "full"):
-                        for sp in {False, tp > 1}:
-                            for sched in (("1f1b",) if pp == 1 else ("gpipe", "1f1b", "zb-h1")):
-                                lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, zero=zero, recompute=rc,
+            for mb in [d for d in divisors(16 // dp) if d <= 2]:
+                m = 16 // (dp * mb)
+                scheds = [("1f1b", 1)] if pp == 1 else [(s, 1) for s in SCHEDULES if s not in ("naive", "interleaved-1f1b")]
+                if pp > 1 and m % pp == 0:
+                    scheds += [("interleaved-1f1b", v) for v in (2, 4, 8) if pp * v <= 32]
+                for sched, vpp in scheds:
+                    for zero in (0, 1, 2, 3):
+                        for rc in ("none", "selective", "full"):
+                            for sp in {False, tp > 1}:
+                                lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, zero=zero, recompute=rc,
                                              sequence_parallel=sp, schedule=sched)
+                                if fw.refusal(lay):
+                                    continue
                                 e = estimate(job, lay)
+                                checked += 1
                                 if e.fits:
                                     assert e.step_time >= best.step_time * (1 - 1e-9), lay
+    assert checked > 100
 
 
 def test_plan_json_contract(capsys):
@@ -105,6 +120,60 @@ def test_nothing_fits_says_how_many_gpus():
                            "dgx-a100-40gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "4096"],
                           capture_output=True, text=True)
     assert code.returncode == 2 and "use about" in code.stderr and "GPUs" in code.stderr
+    assert "widen the search" not in code.stderr  # nothing was narrowed
+
+
+def test_nothing_fits_suggests_only_usable_gpu_counts_and_widening_only_when_narrowed():
+    import re
+
+    from shardwise.planner.search import degrees, nothing_fits_message
+
+    job = Job(load_model("llama2-70b"), load_cluster("dgx-a100-40gb"), TrainSpec(32, 4096))
+    for gpus in (8, 16, 32, 24):
+        result = search(job, gpus)
+        if result.ranked:
+            continue
+        msg = nothing_fits_message(job, gpus, result, SearchSpace())
+        n = int(re.search(r"use about (\d+) GPUs", msg).group(1))
+        assert n > gpus and n % 8 == 0 and any(True for _ in degrees(job, n)), msg
+        assert "widen" not in msg
+        narrowed = nothing_fits_message(job, gpus, result, SearchSpace(tp=(1,)))
+        assert "widen the search" in narrowed
+    # the CLI's default lists are the full space, in whatever order
+    assert not SearchSpace(schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")).narrowed()
+
+
+def test_framework_flag_contract(capsys):
+    for fw in ("megatron-2021", "megatron-core", "nemo", "deepspeed", "torchtitan", "shardwise"):
+        code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "2", "--json", "--framework", fw, "--pp", "1,2,4")
+        assert code == 0
+        best = json.loads(out)["best"]
+        assert best["framework"] == fw
+        from shardwise.planner.frameworks import get
+        assert get(fw).refusal(Layout(**{k: best[k] for k in ("dp", "tp", "pp", "micro_batch", "vpp", "zero",
+                                                               "recompute", "sequence_parallel", "schedule")})) is None
+    code, out, _ = run_cli(capsys, "explain", *ARTICLE, "--framework", "deepspeed", "--pp", "1,2,4")
+    assert code == 0 and "Framework deepspeed" in out and "Sensitivity" in out and "Dominant term" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--framework", "megatron-9000"], "unknown framework"),
+    (["--framework", "megatron-core", "--zero", "3"], "megatron-core has no ZeRO-3"),
+    (["--framework", "megatron-2021", "--sequence-parallel"], "no sequence parallelism"),
+    (["--framework", "deepspeed", "--pp", "2", "--vpp", "2"], "no interleaved-1f1b"),
+    (["--framework", "shardwise", "--pp", "2", "--schedule", "zb-h1", "--zero", "2"], "FSDP"),
+    (["--framework", "shardwise", "--tp-comm-overlap"], "no TP communication overlap"),
+])
+def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
+    code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_names_the_default_framework_and_why(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--framework" in out and "default megatron-core" in out and "shardwise" in out
 
 
 def test_malformed_config_names_the_missing_key(tmp_path, capsys):

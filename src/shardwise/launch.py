@@ -50,7 +50,7 @@ def resolve_backend(requested: str | None) -> str:
 
 def check(cfg: TrainConfig) -> None:
     """Every reason this job cannot run, as one UsageError, before any process starts."""
-    from shardwise.specs import validate_layout
+    from shardwise.specs import runtime_refusal, validate_layout
 
     lay, spec = cfg.layout, cfg.spec
     for name, value in (("--steps", cfg.steps), ("--global-batch", cfg.global_batch), ("--seq-len", cfg.seq_len)):
@@ -65,9 +65,9 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp{cp} = {lay.dp}*{lay.tp}*{lay.pp}"
                          f"{f'*{lay.cp}' if lay.cp > 1 else ''} = {lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp{cp}")
     validate_layout(lay, spec, cfg.global_batch, seq_len=cfg.seq_len)
-    if lay.pp > 1 and lay.schedule == "zb-h1" and lay.zero >= 2:
-        raise UsageError("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
-                         "use --zero 1 with zb-h1, or another schedule")
+    refusal = runtime_refusal(lay)
+    if refusal:
+        raise UsageError(refusal)
     if cfg.trace_dir and lay.pp == 1:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
     if cfg.seq_len > spec.max_positions:

@@ -271,6 +271,11 @@ class ClusterSpec:
     num_gpus: int = 0  # 0 = not fixed by the cluster; `--gpus` sets it
     # Optional measured tables from `shardwise calibrate` (size -> seconds); empty for datasheet presets.
     measured: dict = field(default_factory=dict, compare=False, hash=False)
+    # What the planner's kernel and collective models read (planner/kernels.py, planner/comm.py);
+    # 0 / "" = unknown, and those models fall back to plain rates (docs/planner.md).
+    sm_count: int = 0  # streaming multiprocessors: GEMM tiles run in waves of this many
+    mamf_tflops: float = 0.0  # maximum achievable dense BF16 matmul TFLOP/s (a kernel measurement)
+    arch: str = ""  # "ampere" | "hopper": picks the attention kernels' and NCCL's constants
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -281,6 +286,9 @@ _CLUSTER_KEYS = {
     "gpus_per_node": int, "gpu_memory_gib": float, "peak_tflops": float, "hbm_bandwidth_gbs": float,
     "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
 }
+# Optional [cluster] keys of the kernel models (each preset cites its source).
+_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float}
+ARCHS = ("ampere", "hopper")
 
 
 def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
@@ -289,8 +297,10 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if not isinstance(table, dict):
         raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
     values = {}
-    for key, kind in _CLUSTER_KEYS.items():
+    for key, kind in (*_CLUSTER_KEYS.items(), *_OPTIONAL_KEYS.items()):
         if key not in table:
+            if key in _OPTIONAL_KEYS:
+                continue
             raise UsageError(f"{source}: missing key '{key}' in [cluster] — see the presets in shardwise/presets/clusters")
         values[key] = _cluster_number(table, key, kind, source)
         if values[key] <= 0:
@@ -299,6 +309,9 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         if key in table and _cluster_number(table, key, int if key == "num_gpus" else float, source) < 0:
             raise UsageError(f"{source}: key '{key}' must not be negative, got {table[key]!r}")
     _check_measured(data.get("measured", {}), source)
+    arch = str(table.get("arch", ""))
+    if arch and arch not in ARCHS:
+        raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     return ClusterSpec(
         name=str(table.get("name", name)),
         gpus_per_node=values["gpus_per_node"],
@@ -311,6 +324,9 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         inter_node_latency=float(table.get("inter_node_latency_us", 10.0)) * 1e-6,
         num_gpus=int(table.get("num_gpus", 0)),
         measured=dict(data.get("measured", {})),
+        sm_count=values.get("sm_count", 0),
+        mamf_tflops=values.get("mamf_tflops", 0.0),
+        arch=arch,
     )
 
 
@@ -514,6 +530,15 @@ def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None
         raise UsageError(
             f"sequence parallelism splits each rank's {local} tokens (seq-len {seq_len} / cp {layout.cp}) over tp={layout.tp}, "
             f"which does not divide them — use a sequence length that is a multiple of {layout.cp * layout.tp}")
+
+
+def runtime_refusal(layout: Layout) -> str | None:
+    """What shardwise's runtime cannot run although validate_layout accepts it (one clause), or None.
+    launch.check raises it before a job starts; the planner's `shardwise` framework profile skips it."""
+    if layout.pp > 1 and layout.schedule == "zb-h1" and layout.zero >= 2:
+        return ("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
+                "use --zero 1 with zb-h1, or another schedule")
+    return None
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -82,12 +82,18 @@ def split_layers(spec: ModelSpec, num_stages: int, seq_len: int) -> list[list[in
     return out
 
 
+@lru_cache(maxsize=1 << 16)
 def rank_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> int:
     """Layers held by pipeline rank `rank`: its vpp chunks (virtual stages rank, rank + pp, ...)."""
     return sum(stage_layer_counts(spec, pp * vpp, seq_len)[rank::pp])
 
 
 def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> list[int]:
+    return list(_distinct_ranks(spec, pp, vpp, seq_len))
+
+
+@lru_cache(maxsize=4096)
+def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> tuple[int, ...]:
     """One pipeline rank per kind (first, last, and each layer count in between), the lowest of each:
     ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
     as many micro-batches in flight. The planner evaluates these instead of every rank."""
@@ -97,7 +103,7 @@ def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> list[int
         if kind not in seen:
             seen.add(kind)
             out.append(r)
-    return out
+    return tuple(out)
 
 
 def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int) -> list[float]:

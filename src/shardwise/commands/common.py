@@ -58,12 +58,17 @@ def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
 
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
-    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
-                   help="the attention core is a fused kernel (FlashAttention/SDPA) that stores no s x s scores, as "
-                        "every current framework does (default); --no-flash-attention models the materialised "
-                        "softmax of Korthikanti et al. 2022")
-    p.add_argument("--tp-comm-overlap", action="store_true",
-                   help="TP collectives overlap their GEMMs (Transformer Engine / NeMo tp_comm_overlap)")
+    from shardwise.planner.frameworks import DEFAULT_HELP, FRAMEWORKS
+
+    p.add_argument("--framework", default=None, metavar="{" + ",".join(FRAMEWORKS) + "}",
+                   help=DEFAULT_HELP + " (docs/planner.md describes each)")
+    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
+                        "(the default of every framework but megatron-2021); --no-flash-attention models the "
+                        "materialised softmax of Korthikanti et al. 2022")
+    p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
+                        "available for megatron-core and torchtitan's async TP)")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -112,13 +117,13 @@ def space_from_args(args):
 
 
 def job_from_args(args):
-    """The planner's Job from --model/--cluster/--global-batch/--seq-len (+ software flags)."""
-    from shardwise.planner.memory import Job
-    from shardwise.specs import TrainSpec
+    """The planner's Job from --model/--cluster/--global-batch/--seq-len and the framework (+ software flags)."""
+    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get, make_job
 
-    return Job(load_model(args.model), load_cluster(args.cluster), TrainSpec(args.global_batch, args.seq_len),
-               flash_attention=getattr(args, "flash_attention", False),
-               tp_comm_overlap=getattr(args, "tp_comm_overlap", False))
+    framework = get(getattr(args, "framework", None) or DEFAULT_FRAMEWORK).name  # unknown name: one line, exit 2
+    return make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
+                    flash_attention=getattr(args, "flash_attention", None),
+                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
 
 
 SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narrow tables: schedule and recompute

@@ -19,11 +19,13 @@ def register(subparsers, name, help):
 
 def run(args) -> int:
     from shardwise.planner import estimate
+    from shardwise.planner.frameworks import check, get
     from shardwise.specs import validate_layout
 
     job = job_from_args(args)
     layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp))
     validate_layout(layout, job.model, job.train.global_batch, args.gpus)
+    check(get(job.framework), layout)
     est = estimate(job, layout)
     if args.json:
         print_json(est.to_dict())

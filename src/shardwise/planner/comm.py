@@ -1,53 +1,135 @@
-"""Time of one collective: a calibrated table when the cluster has one, else alpha-beta with ring factors.
+"""Time of one collective: NCCL's own cost model on a datasheet GPU cluster; a calibrated table, or
+alpha-beta with ring factors, on a calibrated (e.g. CPU/gloo) cluster.
 
-Alpha-beta (Hockney; ring algorithms as NCCL runs them, Thakur et al. 2005), n ranks, B bytes per rank:
-  all-reduce       2 (n-1) alpha + 2 (n-1)/n * B / beta
-  all-gather       (n-1) alpha   + (n-1)/n * B / beta        (B = the gathered, full size)
-  reduce-scatter   (n-1) alpha   + (n-1)/n * B / beta        (B = the full input size)
-  broadcast        (n-1) alpha   + B / beta                  (pipelined ring)
-  send-recv        alpha + B / beta
-beta is the link's one-direction bandwidth per GPU times LINK_EFFICIENCY (NCCL bus bandwidth
-reaches ~80 % of the datasheet on NVLink and InfiniBand). Across nodes a group with k members per
-node uses k NICs per node in parallel (NCCL: one ring per NIC), see `link`.
+GPU clusters (no [measured] tables): the algorithm and protocol NCCL would pick, timed as NCCL's tuner
+times them (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and ncclTopoGetAlgoTime, commit
+5067397): time = latency + bytes / algorithm bandwidth, minimised over
+  algorithms  ring (every collective) and tree (all-reduce across nodes: latency grows with log2 nodes);
+  protocols   LL (low latency, half the bandwidth), LL128 (92 %), Simple (full bandwidth, most latency).
+Latency: a base per algorithm/protocol plus one hop latency per ring step, NVLink hops inside a node and
+network hops between nodes (2 (nodes - 1) of the 2 (n - 1) steps of a ring all-reduce cross nodes).
+Bandwidth: the bus bandwidth of the ring, then algorithm bandwidth = bus bandwidth x n / steps
+(all-reduce 2 (n-1) steps, all-gather and reduce-scatter n - 1, broadcast n; tree: one half).
+  inside a node: NVLink as NCCL counts it: 20 GB/s per link on Ampere (12 links = 240 of the 300 GB/s
+    datasheet), 20.6 on Hopper (18 links = 371 of 450) (src/graph/topo.h SM80/SM90_NVLINK_BW);
+  across nodes: a group with k members on each node drives k NICs in parallel (NCCL runs one ring per
+    NIC), at NET_EFFICIENCY of the line rate, never more than NVLink.
+Sizes: all-gather's B is the gathered (full) size, reduce-scatter's the full input (NCCL's nBytes).
 
-Calibrated format (ClusterSpec.measured, written by `shardwise calibrate`, read here):
-  {"matmul_tflops": float,                               # achieved dense bf16 matmul TFLOP/s per GPU
-   "all_reduce":     [[bytes, seconds], ...],            # measured at the calibrated world size
-   "all_gather": [...], "reduce_scatter": [...], "broadcast": [...], "send_recv": [...],
-   "world_size": int,                                    # the group size the tables hold for
-   "model_tflops": float, "layer_overhead_s": float,     # optional: the model's own layers (step_time.py)
-   "step_overhead_s": float,                             # optional: fixed cost of clipping + optimizer per step
-   "sync_overhead_s": float,                             # optional: a collective between compute, beyond the table
-   "checkpoint_overhead_s": float,                       # optional: a checkpointed layer, beyond its recompute
-   "fsdp_call_s": float,                                 # optional: one FSDP collective in a step, beyond the table
-   "fsdp_tensor_s": float,                               # optional: clipping + AdamW per FSDP-sharded tensor
-   "comm_overlap": float,                                # optional: share of DP traffic hidden behind compute
-   "p2p_sync_s": float,                                  # optional: a blocking receive after compute, beyond the table
-   "ddp_microbatch_s": float}                            # optional: DDP's wrapper and hooks per micro-batch
-Points are interpolated log-log (power law between neighbours) and extrapolated linearly in bytes
-beyond the largest point; a collective without a table, or over a group of another size than the
-table's "world_size" (when given), falls back to alpha-beta.
+Calibrated clusters (`shardwise calibrate`, ClusterSpec.measured): the tables, interpolated log-log,
+extrapolated linearly in bytes; a collective without a table, or over a group of another size than the
+table's "world_size", falls back to alpha-beta:
+  all-reduce 2 (n-1) alpha + 2 (n-1)/n * B/beta; all-gather, reduce-scatter (n-1) alpha + (n-1)/n * B/beta;
+  broadcast (n-1) alpha + B/beta; send-recv alpha + B/beta,
+with beta = the fitted link bandwidth x LINK_EFFICIENCY (calibrate/profile.py inverts the same factor).
+Calibrated format (written by `shardwise calibrate`):
+  {"matmul_tflops": float, "all_reduce": [[bytes, seconds], ...], "all_gather": [...],
+   "reduce_scatter": [...], "broadcast": [...], "send_recv": [...], "world_size": int,
+   "model_tflops", "layer_overhead_s", "step_overhead_s", "sync_overhead_s", "checkpoint_overhead_s",
+   "fsdp_call_s", "fsdp_tensor_s", "comm_overlap", "p2p_sync_s", "ddp_microbatch_s": float}
+(docs/planner.md says where step_time.py adds each).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from functools import lru_cache
 
 from shardwise.specs import ClusterSpec
 
+# Calibrated alpha-beta: the fitted bandwidth is divided by this when written (calibrate/profile.py).
 LINK_EFFICIENCY = 0.8
 
-_STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0)}
+# NCCL's usable NVLink bandwidth per link, GB/s (src/graph/topo.h), and the datasheet's per link and direction.
+NCCL_NVLINK_GBS = {"ampere": 20.0, "hopper": 20.6}
+NVLINK_LINK_GBS = 25.0
+# Share of a NIC's line rate NCCL's rings reach across nodes: nccl-tests all_reduce between DGX A100
+# nodes with 4 HDR NICs for 8 GPUs (100 GB/s of line rate per node) measure 85-96 GB/s bus bandwidth
+# (NVIDIA/nccl-tests issue 119); sustained large-message figures sit around 92 %.
+NET_EFFICIENCY = 0.92
+
+# NCCL tuner constants (tuning.cc): microseconds, per protocol (LL, LL128, Simple).
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_LATENCY = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+HOP_LATENCY = {("nvlink", "tree"): (0.6, 1.25, 4.0), ("nvlink", "ring"): (0.6, 1.9, 3.4),
+               ("net", "tree"): (5.0, 8.5, 14.0), ("net", "ring"): (2.7, 4.0, 14.0)}
+# LL's bandwidth cap, GB/s, by nodes (1, 2, more): Ampere and Hopper rows of llMaxBws.
+LL_MAX_GBS = {"ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0)}
+# Host overhead of a network step (getNetOverhead: 1 us, x3 for Simple) and the ring plateau factor of a
+# multi-node Simple all-reduce on compute capability >= 8.0 (ncclTopoGetAlgoTime).
+NET_OVERHEAD_US = 1.0
+RING_PLATEAU = 1.4
+# Tree all-reduce bandwidth correction for medium sizes, by log2(bytes / 64) (treeCorrectionFactor).
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+
+
+def placement(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[int, int]:
+    """(members per node, nodes) of a group of `group_size` ranks `stride` apart (ranks fill nodes in order)."""
+    per_node = max(1, min(group_size, cluster.gpus_per_node // max(stride, 1)))
+    return per_node, math.ceil(group_size / per_node)
+
+
+def bus_bandwidth(cluster: ClusterSpec, group_size: int, stride: int) -> float:
+    """Bytes/s of a ring's bus bandwidth over this group: NVLink as NCCL counts it inside one node;
+    across nodes k NICs per node at NET_EFFICIENCY, at most NVLink."""
+    per_node, nodes = placement(cluster, group_size, stride)
+    links = cluster.intra_node_bandwidth / (NVLINK_LINK_GBS * 1e9)
+    nvlink = links * NCCL_NVLINK_GBS.get(cluster.arch, NVLINK_LINK_GBS * LINK_EFFICIENCY) * 1e9
+    if nodes == 1:
+        return nvlink
+    return min(nvlink, per_node * cluster.inter_node_bandwidth * NET_EFFICIENCY)
+
+
+@lru_cache(maxsize=1 << 16)
+def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
+    """Seconds NCCL's tuner predicts for `kind` over this group, with the algorithm and protocol it picks."""
+    n = group_size
+    per_node, nodes = placement(cluster, n, stride)
+    bus = bus_bandwidth(cluster, n, stride) / 1e9  # GB/s, NCCL's unit
+    arch = cluster.arch if cluster.arch in LL_MAX_GBS else "ampere"
+    ll_max = LL_MAX_GBS[arch][min(nodes, 3) - 1]
+    if kind == "send_recv":
+        hop = "nvlink" if nodes == 1 else "net"
+        return (BASE_LATENCY["ring"][2] + HOP_LATENCY[(hop, "ring")][2]) * 1e-6 + nbytes / (bus * 1e9)
+    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "broadcast": n}[kind]
+    inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if kind == "all_reduce" else nodes - 1)
+    best = math.inf
+    for p, proto in enumerate(PROTOCOLS):
+        # Ring.
+        bw = bus
+        if proto == "LL":
+            bw = min(ll_max, bw * 0.5)
+        elif proto == "LL128":
+            bw = bw * 0.92
+        algbw = bw * n / steps
+        intra = HOP_LATENCY[("nvlink", "ring")][p]
+        if nodes > 1:
+            intra = max(intra, NET_OVERHEAD_US * (3 if proto == "Simple" else 1))
+        lat = BASE_LATENCY["ring"][p] + (steps - inter_steps) * intra + inter_steps * HOP_LATENCY[("net", "ring")][p]
+        if proto == "Simple" and nodes > 1 and kind == "all_reduce":
+            lat *= RING_PLATEAU
+        best = min(best, lat * 1e-6 + nbytes / (algbw * 1e9))
+        # Tree: all-reduce across nodes only.
+        if kind == "all_reduce" and nodes > 1:
+            tbw = {"LL": min(bus / 3.8, ll_max), "LL128": bus * 120 / 128, "Simple": bus * 0.92}[proto] * 0.5
+            log_size = int(math.log2(max(nbytes, 64) / 64))
+            if log_size < len(TREE_CORRECTION[proto]):
+                tbw *= TREE_CORRECTION[proto][log_size]
+            net = HOP_LATENCY[("net", "tree")][p]
+            tlat = BASE_LATENCY["tree"][p] + 2 * ((per_node - 1) * HOP_LATENCY[("nvlink", "tree")][p]
+                                                  + math.log2(nodes) * net)
+            best = min(best, tlat * 1e-6 + nbytes / (tbw * 1e9))
+    return best
 
 
 def link(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[float, float]:
-    """(bandwidth, latency) for a ring over `group_size` ranks `stride` apart.
-
-    Inside one node: NVLink. Across nodes, NCCL runs one ring per NIC, so a group with k members
-    on each node drives k NICs per node: k x the per-GPU network bandwidth (what nccl-tests'
-    bus bandwidth shows), never more than NVLink.
-    """
+    """(bandwidth, latency) of the calibrated alpha-beta fallback for a ring over this group."""
     if group_size * stride <= cluster.gpus_per_node:
         return cluster.intra_node_bandwidth * LINK_EFFICIENCY, cluster.intra_node_latency
     per_node = max(1, min(group_size, cluster.gpus_per_node // stride))
@@ -71,29 +153,35 @@ def interpolate(points: list, nbytes: float) -> float:
     return t0 * (nbytes / b0) ** k
 
 
-def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
-    """Seconds for one `kind` (all_reduce, all_gather, reduce_scatter, broadcast, send_recv) of `nbytes`."""
-    if group_size <= 1 and kind != "send_recv" or nbytes <= 0:
-        return 0.0
-    table = cluster.measured.get(kind) if cluster.measured else None
-    # A table holds for the group size it was measured at (send_recv: always a pair).
-    if table and (kind == "send_recv" or cluster.measured.get("world_size", group_size) == group_size):
-        return interpolate(table, nbytes)
+def alpha_beta_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
     bw, lat = link(cluster, group_size, stride)
     if kind == "send_recv":
         return lat + nbytes / bw
     if kind == "broadcast":
         return (group_size - 1) * lat + nbytes / bw
-    steps, volume = _STEPS[kind]
+    steps = 2.0 if kind == "all_reduce" else 1.0
     n = group_size
-    return steps * (n - 1) * lat + volume * (n - 1) / n * nbytes / bw
+    return steps * (n - 1) * lat + steps * (n - 1) / n * nbytes / bw
+
+
+def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
+    """Seconds for one `kind` (all_reduce, all_gather, reduce_scatter, broadcast, send_recv) of `nbytes`."""
+    if group_size <= 1 and kind != "send_recv" or nbytes <= 0:
+        return 0.0
+    if not cluster.measured:
+        return nccl_time(cluster, kind, nbytes, max(group_size, 2), stride)
+    table = cluster.measured.get(kind)
+    # A table holds for the group size it was measured at (send_recv: always a pair).
+    if table and (kind == "send_recv" or cluster.measured.get("world_size", group_size) == group_size):
+        return interpolate(table, nbytes)
+    return alpha_beta_time(cluster, kind, nbytes, group_size, stride)
 
 
 def sync_time(cluster: ClusterSpec) -> float:
     """What one synchronising call (a collective or a blocking receive issued between compute) costs
     beyond its back-to-back time: the ranks arrive apart, the first blocks and must be woken. Measured
-    by `shardwise calibrate` (`sync_overhead_s`); 0 for datasheet clusters, whose alpha-beta latency
-    already stands for a call on an otherwise idle GPU."""
+    by `shardwise calibrate` (`sync_overhead_s`); 0 for datasheet clusters, whose NCCL latency already
+    stands for a call on an otherwise idle GPU."""
     return float((cluster.measured or {}).get("sync_overhead_s", 0.0))
 
 

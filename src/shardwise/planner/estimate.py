@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardwise.planner import kernels
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import Layout
@@ -24,6 +26,8 @@ class Estimate:
     gpu_memory_bytes: float
     peak_flops: float
     tokens_per_step: int
+    framework: str = ""
+    assumptions: dict | None = None
 
     @property
     def memory_per_gpu(self) -> float:
@@ -75,7 +79,27 @@ class Estimate:
             "hardware_tflops_per_gpu": round(self.hardware_tflops_per_gpu, 2),
             "mfu": round(self.mfu, 4),
             "hfu": round(self.hfu, 4),
+            "framework": self.framework,
+            "assumptions": self.assumptions or {},
         }
+
+
+def assumptions(job: Job) -> dict:
+    """What a prediction assumes about the software (planner/frameworks.py) and the precision."""
+    fw = get_framework(job.framework)
+    dtype = {2: "bf16", 4: "fp32"}
+    return {
+        "attention": ("materialised softmax" if not job.flash_attention or fw.attention == "unfused"
+                      else kernels.ATTENTION_KERNEL[fw.attention].get(job.cluster.arch or "ampere", "fa2")),
+        "gradient_reduce_dtype": dtype.get(fw.grad_reduce_bytes, f"{fw.grad_reduce_bytes} B"),
+        "grad_reduce_overlapped": fw.overlap_grad_reduce,
+        "tp_comm_overlap": job.tp_comm_overlap,
+        "pipeline_p2p_overlapped": fw.p2p_overlap,
+        "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
+                            "optimizer": job.train.optimizer_bytes},
+        "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
+        "in_situ_efficiency": kernels.in_situ(job.cluster),
+    }
 
 
 def estimate(job: Job, layout: Layout) -> Estimate:
@@ -87,4 +111,5 @@ def estimate(job: Job, layout: Layout) -> Estimate:
         memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,
         gpus=layout.world_size * job.context_parallel, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
+        framework=job.framework, assumptions=assumptions(job),
     )

@@ -7,7 +7,10 @@ buys? what the runner-up costs?
 
 from __future__ import annotations
 
-from shardwise.planner.estimate import GIB, Estimate
+from dataclasses import replace
+
+from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job
 from shardwise.planner.search import SearchResult
 from shardwise.units import seconds
@@ -106,15 +109,115 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         out.append(f"Variants of the same dp{lay.dp}·tp{lay.tp}·pp{lay.pp} split (micro-batch, virtual stages, schedule, "
                    f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.0%}; the closest is "
                    f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
-    if other is not None:
-        out.append(
-            f"Runner-up split: {_knobs(other)} at {seconds(other.step_time)}/step ({other.step_time / win.step_time - 1:+.1%}), "
-            f"{other.memory_per_gpu / GIB:.1f} GiB/GPU, MFU {other.mfu:.1%}. "
-            f"Winner: {_knobs(win)} at {seconds(win.step_time)}/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}."
-        )
-    else:
-        out.append(f"Only one dp x tp x pp split fits: {_knobs(win)}.")
+    out.append(framework_paragraph(job))
+    out += uncertainty(job, result)
+    record = plausibility(job, win)
+    if record:
+        out.append(record)
+    out.append(runner_up(result))
     return out
+
+
+def runner_up(result: SearchResult) -> str:
+    """The best layout of another dp x tp x pp split against the winner; a tie when within the model's error."""
+    win = result.ranked[0]
+    lay = win.layout
+    split = (lay.dp, lay.tp, lay.pp)
+    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) != split), None)
+    if other is None:
+        return f"Only one dp x tp x pp split fits: {_knobs(win)}."
+    gap = other.step_time / win.step_time - 1
+    verdict = (f"within the model's error (±{MODEL_ERROR:.0%}): a tie, not a win — pick either"
+               if gap < MODEL_ERROR else f"{gap:+.1%}")
+    return (f"Runner-up split: {_knobs(other)} at {seconds(other.step_time)}/step ({verdict}), "
+            f"{other.memory_per_gpu / GIB:.1f} GiB/GPU, MFU {other.mfu:.1%}. "
+            f"Winner: {_knobs(win)} at {seconds(win.step_time)}/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}.")
+
+
+def framework_paragraph(job: Job) -> str:
+    fw = get_framework(job.framework)
+    a = assumptions(job)
+    return (f"Framework {fw.name}: {fw.summary}. Assumed here: attention {a['attention']}, gradients reduced in "
+            f"{a['gradient_reduce_dtype']}{' behind the backward' if a['grad_reduce_overlapped'] else ' after the backward'}, "
+            f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
+            f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter. "
+            f"It cannot run: {'; '.join(fw.cannot) or 'nothing the search tries'}.")
+
+
+# The model's typical error: the median |error| on published runs it was not fitted to (leave-one-source-out,
+# benchmarks/published_runs.py). Layouts closer than this are a tie.
+MODEL_ERROR = 0.06
+# Layouts re-ranked under each what-if (the fastest ones; a what-if cannot lift a slow layout past all of them).
+SENSITIVITY_TOP = 30
+TERM_NAMES = {"compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel traffic",
+              "pp_p2p": "pipeline transfers", "pipeline_bubble": "the pipeline bubble",
+              "dp_comm": "exposed data-parallel traffic", "step_comm": "per-step collectives", "optimizer": "the optimizer step"}
+
+
+def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
+    """The uncertain inputs worth perturbing for this winner: its largest communication term's link at half
+    bandwidth, and the GPU sustaining 15 % less of its benchmark rates."""
+    c, t = job.cluster, win.time_s
+    comm = {"tp_comm": t["tp_comm"], "dp_comm": t["dp_comm"], "pp_p2p": t["pp_p2p"]}
+    term = max(comm, key=comm.get)
+    intra = term == "tp_comm" and win.layout.tp <= c.gpus_per_node
+    link = ("NVLink", replace(c, intra_node_bandwidth=c.intra_node_bandwidth / 2)) if intra else \
+        ("the network", replace(c, inter_node_bandwidth=c.inter_node_bandwidth / 2))
+    slower = replace(c, peak_flops=c.peak_flops * 0.85, mamf_tflops=(c.mamf_tflops or 0) * 0.85)
+    return [(f"if {TERM_NAMES[term]} ran at half of {link[0]}'s bandwidth", replace(job, cluster=link[1])),
+            ("if the GPUs sustained 15 % less of their matmul and attention rates", replace(job, cluster=slower))]
+
+
+def uncertainty(job: Job, result: SearchResult) -> list[str]:
+    """The term that dominates the winner's step, and whether the ranking survives each what-if."""
+    win = result.ranked[0]
+    t = win.time_s
+    dominant = max(t, key=t.get)
+    out = [f"Dominant term: {TERM_NAMES.get(dominant, dominant)}, {seconds(t[dominant])} of the {seconds(win.step_time)} step "
+           f"({t[dominant] / win.step_time:.0%})."]
+    top = result.ranked[:SENSITIVITY_TOP]
+    sentences = []
+    for what, perturbed in _what_ifs(job, win):
+        again = sorted((estimate(perturbed, e.layout) for e in top), key=lambda e: e.step_time)
+        new = again[0]
+        if new.layout == win.layout:
+            sentences.append(f"{what}, the winner would still be {_knobs(win)} ({seconds(new.step_time)}/step)")
+        else:
+            close = next(e for e in again if e.layout == win.layout).step_time / new.step_time - 1
+            sentences.append(f"{what}, {_knobs(new)} would win ({seconds(new.step_time)}/step; today's winner "
+                             f"{close:+.1%} behind it)")
+    out.append("Sensitivity: " + "; ".join(sentences) + ".")
+    return out
+
+
+# The best BF16 MFU published on each GPU generation (benchmarks/data/published_runs.csv), for models of at least
+# this many parameters: a plan above it needs a reason.
+PUBLISHED_MFU_RECORD = {
+    "ampere": ((20e9, 0.563, "Korthikanti et al. 2022's 1T model on 512 A100 (Megatron-LM, 56.3 %)"),
+               (0, 0.642, "MosaicML's MPT-7B on 8 A100-80GB (llm-foundry benchmarks, 64.2 %)")),
+    "hopper": ((100e9, 0.560, "NVIDIA's Llama 3.1 405B on 96 H100 (NeMo, dgxc-benchmarking, 55.4-57.7 %)"),
+               (0, 0.625, "NVIDIA's Nemotron-4 15B on 16 H100 (NeMo, dgxc-benchmarking, 62.5 %)")),
+}
+
+
+def plausibility(job: Job, win: Estimate) -> str:
+    """A sentence when the winner's MFU is above the best ever published on its GPU generation for a model of
+    its size, saying why this plan could beat it and what to check."""
+    records = PUBLISHED_MFU_RECORD.get(job.cluster.arch, ())
+    mfu, who = next(((m, w) for size, m, w in records if job.model.num_params() >= size), (1.0, ""))
+    if win.mfu <= mfu:
+        return ""
+    lay, t = win.layout, win.time_s
+    reasons = [f"no activation recompute" if lay.recompute == "none" else f"{lay.recompute} recompute",
+               f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
+               f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
+               f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"]
+    return (f"Plausibility: MFU {win.mfu:.1%} is above the best published on this GPU generation for a model this "
+            f"size, {who}. This plan "
+            f"spends {1 - t['compute'] / win.step_time:.0%} of its step outside the layers' compute ({', '.join(reasons)}); "
+            f"its compute runs at the rates the kernel benchmarks and the published runs support "
+            f"(in-situ efficiency {assumptions(job)['in_situ_efficiency']:.2f}). Treat the margin over {mfu:.1%} as "
+            f"the part of the estimate to verify first: measure a few steps before committing to it.")
 
 
 def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
@@ -122,8 +225,10 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     win = result.ranked[0]
     t = win.time_s
     share = {k: v / win.step_time for k, v in t.items()}
-    line = (f"{_knobs(win)}: {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB per GPU; "
-            f"of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
+    line = (f"{_knobs(win)} ({job.framework}): {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB "
+            f"per GPU; of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
             f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
             f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}; MFU {win.mfu:.1%}.")
-    return [line] + explain(job, gpus, result)[-1:]
+    out = [line, runner_up(result)]
+    record = plausibility(job, win)
+    return out + ([record] if record else [])

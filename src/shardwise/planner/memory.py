@@ -76,6 +76,8 @@ class Job:
     async_sp_regather: under sequence parallelism the backward all-gather of each saved input shard
     runs behind the input-gradient GEMM of its linears (Megatron's async communication); off =
     issued and waited for in turn (shardwise's runtime).
+    framework: the training stack (planner/frameworks.py): what overlaps, the reduce dtype, the attention
+    kernel, what it cannot run. Its bytes per parameter are the TrainSpec's (frameworks.make_job sets both).
     """
 
     model: ModelSpec
@@ -87,6 +89,7 @@ class Job:
     saved: SavedTensors = PAPER
     zero1_broadcast_per_tensor: bool = False
     async_sp_regather: bool = True
+    framework: str = "megatron-core"
 
     @property
     def tokens_per_sequence_per_gpu(self) -> int:
@@ -103,7 +106,7 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
                       activation_bytes=2 if gpu else 4)
     return Job(model, cluster, train, flash_attention=True, context_parallel=context_parallel, saved=SHARDWISE_RUNTIME,
-               zero1_broadcast_per_tensor=True, async_sp_regather=False)
+               zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
 
 
 # --------------------------------------------------------------------------- activations

@@ -4,12 +4,17 @@ Pruning (each rule removes only layouts another scored layout beats on both memo
 in this model — docs/planner.md explains each):
   * tp divides the attention heads, the KV heads and the FFN; pp*vpp <= layers; dp*micro_batch
     divides the global batch; interleaving needs m % pp == 0 (Megatron's rule).
-  * sequence parallelism is only considered with tp > 1 (on and off: it stores and touches less,
-    but its backward gathers each saved sequence shard again, one more all-gather per layer half).
-  * ZeRO-0 only when dp == 1 (ZeRO-1 moves the same bytes with less memory and a shorter
-    optimizer step); ZeRO stages beyond the first that fits are slower and not scored.
-  * recompute: for each level the cheapest fitting ZeRO stage is scored; a level that needs an
-    equal or higher stage than a cheaper level already scored is dominated.
+  * sequence parallelism is only considered with tp > 1, on and off as the framework allows (it
+    stores and touches less, but its backward gathers each saved sequence shard again, one more
+    all-gather per column-parallel group).
+  * ZeRO-0 only when dp == 1, unless the framework's ZeRO-1 is not a reduce-scatter + all-gather
+    (ZeRO-1 then moves the same bytes as ZeRO-0 with less memory and a shorter optimizer step).
+    Every ZeRO stage that fits is scored: a higher stage is not always slower (DeepSpeed's ZeRO-2
+    gathers the updated weights after the step, exposed; its ZeRO-3 gathers hide behind compute).
+  * recompute: a costlier level at the same ZeRO stage is never faster (the compute it adds is at
+    least the exposed communication it could hide), so a level is scored only at ZeRO stages below
+    the lowest one a cheaper level fits at (higher stages fit with the cheaper level too).
+  * layouts the job's framework cannot run (frameworks.Framework.refusal) are skipped.
   * memory is checked before time (memory is cheaper to compute).
 """
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, Job, memory_breakdown, total_bytes
 from shardwise.specs import Layout, divisors
 
@@ -43,13 +49,23 @@ class SearchSpace:
     schedules: tuple[str, ...] = SEARCH_SCHEDULES + ("interleaved-1f1b",)
     max_vpp: int | None = None
 
-    def zero_stages(self, dp: int) -> tuple[int, ...]:
-        """ZeRO stages worth scoring: none matters without dp; ZeRO-0 only where ZeRO-1 is not allowed
-        (it moves the same bytes with more memory and a longer optimizer step)."""
+    def narrowed(self) -> bool:
+        """Whether the user restricted any knob (the order of a list does not matter)."""
+        full = SearchSpace()
+        return (self.tp is not None or self.pp is not None or self.micro_batch is not None or self.max_vpp is not None
+                or set(self.zero) != set(full.zero) or set(self.recompute) != set(full.recompute)
+                or set(self.schedules) != set(full.schedules))
+
+    def zero_stages(self, dp: int, framework=None) -> tuple[int, ...]:
+        """ZeRO stages worth scoring: none matters without dp; those the framework runs; ZeRO-0 only where
+        ZeRO-1 is not allowed or is not a reduce-scatter + all-gather (which moves the same bytes as ZeRO-0's
+        all-reduce with less memory and a shorter optimizer step)."""
         if dp == 1:
             return (0,)
-        allowed = tuple(z for z in (0, 1, 2, 3) if z in self.zero)
-        return allowed[1:] if allowed[:2] == (0, 1) else allowed
+        runs = framework.zero_stages if framework is not None else (0, 1, 2, 3)
+        allowed = tuple(z for z in (0, 1, 2, 3) if z in self.zero and z in runs)
+        reduce_scatter = framework is None or framework.zero1 == "reduce_scatter"
+        return allowed[1:] if allowed[:2] == (0, 1) and reduce_scatter else allowed
 
 
 @dataclass
@@ -58,6 +74,7 @@ class SearchResult:
     scored: int  # layouts whose memory was computed
     timed: int  # layouts whose step time was computed
     leanest: Estimate | None  # smallest memory per GPU seen (for "nothing fits")
+    refused: str = ""  # why the framework refused the first layout it could not run (for "nothing fits")
 
 
 def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace()):
@@ -156,24 +173,37 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
 
 
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
+    """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
     check_search(job, gpus, space)
+    fw = get_framework(job.framework)
     limit = job.cluster.gpu_memory_bytes
     ranked: list[Estimate] = []
     scored = timed = 0
+    refused = ""
     leanest: tuple[float, Layout] | None = None
     for tp, pp, dp in degrees(job, gpus, space):
         for mb in divisors(job.train.global_batch // dp):
             if space.micro_batch is not None and mb not in space.micro_batch:
                 continue
             m = job.train.global_batch // (dp * mb)
-            for (schedule, vpp), sp in itertools.product(_schedules(pp, job.model.num_layers, m, space), (True, False)[tp == 1:]):
+            sps = {"never": (False,), "required": (True,)}.get(fw.sequence_parallel, (True, False))
+            for (schedule, vpp), sp in itertools.product(_schedules(pp, job.model.num_layers, m, space),
+                                                         sps if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp)
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
+                stages = space.zero_stages(dp, fw)
+                if not stages and dp > 1 and space.zero:  # only stages the framework cannot run: say which
+                    refused = refused or fw.refusal(base.with_(zero=space.zero[0])) or ""
                 for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
-                    for zero in space.zero_stages(dp):
+                    lowest = None
+                    for zero in stages:
                         if zero >= best_zero:
                             break
                         layout = base.with_(zero=zero, recompute=recompute)
+                        why = fw.refusal(layout)
+                        if why:
+                            refused = refused or why
+                            continue
                         mem = total_bytes(memory_breakdown(job, layout)[1])
                         scored += 1
                         if leanest is None or mem < leanest[0]:
@@ -181,33 +211,51 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                         if mem <= limit:
                             ranked.append(estimate(job, layout))
                             timed += 1
-                            best_zero = zero
-                            break
+                            lowest = zero if lowest is None else lowest
+                    if lowest is not None:
+                        best_zero = lowest
     ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
     return SearchResult(ranked=ranked, scored=scored, timed=timed,
-                        leanest=estimate(job, leanest[1]) if leanest else None)
+                        leanest=estimate(job, leanest[1]) if leanest else None, refused=refused)
+
+
+def fitting_gpu_count(job: Job, gpus: int, room: float, limit: int = 1 << 20) -> int | None:
+    """The smallest GPU count above `gpus` that the layout rules can use (whole nodes, a tp dividing the
+    heads, a dp dividing the global batch) and over which the model states could fit in `room` bytes."""
+    states = job.model.num_params() * job.train.bytes_per_param
+    per_node = job.cluster.gpus_per_node
+    n = max(gpus + 1, math.ceil(states / room))
+    n = per_node * math.ceil(n / per_node) if n > per_node else n
+    while n <= limit:
+        if any(True for _ in degrees(job, n)):
+            return n
+        n += per_node if n >= per_node else 1
+    return None
 
 
 def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: SearchSpace = SearchSpace()) -> str:
     """One line: what fits nowhere, by how much, and what would make it fit."""
     limit = job.cluster.gpu_memory_gib
+    widen = "widen the search (--tp, --pp, --zero, --recompute, ...), " if space.narrowed() else ""
+    if result.leanest is None and result.refused:
+        return (f"--framework {job.framework} cannot run any layout the search allows: {result.refused.split(' — ')[0]} — "
+                f"{widen}or pick another --framework")
     if result.leanest is None:
         return no_layout_message(job, gpus, space)
     lean = result.leanest
     need = lean.memory_per_gpu / GIB
     # Model states shard over every GPU at best (ZeRO-3 x TP x PP); what else the leanest layout
     # needs per GPU (activations, logits, workspace) does not shrink with more GPUs.
-    states_total = job.model.num_params() * job.train.bytes_per_param
     other = lean.memory_bytes["activations"] + lean.memory_bytes["logits"]
     room = (job.cluster.gpu_memory_bytes - WORKSPACE_BYTES) / (1 + FRAGMENTATION) - other
     hint = ""
     if room > 0:
-        want = math.ceil(states_total / room)
-        per_node = job.cluster.gpus_per_node
-        want = max(gpus + 1, per_node * math.ceil(want / per_node))
-        hint = f"use about {want} GPUs, "
-    if space != SearchSpace():
-        hint = "widen the search (--tp, --pp, --zero, --recompute, ...), " + hint
+        want = fitting_gpu_count(job, gpus, room)
+        if want:
+            hint = f"use about {want} GPUs, "
+    fw = get_framework(job.framework)
+    if 3 not in fw.zero_stages and job.train.global_batch > 1:
+        hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.0f} GiB — "
-            f"{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
+            f"{widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")

@@ -1,47 +1,50 @@
 """Time of one optimizer step, with its breakdown (seconds), and the FLOPs behind MFU and HFU.
 
+Per layer and micro-batch on one GPU: every GEMM timed from its own shape after the TP split
+(planner/kernels.py: tiles and waves over the SMs, memory-bound small GEMMs, kernel launches), the
+attention core by the kernel the framework runs (FlashAttention-2/3 curves, or a materialised softmax),
+element-wise traffic at HBM bandwidth, TP collectives by NCCL's model (planner/comm.py), exposed unless
+the framework overlaps them with their GEMMs. The pipeline's makespan comes from
+`shardwise.schedules.closed_forms.pipeline_makespan`, the closed form the schedule simulator is tested
+against; data-parallel traffic is scheduled against the compute beside it (planner/overlap.py).
+On a calibrated cluster (`shardwise calibrate`) the measured rates and per-call costs replace the
+datasheet models (docs/accuracy.md).
+
 FLOPs follow the PaLM paper (Chowdhery et al. 2022, App. B): model FLOPs per token are
-6 N_matmul + 12 L q_dim s (attention scores and their product with V, forward + backward,
-causal masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
-The pipeline's makespan comes from `shardwise.schedules.closed_forms.pipeline_makespan`, the same
-closed form the schedule simulator is tested against. Constants and their sources: docs/planner.md.
+6 N_matmul + 12 L q_dim s (attention scores and their product with V, forward + backward, causal
+masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
+Constants and their sources: docs/planner.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from shardwise.planner import kernels
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, pipeline_ranks, rank_layers, rank_params
+from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
 
-# Achievable GEMM rate: a GEMM streams its operand tiles through HBM, and the tensor cores are not
-# fully fed while they do. Model: time = FLOPs / peak + FLOPs / (GEMM_INTENSITY * HBM bandwidth),
-# i.e. rate = peak / (1 + (peak / HBM) / GEMM_INTENSITY) — the serial roofline at an effective
-# arithmetic intensity of GEMM_INTENSITY FLOP per HBM byte (tiles re-used through L2).
-# 475 gives 0.76 of peak on A100, 0.62 on H100 and 0.70 on H200 (fitted on the published runs;
-# in the range large bf16 cuBLAS GEMMs sustain under training power/clock limits).
-GEMM_INTENSITY = 475.0
-# The attention core as one fused kernel (FlashAttention-2 forward+backward) runs at this share of
-# the GEMM rate (softmax and masking between its two GEMMs).
+# With TP communication overlap (Transformer Engine userbuffers, NeMo's ub_tp_comm_overlap) each TP
+# collective is split into chunks pipelined with the GEMM that produces or consumes it: the first chunk
+# (1/TP_OVERLAP_SPLITS of it) is never hidden, and no more than the GEMM's time can hide the rest.
+# NeMo's ub_tp_comm_overlap_cfg uses num_splits 4 (dgxc-benchmarking gpt3_175b_hydra.yaml).
+TP_OVERLAP_SPLITS = 4
+# Bytes per parameter moved by the optimizer step, bound by HBM bandwidth: Adam reads FP32 master, m,
+# v and gradient (16) and writes master, m, v and the BF16 weight (14); clipping reads the gradient (4).
+OPTIMIZER_BYTES_PER_PARAM = 34
+# The vocabulary-parallel cross-entropy per logit and micro-batch, beyond the head's GEMMs: an FP32
+# copy of the logits written and read by max/exp/sum (2 + 4 + 4) in forward; its gradient (4 + 2).
+LOSS_BYTES = (10, 6)
+# Calibrated clusters only (their rate was measured with this weighting, calibrate/measure.py): a fused
+# attention core counts 1/FLASH_EFFICIENCY of its FLOPs; element-wise passes as below.
 FLASH_EFFICIENCY = 0.8
-# Element-wise traffic (norms, residual adds, activation function, RoPE) in activation-sized
-# reads+writes per token per layer in forward; backward moves about twice as much.
-ELEMENTWISE_PASSES_HIDDEN = 10  # on h-wide tensors (replicated over TP unless sequence parallel)
-ELEMENTWISE_PASSES_FFN = 3  # on f-wide tensors (split by TP)
-# Materialised softmax (no fused kernel): scale, mask, softmax, dropout read and write the scores.
-SCORE_PASSES = 8
-# Share of the data-parallel traffic hidden behind compute (bucketed overlap: Megatron
-# overlap_grad_reduce, DDP buckets, FSDP prefetch). The rest is exposed: the collectives compete
-# with the GEMMs for SMs and HBM, and the last buckets cannot overlap. Fitted on published runs.
-DP_OVERLAP = 0.3
-# With tp_comm_overlap, the share of TP communication still exposed (chunk start-up, the first and
-# last chunk of each overlapped GEMM).
-TP_OVERLAP_EXPOSED = 0.2
-# Bytes read+written per parameter by the Adam step: fp32 master, m, v, grad read (16) and
-# master, m, v, bf16 weight written (14). The step is bound by HBM bandwidth.
-OPTIMIZER_BYTES_PER_PARAM = 30
+CALIBRATED_PASSES = (10, 3)  # element-wise h-wide and f-wide activation passes per token and layer
+SCORE_PASSES = 8  # materialised softmax passes over the scores (calibrated path)
 
 
 def matmul_params_per_layer(model: ModelSpec) -> int:
@@ -57,13 +60,129 @@ def model_flops_per_step(job: Job) -> float:
 
 
 def achievable_flops(job: Job) -> float:
-    """The calibrated rate of the model's layers (`model_tflops`), else of its GEMMs, else the roofline below."""
+    """The calibrated rate of the model's layers (`model_tflops`), else of its GEMMs, else the GPU's
+    maximum achievable matmul rate (a large well-quantized GEMM)."""
     measured = job.cluster.measured or {}
     rate = measured.get("model_tflops") or measured.get("matmul_tflops")
     if rate:
         return float(rate) * 1e12
-    c = job.cluster
-    return c.peak_flops / (1 + c.peak_flops / c.hbm_bandwidth / GEMM_INTENSITY)
+    return kernels.matmul_rate(job.cluster)
+
+
+def calibrated(job: Job) -> bool:
+    measured = job.cluster.measured or {}
+    return bool(measured.get("model_tflops") or measured.get("matmul_tflops"))
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one GPU (seconds)."""
+
+    fwd: float  # forward compute: GEMMs, attention core, element-wise
+    bwd_in: float  # input-gradient half of the backward
+    bwd_w: float  # weight-gradient GEMMs
+    attn_fwd: float  # the attention core's forward (what selective recompute runs again)
+    tp_fwd: float  # exposed TP communication, forward
+    tp_bwd: float
+    overhead: float  # calibrated fixed cost of a layer (all passes)
+
+
+def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of a layer's forward GEMMs after the TP split: QKV, output projection, FC1 (gate and
+    up fused), FC2. Under sequence parallelism they see all `tokens` (after the all-gather)."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp),
+            (tokens, (2 if model.gated_mlp else 1) * f // tp, h), (tokens, h, f // tp)]
+
+
+def layer_cost(job: Job, layout: Layout) -> LayerCost:
+    """One layer's costs: they depend on the layout only through tp, SP and the micro-batch."""
+    return _layer_cost(job, Layout(tp=layout.tp, micro_batch=layout.micro_batch,
+                                   sequence_parallel=layout.sequence_parallel), *_cache_key(job))
+
+
+def _cache_key(job: Job) -> tuple:
+    """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
+    of its hash and equality, and the in-situ efficiency is a module constant."""
+    return kernels.in_situ(job.cluster), repr(job.cluster.measured)
+
+
+@lru_cache(maxsize=4096)
+def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> LayerCost:
+    model, tp, c = job.model, layout.tp, job.cluster
+    tokens = layout.micro_batch * job.tokens_per_sequence_per_gpu
+    e = job.train.activation_bytes
+    sp = layout.sequence_parallel and tp > 1
+    oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
+    if calibrated(job):
+        fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
+    else:
+        fw = get_framework(job.framework)
+        gemms = [(kernels.gemm_time(c, m_, n_, k_), kernels.gemm_time(c, m_, k_, n_),
+                  kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes))
+                 for m_, n_, k_ in layer_gemms(model, tokens, tp)]
+        heads, d = model.num_heads // tp, model.head_dim
+        if job.flash_attention and fw.attention != "unfused":
+            kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
+            attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d)
+        else:
+            attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, job.tokens_per_sequence_per_gpu,
+                                                          job.train.seq_len, heads, d, e, model.family == "gpt2")
+        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim,
+                                              tp, sp, model.gated_mlp, model.family == "llama", e,
+                                              fw.fused_elementwise, model.family)
+        fwd = sum(g[0] for g in gemms) + attn + el_f
+        bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
+        bwd_w = sum(g[2] for g in gemms)
+    tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms)
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh)
+
+
+def _calibrated_layer(job: Job, layout: Layout, tokens: int):
+    """A calibrated cluster's layer: FLOPs at the measured rate, as `calibrate` weighted them."""
+    model, tp = job.model, layout.tp
+    rate, hbm, e = achievable_flops(job), job.cluster.hbm_bandwidth, job.train.activation_bytes
+    mm = 2 * tokens * matmul_params_per_layer(model) / tp / rate
+    attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
+    if job.flash_attention:
+        attn = attn_flops / (rate * FLASH_EFFICIENCY)
+    else:
+        attn = attn_flops / rate + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm
+    sp = tp if layout.sequence_parallel else 1
+    elem = tokens * e * (CALIBRATED_PASSES[0] * model.hidden / sp + CALIBRATED_PASSES[1] * model.ffn_hidden / tp) / hbm
+    gemms = [(mm / 4, mm / 4, mm / 4)] * 4
+    return mm + attn + elem, mm + 2 * attn + 2 * elem, mm, attn, gemms
+
+
+def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list) -> tuple[float, float]:
+    """(forward, backward) exposed TP seconds of one layer and micro-batch: two all-reduces of the
+    activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
+    parallelism an all-gather + reduce-scatter pair for each (the same bytes, twice the calls; a
+    calibrated synchronisation cost once per pair). Under sequence parallelism the backward also gathers
+    again the sequence-sharded input each column-parallel group (q/k/v, gate/up) saved, for its weight
+    gradients: Megatron issues it behind the group's input-gradient GEMM (Job.async_sp_regather),
+    shardwise's runtime waits for it. With TP comm overlap (needs SP) each collective hides behind the
+    GEMM beside it, all but its first chunk."""
+    tp, c = layout.tp, job.cluster
+    if tp <= 1:
+        return 0.0, 0.0
+    act = tokens * job.model.hidden * job.train.activation_bytes
+    sync = sync_time(c)
+    if not layout.sequence_parallel:
+        one = collective_time(c, "all_reduce", act, tp) + sync
+        return 2 * one, 2 * one
+    ag, rs = collective_time(c, "all_gather", act, tp), collective_time(c, "reduce_scatter", act, tp)
+    regather = ag + sync
+    # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
+    regathers = sum(max(0.0, regather - gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
+    if job.tp_comm_overlap:
+        # forward: AG before QKV and FC1, RS after the projection and FC2; backward mirrored on the dgrads.
+        pairs_f = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
+        pairs_b = [(ag, gemms[3][1]), (rs, gemms[2][1]), (ag, gemms[1][1]), (rs, gemms[0][1])]
+        exposed = [sum(max(x / TP_OVERLAP_SPLITS, x - g) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
+        return exposed[0], exposed[1] + regathers
+    one = ag + rs + sync
+    return 2 * one, 2 * one + regathers
 
 
 @dataclass(frozen=True)
@@ -78,84 +197,61 @@ class StageCost:
     tp_comm: float
     flops_model: float
     flops_recompute: float
-
-
-def column_group_flops(model: ModelSpec, tokens: int, tp: int) -> tuple[float, float]:
-    """Forward FLOPs (= input-gradient FLOPs) of the two column-parallel groups of a layer: q/k/v, and
-    gate/up (fc1 without a gate), per GPU."""
-    h = model.hidden
-    return (2 * tokens * h * (model.q_dim + 2 * model.kv_dim) / tp,
-            2 * tokens * h * model.ffn_hidden * (2 if model.gated_mlp else 1) / tp)
+    layers: int = 0
+    layer_f: float = 0.0  # one layer's forward compute (what an FSDP gather hides behind)
+    layer_b: float = 0.0  # one layer's backward compute
 
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
-    model, tp, b = job.model, layout.tp, layout.micro_batch
-    s_kv = job.train.seq_len
-    tokens = b * job.tokens_per_sequence_per_gpu
+    """Per micro-batch costs of pipeline rank `rank` (cached: the search asks for the same ones often)."""
+    return _stage_cost(job, layout, rank, *_cache_key(job))
+
+
+@lru_cache(maxsize=4096)
+def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: str) -> StageCost:
+    model, tp = job.model, layout.tp
+    tokens = layout.micro_batch * job.tokens_per_sequence_per_gpu
     layers = rank_layers(job, layout, rank)
-    rate = achievable_flops(job)
-    e = job.train.activation_bytes
-    hbm = job.cluster.hbm_bandwidth
-
-    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp  # forward, one layer
-    attn_flops = 4 * tokens * s_kv * model.q_dim / tp
-    mm = mm_flops / rate
-    if job.flash_attention:
-        attn = attn_flops / (rate * FLASH_EFFICIENCY)
-        scores_io = 0.0
-    else:
-        attn = attn_flops / rate
-        scores_io = SCORE_PASSES * e * model.num_heads * tokens * s_kv / tp / hbm
-    sp = tp if layout.sequence_parallel else 1
-    elem = tokens * e * (ELEMENTWISE_PASSES_HIDDEN * model.hidden / sp + ELEMENTWISE_PASSES_FFN * model.ffn_hidden / tp) / hbm
-    # Two all-reduces per layer in forward and two in backward (or all-gather + reduce-scatter
-    # pairs with sequence parallelism: the same bytes on the wire, twice the calls). A call that comes
-    # after compute also pays the calibrated cost of synchronising (0 for datasheet clusters); under
-    # sequence parallelism a block's gather follows the previous scatter with only a norm between
-    # them, the ranks still in lockstep, so each pair synchronises once.
-    act = tokens * model.hidden * e
-    sync = sync_time(job.cluster) if tp > 1 else 0.0
-    if layout.sequence_parallel:
-        one = collective_time(job.cluster, "all_gather", act, tp) + collective_time(job.cluster, "reduce_scatter", act, tp) + sync
-    else:
-        one = collective_time(job.cluster, "all_reduce", act, tp) + sync
-    exposed = TP_OVERLAP_EXPOSED if job.tp_comm_overlap else 1.0
-    tp_fwd = 2 * one * exposed
-    # Backward: the same pairs, and under sequence parallelism one more all-gather per column-parallel
-    # group (q/k/v, gate/up): its input was saved sequence-sharded and is gathered again for the weight
-    # gradients (Megatron; shardwise.parallel.tensor_parallel._GatherLinears). Megatron issues it
-    # asynchronously behind the group's input-gradient GEMM (Job.async_sp_regather); shardwise waits.
-    tp_bwd = tp_fwd
-    if layout.sequence_parallel:
-        regather = collective_time(job.cluster, "all_gather", act, tp) + sync
-        for group_flops in column_group_flops(model, tokens, tp):
-            tp_bwd += max(0.0, regather - group_flops / rate) if job.async_sp_regather else regather * exposed
+    lc = layer_cost(job, layout)
+    oh = lc.overhead / 3
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
-
-    # Calibrated fixed cost of a layer per micro-batch (op dispatch, kernel launches), a third per pass.
-    oh = float((job.cluster.measured or {}).get("layer_overhead_s", 0.0)) / 3
-    fwd_layer = mm + attn + scores_io + elem + tp_fwd + oh
-    f = layers * fwd_layer + edge_f
-    b_in = layers * (mm + 2 * attn + 2 * scores_io + 2 * elem + tp_bwd + oh) + edge_b
-    w = layers * (mm + oh)
+    f = layers * (lc.fwd + lc.tp_fwd + oh) + edge_f
+    b_in = layers * (lc.bwd_in + lc.tp_bwd + oh) + edge_b
+    w = layers * (lc.bwd_w + oh)
+    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
+    attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
     flops_model = layers * 3 * (mm_flops + attn_flops)
     # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
+    rec_tp = 0.0  # full recompute runs the forward's TP collectives again
     if layout.recompute == "full":
-        rec, flops_rec = layers * (fwd_layer + ckpt), layers * (mm_flops + attn_flops)
+        rec, flops_rec, rec_tp = layers * (lc.fwd + oh + ckpt), layers * (mm_flops + attn_flops), layers * lc.tp_fwd
     elif layout.recompute == "selective":
-        rec, flops_rec = layers * (attn + scores_io + ckpt), layers * attn_flops
+        rec, flops_rec = layers * (lc.attn_fwd + ckpt), layers * attn_flops
     else:
         rec, flops_rec = 0.0, 0.0
-    if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients
-        head_flops = 2 * tokens * model.hidden * model.vocab_size / tp
-        head = head_flops / rate
-        f, b_in, w = f + head, b_in + head, w + head
-        flops_model += 3 * head_flops
-    tp_comm = layers * (tp_fwd + tp_bwd) + edge_f + edge_b
-    compute = f + b_in + w - tp_comm
-    return StageCost(f=f, b=b_in + rec, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
-                     flops_model=flops_model, flops_recompute=flops_rec)
+    if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients, the loss
+        hf, hb, hw = head_time(job, layout, tokens)
+        f, b_in, w = f + hf, b_in + hb, w + hw
+        flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
+    tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
+    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd) - edge_f - edge_b
+    return StageCost(f=f, b=b_in + rec + rec_tp, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
+                     flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
+                     layer_f=lc.fwd + lc.tp_fwd + oh, layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + 2 * oh)
+
+
+def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of the LM head and the loss on the last stage."""
+    model, c, tp = job.model, job.cluster, layout.tp
+    vocab = model.vocab_size // tp
+    if calibrated(job):
+        t = 2 * tokens * model.hidden * model.vocab_size / tp / achievable_flops(job)
+        return t, t, t
+    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES)
+    return (kernels.gemm_time(c, tokens, vocab, model.hidden) + loss_f,
+            kernels.gemm_time(c, tokens, model.hidden, vocab) + loss_b,
+            kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes))
 
 
 def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[float, float]:
@@ -192,54 +288,15 @@ def param_tensors(job: Job, layout: Layout, rank: int) -> int:
     return n
 
 
-def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, window: float) -> float:
-    """Exposed data-parallel time of one step on pipeline rank `rank`: gradient reduction and, with
-    ZeRO, parameter gathers — one term per call, each paying the calibrated synchronisation cost.
-
-    ZeRO-0: one all-reduce of the gradients. ZeRO-1: reduce-scatter + all-gather of the updated
-    weights (the same bytes); with `zero1_broadcast_per_tensor`, an all-reduce then one broadcast per
-    parameter tensor, back to back. ZeRO-2/3 shard per FSDP unit (each layer, plus a root unit per
-    model chunk with the embedding, final norm and head) and reduce-scatter every micro-batch's
-    gradients, so that only their shard is held (DeepSpeed's ZeRO-2; shardwise's runtime); ZeRO-2
-    gathers every unit once per micro-batch (kept from forward to backward), ZeRO-3 gathers every
-    unit in forward and every layer again in backward (the root stays gathered). Gradients travel
-    in 16 bits (weight_bytes). DP_OVERLAP of it hides behind backward compute, at most `window`
-    seconds of it.
-    """
-    d = layout.dp * job.context_parallel
-    if d <= 1:
-        return 0.0
-    c, wb, stride, sync = job.cluster, job.train.weight_bytes, layout.tp, sync_time(job.cluster)
+def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -> tuple[float, float]:
+    """(after-backward, before-forward) exposed data-parallel seconds of one step on pipeline rank
+    `rank`, scheduled against its compute (planner/overlap.py) as the job's framework issues it."""
+    fw = get_framework(job.framework)
+    win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
+                 layers=cost.layers, microbatches=m)
     params = rank_params(job, layout, rank)
-
-    def calls(kind: str, sizes: list[float], extra: float = sync) -> float:
-        return sum(collective_time(c, kind, wb * n, d, stride) + extra for n in sizes)
-
-    chunks = layout.vpp if layout.pp > 1 else 1
-    if layout.zero == 0:
-        total = calls("all_reduce", [params / chunks] * chunks)
-    elif layout.zero == 1 and job.zero1_broadcast_per_tensor:
-        n = param_tensors(job, layout, rank)
-        total = calls("all_reduce", [params / chunks] * chunks) + n * collective_time(c, "broadcast", wb * params / n, d, stride)
-    elif layout.zero == 1:
-        total = calls("reduce_scatter", [params]) + calls("all_gather", [params])
-    else:
-        layers = rank_layers(job, layout, rank)
-        layer = job.model.params_per_layer() / layout.tp
-        blocks, roots = [layer] * layers, [(params - layers * layer) / chunks] * chunks
-        # FSDP's calls: the calibrated cost of one in a step beyond the table (its synchronisation and
-        # its own copy-in/copy-out and hooks), else the plain synchronisation cost.
-        fsdp = float((c.measured or {}).get("fsdp_call_s", sync))
-        gathers, scatters = calls("all_gather", blocks + roots, fsdp), calls("reduce_scatter", blocks + roots, fsdp)
-        if layout.zero == 2:
-            total = m * (gathers + scatters)
-        else:
-            total = m * (gathers + calls("all_gather", blocks, fsdp) + scatters)
-    # A calibrated profile says how much overlaps where it knows (CPU: none, collectives block the
-    # compute thread); datasheet clusters use DP_OVERLAP.
-    overlap = float((c.measured or {}).get("comm_overlap", DP_OVERLAP))
-    hidden = min(overlap * total, window)
-    return total - hidden
+    return dp_exposed(job, layout, fw, params, job.model.params_per_layer() / layout.tp,
+                      param_tensors(job, layout, rank), win)
 
 
 def step_comm_time(job: Job, layout: Layout) -> float:
@@ -266,47 +323,58 @@ def pipeline_receives(layout: Layout, m: int) -> int:
     return max(m * sum((c * p + r > 0) + (c * p + r < last) for c in range(v)) for r in range(p))
 
 
-def pipeline_costs(job: Job, layout: Layout) -> tuple[StageCost, float]:
-    """What the pipeline term is evaluated with: the slowest kind of rank's per micro-batch costs (every
-    stage is timed at them; `pipeline_ranks`: first, last, and the most-layered between) and one
-    activation transfer between neighbouring ranks (seconds).
-    The report's timeline simulates the schedule with the same numbers."""
-    costs = [stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)]
-    slow = max(costs, key=lambda c: c.f + c.b + c.w)
-    # Activation handoff between neighbouring ranks (split over TP: scatter-gather / SP layout).
+def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
+    """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
+    stage is timed at them) and one exposed activation transfer between neighbouring ranks (seconds:
+    split over TP, the scatter-gather / SP layout; 0 when the framework overlaps its pipeline transfers
+    with compute). The report's timeline simulates the schedule with the same numbers."""
+    costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
+    slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
-    c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel) if layout.pp > 1 else 0.0
+    c = 0.0
+    if layout.pp > 1 and not (get_framework(job.framework).p2p_overlap and not calibrated(job)):
+        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel)
     return slow, c
 
 
 def step_time(job: Job, layout: Layout) -> dict:
-    """Breakdown (seconds) of one step on the slowest pipeline rank, plus the FLOP totals."""
+    """Breakdown (seconds) of one step on the slowest pipeline rank."""
+    fw = get_framework(job.framework)
     m = layout.num_microbatches(job.train.global_batch)
     p, v = layout.pp, layout.vpp
-    ranks = pipeline_ranks(job, layout)
-    slow, c = pipeline_costs(job, layout)
+    ranks = pipeline_ranks(job, layout)  # first, last, and the most-layered between (stage_split)
+    costs = {r: stage_cost(job, layout, r) for r in ranks}
+    slow, c = pipeline_costs(job, layout, costs)
     span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
     # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
     span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * p2p_sync_time(job.cluster)
     work = m * (slow.f + slow.b + slow.w)
-    # The rank with most parameters (first or last) sets the DP and optimizer time.
+    # Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
+    # last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
+    # r stage-forwards later.
+    dp = 0.0
+    for r in ranks:
+        after, before = dp_comm_time(job, layout, r, m, costs[r])
+        dp = max(dp, max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f))
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
     params = rank_params(job, layout, heavy)
-    dp = dp_comm_time(job, layout, heavy, m, window=m * slow.b if layout.zero >= 2 else slow.b)
     sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
-    opt = OPTIMIZER_BYTES_PER_PARAM * sharded / job.cluster.hbm_bandwidth
-    # A calibrated fixed cost per step: clipping and the optimizer's per-tensor work, and with FSDP the
-    # dispatch of each sharded parameter tensor (0 for datasheet clusters).
+    opt = OPTIMIZER_BYTES_PER_PARAM * sharded / kernels.hbm_rate(job.cluster)
+    # Calibrated fixed costs per step: clipping and the optimizer's per-tensor work, with FSDP the
+    # dispatch of each sharded parameter tensor, and the framework's own per-step overhead (the
+    # `shardwise` profile's CALIBRATED_STEP_OVERHEAD hook); 0 for datasheet clusters.
     measured = job.cluster.measured or {}
     opt += float(measured.get("step_overhead_s", 0.0))
+    if fw.calibrated_step_overhead:
+        opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
     if layout.zero >= 2 and layout.dp * job.context_parallel > 1:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
     wrapper = 0.0
     if layout.zero < 2 and layout.pp == 1 and layout.dp * job.context_parallel > 1:
-        wrapper = m * float((job.cluster.measured or {}).get("ddp_microbatch_s", 0.0))
-    breakdown = {
+        wrapper = m * float(measured.get("ddp_microbatch_s", 0.0))
+    return {
         "compute": m * slow.compute + wrapper,
         "recompute": m * slow.recompute,
         "tp_comm": m * slow.tp_comm,
@@ -316,7 +384,6 @@ def step_time(job: Job, layout: Layout) -> dict:
         "step_comm": step_comm_time(job, layout),
         "optimizer": opt,
     }
-    return breakdown
 
 
 def step_flops(job: Job, layout: Layout) -> tuple[float, float]:

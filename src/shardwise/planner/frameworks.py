@@ -1,0 +1,236 @@
+"""Framework profiles: what a layout costs, and whether it runs at all, depends on the software running it.
+
+Each profile states the semantics the planner models for one training stack, with sources (papers,
+the frameworks' docs and code, at the commits named in docs/planner.md):
+  * model states: bytes per parameter kept for weights, gradients and the optimizer;
+  * the attention kernel (fused FlashAttention-2/3 or cuDNN, or a materialised softmax);
+  * data parallelism: in which dtype gradients travel, when they are reduced (once per step or every
+    micro-batch), what compute hides them (a schedule, planner/overlap.py), how ZeRO stages gather;
+  * pipeline transfers overlapped or blocking; TP communication overlapped with GEMMs or not;
+  * which layouts the stack cannot run (the search skips them; `estimate` refuses them, naming why).
+
+`shardwise` is exactly this project's runtime (parallel/data_parallel.py, train.py): its refusals come
+from the runtime's own layout checks (specs.runtime_refusal, which launch.check raises), and it leaves
+one hook, CALIBRATED_STEP_OVERHEAD, for the fixed per-step cost `calibrate` measures on the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardwise.errors import UsageError
+from shardwise.specs import Layout, runtime_refusal
+
+# The [measured] key of a calibrated cluster that holds the `shardwise` runtime's fixed cost per training
+# step beyond the layers, collectives and optimizer the planner times (loss reduction, clipping, metrics).
+# Filled by `shardwise calibrate`; 0 when absent (datasheet clusters).
+CALIBRATED_STEP_OVERHEAD = "train_step_overhead_s"
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    summary: str
+    sources: tuple[str, ...]
+    # Model states, bytes per parameter (weights as used in forward/backward, gradient buffer, optimizer).
+    weight_bytes: int = 2
+    grad_bytes: int = 4
+    optimizer_bytes: int = 12
+    # Attention: "fa3" (FlashAttention-3 / cuDNN fused attention on Hopper, FlashAttention-2 on Ampere),
+    # "fa2" (FlashAttention-2, e.g. through PyTorch SDPA), "unfused" (materialised softmax).
+    attention: str = "fa3"
+    fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
+    # Data parallelism.
+    grad_reduce_bytes: int = 4  # bytes per gradient element on the wire
+    param_gather_bytes: int = 2  # bytes per parameter element all-gathered (ZeRO-1 update, FSDP units)
+    overlap_grad_reduce: bool = True  # buckets reduced during the backward (False: after it)
+    overlap_param_gather: bool = False  # ZeRO-1's updated weights gathered behind the next forward
+    zero1: str = "reduce_scatter"  # "reduce_scatter" (+ all-gather) or "broadcast" (torch ZeroRedundancyOptimizer)
+    zero2_reduce_every_microbatch: bool = False  # DeepSpeed ZeRO-2 reduces in every backward
+    fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
+    gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
+    prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
+    bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
+    # Pipeline and tensor parallelism.
+    p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
+    tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
+    tp_comm_overlap_available: bool = False
+    sequence_parallel: str = "optional"  # "optional" | "required" (with tp > 1) | "never"
+    async_sp_regather: bool = True  # SP's backward re-gather runs behind the input-gradient GEMM
+    # What the stack runs at all.
+    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
+    zero_stages: tuple[int, ...] = (0, 1)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    max_zero_with_pp: int = 3
+    zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
+    flash_attention: bool = True  # default of --flash-attention
+    calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
+    cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
+
+    def refusal(self, layout: Layout) -> str | None:
+        """Why this stack cannot run `layout` (one clause naming it), or None."""
+        lay = layout
+        if lay.pp > 1 and lay.schedule not in self.schedules:
+            return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
+        if lay.zero not in self.zero_stages and lay.dp > 1:
+            return f"{self.name} has no ZeRO-{lay.zero} (it runs ZeRO {', '.join(map(str, self.zero_stages))})"
+        if lay.pp > 1 and lay.dp > 1 and lay.zero > self.max_zero_with_pp:
+            return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
+        if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
+            return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
+        if lay.recompute not in self.recompute:
+            return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
+        if lay.tp > 1 and self.sequence_parallel == "required" and not lay.sequence_parallel:
+            return f"{self.name}'s tensor parallelism always shards the sequence (add --sequence-parallel)"
+        if lay.sequence_parallel and lay.tp > 1 and self.sequence_parallel == "never":
+            return f"{self.name} has no sequence parallelism (drop --sequence-parallel)"
+        if self.name == "shardwise":
+            return runtime_refusal(layout)
+        return None
+
+
+MEGATRON_2021 = Framework(
+    name="megatron-2021",
+    summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax, FP32 gradient all-reduce after the "
+            "backward (no overlap), 1F1B or interleaved 1F1B with scatter/gather, no SP, no distributed optimizer",
+    sources=("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM' (SC'21)",
+             "NVIDIA/Megatron-LM arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32"),
+    attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0,),
+    recompute=("none", "full"), sequence_parallel="never", flash_attention=False,
+    cannot=("ZeRO/distributed optimizer", "sequence parallelism", "selective recompute", "GPipe and ZB-H1 schedules"),
+)
+
+MEGATRON_CORE = Framework(
+    name="megatron-core",
+    summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
+            "--overlap-param-gather, Transformer Engine fused attention, FP32 gradient reduce, optional SP, "
+            "selective recompute, optional TP comm overlap (--tp-comm-overlap)",
+    sources=("NVIDIA/Megatron-LM megatron/core/distributed (DistributedDataParallel, bucket_size 40M params), "
+             "megatron/core/optimizer/distrib_optimizer.py, arguments.py (fp32 grad reduce with bf16)",
+             "Korthikanti et al. 2022 (SP, selective recompute)"),
+    attention="fa3", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
+    bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1),
+    cannot=("ZeRO-2/3 (its FSDP paths are not modelled: use --framework torchtitan or deepspeed)",
+            "GPipe and ZB-H1 schedules"),
+)
+
+NEMO = Framework(
+    name="nemo",
+    summary="NeMo's Megatron recipes (megatron-core underneath): distributed_fused_adam with overlapped grad "
+            "and param sync in bf16 (grad_sync_dtype), TP comm overlap (ub_tp_comm_overlap), SP, overlapped "
+            "pipeline p2p",
+    sources=("NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml (commit 8f5cbb3): distributed_fused_adam, "
+             "overlap_grad_sync, overlap_param_sync, grad_sync_dtype bf16, bucket_cap_mb 220, ub_tp_comm_overlap, "
+             "sequence_parallel, overlap_p2p_comm",
+             "NVIDIA/NeMo nemo/core/optim/distributed_adam.py; megatron_base_model.py setup_optimization: with a bf16 "
+             "model the FP32 master weights are kept as 16-bit remainders (store_param_remainders): 2 + 4 + 4 = 10 "
+             "optimizer bytes per parameter"),
+    grad_bytes=2, optimizer_bytes=10, attention="fa3", grad_reduce_bytes=2, overlap_grad_reduce=True,
+    overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
+    zero_stages=(0, 1),
+    cannot=("ZeRO-2/3 (NeMo's FSDP path is not modelled: use --framework torchtitan)", "GPipe and ZB-H1 schedules"),
+)
+
+DEEPSPEED = Framework(
+    name="deepspeed",
+    summary="DeepSpeed (with Megatron-DeepSpeed for TP): ZeRO-0/1 reduce at the gradient-accumulation boundary "
+            "after the backward; ZeRO-2 reduces in every micro-batch's backward (overlap_comm); ZeRO-3 gathers "
+            "each module with prefetch; gradients travel in the model dtype; only its 1F1B pipeline, with ZeRO <= 1",
+    sources=("deepspeedai/DeepSpeed runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 communicates during "
+             "non gradient accumulation boundaries'), communication_data_type (bf16 with bf16)",
+             "runtime/pipe/engine.py ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), TrainSchedule (1F1B)",
+             "Rajbhandari et al. 2020, ZeRO (SC'20)"),
+    grad_bytes=2, attention="fa2", grad_reduce_bytes=2, overlap_grad_reduce=False,
+    zero2_reduce_every_microbatch=True, gather_per_tensor=True, bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
+    max_zero_with_pp=1, sequence_parallel="never",
+    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
+            "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)"),
+)
+
+DEEPSPEED_2021 = Framework(
+    name="deepspeed-2021",
+    summary="DeepSpeed as the 2021-22 runs used it (MT-NLG, BLOOM, GPT-NeoX, GLM-130B, Narayanan et al.'s ZeRO-3 "
+            "baseline): no fused attention, reductions after the backward (overlap_comm off), ZeRO-3 gathering "
+            "each parameter with a host synchronisation before it (no overlap), 1F1B pipeline with ZeRO <= 1",
+    sources=("deepspeedai/DeepSpeed commit 599258f97 (2021-03-08) runtime/zero/partition_parameters.py "
+             "_allgather_param: torch.cuda.synchronize() then one all_gather per parameter",
+             "runtime/engine.py allreduce_gradients at the accumulation boundary; DeepSpeed config docs (overlap_comm "
+             "default false)"),
+    grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
+    zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, bucket_bytes=5e8 * 2,
+    schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
+    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
+)
+
+TORCHTITAN = Framework(
+    name="torchtitan",
+    summary="torchtitan: FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
+            "every micro-batch, TP always with sequence parallelism, torch.distributed.pipelining schedules, "
+            "SDPA (FlashAttention-2)",
+    sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py (apply_fsdp, apply_tp, apply_ddp), "
+             "config/configs.py (mixed_precision_reduce = float32)",
+             "Liang et al. 2024, 'TorchTitan' (ICLR 2025)"),
+    weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
+    overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, bucket_bytes=100 * 2**20,
+    schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
+    sequence_parallel="required", tp_comm_overlap_available=True,
+    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "TP without sequence parallelism", "ZB-H1 (its zero-bubble "
+            "schedules need several stages per rank)"),
+)
+
+SHARDWISE = Framework(
+    name="shardwise",
+    summary="this project's runtime: FP32 parameters and AdamW states (bf16 autocast on GPU), SDPA attention, "
+            "DDP bucketed all-reduce (ZeRO-0), DDP + ZeroRedundancyOptimizer (ZeRO-1: one broadcast per tensor), "
+            "FSDP2 (ZeRO-2 and ZeRO-3 reduce-scatter every micro-batch), FP32 reductions, SP's backward "
+            "re-gather waited for, blocking pipeline p2p, every schedule",
+    sources=("src/shardwise/parallel/data_parallel.py, src/shardwise/train.py, src/shardwise/launch.py (check)",),
+    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
+    param_gather_bytes=4, async_sp_regather=False,
+    overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
+    schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "naive"), zero_stages=(0, 1, 2, 3),
+    calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD,
+    cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
+)
+
+FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, SHARDWISE,
+                                        DEEPSPEED_2021)}
+DEFAULT_FRAMEWORK = "megatron-core"
+DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
+                "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "
+                "It sets what overlaps, the reduce dtype, the attention kernel, the bytes per parameter, and "
+                "which layouts can run at all")
+
+
+def get(name: str) -> Framework:
+    if name not in FRAMEWORKS:
+        raise UsageError(f"unknown framework '{name}' — choose one of {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
+
+
+def check(framework: Framework, layout: Layout) -> None:
+    """UsageError (one line, exit 2) when the stack cannot run the layout."""
+    reason = framework.refusal(layout)
+    if reason:
+        fix = "" if " — " in reason else " — change the layout or pick another --framework"
+        raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")
+
+
+def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
+             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, context_parallel: int = 1,
+             **train):
+    """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
+    defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
+    from shardwise.planner.memory import Job
+    from shardwise.specs import TrainSpec
+
+    fw = get(framework)
+    if tp_comm_overlap and not fw.tp_comm_overlap_available:
+        raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
+    states = {"weight_bytes": fw.weight_bytes, "grad_bytes": fw.grad_bytes, "optimizer_bytes": fw.optimizer_bytes}
+    states.update(train)
+    return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
+               flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
+               tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
+               context_parallel=context_parallel, zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
+               async_sp_regather=fw.async_sp_regather, framework=fw.name)

@@ -1,0 +1,207 @@
+"""One GPU's kernels: a GEMM's time from its own shape, the attention core's, element-wise traffic.
+
+Inputs are datasheet and kernel-measurement figures of the cluster (specs.ClusterSpec): SM count,
+dense BF16 peak, the maximum achievable matmul rate (MAMF, Bekman's mamf-finder), HBM bandwidth.
+Nothing here is fitted on training runs; docs/planner.md gives every constant with its source, and
+tests/test_planner_kernels.py checks the GEMM model against the published MAMF measurements and the
+quantization effects of NVIDIA's "Matrix Multiplication Background" guide.
+
+GEMM (NVIDIA, "Matrix Multiplication Background User's Guide", Sec. 2-3): the output is cut into
+Mt x Nt tiles, one thread block each; the GPU runs them in waves of one tile per SM. Time =
+waves x (one tile's 2*Mt*Nt*K FLOPs at one SM's share of the achievable rate), or the time to move
+the operands and the output through HBM if longer (small K: memory-bound), or a kernel launch if
+longer still. cuBLAS picks the tile; we take the fastest of the tile shapes it uses.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from shardwise.specs import ClusterSpec
+
+# Tile shapes cuBLAS uses for large BF16 GEMMs (the guide, Sec. 2.3: 256x128 and 128x256 are the most
+# efficient, then 128x128, 128x64/64x128, 64x64). A tile of at least 128x128 re-uses its operands
+# enough to keep the tensor cores fed; a smaller one does Mt*Nt/(Mt+Nt) FLOP per operand byte, so
+# runs at that share of the 128x128 tile's rate (42.7/64 = 2/3 for 128x64, 32/64 = 1/2 for 64x64).
+TILES = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 1.0), (128, 64, 2 / 3), (64, 128, 2 / 3), (64, 64, 0.5))
+# A kernel costs at least its launch: a few microseconds of host and driver work, hidden behind the
+# previous kernel only when that one runs longer (NVIDIA, "Getting Started with CUDA Graphs", 2019).
+KERNEL_LAUNCH_S = 4e-6
+# Streaming kernels (copies, norms, element-wise) reach ~90 % of the datasheet HBM bandwidth
+# (BabelStream / nvbandwidth copy figures on A100 and H100).
+HBM_EFFICIENCY = 0.9
+# Matmul efficiency when the cluster file gives no MAMF: the median of the NVIDIA rows of the MAMF table
+# (A100 SXM 85.9 %, GH200 83.0 %, A100 PCIe 82.2 %, H100 SXM 80.1 %).
+DEFAULT_MATMUL_EFFICIENCY = 0.826
+
+
+# The one constant taken from training runs (benchmarks/published_runs.py fits it and prints every
+# source's error with it fitted without that source): the share of the kernel benchmarks' tensor-core
+# rates (MAMF, FlashAttention's curves) a whole training step sustains — clocks settle lower under a full
+# node's sustained power and heat than in a single-GPU benchmark, and concurrent kernels (NCCL's,
+# element-wise) share the SMs, L2 and HBM. A100's expectation from NVIDIA's own practice, the clock A100
+# sustains at its power limit under dense tensor work (1305 MHz, vs the 1410 MHz of the 312 TFLOP/s
+# peak: 0.93), is a cross-check (docs/planner.md).
+IN_SITU_EFFICIENCY = {"ampere": 0.81, "hopper": 0.76}
+
+
+def in_situ(cluster: ClusterSpec) -> float:
+    if cluster.arch in IN_SITU_EFFICIENCY:
+        return IN_SITU_EFFICIENCY[cluster.arch]
+    return sum(IN_SITU_EFFICIENCY.values()) / len(IN_SITU_EFFICIENCY)
+
+
+def matmul_rate(cluster: ClusterSpec) -> float:
+    """Dense BF16 matmul FLOP/s of one GPU on a large, well-quantized GEMM inside a training step."""
+    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    return mamf * in_situ(cluster)
+
+
+def hbm_rate(cluster: ClusterSpec) -> float:
+    """Achieved HBM bandwidth of streaming kernels (a calibrated cluster's figure is already a measurement)."""
+    return cluster.hbm_bandwidth * (1.0 if cluster.measured else HBM_EFFICIENCY)
+
+
+@lru_cache(maxsize=1 << 16)
+def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float, in_bytes: float,
+          out_bytes: float) -> float:
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    if sms:
+        per_sm = rate / sms
+        compute = min(math.ceil(batch * math.ceil(m / mt) * math.ceil(n / nt) / sms) * 2 * mt * nt * k / (per_sm * eff)
+                      for mt, nt, eff in TILES)
+    else:
+        compute = 2 * batch * m * n * k / rate
+    memory = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n) / hbm
+    return max(compute, memory, KERNEL_LAUNCH_S)
+
+
+def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_bytes: float = 2,
+              out_bytes: float = 2) -> float:
+    """Seconds for `batch` GEMMs C[m,n] = A[m,k] B[k,n] (BF16 inputs; out_bytes per output element
+    moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer)."""
+    return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, matmul_rate(cluster), hbm_rate(cluster),
+                 in_bytes, out_bytes)
+
+
+def gemm_tflops(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
+    """Achieved TFLOP/s of one GEMM in this model (what a throughput curve by shape plots)."""
+    return 2 * m * n * k / gemm_time(cluster, m, n, k) / 1e12
+
+
+# --------------------------------------------------------------------------- attention core
+
+# Fused attention kernels, forward and backward efficiency (share of the dense BF16 peak) at long
+# sequences with head dim 128, counting FLOPs as FlashAttention does (forward 4*s^2*d per head,
+# backward 2.5x forward; causal masking halves both):
+#   fa2 on Ampere: "up to 73 % of the theoretical max in the forward pass, 63 % in the backward"
+#     (Dao 2023, FlashAttention-2, Sec. 4.1, A100);
+#   fa2 on Hopper: the same code reaches "up to 335 TFLOPs/s" forward+backward on H100 (ibid., Fig. 7),
+#     0.339 of 989, split between the passes in Ampere's 73:63 ratio;
+#   fa3 on Hopper (FlashAttention-3, Shah et al. 2024, and cuDNN's fused attention, which Transformer
+#     Engine runs there): forward up to 740 TFLOPs/s (75 %), backward 1.5-1.75x FlashAttention-2's (1.6x).
+ATTENTION_EFFICIENCY = {
+    ("fa2", "ampere"): (0.73, 0.63),
+    ("fa2", "hopper"): (0.378, 0.326),
+    ("fa3", "hopper"): (0.75, 0.52),
+}
+# Kernel each family runs per architecture (fa3 needs Hopper; Ampere runs FlashAttention-2 under TE too).
+ATTENTION_KERNEL = {"fa3": {"hopper": "fa3", "ampere": "fa2"}, "fa2": {"hopper": "fa2", "ampere": "fa2"}}
+# FlashAttention works on 128-row query blocks against 128-column key/value blocks; each query block
+# pays about one block iteration of set-up (loading Q, rescaling and writing O), so a query block with
+# n key blocks runs at n/(n+1) of the long-sequence rate.
+ATTENTION_BLOCK = 128
+# Per score the softmax costs a few FP32 non-matmul operations, which run ~16x slower than tensor-core
+# FLOPs (Dao 2023, Sec. 3.1); against 4*d matmul FLOPs per score that is a cost of about 16/d of the
+# matmul time, so head dim 64 runs at (1 + 16/128)/(1 + 16/64) = 0.9 of head dim 128.
+SOFTMAX_COST_DIM = 16
+# A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
+# in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
+# probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
+# dropout's gradient (read gradient and mask, write: 2 + 1/e), softmax's (read probabilities and
+# gradient, write: 3).
+SOFTMAX_PASSES = (2, 3)
+DROPOUT_PASSES = (2, 2)
+
+
+def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_dim: int, causal: bool = True
+                         ) -> tuple[float, float]:
+    """(forward, backward) share of peak of a fused attention kernel on this shape."""
+    eff_f, eff_b = ATTENTION_EFFICIENCY.get((kernel, arch), ATTENTION_EFFICIENCY[("fa2", "ampere")])
+    blocks = seq_kv / ATTENTION_BLOCK
+    if causal:  # a query block sees on average half the key blocks
+        blocks = (blocks + 1) / 2
+    occupancy = blocks / (blocks + 1)
+    dim = (1 + SOFTMAX_COST_DIM / 128) / (1 + SOFTMAX_COST_DIM / head_dim)
+    return eff_f * occupancy * dim, eff_b * occupancy * dim
+
+
+def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int
+                         ) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused causal attention kernel over `tokens` query tokens
+    attending to `seq_kv` keys, `heads` heads on this GPU. Causal masking skips half the blocks."""
+    flops = 4 * tokens * seq_kv * head_dim * heads / 2
+    eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, seq_kv, head_dim)
+    peak = cluster.peak_flops * in_situ(cluster)
+    return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
+
+
+def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: int, heads: int, head_dim: int,
+                           e: int, dropout: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core as batched GEMMs around a materialised
+    softmax (Megatron-LM before fused attention): QK^T and softmax.V in forward; in backward the
+    gradients of both inputs of each (four GEMMs); the full s x s scores, causal or not."""
+    n = batch * heads
+    scores = gemm_time(cluster, seq, seq_kv, head_dim, n)  # Q K^T
+    context = gemm_time(cluster, seq, head_dim, seq_kv, n)  # P V
+    fwd = scores + context
+    bwd = gemm_time(cluster, seq_kv, head_dim, seq, n) + gemm_time(cluster, seq, seq_kv, head_dim, n)  # dV, dP
+    bwd += gemm_time(cluster, seq, head_dim, seq_kv, n) + gemm_time(cluster, seq_kv, head_dim, seq, n)  # dQ, dK
+    score_bytes = n * seq * seq_kv * e
+    f_passes, b_passes = SOFTMAX_PASSES
+    if dropout:
+        f_passes += DROPOUT_PASSES[0] + 1 / e
+        b_passes += DROPOUT_PASSES[1] + 1 / e
+    return fwd + f_passes * score_bytes / hbm_rate(cluster), bwd + b_passes * score_bytes / hbm_rate(cluster)
+
+
+# --------------------------------------------------------------------------- element-wise work
+
+# Activation traffic per token and layer outside the GEMMs and the attention core, in bytes per element
+# of the tensor it runs on, counted from the dataflow: each kernel reads its inputs and writes its
+# outputs once. Forward; backward moves about twice as much (it reads the saved input and the incoming
+# gradient and writes the outgoing one).
+#   fused stacks (Megatron / Transformer Engine / Apex kernels): a norm reads and writes (2e); a residual
+#   add with its bias/dropout reads two and writes one (3e); SwiGLU reads gate and up and writes their
+#   product (3e per f), GELU reads and writes (2e); rotary embedding reads and writes Q and K (2e).
+#   eager PyTorch (torchtitan without torch.compile, this project's runtime): RMSNorm as nn.RMSNorm's
+#   composite ops in FP32 (cast in 2+4, square 4+4, mean 4, scale 4+4, cast out 4+2, weight 2+2 = 36 B);
+#   LayerNorm under autocast runs in FP32 (cast in 2+4, norm 4+4, cast out 4+2 = 20 B); SwiGLU as
+#   silu(w1 x) * w3 x (silu 2e, product 3e = 5e); rotary embedding on complex FP32 views (cast in 2+4,
+#   complex product 4+4, cast out 4+2 = 20 B) (pytorch/torchtitan models/common: nn_modules.RMSNorm,
+#   rope.apply_rotary_emb, feed_forward; PyTorch autocast op reference: layer_norm runs in float32).
+# Kernels per layer (each costs at least a launch): fused 6 forward / 12 backward, eager 20 / 40.
+ELEMENTWISE = {
+    # (norm bytes, residual bytes, gated-MLP bytes per f, GELU bytes per f, rotary bytes) with e = 2
+    True: (4, 6, 6, 4, 4),
+    False: ({"llama": 36, "gpt2": 20}, 6, 10, 4, 20),
+}
+ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40)}
+
+
+def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,
+                     sp: bool, gated: bool, rotary: bool, e: int, fused: bool = True, family: str = "llama"
+                     ) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens."""
+    norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
+    if isinstance(norm, dict):
+        norm = norm.get(family, norm["llama"])
+    scale = e / 2  # the byte counts above are for 2-byte activations
+    per_token = 2 * (norm + residual) * hidden / (tp if sp else 1) + (swiglu if gated else gelu) * ffn / tp
+    if rotary:
+        per_token += rope * (q_dim + kv_dim) / tp
+    fwd = tokens * per_token * scale / hbm_rate(cluster)
+    kf, kb = ELEMENTWISE_KERNELS[fused]
+    return max(fwd, kf * KERNEL_LAUNCH_S), max(2 * fwd, kb * KERNEL_LAUNCH_S)

@@ -1,0 +1,138 @@
+"""Data-parallel communication as a schedule: a collective is hidden only by the compute that really
+runs beside it, as the framework issues it (planner/frameworks.py).
+
+* Buckets behind a backward (DDP, Megatron's overlap_grad_reduce, DeepSpeed's overlap_comm): gradients
+  become ready evenly over the backward; each bucket is reduced once full, one at a time. The last
+  bucket starts only when the backward ends, and the stream cannot send faster than it is fed:
+  exposed = max(last bucket, total - window x (1 - last bucket's share)).
+* The same for the updated weights gathered behind the next step's first forward (Megatron's
+  overlap_param_gather).
+* Per-micro-batch reductions (DeepSpeed ZeRO-2, FSDP reduce-scatter): the reduction of micro-batch k
+  runs behind micro-batch k+1; only what exceeds a micro-batch's compute piles up, plus the last tail.
+* FSDP / ZeRO-3 gathers with one unit of prefetch: the gather of layer i+1 runs during layer i's
+  compute; a layer waits for max(0, gather - compute); the first unit's gather is never hidden. In the
+  backward the gathers and the reduce-scatters share the link.
+* Without overlap (Megatron 2021, DeepSpeed ZeRO-0/1 at the accumulation boundary, a gloo cluster whose
+  calibration measured comm_overlap = 0): every call is exposed.
+Each call also pays the calibrated synchronisation cost of a calibrated cluster (0 on datasheet ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.planner.comm import collective_time, sync_time
+from shardwise.planner.frameworks import Framework
+from shardwise.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class Window:
+    """The compute of one pipeline rank that data-parallel traffic can hide behind (seconds)."""
+
+    forward: float  # one micro-batch's forward through the rank's layers
+    backward: float  # one micro-batch's backward (input + weight gradients)
+    layer_forward: float  # one layer, one micro-batch
+    layer_backward: float
+    layers: int
+    microbatches: int
+
+
+def hidden(comm: float, window: float, nbytes: float, bucket_bytes: float) -> float:
+    """Exposed seconds of `comm` of bucketed traffic fed evenly during `window` seconds of compute."""
+    if comm <= 0:
+        return 0.0
+    last = min(1.0, bucket_bytes / nbytes) if nbytes > 0 else 1.0
+    return max(comm * last, comm - window * (1 - last))
+
+
+def per_microbatch(comm: float, win: Window, nbytes: float, bucket_bytes: float) -> float:
+    """Exposed seconds of a reduction issued in every micro-batch's backward, hidden behind the next one."""
+    per_mb = win.forward + win.backward
+    return (win.microbatches - 1) * max(0.0, comm - per_mb) + hidden(comm, win.backward, nbytes, bucket_bytes)
+
+
+def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window
+               ) -> tuple[float, float]:
+    """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
+    what delays the end of its last backward's reduction, and what delays its next forward."""
+    d = layout.dp * job.context_parallel
+    if d <= 1:
+        return 0.0, 0.0
+    c, stride, m = job.cluster, layout.tp, win.microbatches
+    measured = c.measured or {}
+    sync = sync_time(c)
+    overlap = float(measured.get("comm_overlap", 1.0)) > 0  # a blocking backend (gloo) hides nothing
+    gb, pb = fw.grad_reduce_bytes, fw.param_gather_bytes
+    chunks = layout.vpp if layout.pp > 1 else 1
+
+    def call(kind: str, elements: float, nbytes_per: float, extra: float = sync) -> float:
+        return collective_time(c, kind, nbytes_per * elements, d, stride) + extra
+
+    broadcast = fw.zero1 == "broadcast" or job.zero1_broadcast_per_tensor
+    if layout.zero == 0 or (layout.zero == 1 and broadcast):
+        reduce = chunks * call("all_reduce", params / chunks, gb)
+        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
+        if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
+            after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
+        return after, 0.0
+    if layout.zero == 1:
+        rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
+        after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
+        before = hidden(ag, win.forward, pb * params, fw.bucket_bytes) if fw.overlap_param_gather and overlap else ag
+        return after, before
+    if layout.zero == 2 and fw.zero2_reduce_every_microbatch:  # DeepSpeed: reduce in every backward, gather after the step
+        rs = call("reduce_scatter", params, gb)
+        after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if overlap else m * rs
+        return after + call("all_gather", params, pb), 0.0
+    return fsdp_exposed(job, layout, fw, params, layer_params, win, overlap), 0.0
+
+
+def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float, win: Window, overlap: bool) -> float:
+    """FSDP units (each layer, plus a root unit per model chunk: embedding, final norm, head): ZeRO-3
+    gathers each unit in every micro-batch's forward and each layer again in its backward; FSDP's
+    ZeRO-2 keeps them from forward to backward, gathering once per micro-batch. Reduce-scatter per unit,
+    every micro-batch (ZeRO-3, or when the framework does) or only in the last one."""
+    c, stride, m, layers = job.cluster, layout.tp, win.microbatches, win.layers
+    d = layout.dp * job.context_parallel
+    fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
+    chunks = layout.vpp if layout.pp > 1 else 1
+    root = max(params - layers * layer_params, 0.0) / chunks
+    gb, pb = fw.grad_reduce_bytes, fw.param_gather_bytes
+    if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
+        tensors = layer_tensors(job.model, layout.tp)
+        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp for n in tensors)
+        r = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp for n in tensors)
+    else:  # FSDP: one flat all-gather and reduce-scatter per unit
+        g = collective_time(c, "all_gather", pb * layer_params, d, stride) + fsdp
+        r = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
+    g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp if root else 0.0
+    r_root = collective_time(c, "reduce_scatter", gb * root, d, stride) + fsdp if root else 0.0
+    regather = layout.zero >= 3
+    # DeepSpeed's per-parameter fetches also run again for the recomputed forward of a checkpointed layer.
+    regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if regather else 0
+    every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
+    reducing = m if every else 1
+    if not overlap or not fw.prefetch:
+        gathers = layers * g * (1 + regathers) + chunks * g_root
+        return m * gathers + reducing * (layers * r + chunks * r_root)
+    # Forward: the root and the first layer's gathers are exposed, the rest prefetched one layer ahead.
+    fwd = chunks * g_root + g + max(layers - 1, 0) * max(0.0, g - win.layer_forward)
+    # Backward: per layer the link carries its re-gather (ZeRO-3) and, when reducing, the layer's
+    # reduce-scatter; the last layer's reduce-scatter and the root's run after the compute.
+    def bwd(reduce: bool) -> float:
+        load = g * regathers + (r if reduce else 0.0)
+        tail = (r + chunks * r_root) if reduce else 0.0
+        return max(layers - 1, 0) * max(0.0, load - win.layer_backward) + tail
+    return m * fwd + reducing * bwd(True) + (m - reducing) * bwd(False)
+
+
+def layer_tensors(model: ModelSpec, tp: int) -> list[float]:
+    """Elements of each parameter tensor of a layer on one GPU, as a Hugging Face-style model holds them
+    (Q, K, V, output projection, the MLP's two or three matrices, biases, the norms' weights and biases)."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    mats = [h * q / tp, h * kv / tp, h * kv / tp, q / tp * h] + [h * f / tp] * (3 if model.gated_mlp else 2)
+    out = mats + [h] * (2 if model.family != "gpt2" else 4)  # norm weights (and LayerNorm biases)
+    if model.has_bias:
+        out += [q / tp, kv / tp, kv / tp, h] + ([f / tp, h] if not model.gated_mlp else [f / tp, f / tp, h])
+    return out
