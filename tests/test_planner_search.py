@@ -170,8 +170,11 @@ def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
 
 
 def test_help_names_the_default_framework_and_why(capsys):
-    with pytest.raises(SystemExit):
-        main(["plan", "--help"])
+    try:
+        code = main(["plan", "--help"])
+    except SystemExit as exc:  # argparse's own exit, if the CLI lets it through
+        code = exc.code
+    assert code in (0, None)
     out = " ".join(capsys.readouterr().out.split())
     assert "--framework" in out and "default megatron-core" in out and "shardwise" in out
 
