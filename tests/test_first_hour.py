@@ -223,3 +223,28 @@ def test_simulate_answers_or_refuses_any_numbers(schedule, pp, m, vpp, comm, cos
     if out is not None:
         for r in out.get("compare", [out]):
             assert 0 <= r["bubble_fraction"] <= 1 and 0 < r["makespan"] < float("inf")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--model", "llama3-70b"], "GiB of memory (1 rank x "),
+    (["--model", "tiny", "--global-batch", str(10**9)], "GiB of memory"),
+    (["--model", "tiny", "--dp", "2", "--global-batch", str(2 * 10**8)], "(2 ranks x "),
+])
+def test_a_run_that_cannot_fit_this_machine_is_refused_before_launch(argv, expected, capsys):
+    """The planner's prediction of the runtime's memory against this machine's (a 70B model needs ~1 TiB)."""
+    err = _one_line_error(["train", *argv, "--steps", "1"], capsys)
+    assert expected in err and "available" in err and "--no-memory-check" in err, err
+
+
+def test_far_more_ranks_than_cores_is_refused_and_more_is_noted(monkeypatch, capsys):
+    import os
+
+    from shardwise import preflight
+    from shardwise.specs import Layout, load_model
+    from shardwise.train import TrainConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    err = _one_line_error(["train", "--model", "tiny", "--dp", "64", "--global-batch", "64", "--steps", "1"], capsys)
+    assert "64 ranks on 2 CPU cores" in err and "at most 16 ranks" in err, err
+    preflight.check_cores(TrainConfig(load_model("tiny"), Layout(dp=8), steps=1, global_batch=8, seq_len=16))
+    assert "note: 8 ranks share 2 CPU cores" in capsys.readouterr().err

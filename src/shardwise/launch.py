@@ -81,6 +81,9 @@ def check(cfg: TrainConfig) -> None:
     output_file(cfg.metrics_file, "--metrics-file", "metrics.jsonl")
     output_dir(cfg.trace_dir, "--trace")
     output_dir(cfg.checkpoint_dir, "--checkpoint-dir")
+    from shardwise import preflight
+
+    preflight.check(cfg, memory=cfg.memory_check)  # last: the job is valid, now does it fit this machine?
     from shardwise.checkpoint import check as check_checkpoints
 
     check_checkpoints(cfg)

@@ -60,6 +60,7 @@ class TrainConfig:
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True  # rank 0's progress bar
     messages: bool | None = None  # the resumed / saved / summary lines (default: with the progress bar)
+    memory_check: bool = True  # refuse a job the planner predicts cannot fit this machine (shardwise.preflight)
     # checkpoints (shardwise.checkpoint): where, how often, how many to keep; stop early; resume; restarts
     checkpoint_dir: str | None = None
     save_every: int | None = None  # default: only after the last step of this invocation

@@ -51,6 +51,8 @@ def register(subparsers, name, help):
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the job fails (default 300)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="pipeline runs: write DIR/trace.json (Perfetto) and DIR/timeline.png/.svg (measured vs simulated)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even if the planner predicts the job needs more memory than this machine has")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (the resumed, saved and summary lines are still printed)")
     p.add_argument("--json", action="store_true",
@@ -153,6 +155,7 @@ def config_from(args):
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,
                        metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json),
                        messages=not args.json, json_output=args.json, measure_memory=args.json,
+                       memory_check=not args.no_memory_check,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts,
                        weights=weights, hf_config=hf_config, eval_every=args.eval_every, eval_batches=args.eval_batches)
