@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 from shardwise.cli import main
-from shardwise.emit import Target, emitter, render
+from shardwise.emit import FRAMEWORK, Target, emitter, render
 from shardwise.planner import Job, estimate
+from shardwise.planner.frameworks import make_job
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 from shardwise.stage_split import stage_layer_counts
 
@@ -228,6 +229,7 @@ def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
     return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
             "recompute": "full" if full else "none", "sequence_parallel": False, "cp": 1, "cp_mode": "ring",
+            "grad_bytes": 4 if cfg.grad_accum_dtype == "fp32" else 2,  # None: the model's dtype, bf16
             "microbatches": cfg.gradient_accumulation_steps, "schedule": "1f1b" if pp > 1 else None, "counts": None}
 
 
@@ -244,6 +246,7 @@ def check_round_trip(got: dict, job, layout) -> None:
     assert got["microbatches"] == layout.num_microbatches(job.train.global_batch)
     assert got["sequence_parallel"] == (layout.sequence_parallel and layout.tp > 1)
     assert layout.cp == 1 or got["cp_mode"] == layout.cp_mode
+    assert got.get("grad_bytes", job.train.grad_bytes) == job.train.grad_bytes  # the gradients the planner scored
     if layout.pp > 1:
         assert got["schedule"] == layout.schedule
         if got["counts"] is not None:  # the target's stage split is the planner's
@@ -256,7 +259,7 @@ def check_round_trip(got: dict, job, layout) -> None:
 @pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
 def test_readme_plan_round_trips_through_the_targets_parser(target, tmp_path, capsys, monkeypatch):
     """The README's llama-65b plan, winner and runner-up, through `plan --emit` and back."""
-    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048), flash_attention=True)
+    job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, FRAMEWORK[target])
     for rank in (1, 2):
         out = tmp_path / f"{target}-{rank}.out"
         capsys.readouterr()  # what the parsers printed (DeepSpeed logs to stdout)
@@ -290,14 +293,16 @@ CASES = {
         ("llama-65b", 64, 1024, 2048, Layout(8, 1, 8, 2, 1, 1, "full", False, "1f1b")),
         ("llama3-8b", 16, 64, 4096, Layout(8, 2, 1, 2, 1, 3, "none", False)),
         ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 1, 1, 2, "full", False)),
+        ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 2, 1, 0, "none", False), "deepspeed"),  # bf16 gradients
     ],
 }
 
 
 @pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
 def test_more_layouts_round_trip(target, tmp_path, monkeypatch):
-    for i, (model, gpus, batch, seq, layout) in enumerate(CASES[target]):
-        job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, seq), flash_attention=True)
+    for i, (model, gpus, batch, seq, layout, *framework) in enumerate(CASES[target]):
+        job = (make_job(load_model(model), load_cluster("dgx-h100-80gb"), batch, seq, framework[0]) if framework else
+               Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, seq), flash_attention=True))
         out = tmp_path / f"case{i}"
         out.write_text(render(target, Target(job=job, estimate=estimate(job, layout), gpus=gpus, rank=1)))
         check_round_trip(read(target, out, job, layout, tmp_path, monkeypatch), job, layout)
@@ -341,6 +346,7 @@ def test_problem_names_the_knob_for_each_target():
     assert "zb-h1" in emitter("deepspeed").problem(job, zb)
     assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
     assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
+    assert "fp32 gradients" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 0))  # 4-byte gradients scored
     assert emitter("megatron").problem(job, zb.with_(schedule="1f1b")) is None
 
 

@@ -5,7 +5,8 @@ Keys and meanings are DeepSpeed's `deepspeed/runtime/config.py`, `runtime/zero/c
 tests/test_emit.py builds DeepSpeedConfig from what is written here):
   train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size
       (DeepSpeed checks this); with a pipeline the accumulation steps are the pipeline's micro-batches.
-  zero_optimization.stage 0-3; bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype).
+  zero_optimization.stage 0-3; bf16; data_types.grad_accum_dtype "fp32" when the planner scored 4-byte
+      gradients (DeepSpeed's default, and the deepspeed profile's, is the model's bf16; fp32 needs ZeRO >= 1).
   tensor_parallel.autotp_size: AutoTP training (no sequence parallelism, no pipeline).
   pipeline.stages / partition / activation_checkpoint_interval: the engine reads the last one; the
       stages are the `PipelineModule(num_stages=..., partition_method=...)` the training script builds.
@@ -40,6 +41,9 @@ def problem(job, layout) -> str | None:
     if layout.recompute == "selective":
         return ("selective recompute — it is model code (Megatron-DeepSpeed), not a DeepSpeed config key; "
                 "narrow the search with --recompute none,full")
+    if layout.zero == 0 and job.train.grad_bytes == 4:
+        return ("ZeRO-0 with fp32 gradients — DeepSpeed accumulates a bf16 model's gradients in fp32 only under ZeRO "
+                "(data_types.grad_accum_dtype); score with --framework deepspeed (bf16 gradients) or use ZeRO >= 1")
     return None
 
 
@@ -54,10 +58,11 @@ def config(target) -> dict:
         "train_micro_batch_size_per_gpu": lay.micro_batch,
         "gradient_accumulation_steps": m,
         "bf16": {"enabled": True},
-        "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": zero,
         "gradient_clipping": 1.0,
     }
+    if job.train.grad_bytes == 4:  # the planner scored fp32 gradients; DeepSpeed's default is the model's bf16
+        out["data_types"] = {"grad_accum_dtype": "fp32"}
     if lay.tp > 1:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
     if lay.pp > 1:
