@@ -50,6 +50,7 @@ class Framework:
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
+    list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
@@ -153,11 +154,14 @@ DEEPSPEED_2021 = Framework(
             "baseline): no fused attention, reductions after the backward (overlap_comm off), ZeRO-3 gathering "
             "each parameter with a host synchronisation before it (no overlap), 1F1B pipeline with ZeRO <= 1",
     sources=("deepspeedai/DeepSpeed commit 599258f97 (2021-03-08) runtime/zero/partition_parameters.py "
-             "_allgather_param: torch.cuda.synchronize() then one all_gather per parameter",
+             "_allgather_param: torch.cuda.synchronize() then one all_gather per parameter into a list of per-rank "
+             "views, _reduce_scatter_gradient from one (PyTorch's ProcessGroupNCCL copies each list entry: "
+             "one copy kernel per rank per call)",
              "runtime/engine.py allreduce_gradients at the accumulation boundary; DeepSpeed config docs (overlap_comm "
              "default false)"),
     grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
-    zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, bucket_bytes=5e8 * 2,
+    zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
+    bucket_bytes=5e8 * 2,
     schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
 )

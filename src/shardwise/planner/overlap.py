@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from shardwise.planner.comm import collective_time, sync_time
 from shardwise.planner.frameworks import Framework
+from shardwise.planner.kernels import KERNEL_LAUNCH_S
 from shardwise.specs import ModelSpec
 
 
@@ -101,6 +102,9 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     gb, pb = fw.grad_reduce_bytes, fw.param_gather_bytes
     if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
         tensors = layer_tensors(job.model, layout.tp)
+        # A list-of-tensors collective (torch.distributed.all_gather(list, t)) copies each of the d entries
+        # out of (or into) the flat buffer NCCL works on: d copy kernels per call.
+        fsdp += d * KERNEL_LAUNCH_S if fw.list_collectives else 0.0
         g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp for n in tensors)
         r = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp for n in tensors)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
