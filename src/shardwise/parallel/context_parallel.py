@@ -122,6 +122,11 @@ def _output_buffer(q: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- ring
 
 
+# Point to point used by the ring: None = torch.distributed's batch_isend_irecv. Tests put NCCL's rules emulated on
+# gloo here (an object with post(sends, recvs, group) -> waitables; sends/recvs are (tensor, global peer, tag)).
+P2P = None
+
+
 class _Ring:
     """One exchange per call: send to the next cp rank and receive from the previous one, posted together."""
 
@@ -133,6 +138,8 @@ class _Ring:
 
     def exchange(self, send: torch.Tensor, tag: int):
         recv = torch.empty_like(send)
+        if P2P is not None:
+            return P2P.post([(send, self.next, tag)], [(recv, self.prev, tag)], self.group), recv
         ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
                dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
         return dist.batch_isend_irecv(ops), recv
