@@ -98,6 +98,7 @@ def test_parse_layout():
     assert parse_layout("tp2:sp:full", 2) == Layout(tp=2, sequence_parallel=True, recompute="full")
     assert parse_layout("pp2:v2:mb2", 4) == Layout(dp=2, pp=2, vpp=2, micro_batch=2, schedule="interleaved-1f1b")
     assert parse_layout("dp2:zero3:gpipe", 2) == Layout(dp=2, zero=3, schedule="gpipe")
+    assert parse_layout("cp2:allgather", 4) == Layout(dp=2, cp=2, cp_mode="allgather")
 
 
 def test_default_sweep_covers_every_split_schedule_and_zero_stage():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.errors import UsageError
-from shardwise.specs import SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
+from shardwise.specs import CP_MODES, SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,17 @@ class ValidateConfig:
 
 
 def parse_layout(text: str, world: int) -> Layout:
-    """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full' -> Layout.
+    """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full', 'cp2:allgather' -> Layout.
 
-    Parts (':'-separated): dpN tpN ppN mbN vN zeroN, sp, a recompute policy (none, selective, full),
-    a schedule name. dp defaults to world / (tp * pp)."""
+    Parts (':'-separated): dpN tpN ppN cpN mbN vN zeroN, sp, a recompute policy (none, selective, full),
+    a schedule name, a context-parallel mode (ring, allgather). dp defaults to world / (tp * pp * cp)."""
     fields: dict = {}
     for part in filter(None, text.strip().lower().split(":")):
-        key = next((k for k in ("zero", "dp", "tp", "pp", "mb", "v") if part.startswith(k) and part[len(k):].isdigit()), None)
+        key = next((k for k in ("zero", "dp", "tp", "pp", "cp", "mb", "v") if part.startswith(k) and part[len(k):].isdigit()), None)
         if key:
             fields[{"mb": "micro_batch", "v": "vpp"}.get(key, key)] = int(part[len(key):])
+        elif part in CP_MODES:
+            fields["cp_mode"] = part
         elif part in ("none", "selective", "full"):
             fields["recompute"] = part
         elif part in SCHEDULES:
@@ -41,13 +43,13 @@ def parse_layout(text: str, world: int) -> Layout:
         elif part == "sp":
             fields["sequence_parallel"] = True
         else:
-            raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN mbN vN zeroN sp, "
-                             f"none/selective/full or a schedule ({', '.join(SCHEDULES)})")
-    tp, pp = fields.get("tp", 1), fields.get("pp", 1)
+            raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN cpN mbN vN zeroN sp, "
+                             f"none/selective/full, ring/allgather or a schedule ({', '.join(SCHEDULES)})")
+    tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if "dp" not in fields:
-        if world % (tp * pp):
-            raise UsageError(f"layout '{text}': tp*pp = {tp * pp} does not divide the world of {world}")
-        fields["dp"] = world // (tp * pp)
+        if min(tp, pp, cp) < 1 or world % (tp * pp * cp):
+            raise UsageError(f"layout '{text}': tp*pp*cp = {tp * pp * cp} does not divide the world of {world}")
+        fields["dp"] = world // (tp * pp * cp)
     if fields.get("vpp", 1) > 1:
         fields.setdefault("schedule", "interleaved-1f1b")
     return Layout(**fields)
@@ -96,7 +98,8 @@ def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int
 
 def describe(lay: Layout) -> str:
     """A short unique name: the split, then what differs from the defaults."""
-    parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}", f"mb{lay.micro_batch}"]
+    parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"] + ([f"cp{lay.cp} {lay.cp_mode}"] if lay.cp > 1 else [])
+    parts.append(f"mb{lay.micro_batch}")
     if lay.pp > 1:
         parts.append(lay.schedule + (f" v{lay.vpp}" if lay.vpp > 1 else ""))
     if lay.zero:
