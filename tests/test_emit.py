@@ -362,3 +362,19 @@ def test_emit_flag_mistakes_are_one_line_exit_2(argv, words, tmp_path, capsys, m
     assert main(README_PLAN + argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+def test_emit_scores_with_the_targets_framework_profile(capsys):
+    """--emit X plans with --framework FRAMEWORK[X] unless --framework is given; the row written is that plan's
+    best layout the target can express."""
+    from shardwise.emit import expressible
+    from shardwise.planner.search import search
+
+    for target in ("torchtitan", "deepspeed"):
+        assert main(README_PLAN + ["--emit", target, "--out", os.devnull, "--json"]) == 0
+        emitted = json.loads(capsys.readouterr().out)["emitted"]
+        assert emitted["framework"] == FRAMEWORK[target]
+        job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, FRAMEWORK[target])
+        assert emitted["layout"] == expressible(target, job, search(job, 64).ranked)[0].to_dict()
+    assert main(README_PLAN + ["--emit", "megatron", "--framework", "nemo", "--out", os.devnull, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["emitted"]["framework"] == "nemo"
