@@ -72,6 +72,18 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
     if cfg.seq_len > spec.max_positions:
         raise UsageError(f"--seq-len {cfg.seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most {spec.max_positions}")
+    from shardwise.model import unsupported
+
+    missing = unsupported(spec)
+    if missing:
+        raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
+                         "it (counted exactly), or train a model with plain GQA attention and top-k routing")
+    if spec.is_moe and lay.tp > 1 and (cfg.seq_len // lay.cp) % lay.tp:
+        per_rank = f"--seq-len {cfg.seq_len}" + (f" / cp {lay.cp}" if lay.cp > 1 else "")
+        raise UsageError(f"each tp rank routes 1/tp of every sequence through the experts, but {per_rank} is not "
+                         f"divisible by tp={lay.tp} — use a multiple of {lay.tp * lay.cp}")
+    if lay.ep * lay.etp > 1 and cfg.checkpoint_dir:
+        raise UsageError("checkpoints of expert-parallel runs are not supported yet — drop --checkpoint-dir or train with --ep 1")
     if lay.sequence_parallel and lay.tp > 1 and cfg.seq_len % lay.tp:
         raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
     if cfg.backend == "nccl":

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from shardwise.moe import MoE
 from shardwise.specs import ModelSpec
 
 
@@ -107,12 +108,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 class FeedForward(nn.Module):
     """SwiGLU (w2(silu(w1 x) * w3 x)) for llama, GELU MLP (w2(gelu(w1 x))) for gpt2."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
-        bias = spec.has_bias
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=bias)
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if spec.gated_mlp else None
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=bias)
+        bias, f = spec.has_bias, width or spec.ffn_hidden
+        self.w1 = nn.Linear(spec.hidden, f, bias=bias)
+        self.w3 = nn.Linear(spec.hidden, f, bias=False) if spec.gated_mlp else None
+        self.w2 = nn.Linear(f, spec.hidden, bias=bias)
         self.project = project  # tensor parallelism swaps in its own (shardwise.parallel.tensor_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,13 +124,20 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(up, approximate="tanh"))
 
 
+def make_feed_forward(spec: ModelSpec, layer_id: int) -> nn.Module:
+    """The dense FFN, or in a mixture-of-experts layer the router, experts and shared expert (moe.py)."""
+    if not spec.is_moe_layer(layer_id):
+        return FeedForward(spec)
+    return MoE(spec, FeedForward(spec, spec.shared_ffn_hidden) if spec.shared_ffn_hidden else None)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer_id: int = 0):
         super().__init__()
         self.attention_norm = make_norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
-        self.feed_forward = FeedForward(spec)
+        self.feed_forward = make_feed_forward(spec, layer_id)
         self.recompute = False  # full recompute: keep only the block input, redo the block in backward
 
     def forward(self, x, rope):
@@ -158,7 +166,7 @@ class Transformer(nn.Module):
         with torch.device("meta"):  # shapes only; real memory is allocated once, below
             self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden) if first else None
             self.pos_embeddings = nn.Embedding(spec.max_positions, spec.hidden) if first and spec.learned_positions else None
-            self.layers = nn.ModuleDict({str(i): Block(spec) for i in layer_ids})
+            self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in layer_ids})
             self.norm = make_norm(spec) if last else None
             self.output = nn.Linear(spec.hidden, spec.vocab_size, bias=False) if last else None
         self.loss_fn = CrossEntropy() if last else None
@@ -194,7 +202,8 @@ class Transformer(nn.Module):
                 p.fill_(1.0)
             else:
                 key = "tok_embeddings.weight" if name == "output.weight" and self.spec.tie_embeddings else name
-                std = 0.02 / math.sqrt(2 * self.spec.num_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                residual = name.endswith(("wo.weight", "w2.weight", "experts.w2"))  # projections into the residual stream
+                std = 0.02 / math.sqrt(2 * self.spec.num_layers) if residual else 0.02
                 g = torch.Generator().manual_seed(param_seed(seed, key))
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
@@ -216,6 +225,20 @@ class Transformer(nn.Module):
         if targets is None or self.loss_fn is None:
             return h
         return self.loss_fn(h, targets)
+
+
+def unsupported(spec: ModelSpec) -> str | None:
+    """What of `spec` this model does not implement (the planner still counts it exactly), or None."""
+    features = []
+    if spec.attention == "mla":
+        features.append("multi-head latent attention (MLA)")
+    if spec.qk_norm:
+        features.append("QK-norm (Qwen3)")
+    if spec.qkv_bias:
+        features.append("q/k/v biases (Qwen2)")
+    if spec.router_topk_groups < spec.router_groups:
+        features.append("group-limited routing (n_group/topk_group)")
+    return " and ".join(filter(None, [", ".join(features[:-1]), features[-1]])) if features else None
 
 
 def param_seed(seed: int, name: str) -> int:

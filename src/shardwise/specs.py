@@ -56,6 +56,31 @@ class ModelSpec:
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    model_type: str = ""  # the Hugging Face model_type it came from (round trips through to_hf_config)
+    # Mixture of experts (num_experts 0: a dense model). Layers in `moe_layers` replace the FFN by a top-k
+    # router over `num_experts` SwiGLU experts of width `moe_ffn_hidden` (+ a shared SwiGLU expert of width
+    # `shared_ffn_hidden`, DeepSeek/Qwen2); the other layers keep the dense FFN of width `ffn_hidden`.
+    num_experts: int = 0
+    experts_per_token: int = 0  # top-k
+    moe_ffn_hidden: int = 0
+    shared_ffn_hidden: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(Linear(h, 1)) scales the shared expert
+    moe_layers: tuple[int, ...] = ()
+    router_scoring: str = "softmax"  # or "sigmoid" (DeepSeek-V3)
+    norm_topk: bool = True  # renormalise the top-k weights to sum to 1
+    routed_scaling: float = 1.0  # DeepSeek's routed_scaling_factor
+    aux_loss_coef: float = 0.0  # load-balancing loss coefficient (router_aux_loss_coef / aux_loss_alpha)
+    router_groups: int = 1  # DeepSeek's group-limited routing: n_group, topk_group
+    router_topk_groups: int = 1
+    # Attention variants the planner counts exactly (the runtime trains plain GQA attention only).
+    attention: str = "gqa"  # or "mla" (DeepSeek multi-head latent attention)
+    q_lora_rank: int = 0  # MLA: 0 = a plain q projection
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    qkv_bias: bool = False  # Qwen2: biases on q, k, v
 
     @property
     def gated_mlp(self) -> bool:
@@ -77,14 +102,57 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
     # Parameter counts, matrix by matrix, as Hugging Face builds the model.
-    def params_per_layer(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
+    def attention_params(self) -> int:
+        h = self.hidden
+        if self.attention == "mla":
+            heads, qk = self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
+                + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + heads * self.v_head_dim * h
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        mlp = (3 if self.gated_mlp else 2) * h * f
-        norms = 2 * h * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
-        bias = (self.q_dim + 2 * self.kv_dim + h + f + h) if self.has_bias else 0
-        return attn + mlp + norms + bias
+        if self.has_bias:
+            attn += self.q_dim + 2 * self.kv_dim + h
+        elif self.qkv_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        return attn + (2 * self.head_dim if self.qk_norm else 0)
+
+    def dense_ffn_params(self, width: int | None = None) -> int:
+        f = self.ffn_hidden if width is None else width
+        return (3 if self.gated_mlp else 2) * self.hidden * f + ((f + self.hidden) if self.has_bias else 0)
+
+    def expert_params(self) -> int:
+        """One routed expert (a SwiGLU of width moe_ffn_hidden)."""
+        return 3 * self.hidden * self.moe_ffn_hidden
+
+    def moe_dense_params(self) -> int:
+        """What every token of a MoE layer's FFN uses: the router, the shared expert (and its gate)."""
+        shared = 3 * self.hidden * self.shared_ffn_hidden + (self.hidden if self.shared_expert_gate else 0)
+        return self.num_experts * self.hidden + shared
+
+    def layer_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of layer `layer` (active: only the top-k of its routed experts)."""
+        norms = 2 * self.hidden * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
+        if self.is_moe_layer(layer):
+            experts = self.experts_per_token if active else self.num_experts
+            ffn = experts * self.expert_params() + self.moe_dense_params()
+        else:
+            ffn = self.dense_ffn_params()
+        return self.attention_params() + ffn + norms
+
+    def params_per_layer(self) -> float:
+        """Parameters of one layer (all layers alike for dense models; the mean over layers for MoE)."""
+        if not self.is_moe:
+            return self.layer_params(0)
+        return sum(self.layer_params(i) for i in range(self.num_layers)) / self.num_layers
 
     def embedding_params(self) -> int:
         pos = self.max_positions * self.hidden if self.learned_positions else 0
@@ -96,7 +164,12 @@ class ModelSpec:
         return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden)
 
     def num_params(self) -> int:
-        return self.embedding_params() + self.num_layers * self.params_per_layer() + self.head_params()
+        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.num_layers)) + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to (MoE); num_params when dense."""
+        return self.embedding_params() + sum(self.layer_params(i, active=True) for i in range(self.num_layers)) \
+            + self.head_params()
 
     def to_hf_config(self) -> dict:
         """An HF-style config.json for this spec (round-trips through load_model)."""
@@ -106,14 +179,15 @@ class ModelSpec:
                 "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
             }
-        return {
-            "model_type": "llama", "hidden_size": self.hidden, "intermediate_size": self.ffn_hidden,
+        cfg = {
+            "model_type": self.model_type or "llama", "hidden_size": self.hidden, "intermediate_size": self.ffn_hidden,
             "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads, "vocab_size": self.vocab_size,
             "head_dim": self.head_dim, "max_position_embeddings": self.max_positions,
             "tie_word_embeddings": self.tie_embeddings, "rms_norm_eps": self.norm_eps,
             "rope_theta": self.rope_theta,
         }
+        return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
 
 def _preset_dir(kind: str):
@@ -132,7 +206,9 @@ def cluster_presets() -> list[str]:
 # model all follow that family. A config of any other model_type is refused by name (it would be modelled
 # wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
 # is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
-MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2"}
+MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
+               # mixtures of experts with Llama-style blocks (DeepSeek's MLA attention is counted, not trained)
+               "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama"}
 MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pipeline splits, virtual stages)
 MAX_DIM = 2**31  # any width, head count or vocabulary
 
@@ -204,20 +280,118 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     else:
         hidden = _require(cfg, "hidden_size", source)
         heads = _require(cfg, "num_attention_heads", source)
+        ffn = _require(cfg, "intermediate_size", source)
+        layers = _require(cfg, "num_hidden_layers", source, MAX_LAYERS)
+        model_type = str(cfg.get("model_type", ""))
+        attention = _attention_from_hf(cfg, source, model_type)
+        head_dim = attention.pop("head_dim", 0) or _optional(cfg, "head_dim", max(1, hidden // heads), source)
         spec = ModelSpec(
-            name=name, family="llama", hidden=hidden, ffn_hidden=_require(cfg, "intermediate_size", source),
-            num_layers=_require(cfg, "num_hidden_layers", source, MAX_LAYERS), num_heads=heads,
+            name=name, family="llama", hidden=hidden, ffn_hidden=ffn, num_layers=layers, num_heads=heads,
             num_kv_heads=_optional(cfg, "num_key_value_heads", heads, source),
-            vocab_size=_require(cfg, "vocab_size", source), head_dim=_optional(cfg, "head_dim", max(1, hidden // heads), source),
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=head_dim,
             max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
             tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
             norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", 10000.0, source),
+            model_type=model_type, **_moe_from_hf(cfg, source, layers, model_type), **attention,
         )
     if spec.num_heads % spec.num_kv_heads:
         raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
     if spec.family == "gpt2" and spec.hidden % spec.num_heads:
         raise UsageError(f"{source}: n_embd {spec.hidden} is not divisible by n_head {spec.num_heads}")
     return spec
+
+
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
+
+
+def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> dict:
+    """ModelSpec's mixture-of-experts fields from Mixtral, Qwen2/3-MoE or DeepSeek keys ({} for a dense model).
+    Which layers are MoE follows each family's rule: DeepSeek's first_k_dense_replace (and moe_layer_freq),
+    Qwen's decoder_sparse_step and mlp_only_layers."""
+    key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
+    if key is None:
+        return {}
+    experts = _require(cfg, key, source)
+    top_k = _require(cfg, "num_experts_per_tok", source)
+    if top_k > experts:
+        raise UsageError(f"{source}: num_experts_per_tok {top_k} exceeds the {experts} experts ({key}) — "
+                         f"route each token to at most {experts} experts")
+    width = _optional(cfg, "moe_intermediate_size", 0, source) or _require(cfg, "intermediate_size", source)
+    shared = _count(cfg, "shared_expert_intermediate_size", source) or _count(cfg, "n_shared_experts", source) * width
+    first_dense = _count(cfg, "first_k_dense_replace", source)
+    every, step = _optional(cfg, "moe_layer_freq", 1, source), _optional(cfg, "decoder_sparse_step", 1, source)
+    dense_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
+        raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
+    moe_layers = tuple(i for i in range(num_layers)
+                       if i >= first_dense and i % every == 0 and (i + 1) % step == 0 and i not in set(dense_only))
+    scoring = cfg.get("scoring_func") or ("sigmoid" if model_type == "deepseek_v3" else "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        raise UsageError(f"{source}: scoring_func {scoring!r} is not supported — use softmax or sigmoid")
+    # Mixtral always renormalises the top-k weights (it has no key for it); the others say so in norm_topk_prob.
+    norm = cfg.get("norm_topk_prob", model_type in ("mixtral", "deepseek_v3") or key == "num_local_experts")
+    coef = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.001))
+    scaling = cfg.get("routed_scaling_factor", 1.0)
+    for name, value in (("router_aux_loss_coef", coef), ("routed_scaling_factor", scaling)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6):
+            raise UsageError(f"{source}: key '{name}' must be a non-negative number, got {value!r}")
+    return {"num_experts": experts, "experts_per_token": top_k, "moe_ffn_hidden": width, "shared_ffn_hidden": shared,
+            "shared_expert_gate": bool(cfg.get("shared_expert_intermediate_size")), "moe_layers": moe_layers,
+            "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
+            "aux_loss_coef": float(coef or 0.0), "router_groups": _optional(cfg, "n_group", 1, source),
+            "router_topk_groups": _optional(cfg, "topk_group", 1, source)}
+
+
+def _count(cfg: dict, key: str, source: str) -> int:
+    """A non-negative integer key (absent or null: 0)."""
+    value = cfg.get(key) or 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_DIM:
+        raise UsageError(f"{source}: key '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
+    """Attention variants beyond plain GQA: DeepSeek's MLA (kv_lora_rank), Qwen3's QK-norm, Qwen2's q/k/v biases."""
+    out = {"qk_norm": model_type in ("qwen3", "qwen3_moe"),
+           "qkv_bias": bool(cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))}
+    if cfg.get("kv_lora_rank"):
+        out.update(attention="mla", q_lora_rank=_count(cfg, "q_lora_rank", source), kv_lora_rank=_require(cfg, "kv_lora_rank", source),
+                   qk_nope_head_dim=_require(cfg, "qk_nope_head_dim", source),
+                   qk_rope_head_dim=_require(cfg, "qk_rope_head_dim", source), v_head_dim=_require(cfg, "v_head_dim", source))
+        out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # what q and k carry per head
+    return out
+
+
+def moe_hf_keys(spec: ModelSpec) -> dict:
+    """The mixture-of-experts keys of `spec` in its family's spelling (round trips through model_from_hf_config)."""
+    if not spec.is_moe:
+        return {}
+    dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
+    keys = {"num_experts_per_tok": spec.experts_per_token, "moe_intermediate_size": spec.moe_ffn_hidden,
+            "norm_topk_prob": spec.norm_topk, "router_aux_loss_coef": spec.aux_loss_coef}
+    if spec.model_type.startswith("deepseek"):
+        if dense != list(range(len(dense))):
+            raise ValueError("DeepSeek configs can only make the first layers dense")
+        keys.update(n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_ffn_hidden // spec.moe_ffn_hidden,
+                    first_k_dense_replace=len(dense), routed_scaling_factor=spec.routed_scaling,
+                    n_group=spec.router_groups, topk_group=spec.router_topk_groups, scoring_func=spec.router_scoring)
+        return keys
+    keys.update({"num_experts" if spec.model_type.startswith("qwen") else "num_local_experts": spec.num_experts,
+                 "mlp_only_layers": dense, "decoder_sparse_step": 1, "scoring_func": spec.router_scoring,
+                 "routed_scaling_factor": spec.routed_scaling})
+    if spec.shared_expert_gate:
+        keys["shared_expert_intermediate_size"] = spec.shared_ffn_hidden
+    elif spec.shared_ffn_hidden:
+        keys["n_shared_experts"] = spec.shared_ffn_hidden // spec.moe_ffn_hidden
+    return keys
+
+
+def attention_hf_keys(spec: ModelSpec) -> dict:
+    if spec.attention == "mla":
+        return {"q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
+                "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
+                "v_head_dim": spec.v_head_dim}
+    return {"qkv_bias": True} if spec.qkv_bias else {}
 
 
 def read_json_file(path: Path, source: str, fix: str):
@@ -436,6 +610,8 @@ class Layout:
     schedule: str = "1f1b"
     cp: int = 1  # context parallelism: each sequence split over cp ranks (zig-zag chunks)
     cp_mode: str = "ring"  # attention over the shards: "ring" (K/V passed around) or "allgather"
+    ep: int = 1  # expert parallelism, folded over the same dp x tp ranks (Megatron's MoE parallel folding)
+    etp: int = 1  # tensor parallelism inside each expert
 
     @property
     def world_size(self) -> int:
@@ -452,6 +628,8 @@ class Layout:
 
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
+        if self.ep > 1 or self.etp > 1:
+            parts.append(f"ep{self.ep}" + (f"·etp{self.etp}" if self.etp > 1 else ""))
         if self.vpp > 1:
             parts.append(f"v{self.vpp}")
         parts.append(f"mb{self.micro_batch}")
@@ -461,7 +639,7 @@ class Layout:
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,
                     seq_len: int | None = None) -> None:
     """Raise UsageError naming the first thing that makes `layout` impossible for this job."""
-    for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp"):
+    for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp", "ep", "etp"):
         if getattr(layout, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
     if num_gpus is not None and layout.world_size != num_gpus:
@@ -483,8 +661,9 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
     if model.num_kv_heads % layout.tp:
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name} — pick a divisor of {model.num_kv_heads}")
-    if model.ffn_hidden % layout.tp:
+    if model.ffn_hidden % layout.tp and len(model.moe_layers) < model.num_layers:
         raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
+    validate_experts(layout, model)
     if layout.pp * layout.vpp > model.num_layers:
         raise UsageError(
             f"pp*vpp = {layout.pp * layout.vpp} model chunks exceed the {model.num_layers} layers of {model.name} — lower pp or vpp"
@@ -539,6 +718,27 @@ def runtime_refusal(layout: Layout) -> str | None:
         return ("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
                 "use --zero 1 with zb-h1, or another schedule")
     return None
+
+
+def validate_experts(layout: Layout, model: ModelSpec) -> None:
+    """Expert parallelism: ep experts groups x etp expert shards fold over the dp x tp (x cp) ranks of a stage."""
+    if not model.is_moe:
+        if layout.ep > 1 or layout.etp > 1:
+            raise UsageError(f"--ep/--etp split experts, but {model.name} has no experts — drop them or use a MoE model")
+        return
+    if model.num_experts % layout.ep:
+        raise UsageError(f"ep={layout.ep} does not divide the {model.num_experts} experts of {model.name} — pick a divisor "
+                         f"of {model.num_experts}")
+    if model.moe_ffn_hidden % layout.etp:
+        raise UsageError(f"etp={layout.etp} does not divide the expert FFN size {model.moe_ffn_hidden} of {model.name} — "
+                         f"pick a divisor")
+    if model.shared_ffn_hidden % layout.tp:
+        raise UsageError(f"tp={layout.tp} does not divide the shared-expert FFN size {model.shared_ffn_hidden} of "
+                         f"{model.name} — pick a divisor")
+    ranks = layout.dp * layout.tp * layout.cp
+    if ranks % (layout.ep * layout.etp):
+        raise UsageError(f"ep*etp = {layout.ep}*{layout.etp} = {layout.ep * layout.etp} does not divide dp*tp*cp = {ranks}: "
+                         f"the experts fold over the same ranks as the dense layers — pick ep*etp dividing {ranks}")
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -27,12 +27,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardwise import moe
 from shardwise.corpus.batches import batches, validation_batches
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
-from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, data_dim, data_mesh, grad_sync, group,
-                                init_distributed, make_optimizer, parallelize, shard_sequence, size,
-                                sync_sequence_parallel_grads)
+from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, data_dim, data_mesh, expert_names,
+                                grad_sync, group, init_distributed, make_optimizer, parallelize, shard_sequence, size,
+                                sync_expert_grads, sync_sequence_parallel_grads)
+from shardwise.parallel.data_parallel import Optimizers
 from shardwise.specs import Layout, ModelSpec
 from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
 
@@ -133,12 +135,23 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def build_optimizer(chunks: list[Sharded], cfg: TrainConfig, mesh) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (nanoGPT). Same groups under every layout."""
+    """AdamW; weight decay on matrices only (nanoGPT). Same groups under every layout. Experts split over
+    ep get their own AdamW, ZeRO-1-partitioned over their replicas (edp) instead of dp."""
+    def groups(params):
+        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+    adamw = {"lr": lr_at(cfg, 1), "betas": (0.9, 0.95), "eps": 1e-8}
+    split = {id(p) for c in chunks for n, p in c.model.named_parameters() if n in expert_names(c)}
     params = [p for chunk in chunks for p in chunk.module.parameters()]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return make_optimizer(groups, cfg.layout.zero, data_mesh(mesh),
-                          lr=lr_at(cfg, 1), betas=(0.9, 0.95), eps=1e-8)
+    dense = make_optimizer(groups([p for p in params if id(p) not in split]), cfg.layout.zero,
+                           data_mesh(mesh), **adamw)
+    if not split:
+        return dense
+    placement = next(c.experts for c in chunks if c.experts is not None)
+    experts = make_optimizer(groups([p for p in params if id(p) in split]), 1 if cfg.layout.zero == 1 else 0,
+                             placement.mesh["edp"], **adamw)
+    return Optimizers([dense, experts])
 
 
 def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
@@ -228,15 +241,35 @@ def train_step(rt: Runtime) -> dict:
     where = coordinates(rt.mesh)
     mbs = _cp_shards(rt, rt.data.local_microbatches(rt.step, lay.dp, where["dp"], lay.micro_batch, rt.device))
     rt.optimizer.zero_grad(set_to_none=True)
+    moe.set_microbatches(rt.models, len(mbs))
     loss = rt.forward_backward(rt.chunks, mbs)
     for chunk in rt.chunks:
         sync_sequence_parallel_grads(chunk)
+        sync_expert_grads(chunk)
     norm = clip_grad_norm_(rt.chunks, cfg.grad_clip, rt.mesh)
     lr = lr_at(cfg, rt.step)
     for g in rt.optimizer.param_groups:
         g["lr"] = lr
     rt.optimizer.step()
-    return {"loss": _reduce_loss(loss, rt).item(), "grad_norm": norm.item(), "lr": lr}
+    rec = {"loss": _reduce_loss(loss, rt).item(), "grad_norm": norm.item(), "lr": lr}
+    aux = moe.take_aux_loss(rt.models)
+    if aux is not None:  # the loss is the objective: cross-entropy + the load-balancing term
+        rec["aux_loss"] = _reduce_aux_loss(aux, rt).item()
+        rec["loss"] += rec["aux_loss"]
+    return rec
+
+
+def _reduce_aux_loss(aux: torch.Tensor, rt: Runtime) -> torch.Tensor:
+    """The step's load-balancing term on every rank: each tp (and cp) rank holds its tokens' part, each stage
+    its layers' part; averaged over dp like the loss."""
+    for dim in ("tp", "pp"):
+        if group(rt.mesh, dim) is not None:
+            dist.all_reduce(aux, group=group(rt.mesh, dim))
+    data = data_dim(rt.mesh)  # cp ranks hold parts too: summed over cp, averaged over dp
+    if group(rt.mesh, data) is not None:
+        dist.all_reduce(aux, group=group(rt.mesh, data))
+        aux = aux / size(rt.mesh, "dp")
+    return aux
 
 
 # --------------------------------------------------------------------------- the loop
@@ -296,7 +329,8 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
                 rec = train_step(result.runtime)
             elapsed = time.perf_counter() - start  # .item() above waited for the device
             rec = {"step": result.runtime.step, "loss": rec["loss"], "step_time_s": elapsed,
-                   "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"]}
+                   "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"],
+                   **({"aux_loss": rec["aux_loss"]} if "aux_loss" in rec else {})}
             if eval_due(cfg, rt.step):
                 rec.update(evaluate(rt))
                 if rank0 and _messages(cfg):
@@ -352,8 +386,9 @@ def _write_trace(rt: Runtime) -> dict | None:
 
 
 def split(lay: Layout) -> str:
-    """dp·tp·pp, with ·cp and its mode when the sequence is split."""
-    return f"dp{lay.dp}·tp{lay.tp}·pp{lay.pp}" + (f"·cp{lay.cp} ({lay.cp_mode})" if lay.cp > 1 else "")
+    """dp·tp·pp, with ·cp and its mode when the sequence is split, ·ep (·etp) when the experts are."""
+    return (f"dp{lay.dp}·tp{lay.tp}·pp{lay.pp}" + (f"·cp{lay.cp} ({lay.cp_mode})" if lay.cp > 1 else "")
+            + (f"·ep{lay.ep}" if lay.ep > 1 else "") + (f"·etp{lay.etp}" if lay.etp > 1 else ""))
 
 
 def summary_dict(records: list[dict], cfg: TrainConfig) -> dict:

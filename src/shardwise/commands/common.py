@@ -37,12 +37,16 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"], help="activation recompute")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp ranks; ep*etp must divide dp*tp")
+    p.add_argument("--etp", type=int, default=1, help="tensor-parallel degree inside each expert (default 1)")
 
 
 def layout_from_args(args, dp: int) -> Layout:
     schedule = args.schedule or ("interleaved-1f1b" if args.vpp > 1 else "1f1b")
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
-                  recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule)
+                  recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
+                  ep=args.ep, etp=args.etp)
 
 
 def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:

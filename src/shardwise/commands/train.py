@@ -15,7 +15,7 @@ from shardwise.commands.common import add_layout_args
 from shardwise.errors import UsageError
 
 LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, "zero": int,
-               "recompute": str, "sequence_parallel": bool, "schedule": str, "cp": int, "cp_mode": str}
+               "recompute": str, "sequence_parallel": bool, "schedule": str, "cp": int, "cp_mode": str, "ep": int, "etp": int}
 
 
 def register(subparsers, name, help):
@@ -34,7 +34,8 @@ def register(subparsers, name, help):
     p.add_argument("--cp-mode", default=None, choices=["ring", "allgather"],
                    help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
                         "compute; default) or allgather (K/V gathered once per layer, as Llama 3 does)")
-    p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None)
+    p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None,
+                   ep=None, etp=None)
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
     p.add_argument("--plan", default=None, help="take the layout from `shardwise plan --json` / `estimate --json` output")

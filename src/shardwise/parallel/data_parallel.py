@@ -27,11 +27,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
-def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
-    """Wrap or shard `model` over the 1-D `dp_mesh`; returns the module to call in the loop."""
+def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.Module:
+    """Wrap or shard `model` over the 1-D `dp_mesh`; returns the module to call in the loop. `experts` (an
+    ExpertPlacement): experts split over ep, whose gradients are reduced over their replicas (edp), not dp."""
     if dp_mesh is None or dp_mesh.size() == 1:
         return model
     if zero >= 2:
+        if experts is not None:
+            _shard_experts(model, experts, zero)
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3)
@@ -40,7 +43,38 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0) -> nn.Module:
     # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
     no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
         DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
+    if experts is not None:  # expert_parallel.sync_expert_grads reduces them once per step
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(experts.names))
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **no_buffer_sync)
+
+
+def _shard_experts(model: nn.Module, placement, zero: int) -> None:
+    """ZeRO 2/3 of the experts over their own replicas (edp), before the blocks are sharded over dp: FSDP
+    averages their gradients over edp; sync_expert_grads rescales that to the sum over edp / dp (a custom
+    divide factor would need ReduceOp.PREMUL_SUM, which gloo lacks)."""
+    for module in model.modules():
+        if getattr(module, "is_moe", False):
+            fully_shard(module.experts, mesh=placement.mesh["edp"], reshard_after_forward=zero == 3)
+    placement.fsdp = True
+
+
+class Optimizers:
+    """Several optimizers stepped as one: the dense weights' (ZeRO over dp) and the experts' (ZeRO over edp)."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]):
+        self.parts = parts
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.parts for g in opt.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.parts:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for opt in self.parts:
+            opt.step()
 
 
 @contextmanager
@@ -55,6 +89,7 @@ def grad_sync(chunk, enabled: bool):
 
 def make_optimizer(param_groups: list[dict], zero: int, dp_mesh, **adamw) -> torch.optim.Optimizer:
     """AdamW; under ZeRO-1 its state is partitioned over the dp ranks."""
+    param_groups = [g for g in param_groups if g["params"]]
     if zero == 1 and dp_mesh is not None and dp_mesh.size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -65,6 +65,7 @@ def build_mesh(pp: int, dp: int, tp: int, *, cp: int = 1, backend: str | None = 
                             backend_override={d: (backend, opts) for d in DIMS})
     if cp > 1:  # kept on the mesh: torch asks callers to hold flattened meshes themselves
         mesh.shardwise_flat = {"dp_cp": mesh["dp", "cp"]._flatten("dp_cp", backend_override=(backend, opts))}
+    mesh.shardwise_group_options = (backend, timeout_s)  # for the expert and sequence views below
     return mesh
 
 
@@ -83,6 +84,39 @@ def submesh(mesh: DeviceMesh, dim: str) -> DeviceMesh:
 def data_mesh(mesh: DeviceMesh | None) -> DeviceMesh | None:
     """The 1-D mesh of `data_dim` (None for a single process)."""
     return None if mesh is None else submesh(mesh, data_dim(mesh))
+
+
+def sequence_group(mesh: DeviceMesh | None):
+    """The ranks that hold parts of the same sequences (cp, and tp when a MoE layer gives each tp rank 1/tp of
+    the tokens), flattened; None when that is one rank. Collective the first time."""
+    dims = tuple(d for d in ("cp", "tp") if size(mesh, d) > 1)
+    if len(dims) < 2:
+        return group(mesh, dims[0]) if dims else None
+    flat = mesh.__dict__.setdefault("shardwise_flat", {})
+    if "cp_tp" not in flat:
+        backend, timeout_s = mesh.shardwise_group_options
+        flat["cp_tp"] = mesh["cp", "tp"]._flatten("cp_tp", backend_override=(backend, _group_options(backend, timeout_s)))
+    return flat["cp_tp"].get_group()
+
+
+EXPERT_DIMS = ("edp", "ep", "etp")
+
+
+def expert_mesh(mesh: DeviceMesh, ep: int, etp: int) -> DeviceMesh:
+    """The experts' view of the same ranks (Megatron-Core's MoE parallel folding): within one pipeline
+    stage, the ranks in dense order (dp, [cp,] tp — tp fastest) are regrouped as (edp, ep, etp), etp fastest.
+    So an ep group is ep * etp consecutive ranks apart by etp: it spans tp first, then dp. Built once per
+    (mesh, ep, etp) by flattening the stage's dims and unflattening them (DeviceMesh._flatten/_unflatten):
+    the groups are DeviceMesh groups of the same root mesh, with the job's timeout. Collective."""
+    cache = mesh.__dict__.setdefault("shardwise_expert_meshes", {})
+    if (ep, etp) not in cache:
+        backend, timeout_s = getattr(mesh, "shardwise_group_options", (dist.get_backend(), 300.0))
+        override = (backend, _group_options(backend, timeout_s))
+        dims = tuple(d for d in mesh.mesh_dim_names if d != "pp")
+        flat = mesh[dims]._flatten("_".join(dims), backend_override=override) if len(dims) > 1 else mesh[dims[0]]
+        shape = (flat.size() // (ep * etp), ep, etp)
+        cache[(ep, etp)] = flat._unflatten(0, shape, EXPERT_DIMS, backend_override={d: override for d in EXPERT_DIMS})
+    return cache[(ep, etp)]
 
 
 def coordinates(mesh: DeviceMesh | None) -> dict[str, int]:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardwise.parallel.expert_parallel import expert_names
 from shardwise.parallel.mesh import coordinates, data_dim, edge_group, group
 from shardwise.parallel.pipeline import PipelineExecutor
 from shardwise.schedules import build, validate, virtual_stage
@@ -59,7 +60,7 @@ class PipelineStep:
         loss = self.executor.step([x for x, _ in microbatches], [y for _, y in microbatches], self.epoch)
         if self.dp_group is not None and self.zero < 2:
             for chunk in chunks:
-                average_gradients(chunk.module, self.dp_group)
+                average_gradients(chunk.module, self.dp_group, skip=expert_names(chunk))
         if self.tied is not None:
             self.tied.sync()
         return loss
@@ -69,8 +70,9 @@ class PipelineStep:
         return self.executor.forward_only([x for x, _ in microbatches], [y for _, y in microbatches])
 
 
-def average_gradients(module: nn.Module, group) -> None:
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+def average_gradients(module: nn.Module, group, skip=frozenset()) -> None:
+    """One flat all-reduce of the gradients over dp, averaged; `skip`: experts split over ep (sync_expert_grads)."""
+    grads = [p.grad for n, p in module.named_parameters() if p.grad is not None and n not in skip]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

@@ -24,6 +24,7 @@ class Sharded:
     # Parameters that are copies of another stage's (the last stage's tied LM head): loaded from their
     # twin's key, never saved, counted once by the gradient norm.
     replicas: frozenset[str] = frozenset()
+    experts: object = None  # ExpertPlacement (parallel/expert_parallel.py) when experts are split over ep/etp
 
     def parameters(self):
         return self.model.parameters()

@@ -268,8 +268,8 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
 
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("attention", "feed_forward"):
-            module.project = columns
+        if leaf in ("attention", "feed_forward", "shared_experts") and not getattr(module, "is_moe", False):
+            module.project = columns  # a MoE layer's routed tokens enter their own way (expert_parallel.py)
         elif leaf in COLUMN and module is not None:
             module.weight = nn.Parameter(_slice(module.weight, 0, rank, tp))
             shards[f"{name}.weight"] = TPShard(0, module.out_features)
