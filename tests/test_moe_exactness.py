@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactness import RTOL, differences, gathered, reference_runs, train_each_layout
+from exactness import RTOL, collected, differences, reference_runs, train_layouts
 
 from shardwise.launch import spawn_ranks
 from shardwise.specs import Layout, load_model, model_from_hf_config, validate_layout
@@ -71,10 +71,10 @@ def references():
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_layouts_match_single_process(world, references, tmp_path):
     jobs = _jobs(world)
-    spawn_ranks(train_each_layout, world, jobs, str(tmp_path))
+    spawn_ranks(train_layouts, world, jobs, str(tmp_path))
     failures = []
     for key, cfg in jobs:
-        records, params = gathered(tmp_path, key, cfg.layout.pp)
+        records, params = collected(tmp_path, key, cfg.layout.pp)
         failures += differences(key, records, params, references[cfg.spec.name], steps=5)
         ours, ref = [r["aux_loss"] for r in records], [r["aux_loss"] for r in references[cfg.spec.name][0]]
         if not torch.allclose(torch.tensor(ours), torch.tensor(ref), rtol=RTOL, atol=0):
