@@ -38,13 +38,15 @@ LAYOUTS = {
         ("tiny-moe", Layout(dp=2, ep=2, zero=3, micro_batch=2)),
         ("tiny-moe", Layout(dp=2, etp=2, micro_batch=4)),
         ("shared", Layout(dp=2, ep=2, zero=1, micro_batch=2)),
-        ("shared", Layout(tp=2, micro_batch=8))],
+        ("shared", Layout(tp=2, micro_batch=8)),
+        ("tiny-moe", Layout(cp=2, ep=2, micro_batch=4))],
     4: [("tiny-moe", Layout(dp=4, ep=4, micro_batch=2)),
         ("tiny-moe", Layout(dp=2, tp=2, ep=4, sequence_parallel=True, micro_batch=2)),
         ("tiny-moe", Layout(dp=4, ep=2, zero=3, micro_batch=1)),
         ("tiny-moe", Layout(dp=2, pp=2, ep=2, micro_batch=1, schedule="1f1b")),
         ("shared", Layout(dp=2, pp=2, ep=2, zero=1, micro_batch=2, schedule="zb-h1")),
-        ("shared", Layout(dp=4, ep=2, etp=2, recompute="full", micro_batch=2))],
+        ("shared", Layout(dp=4, ep=2, etp=2, recompute="full", micro_batch=2)),
+        ("shared", Layout(cp=2, tp=2, ep=4, sequence_parallel=True, micro_batch=8))],
 }
 
 

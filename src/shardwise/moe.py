@@ -95,7 +95,8 @@ class MoE(nn.Module):
         self.dispatch = local_dispatch  # expert parallelism replaces it (all-to-all)
         self.enter = self.leave = None  # tensor parallelism: take this rank's tokens, give back the full tensor
         self.seq_group = None  # ranks holding other tokens of the same sequences (tp, cp): their counts are summed
-        self.grad_replicas = 1  # cp: the dense gradients are averaged over cp ranks, each holding a part of the aux
+        self.grad_replicas = 1  # cp: gradients are averaged over the cp ranks, each holding a part of the aux, so
+        # its gradient is attached cp times (the average then gives the sum of the parts)
         self.microbatches = 1  # per optimizer step on this rank: the aux loss gradient is divided by it
         self.aux_loss_sum = None  # this rank's aux loss contributions since the last read (detached)
 
@@ -142,7 +143,7 @@ class MoE(nn.Module):
         y = y.view(b, s, h)
         if self.spec.aux_loss_coef and torch.is_grad_enabled():
             aux = self.aux_loss(probs, ids, b) * self._aux_scale(b)
-            y = _AttachAuxLoss.apply(y, aux)
+            y = _AttachAuxLoss.apply(y, aux * self.grad_replicas)
             if torch._C._current_graph_task_id() == -1:  # not a recompute inside backward: count it once
                 self.aux_loss_sum = aux.detach() if self.aux_loss_sum is None else self.aux_loss_sum + aux.detach()
         if self.leave is not None:
@@ -150,9 +151,8 @@ class MoE(nn.Module):
         return y if shared is None else y + shared
 
     def _aux_scale(self, batch: int) -> float:
-        """coef / (MoE layers * micro-batches * sequences): the step's loss is the mean over all of them; times cp,
-        whose averaging of the gradients would otherwise shrink the parts the cp ranks hold of one sequence."""
-        return self.spec.aux_loss_coef * self.grad_replicas / (len(self.spec.moe_layers) * self.microbatches * batch)
+        """coef / (MoE layers * micro-batches * sequences): the step's loss is the mean over all of them."""
+        return self.spec.aux_loss_coef / (len(self.spec.moe_layers) * self.microbatches * batch)
 
 
 def moe_layers_of(models) -> list[MoE]:

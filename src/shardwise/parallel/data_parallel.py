@@ -43,8 +43,8 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
     # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
     no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
         DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
-    if experts is not None:  # expert_parallel.sync_expert_grads reduces them once per step
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(experts.names))
+    if experts is not None:  # expert_parallel.sync_expert_grads reduces them once per step (added to what CP ignores)
+        model._ddp_params_and_buffers_to_ignore = list(getattr(model, "_ddp_params_and_buffers_to_ignore", [])) + experts.names
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **no_buffer_sync)
 
 

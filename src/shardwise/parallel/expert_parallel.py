@@ -212,6 +212,8 @@ def expert_parallel(chunk: Sharded, mesh, ep: int, etp: int, sequence_parallel: 
             partial.append(f"{name}.router.weight")
             if sequence_parallel and moe.shared_expert_gate is not None:
                 partial.append(f"{name}.shared_expert_gate.weight")
+    if tp_group is None:
+        partial = []  # one tp rank: nothing is partial
     return replace(chunk, experts=placement if layers else None, sp_partial_grads=chunk.sp_partial_grads + tuple(partial),
                    tp_group=tp_group)
 
