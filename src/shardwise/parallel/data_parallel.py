@@ -68,6 +68,11 @@ class Optimizers:
     def param_groups(self) -> list[dict]:
         return [g for opt in self.parts for g in opt.param_groups]
 
+    @property
+    def state(self) -> dict:
+        """This rank's optimizer state (a ZeroRedundancyOptimizer's: its shard's)."""
+        return {p: s for opt in self.parts for p, s in getattr(opt, "optim", opt).state.items()}
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts:
             opt.zero_grad(set_to_none=set_to_none)
