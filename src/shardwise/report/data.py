@@ -89,7 +89,10 @@ def plan_page(job, gpus: int, result, emitted: dict | None = None) -> dict:
 
     cluster, train = job.cluster, job.train
     win = result.ranked[0]
-    assumptions = [f"framework profile: {profile(job)}", "bf16 weights, fp32 gradients and Adam states (18 B/param)",
+    t = job.train
+    assumptions = [f"framework profile: {profile(job)}",
+                   f"{t.weight_bytes} + {t.grad_bytes} + {t.optimizer_bytes} bytes per parameter (weights, gradients, "
+                   f"optimizer states)",
                    "fused attention (FlashAttention)" if job.flash_attention else "materialised softmax (no fused attention)",
                    "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed"]
     return {
