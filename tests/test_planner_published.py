@@ -74,12 +74,12 @@ def test_almost_every_published_layout_fits():
 
 
 def test_ranking_within_series_that_vary_one_knob():
-    # Kendall tau >= 0.8 on every series whose published throughput spreads by more than 5 % (below that the
-    # order is within the sources' own noise and the model's error: a tie).
-    strong = _strong()
+    # Kendall tau >= 0.8 on every series of three or more rows that varies one knob (MosaicML's H100 MPT-30B rows
+    # change the micro-batch with the GPU count: two knobs), weak-scaling series included.
     _, s = _compare()
+    checked = 0
     for name, v in s["kendall_tau_by_series"].items():
-        members = [r for r in strong if r["series"] == name]
-        pub = [r["published_tokens_per_s_per_gpu"] for r in members]
-        if max(pub) / min(pub) - 1 > 0.05 and len({r["gpus"] for r in members}) == len(members) and "mpt-30b" not in name:
+        if v["rows"] >= 3 and "mpt-30b" not in name:
             assert v["kendall_tau"] >= 0.8, (name, v)
+            checked += 1
+    assert checked >= 10

@@ -212,6 +212,17 @@ def test_deepspeed_2021_zero3_is_latency_bound_at_scale():
     assert step_time(large, Layout(dp=1536, **lay))["dp_comm"] > step_time(small, Layout(dp=384, **lay))["dp_comm"]
 
 
+def test_a_synchronous_step_waits_for_its_slowest_gpu():
+    # Sinha et al. 2022: identical GPUs differ by ~8 % across a cluster; the expected slowest of N grows with N.
+    from shardwise.planner.step_time import straggler
+
+    job = make_job(load_model("llama3-8b"), H100, 4096, 4096, "megatron-core")
+    factors = [straggler(job, Layout(dp=n)) for n in (1, 8, 128, 2048, 16384)]
+    assert factors[0] == 1.0 and factors == sorted(factors) and factors[-1] < 1.06
+    assert straggler(dataclasses.replace(job, cluster=dataclasses.replace(H100, measured={"matmul_tflops": 1.0})),
+                     Layout(dp=128)) == 1.0  # a calibrated cluster's rates are its own GPUs'
+
+
 def test_estimate_says_what_it_assumes():
     job = make_job(load_model("llama3-8b"), H100, 64, 4096, "nemo")
     d = estimate(job, Layout(dp=2, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", zero=1, sequence_parallel=True)).to_dict()

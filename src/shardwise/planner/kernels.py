@@ -43,7 +43,7 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # element-wise) share the SMs, L2 and HBM. A100's expectation from NVIDIA's own practice, the clock A100
 # sustains at its power limit under dense tensor work (1305 MHz, vs the 1410 MHz of the 312 TFLOP/s
 # peak: 0.93), is a cross-check (docs/planner.md).
-IN_SITU_EFFICIENCY = {"ampere": 0.82, "hopper": 0.76}
+IN_SITU_EFFICIENCY = {"ampere": 0.84, "hopper": 0.78}
 
 
 def in_situ(cluster: ClusterSpec) -> float:

@@ -18,7 +18,8 @@ Constants and their sources: docs/planner.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from shardwise.planner import kernels
@@ -72,6 +73,25 @@ def achievable_flops(job: Job) -> float:
 def calibrated(job: Job) -> bool:
     measured = job.cluster.measured or {}
     return bool(measured.get("model_tflops") or measured.get("matmul_tflops"))
+
+
+# Identical GPUs do not run at one speed: Sinha et al. 2022 ("Not All GPUs Are Created Equal", SC'22) measured an
+# 8 % average performance spread across the GPUs of each cluster (over 90 % of its thousands of GPUs, from power
+# management and manufacturing variation). Read as the range of ~4,000 normal draws (about 7.2 standard
+# deviations), one GPU's speed varies by GPU_SPEED_SIGMA. A synchronous step waits for its slowest GPU: the expected
+# maximum of N normal draws, sqrt(2 ln N) - (ln ln N + ln 4pi) / (2 sqrt(2 ln N)) standard deviations (Gumbel).
+GPU_SPEED_SIGMA = 0.011
+
+
+def straggler(job: Job, layout: Layout) -> float:
+    """How much slower than the median GPU a step of `layout.world_size x cp` GPUs computes (datasheet clusters; a
+    calibrated cluster's rates are its own GPUs' measured ones)."""
+    n = layout.world_size * job.context_parallel
+    if n < 2 or calibrated(job) or job.cluster.measured:
+        return 1.0
+    a = math.sqrt(2 * math.log(n))
+    z = a - (math.log(math.log(n)) + math.log(4 * math.pi)) / (2 * a) if n >= 3 else 0.56
+    return 1.0 + GPU_SPEED_SIGMA * max(z, 0.0)
 
 
 @dataclass(frozen=True)
@@ -213,6 +233,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     tokens = layout.micro_batch * job.tokens_per_sequence_per_gpu
     layers = rank_layers(job, layout, rank)
     lc = layer_cost(job, layout)
+    slowest = straggler(job, layout)
+    if slowest != 1.0:  # the job computes at its slowest GPU's pace
+        lc = replace(lc, fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
+                     attn_fwd=lc.attn_fwd * slowest)
     oh = lc.overhead / 3
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
     f = layers * (lc.fwd + lc.tp_fwd + oh) + edge_f
@@ -231,7 +255,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     else:
         rec, flops_rec = 0.0, 0.0
     if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients, the loss
-        hf, hb, hw = head_time(job, layout, tokens)
+        hf, hb, hw = (t * slowest for t in head_time(job, layout, tokens))
         f, b_in, w = f + hf, b_in + hb, w + hw
         flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
