@@ -70,6 +70,19 @@ def models() -> str:
     return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
 
 
+def limits() -> str:
+    from shardwise.commands.simulate import MAX_SIMULATED
+    from shardwise.planner.search import MAX_CANDIDATES, MAX_GPUS
+    from shardwise.specs import MAX_LAYERS, TrainSpec
+
+    text = (f"- Bounded answers: `plan`, `estimate`, `explain` and `simulate` answer within seconds or refuse in one "
+            f"line: at most {MAX_GPUS:,} GPUs, {TrainSpec.MAX:,} sequences of {TrainSpec.MAX:,} tokens, "
+            f"{MAX_LAYERS:,} layers and {MAX_CANDIDATES:,} layouts scored per search (beyond, narrow it with "
+            f"`--tp/--pp/--micro-batch/--max-vpp`); `simulate` answers with the closed forms beyond "
+            f"{MAX_SIMULATED:,} actions (equal to the simulator for uniform costs).")
+    return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
+
+
 def _published_module():
     spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
     mod = importlib.util.module_from_spec(spec)
@@ -140,7 +153,7 @@ def emit() -> str:
     return "\n".join(lines) + "\n"
 
 
-FIGURES = {"plan": plan, "explain": explain, "models": models, "published": published, "schedules": schedules,
+FIGURES = {"plan": plan, "explain": explain, "models": models, "limits": limits, "published": published, "schedules": schedules,
            "emit": emit}
 
 

@@ -62,6 +62,7 @@ def files(tmp_path):
         "gpus_fraction": toml("frac", base=cluster.replace("gpus_per_node = 8", "gpus_per_node = 2.5")),
         "cluster_not_table": toml("scalar", base="cluster = 5\n"),
         "measured_nan": toml("meas", "\n[measured]\nall_reduce = [[1024, nan]]\n"),
+        "measured_str": toml("meas_str", "\n[measured]\nlayer_overhead_s = \"slow\"\nbackend = \"gloo\"\n"),
     }
 
 
@@ -114,6 +115,14 @@ BAD = [
     (["train", "--model", "tiny", "--pp", "2", "--steps", "2", "--trace", "{file}"], "--trace {file} is a file"),
     (["train", "--model", "tiny", "--steps", "2", "--checkpoint-dir", "{file}/ck"], "--checkpoint-dir {file}/ck: cannot create"),
     (["calibrate", "--world", "2", "--out", "{dir}"], "--out {dir} is a folder — give a file path, e.g."),
+    (["calibrate", "--sizes", "1e99"], "must be between 1 byte and 16 GiB"),
+    (["calibrate", "--sizes", "nan"], "must be between 1 byte and 16 GiB"),
+    (["calibrate", "--timeout", "nan"], "--timeout must be a positive number of seconds"),
+    (["train", "--model", "tiny", "--lr", "inf"], "--lr must be a finite number above 0"),
+    (["train", "--model", "tiny", "--weight-decay", "nan"], "--weight-decay must be a finite number 0 or more"),
+    (["train", "--model", "tiny", "--timeout", "inf"], "--timeout must be a finite number above 0"),
+    (["train", "--model", "tiny", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),
+    (["plan", "--model", "tiny", "--cluster", "{measured_str}", *JOB[2:]], "[measured] layer_overhead_s must be"),
     (["checkpoint", "export", "{dir}", "--to", "{dir}"], "--to {dir} is a folder"),
 ]
 
@@ -162,15 +171,16 @@ def test_count_candidates_is_what_the_search_scores(monkeypatch):
     real = search_mod.memory_breakdown
 
     def spy(job, layout):
-        seen.add((layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.schedule, layout.vpp))
+        seen.add((layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.schedule, layout.vpp, layout.sequence_parallel))
         return real(job, layout)
 
     monkeypatch.setattr(search_mod, "memory_breakdown", spy)
-    for model, gpus, batch in (("llama2-7b", 48, 96), ("gpt2", 12, 36), ("tiny", 8, 8)):
+    for model, gpus, batch, framework in (("llama2-7b", 48, 96, "megatron-core"), ("gpt2", 12, 36, "shardwise"),
+                                          ("tiny", 8, 8, "torchtitan"), ("llama2-7b", 16, 32, "megatron-2021")):
         seen.clear()
-        job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, 1024))
+        job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, 1024), framework=framework)
         search_mod.search(job, gpus)
-        assert len(seen) == search_mod.count_candidates(job, gpus), model
+        assert len(seen) == search_mod.count_candidates(job, gpus), (model, framework)
 
 
 @settings(max_examples=300, deadline=None)
@@ -240,11 +250,13 @@ def test_far_more_ranks_than_cores_is_refused_and_more_is_noted(monkeypatch, cap
     import os
 
     from shardwise import preflight
-    from shardwise.specs import Layout, load_model
-    from shardwise.train import TrainConfig
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     err = _one_line_error(["train", "--model", "tiny", "--dp", "64", "--global-batch", "64", "--steps", "1"], capsys)
     assert "64 ranks on 2 CPU cores" in err and "at most 16 ranks" in err, err
-    preflight.check_cores(TrainConfig(load_model("tiny"), Layout(dp=8), steps=1, global_batch=8, seq_len=16))
+    for argv in (["calibrate", "--world", "17"], ["demo", "--world", "100"]):
+        assert "ranks on 2 CPU cores" in _one_line_error(argv, capsys)
+    preflight.check_cores(8)
     assert "note: 8 ranks share 2 CPU cores" in capsys.readouterr().err
+    preflight.check_cores(4)
+    assert capsys.readouterr().err == ""

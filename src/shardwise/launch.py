@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import uuid
@@ -56,8 +57,14 @@ def check(cfg: TrainConfig) -> None:
     for name, value in (("--steps", cfg.steps), ("--global-batch", cfg.global_batch), ("--seq-len", cfg.seq_len)):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
-    if not cfg.lr > 0 or not cfg.grad_clip > 0 or not cfg.timeout_s > 0:
-        raise UsageError("--lr, --grad-clip and --timeout must be positive")
+    for flag, value, low in (("--lr", cfg.lr, 0), ("--grad-clip", cfg.grad_clip, 0), ("--timeout", cfg.timeout_s, 0),
+                             ("--weight-decay", cfg.weight_decay, None)):
+        if not (math.isfinite(value) and (value > low if low is not None else value >= 0)):
+            raise UsageError(f"{flag} must be a finite number {'above 0' if low is not None else '0 or more'}, got {value}")
+    if cfg.timeout_s > 10**7:
+        raise UsageError(f"--timeout {cfg.timeout_s:g} s is longer than any job (at most 10,000,000 s, ~4 months)")
+    if not 0 <= cfg.seed < 2**63:
+        raise UsageError(f"--seed must be between 0 and 2^63 - 1, got {cfg.seed}")
     if cfg.warmup_steps is not None and not 0 <= cfg.warmup_steps <= cfg.steps:
         raise UsageError(f"--warmup-steps must be between 0 and --steps ({cfg.steps}), got {cfg.warmup_steps}")
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != lay.world_size:

@@ -82,12 +82,11 @@ def check_memory(cfg) -> None:
                          f"this machine has {have / GIB:,.1f} GiB available — {fix} (or --no-memory-check to try anyway)")
 
 
-def check_cores(cfg, cores: int | None = None) -> None:
+def check_cores(ranks: int, gpu: bool = False, cores: int | None = None) -> None:
     """UsageError for far more local ranks than cores; a one-line note on stderr for somewhat more."""
-    if cfg.device_type == "cuda":
+    if gpu:
         return  # each rank drives its own GPU
     cores = cores or os.cpu_count() or 1
-    ranks = local_ranks(cfg)
     if ranks > OVERSUBSCRIBED * cores:
         raise UsageError(f"{ranks} ranks on {cores} CPU core{'s' * (cores > 1)}: each rank would wait its turn for a core "
                          f"and every collective for the slowest one, until the job times out — use at most "
@@ -98,6 +97,6 @@ def check_cores(cfg, cores: int | None = None) -> None:
 
 
 def check(cfg, memory: bool = True) -> None:
-    check_cores(cfg)
+    check_cores(local_ranks(cfg), gpu=cfg.device_type == "cuda")
     if memory:
         check_memory(cfg)

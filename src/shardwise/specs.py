@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -409,6 +410,8 @@ def read_json_file(path: Path, source: str, fix: str):
 def load_model(ref: str) -> ModelSpec:
     """A preset name (see `model_presets()`), a path to a Hugging Face config.json, or a model folder holding one."""
     path = Path(ref)
+    if not ref.strip():
+        raise UsageError(f"--model is empty — give a preset ({', '.join(model_presets())}), a config.json or a model folder")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(f"{ref}: no config.json in this folder — a Hugging Face model folder holds config.json "
@@ -421,7 +424,10 @@ def load_model(ref: str) -> ModelSpec:
         cfg = read_json_file(path, ref, "fix the file or use a preset")
         return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
     preset = _preset_dir("models").joinpath(f"{ref}.json")
-    if not preset.is_file():
+    if ref not in model_presets() or not preset.is_file():
+        if "/" in ref or os.sep in ref or path.exists():
+            raise UsageError(f"--model {ref}: {'not a model folder or a config.json' if path.exists() else 'not found'} — "
+                             f"give a Hugging Face model folder, its config.json, or a preset ({', '.join(model_presets())})")
         raise UsageError(f"unknown model '{ref}' — valid presets: {', '.join(model_presets())}; or pass a path to a config.json")
     return model_from_hf_config(json.loads(preset.read_text()), name=ref, source=f"preset {ref}")
 
@@ -527,6 +533,9 @@ def _check_measured(measured, source: str) -> None:
         return [value] if isinstance(value, (int, float)) else []
 
     bad = [k for k, v in measured.items() if any(not math.isfinite(x) for x in numbers(v))]
+    # Scalars the planner reads as numbers (every one but the labels calibrate writes).
+    bad += [k for k, v in measured.items() if k not in ("backend", "dtype", "model")
+            and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"):
         table = measured.get(kind)
         if table is not None and not (isinstance(table, list) and all(
@@ -541,6 +550,8 @@ def _check_measured(measured, source: str) -> None:
 def load_cluster(ref: str) -> ClusterSpec:
     """A preset name (see `cluster_presets()`) or a path to a cluster TOML file."""
     path = Path(ref)
+    if not ref.strip():
+        raise UsageError(f"--cluster is empty — give a preset ({', '.join(cluster_presets())}) or a cluster .toml file")
     if path.is_dir():
         raise UsageError(f"--cluster {ref} is a folder — give a cluster .toml file (e.g. from `shardwise calibrate`) "
                          f"or a preset ({', '.join(cluster_presets())})")
@@ -555,7 +566,7 @@ def load_cluster(ref: str) -> ClusterSpec:
             raise UsageError(f"{ref}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
         return cluster_from_toml(data, name=path.stem, source=ref)
     preset = _preset_dir("clusters").joinpath(f"{ref}.toml")
-    if not preset.is_file():
+    if ref not in cluster_presets() or not preset.is_file():
         raise UsageError(f"unknown cluster '{ref}' — valid presets: {', '.join(cluster_presets())}; or pass a path to a .toml")
     return cluster_from_toml(tomllib.loads(preset.read_text()), name=ref, source=f"preset {ref}")
 

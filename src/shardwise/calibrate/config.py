@@ -55,8 +55,18 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
         raise UsageError(f"--repeats must be at least 1 and --warmup at least 0 (got {cfg.repeats}, {cfg.warmup})")
     if cfg.micro_batch < 1 or cfg.seq_len < 1:
         raise UsageError(f"--micro-batch and --seq-len must be positive (got {cfg.micro_batch}, {cfg.seq_len})")
-    if cfg.timeout_s <= 0:
-        raise UsageError(f"--timeout must be positive, got {cfg.timeout_s}")
+    if not 0 < cfg.timeout_s <= 10**7:
+        raise UsageError(f"--timeout must be a positive number of seconds (at most 10,000,000), got {cfg.timeout_s}")
+    biggest = max((*cfg.sizes, cfg.copy_bytes, 0))
+    if biggest > MAX_BYTES:
+        raise UsageError(f"a {human(biggest)} message or copy is above the {human(MAX_BYTES)} calibrate measures — "
+                         f"pass smaller --sizes / --copy-size")
+    from shardwise.preflight import check_cores
+
+    check_cores(cfg.world, gpu=cfg.backend == "nccl")
+
+
+MAX_BYTES = 2**34  # 16 GiB: the largest collective or copy one rank measures
 
 
 def parse_size(text: str) -> int:
@@ -67,8 +77,8 @@ def parse_size(text: str) -> int:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
         raise UsageError(f"size '{text}' is not a number of bytes — write it like 4096, 64K, 1M or 1G") from None
-    if value < 1:
-        raise UsageError(f"size '{text}' must be at least 1 byte")
+    if not 1 <= value <= MAX_BYTES:
+        raise UsageError(f"size '{text}' must be between 1 byte and {human(MAX_BYTES)}")
     return int(value)
 
 

@@ -27,6 +27,10 @@ def run(args) -> int:
 
     if args.world < 1 or args.steps < 3:
         raise UsageError("--world must be at least 1 and --steps at least 3")
+    if not args.no_train:
+        from shardwise.preflight import check_cores
+
+        check_cores(args.world)  # the local part runs --world CPU processes
     console = Console(quiet=args.json)
     console.width = max(console.width, 120)  # the layout tables need the room, even in a narrow pipe
     out = {"article": article(console)}

@@ -34,7 +34,7 @@ SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 RECOMPUTE_ORDER = ("none", "selective", "full")
 # Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
 MAX_GPUS = 2**20  # more GPUs than any cluster built
-MAX_CANDIDATES = 10_000  # dp x tp x pp x micro-batch x schedule x vpp combinations one search scores (~0.1-0.4 ms each)
+MAX_CANDIDATES = 16_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (~0.1 ms each)
 
 
 @dataclass(frozen=True)
@@ -104,18 +104,22 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
 
 
 def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> int:
-    """How many (layout, schedule, vpp) combinations `search` would score: arithmetic, no scoring."""
-    batch, total = job.train.global_batch, 0
+    """How many (split, micro-batch, schedule, vpp, SP) combinations `search` would score, counted without
+    scoring (the framework's schedules and SP rule included)."""
+    fw = get_framework(job.framework)
+    sp_variants = {"never": 1, "required": 1}.get(fw.sequence_parallel, 2)
+    batch, layers, total = job.train.global_batch, job.model.num_layers, 0
     for tp, pp, dp in degrees(job, gpus, space):
         for mb in divisors(batch // dp):
             if space.micro_batch is None or mb in space.micro_batch:
                 m = batch // (dp * mb)
                 if pp == 1:
-                    total += 1
-                    continue
-                total += sum(s in space.schedules for s in SEARCH_SCHEDULES)
-                if m % pp == 0 and "interleaved-1f1b" in space.schedules:
-                    total += max(0, min(job.model.num_layers // pp, space.max_vpp or job.model.num_layers) - 1)
+                    shapes = 1
+                else:
+                    shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
+                    if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
+                        shapes += max(0, min(layers // pp, space.max_vpp or layers) - 1)
+                total += shapes * (sp_variants if tp > 1 else 1)
     return total
 
 
