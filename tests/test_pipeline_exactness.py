@@ -45,7 +45,9 @@ def _layouts(world: int) -> list[tuple[str, Layout]]:
         out.append(("tiny-gpt2", Layout(pp=2, dp=world // 2, micro_batch=2, schedule="1f1b")))
     if world == 4:
         out += [("tiny", Layout(pp=2, tp=2, sequence_parallel=True, micro_batch=2, schedule="zb-h1")),
-                ("tiny8", Layout(pp=2, dp=2, vpp=2, micro_batch=1, zero=1, schedule="interleaved-1f1b"))]
+                ("tiny8", Layout(pp=2, dp=2, vpp=2, micro_batch=1, zero=1, schedule="interleaved-1f1b")),
+                # tied embedding sharded by FSDP on both stages; ZeRO-2 reduce-scatters every micro-batch
+                ("tiny-gpt2", Layout(pp=2, dp=2, micro_batch=1, zero=2, schedule="1f1b"))]
     if world == 8:
         out += [("tiny", Layout(pp=2, dp=2, tp=2, micro_batch=1, schedule="1f1b")),
                 ("tiny", Layout(pp=2, dp=2, tp=2, micro_batch=2, sequence_parallel=True, zero=1, schedule="zb-h1")),

@@ -76,8 +76,11 @@ def test_uneven_stages_and_embedding_on_first_head_on_last():
     job = Job(m, load_cluster("dgx-h100-80gb"), TrainSpec(64, 4096))
     # The runtime's cut (stage_split): 7 layers beside the embedding and beside the LM head, 8 elsewhere.
     assert [rank_layers(job, lay, r) for r in range(16)] == [7] + [8] * 14 + [7]
-    assert rank_params(job, lay, 0) == (7 * m.params_per_layer() + m.embedding_params()) / 8
-    assert rank_params(job, lay, 15) == (7 * m.params_per_layer() + m.head_params()) / 8
+    # Matrices and the vocabulary (128256 rows: tp 8 divides it) split over tp; the two RMSNorms of each
+    # layer and the final one replicated on every tp rank, as the runtime keeps them.
+    norms, h = 2 * m.hidden, m.hidden
+    assert rank_params(job, lay, 0) == 7 * ((m.params_per_layer() - norms) / 8 + norms) + m.vocab_size * h / 8
+    assert rank_params(job, lay, 15) == 7 * ((m.params_per_layer() - norms) / 8 + norms) + m.vocab_size * h / 8 + h
     assert rank_memory(job, lay.with_(dp=1), 15)["logits"] == 4096 * m.vocab_size / 8 * 6
     assert rank_memory(job, lay.with_(dp=1), 0)["logits"] == 0
 

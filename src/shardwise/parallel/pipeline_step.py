@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shardwise.parallel.expert_parallel import expert_names
 from shardwise.parallel.mesh import coordinates, data_dim, edge_group, group
@@ -99,7 +100,9 @@ class TiedEmbeddings:
 
     def sync(self):
         if self.group is not None and self.weight is not None and self.weight.grad is not None:
-            dist.all_reduce(self.weight.grad, group=self.group)
+            # Under FSDP both copies are sharded alike over dp (same rows, same dp rank): sum the shards.
+            grad = self.weight.grad
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.group)
 
 
 def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:

@@ -228,17 +228,29 @@ def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
     return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len)
 
 
+def layer_params(model: ModelSpec, tp: int) -> float:
+    """Parameters of one layer on one TP rank: the matrices (and column-parallel biases) split over tp;
+    the norms and the row-parallel biases (added after the sum) replicated, as the runtime keeps them."""
+    replicated = 2 * model.hidden * (2 if model.family == "gpt2" else 1) + (2 * model.hidden if model.has_bias else 0)
+    return (model.params_per_layer() - replicated) / tp + replicated
+
+
 def rank_params(job: Job, layout: Layout, rank: int) -> float:
-    """Parameters held by one GPU of pipeline rank `rank` (matrices split by TP, vocab-parallel embedding)."""
-    model = job.model
-    p = rank_layers(job, layout, rank) * model.params_per_layer()
+    """Parameters held by one GPU of pipeline rank `rank`: its layers (`layer_params`), the embedding and
+    the LM head split by vocabulary rows (padded to a multiple of tp, as Megatron and the runtime pad);
+    learned positions and the final norm replicated."""
+    model, tp = job.model, layout.tp
+    rows = -(-model.vocab_size // tp) * model.hidden  # this rank's vocabulary rows
+    table = model.vocab_size * model.hidden
+    p = rank_layers(job, layout, rank) * layer_params(model, tp)
     if rank == 0:
-        p += model.embedding_params()
+        p += rows + model.embedding_params() - table  # positions (gpt2) are replicated
     if rank == layout.pp - 1:
-        p += model.head_params()
+        head = model.head_params()
+        p += head - table + rows if not model.tie_embeddings else head
         if model.tie_embeddings and layout.pp > 1:
-            p += model.vocab_size * model.hidden  # the last stage keeps its own copy of the tied matrix
-    return p / layout.tp
+            p += rows  # the last stage keeps its own copy of the tied matrix
+    return p
 
 
 def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None) -> dict[str, float]:
@@ -264,7 +276,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
         grads /= d
         gathered = params
         if zero >= 3:
-            layer = job.model.params_per_layer() / layout.tp
+            layer = layer_params(job.model, layout.tp)
             root = params - layers * layer if layers is not None else 0.0
             gathered = min(root + ZERO3_GATHERED_LAYERS * layer, params)
         weights = t.weight_bytes * (params / d + gathered)

@@ -25,7 +25,7 @@ from functools import lru_cache
 from shardwise.planner import kernels
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job, pipeline_ranks, rank_layers, rank_params
+from shardwise.planner.memory import Job, layer_params, pipeline_ranks, rank_layers, rank_params
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
@@ -319,7 +319,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
                  layers=cost.layers, microbatches=m)
     params = rank_params(job, layout, rank)
-    return dp_exposed(job, layout, fw, params, job.model.params_per_layer() / layout.tp,
+    return dp_exposed(job, layout, fw, params, layer_params(job.model, layout.tp),
                       param_tensors(job, layout, rank), win)
 
 
