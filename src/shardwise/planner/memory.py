@@ -31,9 +31,12 @@ ZERO3_GATHERED_LAYERS = 2
 class SavedTensors:
     """What the training code keeps for backward beyond Korthikanti et al.'s list (the defaults).
 
-    norm_fp32_stats: the norm computes in fp32 and autograd keeps its fp32 input (4 B), its
-      normalised output (e) and 1/rms (4 B per token) — Llama's RMSNorm written in PyTorch — instead
-      of one e-byte input.
+    norm_fp32_stats: the norm keeps fp32 statistics beside its input: Llama's RMSNorm written in
+      PyTorch keeps its fp32 input (4 B), its normalised output (e) and 1/rms (4 B per token); torch's
+      LayerNorm kernel (GPT) keeps its e-byte input and an fp32 mean and 1/std (8 B per token) —
+      instead of the paper's one e-byte input.
+    dropout: GPT recipes train with dropout (a 1-byte mask after the attention and the MLP, and on
+      the scores); Llama recipes never do, nor does shardwise's model.
     gated_mlp_tensors: f-wide tensors a gated MLP keeps: gate, up and product (3), or also silu(gate)
       when SiLU and the product are separate autograd ops (4).
     softmax_stats_bytes: a fused attention kernel keeps the log-sum-exp per head and token (fp32: 4);
@@ -44,6 +47,7 @@ class SavedTensors:
     """
 
     norm_fp32_stats: bool = False
+    dropout: bool = True
     gated_mlp_tensors: int = 3
     softmax_stats_bytes: int = 0
     logits_bytes: float = LOGITS_BYTES
@@ -52,11 +56,12 @@ class SavedTensors:
 
 
 PAPER = SavedTensors()
-# shardwise.model (RMSNorm with fp32 statistics, SwiGLU as silu(w1 x) * w3 x, SDPA's fused kernel,
-# fp32 log-softmax in the loss, int64 ids), as its saved-tensor hooks show; run it with
-# TrainSpec(activation_bytes=4) for fp32 and Job(flash_attention=True): SDPA never keeps the scores.
-SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, gated_mlp_tensors=4, softmax_stats_bytes=4, logits_bytes=4,
-                                 head_inputs=True, token_id_bytes=8)
+# shardwise.model (RMSNorm with fp32 statistics or torch's LayerNorm, no dropout, SwiGLU as
+# silu(w1 x) * w3 x, SDPA's fused kernel, fp32 log-softmax in the loss, int64 ids), as its saved-tensor
+# hooks show; run it with TrainSpec(activation_bytes=4) for fp32 and Job(flash_attention=True): SDPA
+# never keeps the scores.
+SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, dropout=False, gated_mlp_tensors=4, softmax_stats_bytes=4,
+                                 logits_bytes=4, head_inputs=True, token_id_bytes=8)
 
 
 @dataclass(frozen=True)
@@ -112,10 +117,12 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
 # --------------------------------------------------------------------------- activations
 
 
-def norm_bytes(h: int, e: int, saved: SavedTensors = PAPER) -> float:
-    """Bytes one norm keeps per token: its input, or with fp32 statistics the fp32 input, the
-    normalised output and 1/rms."""
-    return (4 * h + e * h + 4) if saved.norm_fp32_stats else e * h
+def norm_bytes(model: ModelSpec, e: int, saved: SavedTensors = PAPER) -> float:
+    """Bytes one norm keeps per token: its input, or with fp32 statistics (`SavedTensors`) also those."""
+    h = model.hidden
+    if not saved.norm_fp32_stats:
+        return e * h
+    return e * h + 8 if model.family == "gpt2" else 4 * h + e * h + 4  # LayerNorm; RMSNorm
 
 
 def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2,
@@ -128,9 +135,9 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     parallelism splits them along s; everything inside the attention and the MLP is split by TP.
     """
     h, q, kv, f, a = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
-    mask = 1 if model.family == "gpt2" else 0  # GPT trains with dropout (1-byte masks); Llama recipes do not
+    mask = 1 if model.family == "gpt2" and saved.dropout else 0  # GPT recipes train with dropout (1-byte masks)
     # LN1 and LN2 (their inputs), QKV input, FC1 input (e each) + attention-out and MLP-out dropout masks.
-    replicated = s * b * (2 * norm_bytes(h, e, saved) + 2 * e * h + 2 * mask * h)
+    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * e * h + 2 * mask * h)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
     attention = s * b * e * ((q + kv) + kv + q)
     # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)).
@@ -211,7 +218,7 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     out = tokens * model.vocab_size / layout.tp * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
-        out += tokens * (norm_bytes(model.hidden, e, saved) + e * model.hidden) / split
+        out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split
     return out
 
 
@@ -253,7 +260,8 @@ def rank_params(job: Job, layout: Layout, rank: int) -> float:
     return p
 
 
-def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None) -> dict[str, float]:
+def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None,
+                      gathered_layers: int = ZERO3_GATHERED_LAYERS) -> dict[str, float]:
     """Weights, gradients and optimizer states of `params` parameters (`layers` of them whole layers)
     under the layout's ZeRO stage.
 
@@ -261,7 +269,8 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights. Stages 2 and 3
     shard the weights as FSDP does and gather them in full beside the shards while they are used:
     stage 2 (SHARD_GRAD_OP) keeps every unit gathered from its forward to its backward; stage 3
-    (FULL_SHARD) gathers one layer at a time plus the prefetched next one, and keeps the root unit
+    (FULL_SHARD) gathers one layer at a time plus the prefetched next one (`gathered_layers`: fewer
+    when a model chunk holds fewer layers, as FSDP prefetches within a chunk), and keeps the root unit
     (embedding, final norm, head: the parameters outside the layers) gathered between forward and
     backward (FSDP never reshards the root after forward).
     """
@@ -278,7 +287,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
         if zero >= 3:
             layer = layer_params(job.model, layout.tp)
             root = params - layers * layer if layers is not None else 0.0
-            gathered = min(root + ZERO3_GATHERED_LAYERS * layer, params)
+            gathered = min(root + gathered_layers * layer, params)
         weights = t.weight_bytes * (params / d + gathered)
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
@@ -291,7 +300,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     m = layout.num_microbatches(job.train.global_batch)
     inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
     layers = rank_layers(job, layout, rank)
-    out = model_state_bytes(job, layout, rank_params(job, layout, rank), layers)
+    chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
+    out = model_state_bytes(job, layout, rank_params(job, layout, rank), layers, min(ZERO3_GATHERED_LAYERS, max(chunks)))
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
     if rank == 0:
         out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
@@ -315,11 +325,12 @@ def total_bytes(breakdown: dict[str, float]) -> float:
     return sum(breakdown.values())
 
 
-def counted_memory(job: Job, layout: Layout) -> dict[str, float]:
-    """What `validate` and `train --json` measure, predicted (bytes): the worst pipeline rank's weights,
-    gradients, optimizer states and saved activations (logits included), without the workspace and
-    fragmentation allowances (those are GPU allocator terms; shardwise.validate.memory counts tensors)."""
-    _, mem = memory_breakdown(job, layout)
+def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[str, float]:
+    """What `validate` and `train --json` measure, predicted (bytes): the weights, gradients, optimizer
+    states and saved activations (logits included) of the worst pipeline rank (or of `rank`), without
+    the workspace and fragmentation allowances (GPU allocator terms; shardwise.validate.memory counts
+    tensors)."""
+    mem = memory_breakdown(job, layout)[1] if rank is None else rank_memory(job, layout, rank)
     out = {k: mem[k] for k in ("weights", "gradients", "optimizer")}
     out["activations"] = mem["activations"] + mem["logits"]
     return out
