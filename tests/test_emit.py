@@ -17,6 +17,7 @@ read back with the target's semantics (written here from the targets' sources, n
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from shardwise.stage_split import stage_layer_counts
 DATA = Path(__file__).parent / "data"
 README_PLAN = ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
                "--seq-len", "2048"]
-KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute", "cp")
+KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute", "cp", "ep", "etp")
 
 
 def knobs(layout) -> dict:
@@ -116,6 +117,12 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
               "gated_linear_unit": bool(ns.swiglu)}  # what core_transformer_config_from_args derives
     if ns.cp_comm_type and len(ns.cp_comm_type) == 1:  # argument_utils: one type for every layer
         given["cp_comm_type"] = ns.cp_comm_type[0]
+    if ns.num_experts:  # argument_utils: --num-experts is num_moe_experts; the layer pattern a Python list
+        given["num_moe_experts"] = ns.num_experts
+        if ns.moe_layer_freq:
+            given["moe_layer_freq"] = ast.literal_eval(ns.moe_layer_freq)
+        given["moe_aux_loss_coeff"] = (ns.moe_aux_loss_coeff or [0.0])[0]
+        given["expert_tensor_parallel_size"] = ns.expert_tensor_parallel_size or tp  # validate_args' default
     config = TransformerConfig(**given)
     ddp = DistributedDataParallelConfig(
         use_distributed_optimizer=bool(ns.use_distributed_optimizer), overlap_grad_reduce=bool(ns.overlap_grad_reduce),
@@ -134,9 +141,20 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
     return {"dp": dp, "tp": config.tensor_model_parallel_size, "pp": config.pipeline_model_parallel_size,
             "vpp": config.virtual_pipeline_model_parallel_size or 1, "micro_batch": ns.micro_batch_size,
             "zero": zero, "recompute": recompute, "sequence_parallel": config.sequence_parallel,
+            "ep": config.expert_model_parallel_size,
+            "etp": config.expert_tensor_parallel_size if config.num_moe_experts else 1,
+            "experts": config.num_moe_experts or 0, "moe_layers": _moe_layers(config, num_layers),
             "cp": config.context_parallel_size, "cp_mode": {"p2p": "ring", "all_gather": "allgather"}[(ns.cp_comm_type or ["p2p"])[0]],
             "microbatches": ns.global_batch_size // (ns.micro_batch_size * dp),
             "schedule": ("interleaved-1f1b" if vpp > 1 else "1f1b") if pp > 1 else None, "counts": counts}
+
+
+def _moe_layers(config, num_layers: int):
+    freq = config.moe_layer_freq
+    if not config.num_moe_experts:
+        return ()
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(num_layers)]
+    return tuple(i for i, moe in enumerate(pattern) if moe)
 
 
 # --------------------------------------------------------------------------- torchtitan
@@ -203,7 +221,7 @@ def read_torchtitan(path: Path, num_layers: int, monkeypatch) -> dict:
         micro_batch, microbatches = train.local_batch_size, accumulation
     return {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "zero": zero,
             "recompute": cfg.activation_checkpoint.mode, "sequence_parallel": tp > 1,  # torchtitan's TP is always SP
-            "cp": par.context_parallel_degree,
+            "cp": par.context_parallel_degree, "ep": 1, "etp": 1,
             "cp_mode": {"alltoall": "ring", "allgather": "allgather"}[par.context_parallel_rotate_method],
             "microbatches": microbatches, "schedule": schedule, "counts": counts}
 
@@ -228,7 +246,7 @@ def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
     full = cfg.pipeline["activation_checkpoint_interval"] > 0 if pp > 1 else "activation_checkpointing" in raw
     return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
-            "recompute": "full" if full else "none", "sequence_parallel": False, "cp": 1, "cp_mode": "ring",
+            "recompute": "full" if full else "none", "sequence_parallel": False, "cp": 1, "cp_mode": "ring", "ep": 1, "etp": 1,
             "grad_bytes": 4 if cfg.grad_accum_dtype == "fp32" else 2,  # None: the model's dtype, bf16
             "microbatches": cfg.gradient_accumulation_steps, "schedule": "1f1b" if pp > 1 else None, "counts": None}
 
@@ -247,6 +265,8 @@ def check_round_trip(got: dict, job, layout) -> None:
     assert got["sequence_parallel"] == (layout.sequence_parallel and layout.tp > 1)
     assert layout.cp == 1 or got["cp_mode"] == layout.cp_mode
     assert got.get("grad_bytes", job.train.grad_bytes) == job.train.grad_bytes  # the gradients the planner scored
+    if "experts" in got:  # the model's experts and which layers have them
+        assert (got["experts"], got["moe_layers"]) == (job.model.num_experts, tuple(job.model.moe_layers))
     if layout.pp > 1:
         assert got["schedule"] == layout.schedule
         if got["counts"] is not None:  # the target's stage split is the planner's
@@ -282,6 +302,8 @@ CASES = {
         ("llama-65b", 64, 1024, 2048, Layout(8, 8, 1, 2, 1, 3, "full", True)),
         ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b")),
         ("llama3-70b", 64, 64, 32768, Layout(2, 8, 2, 1, 1, 1, "selective", True, "1f1b", cp=2, cp_mode="allgather")),
+        ("qwen3-30b-a3b", 64, 1024, 4096, Layout(8, 2, 4, 1, 1, 1, "selective", True, "1f1b", ep=8, etp=2)),
+        ("deepseek-v3", 1024, 1024, 4096, Layout(8, 8, 16, 1, 1, 1, "full", True, "1f1b", ep=64)),
     ],
     "torchtitan": [
         ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 3, "full", True, "interleaved-1f1b")),
@@ -347,6 +369,9 @@ def test_problem_names_the_knob_for_each_target():
     assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
     assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
     assert "fp32 gradients" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 0))  # 4-byte gradients scored
+    assert "expert parallelism" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 1, ep=8))
+    moe = Job(load_model("mixtral-8x7b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048))
+    assert "mixture-of-experts" in emitter("torchtitan").problem(moe, Layout(8, 8, 1, 1, 1, 2, "none", True))
     assert emitter("megatron").problem(job, zb.with_(schedule="1f1b")) is None
 
 

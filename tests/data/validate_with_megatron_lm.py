@@ -26,7 +26,7 @@ STUB = "#!{python}\nimport json, os, sys\njson.dump(sys.argv[1:], open(os.enviro
 SHOWN = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
          "data_parallel_size", "micro_batch_size", "global_batch_size", "sequence_parallel", "use_distributed_optimizer",
          "use_megatron_fsdp", "recompute_granularity", "recompute_method", "recompute_num_layers",
-         "pipeline_model_parallel_layout")
+         "pipeline_model_parallel_layout", "num_experts", "expert_model_parallel_size", "expert_tensor_parallel_size")
 
 
 def launched(script: Path) -> tuple[int, list[str]]:

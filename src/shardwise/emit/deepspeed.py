@@ -24,6 +24,9 @@ import json
 
 
 def problem(job, layout) -> str | None:
+    if layout.ep > 1 or layout.etp > 1:
+        return ("expert parallelism — DeepSpeed sets it in model code (deepspeed.moe.layer.MoE(ep_size=...)), not in "
+                "its config; use --ep 1")
     if layout.cp > 1:
         return ("context parallelism — DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
                 "ring or all-gather attention")

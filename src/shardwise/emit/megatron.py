@@ -14,6 +14,8 @@ megatron-core's config dataclasses from it):
   recompute selective: --recompute-granularity selective (the attention core, Korthikanti et al.);
           full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   --context-parallel-size with --cp-comm-type p2p (ring) or all_gather
+  mixture of experts: --num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq, ...;
+  --expert-model-parallel-size / --expert-tensor-parallel-size (ep, etp)
   --overlap-grad-reduce / --overlap-param-gather with data parallelism, --tp-comm-overlap when modelled.
 Megatron has no GPipe or zero-bubble (ZB-H1) schedule: those layouts are not expressible.
 """
@@ -64,6 +66,26 @@ def _model_args(job) -> list[str]:
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--attention-backend", "flash" if job.flash_attention else "unfused"]
+    if m.num_experts:
+        args += _moe_args(m)
+    return args
+
+
+def _moe_args(m) -> list:
+    """A mixture-of-experts model's FFN, in Megatron-Core's MoE arguments."""
+    args = ["--num-experts", m.num_experts, "--moe-router-topk", m.experts_per_token, "--moe-ffn-hidden-size", m.moe_ffn_hidden]
+    if m.shared_ffn_hidden:
+        args += ["--moe-shared-expert-intermediate-size", m.shared_ffn_hidden]
+    if len(m.moe_layers) < m.num_layers:  # which layers are MoE (1) or dense (0), as a Python list
+        args += ["--moe-layer-freq", "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"]
+    if m.router_scoring != "softmax":
+        args += ["--moe-router-score-function", m.router_scoring]
+    if m.routed_scaling != 1.0:
+        args += ["--moe-router-topk-scaling-factor", m.routed_scaling]
+    if m.router_groups > 1:
+        args += ["--moe-router-num-groups", m.router_groups, "--moe-router-group-topk", m.router_topk_groups]
+    if m.aux_loss_coef:
+        args += ["--moe-aux-loss-coeff", m.aux_loss_coef]
     return args
 
 
@@ -73,6 +95,8 @@ def _parallel_args(job, layout) -> list[str]:
         args.append("--sequence-parallel")
     if layout.tp > 1 and job.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    if job.model.num_experts:  # experts folded over the dp x tp ranks (Megatron's MoE parallel folding)
+        args += ["--expert-model-parallel-size", layout.ep, "--expert-tensor-parallel-size", layout.etp]
     if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
         args += ["--context-parallel-size", layout.cp, "--cp-comm-type", "p2p" if layout.cp_mode == "ring" else "all_gather"]
     counts = stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)  # the planner's split

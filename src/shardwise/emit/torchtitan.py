@@ -30,6 +30,9 @@ FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 
 
 
 def problem(job, layout) -> str | None:
+    if job.model.num_experts:
+        return ("a mixture-of-experts model — torchtitan's MoE models are model names of their own (deepseek_v3, "
+                "qwen3, llama4); this emitter writes llama3 jobs")
     if layout.dp > 1 and layout.zero == 1:
         return ("ZeRO-1 — torchtitan shards data-parallel state only with FSDP2 (ZeRO-2/3) or replicates it with "
                 "DDP (ZeRO-0); narrow the search with --zero 0,2,3")

@@ -68,7 +68,8 @@ def timeline(job, est) -> dict | None:
         evs = sorted((e for e in sim.events if e.rank == r), key=lambda e: e.start)
         gaps, end = [], 0.0
         for e in evs:  # mostly 0: the page rebuilds start = previous end + gap, end = start + duration
-            gaps.append(_r(e.start - end) if e.start - end > 1e-12 * sim.makespan else 0)
+            # (unrounded: the page adds them up along the rank, and rounding errors would add up too)
+            gaps.append(e.start - end if e.start - end > 1e-12 * sim.makespan else 0)
             end = e.end
         ranks.append({"kind": "".join(e.kind for e in evs), "mb": [e.microbatch for e in evs],
                       "chunk": [e.chunk for e in evs], "gap": gaps})
