@@ -218,8 +218,6 @@ def parse(row: dict) -> Run:
         profile, flash = "megatron-core", False
     if any(k in text for k in PRE_FLASH):
         flash = False
-        if profile == "deepspeed":  # the DeepSpeed of 2021-22 (no overlap, synchronous ZeRO-3 fetches)
-            profile = "deepspeed-2021"
     fw = FRAMEWORKS[profile]
     if fw.sequence_parallel == "required":
         sp = True

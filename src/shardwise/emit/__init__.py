@@ -23,7 +23,7 @@ TARGETS = ("megatron", "torchtitan", "deepspeed")
 
 # The planner framework profile (`plan --framework`) each target's layouts are scored with. This is the
 # one place the mapping lives; `plan --emit X` applies it when --framework is not given.
-FRAMEWORK = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+FRAMEWORK = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed-2024"}  # the releases the files are for
 
 # What a user sees as the target's name.
 TITLE = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}

@@ -16,7 +16,7 @@ one hook, CALIBRATED_STEP_OVERHEAD, for the fixed per-step cost `calibrate` meas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shardwise.errors import UsageError
 from shardwise.specs import Layout, runtime_refusal
@@ -134,36 +134,37 @@ NEMO = Framework(
 
 DEEPSPEED = Framework(
     name="deepspeed",
-    summary="DeepSpeed (with Megatron-DeepSpeed for TP): ZeRO-0/1 reduce at the gradient-accumulation boundary "
-            "after the backward; ZeRO-2 reduces in every micro-batch's backward (overlap_comm); ZeRO-3 gathers "
-            "each module with prefetch; gradients travel in the model dtype; only its 1F1B pipeline, with ZeRO <= 1",
+    summary="DeepSpeed as its published runs used it (the 2021-22 releases behind MT-NLG, BLOOM, GPT-NeoX, GLM-130B "
+            "and Narayanan et al.'s ZeRO-3 baseline; with Megatron-DeepSpeed for TP): DeepSpeed's defaults — "
+            "reductions at the accumulation boundary after the backward (ZeRO-0/1) or in every micro-batch's "
+            "backward (ZeRO-2), overlap_comm off; ZeRO-3 gathering each parameter after a host synchronisation "
+            "(no overlap); gradients in the model dtype; no fused attention; only its 1F1B pipeline, with ZeRO <= 1. "
+            "Newer releases coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
     sources=("deepspeedai/DeepSpeed runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 communicates during "
-             "non gradient accumulation boundaries'), communication_data_type (bf16 with bf16)",
+             "non gradient accumulation boundaries'), communication_data_type (bf16 with bf16); config docs "
+             "(overlap_comm default false)",
+             "commit 599258f97 (2021-03-08) runtime/zero/partition_parameters.py _allgather_param: "
+             "torch.cuda.synchronize() then one all_gather per parameter into a list of per-rank views, "
+             "_reduce_scatter_gradient from one (PyTorch's ProcessGroupNCCL copies each list entry: one copy kernel "
+             "per rank per call); replaced by coalesced gathers in 4912e0ad7 (2022-01)",
              "runtime/pipe/engine.py ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), TrainSchedule (1F1B)",
              "Rajbhandari et al. 2020, ZeRO (SC'20)"),
-    grad_bytes=2, attention="fa2", grad_reduce_bytes=2, overlap_grad_reduce=False,
-    zero2_reduce_every_microbatch=True, gather_per_tensor=True, bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
-    max_zero_with_pp=1, sequence_parallel="never",
+    grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
+    zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
+    bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
+    sequence_parallel="never",
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)"),
 )
 
-DEEPSPEED_2021 = Framework(
-    name="deepspeed-2021",
-    summary="DeepSpeed as the 2021-22 runs used it (MT-NLG, BLOOM, GPT-NeoX, GLM-130B, Narayanan et al.'s ZeRO-3 "
-            "baseline): no fused attention, reductions after the backward (overlap_comm off), ZeRO-3 gathering "
-            "each parameter with a host synchronisation before it (no overlap), 1F1B pipeline with ZeRO <= 1",
-    sources=("deepspeedai/DeepSpeed commit 599258f97 (2021-03-08) runtime/zero/partition_parameters.py "
-             "_allgather_param: torch.cuda.synchronize() then one all_gather per parameter into a list of per-rank "
-             "views, _reduce_scatter_gradient from one (PyTorch's ProcessGroupNCCL copies each list entry: "
-             "one copy kernel per rank per call)",
-             "runtime/engine.py allreduce_gradients at the accumulation boundary; DeepSpeed config docs (overlap_comm "
-             "default false)"),
-    grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
-    zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
-    bucket_bytes=5e8 * 2,
-    schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
-    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
+DEEPSPEED_2024 = replace(
+    DEEPSPEED, name="deepspeed-2024",
+    summary="DeepSpeed since 2022 (>= 0.6) with its defaults: as deepspeed, but ZeRO-3 gathers each submodule's "
+            "parameters coalesced (no host synchronisation, no per-rank copies) and prefetches them behind the "
+            "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
+    sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
+             "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
+    attention="fa2", flash_attention=True, prefetch=True, list_collectives=False,
 )
 
 TORCHTITAN = Framework(
@@ -198,7 +199,7 @@ SHARDWISE = Framework(
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, SHARDWISE,
-                                        DEEPSPEED_2021)}
+                                        DEEPSPEED_2024)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

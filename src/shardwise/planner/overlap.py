@@ -84,7 +84,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         return after, before
     if layout.zero == 2 and fw.zero2_reduce_every_microbatch:  # DeepSpeed: reduce in every backward, gather after the step
         rs = call("reduce_scatter", params, gb)
-        after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if overlap else m * rs
+        after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if overlap and fw.overlap_grad_reduce else m * rs
         return after + call("all_gather", params, pb), 0.0
     return fsdp_exposed(job, layout, fw, params, layer_params, win, overlap), 0.0
 
