@@ -47,19 +47,15 @@ class MemoryCounter(SavedBytes):
 
     def __init__(self, modules, exclude=()):
         super().__init__(modules, exclude)
-        self.fsdp = any(_fsdp_param_groups(modules))
+        self.fsdp_groups = list(_fsdp_param_groups(modules))
         self.gathered_peak = 0
         self.gradient_peak = 0
 
     def observe(self) -> None:
-        """FSDP's gathered (plain, allocated) parameters right now; its shards are DTensors."""
-        from torch.distributed.tensor import DTensor
-
-        if not self.fsdp:
-            return
-        full = {storage_address(p): _nbytes(p) for m in self.modules for p in m.parameters()
-                if not isinstance(p, DTensor) and storage_address(p)}
-        self.gathered_peak = max(self.gathered_peak, sum(full.values()) + _prefetched_bytes(self.modules))
+        """FSDP's gathered parameters right now: those whose all-gathered storage is allocated, and the
+        all-gathers issued ahead (backward prefetch) not yet unpacked into parameters."""
+        if self.fsdp_groups:
+            self.gathered_peak = max(self.gathered_peak, gathered_bytes(self.fsdp_groups))
 
     def on_forward(self) -> None:
         self.sample_gradients()
@@ -94,14 +90,17 @@ def held_gradient_bytes(modules) -> int:
     return sum(held.values())
 
 
-def _prefetched_bytes(modules) -> int:
-    """FSDP's all-gathers issued ahead (backward prefetch) whose output is not yet unpacked into
-    parameters: their buffers hold the next unit in full already. FSDP2 keeps them in a private
-    attribute; 0 if a future torch moves it."""
+def gathered_bytes(groups) -> int:
+    """Full parameters FSDP holds beside its shards: each gathered parameter (its storage allocated) and
+    each all-gather issued ahead whose output is not yet unpacked into parameters (backward prefetch:
+    its buffer holds the next unit in full already). Private FSDP2 attributes; 0 if a torch moves them."""
     total = 0
-    for group in _fsdp_param_groups(modules):
-        result = getattr(group, "_all_gather_result", None)
-        out = getattr(result, "all_gather_output", None)
+    for group in groups:
+        for fp in group.fsdp_params:
+            p = getattr(fp, "_unsharded_param", None)
+            if p is not None and p.untyped_storage().size():
+                total += _nbytes(p)
+        out = getattr(getattr(group, "_all_gather_result", None), "all_gather_output", None)
         total += out.numel() * out.element_size() if out is not None else 0
     return total
 

@@ -8,6 +8,7 @@ when its backward is done.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def storage_address(t) -> int:
@@ -20,21 +21,23 @@ def storage_address(t) -> int:
 
 class SavedBytes:
     """Bytes autograd saves for backward, per key (a micro-batch, or a (micro-batch, chunk)), and the
-    peak held at once. Parameters and buffers of `modules` (and `exclude`) are not activations: they
-    are recognised by storage at the moment a tensor is saved. The same tensor saved by several ops
+    peak held at once. Parameters (and views of them: autograd saves `weight.t()`), buffers of
+    `modules` and `exclude` are not activations: parameters are recognised by type, the others by
+    storage — checks that cost nothing per saved tensor, even under FSDP, whose gathered parameters
+    are `nn.Parameter`s with new storage at every gather. The same tensor saved by several ops
     (x feeds wq, wk and wv) counts once, as the Korthikanti et al. accounting does. Subclasses may
     `observe()` other memory each time a tensor is saved or unpacked, and `on_forward()` when a
     key's forward starts."""
 
     def __init__(self, modules, exclude=()):
         self.modules = list(modules)
-        self.exclude = {storage_address(t) for t in exclude}
+        self.exclude = {storage_address(t) for t in (*exclude, *(b for m in self.modules for b in m.buffers()))}
         self.held: dict = {}
         self.current = 0
         self.peak = 0
 
-    def _constants(self) -> set:
-        return {storage_address(t) for m in self.modules for t in (*m.parameters(), *m.buffers())} | self.exclude
+    def _constant(self, t) -> bool:
+        return isinstance(t if t._base is None else t._base, nn.Parameter) or storage_address(t) in self.exclude
 
     def observe(self) -> None:
         pass
@@ -51,7 +54,7 @@ class SavedBytes:
         def pack(t):
             self.observe()
             ident = (storage_address(t), t.storage_offset(), t.numel())
-            if ident[0] not in self._constants() and ident not in seen:
+            if ident not in seen and not self._constant(t):
                 seen.add(ident)
                 nbytes = t.numel() * t.element_size()
                 self.held[key] += nbytes
