@@ -183,6 +183,18 @@ def test_count_candidates_is_what_the_search_scores(monkeypatch):
         assert len(seen) == search_mod.count_candidates(job, gpus), (model, framework)
 
 
+def test_a_search_too_large_scores_even_virtual_stages_and_says_so(capsys):
+    from shardwise.planner.search import MAX_CANDIDATES
+
+    argv = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "3072", "--global-batch", "1536",
+            "--seq-len", "2048", "--json", "--all-variants", "--top", "100000"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "only virtual-stage counts that split the layers evenly" in out["thinned"]
+    assert all(96 % (c["pp"] * c["vpp"]) == 0 for c in out["candidates"] if c["vpp"] > 1)
+    assert 0 < len(out["candidates"]) <= 2 * MAX_CANDIDATES  # each scored layout at most once per ZeRO/recompute pick
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 10**7))
 def test_divisors_by_factorisation_are_every_divisor(n):

@@ -138,6 +138,8 @@ def run(args) -> int:
             out["emitted"] = emitted
         if html:
             out["html"] = html
+        if result.thinned:
+            out["thinned"] = result.thinned
         print_json(out)
         return 0
     from rich.console import Console
@@ -151,6 +153,8 @@ def run(args) -> int:
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
                                          f"{'' if args.all_variants else '; best of each dp x tp x pp split'}{only})",
                                width=console.width))
+    if result.thinned:
+        console.print(f"note: {result.thinned}", highlight=False)
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
@@ -34,7 +34,7 @@ SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 RECOMPUTE_ORDER = ("none", "selective", "full")
 # Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
 MAX_GPUS = 2**20  # more GPUs than any cluster built
-MAX_CANDIDATES = 16_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (~0.1 ms each)
+MAX_CANDIDATES = 6_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (0.1-0.2 ms each)
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE_ORDER
     schedules: tuple[str, ...] = SEARCH_SCHEDULES + ("interleaved-1f1b",)
     max_vpp: int | None = None
+    # Only virtual-stage counts that split each rank's layers evenly (Megatron's classic rule, num_layers %
+    # (pp * vpp) == 0): the search turns this on itself when the full space exceeds MAX_CANDIDATES.
+    even_vpp: bool = False
 
     def narrowed(self) -> bool:
         """Whether the user restricted any knob (the order of a list does not matter)."""
@@ -75,6 +78,7 @@ class SearchResult:
     timed: int  # layouts whose step time was computed
     leanest: Estimate | None  # smallest memory per GPU seen (for "nothing fits")
     refused: str = ""  # why the framework refused the first layout it could not run (for "nothing fits")
+    thinned: str = ""  # how the search narrowed a space too large to score in full (printed under the table)
 
 
 def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace()):
@@ -85,8 +89,14 @@ def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpac
         if s in space.schedules:
             yield s, 1
     if m % pp == 0 and "interleaved-1f1b" in space.schedules:
-        for v in range(2, min(num_layers // pp, space.max_vpp or num_layers) + 1):
+        for v in _vpps(num_layers, pp, space):
             yield "interleaved-1f1b", v
+
+
+def _vpps(num_layers: int, pp: int, space: SearchSpace) -> range | list[int]:
+    """Virtual stages per rank worth trying: 2 up to the layers per rank (and --max-vpp)."""
+    vpps = range(2, min(num_layers // pp, space.max_vpp or num_layers) + 1)
+    return [v for v in vpps if num_layers % (pp * v) == 0] if space.even_vpp else vpps
 
 
 def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
@@ -118,13 +128,14 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                 else:
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
                     if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
-                        shapes += max(0, min(layers // pp, space.max_vpp or layers) - 1)
+                        shapes += len(_vpps(layers, pp, space))
                 total += shapes * (sp_variants if tp > 1 else 1)
     return total
 
 
-def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> None:
-    """UsageError for a search that is impossible or too large, before any scoring."""
+def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
+    """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
+    that is impossible or too large even then, before any scoring."""
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
     if gpus > MAX_GPUS:
@@ -141,9 +152,15 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> Non
     n = count_candidates(job, gpus, space)
     if n == 0:
         raise UsageError(no_layout_message(job, gpus, space))
-    if n > MAX_CANDIDATES:
-        raise UsageError(f"this search spans {n:,} layouts, more than the {MAX_CANDIDATES:,} shardwise scores in one go — "
-                         f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4")
+    if n <= MAX_CANDIDATES:
+        return space, ""
+    even = replace(space, even_vpp=True)
+    k = count_candidates(job, gpus, even)
+    if 0 < k <= MAX_CANDIDATES:
+        return even, (f"{n:,} layouts are more than the {MAX_CANDIDATES:,} scored in one go: only virtual-stage counts "
+                      f"that split the layers evenly were scored ({k:,}); --max-vpp or --pp narrows it instead")
+    raise UsageError(f"this search spans {n:,} layouts, more than the {MAX_CANDIDATES:,} shardwise scores in one go — "
+                     f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4")
 
 
 def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
@@ -178,7 +195,7 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
 
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
-    check_search(job, gpus, space)
+    space, thinned = check_search(job, gpus, space)
     fw = get_framework(job.framework)
     limit = job.cluster.gpu_memory_bytes
     ranked: list[Estimate] = []
@@ -220,7 +237,7 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                         best_zero = lowest
     ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
     return SearchResult(ranked=ranked, scored=scored, timed=timed,
-                        leanest=estimate(job, leanest[1]) if leanest else None, refused=refused)
+                        leanest=estimate(job, leanest[1]) if leanest else None, refused=refused, thinned=thinned)
 
 
 def fitting_gpu_count(job: Job, gpus: int, room: float, limit: int = 1 << 20) -> int | None:
