@@ -1,7 +1,8 @@
 """Read a Hugging Face model folder into shardwise's model, under any layout.
 
     folder = inspect_folder(path, spec)   # before any process starts: config, every shard, every shape
-    load_into(model, folder, device)      # in each rank, after tensor parallelism sliced the model on meta
+    parallelize(Transformer(spec, device="meta"), mesh, layout, device, weights=loader(folder))
+                                          # in each rank: load_into(chunk, folder, device) after TP/CP
 
 The model is built on the meta device (shapes only) and sliced for its layout there; `load_into` then
 gives each parameter this rank's rows or columns, from `safe_open(...).get_slice` on the memory-mapped
@@ -64,10 +65,11 @@ def read_config(path) -> dict:
 
 
 def check_config(cfg: dict, source_name: str) -> None:
-    """What shardwise's model cannot compute exactly, refused rather than loaded into different numbers."""
-    kind = cfg.get("model_type", "gpt2" if "n_embd" in cfg else None)
+    """What shardwise's model cannot compute exactly, refused rather than loaded into different numbers.
+    (specs.load_model already refused a model_type other than llama and gpt2.)"""
     problems = []
-    if kind in ("llama", "mistral"):
+    if cfg.get("model_type", "gpt2" if "n_embd" in cfg else "llama") == "llama":
+        kind = "llama"
         if cfg.get("rope_scaling"):
             problems.append(f"rope_scaling {cfg['rope_scaling']}")
         for key in ("attention_bias", "mlp_bias"):
@@ -75,9 +77,8 @@ def check_config(cfg: dict, source_name: str) -> None:
                 problems.append(f"{key} true")
         if cfg.get("hidden_act", "silu") != "silu":
             problems.append(f"hidden_act {cfg['hidden_act']}")
-        if kind == "mistral" and cfg.get("sliding_window") is not None:
-            problems.append(f"sliding_window {cfg['sliding_window']}")
-    elif kind == "gpt2":
+    else:
+        kind = "gpt2"
         if cfg.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
             problems.append(f"activation_function {cfg['activation_function']}")
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
@@ -85,8 +86,6 @@ def check_config(cfg: dict, source_name: str) -> None:
                 problems.append(f"{key} true")
         if cfg.get("scale_attn_weights") is False:
             problems.append("scale_attn_weights false")
-    else:
-        raise UsageError(f"{source_name}: model_type {kind!r} — shardwise loads the weights of llama, mistral and gpt2 models")
     if problems:
         raise UsageError(f"{source_name}: {', '.join(problems)} is not supported by shardwise's {kind} model — "
                          f"the logits would differ; train with --init random or use another model")
