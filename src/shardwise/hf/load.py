@@ -140,6 +140,9 @@ def inspect_folder(path, spec: ModelSpec) -> HFFolder:
     folder = Path(path)
     config = read_config(folder)
     check_config(config, str(folder / CONFIG))
+    if spec.is_moe:
+        raise UsageError(f"{folder / CONFIG}: a mixture-of-experts model — loading its weights is not supported yet "
+                         f"(docs/models-and-data.md: the Mixtral table); train it with --init random")
     stored: dict[str, tuple[str, dict]] = {}
     for file, listed in _files(folder).items():
         header = read_header(folder / file)

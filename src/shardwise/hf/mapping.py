@@ -13,9 +13,11 @@ RoPE: shardwise rotates the two halves of each head (Hugging Face's `rotate_half
 Llama checkpoints are already permuted for that convention (their conversion script permutes Meta's
 interleaved q/k weights once), so q_proj and k_proj map one to one, with no permutation.
 
-Mixtral (mixture of experts) is one more table: the Llama rules plus, per expert,
-`Rule("layers.{i}.feed_forward.experts.{e}.w1.weight", "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight")`
-(w2, w3 likewise) and the router `block_sparse_moe.gate.weight`, under the names shardwise's MoE block uses.
+Mixtral (mixture of experts) is one more table: the Llama rules, the router
+(`layers.{i}.feed_forward.router.weight` <- `model.layers.{i}.block_sparse_moe.gate.weight`) and, because
+shardwise stacks the routed experts into (experts, ...) tensors where Mixtral stores one tensor per expert,
+a stacked rule per expert matrix (`layers.{i}.feed_forward.experts.w1` <- `...experts.{e}.w1.weight`, dim 0
+running over {e}). Until it is written, hf.load refuses MoE folders by name.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def parse_size(text: str) -> int:
 
 def spec_of(manifest: dict) -> ModelSpec:
     names = {f.name for f in fields(ModelSpec)}
-    return ModelSpec(**{k: v for k, v in manifest["model"].items() if k in names})
+    # JSON turned the spec's tuples into lists
+    return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"].items() if k in names})
 
 
 def _plan_shards(tensors: dict, limit: int) -> list[list[str]]:
