@@ -1,5 +1,7 @@
 """What commands write: output folders created before any work (an impossible path is one line, exit 2); --json."""
 
+import pytest
+
 from shardwise.cli import main
 
 
@@ -29,3 +31,7 @@ def test_train_json_prints_records_and_summary(tmp_path):
     data = json.loads(out.stdout)
     assert [r["step"] for r in data["records"]] == [1, 2]
     assert data["summary"]["steps"] == 2 and data["summary"]["layout"]["dp"] == 1
+    # the contract of issue 10: the run's memory (first step, states + saved activations) and the planner's
+    summary = data["summary"]
+    assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01)
+    assert summary["memory_measured_gib"] > 0
