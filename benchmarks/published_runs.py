@@ -224,7 +224,7 @@ def parse(row: dict) -> Run:
     zero = _zero(row["zero_stage"])
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
+    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
                     sequence_parallel=sp and tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()
@@ -235,7 +235,7 @@ def parse(row: dict) -> Run:
         overlap = None if not fw.tp_comm_overlap_available else overlap
     try:
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
-                       tp_comm_overlap=overlap, context_parallel=cp)
+                       tp_comm_overlap=overlap)
         validate_layout(layout, model, batch)
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"

@@ -87,8 +87,7 @@ def _predicted_activations(cfg: TrainConfig) -> float:
     from shardwise.planner.memory import counted_memory, runtime_job
     from shardwise.specs import load_cluster
 
-    job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=False,
-                      context_parallel=cfg.layout.cp)
+    job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=False)
     return counted_memory(job, cfg.layout)["activations"]
 
 

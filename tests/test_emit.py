@@ -289,7 +289,8 @@ def test_readme_plan_round_trips_through_the_targets_parser(target, tmp_path, ca
         assert printed["emitted"]["layout"] == planned and printed["emitted"]["rank"] == rank
         layout = Layout(dp=planned["dp"], tp=planned["tp"], pp=planned["pp"], micro_batch=planned["micro_batch"],
                         vpp=planned["vpp"], zero=planned["zero"], recompute=planned["recompute"],
-                        sequence_parallel=planned["sequence_parallel"], schedule=planned["schedule"])
+                        sequence_parallel=planned["sequence_parallel"], schedule=planned["schedule"],
+                        cp=planned["cp"], cp_mode=planned["cp_mode"])
         check_round_trip(read(target, out, job, layout, tmp_path, monkeypatch), job, layout)
 
 

@@ -103,7 +103,8 @@ def test_parse_layout():
 
 def test_default_sweep_covers_every_split_schedule_and_zero_stage():
     lays = default_layouts(load_model("tiny"), 2, 8, 64)
-    assert {(x.dp, x.tp, x.pp) for x in lays} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    assert {(x.dp, x.tp, x.pp, x.cp) for x in lays} == {(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)}
+    assert {x.cp_mode for x in lays if x.cp > 1} == {"ring", "allgather"}
     assert {x.schedule for x in lays if x.pp > 1} == {"naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b"}
     assert {x.zero for x in lays} == {0, 1, 2, 3}
     assert {x.recompute for x in lays} == {"none", "selective", "full"}

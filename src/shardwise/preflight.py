@@ -48,7 +48,7 @@ def rank_memory(cfg) -> tuple[float, float]:
     lay = cfg.layout
     # The runtime's memory does not depend on the cluster (only its time does): any preset will do.
     job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len,
-                      gpu=cfg.device_type == "cuda", context_parallel=getattr(lay, "cp", 1))
+                      gpu=cfg.device_type == "cuda")
     device = sum(counted_memory(job, lay).values())
     build = 4.0 * cfg.spec.num_params() / lay.pp  # fp32 weights of a whole stage, before TP slices them
     started = "LOCAL_WORLD_SIZE" in os.environ  # under torchrun the ranks' interpreters already exist

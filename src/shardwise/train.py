@@ -364,8 +364,7 @@ def memory_summary(cfg: TrainConfig, measured: dict) -> dict:
 
     worst = worst_over_ranks(measured)
     # The planner's memory does not depend on the cluster (only its time does): any preset will do.
-    job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=cfg.device_type == "cuda",
-                      context_parallel=cfg.layout.cp)
+    job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=cfg.device_type == "cuda")
     predicted = counted_memory(job, cfg.layout)
     return {"memory_measured_gib": worst["total"] / GIB, "memory_predicted_gib": sum(predicted.values()) / GIB,
             "memory_measured_breakdown_gib": {k: worst[k] / GIB for k in STATE_KEYS},

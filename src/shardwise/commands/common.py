@@ -7,7 +7,7 @@ import json
 import sys
 
 from shardwise.errors import UsageError
-from shardwise.specs import SCHEDULES, Layout, load_cluster, load_model
+from shardwise.specs import CP_MODES, SCHEDULES, Layout, load_cluster, load_model
 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -40,24 +40,30 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp ranks; ep*etp must divide dp*tp")
     p.add_argument("--etp", type=int, default=1, help="tensor-parallel degree inside each expert (default 1)")
+    p.add_argument("--cp", type=int, default=1,
+                   help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
+    p.add_argument("--cp-mode", default="ring", choices=list(CP_MODES),
+                   help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
+                        "compute; default) or allgather (K/V gathered once per layer, as Llama 3 does)")
 
 
 def layout_from_args(args, dp: int) -> Layout:
     schedule = args.schedule or ("interleaved-1f1b" if args.vpp > 1 else "1f1b")
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
                   recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
-                  ep=args.ep, etp=args.etp)
+                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode)
 
 
-def dp_from_gpus(gpus: int, tp: int, pp: int) -> int:
+def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    for flag, value in (("--tp", tp), ("--pp", pp)):
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    if gpus % (tp * pp):
-        raise UsageError(f"tp*pp = {tp}*{pp} does not divide {gpus} GPUs — choose tp and pp whose product divides --gpus")
-    return gpus // (tp * pp)
+    if gpus % (tp * pp * cp):
+        what, values = ("tp*pp*cp", f"{tp}*{pp}*{cp}") if cp > 1 else ("tp*pp", f"{tp}*{pp}")
+        raise UsageError(f"{what} = {values} does not divide {gpus} GPUs — choose degrees whose product divides --gpus")
+    return gpus // (tp * pp * cp)
 
 
 def add_software_args(p: argparse.ArgumentParser) -> None:
@@ -108,6 +114,12 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    default=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), metavar="S,...",
                    help="pipeline schedules to try")
     g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")
+    g.add_argument("--cp", type=_int_list, default=None, metavar="C,...",
+                   help="context-parallel degrees to try (default: 1 and every cp that leaves each GPU at least "
+                        "4096 tokens of every sequence)")
+    g.add_argument("--cp-modes", type=_choice_list(list(CP_MODES)), default=CP_MODES, metavar="M,...",
+                   help="context-parallel attention to consider: ring, allgather (the one with less exposed K/V "
+                        "traffic is scored)")
 
 
 def space_from_args(args):
@@ -117,7 +129,8 @@ def space_from_args(args):
         raise UsageError(f"--max-vpp must be at least 1, got {args.max_vpp}")
 
     return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
-                       recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp)
+                       recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp,
+                       cp=args.cp, cp_modes=args.cp_modes)
 
 
 def job_from_args(args):

@@ -23,8 +23,8 @@ def run(args) -> int:
     from shardwise.specs import validate_layout
 
     job = job_from_args(args)
-    layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp))
-    validate_layout(layout, job.model, job.train.global_batch, args.gpus)
+    layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp, args.cp))
+    validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len)
     check(get(job.framework), layout)
     est = estimate(job, layout)
     if args.json:

@@ -61,7 +61,7 @@ def best_per_split(ranked):
     """The fastest layout of each dp x tp x pp split, in rank order."""
     seen, out = set(), []
     for e in ranked:
-        key = (e.layout.dp, e.layout.tp, e.layout.pp)
+        key = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp)
         if key not in seen:
             seen.add(key)
             out.append(e)

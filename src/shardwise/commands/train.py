@@ -29,13 +29,8 @@ def register(subparsers, name, help):
                         "initialisation, ignoring them")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default 1)")
     add_layout_args(p)
-    p.add_argument("--cp", type=int, default=None,
-                   help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
-    p.add_argument("--cp-mode", default=None, choices=["ring", "allgather"],
-                   help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
-                        "compute; default) or allgather (K/V gathered once per layer, as Llama 3 does)")
     p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None,
-                   ep=None, etp=None)
+                   ep=None, etp=None, cp=None, cp_mode=None)
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
     p.add_argument("--plan", default=None, help="take the layout from `shardwise plan --json` / `estimate --json` output")

@@ -66,7 +66,7 @@ class Estimate:
         return {
             "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
             "num_microbatches": self.num_microbatches, "zero": lay.zero, "recompute": lay.recompute,
-            "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule,
+            "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule, "cp": lay.cp, "cp_mode": lay.cp_mode,
             "fits": self.fits,
             "memory_gib_per_gpu": round(self.memory_per_gpu / GIB, 3),
             "gpu_memory_gib": round(self.gpu_memory_bytes / GIB, 3),
@@ -109,7 +109,7 @@ def estimate(job: Job, layout: Layout) -> Estimate:
     return Estimate(
         layout=layout, num_microbatches=layout.num_microbatches(job.train.global_batch), worst_rank=rank,
         memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,
-        gpus=layout.world_size * job.context_parallel, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
+        gpus=layout.world_size, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
         framework=job.framework, assumptions=assumptions(job),
     )

@@ -25,6 +25,10 @@ def _knobs(e: Estimate) -> str:
     return ", ".join(parts)
 
 
+def _split(lay) -> str:
+    return f"dp{lay.dp}·tp{lay.tp}·pp{lay.pp}" + (f"·cp{lay.cp}" if lay.cp > 1 else "")
+
+
 def _best_by(result: SearchResult, key) -> dict:
     best: dict = {}
     for e in result.ranked:  # fastest first
@@ -91,6 +95,10 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
             f"gradients. Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}."
         )
 
+    cp_text = cp_paragraph(job, result)
+    if cp_text:
+        out.append(cp_text)
+
     mem = win.memory_bytes
     out.append(
         f"DP = {lay.dp}: {lay.dp} replicas each take {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
@@ -101,12 +109,12 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
     )
 
-    split = (lay.dp, lay.tp, lay.pp)
-    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) != split), None)
-    variants = [e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) == split]
+    split = (lay.dp, lay.tp, lay.pp, lay.cp)
+    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) != split), None)
+    variants = [e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) == split]
     if len(variants) > 1:
         spread = variants[-1].step_time / win.step_time - 1
-        out.append(f"Variants of the same dp{lay.dp}·tp{lay.tp}·pp{lay.pp} split (micro-batch, virtual stages, schedule, "
+        out.append(f"Variants of the same {_split(lay)} split (micro-batch, virtual stages, schedule, "
                    f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.0%}; the closest is "
                    f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
     out.append(framework_paragraph(job))
@@ -118,14 +126,63 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     return out
 
 
+def cp_paragraph(job: Job, result: SearchResult) -> str:
+    """Context parallelism in the article's terms: why the sequence had to be split (activations per GPU),
+    what the split costs (K/V traffic, and whether the compute hides it), the cp x tp <= node rule of thumb.
+    Empty when neither the winner nor any ranked layout splits the sequence."""
+    from shardwise.planner.memory import local_seq, memory_breakdown
+    from shardwise.planner.step_time import layer_cost
+
+    win, c, s = result.ranked[0], job.cluster, job.train.seq_len
+    lay = win.layout
+    by_cp = _best_by(result, lambda l: l.cp)
+    if lay.cp == 1:
+        if len(by_cp) == 1:
+            return ""
+        return (f"CP = 1: one sequence of {s:,} tokens fits each GPU's activations unsplit "
+                f"({win.memory_bytes['activations'] / GIB:.1f} GiB), so splitting it only adds K/V traffic. "
+                f"Best step with the sequence split: {_compare(by_cp, 1, win, 'cp')}.")
+    unsplit = memory_breakdown(job, lay.with_(cp=1))[1]
+    fits_unsplit = sum(unsplit.values()) <= c.gpu_memory_bytes
+    why = (f"unsplit, one sequence of {s:,} tokens would keep {unsplit['activations'] / GIB:.1f} GiB of activations on "
+           f"each GPU of this layout ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.0f} GiB in all"
+           + ("" if fits_unsplit else ": it does not fit") + ")")
+    tokens = local_seq(job, lay)
+    lc = layer_cost(job, lay)
+    block = 2 * lay.micro_batch * tokens * job.model.kv_dim / lay.tp * job.train.activation_bytes
+    kv = f"{job.model.num_kv_heads} KV heads for {job.model.num_heads} query heads" if job.model.num_kv_heads < job.model.num_heads \
+        else "as many KV heads as query heads"
+    if lay.cp_mode == "ring":
+        how = (f"ring: each layer passes K/V blocks of {block / 1e6:.1f} MB ({kv}) cp - 1 = {lay.cp - 1} hops forward and "
+               f"again with dK/dV backward, each hop behind 1/cp of the layer's attention "
+               f"({seconds(lc.attn_fwd / lay.cp)} forward): exposed {seconds(lc.cp_fwd)} forward and "
+               f"{seconds(lc.cp_bwd)} backward per layer and micro-batch")
+    else:
+        how = (f"all-gather: each layer gathers all {lay.cp} K/V blocks of {block / 1e6:.1f} MB ({kv}) once forward, and "
+               f"gathers again and reduce-scatters dK/dV backward, in the open: {seconds(lc.cp_fwd + lc.cp_bwd)} per layer "
+               f"and micro-batch (Llama 3's choice: with GQA the gathered K/V are small next to Q)")
+    span = lay.cp * lay.tp
+    rule = (f"cp x tp = {span} <= {c.gpus_per_node} GPUs per node keeps this traffic on NVLink"
+            if span <= c.gpus_per_node else
+            f"cp x tp = {span} > {c.gpus_per_node} GPUs per node: the rule of thumb cp x tp <= node breaks, the K/V "
+            f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU — affordable while each hop stays "
+            f"shorter than the attention it hides behind, which grows with the tokens per rank")
+    share = win.time_s.get("cp_comm", 0.0) / win.step_time
+    return (f"CP = {lay.cp} ({lay.cp_mode}): {why}. Split over {lay.cp} ranks, each GPU keeps {tokens:,} tokens of every "
+            f"sequence — chunks i and 2·cp−1−i of 2·cp, so the causal mask gives every rank the same attention work — "
+            f"and {win.memory_bytes['activations'] / GIB:.1f} GiB of activations; gradients are averaged over dp x cp. "
+            f"The cost is K/V traffic, {how}; {rule}. In all it costs {seconds(win.time_s.get('cp_comm', 0.0))} "
+            f"({share:.1%} of the step). Best step at other degrees: {_compare(by_cp, lay.cp, win, 'cp')}.")
+
+
 def runner_up(result: SearchResult) -> str:
     """The best layout of another dp x tp x pp split against the winner; a tie when within the model's error."""
     win = result.ranked[0]
     lay = win.layout
-    split = (lay.dp, lay.tp, lay.pp)
-    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp) != split), None)
+    split = (lay.dp, lay.tp, lay.pp, lay.cp)
+    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) != split), None)
     if other is None:
-        return f"Only one dp x tp x pp split fits: {_knobs(win)}."
+        return f"Only one dp x tp x pp x cp split fits: {_knobs(win)}."
     gap = other.step_time / win.step_time - 1
     verdict = (f"within the model's error (±{MODEL_ERROR:.0%}): a tie, not a win — pick either"
                if gap < MODEL_ERROR else f"{gap:+.1%}")
@@ -150,6 +207,7 @@ MODEL_ERROR = 0.06
 # Layouts re-ranked under each what-if (the fastest ones; a what-if cannot lift a slow layout past all of them).
 SENSITIVITY_TOP = 30
 TERM_NAMES = {"compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel traffic",
+              "cp_comm": "context-parallel K/V traffic",
               "pp_p2p": "pipeline transfers", "pipeline_bubble": "the pipeline bubble",
               "dp_comm": "exposed data-parallel traffic", "step_comm": "per-step collectives", "optimizer": "the optimizer step"}
 
@@ -158,9 +216,10 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
     """The uncertain inputs worth perturbing for this winner: its largest communication term's link at half
     bandwidth, and the GPU sustaining 15 % less of its benchmark rates."""
     c, t = job.cluster, win.time_s
-    comm = {"tp_comm": t["tp_comm"], "dp_comm": t["dp_comm"], "pp_p2p": t["pp_p2p"]}
+    comm = {"tp_comm": t["tp_comm"], "dp_comm": t["dp_comm"], "pp_p2p": t["pp_p2p"], "cp_comm": t.get("cp_comm", 0.0)}
     term = max(comm, key=comm.get)
-    intra = term == "tp_comm" and win.layout.tp <= c.gpus_per_node
+    intra = (term == "tp_comm" and win.layout.tp <= c.gpus_per_node) or \
+        (term == "cp_comm" and win.layout.cp * win.layout.tp <= c.gpus_per_node)
     link = ("NVLink", replace(c, intra_node_bandwidth=c.intra_node_bandwidth / 2)) if intra else \
         ("the network", replace(c, inter_node_bandwidth=c.inter_node_bandwidth / 2))
     slower = replace(c, peak_flops=c.peak_flops * 0.85, mamf_tflops=(c.mamf_tflops or 0) * 0.85)

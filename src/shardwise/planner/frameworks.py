@@ -57,6 +57,7 @@ class Framework:
     tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
     tp_comm_overlap_available: bool = False
     sequence_parallel: str = "optional"  # "optional" | "required" (with tp > 1) | "never"
+    context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
     async_sp_regather: bool = True  # SP's backward re-gather runs behind the input-gradient GEMM
     # What the stack runs at all.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
@@ -85,6 +86,9 @@ class Framework:
             return f"{self.name}'s tensor parallelism always shards the sequence (add --sequence-parallel)"
         if lay.sequence_parallel and lay.tp > 1 and self.sequence_parallel == "never":
             return f"{self.name} has no sequence parallelism (drop --sequence-parallel)"
+        if lay.cp > 1 and lay.cp_mode not in self.context_parallel:
+            runs = f"it runs {' and '.join(self.context_parallel)}" if self.context_parallel else "drop --cp"
+            return f"{self.name} has no {lay.cp_mode} context parallelism ({runs})"
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
@@ -97,8 +101,9 @@ MEGATRON_2021 = Framework(
     sources=("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM' (SC'21)",
              "NVIDIA/Megatron-LM arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0,),
-    recompute=("none", "full"), sequence_parallel="never", flash_attention=False,
-    cannot=("ZeRO/distributed optimizer", "sequence parallelism", "selective recompute", "GPipe and ZB-H1 schedules"),
+    recompute=("none", "full"), sequence_parallel="never", flash_attention=False, context_parallel=(),
+    cannot=("ZeRO/distributed optimizer", "sequence parallelism", "selective recompute", "GPipe and ZB-H1 schedules",
+            "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
 )
 
 MEGATRON_CORE = Framework(
@@ -152,9 +157,10 @@ DEEPSPEED = Framework(
     grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
-    sequence_parallel="never",
+    sequence_parallel="never", context_parallel=(),
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
-            "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)"),
+            "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)",
+            "ring or all-gather context parallelism (its Ulysses splits the heads with all-to-all: not modelled)"),
 )
 
 DEEPSPEED_2024 = replace(
@@ -183,6 +189,21 @@ TORCHTITAN = Framework(
             "schedules need several stages per rank)"),
 )
 
+LLAMA3 = Framework(
+    name="llama3",
+    summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
+            "FSDP over dp with ZeRO-2 semantics (optimizer states and gradients sharded, weights gathered for a "
+            "micro-batch's forward and kept for its backward), gradients accumulated and reduce-scattered once per "
+            "step in FP32; context parallelism by all-gather of K/V; 1F1B or interleaved 1F1B; FlashAttention-2 "
+            "(assumed: the kernel public while the 405B model trained; FlashAttention-3 followed in July 2024)",
+    sources=("Llama Team, AI @ Meta 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783) Sec. 3.3.2 (FSDP without "
+             "resharding after forward, all-gather context parallelism, interleaved schedule) and Sec. 3.3.4 (FP32 "
+             "gradient accumulation and reduce-scatter)",),
+    attention="fa2", grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=False,
+    p2p_overlap=True, zero_stages=(0, 1, 2), context_parallel=("allgather",),
+    cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules"),
+)
+
 SHARDWISE = Framework(
     name="shardwise",
     summary="this project's runtime: FP32 parameters and AdamW states (bf16 autocast on GPU), SDPA attention, "
@@ -198,7 +219,7 @@ SHARDWISE = Framework(
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
 )
 
-FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, SHARDWISE,
+FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         DEEPSPEED_2024)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
@@ -222,7 +243,7 @@ def check(framework: Framework, layout: Layout) -> None:
 
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
-             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, context_parallel: int = 1,
+             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None,
              **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
@@ -237,5 +258,5 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
                flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
-               context_parallel=context_parallel, zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
+               zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name)

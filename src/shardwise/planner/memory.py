@@ -70,8 +70,6 @@ class Job:
 
     flash_attention: the attention core is one fused kernel (FlashAttention / SDPA) that never stores
     the s x s scores and recomputes them in backward. Off = the paper's materialised softmax.
-    context_parallel: sequence split over cp ranks (Megatron CP); not searched, used to check
-    published runs that ran with it. The job then occupies dp * tp * pp * cp GPUs.
     tp_comm_overlap: TP collectives are split and pipelined with the GEMMs that produce/consume them
     (Transformer Engine userbuffers, NeMo's tp_comm_overlap); off = Megatron 2022, fully exposed.
     saved: which tensors the training code keeps for backward (PAPER or SHARDWISE_RUNTIME).
@@ -89,20 +87,20 @@ class Job:
     cluster: ClusterSpec
     train: TrainSpec
     flash_attention: bool = False
-    context_parallel: int = 1
     tp_comm_overlap: bool = False
     saved: SavedTensors = PAPER
     zero1_broadcast_per_tensor: bool = False
     async_sp_regather: bool = True
     framework: str = "megatron-core"
 
-    @property
-    def tokens_per_sequence_per_gpu(self) -> int:
-        return self.train.seq_len // self.context_parallel
 
 
-def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int, gpu: bool,
-                context_parallel: int = 1) -> Job:
+def local_seq(job: Job, layout: Layout) -> int:
+    """Tokens of each sequence on one GPU: context parallelism splits the sequence over cp ranks."""
+    return job.train.seq_len // layout.cp
+
+
+def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int, gpu: bool) -> Job:
     """The planner's view of shardwise's own runtime (`validate`, `train --json`): fp32 weights,
     gradients and AdamW states (4 + 4 + 8 bytes per parameter), fp32 activations on CPU (bf16 under
     autocast on GPU), SDPA's fused attention, the tensors shardwise.model saves, torch's
@@ -110,7 +108,7 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     depend on the cluster; its time does."""
     train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
                       activation_bytes=2 if gpu else 4)
-    return Job(model, cluster, train, flash_attention=True, context_parallel=context_parallel, saved=SHARDWISE_RUNTIME,
+    return Job(model, cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME,
                zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
 
 
@@ -161,7 +159,7 @@ def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int
 def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: float) -> float:
     """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
     between forwards and backwards, plus the working set of a layer being recomputed."""
-    s, b, e = job.tokens_per_sequence_per_gpu, layout.micro_batch, job.train.activation_bytes
+    s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
     if job.flash_attention:  # the fused kernel never stores the s x s scores, only their statistics
         scores = softmax_stats_bytes(job.model, s, b, layout.tp, job.saved)
@@ -180,7 +178,7 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     (held - 1) * checkpoint + linear, never exceeds selective's. Zero for the other policies."""
     if layout.recompute != "full":
         return 0.0
-    s, b, e = job.tokens_per_sequence_per_gpu, layout.micro_batch, job.train.activation_bytes
+    s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
     return min(held, 1) * (linear - ckpt)
@@ -205,7 +203,7 @@ def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
 
 def first_stage_bytes(job: Job, layout: Layout) -> float:
     """Per micro-batch, on the first stage beyond its layers: the token ids the embedding keeps."""
-    return job.tokens_per_sequence_per_gpu * layout.micro_batch * job.saved.token_id_bytes
+    return local_seq(job, layout) * layout.micro_batch * job.saved.token_id_bytes
 
 
 def last_stage_bytes(job: Job, layout: Layout) -> float:
@@ -213,7 +211,7 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     (vocab-parallel with TP), and, when the runtime keeps them, the final norm's and the head's
     inputs and the targets."""
     saved, model = job.saved, job.model
-    tokens = job.tokens_per_sequence_per_gpu * layout.micro_batch
+    tokens = local_seq(job, layout) * layout.micro_batch
     e = job.train.activation_bytes
     out = tokens * model.vocab_size / layout.tp * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
@@ -274,7 +272,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     (embedding, final norm, head: the parameters outside the layers) gathered between forward and
     backward (FSDP never reshards the root after forward).
     """
-    t, d = job.train, layout.dp * job.context_parallel
+    t, d = job.train, layout.dp * layout.cp
     zero = layout.zero if d > 1 else 0
     weights = t.weight_bytes * params
     grads = t.grad_bytes * params

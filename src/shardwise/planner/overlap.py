@@ -57,7 +57,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
                ) -> tuple[float, float]:
     """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
     what delays the end of its last backward's reduction, and what delays its next forward."""
-    d = layout.dp * job.context_parallel
+    d = layout.dp * layout.cp
     if d <= 1:
         return 0.0, 0.0
     c, stride, m = job.cluster, layout.tp, win.microbatches
@@ -95,7 +95,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     ZeRO-2 keeps them from forward to backward, gathering once per micro-batch. Reduce-scatter per unit,
     every micro-batch (ZeRO-3, or when the framework does) or only in the last one."""
     c, stride, m, layers = job.cluster, layout.tp, win.microbatches, win.layers
-    d = layout.dp * job.context_parallel
+    d = layout.dp * layout.cp
     fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
     chunks = layout.vpp if layout.pp > 1 else 1
     root = max(params - layers * layer_params, 0.0) / chunks

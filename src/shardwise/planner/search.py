@@ -1,4 +1,4 @@
-"""Enumerate every dp x tp x pp layout and its knobs, score the ones worth scoring, rank them.
+"""Enumerate every dp x tp x pp x cp layout and its knobs, score the ones worth scoring, rank them.
 
 Pruning (each rule removes only layouts another scored layout beats on both memory and time,
 in this model — docs/planner.md explains each):
@@ -14,6 +14,13 @@ in this model — docs/planner.md explains each):
   * recompute: a costlier level at the same ZeRO stage is never faster (the compute it adds is at
     least the exposed communication it could hide), so a level is scored only at ZeRO stages below
     the lowest one a cheaper level fits at (higher stages fit with the cheaper level too).
+  * context parallelism: cp divides the GPUs left by tp and pp and cuts the sequence into 2*cp equal
+    zig-zag chunks; by default only cp that leave every rank at least MIN_CP_TOKENS tokens of each
+    sequence: below that a sequence is short enough to split the batch instead (DP), and a ring hop
+    (proportional to the tokens per rank) stops hiding behind its block's attention (proportional to
+    their square) as soon as it crosses a node — shorter shards are scored when --cp asks for them.
+    Ring or all-gather: the two store the same bytes and compute the same blocks, so only the one with
+    less exposed K/V traffic is scored.
   * layouts the job's framework cannot run (frameworks.Framework.refusal) are skipped.
   * memory is checked before time (memory is cheaper to compute).
 """
@@ -35,6 +42,7 @@ RECOMPUTE_ORDER = ("none", "selective", "full")
 # Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
 MAX_GPUS = 2**20  # more GPUs than any cluster built
 MAX_CANDIDATES = 6_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (0.1-0.2 ms each)
+MIN_CP_TOKENS = 4096  # tokens of each sequence per rank, for cp searched by default (see above)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,14 @@ class SearchSpace:
     # Only virtual-stage counts that split each rank's layers evenly (Megatron's classic rule, num_layers %
     # (pp * vpp) == 0): the search turns this on itself when the full space exceeds MAX_CANDIDATES.
     even_vpp: bool = False
+    cp: tuple[int, ...] | None = None  # None: 1 and every cp that leaves MIN_CP_TOKENS tokens per rank
+    cp_modes: tuple[str, ...] = ("ring", "allgather")
 
     def narrowed(self) -> bool:
         """Whether the user restricted any knob (the order of a list does not matter)."""
         full = SearchSpace()
         return (self.tp is not None or self.pp is not None or self.micro_batch is not None or self.max_vpp is not None
+                or self.cp is not None or set(self.cp_modes) != set(full.cp_modes)
                 or set(self.zero) != set(full.zero) or set(self.recompute) != set(full.recompute)
                 or set(self.schedules) != set(full.schedules))
 
@@ -97,10 +108,18 @@ def _vpps(num_layers: int, pp: int, space: SearchSpace) -> range | list[int]:
     """Virtual stages per rank worth trying: 2 up to the layers per rank (and --max-vpp)."""
     vpps = range(2, min(num_layers // pp, space.max_vpp or num_layers) + 1)
     return [v for v in vpps if num_layers % (pp * v) == 0] if space.even_vpp else vpps
+def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
+    """Whether the search tries context-parallel degree `cp` (1 unless --cp excludes it; see MIN_CP_TOKENS)."""
+    s = job.train.seq_len
+    if cp == 1:
+        return space.cp is None or 1 in space.cp
+    if s % (2 * cp) or not any(m in get_framework(job.framework).context_parallel for m in space.cp_modes):
+        return False
+    return cp in space.cp if space.cp is not None else s // cp >= MIN_CP_TOKENS
 
 
 def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
-    """(tp, pp, dp) triples that respect the model's shape, the global batch and the search space."""
+    """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch and the search space."""
     model, batch = job.model, job.train.global_batch
     for tp in divisors(gpus):
         if model.num_heads % tp or model.num_kv_heads % tp or model.ffn_hidden % tp:
@@ -108,18 +127,39 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
         if space.tp is not None and tp not in space.tp:
             continue
         for pp in divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if pp <= model.num_layers and batch % dp == 0 and (space.pp is None or pp in space.pp):
-                yield tp, pp, dp
+            if pp > model.num_layers or (space.pp is not None and pp not in space.pp):
+                continue
+            for cp in divisors(gpus // (tp * pp)):
+                dp = gpus // (tp * pp * cp)
+                if batch % dp == 0 and cp_allowed(job, cp, space):
+                    yield tp, pp, dp, cp
+
+
+def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -> str:
+    """Ring or all-gather for this layout: the same memory and blocks, so the one with less exposed K/V traffic."""
+    from shardwise.planner.step_time import layer_cost
+
+    modes = [m for m in space.cp_modes if m in get_framework(job.framework).context_parallel] or list(space.cp_modes)
+    if layout.cp == 1 or len(modes) == 1:
+        return modes[0] if layout.cp > 1 else layout.cp_mode
+    return min(modes, key=lambda m: (lambda c: c.cp_fwd + c.cp_bwd)(layer_cost(job, layout.with_(cp_mode=m))))
+
+
+def _sp_options(job: Job, fw, tp: int, cp: int) -> tuple[bool, ...]:
+    """Sequence parallelism off and/or on, as the framework allows; on only where tp divides each rank's tokens."""
+    if tp == 1:
+        return (False,)
+    sps = {"never": (False,), "required": (True,)}.get(fw.sequence_parallel, (True, False))
+    return tuple(sp for sp in sps if not (sp and (job.train.seq_len // cp) % tp)) or (False,)
 
 
 def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> int:
     """How many (split, micro-batch, schedule, vpp, SP) combinations `search` would score, counted without
     scoring (the framework's schedules and SP rule included)."""
     fw = get_framework(job.framework)
-    sp_variants = {"never": 1, "required": 1}.get(fw.sequence_parallel, 2)
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
-    for tp, pp, dp in degrees(job, gpus, space):
+    for tp, pp, dp, cp in degrees(job, gpus, space):
+        sp_variants = len(_sp_options(job, fw, tp, cp))
         for mb in divisors(batch // dp):
             if space.micro_batch is None or mb in space.micro_batch:
                 m = batch // (dp * mb)
@@ -129,7 +169,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
                     if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
                         shapes += len(_vpps(layers, pp, space))
-                total += shapes * (sp_variants if tp > 1 else 1)
+                total += shapes * sp_variants
     return total
 
 
@@ -141,7 +181,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if gpus > MAX_GPUS:
         raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — plan a part of the "
                          f"cluster (layouts repeat across identical parts)")
-    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch)):
+    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
             raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
     bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
@@ -202,18 +242,18 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
     scored = timed = 0
     refused = ""
     leanest: tuple[float, Layout] | None = None
-    for tp, pp, dp in degrees(job, gpus, space):
+    for tp, pp, dp, cp in degrees(job, gpus, space):
         for mb in divisors(job.train.global_batch // dp):
             if space.micro_batch is not None and mb not in space.micro_batch:
                 continue
             m = job.train.global_batch // (dp * mb)
-            sps = {"never": (False,), "required": (True,)}.get(fw.sequence_parallel, (True, False))
             for (schedule, vpp), sp in itertools.product(_schedules(pp, job.model.num_layers, m, space),
-                                                         sps if tp > 1 else (False,)):
-                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp)
+                                                         _sp_options(job, fw, tp, cp)):
+                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp)
+                base = base.with_(cp_mode=best_cp_mode(job, base, space))
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
-                stages = space.zero_stages(dp, fw)
-                if not stages and dp > 1 and space.zero:  # only stages the framework cannot run: say which
+                stages = space.zero_stages(dp * cp, fw)  # ZeRO shards over dp x cp
+                if not stages and dp * cp > 1 and space.zero:  # only stages the framework cannot run: say which
                     refused = refused or fw.refusal(base.with_(zero=space.zero[0])) or ""
                 for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
                     lowest = None

@@ -25,7 +25,7 @@ from functools import lru_cache
 from shardwise.planner import kernels
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job, layer_params, pipeline_ranks, rank_layers, rank_params
+from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_layers, rank_params
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
@@ -84,9 +84,9 @@ GPU_SPEED_SIGMA = 0.011
 
 
 def straggler(job: Job, layout: Layout) -> float:
-    """How much slower than the median GPU a step of `layout.world_size x cp` GPUs computes (datasheet clusters; a
+    """How much slower than the median GPU a step of `layout.world_size` GPUs computes (datasheet clusters; a
     calibrated cluster's rates are its own GPUs' measured ones)."""
-    n = layout.world_size * job.context_parallel
+    n = layout.world_size
     if n < 2 or calibrated(job) or job.cluster.measured:
         return 1.0
     a = math.sqrt(2 * math.log(n))
@@ -105,6 +105,8 @@ class LayerCost:
     tp_fwd: float  # exposed TP communication, forward
     tp_bwd: float
     overhead: float  # calibrated fixed cost of a layer (all passes)
+    cp_fwd: float = 0.0  # exposed context-parallel K/V traffic, forward (cp_layer_comm)
+    cp_bwd: float = 0.0
 
 
 def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
@@ -116,9 +118,9 @@ def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, 
 
 
 def layer_cost(job: Job, layout: Layout) -> LayerCost:
-    """One layer's costs: they depend on the layout only through tp, SP and the micro-batch."""
-    return _layer_cost(job, Layout(tp=layout.tp, micro_batch=layout.micro_batch,
-                                   sequence_parallel=layout.sequence_parallel), *_cache_key(job))
+    """One layer's costs: they depend on the layout only through tp, SP, cp and the micro-batch."""
+    return _layer_cost(job, Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
+                                   cp=layout.cp, cp_mode=layout.cp_mode), *_cache_key(job))
 
 
 def _cache_key(job: Job) -> tuple:
@@ -130,12 +132,13 @@ def _cache_key(job: Job) -> tuple:
 @lru_cache(maxsize=4096)
 def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> LayerCost:
     model, tp, c = job.model, layout.tp, job.cluster
-    tokens = layout.micro_batch * job.tokens_per_sequence_per_gpu
+    tokens = layout.micro_batch * local_seq(job, layout)
     e = job.train.activation_bytes
     sp = layout.sequence_parallel and tp > 1
     oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
     if calibrated(job):
         fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
+        attn_b = 2 * attn
     else:
         fw = get_framework(job.framework)
         gemms = [(kernels.gemm_time(c, m_, n_, k_), kernels.gemm_time(c, m_, k_, n_),
@@ -146,7 +149,7 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
             attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d)
         else:
-            attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, job.tokens_per_sequence_per_gpu,
+            attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.family == "gpt2")
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim,
                                               tp, sp, model.gated_mlp, model.family == "llama", e,
@@ -155,7 +158,8 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
         bwd_w = sum(g[2] for g in gemms)
     tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms)
-    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh)
+    cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd)
 
 
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
@@ -205,6 +209,33 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list) -> tuple[f
     return 2 * one, 2 * one + regathers
 
 
+def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: float) -> tuple[float, float]:
+    """(forward, backward) exposed context-parallel seconds of one layer and micro-batch.
+
+    A rank's K/V block is 2 x tokens x kv_dim/tp elements (GQA keeps it small). Ring (Megatron's p2p,
+    shardwise's ring): cp - 1 hops forward, each sent while the block before it is attended; the zig-zag
+    split gives every step 1/cp of the layer's attention, so a hop is hidden when that is longer. Backward:
+    each step sends the K/V on and the dK/dV accumulated so far (two blocks per step behind 1/cp of the
+    attention backward), and the last dK/dV hop home is exposed. All-gather (Llama 3): one all-gather of
+    every rank's block forward, exposed; backward gathers again and reduce-scatters dK/dV. The cp ranks are
+    tp apart (Megatron's order): while cp x tp fits a node the traffic is on NVLink; beyond, a ring crosses
+    nodes at some hop and moves at the network's pace, a collective by NCCL's inter-node model. A backend
+    measured not to overlap communication (calibrated comm_overlap 0: gloo on CPU) hides nothing."""
+    cp, tp, c = layout.cp, layout.tp, job.cluster
+    if cp <= 1:
+        return 0.0, 0.0
+    block = 2 * tokens * job.model.kv_dim / tp * job.train.activation_bytes
+    if layout.cp_mode == "allgather":
+        ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
+        rs = collective_time(c, "reduce_scatter", cp * block, cp, tp) + sync_time(c)
+        return ag, ag + rs
+    crosses = cp * tp > c.gpus_per_node
+    hop = collective_time(c, "send_recv", block, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
+    if float((c.measured or {}).get("comm_overlap", 1.0)) <= 0:
+        return (cp - 1) * hop, (2 * cp - 1) * hop
+    return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, 2 * hop - attn_b / cp) + hop
+
+
 @dataclass(frozen=True)
 class StageCost:
     """Per micro-batch costs (seconds) of one pipeline rank, split as the schedules need them."""
@@ -220,6 +251,7 @@ class StageCost:
     layers: int = 0
     layer_f: float = 0.0  # one layer's forward compute (what an FSDP gather hides behind)
     layer_b: float = 0.0  # one layer's backward compute
+    cp_comm: float = 0.0  # exposed context-parallel K/V traffic (inside f and b)
 
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
@@ -230,7 +262,7 @@ def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
 @lru_cache(maxsize=4096)
 def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: str) -> StageCost:
     model, tp = job.model, layout.tp
-    tokens = layout.micro_batch * job.tokens_per_sequence_per_gpu
+    tokens = layout.micro_batch * local_seq(job, layout)
     layers = rank_layers(job, layout, rank)
     lc = layer_cost(job, layout)
     slowest = straggler(job, layout)
@@ -239,19 +271,20 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
                      attn_fwd=lc.attn_fwd * slowest)
     oh = lc.overhead / 3
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
-    f = layers * (lc.fwd + lc.tp_fwd + oh) + edge_f
-    b_in = layers * (lc.bwd_in + lc.tp_bwd + oh) + edge_b
+    f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + oh) + edge_f
+    b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh)
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
     attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
     flops_model = layers * 3 * (mm_flops + attn_flops)
     # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
-    rec_tp = 0.0  # full recompute runs the forward's TP collectives again
+    rec_tp = rec_cp = 0.0  # recompute runs the forward's TP collectives (full) and K/V traffic again
     if layout.recompute == "full":
         rec, flops_rec, rec_tp = layers * (lc.fwd + oh + ckpt), layers * (mm_flops + attn_flops), layers * lc.tp_fwd
+        rec_cp = layers * lc.cp_fwd
     elif layout.recompute == "selective":
-        rec, flops_rec = layers * (lc.attn_fwd + ckpt), layers * attn_flops
+        rec, flops_rec, rec_cp = layers * (lc.attn_fwd + ckpt), layers * attn_flops, layers * lc.cp_fwd
     else:
         rec, flops_rec = 0.0, 0.0
     if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients, the loss
@@ -259,10 +292,12 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         f, b_in, w = f + hf, b_in + hb, w + hw
         flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
-    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd) - edge_f - edge_b
-    return StageCost(f=f, b=b_in + rec + rec_tp, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
+    cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
+    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd) - edge_f - edge_b
+    return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
-                     layer_f=lc.fwd + lc.tp_fwd + oh, layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + 2 * oh)
+                     layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + oh,
+                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + 2 * oh, cp_comm=cp_comm)
 
 
 def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, float]:
@@ -327,7 +362,7 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     """Small all-reduces once per step, each a synchronisation: the gradient norm over tp and pp (and
     dp when FSDP shards the gradients), the logged loss over pp and dp, and under sequence
     parallelism the norms' partial gradients over tp (Megatron does the same)."""
-    tp, pp, d = layout.tp, layout.pp, layout.dp * job.context_parallel
+    tp, pp, d = layout.tp, layout.pp, layout.dp * layout.cp
     groups = [(tp, 1), (pp, tp * layout.dp), (pp, tp * layout.dp), (d, tp)]
     if layout.zero >= 2:
         groups.append((d, tp))
@@ -354,10 +389,10 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
     with compute). The report's timeline simulates the schedule with the same numbers."""
     costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
-    act = layout.micro_batch * job.tokens_per_sequence_per_gpu * job.model.hidden * job.train.activation_bytes / layout.tp
+    act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
     c = 0.0
     if layout.pp > 1 and not (get_framework(job.framework).p2p_overlap and not calibrated(job)):
-        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * job.context_parallel)
+        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * layout.cp)
     return slow, c
 
 
@@ -383,7 +418,7 @@ def step_time(job: Job, layout: Layout) -> dict:
         dp = max(dp, max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f))
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
     params = rank_params(job, layout, heavy)
-    sharded = params / (layout.dp * job.context_parallel) if layout.zero >= 1 else params
+    sharded = params / (layout.dp * layout.cp) if layout.zero >= 1 else params
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: clipping and the optimizer's per-tensor work, with FSDP the
     # dispatch of each sharded parameter tensor, and the framework's own per-step overhead (the
@@ -392,16 +427,17 @@ def step_time(job: Job, layout: Layout) -> dict:
     opt += float(measured.get("step_overhead_s", 0.0))
     if fw.calibrated_step_overhead:
         opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
-    if layout.zero >= 2 and layout.dp * job.context_parallel > 1:
+    if layout.zero >= 2 and layout.dp * layout.cp > 1:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
     wrapper = 0.0
-    if layout.zero < 2 and layout.pp == 1 and layout.dp * job.context_parallel > 1:
+    if layout.zero < 2 and layout.pp == 1 and layout.dp * layout.cp > 1:
         wrapper = m * float(measured.get("ddp_microbatch_s", 0.0))
     return {
         "compute": m * slow.compute + wrapper,
         "recompute": m * slow.recompute,
         "tp_comm": m * slow.tp_comm,
+        "cp_comm": m * slow.cp_comm,
         "pp_p2p": span - span0,
         "pipeline_bubble": span0 - work,
         "dp_comm": dp,
@@ -418,5 +454,5 @@ def step_flops(job: Job, layout: Layout) -> tuple[float, float]:
     stage = stage_cost(job, layout, 0)
     layers0 = rank_layers(job, layout, 0)
     per_layer_rec = stage.flops_recompute / max(layers0, 1)
-    rec = per_layer_rec * job.model.num_layers * layout.tp * m * layout.dp * job.context_parallel
+    rec = per_layer_rec * job.model.num_layers * layout.tp * m * layout.dp * layout.cp
     return model_flops, model_flops + rec

@@ -12,7 +12,8 @@ MEMORY_LABELS = {"weights": ("weights", "#0072B2"), "gradients": ("gradients", "
                  "optimizer": ("optimizer states", "#009E73"), "activations": ("activations", "#CC79A7"),
                  "logits": ("logits", "#56B4E9"), "workspace": ("workspace + fragmentation", "#999999")}
 TIME_LABELS = {"compute": ("compute", "#0072B2"), "recompute": ("recompute", "#56B4E9"),
-               "tp_comm": ("TP traffic", "#009E73"), "pp_p2p": ("PP p2p", "#CC79A7"),
+               "tp_comm": ("TP traffic", "#009E73"), "cp_comm": ("CP K/V traffic", "#882255"),
+               "pp_p2p": ("PP p2p", "#CC79A7"),
                "pipeline_bubble": ("pipeline bubble", "#C9CED6"), "dp_comm": ("DP traffic", "#D55E00"),
                "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288")}
 LAYOUT_COLUMNS = ("dp", "tp", "pp", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
@@ -37,7 +38,7 @@ def layouts(ranked) -> dict:
     seen, rows, mem, time = set(), [], [], []
     for e in ranked:
         lay = e.layout
-        split = (lay.dp, lay.tp, lay.pp)
+        split = (lay.dp, lay.tp, lay.pp, lay.cp)
         split_rank = None if split in seen else len(seen) + 1  # its row in `plan`'s table (best of each split)
         seen.add(split)
         rows.append([lay.dp, lay.tp, lay.pp, lay.vpp, lay.micro_batch, e.num_microbatches, lay.zero, lay.recompute,

@@ -57,12 +57,16 @@ def parse_layout(text: str, world: int) -> Layout:
 
 def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> list[Layout]:
     """Every dp x tp x pp split of the world, and around each: ZeRO stages, recompute, sequence
-    parallelism, every pipeline schedule, and a bigger micro-batch — those this job can run."""
+    parallelism, every pipeline schedule, and a bigger micro-batch; and the context-parallel splits (ring and
+    all-gather) — those this job can run."""
     from shardwise.specs import divisors
 
     out = []
     for tp in divisors(world):
         for pp in divisors(world // tp):
+            for cp in divisors(world // (tp * pp))[1:]:  # the sequence split too: ring and all-gather
+                base = Layout(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
+                out += [v for v in (base, base.with_(cp_mode="allgather")) if _runnable(v, model, world, global_batch, seq_len)]
             base = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
             variants = [base, base.with_(micro_batch=2), base.with_(recompute="selective"), base.with_(recompute="full")]
             if base.dp > 1:
