@@ -1,6 +1,6 @@
 """Loading a Hugging Face checkpoint: a rank's peak memory at tp 2, and one rank's time against transformers.
 
-    python benchmarks/hf_load.py [--dir /tmp/gpt2-random] [--repeats 5] [--shard-size 200MB] [--json]
+    python benchmarks/hf_load.py [--family gpt2|llama] [--repeats 5] [--shard-size 200MB] [--json]
 
 The model is gpt2-size (124M parameters, GPT-2's config) with random weights, built here with transformers
 and saved as sharded safetensors (no download). Then:
@@ -9,8 +9,10 @@ and saved as sharded safetensors (no download). Then:
            resetting it through /proc/self/clear_refs) minus the RSS just before, against the bytes of the
            rank's own shard: the goal is <= 1.2 x shard + a fixed overhead.
   speed    one process, interleaved, `repeats` times each (files in the page cache after the first round):
-           shardwise (check the folder + meta model + read every tensor) against
-           transformers.AutoModelForCausalLM.from_pretrained(DIR). Median times; ratio = shardwise / transformers.
+           shardwise (check the folder + meta model + every parameter: whole fp32 tensors as mapped views,
+           GPT-2's transposed Conv1D weights copied) against transformers.AutoModelForCausalLM.from_pretrained(DIR),
+           which maps every tensor lazily and reads nothing yet; then both again with every weight read once
+           (what the first forward pass pays). Median times; ratios = shardwise / transformers.
 """
 
 from __future__ import annotations
@@ -27,13 +29,21 @@ from pathlib import Path
 import torch
 
 
-def make_folder(folder: Path, shard_size: str) -> None:
+def make_folder(folder: Path, shard_size: str, family: str) -> None:
+    """gpt2: GPT-2's own config (124M). llama: a Llama of the same size (hidden 768, 12 layers, 12 heads, FFN 2048,
+    vocabulary 32,000: 110M), whose nn.Linear layout needs no transposes."""
     import transformers
 
     if (folder / "config.json").is_file():
         return
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(folder, max_shard_size=shard_size)
+    if family == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+            num_key_value_heads=12, vocab_size=32000, max_position_embeddings=1024))
+    model.save_pretrained(folder, max_shard_size=shard_size)
 
 
 def _status(key: str) -> int:
@@ -83,30 +93,42 @@ def speed(folder: Path, repeats: int) -> dict:
 
     from shardwise.specs import Layout
 
-    times = {"shardwise": [], "transformers": []}
+    def touched(model):  # every weight read once: what the first forward pass costs a lazily mapped model
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sum()
+        return model
+
+    contenders = {
+        "shardwise": lambda: _load(folder, None, Layout()),
+        "transformers": lambda: transformers.AutoModelForCausalLM.from_pretrained(folder),
+        "shardwise+read": lambda: touched(_load(folder, None, Layout())),
+        "transformers+read": lambda: touched(transformers.AutoModelForCausalLM.from_pretrained(folder)),
+    }
+    times = {k: [] for k in contenders}
     for _ in range(repeats):
-        for name, fn in (("shardwise", lambda: _load(folder, None, Layout())),
-                         ("transformers", lambda: transformers.AutoModelForCausalLM.from_pretrained(folder))):
+        for name, fn in contenders.items():
             gc.collect()
             start = time.perf_counter()
             model = fn()
             times[name].append(time.perf_counter() - start)
             del model
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"shardwise_s": med["shardwise"], "transformers_s": med["transformers"],
-            "ratio": med["shardwise"] / med["transformers"], "repeats": repeats}
+    return {"seconds": med, "ratio": med["shardwise"] / med["transformers"],
+            "ratio_read": med["shardwise+read"] / med["transformers+read"], "repeats": repeats}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardwise-gpt2-random"))
+    ap.add_argument("--family", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--dir", default=None, help="where the random model is saved (default: the temp folder)")
     ap.add_argument("--shard-size", default="200MB")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    folder = Path(args.dir)
-    make_folder(folder, args.shard_size)
+    folder = Path(args.dir or os.path.join(tempfile.gettempdir(), f"shardwise-{args.family}-random"))
+    make_folder(folder, args.shard_size, args.family)
     from shardwise.hf.load import read_header
 
     files = sorted(folder.glob("*.safetensors"))
@@ -118,13 +140,15 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         return
     mb = 2**20
-    print(f"gpt2-size (124M, random), {len(files)} safetensors files, largest tensor {largest / mb:.1f} MiB")
+    print(f"{args.family} (random weights), {len(files)} safetensors files, largest tensor {largest / mb:.1f} MiB")
     for m in mem:
         delta = m["peak"] - m["before"]
         print(f"tp rank {m['rank']}: own shard {m['shard'] / mb:.1f} MiB, peak RSS during load +{delta / mb:.1f} MiB "
               f"= {delta / m['shard']:.3f} x shard (overhead over the shard {(delta - m['shard']) / mb:+.1f} MiB)")
-    print(f"one rank: shardwise {spd['shardwise_s']:.3f} s, transformers.from_pretrained {spd['transformers_s']:.3f} s, "
-          f"ratio {spd['ratio']:.2f} (median of {spd['repeats']})")
+    t = spd["seconds"]
+    print(f"one rank (median of {spd['repeats']}): shardwise {t['shardwise']:.3f} s, transformers.from_pretrained "
+          f"{t['transformers']:.3f} s, ratio {spd['ratio']:.2f}; with every weight read once: {t['shardwise+read']:.3f} s "
+          f"vs {t['transformers+read']:.3f} s, ratio {spd['ratio_read']:.2f}")
 
 
 if __name__ == "__main__":

@@ -157,3 +157,21 @@ def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch
     (tmp_path / "t.json").write_text("{not json")
     _one_line_error(capsys, ["--data", str(tmp_path / "short.txt"), "--tokenizer", str(tmp_path / "t.json")], "t.json",
                     "not a tokenizer.json")
+
+
+def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_path, capsys):
+    """Through the CLI: stop after step 2, resume to step 4 = the uninterrupted run; other data is refused."""
+    base = ["train", "--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "32", "--no-progress",
+            "--data", str(env["corpus"]["jsonl"]), "--data-field", "body", "--data-cache", env["cache"]]
+    assert main(base + ["--metrics-file", str(tmp_path / "straight.jsonl")]) == 0
+    ck = ["--checkpoint-dir", str(tmp_path / "ck"), "--metrics-file", str(tmp_path / "split.jsonl")]
+    assert main(base + ck + ["--stop-after", "2"]) == 0
+    manifest = json.loads(next((tmp_path / "ck").glob("step_*/manifest.json")).read_text())
+    assert manifest["data_position"]["sequences"] == 2 * 4 and manifest["data"]["files"] == [str(env["corpus"]["jsonl"])]
+    assert main(base + ck + ["--resume"]) == 0
+    read = lambda f: [json.loads(line)["loss"] for line in (tmp_path / f).read_text().splitlines()]  # noqa: E731
+    assert read("split.jsonl") == read("straight.jsonl")
+    other = [a if a != str(env["corpus"]["jsonl"]) else str(env["corpus"]["text"]) for a in base]
+    capsys.readouterr()
+    assert main([a for a in other if a not in ("--data-field", "body")] + ck + ["--resume"]) == 2
+    assert "that run trained on" in capsys.readouterr().err

@@ -12,6 +12,7 @@ RNG state. The run's settings are in the manifest, so a resume can refuse to con
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -228,7 +229,7 @@ def validate(ckpt: Path, spec=None) -> dict:
 
 
 def _check_model(ckpt: Path, manifest: dict, spec) -> None:
-    mine, theirs = asdict(spec), manifest["model"]
+    mine, theirs = json.loads(json.dumps(asdict(spec))), manifest["model"]  # as the manifest stored it (tuples: lists)
     diff = [k for k in mine if k != "name" and mine[k] != theirs.get(k)]
     if diff:
         what = ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in diff[:3])

@@ -163,10 +163,11 @@ def run(args) -> int:
     from shardwise.corpus import prepare_run
 
     cfg = config_from(args)
-    check(cfg)
+    # The data first (tokenized once, then cached): a resume checks it is the run's data.
     cfg = prepare_run(cfg, data=args.data, val_data=args.val_data, tokenizer=args.tokenizer, model=args.model,
                       field=args.data_field, cache=args.data_cache,
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
+    check(cfg)
     _note_vocab_padding(cfg)
     try:
         launch(cfg)
