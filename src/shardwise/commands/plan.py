@@ -1,4 +1,4 @@
-"""`shardwise plan`: rank every dp x tp x pp layout and say why the winner wins."""
+"""`shardwise plan`: rank every dp x tp x pp x cp layout and say why the winner wins."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def register(subparsers, name, help, outputs: bool = True):
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
     p.add_argument("--all-variants", action="store_true",
                    help="list every fitting variant (micro-batch, vpp, schedule, ZeRO, recompute) instead of the "
-                        "best one of each dp x tp x pp split")
+                        "best one of each dp x tp x pp x cp split")
     if outputs:
         from shardwise.emit import TARGETS
 
@@ -58,7 +58,7 @@ def plan(args):
 
 
 def best_per_split(ranked):
-    """The fastest layout of each dp x tp x pp split, in rank order."""
+    """The fastest layout of each dp x tp x pp x cp split, in rank order."""
     seen, out = set(), []
     for e in ranked:
         key = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp)
@@ -151,7 +151,7 @@ def run(args) -> int:
     console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
-                                         f"{'' if args.all_variants else '; best of each dp x tp x pp split'}{only})",
+                                         f"{'' if args.all_variants else '; best of each dp x tp x pp x cp split'}{only})",
                                width=console.width))
     if result.thinned:
         console.print(f"note: {result.thinned}", highlight=False)
