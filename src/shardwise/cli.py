@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from shardwise.errors import UsageError
@@ -54,20 +55,32 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_shell = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a bad flag (already reported in one line)
         return exc.code if isinstance(exc.code, int) else 2
+    from shardwise.interrupt import Interrupted, cli_handlers
+
+    cli_handlers()
     try:
         code = args.func(args)
     except UsageError as exc:
         print(f"shardwise: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("shardwise: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped
+        code = exc.exit_code if isinstance(exc, Interrupted) else 130
+        print(f"shardwise: {exc if isinstance(exc, Interrupted) else 'interrupted by SIGINT'} — stopped", file=sys.stderr)
+        if from_shell:  # what Python would run at exit, then out at once: torch's teardown takes seconds
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stderr.close()
         return 0

@@ -170,12 +170,15 @@ def _launch_local(cfg: TrainConfig) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=cfg.max_restarts,
-                          monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1")
+                          monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", shutdown_timeout=3)
     # The agent logs each failure with its own traceback; we report it in one line instead.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    from shardwise.interrupt import launcher_signals
+
     try:
-        elastic_launch(config, worker_main)(cfg)
+        with launcher_signals():  # Ctrl-C / SIGTERM: the agent stops the ranks, we say it in one line
+            elastic_launch(config, worker_main)(cfg)
     except ChildFailedError as exc:
         raise JobFailed(describe_failures(exc.failures)) from None
 

@@ -453,6 +453,9 @@ class progress_bar:
 
 def worker_main(cfg: TrainConfig) -> list[dict]:
     """Entry point of every rank (our launcher or torchrun): join the job, build the mesh, train, leave."""
+    from shardwise.interrupt import rank_handlers
+
+    rank_handlers()
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))

@@ -1,0 +1,92 @@
+"""Ctrl-C and SIGTERM on a command that runs many processes: one line, exit 128 + signal, no rank left behind.
+
+- The launching process (torch's elastic agent) turns SIGINT/SIGTERM into a SignalException, stops the ranks and
+  re-raises; `launcher_signals()` makes that `Interrupted`, which the CLI prints as one line, exit 130 or 143.
+  The agent's own log lines about it are silenced (`quiet_agent`).
+- A rank dies at once on SIGINT or SIGTERM (the default action, not Python's KeyboardInterrupt): a rank blocked
+  in a collective would otherwise only see the signal when the collective returns, and each would print a
+  traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
+  visible only when complete (a half-written one is removed by the next save).
+- Outside a launch (the CLI's own process, one-process training) SIGTERM is `Interrupted` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user (Ctrl-C) or the system (SIGTERM) stopped the command; every process has been stopped. A
+    KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # what a shell reports for a process a signal ended: 130, 143
+
+
+def _raise(signum, frame):
+    raise Interrupted(signum)
+
+
+def cli_handlers() -> None:
+    """In the CLI's process: SIGTERM raises Interrupted, like Ctrl-C raises KeyboardInterrupt."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise)
+
+
+def rank_handlers() -> None:
+    """In a rank that a launcher started: SIGINT and SIGTERM end the process at once and silently. The rank was
+    started with SIGINT blocked (`launcher_signals`): one that arrived while it imported torch ends it now."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def quiet_agent() -> None:
+    """torch's elastic agent logs a warning per signal and per failure (with tracebacks); shardwise says it in
+    one line instead. Its loggers each carry their own level, so each is set."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+@contextmanager
+def launcher_signals():
+    """Around the launch of ranks: a signal the agent caught (it has stopped the ranks) becomes Interrupted.
+
+    Ctrl-C reaches every process of the terminal's group, ranks still importing torch included, where Python
+    would print a KeyboardInterrupt traceback. So the ranks start with SIGINT blocked (a child inherits the
+    mask of the thread that starts it, here the main thread) until `rank_handlers` unblocks it; this process
+    still hears SIGINT through a thread that leaves it unblocked (Python runs the handler in the main thread)."""
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    quiet_agent()
+    blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blocking:
+        stop = threading.Event()
+        listener = threading.Thread(target=stop.wait, name="shardwise-signals", daemon=True)
+        listener.start()  # created before the mask changes: it keeps SIGINT deliverable
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    except SignalException as exc:
+        raise Interrupted(int(exc.sigval)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
+    finally:
+        if blocking:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            stop.set()
