@@ -3,8 +3,8 @@
 Every run is 10 steps long (--steps 10 sets the LR schedule). A split run stops after step 5 with a checkpoint
 (--stop-after 5), then a second invocation resumes it to step 10:
 - same layout: the per-step losses and gradient norms equal the uninterrupted run of that layout bitwise;
-- another layout (dp, tp, pp, ZeRO, schedule all change; PP <-> non-PP, ZeRO <-> non-ZeRO, FSDP, tied and
-  padded vocabularies): within rtol 1e-5 of the single-process run trained here without torch.distributed.
+- another layout (dp, tp, pp, cp, ZeRO, schedule all change; PP <-> non-PP, ZeRO <-> non-ZeRO, FSDP, tied and
+  padded vocabularies, the sequence split another way): within rtol 1e-5 of the single-process run trained here without torch.distributed.
 A control resumes with the AdamW moments dropped: it misses the reference by far more than the tolerance.
 The layout-free format is checked directly too: a checkpoint written by tp4 with a padded vocabulary,
 exported to safetensors, holds the single-process model's tensors.
@@ -56,6 +56,7 @@ CHANGES = [
     ("padded-tp4-to-2x2x1-zero1", "padded", L(tp=4), L(dp=2, tp=2, zero=1, mb=2)),
     ("4x1x1-zero1-to-2x1x1-zero1", "tiny", L(dp=4, zero=1, mb=1), L(dp=2, zero=1)),
     ("pp2-tp2-to-1x1x1", "tiny", L(pp=2, tp=2, mb=2), L()),
+    ("cp2-allgather-dp2-zero1-to-cp4-ring", "tiny", L(dp=2, cp=2, cp_mode="allgather", zero=1, mb=2), L(cp=4, mb=4)),
 ]
 # Same layout before and after: bitwise (dp <= 2 keeps every all-reduce a two-term sum, so bucketing cannot reorder it)
 SAME = [("same-2x2x1-zero1-sp", "tiny", L(dp=2, tp=2, zero=1, sequence_parallel=True, mb=2)),
@@ -93,7 +94,7 @@ def _run(key: str, cfg: TrainConfig, mesh, out_dir) -> None:
 def _worker(rank: int, world: int, jobs, out_dir: str) -> None:
     for key, cfg in jobs:
         lay = cfg.layout
-        _run(key, cfg, build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60), out_dir)
+        _run(key, cfg, build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend="gloo", timeout_s=60), out_dir)
         dist.barrier()
 
 

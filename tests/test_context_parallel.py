@@ -135,3 +135,18 @@ def test_math_blocks_equal_the_fused_kernel(causal):
     assert torch.allclose(out, out_m, atol=1e-12) and torch.allclose(lse, lse_m, atol=1e-12)
     for fused, math in zip(_block_backward(dout, q, k, v, out, lse, causal), math_block_backward(dout, q, k, v, out, lse, causal)):
         assert fused.shape == math.shape and torch.allclose(fused, math, atol=1e-12)
+
+
+def test_plan_files_carry_cp_into_train(tmp_path, capsys):
+    """`plan --json` layouts carry cp and cp_mode; `train --plan` reads them (and a contradicting --cp is an error)."""
+    from shardwise.cli import main
+    from shardwise.commands.train import read_plan
+
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "4", "--global-batch", "4",
+                 "--seq-len", "256", "--cp", "2", "--cp-modes", "allgather", "--framework", "shardwise", "--json"]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(capsys.readouterr().out)
+    layout = read_plan(str(plan))
+    assert (layout["cp"], layout["cp_mode"]) == (2, "allgather")
+    assert main(["train", "--plan", str(plan), "--cp", "4", "--seq-len", "256"]) == 2
+    assert "--cp 4 contradicts cp=2" in capsys.readouterr().err

@@ -69,7 +69,8 @@ def run_inspect(args) -> int:
     table.add_column()
     sched = f", {lay['schedule']}" + (f" v{lay['vpp']}" if lay["vpp"] > 1 else "") if lay["pp"] > 1 else ""
     table.add_row("step", f"{info['step']} of {info['steps']}")
-    table.add_row("written by", f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']} ({info['world_size']} ranks), ZeRO {lay['zero']}"
+    cp = f"·cp{lay['cp']} ({lay.get('cp_mode', 'ring')})" if lay.get("cp", 1) > 1 else ""
+    table.add_row("written by", f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']}{cp} ({info['world_size']} ranks), ZeRO {lay['zero']}"
                   f"{', sequence parallel' if lay['sequence_parallel'] else ''}{sched}")
     params = info["groups"].get("model", {}).get("elements", 0)
     table.add_row("model", f"{model['name']} ({model['family']}, {model['num_layers']} layers, hidden {model['hidden']}, "
