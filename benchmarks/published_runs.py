@@ -52,6 +52,9 @@ PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2
 # Runs from before FlashAttention (2022 and earlier) materialised the softmax.
 PRE_FLASH = ("2021", "2022", "2104.04473", "2201.11990", "2204.06745", "2205.05198", "2205.01068", "2210.02414",
              "2211.05100", "bigscience")
+# Recipes that train GPT-style models without dropout: llm-foundry's MPT (MPTConfig: resid_pdrop, emb_pdrop and
+# attn_pdrop 0.0).
+NO_DROPOUT = ("mosaicml",)
 PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
 
 
@@ -101,12 +104,16 @@ def _model(row: dict) -> ModelSpec:
         kv = int(m.group(1))
     mlp = row.get("mlp", "").strip("? ")
     gated = mlp in ("swiglu", "geglu") if mlp else ("Llama" in name or "GeGLU" in row["ffn_hidden"])
+    # Llama-style blocks (RoPE, no biases, untied head) with a gated MLP, or Nemotron-4's squared ReLU; else GPT.
+    family = "llama" if gated or mlp == "squared-relu" else "gpt2"
     hidden = _int(row["hidden"])
     vocab = _int(row["vocab"]) if row["vocab"].strip()[:1].isdigit() else next(
         (v for k, v in VOCAB_BY_NAME.items() if k in name), DEFAULT_VOCAB)
-    return ModelSpec(name=name, family="llama" if gated else "gpt2", hidden=hidden, ffn_hidden=_int(row["ffn_hidden"]),
+    return ModelSpec(name=name, family=family, hidden=hidden, ffn_hidden=_int(row["ffn_hidden"]),
                      num_layers=_int(row["layers"]), num_heads=heads, num_kv_heads=kv, vocab_size=vocab,
-                     head_dim=hidden // heads, max_positions=_int(row["seq_len"]), tie_embeddings=not gated)
+                     head_dim=hidden // heads, max_positions=_int(row["seq_len"]), tie_embeddings=family == "gpt2",
+                     mlp=mlp if family == "llama" and mlp not in ("", "swiglu") else "",
+                     dropout=False if any(k in row["source"] for k in NO_DROPOUT) else None)
 
 
 def _recompute(cell: str) -> str:
@@ -212,14 +219,10 @@ def parse(row: dict) -> Run:
           or "dgxc-benchmarking" in row["source"])
     flash = None
     text = row["source"] + " " + row["run"]
-    if profile == "megatron-2021" and (sp or _recompute(recompute_cell) == "selective"):
-        # Korthikanti et al. 2022: the Megatron-LM code line that added SP and selective recompute
-        # (megatron-2021 has neither); still a materialised softmax.
-        profile, flash = "megatron-core", False
     if any(k in text for k in PRE_FLASH):
         flash = False
     fw = FRAMEWORKS[profile]
-    if fw.sequence_parallel == "required":
+    if fw.sequence_parallel == "always":
         sp = True
     zero = _zero(row["zero_stage"])
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)

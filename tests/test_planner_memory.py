@@ -180,3 +180,31 @@ def test_stage_activations_full_recompute_is_checkpoints_plus_one_layer():
     ck = checkpoint_bytes(job.model, 64, 2, 1, False)
     linear, _ = layer_activation_terms(job.model, 64, 2, 1, False)
     assert stage_activation_bytes(job, lay, 4, 1) == 3 * ck + linear
+
+
+def test_non_gated_mlp_without_dropout_nemotron_style():
+    # Nemotron-4: Llama-style blocks, a two-matrix squared-ReLU MLP, no dropout. Per token (e = 2): norm inputs and
+    # QKV/FC1 inputs 4*2*64 = 512, Q K V and the projection input 2*(64+64+64+64) = 512, the MLP's two f-wide tensors
+    # 2*2*256 = 1024: 2048 B; GPT's recipe adds two 1-byte dropout masks of h (128 B) and the scores' terms.
+    nemotron = ModelSpec(name="n", family="llama", hidden=64, ffn_hidden=256, num_layers=8, num_heads=4, num_kv_heads=4,
+                         vocab_size=1000, head_dim=16, mlp="squared-relu")
+    assert not nemotron.gated_mlp and not nemotron.trains_with_dropout
+    assert nemotron.dense_ffn_params() == 2 * 64 * 256
+    assert layer_activation_terms(nemotron, 8, 1, 1, False) == (8 * 2048, 4 * 8 * 8 * 2)
+    gpt_linear, _ = layer_activation_terms(GPT, 8, 1, 1, False)
+    assert gpt_linear == 8 * (2048 + 128)
+
+
+def test_torchtitan_selective_keeps_every_other_matmul_output():
+    # torchtitan's op-level checkpointing, Llama block h 64, q 64, kv 32, f 128, 4 heads, e = 2, per token: the block
+    # input 128 + wq, wv, w1, w2 outputs 2*(64+32+128+64) = 576 + the attention output 128 + its fp32 LSE 16 = 848 B.
+    from shardwise.planner.memory import op_sac_bytes
+    llama = ModelSpec(name="l", family="llama", hidden=64, ffn_hidden=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                      vocab_size=1000, head_dim=16)
+    assert op_sac_bytes(llama, 16, 2, 1, False) == 16 * 2 * 848
+    job = Job(llama, load_cluster("dgx-a100-80gb"), TrainSpec(8, 16), flash_attention=True, selective="op")
+    lay = Layout(dp=1, tp=1, pp=1, micro_batch=2, recompute="selective")
+    mega = Job(llama, job.cluster, job.train, flash_attention=True)
+    # less than Megatron's selective (everything but the attention core) and more than full (the block input)
+    assert stage_activation_bytes(job, lay.with_(recompute="full"), 4, 1) < stage_activation_bytes(job, lay, 4, 1) \
+        < stage_activation_bytes(mega, lay, 4, 1)

@@ -158,8 +158,9 @@ def test_framework_flag_contract(capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--framework", "megatron-9000"], "unknown framework"),
-    (["--framework", "megatron-core", "--zero", "3"], "megatron-core has no ZeRO-3"),
-    (["--framework", "megatron-2021", "--sequence-parallel"], "no sequence parallelism"),
+    (["--framework", "torchtitan", "--zero", "1"], "torchtitan has no ZeRO-1"),
+    (["--framework", "torchtitan", "--zero", "0"], "DDP (ZeRO-0) does not combine with tensor"),
+    (["--framework", "deepspeed", "--sequence-parallel"], "no sequence parallelism"),
     (["--framework", "deepspeed", "--pp", "2", "--vpp", "2"], "no interleaved-1f1b"),
     (["--framework", "shardwise", "--pp", "2", "--schedule", "zb-h1", "--zero", "2"], "FSDP"),
     (["--framework", "shardwise", "--tp-comm-overlap"], "no TP communication overlap"),
@@ -167,6 +168,42 @@ def test_framework_flag_contract(capsys):
 def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
     code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", *argv)
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, layout, implied", [
+    # torchtitan and NeMo always shard the sequence with TP; torchtitan's data parallelism is FSDP2
+    (["--framework", "torchtitan"], {"sequence_parallel": True, "zero": 3}, ["sequence parallelism", "ZeRO-3"]),
+    (["--framework", "torchtitan", "--pp", "2"], {"zero": 2}, ["ZeRO-2"]),
+    (["--framework", "nemo", "--recompute", "selective"], {"sequence_parallel": True, "zero": 1, "recompute": "selective"},
+     ["sequence parallelism", "ZeRO-1"]),
+    (["--framework", "megatron-core", "--tp-comm-overlap"], {"sequence_parallel": True}, ["TP comm overlap needs it"]),
+    # flags a user of each stack passes naturally
+    (["--framework", "megatron-core", "--zero", "1", "--recompute", "selective", "--sequence-parallel"],
+     {"zero": 1, "recompute": "selective"}, []),
+    (["--framework", "megatron-core", "--zero", "3"], {"zero": 3}, []),
+    (["--framework", "megatron-2021", "--sequence-parallel", "--recompute", "selective"],
+     {"sequence_parallel": True, "recompute": "selective"}, []),
+    ([], {"zero": 1}, ["ZeRO-1 (megatron-core's default"]),
+])
+def test_estimate_implies_what_the_framework_always_does(capsys, argv, layout, implied):
+    code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--json", *argv)
+    assert code == 0, err
+    est = json.loads(out)
+    assert {k: est[k] for k in layout} == layout
+    said = " ".join(est["assumptions"].get("implied", []))
+    assert all(phrase in said for phrase in implied), said
+
+
+def test_unnamed_zero_and_recompute_are_the_cheapest_that_fit(capsys):
+    # A DeepSpeed ZeRO-3 or FSDP layout at scale under the default framework: Megatron FSDP, and it fits.
+    big = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1536", "--global-batch", "1536",
+           "--seq-len", "2048", "--micro-batch", "1", "--json"]
+    code, out, err = run_cli(capsys, "estimate", *big, "--zero", "3")
+    assert code == 0, err
+    assert json.loads(out)["fits"] and json.loads(out)["zero"] == 3
+    code, out, _ = run_cli(capsys, "estimate", *big)  # nothing named: ZeRO-1 does not fit 175B on one GPU's share
+    est = json.loads(out)
+    assert est["fits"] and est["zero"] >= 2 and "ZeRO-" in " ".join(est["assumptions"]["implied"])
 
 
 def test_help_names_the_default_framework_and_why(capsys):

@@ -158,6 +158,21 @@ def test_more_recompute_is_never_faster():
     assert times == sorted(times) and times[2] > 1.2 * times[0]
 
 
+def test_torchtitan_selective_recomputes_half_the_matmuls():
+    # torchtitan's op-level checkpointing runs again every second matmul (wk, wo, w3 of a Llama block) and the
+    # element-wise kernels, but not attention: between Megatron's selective (attention core) and full recompute.
+    model = load_model("llama2-13b")
+    base = dict(dp=1, tp=1, pp=1, micro_batch=1, zero=0, recompute="selective")
+    titan = make_job(model, A100, 1, 4096, "torchtitan")
+    mega = dataclasses.replace(titan, selective="attention")
+    op, attn = (step_time(j, Layout(**base))["recompute"] for j in (titan, mega))
+    full = step_time(titan, Layout(**{**base, "recompute": "full"}))["recompute"]
+    assert attn < op < full
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    rate = 2 * 4096 * (h * kv + h * h + h * f) * model.num_layers / op  # the matmuls alone would run above peak
+    assert 0.5 * A100.peak_flops < rate < A100.peak_flops
+
+
 def test_data_parallel_speedup_and_overlap():
     model = load_model("llama3-8b")
     core = make_job(model, H100, 256, 4096, "megatron-core")

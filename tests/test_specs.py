@@ -51,6 +51,27 @@ def test_hf_config_file_round_trip(tmp_path):
     assert load_model(str(path)).num_params() == spec.num_params()
 
 
+def test_nemotron_config_is_a_non_gated_llama_block(tmp_path):
+    # Hugging Face's Nemotron (model_type nemotron, hidden_act relu2): Llama-style blocks, a two-matrix MLP, no dropout;
+    # the planner counts it, the runtime names it as not trained.
+    from shardwise.model import unsupported
+    cfg = {"model_type": "nemotron", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "hidden_act": "relu2",
+           "attention_dropout": 0.0, "hidden_dropout": 0.0}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    assert spec.mlp == "squared-relu" and not spec.gated_mlp and not spec.trains_with_dropout
+    assert spec.dense_ffn_params() == 2 * 64 * 256
+    assert "squared-relu MLP" in unsupported(spec)
+    path.write_text(json.dumps(spec.to_hf_config()))
+    assert load_model(str(path)) == spec
+    gpt = load_model("gpt2")
+    assert gpt.trains_with_dropout
+    path.write_text(json.dumps(dict(gpt.to_hf_config(), resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0)))
+    assert not load_model(str(path)).trains_with_dropout
+
+
 @pytest.mark.parametrize("content, fragment", [
     ("{not json", "malformed JSON"),
     ('{"hidden_size": 64, "num_attention_heads": 4}', "missing key 'intermediate_size'"),

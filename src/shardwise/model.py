@@ -236,6 +236,8 @@ def unsupported(spec: ModelSpec) -> str | None:
         features.append("QK-norm (Qwen3)")
     if spec.qkv_bias:
         features.append("q/k/v biases (Qwen2)")
+    if spec.mlp and spec.gated_mlp != (spec.family == "llama") or spec.mlp not in ("", "swiglu", "gelu"):
+        features.append(f"a {spec.mlp} MLP with {spec.family}-style blocks")
     if spec.router_topk_groups < spec.router_groups:
         features.append("group-limited routing (n_group/topk_group)")
     return " and ".join(filter(None, [", ".join(features[:-1]), features[-1]])) if features else None

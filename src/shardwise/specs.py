@@ -82,10 +82,21 @@ class ModelSpec:
     v_head_dim: int = 0
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     qkv_bias: bool = False  # Qwen2: biases on q, k, v
+    # The MLP where it is not the family's own (llama SwiGLU, gpt2 GELU), counted by the planner: "swiglu", "geglu"
+    # (gated: three matrices) or "gelu", "relu", "squared-relu" (two: Nemotron-4's squared ReLU with Llama-style
+    # blocks otherwise).
+    mlp: str = ""
+    # Whether training applies dropout (and keeps its masks for backward); None: the family's recipes (GPT-2 yes,
+    # Llama no). HF configs say it (resid_pdrop / hidden_dropout); MosaicML's MPT recipes set it to 0.
+    dropout: bool | None = None
 
     @property
     def gated_mlp(self) -> bool:
-        return self.family == "llama"
+        return self.mlp in GATED_MLPS if self.mlp else self.family == "llama"
+
+    @property
+    def trains_with_dropout(self) -> bool:
+        return self.family == "gpt2" if self.dropout is None else self.dropout
 
     @property
     def has_bias(self) -> bool:
@@ -179,15 +190,20 @@ class ModelSpec:
                 "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
                 "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
-            }
+            } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {})
         cfg = {
-            "model_type": self.model_type or "llama", "hidden_size": self.hidden, "intermediate_size": self.ffn_hidden,
+            "model_type": self.model_type or ("llama" if self.gated_mlp else "nemotron"), "hidden_size": self.hidden,
+            "intermediate_size": self.ffn_hidden,
             "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads, "vocab_size": self.vocab_size,
             "head_dim": self.head_dim, "max_position_embeddings": self.max_positions,
             "tie_word_embeddings": self.tie_embeddings, "rms_norm_eps": self.norm_eps,
             "rope_theta": self.rope_theta,
         }
+        if not self.gated_mlp:
+            cfg["hidden_act"] = ACT_OF_MLP.get(self.mlp, "relu2")
+        if self.dropout:
+            cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
 
@@ -207,7 +223,15 @@ def cluster_presets() -> list[str]:
 # model all follow that family. A config of any other model_type is refused by name (it would be modelled
 # wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
 # is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
+# MLP names (ModelSpec.mlp): gated ones have three matrices.
+MLPS = ("swiglu", "geglu", "gelu", "relu", "squared-relu")
+GATED_MLPS = ("swiglu", "geglu")
+# Hugging Face hidden_act of a non-gated MLP (Nemotron's "relu2" is squared ReLU) and back.
+MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}
+ACT_OF_MLP = {"squared-relu": "relu2", "relu": "relu", "gelu": "gelu"}
 MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
+               # Nemotron-4: Llama-style blocks with a non-gated squared-ReLU MLP (counted by the planner, not trained)
+               "nemotron": "llama",
                # mixtures of experts with Llama-style blocks (DeepSeek's MLA attention is counted, not trained)
                "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama"}
 MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pipeline splits, virtual stages)
@@ -277,6 +301,7 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
             max_positions=_require(cfg, "n_positions", source), tie_embeddings=True,
             norm_eps=_optional(cfg, "layer_norm_epsilon", 1e-5, source),
+            dropout=_dropout(cfg, ("resid_pdrop", "attn_pdrop", "embd_pdrop"), source, default=0.1),
         )
     else:
         hidden = _require(cfg, "hidden_size", source)
@@ -293,13 +318,41 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
             tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
             norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", 10000.0, source),
-            model_type=model_type, **_moe_from_hf(cfg, source, layers, model_type), **attention,
+            model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
+            dropout=_dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
+            **_moe_from_hf(cfg, source, layers, model_type), **attention,
         )
     if spec.num_heads % spec.num_kv_heads:
         raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
     if spec.family == "gpt2" and spec.hidden % spec.num_heads:
         raise UsageError(f"{source}: n_embd {spec.hidden} is not divisible by n_head {spec.num_heads}")
     return spec
+
+
+def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
+    """ModelSpec.mlp of a Llama-family config: '' (SwiGLU) except Nemotron's non-gated MLP (hidden_act)."""
+    if model_type != "nemotron":
+        return ""
+    act = cfg.get("hidden_act", "relu2")
+    if act not in MLP_OF_ACT:
+        raise UsageError(f"{source}: hidden_act {act!r} is not an activation shardwise counts for a non-gated MLP — "
+                         f"use one of {', '.join(MLP_OF_ACT)}")
+    return MLP_OF_ACT[act]
+
+
+def _dropout(cfg: dict, keys: tuple[str, ...], source: str, default: float) -> bool | None:
+    """Whether the config trains with dropout: any of `keys` above 0 (absent keys count as Hugging Face's `default`);
+    None when the answer is the family's own (GPT-2 with dropout, Llama without)."""
+    values = []
+    for key in keys:
+        value = cfg.get(key, default)
+        if value is None:
+            value = 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise UsageError(f"{source}: key '{key}' must be a probability in [0, 1), got {value!r}")
+        values.append(value)
+    on = any(v > 0 for v in values)
+    return None if on == (default > 0) else on
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek

@@ -13,20 +13,33 @@ def register(subparsers, name, help):
     add_job_args(p)
     add_layout_args(p, micro_batch_required=True)
     add_software_args(p)
+    # Unnamed, the ZeRO stage and the recompute policy are the framework's own (planner.estimate.complete_layout).
+    for action in p._actions:
+        if action.dest == "zero":
+            action.default, action.help = None, ("ZeRO stage (default: the framework's own — megatron-core and nemo "
+                                                 "the distributed optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with "
+                                                 "a pipeline — or the next stage that fits)")
+        elif action.dest == "recompute":
+            action.default, action.help = None, "activation recompute (default: none, or the cheapest policy that fits)"
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from shardwise.planner import estimate
+    from shardwise.planner.estimate import complete_layout
     from shardwise.planner.frameworks import check, get
     from shardwise.specs import validate_layout
 
     job = job_from_args(args)
+    named = {k for k in ("zero", "recompute") if getattr(args, k) is not None}
+    args.zero = 0 if args.zero is None else args.zero
+    args.recompute = "none" if args.recompute is None else args.recompute
     layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp, args.cp))
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len)
+    layout, implied = complete_layout(job, layout, named)
     check(get(job.framework), layout)
-    est = estimate(job, layout)
+    est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())
         return 0

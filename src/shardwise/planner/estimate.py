@@ -102,14 +102,53 @@ def assumptions(job: Job) -> dict:
     }
 
 
-def estimate(job: Job, layout: Layout) -> Estimate:
-    """Predict one (already validated) layout."""
+def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] = frozenset()) -> tuple[Layout, list[str]]:
+    """The layout as the job's framework runs it, and what it implied (one phrase each): a knob the stack always
+    uses is implied (torchtitan's and NeMo's TP always shards the sequence; TP comm overlap needs sequence
+    parallelism); a ZeRO stage or recompute policy the user did not name (not in `named`) is the one the stack
+    runs by default (torchtitan FSDP2, NeMo's and megatron-core's distributed optimizer), else the next stage
+    the stack runs, or the next costlier recompute, the layout fits with. An explicit request is kept as given
+    (the framework's refusal then names what it cannot run)."""
+    fw = get_framework(job.framework)
+    implied: list[str] = []
+    lay = layout
+    if lay.tp > 1 and not lay.sequence_parallel and (fw.sequence_parallel == "always" or job.tp_comm_overlap):
+        lay = lay.with_(sequence_parallel=True)
+        why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
+        implied.append(f"sequence parallelism ({why})")
+    stages = [lay.zero]
+    if "zero" not in named and lay.dp * lay.cp > 1:
+        first = fw.zero_when_unnamed(lay)
+        stages = [z for z in fw.zero_stages if z >= first and not fw.refusal(lay.with_(zero=z))] or [lay.zero]
+    policies = [lay.recompute]
+    if "recompute" not in named:
+        policies = [r for r in ("none", "selective", "full") if r in fw.recompute] or [lay.recompute]
+    # The framework's own stage with the cheapest recompute that fits, else the next stage it runs.
+    tries = [lay.with_(zero=z, recompute=r) for z in stages for r in policies]
+    runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
+    fits = (t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes)
+    chosen = next(fits, runs[0]) if len(runs) > 1 else runs[0]
+    if "zero" not in named and lay.dp * lay.cp > 1:
+        why = (f"{fw.name}'s default" if chosen.zero == stages[0]
+               else f"the first stage from {fw.name}'s default ZeRO-{stages[0]} that fits")
+        implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
+    if chosen.recompute != lay.recompute:
+        implied.append(f"{chosen.recompute} recompute (the cheapest that fits; --recompute not given)")
+    lay = chosen
+    return lay, implied
+
+
+def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Estimate:
+    """Predict one (already validated) layout; `implied` lists what `complete_layout` filled in."""
     rank, mem = memory_breakdown(job, layout)
     model_flops, hw_flops = step_flops(job, layout)
+    notes = assumptions(job)
+    if implied:
+        notes["implied"] = list(implied)
     return Estimate(
         layout=layout, num_microbatches=layout.num_microbatches(job.train.global_batch), worst_rank=rank,
         memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,
         gpus=layout.world_size, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
-        framework=job.framework, assumptions=assumptions(job),
+        framework=job.framework, assumptions=notes,
     )

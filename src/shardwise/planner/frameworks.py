@@ -56,12 +56,21 @@ class Framework:
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
     tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
     tp_comm_overlap_available: bool = False
-    sequence_parallel: str = "optional"  # "optional" | "required" (with tp > 1) | "never"
+    sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
     context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
     async_sp_regather: bool = True  # SP's backward re-gather runs behind the input-gradient GEMM
     # What the stack runs at all.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     zero_stages: tuple[int, ...] = (0, 1)
+    # The ZeRO stage the stack runs when the user names none (with and without a pipeline): what its data
+    # parallelism always is (torchtitan: FSDP2, resharding after forward only without PP; NeMo and the
+    # megatron-core profile: the distributed optimizer).
+    default_zero: int = 0
+    default_zero_with_pp: int | None = None
+    # What `--recompute selective` means on this stack: "attention" (Megatron: the attention core, Korthikanti
+    # et al. 2022) or "op" (torchtitan's op-level selective checkpointing: every matmul output but every
+    # second one and the attention output kept, the rest recomputed).
+    selective: str = "attention"
     recompute: tuple[str, ...] = ("none", "selective", "full")
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
@@ -82,7 +91,7 @@ class Framework:
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
-        if lay.tp > 1 and self.sequence_parallel == "required" and not lay.sequence_parallel:
+        if lay.tp > 1 and self.sequence_parallel == "always" and not lay.sequence_parallel:
             return f"{self.name}'s tensor parallelism always shards the sequence (add --sequence-parallel)"
         if lay.sequence_parallel and lay.tp > 1 and self.sequence_parallel == "never":
             return f"{self.name} has no sequence parallelism (drop --sequence-parallel)"
@@ -93,16 +102,26 @@ class Framework:
             return runtime_refusal(layout)
         return None
 
+    def zero_when_unnamed(self, layout: Layout) -> int:
+        """The ZeRO stage this stack runs `layout` with when the user names none."""
+        if layout.pp > 1 and self.default_zero_with_pp is not None:
+            return self.default_zero_with_pp
+        return self.default_zero
+
 
 MEGATRON_2021 = Framework(
     name="megatron-2021",
     summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax, FP32 gradient all-reduce after the "
-            "backward (no overlap), 1F1B or interleaved 1F1B with scatter/gather, no SP, no distributed optimizer",
+            "backward (no overlap), blocking pipeline transfers, 1F1B or interleaved 1F1B with scatter/gather, full "
+            "recompute; asked for SP, selective recompute or the distributed optimizer (ZeRO-1), the same code line as "
+            "released in 2022 (Korthikanti et al. 2022, Megatron-LM v3.0), still without any overlap",
     sources=("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM' (SC'21)",
-             "NVIDIA/Megatron-LM arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32"),
-    attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0,),
-    recompute=("none", "full"), sequence_parallel="never", flash_attention=False, context_parallel=(),
-    cannot=("ZeRO/distributed optimizer", "sequence parallelism", "selective recompute", "GPipe and ZB-H1 schedules",
+             "NVIDIA/Megatron-LM arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32",
+             "Korthikanti et al. 2022 and Megatron-LM v3.0 (2022-06): --sequence-parallel, "
+             "--recompute-activations (selective), --use-distributed-optimizer"),
+    attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
+    context_parallel=(),
+    cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
             "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
 )
 
@@ -110,21 +129,25 @@ MEGATRON_CORE = Framework(
     name="megatron-core",
     summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
             "--overlap-param-gather, Transformer Engine fused attention, FP32 gradient reduce, optional SP, "
-            "selective recompute, optional TP comm overlap (--tp-comm-overlap)",
+            "selective recompute, optional TP comm overlap (--tp-comm-overlap); ZeRO-2/3 as Megatron FSDP "
+            "(--use-megatron-fsdp: parameters gathered per layer with prefetch, gradients reduce-scattered every "
+            "micro-batch)",
     sources=("NVIDIA/Megatron-LM megatron/core/distributed (DistributedDataParallel, bucket_size 40M params), "
              "megatron/core/optimizer/distrib_optimizer.py, arguments.py (fp32 grad reduce with bf16)",
+             "NVIDIA/Megatron-LM megatron/core/distributed/fsdp (Megatron FSDP, --data-parallel-sharding-strategy "
+             "optim_grads / optim_grads_params)",
              "Korthikanti et al. 2022 (SP, selective recompute)"),
     attention="fa3", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
-    bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1),
-    cannot=("ZeRO-2/3 (its FSDP paths are not modelled: use --framework torchtitan or deepspeed)",
-            "GPipe and ZB-H1 schedules"),
+    bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
+    cannot=("GPipe and ZB-H1 schedules",),
 )
 
 NEMO = Framework(
     name="nemo",
     summary="NeMo's Megatron recipes (megatron-core underneath): distributed_fused_adam with overlapped grad "
-            "and param sync in bf16 (grad_sync_dtype), TP comm overlap (ub_tp_comm_overlap), SP, overlapped "
-            "pipeline p2p",
+            "and param sync in bf16 (grad_sync_dtype), TP comm overlap (ub_tp_comm_overlap), SP with every TP "
+            "(the recipes' sequence_parallel; TP comm overlap needs it), overlapped pipeline p2p; ZeRO-2/3 as "
+            "Megatron FSDP",
     sources=("NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml (commit 8f5cbb3): distributed_fused_adam, "
              "overlap_grad_sync, overlap_param_sync, grad_sync_dtype bf16, bucket_cap_mb 220, ub_tp_comm_overlap, "
              "sequence_parallel, overlap_p2p_comm",
@@ -133,8 +156,8 @@ NEMO = Framework(
              "optimizer bytes per parameter"),
     grad_bytes=2, optimizer_bytes=10, attention="fa3", grad_reduce_bytes=2, overlap_grad_reduce=True,
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
-    zero_stages=(0, 1),
-    cannot=("ZeRO-2/3 (NeMo's FSDP path is not modelled: use --framework torchtitan)", "GPipe and ZB-H1 schedules"),
+    zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always",
+    cannot=("GPipe and ZB-H1 schedules",),
 )
 
 DEEPSPEED = Framework(
@@ -170,7 +193,8 @@ DEEPSPEED_2024 = replace(
             "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
     sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
-    attention="fa2", flash_attention=True, prefetch=True, list_collectives=False,
+    attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional",
+    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
 )
 
 TORCHTITAN = Framework(
@@ -184,9 +208,9 @@ TORCHTITAN = Framework(
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
     overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
-    sequence_parallel="required", tp_comm_overlap_available=True,
-    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "TP without sequence parallelism", "ZB-H1 (its zero-bubble "
-            "schedules need several stages per rank)"),
+    default_zero=3, default_zero_with_pp=2, selective="op",
+    sequence_parallel="always", tp_comm_overlap_available=True,
+    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
 )
 
 LLAMA3 = Framework(
@@ -259,4 +283,4 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
-               async_sp_regather=fw.async_sp_regather, framework=fw.name)
+               async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective)

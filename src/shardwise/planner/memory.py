@@ -92,6 +92,7 @@ class Job:
     zero1_broadcast_per_tensor: bool = False
     async_sp_regather: bool = True
     framework: str = "megatron-core"
+    selective: str = "attention"  # what selective recompute keeps: "attention" (Megatron) or "op" (torchtitan)
 
 
 
@@ -133,7 +134,7 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     parallelism splits them along s; everything inside the attention and the MLP is split by TP.
     """
     h, q, kv, f, a = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
-    mask = 1 if model.family == "gpt2" and saved.dropout else 0  # GPT recipes train with dropout (1-byte masks)
+    mask = 1 if model.trains_with_dropout and saved.dropout else 0  # GPT recipes train with dropout (1-byte masks)
     # LN1 and LN2 (their inputs), QKV input, FC1 input (e each) + attention-out and MLP-out dropout masks.
     replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * e * h + 2 * mask * h)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
@@ -151,6 +152,25 @@ def softmax_stats_bytes(model: ModelSpec, s: int, b: int, tp: int, saved: SavedT
     return s * b * model.num_heads * saved.softmax_stats_bytes / tp
 
 
+def layer_matmul_outputs(model: ModelSpec, tp: int) -> list[float]:
+    """Elements per token of each matmul's output in one layer, in the order an eager Llama block calls them
+    (wq, wk, wv, wo, w1, [w3,] w2: pytorch/torchtitan models/llama3/model.py): column-parallel outputs split by
+    tp, row-parallel ones (wo, w2) full width (partial sums, before their reduction)."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    return [q / tp, kv / tp, kv / tp, h] + ([f / tp, f / tp, h] if model.gated_mlp else [f / tp, h])
+
+
+def op_sac_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2) -> float:
+    """Bytes one layer keeps under torchtitan's op-level selective checkpointing (`selective_ac_option = "op"`,
+    torchtitan distributed/activation_checkpoint.py): the block's input (the checkpoint's argument), the outputs
+    of the ops in its save list — every matmul but every second one (a counter per block forward: the 1st, 3rd,
+    ... are saved), the attention kernel's output and its FP32 log-sum-exp — and nothing else."""
+    outs = layer_matmul_outputs(model, tp)
+    saved_mm = sum(outs[0::2])
+    attention = model.q_dim / tp * e + 4 * model.num_heads / tp
+    return s * b * (model.hidden / (tp if sp else 1) * e + saved_mm * e + attention)
+
+
 def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2) -> float:
     """Full recompute keeps only each layer's input (split along s by sequence parallelism)."""
     return s * b * model.hidden * e / (tp if sp else 1)
@@ -166,6 +186,10 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     held = layers * inflight
     if layout.recompute == "none":
         return held * (linear + scores)
+    if layout.recompute == "selective" and job.selective == "op":
+        kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
+        # the layer being recomputed in backward holds its full set once more in place of what it kept
+        return held * kept + min(held, 1) * max(0.0, linear + scores - kept)
     if layout.recompute == "selective":
         return held * linear  # the attention core (the s^2 part) is recomputed
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)

@@ -149,7 +149,7 @@ def _sp_options(job: Job, fw, tp: int, cp: int) -> tuple[bool, ...]:
     """Sequence parallelism off and/or on, as the framework allows; on only where tp divides each rank's tokens."""
     if tp == 1:
         return (False,)
-    sps = {"never": (False,), "required": (True,)}.get(fw.sequence_parallel, (True, False))
+    sps = {"never": (False,), "always": (True,)}.get(fw.sequence_parallel, (True, False))
     return tuple(sp for sp in sps if not (sp and (job.train.seq_len // cp) % tp)) or (False,)
 
 

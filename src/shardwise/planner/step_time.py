@@ -107,6 +107,16 @@ class LayerCost:
     overhead: float  # calibrated fixed cost of a layer (all passes)
     cp_fwd: float = 0.0  # exposed context-parallel K/V traffic, forward (cp_layer_comm)
     cp_bwd: float = 0.0
+    op_recompute: float = 0.0  # what op-level selective checkpointing runs again (torchtitan's "selective")
+    op_recompute_flops: float = 0.0
+
+
+def layer_matmuls(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
+    """(N, K) of each matmul of one layer after the TP split, in an eager Llama block's call order (wq, wk, wv,
+    wo, w1, [w3,] w2), the order torchtitan's op-level checkpointing counts them in."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    mlp = [(f // tp, h), (f // tp, h), (h, f // tp)] if model.gated_mlp else [(f // tp, h), (h, f // tp)]
+    return [(q // tp, h), (kv // tp, h), (kv // tp, h), (h, q // tp)] + mlp
 
 
 def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
@@ -150,16 +160,25 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
             attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d)
         else:
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
-                                                          job.train.seq_len, heads, d, e, model.family == "gpt2")
+                                                          job.train.seq_len, heads, d, e, model.trains_with_dropout)
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim,
                                               tp, sp, model.gated_mlp, model.family == "llama", e,
                                               fw.fused_elementwise, model.family)
         fwd = sum(g[0] for g in gemms) + attn + el_f
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
         bwd_w = sum(g[2] for g in gemms)
+    # Op-level selective checkpointing keeps every other matmul's output (the 1st, 3rd, ...) and the attention
+    # output; backward runs the other matmuls and every element-wise kernel of the layer again.
+    again = layer_matmuls(model, tp)[1::2]
+    op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
+    if calibrated(job):
+        op_rec = op_flops / achievable_flops(job) + (fwd - attn - 2 * tokens * matmul_params_per_layer(model) / tp
+                                                      / achievable_flops(job))
+    else:
+        op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
     tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms)
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
-    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd)
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops)
 
 
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
@@ -283,6 +302,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     if layout.recompute == "full":
         rec, flops_rec, rec_tp = layers * (lc.fwd + oh + ckpt), layers * (mm_flops + attn_flops), layers * lc.tp_fwd
         rec_cp = layers * lc.cp_fwd
+    elif layout.recompute == "selective" and job.selective == "op":
+        rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
     elif layout.recompute == "selective":
         rec, flops_rec, rec_cp = layers * (lc.attn_fwd + ckpt), layers * attn_flops, layers * lc.cp_fwd
     else:
