@@ -55,8 +55,11 @@ def train_layouts(rank: int, world: int, jobs, out_dir: str) -> None:
         for chunk in result.runtime.chunks:
             params.update(full_state_dict(chunk))
         c = coordinates(mesh)
+        every_rank = [None] * world  # each rank's measured memory (routed experts load ranks unevenly)
+        if cfg.measure_memory:
+            dist.all_gather_object(every_rank, result.memory)
         if c["dp"] == c["cp"] == c["tp"] == 0:
-            torch.save({"records": result.records, "params": params, "memory": result.memory},
+            torch.save({"records": result.records, "params": params, "memory": result.memory, "memory_all": every_rank},
                        os.path.join(out_dir, f"{key}-pp{c['pp']}.pt"))
         dist.barrier()
 

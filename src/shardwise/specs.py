@@ -160,6 +160,10 @@ class ModelSpec:
             ffn = self.dense_ffn_params()
         return self.attention_params() + ffn + norms
 
+    def expert_params_per_layer(self) -> float:
+        """The routed experts' parameters, averaged over all layers (0 for a dense model)."""
+        return len(self.moe_layers) * self.num_experts * self.expert_params() / self.num_layers
+
     def params_per_layer(self) -> float:
         """Parameters of one layer (all layers alike for dense models; the mean over layers for MoE)."""
         if not self.is_moe:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from shardwise.errors import UsageError
 from shardwise.specs import CP_MODES, SCHEDULES, Layout, load_cluster, load_model
@@ -79,6 +80,9 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")
+    p.add_argument("--capacity-factor", type=float, default=1.0, metavar="C",
+                   help="mixture of experts: the busiest expert's tokens over the mean (router imbalance: a measured "
+                        "skew, or the capacity factor a run pads experts to); default 1.0, balanced routing")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -107,6 +111,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=_int_list, default=None, metavar="T,...", help="tensor-parallel degrees to try")
     g.add_argument("--pp", type=_int_list, default=None, metavar="P,...", help="pipeline-parallel degrees to try")
     g.add_argument("--micro-batch", type=_int_list, default=None, metavar="B,...", help="micro-batch sizes to try")
+    g.add_argument("--ep", type=_int_list, default=None, metavar="E,...",
+                   help="expert-parallel degrees to try (MoE models; default: every divisor of the experts that divides dp*tp)")
     g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), metavar="Z,...", help="ZeRO stages to try")
     g.add_argument("--recompute", type=_choice_list(["none", "selective", "full"]), default=("none", "selective", "full"),
                    metavar="R,...", help="activation recompute policies to try (none, selective, full)")
@@ -130,7 +136,7 @@ def space_from_args(args):
 
     return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
                        recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp,
-                       cp=args.cp, cp_modes=args.cp_modes)
+                       cp=args.cp, cp_modes=args.cp_modes, ep=getattr(args, "ep", None))
 
 
 def job_from_args(args):
@@ -138,9 +144,13 @@ def job_from_args(args):
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get, make_job
 
     framework = get(getattr(args, "framework", None) or DEFAULT_FRAMEWORK).name  # unknown name: one line, exit 2
-    return make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
-                    flash_attention=getattr(args, "flash_attention", None),
-                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
+    capacity = getattr(args, "capacity_factor", 1.0)
+    if not 1.0 <= capacity <= 1e3:
+        raise UsageError(f"--capacity-factor {capacity} must be at least 1 (1 = balanced routing), e.g. 1.25")
+    job = make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
+                   flash_attention=getattr(args, "flash_attention", None),
+                   tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
+    return replace(job, capacity_factor=capacity)
 
 
 SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narrow tables: schedule and recompute

@@ -28,6 +28,8 @@ class Estimate:
     tokens_per_step: int
     framework: str = ""
     assumptions: dict | None = None
+    total_params: int = 0
+    active_params: int = 0  # what one token uses (MoE: top-k experts); FLOPs and MFU count these
 
     @property
     def memory_per_gpu(self) -> float:
@@ -67,6 +69,7 @@ class Estimate:
             "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
             "num_microbatches": self.num_microbatches, "zero": lay.zero, "recompute": lay.recompute,
             "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule, "cp": lay.cp, "cp_mode": lay.cp_mode,
+            "ep": lay.ep, "etp": lay.etp, "total_params": self.total_params, "active_params": self.active_params,
             "fits": self.fits,
             "memory_gib_per_gpu": round(self.memory_per_gpu / GIB, 3),
             "gpu_memory_gib": round(self.gpu_memory_bytes / GIB, 3),
@@ -99,6 +102,8 @@ def assumptions(job: Job) -> dict:
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
         "in_situ_efficiency": kernels.in_situ(job.cluster),
+        **({"moe_capacity_factor": job.capacity_factor,
+            "mfu_convention": "active parameters (top-k experts, router, shared expert)"} if job.model.is_moe else {}),
     }
 
 
@@ -151,4 +156,5 @@ def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Esti
         gpus=layout.world_size, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
         framework=job.framework, assumptions=notes,
+        total_params=job.model.num_params(), active_params=job.model.active_params(),
     )

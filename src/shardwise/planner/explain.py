@@ -109,6 +109,9 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
     )
 
+    if model.is_moe:
+        out.append(experts_paragraph(job, result))
+
     split = (lay.dp, lay.tp, lay.pp, lay.cp)
     other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) != split), None)
     variants = [e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) == split]
@@ -173,6 +176,34 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
             f"and {win.memory_bytes['activations'] / GIB:.1f} GiB of activations; gradients are averaged over dp x cp. "
             f"The cost is K/V traffic, {how}; {rule}. In all it costs {seconds(win.time_s.get('cp_comm', 0.0))} "
             f"({share:.1%} of the step). Best step at other degrees: {_compare(by_cp, lay.cp, win, 'cp')}.")
+
+
+def experts_paragraph(job: Job, result: SearchResult) -> str:
+    """Why the experts are split the way they are: what ep buys in memory, what its all-to-all costs and where
+    it runs, against the best step at the other ep degrees."""
+    model, cluster, win = job.model, job.cluster, result.ranked[0]
+    lay = win.layout
+    ranks = lay.dp * lay.tp * lay.cp
+    local = model.num_experts // lay.ep
+    states = lambda e: sum(e.memory_bytes[k] for k in ("weights", "gradients", "optimizer"))  # noqa: E731
+    whole = estimate(job, lay.with_(ep=1, etp=1))
+    group = lay.ep * lay.etp
+    where = ("inside one node (NVLink)" if group <= cluster.gpus_per_node else
+             f"across {-(-group // cluster.gpus_per_node)} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
+    a2a = win.time_s.get("ep_comm", 0.0)
+    by_ep = _best_by(result, lambda l: l.ep)
+    return (
+        f"EP = {lay.ep}: {model.num_experts} experts in each of {len(model.moe_layers)} MoE layers, {model.experts_per_token} "
+        f"per token, so a token uses {model.active_params() / 1e9:.1f} of the {model.num_params() / 1e9:.1f} B parameters "
+        f"(FLOPs and MFU count those active ones). The experts fold over the {ranks} dp x tp{' x cp' if lay.cp > 1 else ''} "
+        f"ranks of a stage: each GPU holds {local} expert(s) per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
+        f"and {ranks // group} replica(s) of each reduce their gradients. That leaves {states(win) / GIB:.1f} GiB of "
+        f"weights, gradients and optimizer states per GPU, against {states(whole) / GIB:.1f} GiB with every expert on "
+        f"every GPU (ep = 1). The price: per MoE layer and micro-batch, four all-to-alls (dispatch and combine, forward "
+        f"and backward) of {model.experts_per_token} x {model.hidden} activations per token, over {group} ranks "
+        f"{where}: {seconds(a2a)} ({a2a / win.step_time:.1%} of the step, router balance {job.capacity_factor:g}x "
+        f"assumed; --capacity-factor). Best step at other degrees: {_compare(by_ep, lay.ep, win, 'ep')}."
+    )
 
 
 def runner_up(result: SearchResult) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardwise.planner import moe
 from shardwise.schedules.closed_forms import peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
@@ -53,6 +54,7 @@ class SavedTensors:
     logits_bytes: float = LOGITS_BYTES
     head_inputs: bool = False
     token_id_bytes: int = 0
+    router_aux: bool = False
 
 
 PAPER = SavedTensors()
@@ -61,7 +63,7 @@ PAPER = SavedTensors()
 # hooks show; run it with TrainSpec(activation_bytes=4) for fp32 and Job(flash_attention=True): SDPA
 # never keeps the scores.
 SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, dropout=False, gated_mlp_tensors=4, softmax_stats_bytes=4,
-                                 logits_bytes=4, head_inputs=True, token_id_bytes=8)
+                                 logits_bytes=4, head_inputs=True, token_id_bytes=8, router_aux=True)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class Job:
     issued and waited for in turn (shardwise's runtime).
     framework: the training stack (planner/frameworks.py): what overlaps, the reduce dtype, the attention
     kernel, what it cannot run. Its bytes per parameter are the TrainSpec's (frameworks.make_job sets both).
+    capacity_factor: mixture of experts: the busiest expert's tokens over the mean (1.0: balanced routing;
+    a measured skew, or the capacity factor of a run that pads experts to it), what the slowest rank's
+    expert compute, all-to-all and dispatch buffers scale with (planner/moe.py).
     """
 
     model: ModelSpec
@@ -93,6 +98,7 @@ class Job:
     async_sp_regather: bool = True
     framework: str = "megatron-core"
     selective: str = "attention"  # what selective recompute keeps: "attention" (Megatron) or "op" (torchtitan)
+    capacity_factor: float = 1.0
 
 
 
@@ -208,6 +214,22 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     return min(held, 1) * (linear - ckpt)
 
 
+def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -> float:
+    """The MoE layers of pipeline rank `rank` keep this much more than dense layers would (their routed
+    path is never recomputed by selective recompute; under full recompute the layer being recomputed holds it)."""
+    n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
+    if not n:
+        return 0.0
+    s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
+    gated = job.saved.gated_mlp_tensors
+    delta = moe.layer_activation_delta(job.model, s, b, layout, e, gated, job.capacity_factor)
+    if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
+        delta += 4 * job.model.num_experts * b
+    if layout.recompute == "full":
+        return min(n * inflight, 1) * delta
+    return n * inflight * delta
+
+
 def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
     """Micro-batches held at once by the first (or the last) virtual stage alone: what multiplies
     the embedding's and the LM head's extra bytes. Equal to the schedule simulator's per-chunk peak
@@ -258,10 +280,31 @@ def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
 
 
 def layer_params(model: ModelSpec, tp: int) -> float:
-    """Parameters of one layer on one TP rank: the matrices (and column-parallel biases) split over tp;
-    the norms and the row-parallel biases (added after the sum) replicated, as the runtime keeps them."""
+    """Parameters of one layer on one TP rank (mean over layers): the matrices (and column-parallel biases)
+    split over tp; the norms, the row-parallel biases (added after the sum) and a MoE layer's router
+    replicated, as the runtime keeps them. Routed experts are not in it (`rank_expert_params`)."""
     replicated = 2 * model.hidden * (2 if model.family == "gpt2" else 1) + (2 * model.hidden if model.has_bias else 0)
-    return (model.params_per_layer() - replicated) / tp + replicated
+    replicated += len(model.moe_layers) * model.num_experts * model.hidden / model.num_layers  # routers
+    return (model.params_per_layer() - model.expert_params_per_layer() - replicated) / tp + replicated
+
+
+def rank_expert_params(job: Job, layout: Layout, rank: int) -> float:
+    """The routed experts' parameters on one GPU of pipeline rank `rank` (split over ep and etp)."""
+    return moe.experts_per_gpu(job.model, layout, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len))
+
+
+def _rank_layer_params(job: Job, layout: Layout, rank: int) -> float:
+    """This rank's layers on one GPU, routed experts aside: exact per layer for a MoE model (DeepSeek's dense
+    first layers differ from its MoE layers), `layer_params` times the count otherwise."""
+    model = job.model
+    if not model.is_moe:
+        return rank_layers(job, layout, rank) * layer_params(model, layout.tp)
+    ids = moe.rank_layer_ids(model, layout, rank, job.train.seq_len)
+    moe_ids = [i for i in ids if model.is_moe_layer(i)]
+    routers = len(moe_ids) * model.num_experts * model.hidden
+    norms = len(ids) * 2 * model.hidden
+    dense = sum(model.layer_params(i) for i in ids) - len(moe_ids) * model.num_experts * model.expert_params()
+    return (dense - routers - norms) / layout.tp + routers + norms
 
 
 def rank_params(job: Job, layout: Layout, rank: int) -> float:
@@ -271,7 +314,7 @@ def rank_params(job: Job, layout: Layout, rank: int) -> float:
     model, tp = job.model, layout.tp
     rows = -(-model.vocab_size // tp) * model.hidden  # this rank's vocabulary rows
     table = model.vocab_size * model.hidden
-    p = rank_layers(job, layout, rank) * layer_params(model, tp)
+    p = _rank_layer_params(job, layout, rank) + rank_expert_params(job, layout, rank)
     if rank == 0:
         p += rows + model.embedding_params() - table  # positions (gpt2) are replicated
     if rank == layout.pp - 1:
@@ -323,8 +366,16 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
     layers = rank_layers(job, layout, rank)
     chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
-    out = model_state_bytes(job, layout, rank_params(job, layout, rank), layers, min(ZERO3_GATHERED_LAYERS, max(chunks)))
+    experts = rank_expert_params(job, layout, rank)
+    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers,
+                            min(ZERO3_GATHERED_LAYERS, max(chunks)))
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
+    if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
+        t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
+        states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
+                                   experts, experts / n_moe)
+        out = {k: out[k] + states.get(k, 0.0) for k in out}
+    out["activations"] += moe_activation_delta(job, layout, rank, inflight)
     if rank == 0:
         out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
     logits = 0.0

@@ -61,12 +61,14 @@ class SearchSpace:
     even_vpp: bool = False
     cp: tuple[int, ...] | None = None  # None: 1 and every cp that leaves MIN_CP_TOKENS tokens per rank
     cp_modes: tuple[str, ...] = ("ring", "allgather")
+    ep: tuple[int, ...] | None = None  # expert-parallel degrees (MoE models)
 
     def narrowed(self) -> bool:
         """Whether the user restricted any knob (the order of a list does not matter)."""
         full = SearchSpace()
         return (self.tp is not None or self.pp is not None or self.micro_batch is not None or self.max_vpp is not None
                 or self.cp is not None or set(self.cp_modes) != set(full.cp_modes)
+                or self.ep is not None
                 or set(self.zero) != set(full.zero) or set(self.recompute) != set(full.recompute)
                 or set(self.schedules) != set(full.schedules))
 
@@ -118,11 +120,28 @@ def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
     return cp in space.cp if space.cp is not None else s // cp >= MIN_CP_TOKENS
 
 
+def expert_degrees(job: Job, dp: int, tp: int, space: SearchSpace = SearchSpace(), cp: int = 1) -> list[int]:
+    """The ep values worth scoring for a dp x tp split: divisors of the experts that fold over dp*tp*cp ranks
+    (etp 1: expert tensor parallelism is a choice the user states with --etp). [1] for a dense model."""
+    model = job.model
+    if not model.is_moe:
+        return [1]
+    ranks = dp * tp * cp
+    return [e for e in divisors(model.num_experts) if ranks % e == 0 and (space.ep is None or e in space.ep)]
+
+
+def _tp_fits(model, tp: int) -> bool:
+    """tp divides the heads, the KV heads, the dense FFN (where a layer has one) and a shared expert."""
+    dense = len(model.moe_layers) < model.num_layers
+    return not (model.num_heads % tp or model.num_kv_heads % tp or (dense and model.ffn_hidden % tp)
+                or model.shared_ffn_hidden % tp)
+
+
 def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
     """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch and the search space."""
     model, batch = job.model, job.train.global_batch
     for tp in divisors(gpus):
-        if model.num_heads % tp or model.num_kv_heads % tp or model.ffn_hidden % tp:
+        if not _tp_fits(model, tp):
             continue
         if space.tp is not None and tp not in space.tp:
             continue
@@ -169,7 +188,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
                     if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
                         shapes += len(_vpps(layers, pp, space))
-                total += shapes * sp_variants
+                total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
 
 
@@ -181,7 +200,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if gpus > MAX_GPUS:
         raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — plan a part of the "
                          f"cluster (layouts repeat across identical parts)")
-    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
+    for flag, values in (("--ep", space.ep), ("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
             raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
     bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
@@ -206,7 +225,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
 def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
     """Why no dp x tp x pp split exists for this job and search space: the first knob with no valid value."""
     model, batch = job.model, job.train.global_batch
-    tps = [t for t in divisors(gpus) if not (model.num_heads % t or model.num_kv_heads % t or model.ffn_hidden % t)]
+    tps = [t for t in divisors(gpus) if _tp_fits(model, t)]
     if space.tp is not None:
         if not [t for t in tps if t in space.tp]:
             return (f"--tp {','.join(map(str, space.tp))}: tp must divide the {gpus} GPUs, the {model.num_heads} attention heads, "
@@ -229,6 +248,9 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     if space.micro_batch is not None and not any(n % mb == 0 for n in per_rank for mb in space.micro_batch):
         return (f"--micro-batch {','.join(map(str, space.micro_batch))}: a micro-batch must divide the sequences each "
                 f"data-parallel rank takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick a divisor")
+    if model.is_moe and space.ep is not None:
+        return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
+                f"and dp*tp*cp — pick a divisor of {model.num_experts}")
     return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
             f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers) — add 1f1b or gpipe")
 
@@ -247,9 +269,10 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
             if space.micro_batch is not None and mb not in space.micro_batch:
                 continue
             m = job.train.global_batch // (dp * mb)
-            for (schedule, vpp), sp in itertools.product(_schedules(pp, job.model.num_layers, m, space),
-                                                         _sp_options(job, fw, tp, cp)):
-                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp)
+            for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
+                                                             _sp_options(job, fw, tp, cp), expert_degrees(job, dp, tp, space, cp)):
+                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
+                              ep=ep)
                 base = base.with_(cp_mode=best_cp_mode(job, base, space))
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
                 stages = space.zero_stages(dp * cp, fw)  # ZeRO shards over dp x cp

@@ -19,13 +19,13 @@ Constants and their sources: docs/planner.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from functools import lru_cache
 
-from shardwise.planner import kernels
+from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_layers, rank_params
+from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
@@ -48,8 +48,13 @@ CALIBRATED_PASSES = (10, 3)  # element-wise h-wide and f-wide activation passes 
 SCORE_PASSES = 8  # materialised softmax passes over the scores (calibrated path)
 
 
-def matmul_params_per_layer(model: ModelSpec) -> int:
+def matmul_params_per_layer(model: ModelSpec) -> float:
+    """Weights one token multiplies in one layer (mean over layers): a MoE layer counts its active
+    parameters (top-k experts, router, shared expert); MLA its projections."""
     h, f = model.hidden, model.ffn_hidden
+    if model.is_moe or model.attention != "gqa":
+        norms = 2 * h
+        return sum(model.layer_params(i, active=True) for i in range(model.num_layers)) / model.num_layers - norms
     return h * model.q_dim + 2 * h * model.kv_dim + model.q_dim * h + (3 if model.gated_mlp else 2) * h * f
 
 
@@ -109,6 +114,12 @@ class LayerCost:
     cp_bwd: float = 0.0
     op_recompute: float = 0.0  # what op-level selective checkpointing runs again (torchtitan's "selective")
     op_recompute_flops: float = 0.0
+    ep_fwd: float = 0.0  # a MoE layer's all-to-alls (and etp traffic), forward
+    ep_bwd: float = 0.0
+
+    def mix(self, other: "LayerCost", share: float) -> "LayerCost":
+        """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
+        return LayerCost(*((1 - share) * a + share * b for a, b in zip(astuple(self), astuple(other))))
 
 
 def layer_matmuls(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
@@ -127,10 +138,12 @@ def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, 
             (tokens, (2 if model.gated_mlp else 1) * f // tp, h), (tokens, h, f // tp)]
 
 
-def layer_cost(job: Job, layout: Layout) -> LayerCost:
-    """One layer's costs: they depend on the layout only through tp, SP, cp and the micro-batch."""
-    return _layer_cost(job, Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
-                                   cp=layout.cp, cp_mode=layout.cp_mode), *_cache_key(job))
+def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
+    """One layer's costs (a dense one, or a MoE layer's): they depend on the layout only through tp, SP, cp,
+    the micro-batch and, for a MoE layer, the expert split."""
+    key = Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
+                 cp=layout.cp, cp_mode=layout.cp_mode, ep=layout.ep if moe_layer else 1, etp=layout.etp if moe_layer else 1)
+    return _layer_cost(job, key, moe_layer, *_cache_key(job))
 
 
 def _cache_key(job: Job) -> tuple:
@@ -140,7 +153,7 @@ def _cache_key(job: Job) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> LayerCost:
+def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measured: str) -> LayerCost:
     model, tp, c = job.model, layout.tp, job.cluster
     tokens = layout.micro_batch * local_seq(job, layout)
     e = job.train.activation_bytes
@@ -154,6 +167,12 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
         gemms = [(kernels.gemm_time(c, m_, n_, k_), kernels.gemm_time(c, m_, k_, n_),
                   kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes))
                  for m_, n_, k_ in layer_gemms(model, tokens, tp)]
+        ffn = model.ffn_hidden
+        if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
+            ffn = moe.active_ffn_width(model, job.capacity_factor)
+            gemms = gemms[:2] + [tuple(kernels.gemm_time(c, *shape, batch=n, out_bytes=ob) for shape, ob in
+                                       (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
+                                 for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
         heads, d = model.num_heads // tp, model.head_dim
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
@@ -161,7 +180,7 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
         else:
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
-        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim,
+        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, model.q_dim, model.kv_dim,
                                               tp, sp, model.gated_mlp, model.family == "llama", e,
                                               fw.fused_elementwise, model.family)
         fwd = sum(g[0] for g in gemms) + attn + el_f
@@ -176,9 +195,10 @@ def _layer_cost(job: Job, layout: Layout, in_situ: float, measured: str) -> Laye
                                                       / achievable_flops(job))
     else:
         op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
-    tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms)
+    tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
-    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops)
+    ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor) if moe_layer else 0.0
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep, ep)
 
 
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
@@ -197,7 +217,7 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     return mm + attn + elem, mm + 2 * attn + 2 * elem, mm, attn, gemms
 
 
-def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list) -> tuple[float, float]:
+def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True) -> tuple[float, float]:
     """(forward, backward) exposed TP seconds of one layer and micro-batch: two all-reduces of the
     activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
     parallelism an all-gather + reduce-scatter pair for each (the same bytes, twice the calls; a
@@ -205,10 +225,14 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list) -> tuple[f
     again the sequence-sharded input each column-parallel group (q/k/v, gate/up) saved, for its weight
     gradients: Megatron issues it behind the group's input-gradient GEMM (Job.async_sp_regather),
     shardwise's runtime waits for it. With TP comm overlap (needs SP) each collective hides behind the
-    GEMM beside it, all but its first chunk."""
+    GEMM beside it, all but its first chunk. A MoE layer without a shared expert has no tensor-parallel FFN
+    (`ffn_tp` False): only the attention's pair (its routed tokens' traffic is moe.dispatch_time)."""
     tp, c = layout.tp, job.cluster
     if tp <= 1:
         return 0.0, 0.0
+    if not ffn_tp:
+        f, b = tp_layer_comm(job, layout, tokens, gemms[:2] * 2)
+        return f / 2, b / 2
     act = tokens * job.model.hidden * job.train.activation_bytes
     sync = sync_time(c)
     if not layout.sequence_parallel:
@@ -271,6 +295,7 @@ class StageCost:
     layer_f: float = 0.0  # one layer's forward compute (what an FSDP gather hides behind)
     layer_b: float = 0.0  # one layer's backward compute
     cp_comm: float = 0.0  # exposed context-parallel K/V traffic (inside f and b)
+    ep_comm: float = 0.0  # the MoE layers' all-to-alls (forward and backward)
 
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
@@ -284,14 +309,17 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     tokens = layout.micro_batch * local_seq(job, layout)
     layers = rank_layers(job, layout, rank)
     lc = layer_cost(job, layout)
+    moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len)
+    if moe_layers:  # the mean layer of this rank
+        lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
     slowest = straggler(job, layout)
     if slowest != 1.0:  # the job computes at its slowest GPU's pace
         lc = replace(lc, fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
                      attn_fwd=lc.attn_fwd * slowest)
     oh = lc.overhead / 3
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
-    f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + oh) + edge_f
-    b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + oh) + edge_b
+    f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) + edge_f
+    b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh)
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
     attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
@@ -314,11 +342,14 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
-    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd) - edge_f - edge_b
-    return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
+    rec_ep = layers * lc.ep_fwd if layout.recompute == "full" else 0.0  # full recompute dispatches again
+    ep_comm = layers * (lc.ep_fwd + lc.ep_bwd) + rec_ep
+    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd + lc.ep_fwd + lc.ep_bwd) - edge_f - edge_b
+    return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
-                     layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + oh,
-                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + 2 * oh, cp_comm=cp_comm)
+                     layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
+                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh, cp_comm=cp_comm,
+                     ep_comm=ep_comm)
 
 
 def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, float]:
@@ -374,9 +405,15 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     fw = get_framework(job.framework)
     win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
                  layers=cost.layers, microbatches=m)
-    params = rank_params(job, layout, rank)
-    return dp_exposed(job, layout, fw, params, layer_params(job.model, layout.tp),
-                      param_tensors(job, layout, rank), win)
+    params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
+    after, before = dp_exposed(job, layout, fw, params - experts, layer_params(job.model, layout.tp),
+                               param_tensors(job, layout, rank), win)
+    if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
+        edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
+        e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1), fw, experts,
+                                       experts / cost.layers if cost.layers else experts, 3, win)
+        after, before = after + e_after, before + e_before
+    return after, before
 
 
 def step_comm_time(job: Job, layout: Layout) -> float:
@@ -438,8 +475,10 @@ def step_time(job: Job, layout: Layout) -> dict:
         after, before = dp_comm_time(job, layout, r, m, costs[r])
         dp = max(dp, max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f))
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
-    params = rank_params(job, layout, heavy)
-    sharded = params / (layout.dp * layout.cp) if layout.zero >= 1 else params
+    params, experts = rank_params(job, layout, heavy), rank_expert_params(job, layout, heavy)
+    sharded = params
+    if layout.zero >= 1:  # the experts' optimizer states shard over their own replicas
+        sharded = (params - experts) / (layout.dp * layout.cp) + experts / moe.expert_replicas(layout, layout.cp)
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: clipping and the optimizer's per-tensor work, with FSDP the
     # dispatch of each sharded parameter tensor, and the framework's own per-step overhead (the
@@ -459,6 +498,7 @@ def step_time(job: Job, layout: Layout) -> dict:
         "recompute": m * slow.recompute,
         "tp_comm": m * slow.tp_comm,
         "cp_comm": m * slow.cp_comm,
+        **({"ep_comm": m * slow.ep_comm} if job.model.is_moe else {}),
         "pp_p2p": span - span0,
         "pipeline_bubble": span0 - work,
         "dp_comm": dp,

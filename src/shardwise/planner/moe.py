@@ -1,0 +1,151 @@
+"""Mixture-of-experts terms of the planner (pure Python; formulas and sources in docs/planner.md).
+
+Experts fold over the dense ranks of a pipeline stage (Megatron-Core's MoE parallel folding): ep groups of
+ep * etp ranks (etp fastest, so an ep group spans tp, then dp), edp = dp * tp * cp / (ep * etp) replicas.
+Per GPU of pipeline rank r:
+  parameters   the dense part / tp, plus E * 3 h f_e / (ep * etp) per MoE layer it holds;
+  states       the dense part ZeRO-sharded over dp * cp, the experts over edp (what the runtime does);
+  activations  a MoE layer keeps, per token it routes (1/tp of its tokens), the router's probabilities,
+               the top-k ids and weights, the integer orders of the dispatch, and per (token, expert)
+               pair routed to it (k c of them, c the capacity factor) the dispatched row and the
+               SwiGLU's tensors — the dispatch buffers are those rows (what shardwise.moe saves,
+               tests/test_moe_memory.py);
+  time         the experts' GEMMs (E/ep experts of k c routed / (E/ep) rows each, width f_e/etp),
+               the router's GEMM, the shared expert's, and per layer two all-to-alls forward (dispatch,
+               combine) and two backward, each moving k c h bytes per routed token, inside a node over
+               NVLink and across nodes over the NICs at once.
+FLOPs and MFU count active parameters (top-k experts, router, shared expert): the convention of the
+Mixtral, DeepSeek-V3 and Megatron-Core MoE reports.
+"""
+
+from __future__ import annotations
+
+from shardwise import stage_split
+from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement
+from shardwise.specs import ClusterSpec, Layout, ModelSpec
+
+INDEX_BYTES = 8  # int64 indices autograd keeps (top-k ids, dispatch orders)
+
+
+def rank_layer_ids(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> list[int]:
+    """The layers pipeline rank `rank` holds (its vpp chunks), cut as stage_split cuts them."""
+    counts = stage_split.stage_layer_counts(model, layout.pp * layout.vpp, seq_len)
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    return [i for c in range(layout.vpp) for s in [c * layout.pp + rank] for i in range(starts[s], starts[s] + counts[s])]
+
+
+def rank_moe_layers(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> int:
+    if not model.is_moe:
+        return 0
+    return sum(model.is_moe_layer(i) for i in rank_layer_ids(model, layout, rank, seq_len))
+
+
+def expert_replicas(layout: Layout, cp: int) -> int:
+    """edp: how many ranks of a stage hold the same expert shard."""
+    return layout.dp * layout.tp * cp // (layout.ep * layout.etp)
+
+
+def experts_per_gpu(model: ModelSpec, layout: Layout, moe_layers: int) -> float:
+    """Routed-expert parameters one GPU holds for `moe_layers` MoE layers."""
+    return moe_layers * model.num_experts * model.expert_params() / (layout.ep * layout.etp)
+
+
+def expert_states(weight_b: int, grad_b: int, optim_b: int, layout: Layout, cp: int, experts: float,
+                  layer_experts: float) -> dict[str, float]:
+    """Weights, gradients and optimizer states of this GPU's experts, ZeRO-sharded over their edp replicas
+    as the runtime shards them (ZeRO-1: their own optimizer over edp; ZeRO-2/3: FSDP over edp, which keeps
+    all of them (ZeRO-2) or two layers' (ZeRO-3) gathered while in use)."""
+    edp = expert_replicas(layout, cp)
+    zero = layout.zero if layout.dp * cp > 1 and edp > 1 else 0
+    weights, grads, optim = weight_b * experts, grad_b * experts, optim_b * experts
+    if zero >= 1:
+        optim /= edp
+    if zero >= 2:
+        grads /= edp
+        gathered = experts if zero == 2 else min(2 * layer_experts, experts)
+        weights = weight_b * (experts / edp + gathered)
+    return {"weights": weights, "gradients": grads, "optimizer": optim}
+
+
+def routed_activation_bytes(model: ModelSpec, tokens: float, layout: Layout, e: int, gated_tensors: int,
+                            capacity: float = 1.0) -> float:
+    """Bytes one MoE layer's routed path keeps for backward on one GPU, for `tokens` tokens of its micro-batch
+    (before the tp split: each tp rank routes 1/tp of them). Router: fp32 probabilities (E) and, with
+    renormalised top-k, the top-k values and their sum; top-k ids; the dispatch's gather and inverse orders
+    (and under expert parallelism the regrouping's two), the combine's weights. Per (token, expert) pair
+    received (k x capacity per routed token): the dispatched row (h wide; with etp every etp rank's rows)
+    and the SwiGLU's f_e/etp-wide tensors; per pair sent, the expert output the combine weights."""
+    k, E, h = model.experts_per_token, model.num_experts, model.hidden
+    routed = tokens / layout.tp
+    router = 4 * E + INDEX_BYTES * k + ((4 * k + 4) if model.norm_topk else 0) + (4 if model.router_scoring == "sigmoid" else 0)
+    orders = INDEX_BYTES * k * (4 if layout.ep * layout.etp > 1 else 2)
+    combine = 4 * k + k * e * h
+    experts = capacity * k * e * (layout.etp * h + gated_tensors * model.moe_ffn_hidden)
+    return routed * (router + orders + combine + experts)
+
+
+def layer_activation_delta(model: ModelSpec, s: int, b: int, layout: Layout, e: int, gated_tensors: int,
+                           capacity: float = 1.0) -> float:
+    """What a MoE layer keeps beyond a dense layer of the same model (can be negative): its routed path and
+    shared expert instead of the dense FFN's f-wide tensors; without sequence parallelism under tp, the
+    routed tokens are a split copy of the FFN input (which only a shared expert keeps whole)."""
+    tokens, tp = s * b, layout.tp
+    delta = routed_activation_bytes(model, tokens, layout, e, gated_tensors, capacity)
+    delta += tokens * e * gated_tensors * (model.shared_ffn_hidden - model.ffn_hidden) / tp
+    if tp > 1 and not layout.sequence_parallel:
+        delta += tokens * e * model.hidden / tp - (0 if model.shared_ffn_hidden else tokens * e * model.hidden)
+    return delta
+
+
+def all_to_all_time(cluster: ClusterSpec, nbytes: float, n: int, stride: int) -> float:
+    """Seconds for each of n ranks (`stride` apart) to send `nbytes` spread evenly over the n of them:
+    (n-1)/n leaves the rank, the part for ranks on other nodes over its NIC at NET_EFFICIENCY, the rest
+    over NVLink at the same time (NCCL's all-to-all posts every pair at once); plus one hop's latency.
+    A calibrated cluster without an all-to-all table: alpha-beta over its fitted link (collective_time's
+    send_recv)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    out = nbytes * (n - 1) / n
+    if cluster.measured:
+        return collective_time(cluster, "send_recv", out, 2, stride)
+    per_node, nodes = placement(cluster, n, stride)
+    remote = nbytes * (n - per_node) / n
+    local = out - remote
+    nvlink = bus_bandwidth(cluster, min(per_node, n), stride) if per_node > 1 else float("inf")
+    latency = cluster.inter_node_latency if nodes > 1 else cluster.intra_node_latency
+    return latency + max(local / nvlink if local else 0.0, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
+
+
+def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,
+                  capacity: float = 1.0) -> float:
+    """One direction of one MoE layer's traffic (forward, or backward: the same bytes): dispatch and combine
+    all-to-alls over ep; with etp the all-gather and reduce-scatter of the rows over etp; without sequence
+    parallelism under tp the all-gather of the routed output over tp."""
+    routed = tokens / layout.tp
+    rows = routed * model.experts_per_token * capacity * model.hidden * e
+    t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
+    if layout.etp > 1:
+        t += sum(collective_time(cluster, kind, layout.etp * rows, layout.etp) for kind in ("all_gather", "reduce_scatter"))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        t += collective_time(cluster, "all_gather", tokens * model.hidden * e, layout.tp)
+    return t
+
+
+def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float = 1.0) -> list[tuple[float, float, float, int]]:
+    """(M, N, K, count) of a MoE layer's FFN GEMMs on one GPU, forward: the router, the shared expert
+    (column- and row-parallel over tp), and each local expert's gate/up and down GEMMs (E/ep of them, each
+    on its share of the routed rows, width f_e/etp)."""
+    h, tp = model.hidden, layout.tp
+    routed = tokens / tp
+    local = model.num_experts // layout.ep
+    rows = layout.etp * routed * model.experts_per_token * capacity / local
+    f = model.moe_ffn_hidden // layout.etp
+    out = []
+    if model.shared_ffn_hidden:  # first, where a dense layer's FFN GEMMs are (tp_layer_comm pairs them)
+        out += [(tokens, 2 * model.shared_ffn_hidden // tp, h, 1), (tokens, h, model.shared_ffn_hidden // tp, 1)]
+    return out + [(routed, model.num_experts, h, 1), (rows, 2 * f, h, local), (rows, h, f, local)]
+
+
+def active_ffn_width(model: ModelSpec, capacity: float = 1.0) -> float:
+    """The f-wide elements per token a MoE layer's element-wise passes touch (for the element-wise model)."""
+    return model.experts_per_token * capacity * model.moe_ffn_hidden + model.shared_ffn_hidden
