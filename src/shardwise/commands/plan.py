@@ -58,10 +58,10 @@ def plan(args):
 
 
 def best_per_split(ranked):
-    """The fastest layout of each dp x tp x pp x cp split, in rank order."""
+    """The fastest layout of each dp x tp x pp x cp (x ep) split, in rank order."""
     seen, out = set(), []
     for e in ranked:
-        key = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp)
+        key = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp, e.layout.ep)
         if key not in seen:
             seen.add(key)
             out.append(e)

@@ -1,0 +1,107 @@
+"""The planner on mixtures of experts: the contract (estimate --ep --json, plan --json layouts with ep, Mixtral-key
+config files), what splitting the experts buys and costs, FLOPs by active parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.planner import estimate
+from shardwise.planner.frameworks import make_job
+from shardwise.planner.memory import rank_expert_params, rank_params
+from shardwise.planner.moe import all_to_all_time
+from shardwise.planner.step_time import model_flops_per_step
+from shardwise.specs import Layout, load_cluster, load_model
+
+H100 = load_cluster("dgx-h100-80gb")
+JOB = ["--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256", "--seq-len", "4096"]
+
+
+def _mixtral_file(tmp_path) -> str:
+    cfg = {k: v for k, v in load_model("mixtral-8x7b").to_hf_config().items()
+           if k not in ("mlp_only_layers", "decoder_sparse_step", "scoring_func", "routed_scaling_factor")}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_estimate_json_carries_ep_and_parameter_counts(tmp_path, capsys):
+    path = _mixtral_file(tmp_path)
+    assert main(["estimate", "--model", path, *JOB, "--pp", "4", "--micro-batch", "1", "--ep", "8", "--zero", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    spec = load_model("mixtral-8x7b")
+    assert out["ep"] == 8 and out["etp"] == 1
+    assert out["total_params"] == spec.num_params() == 46_702_792_704
+    assert out["active_params"] == spec.active_params() and out["active_params"] < out["total_params"] / 3
+    assert out["time_breakdown_s"]["ep_comm"] > 0
+    assert "active parameters" in out["assumptions"]["mfu_convention"]
+
+
+def test_plan_json_layouts_carry_ep_and_the_search_tries_them(tmp_path, capsys):
+    assert main(["plan", "--model", _mixtral_file(tmp_path), *JOB, "--pp", "1,2", "--tp", "1,2", "--micro-batch", "1",
+                 "--json", "--top", "50"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all("ep" in c for c in [out["best"]] + out["candidates"])
+    assert len({c["ep"] for c in out["candidates"]}) >= 3  # each dp x tp x pp x ep split: ep is searched
+    assert out["best"]["ep"] > 1  # at pp <= 2 the experts' states must be split over ep to fit 80 GB
+
+
+def test_train_reads_ep_from_a_plan_file(tmp_path, capsys):
+    from shardwise.commands.train import read_plan
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 4, "tp": 1, "pp": 1, "ep": 4, "etp": 1}}))
+    assert read_plan(str(plan))["ep"] == 4
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_expert_parameters_divide_by_ep_and_the_rest_does_not(ep):
+    job = make_job(load_model("mixtral-8x7b"), H100, 256, 4096)
+    base, split = Layout(dp=16, pp=4, micro_batch=1), Layout(dp=16, pp=4, micro_batch=1, ep=ep)
+    assert rank_expert_params(job, split, 0) * ep == pytest.approx(rank_expert_params(job, base, 0))
+    dense = rank_params(job, base, 0) - rank_expert_params(job, base, 0)
+    assert rank_params(job, split, 0) - rank_expert_params(job, split, 0) == pytest.approx(dense)
+
+
+def test_flops_count_active_parameters_only():
+    """Twice the experts at the same top-k: the same FLOPs but the router's (MFU by active parameters), twice the
+    expert memory."""
+    spec = load_model("mixtral-8x7b")
+    wide = dataclasses.replace(spec, num_experts=16)
+    a, b = (make_job(m, H100, 256, 4096) for m in (spec, wide))
+    router = 6 * spec.num_layers * 8 * spec.hidden * 256 * 4096  # 8 more router rows per layer, 6 FLOPs each per token
+    assert model_flops_per_step(b) - model_flops_per_step(a) == pytest.approx(router)
+    lay = Layout(dp=16, pp=4, micro_batch=1, ep=8, zero=1)
+    assert rank_expert_params(b, lay, 0) == pytest.approx(2 * rank_expert_params(a, lay, 0))
+    dense_equivalent = model_flops_per_step(make_job(dataclasses.replace(spec, num_experts=0, moe_layers=()), H100, 256, 4096))
+    assert model_flops_per_step(a) > dense_equivalent  # two experts per token, plus the router
+
+
+def test_all_to_all_across_nodes_costs_more_than_inside_and_imbalance_is_paid():
+    nbytes = 64e6
+    inside, across = all_to_all_time(H100, nbytes, 8, 1), all_to_all_time(H100, nbytes, 16, 1)
+    assert across > 3 * inside  # the NIC (50 GB/s) instead of NVLink (~370 GB/s as NCCL counts it)
+    job = make_job(load_model("mixtral-8x7b"), H100, 256, 4096)
+    lay = Layout(dp=16, pp=4, micro_batch=1, ep=8, zero=1)
+    even, skewed = estimate(job, lay), estimate(dataclasses.replace(job, capacity_factor=1.5), lay)
+    assert skewed.time_s["ep_comm"] == pytest.approx(1.5 * even.time_s["ep_comm"], rel=0.05)
+    assert skewed.step_time > even.step_time and skewed.memory_bytes["activations"] > even.memory_bytes["activations"]
+
+
+def test_explain_says_why_experts_are_split(capsys):
+    assert main(["explain", "--model", "mixtral-8x7b", *JOB, "--pp", "1,2", "--tp", "1,2", "--micro-batch", "1"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "EP = " in text and "all-to-all" in text and "with every expert on every GPU (ep = 1)" in text
+
+
+def test_mla_attention_is_counted_not_trained():
+    """DeepSeek-V3 plans (MLA and 256 experts counted exactly); its per-GPU states shrink with ep."""
+    job = make_job(load_model("deepseek-v3"), H100, 4096, 4096)
+    lay = Layout(dp=64, pp=16, micro_batch=1, zero=1, recompute="full")
+    few, many = estimate(job, lay.with_(ep=8)), estimate(job, lay.with_(ep=64))
+    assert many.memory_per_gpu < few.memory_per_gpu
+    assert few.to_dict()["total_params"] == 671_026_404_352
