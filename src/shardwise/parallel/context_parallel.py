@@ -34,7 +34,7 @@ from torch import nn
 
 from shardwise.parallel.tensor_parallel import _all_gather_single, _reduce_scatter_single
 
-MODES = ("ring", "allgather")
+from shardwise.specs import CP_MODES as MODES  # noqa: E402  (one list of mode names)
 
 
 # --------------------------------------------------------------------------- the split
