@@ -9,7 +9,7 @@ times: error = published step time / predicted step time - 1 (positive: the plan
 Nothing is fitted on these rows: every constant of the planner comes from datasheets, kernel and
 collective measurements or framework code (docs/planner.md). Leave-one-source-out figures (each source
 scored with constants fitted without it) therefore equal the plain ones; both are printed.
-Rows the planner cannot model yet (MoE, FP8 GEMMs, torch.compile fusions, ...) are printed as skipped
+Rows the planner cannot model yet (MoE, torch.compile fusions, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
     python benchmarks/published_runs.py [--csv PATH] [--json]
@@ -184,13 +184,17 @@ def published_step_time(row: dict, job, gpus: int) -> float | None:
     return source_flops_per_step(row, job) / (tf * 1e12 * gpus)
 
 
+def _precision(row: dict) -> str:
+    """fp8 when the row's GEMMs ran in FP8 (Transformer Engine, torchao Float8), else bf16 (FP16 counts as bf16)."""
+    fp8 = "fp8" in row.get("precision", "").lower() or "Float8" in row["run"] or "FP8" in row["run"]
+    return "fp8" if fp8 else "bf16"
+
+
 def not_modelled(row: dict) -> str:
     """Why the planner cannot model this row yet ('' if it can)."""
     if (_int(row.get("moe_experts", "") or "") or 0) > 1:
         return "MoE: the planner has no expert terms yet"
-    if "fp8" in row.get("precision", "").lower() or "Float8" in row["run"] or "FP8" in row["run"]:
-        return "FP8 GEMMs: the planner models BF16 kernels"
-    if "compile" in row["run"].lower():
+    if "compile" in row["run"].lower() or "torch.compile" in row["notes"] or "compile=true" in row["notes"]:
         return "torch.compile's fusions are not modelled"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
         return "power-capped H100 (500 W): no datasheet rates at that cap"
@@ -238,7 +242,7 @@ def parse(row: dict) -> Run:
         overlap = None if not fw.tp_comm_overlap_available else overlap
     try:
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
-                       tp_comm_overlap=overlap)
+                       tp_comm_overlap=overlap, precision=_precision(row))
         validate_layout(layout, model, batch)
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"
@@ -281,7 +285,7 @@ GRID = [0.6 + 0.025 * i for i in range(17)]  # candidate in-situ efficiencies (k
 
 def _predict(run: Run, factor: float | None = None):
     """The estimate of a run, with the in-situ efficiency of its GPU architecture set to `factor`."""
-    arch = run.job.cluster.arch
+    arch = kernels.situ_key(run.job.cluster.arch, run.job.precision)
     saved = dict(kernels.IN_SITU_EFFICIENCY)
     if factor is not None:
         kernels.IN_SITU_EFFICIENCY[arch] = factor
@@ -328,7 +332,8 @@ def compare(path: Path) -> tuple[list[dict], dict]:
         est = _predict(run)
         err = run.published_step_s / est.step_time - 1
         row = {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series,
-               "layout": run.layout.describe(), "gpus": est.gpus, "arch": run.job.cluster.arch,
+               "layout": run.layout.describe(), "gpus": est.gpus,
+               "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
                "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
                "error": round(err, 4), "fits": est.fits, "weak": run.weak, "mfu": round(est.mfu, 4),
                "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len

@@ -208,3 +208,12 @@ def test_torchtitan_selective_keeps_every_other_matmul_output():
     # less than Megatron's selective (everything but the attention core) and more than full (the block input)
     assert stage_activation_bytes(job, lay.with_(recompute="full"), 4, 1) < stage_activation_bytes(job, lay, 4, 1) \
         < stage_activation_bytes(mega, lay, 4, 1)
+
+
+def test_fp8_linears_keep_their_inputs_in_one_byte():
+    # Transformer Engine's FP8 linears keep the FP8 copy they multiplied: per token (the Nemotron-style layer above,
+    # e = 2) norm inputs 2*2*64 = 256 and QKV/FC1 inputs 2*1*64 = 128; Q K V O 512 and the projection's FP8 input 64;
+    # the activation's input 2*256 and FC2's FP8 input 256: 1,728 B instead of 2,048.
+    nemotron = ModelSpec(name="n", family="llama", hidden=64, ffn_hidden=256, num_layers=8, num_heads=4, num_kv_heads=4,
+                         vocab_size=1000, head_dim=16, mlp="squared-relu")
+    assert layer_activation_terms(nemotron, 8, 1, 1, False, fp8=True)[0] == 8 * 1728

@@ -164,6 +164,7 @@ def test_framework_flag_contract(capsys):
     (["--framework", "deepspeed", "--pp", "2", "--vpp", "2"], "no interleaved-1f1b"),
     (["--framework", "shardwise", "--pp", "2", "--schedule", "zb-h1", "--zero", "2"], "FSDP"),
     (["--framework", "shardwise", "--tp-comm-overlap"], "no TP communication overlap"),
+    (["--precision", "fp8"], "no FP8 tensor cores"),
 ])
 def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
     code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", *argv)

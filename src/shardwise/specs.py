@@ -513,6 +513,7 @@ class ClusterSpec:
     sm_count: int = 0  # streaming multiprocessors: GEMM tiles run in waves of this many
     mamf_tflops: float = 0.0  # maximum achievable dense BF16 matmul TFLOP/s (a kernel measurement)
     arch: str = ""  # "ampere" | "hopper": picks the attention kernels' and NCCL's constants
+    fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s per GPU (0: no FP8 tensor cores, e.g. A100)
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -524,7 +525,7 @@ _CLUSTER_KEYS = {
     "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
 }
 # Optional [cluster] keys of the kernel models (each preset cites its source).
-_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float}
+_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float}
 ARCHS = ("ampere", "hopper")
 
 
@@ -564,6 +565,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         sm_count=values.get("sm_count", 0),
         mamf_tflops=values.get("mamf_tflops", 0.0),
         arch=arch,
+        fp8_flops=values.get("fp8_peak_tflops", 0.0) * 1e12,
     )
 
 

@@ -77,6 +77,10 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
                         "(the default of every framework but megatron-2021); --no-flash-attention models the "
                         "materialised softmax of Korthikanti et al. 2022")
+    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
+                   help="GEMM precision: bf16 (default), or fp8 — the layers' linears in FP8 on Hopper with the "
+                        "framework's scaling recipe (Transformer Engine for megatron-core/nemo, torchao for "
+                        "torchtitan), attention and the LM head in bf16")
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")
@@ -149,7 +153,8 @@ def job_from_args(args):
         raise UsageError(f"--capacity-factor {capacity} must be at least 1 (1 = balanced routing), e.g. 1.25")
     job = make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
-                   tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
+                   tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
+                   precision=getattr(args, "precision", None) or "bf16")
     return replace(job, capacity_factor=capacity)
 
 

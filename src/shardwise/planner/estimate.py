@@ -104,6 +104,10 @@ def assumptions(job: Job) -> dict:
         "in_situ_efficiency": kernels.in_situ(job.cluster),
         **({"moe_capacity_factor": job.capacity_factor,
             "mfu_convention": "active parameters (top-k experts, router, shared expert)"} if job.model.is_moe else {}),
+        "precision": job.precision,
+        "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
+                                                        "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
+                       + "; attention and LM head bf16; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
     }
 
 

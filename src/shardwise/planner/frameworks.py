@@ -71,6 +71,10 @@ class Framework:
     # et al. 2022) or "op" (torchtitan's op-level selective checkpointing: every matmul output but every
     # second one and the attention output kept, the rest recomputed).
     selective: str = "attention"
+    # How it trains in FP8 (`--precision fp8`, planner/kernels.py FP8_CAST_BYTES): "te" (Transformer Engine's delayed
+    # per-tensor scaling: fused casts, FP8 weight copies cached for the step), "torchao" (torchao Float8Linear,
+    # dynamic tensor-wise scaling, eager casts each micro-batch), "" (no FP8 training).
+    fp8: str = ""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
@@ -140,6 +144,7 @@ MEGATRON_CORE = Framework(
     attention="fa3", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
     bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
     cannot=("GPipe and ZB-H1 schedules",),
+    fp8="te",
 )
 
 NEMO = Framework(
@@ -158,6 +163,7 @@ NEMO = Framework(
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always",
     cannot=("GPipe and ZB-H1 schedules",),
+    fp8="te",
 )
 
 DEEPSPEED = Framework(
@@ -193,7 +199,7 @@ DEEPSPEED_2024 = replace(
             "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
     sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
-    attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional",
+    attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
 )
 
@@ -211,6 +217,7 @@ TORCHTITAN = Framework(
     default_zero=3, default_zero_with_pp=2, selective="op",
     sequence_parallel="always", tp_comm_overlap_available=True,
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
+    fp8="torchao",
 )
 
 LLAMA3 = Framework(
@@ -266,8 +273,11 @@ def check(framework: Framework, layout: Layout) -> None:
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")
 
 
+PRECISIONS = ("bf16", "fp8")
+
+
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
-             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None,
+             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
              **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
@@ -277,10 +287,19 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     fw = get(framework)
     if tp_comm_overlap and not fw.tp_comm_overlap_available:
         raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown --precision '{precision}' — choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp8" and not cluster.fp8_flops:
+        raise UsageError(f"{cluster.name} has no FP8 tensor cores (FP8 training needs Hopper or newer) — use "
+                         f"--precision bf16, or a cluster file with fp8_peak_tflops")
+    if precision == "fp8" and not fw.fp8:
+        raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
+                         f"megatron-core, nemo or torchtitan")
     states = {"weight_bytes": fw.weight_bytes, "grad_bytes": fw.grad_bytes, "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
                flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
-               async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective)
+               async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
+               precision=precision)

@@ -43,13 +43,25 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # element-wise) share the SMs, L2 and HBM. A100's expectation from NVIDIA's own practice, the clock A100
 # sustains at its power limit under dense tensor work (1305 MHz, vs the 1410 MHz of the 312 TFLOP/s
 # peak: 0.93), is a cross-check (docs/planner.md).
-IN_SITU_EFFICIENCY = {"ampere": 0.84, "hopper": 0.78}
+# FP8 GEMMs have their own share ("hopper-fp8"): the FP8 tensor cores do twice the work per clock, and a node
+# running them flat out sits deeper in its power limit, so its clocks settle lower than under BF16 work.
+IN_SITU_EFFICIENCY = {"ampere": 0.84, "hopper": 0.78, "hopper-fp8": 0.64}
 
 
-def in_situ(cluster: ClusterSpec) -> float:
-    if cluster.arch in IN_SITU_EFFICIENCY:
-        return IN_SITU_EFFICIENCY[cluster.arch]
-    return sum(IN_SITU_EFFICIENCY.values()) / len(IN_SITU_EFFICIENCY)
+def in_situ(cluster: ClusterSpec, precision: str = "bf16") -> float:
+    """The in-situ efficiency of `cluster`'s GPUs for BF16 work, or for its FP8 GEMMs (`precision` "fp8")."""
+    key = situ_key(cluster.arch, precision)
+    if key in IN_SITU_EFFICIENCY:
+        return IN_SITU_EFFICIENCY[key]
+    if precision == "fp8":
+        return in_situ(cluster)
+    bf16 = [v for k, v in IN_SITU_EFFICIENCY.items() if "-" not in k]
+    return sum(bf16) / len(bf16)
+
+
+def situ_key(arch: str, precision: str = "bf16") -> str:
+    """The IN_SITU_EFFICIENCY entry of an architecture's BF16 work or FP8 GEMMs."""
+    return f"{arch}-fp8" if precision == "fp8" else arch
 
 
 def matmul_rate(cluster: ClusterSpec) -> float:
@@ -63,14 +75,23 @@ def hbm_rate(cluster: ClusterSpec) -> float:
     return cluster.hbm_bandwidth * (1.0 if cluster.measured else HBM_EFFICIENCY)
 
 
+# An FP8 GEMM's tile pays a fixed cost beside its main loop (filling the pipeline, converting and writing its
+# output), which the main loop, half as long as BF16's, no longer hides: tilelang's FP8 GEMM of 8192 x 8192 x K on
+# H800 SXM (H100's compute) takes 0.026 ms + K x 8.6e-5 us — 1,560 TFLOP/s asymptotically (0.79 of 1,979, BF16's
+# MAMF share), 1,343 at K = 2048 — that is 1.6 us on each of its 16 waves (tilelang's
+# benchmark/matmul_fp8/README.md, fork xwhzz/tilelang at 6b1faf71). BF16 GEMMs are timed from MAMF measurements that include it.
+FP8_WAVE_S = 1.6e-6
+
+
 @lru_cache(maxsize=1 << 16)
 def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float, in_bytes: float,
-          out_bytes: float) -> float:
+          out_bytes: float, wave_s: float = 0.0) -> float:
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     if sms:
         per_sm = rate / sms
-        compute = min(math.ceil(batch * math.ceil(m / mt) * math.ceil(n / nt) / sms) * 2 * mt * nt * k / (per_sm * eff)
+        compute = min(math.ceil(batch * math.ceil(m / mt) * math.ceil(n / nt) / sms) * (2 * mt * nt * k / (per_sm * eff)
+                                                                                         + wave_s)
                       for mt, nt, eff in TILES)
     else:
         compute = 2 * batch * m * n * k / rate
@@ -79,11 +100,22 @@ def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float,
 
 
 def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_bytes: float = 2,
-              out_bytes: float = 2) -> float:
+              out_bytes: float = 2, fp8: bool = False) -> float:
     """Seconds for `batch` GEMMs C[m,n] = A[m,k] B[k,n] (BF16 inputs; out_bytes per output element
-    moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer)."""
-    return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, matmul_rate(cluster), hbm_rate(cluster),
-                 in_bytes, out_bytes)
+    moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer). `fp8`: FP8
+    inputs (1 byte) on the FP8 tensor cores, which sustain the same share of their peak as BF16 ones
+    (`fp8_rate`)."""
+    rate = fp8_rate(cluster) if fp8 else matmul_rate(cluster)
+    return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
+                 1 if fp8 else in_bytes, out_bytes, FP8_WAVE_S if fp8 else 0.0)
+
+
+def fp8_rate(cluster: ClusterSpec) -> float:
+    """Dense FP8 matmul FLOP/s inside a training step: the FP8 peak at the share of peak the BF16 matmuls
+    sustain (the same tensor cores at the same clocks, each FP8 instruction twice the BF16 one's work; a
+    cuBLASLt FP8 GEMM of 8192^3 on H100 SXM runs ~1,600 TFLOP/s, 0.81 of 1,979, beside BF16's MAMF share 0.80)."""
+    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    return mamf * in_situ(cluster, "fp8") * cluster.fp8_flops / cluster.peak_flops
 
 
 def gemm_tflops(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
@@ -165,6 +197,25 @@ def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: i
         f_passes += DROPOUT_PASSES[0] + 1 / e
         b_passes += DROPOUT_PASSES[1] + 1 / e
     return fwd + f_passes * score_bytes / hbm_rate(cluster), bwd + b_passes * score_bytes / hbm_rate(cluster)
+
+
+# --------------------------------------------------------------------------- FP8 scaling
+
+# Bytes moved per element to quantize a GEMM operand to FP8 with per-tensor scaling, by recipe:
+#   "te"      Transformer Engine's delayed scaling (NeMo, Megatron-Core): one fused cast-transpose kernel reads the
+#             BF16 tensor (2) and writes its FP8 copy and the transposed FP8 copy Hopper's FP8 GEMMs need for the
+#             other two products (1 + 1); the amax is taken in the same kernel, the scale from last step's history
+#             (transformer_engine/pytorch/module/linear.py, cpp_extensions cast_transpose).
+#   "torchao" torchao's Float8Linear with dynamic tensor-wise scaling (torchtitan): an amax reduction reads the tensor
+#             first (2), then the cast and its transpose (2 + 1 + 1), as separate eager kernels.
+FP8_CAST_BYTES = {"te": 4, "torchao": 6}
+FP8_CAST_KERNELS = {"te": 1, "torchao": 3}
+
+
+def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str) -> float:
+    """Seconds to quantize each tensor of `elements` elements to FP8 (one launch each at least)."""
+    per, kernels_each = FP8_CAST_BYTES[recipe], FP8_CAST_KERNELS[recipe]
+    return sum(max(n * per / hbm_rate(cluster), kernels_each * KERNEL_LAUNCH_S) for n in elements)
 
 
 # --------------------------------------------------------------------------- element-wise work

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.planner import moe
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.schedules.closed_forms import peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
@@ -99,6 +100,7 @@ class Job:
     framework: str = "megatron-core"
     selective: str = "attention"  # what selective recompute keeps: "attention" (Megatron) or "op" (torchtitan)
     capacity_factor: float = 1.0
+    precision: str = "bf16"  # "fp8": the layers' GEMMs in FP8 with the framework's scaling recipe (Framework.fp8)
 
 
 
@@ -131,7 +133,7 @@ def norm_bytes(model: ModelSpec, e: int, saved: SavedTensors = PAPER) -> float:
 
 
 def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2,
-                           saved: SavedTensors = PAPER) -> tuple[float, float]:
+                           saved: SavedTensors = PAPER, fp8: bool = False) -> tuple[float, float]:
     """(linear, scores): bytes one layer stores for backward, per GPU, without recompute.
 
     linear  — terms proportional to s*b (Korthikanti's 34 s*b*h for GPT without parallelism);
@@ -142,15 +144,31 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     h, q, kv, f, a = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.num_heads
     mask = 1 if model.trains_with_dropout and saved.dropout else 0  # GPT recipes train with dropout (1-byte masks)
     # LN1 and LN2 (their inputs), QKV input, FC1 input (e each) + attention-out and MLP-out dropout masks.
-    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * e * h + 2 * mask * h)
+    # With FP8 GEMMs (Transformer Engine) each linear keeps its input as the FP8 copy it multiplied (1 byte): the QKV
+    # and FC1 inputs, the FC2 input, and beside the attention kernel's own output the projection's FP8 copy of it.
+    x = 1 if fp8 else e
+    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * x * h + 2 * mask * h)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
-    attention = s * b * e * ((q + kv) + kv + q)
-    # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)).
-    mlp = s * b * f * e * (saved.gated_mlp_tensors if model.gated_mlp else 2)
+    attention = s * b * (e * ((q + kv) + kv + q) + (q if fp8 else 0))
+    # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)); the last one is
+    # the FC2 input.
+    mlp = s * b * f * (e * ((saved.gated_mlp_tensors if model.gated_mlp else 2) - 1) + x)
     # Softmax output (e), dropout mask (1) and dropout output (e) per score, for every head.
     scores = a * s * s * b * (e + (1 + e) * mask)
     linear = replicated / (tp if sp else 1) + (attention + mlp) / tp
     return linear, scores / tp
+
+
+def fp8_saved(job: Job) -> bool:
+    """Whether the layers keep their linears' inputs in FP8: Transformer Engine's FP8 recipe does; torchao's
+    Float8Linear keeps the high-precision input and casts it again in backward."""
+    return job.precision == "fp8" and get_framework(job.framework).fp8 == "te"
+
+
+# Transformer Engine keeps an FP8 copy of each linear's weight and its transpose between micro-batches (the weight
+# workspace it casts on the step's first micro-batch: transformer_engine/pytorch/module/linear.py), 2 bytes per
+# layer parameter on top of the BF16 weights.
+FP8_WEIGHT_COPY_BYTES = 1
 
 
 def softmax_stats_bytes(model: ModelSpec, s: int, b: int, tp: int, saved: SavedTensors = PAPER) -> float:
@@ -186,7 +204,8 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
     between forwards and backwards, plus the working set of a layer being recomputed."""
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
-    linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
+    linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
+                                            fp8_saved(job))
     if job.flash_attention:  # the fused kernel never stores the s x s scores, only their statistics
         scores = softmax_stats_bytes(job.model, s, b, layout.tp, job.saved)
     held = layers * inflight
@@ -209,7 +228,8 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     if layout.recompute != "full":
         return 0.0
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
-    linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved)
+    linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
+                                       fp8_saved(job))
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
     return min(held, 1) * (linear - ckpt)
 
@@ -367,8 +387,11 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     layers = rank_layers(job, layout, rank)
     chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
     experts = rank_expert_params(job, layout, rank)
-    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers,
-                            min(ZERO3_GATHERED_LAYERS, max(chunks)))
+    gathered = min(ZERO3_GATHERED_LAYERS, max(chunks))
+    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers, gathered)
+    if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
+        whole = layers if layout.zero < 3 or layout.dp * layout.cp == 1 else min(gathered, layers)
+        out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)

@@ -149,7 +149,7 @@ def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
 def _cache_key(job: Job) -> tuple:
     """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
     of its hash and equality, and the in-situ efficiency is a module constant."""
-    return kernels.in_situ(job.cluster), repr(job.cluster.measured)
+    return (kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8")), repr(job.cluster.measured)
 
 
 @lru_cache(maxsize=4096)
@@ -164,8 +164,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         attn_b = 2 * attn
     else:
         fw = get_framework(job.framework)
-        gemms = [(kernels.gemm_time(c, m_, n_, k_), kernels.gemm_time(c, m_, k_, n_),
-                  kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes))
+        fp8 = job.precision == "fp8"  # the layer's linears (forward, input and weight gradients) in FP8
+        gemms = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
+                  kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
                  for m_, n_, k_ in layer_gemms(model, tokens, tp)]
         ffn = model.ffn_hidden
         if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
@@ -183,6 +184,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, model.q_dim, model.kv_dim,
                                               tp, sp, model.gated_mlp, model.family == "llama", e,
                                               fw.fused_elementwise, model.family)
+        if fp8:
+            cast_f, cast_b = fp8_casts(job, layout, tokens)
+            el_f, el_b = el_f + cast_f, el_b + cast_b
         fwd = sum(g[0] for g in gemms) + attn + el_f
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
         bwd_w = sum(g[2] for g in gemms)
@@ -199,6 +203,33 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
     ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor) if moe_layer else 0.0
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep, ep)
+
+
+def fp8_casts(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds per layer and micro-batch of quantizing the linears' activations to FP8 with the
+    framework's recipe (kernels.FP8_CAST_BYTES). Forward: each linear's input — Transformer Engine fuses the QKV
+    and FC1 inputs' casts into the LayerNorm that produces them (LayerNormLinear), so only the projection's and
+    FC2's inputs pay a pass; torchao casts all four. Backward: each linear's output gradient, for its input- and
+    weight-gradient GEMMs."""
+    model, tp = job.model, layout.tp
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    recipe = get_framework(job.framework).fp8
+    split = tp if layout.sequence_parallel else 1
+    inputs = [tokens * q / tp, tokens * f / tp]
+    if recipe != "te":
+        inputs += [tokens * h / split, tokens * h / split]
+    grads = [tokens * (q + 2 * kv) / tp, tokens * h, tokens * (2 if model.gated_mlp else 1) * f / tp, tokens * h]
+    return kernels.fp8_cast_time(job.cluster, inputs, recipe), kernels.fp8_cast_time(job.cluster, grads, recipe)
+
+
+def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
+    """Seconds to cast `layers` layers' weights (this GPU's shard of each) to FP8 with their transposes: once per
+    step under Transformer Engine (it caches them from the first micro-batch), once per micro-batch under torchao."""
+    if job.precision != "fp8" or calibrated(job):
+        return 0.0
+    recipe = get_framework(job.framework).fp8
+    params = layers * matmul_params_per_layer(job.model) / layout.tp
+    return params * kernels.FP8_CAST_BYTES[recipe] / kernels.hbm_rate(job.cluster)
 
 
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
@@ -238,7 +269,9 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     if not layout.sequence_parallel:
         one = collective_time(c, "all_reduce", act, tp) + sync
         return 2 * one, 2 * one
-    ag, rs = collective_time(c, "all_gather", act, tp), collective_time(c, "reduce_scatter", act, tp)
+    # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
+    gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
+    ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
     regather = ag + sync
     # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
     regathers = sum(max(0.0, regather - gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
@@ -319,6 +352,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     oh = lc.overhead / 3
     edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
     f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) + edge_f
+    if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":  # weights cast again every micro-batch
+        f += fp8_weight_cast(job, layout, layers)
     b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh)
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
@@ -493,6 +528,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     wrapper = 0.0
     if layout.zero < 2 and layout.pp == 1 and layout.dp * layout.cp > 1:
         wrapper = m * float(measured.get("ddp_microbatch_s", 0.0))
+    if get_framework(job.framework).fp8 == "te":  # Transformer Engine casts the weights once per step
+        wrapper += fp8_weight_cast(job, layout, slow.layers)
     return {
         "compute": m * slow.compute + wrapper,
         "recompute": m * slow.recompute,
