@@ -31,8 +31,8 @@ from shardwise import moe
 from shardwise.corpus.batches import batches, validation_batches
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
-from shardwise.parallel import (Sharded, build_mesh, clip_grad_norm_, coordinates, data_dim, data_mesh, expert_names,
-                                grad_sync, group, init_distributed, make_optimizer, parallelize, shard_sequence, size,
+from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates, data_dim, data_mesh, expert_names,
+                                grad_sync, init_distributed, make_optimizer, parallelize, shard_sequence, size,
                                 sync_expert_grads, sync_sequence_parallel_grads)
 from shardwise.parallel.data_parallel import Optimizers
 from shardwise.specs import Layout, ModelSpec
@@ -116,6 +116,15 @@ class Runtime:
     forward_backward: Callable = None
     step: int = 0
     data: object = None  # corpus.batches: this rank's rows of each step's global batch, and the saved position
+    # Decided once, read every step (a DeviceMesh look-up or a module walk costs 0.1-2 ms on a CPU):
+    where: dict = field(default_factory=dict)  # this rank's mesh coordinates
+    grad_norm: GlobalGradNorm | None = None  # which gradients this rank counts in the global norm
+    moe_layers: list = field(default_factory=list)  # the MoE layers of this rank's chunks
+
+    def __post_init__(self):
+        self.where = coordinates(self.mesh)
+        self.grad_norm = GlobalGradNorm(self.chunks, self.mesh)
+        self.moe_layers = moe.moe_layers_of(self.models)
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -187,19 +196,40 @@ def forward_backward(chunks: list[Sharded], microbatches: list[tuple[torch.Tenso
     return total
 
 
-def _reduce_loss(loss: torch.Tensor | None, rt: Runtime) -> torch.Tensor:
-    """The step's loss on every rank: from the last pipeline stage, averaged over dp (and cp: every cp rank
-    holds the mean over the same number of tokens)."""
-    loss = torch.zeros((), device=rt.device) if loss is None else loss.detach().float()
-    if group(rt.mesh, "pp") is not None:
-        if coordinates(rt.mesh)["pp"] != size(rt.mesh, "pp") - 1:
-            loss = torch.zeros_like(loss)
-        dist.all_reduce(loss, group=group(rt.mesh, "pp"))
-    data = data_dim(rt.mesh)
-    if group(rt.mesh, data) is not None:
-        dist.all_reduce(loss, group=group(rt.mesh, data))
-        loss = loss / size(rt.mesh, data)
-    return loss
+def _loss_part(loss: torch.Tensor | None, rt: Runtime) -> torch.Tensor:
+    """This rank's part of the step's loss in a sum over all ranks: the last pipeline stage's loss from tp
+    rank 0 (every tp rank holds the same), 0 elsewhere. The sum over all ranks divided by the data-parallel
+    ranks (dp x cp: every cp rank holds the mean over the same number of tokens) is the step's loss."""
+    counted = loss is not None and rt.where["tp"] == 0 and rt.where["pp"] == size(rt.mesh, "pp") - 1
+    return loss.detach().float() if counted else torch.zeros((), device=rt.device)
+
+
+def _world(rt: Runtime) -> int:
+    return 1 if rt.mesh is None else rt.mesh.size()
+
+
+@dataclass
+class StepScalars:
+    """One step's gradient norm, loss and aux loss, still on the device; the sum of the losses over the ranks
+    may still be in flight (`pending`). `read()` brings them to the host: the step's one host sync."""
+
+    norm: torch.Tensor
+    sums: torch.Tensor  # [loss, aux] summed over all ranks (once `pending` is done)
+    pending: object  # the async all-reduce of `sums`, or None
+    lr: float
+    loss_replicas: int  # the data-parallel ranks (dp x cp) whose losses `sums` adds up
+    aux_replicas: int  # dp: the aux loss's parts add up over every other dimension
+    moe: bool
+
+    def read(self) -> dict:
+        if self.pending is not None:
+            self.pending.wait()
+        norm, loss, aux = torch.cat([self.norm.reshape(1), self.sums]).tolist()
+        rec = {"loss": loss / self.loss_replicas, "grad_norm": norm, "lr": self.lr}
+        if self.moe:  # the loss is the objective: cross-entropy + the load-balancing term
+            rec["aux_loss"] = aux / self.aux_replicas
+            rec["loss"] += rec["aux_loss"]
+        return rec
 
 
 def _cp_shards(rt: Runtime, mbs: list) -> list:
@@ -223,9 +253,11 @@ def evaluate(rt: Runtime) -> dict:
     """Validation loss (mean next-token loss over the same --val-data sequences for every layout) and perplexity."""
     lay = rt.cfg.layout
     run = getattr(rt.forward_backward, "forward_only", forward_only)  # the pipeline's own, under pp > 1
-    val = validation_batches(rt.cfg, lay.dp, coordinates(rt.mesh)["dp"], lay.micro_batch, rt.device)
-    losses = [_reduce_loss(run(rt.chunks, _cp_shards(rt, mbs)), rt).item() for mbs in val]
-    loss = sum(losses) / len(losses)
+    val = validation_batches(rt.cfg, lay.dp, rt.where["dp"], lay.micro_batch, rt.device)
+    parts = torch.stack([_loss_part(run(rt.chunks, _cp_shards(rt, mbs)), rt) for mbs in val])
+    if _world(rt) > 1:
+        dist.all_reduce(parts)  # every batch's loss in one collective
+    loss = parts.sum().item() / size(rt.mesh, data_dim(rt.mesh)) / len(val)
     return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}
 
 
@@ -234,42 +266,35 @@ def eval_due(cfg: TrainConfig, step: int) -> bool:
     return cfg.val_data is not None and (step == cfg.steps or bool(cfg.eval_every) and step % cfg.eval_every == 0)
 
 
-def train_step(rt: Runtime) -> dict:
-    """One optimizer step; returns the loss, gradient norm and learning rate of that step."""
+def launch_step(rt: Runtime) -> StepScalars:
+    """One optimizer step. Its scalars stay on the device: the loss and aux loss travel in the gradient
+    norm's all-reduce when the norm needs one (tp, pp, FSDP, split experts), else in an all-reduce of
+    their own that runs while the loop goes on (read back by `StepScalars.read`)."""
     cfg, lay = rt.cfg, rt.cfg.layout
     rt.step += 1
-    where = coordinates(rt.mesh)
-    mbs = _cp_shards(rt, rt.data.local_microbatches(rt.step, lay.dp, where["dp"], lay.micro_batch, rt.device))
+    mbs = _cp_shards(rt, rt.data.local_microbatches(rt.step, lay.dp, rt.where["dp"], lay.micro_batch, rt.device))
     rt.optimizer.zero_grad(set_to_none=True)
-    moe.set_microbatches(rt.models, len(mbs))
+    moe.set_microbatches(rt.moe_layers, len(mbs))
     loss = rt.forward_backward(rt.chunks, mbs)
     for chunk in rt.chunks:
         sync_sequence_parallel_grads(chunk)
         sync_expert_grads(chunk)
-    norm = clip_grad_norm_(rt.chunks, cfg.grad_clip, rt.mesh)
+    aux = moe.take_aux_loss(rt.moe_layers)
+    extra = [_loss_part(loss, rt), torch.zeros((), device=rt.device) if aux is None else aux.detach()]
+    norm, sums = rt.grad_norm.clip_(cfg.grad_clip, rt.device, extra)
     lr = lr_at(cfg, rt.step)
     for g in rt.optimizer.param_groups:
         g["lr"] = lr
     rt.optimizer.step()
-    rec = {"loss": _reduce_loss(loss, rt).item(), "grad_norm": norm.item(), "lr": lr}
-    aux = moe.take_aux_loss(rt.models)
-    if aux is not None:  # the loss is the objective: cross-entropy + the load-balancing term
-        rec["aux_loss"] = _reduce_aux_loss(aux, rt).item()
-        rec["loss"] += rec["aux_loss"]
-    return rec
+    pending = None
+    if not rt.grad_norm.collective and _world(rt) > 1:
+        pending = dist.all_reduce(sums, async_op=True)
+    return StepScalars(norm, sums, pending, lr, size(rt.mesh, data_dim(rt.mesh)), size(rt.mesh, "dp"), aux is not None)
 
 
-def _reduce_aux_loss(aux: torch.Tensor, rt: Runtime) -> torch.Tensor:
-    """The step's load-balancing term on every rank: each tp (and cp) rank holds its tokens' part, each stage
-    its layers' part; averaged over dp like the loss."""
-    for dim in ("tp", "pp"):
-        if group(rt.mesh, dim) is not None:
-            dist.all_reduce(aux, group=group(rt.mesh, dim))
-    data = data_dim(rt.mesh)  # cp ranks hold parts too: summed over cp, averaged over dp
-    if group(rt.mesh, data) is not None:
-        dist.all_reduce(aux, group=group(rt.mesh, data))
-        aux = aux / size(rt.mesh, "dp")
-    return aux
+def train_step(rt: Runtime) -> dict:
+    """One optimizer step; returns the loss, gradient norm and learning rate of that step."""
+    return launch_step(rt).read()
 
 
 # --------------------------------------------------------------------------- the loop
@@ -304,6 +329,75 @@ def _maybe_die(step: int) -> None:
         os._exit(13)
 
 
+class TrainLoop:
+    """The steps of a run and their records. Step k's scalars are read back (the step's one host sync) and
+    logged (metrics file, progress bar) after step k + 1 has run, so the loss's all-reduce and the logging
+    never hold up a step. A step's time runs from its start to the next step's start: it holds its own
+    work and the logging of the step before. Evaluation and checkpoints read their step at once and are
+    not counted in any step's time."""
+
+    def __init__(self, rt: Runtime, last: int, sink=None, update=lambda rec: None, messages: bool = False,
+                 measure_memory: bool = False):
+        self.rt, self.last, self.sink, self.update, self.messages = rt, last, sink, update, messages
+        self.measure_next = measure_memory  # the first step runs under validate's memory counters
+        self.records: list[dict] = []
+        self.memory: dict | None = None
+        self._pending = None  # (step, StepScalars, start): launched, not yet logged
+
+    def run(self, steps: int) -> list[dict]:
+        """Run `steps` steps and log every one of them; returns their records."""
+        first = len(self.records)
+        for _ in range(steps):
+            self.step()
+        self.flush()
+        return self.records[first:]
+
+    def step(self) -> None:
+        from shardwise import checkpoint
+
+        rt, cfg = self.rt, self.rt.cfg
+        _maybe_die(rt.step + 1)
+        start = time.perf_counter()
+        if self.measure_next:
+            scalars, self.memory = measure_memory(rt, launch_step)
+            self.measure_next = False
+        else:
+            scalars = launch_step(rt)
+        if self._pending:
+            self._log(*self._pending, end=start)
+        self._pending = (rt.step, scalars, start)
+        save = checkpoint.due(cfg, rt.step, self.last)
+        if eval_due(cfg, rt.step) or save:
+            self.flush()  # evaluation joins this step's record; a checkpoint follows its metrics
+        if save:
+            saved = checkpoint.save(rt, cfg.checkpoint_dir)
+            if self.messages:
+                print(f"saved {saved}", flush=True)
+
+    def flush(self) -> None:
+        """Log the launched step now (its time ends here)."""
+        if self._pending:
+            self._log(*self._pending, end=None)
+            self._pending = None
+
+    def _log(self, step: int, scalars: StepScalars, start: float, end: float | None) -> None:
+        rt, cfg = self.rt, self.rt.cfg
+        values = scalars.read()
+        elapsed = (time.perf_counter() if end is None else end) - start
+        rec = {"step": step, "loss": values["loss"], "step_time_s": elapsed, "tokens_per_s": cfg.tokens_per_step / elapsed,
+               "lr": values["lr"], "grad_norm": values["grad_norm"],
+               **({"aux_loss": values["aux_loss"]} if "aux_loss" in values else {})}
+        if eval_due(cfg, step):
+            rec.update(evaluate(rt))
+            if self.messages:
+                print(f"step {step}: validation loss {rec['val_loss']:.4f}, perplexity {rec['val_perplexity']:.2f}", flush=True)
+        self.records.append(rec)
+        if self.sink:
+            self.sink.write(json.dumps(rec) + "\n")
+            self.sink.flush()
+        self.update(rec)
+
+
 def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     """Train up to step cfg.steps (or cfg.stop_after) on this rank's part of `mesh` (None: a single process,
     no torch.distributed), from step 0 or from the newest checkpoint when resuming; save checkpoints on the way."""
@@ -320,30 +414,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     last = min(cfg.steps, cfg.stop_after or cfg.steps)
     sink = open_metrics(cfg.metrics_file, after_step=rt.step if resume_from else None) if rank0 and cfg.metrics_file else None
     with progress_bar(cfg, enabled=rank0 and cfg.progress, start=rt.step) as update:
-        for _ in range(rt.step, last):
-            _maybe_die(result.runtime.step + 1)
-            start = time.perf_counter()
-            if cfg.measure_memory and not result.records:  # one step under the counters, the others bare
-                rec, result.memory = measure_memory(rt, train_step)
-            else:
-                rec = train_step(result.runtime)
-            elapsed = time.perf_counter() - start  # .item() above waited for the device
-            rec = {"step": result.runtime.step, "loss": rec["loss"], "step_time_s": elapsed,
-                   "tokens_per_s": cfg.tokens_per_step / elapsed, "lr": rec["lr"], "grad_norm": rec["grad_norm"],
-                   **({"aux_loss": rec["aux_loss"]} if "aux_loss" in rec else {})}
-            if eval_due(cfg, rt.step):
-                rec.update(evaluate(rt))
-                if rank0 and _messages(cfg):
-                    print(f"step {rt.step}: validation loss {rec['val_loss']:.4f}, perplexity {rec['val_perplexity']:.2f}", flush=True)
-            result.records.append(rec)
-            if sink:
-                sink.write(json.dumps(rec) + "\n")
-                sink.flush()
-            update(rec)
-            if checkpoint.due(cfg, rt.step, last):
-                saved = checkpoint.save(rt, cfg.checkpoint_dir)
-                if rank0 and _messages(cfg):
-                    print(f"saved {saved}", flush=True)
+        loop = TrainLoop(rt, last, sink=sink, update=update, messages=rank0 and _messages(cfg),
+                         measure_memory=cfg.measure_memory)
+        loop.run(last - rt.step)
+    result.records, result.memory = loop.records, loop.memory
     if sink:
         sink.close()
     memory = memory_summary(cfg, result.memory) if result.memory is not None else {}

@@ -6,7 +6,8 @@
     chunk.module(x, y)                                # sequence, DP/ZeRO wraps or shards it: a `Sharded`,
                                                       # the module to call and how it is split
 
-`clip_grad_norm_` and `full_state_dict` read the split from the `Sharded`, so they work under any layout.
+`clip_grad_norm_` (grad_norm.py) and `full_state_dict` read the split from the `Sharded`, so they work under
+any layout.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from shardwise.parallel.context_parallel import context_parallel, shard_sequence
 from shardwise.parallel.data_parallel import data_parallel, grad_sync, make_optimizer
-from shardwise.parallel.expert_parallel import (expert_grad_norm_sq, expert_names, expert_parallel, sync_expert_grads,
-                                                unshard_experts)
+from shardwise.parallel.expert_parallel import expert_names, expert_parallel, sync_expert_grads, unshard_experts
+from shardwise.parallel.grad_norm import GlobalGradNorm, clip_grad_norm_
 from shardwise.parallel.mesh import build_mesh, coordinates, data_dim, data_mesh, group, init_distributed, size
 from shardwise.parallel.sharded import Sharded
 from shardwise.parallel.tensor_parallel import sync_sequence_parallel_grads, tensor_parallel, unshard
@@ -49,52 +49,6 @@ def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cp
     return replace(chunk, module=module, zero=zero)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def clip_grad_norm_(chunks: list[Sharded], max_norm: float, mesh) -> torch.Tensor:
-    """Clip by the norm of the whole model's gradient, whatever the layout; returns that norm.
-
-    TP shards add up over tp; parameters replicated over tp count once (tp rank 0); FSDP shards add
-    up over dp (x cp) (DDP gradients are already equal on every dp and cp rank); pipeline stages add up over pp."""
-    tp_rank = coordinates(mesh)["tp"]
-    sharded, replicated, twins, sharded_over_dp, experts = [], [], [], False, []
-    for chunk in chunks:
-        split_over_ep = expert_names(chunk)
-        for name, p in chunk.model.named_parameters():
-            if p.grad is None:
-                continue
-            if name in split_over_ep:
-                experts.append(_local(p.grad))  # split over ep/etp: their own sum below
-                continue
-            if name in chunk.replicas:
-                twins.append(_local(p.grad))  # a tied LM head: its twin on the first stage is counted
-                continue
-            sharded_over_dp |= isinstance(p.grad, DTensor)
-            (sharded if name in chunk.tp_shards else replicated).append(_local(p.grad))
-    grads = sharded + replicated
-    device = grads[0].device if grads else torch.device("cpu")
-    sq = torch.zeros((), device=device)
-    if sharded:
-        sq = sq + torch.nn.utils.get_total_norm(sharded).float() ** 2
-    if replicated and tp_rank == 0:
-        sq = sq + torch.nn.utils.get_total_norm(replicated).float() ** 2
-    for dim in ("tp",) + ((data_dim(mesh),) if sharded_over_dp else ()):
-        if group(mesh, dim) is not None:
-            dist.all_reduce(sq, group=group(mesh, dim))
-    expert_sq = expert_grad_norm_sq(chunks, _local)
-    if expert_sq is not None:
-        sq = sq + expert_sq.to(sq.device)
-    if group(mesh, "pp") is not None:
-        dist.all_reduce(sq, group=group(mesh, "pp"))
-    norm = sq.sqrt()
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    if grads or twins or experts:
-        torch._foreach_mul_(grads + twins + experts, coef)
-    return norm
-
-
 def full_state_dict(chunk: Sharded) -> dict[str, torch.Tensor]:
     """Every parameter, gathered to its full unpadded shape under its layout-free name (CPU tensors).
     Collective: every rank of the chunk's tp and dp groups must call it."""
@@ -107,5 +61,5 @@ def full_state_dict(chunk: Sharded) -> dict[str, torch.Tensor]:
 
 __all__ = ["build_mesh", "init_distributed", "coordinates", "size", "group", "data_dim", "data_mesh", "parallelize",
            "Sharded", "tensor_parallel", "context_parallel", "shard_sequence",
-           "data_parallel", "grad_sync", "make_optimizer", "clip_grad_norm_", "full_state_dict",
+           "data_parallel", "grad_sync", "make_optimizer", "clip_grad_norm_", "GlobalGradNorm", "full_state_dict",
            "sync_sequence_parallel_grads", "expert_parallel", "sync_expert_grads", "expert_names"]

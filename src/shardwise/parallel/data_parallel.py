@@ -40,12 +40,14 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3)
         return model
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
+    accepts = inspect.signature(DistributedDataParallel.__init__).parameters
     # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
-    no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
-        DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
+    options = {"forward_sync_buffers": False} if "forward_sync_buffers" in accepts else {"broadcast_buffers": False}
+    if "batched_grad_copy" in accepts:  # torch >= 2.13: one copy + one divide per bucket, not per parameter
+        options["batched_grad_copy"] = True
     if experts is not None:  # expert_parallel.sync_expert_grads reduces them once per step (added to what CP ignores)
         model._ddp_params_and_buffers_to_ignore = list(getattr(model, "_ddp_params_and_buffers_to_ignore", [])) + experts.names
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **no_buffer_sync)
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids, **options)
 
 
 def _shard_experts(model: nn.Module, placement, zero: int) -> None:
@@ -93,8 +95,11 @@ def grad_sync(chunk, enabled: bool):
 
 
 def make_optimizer(param_groups: list[dict], zero: int, dp_mesh, **adamw) -> torch.optim.Optimizer:
-    """AdamW; under ZeRO-1 its state is partitioned over the dp ranks."""
+    """AdamW; under ZeRO-1 its state is partitioned over the dp ranks. Fused: one kernel per parameter group
+    on CPU and GPU (PyTorch's for-loop default runs ~10 ops per parameter tensor, ~4x the time on the
+    tiny model's 39 tensors); element-wise, so every layout still updates each entry alike."""
     param_groups = [g for g in param_groups if g["params"]]
+    adamw = {"fused": True, **adamw}
     if zero == 1 and dp_mesh is not None and dp_mesh.size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

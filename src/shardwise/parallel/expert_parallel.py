@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardwise.moe import MoE, unpermute
-from shardwise.parallel.mesh import expert_mesh, sequence_group
+from shardwise.parallel.mesh import expert_mesh, sequence_group, submesh
 from shardwise.parallel.sharded import Sharded
 from shardwise.parallel.tensor_parallel import (SCATTER_SEQ, _all_gather_single, _gather_seq, _reduce_scatter_single,
                                                 _split_seq, collective)
@@ -163,14 +163,14 @@ class ExpertPlacement:
     fsdp: bool = False  # FSDP reduces their gradients itself (ZeRO 2/3)
 
     def size(self, dim: str) -> int:
-        return self.mesh[dim].size()
+        return submesh(self.mesh, dim).size()
 
     def rank(self, dim: str) -> int:
-        return self.mesh[dim].get_local_rank()
+        return submesh(self.mesh, dim).get_local_rank()
 
     def group(self, dim: str):
         """The process group of `dim` ("edp", "ep", "etp"), or None when it has one rank."""
-        return None if self.size(dim) == 1 else self.mesh[dim].get_group()
+        return None if self.size(dim) == 1 else submesh(self.mesh, dim).get_group()
 
 
 def _size(mesh, dim: str) -> int:
@@ -286,20 +286,3 @@ def sync_expert_grads(chunk: Sharded) -> None:
         flat /= placement.loss_replicas
     for g, new in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(new.view_as(g))
-
-
-def expert_grad_norm_sq(chunks: list[Sharded], local) -> torch.Tensor | None:
-    """Squared norm of the whole stage's expert gradients, on every rank of the stage (None without experts).
-    Shards add up over ep and etp; edp replicas hold equal gradients after `sync_expert_grads` (counted
-    once), FSDP's shards over edp add up."""
-    placements = [c.experts for c in chunks if c.experts is not None]
-    if not placements:
-        return None
-    grads = [local(p.grad) for c in chunks for n, p in c.model.named_parameters()
-             if n in expert_names(c) and p.grad is not None]
-    sq = torch.nn.utils.get_total_norm(grads).float() ** 2 if grads else torch.zeros(())
-    dims = ("edp", "ep", "etp") if placements[0].fsdp else ("ep", "etp")
-    for dim in dims:
-        if placements[0].group(dim) is not None:
-            dist.all_reduce(sq, group=placements[0].group(dim))
-    return sq

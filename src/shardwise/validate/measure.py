@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 from shardwise.validate.config import ValidateConfig, describe
 from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
@@ -13,22 +12,18 @@ from shardwise.validate.stats import spread
 NOISY = 0.25
 
 
-def _timed_steps(rt, steps: int, world: int) -> list[float]:
+def _timed_steps(loop, steps: int, world: int) -> list[float]:
+    """`steps` steps of `train`'s own loop after a barrier, each timed as the loop times it (from its start
+    to the next step's start, the last one to its read-back)."""
     import torch
     import torch.distributed as dist
 
-    from shardwise.train import train_step
-
-    out = []
-    for _ in range(steps):
-        if world > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        train_step(rt)  # ends with .item() of the loss: the step's work is done
-        if rt.device.type == "cuda":
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return out
+    if world > 1:
+        dist.barrier()
+    records = loop.run(steps)
+    if loop.rt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return [r["step_time_s"] for r in records]
 
 
 def _slowest(values: list[float], world: int) -> list[float]:
@@ -48,10 +43,10 @@ def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] |
     import torch
 
     from shardwise.parallel import build_mesh
-    from shardwise.train import TrainConfig, build_runtime, train_step
+    from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step
 
     torch.manual_seed(cfg.seed)
-    runtimes = []
+    loops = []
     for lay in cfg.layouts:
         tcfg = TrainConfig(spec=cfg.model, layout=lay, steps=10**6, global_batch=cfg.global_batch,
                            seq_len=cfg.seq_len, seed=cfg.seed, backend=cfg.backend, timeout_s=cfg.timeout_s,
@@ -60,23 +55,23 @@ def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] |
         rt = build_runtime(tcfg, mesh)
         for _ in range(cfg.warmup):
             train_step(rt)
-        runtimes.append(rt)
+        loops.append(TrainLoop(rt, last=10**6))
         report(f"built {describe(lay)}")
-    order, times = random.Random(cfg.seed), [[] for _ in runtimes]
+    order, times = random.Random(cfg.seed), [[] for _ in loops]
 
     def round_of(indices):
         indices = list(indices)
         order.shuffle(indices)
         for i in indices:
-            times[i] += _slowest(_timed_steps(runtimes[i], cfg.steps, world), world)
+            times[i] += _slowest(_timed_steps(loops[i], cfg.steps, world), world)
             report(f"timed {describe(cfg.layouts[i])}")
 
     for _ in range(cfg.repeats):
-        round_of(range(len(runtimes)))
+        round_of(range(len(loops)))
     round_of(i for i, ts in enumerate(times) if spread(ts) > NOISY)  # every rank has the same times
     out = []
-    for i, rt in enumerate(runtimes):
-        worst = worst_over_ranks(measure_memory(rt, train_step)[1])
+    for i, loop in enumerate(loops):
+        worst = worst_over_ranks(measure_memory(loop.rt, train_step)[1])
         out.append({"times": times[i], "memory": {k: worst[k] for k in STATE_KEYS}, "memory_total": worst["total"],
                     "allocator_peak": worst["allocator_peak"]})
         report(f"memory {describe(cfg.layouts[i])}")
