@@ -52,7 +52,8 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["world_size"] == 2 and m["backend"] == "gloo"
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["step_overhead_s"] >= 0
-    for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s"):
+    for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
+                "train_step_overhead_s"):
         assert m[key] >= 0, key
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
@@ -81,9 +82,9 @@ def test_planner_reads_the_measured_tables(calibrated):
     assert collective_time(cluster, "all_reduce", 300_000, 4) == pytest.approx(alpha_beta_time(cluster, "all_reduce", 300_000, 4))
 
 
-def _estimate(capsys, profile: Path) -> dict:
+def _estimate(capsys, profile: Path, framework: str = "megatron-core") -> dict:
     code = main(["estimate", "--model", "tiny", "--cluster", str(profile), "--gpus", "2", "--tp", "2",
-                 "--global-batch", "8", "--seq-len", "32", "--micro-batch", "1", "--json"])
+                 "--global-batch", "8", "--seq-len", "32", "--micro-batch", "1", "--framework", framework, "--json"])
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
@@ -95,11 +96,11 @@ def test_estimate_runs_on_the_profile_and_follows_its_numbers(calibrated, capsys
     measured = load_cluster(str(path)).measured
     rate, overhead = measured["model_tflops"], measured["layer_overhead_s"]
 
-    def variant(old: str, new: str) -> dict:
+    def variant(old: str, new: str, framework: str = "megatron-core") -> dict:
         changed = tmp_path / "changed.toml"
         changed.write_text(text.replace(old, new))
         assert changed.read_text() != text
-        return _estimate(capsys, changed)
+        return _estimate(capsys, changed, framework)
 
     faster = variant(f"model_tflops = {rate!r}", f"model_tflops = {rate * 4!r}")
     assert faster["time_breakdown_s"]["compute"] < base["time_breakdown_s"]["compute"]
@@ -111,6 +112,12 @@ def test_estimate_runs_on_the_profile_and_follows_its_numbers(calibrated, capsys
     step = variant(f"step_overhead_s = {measured['step_overhead_s']!r}", "step_overhead_s = 0.5")
     delta = step["time_breakdown_s"]["optimizer"] - base["time_breakdown_s"]["optimizer"]
     assert delta == pytest.approx(0.5 - measured["step_overhead_s"], abs=2e-6)
+    # train's loop beyond a bare step: the shardwise profile adds it, a profile of another stack does not
+    loop = f"train_step_overhead_s = {measured['train_step_overhead_s']!r}"
+    for framework, added in (("shardwise", 0.5 - measured["train_step_overhead_s"]), ("megatron-core", 0.0)):
+        delta = (variant(loop, "train_step_overhead_s = 0.5", framework)["time_breakdown_s"]["optimizer"]
+                 - _estimate(capsys, path, framework)["time_breakdown_s"]["optimizer"])
+        assert delta == pytest.approx(added, abs=2e-6), framework
 
 
 def test_under_torchrun_each_process_is_one_rank(tmp_path):

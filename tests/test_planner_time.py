@@ -330,6 +330,13 @@ def test_every_tensor_parallel_call_pays_the_sync_cost():
     # once per step: the gradient norm over tp (and SP's partial norm gradients)
     assert _delta("step_comm", Layout(tp=2), sync_overhead_s=x) == pytest.approx(x)
     assert _delta("step_comm", Layout(tp=2, sequence_parallel=True), sync_overhead_s=x) == pytest.approx(2 * x)
+    # shardwise sends norm and loss in one all-reduce over every rank; under plain DP none is waited for
+    assert _delta("step_comm", Layout(pp=2), sync_overhead_s=x) == pytest.approx(x)
+    assert _delta("step_comm", Layout(dp=2), sync_overhead_s=x) == 0
+    assert _delta("step_comm", Layout(dp=2, zero=3), sync_overhead_s=x) == pytest.approx(x)
+    # what shardwise's loop adds to a bare step, once per step whatever the layout
+    for lay in (Layout(dp=2), Layout(tp=2), Layout(pp=2)):
+        assert _delta("optimizer", lay, train_step_overhead_s=x) == pytest.approx(x)
 
 
 def test_fsdp_calls_are_counted_per_unit():

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from shardwise import data
 
 from shardwise.calibrate.config import COLLECTIVES, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
+from shardwise.parallel.sharded import Sharded
 
 # Small operations run back to back in batches lasting at least this long, so that each repeat holds
 # its share of the machine's scheduling hiccups (a rank descheduled for a 4 ms tick stalls a collective)
@@ -136,9 +137,9 @@ def measure_model(t: Timer, out: dict):
     GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
     (op dispatch, kernel launches) per layer; out["checkpoint_overhead_s"] = what a checkpointed layer
     costs beyond the work it recomputes (selective recompute at micro-batch b against none, less the
-    planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a training step
-    of one micro-batch (the batch, zero_grad, gradient clipping, an AdamW step over its
-    out["optimizer_params"] parameters, the loss to the host). A model of at most MODEL_LAYERS layers (and
+    planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a bare training
+    step of one micro-batch (the batch, zero_grad, the runtime's AdamW over its out["optimizer_params"]
+    parameters; what train's loop adds to a bare step is measure_loop's). A model of at most MODEL_LAYERS layers (and
     the LM head) stands for the whole one. The six variants run in MODEL_ROUNDS rounds, each in a new
     order (the same on every rank), so a busy moment of a shared machine spreads over all of them
     instead of tilting the fit; each keeps the median of its rounds. Each repeat lasts as long as its
@@ -154,7 +155,7 @@ def measure_model(t: Timer, out: dict):
     model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = _optimizer(t, Sharded(model, model), None)
 
     def step(x):
         with amp:
@@ -162,15 +163,13 @@ def measure_model(t: Timer, out: dict):
         loss.backward()
 
     def train_step(b):
-        """What train.train_step runs around the layers: the batch, zero_grad, clipping, AdamW, the loss."""
+        """A bare training step of the runtime: the batch, zero_grad, forward + backward, its AdamW."""
         opt.zero_grad(set_to_none=True)
         ((x, y),) = data.local_microbatches(0, 1, b, seq, 1, 0, b, t.device)
         with amp:
             loss = model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss.item()
 
     batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
     variants = [(b, "none") for b in batches] + [(batches[0], "selective"), (batches[0], "step")]
@@ -196,7 +195,7 @@ def measure_model(t: Timer, out: dict):
     core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
     out["checkpoint_overhead_s"] = max((med[4] - med[0]) / layers - core, 0.0)
     out["checkpoint_points"] = [med[0], med[4]]
-    # The rest of a training step on the same model: batch, zero_grad, clipping, AdamW, the loss.
+    # The rest of a bare training step on the same model: batch, zero_grad, AdamW.
     out["optimizer_s"] = max(med[5] - med[0], 0.0)
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
 
@@ -257,65 +256,121 @@ def measure_fsdp(t: Timer, out: dict):
     """out["fsdp_call_s"]: what each of FSDP's collectives costs in a training step beyond its table
     time: the synchronisation, and FSDP's own work around it (copying shards in and out of the flat
     buffer, registering the gathered parameters, its hooks). One layer with the embedding and head,
-    forward + backward, plain and under fully_shard (the layer and the root: 5 collectives — the
-    layer's all-gather in forward and backward and reduce-scatter, the root's all-gather and
-    reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
-    out["fsdp_tensor_s"]: gradient clipping + AdamW over the sharded parameters against the plain
-    ones, per parameter tensor (each is a DTensor, whose every op pays a dispatch).
-    out["ddp_microbatch_s"]: the same model under DistributedDataParallel's no_sync against plain: what
-    DDP's wrapper and per-parameter hooks cost per micro-batch (ZeRO 0/1 without pipelining)."""
+    forward + backward, plain and as the runtime shards it under ZeRO-3 (`parallelize`: the layer and
+    the root — 5 collectives: the layer's all-gather in forward and backward and reduce-scatter, the
+    root's all-gather and reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
+    out["fsdp_points"][2:4]: the runtime's clip + AdamW over the plain and the sharded parameters (each a
+    DTensor, whose every op pays a dispatch; Profile.fsdp_tensor_s takes the difference per tensor).
+    out["ddp_microbatch_s"]: the same model as the runtime wraps it in DistributedDataParallel (ZeRO-0),
+    under its no_sync, against plain: what DDP's wrapper and per-parameter hooks cost per micro-batch."""
     if t.world == 1:
-        out["fsdp_call_s"] = out["fsdp_tensor_s"] = out["ddp_microbatch_s"] = 0.0
+        out["fsdp_call_s"] = out["ddp_microbatch_s"] = 0.0
         return
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
     from shardwise.model import Transformer
+    from shardwise.parallel import GlobalGradNorm, build_mesh, grad_sync, parallelize
     from shardwise.planner.comm import interpolate
+    from shardwise.specs import Layout
 
     spec = t.cfg.model
-    plain = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
-    sharded = Transformer(spec, seed=0, layer_ids=range(1), device=t.device)
-    replicated = DistributedDataParallel(Transformer(spec, seed=0, layer_ids=range(1), device=t.device))
-    mesh = init_device_mesh(t.device.type, (t.world,))
-    fully_shard(sharded.layers["0"], mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
+    mesh = build_mesh(1, t.world, 1, backend=t.cfg.backend, timeout_s=t.cfg.timeout_s)
+
+    def layer():
+        return Transformer(spec, seed=0, layer_ids=range(1))
+
+    model = layer().to(t.device)
+    plain = Sharded(model, model)
+    sharded = parallelize(layer(), mesh, Layout(dp=t.world, zero=3), t.device)
+    replicated = parallelize(layer(), mesh, Layout(dp=t.world), t.device)
     x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
 
-    def step(model):
-        model(x, x).backward()
+    def step(chunk):
+        chunk.module(x, x).backward()
 
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in (("plain", plain), ("sharded", sharded))}
+    updates = {"plain": (GlobalGradNorm([plain], None), _optimizer(t, plain, None)),
+               "sharded": (GlobalGradNorm([sharded], mesh), _optimizer(t, sharded, mesh))}
 
-    def update(name, model):
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizers[name].step()
+    def update(name):
+        norm, opt = updates[name]
+        norm.clip_(1.0, t.device)
+        opt.step()
 
     def ddp_step():
-        with replicated.no_sync():  # the micro-batches before a step's last: DDP's wrapper and hooks, no traffic
+        with grad_sync(replicated, enabled=False):  # a step's micro-batches before its last: wrapper and hooks only
             step(replicated)
 
     reps: dict = {k: [] for k in ("plain", "sharded", "plain update", "sharded update", "ddp")}
     for _ in range(SYNC_ROUNDS):
-        for name, model in (("plain", plain), ("sharded", sharded)):
-            reps[name].append(statistics.median(t.times(lambda: step(model))))
-            reps[name + " update"].append(statistics.median(t.times(lambda: update(name, model))))
+        for name, chunk in (("plain", plain), ("sharded", sharded)):
+            reps[name].append(statistics.median(t.times(lambda: step(chunk))))
+            reps[name + " update"].append(statistics.median(t.times(lambda: update(name))))
         reps["ddp"].append(statistics.median(t.times(ddp_step)))
     plain_s, sharded_s, plain_u, sharded_u, ddp_s = t.reduce([statistics.median(v) for v in reps.values()], "max")
     out["ddp_microbatch_s"] = max(ddp_s - plain_s, 0.0)
-    # Clipping and AdamW over sharded parameters (DTensors) pay a dispatch per tensor.
-    out["fsdp_tensor_s"] = max((sharded_u - plain_u) / len(list(sharded.parameters())), 0.0)
+    out["fsdp_tensors"] = len(list(sharded.parameters()))
     esize = _element_size(t.dtype)
-    layer = spec.params_per_layer() * esize
+    layer_bytes = spec.params_per_layer() * esize
     root = (spec.num_params() - spec.num_layers * spec.params_per_layer()) * esize
     tables = out["tables"]
     wire = sum(interpolate(tables[kind], nbytes) for kind, nbytes in
-               (("all_gather", layer), ("all_gather", layer), ("reduce_scatter", layer),
+               (("all_gather", layer_bytes), ("all_gather", layer_bytes), ("reduce_scatter", layer_bytes),
                 ("all_gather", root), ("reduce_scatter", root)))
     out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
     out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
     yield "FSDP and DDP layer against a plain one"
+
+
+def measure_loop(t: Timer, out: dict):
+    """out["loop_points"] = [bare, loop]: seconds per step of the runtime's data-parallel step over all
+    ranks (dp = world, one micro-batch of micro_batch x seq_len per rank, the model of measure_model)
+    run bare — the batch, zero_grad, forward + backward (DDP), AdamW — and as `shardwise train`'s loop
+    runs it (train.TrainLoop: also the global-norm clip, the LR schedule, the loss's all-reduce, the
+    step's scalars read back, its record written to a metrics file on rank 0). The difference is what
+    the loop adds to a bare step (Profile.train_step_overhead_s). Both on the same runtime, in
+    SYNC_ROUNDS interleaved rounds; each repeat as long as its slowest rank."""
+    import os
+    from dataclasses import replace
+
+    from shardwise.parallel import build_mesh
+    from shardwise.specs import Layout
+    from shardwise.train import TrainLoop, build_runtime
+
+    spec = replace(t.cfg.model, num_layers=min(t.cfg.model.num_layers, MODEL_LAYERS))
+    b = t.cfg.micro_batch
+    cfg = _train_config(t, Layout(dp=t.world, micro_batch=b), b * t.world, spec)
+    mesh = build_mesh(1, t.world, 1, backend=t.cfg.backend, timeout_s=t.cfg.timeout_s) if t.world > 1 else None
+    rt = build_runtime(cfg, mesh)
+    with open(os.devnull, "w") as sink:
+        loop = TrainLoop(rt, last=cfg.steps, sink=sink if t.rank == 0 else None)
+
+        def bare():
+            rt.step += 1
+            mbs = rt.data.local_microbatches(rt.step, t.world, t.rank, b, rt.device)
+            rt.optimizer.zero_grad(set_to_none=True)
+            rt.forward_backward(rt.chunks, mbs)
+            rt.optimizer.step()
+
+        reps: dict = {"bare": [], "loop": []}
+        for _ in range(SYNC_ROUNDS):
+            reps["bare"] += t.reduce(t.times(bare), "max")
+            reps["loop"] += t.reduce(t.times(loop.step), "max")
+            loop.flush()
+    out["loop_points"] = [statistics.median(reps["bare"]), statistics.median(reps["loop"])]
+    yield "train's loop against a bare step"
+
+
+def _train_config(t: Timer, layout, global_batch: int, spec=None):
+    from shardwise.train import TrainConfig
+
+    return TrainConfig(spec or t.cfg.model, layout, steps=10**6, global_batch=global_batch, seq_len=t.cfg.seq_len,
+                       backend=t.cfg.backend, timeout_s=t.cfg.timeout_s, progress=False)
+
+
+def _optimizer(t: Timer, chunk, mesh):
+    """The runtime's AdamW (train.build_optimizer: its groups, hyper-parameters and kernel) for `chunk`."""
+    from shardwise.specs import Layout
+    from shardwise.train import build_optimizer
+
+    return build_optimizer([chunk], _train_config(t, Layout(), t.cfg.micro_batch), mesh)
 
 
 def message_numel(nbytes: int, element_size: int, world: int) -> int:
@@ -365,7 +420,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     t = Timer(cfg, rank, world)
     out: dict = {}
     for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out),
-                  measure_sync(t, out), measure_fsdp(t, out)):
+                  measure_sync(t, out), measure_fsdp(t, out), measure_loop(t, out)):
         for label in steps:
             report(label)
     if rank != 0:

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
+from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
@@ -30,16 +31,17 @@ class Profile:
     model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
     layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
-    optimizer_s: float = 0.0  # the rest of a one-micro-batch training step: batch, zero_grad, clipping, AdamW, loss
+    optimizer_s: float = 0.0  # the rest of a bare one-micro-batch training step: batch, zero_grad, AdamW
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
     sync_points: list = field(default_factory=list)  # layer, + all-reduce, all-reduce, + send/recv, send/recv: s per call
     sync_bytes: int = 0  # that all-reduce's message
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
-    fsdp_tensor_s: float = 0.0  # clipping + AdamW per sharded (DTensor) parameter tensor, beyond a plain one
+    fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
     fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
+    loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -72,6 +74,23 @@ class Profile:
         small models)."""
         bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
         return max(self.optimizer_s - bandwidth_term, 0.0)
+
+    def train_step_overhead_s(self) -> float:
+        """What `shardwise train`'s loop adds to a bare step of the same layout (dp = world): the global-norm
+        clip, the LR schedule, the loss's all-reduce, the scalars read back, the metrics record. The planner's
+        `shardwise` profile adds it to every step (planner/frameworks.py, CALIBRATED_STEP_OVERHEAD)."""
+        if len(self.loop_points) < 2:
+            return 0.0
+        return max(self.loop_points[1] - self.loop_points[0], 0.0)
+
+    def fsdp_tensor_s(self) -> float:
+        """The runtime's clip + AdamW per FSDP-sharded (DTensor) parameter tensor, beyond a plain one; the
+        norm's all-reduce that the sharded clip issues is the planner's per-step collective, taken out."""
+        if len(self.fsdp_points) < 4 or not self.fsdp_tensors:
+            return 0.0
+        plain_u, sharded_u = self.fsdp_points[2], self.fsdp_points[3]
+        norm = interpolate(self.monotone_tables()["all_reduce"], 4) + self.sync_overhead_s() if self.tables.get("all_reduce") else 0.0
+        return max((sharded_u - plain_u - norm) / self.fsdp_tensors, 0.0)
 
     def _in_context(self, index: int, kind: str) -> float:
         """(layer + call) - layer - the table's time for that call: what the call costs between layers
@@ -109,7 +128,8 @@ class Profile:
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
                "p2p_sync_s": self.p2p_sync_s(), "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
-               "fsdp_tensor_s": self.fsdp_tensor_s, "ddp_microbatch_s": self.ddp_microbatch_s,
+               "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
+               CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
                "model_points": self.model_points}
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0

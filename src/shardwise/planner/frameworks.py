@@ -80,6 +80,10 @@ class Framework:
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
+    # The step's scalars (gradient norm, loss) in one all-reduce over every rank, waited for only when the norm
+    # needs it (tp, pp, FSDP shards, split experts); else the loss's reduction runs behind the next step.
+    # False: Megatron's norm all-reduces over tp and pp and the loss's over dp, each waited for.
+    one_scalar_allreduce: bool = False
     cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
 
     def refusal(self, layout: Layout) -> str | None:
@@ -246,7 +250,7 @@ SHARDWISE = Framework(
     param_gather_bytes=4, async_sp_regather=False,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "naive"), zero_stages=(0, 1, 2, 3),
-    calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD,
+    calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
 )
 

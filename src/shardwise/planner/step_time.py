@@ -454,11 +454,16 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
 def step_comm_time(job: Job, layout: Layout) -> float:
     """Small all-reduces once per step, each a synchronisation: the gradient norm over tp and pp (and
     dp when FSDP shards the gradients), the logged loss over pp and dp, and under sequence
-    parallelism the norms' partial gradients over tp (Megatron does the same)."""
+    parallelism the norms' partial gradients over tp (Megatron does the same). A framework with
+    `one_scalar_allreduce` (shardwise) sends norm and loss in one all-reduce over every rank, waited for
+    only when the norm needs it; otherwise the loss's reduction runs behind the next step."""
     tp, pp, d = layout.tp, layout.pp, layout.dp * layout.cp
     groups = [(tp, 1), (pp, tp * layout.dp), (pp, tp * layout.dp), (d, tp)]
     if layout.zero >= 2:
         groups.append((d, tp))
+    if get_framework(job.framework).one_scalar_allreduce:
+        split = tp > 1 or pp > 1 or (layout.zero >= 2 and d > 1) or layout.ep * layout.etp > 1
+        groups = [(tp * pp * d, 1)] if split else []
     if layout.sequence_parallel:
         groups.append((tp, 1))
     c = job.cluster
@@ -515,9 +520,9 @@ def step_time(job: Job, layout: Layout) -> dict:
     if layout.zero >= 1:  # the experts' optimizer states shard over their own replicas
         sharded = (params - experts) / (layout.dp * layout.cp) + experts / moe.expert_replicas(layout, layout.cp)
     opt = OPTIMIZER_BYTES_PER_PARAM * sharded / kernels.hbm_rate(job.cluster)
-    # Calibrated fixed costs per step: clipping and the optimizer's per-tensor work, with FSDP the
-    # dispatch of each sharded parameter tensor, and the framework's own per-step overhead (the
-    # `shardwise` profile's CALIBRATED_STEP_OVERHEAD hook); 0 for datasheet clusters.
+    # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
+    # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
+    # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
     measured = job.cluster.measured or {}
     opt += float(measured.get("step_overhead_s", 0.0))
     if fw.calibrated_step_overhead:

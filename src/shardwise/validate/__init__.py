@@ -6,8 +6,9 @@
 All layouts run in one world of `world` ranks (one thread each). Each is built once (its own mesh,
 runtime and optimizer, from the same seed) and warmed up; then `repeats` rounds each run every layout
 for `steps` timed steps, in a new random order per round (the same on every rank), so slow drifts of
-a shared machine spread over all layouts instead of biasing one. A timed step starts at a barrier
-and lasts as long as its slowest rank; a layout's time is the median of its steps. A layout whose
+a shared machine spread over all layouts instead of biasing one. The steps run through `train`'s own
+loop (train.TrainLoop) after a barrier, each timed as the loop times it and as long as its slowest
+rank; a layout's time is the median of its steps. A layout whose
 spread (interquartile range / median) exceeds NOISY runs one more round; if still noisy it is flagged.
 
 Memory, per rank after one more (untimed) step: parameters, gradients and optimizer states as
