@@ -14,8 +14,9 @@ would try it. Per layout, two contenders on the same ranks, the same model and t
              parallelize_module with torchtitan's plan and loss_parallel. No clipping, no logging.
 Each round runs `--steps` steps of every contender back to back (in a rotating order, after a barrier);
 a round's time per step is its slowest rank's. Reported: the median over rounds of each, and the median
-of the per-round ratios (goal <= 1.1), with the 1-minute load average before and after. On a shared
-machine absolute times are inflated; the ratios are the figures to read.
+of the per-round ratios (goal <= 1.1), with the 1-minute load average before and after; beside them the
+CPU time per step of the busier rank (all its threads), which other jobs on a shared machine do not
+inflate. On a shared machine absolute times are inflated; the ratios are the figures to read.
 """
 
 from __future__ import annotations
@@ -142,18 +143,21 @@ def bench_layout(name: str, args, rank: int, sink) -> dict:
     contenders = {"shardwise": ours, "bare": run_bare}
     for run in contenders.values():  # warm-up
         run(args.warmup)
-    times = {k: [] for k in contenders}
+    times, cpu = {k: [] for k in contenders}, {k: [] for k in contenders}
     for r in range(args.rounds):
         for i in range(len(contenders)):
             key = list(contenders)[(r + i) % len(contenders)]  # rotate so drift hits both alike
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             contenders[key](args.steps)
             times[key].append(_slowest((time.perf_counter() - t0) / args.steps))
+            cpu[key].append(_slowest((time.process_time() - c0) / args.steps))
     ratios = [a / b for a, b in zip(times["shardwise"], times["bare"])]
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     return {"layout": name, "shardwise_step_s": statistics.median(times["shardwise"]),
-            "bare_step_s": statistics.median(times["bare"]), "ratio": statistics.median(ratios), "ratio_iqr": [q1, q3]}
+            "bare_step_s": statistics.median(times["bare"]), "ratio": statistics.median(ratios), "ratio_iqr": [q1, q3],
+            # CPU seconds per step of the busier rank (all its threads): what load on a shared machine cannot inflate
+            "shardwise_cpu_s": statistics.median(cpu["shardwise"]), "bare_cpu_s": statistics.median(cpu["bare"])}
 
 
 def _worker(rank, world, args, out_path):
@@ -167,12 +171,14 @@ def _worker(rank, world, args, out_path):
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| layout | shardwise train step | bare torch loop | ratio (paired IQR) | goal |", "|---|---:|---:|---|---|"]
+    rows = ["| layout | shardwise train step | bare torch loop | ratio (paired IQR) | goal | CPU per step: shardwise / bare |",
+            "|---|---:|---:|---|---|---|"]
     bare_name = {"dp": "DDP", "1f1b": "torch pipelining Schedule1F1B", "tp": "DTensor TP"}
     for r in results:
         rows.append(f"| {r['layout']} | {r['shardwise_step_s'] * 1e3:.1f} ms | {r['bare_step_s'] * 1e3:.1f} ms "
                     f"({bare_name[r['layout']]}) | {r['ratio']:.2f}x ({r['ratio_iqr'][0]:.2f}-{r['ratio_iqr'][1]:.2f}) "
-                    f"| {'met' if r['ratio'] <= GOAL else 'not met'} (<= {GOAL}) |")
+                    f"| {'met' if r['ratio'] <= GOAL else 'not met'} (<= {GOAL}) | {r['shardwise_cpu_s'] * 1e3:.1f} / "
+                    f"{r['bare_cpu_s'] * 1e3:.1f} ms ({r['shardwise_cpu_s'] / r['bare_cpu_s']:.2f}x) |")
     return "\n".join(rows)
 
 
