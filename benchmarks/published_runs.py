@@ -31,7 +31,7 @@ from shardwise.errors import UsageError
 from shardwise.planner import estimate, kernels
 from shardwise.planner.frameworks import FRAMEWORKS, make_job
 from shardwise.planner.step_time import model_flops_per_step
-from shardwise.specs import Layout, ModelSpec, load_cluster, validate_layout
+from shardwise.specs import Layout, ModelSpec, load_cluster, load_model, validate_layout
 from shardwise.validate.stats import kendall_tau
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data/published_runs.csv"
@@ -116,6 +116,25 @@ def _model(row: dict) -> ModelSpec:
                      dropout=False if any(k in row["source"] for k in NO_DROPOUT) else None)
 
 
+def _moe(row: dict, model: ModelSpec) -> ModelSpec:
+    """A mixture-of-experts row's experts on the parsed model, from its columns (experts, top-k, expert width,
+    shared experts, dense first layers, head size); MLA rows (DeepSeek-V3, Kimi K2) take the deepseek-v3
+    preset's latent-attention shapes. Dense rows come back unchanged."""
+    experts = _int(row.get("moe_experts", "") or "") or 0
+    if experts <= 1:
+        return model
+    width = _int(row["moe_ffn_hidden"])
+    fields = dict(num_experts=experts, experts_per_token=_int(row["moe_topk"]), moe_ffn_hidden=width,
+                  shared_ffn_hidden=(_int(row["moe_shared_experts"]) or 0) * width,
+                  moe_layers=tuple(range(_int(row["moe_dense_layers"]) or 0, model.num_layers)),
+                  head_dim=_int(row.get("head_dim", "") or "") or model.head_dim)
+    if "MLA" in row["heads"]:
+        v3 = load_model("deepseek-v3")
+        fields.update({k: getattr(v3, k) for k in ("attention", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                   "qk_rope_head_dim", "v_head_dim", "head_dim", "router_scoring")})
+    return replace(model, **fields)
+
+
 def _recompute(cell: str) -> str:
     c = cell.lower()
     if c.startswith("selective"):
@@ -192,8 +211,8 @@ def _precision(row: dict) -> str:
 
 def not_modelled(row: dict) -> str:
     """Why the planner cannot model this row yet ('' if it can)."""
-    if (_int(row.get("moe_experts", "") or "") or 0) > 1:
-        return "MoE: the planner has no expert terms yet"
+    if "mla_up_proj" in row["recompute"]:
+        return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
     if "compile" in row["run"].lower() or "torch.compile" in row["notes"] or "compile=true" in row["notes"]:
         return "torch.compile's fusions are not modelled"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
@@ -211,7 +230,7 @@ def parse(row: dict) -> Run:
     if run.skip:
         return run
     profile = _profile(row)
-    model = _model(row)
+    model = _moe(row, _model(row))
     seq = _int(row["seq_len"])
     gpus, tp, pp = _int(row["gpus"]), _int(row["tp"]), _int(row["pp"])
     cp = _int(row["cp"]) or 1
@@ -232,7 +251,8 @@ def parse(row: dict) -> Run:
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
-                    sequence_parallel=sp and tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                    sequence_parallel=sp and tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1)
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()
     overlap = True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
@@ -243,6 +263,12 @@ def parse(row: dict) -> Run:
     try:
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
                        tp_comm_overlap=overlap, precision=_precision(row))
+        if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
+            modules = re.findall(r"[a-z_]+", recompute_cell.lower())
+            job = replace(job, moe_dispatcher="deepep" if "deepep" in notes else "alltoall",
+                          ep_comm_overlap="all-to-all overlapped" in notes,
+                          moe_recompute="moe" if "moe" in modules else ("act" if "act" in modules else ""))
+            layout = layout.with_(sequence_parallel=tp > 1)
         validate_layout(layout, model, batch)
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"
@@ -324,10 +350,13 @@ def fit_in_situ(entries: list[dict]) -> dict[str, float]:
 def compare(path: Path) -> tuple[list[dict], dict]:
     """Every row scored with the shipped constants; the in-situ efficiency refitted on all strong rows and,
     for leave-one-source-out figures, on all rows but each source's."""
-    rows, entries = [], []
+    rows, entries, moe_rows = [], [], []
     for run in load_runs(path):
         if run.skip:
             rows.append({"run": run.name, "skip": run.skip, "source": source_key(run)})
+            continue
+        if run.job.model.is_moe:  # scored apart (moe_summary): not in the dense figures, nothing fitted on them
+            moe_rows.append(_moe_row(run))
             continue
         est = _predict(run)
         err = run.published_step_s / est.step_time - 1
@@ -343,7 +372,40 @@ def compare(path: Path) -> tuple[list[dict], dict]:
         if not run.weak:
             entries.append({"row": row, "arch": row["arch"], "source": row["source"], "published": run.published_step_s,
                             "grid": [_predict(run, f).step_time for f in GRID]})
-    return rows, summarize(rows, entries)
+    summary = summarize(rows, entries)
+    summary["moe"] = moe_summary(moe_rows)
+    return rows, summary
+
+
+def _moe_row(run: Run) -> dict:
+    est = _predict(run)
+    return {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
+            "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
+            "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
+            "fits": est.fits, "weak": run.weak, "time_breakdown_s": {k: round(v, 3) for k, v in est.time_s.items()},
+            "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
+                                                    / run.published_step_s / est.gpus, 1),
+            "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
+
+
+def moe_summary(rows: list[dict]) -> dict:
+    """The mixture-of-experts rows (planner/moe.py; shipped constants, nothing fitted on them): median and max
+    |error| over the strong rows, per source, which do not fit, and Kendall tau of their one-knob series."""
+    strong = [r for r in rows if not r["weak"]]
+    errors = [abs(r["error"]) for r in strong]
+    by_source = {}
+    for src in sorted({r["source"] for r in strong}):
+        errs = [abs(r["error"]) for r in strong if r["source"] == src]
+        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+    series = {}
+    for name in sorted({r["series"] for r in strong if r["series"]}):
+        members = [r for r in strong if r["series"] == name]
+        if len(members) >= 2:
+            series[name] = {"rows": len(members), "kendall_tau": kendall_tau([r["published_tokens_per_s_per_gpu"] for r in members],
+                                                                             [r["predicted_tokens_per_s_per_gpu"] for r in members])}
+    return {"rows": len(strong), "median_abs_error": statistics.median(errors) if errors else None,
+            "max_abs_error": max(errors) if errors else None, "by_source": by_source,
+            "not_fitting": [r["run"] for r in strong if not r["fits"]], "kendall_tau_by_series": series, "runs": rows}
 
 
 def summarize(rows: list[dict], entries: list[dict]) -> dict:
@@ -443,6 +505,20 @@ def main(argv: list[str] | None = None) -> int:
         print("Kendall tau per one-knob series (published vs predicted tokens/s per GPU):")
         for name, v in s["kendall_tau_by_series"].items():
             print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
+    moe = s["moe"]
+    if moe["rows"]:
+        print("\nmixture of experts (planner/moe.py; scored apart, nothing fitted on them):")
+        for r in moe["runs"]:
+            mark = " (weak: not in summary)" if r["weak"] else ""
+            print(f"{r['run'][:56]:56} {r['framework']:13} {r['layout'][:24]:24} {r['published_step_s']:8.3f} "
+                  f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
+        print(f"{moe['rows']} mixture-of-experts rows, median "
+              f"|error| {moe['median_abs_error']:.1%}, max {moe['max_abs_error']:.1%}"
+              + (f"; predicted not to fit: {', '.join(moe['not_fitting'])}" if moe["not_fitting"] else ""))
+        for src, v in moe["by_source"].items():
+            print(f"  {src[:60]:60} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}")
+        for name, v in moe["kendall_tau_by_series"].items():
+            print(f"  series {name:38} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     return 0
 
 

@@ -102,9 +102,12 @@ def published() -> str:
     rows, summary = mod.compare(DATA)
     weak = sum(1 for r in rows if r.get("weak"))
     skipped = sum(1 for r in rows if "skip" in r)
-    return (mod.markdown(rows, summary) + f"\n\n{len(rows)} rows in the file: {summary['rows']} scored, {weak} weak "
-            f"evidence (a `?` on their throughput, printed but not scored), {skipped} skipped with the reason the "
-            f"script prints (MoE, FP8, torch.compile, a power-capped GPU, an unreported interleaving depth).\n")
+    moe = summary["moe"]
+    return (mod.markdown(rows, summary) + f"\n\n{len(rows) + len(moe['runs'])} rows in the file: {summary['rows']} scored, "
+            f"{weak} weak evidence (a `?` on their throughput, printed but not scored), {len(moe['runs'])} mixtures of "
+            f"experts scored apart ({moe['rows']} strong: median |error| {100 * moe['median_abs_error']:.1f} %, max "
+            f"{100 * moe['max_abs_error']:.1f} %; see below), {skipped} skipped with the reason the script prints (FP8, "
+            f"torch.compile, a power-capped GPU, an unreported interleaving depth, MLA's recompute).\n")
 
 
 def schedules() -> str:

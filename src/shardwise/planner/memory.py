@@ -87,6 +87,9 @@ class Job:
     capacity_factor: mixture of experts: the busiest expert's tokens over the mean (1.0: balanced routing;
     a measured skew, or the capacity factor of a run that pads experts to it), what the slowest rank's
     expert compute, all-to-all and dispatch buffers scale with (planner/moe.py).
+    moe_dispatcher / ep_comm_overlap: how the stack moves tokens to their experts: NCCL's all-to-all (a
+    token's row sent once per expert) or DeepEP's (once per node, then NVLink); whether the all-to-alls of
+    one micro-batch overlap another's compute (Megatron-Core's --overlap-moe-expert-parallel-comm).
     """
 
     model: ModelSpec
@@ -101,6 +104,9 @@ class Job:
     selective: str = "attention"  # what selective recompute keeps: "attention" (Megatron) or "op" (torchtitan)
     capacity_factor: float = 1.0
     precision: str = "bf16"  # "fp8": the layers' GEMMs in FP8 with the framework's scaling recipe (Framework.fp8)
+    moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL all-to-all, shardwise's runtime) or "deepep" (node-deduplicated)
+    ep_comm_overlap: bool = False  # all-to-alls hidden behind another micro-batch's compute (Megatron's EP A2A overlap)
+    moe_recompute: str = ""  # Megatron's --recompute-modules for MoE: "moe" (the whole MoE FFN) or "act" (its SwiGLU)
 
 
 
@@ -241,8 +247,10 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     if not n:
         return 0.0
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
-    gated = job.saved.gated_mlp_tensors
+    gated = job.saved.gated_mlp_tensors - (1 if job.moe_recompute == "act" else 0)
     delta = moe.layer_activation_delta(job.model, s, b, layout, e, gated, job.capacity_factor)
+    if job.moe_recompute == "moe":  # only the MoE FFN's input is kept: what a dense FFN keeps beyond it goes too
+        delta = -s * b * e * gated * job.model.ffn_hidden / layout.tp
     if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
         delta += 4 * job.model.num_experts * b
     if layout.recompute == "full":

@@ -116,14 +116,32 @@ def all_to_all_time(cluster: ClusterSpec, nbytes: float, n: int, stride: int) ->
     return latency + max(local / nvlink if local else 0.0, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
 
 
+def deepep_time(cluster: ClusterSpec, routed: float, k: int, row_bytes: float, n: int, stride: int) -> float:
+    """DeepEP's internode all-to-all (deepseek-ai/DeepEP README: "RDMA and NVLink forwarding"): a token crosses
+    the network once per other node holding one of its k experts, then fans out over NVLink. With experts
+    spread evenly over `nodes` nodes and chosen independently, a token reaches (nodes - 1)(1 - (1 - 1/nodes)^k)
+    other nodes on average (DeepSeek-V3 caps it at 4 by node-limited routing)."""
+    per_node, nodes = placement(cluster, n, stride)
+    if nodes <= 1:
+        return all_to_all_time(cluster, routed * k * row_bytes, n, stride)
+    remote = routed * row_bytes * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+    local = routed * k * row_bytes * (per_node - 1) / n
+    nvlink = bus_bandwidth(cluster, per_node, stride) if per_node > 1 else float("inf")
+    return cluster.inter_node_latency + max(local / nvlink, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
+
+
 def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,
-                  capacity: float = 1.0) -> float:
+                  capacity: float = 1.0, dispatcher: str = "alltoall") -> float:
     """One direction of one MoE layer's traffic (forward, or backward: the same bytes): dispatch and combine
-    all-to-alls over ep; with etp the all-gather and reduce-scatter of the rows over etp; without sequence
-    parallelism under tp the all-gather of the routed output over tp."""
+    all-to-alls over ep (NCCL's all-to-all, k copies of a token's row; or DeepEP's node-deduplicated one);
+    with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
+    the all-gather of the routed output over tp."""
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
-    t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
+    if dispatcher == "deepep":
+        t = 2 * deepep_time(cluster, routed * capacity, model.experts_per_token, model.hidden * e, layout.ep, layout.etp)
+    else:
+        t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
     if layout.etp > 1:
         t += sum(collective_time(cluster, kind, layout.etp * rows, layout.etp) for kind in ("all_gather", "reduce_scatter"))
     if layout.tp > 1 and not layout.sequence_parallel:

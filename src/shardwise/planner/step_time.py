@@ -116,6 +116,7 @@ class LayerCost:
     op_recompute_flops: float = 0.0
     ep_fwd: float = 0.0  # a MoE layer's all-to-alls (and etp traffic), forward
     ep_bwd: float = 0.0
+    ffn_fwd: float = 0.0  # the FFN's forward GEMMs (what recomputing a MoE FFN runs again, with its dispatch)
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
@@ -201,8 +202,13 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
     tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
-    ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor) if moe_layer else 0.0
-    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep, ep)
+    ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
+                           job.moe_dispatcher) if moe_layer else 0.0
+    ep_f = ep_b = ep
+    if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
+        ep_f, ep_b = max(0.0, ep - bwd_in - bwd_w), max(0.0, ep - fwd)
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
+                     sum(g[0] for g in gemms[2:]))
 
 
 def fp8_casts(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
@@ -378,6 +384,9 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
     rec_ep = layers * lc.ep_fwd if layout.recompute == "full" else 0.0  # full recompute dispatches again
+    if moe_layers and job.moe_recompute == "moe" and layout.recompute != "full":  # Megatron's MoE recompute
+        mlc = layer_cost(job, layout, moe_layer=True)
+        rec, rec_ep = rec + moe_layers * mlc.ffn_fwd, moe_layers * mlc.ep_fwd
     ep_comm = layers * (lc.ep_fwd + lc.ep_bwd) + rec_ep
     compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd + lc.ep_fwd + lc.ep_bwd) - edge_f - edge_b
     return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
