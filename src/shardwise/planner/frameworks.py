@@ -75,6 +75,9 @@ class Framework:
     # per-tensor scaling: fused casts, FP8 weight copies cached for the step), "torchao" (torchao Float8Linear,
     # dynamic tensor-wise scaling, eager casts each micro-batch), "" (no FP8 training).
     fp8: str = ""
+    # The cross-entropy it runs (step_time.LOSS_BYTES): "megatron" (vocab-parallel, one kernel per op), "fused"
+    # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits).
+    loss: str = "megatron"
     recompute: tuple[str, ...] = ("none", "selective", "full")
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
@@ -168,6 +171,7 @@ NEMO = Framework(
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always",
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te",
+    loss="fused",
 )
 
 DEEPSPEED = Framework(
@@ -222,6 +226,7 @@ TORCHTITAN = Framework(
     sequence_parallel="always", tp_comm_overlap_available=True,
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
     fp8="torchao",
+    loss="eager",
 )
 
 LLAMA3 = Framework(
@@ -252,6 +257,7 @@ SHARDWISE = Framework(
     schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "naive"), zero_stages=(0, 1, 2, 3),
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
+    loss="eager",
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,

@@ -38,9 +38,18 @@ TP_OVERLAP_SPLITS = 4
 # Bytes per parameter moved by the optimizer step, bound by HBM bandwidth: Adam reads FP32 master, m,
 # v and gradient (16) and writes master, m, v and the BF16 weight (14); clipping reads the gradient (4).
 OPTIMIZER_BYTES_PER_PARAM = 34
-# The vocabulary-parallel cross-entropy per logit and micro-batch, beyond the head's GEMMs: an FP32
-# copy of the logits written and read by max/exp/sum (2 + 4 + 4) in forward; its gradient (4 + 2).
-LOSS_BYTES = (10, 6)
+# The cross-entropy per logit and micro-batch, beyond the head's GEMMs, in bytes through HBM (forward, backward), by
+# the loss the framework runs (Framework.loss):
+#   "megatron": Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py), one kernel
+#     per line: the logits cast to FP32 (2 + 4), max (4), in-place subtract (4 + 4), in-place exp (4 + 4), sum (4),
+#     in-place divide into the softmax it saves (4 + 4) = 38; backward: in-place multiply by the loss gradient
+#     (4 + 4) and the cast back to BF16 (4 + 2) = 14;
+#   "fused": the same fused into one kernel per pass (NeMo's cross_entropy_loss_fusion): an FP32 copy written and
+#     read by max/exp/sum (2 + 4 + 4) = 10; its gradient (4 + 2) = 6;
+#   "eager": F.cross_entropy(logits.float()) (torchtitan, this project): cast (2 + 4), log-softmax reading the row
+#     for its max, its sum and its output (3 x 4 + 4) = 22; backward: NLL's dense zero gradient (4), log-softmax's
+#     (4 + 4 + 4 + a sum pass 4) and the cast back (4 + 2) = 26.
+LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26)}
 # Calibrated clusters only (their rate was measured with this weighting, calibrate/measure.py): a fused
 # attention core counts 1/FLASH_EFFICIENCY of its FLOPs; element-wise passes as below.
 FLASH_EFFICIENCY = 0.8
@@ -403,7 +412,7 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
     if calibrated(job):
         t = 2 * tokens * model.hidden * model.vocab_size / tp / achievable_flops(job)
         return t, t, t
-    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES)
+    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[get_framework(job.framework).loss])
     return (kernels.gemm_time(c, tokens, vocab, model.hidden) + loss_f,
             kernels.gemm_time(c, tokens, model.hidden, vocab) + loss_b,
             kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes))
