@@ -168,7 +168,7 @@ class ModelSpec:
         """Parameters of one layer (all layers alike for dense models; the mean over layers for MoE)."""
         if not self.is_moe:
             return self.layer_params(0)
-        return sum(self.layer_params(i) for i in range(self.num_layers)) / self.num_layers
+        return _layer_sum(self, False) / self.num_layers
 
     def embedding_params(self) -> int:
         pos = self.max_positions * self.hidden if self.learned_positions else 0
@@ -180,12 +180,11 @@ class ModelSpec:
         return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden)
 
     def num_params(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.num_layers)) + self.head_params()
+        return _layer_sum(self, False) + self.embedding_params() + self.head_params()
 
     def active_params(self) -> int:
         """Parameters one token uses: all but the routed experts it is not sent to (MoE); num_params when dense."""
-        return self.embedding_params() + sum(self.layer_params(i, active=True) for i in range(self.num_layers)) \
-            + self.head_params()
+        return _layer_sum(self, True) + self.embedding_params() + self.head_params()
 
     def to_hf_config(self) -> dict:
         """An HF-style config.json for this spec (round-trips through load_model)."""
@@ -209,6 +208,14 @@ class ModelSpec:
         if self.dropout:
             cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
+
+
+@lru_cache(maxsize=256)
+def _layer_sum(spec: ModelSpec, active: bool) -> int:
+    """All layers' parameters (or only those a token uses): summed once per spec, as the planner asks often."""
+    if not spec.is_moe:
+        return spec.num_layers * spec.layer_params(0, active=active)
+    return sum(spec.layer_params(i, active=active) for i in range(spec.num_layers))
 
 
 def _preset_dir(kind: str):

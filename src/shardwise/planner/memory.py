@@ -12,6 +12,7 @@ Pure Python: the search calls these functions tens of thousands of times.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardwise.planner import moe
 from shardwise.planner.frameworks import get as get_framework
@@ -307,6 +308,7 @@ def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
     return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len)
 
 
+@lru_cache(maxsize=1024)
 def layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one layer on one TP rank (mean over layers): the matrices (and column-parallel biases)
     split over tp; the norms, the row-parallel biases (added after the sum) and a MoE layer's router
@@ -421,8 +423,15 @@ def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
     """(worst pipeline rank, its breakdown in bytes). The candidates: the first rank (the embedding, the
     most micro-batches in flight), the last (the LM head and logits) and, when the stage split gives
     some middle ranks more layers, the first of those."""
-    best = max(((r, rank_memory(job, layout, r)) for r in pipeline_ranks(job, layout)), key=lambda x: sum(x[1].values()))
-    return best
+    rank, mem = _memory_breakdown(job, layout)
+    return rank, dict(mem)
+
+
+@lru_cache(maxsize=4096)
+def _memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
+    # Cached: the search checks a layout's memory, then its estimate asks again (memory never reads the
+    # calibrated tables, which the job's hash leaves out).
+    return max(((r, rank_memory(job, layout, r)) for r in pipeline_ranks(job, layout)), key=lambda x: sum(x[1].values()))
 
 
 def total_bytes(breakdown: dict[str, float]) -> float:

@@ -296,6 +296,11 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             ranked.append(estimate(job, layout))
                             timed += 1
                             lowest = zero if lowest is None else lowest
+                            if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
+                                # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
+                                # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),
+                                # FSDP's ZeRO-2 gathers and reduce-scatters every micro-batch: never faster
+                                break
                     if lowest is not None:
                         best_zero = lowest
     ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))

@@ -57,6 +57,7 @@ CALIBRATED_PASSES = (10, 3)  # element-wise h-wide and f-wide activation passes 
 SCORE_PASSES = 8  # materialised softmax passes over the scores (calibrated path)
 
 
+@lru_cache(maxsize=256)
 def matmul_params_per_layer(model: ModelSpec) -> float:
     """Weights one token multiplies in one layer (mean over layers): a MoE layer counts its active
     parameters (top-k experts, router, shared expert); MLA its projections."""
