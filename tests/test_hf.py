@@ -131,19 +131,6 @@ def test_bad_folder_is_one_line_naming_the_file(folders, tmp_path, capsys, kind)
     assert err.count("\n") == 0 and where in err and what in err, err
 
 
-def test_a_mixture_of_experts_folder_is_refused_until_its_table_exists(tmp_path, capsys):
-    import transformers
-
-    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=256,
-                                     max_position_embeddings=64)
-    transformers.MixtralForCausalLM(cfg).save_pretrained(tmp_path / "mixtral")
-    capsys.readouterr()  # transformers' own progress output
-    assert main(["train", "--model", str(tmp_path / "mixtral"), "--steps", "1", "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "mixture-of-experts model" in err and "--init random" in err, err
-
-
 def test_init_pretrained_needs_a_folder(capsys):
     assert main(["train", "--model", "tiny", "--init", "pretrained"]) == 2
     assert "needs a Hugging Face model folder" in capsys.readouterr().err

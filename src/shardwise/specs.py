@@ -328,7 +328,7 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             vocab_size=_require(cfg, "vocab_size", source), head_dim=head_dim,
             max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
             tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
-            norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", 10000.0, source),
+            norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", _rope_theta(cfg), source),
             model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
             dropout=_dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
             **_moe_from_hf(cfg, source, layers, model_type), **attention,
@@ -405,6 +405,13 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
             "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
             "aux_loss_coef": float(coef or 0.0), "router_groups": _optional(cfg, "n_group", 1, source),
             "router_topk_groups": _optional(cfg, "topk_group", 1, source)}
+
+
+def _rope_theta(cfg: dict) -> float:
+    """transformers >= 5 writes the RoPE base as rope_parameters.rope_theta (older configs: rope_theta)."""
+    params = cfg.get("rope_parameters")
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0 else 10000.0
 
 
 def _count(cfg: dict, key: str, source: str) -> int:

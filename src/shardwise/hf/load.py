@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.hf.mapping import BASE_PREFIX, IGNORED, hf_tensors, source
+from shardwise.hf.mapping import BASE_PREFIX, IGNORED, hf_tensors, source, table_key
 from shardwise.specs import ModelSpec
 
 CONFIG = "config.json"
@@ -68,10 +68,13 @@ def check_config(cfg: dict, source_name: str) -> None:
     """What shardwise's model cannot compute exactly, refused rather than loaded into different numbers.
     (specs.load_model already refused a model_type other than llama and gpt2.)"""
     problems = []
-    if cfg.get("model_type", "gpt2" if "n_embd" in cfg else "llama") == "llama":
+    if cfg.get("model_type", "gpt2" if "n_embd" in cfg else "llama") != "gpt2":  # llama and mixtral
         kind = "llama"
         if cfg.get("rope_scaling"):
             problems.append(f"rope_scaling {cfg['rope_scaling']}")
+        rope = cfg.get("rope_parameters") or {}
+        if isinstance(rope, dict) and rope.get("rope_type", "default") != "default":
+            problems.append(f"rope_parameters {rope}")
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 problems.append(f"{key} true")
@@ -140,9 +143,10 @@ def inspect_folder(path, spec: ModelSpec) -> HFFolder:
     folder = Path(path)
     config = read_config(folder)
     check_config(config, str(folder / CONFIG))
-    if spec.is_moe:
-        raise UsageError(f"{folder / CONFIG}: a mixture-of-experts model — loading its weights is not supported yet "
-                         f"(docs/models-and-data.md: the Mixtral table); train it with --init random")
+    try:
+        table_key(spec)
+    except KeyError as exc:
+        raise UsageError(f"{folder / CONFIG}: {exc.args[0]} — train it with --init random") from None
     stored: dict[str, tuple[str, dict]] = {}
     for file, listed in _files(folder).items():
         header = read_header(folder / file)
@@ -226,6 +230,25 @@ def read_local(folder: HFFolder, spec: ModelSpec, name: str, shape, shard, tp_ra
     return local
 
 
+def read_experts(folder: HFFolder, spec: ModelSpec, name: str, shape, placement, device="cpu"):
+    """This rank's experts of stacked tensor `name` (E/ep of them, the etp slice of each), one HF tensor per
+    expert (`placement`: the chunk's ExpertPlacement; None: every expert whole)."""
+    import torch
+    from safetensors import safe_open
+
+    src = source(spec, name)
+    ep_rank, etp_rank = (placement.rank("ep"), placement.rank("etp")) if placement is not None else (0, 0)
+    local = torch.empty(shape, dtype=torch.float32, device=device)
+    width = shape[2] if name.endswith("w2") else shape[1]  # the expert's FFN width on this rank
+    cols = slice(etp_rank * width, (etp_rank + 1) * width)
+    for j in range(shape[0]):
+        file, stored, _ = folder.where[src.name.format(e=ep_rank * shape[0] + j)]
+        with safe_open(Path(folder.path) / file, framework="pt") as f:
+            piece = f.get_slice(stored)[:, cols] if name.endswith("w2") else f.get_slice(stored)[cols]
+            local[j].copy_(piece)
+    return local
+
+
 def load_into(chunk, folder: HFFolder, device) -> None:
     """Give every parameter of `chunk` (a `Sharded` model built on meta, sliced by tensor_parallel) this
     rank's values, then move it to `device`."""
@@ -237,7 +260,10 @@ def load_into(chunk, folder: HFFolder, device) -> None:
     mapped = {}
     for name, p in list(model.named_parameters()):
         parent, _, leaf = name.rpartition(".")
-        value = read_local(folder, model.spec, name, tuple(p.shape), chunk.tp_shards.get(name), tp_rank, device, mapped)
+        if ".experts." in name:
+            value = read_experts(folder, model.spec, name, tuple(p.shape), chunk.experts, device)
+        else:
+            value = read_local(folder, model.spec, name, tuple(p.shape), chunk.tp_shards.get(name), tp_rank, device, mapped)
         setattr(model.get_submodule(parent), leaf, nn.Parameter(value))
     for handle in mapped.values():
         handle.__exit__(None, None, None)  # the views keep their mapping

@@ -13,11 +13,13 @@ RoPE: shardwise rotates the two halves of each head (Hugging Face's `rotate_half
 Llama checkpoints are already permuted for that convention (their conversion script permutes Meta's
 interleaved q/k weights once), so q_proj and k_proj map one to one, with no permutation.
 
-Mixtral (mixture of experts) is one more table: the Llama rules, the router
+Mixtral (mixture of experts) is one more table: the Llama rules but the FFN's, the router
 (`layers.{i}.feed_forward.router.weight` <- `model.layers.{i}.block_sparse_moe.gate.weight`) and, because
 shardwise stacks the routed experts into (experts, ...) tensors where Mixtral stores one tensor per expert,
 a stacked rule per expert matrix (`layers.{i}.feed_forward.experts.w1` <- `...experts.{e}.w1.weight`, dim 0
-running over {e}). Until it is written, hf.load refuses MoE folders by name.
+running over {e}; w1 gate, w3 up, w2 down as in Mixtral's checkpoints). `hf_tensors` names one HF tensor per
+expert, its member `ours#e`. Other MoE shapes (shared experts, dense layers) have no table yet: hf.load refuses
+them by name.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Rule:
     conv1d: bool = False
     parts: Callable[[ModelSpec], tuple[int, ...]] | None = None
     part: int = 0
+    stacked: bool = False  # ours stacks one HF tensor per expert along dim 0 ({e} in `theirs`)
 
     def offset(self, spec: ModelSpec) -> int:
         """Where our rows start along the HF tensor's output features (0 unless fused)."""
@@ -80,10 +83,16 @@ GPT2 = (
     *(Rule(f"norm.{p}", f"transformer.ln_f.{p}") for p in ("weight", "bias")),
 )
 
-TABLES = {"llama": LLAMA, "gpt2": GPT2}
+MIXTRAL = tuple(r for r in LLAMA if ".feed_forward." not in r.ours) + (
+    Rule("layers.{i}.feed_forward.router.weight", "model.layers.{i}.block_sparse_moe.gate.weight"),
+    *(Rule(f"layers.{{i}}.feed_forward.experts.{w}", f"model.layers.{{i}}.block_sparse_moe.experts.{{e}}.{w}.weight",
+           stacked=True) for w in ("w1", "w3", "w2")),
+)
+
+TABLES = {"llama": LLAMA, "gpt2": GPT2, "mixtral": MIXTRAL}
 # What `save_pretrained` puts before the decoder's names; checkpoints on the Hub may omit it (GPT-2's do).
 BASE_PREFIX = {"llama": "model.", "gpt2": "transformer."}
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM"}
 # Tensors an HF file may hold that are not weights: GPT-2's causal-mask buffers, old RoPE caches.
 IGNORED = re.compile(r"(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq)$")
 
@@ -95,6 +104,17 @@ def _pattern(template: str) -> re.Pattern:
 _COMPILED = {family: [(_pattern(r.ours), r) for r in rules] for family, rules in TABLES.items()}
 
 
+def table_key(spec: ModelSpec) -> str:
+    """Which table maps `spec`: its family's, or Mixtral's for a MoE of Mixtral's shape (every layer routed,
+    no shared expert). KeyError for another MoE shape."""
+    if not spec.is_moe:
+        return spec.family
+    if spec.shared_ffn_hidden or len(spec.moe_layers) != spec.num_layers:
+        raise KeyError(f"no Hugging Face mapping for {spec.name}'s experts (shared experts or dense layers): only "
+                       f"Mixtral's layout has one")
+    return "mixtral"
+
+
 @dataclass(frozen=True)
 class Source:
     """Where one of our tensors is in the HF checkpoint: name, transpose, offset along the output features."""
@@ -102,6 +122,7 @@ class Source:
     name: str
     conv1d: bool
     offset: int
+    stacked: bool = False  # `name` still holds {e}: one HF tensor per expert
 
 
 @lru_cache(maxsize=4096)
@@ -109,17 +130,18 @@ def source(spec: ModelSpec, ours: str) -> Source:
     """The HF tensor holding our tensor `ours` (a tied LM head is the embedding)."""
     if ours == "output.weight" and spec.tie_embeddings:
         ours = "tok_embeddings.weight"
-    for pattern, rule in _COMPILED[spec.family]:
+    for pattern, rule in _COMPILED[table_key(spec)]:
         m = pattern.match(ours)
         if m:
-            return Source(rule.theirs.format(**m.groupdict()), rule.conv1d, rule.offset(spec))
+            return Source(rule.theirs.replace("{i}", m["i"]) if "{i}" in rule.ours else rule.theirs, rule.conv1d,
+                          rule.offset(spec), rule.stacked)
     raise KeyError(f"no Hugging Face name for shardwise tensor '{ours}' ({spec.family})")
 
 
 def our_names(spec: ModelSpec) -> list[str]:
     """Every tensor of the whole shardwise model (a tied LM head once, as the embedding)."""
     out = []
-    for rule in TABLES[spec.family]:
+    for rule in TABLES[table_key(spec)]:
         if rule.ours == "output.weight" and spec.tie_embeddings:
             continue
         layers = range(spec.num_layers) if "{i}" in rule.ours else [None]
@@ -132,6 +154,11 @@ def our_shape(spec: ModelSpec, ours: str) -> tuple[int, ...]:
     h, f = spec.hidden, spec.ffn_hidden
     leaf = ours.rsplit(".", 2)
     module, kind = leaf[-2], leaf[-1]
+    if ".experts." in ours:  # (experts, out, in): w1, w3 (E, f_e, h); w2 (E, h, f_e)
+        fe = spec.moe_ffn_hidden
+        return (spec.num_experts, h, fe) if kind == "w2" else (spec.num_experts, fe, h)
+    if module == "router":
+        return (spec.num_experts, h)
     outs = {"wq": spec.q_dim, "wk": spec.kv_dim, "wv": spec.kv_dim, "wo": h, "w1": f, "w3": f, "w2": h}
     ins = {"wo": spec.q_dim, "w2": f}
     if module in outs:
@@ -149,6 +176,10 @@ def hf_tensors(spec: ModelSpec) -> dict[str, tuple[list[str], tuple[int, ...], b
     for ours in our_names(spec):
         src = source(spec, ours)
         shape = list(our_shape(spec, ours))
+        if src.stacked:  # one HF tensor per expert; member "ours#e"
+            for e in range(shape[0]):
+                out[src.name.format(e=e)] = ([f"{ours}#{e}"], shape[1:], False)
+            continue
         if src.conv1d:
             shape.reverse()
         out_dim = len(shape) - 1 if src.conv1d else 0
@@ -165,7 +196,8 @@ def hf_config(spec: ModelSpec, base: dict | None = None) -> dict:
     """config.json for `transformers`: the original folder's config when there was one (its token ids,
     its extra keys), else the spec's; always fp32 weights and this architecture."""
     cfg = dict(base) if base else spec.to_hf_config()
-    cfg.update(architectures=[ARCHITECTURES[spec.family]], model_type=spec.family, torch_dtype="float32")
+    key = table_key(spec)
+    cfg.update(architectures=[ARCHITECTURES[key]], model_type=key, torch_dtype="float32")
     if spec.family == "gpt2":
         cfg.setdefault("activation_function", "gelu_new")
     else:

@@ -68,6 +68,9 @@ def _hf_tensor(ours: dict, members: list[str], conv1d: bool):
     """One HF tensor from our tensors: transposed for Conv1D, fused along the output features."""
     import torch
 
+    if len(members) == 1 and "#" in members[0]:  # one expert of a stacked (experts, ...) tensor
+        name, e = members[0].split("#")
+        return ours[name][int(e)].contiguous()
     parts = [ours[m].t() if conv1d else ours[m] for m in members]
     return (torch.cat(parts, dim=1 if conv1d else 0) if len(parts) > 1 else parts[0]).contiguous()
 
@@ -95,7 +98,7 @@ def export_hf(path, out, max_shard_size: str = "5GB") -> dict:
     weight_map, total = {}, 0
     for k, names in enumerate(shards, 1):
         file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        members = [m for n in names for m in tensors[n][0]]
+        members = list(dict.fromkeys(m.split("#")[0] for n in names for m in tensors[n][0]))
         ours = {key.removeprefix("model."): t for key, t in read_tensors(ckpt, manifest, [f"model.{m}" for m in members]).items()}
         block = {n: _hf_tensor(ours, tensors[n][0], tensors[n][2]) for n in names}
         save_file(block, str(out / file), metadata={"format": "pt"})
