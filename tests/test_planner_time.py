@@ -221,9 +221,11 @@ def test_gradients_in_fp32_cost_twice_the_bytes_of_bf16():
 
 
 def test_bucket_overlap_schedule():
+    from shardwise.planner.overlap import OVERLAP_SLOWDOWN as k
     assert hidden(1.0, 0.0, 1e9, 25e6) == 1.0  # nothing to hide behind
-    assert hidden(1.0, 100.0, 1e9, 25e6) == pytest.approx(0.025)  # only the last bucket
-    assert hidden(3.0, 1.0, 1e9, 25e6) == pytest.approx(3.0 - 0.975)  # the stream cannot outrun the backward
+    # only the last bucket is exposed; the hidden 0.975 s slow the backward beside them by Lee et al.'s 18.9 %
+    assert hidden(1.0, 100.0, 1e9, 25e6) == pytest.approx(0.025 + 0.975 * k)
+    assert hidden(3.0, 1.0, 1e9, 25e6) == pytest.approx(3.0 - 0.975 + 0.975 * k)  # the stream cannot outrun the backward
 
 
 def test_pipeline_bubble_shrinks_with_interleaving_and_zb_h1():

@@ -26,7 +26,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params
-from shardwise.planner.overlap import Window, dp_exposed
+from shardwise.planner.overlap import Window, dp_exposed, interference
 from shardwise.schedules.closed_forms import pipeline_makespan
 from shardwise.specs import Layout, ModelSpec
 
@@ -264,6 +264,13 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     return mm + attn + elem, mm + 2 * attn + 2 * elem, mm, attn, gemms
 
 
+def _overlapped(comm: float, compute: float, floor: float = 0.0) -> float:
+    """Exposed seconds of `comm` run beside `compute` (at least `floor`), with the slowdown its hidden part
+    causes to that compute (overlap.interference)."""
+    exposed = max(floor, comm - compute)
+    return exposed + interference(comm, exposed)
+
+
 def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True) -> tuple[float, float]:
     """(forward, backward) exposed TP seconds of one layer and micro-batch: two all-reduces of the
     activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
@@ -290,12 +297,13 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
     regather = ag + sync
     # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
-    regathers = sum(max(0.0, regather - gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
+    # (what hides runs beside the GEMM and slows it: overlap.interference)
+    regathers = sum(_overlapped(regather, gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
     if job.tp_comm_overlap:
         # forward: AG before QKV and FC1, RS after the projection and FC2; backward mirrored on the dgrads.
         pairs_f = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
         pairs_b = [(ag, gemms[3][1]), (rs, gemms[2][1]), (ag, gemms[1][1]), (rs, gemms[0][1])]
-        exposed = [sum(max(x / TP_OVERLAP_SPLITS, x - g) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
+        exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
         return exposed[0], exposed[1] + regathers
     one = ag + rs + sync
     return 2 * one, 2 * one + regathers
@@ -508,8 +516,10 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
     c = 0.0
-    if layout.pp > 1 and not (get_framework(job.framework).p2p_overlap and not calibrated(job)):
+    if layout.pp > 1:
         c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * layout.cp)
+        if get_framework(job.framework).p2p_overlap and not calibrated(job):
+            c = interference(c, 0.0)  # sent behind compute, which it slows while it runs
     return slow, c
 
 

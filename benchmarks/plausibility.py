@@ -1,0 +1,80 @@
+"""The planner's best layout-free plan against tuned published runs whose layout the comparison does not use.
+
+    python benchmarks/plausibility.py [--json] [--framework NAME ...]
+
+For each case, `plan` runs over the whole search space (no layout given) under each framework profile, and its
+winner's throughput is compared with what the source published. The issue's goal: no best plan more than 15 %
+faster than the tuned run. A timing of nothing and an assertion of nothing: it prints the figures.
+
+Cases (per-GPU tokens/s from the source):
+  * Llama 2 70B on 2,048 A100-80GB, 4M-token batches of 4,096: Meta's 1,720,320 GPU-hours for 2 T tokens
+    (Touvron et al. 2023, Table 2) -> 323 tokens/s per GPU (a whole-run figure: restarts and evaluation included).
+  * LLaMA 65B on 2,048 A100-80GB, 4M-token batches of 2,048: "approximately 380 tokens/sec/GPU" (Touvron et al.
+    2023, LLaMA, Sec. 2.4).
+  * Llama 3 405B on 8,192 and 16,384 H100, 2,048 x 8,192: 43 % and 41 % BF16 MFU (Llama Team 2024, Table 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shardwise.planner.frameworks import FRAMEWORKS, make_job
+from shardwise.planner.search import search
+from shardwise.planner.step_time import model_flops_per_step
+from shardwise.specs import load_cluster, load_model
+
+CASES = [
+    # name, model, cluster, gpus, global batch, seq, published tokens/s per GPU (None: from MFU), published MFU
+    ("Llama 2 70B, 2,048 A100 (Meta GPU-hours)", "llama2-70b", "dgx-a100-80gb", 2048, 1024, 4096, 323.0, None),
+    ("LLaMA 65B, 2,048 A100 (LLaMA paper)", "llama-65b", "dgx-a100-80gb", 2048, 2048, 2048, 380.0, None),
+    ("Llama 3 405B, 8,192 H100 (43 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 8192, 2048, 8192, None, 0.43),
+    ("Llama 3 405B, 16,384 H100 (41 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 16384, 2048, 8192, None, 0.41),
+]
+
+
+def run(frameworks: list[str]) -> list[dict]:
+    out = []
+    for name, model, cluster, gpus, batch, seq, tps, mfu in CASES:
+        for fw in frameworks:
+            job = make_job(load_model(model), load_cluster(cluster), batch, seq, fw)
+            result = search(job, gpus)
+            if not result.ranked:
+                out.append({"case": name, "framework": fw, "best": None})
+                continue
+            best = result.ranked[0]
+            published = tps if tps is not None else mfu * job.cluster.peak_flops * gpus * batch * seq \
+                / model_flops_per_step(job) / gpus
+            predicted = best.tokens_per_s / best.gpus
+            out.append({"case": name, "framework": fw, "best": best.layout.describe(), "zero": best.layout.zero,
+                        "recompute": best.layout.recompute, "mfu": round(best.mfu, 4),
+                        "published_tokens_per_s_per_gpu": round(published, 1),
+                        "predicted_tokens_per_s_per_gpu": round(predicted, 1),
+                        "faster_than_published": round(predicted / published - 1, 4)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--framework", nargs="*", default=["megatron-core", "nemo", "torchtitan", "deepspeed-2024", "llama3"],
+                    choices=list(FRAMEWORKS))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rows = run(args.framework)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'case':42} {'framework':15} {'best plan':34} {'MFU':>6} {'publ':>7} {'plan':>7} {'faster':>7}")
+    for r in rows:
+        if r["best"] is None:
+            print(f"{r['case']:42} {r['framework']:15} nothing fits")
+            continue
+        plan = f"{r['best']} Z{r['zero']} {r['recompute']}"
+        print(f"{r['case']:42} {r['framework']:15} {plan:34} {r['mfu']:6.1%} {r['published_tokens_per_s_per_gpu']:7.0f} "
+              f"{r['predicted_tokens_per_s_per_gpu']:7.0f} {r['faster_than_published']:+7.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
