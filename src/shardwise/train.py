@@ -257,7 +257,7 @@ def evaluate(rt: Runtime) -> dict:
     parts = torch.stack([_loss_part(run(rt.chunks, _cp_shards(rt, mbs)), rt) for mbs in val])
     if _world(rt) > 1:
         dist.all_reduce(parts)  # every batch's loss in one collective
-    loss = parts.sum().item() / size(rt.mesh, data_dim(rt.mesh)) / len(val)
+    loss = parts.sum().item() / size(rt.mesh, data_dim(rt.mesh)) / len(parts)
     return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}
 
 
