@@ -13,6 +13,8 @@ from shardwise.specs import Layout, TrainSpec, load_cluster, load_model, validat
 
 ARTICLE = ["--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "256",
            "--seq-len", "2048"]
+# A narrower search for tests that only need a plan, not the whole space (seconds each otherwise).
+NARROW = ["--micro-batch", "1,2", "--max-vpp", "4"]
 
 
 def run_cli(capsys, *argv):
@@ -68,7 +70,7 @@ def test_search_winner_beats_every_fitting_layout_of_a_brute_force_sample(framew
 
 
 def test_plan_json_contract(capsys):
-    code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "3", "--json")
+    code, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "3", "--json")
     assert code == 0
     data = json.loads(out)
     assert set(data) >= {"best", "candidates"} and len(data["candidates"]) == 3
@@ -79,9 +81,9 @@ def test_plan_json_contract(capsys):
 
 
 def test_plan_table_and_explain_use_the_articles_terms(capsys):
-    code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "5", "--explain")
+    code, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "5", "--explain")
     assert code == 0 and "MFU" in out and "M_model" in out and "M_GPU" in out
-    code, out, _ = run_cli(capsys, "explain", *ARTICLE)
+    code, out, _ = run_cli(capsys, "explain", *ARTICLE, *NARROW)
     assert code == 0
     for needle in ("M_model", "TP =", "PP =", "DP =", "bubble", "Runner-up"):
         assert needle in out
@@ -145,14 +147,14 @@ def test_nothing_fits_suggests_only_usable_gpu_counts_and_widening_only_when_nar
 
 def test_framework_flag_contract(capsys):
     for fw in ("megatron-2021", "megatron-core", "nemo", "deepspeed", "torchtitan", "shardwise"):
-        code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "2", "--json", "--framework", fw, "--pp", "1,2,4")
+        code, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "2", "--json", "--framework", fw, "--pp", "1,2,4")
         assert code == 0
         best = json.loads(out)["best"]
         assert best["framework"] == fw
         from shardwise.planner.frameworks import get
         assert get(fw).refusal(Layout(**{k: best[k] for k in ("dp", "tp", "pp", "micro_batch", "vpp", "zero",
                                                                "recompute", "sequence_parallel", "schedule")})) is None
-    code, out, _ = run_cli(capsys, "explain", *ARTICLE, "--framework", "deepspeed", "--pp", "1,2,4")
+    code, out, _ = run_cli(capsys, "explain", *ARTICLE, *NARROW, "--framework", "deepspeed", "--pp", "1,2,4")
     assert code == 0 and "Framework deepspeed" in out and "Sensitivity" in out and "Dominant term" in out
 
 
@@ -237,10 +239,10 @@ def test_planner_commands_do_not_import_torch():
 
 
 def test_plan_lists_one_layout_per_split_unless_all_variants(capsys):
-    _, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "6", "--json")
+    _, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "6", "--json")
     splits = [(c["dp"], c["tp"], c["pp"]) for c in json.loads(out)["candidates"]]
     assert len(splits) == len(set(splits)) == 6
-    _, out, _ = run_cli(capsys, "plan", *ARTICLE, "--top", "6", "--json", "--all-variants")
+    _, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "6", "--json", "--all-variants")
     cands = json.loads(out)["candidates"]
     times = [c["step_time_s"] for c in cands]
     assert times == sorted(times) and len({(c["dp"], c["tp"], c["pp"]) for c in cands}) < 6
