@@ -237,7 +237,7 @@ def _cp_shards(rt: Runtime, mbs: list) -> list:
     cp = rt.cfg.layout.cp
     if cp == 1:
         return mbs
-    rank = coordinates(rt.mesh)["cp"]
+    rank = rt.where["cp"]
     return [(shard_sequence(x, cp, rank), shard_sequence(y, cp, rank)) for x, y in mbs]
 
 
