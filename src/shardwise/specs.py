@@ -710,6 +710,11 @@ class Layout:
     def with_(self, **changes) -> "Layout":
         return replace(self, **changes)
 
+    @property
+    def split(self) -> tuple[int, int, int, int, int]:
+        """The dp x tp x pp x cp x ep split: `plan` shows the best layout of each."""
+        return (self.dp, self.tp, self.pp, self.cp, self.ep)
+
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
         if self.ep > 1 or self.etp > 1:

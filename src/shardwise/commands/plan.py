@@ -61,9 +61,8 @@ def best_per_split(ranked):
     """The fastest layout of each dp x tp x pp x cp (x ep) split, in rank order."""
     seen, out = set(), []
     for e in ranked:
-        key = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp, e.layout.ep)
-        if key not in seen:
-            seen.add(key)
+        if e.layout.split not in seen:
+            seen.add(e.layout.split)
             out.append(e)
     return out
 

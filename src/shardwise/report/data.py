@@ -16,7 +16,7 @@ TIME_LABELS = {"compute": ("compute", "#0072B2"), "recompute": ("recompute", "#5
                "pp_p2p": ("PP p2p", "#CC79A7"),
                "pipeline_bubble": ("pipeline bubble", "#C9CED6"), "dp_comm": ("DP traffic", "#D55E00"),
                "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288")}
-LAYOUT_COLUMNS = ("dp", "tp", "pp", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
+LAYOUT_COLUMNS = ("layout", "dp", "tp", "pp", "cp", "ep", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
                   "tokens_per_s", "mfu", "split_rank")
 
 
@@ -38,10 +38,9 @@ def layouts(ranked) -> dict:
     seen, rows, mem, time = set(), [], [], []
     for e in ranked:
         lay = e.layout
-        split = (lay.dp, lay.tp, lay.pp, lay.cp)
-        split_rank = None if split in seen else len(seen) + 1  # its row in `plan`'s table (best of each split)
-        seen.add(split)
-        rows.append([lay.dp, lay.tp, lay.pp, lay.vpp, lay.micro_batch, e.num_microbatches, lay.zero, lay.recompute,
+        split_rank = None if lay.split in seen else len(seen) + 1  # its row in `plan`'s table (best of each split)
+        seen.add(lay.split)
+        rows.append([lay.describe(), lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.vpp, lay.micro_batch, e.num_microbatches, lay.zero, lay.recompute,
                      lay.sequence_parallel, lay.schedule if lay.pp > 1 else "-", _r(e.memory_per_gpu / GIB),
                      _r(e.step_time), round(e.tokens_per_s), round(e.mfu, 4), split_rank])
         mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])

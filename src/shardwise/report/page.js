@@ -15,10 +15,6 @@
   const api = { ready: false, charts: {} };
   window.shardwiseReport = api;
 
-  function describe(r) {
-    return `dp${r.dp}·tp${r.tp}·pp${r.pp}` + (r.vpp > 1 ? `·v${r.vpp}` : "") + `·mb${r.mb}`;
-  }
-
   // ------------------------------------------------------------------ plan: winner and explanation
 
   function initWinner(plan) {
@@ -41,7 +37,8 @@
 
   const COLUMNS = [
     { key: "rank", label: "#" }, { key: "layout", label: "layout", text: true }, { key: "dp", label: "dp" },
-    { key: "tp", label: "tp" }, { key: "pp", label: "pp" }, { key: "vpp", label: "vpp" }, { key: "mb", label: "micro-batch" },
+    { key: "tp", label: "tp" }, { key: "pp", label: "pp" }, { key: "cp", label: "cp" },
+    { key: "ep", label: "ep" }, { key: "vpp", label: "vpp" }, { key: "mb", label: "micro-batch" },
     { key: "m", label: "micro-batches" }, { key: "schedule", label: "schedule", text: true }, { key: "zero", label: "ZeRO" },
     { key: "recompute", label: "recompute", text: true }, { key: "sp", label: "SP", text: true },
     { key: "mem_gib", label: "GiB/GPU" }, { key: "step_s", label: "step s" }, { key: "tokens_per_s", label: "tokens/s" },
@@ -54,7 +51,6 @@
     return L.rows.map((values, i) => {
       const r = { overall: i + 1, memory: L.memory[i], time: L.time[i] };
       L.columns.forEach((c, j) => { r[c] = values[j]; });
-      r.layout = describe(r);
       r.sp = r.sp ? "yes" : "-";
       return r;
     });
