@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from shardwise.launch import free_port
+from shardwise.launch import run_ranks
 from shardwise.specs import load_model
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -114,12 +113,11 @@ def _grads(chunk):
     return {n: p.grad.detach().clone() for n, p in chunk.named_parameters()}
 
 
-def worker(rank, port, args, queue):
+def worker(args):
+    """One of the two ranks (started by launch.run_ranks, in a gloo process group of two)."""
     from shardwise.parallel.pipeline_step import build_stage_chunks
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
     spec = model_spec(args)
     chunk = build_stage_chunks(spec, 2, 1, rank, seed=1, seq_len=args.seq)[0]
     x, y = batches(args, spec)
@@ -150,8 +148,7 @@ def worker(rank, port, args, queue):
             if rep >= args.warmup:
                 times[key].append(time.perf_counter() - t)
                 events[key].append(runners[key].compute_events())
-    queue.put((rank, {"times": times, "events": events, "grad_diff": grad_diff, "p2p": c}))
-    dist.destroy_process_group()
+    return {"times": times, "events": events, "grad_diff": grad_diff, "p2p": c}
 
 
 # --------------------------------------------------------------------------- analysis
@@ -217,15 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, args, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=1800) for _ in procs)
-    for p in procs:
-        p.join()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    results = dict(enumerate(run_ranks(worker, args, world=2, backend="gloo", timeout_s=120)))
     rows = [analyse(name, results, args) for name in SCHEDULES]
     grad_diff = max(results[r]["grad_diff"] for r in (0, 1))
     config = {k: getattr(args, k) for k in ("hidden", "layers", "vocab", "seq", "micro_batch", "microbatches",

@@ -10,19 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.errors import UsageError
-from shardwise.schedules.generators import SCHEDULE_NAMES, build
+from shardwise.schedules.generators import build
+from shardwise.schedules.p2p import SEMANTICS, Exchange, check, p2p_program, unpaired_program
 from shardwise.schedules.schedule import (Action, Schedule, dependencies, next_rank, p2p_plan, prev_rank,
                                           stage_owner, virtual_stage)
 from shardwise.schedules.validate import InvalidSchedule, problems, validate
+from shardwise.specs import SCHEDULES
 
 
 @st.composite
-def shapes(draw, names=SCHEDULE_NAMES):
+def shapes(draw, names=SCHEDULES, max_p=6, max_m=10, max_v=3):
     name = draw(st.sampled_from(names))
-    p = draw(st.integers(1, 6))
+    p = draw(st.integers(1, max_p))
     if name == "interleaved-1f1b":
-        return name, p, p * draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    return name, p, draw(st.integers(1, 10)), 1
+        return name, p, p * draw(st.integers(1, max(1, max_m // p))), draw(st.integers(1, max_v))
+    return name, p, draw(st.integers(1, max_m)), 1
 
 
 def test_virtual_stage_is_megatrons_round_robin():
@@ -117,6 +119,17 @@ def _acyclic(s: Schedule) -> bool:
         return False
 
 
+def _same_order(s: Schedule) -> bool:
+    sent, received = {}, {}
+    for steps in p2p_plan(s):
+        for step in steps:
+            for t in step.send:
+                sent.setdefault((t.src_rank, t.dst_rank), []).append(t)
+            for t in step.recv:
+                received.setdefault((t.src_rank, t.dst_rank), []).append(t)
+    return sent == received
+
+
 def _with_rank(s: Schedule, r: int, acts: list[Action]) -> Schedule:
     ranks = list(s.ranks)
     ranks[r] = tuple(acts)
@@ -135,7 +148,9 @@ def test_validator_agrees_with_a_graph_oracle_on_swapped_actions(shape, data):
     acts[i], acts[i + 1] = acts[i + 1], acts[i]
     mutated = _with_rank(s, r, acts)
     same_pair = acts[i].microbatch == acts[i + 1].microbatch and acts[i].chunk == acts[i + 1].chunk
-    expect_valid = _acyclic(mutated) and not same_pair  # swapping F/B or I/W of one micro-batch breaks order
+    # Swapping F/B or I/W of one micro-batch breaks order; messages two ranks post in different orders
+    # cannot be matched by order (NCCL); otherwise the program must finish under both kinds of send.
+    expect_valid = _acyclic(mutated) and not same_pair and _same_order(mutated)
     assert (problems(mutated) == []) == expect_valid
 
 
@@ -176,12 +191,69 @@ def test_validator_names_the_problem(acts, msg):
 @given(shapes())
 def test_sends_and_receives_between_two_ranks_happen_in_the_same_order(shape):
     # So an executor can match point-to-point messages in posting order (NCCL has no tags).
-    plan = p2p_plan(build(*shape))
-    sent, received = {}, {}
-    for steps in plan:
-        for step in steps:
-            for t in step.send:
-                sent.setdefault((t.src_rank, t.dst_rank), []).append(t)
-            for t in step.recv:
-                received.setdefault((t.src_rank, t.dst_rank), []).append(t)
-    assert sent == received
+    assert _same_order(build(*shape))
+
+
+# --------------------------------------------------------------------------- point-to-point programs
+
+
+@settings(max_examples=120, deadline=None)
+@given(shapes(max_p=8, max_m=16, max_v=4))
+def test_every_program_finishes_under_buffered_and_rendezvous_sends(shape):
+    """p <= 8, m <= 16, v <= 4: the executor's messages finish whether sends complete when posted (gloo)
+    or only when their receive is posted, one FIFO per pair of ranks (NCCL)."""
+    s = build(*shape)
+    programs = p2p_program(s)
+    assert [check(s, programs, semantics) for semantics in SEMANTICS] == [None, None]
+    # the program runs exactly the schedule's actions, in its order
+    assert [tuple(x for x in items if isinstance(x, Action)) for items in programs] == list(s.ranks)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes(max_p=8, max_m=16, max_v=4))
+def test_the_old_order_finishes_only_with_buffered_sends(shape):
+    s = build(*shape)
+    old = unpaired_program(s)
+    assert check(s, old, "buffered") is None  # why it always ran on gloo
+    name, p, m, v = shape
+    if p > 1 and m >= 2 and name in ("1f1b", "zb-h1"):  # two ranks that each send before they receive
+        assert check(s, old, "rendezvous").startswith("deadlock (rendezvous sends)")
+
+
+def test_the_old_1f1b_order_deadlocks_as_the_issue_describes():
+    # Rank 0 [send act0, send act1, recv grad0, recv grad1], rank 1 [recv act0, send grad0, recv act1, send grad1]:
+    # each side's second message waits on the other's.
+    s = build("1f1b", 2, 2)
+    found = check(s, unpaired_program(s), "rendezvous")
+    assert found == ("deadlock (rendezvous sends): rank 0 waits for recv grad0.s1 from rank 1, send act1.s0 to rank 1; "
+                     "rank 1 waits for recv act1.s0 from rank 0, send grad0.s1 to rank 0")
+
+
+def test_1f1b_pairs_each_forward_send_with_the_next_backward_receive():
+    # Megatron's send_forward_recv_backward / torch's fwd_send_bwd_recv, derived from the schedule.
+    s = build("1f1b", 2, 4)
+    rank0 = [str(x) for x in p2p_program(s)[0]]
+    assert rank0[:4] == ["F0", "{send act0.s0}", "F1", "{send act1.s0, recv grad0.s1}"]
+    rank1 = [str(x) for x in p2p_program(s)[1]]
+    assert rank1[:5] == ["{recv act0.s0}", "F0", "B0", "{send grad0.s1, recv act1.s0}", "F1"]
+
+
+def test_interleaved_receives_early_where_pairing_alone_would_deadlock():
+    # p = 2, v = 2: rank 0's gradient send and rank 1's would each wait for the other's receive, which
+    # each posts only after its own send; the program moves a receive into the exchange waiting then
+    # (pairing alone receives one message per exchange at most).
+    s = build("interleaved-1f1b", 2, 4, 2)
+    programs = p2p_program(s)
+    assert any(len(x.recvs) > 1 for items in programs for x in items if isinstance(x, Exchange))
+    assert check(s, programs, "rendezvous") is None
+
+
+def test_messages_in_different_orders_on_the_two_sides_are_refused():
+    s = build("gpipe", 2, 2)
+    programs = p2p_program(s)
+    rank1 = programs[1]
+    first, second = (i for i, x in enumerate(rank1) if isinstance(x, Exchange) and x.recvs
+                     and x.recvs[0].kind == "activation")
+    rank1[first], rank1[second] = rank1[second], rank1[first]  # receive act1 before act0
+    found = check(s, programs, "buffered")
+    assert "different orders" in found or "before receiving" in found

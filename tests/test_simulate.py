@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.schedules import closed_forms as cf
-from shardwise.schedules.generators import SCHEDULE_NAMES, build
+from shardwise.schedules.generators import build
+from shardwise.specs import SCHEDULES
 from shardwise.schedules.schedule import stage_owner, virtual_stage
 from shardwise.schedules.simulate import Costs, simulate
 
 
 def grid():
-    for name in SCHEDULE_NAMES:
+    for name in SCHEDULES:
         for p in (1, 2, 3, 4, 8):
             for m in (1, 2, 3, 4, 5, 8, 16):
                 for v in ((1, 2, 3) if name == "interleaved-1f1b" else (1,)):
@@ -35,7 +36,7 @@ def test_closed_forms_equal_the_simulator(name, p, m, v):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(SCHEDULE_NAMES), st.integers(1, 6), st.integers(1, 4), st.integers(1, 12),
+@given(st.sampled_from(SCHEDULES), st.integers(1, 6), st.integers(1, 4), st.integers(1, 12),
        st.tuples(*[st.integers(0, 8).map(lambda x: x / 4)] * 3).filter(lambda t: sum(t) > 0))
 def test_closed_forms_equal_the_simulator_for_any_costs(name, p, v, m, fbw):
     v = v if name == "interleaved-1f1b" else 1
@@ -117,7 +118,7 @@ def test_comm_closed_form_zb_h1_exact_for_equal_passes_and_close_otherwise(p, m,
     assert cf.pipeline_makespan("zb-h1", p, m, 1, f, b, w, c) == pytest.approx(sim, rel=0.025)
 
 
-@pytest.mark.parametrize("name,p,m,v", [(n, 4, 8, 2 if n == "interleaved-1f1b" else 1) for n in SCHEDULE_NAMES]
+@pytest.mark.parametrize("name,p,m,v", [(n, 4, 8, 2 if n == "interleaved-1f1b" else 1) for n in SCHEDULES]
                          + [("interleaved-1f1b", 2, 8, 4), ("1f1b", 3, 2, 1), ("zb-h1", 5, 7, 1)])
 @pytest.mark.parametrize("c", [0.1, 0.5, 2.0])
 def test_comm_bounds_for_any_c(name, p, m, v, c):
@@ -133,7 +134,7 @@ def test_comm_bounds_for_any_c(name, p, m, v, c):
         assert cf.pipeline_makespan(name, p, m, v, f, b, w, c) <= sim + 1e-9
 
 
-@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+@pytest.mark.parametrize("name", SCHEDULES)
 def test_events_respect_order_and_dependencies(name):
     p, m, v, c = 4, 8, (2 if name == "interleaved-1f1b" else 1), 0.3
     s = build(name, p, m, v)

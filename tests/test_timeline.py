@@ -65,6 +65,22 @@ def test_simulate_json_contract(capsys):
     assert out["peak_inflight_microbatches_per_rank"] == [4, 3, 2, 1]
 
 
+@pytest.mark.parametrize("schedule,vpp", [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_simulate_json_says_the_schedule_is_deadlock_free_under_both_sends(schedule, vpp, capsys):
+    assert main(["simulate", "--schedule", schedule, "--pp", "4", "--microbatches", "8", "--vpp", str(vpp), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["deadlock_free_buffered"] is True and out["deadlock_free_rendezvous"] is True
+
+
+def test_simulate_model_cuts_stages_as_training_does(capsys):
+    # gpt2's LM head costs ~3.7 layers: the split gives the last stage fewer layers, and the stages still
+    # differ in cost, so the bubble is larger than with four equal stages.
+    assert main(["simulate", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--json"]) == 0
+    even = json.loads(capsys.readouterr().out)["bubble_fraction"]
+    assert main(["simulate", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--model", "gpt2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bubble_fraction"] > even
+
+
 def test_simulate_compare_draws_and_traces(tmp_path, capsys):
     png, trace = tmp_path / "compare.png", tmp_path / "trace.json"
     code = main(["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--comm", "0.1",
@@ -96,6 +112,8 @@ def test_simulate_summary_without_json(capsys):
     (["--pp", "2", "--microbatches", "8", "--comm", "-1"], "--comm must be non-negative"),
     (["--pp", "2", "--microbatches", "8", "--out", "t.pdf"], "--out must end in .png or .svg"),
     (["--compare", "--schedule", "1f1b", "--pp", "2", "--microbatches", "8"], "drop --schedule"),
+    (["--pp", "16", "--microbatches", "16", "--model", "tiny"], "exceed the 4 layers"),
+    (["--pp", "2", "--microbatches", "8", "--model", "nope"], "unknown model"),
 ])
 def test_simulate_bad_input_is_one_line(argv, msg, capsys):
     assert main(["simulate", *argv]) == 2

@@ -1,13 +1,14 @@
-"""Start a training job: check everything first, then run the ranks.
+"""Start ranks — the one way shardwise does it — and check a training job before it starts.
 
-- Under torchrun (RANK and WORLD_SIZE in the environment): this process is one rank; run it.
-- Otherwise, one process: train here, without torch.distributed.
-- Otherwise: start dp*tp*pp*cp processes on this machine with torchrun's own machinery
-  (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port).
-  If a rank dies, the agent stops the others at once; with --max-restarts R it starts them all again
-  (they resume from the newest checkpoint) up to R times, then we name the rank that died.
+`run_ranks(entry, *args, world=W)` runs entry on W ranks: in place under torchrun (RANK and WORLD_SIZE
+in the environment), in this process for one rank, else with torchrun's own machinery
+(torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port). If a rank
+dies, the agent stops the others at once; with --max-restarts R it starts them all again (training
+resumes from the newest checkpoint) up to R times, then JobFailed names the rank that died.
+Training (`launch`: dp*tp*pp*cp ranks), calibrate, validate, the tests and the benchmarks all start
+their ranks here.
 
-`check` raises UsageError for anything wrong with the job, before any process group exists.
+`check` raises UsageError for anything wrong with a training job, before any process group exists.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from shardwise.train import TrainConfig
 
 
 class JobFailed(RuntimeError):
-    """A rank of a running job failed; the message names it."""
+    """A rank of a running job failed; the message names it (one line), `details` has the tracebacks."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 def under_torchrun() -> bool:
@@ -91,8 +96,6 @@ def check(cfg: TrainConfig) -> None:
                          f"divisible by tp={lay.tp} — use a multiple of {lay.tp * lay.cp}")
     if lay.ep * lay.etp > 1 and cfg.checkpoint_dir:
         raise UsageError("checkpoints of expert-parallel runs are not supported yet — drop --checkpoint-dir or train with --ep 1")
-    if lay.sequence_parallel and lay.tp > 1 and cfg.seq_len % lay.tp:
-        raise UsageError(f"sequence parallelism splits the sequence over tp={lay.tp}, but --seq-len {cfg.seq_len} is not divisible — use a multiple of {lay.tp}")
     if cfg.backend == "nccl":
         _check_gpus(lay.world_size)
     from shardwise.paths import output_dir, output_file
@@ -119,14 +122,10 @@ def _check_gpus(world: int) -> None:
 
 def launch(cfg: TrainConfig) -> None:
     """Run the (already checked) job to the end; raises JobFailed naming the rank that failed."""
-    from shardwise.train import train, worker_main
+    from shardwise.train import train_rank
 
-    if under_torchrun():
-        worker_main(cfg)
-    elif cfg.layout.world_size == 1:
-        train(cfg)
-    else:
-        _launch_local(cfg)
+    run_ranks(train_rank, cfg, world=cfg.layout.world_size, backend=cfg.backend, timeout_s=cfg.timeout_s,
+              max_restarts=cfg.max_restarts, what="training")
 
 
 def free_port() -> int:
@@ -135,55 +134,125 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_ranks(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 60.0) -> None:
-    """Run fn(rank, world, *args) on `world` new local processes, each one thread, inside one process
-    group (tests and benchmarks: unlike `launch`, no agent; a failing rank raises here)."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_spawned_rank, args=(world, free_port(), fn, args, backend, timeout_s), nprocs=world)
+# --------------------------------------------------------------------------- the one way to start ranks
 
 
-def _spawned_rank(rank, world, port, fn, args, backend, timeout_s) -> None:
-    import torch
-    import torch.distributed as dist
+def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float = 300.0, max_restarts: int = 0,
+              report=None, what: str = "the job") -> list:
+    """Run entry(*args) on `world` ranks, each inside the job's process group (one thread per rank unless
+    OMP_NUM_THREADS says otherwise); returns their results in rank order.
 
-    from shardwise.parallel import init_distributed
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    init_distributed(backend, timeout_s)
-    try:
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def _launch_local(cfg: TrainConfig) -> None:
+    - Under torchrun this process is one of the ranks: entry runs here; returns [this rank's result].
+    - world 1: entry runs here, without torch.distributed.
+    - Otherwise the ranks start on this machine with torchrun's own machinery (elastic_launch: c10d
+      rendezvous on a free loopback port). If a rank fails, the agent stops the others at once; with
+      max_restarts R it starts them all again up to R times; then JobFailed names the rank that died.
+    Rank 0's `progress(label)` calls reach `report(label)` here (a progress bar)."""
+    if under_torchrun():
+        return [_rank_main(entry, args, backend, timeout_s, None, report)]
+    if world == 1:
+        return [_rank_main(entry, args, backend, timeout_s, None, report, join=False)]
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from shardwise.train import worker_main
-
-    world = cfg.layout.world_size
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=cfg.max_restarts,
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=max_restarts,
                           monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1", shutdown_timeout=3)
-    # The agent logs each failure with its own traceback; we report it in one line instead.
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
     from shardwise.interrupt import launcher_signals
 
+    with launcher_signals(), _ProgressRelay(report) as queue:  # Ctrl-C / SIGTERM: the agent stops the ranks, one line
+        try:
+            results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None)
+        except ChildFailedError as exc:
+            raise JobFailed(describe_failures(exc.failures, what), details=_details(exc.failures)) from None
+    return [results[r] for r in sorted(results)]
+
+
+def spawn_ranks(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """fn(rank, world, *args) on `world` ranks (tests and benchmarks); a failing rank raises here with
+    its traceback."""
     try:
-        with launcher_signals():  # Ctrl-C / SIGTERM: the agent stops the ranks, we say it in one line
-            elastic_launch(config, worker_main)(cfg)
-    except ChildFailedError as exc:
-        raise JobFailed(describe_failures(exc.failures)) from None
+        run_ranks(_with_rank, fn, *args, world=world, backend=backend, timeout_s=timeout_s)
+    except JobFailed as exc:
+        raise RuntimeError(f"{exc}\n{exc.details}") from None
 
 
-def describe_failures(failures: dict) -> str:
+def _with_rank(fn, *args):
+    import torch.distributed as dist
+
+    return fn(dist.get_rank(), dist.get_world_size(), *args)
+
+
+_report = None  # where progress() sends rank 0's labels in this process
+
+
+def progress(label: str) -> None:
+    """A step of long work done: shown by the launching process's progress bar (rank 0 only)."""
+    if _report is not None:
+        _report(label)
+
+
+def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True):
+    """One rank: join the process group (from torchrun's environment), run entry, leave."""
+    global _report
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.parallel.mesh import init_distributed
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+    rank = int(os.environ.get("RANK", 0))
+    _report = (queue.put if queue is not None else report) if rank == 0 else None
+    if join:
+        from shardwise.interrupt import rank_handlers
+
+        rank_handlers()  # a rank ends at once on SIGINT / SIGTERM; the launcher says it in one line
+        init_distributed(backend, timeout_s)
+    try:
+        return entry(*args)
+    finally:
+        _report = None
+        if dist.is_initialized():
+            # Free what still holds gloo work objects (FSDP's state sits in reference cycles) while the
+            # interpreter is alive: freed during its shutdown they abort the process (SIGABRT).
+            gc.collect()
+            dist.destroy_process_group()
+
+
+class _ProgressRelay:
+    """A queue the ranks put rank 0's progress labels in, and a thread that hands them to `report`."""
+
+    def __init__(self, report):
+        self.report, self.queue, self.thread = report, None, None
+
+    def __enter__(self):
+        if self.report is None:
+            return None
+        import threading
+
+        import torch.multiprocessing as mp
+
+        self.queue = mp.get_context("spawn").SimpleQueue()
+        self.thread = threading.Thread(target=self._relay, daemon=True)
+        self.thread.start()
+        return self.queue
+
+    def _relay(self):
+        while (label := self.queue.get()) is not None:
+            self.report(label)
+
+    def __exit__(self, *exc):
+        if self.queue is not None:
+            self.queue.put(None)
+            self.thread.join(timeout=5)
+        return False
+
+
+def describe_failures(failures: dict, what: str = "training") -> str:
     """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
     is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence."""
     def vanished(f) -> bool:
@@ -196,7 +265,17 @@ def describe_failures(failures: dict) -> str:
             else f"failed: {_last_line(f.message)}"
         parts.append(f"rank {rank} {how}")
     others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
-    return f"training stopped: {parts[0]}{others} — the other ranks were stopped"
+    return f"{what} stopped: {parts[0]}{others} — the other ranks were stopped"
+
+
+def _details(failures: dict) -> str:
+    """Every failed rank's traceback (for tests; the CLI prints the one line)."""
+    out = []
+    for rank, f in sorted(failures.items()):
+        message = f.message if isinstance(f.message, dict) else {"message": str(f.message)}
+        stack = message.get("extraInfo", {}).get("py_callstack") if isinstance(message.get("extraInfo"), dict) else None
+        out.append(f"--- rank {rank}:\n{stack or message.get('message', '')}")
+    return "\n".join(out)
 
 
 def _last_line(message) -> str:

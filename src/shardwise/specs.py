@@ -27,9 +27,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+# The one list of pipeline schedules (schedules/generators.py builds each) and of recompute policies.
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-CP_MODES = ("ring", "allgather")
+PLANNED_SCHEDULES = SCHEDULES[1:]  # what `plan` searches and `simulate --compare` draws: all but the article's naive
 RECOMPUTE = ("none", "selective", "full")
+CP_MODES = ("ring", "allgather")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -761,6 +763,9 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(f"vpp={layout.vpp} needs --schedule interleaved-1f1b (got {layout.schedule})")
     if layout.schedule == "interleaved-1f1b" and layout.pp == 1:
         raise UsageError("interleaved-1f1b needs pp > 1 — use pp>=2 or another schedule")
+    if global_batch % layout.dp:
+        raise UsageError(f"--global-batch {global_batch} is not divisible by dp={layout.dp} — each dp rank takes an "
+                         f"equal slice; pick a multiple of {layout.dp}")
     if global_batch % (layout.dp * layout.micro_batch):
         raise UsageError(
             f"global batch {global_batch} is not divisible by dp*micro_batch = {layout.dp}*{layout.micro_batch} — "
@@ -794,6 +799,9 @@ def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None
             f"cp splits the tokens over ranks but each keeps its global position, so cp cannot lengthen the sequence — "
             f"use at most {model.max_positions} tokens or a model with more positions")
     local = seq_len // layout.cp
+    if layout.cp == 1 and layout.sequence_parallel and layout.tp > 1 and seq_len % layout.tp:
+        raise UsageError(f"sequence parallelism splits the sequence over tp={layout.tp}, but --seq-len {seq_len} is not "
+                         f"divisible — use a multiple of {layout.tp}")
     if layout.cp > 1 and layout.sequence_parallel and layout.tp > 1 and local % layout.tp:
         raise UsageError(
             f"sequence parallelism splits each rank's {local} tokens (seq-len {seq_len} / cp {layout.cp}) over tp={layout.tp}, "

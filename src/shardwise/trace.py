@@ -21,11 +21,12 @@ from shardwise.schedules import Costs, simulate
 from shardwise.timeline import Event, bubble_fraction, draw_timelines, write_chrome_trace
 
 
-def aligned_epoch(pp_group) -> float:
-    """The ranks' common time zero for traces: pipeline rank 0's wall clock, broadcast. Records use
-    time.time(), one clock for every process of a machine (exact alignment) and NTP-synchronised
-    across machines (alignment to the network's clock skew, typically well under a millisecond)."""
-    epoch = torch.tensor([time.time()], dtype=torch.float64)
+def aligned_epoch(pp_group, device="cpu") -> float:
+    """The ranks' common time zero for traces: pipeline rank 0's wall clock, broadcast (on the job's
+    device: NCCL moves CUDA tensors only). Records use time.time(), one clock for every process of a
+    machine (exact alignment) and NTP-synchronised across machines (alignment to the network's clock
+    skew, typically well under a millisecond)."""
+    epoch = torch.tensor([time.time()], dtype=torch.float64, device=device)
     if pp_group is not None:
         dist.broadcast(epoch, src=dist.get_global_rank(pp_group, 0), group=pp_group)
     return float(epoch.item())

@@ -32,8 +32,8 @@ from shardwise.corpus.batches import batches, validation_batches
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
 from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates, data_dim, data_mesh, expert_names,
-                                grad_sync, init_distributed, make_optimizer, parallelize, shard_sequence, size,
-                                sync_expert_grads, sync_sequence_parallel_grads)
+                                grad_sync, make_optimizer, parallelize, shard_sequence, size, sync_expert_grads,
+                                sync_sequence_parallel_grads)
 from shardwise.parallel.data_parallel import Optimizers
 from shardwise.specs import Layout, ModelSpec
 from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
@@ -525,20 +525,4 @@ class progress_bar:
 # --------------------------------------------------------------------------- one process of a job
 
 
-def worker_main(cfg: TrainConfig) -> list[dict]:
-    """Entry point of every rank (our launcher or torchrun): join the job, build the mesh, train, leave."""
-    from shardwise.interrupt import rank_handlers
-
-    rank_handlers()
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
-    init_distributed(cfg.backend, cfg.timeout_s)
-    try:
-        lay = cfg.layout
-        mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s)
-        records = train(cfg, mesh).records
-        dist.barrier()
-        return records
-    finally:
-        dist.destroy_process_group()
+theirs

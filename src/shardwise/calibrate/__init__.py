@@ -22,9 +22,34 @@ profile.py turns the figures into the cluster TOML: [measured] in the format pla
 [cluster] keys fitted from it so the planner's alpha-beta fallback agrees with the tables.
 """
 
+import os
+from dataclasses import replace
+
 from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, check_config, gemm_shapes, human, parse_size, rank_steps
-from shardwise.calibrate.launch import CalibrationFailed, calibrate, under_torchrun
 from shardwise.calibrate.profile import Profile, fit_alpha_beta
 
-__all__ = ["COLLECTIVES", "CalibrateConfig", "CalibrationFailed", "Profile", "calibrate", "check_config",
-           "fit_alpha_beta", "gemm_shapes", "human", "parse_size", "rank_steps", "under_torchrun"]
+__all__ = ["COLLECTIVES", "CalibrateConfig", "Profile", "calibrate", "check_config", "fit_alpha_beta", "gemm_shapes",
+           "human", "parse_size", "rank_steps"]
+
+
+def calibrate(cfg: CalibrateConfig, report=lambda label: None) -> Profile | None:
+    """Measure with cfg.world ranks (under torchrun: its world): the Profile on rank 0, None elsewhere.
+    Ranks start through `launch.run_ranks`; a failed rank raises `launch.JobFailed`."""
+    from shardwise.launch import run_ranks, under_torchrun
+
+    cfg = cfg.resolved()
+    if under_torchrun():
+        cfg = replace(cfg, world=int(os.environ["WORLD_SIZE"]))
+    out = run_ranks(_measure, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
+                    what="calibration")[0]
+    return None if out is None else Profile(**out)
+
+
+def _measure(cfg: CalibrateConfig):
+    import torch.distributed as dist
+
+    from shardwise.calibrate.measure import measure_rank
+    from shardwise.launch import progress
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return measure_rank(cfg, rank, world, progress)

@@ -39,7 +39,8 @@ def _config(args):
 def run(args) -> int:
     import sys
 
-    from shardwise.calibrate import CalibrationFailed, calibrate, check_config, rank_steps, under_torchrun
+    from shardwise.calibrate import calibrate, check_config, rank_steps
+    from shardwise.launch import JobFailed, under_torchrun
 
     cfg = _config(args)
     check_config(cfg, _cuda_devices() if args.backend == "nccl" else 0)  # before torch starts any rank
@@ -58,7 +59,7 @@ def run(args) -> int:
         task = bar.add_task("starting ranks", total=total)
         try:
             profile = calibrate(cfg, lambda label: bar.update(task, advance=1, description=label))
-        except CalibrationFailed as exc:
+        except JobFailed as exc:
             print(f"shardwise: error: {exc}", file=sys.stderr)
             return 1
     if profile is None:  # another torchrun rank: rank 0 reports

@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from shardwise.errors import UsageError
-from shardwise.specs import CP_MODES, SCHEDULES, Layout, load_cluster, load_model
+from shardwise.specs import CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, load_cluster, load_model
 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -35,7 +35,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                    help="sequences per micro-batch")
     p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
-    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"], help="activation recompute")
+    p.add_argument("--recompute", default="none", choices=list(RECOMPUTE), help="activation recompute")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
     p.add_argument("--ep", type=int, default=1,
@@ -118,10 +118,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=_int_list, default=None, metavar="E,...",
                    help="expert-parallel degrees to try (MoE models; default: every divisor of the experts that divides dp*tp)")
     g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), metavar="Z,...", help="ZeRO stages to try")
-    g.add_argument("--recompute", type=_choice_list(["none", "selective", "full"]), default=("none", "selective", "full"),
+    g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=RECOMPUTE,
                    metavar="R,...", help="activation recompute policies to try (none, selective, full)")
-    g.add_argument("--schedules", type=_choice_list(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]),
-                   default=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), metavar="S,...",
+    g.add_argument("--schedules", type=_choice_list(PLANNED_SCHEDULES), default=PLANNED_SCHEDULES, metavar="S,...",
                    help="pipeline schedules to try")
     g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")
     g.add_argument("--cp", type=_int_list, default=None, metavar="C,...",

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from shardwise.errors import UsageError
 
-COMPARE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+from shardwise.specs import PLANNED_SCHEDULES as COMPARE
+from shardwise.specs import SCHEDULES
+
 # Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions the closed forms answer (exact for
 # uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture stays readable up to MAX_DRAWN.
 MAX_SIMULATED = 40_000  # actions, over all schedules of one command (~15 us each)
@@ -18,10 +20,8 @@ MAX_MICROBATCHES = 2**32
 
 
 def register(subparsers, name: str, help: str) -> None:
-    from shardwise.schedules.generators import SCHEDULE_NAMES
-
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
     p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
     p.add_argument("--vpp", type=int, default=None,
@@ -105,6 +105,20 @@ def _costs(args, v: int, f: float, b: float, w: float):
     return model_costs(spec, args.pp, v, args.seq_len, f, b, w, args.comm)
 
 
+def _deadlock_free(schedule) -> dict:
+    """Whether the executor's messages for this schedule finish under gloo's buffered sends and under
+    NCCL's rendezvous sends (one FIFO per pair of ranks): checked message by message for a simulated
+    schedule. A closed-form answer (too many actions to check one by one) reports what `p2p_program`
+    guarantees for every schedule it accepts: it only ever returns a program that finishes under both
+    (docs/pipeline.md, "Messages that cannot deadlock on NCCL")."""
+    from shardwise.schedules import Schedule
+    from shardwise.schedules.p2p import SEMANTICS, deadlock_free
+
+    if not isinstance(schedule, Schedule):
+        return {f"deadlock_free_{semantics}": True for semantics in SEMANTICS}
+    return deadlock_free(schedule)
+
+
 def _title(sim) -> str:
     s = sim.schedule
     return f"{s.name}  (p={s.p}, m={s.m}" + (f", v={s.v})" if s.v > 1 else ")")
@@ -146,7 +160,8 @@ def run(args) -> int:
     if args.json:
         from shardwise.commands.common import print_json
 
-        results = [s.to_dict() | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated"}
+        results = [s.to_dict() | _deadlock_free(s.schedule)
+                   | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated"}
                    for s in sims]
         print_json({"compare": results} if args.compare else results[0])
     else:
@@ -159,18 +174,21 @@ def _print_summary(sims, args, note: str | None = None) -> None:
     from rich.table import Table
 
     table = Table(title=f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms")
-    for col in ("schedule", "makespan ms", "bubble", "bubble/rank", "in flight/rank"):
+    for col in ("schedule", "makespan ms", "bubble", "bubble/rank", "in flight/rank", "deadlock-free"):
         table.add_column(col, justify="left" if col == "schedule" else "right")
     for s in sims:
         name = s.schedule.name + (f" v={s.schedule.v}" if s.schedule.v > 1 else "")
+        free = _deadlock_free(s.schedule)
         table.add_row(name, f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
                       _row(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
-                      _row(f"{x:g}" for x in s.peak_inflight_per_rank))
+                      _row(f"{x:g}" for x in s.peak_inflight_per_rank),
+                      " / ".join("yes" if ok else "[red]no[/]" for ok in free.values()))
     console = Console()
     console.print(table)
     if note:
         console.print(note, highlight=False)
-    console.print("in flight/rank: peak activations held, in micro-batches of one whole stage")
+    console.print("in flight/rank: peak activations held, in micro-batches of one whole stage; deadlock-free: the "
+                  "executor's messages finish with buffered sends (gloo) / rendezvous sends, one FIFO per rank pair (NCCL)")
     for label, path in (("timeline", args.out), ("trace", args.trace)):
         if path is not None:
             console.print(f"{label} written to {path}")
@@ -209,7 +227,8 @@ def _closed_form(args, shapes, actions: int, fbw) -> int:
         results = [{"schedule": s.schedule.name, "pp": p, "microbatches": m, "vpp": s.schedule.v, "makespan": s.makespan,
                     "bubble_fraction": s.bubble_fraction, "bubble_fraction_per_rank": s.bubble_fraction_per_rank,
                     "peak_inflight_microbatches_per_rank": s.peak_inflight_per_rank,
-                    "costs_ms": {"f": f, "b": b, "w": w, "comm": c}, "method": "closed form"} for s in forms]
+                    **_deadlock_free(s.schedule), "costs_ms": {"f": f, "b": b, "w": w, "comm": c},
+                    "method": "closed form"} for s in forms]
         print_json({"compare": results} if args.compare else results[0])
     else:
         _print_summary(forms, args, note=f"closed forms ({too_many}); equal to the simulator for uniform costs")

@@ -115,12 +115,7 @@ def layout_from(args):
     values = {**values, **flags}
     values.setdefault("schedule", "interleaved-1f1b" if values.get("vpp", 1) > 1 else "1f1b")
     dp, pp = values.get("dp", 1), values.get("pp", 1)
-    if dp < 1:
-        raise UsageError(f"--dp must be at least 1, got {dp}")
-    if args.global_batch % dp:
-        raise UsageError(f"--global-batch {args.global_batch} is not divisible by dp={dp} — each dp rank takes an equal slice; "
-                         f"pick a multiple of {dp}")
-    if args.microbatches is not None:
+    if args.microbatches is not None:  # the layout itself is checked once, by launch.check
         if "micro_batch" in flags:
             raise UsageError("give --micro-batch or --microbatches, not both")
         if args.microbatches < 1 or dp < 1 or args.global_batch % (dp * args.microbatches):

@@ -63,7 +63,8 @@ def _progress(console, what: str, total: int):
 def run(args) -> int:
     from rich.console import Console
 
-    from shardwise.calibrate import CalibrateConfig, CalibrationFailed, calibrate, check_config, rank_steps
+    from shardwise.calibrate import CalibrateConfig, calibrate, check_config, rank_steps
+    from shardwise.launch import JobFailed
     from shardwise.specs import load_cluster, load_model
     from shardwise.validate import default_layouts, plot, validate
 
@@ -91,7 +92,7 @@ def run(args) -> int:
         bar, task = _progress(err, "validating", len(cfg.layouts) * (cfg.repeats + 2))
         with bar:
             result = validate(cfg, lambda label: bar.update(task, advance=1, description=label))
-    except CalibrationFailed as exc:
+    except JobFailed as exc:
         print(f"shardwise: error: {exc}", file=sys.stderr)
         return 1
     if result is None:  # another torchrun rank

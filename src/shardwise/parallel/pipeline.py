@@ -1,10 +1,14 @@
 """The pipeline executor: run one schedule (data, from shardwise.schedules) on this rank's model chunks.
 
-Each rank walks its list from `schedules.p2p_plan` in order. Receives are posted right before the
-action that needs them and waited on; sends are non-blocking and waited on at the end of the step —
-exactly the simulator's rules, so a schedule the validator accepts cannot deadlock here. Tags name
-each transfer (kind, micro-batch, producing stage), so gloo matches them by name; NCCL ignores tags
-but sees the same per-pair order on both sides because both follow the schedule.
+Each rank walks its point-to-point program (`schedules.p2p_program`): its actions, with exchanges
+between them. An exchange posts its messages together — one `batch_isend_irecv`, an NCCL group — and
+waits for all of them before the next action: the sends of the action before and the receives of the
+action after (Megatron's `send_forward_recv_backward`, torch's `fwd_send_bwd_recv`), plus any receive
+moved earlier so that no two ranks wait on each other's sends. The validator proves every program
+finishes whether a send completes when posted (gloo, NCCL's small messages) or only when its receive
+is posted, all messages between two ranks in one FIFO (NCCL above its eager threshold).
+Tags name each message (kind, micro-batch, producing stage), so gloo matches them by name; NCCL
+ignores tags and matches by order, which both sides share because both follow the same program.
 
 Zero-bubble split backward: I computes only the input gradient (autograd.grad w.r.t. the stage
 input, keeping the graph), W then computes the weight gradients from the same graph.
@@ -21,13 +25,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise.schedules.schedule import Schedule, Step, Transfer, p2p_plan, virtual_stage
+from shardwise.schedules.p2p import Exchange, p2p_program
+from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan, virtual_stage
 from shardwise.timeline import Event
 
 try:  # torch's split of one backward into input- and weight-gradient passes (private; torch >= 2.5)
     from torch.distributed.pipelining import _backward as _split_backward
 except ImportError:  # pragma: no cover - older torch: W walks the kept graph again
     _split_backward = None
+
+
+class BatchP2P:
+    """Posts an exchange's messages together: one `batch_isend_irecv` (on NCCL one group, whose sends
+    and receives progress together; on gloo plain isend / irecv). Returns the works to wait on."""
+
+    def post(self, sends, recvs, group) -> list:
+        """sends, recvs: (tensor, global peer rank, tag) each."""
+        ops = [dist.P2POp(dist.isend, t, peer, group, tag) for t, peer, tag in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer, group, tag) for t, peer, tag in recvs]
+        return dist.batch_isend_irecv(ops) if ops else []
 
 
 @dataclass
@@ -46,6 +62,8 @@ class PipelineExecutor:
 
     chunks: this rank's model chunks (already tensor-parallel); activation_shape: the tensor that
     crosses stages for one micro-batch (batch, seq (÷tp with sequence parallelism), hidden).
+    program: this rank's point-to-point program (default `p2p_program(schedule)[pp_rank]`);
+    p2p: what posts an exchange (default `BatchP2P`; the tests swap in an emulation of NCCL's sends).
     """
 
     schedule: Schedule
@@ -60,13 +78,20 @@ class PipelineExecutor:
     # (chunk, is_last_weight_backward) -> context for each backward: FSDP's gradient sync switch
     grad_sync: Callable | None = None
     amp: Callable = nullcontext  # autocast context for forwards (bf16 on GPU)
+    program: list | None = None
+    p2p: object = None
 
     def __post_init__(self):
         assert self.schedule.p > 1, "the executor runs pipelines; pp == 1 trains without it"
-        self.steps: list[Step] = p2p_plan(self.schedule)[self.pp_rank]
+        if self.program is None:
+            self.program = p2p_program(self.schedule)[self.pp_rank]
+        self.p2p = self.p2p or BatchP2P()
+        steps = p2p_plan(self.schedule)[self.pp_rank]
+        self.sends = {s.action: s.send for s in steps}  # what each action's output feeds on other ranks
+        self.inputs = {s.action: {t.kind: t for t in s.recv} for s in steps}  # what each action receives
         self.last_stage = self.schedule.num_stages - 1
         # The last action computing weight gradients of each chunk: data-parallel sync goes with it.
-        self.last_weight_step = {s.action.chunk: i for i, s in enumerate(self.steps) if s.action.kind in ("B", "W")}
+        self.last_weight_action = {s.action.chunk: s.action for s in steps if s.action.kind in ("B", "W")}
 
     # -- point to point
     def _peer(self, pp_peer: int) -> int:
@@ -75,29 +100,39 @@ class PipelineExecutor:
     def _tag(self, t: Transfer) -> int:
         return (t.src_stage * 2 + (t.kind == "grad")) * self.schedule.m + t.microbatch
 
-    def _recv(self, t: Transfer) -> torch.Tensor:
-        buf = torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
-        dist.recv(buf, src=self._peer(t.src_rank), group=self.pp_group, tag=self._tag(t))
-        return buf
-
-    def _send(self, t: Transfer, tensor: torch.Tensor, pending: list) -> None:
-        tensor = tensor.detach().contiguous()  # kept alive in `pending` until the send completes
-        pending.append((dist.isend(tensor, dst=self._peer(t.dst_rank), group=self.pp_group, tag=self._tag(t)), tensor))
+    def _post(self, ex: Exchange, outbox: dict, inbox: dict) -> list:
+        """Post `ex`: its sends from `outbox` (produced by earlier actions), its receives into new buffers
+        in `inbox`. Returns the works, and the sent tensors to keep alive until they complete."""
+        sends = [(outbox.pop(t), self._peer(t.dst_rank), self._tag(t)) for t in ex.sends]
+        recvs = []
+        for t in ex.recvs:
+            inbox[t] = torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
+            recvs.append((inbox[t], self._peer(t.src_rank), self._tag(t)))
+        return [(w, sends) for w in self.p2p.post(sends, recvs, self.pp_group)]
 
     # -- one step
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
-        """Run this rank's actions for one optimizer step over m micro-batches. Returns the mean
+        """Run this rank's program for one optimizer step over m micro-batches. Returns the mean
         micro-batch loss on the rank holding the last stage, else None. Times are recorded
         relative to t0 (wall-clock seconds, the same zero on every rank)."""
         held: dict[tuple[int, int], _Held] = {}
-        pending, loss = [], None
-        for i, step in enumerate(self.steps):
-            a = step.action
+        outbox, inbox, in_flight, loss = {}, {}, [], None
+        for item in self.program:
             start = time.time() - t0
-            received = {t.kind: self._recv(t) for t in step.recv}
-            if step.recv:
-                self.records.append(Event(self.pp_rank, "recv", a.microbatch, a.chunk, start, time.time() - t0))
-                start = time.time() - t0
+            if isinstance(item, Exchange):
+                works = self._post(item, outbox, inbox)
+                if not item.wait:
+                    in_flight += works
+                    continue
+                for work, _ in works:
+                    work.wait()
+                t = (item.recvs or item.sends)[0]
+                chunk = (t.dst_stage if item.recvs else t.src_stage) // self.schedule.p
+                self.records.append(Event(self.pp_rank, "recv" if item.recvs else "send", t.microbatch, chunk,
+                                          start, time.time() - t0))
+                continue
+            a = item
+            received = {kind: inbox.pop(t) for kind, t in self.inputs[a].items()}
             stage = virtual_stage(self.pp_rank, a.chunk, self.schedule.p)
             h = held.setdefault((a.microbatch, a.chunk), _Held())
             if a.kind == "F":
@@ -106,15 +141,15 @@ class PipelineExecutor:
                 if stage == self.last_stage:
                     loss = out.detach() if loss is None else loss + out.detach()
             else:
-                sync = self.grad_sync(a.chunk, i == self.last_weight_step[a.chunk]) if self.grad_sync else nullcontext()
-                with sync:
+                last = a == self.last_weight_action[a.chunk]
+                with self.grad_sync(a.chunk, last) if self.grad_sync else nullcontext():
                     out = self._backward(a, h, received.get("grad"))
                 if h.output is None:
                     del held[(a.microbatch, a.chunk)]
             self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, time.time() - t0))
-            for t in step.send:
-                self._send(t, out, pending)
-        for work, _ in pending:
+            for t in self.sends[a]:
+                outbox[t] = out.detach().contiguous()
+        for work, _ in in_flight:
             work.wait()
         return loss
 

@@ -35,10 +35,10 @@ from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, Job, memory_breakdown, total_bytes
-from shardwise.specs import Layout, divisors
+from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors
 
-SEARCH_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
-RECOMPUTE_ORDER = ("none", "selective", "full")
+SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b")  # one chunk per rank
+RECOMPUTE_ORDER = RECOMPUTE
 # Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
 MAX_GPUS = 2**20  # more GPUs than any cluster built
 MAX_CANDIDATES = 6_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (0.1-0.2 ms each)
@@ -54,7 +54,7 @@ class SearchSpace:
     micro_batch: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTE_ORDER
-    schedules: tuple[str, ...] = SEARCH_SCHEDULES + ("interleaved-1f1b",)
+    schedules: tuple[str, ...] = PLANNED_SCHEDULES
     max_vpp: int | None = None
     # Only virtual-stage counts that split each rank's layers evenly (Megatron's classic rule, num_layers %
     # (pp * vpp) == 0): the search turns this on itself when the full space exceeds MAX_CANDIDATES.

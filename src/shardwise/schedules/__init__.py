@@ -6,12 +6,12 @@
     for step in p2p_plan(s)[rank]: ...               # recv before, action, send after
 """
 
-from shardwise.schedules.generators import SCHEDULE_NAMES, build
+from shardwise.schedules.generators import build
 from shardwise.schedules.schedule import (Action, Dep, Schedule, Step, Transfer, dependencies, next_rank,
                                           p2p_plan, prev_rank, stage_owner, virtual_stage)
 from shardwise.schedules.simulate import Costs, Simulation, model_costs, simulate
 from shardwise.schedules.validate import InvalidSchedule, problems, resolve, validate
 
-__all__ = ["SCHEDULE_NAMES", "build", "Action", "Dep", "Schedule", "Step", "Transfer", "dependencies", "next_rank",
+__all__ = ["build", "Action", "Dep", "Schedule", "Step", "Transfer", "dependencies", "next_rank",
            "p2p_plan", "prev_rank", "stage_owner", "virtual_stage", "Costs", "Simulation", "model_costs", "simulate",
            "InvalidSchedule", "problems", "resolve", "validate"]

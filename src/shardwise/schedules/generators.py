@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from shardwise.errors import UsageError
 from shardwise.schedules.schedule import Action, Schedule
-
-SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+from shardwise.specs import SCHEDULES
 
 
 def naive(p: int, m: int) -> Schedule:
@@ -89,8 +88,8 @@ def zb_h1(p: int, m: int) -> Schedule:
 
 def check_shape(name: str, p: int, m: int, v: int = 1) -> None:
     """Raise UsageError (one line, with the fix) if `name` cannot run with these p, m, v."""
-    if name not in SCHEDULE_NAMES:
-        raise UsageError(f"unknown schedule '{name}' — choose one of {', '.join(SCHEDULE_NAMES)}")
+    if name not in SCHEDULES:
+        raise UsageError(f"unknown schedule '{name}' — choose one of {', '.join(SCHEDULES)}")
     for flag, value in (("--pp", p), ("--microbatches", m), ("--vpp", v)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")

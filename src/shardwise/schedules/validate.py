@@ -1,9 +1,11 @@
 """Static checks of any schedule: complete, well ordered, and free of deadlock.
 
-Deadlock freedom is checked by running the schedule on paper: every rank executes its actions
-in order, and an action may start only once everything it depends on (`dependencies`) is done.
-If at some point no rank can move while actions remain, real ranks would wait on each other forever.
-The simulator uses the same resolution (`resolve`) to compute times.
+Deadlock freedom is checked twice. First the schedule itself, run on paper: every rank executes its
+actions in order, and an action may start only once everything it depends on (`dependencies`) is
+done; if at some point no rank can move while actions remain, real ranks would wait on each other
+forever. The simulator uses the same resolution (`resolve`) to compute times. Then the messages the
+executor posts for it (`p2p.p2p_program`), under both kinds of send (`p2p.SEMANTICS`): buffered, as on
+gloo, and rendezvous with one FIFO per pair of ranks, as NCCL's large messages.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Iterator
 
+from shardwise.schedules.p2p import SEMANTICS, check, p2p_program
 from shardwise.schedules.schedule import KINDS, Action, Dep, Schedule, dependencies
 
 
@@ -71,7 +74,8 @@ def problems(schedule: Schedule) -> list[str]:
             pass
     except InvalidSchedule as exc:
         return [str(exc)]
-    return []
+    programs = p2p_program(schedule)
+    return [f"point-to-point: {found}" for semantics in SEMANTICS if (found := check(schedule, programs, semantics))]
 
 
 def _count_problems(rank: int, acts: tuple[Action, ...], m: int, v: int) -> list[str]:

@@ -52,11 +52,12 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
 
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     """Run the sweep; the report dict on rank 0 (None on other torchrun ranks)."""
-    from shardwise.calibrate.launch import run_ranks
+    from shardwise.launch import run_ranks
 
     if not cfg.layouts:
         cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
-    runs = run_ranks(run_rank, cfg, cfg.world, cfg.backend, cfg.timeout_s, report)
+    runs = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
+                     what="validation")[0]
     if runs is None:
         return None
     layouts = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.errors import UsageError
-from shardwise.specs import CP_MODES, SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
+from shardwise.specs import CP_MODES, RECOMPUTE, SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def parse_layout(text: str, world: int) -> Layout:
             fields[{"mb": "micro_batch", "v": "vpp"}.get(key, key)] = int(part[len(key):])
         elif part in CP_MODES:
             fields["cp_mode"] = part
-        elif part in ("none", "selective", "full"):
+        elif part in RECOMPUTE:
             fields["recompute"] = part
         elif part in SCHEDULES:
             fields["schedule"] = part
@@ -44,7 +44,7 @@ def parse_layout(text: str, world: int) -> Layout:
             fields["sequence_parallel"] = True
         else:
             raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN cpN mbN vN zeroN sp, "
-                             f"none/selective/full, ring/allgather or a schedule ({', '.join(SCHEDULES)})")
+                             f"{'/'.join(RECOMPUTE)}, {'/'.join(CP_MODES)} or a schedule ({', '.join(SCHEDULES)})")
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if "dp" not in fields:
         if min(tp, pp, cp) < 1 or world % (tp * pp * cp):
@@ -68,14 +68,14 @@ def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: in
                 base = Layout(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
                 out += [v for v in (base, base.with_(cp_mode="allgather")) if _runnable(v, model, world, global_batch, seq_len)]
             base = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
-            variants = [base, base.with_(micro_batch=2), base.with_(recompute="selective"), base.with_(recompute="full")]
+            variants = [base, base.with_(micro_batch=2)] + [base.with_(recompute=r) for r in RECOMPUTE[1:]]
             if base.dp > 1:
                 variants += [base.with_(zero=z) for z in (1, 2, 3)]
             if tp > 1:
                 variants.append(base.with_(sequence_parallel=True))
             if pp > 1:
-                variants += [base.with_(schedule=s) for s in ("naive", "gpipe", "zb-h1")]
-                variants.append(base.with_(schedule="interleaved-1f1b", vpp=2))
+                variants += [base.with_(schedule=s, vpp=2 if s == "interleaved-1f1b" else 1)
+                             for s in SCHEDULES if s != base.schedule]
             out += [v for v in variants if _runnable(v, model, world, global_batch, seq_len)]
     return list(dict.fromkeys(out))
 

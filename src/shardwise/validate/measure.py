@@ -38,9 +38,15 @@ def _slowest(values: list[float], world: int) -> list[float]:
     return t.tolist()
 
 
-def run_rank(cfg: ValidateConfig, rank: int, world: int, report) -> list[dict] | None:
-    """Every layout on this rank: build, warm up, timed rounds in random order, memory."""
+def run_rank(cfg: ValidateConfig) -> list[dict] | None:
+    """Every layout on this rank (started by `launch.run_ranks`): build, warm up, timed rounds in random
+    order, memory. The measurements on rank 0, None elsewhere."""
     import torch
+    import torch.distributed as dist
+
+    from shardwise.launch import progress as report
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     from shardwise.parallel import build_mesh
     from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step

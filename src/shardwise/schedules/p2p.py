@@ -1,0 +1,275 @@
+"""The point-to-point program of a schedule, and its check under both kinds of send.
+
+A rank's program is its actions with `Exchange`s between them: messages posted together (one
+`torch.distributed.batch_isend_irecv`) and waited on before the rank goes on. `p2p_program` pairs the
+sends that follow an action with the receives that the next action needs, in one exchange — what
+Megatron's `send_forward_recv_backward` and torch's `Schedule1F1B` ("fwd_send_bwd_recv") do — so two
+neighbours that each send before they receive post both directions at once. Where that is not enough
+(interleaved schedules, whose chunks also talk around the ring from the last rank to the first), a rank
+that would wait forever for its neighbour to receive gets that receive posted earlier, in the
+neighbour's exchange that is waiting at that moment — found by running the programs on paper under
+rendezvous semantics and repeated until they finish (Megatron's interleaved schedule posts the next
+backward's receive together with the forward's send for the same reason).
+
+`check(programs, semantics)` runs the programs on paper and names the ranks that would wait forever:
+  buffered    a send completes when posted, whether or not its receive is (gloo's sends, and NCCL's
+              below its eager threshold); a receive completes once its send is posted;
+  rendezvous  a send completes only when its matching receive is posted (NCCL above ~64 KiB), and all
+              messages between two ranks pass through one FIFO: an exchange's messages to a peer are
+              served only after that rank's earlier exchanges with the same peer completed. Messages
+              of one exchange progress together (NCCL's group semantics).
+Messages in one direction between two ranks match in posting order (NCCL has no tags), so the check
+also refuses programs whose two sides post them in different orders.
+
+`unpaired_program` is the executor's earlier order — each send posted alone and left in flight, each
+receive posted alone right before its action and waited — kept because it shows what the pairing
+fixes: under rendezvous it deadlocks (1F1B, p = 2, m = 2: rank 0's second send waits for rank 1,
+whose gradient send waits for rank 0 behind it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan
+
+SEMANTICS = ("buffered", "rendezvous")
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Messages posted together; `wait`: the rank waits for all of them before going on (else at the
+    end of the step, like an isend left in flight)."""
+
+    sends: tuple[Transfer, ...] = ()
+    recvs: tuple[Transfer, ...] = ()
+    wait: bool = True
+
+    def __str__(self) -> str:
+        parts = [f"send {_name(t)}" for t in self.sends] + [f"recv {_name(t)}" for t in self.recvs]
+        return "{" + ", ".join(parts) + ("" if self.wait else ", no wait") + "}"
+
+
+def _name(t: Transfer) -> str:
+    return f"{'act' if t.kind == 'activation' else 'grad'}{t.microbatch}.s{t.src_stage}"
+
+
+Program = list  # of Action | Exchange, in the order one rank runs them
+
+
+def p2p_program(schedule: Schedule) -> list[Program]:
+    """Per rank: each action's sends fused with the next action's receives in one exchange, then receives
+    moved earlier wherever rendezvous sends would otherwise wait on each other in a cycle."""
+    programs = []
+    for steps in p2p_plan(schedule):
+        items, carried = [], ()
+        for step in steps:
+            if carried or step.recv:
+                items.append(Exchange(carried, step.recv))
+            items.append(step.action)
+            carried = step.send
+        if carried:
+            items.append(Exchange(carried, ()))
+        programs.append(items)
+    run = _Run(schedule, programs, "rendezvous")
+    while not run.error and run.stuck and _post_receives_earlier(programs, run):
+        run.resume()
+    return programs
+
+
+def _post_receives_earlier(programs: list[Program], run: "_Run") -> bool:
+    """For every send that waits for a receive its peer posts only later, while that peer waits in an
+    exchange of its own: receive it in that exchange (in the program, and in the run going on). True if
+    anything moved."""
+    moved = False
+    for r in run.stuck:
+        for kind, t, _ in run.pending(r):
+            b = t.dst_rank
+            if kind != "send" or run.waiting_at[b] is None:
+                continue
+            k = run.waiting_at[b]
+            j = next(i for i in range(k + 1, len(programs[b])) if isinstance(programs[b][i], Exchange)
+                     and t in programs[b][i].recvs)
+            _move(programs[b], t, j, k)
+            run.post_into_waiting(b, t)
+            moved = True
+    return moved
+
+
+def _move(items: Program, t: Transfer, src: int, dst: int) -> None:
+    """Receive `t` in the exchange at `dst` instead of the later one at `src`; drop `src` if it empties."""
+    old = items[src]
+    items[dst] = Exchange(items[dst].sends, items[dst].recvs + (t,), items[dst].wait)
+    rest = tuple(r for r in old.recvs if r != t)
+    if rest or old.sends:
+        items[src] = Exchange(old.sends, rest, old.wait)
+    else:
+        del items[src]
+
+
+def unpaired_program(schedule: Schedule) -> list[Program]:
+    """Per rank: every receive alone and waited right before its action, every send alone and left in
+    flight until the end of the step (the executor's order before the pairing)."""
+    programs = []
+    for steps in p2p_plan(schedule):
+        items = []
+        for step in steps:
+            items += [Exchange(recvs=(t,)) for t in step.recv]
+            items.append(step.action)
+            items += [Exchange(sends=(t,), wait=False) for t in step.send]
+        programs.append(items)
+    return programs
+
+
+def check(schedule: Schedule, programs: list[Program], semantics: str) -> str | None:
+    """None if every rank runs its program to the end under `semantics`, receiving each action's inputs
+    before it, else what went wrong (for a deadlock: what each stuck rank waits for)."""
+    run = _Run(schedule, programs, semantics)
+    if run.error:
+        return run.error
+    if not run.stuck:
+        return None
+    waits = []
+    for r in run.stuck:
+        what = ", ".join(f"{kind} {_name(t)} {'to' if kind == 'send' else 'from'} rank "
+                         f"{t.dst_rank if kind == 'send' else t.src_rank}" for kind, t, _ in run.pending(r))
+        waits.append(f"rank {r} waits for {what or 'nothing'}")
+    return f"deadlock ({semantics} sends): " + "; ".join(waits)
+
+
+def deadlock_free(schedule: Schedule) -> dict[str, bool]:
+    """{"deadlock_free_buffered": ..., "deadlock_free_rendezvous": ...}: whether the executor's program for
+    `schedule` (`p2p_program`) runs to the end under each kind of send."""
+    programs = p2p_program(schedule)
+    return {f"deadlock_free_{semantics}": check(schedule, programs, semantics) is None for semantics in SEMANTICS}
+
+
+@dataclass
+class _Unit:
+    """One exchange's messages to one peer: served together, once they reach the head of that pair's FIFO."""
+
+    owner: int
+    left: int = 0
+
+
+class _Run:
+    """The programs run on paper to the end or until no rank can move. After construction: `error` (a
+    program that is wrong whatever the timing), `stuck` (ranks that never finish), `waiting_at[r]` (the
+    index of the exchange rank r waits in, or None) and `pending(r)` (its messages not done)."""
+
+    def __init__(self, schedule: Schedule, programs: list[Program], semantics: str):
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+        self.programs, self.rendezvous = programs, semantics == "rendezvous"
+        self.needs = {(r, step.action): step.recv for r, steps in enumerate(p2p_plan(schedule)) for step in steps}
+        p = len(programs)
+        self.pos, self.waiting, self.waiting_at = [0] * p, [None] * p, [None] * p
+        self.in_flight = [[] for _ in range(p)]
+        self.fifo: dict[tuple[int, int], deque] = defaultdict(deque)  # (rank, peer) -> posted units, oldest first
+        self.posted: dict[tuple[str, int, int], list] = defaultdict(list)  # (send|recv, src, dst) -> ops in order
+        self.matched: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> pairs completed
+        self.done, self.received = set(), [set() for _ in range(p)]
+        self.units: list[dict] = [{} for _ in range(p)]  # peer -> unit of the exchange each rank waits in
+        self.error, self.stuck = None, []
+        self.resume()
+
+    def resume(self) -> None:
+        """Run until every rank finished or none can move."""
+        try:
+            while self._match() | any([self._advance(r) for r in range(len(self.programs))]):
+                pass
+        except _OrderError as exc:
+            self.error = str(exc)
+            return
+        self.stuck = [r for r in range(len(self.programs)) if self.pos[r] < len(self.programs[r]) or self.pending(r)]
+
+    def pending(self, r: int) -> list:
+        return [op for op in (self.waiting[r] or []) + self.in_flight[r] if id(op) not in self.done]
+
+    def post_into_waiting(self, r: int, t: Transfer) -> None:
+        """Post the receive of `t` as part of the exchange rank r waits in."""
+        self.waiting[r] += self._post(r, Exchange(recvs=(t,)), self.units[r])
+
+    def _post(self, r: int, ex: Exchange, units: dict | None = None) -> list:
+        units, ops = ({} if units is None else units), []
+        for kind, transfers in (("send", ex.sends), ("recv", ex.recvs)):
+            for t in transfers:
+                peer = t.dst_rank if kind == "send" else t.src_rank
+                if peer not in units or units[peer].left == 0:  # a new unit joins the back of the pair's FIFO
+                    units[peer] = _Unit(r)
+                    self.fifo[(r, peer)].append(units[peer])
+                unit = units[peer]
+                unit.left += 1
+                op = (kind, t, unit)
+                self.posted[(kind, t.src_rank, t.dst_rank)].append(op)
+                ops.append(op)
+                if kind == "send" and not self.rendezvous:
+                    self._finish(op)  # buffered: a send completes when posted
+        return ops
+
+    def _finish(self, op) -> None:
+        if id(op) not in self.done:
+            self.done.add(id(op))
+            op[2].left -= 1
+            if op[0] == "recv":
+                self.received[op[1].dst_rank].add(op[1])
+
+    def _at_head(self, unit: _Unit, peer: int) -> bool:
+        queue = self.fifo[(unit.owner, peer)]
+        return bool(queue) and queue[0] is unit
+
+    def _match(self) -> bool:
+        """Complete every message whose send and receive are both posted (and, for rendezvous, both at the
+        head of their pair's FIFO); messages in one direction match in posting order."""
+        moved = False
+        for (kind, src, dst), sends in list(self.posted.items()):
+            if kind != "send":
+                continue
+            recvs = self.posted.get(("recv", src, dst), [])
+            k = self.matched[(src, dst)]
+            while k < min(len(sends), len(recvs)):
+                send, recv = sends[k], recvs[k]
+                if send[1] != recv[1]:
+                    raise _OrderError(f"rank {src} sends {_name(send[1])} to rank {dst} where rank {dst} receives "
+                                      f"{_name(recv[1])}: the two sides post their messages in different orders")
+                if self.rendezvous and not (self._at_head(send[2], dst) and self._at_head(recv[2], src)):
+                    break
+                self._finish(send)
+                self._finish(recv)
+                k, moved = k + 1, True
+            self.matched[(src, dst)] = k
+        for queue in self.fifo.values():
+            while queue and queue[0].left == 0:
+                queue.popleft()
+                moved = True
+        return moved
+
+    def _advance(self, r: int) -> bool:
+        """Run rank r until it must wait; True if it moved."""
+        moved, items = False, self.programs[r]
+        while True:
+            if self.waiting[r] is not None:
+                if any(id(op) not in self.done for op in self.waiting[r]):
+                    return moved
+                self.waiting[r], self.waiting_at[r], moved = None, None, True
+            if self.pos[r] == len(items):
+                return moved
+            item = items[self.pos[r]]
+            if isinstance(item, Exchange):
+                self.units[r] = {}
+                ops = self._post(r, item, self.units[r])
+                if item.wait:
+                    self.waiting[r], self.waiting_at[r] = ops, self.pos[r]
+                else:
+                    self.in_flight[r] += ops
+            else:
+                missing = [t for t in self.needs[(r, item)] if t not in self.received[r]]
+                if missing:
+                    raise _OrderError(f"rank {r} runs {item} before receiving {', '.join(map(_name, missing))}")
+            self.pos[r] += 1
+            moved = True
+
+
+class _OrderError(Exception):
+    pass

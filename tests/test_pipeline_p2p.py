@@ -1,0 +1,82 @@
+"""The executor under NCCL's rules, on gloo: rendezvous sends, one FIFO per pair of ranks (tests/rendezvous.py).
+
+The order the executor used before (each send left in flight, each receive alone before its action)
+hangs under those rules — 1F1B with p = 2, m = 2 — and the emulation names the messages each rank is
+stuck on, the ones the static check predicts. The paired program (`schedules.p2p_program`) runs
+1F1B and interleaved 1F1B to the end under the same rules, with the same gradients as the plain gloo run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rendezvous import Deadlock, RendezvousP2P
+
+from shardwise.launch import spawn_ranks
+from shardwise.specs import load_model
+
+SPEC = dataclasses.replace(load_model("tiny"), hidden=32, ffn_hidden=64, head_dim=8, num_layers=4)
+SEQ, MB = 16, 2
+# (schedule, m, v, program): the paired program must finish; the old one must hang.
+RUNS = [("1f1b", 4, 1, "paired"), ("interleaved-1f1b", 4, 2, "paired"), ("1f1b", 2, 1, "unpaired")]
+HUNG = 3  # exit code of a rank that hung as expected
+
+
+def _step(name, m, v, program, rank, p2p):
+    from shardwise.parallel.pipeline import PipelineExecutor
+    from shardwise.parallel.pipeline_step import build_stage_chunks
+    from shardwise.schedules import build
+    from shardwise.schedules.p2p import p2p_program, unpaired_program
+
+    schedule = build(name, 2, m, v)
+    chunks = build_stage_chunks(SPEC, 2, v, rank, seed=3, seq_len=SEQ)
+    programs = (p2p_program if program == "paired" else unpaired_program)(schedule)
+    ex = PipelineExecutor(schedule, rank, chunks, dist.group.WORLD, (MB, SEQ, SPEC.hidden), program=programs[rank], p2p=p2p)
+    tokens = torch.randint(0, SPEC.vocab_size, (m * MB, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    ex.step(list(tokens[:, :-1].chunk(m)), list(tokens[:, 1:].chunk(m)), 0.0)
+    return {n: p.grad.clone() for c in chunks for n, p in c.named_parameters()}
+
+
+def _worker(rank, world, out_dir):
+    results = {}
+    for name, m, v, program in RUNS:
+        key = f"{name}-m{m}-v{v}-{program}"
+        plain = _step(name, m, v, program, rank, None)  # gloo, buffered sends: always finishes
+        try:
+            emulated = _step(name, m, v, program, rank, RendezvousP2P(timeout_s=60 if program == "paired" else 5))
+        except Deadlock as exc:
+            results[key] = {"hung": str(exc)}
+        else:
+            diff = max((emulated[n] - plain[n]).abs().max().item() for n in plain)
+            results[key] = {"finished": True, "max_grad_diff": diff}
+        if "hung" in results[key]:
+            break  # the stuck server threads hold receives that never complete: nothing can follow
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump(results, f)
+    if any("hung" in r for r in results.values()):
+        os._exit(HUNG)  # leave without tearing down a process group with receives pending forever
+
+
+def test_old_order_hangs_under_rendezvous_and_the_paired_program_runs(tmp_path):
+    from shardwise.schedules import build
+    from shardwise.schedules.p2p import check, unpaired_program
+
+    with pytest.raises(RuntimeError, match=f"exit code {HUNG}"):  # the ranks that hung left on purpose
+        spawn_ranks(_worker, 2, str(tmp_path), timeout_s=120)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    for rank in got:
+        for key in ("1f1b-m4-v1-paired", "interleaved-1f1b-m4-v2-paired"):
+            assert rank[key]["finished"] and rank[key]["max_grad_diff"] == 0.0, (key, rank[key])
+        assert "hung" in rank["1f1b-m2-v1-unpaired"], rank
+    # Stuck where the static check says: rank 0 behind its second activation send, rank 1 behind its
+    # first gradient send (tags: (stage * 2 + is_grad) * m + micro-batch).
+    assert "send tag 1 to rank 1" in got[0]["1f1b-m2-v1-unpaired"]["hung"]
+    assert "send tag 6 to rank 0" in got[1]["1f1b-m2-v1-unpaired"]["hung"]
+    predicted = check(build("1f1b", 2, 2), unpaired_program(build("1f1b", 2, 2)), "rendezvous")
+    assert "send act1.s0 to rank 1" in predicted and "send grad0.s1 to rank 0" in predicted
