@@ -30,7 +30,7 @@ whose gradient send waits for rank 0 behind it).
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan
 
@@ -145,18 +145,27 @@ def deadlock_free(schedule: Schedule) -> dict[str, bool]:
     return {f"deadlock_free_{semantics}": check(schedule, programs, semantics) is None for semantics in SEMANTICS}
 
 
-@dataclass
 class _Unit:
     """One exchange's messages to one peer: served together, once they reach the head of that pair's FIFO."""
 
-    owner: int
-    left: int = 0
+    __slots__ = ("owner", "peer", "left")
+
+    def __init__(self, owner: int, peer: int):
+        self.owner, self.peer, self.left = owner, peer, 0
+
+
+class _Op:
+    __slots__ = ("kind", "t", "unit", "done", "waiter")
+
+    def __init__(self, kind: str, t: Transfer, unit: _Unit, waiter: int | None):
+        self.kind, self.t, self.unit, self.done, self.waiter = kind, t, unit, False, waiter
 
 
 class _Run:
     """The programs run on paper to the end or until no rank can move. After construction: `error` (a
     program that is wrong whatever the timing), `stuck` (ranks that never finish), `waiting_at[r]` (the
-    index of the exchange rank r waits in, or None) and `pending(r)` (its messages not done)."""
+    index of the exchange rank r waits in, or None) and `pending(r)` (its messages not done, as
+    (kind, transfer, unit))."""
 
     def __init__(self, schedule: Schedule, programs: list[Program], semantics: str):
         if semantics not in SEMANTICS:
@@ -164,101 +173,102 @@ class _Run:
         self.programs, self.rendezvous = programs, semantics == "rendezvous"
         self.needs = {(r, step.action): step.recv for r, steps in enumerate(p2p_plan(schedule)) for step in steps}
         p = len(programs)
-        self.pos, self.waiting, self.waiting_at = [0] * p, [None] * p, [None] * p
+        self.pos, self.waiting, self.waiting_at, self.left = [0] * p, [[] for _ in range(p)], [None] * p, [0] * p
         self.in_flight = [[] for _ in range(p)]
         self.fifo: dict[tuple[int, int], deque] = defaultdict(deque)  # (rank, peer) -> posted units, oldest first
-        self.posted: dict[tuple[str, int, int], list] = defaultdict(list)  # (send|recv, src, dst) -> ops in order
+        self.sends: dict[tuple[int, int], list] = defaultdict(list)  # (src, dst) -> send ops in posting order
+        self.recvs: dict[tuple[int, int], list] = defaultdict(list)  # (src, dst) -> receive ops in posting order
         self.matched: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> pairs completed
-        self.done, self.received = set(), [set() for _ in range(p)]
+        self.received = [set() for _ in range(p)]
         self.units: list[dict] = [{} for _ in range(p)]  # peer -> unit of the exchange each rank waits in
+        self.ready, self.dirty = deque(range(p)), set()  # ranks that may move; directions that may match
         self.error, self.stuck = None, []
         self.resume()
 
     def resume(self) -> None:
         """Run until every rank finished or none can move."""
         try:
-            while self._match() | any([self._advance(r) for r in range(len(self.programs))]):
-                pass
+            while self.ready or self.dirty:
+                while self.ready:
+                    self._advance(self.ready.popleft())
+                while self.dirty:
+                    self._match(*self.dirty.pop())
         except _OrderError as exc:
             self.error = str(exc)
             return
         self.stuck = [r for r in range(len(self.programs)) if self.pos[r] < len(self.programs[r]) or self.pending(r)]
 
     def pending(self, r: int) -> list:
-        return [op for op in (self.waiting[r] or []) + self.in_flight[r] if id(op) not in self.done]
+        return [(op.kind, op.t, op.unit) for op in self.waiting[r] + self.in_flight[r] if not op.done]
 
     def post_into_waiting(self, r: int, t: Transfer) -> None:
         """Post the receive of `t` as part of the exchange rank r waits in."""
-        self.waiting[r] += self._post(r, Exchange(recvs=(t,)), self.units[r])
+        self.waiting[r] += self._post(r, Exchange(recvs=(t,)), self.units[r], waiter=r)
+        self.ready.append(r)
 
-    def _post(self, r: int, ex: Exchange, units: dict | None = None) -> list:
-        units, ops = ({} if units is None else units), []
+    def _post(self, r: int, ex: Exchange, units: dict, waiter: int | None) -> list:
+        ops = []
         for kind, transfers in (("send", ex.sends), ("recv", ex.recvs)):
             for t in transfers:
                 peer = t.dst_rank if kind == "send" else t.src_rank
                 if peer not in units or units[peer].left == 0:  # a new unit joins the back of the pair's FIFO
-                    units[peer] = _Unit(r)
+                    units[peer] = _Unit(r, peer)
                     self.fifo[(r, peer)].append(units[peer])
-                unit = units[peer]
-                unit.left += 1
-                op = (kind, t, unit)
-                self.posted[(kind, t.src_rank, t.dst_rank)].append(op)
+                op = _Op(kind, t, units[peer], waiter)
+                op.unit.left += 1
+                (self.sends if kind == "send" else self.recvs)[(t.src_rank, t.dst_rank)].append(op)
+                self.dirty.add((t.src_rank, t.dst_rank))
+                if waiter is not None:
+                    self.left[waiter] += 1
                 ops.append(op)
                 if kind == "send" and not self.rendezvous:
                     self._finish(op)  # buffered: a send completes when posted
         return ops
 
-    def _finish(self, op) -> None:
-        if id(op) not in self.done:
-            self.done.add(id(op))
-            op[2].left -= 1
-            if op[0] == "recv":
-                self.received[op[1].dst_rank].add(op[1])
+    def _finish(self, op: _Op) -> None:
+        op.done = True
+        op.unit.left -= 1
+        if op.kind == "recv":
+            self.received[op.t.dst_rank].add(op.t)
+        if op.waiter is not None:
+            self.left[op.waiter] -= 1
+            if self.left[op.waiter] == 0:
+                self.ready.append(op.waiter)
+        queue = self.fifo[(op.unit.owner, op.unit.peer)]
+        while queue and queue[0].left == 0:  # the next exchange with that peer reaches the head
+            queue.popleft()
+            self.dirty.update(((op.unit.owner, op.unit.peer), (op.unit.peer, op.unit.owner)))
 
-    def _at_head(self, unit: _Unit, peer: int) -> bool:
-        queue = self.fifo[(unit.owner, peer)]
+    def _at_head(self, unit: _Unit) -> bool:
+        queue = self.fifo[(unit.owner, unit.peer)]
         return bool(queue) and queue[0] is unit
 
-    def _match(self) -> bool:
-        """Complete every message whose send and receive are both posted (and, for rendezvous, both at the
-        head of their pair's FIFO); messages in one direction match in posting order."""
-        moved = False
-        for (kind, src, dst), sends in list(self.posted.items()):
-            if kind != "send":
-                continue
-            recvs = self.posted.get(("recv", src, dst), [])
-            k = self.matched[(src, dst)]
-            while k < min(len(sends), len(recvs)):
-                send, recv = sends[k], recvs[k]
-                if send[1] != recv[1]:
-                    raise _OrderError(f"rank {src} sends {_name(send[1])} to rank {dst} where rank {dst} receives "
-                                      f"{_name(recv[1])}: the two sides post their messages in different orders")
-                if self.rendezvous and not (self._at_head(send[2], dst) and self._at_head(recv[2], src)):
-                    break
+    def _match(self, src: int, dst: int) -> None:
+        """Complete the messages src -> dst whose send and receive are both posted (and, for rendezvous,
+        both at the head of their pair's FIFO); messages in one direction match in posting order."""
+        sends, recvs, k = self.sends[(src, dst)], self.recvs[(src, dst)], self.matched[(src, dst)]
+        while k < len(sends) and k < len(recvs):
+            send, recv = sends[k], recvs[k]
+            if send.t != recv.t:
+                raise _OrderError(f"rank {src} sends {_name(send.t)} to rank {dst} where rank {dst} receives "
+                                  f"{_name(recv.t)}: the two sides post their messages in different orders")
+            if self.rendezvous and not (self._at_head(send.unit) and self._at_head(recv.unit)):
+                break
+            if not send.done:
                 self._finish(send)
-                self._finish(recv)
-                k, moved = k + 1, True
-            self.matched[(src, dst)] = k
-        for queue in self.fifo.values():
-            while queue and queue[0].left == 0:
-                queue.popleft()
-                moved = True
-        return moved
+            self._finish(recv)
+            k += 1
+        self.matched[(src, dst)] = k
 
-    def _advance(self, r: int) -> bool:
-        """Run rank r until it must wait; True if it moved."""
-        moved, items = False, self.programs[r]
-        while True:
-            if self.waiting[r] is not None:
-                if any(id(op) not in self.done for op in self.waiting[r]):
-                    return moved
-                self.waiting[r], self.waiting_at[r], moved = None, None, True
-            if self.pos[r] == len(items):
-                return moved
+    def _advance(self, r: int) -> None:
+        """Run rank r until it must wait."""
+        items = self.programs[r]
+        while self.left[r] == 0 and self.pos[r] < len(items):
+            self.waiting_at[r] = None
             item = items[self.pos[r]]
             if isinstance(item, Exchange):
                 self.units[r] = {}
-                ops = self._post(r, item, self.units[r])
+                ops = self._post(r, item, self.units[r], waiter=r if item.wait else None)
                 if item.wait:
                     self.waiting[r], self.waiting_at[r] = ops, self.pos[r]
                 else:
@@ -268,7 +278,8 @@ class _Run:
                 if missing:
                     raise _OrderError(f"rank {r} runs {item} before receiving {', '.join(map(_name, missing))}")
             self.pos[r] += 1
-            moved = True
+        if self.left[r] == 0:
+            self.waiting_at[r] = None
 
 
 class _OrderError(Exception):

@@ -144,12 +144,20 @@ class Step:
     send: tuple[Transfer, ...]
 
 
-def p2p_plan(schedule: Schedule) -> list[list[Step]]:
+def p2p_plan(schedule: Schedule) -> tuple[tuple[Step, ...], ...]:
     """For each rank, its actions in order with the point-to-point traffic around each one.
 
     Only cross-rank traffic is listed: chunk-to-chunk hand-offs on the same rank (p == 1) stay local.
     Sends are matched one to one with receives, so (kind, microbatch, src_stage) is a unique tag.
+    Computed once per schedule (the program builder, the validator and the executor all read it).
     """
+    cached = schedule.__dict__.get("_p2p_plan")
+    if cached is None:
+        cached = schedule.__dict__["_p2p_plan"] = _p2p_plan(schedule)
+    return cached
+
+
+def _p2p_plan(schedule: Schedule) -> tuple[tuple[Step, ...], ...]:
     p, S = schedule.p, schedule.num_stages
     plan = []
     for r, actions in enumerate(schedule.ranks):
@@ -164,8 +172,8 @@ def p2p_plan(schedule: Schedule) -> list[list[Step]]:
             elif a.kind in ("B", "I") and s > 0 and stage_owner(s - 1, p)[0] != r:
                 send = (Transfer("grad", a.microbatch, r, stage_owner(s - 1, p)[0], s, s - 1),)
             steps.append(Step(a, recv, send))
-        plan.append(steps)
-    return plan
+        plan.append(tuple(steps))
+    return tuple(plan)
 
 
 def iter_actions(schedule: Schedule) -> Iterator[tuple[int, Action]]:
