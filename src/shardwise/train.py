@@ -525,4 +525,13 @@ class progress_bar:
 # --------------------------------------------------------------------------- one process of a job
 
 
-theirs
+def train_rank(cfg: TrainConfig) -> list[dict]:
+    """What every rank runs (started by `launch.run_ranks`, in its process group): build the mesh, train.
+    One process without a process group trains alone."""
+    if not dist.is_initialized():
+        return train(cfg).records
+    lay = cfg.layout
+    mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s)
+    records = train(cfg, mesh).records
+    dist.barrier()
+    return records
