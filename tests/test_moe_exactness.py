@@ -42,6 +42,7 @@ LAYOUTS = {
         ("tiny-moe", Layout(cp=2, ep=2, micro_batch=4))],
     4: [("tiny-moe", Layout(dp=4, ep=4, micro_batch=2)),
         ("tiny-moe", Layout(dp=2, tp=2, ep=4, sequence_parallel=True, micro_batch=4)),
+        ("tiny-moe", Layout(dp=2, tp=2, ep=4, sequence_parallel=True, zero=3, micro_batch=4)),
         ("tiny-moe", Layout(dp=4, ep=2, zero=1, micro_batch=2)),
         ("tiny-moe", Layout(dp=4, ep=2, zero=3, micro_batch=1)),
         ("tiny-moe", Layout(dp=2, pp=2, ep=2, micro_batch=1, schedule="1f1b")),
@@ -53,7 +54,9 @@ LAYOUTS = {
 
 # Memory is measured (first step, every rank) where each rank runs one micro-batch: its saved bytes are then that
 # micro-batch's, whose mean over the ep group is the balanced routing the planner assumes (capacity factor 1).
-MEASURED = {(4, 4, 1, 0), (2, 4, 2, 0), (4, 2, 1, 1)}  # (dp, ep, tp, zero)
+MEASURED = {(4, 4, 1, 0), (2, 4, 2, 0), (2, 4, 2, 3), (4, 2, 1, 1)}  # (dp, ep, tp, zero)
+STATES_RTOL = 1e-3  # states are counted exactly (the router and norms replicated over tp, experts over edp);
+# what is left is AdamW's per-tensor step counters
 
 
 def _cfg(model: str, layout: Layout | None = None) -> TrainConfig:
@@ -95,7 +98,8 @@ def test_expert_parallel_layouts_match_single_process(world, references, tmp_pat
 
 def _memory_differences(key: str, cfg: TrainConfig, measured: list[dict]) -> list[str]:
     """Saved activations (mean over the ranks: routing loads them unevenly, the ep group's rows add up to the
-    balanced figure) and model states (every rank; ZeRO-1 partitions by tensor: the mean) within 1 % of the planner."""
+    balanced figure) within 1 % of the planner, model states (every rank; ZeRO-1 partitions by tensor: the
+    mean) within 0.1 %."""
     from shardwise.planner.memory import counted_memory, runtime_job
     from shardwise.specs import load_cluster
 
@@ -103,7 +107,7 @@ def _memory_differences(key: str, cfg: TrainConfig, measured: list[dict]) -> lis
     found = []
     for part in ("activations", "weights", "gradients", "optimizer"):
         got = sum(m[part] for m in measured) / len(measured)
-        if abs(got / predicted[part] - 1) > 0.01:
+        if abs(got / predicted[part] - 1) > (0.01 if part == "activations" else STATES_RTOL):
             found.append(f"{key}: {part} measured {got:.0f} B (mean over ranks) vs planner {predicted[part]:.0f} B")
     return found
 

@@ -33,11 +33,15 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
     if dp_mesh is None or dp_mesh.size() == 1:
         return model
     if zero >= 2:
-        if experts is not None:
+        alone = set()  # experts with one replica: nothing to shard, kept out of the dp units
+        if experts is not None and experts.size("edp") > 1:
             _shard_experts(model, experts, zero)
+        elif experts is not None:
+            names = set(experts.names)
+            alone = {p for n, p in model.named_parameters() if n in names}
         for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, ignored_params=alone or None)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3, ignored_params=alone or None)
         return model
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
     accepts = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -51,7 +55,7 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
 
 
 def _shard_experts(model: nn.Module, placement, zero: int) -> None:
-    """ZeRO 2/3 of the experts over their own replicas (edp), before the blocks are sharded over dp: FSDP
+    """ZeRO 2/3 of the experts over their own replicas (edp > 1), before the blocks are sharded over dp: FSDP
     averages their gradients over edp; sync_expert_grads rescales that to the sum over edp / dp (a custom
     divide factor would need ReduceOp.PREMUL_SUM, which gloo lacks)."""
     for module in model.modules():
