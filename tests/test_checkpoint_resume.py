@@ -6,8 +6,12 @@ Every run is 10 steps long (--steps 10 sets the LR schedule). A split run stops 
 - another layout (dp, tp, pp, cp, ZeRO, schedule all change; PP <-> non-PP, ZeRO <-> non-ZeRO, FSDP, tied and
   padded vocabularies, the sequence split another way): within rtol 1e-5 of the single-process run trained here without torch.distributed.
 A control resumes with the AdamW moments dropped: it misses the reference by far more than the tolerance.
-The layout-free format is checked directly too: a checkpoint written by tp4 with a padded vocabulary,
-exported to safetensors, holds the single-process model's tensors.
+Mixture of experts: the experts (E, ...) tensors are saved under their single-process names and shapes
+whatever ep x etp split them, so a resume may change ep (2 -> 4, ep -> none, etp/FSDP-sharded experts -> a
+pipeline with ep): same tolerance, same single-process reference.
+The layout-free format is checked directly too: a checkpoint written by tp4 with a padded vocabulary, and
+one written by ep 2 with ZeRO-1 over the experts' replicas, exported to safetensors (and the MoE one as a
+Mixtral folder), hold the single-process model's tensors.
 
 CPU, gloo, fp32. Saves run in one process group per world size, then the resumes in another.
 """
@@ -36,6 +40,7 @@ MODELS = {
     "padded": model_from_hf_config({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                                     "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 259,
                                     "tie_word_embeddings": True, "max_position_embeddings": 64}, "padded", "test"),
+    "tiny-moe": load_model("tiny-moe"),  # Mixtral-shaped: 4 experts, top-2
 }
 
 
@@ -57,11 +62,16 @@ CHANGES = [
     ("4x1x1-zero1-to-2x1x1-zero1", "tiny", L(dp=4, zero=1, mb=1), L(dp=2, zero=1)),
     ("pp2-tp2-to-1x1x1", "tiny", L(pp=2, tp=2, mb=2), L()),
     ("cp2-allgather-dp2-zero1-to-cp4-ring", "tiny", L(dp=2, cp=2, cp_mode="allgather", zero=1, mb=2), L(cp=4, mb=4)),
+    ("moe-dp2-ep2-to-dp4-ep4", "tiny-moe", L(dp=2, ep=2), L(dp=4, ep=4)),
+    ("moe-dp4-ep2-zero1-to-1x1x1", "tiny-moe", L(dp=4, ep=2, zero=1, mb=1), L()),
+    ("moe-dp4-etp2-fsdp-zero3-to-pp2-tp2-ep2", "tiny-moe", L(dp=4, etp=2, zero=3, mb=1),
+     L(pp=2, tp=2, ep=2, sequence_parallel=True, mb=2)),
 ]
 # Same layout before and after: bitwise (dp <= 2 keeps every all-reduce a two-term sum, so bucketing cannot reorder it)
 SAME = [("same-2x2x1-zero1-sp", "tiny", L(dp=2, tp=2, zero=1, sequence_parallel=True, mb=2)),
         ("same-pp2-dp2-interleaved", "tiny", L(dp=2, pp=2, vpp=2, schedule="interleaved-1f1b")),
-        ("same-fsdp-zero3", "tiny-gpt2", L(dp=2, zero=3, mb=2))]
+        ("same-fsdp-zero3", "tiny-gpt2", L(dp=2, zero=3, mb=2)),
+        ("same-moe-dp2-tp2-ep4-zero1", "tiny-moe", L(dp=2, tp=2, ep=4, zero=1, sequence_parallel=True, mb=2))]
 
 
 def _cfg(model: str, layout: Layout, **kw) -> TrainConfig:
@@ -184,3 +194,27 @@ def test_tp4_checkpoint_of_a_padded_vocabulary_exports_the_single_process_model(
     for name, t in ref.items():
         assert tp4[name].shape == t.shape, name
         assert (tp4[name] - t).abs().max() <= 1e-5, name
+
+
+@pytest.mark.slow
+def test_expert_parallel_checkpoint_exports_the_single_process_model(runs, tmp_path):
+    """ep 2 x edp 2 with ZeRO-1 over the experts' replicas wrote the experts in pieces: the single file and
+    the Mixtral folder hold the single-process model's tensors at that step."""
+    from safetensors.torch import load_file
+
+    from shardwise.checkpoint.export import export_safetensors
+    from shardwise.hf.save import export_hf
+
+    train(_cfg("tiny-moe", L(), checkpoint_dir=str(tmp_path / "ref"), stop_after=STOP))
+    ep = runs / "moe-dp4-ep2-zero1-to-1x1x1" / "step_000005"
+    for kind, export in (("file", lambda c, o: export_safetensors(c, o / "model.safetensors")), ("hf", export_hf)):
+        export(tmp_path / "ref", tmp_path / f"ref-{kind}")
+        export(ep, tmp_path / f"ep-{kind}")
+    for kind in ("file", "hf"):
+        ref = {k: v for f in sorted((tmp_path / f"ref-{kind}").glob("*.safetensors")) for k, v in load_file(f).items()}
+        got = {k: v for f in sorted((tmp_path / f"ep-{kind}").glob("*.safetensors")) for k, v in load_file(f).items()}
+        assert ref.keys() == got.keys(), kind
+        if kind == "file":
+            assert got["layers.0.feed_forward.experts.w1"].shape == (4, 64, 64)
+        for name, t in ref.items():
+            assert (got[name] - t).abs().max() <= 1e-5, (kind, name)

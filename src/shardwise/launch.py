@@ -94,8 +94,6 @@ def check(cfg: TrainConfig) -> None:
         per_rank = f"--seq-len {cfg.seq_len}" + (f" / cp {lay.cp}" if lay.cp > 1 else "")
         raise UsageError(f"each tp rank routes 1/tp of every sequence through the experts, but {per_rank} is not "
                          f"divisible by tp={lay.tp} — use a multiple of {lay.tp * lay.cp}")
-    if lay.ep * lay.etp > 1 and cfg.checkpoint_dir:
-        raise UsageError("checkpoints of expert-parallel runs are not supported yet — drop --checkpoint-dir or train with --ep 1")
     if cfg.backend == "nccl":
         _check_gpus(lay.world_size)
     from shardwise.paths import output_dir, output_file

@@ -19,6 +19,11 @@ How each rank's piece is expressed so that DCP records where it sits in the logi
   load each rank reads the state of the parameters it owns under the new layout.
 - pipeline stages hold different parameters, so they simply save different keys. A tied LM head on the
   last stage is a replica of tok_embeddings.weight: not saved, loaded from that key.
+- routed experts split over ep x etp (parallel/expert_parallel.py): the (experts, ...) tensors under their
+  single-process names and shapes, as a DTensor over the stage's (edp, ep, etp) expert mesh: Shard(0) over
+  ep (E/ep experts each), Shard(width dim) over etp, Replicate over edp (DCP writes one copy). Their AdamW
+  state lives in the experts' own optimizer (ZeRO-1 over edp: on the edp rank that owns it); with FSDP
+  over edp (ZeRO 2/3) the shard is gathered to the ep x etp piece for the save, as the dense weights are.
 
 Loading into any layout is then DCP's resharding: each rank asks for its own slices of the logical tensors.
 """
@@ -30,7 +35,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -41,23 +46,47 @@ class Entry:
 
     key: str  # layout-free name (a tied twin's is the embedding's)
     param: nn.Parameter
-    shard: object  # TPShard or None
+    shard: object  # TPShard, ExpertShard or None
     owned: bool  # this rank keeps (and saves) its optimizer state
     replica: bool  # the last stage's tied LM head: loaded, never saved
 
 
-def _local_optimizer(optimizer) -> torch.optim.Optimizer:
-    """ZeRO-1's per-rank AdamW over the parameters this dp rank owns; else the optimizer itself."""
-    return getattr(optimizer, "optim", optimizer)
+@dataclass(frozen=True)
+class ExpertShard:
+    """An expert tensor split over the (edp, ep, etp) mesh: experts along dim 0 over ep, the FFN width along
+    `width_dim` over etp (w1, w3: 1; w2: 2)."""
+
+    mesh: object
+    width_dim: int
+
+
+def _local_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The AdamW(s) holding this rank's state: ZeRO-1's per-rank AdamW over the parameters this rank owns,
+    else the optimizer itself; the dense weights' and the experts' under expert parallelism (Optimizers)."""
+    parts = getattr(optimizer, "parts", [optimizer])
+    return [getattr(opt, "optim", opt) for opt in parts]
+
+
+def _state_home(optimizer) -> dict[int, torch.optim.Optimizer]:
+    """id(parameter) -> the local AdamW that keeps (and saves) its state on this rank."""
+    return {id(p): opt for opt in _local_optimizers(optimizer) for g in opt.param_groups for p in g["params"]}
+
+
+def _expert_shard(chunk, name: str):
+    placement = chunk.experts
+    if placement is None or name not in placement.names:
+        return None
+    return ExpertShard(placement.mesh, 2 if name.endswith("w2") else 1)
 
 
 def entries(rt) -> list[Entry]:
-    owned = {id(p) for g in _local_optimizer(rt.optimizer).param_groups for p in g["params"]}
+    owned = _state_home(rt.optimizer)
     out = []
     for chunk in rt.chunks:
         for name, p in chunk.model.named_parameters():
             key = "tok_embeddings.weight" if name in chunk.replicas else name
-            out.append(Entry(key, p, chunk.tp_shards.get(name), id(p) in owned, name in chunk.replicas))
+            shard = chunk.tp_shards.get(name) or _expert_shard(chunk, name)
+            out.append(Entry(key, p, shard, id(p) in owned, name in chunk.replicas))
     return out
 
 
@@ -70,7 +99,10 @@ def _tp_local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _logical(local: torch.Tensor, shard, mesh) -> torch.Tensor:
-    """This rank's TP shard as a piece of the logical tensor: a DTensor over tp, or the tensor itself."""
+    """This rank's TP shard (or ep x etp piece of the experts) as a piece of the logical tensor: a DTensor
+    over tp (over the expert mesh), or the tensor itself."""
+    if isinstance(shard, ExpertShard):
+        return DTensor.from_local(local, shard.mesh, [Replicate(), Shard(0), Shard(shard.width_dim)], run_check=False)
     if shard is None or mesh is None or mesh["tp"].size() == 1:
         return local
     tp_mesh = mesh["tp"]
@@ -104,13 +136,13 @@ def _assign(target: torch.Tensor, tp_local: torch.Tensor) -> None:
 
 def collect(rt) -> dict[str, torch.Tensor]:
     """This rank's share of the layout-free state dict. Collective over dp under FSDP (same order on every rank)."""
-    opt = _local_optimizer(rt.optimizer)
+    home = _state_home(rt.optimizer)
     out = {}
     for e in entries(rt):
         if e.replica:
             continue
         out[f"model.{e.key}"] = _logical(_tp_local(e.param), e.shard, rt.mesh)
-        state = opt.state.get(e.param) if e.owned else None
+        state = home[id(e.param)].state.get(e.param) if e.owned else None
         if state:
             for m in MOMENTS:
                 out[f"optim.{e.key}.{m}"] = _logical(_tp_local(state[m]), e.shard, rt.mesh)
@@ -126,7 +158,7 @@ def collect(rt) -> dict[str, torch.Tensor]:
 def targets(rt) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     """Empty tensors for every key this rank needs under its own layout, and the function that moves the
     loaded values into the parameters and a fresh AdamW state (call it after DCP filled the tensors)."""
-    opt = _local_optimizer(rt.optimizer)
+    home = _state_home(rt.optimizer)
     wanted, moves = {}, []
 
     def want(key: str, like: torch.Tensor, shard) -> torch.Tensor:
@@ -140,7 +172,8 @@ def targets(rt) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
         if e.owned:
             moments = {m: want(f"optim.{e.key}.{m}", e.param, e.shard) for m in MOMENTS}
             step = wanted[f"optim.{e.key}.step"] = torch.zeros((), dtype=torch.get_default_dtype())
-            moves.append(lambda p=e.param, ms=moments, s=step: opt.state.__setitem__(p, _adam_state(p, ms, s)))
+            opt = home[id(e.param)]
+            moves.append(lambda p=e.param, ms=moments, s=step, o=opt: o.state.__setitem__(p, _adam_state(p, ms, s)))
     wanted["rng.cpu"] = torch.get_rng_state()
     wanted["train.step"] = torch.zeros((), dtype=torch.int64)
 
