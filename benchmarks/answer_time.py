@@ -21,18 +21,27 @@ import time
 
 CASES = {
     "startup (shardwise --help)": ["--help"],
-    "plan: largest search (gpt3-175b, 3072 GPUs, ~11,600 layouts)": [
+    "plan: gpt3-175b, 3072 GPUs (narrowed to even virtual stages)": [
         "plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "3072", "--global-batch", "1536",
         "--seq-len", "2048"],
-    "explain: the same search": [
+    "plan: llama-65b, 64 GPUs (the README's, 5,562 layouts in full)": [
+        "plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
+        "--seq-len", "2048"],
+    "explain: gpt3-175b, 3072 GPUs": [
         "explain", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "3072", "--global-batch", "1536",
         "--seq-len", "2048"],
     "plan: 10^18 GPUs (refused)": [
         "plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", str(10**18), "--global-batch", "1024",
         "--seq-len", "2048"],
-    "plan: 720,720 GPUs, batch 1,441,440 (refused: too many layouts)": [
+    "plan: 720,720 GPUs, batch 1,441,440 (the search narrows itself)": [
         "plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "720720", "--global-batch", "1441440",
         "--seq-len", "2048"],
+    "plan: deepseek-v3, 2048 GPUs (MoE, narrowed to 1,942 layouts)": [
+        "plan", "--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--gpus", "2048", "--global-batch", "8192",
+        "--seq-len", "4096"],
+    "plan: deepseek-v3, 16,384 GPUs (refused: too many layouts)": [
+        "plan", "--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "16384",
+        "--seq-len", "4096"],
     "estimate: 2^20 GPUs, batch 2^32": [
         "estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", str(2**20), "--global-batch",
         str(2**32), "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1"],

@@ -72,14 +72,16 @@ def models() -> str:
 
 def limits() -> str:
     from shardwise.commands.simulate import MAX_SIMULATED
-    from shardwise.planner.search import MAX_CANDIDATES, MAX_GPUS
+    from shardwise.planner.search import MAX_CANDIDATES, MAX_GPUS, MOE_COST
     from shardwise.specs import MAX_LAYERS, TrainSpec
 
     text = (f"- Bounded answers: `plan`, `estimate`, `explain` and `simulate` answer within seconds or refuse in one "
-            f"line: at most {MAX_GPUS:,} GPUs, {TrainSpec.MAX:,} sequences of {TrainSpec.MAX:,} tokens, "
-            f"{MAX_LAYERS:,} layers and {MAX_CANDIDATES:,} layouts scored per search (beyond, narrow it with "
-            f"`--tp/--pp/--micro-batch/--max-vpp`); `simulate` answers with the closed forms beyond "
-            f"{MAX_SIMULATED:,} actions (equal to the simulator for uniform costs).")
+            f"line: at most {MAX_GPUS:,} GPUs, {TrainSpec.MAX:,} sequences of {TrainSpec.MAX:,} tokens and "
+            f"{MAX_LAYERS:,} layers; a search scores at most {MAX_CANDIDATES:,} layouts ({MAX_CANDIDATES // MOE_COST:,} "
+            f"for mixture-of-experts models). Beyond, it narrows itself step by step (virtual stages that split the "
+            f"layers evenly, at most 4 of them, micro-batches of 1-8 sequences, expert parallelism of 8 or more) and "
+            f"says so under the table, or refuses with the flags that narrow it; `simulate` answers with the closed "
+            f"forms beyond {MAX_SIMULATED:,} actions (equal to the simulator for uniform costs).")
     return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
 
 

@@ -90,8 +90,8 @@ BAD = [
     (PLAN + ["--zero", "-1"], "must not be negative"),
     (["plan", "--model", "tiny", *JOB[:-4], "--global-batch", "1001", "--seq-len", "2048"],
      "global batch 1001 is not divisible by any data-parallel degree dp = gpus/(tp*pp) possible here (8, 16, 32, 64)"),
-    (["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "720720", "--global-batch", "1441440",
-      "--seq-len", "2048"], "narrow it"),
+    (["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "16384",
+      "--seq-len", "4096"], "narrow it"),
     (["estimate", "--model", "llama-65b", *JOB[:-4], "--global-batch", str(2**40), "--seq-len", "2048", "--micro-batch", "1"],
      "--global-batch must be between 1 and"),
     (["explain", "--model", "{model_type_list}", *JOB], "is not an architecture shardwise models"),
@@ -181,6 +181,29 @@ def test_count_candidates_is_what_the_search_scores(monkeypatch):
         job = Job(load_model(model), load_cluster("dgx-h100-80gb"), TrainSpec(batch, 1024), framework=framework)
         search_mod.search(job, gpus)
         assert len(seen) == search_mod.count_candidates(job, gpus), (model, framework)
+
+
+def test_skipping_micro_batches_above_one_that_did_not_fit_changes_no_ranking(monkeypatch):
+    """The search skips micro-batches above one whose leanest layout did not fit (memory never shrinks with the
+    micro-batch): the ranking is the one the unpruned search finds, for dense, MoE, CP and several frameworks."""
+    from shardwise.planner import search as search_mod
+    from shardwise.planner.memory import Job
+    from shardwise.specs import TrainSpec, load_cluster, load_model
+
+    jobs = [(Job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), TrainSpec(512, 4096)), 64),
+            (Job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb"), TrainSpec(192, 2048), framework="megatron-2021"), 96),
+            (Job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), TrainSpec(128, 4096)), 32),
+            (Job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), TrainSpec(16, 32768), framework="shardwise"), 16)]
+    pruned_some = False
+    for job, gpus in jobs:
+        results = []
+        for prune in (False, True):
+            monkeypatch.setattr(search_mod, "PRUNE_MICRO_BATCHES", prune)
+            r = search_mod.search(job, gpus)
+            results.append(([(e.layout, e.step_time) for e in r.ranked], r.scored))
+        assert results[0][0] == results[1][0], job.model.name
+        pruned_some |= results[1][1] < results[0][1]
+    assert pruned_some
 
 
 def test_a_search_too_large_scores_even_virtual_stages_and_says_so(capsys):

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -121,7 +121,11 @@ class ModelSpec:
         return self.num_experts > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer in self.moe_layers
+        return layer in self._moe_layer_set
+
+    @cached_property
+    def _moe_layer_set(self) -> frozenset:  # the planner asks per layer, per layout: a set, built once
+        return frozenset(self.moe_layers)
 
     # Parameter counts, matrix by matrix, as Hugging Face builds the model.
     def attention_params(self) -> int:
@@ -153,7 +157,18 @@ class ModelSpec:
         return self.num_experts * self.hidden + shared
 
     def layer_params(self, layer: int, active: bool = False) -> int:
-        """Parameters of layer `layer` (active: only the top-k of its routed experts)."""
+        """Parameters of layer `layer` (active: only the top-k of its routed experts). A layer is dense or MoE, so
+        there are at most four answers: each computed once per spec (the planner asks per layer, per layout)."""
+        key = (self.is_moe_layer(layer), active)
+        if key not in self._layer_params_cache:
+            self._layer_params_cache[key] = self._layer_params(layer, active)
+        return self._layer_params_cache[key]
+
+    @cached_property
+    def _layer_params_cache(self) -> dict:
+        return {}
+
+    def _layer_params(self, layer: int, active: bool) -> int:
         norms = 2 * self.hidden * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
         if self.is_moe_layer(layer):
             experts = self.experts_per_token if active else self.num_experts

@@ -329,12 +329,17 @@ def _rank_layer_params(job: Job, layout: Layout, rank: int) -> float:
     model = job.model
     if not model.is_moe:
         return rank_layers(job, layout, rank) * layer_params(model, layout.tp)
-    ids = moe.rank_layer_ids(model, layout, rank, job.train.seq_len)
+    return _moe_rank_layer_params(model, layout.pp, layout.vpp, rank, job.train.seq_len, layout.tp)
+
+
+@lru_cache(maxsize=1 << 14)  # the search asks per rank for every ZeRO stage and recompute policy of a split
+def _moe_rank_layer_params(model, pp: int, vpp: int, rank: int, seq_len: int, tp: int) -> float:
+    ids = moe._rank_layer_ids(model, pp, vpp, rank, seq_len)
     moe_ids = [i for i in ids if model.is_moe_layer(i)]
     routers = len(moe_ids) * model.num_experts * model.hidden
     norms = len(ids) * 2 * model.hidden
     dense = sum(model.layer_params(i) for i in ids) - len(moe_ids) * model.num_experts * model.expert_params()
-    return (dense - routers - norms) / layout.tp + routers + norms
+    return (dense - routers - norms) / tp + routers + norms
 
 
 def rank_params(job: Job, layout: Layout, rank: int) -> float:

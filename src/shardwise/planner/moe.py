@@ -20,6 +20,9 @@ Mixtral, DeepSeek-V3 and Megatron-Core MoE reports.
 
 from __future__ import annotations
 
+import itertools
+from functools import lru_cache
+
 from shardwise import stage_split
 from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement
 from shardwise.specs import ClusterSpec, Layout, ModelSpec
@@ -27,17 +30,27 @@ from shardwise.specs import ClusterSpec, Layout, ModelSpec
 INDEX_BYTES = 8  # int64 indices autograd keeps (top-k ids, dispatch orders)
 
 
-def rank_layer_ids(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> list[int]:
+def rank_layer_ids(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> tuple[int, ...]:
     """The layers pipeline rank `rank` holds (its vpp chunks), cut as stage_split cuts them."""
-    counts = stage_split.stage_layer_counts(model, layout.pp * layout.vpp, seq_len)
-    starts = [sum(counts[:s]) for s in range(len(counts))]
-    return [i for c in range(layout.vpp) for s in [c * layout.pp + rank] for i in range(starts[s], starts[s] + counts[s])]
+    return _rank_layer_ids(model, layout.pp, layout.vpp, rank, seq_len)
+
+
+@lru_cache(maxsize=1 << 14)  # asked per rank for every layout the search scores: computed once per split
+def _rank_layer_ids(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> tuple[int, ...]:
+    counts = stage_split.stage_layer_counts(model, pp * vpp, seq_len)
+    starts = list(itertools.accumulate(counts, initial=0))
+    return tuple(i for c in range(vpp) for s in [c * pp + rank] for i in range(starts[s], starts[s] + counts[s]))
 
 
 def rank_moe_layers(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> int:
     if not model.is_moe:
         return 0
-    return sum(model.is_moe_layer(i) for i in rank_layer_ids(model, layout, rank, seq_len))
+    return _rank_moe_layers(model, layout.pp, layout.vpp, rank, seq_len)
+
+
+@lru_cache(maxsize=1 << 14)
+def _rank_moe_layers(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> int:
+    return sum(model.is_moe_layer(i) for i in _rank_layer_ids(model, pp, vpp, rank, seq_len))
 
 
 def expert_replicas(layout: Layout, cp: int) -> int:

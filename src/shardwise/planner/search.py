@@ -41,6 +41,8 @@ SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b"
 RECOMPUTE_ORDER = RECOMPUTE
 # Limits that keep every answer within seconds (each is refused in one line, with the fix, before any work):
 MAX_GPUS = 2**20  # more GPUs than any cluster built
+PRUNE_MICRO_BATCHES = True  # skip micro-batches above one whose leanest layout did not fit (tested: same ranking)
+MOE_COST = 3  # a mixture-of-experts layout costs 2-3 times a dense one to score (per-layer expert terms)
 MAX_CANDIDATES = 6_000  # split x micro-batch x schedule x vpp x SP combinations one search scores (0.1-0.2 ms each)
 MIN_CP_TOKENS = 4096  # tokens of each sequence per rank, for cp searched by default (see above)
 
@@ -211,15 +213,27 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     n = count_candidates(job, gpus, space)
     if n == 0:
         raise UsageError(no_layout_message(job, gpus, space))
-    if n <= MAX_CANDIDATES:
+    most = MAX_CANDIDATES // (MOE_COST if job.model.is_moe else 1)
+    if n <= most:
         return space, ""
-    even = replace(space, even_vpp=True)
-    k = count_candidates(job, gpus, even)
-    if 0 < k <= MAX_CANDIDATES:
-        return even, (f"{n:,} layouts are more than the {MAX_CANDIDATES:,} scored in one go: only virtual-stage counts "
-                      f"that split the layers evenly were scored ({k:,}); --max-vpp or --pp narrows it instead")
-    raise UsageError(f"this search spans {n:,} layouts, more than the {MAX_CANDIDATES:,} shardwise scores in one go — "
-                     f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4")
+    # Narrower and narrower, each step keeping what large runs use: even virtual stages (Megatron's classic
+    # rule), at most 4 of them, micro-batches of 1-8 sequences. Knobs the user narrowed stay theirs.
+    steps = [("virtual-stage counts that split the layers evenly", dict(even_vpp=True)),
+             ("at most 4 of them", dict(even_vpp=True, max_vpp=min(space.max_vpp or 4, 4))),
+             ("micro-batches of 1, 2, 4 or 8 sequences",
+              dict(even_vpp=True, max_vpp=min(space.max_vpp or 4, 4), micro_batch=space.micro_batch or (1, 2, 4, 8)))]
+    if job.model.is_moe and space.ep is None:  # large MoE runs spread their experts over 8 GPUs or more
+        steps.append(("expert parallelism of 8 to 256", dict(steps[-1][1], ep=(8, 16, 32, 64, 128, 256))))
+    for i, (_, change) in enumerate(steps):
+        narrower = replace(space, **change)
+        k = count_candidates(job, gpus, narrower)
+        if 0 < k <= most:
+            what = "; ".join(text for text, _ in steps[: i + 1])
+            return narrower, (f"{n:,} layouts are more than the {most:,} scored in one go, so only {what} were scored "
+                              f"({k:,}); --tp/--pp/--max-vpp/--micro-batch narrow it your way")
+    raise UsageError(f"this search spans {n:,} layouts, more than the {most:,} shardwise scores in one go — "
+                     f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4"
+                     + (" --ep 8,16" if job.model.is_moe else ""))
 
 
 def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
@@ -265,12 +279,18 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
     refused = ""
     leanest: tuple[float, Layout] | None = None
     for tp, pp, dp, cp in degrees(job, gpus, space):
-        for mb in divisors(job.train.global_batch // dp):
+        too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
+        for mb in divisors(job.train.global_batch // dp):  # ascending
             if space.micro_batch is not None and mb not in space.micro_batch:
                 continue
             m = job.train.global_batch // (dp * mb)
             for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
                                                              _sp_options(job, fw, tp, cp), expert_degrees(job, dp, tp, space, cp)):
+                # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
+                # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped.
+                if PRUNE_MICRO_BATCHES and (schedule, vpp, sp, ep) in too_big:
+                    continue
+                fitted = measured = False
                 base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
                               ep=ep)
                 base = base.with_(cp_mode=best_cp_mode(job, base, space))
@@ -290,9 +310,11 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             continue
                         mem = total_bytes(memory_breakdown(job, layout)[1])
                         scored += 1
+                        measured = True
                         if leanest is None or mem < leanest[0]:
                             leanest = (mem, layout)
                         if mem <= limit:
+                            fitted = True
                             ranked.append(estimate(job, layout))
                             timed += 1
                             lowest = zero if lowest is None else lowest
@@ -303,6 +325,8 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                                 break
                     if lowest is not None:
                         best_zero = lowest
+                if measured and not fitted:
+                    too_big.add((schedule, vpp, sp, ep))
     ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
     return SearchResult(ranked=ranked, scored=scored, timed=timed,
                         leanest=estimate(job, leanest[1]) if leanest else None, refused=refused, thinned=thinned)

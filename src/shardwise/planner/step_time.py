@@ -19,7 +19,7 @@ Constants and their sources: docs/planner.md.
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from shardwise.planner import kernels, moe
@@ -130,7 +130,8 @@ class LayerCost:
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
-        return LayerCost(*((1 - share) * a + share * b for a, b in zip(astuple(self), astuple(other))))
+        names = [f.name for f in fields(self)]  # not astuple: it deep-copies, and the search calls this often
+        return LayerCost(*((1 - share) * getattr(self, n) + share * getattr(other, n) for n in names))
 
 
 def layer_matmuls(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
