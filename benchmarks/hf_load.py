@@ -8,11 +8,20 @@ and saved as sharded safetensors (no download). Then:
            tp and reads only its slices from the memory-mapped files. Peak RSS during the load (VmHWM after
            resetting it through /proc/self/clear_refs) minus the RSS just before, against the bytes of the
            rank's own shard: the goal is <= 1.2 x shard + a fixed overhead.
-  speed    one process, interleaved, `repeats` times each (files in the page cache after the first round):
-           shardwise (check the folder + meta model + every parameter: whole fp32 tensors as mapped views,
-           GPT-2's transposed Conv1D weights copied) against transformers.AutoModelForCausalLM.from_pretrained(DIR),
-           which maps every tensor lazily and reads nothing yet; then both again with every weight read once
-           (what the first forward pass pays). Median times; ratios = shardwise / transformers.
+  speed    one rank. Each timed load runs in a fresh process forked from this one once it has imported
+           everything and loaded both once (so a first load in a process, as in `train`, without the imports);
+           `repeats` rounds, in each both contenders for each stage, the one that goes first alternating:
+             shardwise     check the folder + build on meta + every parameter from the mapping: with no
+                           data-parallel replica every fp32 tensor stays a copy-on-write view of the mapped
+                           file, GPT-2's Conv1D weights seen transposed (x @ W, as Conv1D computes it)
+             transformers  AutoModelForCausalLM.from_pretrained(DIR), which also keeps mapped views, in
+                           Conv1D's layout
+           stages: "call" (the load alone: neither side has read the weights yet), "read" (then every weight
+           read once: what the first forward pays to page them in), "forward" (then one forward pass of 1 x 16
+           tokens; includes each model's own compute) and "train-ready" (then the optimizer built as each
+           trainer builds it: shardwise's make_optimizer, which makes GPT-2's q/k/v columns dense, and a fused
+           torch AdamW for transformers; then every weight written once in place, what the first optimizer
+           step does to mapped pages). Median times; ratios = shardwise / transformers.
 """
 
 from __future__ import annotations
@@ -88,34 +97,66 @@ def memory(folder: Path) -> list[dict]:
         return [json.loads(Path(out, f"{r}.json").read_text()) for r in range(2)]
 
 
+STAGES = ("call", "read", "forward", "train-ready")
+
+
+def _in_child(fn) -> float:
+    """Seconds fn() takes in a fresh child process forked from this one."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        start = time.perf_counter()
+        fn()
+        os.write(w, repr(time.perf_counter() - start).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    if not out:
+        raise RuntimeError("a timed load failed in its child process")
+    return float(out)
+
+
 def speed(folder: Path, repeats: int) -> dict:
     import transformers
 
+    from shardwise.parallel import make_optimizer
     from shardwise.specs import Layout
 
-    def touched(model):  # every weight read once: what the first forward pass costs a lazily mapped model
-        with torch.no_grad():
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    tokens = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
+    optimizer = {"shardwise": lambda params: make_optimizer([{"params": params}], 0, None),
+                 "transformers": lambda params: torch.optim.AdamW(params, fused=True)}
+
+    @torch.no_grad()
+    def then(model, who, stage):
+        if stage == "read":
             for p in model.parameters():
                 p.sum()
+        elif stage == "forward":
+            model(tokens)
+        elif stage == "train-ready":
+            optimizer[who](list(model.parameters()))
+            for p in model.parameters():
+                p.mul_(1.0)
         return model
 
-    contenders = {
-        "shardwise": lambda: _load(folder, None, Layout()),
-        "transformers": lambda: transformers.AutoModelForCausalLM.from_pretrained(folder),
-        "shardwise+read": lambda: touched(_load(folder, None, Layout())),
-        "transformers+read": lambda: touched(transformers.AutoModelForCausalLM.from_pretrained(folder)),
-    }
-    times = {k: [] for k in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            gc.collect()
-            start = time.perf_counter()
-            model = fn()
-            times[name].append(time.perf_counter() - start)
-            del model
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {"seconds": med, "ratio": med["shardwise"] / med["transformers"],
-            "ratio_read": med["shardwise+read"] / med["transformers+read"], "repeats": repeats}
+    load = {"shardwise": lambda: _load(folder, None, Layout()),
+            "transformers": lambda: transformers.AutoModelForCausalLM.from_pretrained(folder)}
+    for who, fn in load.items():  # imports, first-call caches, the files in the page cache
+        then(fn(), who, "forward")
+    gc.collect()
+    times = {(who, stage): [] for stage in STAGES for who in load}
+    for r in range(repeats):
+        for stage in STAGES:
+            for who in sorted(load, reverse=r % 2 == 1):
+                times[who, stage].append(_in_child(lambda: then(load[who](), who, stage)))
+    med = {f"{who}+{stage}": statistics.median(v) for (who, stage), v in times.items()}
+    return {"seconds": med, "repeats": repeats,
+            "ratio": {stage: med[f"shardwise+{stage}"] / med[f"transformers+{stage}"] for stage in STAGES}}
 
 
 def main() -> None:
@@ -133,9 +174,11 @@ def main() -> None:
 
     files = sorted(folder.glob("*.safetensors"))
     largest = max(int(t["data_offsets"][1]) - int(t["data_offsets"][0]) for f in files for t in read_header(f).values())
+    before = os.getloadavg()[0]
     mem = memory(folder)
     spd = speed(folder, args.repeats)
-    result = {"files": len(files), "largest_tensor_bytes": largest, "memory": mem, "speed": spd}
+    result = {"files": len(files), "largest_tensor_bytes": largest, "memory": mem, "speed": spd,
+              "load_average": [before, os.getloadavg()[0]]}
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -146,9 +189,11 @@ def main() -> None:
         print(f"tp rank {m['rank']}: own shard {m['shard'] / mb:.1f} MiB, peak RSS during load +{delta / mb:.1f} MiB "
               f"= {delta / m['shard']:.3f} x shard (overhead over the shard {(delta - m['shard']) / mb:+.1f} MiB)")
     t = spd["seconds"]
-    print(f"one rank (median of {spd['repeats']}): shardwise {t['shardwise']:.3f} s, transformers.from_pretrained "
-          f"{t['transformers']:.3f} s, ratio {spd['ratio']:.2f}; with every weight read once: {t['shardwise+read']:.3f} s "
-          f"vs {t['transformers+read']:.3f} s, ratio {spd['ratio_read']:.2f}")
+    print(f"one rank, median of {spd['repeats']} (shardwise / transformers.from_pretrained):")
+    for stage in STAGES:
+        print(f"  {stage:11s} {t['shardwise+' + stage]:.3f} s / {t['transformers+' + stage]:.3f} s = "
+              f"{spd['ratio'][stage]:.2f}")
+    print(f"load average {result['load_average'][0]:.1f} before, {result['load_average'][1]:.1f} after")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,50 @@ def test_gpt2_names_without_the_transformer_prefix_load_too(folders, tmp_path):
         torch.testing.assert_close(_load(tmp_path / "hub")(_tokens()), hf_logits(folders / "gpt2", _tokens()), rtol=0, atol=ATOL)
 
 
+def _mapped_from(t: torch.Tensor) -> str:
+    """The file whose mapping holds t's first element ("[heap]", "" or the like for a copy)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= t.data_ptr() < hi:
+                return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+def test_one_rank_keeps_gpt2_weights_mapped_and_replicas_get_contiguous_copies(folders):
+    """With no data-parallel replica every GPT-2 weight stays a copy-on-write view of the mapped file (the load
+    reads nothing, as from_pretrained): Conv1D weights seen transposed (x @ W, as Conv1D computes it), q, k and v
+    side by side in c_attn. A parameter that DDP, ZeRO or FSDP will broadcast or shard is contiguous at the start
+    of its own storage (gloo sends from there; FSDP refuses strided parameters). Same values either way, and
+    the same AdamW step: make_optimizer makes the c_attn columns dense (torch's fused AdamW ignores strides)."""
+    from shardwise.parallel import Sharded, make_optimizer
+
+    folder = folders / "gpt2"
+    spec = load_model(str(folder))
+    views = _load(folder)
+    attn, ffn = views.layers["0"].attention, views.layers["0"].feed_forward
+    for w in (attn.wq.weight, attn.wk.weight, attn.wo.weight, ffn.w1.weight, ffn.w2.weight):
+        assert w.stride()[0] == 1, w.stride()  # (in, out) seen as (out, in): no transpose
+    for w in (attn.wv.weight, attn.wo.weight, ffn.w1.weight, ffn.w2.weight, attn.wk.bias, views.tok_embeddings.weight):
+        assert _mapped_from(w).endswith("model.safetensors"), _mapped_from(w)
+    assert attn.wk.weight.data_ptr() == attn.wq.weight.data_ptr() + 4 * spec.q_dim  # columns of one c_attn
+    copies = Transformer(spec, device="meta")
+    loader(inspect_folder(folder, spec))(Sharded(copies, copies), "cpu", replicated=True)
+    mapped = dict(views.named_parameters())
+    for name, p in copies.named_parameters():
+        assert p.is_contiguous() and p.storage_offset() == 0, name
+        assert torch.equal(p, mapped[name]), name
+    steps = [make_optimizer([{"params": list(m.parameters())}], 0, None, lr=1e-2) for m in (views, copies)]
+    assert attn.wk.weight.t().is_contiguous()  # dense now, in the same order
+    for model, opt in zip((views, copies), steps):
+        for name, p in model.named_parameters():  # laid out like the parameter, as autograd accumulates it
+            p.grad = torch.empty_like(p).copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+        opt.step()
+    for name, p in copies.named_parameters():
+        assert torch.equal(p, mapped[name]), name
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_train_export_reload_in_transformers(folders, tmp_path, family):
     """train --model DIR (1 process, 3 steps) -> checkpoint export --format hf -> transformers: the trained logits."""

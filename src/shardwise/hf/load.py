@@ -193,9 +193,13 @@ def _region(shape, shard, tp_rank: int) -> list[tuple[int, int]]:
     return region
 
 
-def read_local(folder: HFFolder, spec: ModelSpec, name: str, shape, shard, tp_rank: int, device="cpu", mapped=None):
+def read_local(folder: HFFolder, spec: ModelSpec, name: str, shape, shard, tp_rank: int, device="cpu", mapped=None,
+               strided: bool = False):
     """This rank's local tensor of parameter `name` (fp32, zero padding), from the mapped file. `mapped`: open
-    files ({file: safe_open handle}) to take copy-on-write views from (they stay mapped while a view lives)."""
+    files ({file: safe_open handle}) to take copy-on-write views from (they stay mapped while a view lives).
+    `strided` (CPU): nothing will broadcast, gather or shard the parameter, so it may be any view: GPT-2's Conv1D
+    weights keep their (in, out) layout, seen transposed (y = x @ W, as Conv1D computes it), and q, k and v are
+    column ranges of the mapped c_attn (not dense: `make_optimizer` makes them dense before a fused AdamW)."""
     import torch
     from safetensors import safe_open
 
@@ -206,26 +210,30 @@ def read_local(folder: HFFolder, spec: ModelSpec, name: str, shape, shard, tp_ra
     a, b = theirs[out_dim]
     theirs[out_dim] = (a + src.offset, b + src.offset)
     padded = any(b - a < n for (a, b), n in zip(region, shape))
-    local = (torch.zeros if padded else torch.empty)(shape, dtype=torch.float32, device=device)
     if any(b <= a for a, b in theirs):  # only padding rows here
-        return local
+        return torch.zeros(shape, dtype=torch.float32, device=device)
     file, stored, dtype = folder.where[src.name]
     select = tuple(slice(a, b) for a, b in theirs)
-    whole = not src.conv1d and not src.offset and all(b - a == n for (a, b), n in zip(region, folder.shapes[src.name]))
-    if mapped is not None and whole and dtype == "F32" and torch.device(device).type == "cpu":
+    keep = strided and shard is None  # views of any layout: Conv1D's (in, out) seen transposed, parts of c_attn
+    if mapped is not None and shard is None and dtype == "F32" and torch.device(device).type == "cpu":
         if file not in mapped:
             mapped[file] = safe_open(Path(folder.path) / file, framework="pt")
-        piece = mapped[file].get_slice(stored)[:]
-        if piece.storage_offset() == 0:  # gloo reads a tensor from the start of its storage
-            return piece
+        piece = mapped[file].get_tensor(stored)[select]
+        view = piece.t() if src.conv1d else piece
+        # with replicas, only a contiguous tensor at the start of its storage: gloo sends from there, FSDP
+        # refuses strided parameters
+        if keep or (view.is_contiguous() and view.storage_offset() == 0):
+            return view
     # One mapping per tensor: closing it releases the pages this copy touched.
     with safe_open(Path(folder.path) / file, framework="pt") as f:
         piece = f.get_slice(stored)[select]
-        piece = piece.t() if src.conv1d else piece
+        if keep and src.conv1d:  # a bf16/fp16 file, upcast in Conv1D's layout (no transpose)
+            return piece.to(device, torch.float32, copy=True, memory_format=torch.contiguous_format).t()
+        local = (torch.zeros if padded else torch.empty)(shape, dtype=torch.float32, device=device)
         view = local
         for d, (a, b) in enumerate(region):
             view = view.narrow(d, 0, b - a)
-        view.copy_(piece)
+        view.copy_(piece.t() if src.conv1d else piece)
         del piece
     return local
 
@@ -249,9 +257,11 @@ def read_experts(folder: HFFolder, spec: ModelSpec, name: str, shape, placement,
     return local
 
 
-def load_into(chunk, folder: HFFolder, device) -> None:
+def load_into(chunk, folder: HFFolder, device, replicated: bool = True) -> None:
     """Give every parameter of `chunk` (a `Sharded` model built on meta, sliced by tensor_parallel) this
-    rank's values, then move it to `device`."""
+    rank's values, then move it to `device`. `replicated`: data parallelism (DDP, ZeRO, FSDP) will broadcast,
+    gather or shard the parameters, so each must be a contiguous tensor at the start of its own storage."""
+    import torch
     import torch.distributed as dist
     from torch import nn
 
@@ -263,7 +273,8 @@ def load_into(chunk, folder: HFFolder, device) -> None:
         if ".experts." in name:
             value = read_experts(folder, model.spec, name, tuple(p.shape), chunk.experts, device)
         else:
-            value = read_local(folder, model.spec, name, tuple(p.shape), chunk.tp_shards.get(name), tp_rank, device, mapped)
+            value = read_local(folder, model.spec, name, tuple(p.shape), chunk.tp_shards.get(name), tp_rank, device, mapped,
+                               strided=not replicated and torch.device(device).type == "cpu")
         setattr(model.get_submodule(parent), leaf, nn.Parameter(value))
     for handle in mapped.values():
         handle.__exit__(None, None, None)  # the views keep their mapping
@@ -281,8 +292,8 @@ def loader(folder: HFFolder | None):
 class _Loader:
     folder: HFFolder
 
-    def __call__(self, chunk, device) -> None:
-        load_into(chunk, self.folder, device)
+    def __call__(self, chunk, device, replicated: bool = True) -> None:
+        load_into(chunk, self.folder, device, replicated)
 
 
 def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolder | None, dict | None]:

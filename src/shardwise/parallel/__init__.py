@@ -33,13 +33,14 @@ def parallelize(model: nn.Module, mesh, layout, device: torch.device | str = "cp
     sequences -> onto `device` -> its DP / ZeRO stage wraps or shards it over dp (x cp).
     Returns a `Sharded`: the module to call, the plain model and how every parameter is split.
     replicate=False leaves ZeRO 0/1 unwrapped: the pipeline step averages their gradients itself, once per step.
-    weights(chunk, device): a model built on the meta device gets this rank's slices instead (shardwise.hf.load)."""
+    weights(chunk, device, replicated): a model built on the meta device gets this rank's slices instead
+    (shardwise.hf.load); `replicated`: the parameters have data-parallel replicas (DDP/ZeRO/FSDP below)."""
     chunk = tensor_parallel(model, None if mesh is None else mesh["tp"], layout.sequence_parallel)
     if layout.cp > 1:
         context_parallel(model, mesh["cp"], layout.cp_mode, seq_len)
     chunk = expert_parallel(chunk, mesh, layout.ep, layout.etp, layout.sequence_parallel)
     if weights is not None:
-        weights(chunk, device)
+        weights(chunk, device, replicated=size(mesh, data_dim(mesh)) > 1)
     else:
         model.to(device)
     zero = layout.zero if size(mesh, data_dim(mesh)) > 1 else 0

@@ -104,9 +104,22 @@ def make_optimizer(param_groups: list[dict], zero: int, dp_mesh, **adamw) -> tor
     tiny model's 39 tensors); element-wise, so every layout still updates each entry alike."""
     param_groups = [g for g in param_groups if g["params"]]
     adamw = {"fused": True, **adamw}
+    for p in (p for g in param_groups for p in g["params"]):
+        if not _dense(p):  # torch's fused AdamW walks a parameter's memory as if it were dense
+            p.data = p.detach().clone()  # the same order of strides, dense (GPT-2's q/k/v: hf/load.py)
     if zero == 1 and dp_mesh is not None and dp_mesh.size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(param_groups, optimizer_class=torch.optim.AdamW,
                                        process_group=dp_mesh.get_group(), **adamw)
     return torch.optim.AdamW(param_groups, **adamw)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its memory without gaps, in some order of dimensions (not only row-major)."""
+    expected = 1
+    for stride, n in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
