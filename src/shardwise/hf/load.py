@@ -9,10 +9,14 @@ gives each parameter this rank's rows or columns, from `safe_open(...).get_slice
 files. No rank allocates or reads a tensor it does not hold:
 - a whole fp32 tensor on CPU stays a copy-on-write view of the mapped file (as transformers' from_pretrained
   keeps it): its pages are read when the parameter is first used and become the process's own when first
-  written (the first optimizer step);
-- anything else (a tensor-parallel slice, GPT-2's transposed Conv1D weights, bf16/fp16 files, a GPU) is
-  copied into a new contiguous fp32 tensor (FSDP refuses strided parameters, and gloo reads a tensor from
-  the start of its storage, so a slice must not stay a view), through
+  written (the first optimizer step). With no data-parallel replica (nothing will broadcast, gather or shard
+  the parameters) that includes GPT-2's Conv1D weights, kept in their (in, out) layout and seen transposed
+  (y = x @ W, Conv1D's own product), and q, k, v as column ranges of the mapped c_attn: a GPT-2 load reads
+  nothing, as from_pretrained. (Those columns are not dense; `make_optimizer` copies them dense, because
+  torch's fused AdamW walks a parameter's memory as if it were.)
+- anything else (a tensor-parallel slice, a Conv1D weight or c_attn part with replicas, bf16/fp16 files, a
+  GPU) is copied into a new contiguous fp32 tensor (FSDP refuses strided parameters, and gloo reads a tensor
+  from the start of its storage, so a slice must not stay a view), through
   one mapping per tensor closed right after, so the file pages a copy touches are released tensor by tensor:
   a rank's peak memory is its own shard plus at most one HF tensor's pages (benchmarks/hf_load.py).
 """
