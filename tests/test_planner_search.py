@@ -99,6 +99,8 @@ def test_estimate_json_matches_the_library(capsys):
     lay = Layout(dp=2, tp=8, pp=4, micro_batch=1, vpp=2, zero=1, recompute="selective", sequence_parallel=True,
                  schedule="interleaved-1f1b")
     assert data == json.loads(json.dumps(estimate(job, lay).to_dict()))
+    code, again, _ = run_cli(capsys, *argv, "--dp", "2")  # the dp that --gpus implies, named: the same answer
+    assert code == 0 and json.loads(again) == data
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -106,6 +108,7 @@ def test_estimate_json_matches_the_library(capsys):
     (["estimate", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "48", "--global-batch", "256",
       "--seq-len", "2048", "--tp", "3", "--micro-batch", "1"], "does not divide the 64 attention heads"),
     (["estimate", *ARTICLE, "--tp", "8", "--micro-batch", "3"], "not divisible"),
+    (["estimate", *ARTICLE, "--tp", "8", "--dp", "4", "--micro-batch", "1"], "--dp 4 disagrees with --gpus 64"),
     (["plan", "--model", "nope", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "8"],
      "valid presets"),
     (["plan", "--model", "llama3.1-405b", "--cluster", "dgx-a100-40gb", "--gpus", "8", "--global-batch", "8",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
                                        add_software_args, dp_from_gpus, job_from_args, layout_from_args, print_json)
+from shardwise.errors import UsageError
 
 
 def register(subparsers, name, help):
@@ -21,6 +22,8 @@ def register(subparsers, name, help):
                                                  "a pipeline — or the next stage that fits)")
         elif action.dest == "recompute":
             action.default, action.help = None, "activation recompute (default: none, or the cheapest policy that fits)"
+    p.add_argument("--dp", type=int, default=None,
+                   help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -35,7 +38,11 @@ def run(args) -> int:
     named = {k for k in ("zero", "recompute") if getattr(args, k) is not None}
     args.zero = 0 if args.zero is None else args.zero
     args.recompute = "none" if args.recompute is None else args.recompute
-    layout = layout_from_args(args, dp_from_gpus(args.gpus, args.tp, args.pp, args.cp))
+    dp = dp_from_gpus(args.gpus, args.tp, args.pp, args.cp)
+    if args.dp is not None and args.dp != dp:
+        raise UsageError(f"--dp {args.dp} disagrees with --gpus {args.gpus} / (tp*pp*cp = {args.gpus // dp}) = {dp} — "
+                         "give --gpus as dp*tp*pp*cp, or leave --dp out")
+    layout = layout_from_args(args, dp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len)
     layout, implied = complete_layout(job, layout, named)
     check(get(job.framework), layout)
