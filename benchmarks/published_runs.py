@@ -68,6 +68,7 @@ class Run:
     layout: Layout | None = None
     published_step_s: float | None = None
     weak: bool = False
+    weak_reason: str = ""  # why a row is kept out of the summary, from its notes ("Weak: ...")
     skip: str = ""  # why the row is not modelled
 
 
@@ -151,6 +152,8 @@ def _zero(cell: str) -> int:
 
 def _profile(row: dict) -> str:
     fw = row.get("framework", "").strip()
+    if "NVIDIA-NeMo/Automodel" in row["source"] and (_int(row.get("moe_experts", "") or "") or 0) > 1:
+        return "automodel"  # its own MoE model path (TE kernels, DeepEP, bf16 states), not the HF path of its dense runs
     if fw:
         return PROFILE_OF.get(fw, fw)
     text = row["run"] + " " + row["source"]
@@ -174,6 +177,8 @@ def source_flops_per_step(row: dict, job) -> float:
         conv = "megatron-hw" if any(k in row["run"] for k in ("MT-NLG", "BLOOM", "GPT-NeoX")) else "palm"
     if conv == "megatron-hw":
         return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    if conv == "megatron-model" and m.is_moe:
+        return megatron_core_flops(m, B, s)
     if conv == "megatron-model":
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
     per_seq = re.search(r"[Mm]odel flops/seq = ([\d.]+e[+]?\d+)", row["notes"])
@@ -181,6 +186,24 @@ def source_flops_per_step(row: dict, job) -> float:
     if conv == "nemo-model" and per_seq and not (proxy and str(l) in proxy.group(1).split("/")):
         return float(per_seq.group(1)) * B
     return model_flops_per_step(job)  # PaLM / torchtitan: 6N + 12 l q s per token
+
+
+def megatron_core_flops(m: ModelSpec, B: int, s: int) -> float:
+    """Megatron-Core's own FLOP counter of a step (megatron/training/training.py num_floating_point_operations,
+    transformer_flops: GQA or MLA projections, causal attention halved, SwiGLU, routed top-k and shared experts,
+    dense first layers, the logits; each GEMM 3 times): what its MoE runs report as TFLOP/s per GPU."""
+    h, heads, swiglu = m.hidden, m.num_heads, 3 if m.gated_mlp else 2
+    if m.attention == "mla":
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = m.q_lora_rank * (h + heads * qk + 1) if m.q_lora_rank else h * heads * qk
+        attn = (q + m.kv_lora_rank * (h + heads * (m.qk_nope_head_dim + m.v_head_dim) + 1) + h * m.qk_rope_head_dim
+                + heads * m.v_head_dim * h + s * heads * qk / 2 + s * heads * m.v_head_dim / 2)
+    else:
+        attn = h * (m.q_dim + 2 * m.kv_dim) + m.q_dim * s / 2 * 2 + m.q_dim * h
+    moe_layers = len(m.moe_layers)
+    mlp = ((m.num_layers - moe_layers) * h * m.ffn_hidden * swiglu
+           + moe_layers * h * (m.moe_ffn_hidden * m.experts_per_token + m.shared_ffn_hidden) * swiglu)
+    return 3 * 2 * B * s * (m.num_layers * attn + mlp + h * m.vocab_size)
 
 
 def published_step_time(row: dict, job, gpus: int) -> float | None:
@@ -226,6 +249,9 @@ def parse(row: dict) -> Run:
     run = Run(row["run"], row["source"], series=row.get("series", "").strip())
     tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
     run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
+    weak = re.search(r"Weak: ([^.]*(?:\.\d[^.]*)*)", row["notes"])  # a figure its own source contradicts
+    if weak:
+        run.weak, run.weak_reason = True, weak.group(1).strip()
     run.skip = not_modelled(row)
     if run.skip:
         return run
@@ -248,6 +274,8 @@ def parse(row: dict) -> Run:
     if fw.sequence_parallel == "always":
         sp = True
     zero = _zero(row["zero_stage"])
+    if profile == "automodel" and pp > 1 and zero == 3:  # its FSDP2 reshards after forward only without PP
+        zero = fw.default_zero_with_pp
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
@@ -264,10 +292,11 @@ def parse(row: dict) -> Run:
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
                        tp_comm_overlap=overlap, precision=_precision(row))
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
-            modules = re.findall(r"[a-z_]+", recompute_cell.lower())
+            modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             job = replace(job, moe_dispatcher="deepep" if "deepep" in notes else "alltoall",
                           ep_comm_overlap="all-to-all overlapped" in notes,
-                          moe_recompute="moe" if "moe" in modules else ("act" if "act" in modules else ""))
+                          moe_recompute="moe" if "moe" in modules else ("act" if "act" in modules else ""),
+                          moe_routing="contiguous" if "fakebalancedgate" in notes else "random")
             layout = layout.with_(sequence_parallel=tp > 1)
         validate_layout(layout, model, batch)
     except UsageError as exc:
@@ -382,7 +411,7 @@ def _moe_row(run: Run) -> dict:
     return {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
             "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
             "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
-            "fits": est.fits, "weak": run.weak, "time_breakdown_s": {k: round(v, 3) for k, v in est.time_s.items()},
+            "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "time_breakdown_s": {k: round(v, 3) for k, v in est.time_s.items()},
             "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
                                                     / run.published_step_s / est.gpus, 1),
             "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
@@ -509,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     if moe["rows"]:
         print("\nmixture of experts (planner/moe.py; scored apart, nothing fitted on them):")
         for r in moe["runs"]:
-            mark = " (weak: not in summary)" if r["weak"] else ""
+            mark = f" (weak, not in summary: {r['weak_reason']})" if r["weak_reason"] else (
+                " (weak: not in summary)" if r["weak"] else "")
             print(f"{r['run'][:56]:56} {r['framework']:13} {r['layout'][:24]:24} {r['published_step_s']:8.3f} "
                   f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
         print(f"{moe['rows']} mixture-of-experts rows, median "

@@ -105,3 +105,44 @@ def test_mla_attention_is_counted_not_trained():
     few, many = estimate(job, lay.with_(ep=8)), estimate(job, lay.with_(ep=64))
     assert many.memory_per_gpu < few.memory_per_gpu
     assert few.to_dict()["total_params"] == 671_026_404_352
+
+
+def test_permutation_traffic_is_counted_by_hand():
+    """Per routed token, forward: the permute reads and writes k rows, the unpermute reads k and writes one
+    (Mixtral: k = 2, so 7 rows of h bf16 elements); backward reads the k outputs once more (9 rows)."""
+    from shardwise.planner.kernels import hbm_rate
+    from shardwise.planner.moe import permute_time
+    spec = load_model("mixtral-8x7b")
+    row = spec.hidden * 2
+    f, b = permute_time(H100, spec, 4096, Layout(), 2)
+    assert f == pytest.approx(4096 * 7 * row / hbm_rate(H100))
+    assert b == pytest.approx(4096 * 9 * row / hbm_rate(H100))
+    f2, _ = permute_time(H100, spec, 4096, Layout(tp=2, dp=1), 2)  # each tp rank routes half the tokens
+    assert f2 == pytest.approx(f / 2)
+    fc, _ = permute_time(H100, spec, 4096, Layout(), 2, capacity=1.5)  # 3 rows per token: 3 + 3 + 3 + 1
+    assert fc == pytest.approx(4096 * 10 * row / hbm_rate(H100))
+
+
+def test_ranks_a_token_reaches_random_or_contiguous():
+    """k distinct experts at random reach k of E single-expert ranks; NeMo AutoModel's fake balanced gate gives
+    token t the experts tk .. tk+k-1, inside one rank when a rank holds a multiple of k experts."""
+    from shardwise.planner.moe import units_hit
+    mixtral = load_model("mixtral-8x7b")  # E = 8, k = 2
+    assert units_hit(mixtral, 8) == pytest.approx(2.0)
+    assert units_hit(mixtral, 4, "contiguous") == pytest.approx(1.0)
+    assert units_hit(mixtral, 8, "contiguous") == pytest.approx(2.0)
+    assert units_hit(mixtral, 2) == pytest.approx(2 * (1 - 6 / 28))  # P(both of 2 draws in the other 4 of 8) = 6/28
+    v3 = load_model("deepseek-v3")  # E = 256, k = 8
+    assert units_hit(v3, 16, "contiguous") == pytest.approx(1.0)  # 16 experts per rank, 8 consecutive: one rank
+
+
+def test_ep_overlap_hides_all_to_alls_only_behind_compute():
+    from shardwise.planner.moe import ep_overlap_exposed, paired_share
+    assert ep_overlap_exposed(1, 1, 1, 1, 1, 0.0) == 0.0
+    assert ep_overlap_exposed(0, 0, 0, 0, 0, 1.0) == pytest.approx(4.0)  # nothing to hide behind: all four exposed
+    assert ep_overlap_exposed(10, 10, 10, 10, 10, 1.0) < 1.0  # ample compute: only the slowdown of the compute beside it
+    # Megatron-Core's warm-up forwards on the first pipeline rank (schedules.py): p - 1 for 1F1B,
+    # 2 (p - 1) + (v - 1) p chunks interleaved; with no pipeline the first forward and the last backward run alone.
+    assert paired_share(Layout(), 8) == pytest.approx(7 / 8)
+    assert paired_share(Layout(pp=4, dp=1), 8) == pytest.approx(5 / 8)
+    assert paired_share(Layout(pp=4, dp=1, vpp=2, schedule="interleaved-1f1b"), 8) == pytest.approx(6 / 16)

@@ -91,3 +91,13 @@ def test_ranking_within_series_that_vary_one_knob():
             assert v["kendall_tau"] >= 0.8, (name, v)
             checked += 1
     assert checked >= 10
+
+
+def test_moe_rows_fit_and_a_row_its_own_source_contradicts_is_named_not_scored():
+    _, s = _compare()
+    moe = s["moe"]
+    assert moe["rows"] >= 30 and moe["not_fitting"] == []
+    weak = {r["run"]: r for r in moe["runs"] if r["weak_reason"]}
+    row = weak["Megatron-Bridge 25.11 Qwen3 30B-A3B 16xH100 FP8"]
+    assert "10494" in row["weak_reason"] and row["weak"]
+    assert all(r["run"] not in weak for r in moe["runs"] if not r["weak"])

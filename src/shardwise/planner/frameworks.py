@@ -229,6 +229,22 @@ TORCHTITAN = Framework(
     loss="eager",
 )
 
+AUTOMODEL = replace(
+    TORCHTITAN, name="automodel",
+    summary="NeMo AutoModel's own model path (its MoE recipes: BackendConfig attn/linear/rms_norm 'te', DeepEP): "
+            "bf16 parameters (from_config's torch_dtype 'auto' is bfloat16) with no FP32 master copy, torch.optim.Adam "
+            "states in bf16, FSDP2 with bf16 compute and FP32 gradient reduce-scatter (resharding after forward only "
+            "without PP), Transformer Engine's fused attention, norms and rotary embedding, activation checkpointing "
+            "of whole blocks",
+    sources=("NVIDIA-NeMo/Automodel 89e3a9fdd (2025-10-06, the performance summary's first table): "
+             "nemo_automodel/components/_transformers/auto_model.py from_config (torch_dtype 'auto' -> bfloat16), "
+             "components/moe/parallelizer.py apply_fsdp (MixedPrecisionPolicy bf16 / fp32 reduce, "
+             "reshard_after_forward = not pp_enabled) and apply_ac (checkpoint_wrapper per block), "
+             "examples/benchmark/configs/*_te_deepep.yaml (torch.optim.Adam, activation_checkpointing)",),
+    weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="fa3", fused_elementwise=True, fp8="",
+    cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)",),
+)
+
 LLAMA3 = Framework(
     name="llama3",
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
@@ -261,7 +277,7 @@ SHARDWISE = Framework(
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
-                                        DEEPSPEED_2024)}
+                                        DEEPSPEED_2024, AUTOMODEL)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

@@ -91,6 +91,10 @@ class Job:
     moe_dispatcher / ep_comm_overlap: how the stack moves tokens to their experts: NCCL's all-to-all (a
     token's row sent once per expert) or DeepEP's (once per node, then NVLink); whether the all-to-alls of
     one micro-batch overlap another's compute (Megatron-Core's --overlap-moe-expert-parallel-comm).
+    moe_routing: which experts a token's k choices are, for the ranks and nodes a deduplicating dispatcher
+    (DeepEP) sends it to: "random" (k distinct experts at random, within the top groups of a group-limited
+    router: a trained router's spread, Megatron's --moe-router-force-load-balancing) or "contiguous" (k
+    consecutive experts: NeMo AutoModel's fake balanced gate).
     """
 
     model: ModelSpec
@@ -108,6 +112,7 @@ class Job:
     moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL all-to-all, shardwise's runtime) or "deepep" (node-deduplicated)
     ep_comm_overlap: bool = False  # all-to-alls hidden behind another micro-batch's compute (Megatron's EP A2A overlap)
     moe_recompute: str = ""  # Megatron's --recompute-modules for MoE: "moe" (the whole MoE FFN) or "act" (its SwiGLU)
+    moe_routing: str = "random"  # where a token's k experts sit: "random" (k distinct at random) or "contiguous" (planner/moe.py)
 
 
 

@@ -21,10 +21,13 @@ Mixtral, DeepSeek-V3 and Megatron-Core MoE reports.
 from __future__ import annotations
 
 import itertools
+import math
 from functools import lru_cache
 
 from shardwise import stage_split
 from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement
+from shardwise.planner.kernels import hbm_rate
+from shardwise.planner.overlap import interference
 from shardwise.specs import ClusterSpec, Layout, ModelSpec
 
 INDEX_BYTES = 8  # int64 indices autograd keeps (top-k ids, dispatch orders)
@@ -129,22 +132,64 @@ def all_to_all_time(cluster: ClusterSpec, nbytes: float, n: int, stride: int) ->
     return latency + max(local / nvlink if local else 0.0, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
 
 
-def deepep_time(cluster: ClusterSpec, routed: float, k: int, row_bytes: float, n: int, stride: int) -> float:
-    """DeepEP's internode all-to-all (deepseek-ai/DeepEP README: "RDMA and NVLink forwarding"): a token crosses
-    the network once per other node holding one of its k experts, then fans out over NVLink. With experts
-    spread evenly over `nodes` nodes and chosen independently, a token reaches (nodes - 1)(1 - (1 - 1/nodes)^k)
-    other nodes on average (DeepSeek-V3 caps it at 4 by node-limited routing)."""
+def _none_of(pool: int, avoid: int, k: int) -> float:
+    """P(k distinct experts drawn at random from `pool` miss `avoid` given ones): C(pool - avoid, k) / C(pool, k)."""
+    if k > pool - avoid:
+        return 0.0
+    return math.comb(pool - avoid, k) / math.comb(pool, k)
+
+
+def units_hit(model: ModelSpec, units: int, routing: str = "random") -> float:
+    """Expected number of `units` (ep ranks, or the nodes of an ep group), each holding E/units consecutive
+    experts, that hold at least one of a token's k experts.
+      random      k distinct experts at random (a trained router's spread; Megatron-Core's
+                  --moe-router-force-load-balancing draws random logits, megatron/core/transformer/moe/router.py),
+                  within the top `router_topk_groups` of `router_groups` expert groups first when the router
+                  is group-limited (DeepSeek-V3: 4 of 8 groups of 32 experts);
+      contiguous  k consecutive experts, token t's being tk .. tk+k-1 mod E (NeMo AutoModel's FakeBalancedGate,
+                  nemo_automodel/components/moe/layers.py, its benchmarks' routing): averaged over t."""
+    E, k = model.num_experts, model.experts_per_token
+    units = max(1, min(units, E))
+    per = E // units
+    if routing == "contiguous":
+        starts = sorted({t * k % E for t in range(E)})
+        return sum(len({(s + j) % E // per for j in range(k)}) for s in starts) / len(starts)
+    G, g = model.router_groups, model.router_topk_groups
+    if G > 1 and g < G and E % G == 0:
+        size = E // G
+        if size % per == 0:  # a unit inside one group: that group chosen, then none of its experts drawn
+            missed = (1 - g / G) + g / G * _none_of(g * size, per, k)
+        elif per % size == 0:  # a unit of m whole groups: j of them chosen, none of their experts drawn
+            m = per // size
+            missed = sum(math.comb(m, j) * math.comb(G - m, g - j) / math.comb(G, g) * _none_of(g * size, j * size, k)
+                         for j in range(0, min(m, g) + 1))
+        else:
+            missed = _none_of(E, per, k)
+    else:
+        missed = _none_of(E, per, k)
+    return units * (1 - missed)
+
+
+def deepep_time(cluster: ClusterSpec, model: ModelSpec, routed: float, row_bytes: float, n: int, stride: int,
+                routing: str = "random") -> float:
+    """One dispatch (or combine) of DeepEP's normal kernels over an ep group of n ranks (deepseek-ai/DeepEP
+    docs/legacy.md: "asymmetric-domain bandwidth forwarding" from the NVLink to the RDMA domain). A token goes
+    once to each other node holding one of its k experts (to the GPU of the same local index, over its NIC),
+    and once to each rank of a node holding one (over NVLink, from there or from the sender), not once per
+    expert: RDMA bytes = routed x row x (nodes hit - own node), NVLink bytes = routed x row x the (rank, token)
+    pairs not on the GPU the token landed on; both run at once. Which ranks and nodes: `units_hit`."""
     per_node, nodes = placement(cluster, n, stride)
-    if nodes <= 1:
-        return all_to_all_time(cluster, routed * k * row_bytes, n, stride)
-    remote = routed * row_bytes * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
-    local = routed * k * row_bytes * (per_node - 1) / n
-    nvlink = bus_bandwidth(cluster, per_node, stride) if per_node > 1 else float("inf")
-    return cluster.inter_node_latency + max(local / nvlink, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
+    ranks_hit = units_hit(model, n, routing)
+    nodes_hit = units_hit(model, nodes, routing) if nodes > 1 else 1.0
+    rdma = routed * row_bytes * nodes_hit * (nodes - 1) / nodes  # the own node's share stays on NVLink
+    nvlink = routed * row_bytes * ranks_hit * (per_node - 1) / per_node
+    nv_bw = bus_bandwidth(cluster, per_node, stride) if per_node > 1 else float("inf")
+    latency = cluster.inter_node_latency if nodes > 1 else cluster.intra_node_latency
+    return latency + max(nvlink / nv_bw, rdma / (cluster.inter_node_bandwidth * NET_EFFICIENCY) if nodes > 1 else 0.0)
 
 
 def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,
-                  capacity: float = 1.0, dispatcher: str = "alltoall") -> float:
+                  capacity: float = 1.0, dispatcher: str = "alltoall", routing: str = "random") -> float:
     """One direction of one MoE layer's traffic (forward, or backward: the same bytes): dispatch and combine
     all-to-alls over ep (NCCL's all-to-all, k copies of a token's row; or DeepEP's node-deduplicated one);
     with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
@@ -152,7 +197,7 @@ def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout:
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
     if dispatcher == "deepep":
-        t = 2 * deepep_time(cluster, routed * capacity, model.experts_per_token, model.hidden * e, layout.ep, layout.etp)
+        t = 2 * deepep_time(cluster, model, routed * capacity, model.hidden * e, layout.ep, layout.etp, routing)
     else:
         t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
     if layout.etp > 1:
@@ -177,6 +222,53 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
     return out + [(routed, model.num_experts, h, 1), (rows, 2 * f, h, local), (rows, h, f, local)]
 
 
+def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,
+                 capacity: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's token permutation at HBM bandwidth, for the tokens one GPU
+    routes (1/tp of `tokens`): the permute gathers each routed token's row k x c times (reads and writes k c rows),
+    the unpermute reads the k c expert outputs and writes their probability-weighted sum (Megatron-Core's
+    moe_utils.permute / unpermute, fused or not: the same bytes). Backward mirrors both and reads the k c outputs
+    once more for the probabilities' gradient."""
+    routed, rows = tokens / layout.tp, model.experts_per_token * capacity
+    fwd = routed * e * model.hidden * (3 * rows + 1) / hbm_rate(cluster)
+    return fwd, fwd * (4 * rows + 1) / (3 * rows + 1)
+
+
 def active_ffn_width(model: ModelSpec, capacity: float = 1.0) -> float:
     """The f-wide elements per token a MoE layer's element-wise passes touch (for the element-wise model)."""
     return model.experts_per_token * capacity * model.moe_ffn_hidden + model.shared_ffn_hidden
+
+
+def ep_overlap_exposed(pre_f: float, pre_b: float, mlp_f: float, mlp_b: float, mlp_w: float, a2a: float) -> float:
+    """Seconds a pair of MoE layer passes — one micro-batch's forward beside another's backward — takes beyond
+    their compute under Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute; megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd       | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd   | pre_dispatch_bwd
+    in three windows, each as long as its longer stream, with the experts' forward after the forward dispatch and
+    the backward dispatch after the experts' input gradients. `pre_*`: the layer's compute before the dispatch
+    (attention, norms, router), `mlp_*`: the experts' (and shared expert's) forward, input and weight gradients,
+    `a2a`: one dispatch or combine. The attention's weight gradients run after, beside nothing. The hidden
+    part slows the compute beside it (overlap.interference)."""
+    first = max(a2a, pre_f)
+    dispatched = a2a  # the forward dispatch ends; the experts' input gradients end at mlp_b
+    mlp_end = max(mlp_b + mlp_w, dispatched) + mlp_f
+    second = max(mlp_end, max(dispatched, mlp_b) + a2a)
+    third = max(a2a, pre_b)
+    exposed = first + second + third - (pre_f + pre_b + mlp_f + mlp_b + mlp_w)
+    return exposed + interference(4 * a2a, exposed)
+
+
+def paired_share(layout: Layout, microbatches: int) -> float:
+    """Share of a pipeline rank's MoE layer passes that run paired (a forward beside a backward) under the EP
+    overlap: all but the warm-up forwards and the cool-down backwards of the first pipeline rank, which has the
+    most (Megatron-Core's schedules: p - 1 warm-up micro-batches for 1F1B, 2 (p - 1) + (v - 1) p model chunks
+    interleaved; with no pipeline the first forward and the last backward)."""
+    chunks = microbatches * layout.vpp
+    if layout.pp == 1:
+        warmup = 1
+    elif layout.vpp > 1:
+        warmup = 2 * (layout.pp - 1) + (layout.vpp - 1) * layout.pp
+    else:
+        warmup = layout.pp - 1
+    return max(0.0, 1 - min(warmup, chunks) / chunks)

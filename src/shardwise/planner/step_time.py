@@ -127,6 +127,7 @@ class LayerCost:
     ep_fwd: float = 0.0  # a MoE layer's all-to-alls (and etp traffic), forward
     ep_bwd: float = 0.0
     ffn_fwd: float = 0.0  # the FFN's forward GEMMs (what recomputing a MoE FFN runs again, with its dispatch)
+    ep_alone: float = 0.0  # a MoE layer's all-to-alls of one pass not paired with another's (EP overlap's warm-up)
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
@@ -148,6 +149,19 @@ def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, 
     h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
     return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp),
             (tokens, (2 if model.gated_mlp else 1) * f // tp, h), (tokens, h, f // tp)]
+
+
+def mla_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of DeepSeek's multi-head latent attention projections, forward, after the TP split: the
+    low-rank query and key/value down-projections (whole on every tp rank: Megatron-Core's MLA builds them
+    "duplicated"), their up-projections (column-parallel) and the output projection (row-parallel), with the
+    shapes `ModelSpec.layer_params` counts; the output projection last."""
+    h, heads = model.hidden, model.num_heads // tp
+    qk, rope = model.qk_nope_head_dim + model.qk_rope_head_dim, model.qk_rope_head_dim
+    q = [(tokens, model.q_lora_rank, h), (tokens, heads * qk, model.q_lora_rank)] if model.q_lora_rank \
+        else [(tokens, heads * qk, h)]
+    kv = [(tokens, model.kv_lora_rank + rope, h), (tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank)]
+    return q + kv + [(tokens, h, heads * model.v_head_dim)]
 
 
 def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
@@ -180,22 +194,34 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         gemms = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
                   kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
                  for m_, n_, k_ in layer_gemms(model, tokens, tp)]
+        if model.attention == "mla":  # the latent projections in the q/k/v slot, then the output projection
+            mla = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
+                    kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
+                   for m_, n_, k_ in mla_gemms(model, tokens, tp)]
+            gemms[:2] = [tuple(map(sum, zip(*mla[:-1]))), mla[-1]]
         ffn = model.ffn_hidden
         if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
             ffn = moe.active_ffn_width(model, job.capacity_factor)
-            gemms = gemms[:2] + [tuple(kernels.gemm_time(c, *shape, batch=n, out_bytes=ob) for shape, ob in
+            gemms = gemms[:2] + [tuple(kernels.gemm_time(c, *shape, batch=n, out_bytes=ob, fp8=fp8) for shape, ob in
                                        (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
                                  for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
         heads, d = model.num_heads // tp, model.head_dim
+        rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
+        if model.attention == "mla":  # Q K^T over qk_nope + qk_rope, P V over v_head_dim; rotary on the rope part only
+            d = (model.head_dim + model.v_head_dim) / 2
+            rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
             attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d)
         else:
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
-        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, model.q_dim, model.kv_dim,
+        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
                                               tp, sp, model.gated_mlp, model.family == "llama", e,
                                               fw.fused_elementwise, model.family)
+        if moe_layer:  # the routed tokens' permutation and its inverse
+            perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
+            el_f, el_b = el_f + perm_f, el_b + perm_b
         if fp8:
             cast_f, cast_b = fp8_casts(job, layout, tokens)
             el_f, el_b = el_f + cast_f, el_b + cast_b
@@ -214,12 +240,13 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
     ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
-                           job.moe_dispatcher) if moe_layer else 0.0
+                           job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
     ep_f = ep_b = ep
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
-        ep_f, ep_b = max(0.0, ep - bwd_in - bwd_w), max(0.0, ep - fwd)
+        mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]
+        ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
-                     sum(g[0] for g in gemms[2:]))
+                     sum(g[0] for g in gemms[2:]), ep)
 
 
 def fp8_casts(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
@@ -370,6 +397,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len)
     if moe_layers:  # the mean layer of this rank
         lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
+        if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
+            share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
+            lc = replace(lc, ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
+                         ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone)
     slowest = straggler(job, layout)
     if slowest != 1.0:  # the job computes at its slowest GPU's pace
         lc = replace(lc, fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
