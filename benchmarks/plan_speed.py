@@ -14,7 +14,8 @@ import statistics
 import sys
 import time
 
-from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, make_job
+from shardwise.planner.frameworks import DEFAULT_FRAMEWORK
+from shardwise.planner.memory import make_job
 from shardwise.planner.search import search
 from shardwise.specs import load_cluster, load_model
 

@@ -20,7 +20,8 @@ import argparse
 import json
 import sys
 
-from shardwise.planner.frameworks import FRAMEWORKS, make_job
+from shardwise.planner.frameworks import FRAMEWORKS
+from shardwise.planner.memory import make_job
 from shardwise.planner.search import search
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import load_cluster, load_model

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from shardwise.errors import UsageError
 from shardwise.planner import estimate, kernels
-from shardwise.planner.frameworks import FRAMEWORKS, make_job
+from shardwise.planner.frameworks import FRAMEWORKS
+from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import Layout, ModelSpec, load_cluster, load_model, validate_layout
 from shardwise.validate.stats import kendall_tau

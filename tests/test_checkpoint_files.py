@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise.checkpoint import store
+from shardwise.paths import file_sha256
 from shardwise.cli import main
 
 ARGS = ["--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "16", "--seed", "2", "--no-progress"]
@@ -46,7 +47,7 @@ def _snapshot(root) -> dict:
 def _rehash(ckpt, name):
     """Make the manifest agree with a replaced file, as a forger would."""
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": store.sha256(ckpt / name)}
+    manifest["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": file_sha256(ckpt / name)}
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -33,7 +33,7 @@ import pytest
 from shardwise.cli import main
 from shardwise.emit import FRAMEWORK, Target, emitter, render
 from shardwise.planner import Job, estimate
-from shardwise.planner.frameworks import make_job
+from shardwise.planner.memory import make_job
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 from shardwise.stage_split import stage_layer_counts
 

@@ -2,8 +2,9 @@
 
 The order the executor used before (each send left in flight, each receive alone before its action)
 hangs under those rules — 1F1B with p = 2, m = 2 — and the emulation names the messages each rank is
-stuck on, the ones the static check predicts. The paired program (`schedules.p2p_program`) runs
-1F1B and interleaved 1F1B to the end under the same rules, with the same gradients as the plain gloo run.
+stuck on, the ones the static check predicts. The paired program (`schedules.p2p_program`) runs every
+schedule (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1) to the end under the same rules, with the same
+gradients as the plain gloo run.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from shardwise.specs import load_model
 SPEC = dataclasses.replace(load_model("tiny"), hidden=32, ffn_hidden=64, head_dim=8, num_layers=4)
 SEQ, MB = 16, 2
 # (schedule, m, v, program): the paired program must finish; the old one must hang.
-RUNS = [("1f1b", 4, 1, "paired"), ("interleaved-1f1b", 4, 2, "paired"), ("1f1b", 2, 1, "unpaired")]
+RUNS = [("naive", 2, 1, "paired"), ("gpipe", 4, 1, "paired"), ("1f1b", 4, 1, "paired"),
+        ("interleaved-1f1b", 4, 2, "paired"), ("zb-h1", 4, 1, "paired"), ("1f1b", 2, 1, "unpaired")]
+PAIRED = [f"{name}-m{m}-v{v}-paired" for name, m, v, program in RUNS if program == "paired"]
 HUNG = 3  # exit code of a rank that hung as expected
 
 
@@ -71,7 +74,7 @@ def test_old_order_hangs_under_rendezvous_and_the_paired_program_runs(tmp_path):
         spawn_ranks(_worker, 2, str(tmp_path), timeout_s=120)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for rank in got:
-        for key in ("1f1b-m4-v1-paired", "interleaved-1f1b-m4-v2-paired"):
+        for key in PAIRED:  # every schedule name
             assert rank[key]["finished"] and rank[key]["max_grad_diff"] == 0.0, (key, rank[key])
         assert "hung" in rank["1f1b-m2-v1-unpaired"], rank
     # Stuck where the static check says: rank 0 behind its second activation send, rank 1 behind its

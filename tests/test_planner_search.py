@@ -38,7 +38,8 @@ def test_search_returns_valid_fitting_layouts_sorted_fastest_first():
 def test_search_winner_beats_every_fitting_layout_of_a_brute_force_sample(framework):
     # Exhaustive over a small space, interleaved schedules included: no fitting layout the framework can run is
     # faster than the winner, whatever the pruning skipped.
-    from shardwise.planner.frameworks import get, make_job
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.memory import make_job
     from shardwise.specs import SCHEDULES, divisors
 
     job = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 1024, framework)

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from shardwise.planner import Job, estimate, kernels
 from shardwise.planner.comm import collective_time, interpolate, nccl_time
-from shardwise.planner.frameworks import FRAMEWORKS, make_job
+from shardwise.planner.frameworks import FRAMEWORKS
+from shardwise.planner.memory import make_job
 from shardwise.planner.overlap import hidden
 from shardwise.planner.step_time import layer_cost, matmul_params_per_layer, model_flops_per_step, step_time
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model, validate_layout

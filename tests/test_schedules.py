@@ -204,27 +204,73 @@ def test_sends_and_receives_between_two_ranks_happen_in_the_same_order(shape):
 # --------------------------------------------------------------------------- point-to-point programs
 
 
-@settings(max_examples=120, deadline=None)
-@given(shapes(max_p=8, max_m=16, max_v=4))
-def test_every_program_finishes_under_buffered_and_rendezvous_sends(shape):
-    """p <= 8, m <= 16, v <= 4: the executor's messages finish whether sends complete when posted (gloo)
-    or only when their receive is posted, one FIFO per pair of ranks (NCCL)."""
+def every_shape(max_p=8, max_m=16, max_v=4):
+    """Every schedule shape the issue names: p <= 8, m <= 16, v <= 4 (interleaved: m a multiple of p)."""
+    for name in SCHEDULES:
+        for p in range(1, max_p + 1):
+            for v in range(1, max_v + 1) if name == "interleaved-1f1b" else (1,):
+                for m in range(1, max_m + 1):
+                    if name != "interleaved-1f1b" or m % p == 0:
+                        yield name, p, m, v
+
+
+def test_every_program_finishes_under_buffered_and_rendezvous_sends_and_the_old_order_does_not():
+    """All 680 shapes, exhaustively: the executor's messages finish whether sends complete when posted
+    (gloo) or only when their receive is posted, one FIFO per pair of ranks (NCCL). The order the
+    executor used before always finished on gloo, and deadlocks under NCCL's rules wherever two
+    neighbours each send before they receive (1F1B and ZB-H1 with p > 1, m >= 2)."""
+    shapes_seen, old_deadlocks = 0, 0
+    for shape in every_shape():
+        s = build(*shape)
+        programs = p2p_program(s)
+        assert [check(s, programs, semantics) for semantics in SEMANTICS] == [None, None], shape
+        # the program runs exactly the schedule's actions, in its order
+        assert [tuple(x for x in items if isinstance(x, Action)) for items in programs] == list(s.ranks), shape
+        old = unpaired_program(s)
+        assert check(s, old, "buffered") is None, shape  # why it always ran on gloo
+        name, p, m, v = shape
+        if p > 1 and m >= 2 and name in ("1f1b", "zb-h1"):
+            assert check(s, old, "rendezvous").startswith("deadlock (rendezvous sends)"), shape
+            old_deadlocks += 1
+        shapes_seen += 1
+    assert shapes_seen == 680 and old_deadlocks == 2 * 7 * 15
+
+
+def _exchanges_receiving(items):
+    return [i for i, x in enumerate(items) if isinstance(x, Exchange) and x.recvs]
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes(max_p=8, max_m=16, max_v=4), st.data())
+def test_a_mutated_program_is_caught_under_both_semantics(shape, data):
+    """The check can fail: a receive posted after the action that needs it, or two messages from one
+    peer received in the other order, is refused whatever the kind of send."""
     s = build(*shape)
+    if s.p == 1:
+        return
     programs = p2p_program(s)
-    assert [check(s, programs, semantics) for semantics in SEMANTICS] == [None, None]
-    # the program runs exactly the schedule's actions, in its order
-    assert [tuple(x for x in items if isinstance(x, Action)) for items in programs] == list(s.ranks)
-
-
-@settings(max_examples=60, deadline=None)
-@given(shapes(max_p=8, max_m=16, max_v=4))
-def test_the_old_order_finishes_only_with_buffered_sends(shape):
-    s = build(*shape)
-    old = unpaired_program(s)
-    assert check(s, old, "buffered") is None  # why it always ran on gloo
-    name, p, m, v = shape
-    if p > 1 and m >= 2 and name in ("1f1b", "zb-h1"):  # two ranks that each send before they receive
-        assert check(s, old, "rendezvous").startswith("deadlock (rendezvous sends)")
+    r = data.draw(st.sampled_from([r for r, items in enumerate(programs) if _exchanges_receiving(items)]))
+    items = programs[r]
+    late, swap = [list(x) for x in (items, items)]
+    # 1. one receive moved to just after the action it feeds
+    i = data.draw(st.sampled_from(_exchanges_receiving(items)))
+    t = data.draw(st.sampled_from(items[i].recvs))
+    rest = Exchange(items[i].sends, tuple(x for x in items[i].recvs if x != t), items[i].wait)
+    late[i] = rest
+    user = next(j for j in range(i + 1, len(items)) if isinstance(items[j], Action)
+                and any(t in step.recv for step in p2p_plan(s)[r] if step.action == items[j]))
+    late.insert(user + 1, Exchange(recvs=(t,)))
+    # 2. two receives of the same kind from the same peer, in the other order
+    received = [(j, x) for j in _exchanges_receiving(items) for x in items[j].recvs]
+    pairs = [(a, b) for a in received for b in received if a[0] < b[0] and a[1].src_rank == b[1].src_rank]
+    for semantics in SEMANTICS:
+        assert check(s, [late if k == r else programs[k] for k in range(s.p)], semantics), (semantics, t)
+    if pairs:
+        (ja, ta), (jb, tb) = data.draw(st.sampled_from(pairs))
+        swap[ja] = Exchange(items[ja].sends, tuple(tb if x == ta else x for x in items[ja].recvs), items[ja].wait)
+        swap[jb] = Exchange(items[jb].sends, tuple(ta if x == tb else x for x in items[jb].recvs), items[jb].wait)
+        for semantics in SEMANTICS:
+            assert check(s, [swap if k == r else programs[k] for k in range(s.p)], semantics), (semantics, ta, tb)
 
 
 def test_the_old_1f1b_order_deadlocks_as_the_issue_describes():

@@ -8,6 +8,7 @@ created, a probe file is opened and removed): permission bits do not tell root, 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -55,3 +56,12 @@ def output_dir(path, flag: str) -> None:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{flag} {path} is a file — give a folder (it is created if missing)")
     _make_folder(folder, flag, path)
+
+
+def file_sha256(path) -> str:
+    """A file's SHA-256 (hex), read in 4 MiB blocks: checkpoint manifests and the token cache's key."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

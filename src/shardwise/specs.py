@@ -31,6 +31,11 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 PLANNED_SCHEDULES = SCHEDULES[1:]  # what `plan` searches and `simulate --compare` draws: all but the article's naive
 RECOMPUTE = ("none", "selective", "full")
+
+
+def default_schedule(vpp: int) -> str:
+    """The schedule a layout runs when none is named: interleaved 1F1B with virtual stages, else 1F1B."""
+    return "interleaved-1f1b" if vpp > 1 else "1f1b"
 CP_MODES = ("ring", "allgather")
 ZERO_STAGES = (0, 1, 2, 3)
 

@@ -13,7 +13,6 @@ disk (fsynced), so a crash while saving can never leave a checkpoint that looks 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -24,6 +23,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemReader
 
 from shardwise.errors import UsageError
+from shardwise.paths import file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT, VERSION = "shardwise-checkpoint", 1
@@ -65,16 +65,8 @@ def resolve(path) -> Path:
     return latest
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def describe_files(directory: Path, names) -> dict[str, dict]:
-    return {n: {"bytes": (directory / n).stat().st_size, "sha256": sha256(directory / n)} for n in sorted(names)}
+    return {n: {"bytes": (directory / n).stat().st_size, "sha256": file_sha256(directory / n)} for n in sorted(names)}
 
 
 # --------------------------------------------------------------------------- publish (rank 0)
@@ -156,7 +148,7 @@ def _check_values(file: Path, manifest: dict) -> None:
     checks += [(f"layout.{k}", _whole(lay.get(k, 1)), "1 or more") for k in ("dp", "tp", "pp", "micro_batch", "vpp")]
     checks += [("layout.zero", lay.get("zero", 0) in ZERO_STAGES and not isinstance(lay.get("zero", 0), bool), "0, 1, 2 or 3"),
                ("layout.schedule", lay.get("schedule", "1f1b") in SCHEDULES, "a schedule name"),
-               ("layout.recompute", lay.get("recompute", "none") in RECOMPUTE, "none, selective or full"),
+               ("layout.recompute", lay.get("recompute", "none") in RECOMPUTE, ", ".join(RECOMPUTE)),
                ("layout.sequence_parallel", isinstance(lay.get("sequence_parallel", False), bool), "true or false")]
     checks += [(f"model.{k}", _whole(model.get(k)), "1 or more") for k in ("num_layers", "hidden", "vocab_size")]
     checks += [(f"model.{k}", isinstance(model.get(k), str), "a string") for k in ("name", "family")]
@@ -191,7 +183,7 @@ def verify_files(ckpt: Path, manifest: dict, hashes: bool = True) -> None:
         size = file.stat().st_size
         if size != info.get("bytes"):
             raise _bad(file, f"{size} bytes but the manifest says {info.get('bytes')} (truncated or overwritten)")
-        if hashes and sha256(file) != info.get("sha256"):
+        if hashes and file_sha256(file) != info.get("sha256"):
             raise _bad(file, "content differs from the sha256 in manifest.json (corrupted)")
 
 

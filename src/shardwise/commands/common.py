@@ -8,7 +8,8 @@ import sys
 from dataclasses import replace
 
 from shardwise.errors import UsageError
-from shardwise.specs import CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, load_cluster, load_model
+from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, default_schedule, load_cluster,
+                             load_model)
 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -49,7 +50,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
 
 
 def layout_from_args(args, dp: int) -> Layout:
-    schedule = args.schedule or ("interleaved-1f1b" if args.vpp > 1 else "1f1b")
+    schedule = args.schedule or default_schedule(args.vpp)
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
                   recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
                   ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode)
@@ -144,7 +145,8 @@ def space_from_args(args):
 
 def job_from_args(args):
     """The planner's Job from --model/--cluster/--global-batch/--seq-len and the framework (+ software flags)."""
-    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get, make_job
+    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get
+    from shardwise.planner.memory import make_job
 
     framework = get(getattr(args, "framework", None) or DEFAULT_FRAMEWORK).name  # unknown name: one line, exit 2
     capacity = getattr(args, "capacity_factor", 1.0)

@@ -103,7 +103,7 @@ def read_plan(path: str) -> dict:
 
 def layout_from(args):
     """The layout from --plan and/or the flags; a flag that contradicts the plan is an error."""
-    from shardwise.specs import Layout
+    from shardwise.specs import Layout, default_schedule
 
     flags = {k: getattr(args, k) for k in LAYOUT_KEYS if getattr(args, k) is not None}
     values = {}
@@ -113,7 +113,7 @@ def layout_from(args):
             if key in values and values[key] != value:
                 raise UsageError(f"--{key.replace('_', '-')} {value} contradicts {key}={values[key]} in {args.plan} — drop one of them")
     values = {**values, **flags}
-    values.setdefault("schedule", "interleaved-1f1b" if values.get("vpp", 1) > 1 else "1f1b")
+    values.setdefault("schedule", default_schedule(values.get("vpp", 1)))
     dp, pp = values.get("dp", 1), values.get("pp", 1)
     if args.microbatches is not None:  # the layout itself is checked once, by launch.check
         if "micro_batch" in flags:

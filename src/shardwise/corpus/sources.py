@@ -12,7 +12,6 @@ A folder stands for every file under it (sorted, hidden files skipped).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,14 +60,6 @@ def expand(paths, flag: str = "--data") -> list[Source]:
                     raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
             out.append(Source(str(f), kind, f.stat().st_size))
     return out
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def pieces(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:

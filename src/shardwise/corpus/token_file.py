@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwise.corpus.sources import Source, expand, file_sha256, pieces
+from shardwise.corpus.sources import Source, expand, pieces
+from shardwise.paths import file_sha256
 from shardwise.corpus.tokenizer import TokenizerSpec, encoder
 from shardwise.errors import UsageError
 

@@ -8,7 +8,7 @@ from shardwise.planner import kernels
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.step_time import step_flops, step_time
-from shardwise.specs import Layout
+from shardwise.specs import RECOMPUTE, Layout
 
 GIB = 2**30
 
@@ -131,7 +131,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         stages = [z for z in fw.zero_stages if z >= first and not fw.refusal(lay.with_(zero=z))] or [lay.zero]
     policies = [lay.recompute]
     if "recompute" not in named:
-        policies = [r for r in ("none", "selective", "full") if r in fw.recompute] or [lay.recompute]
+        policies = [r for r in RECOMPUTE if r in fw.recompute] or [lay.recompute]
     # The framework's own stage with the cheapest recompute that fits, else the next stage it runs.
     tries = [lay.with_(zero=z, recompute=r) for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from shardwise.errors import UsageError
-from shardwise.specs import Layout, runtime_refusal
+from shardwise.specs import RECOMPUTE, SCHEDULES, Layout, runtime_refusal
 
 # The [measured] key of a calibrated cluster that holds the `shardwise` runtime's fixed cost per training
 # step beyond the layers, collectives and optimizer the planner times (loss reduction, clipping, metrics).
@@ -78,7 +78,7 @@ class Framework:
     # The cross-entropy it runs (step_time.LOSS_BYTES): "megatron" (vocab-parallel, one kernel per op), "fused"
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits).
     loss: str = "megatron"
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] = RECOMPUTE
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
@@ -270,7 +270,7 @@ SHARDWISE = Framework(
     weight_bytes=4, grad_bytes=4, optimizer_bytes=8, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
     param_gather_bytes=4, async_sp_regather=False,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
-    schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "naive"), zero_stages=(0, 1, 2, 3),
+    schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager",
@@ -300,32 +300,3 @@ def check(framework: Framework, layout: Layout) -> None:
 
 
 PRECISIONS = ("bf16", "fp8")
-
-
-def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
-             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
-             **train):
-    """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
-    defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
-    from shardwise.planner.memory import Job
-    from shardwise.specs import TrainSpec
-
-    fw = get(framework)
-    if tp_comm_overlap and not fw.tp_comm_overlap_available:
-        raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown --precision '{precision}' — choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp8" and not cluster.fp8_flops:
-        raise UsageError(f"{cluster.name} has no FP8 tensor cores (FP8 training needs Hopper or newer) — use "
-                         f"--precision bf16, or a cluster file with fp8_peak_tflops")
-    if precision == "fp8" and not fw.fp8:
-        raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
-                         f"megatron-core, nemo or torchtitan")
-    states = {"weight_bytes": fw.weight_bytes, "grad_bytes": fw.grad_bytes, "optimizer_bytes": fw.optimizer_bytes}
-    states.update(train)
-    return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
-               tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
-               zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
-               async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
-               precision=precision)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.planner import moe
+from shardwise.errors import UsageError
+from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.schedules.closed_forms import peak_inflight_microbatches
 from shardwise import stage_split
@@ -84,7 +86,7 @@ class Job:
     runs behind the input-gradient GEMM of its linears (Megatron's async communication); off =
     issued and waited for in turn (shardwise's runtime).
     framework: the training stack (planner/frameworks.py): what overlaps, the reduce dtype, the attention
-    kernel, what it cannot run. Its bytes per parameter are the TrainSpec's (frameworks.make_job sets both).
+    kernel, what it cannot run. Its bytes per parameter are the TrainSpec's (make_job sets both).
     capacity_factor: mixture of experts: the busiest expert's tokens over the mean (1.0: balanced routing;
     a measured skew, or the capacity factor of a run that pads experts to it), what the slowest rank's
     expert compute, all-to-all and dispatch buffers scale with (planner/moe.py).
@@ -131,6 +133,32 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
                       activation_bytes=2 if gpu else 4)
     return Job(model, cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME,
                zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
+
+
+def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
+             flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
+             **train):
+    """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
+    defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
+    fw = get_framework(framework)
+    if tp_comm_overlap and not fw.tp_comm_overlap_available:
+        raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown --precision '{precision}' — choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp8" and not cluster.fp8_flops:
+        raise UsageError(f"{cluster.name} has no FP8 tensor cores (FP8 training needs Hopper or newer) — use "
+                         f"--precision bf16, or a cluster file with fp8_peak_tflops")
+    if precision == "fp8" and not fw.fp8:
+        raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
+                         f"megatron-core, nemo or torchtitan")
+    states = {"weight_bytes": fw.weight_bytes, "grad_bytes": fw.grad_bytes, "optimizer_bytes": fw.optimizer_bytes}
+    states.update(train)
+    return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
+               flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
+               tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
+               zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
+               async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
+               precision=precision)
 
 
 # --------------------------------------------------------------------------- activations

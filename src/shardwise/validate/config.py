@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwise.errors import UsageError
-from shardwise.specs import CP_MODES, RECOMPUTE, SCHEDULES, ClusterSpec, Layout, ModelSpec, validate_layout
+from shardwise.specs import (CP_MODES, RECOMPUTE, SCHEDULES, ClusterSpec, Layout, ModelSpec, default_schedule,
+                             validate_layout)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,7 @@ def parse_layout(text: str, world: int) -> Layout:
         if min(tp, pp, cp) < 1 or world % (tp * pp * cp):
             raise UsageError(f"layout '{text}': tp*pp*cp = {tp * pp * cp} does not divide the world of {world}")
         fields["dp"] = world // (tp * pp * cp)
-    if fields.get("vpp", 1) > 1:
-        fields.setdefault("schedule", "interleaved-1f1b")
+    fields.setdefault("schedule", default_schedule(fields.get("vpp", 1)))
     return Layout(**fields)
 
 
