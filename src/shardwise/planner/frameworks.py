@@ -36,9 +36,10 @@ class Framework:
     weight_bytes: int = 2
     grad_bytes: int = 4
     optimizer_bytes: int = 12
-    # Attention: "fa3" (FlashAttention-3 / cuDNN fused attention on Hopper, FlashAttention-2 on Ampere),
-    # "fa2" (FlashAttention-2, e.g. through PyTorch SDPA), "unfused" (materialised softmax).
-    attention: str = "fa3"
+    # Attention (planner/kernels.py ATTENTION_KERNEL): "te" (Transformer Engine's fused attention: cuDNN on Hopper,
+    # FlashAttention-2 on Ampere), "fa3" (FlashAttention-3 called directly), "fa2" (FlashAttention-2, e.g. through
+    # PyTorch SDPA), "unfused" (materialised softmax).
+    attention: str = "te"
     fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
     # Data parallelism.
     grad_reduce_bytes: int = 4  # bytes per gradient element on the wire
@@ -148,7 +149,7 @@ MEGATRON_CORE = Framework(
              "NVIDIA/Megatron-LM megatron/core/distributed/fsdp (Megatron FSDP, --data-parallel-sharding-strategy "
              "optim_grads / optim_grads_params)",
              "Korthikanti et al. 2022 (SP, selective recompute)"),
-    attention="fa3", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
+    attention="te", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
     bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te",
@@ -166,7 +167,7 @@ NEMO = Framework(
              "NVIDIA/NeMo nemo/core/optim/distributed_adam.py; megatron_base_model.py setup_optimization: with a bf16 "
              "model the FP32 master weights are kept as 16-bit remainders (store_param_remainders): 2 + 4 + 4 = 10 "
              "optimizer bytes per parameter"),
-    grad_bytes=2, optimizer_bytes=10, attention="fa3", grad_reduce_bytes=2, overlap_grad_reduce=True,
+    grad_bytes=2, optimizer_bytes=10, attention="te", grad_reduce_bytes=2, overlap_grad_reduce=True,
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always",
     cannot=("GPipe and ZB-H1 schedules",),

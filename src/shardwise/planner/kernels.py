@@ -45,7 +45,7 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # peak: 0.93), is a cross-check (docs/planner.md).
 # FP8 GEMMs have their own share ("hopper-fp8"): the FP8 tensor cores do twice the work per clock, and a node
 # running them flat out sits deeper in its power limit, so its clocks settle lower than under BF16 work.
-IN_SITU_EFFICIENCY = {"ampere": 0.85, "hopper": 0.80, "hopper-fp8": 0.66}
+IN_SITU_EFFICIENCY = {"ampere": 0.85, "hopper": 0.82, "hopper-fp8": 0.69}
 
 
 def in_situ(cluster: ClusterSpec, precision: str = "bf16") -> float:
@@ -64,10 +64,11 @@ def situ_key(arch: str, precision: str = "bf16") -> str:
     return f"{arch}-fp8" if precision == "fp8" else arch
 
 
-def matmul_rate(cluster: ClusterSpec) -> float:
-    """Dense BF16 matmul FLOP/s of one GPU on a large, well-quantized GEMM inside a training step."""
+def matmul_rate(cluster: ClusterSpec, precision: str = "bf16") -> float:
+    """Dense BF16 matmul FLOP/s of one GPU on a large, well-quantized GEMM inside a training step (of a job whose
+    linears run in `precision`: a BF16 GEMM of an FP8 job runs at that job's in-situ share)."""
     mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
-    return mamf * in_situ(cluster)
+    return mamf * in_situ(cluster, precision)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
@@ -100,12 +101,12 @@ def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float,
 
 
 def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_bytes: float = 2,
-              out_bytes: float = 2, fp8: bool = False) -> float:
+              out_bytes: float = 2, fp8: bool = False, precision: str = "bf16") -> float:
     """Seconds for `batch` GEMMs C[m,n] = A[m,k] B[k,n] (BF16 inputs; out_bytes per output element
     moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer). `fp8`: FP8
     inputs (1 byte) on the FP8 tensor cores, which sustain the same share of their peak as BF16 ones
-    (`fp8_rate`)."""
-    rate = fp8_rate(cluster) if fp8 else matmul_rate(cluster)
+    (`fp8_rate`). `precision`: the job's (a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share)."""
+    rate = fp8_rate(cluster) if fp8 else matmul_rate(cluster, precision)
     return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
                  1 if fp8 else in_bytes, out_bytes, FP8_WAVE_S if fp8 else 0.0)
 
@@ -125,30 +126,57 @@ def gemm_tflops(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
 
 # --------------------------------------------------------------------------- attention core
 
-# Fused attention kernels, forward and backward efficiency (share of the dense BF16 peak) at long
-# sequences with head dim 128, counting FLOPs as FlashAttention does (forward 4*s^2*d per head,
-# backward 2.5x forward; causal masking halves both):
-#   fa2 on Ampere: "up to 73 % of the theoretical max in the forward pass, 63 % in the backward"
-#     (Dao 2023, FlashAttention-2, Sec. 4.1, A100);
-#   fa2 on Hopper: the same code reaches "up to 335 TFLOPs/s" forward+backward on H100 (ibid., Fig. 7),
-#     0.339 of 989, split between the passes in Ampere's 73:63 ratio;
-#   fa3 on Hopper (FlashAttention-3, Shah et al. 2024, and cuDNN's fused attention, which Transformer
-#     Engine runs there): forward up to 740 TFLOPs/s (75 %), backward 1.5-1.75x FlashAttention-2's (1.6x).
+# Fused attention kernels, measured on one H100 SXM5 in BF16 (Shah et al. 2024, FlashAttention-3, Fig. 5 forward
+# and Fig. 6 backward; 16K-token batches, 2048-wide heads): TFLOP/s at sequence length 16K, counting FLOPs as
+# FlashAttention does (forward 4*s^2*d per head, backward 2.5x forward, causal masking halving both), by head dim.
+# Forward: the causal panels. Backward: the paper plots it without the mask only (head dims 64 and 128); the causal
+# backward is taken at the forward's causal / non-causal ratio at 16K (the same masked diagonal blocks), and head
+# dim 256's backward at head dim 128's backward / forward ratio.
+#                      forward causal           forward non-causal       backward non-causal
+#   head dim           64     128    256        64     128    256        64     128
+#   FlashAttention-2   299    335    298        324    370    326        291    322
+#   cuDNN              388    539    509        413    595    581        433    516
+#   FlashAttention-3   473    616    642        497    648    756        474    561
+# cuDNN's fused attention is what Transformer Engine runs on Hopper (TE 1.4's DotProductAttention: "Select
+# FusedAttention on sm90 and FlashAttention on others for performance"; its context parallelism calls the same
+# kernel per ring step), so Megatron-Core and NeMo attend at cuDNN's rates there; FlashAttention-3 only where a
+# stack calls it directly.
+# Ampere: FlashAttention-2, "up to 73 % of the theoretical max in the forward pass, 63 % in the backward" (Dao 2023,
+# Sec. 4.1, A100, head dim 128 without the mask), taken to causal masking and to other head dims at the same
+# kernel's ratios on H100 above.
+_H100_PEAK = 989.0
+
+
+def _measured(fwd_c: dict, fwd_nc: dict, bwd_nc: dict) -> dict:
+    """{head dim: (forward, backward) share of H100's peak with the causal mask, then without} from the 16K
+    TFLOP/s figures above."""
+    out = {}
+    for d in fwd_c:
+        b_nc = bwd_nc[d] if d in bwd_nc else fwd_nc[d] * bwd_nc[128] / fwd_nc[128]
+        out[d] = tuple(x / _H100_PEAK for x in (fwd_c[d], b_nc * fwd_c[d] / fwd_nc[d], fwd_nc[d], b_nc))
+    return out
+
+
+_FA2_H100 = _measured({64: 299, 128: 335, 256: 298}, {64: 324, 128: 370, 256: 326}, {64: 291, 128: 322})
 ATTENTION_EFFICIENCY = {
-    ("fa2", "ampere"): (0.73, 0.63),
-    ("fa2", "hopper"): (0.378, 0.326),
-    ("fa3", "hopper"): (0.75, 0.52),
+    ("fa2", "hopper"): _FA2_H100,
+    ("cudnn", "hopper"): _measured({64: 388, 128: 539, 256: 509}, {64: 413, 128: 595, 256: 581}, {64: 433, 128: 516}),
+    ("fa3", "hopper"): _measured({64: 473, 128: 616, 256: 642}, {64: 497, 128: 648, 256: 756}, {64: 474, 128: 561}),
+    # A100: Dao 2023's non-causal head-dim-128 maxima, at FlashAttention-2's H100 ratios between the entries.
+    ("fa2", "ampere"): {d: tuple(x * (0.73, 0.63)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
+                        for d, v in _FA2_H100.items()},
 }
-# Kernel each family runs per architecture (fa3 needs Hopper; Ampere runs FlashAttention-2 under TE too).
-ATTENTION_KERNEL = {"fa3": {"hopper": "fa3", "ampere": "fa2"}, "fa2": {"hopper": "fa2", "ampere": "fa2"}}
+# The sequence length the figures were measured at (their rates are divided by the block occupancy there).
+ATTENTION_MEASURED_SEQ = 16384
+# Kernel each attention family runs per architecture: "te" is Transformer Engine's choice (cuDNN on Hopper,
+# FlashAttention-2 on Ampere), "fa3" FlashAttention-3 where it exists, "fa2" FlashAttention-2 (PyTorch SDPA).
+ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper": "fa3", "ampere": "fa2"},
+                    "fa2": {"hopper": "fa2", "ampere": "fa2"}}
 # FlashAttention works on 128-row query blocks against 128-column key/value blocks; each query block
 # pays about one block iteration of set-up (loading Q, rescaling and writing O), so a query block with
-# n key blocks runs at n/(n+1) of the long-sequence rate.
+# n key blocks runs at n/(n+1) of the long-sequence rate (the curves above: at 2K, 0.85-0.90 of 16K's causal rate;
+# the model's causal 0.89).
 ATTENTION_BLOCK = 128
-# Per score the softmax costs a few FP32 non-matmul operations, which run ~16x slower than tensor-core
-# FLOPs (Dao 2023, Sec. 3.1); against 4*d matmul FLOPs per score that is a cost of about 16/d of the
-# matmul time, so head dim 64 runs at (1 + 16/128)/(1 + 16/64) = 0.9 of head dim 128.
-SOFTMAX_COST_DIM = 16
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
@@ -158,25 +186,37 @@ SOFTMAX_PASSES = (2, 3)
 DROPOUT_PASSES = (2, 2)
 
 
-def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_dim: int, causal: bool = True
-                         ) -> tuple[float, float]:
-    """(forward, backward) share of peak of a fused attention kernel on this shape."""
-    eff_f, eff_b = ATTENTION_EFFICIENCY.get((kernel, arch), ATTENTION_EFFICIENCY[("fa2", "ampere")])
+def _occupancy(seq_kv: int, causal: bool) -> float:
     blocks = seq_kv / ATTENTION_BLOCK
     if causal:  # a query block sees on average half the key blocks
         blocks = (blocks + 1) / 2
-    occupancy = blocks / (blocks + 1)
-    dim = (1 + SOFTMAX_COST_DIM / 128) / (1 + SOFTMAX_COST_DIM / head_dim)
-    return eff_f * occupancy * dim, eff_b * occupancy * dim
+    return blocks / (blocks + 1)
 
 
-def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int
+def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_dim: int, causal: bool = True
                          ) -> tuple[float, float]:
+    """(forward, backward) share of peak of a fused attention kernel on this shape: the measured curve at the
+    head dim (log-linear between 64, 128 and 256, the end points beyond), scaled from the measured sequence
+    length by the block occupancy."""
+    table = ATTENTION_EFFICIENCY.get((kernel, arch), ATTENTION_EFFICIENCY[("fa2", "ampere")])
+    dims = sorted(table)
+    d = min(max(head_dim, dims[0]), dims[-1])
+    hi = next(x for x in dims if x >= d)
+    lo = max(x for x in dims if x <= d)
+    w = 0.0 if hi == lo else math.log2(d / lo) / math.log2(hi / lo)
+    col = 0 if causal else 2
+    eff_f, eff_b = ((1 - w) * table[lo][i] + w * table[hi][i] for i in (col, col + 1))
+    scale = _occupancy(seq_kv, causal) / _occupancy(ATTENTION_MEASURED_SEQ, causal)
+    return eff_f * scale, eff_b * scale
+
+
+def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int,
+                         precision: str = "bf16") -> tuple[float, float]:
     """(forward, backward) seconds of a fused causal attention kernel over `tokens` query tokens
     attending to `seq_kv` keys, `heads` heads on this GPU. Causal masking skips half the blocks."""
     flops = 4 * tokens * seq_kv * head_dim * heads / 2
     eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, seq_kv, head_dim)
-    peak = cluster.peak_flops * in_situ(cluster)
+    peak = cluster.peak_flops * in_situ(cluster, precision)
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
 
 

@@ -212,7 +212,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
-            attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d)
+            attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
         else:
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
@@ -454,9 +454,10 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         t = 2 * tokens * model.hidden * model.vocab_size / tp / achievable_flops(job)
         return t, t, t
     loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[get_framework(job.framework).loss])
-    return (kernels.gemm_time(c, tokens, vocab, model.hidden) + loss_f,
-            kernels.gemm_time(c, tokens, model.hidden, vocab) + loss_b,
-            kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes))
+    prec = job.precision  # the head stays BF16, at the job's in-situ share
+    return (kernels.gemm_time(c, tokens, vocab, model.hidden, precision=prec) + loss_f,
+            kernels.gemm_time(c, tokens, model.hidden, vocab, precision=prec) + loss_b,
+            kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes, precision=prec))
 
 
 def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[float, float]:
