@@ -129,6 +129,16 @@ def test_attention_efficiency_follows_flashattention_curves():
     assert rates == sorted(rates)
 
 
+def test_cudnn_causal_backward_against_cudnn_frontends_own_benchmark():
+    # The model's causal backward is derived (FA3 paper: backward plotted without the mask only). cuDNN's own
+    # benchmark measured it: cudnn-frontend benchmark/benchmark_results.csv (b740542, cuDNN 9.1, H200 clocks locked
+    # at 1980 MHz), b 1, 16 heads, head dim 128, 16K causal: forward 586.8, backward 497.7 TFLOP/s; at the 1830 MHz
+    # of the 989 TFLOP/s peak that is 542 and 460.
+    f, b = kernels.attention_efficiency("cudnn", "hopper", 16384, 16384, 128)
+    assert f * 989 == pytest.approx(586.8 * 1830 / 1980, rel=0.03)
+    assert b * 989 == pytest.approx(497.7 * 1830 / 1980, rel=0.03)
+
+
 def test_cudnn_against_flashattention2_as_transformer_engine_measured_them():
     # Transformer Engine's attention benchmark (docs/examples/attention/attention.ipynb at 43569381c, H100, kernel
     # times from nsys): b 2, 32 heads, 4 KV groups, head dim 128, 8K causal, forward + backward: cuDNN 12.01 ms,
