@@ -294,10 +294,17 @@ def parse(row: dict) -> Run:
                        tp_comm_overlap=overlap, precision=_precision(row))
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
+            # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"
+            # (best_practice/qwen3/run_h100_235b.sh)
+            named = tuple(dict.fromkeys({"norm": "layernorm", "act": "moe_act"}.get(m, m) for m in modules
+                                        if m in ("norm", "act", "layernorm", "moe_act", "moe", "core_attn")))
             job = replace(job, moe_dispatcher="deepep" if "deepep" in notes else "alltoall",
-                          ep_comm_overlap="all-to-all overlapped" in notes,
-                          moe_recompute="moe" if "moe" in modules else ("act" if "act" in modules else ""),
+                          ep_comm_overlap="all-to-all overlapped" in notes, recompute_modules=named,
+                          moe_recompute="moe" if "moe" in named else ("act" if "moe_act" in named else ""),
                           moe_routing="contiguous" if "fakebalancedgate" in notes else "random")
+            runs = re.search(r"\bga (\d+)", notes) if profile == "automodel" else None
+            if runs:  # AutoModel runs one pipeline schedule per local batch (its GA)
+                job = replace(job, schedule_runs=int(runs.group(1)))
             layout = layout.with_(sequence_parallel=tp > 1)
         validate_layout(layout, model, batch)
     except UsageError as exc:

@@ -146,3 +146,39 @@ def test_ep_overlap_hides_all_to_alls_only_behind_compute():
     assert paired_share(Layout(), 8) == pytest.approx(7 / 8)
     assert paired_share(Layout(pp=4, dp=1), 8) == pytest.approx(5 / 8)
     assert paired_share(Layout(pp=4, dp=1, vpp=2, schedule="interleaved-1f1b"), 8) == pytest.approx(6 / 16)
+
+
+def test_named_recompute_modules_recompute_only_what_they_name():
+    """Megatron's --recompute-modules: core_attn alone is its default selective recompute; layernorm and moe_act
+    recompute element-wise passes only (no attention core, whose cost grows with the sequence) and keep less."""
+    base = make_job(load_model("qwen3-30b-a3b"), H100, 64, 16384)
+    lay = Layout(dp=8, tp=2, pp=1, micro_batch=1, ep=8, zero=1, recompute="selective", sequence_parallel=True)
+    plain = estimate(base, lay)
+    core = estimate(dataclasses.replace(base, recompute_modules=("core_attn",)), lay)
+    assert core.time_s["recompute"] == pytest.approx(plain.time_s["recompute"])
+    assert core.memory_bytes["activations"] == pytest.approx(plain.memory_bytes["activations"])
+    light = estimate(dataclasses.replace(base, recompute_modules=("layernorm", "moe_act"), moe_recompute="act"), lay)
+    none = estimate(base, lay.with_(recompute="none"))
+    assert 0 < light.time_s["recompute"] < 0.1 * plain.time_s["recompute"]
+    assert light.memory_bytes["activations"] < none.memory_bytes["activations"]
+
+
+def test_fp8_experts_cast_their_routed_rows():
+    """Under FP8 a MoE layer's experts quantize the k rows each token is routed to (not one FFN row): Mixtral at
+    4096 tokens, top-2 — 8192 rows into FC1 (h = 4096) and FC2 (f_e = 14336); backward FC2's (h) and FC1's
+    (2 f_e) output gradients."""
+    from shardwise.planner.moe import fp8_cast_elements
+    inputs, grads = fp8_cast_elements(load_model("mixtral-8x7b"), 4096, Layout())
+    assert inputs == [8192 * 4096, 8192 * 14336] and grads == [8192 * 4096, 8192 * 2 * 14336]
+    _, etp_grads = fp8_cast_elements(load_model("mixtral-8x7b"), 4096, Layout(tp=2, dp=1, ep=1, etp=2))
+    assert etp_grads == [8192 * 4096, 8192 * 2 * 7168]  # each etp rank: all its tp group's rows (gathered), half of 2 f_e
+
+
+def test_one_pipeline_schedule_per_local_batch_pays_the_bubble_each_time():
+    """NeMo AutoModel runs schedule.step per local batch: four runs of 8 micro-batches fill and drain the
+    pipeline four times where one run of 32 does it once; the work is the same."""
+    job = make_job(load_model("mixtral-8x7b"), H100, 512, 4096)
+    lay = Layout(dp=16, pp=4, micro_batch=1, ep=8, zero=1)
+    one, four = estimate(job, lay), estimate(dataclasses.replace(job, schedule_runs=4), lay)
+    assert four.time_s["compute"] == pytest.approx(one.time_s["compute"])
+    assert four.time_s["pipeline_bubble"] == pytest.approx(4 * one.time_s["pipeline_bubble"], rel=0.01)

@@ -115,6 +115,15 @@ class Job:
     ep_comm_overlap: bool = False  # all-to-alls hidden behind another micro-batch's compute (Megatron's EP A2A overlap)
     moe_recompute: str = ""  # Megatron's --recompute-modules for MoE: "moe" (the whole MoE FFN) or "act" (its SwiGLU)
     moe_routing: str = "random"  # where a token's k experts sit: "random" (k distinct at random) or "contiguous" (planner/moe.py)
+    # Megatron-Core's --recompute-modules when a run names them: selective recompute then recomputes exactly these
+    # ("core_attn" the attention core, "layernorm" the norms, "moe_act" the experts' activation, "moe" the MoE FFN;
+    # megatron/core/transformer/transformer_config.py). Empty: the framework's `selective`.
+    recompute_modules: tuple[str, ...] = ()
+    # Pipeline schedules one step runs: NeMo AutoModel runs schedule.step once per local batch (its gradient
+    # accumulation; nemo_automodel/recipes/llm/train_ft.py _run_train_optim_step), each filling and draining the
+    # pipeline and, under FSDP, reduce-scattering at its last backward (torch.distributed.pipelining's
+    # PipelineStage.backward_maybe_with_nosync). 1: one schedule over all micro-batches (Megatron, torchtitan).
+    schedule_runs: int = 1
 
 
 
@@ -255,6 +264,11 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
         kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
         # the layer being recomputed in backward holds its full set once more in place of what it kept
         return held * kept + min(held, 1) * max(0.0, linear + scores - kept)
+    if layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules
+        kept = linear + (0.0 if "core_attn" in job.recompute_modules else scores)
+        if "layernorm" in job.recompute_modules:  # the two norms' outputs (the QKV and FC1 inputs) are recomputed
+            kept -= 2 * s * b * e * job.model.hidden / (layout.tp if layout.sequence_parallel else 1)
+        return held * kept
     if layout.recompute == "selective":
         return held * linear  # the attention core (the s^2 part) is recomputed
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)

@@ -234,6 +234,23 @@ def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: 
     return fwd, fwd * (4 * rows + 1) / (3 * rows + 1)
 
 
+def fp8_cast_elements(model: ModelSpec, tokens: float, layout: Layout, capacity: float = 1.0
+                      ) -> tuple[list[float], list[float]]:
+    """Elements a MoE layer's FP8 linears quantize on one GPU, (forward inputs, backward output gradients), one
+    entry per tensor: the routed rows it receives (k c per routed token, 1/tp of the tokens) enter FC1 h wide —
+    after the permutation, so no norm fuses their cast — and FC2 f_e/etp wide (times etp rows); backward casts
+    FC2's output gradient (h) and FC1's (2 f_e/etp gated). The shared expert casts like a dense FFN of its width,
+    its FC1 input included (a plain linear in Megatron-Core's SharedExpertMLP). The router stays in BF16/FP32."""
+    routed = tokens / layout.tp * model.experts_per_token * capacity * layout.etp
+    h, fe, gate = model.hidden, model.moe_ffn_hidden / layout.etp, 2 if model.gated_mlp else 1
+    inputs, grads = [routed * h, routed * fe], [routed * h, routed * gate * fe]
+    if model.shared_ffn_hidden:
+        fs = model.shared_ffn_hidden / layout.tp
+        inputs += [tokens * h / layout.tp, tokens * fs]
+        grads += [tokens * h, tokens * gate * fs]
+    return inputs, grads
+
+
 def active_ffn_width(model: ModelSpec, capacity: float = 1.0) -> float:
     """The f-wide elements per token a MoE layer's element-wise passes touch (for the element-wise model)."""
     return model.experts_per_token * capacity * model.moe_ffn_hidden + model.shared_ffn_hidden

@@ -223,7 +223,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
             el_f, el_b = el_f + perm_f, el_b + perm_b
         if fp8:
-            cast_f, cast_b = fp8_casts(job, layout, tokens)
+            cast_f, cast_b = fp8_casts(job, layout, tokens, moe_layer)
             el_f, el_b = el_f + cast_f, el_b + cast_b
         fwd = sum(g[0] for g in gemms) + attn + el_f
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
@@ -249,20 +249,24 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                      sum(g[0] for g in gemms[2:]), ep)
 
 
-def fp8_casts(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
+def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds per layer and micro-batch of quantizing the linears' activations to FP8 with the
     framework's recipe (kernels.FP8_CAST_BYTES). Forward: each linear's input — Transformer Engine fuses the QKV
     and FC1 inputs' casts into the LayerNorm that produces them (LayerNormLinear), so only the projection's and
     FC2's inputs pay a pass; torchao casts all four. Backward: each linear's output gradient, for its input- and
-    weight-gradient GEMMs."""
+    weight-gradient GEMMs. A MoE layer's experts cast their own rows (moe.fp8_cast_elements) in place of the FFN's."""
     model, tp = job.model, layout.tp
     h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
     recipe = get_framework(job.framework).fp8
     split = tp if layout.sequence_parallel else 1
-    inputs = [tokens * q / tp, tokens * f / tp]
+    inputs = [tokens * q / tp] + ([] if moe_layer else [tokens * f / tp])
     if recipe != "te":
-        inputs += [tokens * h / split, tokens * h / split]
-    grads = [tokens * (q + 2 * kv) / tp, tokens * h, tokens * (2 if model.gated_mlp else 1) * f / tp, tokens * h]
+        inputs += [tokens * h / split] + ([] if moe_layer else [tokens * h / split])
+    grads = [tokens * (q + 2 * kv) / tp, tokens * h]
+    grads += [] if moe_layer else [tokens * (2 if model.gated_mlp else 1) * f / tp, tokens * h]
+    if moe_layer:
+        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
+        inputs, grads = inputs + ffn_in, grads + ffn_grads
     return kernels.fp8_cast_time(job.cluster, inputs, recipe), kernels.fp8_cast_time(job.cluster, grads, recipe)
 
 
@@ -423,6 +427,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         rec_cp = layers * lc.cp_fwd
     elif layout.recompute == "selective" and job.selective == "op":
         rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
+    elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
+        rec, flops_rec = layers * ckpt + module_recompute(job, layout, tokens, layers, moe_layers), 0.0
+        if "core_attn" in job.recompute_modules:
+            rec, flops_rec, rec_cp = rec + layers * lc.attn_fwd, layers * attn_flops, layers * lc.cp_fwd
     elif layout.recompute == "selective":
         rec, flops_rec, rec_cp = layers * (lc.attn_fwd + ckpt), layers * attn_flops, layers * lc.cp_fwd
     else:
@@ -444,6 +452,23 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
                      layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
                      layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh, cp_comm=cp_comm,
                      ep_comm=ep_comm)
+
+
+def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_layers: int) -> float:
+    """Seconds per micro-batch of the element-wise modules Megatron recomputes by name: "layernorm" runs a layer's
+    two norms again (a pass over h per token, 1/tp of them under SP), "moe_act" the experts' activation (k c f_e
+    gated elements per routed token, 1/tp of the tokens). Both at HBM bandwidth (kernels.ELEMENTWISE's bytes)."""
+    model, c, tp = job.model, job.cluster, layout.tp
+    norm, _, swiglu, gelu, _ = kernels.ELEMENTWISE[get_framework(job.framework).fused_elementwise]
+    norm = norm.get(model.family, norm["llama"]) if isinstance(norm, dict) else norm
+    scale = job.train.activation_bytes / 2  # the byte counts are for 2-byte activations
+    t = 0.0
+    if "layernorm" in job.recompute_modules:
+        t += layers * tokens * 2 * norm * model.hidden / (tp if layout.sequence_parallel else 1) * scale
+    if "moe_act" in job.recompute_modules and moe_layers:
+        width = model.experts_per_token * job.capacity_factor * model.moe_ffn_hidden
+        t += moe_layers * tokens / tp * (swiglu if model.gated_mlp else gelu) * width * scale
+    return t / kernels.hbm_rate(c)
 
 
 def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, float]:
@@ -564,18 +589,23 @@ def step_time(job: Job, layout: Layout) -> dict:
     ranks = pipeline_ranks(job, layout)  # first, last, and the most-layered between (stage_split)
     costs = {r: stage_cost(job, layout, r) for r in ranks}
     slow, c = pipeline_costs(job, layout, costs)
-    span0 = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, 0.0)
+    # A stack that runs each local batch as its own pipeline schedule (NeMo AutoModel) fills and drains the
+    # pipeline, and syncs the data-parallel gradients, once per run.
+    runs = job.schedule_runs if p > 1 and m % max(job.schedule_runs, 1) == 0 else 1
+    mr = m // runs
+    span0 = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
     # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
-    span = pipeline_makespan(layout.schedule, p, m, v, slow.f, slow.b, slow.w, c) + pipeline_receives(layout, m) * p2p_sync_time(job.cluster)
+    span = runs * (pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
+                   + pipeline_receives(layout, mr) * p2p_sync_time(job.cluster))
     work = m * (slow.f + slow.b + slow.w)
     # Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
     # last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
     # r stage-forwards later.
     dp = 0.0
     for r in ranks:
-        after, before = dp_comm_time(job, layout, r, m, costs[r])
-        dp = max(dp, max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f))
+        after, before = dp_comm_time(job, layout, r, mr, costs[r])
+        dp = max(dp, runs * (max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f)))
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
     params, experts = rank_params(job, layout, heavy), rank_expert_params(job, layout, heavy)
     sharded = params
