@@ -237,7 +237,8 @@ def not_modelled(row: dict) -> str:
     """Why the planner cannot model this row yet ('' if it can)."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
-    if "compile" in row["run"].lower() or "torch.compile" in row["notes"] or "compile=true" in row["notes"]:
+    notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
+    if "compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes:
         return "torch.compile's fusions are not modelled"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
         return "power-capped H100 (500 W): no datasheet rates at that cap"

@@ -101,3 +101,13 @@ def test_moe_rows_fit_and_a_row_its_own_source_contradicts_is_named_not_scored()
     row = weak["Megatron-Bridge 25.11 Qwen3 30B-A3B 16xH100 FP8"]
     assert "10494" in row["weak_reason"] and row["weak"]
     assert all(r["run"] not in weak for r in moe["runs"] if not r["weak"])
+
+
+def test_torchtitan_eager_fsdp2_rows_on_a100_are_scored():
+    # torchtitan's own A100 table (docs/performance.md: FSDP2 over 64 A100s, eager — "no torch.compile" in the
+    # row's notes, which once read as a compiled run and skipped them): pure FSDP2 rows of 8B-70B models with
+    # their activation-checkpointing variants, nothing fitted on them beyond the shared in-situ share.
+    rows = [r for r in _strong() if r["run"].startswith("torchtitan") and "A100" in r["run"]]
+    assert len(rows) == 8
+    for r in rows:
+        assert abs(r["error"]) <= 0.12, r
