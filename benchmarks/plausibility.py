@@ -8,9 +8,15 @@ faster than the tuned run. A timing of nothing and an assertion of nothing: it p
 
 Cases (per-GPU tokens/s from the source):
   * Llama 2 70B on 2,048 A100-80GB, 4M-token batches of 4,096: Meta's 1,720,320 GPU-hours for 2 T tokens
-    (Touvron et al. 2023, Table 2) -> 323 tokens/s per GPU (a whole-run figure: restarts and evaluation included).
+    (Touvron et al. 2023, Llama 2, Table 2: "Time: total GPU time required for training each model") -> 323
+    tokens/s per GPU. Neither paper says these hours include restarts, failures or evaluation, and LLaMA's own table
+    shows how they are counted: its 65B model's 1,022,362 GPU-hours (Touvron et al. 2023, LLaMA, Table 15) are its
+    1.4 T tokens at the 380 tokens/s per GPU it measured (1.4e12 / 380 / 3600 = 1,023,392, within 0.1 %), i.e.
+    tokens over throughput. So the figure is read as a throughput, with no allowance for lost time.
   * LLaMA 65B on 2,048 A100-80GB, 4M-token batches of 2,048: "approximately 380 tokens/sec/GPU" (Touvron et al.
     2023, LLaMA, Sec. 2.4).
+Both A100 runs used Meta's 2022-23 stack (LLaMA Sec. 2.4: xformers' causal attention, checkpointing that keeps the
+linears' outputs, model and sequence parallelism), before FlashAttention-2 (July 2023).
   * Llama 3 405B on 8,192 and 16,384 H100, 2,048 x 8,192: 43 % and 41 % BF16 MFU (Llama Team 2024, Table 4).
 """
 
