@@ -251,7 +251,7 @@ def parse(row: dict) -> Run:
     run = Run(row["run"], row["source"], series=row.get("series", "").strip())
     tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
     run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
-    weak = re.search(r"Weak: ([^.]*(?:\.\d[^.]*)*)", row["notes"])  # a figure its own source contradicts
+    weak = re.search(r"Weak: (.+?)\.(?:\s|$)", row["notes"])  # a figure its own source contradicts
     if weak:
         run.weak, run.weak_reason = True, weak.group(1).strip()
     run.skip = not_modelled(row)

@@ -100,6 +100,7 @@ def test_moe_rows_fit_and_a_row_its_own_source_contradicts_is_named_not_scored()
     weak = {r["run"]: r for r in moe["runs"] if r["weak_reason"]}
     row = weak["Megatron-Bridge 25.11 Qwen3 30B-A3B 16xH100 FP8"]
     assert "10494" in row["weak_reason"] and row["weak"]
+    assert "PP 1" in weak["Megatron-Bridge 25.11 GPT-OSS 120B 64xH100 BF16"]["weak_reason"]  # its columns do not multiply
     assert all(r["run"] not in weak for r in moe["runs"] if not r["weak"])
 
 
