@@ -112,3 +112,15 @@ def test_torchtitan_eager_fsdp2_rows_on_a100_are_scored():
     assert len(rows) == 8
     for r in rows:
         assert abs(r["error"]) <= 0.12, r
+
+
+def test_attention_dominated_long_context_rows():
+    # NeMo's long-context Llama 2 7B table (4K-1M tokens, context parallelism up to 32): from 32K tokens the
+    # attention core is half the step or more, so these rows check the attention model (Transformer Engine's cuDNN
+    # kernel at its measured rates) rather than the GEMMs. They came out 22-37 % too fast with FlashAttention-3's
+    # best figure standing in for TE's kernel.
+    rows = [r for r in _strong() if r["run"].startswith("NeMo long-context")]
+    assert len(rows) == 9
+    for r in rows:
+        assert abs(r["error"]) <= 0.10, r
+    assert max(r["error"] for r in rows) - min(r["error"] for r in rows) <= 0.15  # no trend left with length
