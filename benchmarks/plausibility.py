@@ -16,7 +16,8 @@ Cases (per-GPU tokens/s from the source):
   * LLaMA 65B on 2,048 A100-80GB, 4M-token batches of 2,048: "approximately 380 tokens/sec/GPU" (Touvron et al.
     2023, LLaMA, Sec. 2.4).
 Both A100 runs used Meta's 2022-23 stack (LLaMA Sec. 2.4: xformers' causal attention, checkpointing that keeps the
-linears' outputs, model and sequence parallelism), before FlashAttention-2 (July 2023).
+linears' outputs, model and sequence parallelism), before FlashAttention-2 (July 2023): the `llama2` profile; the
+405B runs Meta's 2024 stack, the `llama3` profile. Each case marks the profile of the stack that ran it.
   * Llama 3 405B on 8,192 and 16,384 H100, 2,048 x 8,192: 43 % and 41 % BF16 MFU (Llama Team 2024, Table 4).
 """
 
@@ -33,17 +34,18 @@ from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import load_cluster, load_model
 
 CASES = [
-    # name, model, cluster, gpus, global batch, seq, published tokens/s per GPU (None: from MFU), published MFU
-    ("Llama 2 70B, 2,048 A100 (Meta GPU-hours)", "llama2-70b", "dgx-a100-80gb", 2048, 1024, 4096, 323.0, None),
-    ("LLaMA 65B, 2,048 A100 (LLaMA paper)", "llama-65b", "dgx-a100-80gb", 2048, 2048, 2048, 380.0, None),
-    ("Llama 3 405B, 8,192 H100 (43 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 8192, 2048, 8192, None, 0.43),
-    ("Llama 3 405B, 16,384 H100 (41 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 16384, 2048, 8192, None, 0.41),
+    # name, model, cluster, gpus, global batch, seq, published tokens/s per GPU (None: from MFU), published MFU,
+    # the profile of the stack that ran it
+    ("Llama 2 70B, 2,048 A100 (Meta GPU-hours)", "llama2-70b", "dgx-a100-80gb", 2048, 1024, 4096, 323.0, None, "llama2"),
+    ("LLaMA 65B, 2,048 A100 (LLaMA paper)", "llama-65b", "dgx-a100-80gb", 2048, 2048, 2048, 380.0, None, "llama2"),
+    ("Llama 3 405B, 8,192 H100 (43 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 8192, 2048, 8192, None, 0.43, "llama3"),
+    ("Llama 3 405B, 16,384 H100 (41 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 16384, 2048, 8192, None, 0.41, "llama3"),
 ]
 
 
 def run(frameworks: list[str]) -> list[dict]:
     out = []
-    for name, model, cluster, gpus, batch, seq, tps, mfu in CASES:
+    for name, model, cluster, gpus, batch, seq, tps, mfu, ran in CASES:
         for fw in frameworks:
             job = make_job(load_model(model), load_cluster(cluster), batch, seq, fw)
             result = search(job, gpus)
@@ -54,7 +56,8 @@ def run(frameworks: list[str]) -> list[dict]:
             published = tps if tps is not None else mfu * job.cluster.peak_flops * gpus * batch * seq \
                 / model_flops_per_step(job) / gpus
             predicted = best.tokens_per_s / best.gpus
-            out.append({"case": name, "framework": fw, "best": best.layout.describe(), "zero": best.layout.zero,
+            out.append({"case": name, "framework": fw, "ran_it": fw == ran, "best": best.layout.describe(),
+                        "zero": best.layout.zero,
                         "recompute": best.layout.recompute, "mfu": round(best.mfu, 4),
                         "published_tokens_per_s_per_gpu": round(published, 1),
                         "predicted_tokens_per_s_per_gpu": round(predicted, 1),
@@ -64,7 +67,8 @@ def run(frameworks: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--framework", nargs="*", default=["megatron-core", "nemo", "torchtitan", "deepspeed-2024", "llama3"],
+    ap.add_argument("--framework", nargs="*",
+                    default=["megatron-core", "nemo", "torchtitan", "deepspeed-2024", "llama3", "llama2"],
                     choices=list(FRAMEWORKS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plan = f"{r['best']} Z{r['zero']} {r['recompute']}"
         print(f"{r['case']:42} {r['framework']:15} {plan:34} {r['mfu']:6.1%} {r['published_tokens_per_s_per_gpu']:7.0f} "
-              f"{r['predicted_tokens_per_s_per_gpu']:7.0f} {r['faster_than_published']:+7.1%}")
+              f"{r['predicted_tokens_per_s_per_gpu']:7.0f} {r['faster_than_published']:+7.1%}"
+              + ("  <- the stack that ran it" if r["ran_it"] else ""))
     return 0
 
 

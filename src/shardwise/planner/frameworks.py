@@ -80,6 +80,9 @@ class Framework:
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits).
     loss: str = "megatron"
     recompute: tuple[str, ...] = RECOMPUTE
+    # What `--recompute selective` runs again when the stack names it by module (Job.recompute_modules, Megatron's
+    # names): () for the `selective` policy above.
+    recompute_modules: tuple[str, ...] = ()
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
@@ -261,6 +264,23 @@ LLAMA3 = Framework(
     cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules"),
 )
 
+LLAMA2 = replace(
+    LLAMA3, name="llama2",
+    summary="Meta's 2022-23 training stack (LLaMA and Llama 2) as the LLaMA paper describes it: xformers' causal "
+            "attention (FlashAttention-1's backward), activation checkpointing that keeps the linears' outputs and "
+            "recomputes the rest (selective: the attention core and the norms), tensor parallelism with sequence parallelism, the "
+            "network all-reduces overlapped with compute; data parallelism as llama3's (assumed: the paper does not "
+            "say), no context parallelism",
+    sources=("Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models' (arXiv 2302.13971) Sec. 2.4 "
+             "(Efficient implementation)",
+             "Touvron et al. 2023, 'Llama 2' (arXiv 2307.09288) Sec. 2.2: 'We adopt most of the pretraining setting "
+             "and model architecture from Llama 1'"),
+    attention="fa1", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
+    recompute_modules=("core_attn", "layernorm"),
+    cannot=("ZeRO-3", "context parallelism (none in 2022-23)", "GPipe and ZB-H1 schedules",
+            "training without activation checkpointing (the paper's stack always checkpoints)"),
+)
+
 SHARDWISE = Framework(
     name="shardwise",
     summary="this project's runtime: FP32 parameters and AdamW states (bf16 autocast on GPU), SDPA attention, "
@@ -278,6 +298,7 @@ SHARDWISE = Framework(
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
+                                        LLAMA2,
                                         DEEPSPEED_2024, AUTOMODEL)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "

@@ -165,13 +165,20 @@ ATTENTION_EFFICIENCY = {
     # A100: Dao 2023's non-causal head-dim-128 maxima, at FlashAttention-2's H100 ratios between the entries.
     ("fa2", "ampere"): {d: tuple(x * (0.73, 0.63)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
                         for d, v in _FA2_H100.items()},
+    # FlashAttention-1 and xformers' memory-efficient attention (whose backward is FlashAttention-1's) on A100: "only
+    # 25-40 % of the theoretical maximum FLOPs/s" forward and "25-35 %" backward (Dao 2023, FlashAttention-2, Sec. 1
+    # and 3), the top of each range at long sequences, head dim 128 without the mask, to the mask and other head
+    # dims at FlashAttention-2's ratios (FlashAttention-2 is "2x faster": 0.73 / 0.40, 0.63 / 0.35).
+    ("fa1", "ampere"): {d: tuple(x * (0.40, 0.35)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
+                        for d, v in _FA2_H100.items()},
 }
 # The sequence length the figures were measured at (their rates are divided by the block occupancy there).
 ATTENTION_MEASURED_SEQ = 16384
 # Kernel each attention family runs per architecture: "te" is Transformer Engine's choice (cuDNN on Hopper,
-# FlashAttention-2 on Ampere), "fa3" FlashAttention-3 where it exists, "fa2" FlashAttention-2 (PyTorch SDPA).
+# FlashAttention-2 on Ampere), "fa3" FlashAttention-3 where it exists, "fa2" FlashAttention-2 (PyTorch SDPA), "fa1"
+# FlashAttention-1 / xformers (2022-23 stacks; FlashAttention-2 on Hopper, which those stacks never ran on).
 ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper": "fa3", "ampere": "fa2"},
-                    "fa2": {"hopper": "fa2", "ampere": "fa2"}}
+                    "fa2": {"hopper": "fa2", "ampere": "fa2"}, "fa1": {"hopper": "fa2", "ampere": "fa1"}}
 # FlashAttention works on 128-row query blocks against 128-column key/value blocks; each query block
 # pays about one block iteration of set-up (loading Q, rescaling and writing O), so a query block with
 # n key blocks runs at n/(n+1) of the long-sequence rate (the curves above: at 2K, 0.85-0.90 of 16K's causal rate;

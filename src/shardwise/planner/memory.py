@@ -167,7 +167,7 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
-               precision=precision)
+               precision=precision, recompute_modules=fw.recompute_modules)
 
 
 # --------------------------------------------------------------------------- activations
