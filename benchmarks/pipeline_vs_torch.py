@@ -7,6 +7,8 @@ module. Reported:
   - step time (forward + backward of the m micro-batches, median over repeats after warm-up) and the
     ratio shardwise / torch (goal <= 1.0): the median over repeats of the two back-to-back steps'
     ratio, with its interquartile range;
+  - CPU time per step of the busier rank (all its threads), which other jobs on a shared machine do not
+    inflate, and the 1-minute load average before and after the run;
   - shardwise's measured bubble per rank (1 - busy / makespan, from the executor's records) next to the
     simulated bubble (`schedules.simulate` fed with the measured per-stage F and B and the measured
     point-to-point time of one activation).
@@ -136,19 +138,22 @@ def worker(args):
     c = p2p_seconds(args, spec, rank)
     keys = list(runners)
     times = {k: [] for k in keys}
+    cpu = {k: [] for k in keys}
     events = {k: [] for k in keys}
     for rep in range(args.warmup + args.repeats):
         for i in range(len(keys)):
             key = keys[(rep + i) % len(keys)]  # rotate the order so drift hits every runtime alike
             chunk.zero_grad(set_to_none=True)
             dist.barrier()
-            t = time.perf_counter()
+            t, c0 = time.perf_counter(), time.process_time()
             runners[key].step(x, y)
+            c = time.process_time() - c0
             dist.barrier()
             if rep >= args.warmup:
                 times[key].append(time.perf_counter() - t)
+                cpu[key].append(c)
                 events[key].append(runners[key].compute_events())
-    return {"times": times, "events": events, "grad_diff": grad_diff, "p2p": c}
+    return {"times": times, "cpu": cpu, "events": events, "grad_diff": grad_diff, "p2p": c}
 
 
 # --------------------------------------------------------------------------- analysis
@@ -187,6 +192,9 @@ def analyse(name, results, args):
     def median_cost(rank, kind):
         return statistics.median(e - s for ev in results[rank]["events"][key] for k, s, e in ev if k == kind)
 
+    def busier_cpu(lib):  # per repeat the busier rank's CPU seconds, median over repeats
+        return statistics.median(map(max, results[0]["cpu"][(lib, name)], results[1]["cpu"][(lib, name)]))
+
     f = [median_cost(r, "F") for r in (0, 1)]
     b = [median_cost(r, "B") for r in (0, 1)]
     c = statistics.median(results[r]["p2p"] for r in (0, 1))
@@ -194,6 +202,7 @@ def analyse(name, results, args):
     return {
         "schedule": name, "shardwise_step_s": ours, "torch_step_s": theirs, "ratio": statistics.median(paired),
         "paired_ratio_quartiles": [q1, q3],
+        "shardwise_cpu_s": busier_cpu("shardwise"), "torch_cpu_s": busier_cpu("torch"),
         "measured_bubble_per_rank": measured, "simulated_bubble_per_rank": sim.bubble_fraction_per_rank,
         "measured_recv_wait_per_rank": recv_wait,
         "uniform_closed_form_bubble": bubble_fraction(name, 2, args.microbatches, 1),
@@ -215,24 +224,29 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     os.environ["OMP_NUM_THREADS"] = "1"
+    load = [os.getloadavg()[0]]
     results = dict(enumerate(run_ranks(worker, args, world=2, backend="gloo", timeout_s=120)))
+    load.append(os.getloadavg()[0])
     rows = [analyse(name, results, args) for name in SCHEDULES]
     grad_diff = max(results[r]["grad_diff"] for r in (0, 1))
     config = {k: getattr(args, k) for k in ("hidden", "layers", "vocab", "seq", "micro_batch", "microbatches",
                                             "repeats", "warmup")}
     if args.json:
-        print(json.dumps({"config": config, "max_grad_diff_vs_shardwise_gpipe": grad_diff, "rows": rows}, indent=2))
+        print(json.dumps({"config": config, "load_average_1min": load, "max_grad_diff_vs_shardwise_gpipe": grad_diff,
+                          "rows": rows}, indent=2))
         return 0
     print(f"pp 2 on gloo/CPU, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, micro-batch "
           f"{args.micro_batch}, m {args.microbatches}; median of {args.repeats} steps after {args.warmup} "
-          f"warm-up; gradients agree to {grad_diff:.1e}\n")
-    print("| schedule | shardwise step | torch step | ratio (paired IQR) | measured bubble (rank 0 / 1) | "
-          "of which in recv | simulated bubble (rank 0 / 1) | uniform closed form |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"warm-up; gradients agree to {grad_diff:.1e}; load average {load[0]:.1f} -> {load[1]:.1f}\n")
+    print("| schedule | shardwise step | torch step | ratio (paired IQR) | CPU per step, shardwise / torch | "
+          "measured bubble (rank 0 / 1) | of which in recv | simulated bubble (rank 0 / 1) | uniform closed form |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb, sb, rw = r["measured_bubble_per_rank"], r["simulated_bubble_per_rank"], r["measured_recv_wait_per_rank"]
         print(f"| {r['schedule']} | {r['shardwise_step_s'] * 1e3:.1f} ms | {r['torch_step_s'] * 1e3:.1f} ms | "
               f"{r['ratio']:.2f} ({r['paired_ratio_quartiles'][0]:.2f}–{r['paired_ratio_quartiles'][1]:.2f}) | "
+              f"{r['shardwise_cpu_s'] * 1e3:.1f} / {r['torch_cpu_s'] * 1e3:.1f} ms "
+              f"({r['shardwise_cpu_s'] / r['torch_cpu_s']:.2f}x) | "
               f"{mb[0]:.1%} / {mb[1]:.1%} | {rw[0]:.1%} / {rw[1]:.1%} | {sb[0]:.1%} / {sb[1]:.1%} | "
               f"{r['uniform_closed_form_bubble']:.1%} |")
     (f0, f1), (b0, b1) = rows[0]["forward_s_per_rank"], rows[0]["backward_s_per_rank"]
