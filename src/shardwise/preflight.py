@@ -17,8 +17,8 @@ import os
 import sys
 
 from shardwise.errors import UsageError
+from shardwise.units import GIB
 
-GIB = 2**30
 # A rank's interpreter with torch and shardwise imported and a gloo group up: 265 MiB peak RSS measured on the
 # development machine (torch 2.13 CPU wheel, Linux x86-64), rounded up for the group's buffers.
 RANK_OVERHEAD_BYTES = 320 * 2**20

@@ -36,9 +36,8 @@ from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates
                                 sync_sequence_parallel_grads)
 from shardwise.parallel.data_parallel import Optimizers
 from shardwise.specs import Layout, ModelSpec
+from shardwise.units import GIB
 from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
-
-GIB = 2**30
 
 
 @dataclass(frozen=True)

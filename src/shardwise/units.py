@@ -1,6 +1,9 @@
-"""Numbers for people: a duration in the unit that fits it (s, ms, µs), so a 0.4 ms step never reads "0.00 s"."""
+"""Numbers for people: a duration in the unit that fits it (s, ms, µs), so a 0.4 ms step never reads "0.00 s";
+memory in GiB (GIB bytes each)."""
 
 from __future__ import annotations
+
+GIB = 2**30
 
 
 def seconds(t: float) -> str:

@@ -9,8 +9,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout
-
-GIB = 2**30
+from shardwise.units import GIB
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ layouts stay small; the page draws everything from this dict."""
 
 from __future__ import annotations
 
-GIB = 2**30
+from shardwise.units import GIB
 
 # Display names and colours (Okabe-Ito), in the order the bars stack. Keys the planner adds later get
 # their own name and a grey; idle time (the bubble) is the light grey of the timeline's idle rows.
