@@ -83,6 +83,11 @@ class Framework:
     # What `--recompute selective` runs again when the stack names it by module (Job.recompute_modules, Megatron's
     # names): () for the `selective` policy above.
     recompute_modules: tuple[str, ...] = ()
+    # How a MoE layer's local experts run their GEMMs (planner/moe.py expert_gemm_time): one grouped kernel over
+    # all of them (0), or one cuBLAS GEMM per expert round-robin over this many streams (Transformer Engine's
+    # GroupedLinear: multi_stream_cublas_gemm over get_num_compute_streams() = 4; grouped_gemm's gmm on SM90:
+    # cuBLAS over NUM_STREAM = 4).
+    expert_gemm_streams: int = 0
     max_zero_with_pp: int = 3
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
@@ -155,7 +160,7 @@ MEGATRON_CORE = Framework(
     attention="te", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
     bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
     cannot=("GPipe and ZB-H1 schedules",),
-    fp8="te",
+    fp8="te", expert_gemm_streams=4,
 )
 
 NEMO = Framework(
@@ -174,7 +179,7 @@ NEMO = Framework(
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always",
     cannot=("GPipe and ZB-H1 schedules",),
-    fp8="te",
+    fp8="te", expert_gemm_streams=4,
     loss="fused",
 )
 
@@ -238,14 +243,16 @@ AUTOMODEL = replace(
     summary="NeMo AutoModel's own model path (its MoE recipes: BackendConfig attn/linear/rms_norm 'te', DeepEP): "
             "bf16 parameters (from_config's torch_dtype 'auto' is bfloat16) with no FP32 master copy, torch.optim.Adam "
             "states in bf16, FSDP2 with bf16 compute and FP32 gradient reduce-scatter (resharding after forward only "
-            "without PP), Transformer Engine's fused attention, norms and rotary embedding, activation checkpointing "
-            "of whole blocks",
+            "without PP), Transformer Engine's fused attention (cuDNN on Hopper), norms and rotary embedding, experts "
+            "as grouped_gemm's gmm (cuBLAS per expert over 4 streams on SM90), activation checkpointing of whole blocks",
     sources=("NVIDIA-NeMo/Automodel 89e3a9fdd (2025-10-06, the performance summary's first table): "
              "nemo_automodel/components/_transformers/auto_model.py from_config (torch_dtype 'auto' -> bfloat16), "
              "components/moe/parallelizer.py apply_fsdp (MixedPrecisionPolicy bf16 / fp32 reduce, "
              "reshard_after_forward = not pp_enabled) and apply_ac (checkpoint_wrapper per block), "
-             "examples/benchmark/configs/*_te_deepep.yaml (torch.optim.Adam, activation_checkpointing)",),
-    weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="fa3", fused_elementwise=True, fp8="",
+             "examples/benchmark/configs/*_te_deepep.yaml (torch.optim.Adam, activation_checkpointing)",
+             "components/moe/layers.py GroupedExpertsDeepEP (grouped_gemm ops.gmm); fanshiqing/grouped_gemm "
+             "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
+    weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)",),
 )
 

@@ -26,6 +26,7 @@ from functools import lru_cache
 
 from shardwise import stage_split
 from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement
+from shardwise.planner import kernels
 from shardwise.planner.kernels import hbm_rate
 from shardwise.planner.overlap import interference
 from shardwise.specs import ClusterSpec, Layout, ModelSpec
@@ -220,6 +221,19 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
     if model.shared_ffn_hidden:  # first, where a dense layer's FFN GEMMs are (tp_layer_comm pairs them)
         out += [(tokens, 2 * model.shared_ffn_hidden // tp, h, 1), (tokens, h, model.shared_ffn_hidden // tp, 1)]
     return out + [(routed, model.num_experts, h, 1), (rows, 2 * f, h, local), (rows, h, f, local)]
+
+
+def expert_gemm_time(cluster: ClusterSpec, m: float, n: float, k: float, count: int, streams: int,
+                     out_bytes: float = 2, fp8: bool = False) -> float:
+    """Seconds of `count` equal GEMMs of one layer's local experts as the stack issues them: one grouped kernel
+    (`streams` 0: its tiles share the waves), or one GEMM per expert round-robin over `streams` streams, so
+    only `streams` of them share the SMs at a time (Transformer Engine's GroupedLinear on Hopper:
+    multi_stream_cublas_gemm over 4 compute streams; grouped_gemm's gmm on SM90: cuBLAS over 4 streams)."""
+    if streams <= 0 or count <= streams:
+        return kernels.gemm_time(cluster, m, n, k, batch=count, out_bytes=out_bytes, fp8=fp8)
+    full, rest = divmod(count, streams)
+    t = full * kernels.gemm_time(cluster, m, n, k, batch=streams, out_bytes=out_bytes, fp8=fp8)
+    return t + (kernels.gemm_time(cluster, m, n, k, batch=rest, out_bytes=out_bytes, fp8=fp8) if rest else 0.0)
 
 
 def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,

@@ -202,7 +202,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         ffn = model.ffn_hidden
         if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
             ffn = moe.active_ffn_width(model, job.capacity_factor)
-            gemms = gemms[:2] + [tuple(kernels.gemm_time(c, *shape, batch=n, out_bytes=ob, fp8=fp8) for shape, ob in
+            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, fp8) for shape, ob in
                                        (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
                                  for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
         heads, d = model.num_heads // tp, model.head_dim
