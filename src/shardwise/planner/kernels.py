@@ -45,7 +45,7 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # peak: 0.93), is a cross-check (docs/planner.md).
 # FP8 GEMMs have their own share ("hopper-fp8"): the FP8 tensor cores do twice the work per clock, and a node
 # running them flat out sits deeper in its power limit, so its clocks settle lower than under BF16 work.
-IN_SITU_EFFICIENCY = {"ampere": 0.85, "hopper": 0.82, "hopper-fp8": 0.69}
+IN_SITU_EFFICIENCY = {"ampere": 0.85, "hopper": 0.81, "hopper-fp8": 0.69}
 
 
 def in_situ(cluster: ClusterSpec, precision: str = "bf16") -> float:
@@ -80,8 +80,17 @@ def hbm_rate(cluster: ClusterSpec) -> float:
 # output), which the main loop, half as long as BF16's, no longer hides: tilelang's FP8 GEMM of 8192 x 8192 x K on
 # H800 SXM (H100's compute) takes 0.026 ms + K x 8.6e-5 us — 1,560 TFLOP/s asymptotically (0.79 of 1,979, BF16's
 # MAMF share), 1,343 at K = 2048 — that is 1.6 us on each of its 16 waves (tilelang's
-# benchmark/matmul_fp8/README.md, fork xwhzz/tilelang at 6b1faf71). BF16 GEMMs are timed from MAMF measurements that include it.
+# benchmark/matmul_fp8/README.md, fork xwhzz/tilelang at 6b1faf71).
 FP8_WAVE_S = 1.6e-6
+# The same for BF16 on Hopper: tilelang's FP16 GEMM of 8192 x 8192 x K on H800 SXM takes 0.0286 ms + K x 1.735e-4 ms
+# (K 8192: 1.450 ms, 16384: 2.871 ms; 773 TFLOP/s asymptotically, MAMF's rate) and more below (K 2048: 705 TFLOP/s,
+# K 256: 386) — 1.8 us on each of its 16 waves (benchmark/matmul/README.md, same fork at b2acfc37). MAMF is measured
+# at large K, where that cost is spread thin, so short-K GEMMs (a row-parallel GEMM's K = width / tp, a weight
+# gradient's K = the micro-batch's tokens) lose it on top. No such table for Ampere: its GEMMs are timed at MAMF.
+BF16_WAVE_S = {"hopper": 1.8e-6}
+# K of the shape the MAMF figure was measured at (Bekman's mamf-finder: A100 SXM 6912x16384x2048, H100 SXM
+# 6144x17920x2816).
+MAMF_K = {"ampere": 2048, "hopper": 2816}
 
 
 @lru_cache(maxsize=1 << 16)
@@ -106,9 +115,24 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
     moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer). `fp8`: FP8
     inputs (1 byte) on the FP8 tensor cores, which sustain the same share of their peak as BF16 ones
     (`fp8_rate`). `precision`: the job's (a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share)."""
-    rate = fp8_rate(cluster) if fp8 else matmul_rate(cluster, precision)
+    if fp8:
+        rate, wave_s = fp8_rate(cluster), FP8_WAVE_S
+    else:
+        rate, wave_s = main_loop_rate(cluster, matmul_rate(cluster, precision))
     return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
-                 1 if fp8 else in_bytes, out_bytes, FP8_WAVE_S if fp8 else 0.0)
+                 1 if fp8 else in_bytes, out_bytes, wave_s)
+
+
+def main_loop_rate(cluster: ClusterSpec, rate: float) -> tuple[float, float]:
+    """(the main loop's FLOP/s, the fixed seconds per wave) of BF16 GEMMs: MAMF was measured at one shape, K =
+    MAMF_K, where each wave of 256 x 128 tiles already paid BF16_WAVE_S; the main loop runs that much faster, so the
+    measured shape keeps MAMF's rate and other K gain or lose the wave's fixed cost."""
+    wave_s = BF16_WAVE_S.get(cluster.arch, 0.0)
+    k = MAMF_K.get(cluster.arch)
+    if not wave_s or not k or not cluster.sm_count:
+        return rate, 0.0
+    wave = 2 * 256 * 128 * k / (rate / cluster.sm_count)
+    return rate * wave / (wave - wave_s), wave_s
 
 
 def fp8_rate(cluster: ClusterSpec) -> float:
