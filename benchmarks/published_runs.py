@@ -286,6 +286,8 @@ def parse(row: dict) -> Run:
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()
     overlap = True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
+    if "tp comm overlap off" in notes:  # the run says so (NeMo's ub_tp_comm_overlap: false), whatever its profile's default
+        overlap = False
     if overlap and tp > 1 and fw.tp_comm_overlap_available:  # TP comm overlap needs sequence parallelism
         layout = layout.with_(sequence_parallel=True)
     else:

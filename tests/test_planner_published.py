@@ -124,3 +124,9 @@ def test_attention_dominated_long_context_rows():
     for r in rows:
         assert abs(r["error"]) <= 0.10, r
     assert max(r["error"] for r in rows) - min(r["error"] for r in rows) <= 0.15  # no trend left with length
+
+
+def test_a_run_that_says_tp_comm_overlap_off_is_scored_without_it():
+    # NeMo's profile overlaps TP communication by default; the Grok-1 proxies' yaml sets ub_tp_comm_overlap: false.
+    grok = [r for r in bench.load_runs(bench.DEFAULT_CSV) if r.name.startswith("Grok-1") and r.job is not None]
+    assert len(grok) == 9 and all(r.framework == "nemo" and not r.job.tp_comm_overlap for r in grok)
