@@ -100,7 +100,7 @@ def assumptions(job: Job) -> dict:
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
-        "in_situ_efficiency": kernels.in_situ(job.cluster),
+        "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
         **({"moe_capacity_factor": job.capacity_factor,
             "mfu_convention": "active parameters (top-k experts, router, shared expert)"} if job.model.is_moe else {}),
         "precision": job.precision,
