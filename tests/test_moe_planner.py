@@ -194,3 +194,7 @@ def test_experts_issued_one_gemm_per_stream_share_fewer_waves():
     assert streamed / grouped == pytest.approx(8 / 6)
     big = (expert_gemm_time(H100, 8192, 4096, 7168, 4, 4), expert_gemm_time(H100, 8192, 4096, 7168, 4, 0))
     assert big[0] == pytest.approx(big[1])
+    # one expert after another on one stream (DeepSpeed's and shardwise's Experts.forward): slower still
+    from shardwise.planner.kernels import gemm_time
+    one = expert_gemm_time(H100, 512, 1536, 2048, 16, 1)
+    assert one == pytest.approx(16 * gemm_time(H100, 512, 1536, 2048)) and one > streamed

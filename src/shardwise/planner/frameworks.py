@@ -204,6 +204,7 @@ DEEPSPEED = Framework(
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
+    expert_gemm_streams=1,  # deepspeed/moe/experts.py Experts.forward: one local expert after another
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)",
             "ring or all-gather context parallelism (its Ulysses splits the heads with all-to-all: not modelled)"),
@@ -300,6 +301,7 @@ SHARDWISE = Framework(
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
+    expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager",
 )
