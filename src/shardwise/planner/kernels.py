@@ -189,12 +189,12 @@ ATTENTION_EFFICIENCY = {
     # A100: Dao 2023's non-causal head-dim-128 maxima, at FlashAttention-2's H100 ratios between the entries.
     ("fa2", "ampere"): {d: tuple(x * (0.73, 0.63)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
                         for d, v in _FA2_H100.items()},
-    # FlashAttention-1 and xformers' memory-efficient attention (whose backward is FlashAttention-1's) on A100: "only
-    # 25-40 % of the theoretical maximum FLOPs/s" forward and "25-35 %" backward (Dao 2023, FlashAttention-2, Sec. 1
-    # and 3), the top of each range at long sequences, head dim 128 without the mask, to the mask and other head
-    # dims at FlashAttention-2's ratios (FlashAttention-2 is "2x faster": 0.73 / 0.40, 0.63 / 0.35).
-    ("fa1", "ampere"): {d: tuple(x * (0.40, 0.35)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
-                        for d, v in _FA2_H100.items()},
+    # FlashAttention-1 and xformers' memory-efficient attention (whose backward is FlashAttention-1's) on A100:
+    # "reaching only 25-40% of the theoretical maximum FLOPs/s" (Dao 2023, FlashAttention-2, Sec. 1), the top of the
+    # range for long sequences, head dim 128 without the mask; the backward at FlashAttention-2's backward / forward
+    # ratio (0.63 / 0.73); to the mask and other head dims at FlashAttention-2's ratios ("about 2x faster": 0.73 / 0.40).
+    ("fa1", "ampere"): {d: tuple(x * (0.40, 0.40 * 0.63 / 0.73)[i % 2] / _FA2_H100[128][2 + i % 2]
+                                 for i, x in enumerate(v)) for d, v in _FA2_H100.items()},
 }
 # The sequence length the figures were measured at (their rates are divided by the block occupancy there).
 ATTENTION_MEASURED_SEQ = 16384
