@@ -63,6 +63,7 @@ def files(tmp_path):
         "cluster_not_table": toml("scalar", base="cluster = 5\n"),
         "measured_nan": toml("meas", "\n[measured]\nall_reduce = [[1024, nan]]\n"),
         "measured_str": toml("meas_str", "\n[measured]\nlayer_overhead_s = \"slow\"\nbackend = \"gloo\"\n"),
+        "key_typo": toml("typo", "intra_node_latency_ms = 5\n"),
     }
 
 
@@ -124,6 +125,29 @@ BAD = [
     (["train", "--model", "tiny", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),
     (["plan", "--model", "tiny", "--cluster", "{measured_str}", *JOB[2:]], "[measured] layer_overhead_s must be"),
     (["checkpoint", "export", "{dir}", "--to", "{dir}"], "--to {dir} is a folder"),
+    # tried again as a new user (second round): the cause named, flags that need a partner, huge counts
+    (PLAN[:2] + ["tiny", *JOB[:-4], "--global-batch", "8", "--seq-len", "64", "--cp", "3"], "--cp 3: cp must divide"),
+    (["explain", "--model", "tiny", *JOB[:-4], "--global-batch", "64", "--seq-len", "64", "--schedules", "zb-h1", "--pp", "2"],
+     "--framework megatron-core runs none of them (it runs 1f1b, interleaved-1f1b)"),
+    (["plan", "--model", "tiny", *JOB, "--ep", "2"], "--ep 2: expert parallelism splits experts, but tiny has no experts"),
+    (["estimate", "--model", "tiny", *JOB[:2], "--gpus", str(10**21), *JOB[4:], "--micro-batch", "1"], "is above 1,048,576"),
+    (["simulate", "--pp", "4", "--microbatches", "8", "--seq-len", "128"], "--seq-len sets the stage costs of --model"),
+    (["plan", "--model", "tiny", "--cluster", "{key_typo}", *JOB[2:]],
+     "unknown key 'intra_node_latency_ms' in [cluster] — did you mean 'intra_node_latency_us'?"),
+    (["report", "--model", "tiny", *JOB, "--out", "{dir}/r.html", "--validate", "{dir}"], "--validate {dir} is a folder"),
+    (["train", "--model", "tiny", "--plan", "{dir}"], "--plan {dir} is a folder"),
+    (["train", "--model", "tiny", "--keep", "2"], "--keep needs --checkpoint-dir"),
+    (["train", "--model", "tiny", "--eval-batches", "2"], "--eval-batches needs --val-data"),
+    (["train", "--model", "tiny", "--data-field", "body"], "--data-field needs --data or --val-data"),
+    (["train", "--model", "tiny", "--steps", str(10**20)], "is more than any run takes"),
+    (["calibrate", "--model", "llama3.1-405b"], "GiB of memory (2 ranks x"),
+    (["calibrate", "--model", "deepseek-v3"], "multi-head latent attention"),
+    (["calibrate", "--seq-len", str(10**8)], "exceeds the 256 positions of tiny"),
+    (["calibrate", "--repeats", str(10**12)], "more than a median needs"),
+    (["validate", "--model", "llama3.1-405b"], "GiB of memory"),
+    (["validate", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),
+    (["validate", "--steps", str(10**9)], "more than a comparison needs"),
+    (["validate", "--plot", "{dir}/accuracy.jpg"], "must end in .png, .svg, .pdf"),
 ]
 
 
@@ -295,3 +319,13 @@ def test_far_more_ranks_than_cores_is_refused_and_more_is_noted(monkeypatch, cap
     assert "note: 8 ranks share 2 CPU cores" in capsys.readouterr().err
     preflight.check_cores(4)
     assert capsys.readouterr().err == ""
+
+
+def test_train_checks_every_flag_before_it_tokenizes_the_data(tmp_path, capsys):
+    """Tokenizing a corpus can take long: a layout that cannot run is refused first, with nothing tokenized."""
+    corpus, cache = tmp_path / "corpus.txt", tmp_path / "cache"
+    corpus.write_text("a new user's corpus\n" * 500)
+    err = _one_line_error(["train", "--model", "tiny", "--tp", "3", "--data", str(corpus), "--data-cache", str(cache)],
+                          capsys)
+    assert "tp=3 does not divide the 4 attention heads" in err, err
+    assert not [p for p in cache.rglob("*") if p.is_file()]

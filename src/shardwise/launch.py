@@ -31,6 +31,9 @@ class JobFailed(RuntimeError):
         self.details = details
 
 
+MAX_STEPS = 10**9  # optimizer steps: far beyond any training run (Llama 3 405B took about a million)
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -54,8 +57,9 @@ def resolve_backend(requested: str | None) -> str:
     return requested
 
 
-def check(cfg: TrainConfig) -> None:
-    """Every reason this job cannot run, as one UsageError, before any process starts."""
+def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
+    """Every reason this job cannot run, as one UsageError, before any process starts. `checkpoints=False` leaves
+    out the checkpoint folder's contents (a resume compares the run's data, known once it is tokenized)."""
     from shardwise.specs import runtime_refusal, validate_layout
 
     lay, spec = cfg.layout, cfg.spec
@@ -66,6 +70,9 @@ def check(cfg: TrainConfig) -> None:
                              ("--weight-decay", cfg.weight_decay, None)):
         if not (math.isfinite(value) and (value > low if low is not None else value >= 0)):
             raise UsageError(f"{flag} must be a finite number {'above 0' if low is not None else '0 or more'}, got {value}")
+    if cfg.steps > MAX_STEPS:
+        raise UsageError(f"--steps {cfg.steps:,} is more than any run takes (at most {MAX_STEPS:,}) — the warm-up alone "
+                         f"would last {cfg.steps // 10:,} steps")
     if cfg.timeout_s > 10**7:
         raise UsageError(f"--timeout {cfg.timeout_s:g} s is longer than any job (at most 10,000,000 s, ~4 months)")
     if not 0 <= cfg.seed < 2**63:
@@ -82,14 +89,9 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(refusal)
     if cfg.trace_dir and lay.pp == 1:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
-    if cfg.seq_len > spec.max_positions:
-        raise UsageError(f"--seq-len {cfg.seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most {spec.max_positions}")
-    from shardwise.model import unsupported
+    from shardwise.preflight import check_runtime_model
 
-    missing = unsupported(spec)
-    if missing:
-        raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
-                         "it (counted exactly), or train a model with plain GQA attention and top-k routing")
+    check_runtime_model(spec, cfg.seq_len)
     if spec.is_moe and lay.tp > 1 and (cfg.seq_len // lay.cp) % lay.tp:
         per_rank = f"--seq-len {cfg.seq_len}" + (f" / cp {lay.cp}" if lay.cp > 1 else "")
         raise UsageError(f"each tp rank routes 1/tp of every sequence through the experts, but {per_rank} is not "
@@ -104,9 +106,10 @@ def check(cfg: TrainConfig) -> None:
     from shardwise import preflight
 
     preflight.check(cfg, memory=cfg.memory_check)  # last: the job is valid, now does it fit this machine?
-    from shardwise.checkpoint import check as check_checkpoints
+    if checkpoints:
+        from shardwise.checkpoint import check as check_checkpoints
 
-    check_checkpoints(cfg)
+        check_checkpoints(cfg)
 
 
 def _check_gpus(world: int) -> None:

@@ -1,4 +1,4 @@
-"""Output paths, checked before any long work starts.
+"""Input and output paths, checked before any long work starts.
 
 A file path that names a folder, a folder path that names a file, a place nobody may write: each is one
 UsageError line naming the flag and the fix, raised before a process starts or a measurement runs, so a
@@ -65,3 +65,13 @@ def file_sha256(path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def input_file(path, flag: str, fix: str) -> Path:
+    """`path` is an existing file (not a folder): else one UsageError line naming the flag and `fix`."""
+    file = Path(str(path))
+    if file.is_dir():
+        raise UsageError(f"{flag} {path} is a folder — {fix}")
+    if not file.is_file():
+        raise UsageError(f"{flag} {path}: no such file — {fix}")
+    return file

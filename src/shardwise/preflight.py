@@ -62,24 +62,41 @@ def local_ranks(cfg) -> int:
     return cfg.layout.world_size
 
 
-def check_memory(cfg) -> None:
-    """UsageError if the planner predicts this job needs more memory than this machine has."""
+def check_runtime_model(spec, seq_len: int) -> None:
+    """UsageError if shardwise's runtime cannot build this model at this sequence length (train, calibrate and
+    validate all run it)."""
+    if seq_len > spec.max_positions:
+        raise UsageError(f"--seq-len {seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most "
+                         f"{spec.max_positions}")
+    from shardwise.model import unsupported
+
+    missing = unsupported(spec)
+    if missing:
+        raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
+                         "it (counted exactly), or train a model with plain GQA attention and top-k routing")
+
+
+TRAIN_FIX = "use a smaller model, --global-batch or --seq-len, more --tp/--pp/--zero to shard it, or a bigger machine"
+
+
+def check_memory(cfg, fix: str = TRAIN_FIX, override: str = "--no-memory-check") -> None:
+    """UsageError if the planner predicts this job needs more memory than this machine has. `fix` and `override`
+    (the flag that skips the check, or "") name the way out for the command at hand."""
     ranks = local_ranks(cfg)
     device, host = rank_memory(cfg)
-    fix = "use a smaller model, --global-batch or --seq-len, more --tp/--pp/--zero to shard it, or a bigger machine"
+    anyway = f" (or {override} to try anyway)" if override else ""
     if cfg.device_type == "cuda":
         import torch
 
         free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(ranks, torch.cuda.device_count())))
         if device > free:
             raise UsageError(f"each rank needs about {device / GIB:,.1f} GiB of GPU memory (planner: states and "
-                             f"activations of this layout), but a GPU has {free / GIB:,.1f} GiB free — {fix} "
-                             f"(or --no-memory-check to try anyway)")
+                             f"activations of this layout), but a GPU has {free / GIB:,.1f} GiB free — {fix}{anyway}")
     have = available_host_memory()
     if have is not None and ranks * host > have:
         raise UsageError(f"this run needs about {ranks * host / GIB:,.1f} GiB of memory ({ranks} rank{'s' * (ranks > 1)} x "
                          f"{host / GIB:,.1f} GiB: weights, gradients, optimizer states, activations, the process) but "
-                         f"this machine has {have / GIB:,.1f} GiB available — {fix} (or --no-memory-check to try anyway)")
+                         f"this machine has {have / GIB:,.1f} GiB available — {fix}{anyway}")
 
 
 def check_cores(ranks: int, gpu: bool = False, cores: int | None = None) -> None:

@@ -567,9 +567,10 @@ ARCHS = ("ampere", "hopper")
 
 def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     """Cluster TOML: a [cluster] table with the keys in _CLUSTER_KEYS (GB/s = 1e9 bytes/s, TFLOP/s = 1e12)."""
-    table = data.get("cluster", data)
+    table = data.get("cluster", {k: v for k, v in data.items() if k != "measured"})
     if not isinstance(table, dict):
         raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
+    _check_cluster_keys(table, source)
     values = {}
     for key, kind in (*_CLUSTER_KEYS.items(), *_OPTIONAL_KEYS.items()):
         if key not in table:
@@ -603,6 +604,23 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         arch=arch,
         fp8_flops=values.get("fp8_peak_tflops", 0.0) * 1e12,
     )
+
+
+# Every other [cluster] key the loader reads (a key it does not read is a typo: refused, not ignored).
+_OTHER_KEYS = ("name", "arch", "num_gpus", "intra_node_latency_us", "inter_node_latency_us")
+
+
+def _check_cluster_keys(table: dict, source: str) -> None:
+    """A key nobody reads (intra_node_latency_ms for _us, a misspelt optional key) would silently leave the default
+    in place: one line naming it, the closest known key and the list."""
+    import difflib
+
+    known = (*_CLUSTER_KEYS, *_OPTIONAL_KEYS, *_OTHER_KEYS)
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else "remove it; "
+            raise UsageError(f"{source}: unknown key '{key}' in [cluster] — {hint}known keys: {', '.join(known)}")
 
 
 def _cluster_number(table: dict, key: str, kind, source: str):

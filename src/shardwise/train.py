@@ -475,9 +475,11 @@ def summary_dict(records: list[dict], cfg: TrainConfig) -> dict:
 
 
 def summary(records: list[dict], cfg: TrainConfig) -> str:
+    from shardwise.units import seconds
+
     s = summary_dict(records, cfg)
     return (f"trained {s['steps']} steps: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
-            f"median step {s['median_step_time_s']:.4f} s, {s['tokens_per_s']:,.0f} tokens/s")
+            f"median step {seconds(s['median_step_time_s'])}, {s['tokens_per_s']:,.0f} tokens/s")
 
 
 def open_metrics(path: str, after_step: int | None = None):
@@ -502,17 +504,19 @@ class progress_bar:
             return lambda rec: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from shardwise.units import seconds
+
         lay = self.cfg.layout
         self.progress = Progress(
             TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"), BarColumn(),
             MofNCompleteColumn(), TextColumn("loss [cyan]{task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]} s/step"), TimeElapsedColumn())
+            TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]}/step"), TimeElapsedColumn())
         self.progress.start()
         self.task = self.progress.add_task("train", total=self.cfg.steps, completed=self.start, loss="-", tps="-", dt="-")
 
         def update(rec):
             self.progress.update(self.task, advance=1, loss=f"{rec['loss']:.4f}",
-                                 tps=f"{rec['tokens_per_s']:,.0f}", dt=f"{rec['step_time_s']:.3f}")
+                                 tps=f"{rec['tokens_per_s']:,.0f}", dt=seconds(rec["step_time_s"]))
         return update
 
     def __exit__(self, *exc):

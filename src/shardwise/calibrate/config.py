@@ -61,9 +61,34 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
     if biggest > MAX_BYTES:
         raise UsageError(f"a {human(biggest)} message or copy is above the {human(MAX_BYTES)} calibrate measures — "
                          f"pass smaller --sizes / --copy-size")
-    from shardwise.preflight import check_cores
+    for flag, value in (("--repeats", cfg.repeats), ("--warmup", cfg.warmup)):
+        if value > MAX_REPEATS:
+            raise UsageError(f"{flag} {value:,} is more than a median needs (at most {MAX_REPEATS:,}) — 10 is plenty")
+    from shardwise import preflight
 
-    check_cores(cfg.world, gpu=cfg.backend == "nccl")
+    preflight.check_runtime_model(cfg.model, cfg.seq_len)
+    preflight.check_cores(cfg.world, gpu=cfg.backend == "nccl")
+    check_memory(cfg)
+
+
+MAX_REPEATS = 10_000  # timed or untimed repeats of one measurement
+
+
+def check_memory(cfg: CalibrateConfig) -> None:
+    """The model measured (at most MODEL_LAYERS layers with the embedding and LM head, four micro-batches at once at
+    most) on every rank, against this machine's memory: the planner's prediction, before any rank starts."""
+    from types import SimpleNamespace
+
+    from shardwise import preflight
+    from shardwise.calibrate.measure import MODEL_LAYERS
+    from shardwise.specs import Layout
+
+    spec = replace(cfg.model, num_layers=min(cfg.model.num_layers, MODEL_LAYERS))
+    batch = 4 * cfg.micro_batch
+    job = SimpleNamespace(spec=spec, layout=Layout(dp=cfg.world, micro_batch=batch), global_batch=batch * cfg.world,
+                          seq_len=cfg.seq_len, device_type=cfg.device_type)
+    preflight.check_memory(job, fix="use a smaller --model, --micro-batch or --seq-len, or fewer --world ranks",
+                           override="")
 
 
 MAX_BYTES = 2**34  # 16 GiB: the largest collective or copy one rank measures

@@ -29,10 +29,10 @@ def register(subparsers, name, help):
 
 
 def _validate_result(path: Path) -> dict:
+    from shardwise.paths import input_file
     from shardwise.specs import read_json_file
 
-    if not path.is_file():
-        raise UsageError(f"--validate {path}: no such file — give the output of `shardwise validate --json`")
+    input_file(path, "--validate", "give the output of `shardwise validate --json`")
     data = read_json_file(path, f"--validate {path}", "give the output of `shardwise validate --json`")
     if not isinstance(data, dict) or not isinstance(data.get("layouts"), list) or not data["layouts"]:
         raise UsageError(f"--validate {path}: not a validate result (no 'layouts') — give the output of `shardwise validate --json`")

@@ -32,7 +32,7 @@ def register(subparsers, name: str, help: str) -> None:
     p.add_argument("--model", default=None,
                    help="cut this model (preset or config.json) into stages as training does; --costs is then an average "
                         "stage and each stage costs its share of the FLOPs (the LM head's stage more)")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence, with --model (default 2048)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence, with --model (default 2048)")
     p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
     p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
@@ -75,6 +75,8 @@ def _check(args) -> None:
 
     prepare_output(args.out, "--out", "timeline.png")
     prepare_output(args.trace, "--trace", "trace.json")
+    if args.seq_len is not None and args.model is None:
+        raise UsageError("--seq-len sets the stage costs of --model — add --model, or give the costs with --costs")
     if args.compare and args.schedule is not None:
         raise UsageError("--compare simulates gpipe, 1f1b, interleaved-1f1b and zb-h1 itself — drop --schedule")
 
@@ -98,6 +100,8 @@ def _costs(args, v: int, f: float, b: float, w: float):
     from shardwise.specs import load_model
 
     spec = load_model(args.model)
+    if args.seq_len is None:
+        args.seq_len = 2048
     if args.seq_len < 1:
         raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
     if args.pp * v > spec.num_layers:

@@ -58,19 +58,19 @@ def register(subparsers, name, help):
     dg.add_argument("--data", nargs="+", default=None, metavar="PATH",
                     help="text files, JSON lines (.jsonl) or Parquet (.parquet) files, or folders of them "
                          "(default: the built-in corpus, byte tokens)")
-    dg.add_argument("--data-field", default="text", metavar="NAME", help="the JSON-lines field or Parquet column with the text (default text)")
+    dg.add_argument("--data-field", default=None, metavar="NAME", help="the JSON-lines field or Parquet column with the text (default text)")
     dg.add_argument("--tokenizer", default=None, metavar="PATH|DIR",
                     help="a Hugging Face tokenizer.json, or a folder holding one (default: the --model folder's, else bytes)")
     dg.add_argument("--val-data", nargs="+", default=None, metavar="PATH", help="validation text: loss and perplexity in the metrics")
     dg.add_argument("--eval-every", type=int, default=None, metavar="N", help="evaluate every N steps (and after the last; default: after the last)")
-    dg.add_argument("--eval-batches", type=int, default=4, metavar="K", help="global batches of --val-data per evaluation, at most (default 4)")
+    dg.add_argument("--eval-batches", type=int, default=None, metavar="K", help="global batches of --val-data per evaluation, at most (default 4)")
     dg.add_argument("--data-cache", default=None, metavar="DIR",
                     help="where tokenized corpora are kept (default $SHARDWISE_CACHE/tokens or ~/.cache/shardwise/tokens)")
     ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp, ZeRO stage or schedule")
     ck.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="write checkpoints to DIR/step_NNNNNN (and resume from there)")
     ck.add_argument("--save-every", type=int, default=None, metavar="N",
                     help="save every N steps (default: only after the last step of this invocation)")
-    ck.add_argument("--keep", type=int, default=3, metavar="K", help="keep the newest K checkpoints (default 3)")
+    ck.add_argument("--keep", type=int, default=None, metavar="K", help="keep the newest K checkpoints (default 3)")
     ck.add_argument("--stop-after", type=int, default=None, metavar="K",
                     help="end this invocation after step K with a checkpoint; --steps still sets the whole run's schedule")
     ck.add_argument("--resume", action="store_true",
@@ -83,6 +83,8 @@ def register(subparsers, name, help):
 def read_plan(path: str) -> dict:
     """The layout keys of a plan file: its "best" object, or a bare layout object."""
     file = Path(path)
+    if file.is_dir():
+        raise UsageError(f"--plan {path} is a folder — give the file `shardwise plan ... --json > plan.json` wrote")
     if not file.is_file():
         raise UsageError(f"plan file '{path}' not found — write one with `shardwise plan ... --json > {path}`")
     from shardwise.specs import read_json_file
@@ -132,7 +134,21 @@ def layout_from(args):
     return Layout(**values)
 
 
+# A flag that only means something beside another: (flag, attribute, what it needs, attributes of the partner).
+NEEDS = (("--keep", "keep", "--checkpoint-dir DIR (the checkpoints it keeps)", ("checkpoint_dir",)),
+         ("--eval-batches", "eval_batches", "--val-data PATH... (the text it evaluates on)", ("val_data",)),
+         ("--data-field", "data_field", "--data or --val-data (the JSON-lines or Parquet files it reads)",
+          ("data", "val_data")))
+
+
+def _check_partners(args) -> None:
+    for flag, attr, needs, partners in NEEDS:
+        if getattr(args, attr) is not None and not any(getattr(args, p) for p in partners):
+            raise UsageError(f"{flag} needs {needs}")
+
+
 def config_from(args):
+    _check_partners(args)
     from shardwise.hf.load import model_source
     from shardwise.launch import resolve_backend
     from shardwise.specs import load_model
@@ -147,9 +163,10 @@ def config_from(args):
                        metrics_file=args.metrics_file, trace_dir=args.trace, progress=not (args.no_progress or args.json),
                        messages=not args.json, json_output=args.json, measure_memory=args.json,
                        memory_check=not args.no_memory_check,
-                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep,
+                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=3 if args.keep is None else args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts,
-                       weights=weights, hf_config=hf_config, eval_every=args.eval_every, eval_batches=args.eval_batches)
+                       weights=weights, hf_config=hf_config, eval_every=args.eval_every,
+                       eval_batches=4 if args.eval_batches is None else args.eval_batches)
 
 
 def run(args) -> int:
@@ -157,12 +174,15 @@ def run(args) -> int:
 
     from shardwise.corpus import prepare_run
 
+    from shardwise.checkpoint import check as check_checkpoints
+
     cfg = config_from(args)
-    # The data first (tokenized once, then cached): a resume checks it is the run's data.
+    check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
+    # Then the data (tokenized once, then cached): a resume checks it is the run's data.
     cfg = prepare_run(cfg, data=args.data, val_data=args.val_data, tokenizer=args.tokenizer, model=args.model,
-                      field=args.data_field, cache=args.data_cache,
+                      field=args.data_field or "text", cache=args.data_cache,
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
-    check(cfg)
+    check_checkpoints(cfg)
     _note_vocab_padding(cfg)
     try:
         launch(cfg)

@@ -8,6 +8,9 @@ from shardwise.commands.common import add_model_arg, print_json
 from shardwise.errors import UsageError
 
 
+PICTURES = (".png", ".svg", ".pdf")  # what --plot writes (matplotlib picks the format by the suffix)
+
+
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help,
                               epilog="example: shardwise calibrate --world 2 --out profile.toml && "
@@ -42,6 +45,13 @@ def _config(args, cluster):
             raise UsageError(f"{flag} must be at least 1, got {value}")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be at least 0, got {args.warmup}")
+    from shardwise.calibrate.config import MAX_REPEATS
+
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats), ("--warmup", args.warmup)):
+        if value > MAX_REPEATS:
+            raise UsageError(f"{flag} {value:,} is more than a comparison needs (at most {MAX_REPEATS:,})")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed must be between 0 and 2^63 - 1, got {args.seed}")
     model = load_model(args.model)
     layouts = tuple(parse_layout(t, args.world) for t in args.layouts or [])
     for lay in layouts:
@@ -74,12 +84,21 @@ def run(args) -> int:
     check_config(cal, cuda)  # world, backend and GPUs, before anything starts
     from shardwise.commands.common import prepare_output
 
+    if args.plot is not None and not str(args.plot).lower().endswith(PICTURES):
+        raise UsageError(f"--plot {args.plot}: the picture's name must end in {', '.join(PICTURES)} — e.g. accuracy.png")
     prepare_output(args.plot, "--plot", "accuracy.png")
     cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
     if not cfg.layouts:
         from dataclasses import replace
 
         cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
+        if not cfg.layouts:  # say why the simplest one cannot run
+            from shardwise.specs import Layout
+            from shardwise.validate import check_layout
+
+            check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len)
+            raise UsageError(f"no layout of {cfg.model.name} runs on {args.world} ranks with global batch "
+                             f"{args.global_batch} x {args.seq_len} tokens — give --layouts")
     err = Console(stderr=True)
     try:
         if cfg.cluster is None:

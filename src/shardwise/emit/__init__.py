@@ -57,6 +57,8 @@ class Target:
 
     def summary(self) -> list[str]:
         """Provenance lines for the file's header comment."""
+        from shardwise.units import seconds
+
         est, lay, job = self.estimate, self.layout, self.job
         gib = 2**30
         knobs = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
@@ -69,7 +71,7 @@ class Target:
             f"global batch {job.train.global_batch} x {job.train.seq_len} tokens",
             f"layout #{self.rank} of `shardwise plan`: {', '.join(knobs)}",
             f"predicted {est.memory_per_gpu / gib:.1f} of {est.gpu_memory_bytes / gib:.0f} GiB per GPU, "
-            f"{est.step_time:.2f} s per step, MFU {est.mfu:.1%} ({', '.join(assumes)})",
+            f"{seconds(est.step_time)} per step, MFU {est.mfu:.1%} ({', '.join(assumes)})",
         ]
 
 

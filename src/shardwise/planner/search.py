@@ -205,6 +205,9 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     for flag, values in (("--ep", space.ep), ("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
             raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
+    if space.ep is not None and any(e > 1 for e in space.ep) and not job.model.is_moe:
+        raise UsageError(f"--ep {','.join(map(str, space.ep))}: expert parallelism splits experts, but {job.model.name} "
+                         f"has no experts — drop --ep or plan a mixture-of-experts model")
     bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
     if bad or not space.zero:
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
@@ -265,8 +268,32 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     if model.is_moe and space.ep is not None:
         return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
                 f"and dp*tp*cp — pick a divisor of {model.num_experts}")
+    cause = _cp_or_schedule_cause(job, gpus, space, pairs)
+    if cause:
+        return cause
     return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
             f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers) — add 1f1b or gpipe")
+
+
+def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str:
+    """No split left because of --cp (it must divide the GPUs left by tp*pp and cut each sequence into 2*cp equal
+    chunks, in a context-parallel mode the framework runs) or because the framework runs none of --schedules."""
+    fw, seq = get_framework(job.framework), job.train.seq_len
+    if space.cp is not None and not any(c == 1 for c in space.cp):
+        if not any(m in fw.context_parallel for m in space.cp_modes):
+            runs = " and ".join(fw.context_parallel) or "no context parallelism"
+            return (f"--cp {','.join(map(str, space.cp))}: --framework {fw.name} runs {runs} (--cp-modes "
+                    f"{','.join(space.cp_modes)}) — drop --cp, or pick another --framework")
+        possible = sorted({c for t, p in pairs for c in divisors(gpus // (t * p))
+                           if c > 1 and seq % (2 * c) == 0 and job.train.global_batch % (gpus // (t * p * c)) == 0})
+        if not any(c in possible for c in space.cp):
+            return (f"--cp {','.join(map(str, space.cp))}: cp must divide the GPUs left by tp*pp ({gpus} GPUs), cut each "
+                    f"sequence into 2*cp equal chunks (--seq-len {seq}) and leave a dp that divides the global batch — "
+                    f"possible here: {', '.join(map(str, [1, *possible]))}")
+    if all(p > 1 for _, p in pairs) and not any(s in fw.schedules for s in space.schedules):
+        return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
+                f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
+    return ""
 
 
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
