@@ -142,8 +142,8 @@ def test_attention_efficiency_follows_flashattention_curves():
 
 def test_cudnn_causal_backward_against_cudnn_frontends_own_benchmark():
     # The model's causal backward is derived (FA3 paper: backward plotted without the mask only). cuDNN's own
-    # benchmark measured it: cudnn-frontend benchmark/benchmark_results.csv (b740542, cuDNN 9.1, H200 clocks locked
-    # at 1980 MHz), b 1, 16 heads, head dim 128, 16K causal: forward 586.8, backward 497.7 TFLOP/s; at the 1830 MHz
+    # benchmark measured it: cudnn-frontend benchmark/benchmark_results.csv (b740542, cuDNN 9.1; its README locks the
+    # Hopper GPU's clocks at 1980 MHz), b 1, 16 heads, head dim 128, 16K causal: forward 586.8, backward 497.7 TFLOP/s; at the 1830 MHz
     # of the 989 TFLOP/s peak that is 542 and 460.
     f, b = kernels.attention_efficiency("cudnn", "hopper", 16384, 16384, 128)
     assert f * 989 == pytest.approx(586.8 * 1830 / 1980, rel=0.03)
