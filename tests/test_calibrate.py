@@ -53,7 +53,7 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["step_overhead_s"] >= 0
     for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
-                "train_step_overhead_s"):
+                "train_step_overhead_s", "split_backward_s"):
         assert m[key] >= 0, key
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)

@@ -409,15 +409,36 @@ def test_checkpointed_layers_pay_the_checkpoint_cost():
         assert _delta("recompute", Layout(recompute=policy), checkpoint_overhead_s=z) == pytest.approx(32 * z)
 
 
-def test_pipeline_receives_each_pay_the_sync_cost():
-    from shardwise.planner.step_time import pipeline_receives
+def test_pipeline_waits_are_the_executors_exchanges():
+    from shardwise.planner.step_time import pipeline_waits
 
-    assert pipeline_receives(Layout(pp=2), 8) == 8  # rank 0 the gradients, rank 1 the activations
-    assert pipeline_receives(Layout(pp=4), 8) == 16  # a middle rank receives both
-    assert pipeline_receives(Layout(pp=2, vpp=2, schedule="interleaved-1f1b"), 8) == 24  # 3 of its 4 chunk edges
-    assert pipeline_receives(Layout(), 8) == 0
+    # 1F1B, p 2, m 8: rank 0 waits for 8 gradients, its last forward's send rides with the first of them,
+    # and the step's last send (rank 1's gradient 7, rank 0 has nothing to send back) stands alone: 8 + 1.
+    assert pipeline_waits(Layout(pp=2), 8) == 9
+    # GPipe, p 2: the last rank receives 8 activations, then sends 8 gradients with nothing to receive.
+    assert pipeline_waits(Layout(pp=2, schedule="gpipe"), 8) == 16
+    # naive: one micro-batch at a time, each receive waited; rank 1's last gradient send alone.
+    assert pipeline_waits(Layout(pp=2, schedule="naive"), 8) == 9
+    # ZB-H1, p 2: rank 1 receives 8 activations and sends 7 gradients alone (the first rides with a receive).
+    assert pipeline_waits(Layout(pp=2, schedule="zb-h1"), 8) == 15
+    assert pipeline_waits(Layout(pp=4), 8) >= 16  # a middle rank receives both, every micro-batch
+    assert pipeline_waits(Layout(pp=2, vpp=2, schedule="interleaved-1f1b"), 8) >= 24  # 3 of its 4 chunk edges
+    assert pipeline_waits(Layout(), 8) == 0
     x = 1e-3
-    assert _delta("pp_p2p", Layout(pp=2, schedule="gpipe"), sync_overhead_s=x) == pytest.approx(8 * x)
+    assert _delta("pp_p2p", Layout(pp=2, schedule="gpipe"), sync_overhead_s=x) == pytest.approx(16 * x)
+
+
+def test_every_receive_is_a_wait():
+    """Whatever the schedule, a rank waits at least once per exchange that brings it a message."""
+    from shardwise.planner.step_time import pipeline_waits
+    from shardwise.schedules import build
+    from shardwise.schedules.p2p import Exchange, p2p_program
+
+    for name, v in (("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("naive", 1), ("interleaved-1f1b", 2)):
+        for p, m in ((2, 4), (4, 8)):
+            programs = p2p_program(build(name, p, m, v))
+            receives = max(sum(isinstance(x, Exchange) and bool(x.recvs) for x in prog) for prog in programs)
+            assert pipeline_waits(Layout(pp=p, vpp=v, schedule=name), m) >= receives
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
@@ -433,6 +454,16 @@ def test_parameter_tensors_are_the_runtimes(name):
     first = Transformer(spec, layer_ids=range(2), last=False)
     last = Transformer(spec, layer_ids=range(2, 4), first=False)
     assert [param_tensors(job, lay, r) for r in (0, 1)] == [len(list(m.parameters())) for m in (first, last)]
+
+
+def test_zb_h1_split_stages_pay_the_split_backward():
+    # pp2 ZB-H1, 8 micro-batches: the last rank splits every backward of its 2 layers into I and W; the first
+    # stage has no input gradient to split (its W runs one plain backward). Other schedules never split.
+    x = 1e-3
+    assert _delta("compute", Layout(pp=2, schedule="zb-h1"), split_backward_s=x) == pytest.approx(8 * 2 * x)
+    for schedule in ("1f1b", "gpipe", "naive"):
+        assert _delta("compute", Layout(pp=2, schedule=schedule), split_backward_s=x) == 0
+    assert _delta("compute", Layout(dp=2), split_backward_s=x) == 0
 
 
 def test_ddp_wraps_every_micro_batch():

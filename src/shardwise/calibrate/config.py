@@ -133,6 +133,7 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 def rank_steps(cfg: CalibrateConfig) -> int:
     """Progress steps of a calibration: one per GEMM shape, one per round of the model measurement,
-    the copy, one per collective and size, the all-reduce between layers, the FSDP layer, train's loop."""
+    the copy, one per collective and size, the all-reduce between layers, the FSDP layer, the split
+    backward, train's loop."""
     collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 2 if cfg.world > 1 else 0
-    return len(gemm_shapes(cfg.model, cfg.tokens)) + MODEL_ROUNDS + 1 + collectives + 1
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + MODEL_ROUNDS + 1 + collectives + 1 + 1

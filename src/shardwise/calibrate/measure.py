@@ -77,6 +77,46 @@ class Timer:
             out.append((time.perf_counter() - t0) / inner)
         return out
 
+    def interleaved(self, fns: dict, repeats: int, seed: int = 0) -> dict:
+        """Seconds per call of each of `fns` in each of `repeats` repeats, as long as the slowest rank: every
+        repeat starts at a barrier and runs every function (`inner` calls each, so each lasts about
+        MIN_REPEAT_S) back to back, in a new order (the same on every rank). A busy moment of a shared
+        machine then falls on all of them within ~0.1 s, so their differences and ratios, taken repeat by
+        repeat (`paired`), hold even when the load moves their absolute times by 2x between repeats."""
+        import random
+
+        names = list(fns)
+        for name in names:
+            for _ in range(max(self.cfg.warmup, 1)):
+                fns[name]()
+        self.sync()
+        once = []
+        for name in names:
+            self.barrier()
+            t0 = time.perf_counter()
+            fns[name]()
+            self.sync()
+            once.append(time.perf_counter() - t0)
+        inner = [int(x) for x in self.reduce([min(MAX_INNER, math.ceil(MIN_REPEAT_S / max(o, 1e-9))) for o in once], "max")]
+        order, rows = random.Random(seed), []
+        for _ in range(repeats):
+            row = [0.0] * len(names)
+            self.barrier()
+            for i in order.sample(range(len(names)), len(names)):
+                t0 = time.perf_counter()
+                for _ in range(inner[i]):
+                    fns[names[i]]()
+                self.sync()
+                row[i] = (time.perf_counter() - t0) / inner[i]
+            rows.append(row)
+        flat = self.reduce([x for row in rows for x in row], "max")
+        return {name: flat[i::len(names)] for i, name in enumerate(names)}
+
+
+def paired(reps: dict, a: str, b: str) -> float:
+    """Median over repeats of reps[a] - reps[b] (measured side by side in each repeat: Timer.interleaved)."""
+    return statistics.median(x - y for x, y in zip(reps[a], reps[b]))
+
 
 def spread(times: list[float]) -> float:
     """Interquartile range / median."""
@@ -140,11 +180,12 @@ def measure_model(t: Timer, out: dict):
     planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a bare training
     step of one micro-batch (the batch, zero_grad, the runtime's AdamW over its out["optimizer_params"]
     parameters; what train's loop adds to a bare step is measure_loop's). A model of at most MODEL_LAYERS layers (and
-    the LM head) stands for the whole one. The six variants run in MODEL_ROUNDS rounds, each in a new
-    order (the same on every rank), so a busy moment of a shared machine spreads over all of them
-    instead of tilting the fit; each keeps the median of its rounds. Each repeat lasts as long as its
-    slowest rank, as a synchronous training step does."""
-    import random
+    the LM head) stands for the whole one. The six variants run side by side in every repeat
+    (Timer.interleaved: MODEL_ROUNDS x repeats repeats, a new order each), each repeat as long as its
+    slowest rank, as a synchronous training step is. The line is fitted repeat by repeat (its four sizes
+    saw the same load) and the median intercept and slope are kept; the recompute and step costs are the
+    median of their paired differences. Fitting the medians of separately timed sizes instead let a busy
+    moment make a larger micro-batch look faster than a smaller one (27, 34, 26, 23 ms at load 13)."""
     from contextlib import nullcontext
 
     from shardwise.model import Transformer
@@ -172,31 +213,39 @@ def measure_model(t: Timer, out: dict):
         opt.step()
 
     batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
-    variants = [(b, "none") for b in batches] + [(batches[0], "selective"), (batches[0], "step")]
     inputs = {b: torch.randint(0, spec.vocab_size, (b, seq), device=t.device) for b in batches}
-    reps: dict = {v: [] for v in variants}
-    order = random.Random(0)
-    for r in range(MODEL_ROUNDS):
-        for b, mode in order.sample(variants, len(variants)):
+
+    def variant(b, mode):
+        def run():
             model.set_recompute("selective" if mode == "selective" else "none")
-            fn = (lambda: train_step(b)) if mode == "step" else (lambda: step(inputs[b]))
-            # A training step waits for its slowest rank: each repeat counts as long as the slowest one.
-            reps[(b, mode)].append(statistics.median(t.reduce(t.times(fn), "max")))
+            train_step(b) if mode == "step" else step(inputs[b])
+        return run
+
+    fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
+           [(batches[0], "selective"), (batches[0], "step")]}
+    reps: dict = {name: [] for name in fns}
+    for r in range(MODEL_ROUNDS):
+        for name, times in t.interleaved(fns, t.cfg.repeats, seed=r).items():
+            reps[name] += times
         yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
     model.set_recompute("none")
-    med = [statistics.median(reps[v]) for v in variants]  # the same on every rank
-    xs, ys = [model_flops(spec, layers, b, seq) for b in batches], med[:4]
-    overhead, slope = fit_line(xs, ys)
+    sizes = [f"none {b}" for b in batches]
+    xs = [model_flops(spec, layers, b, seq) for b in batches]
+    # One line per repeat (its four sizes ran side by side), the median of their intercepts and slopes.
+    fits = [fit_line(xs, [reps[n][i] for n in sizes]) for i in range(len(reps[sizes[0]]))]
+    overhead, slope = statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+    ys = [statistics.median(reps[n]) for n in sizes]
     if slope <= 0:  # noise: no usable slope; the whole time as FLOPs at the largest micro-batch
         overhead, slope = 0.0, ys[-1] / xs[-1]
     out["model_tflops"] = 1 / slope / 1e12
     out["layer_overhead_s"] = max(overhead, 0.0) / layers
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
     core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
-    out["checkpoint_overhead_s"] = max((med[4] - med[0]) / layers - core, 0.0)
-    out["checkpoint_points"] = [med[0], med[4]]
+    base, selective = sizes[0], f"selective {batches[0]}"
+    out["checkpoint_overhead_s"] = max(paired(reps, selective, base) / layers - core, 0.0)
+    out["checkpoint_points"] = [ys[0], statistics.median(reps[selective])]
     # The rest of a bare training step on the same model: batch, zero_grad, AdamW.
-    out["optimizer_s"] = max(med[5] - med[0], 0.0)
+    out["optimizer_s"] = max(paired(reps, f"step {batches[0]}", base), 0.0)
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
 
 
@@ -242,12 +291,11 @@ def measure_sync(t: Timer, out: dict):
 
     loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
              "p2p": layer_send_recv, "p2p alone": send_recv}
-    reps: dict = {name: [] for name in loops}
-    for _ in range(SYNC_ROUNDS):
-        for name, fn in loops.items():
-            reps[name] += t.reduce(t.times(fn), "max")
-    med = {name: statistics.median(v) for name, v in reps.items()}
-    out["sync_points"] = [med[name] for name in loops]
+    reps = t.interleaved(loops, SYNC_ROUNDS * t.cfg.repeats)
+    layer_s = statistics.median(reps["layer"])
+    # Each call in context: the layer's median plus the paired difference (call + layer) - layer.
+    out["sync_points"] = [layer_s, layer_s + paired(reps, "both", "layer"), statistics.median(reps["alone"]),
+                          layer_s + paired(reps, "p2p", "layer"), statistics.median(reps["p2p alone"])]
     out["sync_bytes"] = act.numel() * act.element_size()
     yield "all-reduce between layers"
 
@@ -298,13 +346,12 @@ def measure_fsdp(t: Timer, out: dict):
         with grad_sync(replicated, enabled=False):  # a step's micro-batches before its last: wrapper and hooks only
             step(replicated)
 
-    reps: dict = {k: [] for k in ("plain", "sharded", "plain update", "sharded update", "ddp")}
-    for _ in range(SYNC_ROUNDS):
-        for name, chunk in (("plain", plain), ("sharded", sharded)):
-            reps[name].append(statistics.median(t.times(lambda: step(chunk))))
-            reps[name + " update"].append(statistics.median(t.times(lambda: update(name))))
-        reps["ddp"].append(statistics.median(t.times(ddp_step)))
-    plain_s, sharded_s, plain_u, sharded_u, ddp_s = t.reduce([statistics.median(v) for v in reps.values()], "max")
+    reps = t.interleaved({"plain": lambda: step(plain), "sharded": lambda: step(sharded),
+                          "plain update": lambda: update("plain"), "sharded update": lambda: update("sharded"),
+                          "ddp": ddp_step}, SYNC_ROUNDS * t.cfg.repeats)
+    plain_s, plain_u = statistics.median(reps["plain"]), statistics.median(reps["plain update"])
+    sharded_s, ddp_s = plain_s + paired(reps, "sharded", "plain"), plain_s + paired(reps, "ddp", "plain")
+    sharded_u = plain_u + paired(reps, "sharded update", "plain update")
     out["ddp_microbatch_s"] = max(ddp_s - plain_s, 0.0)
     out["fsdp_tensors"] = len(list(sharded.parameters()))
     esize = _element_size(t.dtype)
@@ -317,6 +364,41 @@ def measure_fsdp(t: Timer, out: dict):
     out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
     out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
     yield "FSDP and DDP layer against a plain one"
+
+
+def measure_split_backward(t: Timer, out: dict):
+    """out["split_points"] = [plain, split]: seconds of a two-layer middle pipeline chunk (input from the
+    stage before, output to the next), forward + backward, with one backward as the executor runs B, and
+    split as it runs ZB-H1's I then W (torch's stage_backward_input / stage_backward_weight, which walk
+    the graph twice and rebuild its weight part in Python). Interleaved in SYNC_ROUNDS x repeats repeats.
+    Profile.split_backward_s = (split - plain) per layer: what the planner adds to a split stage's W."""
+    from shardwise.model import Transformer
+    from shardwise.parallel.pipeline import _split_backward
+
+    if _split_backward is None:  # older torch: the executor's fallback walks the graph twice as well
+        out["split_points"] = []
+        yield "pipeline chunk: no split backward in this torch"
+        return
+    spec, layers = t.cfg.model, 2
+    chunk = Transformer(spec, seed=0, layer_ids=range(layers), first=False, last=False, device=t.device)
+    x = torch.randn(t.cfg.micro_batch, t.cfg.seq_len, spec.hidden, device=t.device, dtype=t.dtype)
+    grad = torch.randn_like(x)
+    params = [p for p in chunk.parameters() if p.requires_grad]
+
+    def plain():
+        inp = x.clone().requires_grad_(True)
+        torch.autograd.backward(chunk(inp, None), grad)
+
+    def split():
+        inp = x.clone().requires_grad_(True)
+        _, groups = _split_backward.stage_backward_input([chunk(inp, None)], [grad], [inp], iter(params))
+        _split_backward.stage_backward_weight(iter(params), groups)
+
+    reps = t.interleaved({"plain": plain, "split": split}, SYNC_ROUNDS * t.cfg.repeats)
+    plain_s = statistics.median(reps["plain"])
+    out["split_points"] = [plain_s, plain_s + paired(reps, "split", "plain")]
+    out["split_layers"] = layers
+    yield "pipeline chunk: one backward against a split one"
 
 
 def measure_loop(t: Timer, out: dict):
@@ -349,12 +431,10 @@ def measure_loop(t: Timer, out: dict):
             rt.forward_backward(rt.chunks, mbs)
             rt.optimizer.step()
 
-        reps: dict = {"bare": [], "loop": []}
-        for _ in range(SYNC_ROUNDS):
-            reps["bare"] += t.reduce(t.times(bare), "max")
-            reps["loop"] += t.reduce(t.times(loop.step), "max")
-            loop.flush()
-    out["loop_points"] = [statistics.median(reps["bare"]), statistics.median(reps["loop"])]
+        reps = t.interleaved({"bare": bare, "loop": loop.step}, SYNC_ROUNDS * t.cfg.repeats)
+        loop.flush()
+    bare_s = statistics.median(reps["bare"])
+    out["loop_points"] = [bare_s, bare_s + paired(reps, "loop", "bare")]
     yield "train's loop against a bare step"
 
 
@@ -420,7 +500,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     t = Timer(cfg, rank, world)
     out: dict = {}
     for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out),
-                  measure_sync(t, out), measure_fsdp(t, out), measure_loop(t, out)):
+                  measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out), measure_loop(t, out)):
         for label in steps:
             report(label)
     if rank != 0:

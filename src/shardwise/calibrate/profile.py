@@ -42,6 +42,8 @@ class Profile:
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
     fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
     loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
+    split_points: list = field(default_factory=list)  # [one backward, split I + W] of a middle chunk, seconds
+    split_layers: int = 0  # layers of that chunk
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -82,6 +84,13 @@ class Profile:
         if len(self.loop_points) < 2:
             return 0.0
         return max(self.loop_points[1] - self.loop_points[0], 0.0)
+
+    def split_backward_s(self) -> float:
+        """What splitting a layer's backward into ZB-H1's input- and weight-gradient passes adds to it, per
+        layer and micro-batch (the planner adds it to the W of every stage that splits)."""
+        if len(self.split_points) < 2 or not self.split_layers:
+            return 0.0
+        return max(self.split_points[1] - self.split_points[0], 0.0) / self.split_layers
 
     def fsdp_tensor_s(self) -> float:
         """The runtime's clip + AdamW per FSDP-sharded (DTensor) parameter tensor, beyond a plain one; the
@@ -130,6 +139,7 @@ class Profile:
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
+               "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
                "model_points": self.model_points}
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0

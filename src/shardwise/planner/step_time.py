@@ -416,6 +416,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         f += fp8_weight_cast(job, layout, layers)
     b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh)
+    if layout.schedule == "zb-h1" and layout.pp > 1 and rank > 0:  # I and W walk the graph apart (calibrated)
+        w += layers * float((job.cluster.measured or {}).get("split_backward_s", 0.0))
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
     attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
     flops_model = layers * 3 * (mm_flops + attn_flops)
@@ -555,14 +557,29 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     return sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
 
 
-def pipeline_receives(layout: Layout, m: int) -> int:
-    """Blocking receives per step on the busiest pipeline rank: each of its virtual stages receives
-    every micro-batch's activation (unless it is the first stage) and its gradient (unless the last)."""
+def pipeline_waits(layout: Layout, m: int) -> int:
+    """Exchanges the busiest pipeline rank waits on per step, read from the schedule's own point-to-point
+    program (`schedules.p2p.p2p_program`, what the executor runs): each receive of an activation or a
+    gradient, and each send that has no receive to post beside it (GPipe's and ZB-H1's runs of forwards,
+    the step's last send), which the executor waits for as well before its next action."""
     p, v = layout.pp, layout.vpp
     if p == 1:
         return 0
-    last = p * v - 1
-    return max(m * sum((c * p + r > 0) + (c * p + r < last) for c in range(v)) for r in range(p))
+    if p * m * v > MAX_PROGRAM_ACTIONS:  # too long to build in a search: every receive (a lower bound)
+        last = p * v - 1
+        return max(m * sum((c * p + r > 0) + (c * p + r < last) for c in range(v)) for r in range(p))
+    return _program_waits(layout.schedule, p, m, v)
+
+
+MAX_PROGRAM_ACTIONS = 256  # stage-micro-batches of the largest program pipeline_waits builds (~30 ms on 2 busy cores)
+
+
+@lru_cache(maxsize=1024)
+def _program_waits(schedule: str, p: int, m: int, v: int) -> int:
+    from shardwise.schedules import build
+    from shardwise.schedules.p2p import Exchange, p2p_program
+
+    return max(sum(isinstance(x, Exchange) and x.wait for x in prog) for prog in p2p_program(build(schedule, p, m, v)))
 
 
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
@@ -594,10 +611,13 @@ def step_time(job: Job, layout: Layout) -> dict:
     runs = job.schedule_runs if p > 1 and m % max(job.schedule_runs, 1) == 0 else 1
     mr = m // runs
     span0 = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, 0.0)
-    # Transfers on the critical path, plus the calibrated synchronisation of every blocking receive
-    # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters).
-    span = runs * (pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
-                   + pipeline_receives(layout, mr) * p2p_sync_time(job.cluster))
+    # Transfers on the critical path, plus the calibrated synchronisation of every exchange a rank waits on
+    # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters,
+    # whose search never builds the program).
+    span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
+    p2p_sync = p2p_sync_time(job.cluster)
+    if p2p_sync > 0:
+        span += runs * pipeline_waits(layout, mr) * p2p_sync
     work = m * (slow.f + slow.b + slow.w)
     # Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
     # last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
