@@ -466,6 +466,23 @@ def test_zb_h1_split_stages_pay_the_split_backward():
     assert _delta("compute", Layout(dp=2), split_backward_s=x) == 0
 
 
+def test_pipeline_ranks_computing_alone_run_at_the_alone_rate():
+    # The calibrated rate is every rank's at once; what a pipeline rank computes while the others wait runs
+    # k times faster: the fill and drain of 1F1B / GPipe, all of a naive schedule. Nothing else changes.
+    k = 1.25
+    for schedule in ("1f1b", "gpipe", "zb-h1"):
+        lay = Layout(pp=2, schedule=schedule)
+        base, slow = step_time(_tiny_job(), lay), step_time(_tiny_job(concurrent_slowdown=k), lay)
+        assert slow["pipeline_bubble"] == pytest.approx(base["pipeline_bubble"] / k)
+        assert slow["compute"] == pytest.approx(base["compute"])
+    lay = Layout(pp=2, schedule="naive", recompute="full")
+    base, slow = step_time(_tiny_job(), lay), step_time(_tiny_job(concurrent_slowdown=k), lay)
+    for key in ("compute", "recompute", "pipeline_bubble"):
+        assert slow[key] == pytest.approx(base[key] / k)
+    for lay in (Layout(dp=2), Layout(tp=2)):  # every rank computes all the time
+        assert step_time(_tiny_job(concurrent_slowdown=k), lay) == step_time(_tiny_job(), lay)
+
+
 def test_ddp_wraps_every_micro_batch():
     # dp2: 4 micro-batches per rank under DDP; pipelines and FSDP do not use DDP.
     w = 1e-3

@@ -77,12 +77,14 @@ class Timer:
             out.append((time.perf_counter() - t0) / inner)
         return out
 
-    def interleaved(self, fns: dict, repeats: int, seed: int = 0) -> dict:
+    def interleaved(self, fns: dict, repeats: int, seed: int = 0, barrier_each: bool = False) -> dict:
         """Seconds per call of each of `fns` in each of `repeats` repeats, as long as the slowest rank: every
         repeat starts at a barrier and runs every function (`inner` calls each, so each lasts about
         MIN_REPEAT_S) back to back, in a new order (the same on every rank). A busy moment of a shared
         machine then falls on all of them within ~0.1 s, so their differences and ratios, taken repeat by
-        repeat (`paired`), hold even when the load moves their absolute times by 2x between repeats."""
+        repeat (`paired`), hold even when the load moves their absolute times by 2x between repeats.
+        `barrier_each`: a barrier before every function too (for a function that some ranks skip, so the
+        others wait instead of running the next one beside it)."""
         import random
 
         names = list(fns)
@@ -97,12 +99,15 @@ class Timer:
             fns[name]()
             self.sync()
             once.append(time.perf_counter() - t0)
-        inner = [int(x) for x in self.reduce([min(MAX_INNER, math.ceil(MIN_REPEAT_S / max(o, 1e-9))) for o in once], "max")]
+        # From the slowest rank's call (a function some ranks skip takes its length from the others).
+        inner = [min(MAX_INNER, math.ceil(MIN_REPEAT_S / max(o, 1e-9))) for o in self.reduce(once, "max")]
         order, rows = random.Random(seed), []
         for _ in range(repeats):
             row = [0.0] * len(names)
             self.barrier()
             for i in order.sample(range(len(names)), len(names)):
+                if barrier_each:
+                    self.barrier()
                 t0 = time.perf_counter()
                 for _ in range(inner[i]):
                     fns[names[i]]()
@@ -223,9 +228,11 @@ def measure_model(t: Timer, out: dict):
 
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
            [(batches[0], "selective"), (batches[0], "step")]}
+    alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
+    fns[alone] = (lambda: step(inputs[batches[0]])) if t.rank == 0 else (lambda: None)
     reps: dict = {name: [] for name in fns}
     for r in range(MODEL_ROUNDS):
-        for name, times in t.interleaved(fns, t.cfg.repeats, seed=r).items():
+        for name, times in t.interleaved(fns, t.cfg.repeats, seed=r, barrier_each=t.world > 1).items():
             reps[name] += times
         yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
     model.set_recompute("none")
@@ -246,6 +253,10 @@ def measure_model(t: Timer, out: dict):
     out["checkpoint_points"] = [ys[0], statistics.median(reps[selective])]
     # The rest of a bare training step on the same model: batch, zero_grad, AdamW.
     out["optimizer_s"] = max(paired(reps, f"step {batches[0]}", base), 0.0)
+    # Every rank computing at once against one alone (the machine's cores, memory and caches shared).
+    out["alone_points"] = [ys[0], statistics.median(reps[alone])] if t.world > 1 else []
+    out["concurrent_slowdown"] = max(statistics.median(x / y for x, y in zip(reps[base], reps[alone]) if y > 0), 1.0) \
+        if t.world > 1 else 1.0
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
 
 

@@ -44,6 +44,8 @@ class Profile:
     loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
     split_points: list = field(default_factory=list)  # [one backward, split I + W] of a middle chunk, seconds
     split_layers: int = 0  # layers of that chunk
+    alone_points: list = field(default_factory=list)  # [every rank, one rank alone] the model at the smallest micro-batch, s
+    concurrent_slowdown: float = 1.0  # median over repeats of every rank / one alone (>= 1)
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
@@ -140,6 +142,7 @@ class Profile:
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
+               "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0

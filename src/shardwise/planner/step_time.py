@@ -557,6 +557,12 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     return sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
 
 
+def concurrent_slowdown(job: Job) -> float:
+    """How much slower a rank computes while every rank computes than alone (calibrated `concurrent_slowdown`:
+    the ranks share the machine's cores, memory bandwidth and caches; 1 for datasheet clusters, a device each)."""
+    return max(float((job.cluster.measured or {}).get("concurrent_slowdown", 1.0)), 1.0)
+
+
 def pipeline_waits(layout: Layout, m: int) -> int:
     """Exchanges the busiest pipeline rank waits on per step, read from the schedule's own point-to-point
     program (`schedules.p2p.p2p_program`, what the executor runs): each receive of an activation or a
@@ -647,14 +653,18 @@ def step_time(job: Job, layout: Layout) -> dict:
         wrapper = m * float(measured.get("ddp_microbatch_s", 0.0))
     if get_framework(job.framework).fp8 == "te":  # Transformer Engine casts the weights once per step
         wrapper += fp8_weight_cast(job, layout, slow.layers)
+    # A calibrated machine computes at the rate measured with every rank busy; a pipeline rank that computes
+    # while the others wait (the fill and drain; all of a naive schedule) runs as measured alone (1 elsewhere).
+    solo = 1.0 / concurrent_slowdown(job) if p > 1 else 1.0
+    alone = solo if layout.schedule == "naive" else 1.0
     return {
-        "compute": m * slow.compute + wrapper,
-        "recompute": m * slow.recompute,
+        "compute": m * slow.compute * alone + wrapper,
+        "recompute": m * slow.recompute * alone,
         "tp_comm": m * slow.tp_comm,
         "cp_comm": m * slow.cp_comm,
         **({"ep_comm": m * slow.ep_comm} if job.model.is_moe else {}),
         "pp_p2p": span - span0,
-        "pipeline_bubble": span0 - work,
+        "pipeline_bubble": (span0 - work) * solo,
         "dp_comm": dp,
         "step_comm": step_comm_time(job, layout),
         "optimizer": opt,
