@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from shardwise.planner.comm import collective_time, sync_time
 from shardwise.planner.frameworks import Framework
-from shardwise.planner.kernels import KERNEL_LAUNCH_S
+from shardwise.planner.kernels import KERNEL_LAUNCH_S, hbm_rate
 from shardwise.specs import ModelSpec
 
 
@@ -120,10 +120,11 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
         tensors = layer_tensors(job.model, layout.tp)
         # A list-of-tensors collective (torch.distributed.all_gather(list, t)) copies each of the d entries
-        # out of (or into) the flat buffer NCCL works on: d copy kernels per call.
-        fsdp += d * KERNEL_LAUNCH_S if fw.list_collectives else 0.0
-        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp for n in tensors)
-        r = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp for n in tensors)
+        # out of (or into) the flat buffer NCCL works on: d copy kernels per call, reading and writing the whole
+        # gathered tensor (ProcessGroupNCCL::allgather / reduce_scatter on lists).
+        copy = (lambda nbytes: d * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
+        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) for n in tensors)
+        r = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
         g = collective_time(c, "all_gather", pb * layer_params, d, stride) + fsdp
         r = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
