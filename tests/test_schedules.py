@@ -301,6 +301,17 @@ def test_interleaved_receives_early_where_pairing_alone_would_deadlock():
     assert check(s, programs, "rendezvous") is None
 
 
+def test_a_program_that_would_hang_is_refused_not_returned(monkeypatch):
+    # Interleaved p = 2, v = 2 needs receives moved earlier; without that step no order finishes.
+    from shardwise.schedules import p2p
+
+    monkeypatch.setattr(p2p, "_post_receives_earlier", lambda programs, run: False)
+    s = build("interleaved-1f1b", 2, 4, 2)
+    with pytest.raises(p2p.NoSafeOrder, match="no message order found that finishes under rendezvous sends: deadlock"):
+        p2p_program(s)
+    assert problems(s)[0].startswith("point-to-point: interleaved-1f1b (p=2, m=4, v=2): no message order")
+
+
 def test_messages_in_different_orders_on_the_two_sides_are_refused():
     s = build("gpipe", 2, 2)
     programs = p2p_program(s)

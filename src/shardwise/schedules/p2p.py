@@ -9,7 +9,9 @@ neighbours that each send before they receive post both directions at once. Wher
 that would wait forever for its neighbour to receive gets that receive posted earlier, in the
 neighbour's exchange that is waiting at that moment — found by running the programs on paper under
 rendezvous semantics and repeated until they finish (Megatron's interleaved schedule posts the next
-backward's receive together with the forward's send for the same reason).
+backward's receive together with the forward's send for the same reason). A schedule for which that
+finds no order that finishes is refused (NoSafeOrder), never run: every program `p2p_program` returns
+has just run to the end under rendezvous sends, and so under buffered ones.
 
 `check(programs, semantics)` runs the programs on paper and names the ranks that would wait forever:
   buffered    a send completes when posted, whether or not its receive is (gloo's sends, and NCCL's
@@ -35,6 +37,10 @@ from dataclasses import dataclass
 from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan
 
 SEMANTICS = ("buffered", "rendezvous")
+
+
+class NoSafeOrder(RuntimeError):
+    """No message order for this schedule finishes under rendezvous sends (the schedule is not run)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,9 @@ def p2p_program(schedule: Schedule) -> list[Program]:
     run = _Run(schedule, programs, "rendezvous")
     while not run.error and run.stuck and _post_receives_earlier(programs, run):
         run.resume()
+    if run.error or run.stuck:  # never hand the executor a program that would hang on NCCL
+        raise NoSafeOrder(f"{schedule.name} (p={schedule.p}, m={schedule.m}, v={schedule.v}): no message order "
+                           f"found that finishes under rendezvous sends: {check(schedule, programs, 'rendezvous')}")
     return programs
 
 
@@ -89,8 +98,10 @@ def _post_receives_earlier(programs: list[Program], run: "_Run") -> bool:
             if kind != "send" or run.waiting_at[b] is None:
                 continue
             k = run.waiting_at[b]
-            j = next(i for i in range(k + 1, len(programs[b])) if isinstance(programs[b][i], Exchange)
-                     and t in programs[b][i].recvs)
+            j = next((i for i in range(k + 1, len(programs[b])) if isinstance(programs[b][i], Exchange)
+                      and t in programs[b][i].recvs), None)
+            if j is None:  # posted already (in flight or in the exchange waiting): moving cannot help
+                continue
             _move(programs[b], t, j, k)
             run.post_into_waiting(b, t)
             moved = True

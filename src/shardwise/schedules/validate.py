@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Iterator
 
-from shardwise.schedules.p2p import SEMANTICS, check, p2p_program
+from shardwise.schedules.p2p import SEMANTICS, NoSafeOrder, check, p2p_program
 from shardwise.schedules.schedule import KINDS, Action, Dep, Schedule, dependencies
 
 
@@ -74,7 +74,10 @@ def problems(schedule: Schedule) -> list[str]:
             pass
     except InvalidSchedule as exc:
         return [str(exc)]
-    programs = p2p_program(schedule)
+    try:
+        programs = p2p_program(schedule)
+    except NoSafeOrder as exc:
+        return [f"point-to-point: {exc}"]
     return [f"point-to-point: {found}" for semantics in SEMANTICS if (found := check(schedule, programs, semantics))]
 
 
