@@ -12,6 +12,8 @@ DEFAULT_SIZES = {"cpu": tuple(2**k for k in range(10, 25, 2)),  # 1 KiB .. 16 Mi
                  "cuda": tuple(2**k for k in range(10, 31, 2))}  # 1 KiB .. 1 GiB
 # Rounds of the model measurement (its six variants in a new order each round).
 MODEL_ROUNDS = 3
+# The model measurement uses at most this many layers (plus embedding and LM head).
+MODEL_LAYERS = 4
 DEFAULT_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
 
 
@@ -80,7 +82,6 @@ def check_memory(cfg: CalibrateConfig) -> None:
     from types import SimpleNamespace
 
     from shardwise import preflight
-    from shardwise.calibrate.measure import MODEL_LAYERS
     from shardwise.specs import Layout
 
     spec = replace(cfg.model, num_layers=min(cfg.model.num_layers, MODEL_LAYERS))

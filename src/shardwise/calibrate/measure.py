@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from shardwise import data
 
-from shardwise.calibrate.config import COLLECTIVES, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
+from shardwise.calibrate.config import COLLECTIVES, MODEL_LAYERS, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
 from shardwise.parallel.sharded import Sharded
 
 # Small operations run back to back in batches lasting at least this long, so that each repeat holds
@@ -22,8 +22,6 @@ from shardwise.parallel.sharded import Sharded
 # as a training step of many such operations does; the median over repeats then drops only rare outliers.
 MIN_REPEAT_S = 20e-3
 MAX_INNER = 1000
-# The model measurement uses at most this many layers (plus embedding and LM head).
-MODEL_LAYERS = 4
 # A measurement whose interquartile range exceeds this share of its median is measured once more
 # (the quieter of the two is kept) and, if still noisy, flagged in the profile.
 NOISY = 0.5
