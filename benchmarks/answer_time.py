@@ -45,7 +45,7 @@ CASES = {
     "estimate: 2^20 GPUs, batch 2^32": [
         "estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", str(2**20), "--global-batch",
         str(2**32), "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1"],
-    "simulate: 40,000 actions, simulated (pp 100, m 200)": ["simulate", "--pp", "100", "--microbatches", "200"],
+    "simulate: 20,000 actions, simulated (pp 100, m 100)": ["simulate", "--pp", "100", "--microbatches", "100"],
     "simulate: pp 10,000 x m 2^32 (closed forms)": ["simulate", "--pp", "10000", "--microbatches", str(2**32)],
     "simulate: pp 2000 x m 2000, 4 schedules (closed forms)": [
         "simulate", "--compare", "--pp", "2000", "--microbatches", "2000"],

@@ -85,6 +85,28 @@ def limits() -> str:
     return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
 
 
+def long_context() -> str:
+    """Llama 3 405B's published 128K stage (Llama Team 2024, Table 4: tp 8, cp 16, pp 16, dp 8 on 16,384 H100s,
+    128 sequences, 38 % MFU) under the `llama3` profile, and the planner's best for that job (as
+    tests/test_planner_cp.py scores them)."""
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import SearchSpace, search
+    from shardwise.specs import load_cluster, load_model
+
+    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 128, 131072, "llama3")
+    pub = next(e for e in search(job, 16384, SearchSpace(tp=(8,), pp=(16,), cp=(16,))).ranked if e.layout.dp == 8)
+    best = search(job, 16384).ranked[0]
+    text = ("- Long context: when one sequence's activations no longer fit, the fourth split is the sequence itself. "
+            "`shardwise plan --model llama3.1-70b --cluster dgx-h100-80gb --gpus 64 --global-batch 8 --seq-len 131072 "
+            "--explain` splits it over cp ranks and says why (the activations one unsplit sequence would keep), what it "
+            "costs (the K/V traffic per layer: ring hops hidden behind the attention, or an exposed all-gather) and "
+            "whether cp · tp still fits a node. Llama 3 405B's published 128K stage (tp 8 · cp 16 · pp 16 · dp 8, "
+            f"16,384 H100s, 38 % MFU) is predicted to {'fit' if pub.fits else 'NOT fit'} at {100 * pub.mfu:.1f} % MFU "
+            f"(`--framework llama3`), and the best plan for that job is {100 * (pub.step_time / best.step_time - 1):.1f} "
+            "% faster (docs/planner.md).")
+    return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
+
+
 def _published_module():
     spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
     mod = importlib.util.module_from_spec(spec)
@@ -159,7 +181,7 @@ def emit() -> str:
 
 
 FIGURES = {"plan": plan, "explain": explain, "models": models, "limits": limits, "published": published, "schedules": schedules,
-           "emit": emit}
+           "emit": emit, "long-context": long_context}
 
 
 def regenerate(text: str) -> tuple[str, list[str]]:

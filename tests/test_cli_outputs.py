@@ -35,3 +35,42 @@ def test_train_json_prints_records_and_summary(tmp_path):
     summary = data["summary"]
     assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01)
     assert summary["memory_measured_gib"] > 0
+
+
+NARROW = [
+    ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
+     "--seq-len", "2048", "--top", "5"],
+    ["estimate", "--model", "tiny-moe", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "16",
+     "--seq-len", "64", "--ep", "2", "--etp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--vpp", "2", "--micro-batch", "1"],
+    ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "64"],
+    ["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--costs", "0.01,0.02,0.01"],
+]
+
+
+@pytest.mark.parametrize("argv", NARROW, ids=[a[0] for a in NARROW])
+def test_tables_stay_whole_when_piped_at_80_columns(argv, monkeypatch, capsys):
+    """A pipe or an 80-column terminal: no line wider, no cell cut short ("dp4·…"), small times in ms or µs."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out, out
+    assert "0.00 s" not in out and "0.0000" not in out, out
+
+
+def test_validate_table_stays_whole_at_80_columns():
+    from rich.console import Console
+
+    from shardwise.commands.validate import _print
+
+    names = ["dp2 tp1 pp1 mb1", "dp1 tp1 pp2 mb1 interleaved-1f1b v2 zero1 selective recompute", "dp1 tp2 pp1 mb1 sp"]
+    layouts = [dict(name=n, predicted_step_time_s=0.004 * (i + 1), measured_step_time_s=0.005 * (i + 1), noisy=False,
+                    step_time_spread=0.1, predicted_memory_bytes=2e7, measured_memory_bytes=2.1e7)
+               for i, n in enumerate(names)]
+    summary = dict(median_abs_error=0.2, p90_abs_error=0.2, spearman=1.0, kendall_tau=1.0, top1_regret=0.0,
+                   best_in_top3=True, memory_median_abs_error=0.05, memory_p90_abs_error=0.05, noisy_layouts=0)
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    _print(console, dict(model="tiny", world=2, backend="gloo", cluster="calibrated", global_batch=8, seq_len=64,
+                         layouts=layouts, summary=summary), None)
+    out = console.export_text()
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out, out
+    assert "4 ms" in out and "i-1f1b" in out and "sel-rc" in out, out  # units; short words, explained in the caption

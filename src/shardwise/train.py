@@ -478,7 +478,7 @@ def summary(records: list[dict], cfg: TrainConfig) -> str:
     from shardwise.units import seconds
 
     s = summary_dict(records, cfg)
-    return (f"trained {s['steps']} steps: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
+    return (f"trained {s['steps']} step{'s' * (s['steps'] != 1)}: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
             f"median step {seconds(s['median_step_time_s'])}, {s['tokens_per_s']:,.0f} tokens/s")
 
 

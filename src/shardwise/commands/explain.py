@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from shardwise.commands.plan import register as _register_plan
+from shardwise.commands.plan import add_plan_args
 
 
 def register(subparsers, name, help):
-    _register_plan(subparsers, name, help, outputs=False)
-    parser = subparsers.choices[name]
-    parser.set_defaults(func=run)
-    for action in parser._actions:  # plan's flags, but explain prints its own JSON
-        if action.dest == "json":
-            action.help = 'print {"best": {...}, "explanation": ["paragraph", ...]}'
+    p = subparsers.add_parser(name, help=help, description=help)
+    add_plan_args(p)  # what a plan is computed from; explain prints the winner's reasons, not a table
+    p.add_argument("--json", action="store_true", help='print {"best": {...}, "explanation": ["paragraph", ...]}')
+    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -17,7 +17,7 @@ def add_plan_args(p) -> None:
     add_search_args(p)
 
 
-def register(subparsers, name, help, outputs: bool = True):
+def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
     add_plan_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
@@ -26,19 +26,18 @@ def register(subparsers, name, help, outputs: bool = True):
     p.add_argument("--all-variants", action="store_true",
                    help="list every fitting variant (micro-batch, vpp, schedule, ZeRO, recompute) instead of the "
                         "best one of each dp x tp x pp x cp split")
-    if outputs:
-        from shardwise.emit import TARGETS
+    from shardwise.emit import TARGETS
 
-        g = p.add_argument_group("outputs")
-        g.add_argument("--emit", choices=TARGETS, default=None,
-                       help="write a layout as a launch configuration for this stack: Megatron-LM arguments (bash), "
-                            "torchtitan TOML or DeepSpeed JSON; the table then holds only layouts that stack can run, "
-                            "scored with its framework profile")
-        g.add_argument("--out", type=Path, default=None, metavar="PATH", help="where --emit writes")
-        g.add_argument("--rank", type=int, default=None, metavar="N",
-                       help="which row of the table --emit writes (default 1, the winner)")
-        g.add_argument("--html", type=Path, default=None, metavar="PATH",
-                       help="also write the report page: one self-contained HTML file (as `shardwise report`)")
+    g = p.add_argument_group("outputs")
+    g.add_argument("--emit", choices=TARGETS, default=None,
+                   help="write a layout as a launch configuration for this stack: Megatron-LM arguments (bash), "
+                        "torchtitan TOML or DeepSpeed JSON; the table then holds only layouts that stack can run, "
+                        "scored with its framework profile")
+    g.add_argument("--out", type=Path, default=None, metavar="PATH", help="where --emit writes")
+    g.add_argument("--rank", type=int, default=None, metavar="N",
+                   help="which row of the table --emit writes (default 1, the winner)")
+    g.add_argument("--html", type=Path, default=None, metavar="PATH",
+                   help="also write the report page: one self-contained HTML file (as `shardwise report`)")
     p.set_defaults(func=run)
 
 

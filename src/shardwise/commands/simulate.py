@@ -12,7 +12,7 @@ from shardwise.specs import SCHEDULES
 
 # Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions the closed forms answer (exact for
 # uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture stays readable up to MAX_DRAWN.
-MAX_SIMULATED = 40_000  # actions, over all schedules of one command (~15 us each)
+MAX_SIMULATED = 20_000  # actions, over all schedules of one command (~60 us each with the message-by-message check)
 MAX_DRAWN = 4_000  # actions in one --out picture
 MAX_DRAWN_RANKS = 64  # rows of one --out picture
 MAX_STAGES = 10_000  # pp * vpp: a stage holds at least one layer (specs.MAX_LAYERS)
@@ -173,26 +173,40 @@ def run(args) -> int:
     return 0
 
 
+NARROW = 100  # below this many columns (a pipe, an 80-column terminal) the table drops its borders, so nothing is cut
+
+
 def _print_summary(sims, args, note: str | None = None) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms")
-    for col in ("schedule", "makespan ms", "bubble", "bubble/rank", "in flight/rank", "deadlock-free"):
-        table.add_column(col, justify="left" if col == "schedule" else "right")
-    for s in sims:
-        name = s.schedule.name + (f" v={s.schedule.v}" if s.schedule.v > 1 else "")
-        free = _deadlock_free(s.schedule)
-        table.add_row(name, f"{s.makespan:.4g}", f"{100 * s.bubble_fraction:.1f}%",
-                      _row(f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank),
-                      _row(f"{x:g}" for x in s.peak_inflight_per_rank),
-                      " / ".join("yes" if ok else "[red]no[/]" for ok in free.values()))
+    from shardwise.commands.common import SHORT
+    from shardwise.units import seconds
+
     console = Console()
+    narrow = console.width < NARROW
+    title = f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)) if narrow else Table(title=title)
+    headers = ("schedule", "makespan", "bubble", "bubble/rank", "in flight/rank", "gloo/NCCL" if narrow else "deadlock-free")
+    for col in headers:
+        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap="/rank" not in col)
+    shown = 2 if narrow and args.pp > 4 else 8  # narrow: every rank up to 4, else the first and the last
+    for s in sims:
+        name = (SHORT.get(s.schedule.name, s.schedule.name) if narrow else s.schedule.name) \
+            + (f" v={s.schedule.v}" if s.schedule.v > 1 else "")
+        free = _deadlock_free(s.schedule)
+        table.add_row(name, seconds(s.makespan * 1e-3), f"{100 * s.bubble_fraction:.1f}%",
+                      _row((f"{100 * x:.0f}%" for x in s.bubble_fraction_per_rank), shown, count=not narrow),
+                      _row((f"{x:g}" for x in s.peak_inflight_per_rank), shown, count=not narrow),
+                      " / ".join("yes" if ok else "[red]no[/]" for ok in free.values()))
     console.print(table)
     if note:
         console.print(note, highlight=False)
-    console.print("in flight/rank: peak activations held, in micro-batches of one whole stage; deadlock-free: the "
-                  "executor's messages finish with buffered sends (gloo) / rendezvous sends, one FIFO per rank pair (NCCL)")
+    free = "gloo/NCCL" if narrow else "deadlock-free"
+    console.print(("i-1f1b: interleaved 1F1B; " if narrow else "") + "in flight/rank: peak activations held, in "
+                  f"micro-batches of one whole stage; {free}: the executor's messages finish with buffered sends (gloo) / "
+                  "rendezvous sends, one FIFO per rank pair (NCCL)", highlight=False)
     for label, path in (("timeline", args.out), ("trace", args.trace)):
         if path is not None:
             console.print(f"{label} written to {path}")
@@ -244,8 +258,10 @@ def _per_rank(p: int, value) -> list[float]:
     return [float(value(r)) for r in range(p)]
 
 
-def _row(values, shown: int = 8) -> str:
+def _row(values, shown: int = 8, count: bool = True) -> str:
+    """Per-rank values: all of them, or the first and last shown/2 (with how many are left out, if `count`)."""
     values = list(values)
     if len(values) <= shown:
         return " ".join(values)
-    return " ".join(values[: shown // 2]) + f" … ({len(values) - shown} more) … " + " ".join(values[-shown // 2:])
+    gap = f" … ({len(values) - shown} more) … " if count else " … "
+    return " ".join(values[: shown // 2]) + gap + " ".join(values[-shown // 2:])

@@ -131,18 +131,40 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
+# Narrow tables (a pipe, an 80-column terminal): the layout names' long words shortened, explained under the table.
+SHORT_NAMES = {"interleaved-1f1b": "i-1f1b", "selective recompute": "sel-rc", "full recompute": "full-rc",
+               "allgather": "ag"}
+
+
 def _print(console, result: dict, picture: str | None) -> None:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"{result['model']} on {result['world']} ranks ({result['backend']}, {result['cluster']}): "
-                        f"predicted vs measured, global batch {result['global_batch']} x {result['seq_len']} tokens")
-    for col in ("layout", "pred ms", "meas ms", "error", "spread", "pred MiB", "meas MiB", "mem error"):
-        table.add_column(col, justify="left" if col == "layout" else "right")
+    from shardwise.commands.common import WIDE
+    from shardwise.units import seconds
+
+    narrow = console.width < WIDE
+    title = (f"{result['model']} on {result['world']} ranks ({result['backend']}, {result['cluster']}): "
+             f"predicted vs measured, global batch {result['global_batch']} x {result['seq_len']} tokens")
+    if narrow:
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+                      caption="time and memory: predicted, measured, error; spread: of the measured steps; "
+                              + "; ".join(f"{v}: {k}" for k, v in SHORT_NAMES.items()))
+        headers = ("layout", "pred", "meas", "err", "spread", "pred MiB", "meas MiB", "err")
+    else:
+        table = Table(title=title)
+        headers = ("layout", "predicted", "measured", "error", "spread", "pred MiB", "meas MiB", "mem error")
+    for col in headers:
+        table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col != "layout",
+                         overflow="fold")
     mib = 2**20
     for x in sorted(result["layouts"], key=lambda x: x["measured_step_time_s"]):
         p, m = x["predicted_step_time_s"], x["measured_step_time_s"]
         pm, mm = x["predicted_memory_bytes"], x["measured_memory_bytes"]
-        table.add_row(x["name"], f"{p * 1e3:.2f}", f"{m * 1e3:.2f}", f"{(p - m) / m:+.0%}",
+        name = x["name"]
+        for long, short in SHORT_NAMES.items() if narrow else ():
+            name = name.replace(long, short)
+        table.add_row(name, seconds(p), seconds(m), f"{(p - m) / m:+.0%}",
                       ("[yellow]" if x["noisy"] else "") + f"{x['step_time_spread']:.0%}", f"{pm / mib:.2f}",
                       f"{mm / mib:.2f}", f"{(pm - mm) / mm:+.1%}")
     console.print(table)
