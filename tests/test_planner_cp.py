@@ -74,7 +74,8 @@ def test_a_ring_that_leaves_the_node_moves_at_the_networks_pace():
     (["--gpus", "64", "--tp", "8", "--cp", "3"], "does not divide 64 GPUs"),
     (["--gpus", "48", "--tp", "8", "--cp", "3", "--seq-len", "32768"], "not divisible by 6"),
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "deepspeed"], "deepspeed has no ring context parallelism"),
-    (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "llama3"], "llama3 has no ring context parallelism"),
+    (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "llama3", "--cp-mode", "ring"],
+     "llama3 has no ring context parallelism"),
 ])
 def test_bad_cp_input_is_one_line_exit_2(argv, expected, capsys):
     args = [a for a in ESTIMATE if a not in ("--seq-len", "32768")] + (["--seq-len", "32768"] if "--seq-len" not in argv else [])
@@ -97,3 +98,32 @@ def test_llama3_405b_128k_published_layout_fits_and_matches_its_mfu():
     assert pub.fits and abs(pub.mfu / LLAMA3_MFU - 1) <= 0.15, (pub.layout, pub.mfu)
     best = search(job, 16384).ranked[0]
     assert pub.step_time / best.step_time - 1 <= 0.15, (best.layout, best.step_time, pub.step_time)
+
+
+def test_an_unnamed_cp_mode_is_the_one_the_framework_runs(capsys):
+    """Named, a mode the stack lacks is refused (above); unnamed, the stack's own mode is used and said."""
+    args = [a for a in ESTIMATE if a not in ("--seq-len", "32768")] + ["--seq-len", "32768"]
+    assert main(args + ["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "llama3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cp_mode"] == "allgather"
+    assert any("allgather context parallelism" in why for why in data["assumptions"]["implied"])
+    assert main(args + ["--gpus", "16", "--tp", "8", "--cp", "2", "--json"]) == 0  # megatron-core runs ring
+    assert json.loads(capsys.readouterr().out)["cp_mode"] == "ring"
+
+
+def test_unnamed_zero_and_recompute_are_the_fastest_pair_that_fits(capsys):
+    """Llama 3 405B's 128K split with neither --zero nor --recompute: every stage from the stack's default up and
+    every recompute policy, named one by one, is slower or does not fit than what estimate picks by itself."""
+    argv = ["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch",
+            "128", "--seq-len", "131072", "--tp", "8", "--cp", "16", "--pp", "16", "--vpp", "7", "--micro-batch", "1",
+            "--sequence-parallel", "--framework", "llama3", "--json"]
+    assert main(argv) == 0
+    picked = json.loads(capsys.readouterr().out)
+    assert picked["fits"]
+    for zero in (0, 1, 2, 3):
+        for recompute in ("none", "selective", "full"):
+            if main(argv + ["--zero", str(zero), "--recompute", recompute]) != 0:
+                capsys.readouterr()
+                continue
+            other = json.loads(capsys.readouterr().out)
+            assert not other["fits"] or other["step_time_s"] >= picked["step_time_s"], (zero, recompute)

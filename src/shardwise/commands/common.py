@@ -44,16 +44,17 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--etp", type=int, default=1, help="tensor-parallel degree inside each expert (default 1)")
     p.add_argument("--cp", type=int, default=1,
                    help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
-    p.add_argument("--cp-mode", default="ring", choices=list(CP_MODES),
+    p.add_argument("--cp-mode", default=None, choices=list(CP_MODES),
                    help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
-                        "compute; default) or allgather (K/V gathered once per layer, as Llama 3 does)")
+                        "compute; default, or the framework's own when it runs only one) or allgather (K/V gathered "
+                        "once per layer, as Llama 3 does)")
 
 
 def layout_from_args(args, dp: int) -> Layout:
     schedule = args.schedule or default_schedule(args.vpp)
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
                   recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
-                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode)
+                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode or "ring")
 
 
 def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:

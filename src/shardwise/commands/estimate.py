@@ -35,7 +35,7 @@ def run(args) -> int:
     from shardwise.specs import validate_layout
 
     job = job_from_args(args)
-    named = {k for k in ("zero", "recompute") if getattr(args, k) is not None}
+    named = {k for k in ("zero", "recompute", "cp_mode") if getattr(args, k) is not None}
     args.zero = 0 if args.zero is None else args.zero
     args.recompute = "none" if args.recompute is None else args.recompute
     dp = dp_from_gpus(args.gpus, args.tp, args.pp, args.cp)

@@ -115,7 +115,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     uses is implied (torchtitan's and NeMo's TP always shards the sequence; TP comm overlap needs sequence
     parallelism); a ZeRO stage or recompute policy the user did not name (not in `named`) is the one the stack
     runs by default (torchtitan FSDP2, NeMo's and megatron-core's distributed optimizer), else the next stage
-    the stack runs, or the next costlier recompute, the layout fits with. An explicit request is kept as given
+    the stack runs with a recompute policy it runs: the fastest pair that fits. An explicit request is kept as given
     (the framework's refusal then names what it cannot run)."""
     fw = get_framework(job.framework)
     implied: list[str] = []
@@ -124,6 +124,9 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         lay = lay.with_(sequence_parallel=True)
         why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
         implied.append(f"sequence parallelism ({why})")
+    if "cp_mode" not in named and lay.cp > 1 and fw.context_parallel and lay.cp_mode not in fw.context_parallel:
+        lay = lay.with_(cp_mode=fw.context_parallel[0])
+        implied.append(f"{lay.cp_mode} context parallelism ({fw.name} runs only that; --cp-mode not given)")
     stages = [lay.zero]
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
@@ -131,17 +134,18 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     policies = [lay.recompute]
     if "recompute" not in named:
         policies = [r for r in RECOMPUTE if r in fw.recompute] or [lay.recompute]
-    # The framework's own stage with the cheapest recompute that fits, else the next stage it runs.
+    # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
+    # (sharding the optimizer usually costs less than recomputing every layer), else the first it runs.
     tries = [lay.with_(zero=z, recompute=r) for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
-    fits = (t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes)
-    chosen = next(fits, runs[0]) if len(runs) > 1 else runs[0]
+    fits = [t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes]
+    chosen = min(fits, key=lambda t: estimate(job, t).step_time) if len(runs) > 1 and fits else runs[0]
     if "zero" not in named and lay.dp * lay.cp > 1:
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
-               else f"the first stage from {fw.name}'s default ZeRO-{stages[0]} that fits")
+               else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
     if chosen.recompute != lay.recompute:
-        implied.append(f"{chosen.recompute} recompute (the cheapest that fits; --recompute not given)")
+        implied.append(f"{chosen.recompute} recompute (the fastest that fits; --recompute not given)")
     lay = chosen
     return lay, implied
 
