@@ -8,6 +8,7 @@ points at the module. A lazy import inside a function still ties the two modules
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 from pathlib import Path
 
@@ -24,6 +25,7 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     mods = _modules()
 
