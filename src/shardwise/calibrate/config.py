@@ -10,7 +10,8 @@ from shardwise.specs import ModelSpec
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 DEFAULT_SIZES = {"cpu": tuple(2**k for k in range(10, 25, 2)),  # 1 KiB .. 16 MiB
                  "cuda": tuple(2**k for k in range(10, 31, 2))}  # 1 KiB .. 1 GiB
-# Rounds of the model measurement (its six variants in a new order each round).
+# Rounds of the model measurement (its variants side by side in every repeat), spread over the calibration
+# (measure_rank: first, middle and last third).
 MODEL_ROUNDS = 3
 # The model measurement uses at most this many layers (plus embedding and LM head).
 MODEL_LAYERS = 4

@@ -508,8 +508,17 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
     out: dict = {}
-    for steps in (measure_matmul(t, out), measure_model(t, out), measure_copy(t, out), measure_collectives(t, out),
-                  measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out), measure_loop(t, out)):
+    model = measure_model(t, out)
+
+    def model_round():  # one of its MODEL_ROUNDS rounds
+        yield next(model)
+
+    # The model's rounds spread over the whole calibration (first, middle, last third), so its rate and
+    # overheads hold the same mean load as the per-call costs measured between them: on a shared machine
+    # the load moves within the minutes a calibration takes, and the planner adds the two together.
+    for steps in (model_round(), measure_matmul(t, out), measure_copy(t, out), measure_collectives(t, out),
+                  model_round(), measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out),
+                  model_round(), measure_loop(t, out), model):
         for label in steps:
             report(label)
     if rank != 0:
