@@ -1,9 +1,10 @@
-"""Ctrl-C and SIGTERM on a real multi-process `shardwise train --dp 2`: exit 130 / 143, one line on stderr, no
-traceback, no process of the job left running.
+"""Ctrl-C and SIGTERM on real multi-process commands (`train --dp 2`, `calibrate --world 2`, `validate --world 2`):
+exit 130 / 143, one line on stderr, no traceback, no process of the job left running — whether the signal comes
+while the ranks train or while they are still importing torch.
 
 Ctrl-C is a SIGINT to the terminal's whole process group (launcher and ranks alike); SIGTERM comes from a
-scheduler or `kill` to the launcher alone. Both jobs run at once (each in its own session, so its processes
-can be found afterwards) to share their start-up time.
+scheduler or `kill` to the launcher alone. All jobs run at once (each in its own session, so its processes can
+be found afterwards) to share their start-up time.
 """
 
 from __future__ import annotations
@@ -17,57 +18,80 @@ from pathlib import Path
 
 import pytest
 
-CASES = {"ctrl-c": (signal.SIGINT, True, 130), "sigterm": (signal.SIGTERM, False, 143)}
+TRAIN = ["train", "--model", "tiny", "--dp", "2", "--steps", "100000", "--global-batch", "4", "--seq-len", "16",
+         "--no-progress"]
+# name: (command, signal, to the whole group (Ctrl-C), exit code, when: "training" (two steps written) or
+# "ranks" (both ranks exist: they are importing torch))
+CASES = {
+    "train ctrl-c": (TRAIN, signal.SIGINT, True, 130, "training"),
+    "train sigterm": (TRAIN, signal.SIGTERM, False, 143, "training"),
+    "train ctrl-c at start-up": (TRAIN, signal.SIGINT, True, 130, "ranks"),
+    "calibrate sigterm": (["calibrate", "--world", "2", "--out", "{tmp}/profile.toml"], signal.SIGTERM, False, 143, "ranks"),
+    "validate ctrl-c": (["validate", "--world", "2", "--cluster", "dgx-h100-80gb", "--steps", "1", "--repeats", "50"],
+                        signal.SIGINT, True, 130, "ranks"),
+}
 
 
-def _alive_in_session(sid: int) -> list[str]:
-    """Processes of session `sid` that still run (a zombie has ended; init reaps it)."""
+def _in_session(sid: int) -> list[tuple[str, str]]:
+    """(pid, command line) of the processes of session `sid` that still run (a zombie has ended; init reaps it)."""
     alive = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
             if int(fields[3]) == sid and fields[0] != "Z":
-                alive.append(f"{proc.name} ({fields[0]})")
+                alive.append((proc.name, cmdline))
     return alive
 
 
+def _ready(name: str, proc, tmp: Path) -> bool:
+    when = CASES[name][4]
+    if when == "training":
+        metrics = tmp / f"{name}.jsonl"
+        return metrics.exists() and metrics.read_text().count("\n") >= 2
+    return sum("multiprocessing.spawn" in cmd for _, cmd in _in_session(proc.pid)) >= 2
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the job's processes through /proc (Linux)")
-def test_ctrl_c_and_sigterm_stop_a_multi_process_run_in_one_line(tmp_path):
+def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
     jobs = {}
-    for name in CASES:
-        metrics = tmp_path / f"{name}.jsonl"
-        cmd = [sys.executable, "-m", "shardwise", "train", "--model", "tiny", "--dp", "2", "--steps", "100000",
-               "--global-batch", "4", "--seq-len", "16", "--no-progress", "--metrics-file", str(metrics)]
-        jobs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       start_new_session=True), metrics)
+    for name, (argv, *_, when) in CASES.items():
+        argv = [a.format(tmp=tmp_path) for a in argv]
+        if when == "training":
+            argv += ["--metrics-file", str(tmp_path / f"{name}.jsonl")]
+        jobs[name] = subprocess.Popen([sys.executable, "-m", "shardwise", *argv], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        for name, (proc, metrics) in jobs.items():  # both train (two steps written) before either is stopped
-            while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "the job did not start training"
-                time.sleep(0.2)
-        for name, (proc, _) in jobs.items():
-            sig, whole_group, code = CASES[name]
-            start = time.monotonic()
-            os.killpg(proc.pid, sig) if whole_group else os.kill(proc.pid, sig)
+        deadline, stopped = time.monotonic() + 300, {}
+        while len(stopped) < len(jobs):  # each is stopped as soon as it reaches its moment
+            for name, proc in jobs.items():
+                if name not in stopped and _ready(name, proc, tmp_path):
+                    sig, whole_group = CASES[name][1:3]
+                    os.killpg(proc.pid, sig) if whole_group else os.kill(proc.pid, sig)
+                    stopped[name] = time.monotonic()
+                elif name not in stopped:
+                    assert proc.poll() is None, (name, proc.communicate())
+            assert time.monotonic() < deadline, f"not started: {sorted(jobs.keys() - stopped.keys())}"
+            time.sleep(0.05)
+        for name, proc in jobs.items():
+            sig, _, code, _ = CASES[name][1:]
             _, err = proc.communicate(timeout=60)
-            took = time.monotonic() - start
+            took = time.monotonic() - stopped[name]
             lines = err.strip().splitlines()
-            # Stopped, not timed out: far below the job's 300 s collective timeout.
-            assert proc.returncode == code and took < 20, (name, proc.returncode, took, err)
-            assert len(lines) == 1 and lines[0].startswith(f"shardwise: interrupted by {sig.name}"), err
-            left = _alive_in_session(proc.pid)
+            # Stopped, not timed out: far below the jobs' collective timeouts.
+            assert proc.returncode == code and took < 30, (name, proc.returncode, took, err)
+            assert len(lines) == 1 and lines[0].startswith(f"shardwise: interrupted by {sig.name}"), (name, err)
+            left = _in_session(proc.pid)
             for _ in range(50):  # ranks the launcher stopped may take a moment to be gone
                 if not left:
                     break
                 time.sleep(0.1)
-                left = _alive_in_session(proc.pid)
+                left = _in_session(proc.pid)
             assert not left, (name, left)
     finally:
-        for proc, _ in jobs.values():
+        for proc in jobs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

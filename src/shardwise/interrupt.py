@@ -76,6 +76,11 @@ def launcher_signals():
     quiet_agent()
     blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     if blocking:
+        # multiprocessing's resource tracker, started on first use (the launch's queues and locks), blocks and then
+        # *unblocks* SIGINT and SIGTERM around its own start: started now, it leaves the mask below in place.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         stop = threading.Event()
         listener = threading.Thread(target=stop.wait, name="shardwise-signals", daemon=True)
         listener.start()  # created before the mask changes: it keeps SIGINT deliverable

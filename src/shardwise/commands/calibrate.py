@@ -55,7 +55,8 @@ def run(args) -> int:
     total = rank_steps(cfg.resolved())
     columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, disable=under_torchrun() and _rank() != 0) as bar:
+    with Progress(*columns, console=err, transient=True,
+                  disable=not err.is_terminal or (under_torchrun() and _rank() != 0)) as bar:
         task = bar.add_task("starting ranks", total=total)
         try:
             profile = calibrate(cfg, lambda label: bar.update(task, advance=1, description=label))

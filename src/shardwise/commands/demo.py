@@ -106,7 +106,7 @@ def _calibrate(console, spec, world: int):
     cfg = CalibrateConfig(model=spec, world=world, repeats=5, warmup=2, seq_len=LOCAL["seq_len"],
                           sizes=tuple(2**k for k in range(10, 23, 3))).resolved()
     with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.description}"),
-                  console=console, transient=True) as bar:
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("starting ranks", total=rank_steps(cfg))
         profile = calibrate(cfg, lambda label: bar.update(task, advance=1, description=label))
     cluster = profile.to_cluster()

@@ -66,7 +66,8 @@ def _progress(console, what: str, total: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                   TimeElapsedColumn(), console=console, transient=True)
+                   TimeElapsedColumn(), console=console, transient=True,
+                   disable=not console.is_terminal)  # a pipe or a log: nothing to redraw
     return bar, bar.add_task("starting ranks", total=total)
 
 
