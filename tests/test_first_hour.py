@@ -270,13 +270,19 @@ HUGE = st.one_of(st.integers(-3, 70), st.sampled_from([720720, 2**20, 2**20 + 1,
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(["plan", "explain", "estimate"]),
-       model=st.sampled_from(["tiny", "gpt2", "llama3-8b", "llama3.1-405b", "gpt3-175b"]),
-       gpus=HUGE, batch=HUGE, seq=HUGE, tp=HUGE, pp=HUGE, mb=HUGE)
-def test_planner_commands_answer_or_refuse_any_numbers(command, model, gpus, batch, seq, tp, pp, mb, capsys):
+       model=st.sampled_from(["tiny", "gpt2", "llama3-8b", "llama3.1-405b", "gpt3-175b", "mixtral-8x7b"]),
+       gpus=HUGE, batch=HUGE, seq=HUGE, tp=HUGE, pp=HUGE, mb=HUGE,
+       more=st.lists(st.sampled_from(["cp", "vpp", "ep"]), unique=True, max_size=3), other=HUGE)
+def test_planner_commands_answer_or_refuse_any_numbers(command, model, gpus, batch, seq, tp, pp, mb, more, other,
+                                                       capsys):
+    """Any numbers for the job and the layout knobs (one layout to estimate; the search space to plan): an answer or
+    one line, exit 2."""
     argv = [command, "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", str(gpus), "--global-batch", str(batch),
             "--seq-len", str(seq), "--json"]
     if command == "estimate":
-        argv += ["--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb)]
+        argv += ["--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb)] + [a for k in more for a in (f"--{k}", str(other))]
+    elif more:  # the search space narrowed to (or widened past) any values
+        argv += ["--tp", str(tp), "--pp", str(pp)] + [a for k in more if k != "vpp" for a in (f"--{k}", str(other))]
     _answer_or_one_line(argv, capsys)
 
 
