@@ -148,6 +148,11 @@ BAD = [
     (["validate", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),
     (["validate", "--steps", str(10**9)], "more than a comparison needs"),
     (["validate", "--plot", "{dir}/accuracy.jpg"], "must end in .png, .svg, .pdf"),
+    (["validate", "--layouts", "dp2", "dp2:mb1"], "--layouts dp2 and dp2:mb1 are the same layout"),
+    (["checkpoint", "export", "{dir}", "--to", "{dir}/m.safetensors", "--max-shard-size", "1GB"],
+     "--max-shard-size splits a --format hf folder"),
+    (["plan", "--model", "tiny", *JOB, "--emit", "megatron", "--out", "{dir}/p.html", "--html", "{dir}/p.html"],
+     "--out and --html both name {dir}/p.html"),
 ]
 
 

@@ -34,7 +34,7 @@ def register(subparsers, name, help):
     exp.add_argument("--to", required=True, metavar="FILE|FOLDER", help="output file (e.g. model.safetensors), or a new folder with --format hf")
     exp.add_argument("--format", default="safetensors", choices=["safetensors", "hf"],
                      help="safetensors: one file under shardwise's names (default); hf: a folder transformers loads")
-    exp.add_argument("--max-shard-size", default="5GB", metavar="SIZE", help="--format hf: the largest safetensors file (default 5GB)")
+    exp.add_argument("--max-shard-size", default=None, metavar="SIZE", help="--format hf: the largest safetensors file (default 5GB)")
     exp.add_argument("--json", action="store_true", help="print what was written as JSON")
     exp.set_defaults(func=run_export)
 
@@ -97,6 +97,11 @@ def run_inspect(args) -> int:
 def run_export(args) -> int:
     if args.format == "hf":
         return _export_hf(args)
+    if args.max_shard_size is not None:
+        from shardwise.errors import UsageError
+
+        raise UsageError("--max-shard-size splits a --format hf folder's safetensors files; the default format writes "
+                         "one file — add --format hf, or drop --max-shard-size")
     from shardwise.checkpoint.export import export_safetensors
 
     out = export_safetensors(args.path, args.to)
@@ -113,7 +118,7 @@ def run_export(args) -> int:
 def _export_hf(args) -> int:
     from shardwise.hf.save import export_hf
 
-    out = export_hf(args.path, args.to, args.max_shard_size)
+    out = export_hf(args.path, args.to, args.max_shard_size or "5GB")
     if args.json:
         print_json(out)
         return 0

@@ -84,6 +84,9 @@ def check_outputs(args) -> None:
         from shardwise.emit import FRAMEWORK
 
         args.framework = FRAMEWORK[args.emit]  # score with the target's own framework profile
+    if args.out is not None and args.html is not None and args.out.resolve() == args.html.resolve():
+        raise UsageError(f"--out and --html both name {args.out}: the report page would overwrite the {args.emit} "
+                         f"file — give them different paths")
     prepare_output(args.out, "--out")
     prepare_output(args.html, "--html")
 

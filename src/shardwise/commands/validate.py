@@ -54,6 +54,10 @@ def _config(args, cluster):
         raise UsageError(f"--seed must be between 0 and 2^63 - 1, got {args.seed}")
     model = load_model(args.model)
     layouts = tuple(parse_layout(t, args.world) for t in args.layouts or [])
+    for i, lay in enumerate(layouts):
+        if lay in layouts[:i]:
+            first = args.layouts[layouts.index(lay)]
+            raise UsageError(f"--layouts {first} and {args.layouts[i]} are the same layout — give each layout once")
     for lay in layouts:
         check_layout(lay, model, args.world, args.global_batch, args.seq_len)
     return ValidateConfig(model=model, cluster=cluster, world=args.world, layouts=layouts,
