@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -60,8 +61,14 @@ def _worker(rank, world, out_dir):
             results[key] = {"finished": True, "max_grad_diff": diff}
         if "hung" in results[key]:
             break  # the stuck server threads hold receives that never complete: nothing can follow
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{rank}.json.tmp"), "w") as f:
         json.dump(results, f)
+    os.replace(os.path.join(out_dir, f"{rank}.json.tmp"), os.path.join(out_dir, f"{rank}.json"))
+    # A barrier through the files, not the process group (its receives are stuck): a rank that left early
+    # would close the peer's connection while the peer still waits out its own deadlock timeout.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(os.path.exists(os.path.join(out_dir, f"{r}.json")) for r in range(world)):
+        time.sleep(0.05)
     if any("hung" in r for r in results.values()):
         os._exit(HUNG)  # leave without tearing down a process group with receives pending forever
 
