@@ -89,6 +89,8 @@ def launcher_signals():
         yield
     except SignalException as exc:
         raise Interrupted(int(exc.sigval)) from None
+    except Interrupted:  # SIGTERM before the agent took the signals over (cli_handlers): keep its name and code
+        raise
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
