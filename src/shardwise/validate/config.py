@@ -90,12 +90,17 @@ def _runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, s
 
 def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> None:
     """The planner's and the runtime's checks (UsageError naming the layout)."""
+    from shardwise import preflight
     from shardwise.launch import check
     from shardwise.train import TrainConfig
 
     try:
         validate_layout(layout, model, global_batch, world)
-        check(TrainConfig(spec=model, layout=layout, steps=1, global_batch=global_batch, seq_len=seq_len))
+        cfg = TrainConfig(spec=model, layout=layout, steps=1, global_batch=global_batch, seq_len=seq_len, memory_check=False)
+        check(cfg)
+        # validate has no flag to skip the memory check: name only the fixes it has
+        preflight.check_memory(cfg, fix="use a smaller --model, --global-batch or --seq-len, or leave this layout out",
+                               override="")
     except UsageError as exc:
         raise UsageError(f"layout {describe(layout)}: {exc}") from None
 
