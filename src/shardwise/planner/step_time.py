@@ -242,11 +242,11 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
                            job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
     ep_f = ep_b = ep
+    mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
-        mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
-                     sum(g[0] for g in gemms[2:]), ep)
+                     mlp[0], ep)
 
 
 def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) -> tuple[float, float]:
