@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
-from shardwise.launch import spawn_ranks
+from _ranks import ranks_json
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, parallelize, shard_sequence
 from shardwise.specs import Layout, model_from_hf_config
@@ -174,11 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "results.json")
-        spawn_ranks(_worker, 2, args, path, backend=args.backend, timeout_s=600)
-        with open(path) as f:
-            result = json.load(f)
+    result = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=600)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from context_parallel import _step, _time  # noqa: E402  (the same step and interleaved timer as the CP benchmark)
 
-from shardwise.launch import spawn_ranks  # noqa: E402
+from _ranks import ranks_json  # noqa: E402
 from shardwise.model import Transformer  # noqa: E402
 from shardwise.parallel import build_mesh, parallelize, sync_expert_grads  # noqa: E402
 from shardwise.specs import Layout, model_from_hf_config  # noqa: E402
@@ -126,11 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "results.json")
-        spawn_ranks(_worker, 2, args, path, backend=args.backend, timeout_s=600)
-        with open(path) as f:
-            result = json.load(f)
+    result = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=600)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

@@ -20,17 +20,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
 from shardwise.model import Transformer
-from shardwise.launch import spawn_ranks
+from _ranks import ranks_json
 from shardwise.parallel import build_mesh, parallelize, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
@@ -230,11 +228,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "results.json")
-        spawn_ranks(_worker, 2, args, path, backend=args.backend, timeout_s=120)
-        with open(path) as f:
-            results = json.load(f)
+    results = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=120)
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()

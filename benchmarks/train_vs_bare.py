@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # runtime_vs_torch: the DTensor TP contender
 
 from shardwise import data  # noqa: E402
-from shardwise.launch import spawn_ranks  # noqa: E402
+from _ranks import ranks_json  # noqa: E402
 from shardwise.model import Transformer  # noqa: E402
 from shardwise.parallel import build_mesh  # noqa: E402
 from shardwise.specs import Layout, load_model  # noqa: E402
@@ -195,10 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     load = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "results.json")
-        spawn_ranks(_worker, 2, args, path, timeout_s=300)
-        results = json.loads(Path(path).read_text())
+    results = ranks_json(_worker, 2, args, timeout_s=300)
     load.append(os.getloadavg()[0])
     if args.json:
         print(json.dumps({"config": vars(args), "load_average_1min": load, "rows": results}, indent=2))
