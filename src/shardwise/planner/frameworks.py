@@ -49,6 +49,11 @@ class Framework:
     zero1: str = "reduce_scatter"  # "reduce_scatter" (+ all-gather) or "broadcast" (torch ZeroRedundancyOptimizer)
     zero2_reduce_every_microbatch: bool = False  # DeepSpeed ZeRO-2 reduces in every backward
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
+    # Under a pipeline, torch.distributed.pipelining runs FSDP2 with gradient sync and reshard-after-backward off in
+    # every backward but the last, and reduce-scatters every unit once after the schedule (its REDUCE_GRAD action,
+    # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
+    # reduce-scatter (torch/distributed/pipelining/stage.py backward_maybe_with_nosync, perform_reduce_grad).
+    pipeline_fsdp_once: bool = False
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
     list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
@@ -224,13 +229,16 @@ DEEPSPEED_2024 = replace(
 TORCHTITAN = Framework(
     name="torchtitan",
     summary="torchtitan: FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
-            "every micro-batch, TP always with sequence parallelism, torch.distributed.pipelining schedules, "
+            "every micro-batch (with PP: once per step after the schedule, as torch.distributed.pipelining runs FSDP), TP always with sequence parallelism, torch.distributed.pipelining schedules, "
             "SDPA (FlashAttention-2)",
     sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py (apply_fsdp, apply_tp, apply_ddp), "
              "config/configs.py (mixed_precision_reduce = float32)",
+             "pytorch/pytorch torch/distributed/pipelining/stage.py (backward_maybe_with_nosync: FSDP's "
+             "set_requires_gradient_sync(False) and set_reshard_after_backward(False) but in the last backward; "
+             "perform_reduce_grad: post_backward of every FSDP group after the schedule)",
              "Liang et al. 2024, 'TorchTitan' (ICLR 2025)"),
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
-    overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, bucket_bytes=100 * 2**20,
+    overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op",
     sequence_parallel="always", tp_comm_overlap_available=True,

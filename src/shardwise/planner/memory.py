@@ -428,7 +428,11 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     optim = t.optimizer_bytes * params
     if zero >= 1:
         optim /= d
-    if zero >= 2:
+    # torch.distributed.pipelining keeps FSDP's gradients unsharded, in the reduce dtype, until the step's end.
+    deferred = layout.pp > 1 and get_framework(job.framework).pipeline_fsdp_once
+    if deferred and zero >= 2:
+        grads = get_framework(job.framework).grad_reduce_bytes * params
+    elif zero >= 2:
         grads /= d
         gathered = params
         if zero >= 3:

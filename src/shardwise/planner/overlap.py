@@ -133,11 +133,16 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     regather = layout.zero >= 3
     # DeepSpeed's per-parameter fetches also run again for the recomputed forward of a checkpointed layer.
     regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if regather else 0
+    # torch.distributed.pipelining (Framework.pipeline_fsdp_once): the units stay gathered from the first
+    # forward to the last backward and reduce-scatter once after the schedule, waited for.
+    deferred = layout.pp > 1 and fw.pipeline_fsdp_once
     every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
-    reducing = m if every else 1
+    reducing = 0 if deferred else (m if every else 1)
+    after = layers * r + chunks * r_root if deferred else 0.0
+    forwards = 1 if deferred else m  # micro-batches whose forward gathers
     if not overlap or not fw.prefetch:
-        gathers = layers * g * (1 + regathers) + chunks * g_root
-        return m * gathers + reducing * (layers * r + chunks * r_root)
+        gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
+        return gathers + reducing * (layers * r + chunks * r_root) + after
     # Forward: the root and the first layer's gathers are exposed, the rest prefetched one layer ahead.
     wait = max(0.0, g - win.layer_forward)
     fwd = chunks * g_root + g + max(layers - 1, 0) * (wait + interference(g, wait))
@@ -148,7 +153,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
         tail = (r + chunks * r_root) if reduce else 0.0
         behind = max(0.0, load - win.layer_backward)
         return max(layers - 1, 0) * (behind + interference(load, behind)) + tail
-    return m * fwd + reducing * bwd(True) + (m - reducing) * bwd(False)
+    return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after
 
 
 def layer_tensors(model: ModelSpec, tp: int) -> list[float]:
