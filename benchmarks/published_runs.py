@@ -6,10 +6,12 @@ throughput in the source's own FLOP convention (`flop_convention`). Whatever the
 source's FLOP count of a step is the same number on both sides, so the comparison is one of step
 times: error = published step time / predicted step time - 1 (positive: the planner is optimistic).
 
-Nothing is fitted on these rows: every constant of the planner comes from datasheets, kernel and
-collective measurements or framework code (docs/planner.md). Leave-one-source-out figures (each source
-scored with constants fitted without it) therefore equal the plain ones; both are printed.
-Rows the planner cannot model yet (MoE, torch.compile fusions, ...) are printed as skipped
+Every constant of the planner comes from datasheets, kernel and collective measurements or framework code
+(docs/planner.md) but two, which come from training runs: the in-situ efficiency per GPU architecture (the dense
+rows) and the fixed cost of a MoE layer per micro-batch (the mixture-of-experts rows, scored apart). Each is
+refitted here on its rows, and for every source on the other sources' rows: that source's errors with the
+constant fitted without it (leave one source out) are printed beside the plain ones.
+Rows the planner cannot model yet (torch.compile fusions, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
     python benchmarks/published_runs.py [--csv PATH] [--json]
@@ -28,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.planner import estimate, kernels
+from shardwise.planner import estimate, kernels, moe
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
@@ -349,42 +351,56 @@ def source_key(run: Run) -> str:
 GRID = [0.6 + 0.025 * i for i in range(17)]  # candidate in-situ efficiencies (kernels.IN_SITU_EFFICIENCY)
 
 
-def _predict(run: Run, factor: float | None = None):
-    """The estimate of a run, with the in-situ efficiency of its GPU architecture set to `factor`."""
+def _predict(run: Run, factor: float | None = None, moe_overhead: float | None = None):
+    """The estimate of a run, with the in-situ efficiency of its GPU architecture set to `factor` and, for a MoE
+    run, the fixed cost of a MoE layer (moe.MOE_LAYER_OVERHEAD_S) to `moe_overhead`."""
     arch = kernels.situ_key(run.job.cluster.arch, run.job.precision)
-    saved = dict(kernels.IN_SITU_EFFICIENCY)
+    saved, saved_moe = dict(kernels.IN_SITU_EFFICIENCY), moe.MOE_LAYER_OVERHEAD_S
     if factor is not None:
         kernels.IN_SITU_EFFICIENCY[arch] = factor
+    if moe_overhead is not None:
+        moe.MOE_LAYER_OVERHEAD_S = moe_overhead
     try:
         return estimate(run.job, run.layout)
     finally:
         kernels.IN_SITU_EFFICIENCY.clear()
         kernels.IN_SITU_EFFICIENCY.update(saved)
+        moe.MOE_LAYER_OVERHEAD_S = saved_moe
 
 
-def _log_error(entry: dict, factor: float) -> float:
+MOE_GRID = [0.5e-3 * i for i in range(9)]  # candidate fixed costs of a MoE layer (moe.MOE_LAYER_OVERHEAD_S), seconds
+
+
+def _log_error(entry: dict, factor: float, grid: list[float] = GRID) -> float:
     """log(published / predicted step) at `factor`, interpolated on the grid (the step is smooth in it)."""
-    steps, i = entry["grid"], min(max(int((factor - GRID[0]) / (GRID[1] - GRID[0])), 0), len(GRID) - 2)
-    w = (factor - GRID[i]) / (GRID[1] - GRID[0])
+    steps, i = entry["grid"], min(max(int((factor - grid[0]) / (grid[1] - grid[0])), 0), len(grid) - 2)
+    w = (factor - grid[i]) / (grid[1] - grid[0])
     pred = math.exp((1 - w) * math.log(steps[i]) + w * math.log(steps[i + 1]))
     return math.log(entry["published"] / pred)
 
 
+def _zero_median(entries: list[dict], grid: list[float], rising: bool) -> float:
+    """The grid value at which the median log error of `entries` is zero (bisection; `rising`: the error grows
+    with the value — a higher efficiency shortens the predicted step — else it falls)."""
+    lo, hi = grid[0], grid[-1]
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if (statistics.median(_log_error(e, mid, grid) for e in entries) > 0) == rising:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
 def fit_in_situ(entries: list[dict]) -> dict[str, float]:
-    """Per GPU architecture, the in-situ efficiency that makes the median log error of `entries` zero
-    (bisection: a higher efficiency means a shorter predicted step, a larger error)."""
-    out = {}
-    for arch in sorted({e["arch"] for e in entries}):
-        mine = [e for e in entries if e["arch"] == arch]
-        lo, hi = GRID[0], GRID[-1]
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            if statistics.median(_log_error(e, mid) for e in mine) > 0:
-                hi = mid
-            else:
-                lo = mid
-        out[arch] = round((lo + hi) / 2, 3)
-    return out
+    """Per GPU architecture, the in-situ efficiency that makes the median log error of `entries` zero."""
+    return {arch: round(_zero_median([e for e in entries if e["arch"] == arch], GRID, True), 3)
+            for arch in sorted({e["arch"] for e in entries})}
+
+
+def fit_moe_overhead(entries: list[dict]) -> float:
+    """The fixed cost of a MoE layer (seconds) that makes the median log error of the MoE `entries` zero."""
+    return round(_zero_median(entries, MOE_GRID, False), 5)
 
 
 def compare(path: Path) -> tuple[list[dict], dict]:
@@ -395,7 +411,7 @@ def compare(path: Path) -> tuple[list[dict], dict]:
         if run.skip:
             rows.append({"run": run.name, "skip": run.skip, "source": source_key(run)})
             continue
-        if run.job.model.is_moe:  # scored apart (moe_summary): not in the dense figures, nothing fitted on them
+        if run.job.model.is_moe:  # scored apart (moe_summary): not in the dense figures, their own fitted constant
             moe_rows.append(_moe_row(run))
             continue
         est = _predict(run)
@@ -419,7 +435,8 @@ def compare(path: Path) -> tuple[list[dict], dict]:
 
 def _moe_row(run: Run) -> dict:
     est = _predict(run)
-    return {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
+    grid = [] if run.weak else [_predict(run, moe_overhead=o).step_time for o in MOE_GRID]
+    return {"grid": grid, "published": run.published_step_s,"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
             "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
             "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
             "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "time_breakdown_s": {k: round(v, 3) for k, v in est.time_s.items()},
@@ -429,22 +446,36 @@ def _moe_row(run: Run) -> dict:
 
 
 def moe_summary(rows: list[dict]) -> dict:
-    """The mixture-of-experts rows (planner/moe.py; shipped constants, nothing fitted on them): median and max
-    |error| over the strong rows, per source, which do not fit, and Kendall tau of their one-knob series."""
+    """The mixture-of-experts rows (planner/moe.py, shipped constants): median and max |error| over the strong
+    rows, per source, which do not fit, and Kendall tau of their one-knob series. One constant comes from these
+    runs, the fixed cost of a MoE layer (moe.MOE_LAYER_OVERHEAD_S): refitted on all strong rows, and for each
+    source on the others, that source's rows scored with it (leave one source out)."""
     strong = [r for r in rows if not r["weak"]]
     errors = [abs(r["error"]) for r in strong]
-    by_source = {}
+    by_source, loso = {}, []
     for src in sorted({r["source"] for r in strong}):
         errs = [abs(r["error"]) for r in strong if r["source"] == src]
-        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+        without = fit_moe_overhead([r for r in strong if r["source"] != src])
+        held = [abs(math.exp(_log_error(r, without, MOE_GRID)) - 1) for r in strong if r["source"] == src]
+        loso += held
+        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+                          "moe_layer_overhead_fitted_without_s": without,
+                          "leave_one_source_out_median_abs_error": statistics.median(held),
+                          "leave_one_source_out_max_abs_error": max(held)}
     series = {}
     for name in sorted({r["series"] for r in strong if r["series"]}):
         members = [r for r in strong if r["series"] == name]
         if len(members) >= 2:
             series[name] = {"rows": len(members), "kendall_tau": kendall_tau([r["published_tokens_per_s_per_gpu"] for r in members],
                                                                              [r["predicted_tokens_per_s_per_gpu"] for r in members])}
+    fitted = fit_moe_overhead(strong) if strong else None
+    for r in rows:
+        del r["grid"], r["published"]
     return {"rows": len(strong), "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None, "by_source": by_source,
+            "moe_layer_overhead_s": {"shipped": moe.MOE_LAYER_OVERHEAD_S, "fitted_on_all_rows": fitted},
+            "leave_one_source_out": {"median_abs_error": statistics.median(loso) if loso else None,
+                                     "max_abs_error": max(loso) if loso else None},
             "not_fitting": [r["run"] for r in strong if not r["fits"]], "kendall_tau_by_series": series, "runs": rows}
 
 
@@ -547,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     moe = s["moe"]
     if moe["rows"]:
-        print("\nmixture of experts (planner/moe.py; scored apart, nothing fitted on them):")
+        print("\nmixture of experts (planner/moe.py; scored apart, one constant fitted on them, below):")
         for r in moe["runs"]:
             mark = f" (weak, not in summary: {r['weak_reason']})" if r["weak_reason"] else (
                 " (weak: not in summary)" if r["weak"] else "")
@@ -556,8 +587,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{moe['rows']} mixture-of-experts rows, median "
               f"|error| {moe['median_abs_error']:.1%}, max {moe['max_abs_error']:.1%}"
               + (f"; predicted not to fit: {', '.join(moe['not_fitting'])}" if moe["not_fitting"] else ""))
+        o, lo = moe["moe_layer_overhead_s"], moe["leave_one_source_out"]
+        print(f"one constant comes from these runs, the fixed cost of a MoE layer per micro-batch: shipped "
+              f"{o['shipped'] * 1e3:.2f} ms, fitted on all rows {o['fitted_on_all_rows'] * 1e3:.2f} ms; leave-one-source-out "
+              f"(each source scored with it fitted without that source): median {lo['median_abs_error']:.1%}, "
+              f"max {lo['max_abs_error']:.1%}")
         for src, v in moe["by_source"].items():
-            print(f"  {src[:60]:60} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}")
+            print(f"  {src[:60]:60} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}"
+                  f"  (without it: {v['moe_layer_overhead_fitted_without_s'] * 1e3:.2f} ms, median "
+                  f"{v['leave_one_source_out_median_abs_error']:6.1%}, max {v['leave_one_source_out_max_abs_error']:6.1%})")
         for name, v in moe["kendall_tau_by_series"].items():
             print(f"  series {name:38} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     return 0

@@ -145,3 +145,31 @@ def test_mosaicml_large_scale_h100_table_is_scored_as_held_out_rows():
     _, s = _compare()
     series = {k: v for k, v in s["kendall_tau_by_series"].items() if k.startswith("mosaicml-h100-large")}
     assert len(series) == 6 and all(v["kendall_tau"] >= 0.8 for v in series.values()), series
+
+
+def test_moe_median_and_leave_one_source_out_within_ten_percent():
+    # Issue 13's goal on the published MoE runs. One constant comes from them, the fixed cost of a MoE layer per
+    # micro-batch (moe.MOE_LAYER_OVERHEAD_S): the shipped value is the one the runs give, and every source scored
+    # with it refitted without that source keeps the median within the goal too.
+    _, s = _compare()
+    moe = s["moe"]
+    assert moe["median_abs_error"] <= 0.10
+    assert moe["leave_one_source_out"]["median_abs_error"] <= 0.10
+    overhead = moe["moe_layer_overhead_s"]
+    assert abs(overhead["shipped"] - overhead["fitted_on_all_rows"]) <= 0.1e-3, overhead
+    without = [v["moe_layer_overhead_fitted_without_s"] for v in moe["by_source"].values()]
+    assert len(without) >= 4 and max(without) - min(without) <= 0.5e-3, without  # no one source sets it
+
+
+def test_moe_layer_overhead_agrees_with_what_cuda_graphs_save():
+    # An independent figure, from no scored row: the Megatron-MoE ModelZoo's tuned Qwen3-235B H100 command
+    # (best_practice/qwen3/run_h100_235b.sh: TP 2, PP 8, VPP 4, EP 32, GBS 2048, EP overlap, forced balance) runs at
+    # 320 TFLOP/s once the router and the dispatcher's preprocessing are captured in CUDA graphs
+    # (--cuda-graph-scope moe_router moe_preprocess); its table's run of that layout without them, 276. Same FLOPs per
+    # step: 17.6 s x 276 / 320 = 15.2 s. The busiest pipeline rank runs 12 MoE layers (96 slots — 94 layers,
+    # embedding and loss — over 32 chunks of 3) for 128 micro-batches: 2.4 s over 1,536 layer passes, 1.6 ms each,
+    # what graphs take off a layer. The fitted fixed cost is of that size.
+    from shardwise.planner import moe
+
+    saved_per_pass = (17.6 - 17.6 * 276 / 320) / (128 * 12)
+    assert 0.7 * saved_per_pass <= moe.MOE_LAYER_OVERHEAD_S <= 1.5 * saved_per_pass

@@ -32,6 +32,19 @@ from shardwise.planner.overlap import interference
 from shardwise.specs import ClusterSpec, Layout, ModelSpec
 
 INDEX_BYTES = 8  # int64 indices autograd keeps (top-k ids, dispatch orders)
+# Seconds a MoE layer costs per micro-batch beyond the kernels the planner times (forward + backward; charged
+# 1/3 to the forward, 2/3 to the backward, and again with each recomputed forward): the router's top-k,
+# score and auxiliary-loss kernels, the dispatcher's metadata (token counts per expert and rank, their
+# gather over the ep group, sort indices) and their backward, each a small kernel that costs a launch, and
+# the host synchronisation a dropless dispatch makes to size its buffers and splits (Megatron-Core's
+# MoEAlltoAllTokenDispatcher syncs before the ep all-to-all; DeepEP's normal dispatch waits on the host for
+# its receive counts), after which the GPU idles while the host issues the next kernels. Megatron-Core's own
+# remedy is to capture exactly these parts in CUDA graphs (--cuda-graph-scope moe_router moe_preprocess;
+# the Megatron-MoE ModelZoo's Qwen3-235B H100 script, best_practice/qwen3/run_h100_235b.sh, gets 320 TFLOP/s
+# with them against its table's 276 without, at one layout). No datasheet gives this cost: it is the
+# planner's second constant taken from training runs, fitted on the published MoE runs (median log error
+# zero); benchmarks/published_runs.py refits it without each source and prints every source's error then.
+MOE_LAYER_OVERHEAD_S = 1.4e-3
 
 
 def rank_layer_ids(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> tuple[int, ...]:

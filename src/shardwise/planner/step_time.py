@@ -175,7 +175,8 @@ def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
 def _cache_key(job: Job) -> tuple:
     """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
     of its hash and equality, and the in-situ efficiency is a module constant."""
-    return (kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8")), repr(job.cluster.measured)
+    return ((kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8"), moe.MOE_LAYER_OVERHEAD_S),
+            repr(job.cluster.measured))
 
 
 @lru_cache(maxsize=4096)
@@ -243,6 +244,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                            job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
     ep_f = ep_b = ep
     mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
+    if moe_layer and not calibrated(job):  # the layer's untimed small kernels and host stall (moe.MOE_LAYER_OVERHEAD_S)
+        fixed = moe.MOE_LAYER_OVERHEAD_S
+        fwd, bwd_in, mlp[0] = fwd + fixed / 3, bwd_in + 2 * fixed / 3, mlp[0] + fixed / 3
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
