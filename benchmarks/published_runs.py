@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.planner import estimate, kernels, moe
+from shardwise.planner import estimate, kernels
+from shardwise.planner import moe as moe_terms
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
@@ -351,24 +352,28 @@ def source_key(run: Run) -> str:
 GRID = [0.6 + 0.025 * i for i in range(17)]  # candidate in-situ efficiencies (kernels.IN_SITU_EFFICIENCY)
 
 
-def _predict(run: Run, factor: float | None = None, moe_overhead: float | None = None):
+def _predict(run: Run, factor: float | None = None, moe: tuple[float, float] | None = None):
     """The estimate of a run, with the in-situ efficiency of its GPU architecture set to `factor` and, for a MoE
-    run, the fixed cost of a MoE layer (moe.MOE_LAYER_OVERHEAD_S) to `moe_overhead`."""
+    run, its two fitted constants (planner/moe.py MOE_LAYER_OVERHEAD_S, MOE_LAYER_HOST_S) set to `moe`."""
     arch = kernels.situ_key(run.job.cluster.arch, run.job.precision)
-    saved, saved_moe = dict(kernels.IN_SITU_EFFICIENCY), moe.MOE_LAYER_OVERHEAD_S
+    saved, saved_moe = dict(kernels.IN_SITU_EFFICIENCY), (moe_terms.MOE_LAYER_OVERHEAD_S, moe_terms.MOE_LAYER_HOST_S)
     if factor is not None:
         kernels.IN_SITU_EFFICIENCY[arch] = factor
-    if moe_overhead is not None:
-        moe.MOE_LAYER_OVERHEAD_S = moe_overhead
+    if moe is not None:
+        moe_terms.MOE_LAYER_OVERHEAD_S, moe_terms.MOE_LAYER_HOST_S = moe
     try:
         return estimate(run.job, run.layout)
     finally:
         kernels.IN_SITU_EFFICIENCY.clear()
         kernels.IN_SITU_EFFICIENCY.update(saved)
-        moe.MOE_LAYER_OVERHEAD_S = saved_moe
+        moe_terms.MOE_LAYER_OVERHEAD_S, moe_terms.MOE_LAYER_HOST_S = saved_moe
 
 
-MOE_GRID = [0.5e-3 * i for i in range(9)]  # candidate fixed costs of a MoE layer (moe.MOE_LAYER_OVERHEAD_S), seconds
+# Candidate values of the MoE rows' two constants (seconds): a MoE layer's fixed cost per micro-batch, and the host
+# time below which its pass does not go (none, or 7-11.5 ms). Every strong MoE row is estimated at each pair (an
+# estimate takes ~0.5 ms).
+MOE_GRID = [(0.2e-3 * i, h) for i in range(13) for h in [0.0] + [0.5e-3 * j for j in range(14, 24)]]
+MOE_CONSTANTS = ("MOE_LAYER_OVERHEAD_S", "MOE_LAYER_HOST_S")
 
 
 def _log_error(entry: dict, factor: float, grid: list[float] = GRID) -> float:
@@ -398,9 +403,12 @@ def fit_in_situ(entries: list[dict]) -> dict[str, float]:
             for arch in sorted({e["arch"] for e in entries})}
 
 
-def fit_moe_overhead(entries: list[dict]) -> float:
-    """The fixed cost of a MoE layer (seconds) that makes the median log error of the MoE `entries` zero."""
-    return round(_zero_median(entries, MOE_GRID, False), 5)
+def fit_moe(entries: list[dict]) -> tuple[float, float]:
+    """The pair of MoE constants on MOE_GRID with the smallest median |log error| over `entries` (the smaller pair
+    on a tie)."""
+    def cost(i: int) -> tuple[float, float]:
+        return statistics.median(abs(math.log(e["published"] / e["grid"][i])) for e in entries), sum(MOE_GRID[i])
+    return MOE_GRID[min(range(len(MOE_GRID)), key=cost)]
 
 
 def compare(path: Path) -> tuple[list[dict], dict]:
@@ -435,7 +443,7 @@ def compare(path: Path) -> tuple[list[dict], dict]:
 
 def _moe_row(run: Run) -> dict:
     est = _predict(run)
-    grid = [] if run.weak else [_predict(run, moe_overhead=o).step_time for o in MOE_GRID]
+    grid = [] if run.weak else [_predict(run, moe=pair).step_time for pair in MOE_GRID]
     return {"grid": grid, "published": run.published_step_s,"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
             "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
             "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
@@ -447,19 +455,20 @@ def _moe_row(run: Run) -> dict:
 
 def moe_summary(rows: list[dict]) -> dict:
     """The mixture-of-experts rows (planner/moe.py, shipped constants): median and max |error| over the strong
-    rows, per source, which do not fit, and Kendall tau of their one-knob series. One constant comes from these
-    runs, the fixed cost of a MoE layer (moe.MOE_LAYER_OVERHEAD_S): refitted on all strong rows, and for each
-    source on the others, that source's rows scored with it (leave one source out)."""
+    rows, per source, which do not fit, and Kendall tau of their one-knob series. Two constants come from these
+    runs, a MoE layer's fixed cost per micro-batch and the host time below which its pass does not go
+    (moe.MOE_LAYER_OVERHEAD_S, MOE_LAYER_HOST_S): refitted on all strong rows, and for each source on the others,
+    that source's rows scored with them (leave one source out)."""
     strong = [r for r in rows if not r["weak"]]
     errors = [abs(r["error"]) for r in strong]
     by_source, loso = {}, []
     for src in sorted({r["source"] for r in strong}):
         errs = [abs(r["error"]) for r in strong if r["source"] == src]
-        without = fit_moe_overhead([r for r in strong if r["source"] != src])
-        held = [abs(math.exp(_log_error(r, without, MOE_GRID)) - 1) for r in strong if r["source"] == src]
+        without = fit_moe([r for r in strong if r["source"] != src])
+        held = [abs(r["published"] / r["grid"][MOE_GRID.index(without)] - 1) for r in strong if r["source"] == src]
         loso += held
         by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
-                          "moe_layer_overhead_fitted_without_s": without,
+                          "moe_constants_fitted_without_s": dict(zip(MOE_CONSTANTS, without)),
                           "leave_one_source_out_median_abs_error": statistics.median(held),
                           "leave_one_source_out_max_abs_error": max(held)}
     series = {}
@@ -468,12 +477,14 @@ def moe_summary(rows: list[dict]) -> dict:
         if len(members) >= 2:
             series[name] = {"rows": len(members), "kendall_tau": kendall_tau([r["published_tokens_per_s_per_gpu"] for r in members],
                                                                              [r["predicted_tokens_per_s_per_gpu"] for r in members])}
-    fitted = fit_moe_overhead(strong) if strong else None
+    fitted = fit_moe(strong) if strong else None
     for r in rows:
         del r["grid"], r["published"]
+    shipped = (moe_terms.MOE_LAYER_OVERHEAD_S, moe_terms.MOE_LAYER_HOST_S)
     return {"rows": len(strong), "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None, "by_source": by_source,
-            "moe_layer_overhead_s": {"shipped": moe.MOE_LAYER_OVERHEAD_S, "fitted_on_all_rows": fitted},
+            "moe_constants_s": {"shipped": dict(zip(MOE_CONSTANTS, shipped)),
+                                "fitted_on_all_rows": dict(zip(MOE_CONSTANTS, fitted)) if fitted else None},
             "leave_one_source_out": {"median_abs_error": statistics.median(loso) if loso else None,
                                      "max_abs_error": max(loso) if loso else None},
             "not_fitting": [r["run"] for r in strong if not r["fits"]], "kendall_tau_by_series": series, "runs": rows}
@@ -578,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     moe = s["moe"]
     if moe["rows"]:
-        print("\nmixture of experts (planner/moe.py; scored apart, one constant fitted on them, below):")
+        print("\nmixture of experts (planner/moe.py; scored apart, two constants fitted on them, below):")
         for r in moe["runs"]:
             mark = f" (weak, not in summary: {r['weak_reason']})" if r["weak_reason"] else (
                 " (weak: not in summary)" if r["weak"] else "")
@@ -587,14 +598,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{moe['rows']} mixture-of-experts rows, median "
               f"|error| {moe['median_abs_error']:.1%}, max {moe['max_abs_error']:.1%}"
               + (f"; predicted not to fit: {', '.join(moe['not_fitting'])}" if moe["not_fitting"] else ""))
-        o, lo = moe["moe_layer_overhead_s"], moe["leave_one_source_out"]
-        print(f"one constant comes from these runs, the fixed cost of a MoE layer per micro-batch: shipped "
-              f"{o['shipped'] * 1e3:.2f} ms, fitted on all rows {o['fitted_on_all_rows'] * 1e3:.2f} ms; leave-one-source-out "
-              f"(each source scored with it fitted without that source): median {lo['median_abs_error']:.1%}, "
-              f"max {lo['max_abs_error']:.1%}")
+        o, lo = moe["moe_constants_s"], moe["leave_one_source_out"]
+        ms = lambda d: f"{d['MOE_LAYER_OVERHEAD_S'] * 1e3:.1f} + host {d['MOE_LAYER_HOST_S'] * 1e3:.1f} ms"  # noqa: E731
+        print(f"two constants come from these runs, a MoE layer's fixed cost per micro-batch and the host time below which "
+              f"its pass does not go: shipped {ms(o['shipped'])}, fitted on all rows {ms(o['fitted_on_all_rows'])}; "
+              f"leave-one-source-out (each source scored with them fitted without that source): median "
+              f"{lo['median_abs_error']:.1%}, max {lo['max_abs_error']:.1%}")
         for src, v in moe["by_source"].items():
-            print(f"  {src[:60]:60} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}"
-                  f"  (without it: {v['moe_layer_overhead_fitted_without_s'] * 1e3:.2f} ms, median "
+            print(f"  {src[:50]:50} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}"
+                  f"  (without it: {ms(v['moe_constants_fitted_without_s'])}, median "
                   f"{v['leave_one_source_out_median_abs_error']:6.1%}, max {v['leave_one_source_out_max_abs_error']:6.1%})")
         for name, v in moe["kendall_tau_by_series"].items():
             print(f"  series {name:38} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")

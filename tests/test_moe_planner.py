@@ -198,3 +198,21 @@ def test_experts_issued_one_gemm_per_stream_share_fewer_waves():
     from shardwise.planner.kernels import gemm_time
     one = expert_gemm_time(H100, 512, 1536, 2048, 16, 1)
     assert one == pytest.approx(16 * gemm_time(H100, 512, 1536, 2048)) and one > streamed
+
+
+def test_a_small_moe_layer_pass_takes_the_host_time_at_least():
+    # A MoE layer's pass waits for the host that issues it (moe.MOE_LAYER_HOST_S): halving a big micro-batch halves
+    # the layer's time, but once the GPU's work per pass is below the host's, fewer tokens buy nothing.
+    from shardwise.planner import moe
+    from shardwise.planner.step_time import layer_cost
+
+    job = make_job(load_model("qwen3-30b-a3b"), H100, 256, 4096, "megatron-core")
+
+    def per_pass(mb, tp):
+        lc = layer_cost(job, Layout(dp=8 // tp, tp=tp, micro_batch=mb, ep=8, sequence_parallel=tp > 1), moe_layer=True)
+        return lc.fwd + lc.bwd_in + lc.bwd_w + lc.tp_fwd + lc.tp_bwd + lc.ep_fwd + lc.ep_bwd
+
+    for mb in (8, 4):  # 32K and 16K tokens a GPU: GPU-bound, about linear
+        assert per_pass(mb, 1) > 1.8 * per_pass(mb // 2, 1) > 1.8 * moe.MOE_LAYER_HOST_S
+    for tp in (1, 2, 4, 8):  # 4,096 tokens a GPU down to 512: the host's time, whatever the GPU's
+        assert per_pass(1, tp) == pytest.approx(moe.MOE_LAYER_HOST_S)

@@ -148,28 +148,32 @@ def test_mosaicml_large_scale_h100_table_is_scored_as_held_out_rows():
 
 
 def test_moe_median_and_leave_one_source_out_within_ten_percent():
-    # Issue 13's goal on the published MoE runs. One constant comes from them, the fixed cost of a MoE layer per
-    # micro-batch (moe.MOE_LAYER_OVERHEAD_S): the shipped value is the one the runs give, and every source scored
-    # with it refitted without that source keeps the median within the goal too.
+    # Issue 13's goal on the published MoE runs. Two constants come from them, a MoE layer's fixed cost per micro-batch
+    # and the host time below which its pass does not go (moe.MOE_LAYER_OVERHEAD_S, MOE_LAYER_HOST_S): the shipped
+    # values are the ones the runs give, and every source scored with them refitted without that source keeps the
+    # median within the goal too.
     _, s = _compare()
     moe = s["moe"]
     assert moe["median_abs_error"] <= 0.10
     assert moe["leave_one_source_out"]["median_abs_error"] <= 0.10
-    overhead = moe["moe_layer_overhead_s"]
-    assert abs(overhead["shipped"] - overhead["fitted_on_all_rows"]) <= 0.1e-3, overhead
-    without = [v["moe_layer_overhead_fitted_without_s"] for v in moe["by_source"].values()]
-    assert len(without) >= 4 and max(without) - min(without) <= 0.5e-3, without  # no one source sets it
+    shipped, fitted = moe["moe_constants_s"]["shipped"], moe["moe_constants_s"]["fitted_on_all_rows"]
+    assert abs(shipped["MOE_LAYER_OVERHEAD_S"] - fitted["MOE_LAYER_OVERHEAD_S"]) <= 0.2e-3, (shipped, fitted)
+    assert abs(shipped["MOE_LAYER_HOST_S"] - fitted["MOE_LAYER_HOST_S"]) <= 0.5e-3, (shipped, fitted)
+    hosts = [v["moe_constants_fitted_without_s"]["MOE_LAYER_HOST_S"] for v in moe["by_source"].values()]
+    assert len(hosts) >= 4 and max(hosts) - min(hosts) <= 1e-3, hosts  # no one source sets the host floor
 
 
-def test_moe_layer_overhead_agrees_with_what_cuda_graphs_save():
+def test_moe_layer_fixed_costs_cover_what_cuda_graphs_save():
     # An independent figure, from no scored row: the Megatron-MoE ModelZoo's tuned Qwen3-235B H100 command
     # (best_practice/qwen3/run_h100_235b.sh: TP 2, PP 8, VPP 4, EP 32, GBS 2048, EP overlap, forced balance) runs at
     # 320 TFLOP/s once the router and the dispatcher's preprocessing are captured in CUDA graphs
-    # (--cuda-graph-scope moe_router moe_preprocess); its table's run of that layout without them, 276. Same FLOPs per
-    # step: 17.6 s x 276 / 320 = 15.2 s. The busiest pipeline rank runs 12 MoE layers (96 slots — 94 layers,
-    # embedding and loss — over 32 chunks of 3) for 128 micro-batches: 2.4 s over 1,536 layer passes, 1.6 ms each,
-    # what graphs take off a layer. The fitted fixed cost is of that size.
-    from shardwise.planner import moe
-
-    saved_per_pass = (17.6 - 17.6 * 276 / 320) / (128 * 12)
-    assert 0.7 * saved_per_pass <= moe.MOE_LAYER_OVERHEAD_S <= 1.5 * saved_per_pass
+    # (--cuda-graph-scope moe_router moe_preprocess); its table's run of that layout without them at 276 (17.6 s).
+    # Same FLOPs per step: the graphs take 17.6 - 17.6 x 276 / 320 = 2.4 s off a step. What the two constants add to
+    # that layout's predicted step must cover it (graphs remove part of what they stand for: the router's and
+    # preprocessing's launches and the host synchronisation, not the attention's or the experts' host work) and not
+    # exceed it by much.
+    run = next(r for r in bench.load_runs(bench.DEFAULT_CSV)
+               if r.job is not None and "TP2 PP8 EP32" in r.name and "overlapped with 1F1B" in r.name)
+    fixed = bench._predict(run).step_time - bench._predict(run, moe=(0.0, 0.0)).step_time
+    saved = 17.6 - 17.6 * 276 / 320
+    assert saved <= fixed <= 2 * saved, (fixed, saved)

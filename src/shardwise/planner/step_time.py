@@ -175,7 +175,8 @@ def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
 def _cache_key(job: Job) -> tuple:
     """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
     of its hash and equality, and the in-situ efficiency is a module constant."""
-    return ((kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8"), moe.MOE_LAYER_OVERHEAD_S),
+    return ((kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8"), moe.MOE_LAYER_OVERHEAD_S,
+             moe.MOE_LAYER_HOST_S),
             repr(job.cluster.measured))
 
 
@@ -249,6 +250,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         fwd, bwd_in, mlp[0] = fwd + fixed / 3, bwd_in + 2 * fixed / 3, mlp[0] + fixed / 3
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
+    if moe_layer and not calibrated(job):  # the GPU waits for the host where the layer's kernels run out first
+        fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
+        bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
                      mlp[0], ep)
 
@@ -456,7 +460,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
                      layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
-                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh, cp_comm=cp_comm,
+                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh + rec / max(layers, 1), cp_comm=cp_comm,
                      ep_comm=ep_comm)
 
 
