@@ -489,3 +489,20 @@ def test_the_shardwise_profile_carries_a_calibrated_per_step_overhead():
     other = dataclasses.replace(_tiny_job(**{CALIBRATED_STEP_OVERHEAD: 7e-3}), framework="megatron-core")
     plain = dataclasses.replace(_tiny_job(), framework="megatron-core")
     assert step_time(other, Layout(dp=2))["optimizer"] == step_time(plain, Layout(dp=2))["optimizer"]
+
+
+def test_fp8_parameters_are_stored_and_gathered_in_one_byte():
+    # NeMo's fp8_params (Transformer Engine's fp8_model_init): the weights live in FP8 and the distributed optimizer
+    # gathers FP8 weights. GPT-3 175B at MLPerf v4.0's 10,752-GPU layout: a pipeline rank holds 1/24 of 174.6 B
+    # parameters (plus the embedding, 51,200 x 12,288, on the first rank).
+    layout = Layout(dp=448, tp=4, pp=6, vpp=8, schedule="interleaved-1f1b", zero=1, sequence_parallel=True)
+    base = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "nemo", precision="fp8")
+    fp8w = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "nemo", precision="fp8", weight_bytes=1)
+    e2, e1 = estimate(base, layout), estimate(fp8w, layout)
+    # Per weight: the FP8 weight and the transpose Transformer Engine keeps for the backward (2 B), where BF16
+    # weights keep the BF16 copy and an FP8 one beside it (3 B).
+    weights = e1.memory_bytes["weights"]
+    assert 2 * 174.6e9 / 24 * 0.98 <= weights <= 2 * (174.6e9 / 24 + 51200 * 12288 / 4) * 1.02
+    assert e2.memory_bytes["weights"] == pytest.approx(1.5 * weights, rel=0.02)
+    assert e1.assumptions["param_gather_dtype"] == "fp8" and e2.assumptions["param_gather_dtype"] == "bf16"
+    assert e1.time_s["dp_comm"] < 0.8 * e2.time_s["dp_comm"]  # the updated weights' all-gather halves

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from shardwise.planner import kernels
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
+from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout
 from shardwise.units import GIB
@@ -89,11 +90,12 @@ class Estimate:
 def assumptions(job: Job) -> dict:
     """What a prediction assumes about the software (planner/frameworks.py) and the precision."""
     fw = get_framework(job.framework)
-    dtype = {2: "bf16", 4: "fp32"}
+    dtype = {1: "fp8", 2: "bf16", 4: "fp32"}
     return {
         "attention": ("materialised softmax" if not job.flash_attention or fw.attention == "unfused"
                       else kernels.ATTENTION_KERNEL[fw.attention].get(job.cluster.arch or "ampere", "fa2")),
         "gradient_reduce_dtype": dtype.get(fw.grad_reduce_bytes, f"{fw.grad_reduce_bytes} B"),
+        "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,
         "pipeline_p2p_overlapped": fw.p2p_overlap,

@@ -233,7 +233,7 @@ def framework_paragraph(job: Job) -> str:
 
 
 # The model's typical error: above the median |error| on published runs it was not fitted to (leave-one-source-out,
-# benchmarks/published_runs.py: 6.0 %; 3.2 % plain), short of the errors of the stacks it models less well. Closer is a tie.
+# benchmarks/published_runs.py: 6.0 %; 3.1 % plain), short of the errors of the stacks it models less well. Closer is a tie.
 MODEL_ERROR = 0.06
 # Layouts re-ranked under each what-if (the fastest ones; a what-if cannot lift a slow layout past all of them).
 SENSITIVITY_TOP = 30

@@ -70,6 +70,13 @@ def per_microbatch(comm: float, win: Window, nbytes: float, bucket_bytes: float)
                                                                                    bucket_bytes)
 
 
+def param_gather_bytes(job, fw: Framework) -> int:
+    """Bytes per parameter element the stack all-gathers: its gather dtype, or the weights as stored when they are
+    narrower — FP8 parameters (NeMo `fp8_params`, Transformer Engine's `fp8_model_init`: the distributed optimizer
+    casts its updated FP32 shard to FP8 and gathers FP8 weights; Megatron-Core `--fp8-param-gather`)."""
+    return min(fw.param_gather_bytes, job.train.weight_bytes)
+
+
 def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window
                ) -> tuple[float, float]:
     """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
@@ -81,7 +88,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
     measured = c.measured or {}
     sync = sync_time(c)
     overlap = float(measured.get("comm_overlap", 1.0)) > 0  # a blocking backend (gloo) hides nothing
-    gb, pb = fw.grad_reduce_bytes, fw.param_gather_bytes
+    gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
     chunks = layout.vpp if layout.pp > 1 else 1
 
     def call(kind: str, elements: float, nbytes_per: float, extra: float = sync) -> float:
@@ -116,7 +123,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
     chunks = layout.vpp if layout.pp > 1 else 1
     root = max(params - layers * layer_params, 0.0) / chunks
-    gb, pb = fw.grad_reduce_bytes, fw.param_gather_bytes
+    gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
     if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
         tensors = layer_tensors(job.model, layout.tp)
         # A list-of-tensors collective (torch.distributed.all_gather(list, t)) copies each of the d entries

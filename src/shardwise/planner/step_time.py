@@ -285,7 +285,10 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
         return 0.0
     recipe = get_framework(job.framework).fp8
     params = layers * matmul_params_per_layer(job.model) / layout.tp
-    return params * kernels.FP8_CAST_BYTES[recipe] / kernels.hbm_rate(job.cluster)
+    per = kernels.FP8_CAST_BYTES[recipe]
+    if job.train.weight_bytes == 1:  # FP8 parameters: nothing to cast, only the transpose to write (read 1, write 1)
+        per = 2
+    return params * per / kernels.hbm_rate(job.cluster)
 
 
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
