@@ -12,7 +12,10 @@ Cases (per-GPU tokens/s from the source):
     tokens/s per GPU. Neither paper says these hours include restarts, failures or evaluation, and LLaMA's own table
     shows how they are counted: its 65B model's 1,022,362 GPU-hours (Touvron et al. 2023, LLaMA, Table 15) are its
     1.4 T tokens at the 380 tokens/s per GPU it measured (1.4e12 / 380 / 3600 = 1,023,392, within 0.1 %), i.e.
-    tokens over throughput. So the figure is read as a throughput, with no allowance for lost time.
+    tokens over throughput. So the figure is read as a throughput, with no allowance for lost time. But Llama 2's four
+    figures are exact multiples of 2,048 GPU-hours (90, 180, 507 and 840 hours: GPUs x whole wall-clock hours, unlike
+    LLaMA-65B's computed one), which would count the time the run lost; the script also prints the comparison at the
+    "higher than 90 % effective training time" Llama 3 reports (Llama Team 2024, Sec. 3.3.4), as a bound.
   * LLaMA 65B on 2,048 A100-80GB, 4M-token batches of 2,048: "approximately 380 tokens/sec/GPU" (Touvron et al.
     2023, LLaMA, Sec. 2.4).
 Both A100 runs used Meta's 2022-23 stack (LLaMA Sec. 2.4: xformers' causal attention, checkpointing that keeps the
@@ -41,6 +44,12 @@ CASES = [
     ("Llama 3 405B, 8,192 H100 (43 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 8192, 2048, 8192, None, 0.43, "llama3"),
     ("Llama 3 405B, 16,384 H100 (41 % MFU)", "llama3.1-405b", "dgx-h100-80gb", 16384, 2048, 8192, None, 0.41, "llama3"),
 ]
+
+
+# Cases whose published figure is GPUs x wall-clock hours (Llama 2, Table 2: exact multiples of 2,048 GPU-hours), and
+# the effective training time Llama 3 reports for its 405B run ("higher than 90 %", Sec. 3.3.4): a bound, not a fit.
+WALL_CLOCK_HOURS = ("Llama 2 70B, 2,048 A100 (Meta GPU-hours)",)
+EFFECTIVE_TIME = 0.90
 
 
 def run(frameworks: list[str]) -> list[dict]:
@@ -85,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['case']:42} {r['framework']:15} {plan:34} {r['mfu']:6.1%} {r['published_tokens_per_s_per_gpu']:7.0f} "
               f"{r['predicted_tokens_per_s_per_gpu']:7.0f} {r['faster_than_published']:+7.1%}"
               + ("  <- the stack that ran it" if r["ran_it"] else ""))
+    for r in rows:
+        if r["best"] is not None and r["ran_it"] and r["case"] in WALL_CLOCK_HOURS:
+            bound = r["predicted_tokens_per_s_per_gpu"] / (r["published_tokens_per_s_per_gpu"] / EFFECTIVE_TIME) - 1
+            print(f"{r['case']}: its GPU-hours are 2,048 GPUs x whole wall-clock hours; if the run trained "
+                  f"{EFFECTIVE_TIME:.0%} of that time (Llama 3's figure), the plan is {bound:+.1%} faster")
     return 0
 
 
