@@ -39,6 +39,8 @@ def test_estimate_json_carries_ep_and_parameter_counts(tmp_path, capsys):
     assert out["active_params"] == spec.active_params() and out["active_params"] < out["total_params"] / 3
     assert out["time_breakdown_s"]["ep_comm"] > 0
     assert "active parameters" in out["assumptions"]["mfu_convention"]
+    # the two constants taken from published MoE runs are stated with the prediction (planner/moe.py)
+    assert out["assumptions"]["moe_layer_fixed_cost_s"] > 0 and out["assumptions"]["moe_layer_host_time_s"] > 0
 
 
 def test_plan_json_layouts_carry_ep_and_the_search_tries_them(tmp_path, capsys):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardwise.planner import kernels
+from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
-from shardwise.planner.step_time import step_flops, step_time
+from shardwise.planner.step_time import calibrated as calibrated_cluster, step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout
 from shardwise.units import GIB
 
@@ -104,7 +104,10 @@ def assumptions(job: Job) -> dict:
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
         "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
         **({"moe_capacity_factor": job.capacity_factor,
-            "mfu_convention": "active parameters (top-k experts, router, shared expert)"} if job.model.is_moe else {}),
+            "mfu_convention": "active parameters (top-k experts, router, shared expert)",
+            # fitted on published MoE runs (planner/moe.py; 0 on a calibrated cluster, whose measurements replace them)
+            "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,
+            "moe_layer_host_time_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_HOST_S} if job.model.is_moe else {}),
         "precision": job.precision,
         "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
                                                         "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
