@@ -7,10 +7,11 @@ source's FLOP count of a step is the same number on both sides, so the compariso
 times: error = published step time / predicted step time - 1 (positive: the planner is optimistic).
 
 Every constant of the planner comes from datasheets, kernel and collective measurements or framework code
-(docs/planner.md) but two, which come from training runs: the in-situ efficiency per GPU architecture (the dense
-rows) and the fixed cost of a MoE layer per micro-batch (the mixture-of-experts rows, scored apart). Each is
-refitted here on its rows, and for every source on the other sources' rows: that source's errors with the
-constant fitted without it (leave one source out) are printed beside the plain ones.
+(docs/planner.md) but three, which come from training runs: the in-situ efficiency per GPU architecture (the dense
+rows), and a MoE layer's fixed cost per micro-batch and the host's time to issue a MoE layer's pass (the
+mixture-of-experts rows, scored apart). Each is refitted here on its rows, and for every source on the other
+sources' rows: that source's errors with the constants fitted without it (leave one source out) are printed beside
+the plain ones.
 Rows the planner cannot model yet (torch.compile fusions, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
