@@ -300,7 +300,7 @@ def parse(row: dict) -> Run:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
         fp8_params = _precision(row) == "fp8" and ("FP8_PARAMS=True" in row["notes"] or "fp8_params" in notes)
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
-                       tp_comm_overlap=overlap, precision=_precision(row), **({"weight_bytes": 1} if fp8_params else {}))
+                       tp_comm_overlap=overlap, precision=_precision(row), fp8_params=fp8_params)
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"

@@ -497,7 +497,7 @@ def test_fp8_parameters_are_stored_and_gathered_in_one_byte():
     # parameters (plus the embedding, 51,200 x 12,288, on the first rank).
     layout = Layout(dp=448, tp=4, pp=6, vpp=8, schedule="interleaved-1f1b", zero=1, sequence_parallel=True)
     base = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "nemo", precision="fp8")
-    fp8w = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "nemo", precision="fp8", weight_bytes=1)
+    fp8w = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "nemo", precision="fp8", fp8_params=True)
     e2, e1 = estimate(base, layout), estimate(fp8w, layout)
     # Per weight: the FP8 weight and the transpose Transformer Engine keeps for the backward (2 B), where BF16
     # weights keep the BF16 copy and an FP8 one beside it (3 B).
@@ -506,3 +506,11 @@ def test_fp8_parameters_are_stored_and_gathered_in_one_byte():
     assert e2.memory_bytes["weights"] == pytest.approx(1.5 * weights, rel=0.02)
     assert e1.assumptions["param_gather_dtype"] == "fp8" and e2.assumptions["param_gather_dtype"] == "bf16"
     assert e1.time_s["dp_comm"] < 0.8 * e2.time_s["dp_comm"]  # the updated weights' all-gather halves
+
+
+def test_fp8_params_need_fp8_under_transformer_engine():
+    from shardwise.errors import UsageError
+
+    for framework, precision in (("nemo", "bf16"), ("torchtitan", "fp8")):
+        with pytest.raises(UsageError, match="--fp8-params"):
+            make_job(load_model("gpt3-175b"), H100, 2688, 2048, framework, precision=precision, fp8_params=True)

@@ -88,6 +88,10 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="GEMM precision: bf16 (default), or fp8 — the layers' linears in FP8 on Hopper with the "
                         "framework's scaling recipe (Transformer Engine for megatron-core/nemo, torchao for "
                         "torchtitan), attention and the LM head in bf16")
+    p.add_argument("--fp8-params", action="store_true",
+                   help="with --precision fp8 (megatron-core, nemo): the weights themselves in FP8 (NeMo fp8_params, "
+                        "Megatron-Core --fp8-param-gather): one byte each in memory and in the distributed "
+                        "optimizer's all-gather")
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")
@@ -161,7 +165,8 @@ def job_from_args(args):
     job = make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
-                   precision=getattr(args, "precision", None) or "bf16")
+                   precision=getattr(args, "precision", None) or "bf16",
+                   fp8_params=bool(getattr(args, "fp8_params", False)))
     return replace(job, capacity_factor=capacity)
 
 

@@ -146,9 +146,11 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
-             **train):
+             fp8_params: bool = False, **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
-    defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes)."""
+    defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
+    themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
+    one byte each, stored and gathered so."""
     fw = get_framework(framework)
     if tp_comm_overlap and not fw.tp_comm_overlap_available:
         raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
@@ -160,7 +162,11 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if precision == "fp8" and not fw.fp8:
         raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
                          f"megatron-core, nemo or torchtitan")
-    states = {"weight_bytes": fw.weight_bytes, "grad_bytes": fw.grad_bytes, "optimizer_bytes": fw.optimizer_bytes}
+    if fp8_params and (precision != "fp8" or fw.fp8 != "te"):
+        raise UsageError("--fp8-params keeps the weights in FP8 under Transformer Engine — add --precision fp8 "
+                         "with --framework megatron-core or nemo")
+    states = {"weight_bytes": 1 if fp8_params else fw.weight_bytes, "grad_bytes": fw.grad_bytes,
+              "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
                flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
