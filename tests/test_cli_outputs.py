@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardwise.cli import main
+from shardwise.cli import COMMANDS, build_parser, main
 
 
 def test_simulate_creates_the_output_folders(tmp_path):
@@ -74,3 +74,24 @@ def test_validate_table_stays_whole_at_80_columns():
     out = console.export_text()
     assert max(map(len, out.splitlines())) <= 80 and "…" not in out, out
     assert "4 ms" in out and "i-1f1b" in out and "sel-rc" in out, out  # units; short words, explained in the caption
+
+
+def _leaf_parsers(parser, path=()):
+    """(command path, parser) of every command a user can run, sub-actions (`checkpoint inspect`) included."""
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for sub in subs:
+        for name, child in sub.choices.items():
+            yield from _leaf_parsers(child, path + (name,))
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_json(command):
+    """Every command a user runs — and each action of one with actions (`checkpoint inspect`) — offers --json."""
+    leaves = [(path, p) for path, p in _leaf_parsers(build_parser([command])) if path[:1] == (command,)]
+    assert leaves, command
+    for path, p in leaves:
+        assert "--json" in {s for a in p._actions for s in a.option_strings}, " ".join(path)

@@ -18,12 +18,12 @@ from shardwise.errors import UsageError
 # name -> one-line help; the module is shardwise.commands.<name> ('-' -> '_').
 COMMANDS = {
     "demo": "plan the article's example, then plan and really train a tiny model on 4 CPU processes",
-    "plan": "rank every dp x tp x pp layout for a model on a cluster and explain the winner",
+    "plan": "rank every dp x tp x pp x cp (x ep) layout for a model on a cluster and explain the winner",
     "estimate": "predict memory and step time of one layout",
     "explain": "the planner's decision in plain words, with numbers",
     "report": "write one self-contained HTML page: the ranked layouts, their memory and time, the winner's pipeline, a validate run",
     "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
-    "train": "train a model with a dp x tp x pp layout on torch.distributed",
+    "train": "train a model with a dp x tp x pp x cp (x ep) layout on torch.distributed",
     "checkpoint": "inspect a training checkpoint, or export its model as one safetensors file",
     "calibrate": "measure this machine (matmul, memory, collectives by size) and write a cluster profile",
     "validate": "train a sweep of real layouts briefly and compare the planner's predictions with the measurements",
@@ -41,7 +41,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Only the chosen command's module is imported, so each command starts fast."""
     parser = Parser(
         prog="shardwise",
-        description="Where to split a training job (data, tensor, pipeline parallel), how to run it, and proof it is right.",
+        description=("Where to split a training job (data, tensor, pipeline, context or expert parallel), how to run "
+                     "it, and proof it is right."),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

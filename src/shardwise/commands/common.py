@@ -40,7 +40,8 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
     p.add_argument("--ep", type=int, default=1,
-                   help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp ranks; ep*etp must divide dp*tp")
+                   help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "
+                        "must divide dp*tp*cp")
     p.add_argument("--etp", type=int, default=1, help="tensor-parallel degree inside each expert (default 1)")
     p.add_argument("--cp", type=int, default=1,
                    help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
@@ -127,7 +128,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=_int_list, default=None, metavar="P,...", help="pipeline-parallel degrees to try")
     g.add_argument("--micro-batch", type=_int_list, default=None, metavar="B,...", help="micro-batch sizes to try")
     g.add_argument("--ep", type=_int_list, default=None, metavar="E,...",
-                   help="expert-parallel degrees to try (MoE models; default: every divisor of the experts that divides dp*tp)")
+                   help="expert-parallel degrees to try (MoE models; default: every divisor of the experts that divides "
+                        "dp*tp*cp)")
     g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), metavar="Z,...", help="ZeRO stages to try")
     g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=RECOMPUTE,
                    metavar="R,...", help="activation recompute policies to try (none, selective, full)")
