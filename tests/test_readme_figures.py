@@ -13,3 +13,15 @@ def test_readme_figures_match_the_code():
     _, changed = figures.regenerate(figures.README.read_text(encoding="utf-8"))
     assert not changed, (f"README.md figures differ from the code: {', '.join(changed)} — run "
                          f"`python benchmarks/readme_figures.py` and commit README.md")
+
+
+def test_readme_lists_every_framework_profile():
+    """The README's `--framework {...}` names exactly the profiles `plan` accepts."""
+    import re
+
+    from shardwise.planner.frameworks import FRAMEWORKS
+
+    text = " ".join((SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"`--framework \{([^}]*)\}`", text)
+    assert listed, "README.md: no `--framework {...}` list"
+    assert sorted(n.strip() for n in listed.group(1).split(",")) == sorted(FRAMEWORKS)
