@@ -434,11 +434,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     optim = t.optimizer_bytes * params
     if zero >= 1:
         optim /= d
-    # torch.distributed.pipelining keeps FSDP's gradients unsharded, in the reduce dtype, until the step's end.
-    deferred = layout.pp > 1 and get_framework(job.framework).pipeline_fsdp_once
-    if deferred and zero >= 2:
-        grads = get_framework(job.framework).grad_reduce_bytes * params
-    elif zero >= 2:
+    if zero >= 2:
         grads /= d
         gathered = params
         if zero >= 3:
@@ -446,7 +442,17 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             root = params - layers * layer if layers is not None else 0.0
             gathered = min(root + gathered_layers * layer, params)
         weights = t.weight_bytes * (params / d + gathered)
+    if zero >= 2 and accumulates_unsharded(job, layout):
+        grads = get_framework(job.framework).grad_reduce_bytes * params
     return {"weights": weights, "gradients": grads, "optimizer": optim}
+
+
+def accumulates_unsharded(job: Job, layout: Layout) -> bool:
+    """Whether ZeRO-2/3 holds every gradient unsharded, in the reduce dtype, until one reduce-scatter at the
+    step's end: torch.distributed.pipelining's FSDP (Framework.pipeline_fsdp_once). The `llama3` profile's
+    once-per-step reduction keeps its shards: the paper says its gradients are sharded (docs/planner.md,
+    "Open questions")."""
+    return layout.pp > 1 and get_framework(job.framework).pipeline_fsdp_once
 
 
 # --------------------------------------------------------------------------- per GPU
