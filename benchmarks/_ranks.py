@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import tempfile
 
 from shardwise.launch import spawn_ranks
@@ -16,3 +18,23 @@ def ranks_json(worker, world: int, *args, **spawn_kw):
         spawn_ranks(worker, world, *args, path, **spawn_kw)
         with open(path) as f:
             return json.load(f)
+
+
+def add_rank_args(ap: argparse.ArgumentParser, repeats: int) -> None:
+    """The flags every two-rank timing benchmark takes: repeats, threads and backend of its ranks, --json."""
+    ap.add_argument("--repeats", type=int, default=repeats, help="timed steps per contender (interleaved)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--json", action="store_true")
+
+
+def run_and_print(worker, args, header, table, timeout_s: int) -> int:
+    """worker on 2 ranks (add_rank_args' flags); its result as JSON, or header(result) and table(result)."""
+    result = ranks_json(worker, 2, args, backend=args.backend, timeout_s=timeout_s)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(header(result))
+        print(table(result))
+    return 0

@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from _ranks import ranks_json
+from _ranks import add_rank_args, run_and_print
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, parallelize, shard_sequence
 from shardwise.specs import Layout, model_from_hf_config
@@ -167,20 +167,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=20, help="timed steps per contender (interleaved)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--json", action="store_true")
+    add_rank_args(ap, repeats=20)
     args = ap.parse_args(argv)
-    result = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=600)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        print(f"world 2 (cp 2), {args.backend}, {result['params']:,}-parameter Llama, batch {args.batch} x {args.seq_len}, "
-              f"median of {args.repeats} interleaved steps, {args.threads} thread(s) per rank")
-        print(table(result))
-    return 0
+    return run_and_print(_worker, args, lambda r: (
+        f"world 2 (cp 2), {args.backend}, {r['params']:,}-parameter Llama, batch {args.batch} x {args.seq_len}, "
+        f"median of {args.repeats} interleaved steps, {args.threads} thread(s) per rank"), table, timeout_s=600)
 
 
 if __name__ == "__main__":

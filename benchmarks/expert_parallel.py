@@ -29,7 +29,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from context_parallel import _step, _time  # noqa: E402  (the same step and interleaved timer as the CP benchmark)
 
-from _ranks import ranks_json  # noqa: E402
+from _ranks import add_rank_args, run_and_print  # noqa: E402
 from shardwise.model import Transformer  # noqa: E402
 from shardwise.parallel import build_mesh, parallelize, sync_expert_grads  # noqa: E402
 from shardwise.specs import Layout, model_from_hf_config  # noqa: E402
@@ -120,20 +120,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8, help="global batch (sequences), split over the 2 ranks")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=20, help="timed steps per contender (interleaved)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--json", action="store_true")
+    add_rank_args(ap, repeats=20)
     args = ap.parse_args(argv)
-    result = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=600)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        print(f"world 2 (dp 2 x ep 2), {args.backend}, {result['params']:,}-parameter MoE (8 experts, top-2), global batch "
-              f"{args.batch} x {args.seq_len}, median of {args.repeats} interleaved steps, {args.threads} thread(s) per rank")
-        print(table(result))
-    return 0
+    return run_and_print(_worker, args, lambda r: (
+        f"world 2 (dp 2 x ep 2), {args.backend}, {r['params']:,}-parameter MoE (8 experts, top-2), global batch "
+        f"{args.batch} x {args.seq_len}, median of {args.repeats} interleaved steps, {args.threads} thread(s) per rank"),
+        table, timeout_s=600)
 
 
 if __name__ == "__main__":

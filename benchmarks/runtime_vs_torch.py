@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise.model import Transformer
-from _ranks import ranks_json
+from _ranks import add_rank_args, run_and_print
 from shardwise.parallel import build_mesh, parallelize, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
@@ -223,20 +223,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="tiny,small", help="comma-separated: presets or 'small' (h256, 4 layers)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=60, help="timed steps per contender (interleaved)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--json", action="store_true")
+    add_rank_args(ap, repeats=60)
     args = ap.parse_args(argv)
-    results = ranks_json(_worker, 2, args, backend=args.backend, timeout_s=120)
-    if args.json:
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    else:
-        print(f"world 2, {args.backend}, batch {args.batch} x {args.seq_len}, median of {args.repeats} interleaved steps, "
-              f"{args.threads} thread(s) per rank")
-        print(table(results))
-    return 0
+    return run_and_print(_worker, args, lambda _: (
+        f"world 2, {args.backend}, batch {args.batch} x {args.seq_len}, median of {args.repeats} interleaved steps, "
+        f"{args.threads} thread(s) per rank"), table, timeout_s=120)
 
 
 if __name__ == "__main__":
