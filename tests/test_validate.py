@@ -43,6 +43,10 @@ def test_contract_keys_and_well_formed_values(sweep):
     assert -1 <= s["spearman"] <= 1 and -1 <= s["kendall_tau"] <= 1
     assert s["median_abs_error"] >= 0 and s["p90_abs_error"] >= s["median_abs_error"]
     assert s["top1_regret"] >= 0 and isinstance(s["best_in_top3"], bool)
+    # other processes' CPU use during the sweep (contention.py); a datasheet cluster has no calibration's
+    m = sweep["machine"]
+    assert m["cores"] >= 1 and (m["other_cpu_cores"] is None or m["other_cpu_cores"] >= 0)
+    assert m["calibration_other_cpu_cores"] is None
 
 
 def test_measured_model_states_are_the_planners(sweep):
@@ -139,3 +143,26 @@ def test_summary_regret_and_top3():
     assert s["top1_regret"] == pytest.approx(1.2 / 0.9 - 1)
     assert s["best_in_top3"] is False
     assert s["median_abs_error"] == pytest.approx((0.4 + 1.0) / 2)  # errors 0.17, 1.0, 0.4, 3.4
+
+
+def test_warns_when_other_processes_shared_the_machine():
+    """The printed report names other processes' CPU use during the sweep or the calibration, and only then."""
+    from rich.console import Console
+
+    from shardwise.commands.validate import _print
+
+    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": 0.03,
+              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": False, "step_time_spread": 0.1}
+    summary = {"median_abs_error": 0.3, "p90_abs_error": 0.3, "spearman": 1.0, "kendall_tau": 1.0, "top1_regret": 0.0,
+               "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0, "noisy_layouts": 0}
+
+    def printed(machine):
+        console = Console(record=True, width=200)
+        _print(console, {"model": "tiny", "world": 2, "backend": "gloo", "cluster": "calibrated", "global_batch": 8,
+                         "seq_len": 64, "layouts": [layout], "summary": summary, "machine": machine}, None)
+        return console.export_text()
+
+    quiet = printed({"cores": 2, "other_cpu_cores": 0.02, "calibration_other_cpu_cores": None})
+    assert "other processes" not in quiet
+    busy = printed({"cores": 2, "other_cpu_cores": 0.9, "calibration_other_cpu_cores": 0.1})
+    assert "0.9 of this machine's" in busy and "during the sweep" in busy and "during the calibration" not in busy

@@ -40,9 +40,12 @@ def calibrate(cfg: CalibrateConfig, report=lambda label: None) -> Profile | None
     cfg = cfg.resolved()
     if under_torchrun():
         cfg = replace(cfg, world=int(os.environ["WORLD_SIZE"]))
-    out = run_ranks(_measure, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
-                    what="calibration")[0]
-    return None if out is None else Profile(**out)
+    from shardwise.contention import OtherCpu
+
+    with OtherCpu(enabled=not under_torchrun()) as other:  # under torchrun the other ranks are not our children
+        out = run_ranks(_measure, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
+                        what="calibration")[0]
+    return None if out is None else Profile(**out, other_cpu_cores=other.cores)
 
 
 def _measure(cfg: CalibrateConfig):

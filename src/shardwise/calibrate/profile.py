@@ -49,6 +49,7 @@ class Profile:
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
+    other_cpu_cores: float | None = None  # cores other processes kept busy meanwhile (contention.py; None: unknown)
 
     def monotone_tables(self) -> dict:
         """A smaller message never takes longer than a larger one: each time is capped by the next
@@ -144,6 +145,8 @@ class Profile:
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
+        if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
+            out["other_cpu_cores"] = self.other_cpu_cores
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0
         out.update({k: v for k, v in self.monotone_tables().items() if v})

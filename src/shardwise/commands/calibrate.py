@@ -105,6 +105,12 @@ def _print(console, profile, out: str) -> None:
         for i, (nbytes, _) in enumerate(tables["all_reduce"]):
             table.add_row(human(nbytes), *(f"{tables[k][i][1] * 1e3:.3f}" for k in COLLECTIVES))
         console.print(table)
+    from shardwise.contention import neighbours_note
+
+    note = neighbours_note("the calibration", profile.other_cpu_cores)
+    if note:
+        console.print(f"[yellow]{note} — calibrate on a quiet machine: the planner takes these times as the "
+                      f"machine's own[/]", highlight=False)
     noisy = profile.noisy()
     if noisy:
         console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "

@@ -52,12 +52,14 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
 
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     """Run the sweep; the report dict on rank 0 (None on other torchrun ranks)."""
-    from shardwise.launch import run_ranks
+    from shardwise.contention import OtherCpu, machine_cores
+    from shardwise.launch import run_ranks, under_torchrun
 
     if not cfg.layouts:
         cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
-    runs = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
-                     what="validation")[0]
+    with OtherCpu(enabled=not under_torchrun()) as other:  # under torchrun the other ranks are not our children
+        runs = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
+                         what="validation")[0]
     if runs is None:
         return None
     layouts = []
@@ -82,5 +84,9 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
                   if k in (cfg.cluster.measured or {})}
     return {"model": cfg.model.name, "world": cfg.world, "backend": cfg.backend, "cluster": cfg.cluster.name,
             "calibration": calibrated,
+            # Other processes' CPU use during the sweep and during the calibration (contention.py): a timing
+            # taken beside busy neighbours is theirs as much as this machine's.
+            "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores,
+                        "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores")},
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,
             "layouts": layouts, "summary": summary}

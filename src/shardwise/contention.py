@@ -1,0 +1,87 @@
+"""How much of this machine's CPU other processes used while a job of ours ran.
+
+    with OtherCpu() as other:
+        run_ranks(...)                  # the ranks are this process's children, waited for on return
+    other.cores                         # mean cores the rest of the machine kept busy meanwhile (None: unknown)
+
+Why it matters: a CPU timing is only this machine's if nothing else ran. Linux shares CPU time fairly between
+sessions (CFS autogroups, on by default on desktops and servers alike), not between processes: one busy
+process of another session on a 2-core machine takes a whole core from a 2-rank job, whose ranks then
+share the other; ranks that synchronise many times a step lose more than that (one rank waiting for a core
+stalls both at the next collective). `calibrate` records the figure in its profile and `validate` beside
+its sweep, and warns when either saw one (a calibration and a sweep taken under different neighbours
+disagree by their neighbours, not by the model).
+
+Machine-wide busy time is read from /proc/stat (user, nice, system, irq, softirq and steal: a hypervisor's
+other guests count as other processes too); ours is this process's and its waited-for children's
+(getrusage). Elsewhere than Linux, or when part of the job is not our child (under torchrun, the other
+ranks are siblings), the figure is unknown (None)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+# Cores of other processes' use above which a timing is flagged as not this machine's alone.
+BUSY_NEIGHBOURS = 0.25
+
+
+def busy_seconds(stat_line: str, ticks_per_s: float) -> float:
+    """CPU seconds the whole machine spent busy, from /proc/stat's first ("cpu") line:
+    user nice system idle iowait irq softirq steal [guest guest_nice] (guest time is already in user)."""
+    fields = [int(x) for x in stat_line.split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / ticks_per_s
+
+
+def _sample() -> tuple[float, float, float] | None:
+    """(wall seconds, machine busy CPU seconds, our CPU seconds incl. waited-for children), or None."""
+    try:
+        with open("/proc/stat") as f:
+            line = f.readline()
+        busy = busy_seconds(line, os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None
+    ours = sum(getattr(resource.getrusage(who), k) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for k in ("ru_utime", "ru_stime"))
+    return time.monotonic(), busy, ours
+
+
+def other_cores(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
+    """Mean cores busy with other processes' work between two samples (wall, machine busy, ours)."""
+    wall = end[0] - start[0]
+    if wall <= 0:
+        return 0.0
+    return max((end[1] - start[1]) - (end[2] - start[2]), 0.0) / wall
+
+
+class OtherCpu:
+    """Context manager: `cores` = mean cores other processes used while the block ran (None: unknown)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.cores, self._start = enabled, None, None
+
+    def __enter__(self) -> "OtherCpu":
+        self._start = _sample() if self.enabled else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = _sample() if self._start else None
+        self.cores = round(other_cores(self._start, end), 3) if end else None
+
+
+def machine_cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def neighbours_note(what: str, cores: float | None) -> str | None:
+    """A sentence for a timing taken while other processes kept `cores` busy (None when they did not)."""
+    if cores is None or cores <= BUSY_NEIGHBOURS:
+        return None
+    return (f"other processes kept {cores:.1f} of this machine's {machine_cores()} cores busy during {what}: "
+            f"its times include their interference")
