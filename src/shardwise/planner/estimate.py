@@ -71,20 +71,27 @@ class Estimate:
             "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule, "cp": lay.cp, "cp_mode": lay.cp_mode,
             "ep": lay.ep, "etp": lay.etp, "total_params": self.total_params, "active_params": self.active_params,
             "fits": self.fits,
-            "memory_gib_per_gpu": round(self.memory_per_gpu / GIB, 3),
-            "gpu_memory_gib": round(self.gpu_memory_bytes / GIB, 3),
+            "memory_gib_per_gpu": _round(self.memory_per_gpu / GIB, 3),
+            "gpu_memory_gib": _round(self.gpu_memory_bytes / GIB, 3),
             "worst_pipeline_rank": self.worst_rank,
-            "memory_breakdown_gib": {k: round(v / GIB, 3) for k, v in self.memory_bytes.items()},
-            "step_time_s": round(self.step_time, 6),
-            "time_breakdown_s": {k: round(v, 6) for k, v in self.time_s.items()},
-            "tokens_per_s": round(self.tokens_per_s, 1),
-            "model_tflops_per_gpu": round(self.model_tflops_per_gpu, 2),
-            "hardware_tflops_per_gpu": round(self.hardware_tflops_per_gpu, 2),
-            "mfu": round(self.mfu, 4),
-            "hfu": round(self.hfu, 4),
+            "memory_breakdown_gib": {k: _round(v / GIB, 3) for k, v in self.memory_bytes.items()},
+            "step_time_s": _round(self.step_time, 6),
+            "time_breakdown_s": {k: _round(v, 6) for k, v in self.time_s.items()},
+            "tokens_per_s": _round(self.tokens_per_s, 1),
+            "model_tflops_per_gpu": _round(self.model_tflops_per_gpu, 2),
+            "hardware_tflops_per_gpu": _round(self.hardware_tflops_per_gpu, 2),
+            "mfu": _round(self.mfu, 4),
+            "hfu": _round(self.hfu, 4),
             "framework": self.framework,
             "assumptions": self.assumptions or {},
         }
+
+
+def _round(x: float, digits: int) -> float:
+    """x to `digits` decimals for the JSON, but never a positive figure printed as 0 (a one-token step's MFU):
+    that keeps three significant digits instead."""
+    r = round(x, digits)
+    return r if r or not x else float(f"{x:.3g}")
 
 
 def assumptions(job: Job) -> dict:
