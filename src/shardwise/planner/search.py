@@ -119,6 +119,8 @@ def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
         return space.cp is None or 1 in space.cp
     if s % (2 * cp) or not any(m in get_framework(job.framework).context_parallel for m in space.cp_modes):
         return False
+    if s > job.model.max_positions:  # each shard keeps its global positions: cp cannot lengthen (specs.check_sequence_split)
+        return False
     return cp in space.cp if space.cp is not None else s // cp >= MIN_CP_TOKENS
 
 
@@ -220,20 +222,30 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if n <= most:
         return space, ""
     # Narrower and narrower, each step keeping what large runs use: even virtual stages (Megatron's classic
-    # rule), at most 4 of them, micro-batches of 1-8 sequences. Knobs the user narrowed stay theirs.
+    # rule), at most 4 of them, micro-batches of 1-8 sequences, experts spread over 8 GPUs or more, then fewer
+    # micro-batch sizes and virtual stages, then power-of-two tp and pp. A step that would leave no layout (60 experts
+    # on a power-of-two cluster fold over no ep >= 8) is passed over. Knobs the user narrowed stay theirs.
+    mbs = space.micro_batch or (1, 2, 4, 8)
     steps = [("virtual-stage counts that split the layers evenly", dict(even_vpp=True)),
-             ("at most 4 of them", dict(even_vpp=True, max_vpp=min(space.max_vpp or 4, 4))),
-             ("micro-batches of 1, 2, 4 or 8 sequences",
-              dict(even_vpp=True, max_vpp=min(space.max_vpp or 4, 4), micro_batch=space.micro_batch or (1, 2, 4, 8)))]
+             ("at most 4 of them", dict(max_vpp=min(space.max_vpp or 4, 4))),
+             ("micro-batches of 1, 2, 4 or 8 sequences", dict(micro_batch=mbs))]
     if job.model.is_moe and space.ep is None:  # large MoE runs spread their experts over 8 GPUs or more
-        steps.append(("expert parallelism of 8 to 256", dict(steps[-1][1], ep=(8, 16, 32, 64, 128, 256))))
-    for i, (_, change) in enumerate(steps):
-        narrower = replace(space, **change)
-        k = count_candidates(job, gpus, narrower)
-        if 0 < k <= most:
-            what = "; ".join(text for text, _ in steps[: i + 1])
-            return narrower, (f"{n:,} layouts are more than the {most:,} scored in one go, so only {what} were scored "
-                              f"({k:,}); --tp/--pp/--max-vpp/--micro-batch narrow it your way")
+        steps.append(("expert parallelism of 8 or more",
+                      dict(ep=tuple(e for e in divisors(job.model.num_experts) if e >= 8))))
+    steps.append(("micro-batches of 1 or 2 and at most 2 virtual stages",
+                  dict(micro_batch=space.micro_batch or (1, 2), max_vpp=min(space.max_vpp or 2, 2))))
+    if space.tp is None and space.pp is None:
+        steps.append(("tp of 1-8 and pp of 1-16, powers of two", dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16))))
+    narrower, taken = space, []
+    for text, change in steps:
+        trial = replace(narrower, **change)
+        k = count_candidates(job, gpus, trial)
+        if k == 0:
+            continue
+        narrower, taken = trial, taken + [text]
+        if k <= most:
+            return narrower, (f"{n:,} layouts are more than the {most:,} scored in one go, so only {'; '.join(taken)} "
+                              f"were scored ({k:,}); --tp/--pp/--max-vpp/--micro-batch narrow it your way")
     raise UsageError(f"this search spans {n:,} layouts, more than the {most:,} shardwise scores in one go — "
                      f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4"
                      + (" --ep 8,16" if job.model.is_moe else ""))
@@ -266,8 +278,12 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
         return (f"--micro-batch {','.join(map(str, space.micro_batch))}: a micro-batch must divide the sequences each "
                 f"data-parallel rank takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick a divisor")
     if model.is_moe and space.ep is not None:
-        return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
-                f"and dp*tp*cp — pick a divisor of {model.num_experts}")
+        splits = list(degrees(job, gpus, space))
+        if splits and not any(expert_degrees(job, dp, tp, space, cp) for tp, _, dp, cp in splits):
+            every = replace(space, ep=None)
+            possible = sorted({e for tp, _, dp, cp in splits for e in expert_degrees(job, dp, tp, every, cp)})
+            return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
+                    f"and the dp*tp*cp ranks of a split — possible here: {', '.join(map(str, possible))}")
     cause = _cp_or_schedule_cause(job, gpus, space, pairs)
     if cause:
         return cause
@@ -284,6 +300,10 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             runs = " and ".join(fw.context_parallel) or "no context parallelism"
             return (f"--cp {','.join(map(str, space.cp))}: --framework {fw.name} runs {runs} (--cp-modes "
                     f"{','.join(space.cp_modes)}) — drop --cp, or pick another --framework")
+        if seq > job.model.max_positions:
+            return (f"--cp {','.join(map(str, space.cp))}: --seq-len {seq} exceeds the {job.model.max_positions} positions "
+                    f"of {job.model.name}, and cp cannot lengthen the sequence (each shard keeps its global positions) — "
+                    f"use at most {job.model.max_positions} tokens, or a config with more max_position_embeddings")
         possible = sorted({c for t, p in pairs for c in divisors(gpus // (t * p))
                            if c > 1 and seq % (2 * c) == 0 and job.train.global_batch % (gpus // (t * p * c)) == 0})
         if not any(c in possible for c in space.cp):
