@@ -1,0 +1,497 @@
+"""ModelSpec: the architecture, from a preset or a Hugging Face config.json, in the terms the planner and the
+runtime share — and back to a config.json (`to_hf_config`).
+
+Plain Python (no torch), so the planner imports in milliseconds. Every check raises UsageError with one line that
+names the problem and the fix. `shardwise.specs` re-exports what callers use (load_model, ModelSpec, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from importlib import resources
+from pathlib import Path
+
+from shardwise.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, in the terms both the planner and the runtime use.
+
+    family "llama": RMSNorm, RoPE, SwiGLU MLP (3 matrices), grouped-query attention, no biases.
+    family "gpt2":  LayerNorm, learned positions, GELU MLP (2 matrices), biases, tied embeddings.
+    """
+
+    name: str
+    family: str
+    hidden: int
+    ffn_hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int
+    max_positions: int = 2048
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    model_type: str = ""  # the Hugging Face model_type it came from (round trips through to_hf_config)
+    # Mixture of experts (num_experts 0: a dense model). Layers in `moe_layers` replace the FFN by a top-k
+    # router over `num_experts` SwiGLU experts of width `moe_ffn_hidden` (+ a shared SwiGLU expert of width
+    # `shared_ffn_hidden`, DeepSeek/Qwen2); the other layers keep the dense FFN of width `ffn_hidden`.
+    num_experts: int = 0
+    experts_per_token: int = 0  # top-k
+    moe_ffn_hidden: int = 0
+    shared_ffn_hidden: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(Linear(h, 1)) scales the shared expert
+    moe_layers: tuple[int, ...] = ()
+    router_scoring: str = "softmax"  # or "sigmoid" (DeepSeek-V3)
+    norm_topk: bool = True  # renormalise the top-k weights to sum to 1
+    routed_scaling: float = 1.0  # DeepSeek's routed_scaling_factor
+    aux_loss_coef: float = 0.0  # load-balancing loss coefficient (router_aux_loss_coef / aux_loss_alpha)
+    router_groups: int = 1  # DeepSeek's group-limited routing: n_group, topk_group
+    router_topk_groups: int = 1
+    # Attention variants the planner counts exactly (the runtime trains plain GQA attention only).
+    attention: str = "gqa"  # or "mla" (DeepSeek multi-head latent attention)
+    q_lora_rank: int = 0  # MLA: 0 = a plain q projection
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    qkv_bias: bool = False  # Qwen2: biases on q, k, v
+    # The MLP where it is not the family's own (llama SwiGLU, gpt2 GELU), counted by the planner: "swiglu", "geglu"
+    # (gated: three matrices) or "gelu", "relu", "squared-relu" (two: Nemotron-4's squared ReLU with Llama-style
+    # blocks otherwise).
+    mlp: str = ""
+    # Whether training applies dropout (and keeps its masks for backward); None: the family's recipes (GPT-2 yes,
+    # Llama no). HF configs say it (resid_pdrop / hidden_dropout); MosaicML's MPT recipes set it to 0.
+    dropout: bool | None = None
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in GATED_MLPS if self.mlp else self.family == "llama"
+
+    @property
+    def trains_with_dropout(self) -> bool:
+        return self.family == "gpt2" if self.dropout is None else self.dropout
+
+    @property
+    def has_bias(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self._moe_layer_set
+
+    @cached_property
+    def _moe_layer_set(self) -> frozenset:  # the planner asks per layer, per layout: a set, built once
+        return frozenset(self.moe_layers)
+
+    # Parameter counts, matrix by matrix, as Hugging Face builds the model.
+    def attention_params(self) -> int:
+        h = self.hidden
+        if self.attention == "mla":
+            heads, qk = self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
+                + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + heads * self.v_head_dim * h
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.has_bias:
+            attn += self.q_dim + 2 * self.kv_dim + h
+        elif self.qkv_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        return attn + (2 * self.head_dim if self.qk_norm else 0)
+
+    def dense_ffn_params(self, width: int | None = None) -> int:
+        f = self.ffn_hidden if width is None else width
+        return (3 if self.gated_mlp else 2) * self.hidden * f + ((f + self.hidden) if self.has_bias else 0)
+
+    def expert_params(self) -> int:
+        """One routed expert (a SwiGLU of width moe_ffn_hidden)."""
+        return 3 * self.hidden * self.moe_ffn_hidden
+
+    def moe_dense_params(self) -> int:
+        """What every token of a MoE layer's FFN uses: the router, the shared expert (and its gate)."""
+        shared = 3 * self.hidden * self.shared_ffn_hidden + (self.hidden if self.shared_expert_gate else 0)
+        return self.num_experts * self.hidden + shared
+
+    def layer_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of layer `layer` (active: only the top-k of its routed experts). A layer is dense or MoE, so
+        there are at most four answers: each computed once per spec (the planner asks per layer, per layout)."""
+        key = (self.is_moe_layer(layer), active)
+        if key not in self._layer_params_cache:
+            self._layer_params_cache[key] = self._layer_params(layer, active)
+        return self._layer_params_cache[key]
+
+    @cached_property
+    def _layer_params_cache(self) -> dict:
+        return {}
+
+    def _layer_params(self, layer: int, active: bool) -> int:
+        norms = 2 * self.hidden * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
+        if self.is_moe_layer(layer):
+            experts = self.experts_per_token if active else self.num_experts
+            ffn = experts * self.expert_params() + self.moe_dense_params()
+        else:
+            ffn = self.dense_ffn_params()
+        return self.attention_params() + ffn + norms
+
+    def expert_params_per_layer(self) -> float:
+        """The routed experts' parameters, averaged over all layers (0 for a dense model)."""
+        return len(self.moe_layers) * self.num_experts * self.expert_params() / self.num_layers
+
+    def params_per_layer(self) -> float:
+        """Parameters of one layer (all layers alike for dense models; the mean over layers for MoE)."""
+        if not self.is_moe:
+            return self.layer_params(0)
+        return _layer_sum(self, False) / self.num_layers
+
+    def embedding_params(self) -> int:
+        pos = self.max_positions * self.hidden if self.learned_positions else 0
+        return self.vocab_size * self.hidden + pos
+
+    def head_params(self) -> int:
+        """Final norm plus the LM head (zero extra when tied to the embedding)."""
+        final_norm = self.hidden * (2 if self.family == "gpt2" else 1)
+        return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden)
+
+    def num_params(self) -> int:
+        return _layer_sum(self, False) + self.embedding_params() + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to (MoE); num_params when dense."""
+        return _layer_sum(self, True) + self.embedding_params() + self.head_params()
+
+    def to_hf_config(self) -> dict:
+        """An HF-style config.json for this spec (round-trips through load_model)."""
+        if self.family == "gpt2":
+            return {
+                "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
+                "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
+                "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
+            } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {})
+        cfg = {
+            "model_type": self.model_type or ("llama" if self.gated_mlp else "nemotron"), "hidden_size": self.hidden,
+            "intermediate_size": self.ffn_hidden,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "vocab_size": self.vocab_size,
+            "head_dim": self.head_dim, "max_position_embeddings": self.max_positions,
+            "tie_word_embeddings": self.tie_embeddings, "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+        }
+        if not self.gated_mlp:
+            cfg["hidden_act"] = ACT_OF_MLP.get(self.mlp, "relu2")
+        if self.dropout:
+            cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+        return cfg | moe_hf_keys(self) | attention_hf_keys(self)
+
+
+@lru_cache(maxsize=256)
+def _layer_sum(spec: ModelSpec, active: bool) -> int:
+    """All layers' parameters (or only those a token uses): summed once per spec, as the planner asks often."""
+    if not spec.is_moe:
+        return spec.num_layers * spec.layer_params(0, active=active)
+    return sum(spec.layer_params(i, active=active) for i in range(spec.num_layers))
+
+
+def preset_dir(kind: str):
+    """The shipped presets of one kind: "models" (config.json files) or "clusters" (TOML files)."""
+    return resources.files("shardwise").joinpath("presets").joinpath(kind)
+
+
+def model_presets() -> list[str]:
+    return sorted(p.name[: -len(".json")] for p in preset_dir("models").iterdir() if p.name.endswith(".json"))
+
+
+# Hugging Face `model_type` -> the family shardwise models it as: parameters, memory, time and the runtime's
+# model all follow that family. A config of any other model_type is refused by name (it would be modelled
+# wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
+# is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
+# MLP names (ModelSpec.mlp): gated ones have three matrices.
+MLPS = ("swiglu", "geglu", "gelu", "relu", "squared-relu")
+GATED_MLPS = ("swiglu", "geglu")
+# Hugging Face hidden_act of a non-gated MLP (Nemotron's "relu2" is squared ReLU) and back.
+MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}
+ACT_OF_MLP = {"squared-relu": "relu2", "relu": "relu", "gelu": "gelu"}
+MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
+               # Nemotron-4: Llama-style blocks with a non-gated squared-ReLU MLP (counted by the planner, not trained)
+               "nemotron": "llama",
+               # mixtures of experts with Llama-style blocks (DeepSeek's MLA attention is counted, not trained)
+               "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama"}
+MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pipeline splits, virtual stages)
+MAX_DIM = 2**31  # any width, head count or vocabulary
+
+
+def _require(cfg: dict, key: str, source: str, limit: int = MAX_DIM):
+    if key not in cfg:
+        raise UsageError(f"{source}: missing key '{key}' — add it to the config (see the Hugging Face config of the model)")
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{source}: key '{key}' must be a positive integer, got {value!r}")
+    if value > limit:
+        raise UsageError(f"{source}: key '{key}' is {value:,}, above the {limit:,} shardwise accepts — check the config")
+    return value
+
+
+def _optional(cfg: dict, key: str, default, source: str):
+    """An optional key: absent or null gives `default`; else an integer (int default) or a number (float
+    default) that is positive and finite."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    kind = type(default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (kind is int and value != int(value)) or value > MAX_DIM:
+        what = "a positive integer" if kind is int else "a positive number"
+        raise UsageError(f"{source}: key '{key}' must be {what}, got {value!r} — fix it or leave it out")
+    return kind(value)
+
+
+def _flag(cfg: dict, key: str, source: str) -> bool:
+    value = cfg.get(key, False)
+    if not isinstance(value, bool) and value is not None:
+        raise UsageError(f"{source}: key '{key}' must be true or false, got {value!r}")
+    return bool(value)
+
+
+def model_family(cfg: dict, source: str) -> str:
+    """The family of a config: by its model_type (which must be in MODEL_TYPES), else by its keys."""
+    model_type = cfg.get("model_type")
+    if model_type is not None:
+        if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+            raise UsageError(f"{source}: model_type {model_type!r} is not an architecture shardwise models — "
+                             f"supported: {', '.join(sorted(MODEL_TYPES))}; pick a preset ({', '.join(model_presets())})")
+        return MODEL_TYPES[model_type]
+    if "n_embd" in cfg:
+        return "gpt2"
+    if "hidden_size" in cfg:
+        return "llama"
+    raise UsageError(
+        f"{source}: not a recognised model config — need Llama keys (hidden_size, ...) or GPT-2 keys (n_embd, ...)"
+    )
+
+
+def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config dict (Llama- or GPT-2-family keys)."""
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__}")
+    family = model_family(cfg, source)
+    if family == "gpt2":
+        hidden = _require(cfg, "n_embd", source)
+        heads = _require(cfg, "n_head", source)
+        spec = ModelSpec(
+            name=name, family="gpt2", hidden=hidden, ffn_hidden=_optional(cfg, "n_inner", 4 * hidden, source),
+            num_layers=_require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
+            max_positions=_require(cfg, "n_positions", source), tie_embeddings=True,
+            norm_eps=_optional(cfg, "layer_norm_epsilon", 1e-5, source),
+            dropout=_dropout(cfg, ("resid_pdrop", "attn_pdrop", "embd_pdrop"), source, default=0.1),
+        )
+    else:
+        hidden = _require(cfg, "hidden_size", source)
+        heads = _require(cfg, "num_attention_heads", source)
+        ffn = _require(cfg, "intermediate_size", source)
+        layers = _require(cfg, "num_hidden_layers", source, MAX_LAYERS)
+        model_type = str(cfg.get("model_type", ""))
+        attention = _attention_from_hf(cfg, source, model_type)
+        head_dim = attention.pop("head_dim", 0) or _optional(cfg, "head_dim", max(1, hidden // heads), source)
+        spec = ModelSpec(
+            name=name, family="llama", hidden=hidden, ffn_hidden=ffn, num_layers=layers, num_heads=heads,
+            num_kv_heads=_optional(cfg, "num_key_value_heads", heads, source),
+            vocab_size=_require(cfg, "vocab_size", source), head_dim=head_dim,
+            max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
+            tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
+            norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", _rope_theta(cfg), source),
+            model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
+            dropout=_dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
+            **_moe_from_hf(cfg, source, layers, model_type), **attention,
+        )
+    if spec.num_heads % spec.num_kv_heads:
+        raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
+    if spec.family == "gpt2" and spec.hidden % spec.num_heads:
+        raise UsageError(f"{source}: n_embd {spec.hidden} is not divisible by n_head {spec.num_heads}")
+    return spec
+
+
+def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
+    """ModelSpec.mlp of a Llama-family config: '' (SwiGLU) except Nemotron's non-gated MLP (hidden_act)."""
+    if model_type != "nemotron":
+        return ""
+    act = cfg.get("hidden_act", "relu2")
+    if act not in MLP_OF_ACT:
+        raise UsageError(f"{source}: hidden_act {act!r} is not an activation shardwise counts for a non-gated MLP — "
+                         f"use one of {', '.join(MLP_OF_ACT)}")
+    return MLP_OF_ACT[act]
+
+
+def _dropout(cfg: dict, keys: tuple[str, ...], source: str, default: float) -> bool | None:
+    """Whether the config trains with dropout: any of `keys` above 0 (absent keys count as Hugging Face's `default`);
+    None when the answer is the family's own (GPT-2 with dropout, Llama without)."""
+    values = []
+    for key in keys:
+        value = cfg.get(key, default)
+        if value is None:
+            value = 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise UsageError(f"{source}: key '{key}' must be a probability in [0, 1), got {value!r}")
+        values.append(value)
+    on = any(v > 0 for v in values)
+    return None if on == (default > 0) else on
+
+
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
+
+
+def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> dict:
+    """ModelSpec's mixture-of-experts fields from Mixtral, Qwen2/3-MoE or DeepSeek keys ({} for a dense model).
+    Which layers are MoE follows each family's rule: DeepSeek's first_k_dense_replace (and moe_layer_freq),
+    Qwen's decoder_sparse_step and mlp_only_layers."""
+    key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
+    if key is None:
+        return {}
+    experts = _require(cfg, key, source)
+    top_k = _require(cfg, "num_experts_per_tok", source)
+    if top_k > experts:
+        raise UsageError(f"{source}: num_experts_per_tok {top_k} exceeds the {experts} experts ({key}) — "
+                         f"route each token to at most {experts} experts")
+    width = _optional(cfg, "moe_intermediate_size", 0, source) or _require(cfg, "intermediate_size", source)
+    shared = _count(cfg, "shared_expert_intermediate_size", source) or _count(cfg, "n_shared_experts", source) * width
+    first_dense = _count(cfg, "first_k_dense_replace", source)
+    every, step = _optional(cfg, "moe_layer_freq", 1, source), _optional(cfg, "decoder_sparse_step", 1, source)
+    dense_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
+        raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
+    moe_layers = tuple(i for i in range(num_layers)
+                       if i >= first_dense and i % every == 0 and (i + 1) % step == 0 and i not in set(dense_only))
+    scoring = cfg.get("scoring_func") or ("sigmoid" if model_type == "deepseek_v3" else "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        raise UsageError(f"{source}: scoring_func {scoring!r} is not supported — use softmax or sigmoid")
+    # Mixtral always renormalises the top-k weights (it has no key for it); the others say so in norm_topk_prob.
+    norm = cfg.get("norm_topk_prob", model_type in ("mixtral", "deepseek_v3") or key == "num_local_experts")
+    coef = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.001))
+    scaling = cfg.get("routed_scaling_factor", 1.0)
+    for name, value in (("router_aux_loss_coef", coef), ("routed_scaling_factor", scaling)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6):
+            raise UsageError(f"{source}: key '{name}' must be a non-negative number, got {value!r}")
+    return {"num_experts": experts, "experts_per_token": top_k, "moe_ffn_hidden": width, "shared_ffn_hidden": shared,
+            "shared_expert_gate": bool(cfg.get("shared_expert_intermediate_size")), "moe_layers": moe_layers,
+            "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
+            "aux_loss_coef": float(coef or 0.0), "router_groups": _optional(cfg, "n_group", 1, source),
+            "router_topk_groups": _optional(cfg, "topk_group", 1, source)}
+
+
+def _rope_theta(cfg: dict) -> float:
+    """transformers >= 5 writes the RoPE base as rope_parameters.rope_theta (older configs: rope_theta)."""
+    params = cfg.get("rope_parameters")
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0 else 10000.0
+
+
+def _count(cfg: dict, key: str, source: str) -> int:
+    """A non-negative integer key (absent or null: 0)."""
+    value = cfg.get(key) or 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_DIM:
+        raise UsageError(f"{source}: key '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
+    """Attention variants beyond plain GQA: DeepSeek's MLA (kv_lora_rank), Qwen3's QK-norm, Qwen2's q/k/v biases."""
+    out = {"qk_norm": model_type in ("qwen3", "qwen3_moe"),
+           "qkv_bias": bool(cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))}
+    if cfg.get("kv_lora_rank"):
+        out.update(attention="mla", q_lora_rank=_count(cfg, "q_lora_rank", source), kv_lora_rank=_require(cfg, "kv_lora_rank", source),
+                   qk_nope_head_dim=_require(cfg, "qk_nope_head_dim", source),
+                   qk_rope_head_dim=_require(cfg, "qk_rope_head_dim", source), v_head_dim=_require(cfg, "v_head_dim", source))
+        out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # what q and k carry per head
+    return out
+
+
+def moe_hf_keys(spec: ModelSpec) -> dict:
+    """The mixture-of-experts keys of `spec` in its family's spelling (round trips through model_from_hf_config)."""
+    if not spec.is_moe:
+        return {}
+    dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
+    keys = {"num_experts_per_tok": spec.experts_per_token, "moe_intermediate_size": spec.moe_ffn_hidden,
+            "norm_topk_prob": spec.norm_topk, "router_aux_loss_coef": spec.aux_loss_coef}
+    if spec.model_type.startswith("deepseek"):
+        if dense != list(range(len(dense))):
+            raise ValueError("DeepSeek configs can only make the first layers dense")
+        keys.update(n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_ffn_hidden // spec.moe_ffn_hidden,
+                    first_k_dense_replace=len(dense), routed_scaling_factor=spec.routed_scaling,
+                    n_group=spec.router_groups, topk_group=spec.router_topk_groups, scoring_func=spec.router_scoring)
+        return keys
+    keys.update({"num_experts" if spec.model_type.startswith("qwen") else "num_local_experts": spec.num_experts,
+                 "mlp_only_layers": dense, "decoder_sparse_step": 1, "scoring_func": spec.router_scoring,
+                 "routed_scaling_factor": spec.routed_scaling})
+    if spec.shared_expert_gate:
+        keys["shared_expert_intermediate_size"] = spec.shared_ffn_hidden
+    elif spec.shared_ffn_hidden:
+        keys["n_shared_experts"] = spec.shared_ffn_hidden // spec.moe_ffn_hidden
+    return keys
+
+
+def attention_hf_keys(spec: ModelSpec) -> dict:
+    if spec.attention == "mla":
+        return {"q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
+                "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
+                "v_head_dim": spec.v_head_dim}
+    return {"qkv_bias": True} if spec.qkv_bias else {}
+
+
+def read_json_file(path: Path, source: str, fix: str):
+    """A user's JSON file, or one UsageError line naming it and the fix."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{source}: malformed JSON ({exc}) — {fix}") from None
+    except OSError as exc:
+        raise UsageError(f"{source}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
+    except RecursionError:
+        raise UsageError(f"{source}: nested too deeply to be a config — {fix}") from None
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A preset name (see `model_presets()`), a path to a Hugging Face config.json, or a model folder holding one."""
+    path = Path(ref)
+    if not ref.strip():
+        raise UsageError(f"--model is empty — give a preset ({', '.join(model_presets())}), a config.json or a model folder")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{ref}: no config.json in this folder — a Hugging Face model folder holds config.json "
+                             f"(and its weights); or give a preset ({', '.join(model_presets())})")
+        cfg = read_json_file(path / "config.json", str(path / "config.json"), "fix the file or download the model again")
+        return model_from_hf_config(cfg, name=path.resolve().name, source=str(path / "config.json"))
+    if ref.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
+        cfg = read_json_file(path, ref, "fix the file or use a preset")
+        return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
+    preset = preset_dir("models").joinpath(f"{ref}.json")
+    if ref not in model_presets() or not preset.is_file():
+        if "/" in ref or os.sep in ref or path.exists():
+            raise UsageError(f"--model {ref}: {'not a model folder or a config.json' if path.exists() else 'not found'} — "
+                             f"give a Hugging Face model folder, its config.json, or a preset ({', '.join(model_presets())})")
+        raise UsageError(f"unknown model '{ref}' — valid presets: {', '.join(model_presets())}; or pass a path to a config.json")
+    return model_from_hf_config(json.loads(preset.read_text()), name=ref, source=f"preset {ref}")
