@@ -17,7 +17,8 @@ from shardwise.errors import UsageError
 
 # name -> one-line help; the module is shardwise.commands.<name> ('-' -> '_').
 COMMANDS = {
-    "demo": "plan the article's example, then plan and really train a tiny model on 4 CPU processes",
+    "demo": "plan a 65B Llama on 64 A100s, then measure this machine, plan a tiny Llama on 4 CPU processes and "
+            "really train the planner's pick",
     "plan": "rank every dp x tp x pp x cp (x ep) layout for a model on a cluster and explain the winner",
     "estimate": "predict memory and step time of one layout",
     "explain": "the planner's decision in plain words, with numbers",
