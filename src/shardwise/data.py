@@ -16,9 +16,6 @@ from importlib import resources
 
 import torch
 
-VOCAB_SIZE = 256
-
-
 @lru_cache(maxsize=1)
 def corpus_tokens() -> torch.Tensor:
     files = sorted(p for p in resources.files("shardwise").joinpath("data").iterdir() if p.name.endswith(".txt"))

@@ -228,8 +228,7 @@ def model_presets() -> list[str]:
 # model all follow that family. A config of any other model_type is refused by name (it would be modelled
 # wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
 # is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
-# MLP names (ModelSpec.mlp): gated ones have three matrices.
-MLPS = ("swiglu", "geglu", "gelu", "relu", "squared-relu")
+# MLP names (ModelSpec.mlp): swiglu and geglu are gated (three matrices); gelu, relu and squared-relu are not.
 GATED_MLPS = ("swiglu", "geglu")
 # Hugging Face hidden_act of a non-gated MLP (Nemotron's "relu2" is squared ReLU) and back.
 MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}

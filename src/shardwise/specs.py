@@ -396,10 +396,6 @@ def validate_experts(layout: Layout, model: ModelSpec) -> None:
                          f"the experts fold over the same ranks as the dense layers — pick ep*etp dividing {ranks}")
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @lru_cache(maxsize=4096)
 def _divisors(n: int) -> tuple[int, ...]:
     out, rest, p = [1], n, 2

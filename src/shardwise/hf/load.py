@@ -47,9 +47,6 @@ class HFFolder:
     where: dict[str, tuple[str, str, str]]  # our HF name -> (file, name stored in the file, safetensors dtype)
     shapes: dict[str, tuple[int, ...]]  # our HF name -> its shape
 
-    def file_of(self, hf_name: str) -> Path:
-        return Path(self.path) / self.where[hf_name][0]
-
 
 # --------------------------------------------------------------------------- the folder, checked whole
 

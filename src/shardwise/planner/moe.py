@@ -56,11 +56,6 @@ MOE_LAYER_OVERHEAD_S = 1.0e-3
 MOE_LAYER_HOST_S = 9.5e-3
 
 
-def rank_layer_ids(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> tuple[int, ...]:
-    """The layers pipeline rank `rank` holds (its vpp chunks), cut as stage_split cuts them."""
-    return _rank_layer_ids(model, layout.pp, layout.vpp, rank, seq_len)
-
-
 @lru_cache(maxsize=1 << 14)  # asked per rank for every layout the search scores: computed once per split
 def _rank_layer_ids(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> tuple[int, ...]:
     counts = stage_split.stage_layer_counts(model, pp * vpp, seq_len)

@@ -15,7 +15,6 @@ the schedule: `p2p_plan` says, for each action, what to receive before it and wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
 
 KINDS = ("F", "B", "I", "W")
 
@@ -51,9 +50,6 @@ class Schedule:
     @property
     def num_stages(self) -> int:
         return self.p * self.v
-
-    def stage_of(self, rank: int, action: Action) -> int:
-        return virtual_stage(rank, action.chunk, self.p)
 
     def __str__(self) -> str:
         rows = [f"rank {r}: " + " ".join(str(a) for a in acts) for r, acts in enumerate(self.ranks)]
@@ -176,7 +172,3 @@ def _p2p_plan(schedule: Schedule) -> tuple[tuple[Step, ...], ...]:
     return tuple(plan)
 
 
-def iter_actions(schedule: Schedule) -> Iterator[tuple[int, Action]]:
-    for r, actions in enumerate(schedule.ranks):
-        for a in actions:
-            yield r, a
