@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from context_parallel import _step, _time  # noqa: E402  (the same step and interleaved timer as the CP benchmark)
+from context_parallel import _batch, _step, _time  # noqa: E402  (the CP benchmark's batch, step and interleaved timer)
 
 from _ranks import add_rank_args, run_and_print  # noqa: E402
 from shardwise.model import Transformer  # noqa: E402
@@ -37,12 +37,6 @@ from shardwise.specs import Layout, model_from_hf_config  # noqa: E402
 MOE = {"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
        "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 4096,
        "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.01}
-
-
-def _batch(args):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
-    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
 
 class _Recorder:
