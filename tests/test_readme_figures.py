@@ -25,3 +25,15 @@ def test_readme_lists_every_framework_profile():
     listed = re.search(r"`--framework \{([^}]*)\}`", text)
     assert listed, "README.md: no `--framework {...}` list"
     assert sorted(n.strip() for n in listed.group(1).split(",")) == sorted(FRAMEWORKS)
+
+
+def test_readme_lists_every_cluster_preset():
+    """The README's `- Clusters:` line names exactly the shipped cluster presets."""
+    import re
+
+    from shardwise.specs import cluster_presets
+
+    text = " ".join((SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    line = re.search(r"- Clusters: (.*?), a TOML file", text)
+    assert line, "README.md: no '- Clusters: ...' line"
+    assert sorted(re.findall(r"`([\w.-]+)`", line.group(1))) == cluster_presets()
