@@ -82,6 +82,9 @@ _CLUSTER_KEYS = {
 }
 # Optional [cluster] keys of the kernel models (each preset cites its source).
 _OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float}
+# What a [cluster] number may be (GiB, TFLOP/s, GB/s, count, us): far beyond any GPU either way, and inside it every
+# predicted time and rate stays a finite positive float.
+CLUSTER_RANGE = (1e-6, 1e7)
 ARCHS = ("ampere", "hopper")
 
 
@@ -100,9 +103,18 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         values[key] = _cluster_number(table, key, kind, source)
         if values[key] <= 0:
             raise UsageError(f"{source}: key '{key}' must be positive, got {table[key]!r}")
+        if not CLUSTER_RANGE[0] <= values[key] <= CLUSTER_RANGE[1]:  # beyond, times overflow or MFU underflows
+            raise UsageError(f"{source}: key '{key}' is {table[key]!r}, outside {CLUSTER_RANGE[0]:g} to "
+                             f"{CLUSTER_RANGE[1]:g} — check its unit (GiB, TFLOP/s, GB/s) in the presets")
     for key in ("intra_node_latency_us", "inter_node_latency_us", "num_gpus"):
         if key in table and _cluster_number(table, key, int if key == "num_gpus" else float, source) < 0:
             raise UsageError(f"{source}: key '{key}' must not be negative, got {table[key]!r}")
+        if key in table and key != "num_gpus" and table[key] > CLUSTER_RANGE[1]:
+            raise UsageError(f"{source}: key '{key}' is {table[key]!r} microseconds, more than {CLUSTER_RANGE[1]:g} — "
+                             f"check its unit (us)")
+    if values.get("mamf_tflops", 0) > values["peak_tflops"]:
+        raise UsageError(f"{source}: mamf_tflops {values['mamf_tflops']:g} exceeds peak_tflops {values['peak_tflops']:g} — "
+                         f"the achievable matmul rate is measured below the peak; fix one of them")
     _check_measured(data.get("measured", {}), source)
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
@@ -173,10 +185,11 @@ def _check_measured(measured, source: str) -> None:
         table = measured.get(kind)
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)
+                and row[0] > 0  # bytes: a rate is read off them
                 for row in table)):
             bad.append(kind)
     if bad:
-        raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes, seconds], ...]) — "
+        raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes > 0, seconds >= 0], ...]) — "
                          f"rerun `shardwise calibrate` to write it again")
 
 

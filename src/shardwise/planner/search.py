@@ -232,13 +232,15 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if job.model.is_moe and space.ep is None:  # large MoE runs spread their experts over 8 GPUs or more
         steps.append(("expert parallelism of 8 or more",
                       dict(ep=tuple(e for e in divisors(job.model.num_experts) if e >= 8))))
-    steps.append(("micro-batches of 1 or 2 and at most 2 virtual stages",
+    steps.append(("at most 2 virtual stages" if space.micro_batch else "micro-batches of 1 or 2 and at most 2 virtual stages",
                   dict(micro_batch=space.micro_batch or (1, 2), max_vpp=min(space.max_vpp or 2, 2))))
     if space.tp is None and space.pp is None:
         steps.append(("tp of 1-8 and pp of 1-16, powers of two", dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16))))
     narrower, taken = space, []
     for text, change in steps:
         trial = replace(narrower, **change)
+        if trial == narrower:  # a knob the user narrowed already
+            continue
         k = count_candidates(job, gpus, trial)
         if k == 0:
             continue
