@@ -1,0 +1,330 @@
+"""The planner's contract, checked from outside (issues 9 and 13): `estimate`, `plan` and `explain` on any framework
+profile, preset or Hugging Face config (Llama, Mixtral, Qwen2/3-MoE, DeepSeek, GPT-2, odd shapes), cluster preset or
+file, layout and job size answer with JSON that keeps every documented field, finite positive numbers and a `fits`
+that agrees with memory and capacity, or refuse in one line, exit 2. A layout `plan` ranks is the layout `estimate`
+scores, to the last digit. Published-style runs answer sensibly, and per-GPU memory moves only the way the physics
+says it must."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from shardwise.cli import main
+from shardwise.planner import estimate
+from shardwise.planner.frameworks import FRAMEWORKS, get
+from shardwise.planner.memory import make_job
+from shardwise.specs import Layout, cluster_presets, load_cluster, load_model, model_presets
+
+# Every field the issues' contracts and the README name for one layout (estimate --json, plan's best and candidates).
+FIELDS = ("framework", "ep", "etp", "active_params", "total_params", "fits", "step_time_s", "mfu", "hfu",
+          "memory_gib_per_gpu", "gpu_memory_gib", "memory_breakdown_gib", "time_breakdown_s", "tokens_per_s",
+          "assumptions", "tp", "pp", "dp", "cp", "cp_mode", "vpp", "zero", "recompute", "schedule", "micro_batch",
+          "num_microbatches", "sequence_parallel", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+          "worst_pipeline_rank")
+POSITIVE = ("step_time_s", "mfu", "hfu", "memory_gib_per_gpu", "gpu_memory_gib", "tokens_per_s", "total_params",
+            "active_params", "model_tflops_per_gpu", "hardware_tflops_per_gpu")
+
+# Hugging Face configs as their families write them, with the shapes that trip planners: odd head counts, one KV
+# head, tied embeddings, vocabularies no tp divides, a layer count no pp divides, experts under each family's keys.
+CONFIGS = {
+    "llama": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072),
+    "odd": dict(model_type="llama", hidden_size=1848, intermediate_size=4928, num_hidden_layers=7,
+                num_attention_heads=21, num_key_value_heads=7, vocab_size=50001, max_position_embeddings=4096),
+    "mqa-tied": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=18,
+                     num_attention_heads=8, num_key_value_heads=1, head_dim=256, vocab_size=256000,
+                     tie_word_embeddings=True, max_position_embeddings=8192),
+    "no-model-type": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                          num_key_value_heads=4, vocab_size=32000),
+    "gpt2": dict(model_type="gpt2", n_embd=1600, n_layer=48, n_head=25, n_positions=1024, vocab_size=50257),
+    "mixtral": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, num_local_experts=8,
+                    num_experts_per_tok=2, max_position_embeddings=32768),
+    "mixtral-keys-only": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16,
+                              num_key_value_heads=4, vocab_size=32001, num_local_experts=6, num_experts_per_tok=2),
+    "qwen2-moe": dict(model_type="qwen2_moe", hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                      num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
+                      max_position_embeddings=8192),
+    "qwen3-moe": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                      num_experts=128, num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32,
+                      num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                      mlp_only_layers=[0], decoder_sparse_step=1),
+    "deepseek": dict(model_type="deepseek_v3", hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                     n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+                     num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, vocab_size=102400,
+                     kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                     n_group=8, topk_group=4, max_position_embeddings=163840),
+}
+CLUSTER = """[cluster]
+name = "small cards"
+gpus_per_node = 4
+gpu_memory_gib = 24
+peak_tflops = 150
+hbm_bandwidth_gbs = 900
+intra_node_bandwidth_gbs = 32
+inter_node_bandwidth_gbs = 12.5
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("contract")
+    out = {}
+    for name, cfg in CONFIGS.items():
+        (folder / f"{name}.json").write_text(json.dumps(cfg))
+        out[name] = str(folder / f"{name}.json")
+    (folder / "cluster.toml").write_text(CLUSTER)
+    out["cluster"] = str(folder / "cluster.toml")
+    return out
+
+
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def answer(argv: list[str]):
+    """The parsed JSON of an answer, or None after checking the refusal is one line naming the problem, exit 2."""
+    code, out, err = cli(argv)
+    assert code in (0, 2), (argv, code, err[-2000:])
+    if code == 2:
+        assert err.startswith("shardwise: error: ") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+        return None
+    return json.loads(out)  # strict JSON: NaN or Infinity would not parse as a number a checker can compare
+
+
+def finite(value, where=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            finite(v, f"{where}[{i}]")
+    elif isinstance(value, float):
+        assert math.isfinite(value), where
+
+
+def check_layout(d: dict, framework: str) -> None:
+    """One layout record: every field, finite, positive where a quantity, fits = memory within capacity."""
+    missing = [f for f in FIELDS if f not in d]
+    assert not missing, missing
+    finite(d)
+    assert d["framework"] == framework
+    for f in POSITIVE:
+        assert d[f] > 0, (f, d[f])
+    assert all(v >= 0 for v in d["memory_breakdown_gib"].values()), d["memory_breakdown_gib"]
+    assert all(v >= 0 for v in d["time_breakdown_s"].values()), d["time_breakdown_s"]
+    # the totals are the breakdowns' sums (each figure rounded on its own)
+    assert d["memory_gib_per_gpu"] == pytest.approx(sum(d["memory_breakdown_gib"].values()), abs=0.01)
+    assert d["step_time_s"] == pytest.approx(sum(d["time_breakdown_s"].values()), rel=1e-4, abs=1e-5)
+    if abs(d["memory_gib_per_gpu"] - d["gpu_memory_gib"]) > 0.002:  # away from the rounding of the two figures
+        assert d["fits"] == (d["memory_gib_per_gpu"] <= d["gpu_memory_gib"]), d
+    assert d["mfu"] <= d["hfu"] + 1e-4 and d["hfu"] < 1.0
+    assert d["active_params"] <= d["total_params"]
+    assert d["num_microbatches"] >= 1 and min(d["tp"], d["pp"], d["dp"], d["cp"], d["ep"], d["etp"], d["vpp"]) >= 1
+
+
+def model_refs(files) -> list[str]:
+    return model_presets() + [files[n] for n in CONFIGS]
+
+
+SMALL = ("tiny", "tiny-moe", "tiny-gpt2", "gpt2", "llama3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_estimate_answers_with_every_field_or_refuses_in_one_line(files, data):
+    """Any framework, model, cluster and layout: the contract's JSON with sane numbers, or one line, exit 2. Most
+    draws are layouts the model's shape allows (so the answer is checked); some are any numbers at all."""
+    framework = data.draw(st.sampled_from(list(FRAMEWORKS)), "framework")
+    ref = data.draw(st.sampled_from(model_refs(files)), "model")
+    model = load_model(ref)
+    cluster = data.draw(st.sampled_from(cluster_presets() + [files["cluster"]]), "cluster")
+    shaped = data.draw(st.integers(0, 4), "shaped") > 0  # 1 in 5: any degrees at all
+
+    def fits_shape(t):
+        return not (model.num_heads % t or model.num_kv_heads % t or model.ffn_hidden % t or model.shared_ffn_hidden % t)
+
+    degree = st.sampled_from([1, 2, 3, 4, 8, 16, 35, 64])
+    tp = data.draw(st.sampled_from([t for t in (1, 2, 4, 8) if fits_shape(t)]) if shaped else degree, "tp")
+    pp = data.draw(st.sampled_from([p for p in (1, 2, 3, 4, 8) if p <= model.num_layers]) if shaped else degree, "pp")
+    cp = data.draw(st.sampled_from([1, 1, 2, 4]), "cp")
+    dp = data.draw(st.sampled_from([1, 2, 4, 8, 16, 64]), "dp")
+    ep = data.draw(st.sampled_from([e for e in (1, 2, 4, 8) if model.num_experts % e == 0 and (dp * tp * cp) % e == 0]
+                                   if model.is_moe and shaped else [1]), "ep")
+    mb = data.draw(st.sampled_from([1, 1, 2, 4]), "micro_batch")
+    per_rank = mb * data.draw(st.sampled_from([1, 2, 8, 64]), "micro_batches")
+    seq = data.draw(st.sampled_from([512, 1024, 2048, 4096, 8192, 32768, 131072, 1048576]), "seq_len")
+    argv = ["estimate", "--model", ref, "--cluster", cluster, "--gpus", dp * tp * pp * cp,
+            "--global-batch", dp * per_rank, "--seq-len", seq, "--tp", tp, "--pp", pp, "--cp", cp, "--ep", ep,
+            "--micro-batch", mb, "--framework", framework, "--json"]
+    knobs = data.draw(st.fixed_dictionaries({}, optional={
+        "--zero": st.sampled_from([0, 1, 2, 3]), "--recompute": st.sampled_from(["none", "selective", "full"]),
+        "--schedule": st.sampled_from(["1f1b", "gpipe", "zb-h1", "interleaved-1f1b"]),
+        "--vpp": st.sampled_from([2, 4]), "--precision": st.just("fp8"), "--cp-mode": st.sampled_from(["ring", "allgather"]),
+        "--dp": st.just(dp), "--capacity-factor": st.sampled_from([1.0, 1.25, 2.0])}), "knobs")
+    for flag, value in knobs.items():
+        argv += [flag, value]
+    argv += data.draw(st.sampled_from([[], [], [], ["--sequence-parallel"], ["--no-flash-attention"], ["--fp8-params"],
+                                       ["--sequence-parallel", "--tp-comm-overlap"]]), "switches")
+    d = answer(argv)
+    if d is None:
+        return
+    check_layout(d, framework)
+    assert (d["tp"], d["pp"], d["cp"], d["ep"], d["dp"], d["micro_batch"]) == (tp, pp, cp, ep, dp, mb)  # as asked
+    assert d["num_microbatches"] * d["micro_batch"] * d["dp"] == dp * per_rank
+    assert d["total_params"] == model.num_params() and d["active_params"] == model.active_params()
+    if not model.is_moe:
+        assert d["active_params"] == d["total_params"]
+    for flag, key in (("--zero", "zero"), ("--recompute", "recompute"), ("--schedule", "schedule")):
+        if flag in knobs and (key != "schedule" or pp > 1):
+            assert d[key] == knobs[flag]  # a named knob is kept as given (or refused), never silently changed
+
+
+def _estimate_argv(c: dict) -> list:
+    argv = ["--tp", c["tp"], "--pp", c["pp"], "--cp", c["cp"], "--ep", c["ep"], "--etp", c["etp"],
+            "--micro-batch", c["micro_batch"], "--vpp", c["vpp"], "--zero", c["zero"], "--recompute", c["recompute"],
+            "--schedule", c["schedule"], "--cp-mode", c["cp_mode"]]
+    return argv + (["--sequence-parallel"] if c["sequence_parallel"] else [])
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(framework=st.sampled_from(list(FRAMEWORKS)), model=st.sampled_from(SMALL),
+       job=st.sampled_from([(8, 64, 4096), (16, 32, 2048), (32, 256, 8192), (64, 64, 32768), (12, 48, 1024)]),
+       cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb", "dgx-h200", "file"]),
+       precision=st.sampled_from(["bf16", "bf16", "fp8"]))
+# 32K tokens on a model of 8K positions: plan once ranked cp layouts that estimate refuses (cp cannot lengthen a sequence)
+@example(framework="megatron-core", model="llama3-8b", job=(64, 64, 32768), cluster="dgx-h100-80gb", precision="bf16")
+def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, cluster, precision):
+    """Every layout `plan --json` shows carries ep; named knob by knob to `estimate`, it gets the same record."""
+    gpus, batch, seq = job
+    common = ["--model", model, "--cluster", files["cluster"] if cluster == "file" else cluster, "--gpus", gpus,
+              "--global-batch", batch, "--seq-len", seq, "--framework", framework, "--precision", precision]
+    out = answer(["plan", *common, "--json", "--top", "3"])
+    if out is None:
+        return
+    assert out["candidates"] and out["best"] == out["candidates"][0]
+    steps = [c["step_time_s"] for c in out["candidates"]]
+    assert steps == sorted(steps)
+    for c in out["candidates"]:
+        check_layout(c, framework)
+        assert c["fits"] and c["dp"] * c["tp"] * c["pp"] * c["cp"] == gpus
+        e = answer(["estimate", *common, "--json", *_estimate_argv(c)])
+        assert e is not None, c
+        e["assumptions"].pop("implied", None)
+        assert e == c
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_explain_and_plan_answer_for_every_framework_on_an_hf_mixtral(files, framework):
+    """A config with Mixtral's keys plans under every framework: the layouts carry ep, active < total parameters."""
+    common = ["--model", files["mixtral"], "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 256,
+              "--seq-len", 4096, "--framework", framework, "--tp", "1,2", "--pp", "1,2,4", "--micro-batch", "1"]
+    out = answer(["explain", *common, "--json"])
+    assert out is not None
+    check_layout(out["best"], framework)
+    assert out["best"]["active_params"] < out["best"]["total_params"]
+    assert out["explanation"] and all(isinstance(p, str) and p for p in out["explanation"])
+
+
+MTNLG = dict(model_type="gpt2", n_embd=20480, n_layer=105, n_head=128, n_positions=2048, vocab_size=50257)
+
+
+@pytest.mark.parametrize("name, argv", [
+    # Smith et al. 2022 (MT-NLG 530B): 2,240 A100s (280 DGX nodes), tp 8 x pp 35 x dp 8, 1,920 sequences of 2,048
+    # tokens, 113-126 TFLOP/s per GPU (36-40 % of 312), trained with DeepSpeed + Megatron.
+    ("MT-NLG 530B", ["--model", "{mtnlg}", "--cluster", "dgx-a100-80gb", "--gpus", 2240, "--global-batch", 1920,
+                     "--seq-len", 2048, "--tp", 8, "--pp", 35, "--micro-batch", 1, "--framework", "deepspeed"]),
+    # Narayanan et al. 2021, Table 1: GPT-3 175B on 1,024 A100s, tp 8 x pp 16 (interleaved), batch 1,536: 140 TFLOP/s.
+    ("GPT-3 175B", ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", 1024, "--global-batch", 1536,
+                    "--seq-len", 2048, "--tp", 8, "--pp", 16, "--vpp", 2, "--micro-batch", 1,
+                    "--framework", "megatron-2021"]),
+    # Llama 3 70B under FSDP (ZeRO-3) over 64 H100s, torchtitan's default data parallelism.
+    ("Llama 3 70B FSDP", ["--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 64,
+                          "--seq-len", 8192, "--micro-batch", 1, "--zero", 3, "--framework", "torchtitan"]),
+    # Mixtral 8x7B, experts over 8 GPUs, Megatron-Core.
+    ("Mixtral 8x7B ep8", ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 256,
+                          "--seq-len", 4096, "--pp", 4, "--ep", 8, "--micro-batch", 1, "--framework", "megatron-core"]),
+])
+def test_published_style_runs_answer_sensibly(files, tmp_path, name, argv):
+    """Layouts these runs used fit (they ran), at an MFU between a fifth and two thirds of the peak (what large
+    dense and MoE runs report: 20-60 %); not a score — benchmarks/published_runs.py scores the figures."""
+    path = tmp_path / "mtnlg.json"
+    path.write_text(json.dumps(MTNLG))
+    d = answer(["estimate", *[str(a).replace("{mtnlg}", str(path)) for a in argv], "--json"])
+    assert d is not None, name
+    check_layout(d, d["framework"])
+    assert d["fits"], (name, d["memory_gib_per_gpu"])
+    assert 0.2 <= d["mfu"] <= 0.67, (name, d["mfu"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(["llama3-8b", "llama2-13b", "gpt3-175b", "mixtral-8x7b", "qwen3-30b-a3b", "gpt2"]),
+       framework=st.sampled_from(list(FRAMEWORKS)), tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]),
+       mb=st.sampled_from([1, 2]), per_rank=st.sampled_from([1, 4, 16]), seq=st.sampled_from([512, 2048, 8192]),
+       zero=st.sampled_from([0, 1, 2, 3]), recompute=st.sampled_from(["none", "selective", "full"]))
+def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp, mb, per_rank, seq, zero, recompute):
+    """At a fixed per-GPU batch, more data-parallel GPUs never raise per-GPU memory (replicas hold the same; ZeRO
+    shards over more); a larger micro-batch never lowers it (more activations in flight). Not asserted, as the
+    physics does not promise them: step time against GPUs (sharding shortens the optimizer step while the
+    collectives grow), activations against the recompute policy (full recompute rebuilds a whole layer in
+    backward, which can outweigh what selective keeps when a stage holds few layers)."""
+    spec, fw = load_model(model), get(framework)
+    if spec.num_heads % tp or spec.num_kv_heads % tp or spec.ffn_hidden % tp or spec.shared_ffn_hidden % tp:
+        return
+    cluster = load_cluster("dgx-h100-80gb")
+    sp = tp > 1 and fw.sequence_parallel == "always"
+    schedule = next(s for s in fw.schedules if s != "interleaved-1f1b") if pp > 1 else "1f1b"
+
+    def memory(dp, micro=mb):
+        lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=micro, zero=zero if dp > 1 else 0, recompute=recompute,
+                     schedule=schedule, sequence_parallel=sp, ep=8 if spec.is_moe and dp * tp >= 8 else 1)
+        if fw.refusal(lay):
+            return None
+        return estimate(make_job(spec, cluster, dp * per_rank * micro, seq, framework), lay).memory_per_gpu
+
+    def never_up(values):
+        values = [v for v in values if v is not None]
+        assert all(b <= a * (1 + 1e-9) for a, b in zip(values, values[1:])), values
+
+    never_up([memory(dp) for dp in (8, 16, 64, 256)])  # ep stays 8 across these
+    never_up([memory(8, micro) for micro in (4, 2, 1)])
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("gpu_memory_gib = 1e300\n", "'gpu_memory_gib' is 1e+300, outside"),  # printed Infinity in --json
+    ("peak_tflops = 1e300\n", "'peak_tflops' is 1e+300, outside"),  # an MFU of 0
+    ("inter_node_bandwidth_gbs = 1e-300\n", "'inter_node_bandwidth_gbs' is 1e-300, outside"),
+    ("mamf_tflops = 500\n", "mamf_tflops 500 exceeds peak_tflops 150"),  # an MFU above 1
+    ("[measured]\nall_reduce = [[0, 0.0]]\n", "[measured] all_reduce must be finite numbers"),  # a ZeroDivisionError
+])
+def test_a_cluster_file_the_planner_cannot_use_is_one_line(tmp_path, extra, expected):
+    lines = [line for line in CLUSTER.splitlines(keepends=True) if line.split(" =")[0] not in extra.split(" =")[0]]
+    path = tmp_path / "cluster.toml"
+    path.write_text("".join(lines) + extra)
+    for command in ("estimate", "plan"):
+        argv = [command, "--model", "llama3-8b", "--cluster", path, "--gpus", 8, "--global-batch", 16, "--seq-len",
+                2048, "--json"] + (["--micro-batch", 1] if command == "estimate" else [])
+        code, _, err = cli(argv)
+        assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("model", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b"])
+def test_a_moe_preset_on_a_thousand_gpus_gets_a_plan(model):
+    """The default search for these spans over 6,000 layouts: it narrows itself (60 experts fold over no ep of 8 or
+    more on 1,024 GPUs, so that step is passed over) and says how, instead of refusing."""
+    out = answer(["plan", "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", 1024, "--global-batch", 2048,
+                  "--seq-len", 8192, "--json", "--top", "2"])
+    assert out is not None and "were scored" in out["thinned"]
+    check_layout(out["best"], "megatron-core")
+    assert out["best"]["ep"] >= 1 and out["best"]["fits"]
