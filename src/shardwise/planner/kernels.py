@@ -150,64 +150,105 @@ def gemm_tflops(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
 
 # --------------------------------------------------------------------------- attention core
 
-# Fused attention kernels, measured on one H100 SXM5 in BF16 (Shah et al. 2024, FlashAttention-3, Fig. 5 forward
-# and Fig. 6 backward; 16K-token batches, 2048-wide heads): TFLOP/s at sequence length 16K, counting FLOPs as
-# FlashAttention does (forward 4*s^2*d per head, backward 2.5x forward, causal masking halving both), by head dim.
-# Forward: the causal panels. Backward: the paper plots it without the mask only (head dims 64 and 128); the causal
-# backward is taken at the forward's causal / non-causal ratio at 16K (the same masked diagonal blocks), and head
-# dim 256's backward at head dim 128's backward / forward ratio.
-#                      forward causal           forward non-causal       backward non-causal
-#   head dim           64     128    256        64     128    256        64     128
-#   FlashAttention-2   299    335    298        324    370    326        291    322
-#   cuDNN              388    539    509        413    595    581        433    516
-#   FlashAttention-3   473    616    642        497    648    756        474    561
+# Fused attention kernels, measured on one H100 SXM5 in BF16 (Shah et al. 2024, FlashAttention-3, Fig. 5: forward,
+# 16K-token batches, 2048-wide heads, sequence length 512 to 16K), TFLOP/s counting FLOPs as FlashAttention does
+# (forward 4*s^2*d per head, backward 2.5x forward, causal masking halving both), by head dim: the causal curve, then
+# the one without the mask (FlashAttention-3 at head dim 256, 1K without the mask: its label is under the legend, read
+# off the bar's height). The masked kernel skips the tiles above the diagonal but pays the diagonal's partial tiles
+# and every query block's set-up over half as many key blocks, so it gains on the unmasked one with length: 0.63 of
+# its rate at 512, 0.91 (cuDNN) to 0.95 (FA3) at 16K.
+_FWD_H100 = {
+    "fa2": {64: ((180, 229, 262, 284, 295, 299), (282, 306, 318, 321, 322, 324)),
+            128: ((191, 260, 298, 319, 333, 335), (309, 350, 362, 366, 370, 370)),
+            256: ((208, 251, 278, 293, 297, 298), (275, 313, 321, 323, 324, 326))},
+    "cudnn": {64: ((225, 288, 334, 363, 379, 388), (335, 373, 395, 408, 412, 413)),
+              128: ((315, 410, 484, 518, 529, 539), (497, 574, 617, 609, 600, 595)),
+              256: ((308, 391, 450, 483, 497, 509), (470, 546, 580, 581, 580, 581))},
+    "fa3": {64: ((197, 265, 371, 420, 460, 473), (333, 392, 460, 476, 496, 497)),
+            128: ((292, 423, 521, 579, 602, 616), (467, 565, 625, 638, 646, 648)),
+            256: ((286, 427, 537, 612, 628, 642), (482, 628, 707, 736, 746, 756))},
+}
+# Backward without the mask at 16K (Fig. 6, head dims 64 and 128; head dim 256 at head dim 128's backward / forward
+# ratio). The paper plots the backward without the mask only.
+_BWD_H100_16K = {"fa2": {64: 291, 128: 322}, "cudnn": {64: 433, 128: 516}, "fa3": {64: 474, 128: 561}}
+# cuDNN's own benchmark (cudnn-frontend benchmark/benchmark_results.csv at b740542, cuDNN 9.1, one Hopper GPU, 16K
+# tokens per batch to 16K, then b 1; 16 heads of 128) measured cuDNN and PyTorch's FlashAttention-2 from 4K to 64K:
+# TFLOP/s forward causal, backward causal, forward unmasked, backward unmasked. It carries each curve past 16K at its
+# own ratio to 16K, and gives the backward its own shape from 4K (the unmasked backward from Fig. 6's 16K figure at
+# this benchmark's ratios, the causal one at this benchmark's causal / unmasked ratio); below 4K, and for
+# FlashAttention-3 (not measured here: held at 16K past it), the backward follows its forward's curve. Past 16K
+# cuDNN's masked rate does not rise (586.8, 577.3, 567.0): its gap to the unmasked kernel narrows (0.91 -> 0.94)
+# because the unmasked one falls (641.9, 612.6, 602.2). FlashAttention-2's masked backward catches up with its
+# unmasked one by 16K (0.99), its forward does not (0.91).
+ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_CUDNN_FRONTEND = {
+    "cudnn": {4096: (542.32, 443.60, 654.15, 517.25), 8192: (572.86, 463.54, 668.70, 530.37),
+              16384: (586.82, 497.68, 641.91, 538.46), 32768: (577.35, 499.66, 612.56, 536.23),
+              65536: (567.02, 503.81, 602.15, 535.41)},
+    "fa2": {4096: (314.06, 248.76, 354.24, 287.36), 8192: (325.14, 277.44, 355.40, 303.29),
+            16384: (324.77, 305.18, 357.15, 308.87), 32768: (345.30, 317.28, 349.25, 312.49),
+            65536: (342.65, 323.16, 353.12, 321.91)},
+}
 # cuDNN's fused attention is what Transformer Engine runs on Hopper (TE 1.4's DotProductAttention: "Select
 # FusedAttention on sm90 and FlashAttention on others for performance"; its context parallelism calls the same
 # kernel per ring step), so Megatron-Core and NeMo attend at cuDNN's rates there; FlashAttention-3 only where a
 # stack calls it directly.
 # Ampere: FlashAttention-2, "up to 73 % of the theoretical max in the forward pass, 63 % in the backward" (Dao 2023,
-# Sec. 4.1, A100, head dim 128 without the mask), taken to causal masking and to other head dims at the same
+# Sec. 4.1, A100, head dim 128 without the mask), taken to causal masking, lengths and other head dims at the same
 # kernel's ratios on H100 above.
 _H100_PEAK = 989.0
 
 
-def _measured(fwd_c: dict, fwd_nc: dict, bwd_nc: dict) -> dict:
-    """{head dim: (forward, backward) share of H100's peak with the causal mask, then without} from the 16K
-    TFLOP/s figures above."""
+def _curves(kernel: str) -> dict:
+    """{head dim: (forward causal, backward causal, forward no-mask, backward no-mask)}, each a curve over
+    ATTENTION_SEQS as a share of H100's peak."""
+    seqs, i16 = ATTENTION_SEQS, ATTENTION_SEQS.index(16384)
+    bench = _CUDNN_FRONTEND.get(kernel, {})
+    past = lambda col: [bench[s][col] / bench[16384][col] if bench else 1.0 for s in seqs[i16 + 1:]]
     out = {}
-    for d in fwd_c:
-        b_nc = bwd_nc[d] if d in bwd_nc else fwd_nc[d] * bwd_nc[128] / fwd_nc[128]
-        out[d] = tuple(x / _H100_PEAK for x in (fwd_c[d], b_nc * fwd_c[d] / fwd_nc[d], fwd_nc[d], b_nc))
+    for d, (fc, fnc) in _FWD_H100[kernel].items():
+        bwd16 = _BWD_H100_16K[kernel]
+        b16 = bwd16[d] if d in bwd16 else fnc[-1] * bwd16[128] / _FWD_H100[kernel][128][1][-1]
+        fc, fnc = [*fc, *(fc[-1] * r for r in past(0))], [*fnc, *(fnc[-1] * r for r in past(2))]
+        if bench:  # the backward's own shape from 4K, its forward's below
+            bnc = {s: b16 * bench[s][3] / bench[16384][3] for s in bench}
+            bc = {s: bnc[s] * bench[s][1] / bench[s][3] for s in bench}
+            first = seqs.index(min(bench))
+            bnc = [bnc.get(s, bnc[seqs[first]] * fnc[i] / fnc[first]) for i, s in enumerate(seqs)]
+            bc = [bc.get(s, bc[seqs[first]] * fc[i] / fc[first]) for i, s in enumerate(seqs)]
+        else:
+            bnc = [b16 * x / fnc[i16] for x in fnc]
+            bc = [y * x / z for x, y, z in zip(fc, bnc, fnc)]
+        out[d] = tuple(tuple(x / _H100_PEAK for x in curve) for curve in (fc, bc, fnc, bnc))
     return out
 
 
-_FA2_H100 = _measured({64: 299, 128: 335, 256: 298}, {64: 324, 128: 370, 256: 326}, {64: 291, 128: 322})
+def _scaled(table: dict, fwd: float, bwd: float) -> dict:
+    """`table` with its head-dim-128 curves' 16K values without the mask moved to (fwd, bwd), every curve with them."""
+    i16 = ATTENTION_SEQS.index(16384)
+    f16, b16 = table[128][2][i16], table[128][3][i16]
+    return {d: tuple(tuple(x * (fwd / f16, bwd / b16)[i % 2] for x in curve) for i, curve in enumerate(v))
+            for d, v in table.items()}
+
+
+_FA2_H100 = _curves("fa2")
 ATTENTION_EFFICIENCY = {
     ("fa2", "hopper"): _FA2_H100,
-    ("cudnn", "hopper"): _measured({64: 388, 128: 539, 256: 509}, {64: 413, 128: 595, 256: 581}, {64: 433, 128: 516}),
-    ("fa3", "hopper"): _measured({64: 473, 128: 616, 256: 642}, {64: 497, 128: 648, 256: 756}, {64: 474, 128: 561}),
+    ("cudnn", "hopper"): _curves("cudnn"),
+    ("fa3", "hopper"): _curves("fa3"),
     # A100: Dao 2023's non-causal head-dim-128 maxima, at FlashAttention-2's H100 ratios between the entries.
-    ("fa2", "ampere"): {d: tuple(x * (0.73, 0.63)[i % 2] / _FA2_H100[128][2 + i % 2] for i, x in enumerate(v))
-                        for d, v in _FA2_H100.items()},
+    ("fa2", "ampere"): _scaled(_FA2_H100, 0.73, 0.63),
     # FlashAttention-1 and xformers' memory-efficient attention (whose backward is FlashAttention-1's) on A100:
     # "reaching only 25-40% of the theoretical maximum FLOPs/s" (Dao 2023, FlashAttention-2, Sec. 1), the top of the
     # range for long sequences, head dim 128 without the mask; the backward at FlashAttention-2's backward / forward
     # ratio (0.63 / 0.73); to the mask and other head dims at FlashAttention-2's ratios ("about 2x faster": 0.73 / 0.40).
-    ("fa1", "ampere"): {d: tuple(x * (0.40, 0.40 * 0.63 / 0.73)[i % 2] / _FA2_H100[128][2 + i % 2]
-                                 for i, x in enumerate(v)) for d, v in _FA2_H100.items()},
+    ("fa1", "ampere"): _scaled(_FA2_H100, 0.40, 0.40 * 0.63 / 0.73),
 }
-# The sequence length the figures were measured at (their rates are divided by the block occupancy there).
-ATTENTION_MEASURED_SEQ = 16384
 # Kernel each attention family runs per architecture: "te" is Transformer Engine's choice (cuDNN on Hopper,
 # FlashAttention-2 on Ampere), "fa3" FlashAttention-3 where it exists, "fa2" FlashAttention-2 (PyTorch SDPA), "fa1"
 # FlashAttention-1 / xformers (2022-23 stacks; FlashAttention-2 on Hopper, which those stacks never ran on).
 ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper": "fa3", "ampere": "fa2"},
                     "fa2": {"hopper": "fa2", "ampere": "fa2"}, "fa1": {"hopper": "fa2", "ampere": "fa1"}}
-# FlashAttention works on 128-row query blocks against 128-column key/value blocks; each query block
-# pays about one block iteration of set-up (loading Q, rescaling and writing O), so a query block with
-# n key blocks runs at n/(n+1) of the long-sequence rate (the curves above: at 2K, 0.85-0.90 of 16K's causal rate;
-# the model's causal 0.89).
-ATTENTION_BLOCK = 128
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
@@ -217,18 +258,21 @@ SOFTMAX_PASSES = (2, 3)
 DROPOUT_PASSES = (2, 2)
 
 
-def _occupancy(seq_kv: int, causal: bool) -> float:
-    blocks = seq_kv / ATTENTION_BLOCK
-    if causal:  # a query block sees on average half the key blocks
-        blocks = (blocks + 1) / 2
-    return blocks / (blocks + 1)
+def _along(curve: tuple, seq: float) -> float:
+    """A measured curve at key length `seq`: log-linear between ATTENTION_SEQS, the end values beyond them."""
+    seqs = ATTENTION_SEQS
+    if seq <= seqs[0] or seq >= seqs[-1]:
+        return curve[0] if seq <= seqs[0] else curve[-1]
+    i = next(i for i, x in enumerate(seqs) if x >= seq)
+    w = math.log2(seq / seqs[i - 1]) / math.log2(seqs[i] / seqs[i - 1])
+    return (1 - w) * curve[i - 1] + w * curve[i]
 
 
 def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_dim: int, causal: bool = True
                          ) -> tuple[float, float]:
-    """(forward, backward) share of peak of a fused attention kernel on this shape: the measured curve at the
-    head dim (log-linear between 64, 128 and 256, the end points beyond), scaled from the measured sequence
-    length by the block occupancy."""
+    """(forward, backward) share of peak of a fused attention kernel on this shape: the measured curves at the key
+    length (each query block's inner loop over the keys) and head dim (log-linear between 64, 128 and 256, the end
+    points beyond)."""
     table = ATTENTION_EFFICIENCY.get((kernel, arch), ATTENTION_EFFICIENCY[("fa2", "ampere")])
     dims = sorted(table)
     d = min(max(head_dim, dims[0]), dims[-1])
@@ -236,19 +280,66 @@ def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_d
     lo = max(x for x in dims if x <= d)
     w = 0.0 if hi == lo else math.log2(d / lo) / math.log2(hi / lo)
     col = 0 if causal else 2
-    eff_f, eff_b = ((1 - w) * table[lo][i] + w * table[hi][i] for i in (col, col + 1))
-    scale = _occupancy(seq_kv, causal) / _occupancy(ATTENTION_MEASURED_SEQ, causal)
-    return eff_f * scale, eff_b * scale
+    return tuple((1 - w) * _along(table[lo][col + i], seq_kv) + w * _along(table[hi][col + i], seq_kv) for i in (0, 1))
 
 
 def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int,
-                         precision: str = "bf16") -> tuple[float, float]:
-    """(forward, backward) seconds of a fused causal attention kernel over `tokens` query tokens
-    attending to `seq_kv` keys, `heads` heads on this GPU. Causal masking skips half the blocks."""
-    flops = 4 * tokens * seq_kv * head_dim * heads / 2
-    eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, seq_kv, head_dim)
+                         precision: str = "bf16", causal: bool = True, loop: float | None = None
+                         ) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention kernel over `tokens` query tokens attending to `seq_kv`
+    keys each, `heads` heads on this GPU; causal (query i sees keys up to i: half the blocks) or unmasked. `loop`:
+    the key length the kernel's rate is read at, when these keys are part of a longer loop (default `seq_kv`)."""
+    flops = 4 * tokens * seq_kv * head_dim * heads / (2 if causal else 1)
+    eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, loop or seq_kv, head_dim, causal)
     peak = cluster.peak_flops * in_situ(cluster, precision)
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
+
+
+# Transformer Engine's ring merges each step's partial result outside the attention kernel, in HBM passes over the
+# step's rows (AttnFuncWithCPAndKVP2P, TE 1.4 to 2.x): forward, the output correction (read the step's output and
+# the running one, write it: 3 passes of the query rows); backward, dQ accumulated (3 passes of the query rows), the
+# step's dK and dV concatenated and added to the block received (2 + 3 passes of its key rows, K and V). A step on
+# half a block first copies that half out (`.contiguous()`: read and write, 2 passes): the K/V half; or the query
+# half, and in backward the output and its gradient's halves too (3 tensors).
+RING_MERGE_PASSES = {"out": 3, "dq": 3, "dkv": 5, "slice": 2}
+def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, cp: int, scheme: str, heads: int,
+                      head_dim: int, precision: str = "bf16", kv_width: float = 0.0, e: int = 2
+                      ) -> tuple[float, float]:
+    """(forward, backward) seconds of one rank's causal attention under context parallelism over `cp` ranks with
+    the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp), as the kernels really run it:
+
+    "ring": the load-balanced ring of Transformer Engine's p2p context parallelism (AttnFuncWithCPAndKVP2P) and
+    torch's context_parallel (_templated_ring_attention, either rotate method): step 0 attends the local s/cp
+    tokens to themselves with the causal mask; each of the cp-1 others without a mask, either every local query
+    against the first half of a block from an earlier rank, or the second query half against a whole block from a
+    later rank (s/cp x s/2cp either way); each step's result merged in HBM passes (RING_MERGE_PASSES, K and V
+    `kv_width` elements per token on this GPU, `e` bytes each). The ring is synchronous: a step lasts as long as
+    its slower kind.
+    "chunks": the all-gather of Transformer Engine (AttnFuncWithCPAndKVAllGather) and Llama 3: each local chunk j
+    attends to the j chunks before it without a mask and to itself with it, as one kernel; the slowest rank sets
+    the pace."""
+    def f(q: float, kv: float, causal: bool, loop: float | None = None) -> tuple[float, float]:
+        return fused_attention_time(cluster, kernel, batch * q, kv, heads, head_dim, precision, causal, loop)
+
+    if scheme == "ring":
+        local = seq / cp
+
+        def step(q: float, kv: float, causal: bool) -> tuple[float, float]:
+            p, qw, kw = RING_MERGE_PASSES, q * heads * head_dim, kv * 2 * kv_width
+            merge_f = p["out"] * qw + p["slice"] * (kw if kv < q else qw if q < kv else 0)
+            merge_b = p["dq"] * qw + p["dkv"] * kw + p["slice"] * (kw if kv < q else 3 * qw if q < kv else 0)
+            return tuple(t + batch * m * e / hbm_rate(cluster) for t, m in zip(f(q, kv, causal), (merge_f, merge_b)))
+
+        steps = [max(a, b) for a, b in zip(step(local, local / 2, False), step(local / 2, local, False))]
+        return tuple(d + (cp - 1) * x for d, x in zip(step(local, local, True), steps))
+    c = seq / (2 * cp)
+
+    def chunk(j: int) -> tuple[float, float]:
+        tri = f(c, c, True)  # the masked diagonal; the j chunks before it unmasked, in the same key loop
+        return tri if j == 0 else tuple(a + b for a, b in zip(tri, f(c, j * c, False, (j + 1) * c)))
+
+    ranks = [tuple(a + b for a, b in zip(chunk(r), chunk(2 * cp - 1 - r))) for r in range(cp)]
+    return tuple(max(x[i] for x in ranks) for i in (0, 1))
 
 
 def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: int, heads: int, head_dim: int,

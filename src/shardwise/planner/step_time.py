@@ -214,7 +214,12 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
-            attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
+            if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
+                scheme = "ring" if layout.cp_mode == "ring" else fw.cp_allgather_attention
+                attn, attn_b = kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp,
+                                                         scheme, heads, d, job.precision, model.kv_dim / tp, e)
+            else:
+                attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
         else:
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
