@@ -328,3 +328,17 @@ def test_a_moe_preset_on_a_thousand_gpus_gets_a_plan(model):
     assert out is not None and "were scored" in out["thinned"]
     check_layout(out["best"], "megatron-core")
     assert out["best"]["ep"] >= 1 and out["best"]["fits"]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--framework", ""], "unknown framework ''"),  # was the default framework, silently
+    (["--framework", "Megatron"], "unknown framework 'Megatron' — choose one of megatron-2021, megatron-core"),
+    (["--capacity-factor", "1.5"], "tiny has no experts — drop it"),  # was ignored
+    (["--capacity-factor", "5000"], "between 1 (balanced routing) and 1000"),
+])
+def test_software_flags_that_mean_nothing_here_are_one_line(extra, expected):
+    for command in ("estimate", "plan", "explain"):
+        argv = [command, "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", 4, "--global-batch", 8,
+                "--seq-len", 128, "--json", *extra] + (["--micro-batch", 1] if command == "estimate" else [])
+        code, _, err = cli(argv)
+        assert code == 2 and expected in err and err.count("\n") == 1, (command, err)

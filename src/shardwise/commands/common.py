@@ -160,11 +160,16 @@ def job_from_args(args):
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get
     from shardwise.planner.memory import make_job
 
-    framework = get(getattr(args, "framework", None) or DEFAULT_FRAMEWORK).name  # unknown name: one line, exit 2
+    named = getattr(args, "framework", None)
+    framework = get(DEFAULT_FRAMEWORK if named is None else named).name  # unknown (or empty) name: one line, exit 2
     capacity = getattr(args, "capacity_factor", 1.0)
     if not 1.0 <= capacity <= 1e3:
-        raise UsageError(f"--capacity-factor {capacity} must be at least 1 (1 = balanced routing), e.g. 1.25")
-    job = make_job(load_model(args.model), load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
+        raise UsageError(f"--capacity-factor {capacity} must be between 1 (balanced routing) and 1000, e.g. 1.25")
+    model = load_model(args.model)
+    if capacity != 1.0 and not model.is_moe:
+        raise UsageError(f"--capacity-factor {capacity:g} is the busiest expert's load over the mean, but {model.name} has "
+                         f"no experts — drop it, or plan a mixture-of-experts model")
+    job = make_job(model, load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
                    precision=getattr(args, "precision", None) or "bf16",
