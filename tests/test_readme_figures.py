@@ -1,6 +1,7 @@
 """Every figure the README shows from the code is what the code computes now (benchmarks/readme_figures.py)."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "readme_figures.py"
@@ -15,25 +16,25 @@ def test_readme_figures_match_the_code():
                          f"`python benchmarks/readme_figures.py` and commit README.md")
 
 
+def _readme_match(pattern: str, what: str) -> "re.Match":
+    """The README's text (line breaks as spaces) matched against `pattern`; a failure naming `what` if absent."""
+    text = " ".join((SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(pattern, text)
+    assert found, f"README.md: no {what}"
+    return found
+
+
 def test_readme_lists_every_framework_profile():
     """The README's `--framework {...}` names exactly the profiles `plan` accepts."""
-    import re
-
     from shardwise.planner.frameworks import FRAMEWORKS
 
-    text = " ".join((SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8").split())
-    listed = re.search(r"`--framework \{([^}]*)\}`", text)
-    assert listed, "README.md: no `--framework {...}` list"
+    listed = _readme_match(r"`--framework \{([^}]*)\}`", "`--framework {...}` list")
     assert sorted(n.strip() for n in listed.group(1).split(",")) == sorted(FRAMEWORKS)
 
 
 def test_readme_lists_every_cluster_preset():
     """The README's `- Clusters:` line names exactly the shipped cluster presets."""
-    import re
-
     from shardwise.specs import cluster_presets
 
-    text = " ".join((SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8").split())
-    line = re.search(r"- Clusters: (.*?), a TOML file", text)
-    assert line, "README.md: no '- Clusters: ...' line"
+    line = _readme_match(r"- Clusters: (.*?), a TOML file", "'- Clusters: ...' line")
     assert sorted(re.findall(r"`([\w.-]+)`", line.group(1))) == cluster_presets()
