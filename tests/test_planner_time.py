@@ -199,7 +199,7 @@ def test_context_parallel_attention_runs_the_kernels_of_the_stack():
     # Megatron-Core's all-gather (TE's AttnFuncWithCPAndKVAllGather) attends each local chunk to the gathered keys
     # before it: other kernels than its p2p ring's. torch's context_parallel runs the ring's steps whichever way it
     # rotates K/V (all-gather or all-to-all). Same FLOPs either way, so the times stay within the kernels' spread.
-    model = load_model("llama3-8b")
+    model = load_model("llama3.1-8b")
     times = {}
     for fw in ("megatron-core", "torchtitan"):
         job = make_job(model, H100, 64, 65536, fw, flash_attention=True)

@@ -64,10 +64,11 @@ class Framework:
     tp_comm_overlap_available: bool = False
     sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
     context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
-    # The attention kernels its all-gather context parallelism runs (planner/kernels.py cp_attention_time): "chunks"
-    # (each local query chunk against the gathered keys before it: Transformer Engine's all-gather, Llama 3's) or
-    # "ring" (torch's context_parallel runs the ring's steps whatever its rotate method).
-    cp_allgather_attention: str = "chunks"
+    # How its context parallelism runs the attention (planner/kernels.py cp_attention_time, ring_merge_bytes): "te"
+    # (Transformer Engine: the p2p ring's steps merged in the activation dtype; all-gather: each local query chunk
+    # against the gathered keys before it, as Llama 3 does too) or "torch" (torch's context_parallel: the ring's steps
+    # whatever its rotate method, merged and dK/dV accumulated and passed on in FP32).
+    cp_attention: str = "te"
     async_sp_regather: bool = True  # SP's backward re-gather runs behind the input-gradient GEMM
     # What the stack runs at all.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
@@ -249,7 +250,7 @@ TORCHTITAN = Framework(
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
     fp8="torchao",
     loss="eager",
-    cp_allgather_attention="ring",  # torch's context_parallel: the all-gather rotate method runs the ring's steps
+    cp_attention="torch",
 )
 
 AUTOMODEL = replace(

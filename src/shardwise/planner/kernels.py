@@ -295,15 +295,27 @@ def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv:
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
 
 
-# Transformer Engine's ring merges each step's partial result outside the attention kernel, in HBM passes over the
-# step's rows (AttnFuncWithCPAndKVP2P, TE 1.4 to 2.x): forward, the output correction (read the step's output and
-# the running one, write it: 3 passes of the query rows); backward, dQ accumulated (3 passes of the query rows), the
-# step's dK and dV concatenated and added to the block received (2 + 3 passes of its key rows, K and V). A step on
-# half a block first copies that half out (`.contiguous()`: read and write, 2 passes): the K/V half; or the query
-# half, and in backward the output and its gradient's halves too (3 tensors).
-RING_MERGE_PASSES = {"out": 3, "dq": 3, "dkv": 5, "slice": 2}
+# A ring merges each step's partial result outside the attention kernel, in HBM passes over the step's rows; bytes
+# per element of the step's queries (output, dQ) and of its K and V rows (dK/dV), `e` the activation bytes:
+#   "te"    Transformer Engine's AttnFuncWithCPAndKVP2P (TE 1.4 to 2.x), in the activation dtype: the output
+#           correction reads the step's output and the running one and writes it (3e); dQ accumulated (3e); the
+#           step's dK and dV concatenated and added to the block received (2e + 3e); a step on half a block first
+#           copies that half out (`.contiguous()`, 2e): the K/V half, or the query half (in backward the output and
+#           its gradient's halves too).
+#   "torch" torch's context_parallel (_templated_ring_attention, _SDPAMerger with convert_to_f32, the default) in
+#           FP32: the step's output cast (e + 4), `out - sigmoid(lse diff) * (out - block)` as eager ops (12 + 8 +
+#           12); dQ and dK/dV accumulated in FP32 (e + 4 + 4 each), the dK/dV send buffer concatenated (4 + 4), the
+#           K/V send buffer concatenated each forward step (2e); halves are views.
+def ring_merge_bytes(stack: str, e: float) -> dict:
+    """Bytes per element of a ring step's merge passes (see above): out, dq per query element; dkv per K or V element;
+    slice per element copied out of a half block; kv_send per K or V element."""
+    if stack == "torch":
+        return {"out": e + 4 + 32, "dq": e + 8, "dkv": e + 8 + 8, "slice": 0, "kv_send": 2 * e}
+    return {"out": 3 * e, "dq": 3 * e, "dkv": 5 * e, "slice": 2 * e, "kv_send": 0}
+
+
 def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, cp: int, scheme: str, heads: int,
-                      head_dim: int, precision: str = "bf16", kv_width: float = 0.0, e: int = 2
+                      head_dim: int, precision: str = "bf16", kv_width: float = 0.0, e: int = 2, stack: str = "te"
                       ) -> tuple[float, float]:
     """(forward, backward) seconds of one rank's causal attention under context parallelism over `cp` ranks with
     the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp), as the kernels really run it:
@@ -312,9 +324,9 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
     torch's context_parallel (_templated_ring_attention, either rotate method): step 0 attends the local s/cp
     tokens to themselves with the causal mask; each of the cp-1 others without a mask, either every local query
     against the first half of a block from an earlier rank, or the second query half against a whole block from a
-    later rank (s/cp x s/2cp either way); each step's result merged in HBM passes (RING_MERGE_PASSES, K and V
-    `kv_width` elements per token on this GPU, `e` bytes each). The ring is synchronous: a step lasts as long as
-    its slower kind.
+    later rank (s/cp x s/2cp either way); each step's result merged in HBM passes as `stack` does it
+    (ring_merge_bytes; K and V `kv_width` elements per token on this GPU, `e` bytes each). The ring is synchronous:
+    a step lasts as long as its slower kind.
     "chunks": the all-gather of Transformer Engine (AttnFuncWithCPAndKVAllGather) and Llama 3: each local chunk j
     attends to the j chunks before it without a mask and to itself with it, as one kernel; the slowest rank sets
     the pace."""
@@ -325,10 +337,11 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
         local = seq / cp
 
         def step(q: float, kv: float, causal: bool) -> tuple[float, float]:
-            p, qw, kw = RING_MERGE_PASSES, q * heads * head_dim, kv * 2 * kv_width
-            merge_f = p["out"] * qw + p["slice"] * (kw if kv < q else qw if q < kv else 0)
-            merge_b = p["dq"] * qw + p["dkv"] * kw + p["slice"] * (kw if kv < q else 3 * qw if q < kv else 0)
-            return tuple(t + batch * m * e / hbm_rate(cluster) for t, m in zip(f(q, kv, causal), (merge_f, merge_b)))
+            m, qw, kw = ring_merge_bytes(stack, e), q * heads * head_dim, kv * 2 * kv_width
+            half = kw if kv < q else qw if q < kv else 0  # the half block copied out, if any
+            merge_f = m["out"] * qw + m["slice"] * half + m["kv_send"] * local * 2 * kv_width  # the whole block sent on
+            merge_b = m["dq"] * qw + m["dkv"] * kw + m["slice"] * (3 * half if q < kv else half)
+            return tuple(t + batch * x / hbm_rate(cluster) for t, x in zip(f(q, kv, causal), (merge_f, merge_b)))
 
         steps = [max(a, b) for a, b in zip(step(local, local / 2, False), step(local / 2, local, False))]
         return tuple(d + (cp - 1) * x for d, x in zip(step(local, local, True), steps))

@@ -215,9 +215,10 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
             if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
-                scheme = "ring" if layout.cp_mode == "ring" else fw.cp_allgather_attention
+                scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
                 attn, attn_b = kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp,
-                                                         scheme, heads, d, job.precision, model.kv_dim / tp, e)
+                                                         scheme, heads, d, job.precision, model.kv_dim / tp, e,
+                                                         fw.cp_attention)
             else:
                 attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
         else:
@@ -368,20 +369,26 @@ def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: 
     every rank's block forward, exposed; backward gathers again and reduce-scatters dK/dV. The cp ranks are
     tp apart (Megatron's order): while cp x tp fits a node the traffic is on NVLink; beyond, a ring crosses
     nodes at some hop and moves at the network's pace, a collective by NCCL's inter-node model. A backend
-    measured not to overlap communication (calibrated comm_overlap 0: gloo on CPU) hides nothing."""
+    measured not to overlap communication (calibrated comm_overlap 0: gloo on CPU) hides nothing. torch's
+    context_parallel accumulates and passes dK/dV on in FP32 (its convert_to_f32 default): 4 bytes per element."""
     cp, tp, c = layout.cp, layout.tp, job.cluster
     if cp <= 1:
         return 0.0, 0.0
-    block = 2 * tokens * job.model.kv_dim / tp * job.train.activation_bytes
+    e = job.train.activation_bytes
+    block = 2 * tokens * job.model.kv_dim / tp * e
+    dblock = block * (4 / e if get_framework(job.framework).cp_attention == "torch" else 1)
     if layout.cp_mode == "allgather":
         ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
-        rs = collective_time(c, "reduce_scatter", cp * block, cp, tp) + sync_time(c)
+        rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
         return ag, ag + rs
     crosses = cp * tp > c.gpus_per_node
-    hop = collective_time(c, "send_recv", block, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
+
+    def send(n: float) -> float:
+        return collective_time(c, "send_recv", n, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
+    hop, dhop = send(block), send(dblock)
     if float((c.measured or {}).get("comm_overlap", 1.0)) <= 0:
-        return (cp - 1) * hop, (2 * cp - 1) * hop
-    return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, 2 * hop - attn_b / cp) + hop
+        return (cp - 1) * hop, (cp - 1) * hop + cp * dhop
+    return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, hop + dhop - attn_b / cp) + dhop
 
 
 @dataclass(frozen=True)
