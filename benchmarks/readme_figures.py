@@ -86,6 +86,20 @@ def limits() -> str:
     return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
 
 
+def constants() -> str:
+    """The planner's constants taken from training runs, as the code ships them (planner/kernels.py, planner/moe.py)."""
+    from shardwise.planner.kernels import IN_SITU_EFFICIENCY
+    from shardwise.planner.moe import MOE_LAYER_HOST_S, MOE_LAYER_OVERHEAD_S
+
+    words = {"ampere": "A100", "hopper": "H100", "hopper-fp8": "H100 FP8 jobs"}
+    shares = ", ".join(f"{words.get(arch, arch)} {share:.2f}" for arch, share in IN_SITU_EFFICIENCY.items())
+    text = (f"- Three constants come from training runs, each checked leave-one-source-out below: the share of the "
+            f"benchmark rates a full training step sustains (by GPU: {shares}) and, for mixtures of experts, a MoE "
+            f"layer's fixed cost per micro-batch ({1e3 * MOE_LAYER_OVERHEAD_S:.1f} ms) and the host's time per MoE "
+            f"layer ({1e3 * MOE_LAYER_HOST_S:.1f} ms).")
+    return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
+
+
 def long_context() -> str:
     """Llama 3 405B's published 128K stage (Llama Team 2024, Table 4: tp 8, cp 16, pp 16, dp 8 on 16,384 H100s,
     128 sequences, 38 % MFU) under the `llama3` profile, and the planner's best for that job (as
@@ -263,7 +277,7 @@ def emit() -> str:
 
 FIGURES = {"plan": plan, "explain": explain, "models": models, "limits": limits, "published": published,
            "published-loso": published_loso, "published-moe": published_moe, "published-summary": published_summary,
-           "schedules": schedules, "emit": emit, "long-context": long_context}
+           "schedules": schedules, "emit": emit, "long-context": long_context, "constants": constants}
 
 
 def regenerate(text: str) -> tuple[str, list[str]]:
