@@ -7,8 +7,9 @@ per-call costs, measured on M), then `shardwise validate --model M --world W --c
 default sweep of real layouts, interleaved in rounds) — the calibration never sees a validated layout.
 Reported: median and p90 |error| of the step time, Kendall tau, top-1 regret, memory median error and the
 1-minute load average at the start of calibrate, between the two and at the end, and the cores other processes
-kept busy during each of the two commands (their `other_cpu_cores`, shardwise/contention.py): a shared machine's
-neighbours move the absolute times; read the figures beside them. Models: presets, paths to a config.json, or `gqa`
+kept busy during each of the two commands (their `other_cpu_cores`, shardwise/contention.py), and how long the
+calibration's reference workload took during the sweep against during the calibration (validate's `speed_ratio`):
+a shared machine's neighbours, and a virtual machine's host, move the absolute times; read the figures beside them. Models: presets, paths to a config.json, or `gqa`
 (a small grouped-query Llama: hidden 96, 4 layers, 6 heads / 2 KV heads, FFN 256).
 
 --dedicated runs both commands under the real-time FIFO scheduler (Linux, root): their ranks then run whenever
@@ -68,7 +69,7 @@ def run(model: str, world: int, tmp: Path, extra: list[str], dedicated: bool = F
     s, machine = result["summary"], result.get("machine", {})
     others = [machine.get("calibration_other_cpu_cores"), machine.get("other_cpu_cores")]
     return {"model": model, "layouts": len(result["layouts"]), "load_average_1min": loads,
-            "other_cpu_cores": others, "dedicated": dedicated,
+            "other_cpu_cores": others, "dedicated": dedicated, "speed_ratio": machine.get("speed_ratio"),
             **{k: s[k] for k in ("median_abs_error", "p90_abs_error", "kendall_tau", "top1_regret",
                                  "memory_median_abs_error", "noisy_layouts")},
             "per_layout": [{k: x[k] for k in ("name", "predicted_step_time_s", "measured_step_time_s", "step_time_spread")}
@@ -78,14 +79,14 @@ def run(model: str, world: int, tmp: Path, extra: list[str], dedicated: bool = F
 def table(rows: list[dict]) -> str:
     out = ["| model | layouts | median abs. error (goal <= 10 %) | p90 | Kendall tau (>= 0.8) | top-1 regret (<= 5 %) "
            "| memory median error | load average (calibrate / validate / end) | other processes' cores (calibrate / "
-           "validate) |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+           "validate) | reference workload, sweep / calibration |", "|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
         load = " / ".join(f"{x:.1f}" for x in r["load_average_1min"])
         others = " / ".join("?" if x is None else f"{x:.2f}" for x in r["other_cpu_cores"])
         name = r["model"] + (" (dedicated)" if r.get("dedicated") else "")
         out.append(f"| {name} | {r['layouts']} | {100 * r['median_abs_error']:.1f} % | {100 * r['p90_abs_error']:.0f} % "
                    f"| {r['kendall_tau']:.2f} | {100 * r['top1_regret']:.1f} % | {100 * r['memory_median_abs_error']:.3f} % "
-                   f"| {load} | {others} |")
+                   f"| {load} | {others} | {'?' if r['speed_ratio'] is None else format(r['speed_ratio'], '.2f')} |")
     return "\n".join(out)
 
 

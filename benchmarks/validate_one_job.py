@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     # The sweep itself never reads the cluster (predictions are made here, per calibration).
     vcfg = ValidateConfig(model=model, cluster=load_cluster("dgx-h100-80gb"), world=args.world, layouts=layouts)
     out = run_ranks(_job, ccfg, vcfg, max(1, args.calibrations), world=args.world, what="validation")[0]
-    measured = [statistics.median(r["times"]) for r in out["runs"]]
+    measured = [statistics.median(r["times"]) for r in out["runs"]["layouts"]]
     rows = []
     for i, cal in enumerate(out["calibrations"]):
         job = runtime_job(model, Profile(**cal).to_cluster(), 8, 64, gpu=False)

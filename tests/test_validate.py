@@ -47,6 +47,8 @@ def test_contract_keys_and_well_formed_values(sweep):
     m = sweep["machine"]
     assert m["cores"] >= 1 and (m["other_cpu_cores"] is None or m["other_cpu_cores"] >= 0)
     assert m["calibration_other_cpu_cores"] is None
+    # the calibration's reference workload timed again during the sweep; no calibration to compare with here
+    assert m["reference_s"] > 0 and m["calibration_reference_s"] is None and m["speed_ratio"] is None
 
 
 def test_measured_model_states_are_the_planners(sweep):
@@ -162,7 +164,26 @@ def test_warns_when_other_processes_shared_the_machine():
                          "seq_len": 64, "layouts": [layout], "summary": summary, "machine": machine}, None)
         return console.export_text()
 
-    quiet = printed({"cores": 2, "other_cpu_cores": 0.02, "calibration_other_cpu_cores": None})
-    assert "other processes" not in quiet
-    busy = printed({"cores": 2, "other_cpu_cores": 0.9, "calibration_other_cpu_cores": 0.1})
+    quiet = printed({"cores": 2, "other_cpu_cores": 0.02, "calibration_other_cpu_cores": None, "speed_ratio": 1.1})
+    assert "other processes" not in quiet and "reference workload" not in quiet
+    busy = printed({"cores": 2, "other_cpu_cores": 0.9, "calibration_other_cpu_cores": 0.1, "speed_ratio": None})
     assert "0.9 of this machine's" in busy and "during the sweep" in busy and "during the calibration" not in busy
+    slower = printed({"cores": 2, "other_cpu_cores": 0.0, "calibration_other_cpu_cores": 0.0, "speed_ratio": 1.4})
+    assert "1.40x its calibrated time" in slower and "slower" in slower and "other processes" not in slower
+
+
+def test_machine_speed_compares_the_same_workload_only():
+    """The sweep's reference time is set beside the calibration's own figure for it (its smallest model point)
+    only when the calibration timed the same model at the same sequence length."""
+    from dataclasses import replace
+
+    from shardwise.specs import load_cluster
+    from shardwise.validate import ValidateConfig, machine_speed
+
+    base = load_cluster("dgx-h100-80gb")
+    cluster = replace(base, measured={"model": "tiny", "tokens": 64, "model_points": [[1e7, 0.004], [2e7, 0.006]]})
+    cfg = ValidateConfig(model=load_model("tiny"), cluster=cluster, seq_len=64)
+    speed = machine_speed(cfg, [0.005, 0.006, 0.007])
+    assert speed == {"reference_s": 0.006, "calibration_reference_s": 0.004, "speed_ratio": pytest.approx(1.5)}
+    assert machine_speed(replace(cfg, seq_len=32), [0.005])["speed_ratio"] is None  # another workload
+    assert machine_speed(replace(cfg, cluster=base), [0.005])["calibration_reference_s"] is None  # a datasheet

@@ -10,7 +10,9 @@ process of another session on a 2-core machine takes a whole core from a 2-rank 
 share the other; ranks that synchronise many times a step lose more than that (one rank waiting for a core
 stalls both at the next collective). `calibrate` records the figure in its profile and `validate` beside
 its sweep, and warns when either saw one (a calibration and a sweep taken under different neighbours
-disagree by their neighbours, not by the model).
+disagree by their neighbours, not by the model). The machine itself can change speed too (a virtual
+machine's host, whose other guests this one does not see): `validate` times the calibration's reference
+workload again during its sweep and warns when the two differ by more than SPEED_TOLERANCE (`speed_note`).
 
 Machine-wide busy time is read from /proc/stat (user, nice, system, irq, softirq and steal: a hypervisor's
 other guests count as other processes too); ours is this process's and its waited-for children's
@@ -25,6 +27,9 @@ import time
 
 # Cores of other processes' use above which a timing is flagged as not this machine's alone.
 BUSY_NEIGHBOURS = 0.25
+# A reference workload timed during a sweep and during the calibration that predicts it: a ratio further
+# from 1 than this flags the machine as not the one that was calibrated.
+SPEED_TOLERANCE = 0.15
 
 
 def busy_seconds(stat_line: str, ticks_per_s: float) -> float:
@@ -85,3 +90,11 @@ def neighbours_note(what: str, cores: float | None) -> str | None:
         return None
     return (f"other processes kept {cores:.1f} of this machine's {machine_cores()} cores busy during {what}: "
             f"its times include their interference")
+
+
+def speed_note(ratio: float | None) -> str | None:
+    """A sentence when the calibration's reference workload ran at another speed during the sweep."""
+    if ratio is None or abs(ratio - 1) <= SPEED_TOLERANCE:
+        return None
+    return (f"the calibration's reference workload took {ratio:.2f}x its calibrated time during the sweep: the "
+            f"machine ran {'slower' if ratio > 1 else 'faster'} than when it was calibrated")

@@ -174,6 +174,29 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return statistics.median(y - slope * x for x, y in zip(xs, ys)), slope
 
 
+def reference(t: Timer):
+    """The reference workload: the runtime's model (at most MODEL_LAYERS layers and the LM head), forward +
+    backward on micro_batch x seq_len tokens; returns the function that runs it once. measure_model times it as
+    "none <micro_batch>" (Profile.reference_s); validate times it again between its rounds."""
+    from shardwise.model import Transformer
+
+    spec = t.cfg.model
+    model = Transformer(spec, seed=0, layer_ids=range(min(spec.num_layers, MODEL_LAYERS)), device=t.device)
+    x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
+
+    def run():
+        with _amp(t):
+            loss = model(x, x)
+        loss.backward()
+    return run
+
+
+def _amp(t: Timer):
+    from contextlib import nullcontext
+
+    return torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
+
+
 def measure_model(t: Timer, out: dict):
     """The runtime's own model, forward + backward, at micro-batches b, 2b, 3b, 4b of seq_len tokens:
     time = overhead + weighted FLOPs / rate. out["model_tflops"] = the rate (everything a layer runs:

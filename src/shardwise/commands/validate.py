@@ -179,11 +179,12 @@ def _print(console, result: dict, picture: str | None) -> None:
                   f"{s['top1_regret']:.1%} slower than the measured best, which is "
                   f"{'' if s['best_in_top3'] else 'not '}in its top 3. Memory: median |error| "
                   f"{s['memory_median_abs_error']:.1%}, p90 {s['memory_p90_abs_error']:.1%}.", highlight=False)
-    from shardwise.contention import neighbours_note
+    from shardwise.contention import neighbours_note, speed_note
 
     m = result.get("machine", {})
     for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
-                 neighbours_note("the calibration", m.get("calibration_other_cpu_cores"))):
+                 neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
+                 speed_note(m.get("speed_ratio"))):
         if note:
             console.print(f"[yellow]{note} — compare predictions and measurements taken on a quiet machine[/]",
                           highlight=False)

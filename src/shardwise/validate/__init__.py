@@ -50,6 +50,19 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
     return {"step_time_s": est.step_time, "memory": counted_memory(job, layout), "total_bytes": est.memory_per_gpu}
 
 
+def machine_speed(cfg: ValidateConfig, reference_s: list[float]) -> dict:
+    """The reference workload's seconds during the sweep (measure._reference, after each round) beside the
+    calibration's own figure for it, and their ratio (> 1: the machine ran slower than when it was calibrated).
+    The calibration's figure only where it timed the same workload (same model, one sequence of seq_len)."""
+    now = statistics.median(reference_s) if reference_s else None
+    m = cfg.cluster.measured or {}
+    then = None
+    if m.get("model_points") and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len:
+        then = m["model_points"][0][1]
+    return {"reference_s": now, "calibration_reference_s": then,
+            "speed_ratio": now / then if now and then else None}
+
+
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     """Run the sweep; the report dict on rank 0 (None on other torchrun ranks)."""
     from shardwise.contention import OtherCpu, machine_cores
@@ -58,10 +71,11 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     if not cfg.layouts:
         cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
     with OtherCpu(enabled=not under_torchrun()) as other:  # under torchrun the other ranks are not our children
-        runs = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
-                         what="validation")[0]
-    if runs is None:
+        out = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
+                        what="validation")[0]
+    if out is None:
         return None
+    runs = out["layouts"]
     layouts = []
     for lay, run in zip(cfg.layouts, runs):
         pred = predict(cfg, lay)
@@ -87,6 +101,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
             # Other processes' CPU use during the sweep and during the calibration (contention.py): a timing
             # taken beside busy neighbours is theirs as much as this machine's.
             "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores,
-                        "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores")},
+                        "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores"),
+                        **machine_speed(cfg, out["reference_s"])},
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,
             "layouts": layouts, "summary": summary}

@@ -38,9 +38,27 @@ def _slowest(values: list[float], world: int) -> list[float]:
     return t.tolist()
 
 
-def run_rank(cfg: ValidateConfig) -> list[dict] | None:
+def _reference(cfg: ValidateConfig, rank: int, world: int):
+    """calibrate's reference measurement (calibrate.measure.reference: its model's forward + backward at one
+    sequence, every rank at once, as long as the slowest), to time again between the sweep's rounds: a function
+    giving its seconds per call for a few repeats. The machine's speed can move between a calibration and a
+    sweep minutes later (a virtual machine's host, other processes); the two figures side by side say by how much."""
+    from shardwise.calibrate.config import CalibrateConfig
+    from shardwise.calibrate.measure import Timer, reference
+
+    t = Timer(CalibrateConfig(model=cfg.model, world=world, backend=cfg.backend, seq_len=cfg.seq_len, repeats=3,
+                              warmup=1), rank, world)
+    fn = reference(t)
+    return lambda: t.interleaved({"reference": fn}, REFERENCE_REPEATS, barrier_each=world > 1)["reference"]
+
+
+REFERENCE_REPEATS = 3  # after each round of the sweep (each repeat ~20 ms)
+
+
+def run_rank(cfg: ValidateConfig) -> dict | None:
     """Every layout on this rank (started by `launch.run_ranks`): build, warm up, timed rounds in random
-    order, memory. The measurements on rank 0, None elsewhere."""
+    order, memory. On rank 0 {"layouts": the measurements, "reference_s": the reference's seconds per call
+    after each round}; None elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -64,6 +82,7 @@ def run_rank(cfg: ValidateConfig) -> list[dict] | None:
         loops.append(TrainLoop(rt, last=10**6))
         report(f"built {describe(lay)}")
     order, times = random.Random(cfg.seed), [[] for _ in loops]
+    reference, reference_s = _reference(cfg, rank, world), []
 
     def round_of(indices):
         indices = list(indices)
@@ -71,6 +90,8 @@ def run_rank(cfg: ValidateConfig) -> list[dict] | None:
         for i in indices:
             times[i] += _slowest(_timed_steps(loops[i], cfg.steps, world), world)
             report(f"timed {describe(cfg.layouts[i])}")
+        if indices:
+            reference_s.extend(reference())
 
     for _ in range(cfg.repeats):
         round_of(range(len(loops)))
@@ -81,4 +102,4 @@ def run_rank(cfg: ValidateConfig) -> list[dict] | None:
         out.append({"times": times[i], "memory": {k: worst[k] for k in STATE_KEYS}, "memory_total": worst["total"],
                     "allocator_peak": worst["allocator_peak"]})
         report(f"memory {describe(cfg.layouts[i])}")
-    return out if rank == 0 else None
+    return {"layouts": out, "reference_s": reference_s} if rank == 0 else None
