@@ -419,5 +419,5 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     if 3 not in fw.zero_stages and job.train.global_batch > 1:
         hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
-            f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.0f} GiB — "
+            f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
             f"{widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
