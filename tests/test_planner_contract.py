@@ -383,3 +383,15 @@ def test_a_longer_sequence_never_shortens_a_moe_step():
     lay = Layout(dp=32, tp=8, micro_batch=1, zero=3, sequence_parallel=True, ep=8)
     short, long = (estimate(make_job(spec, c, 128, seq, "deepspeed-2024"), lay).step_time for seq in (4096, 8192))
     assert long >= short
+
+
+@pytest.mark.parametrize("extra, why", [(["--framework", "nemo"], "nemo always shards the sequence with TP"),
+                                        (["--tp-comm-overlap"], "TP comm overlap needs it")])
+def test_implied_sequence_parallelism_is_checked_like_a_named_one(extra, why):
+    """Named, --sequence-parallel with a sequence tp does not divide is refused; implied by the stack it was scored."""
+    argv = ["estimate", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", 2, "--global-batch", 4, "--seq-len", 3,
+            "--tp", 2, "--micro-batch", 1, "--json", *extra]
+    code, _, err = cli(argv)
+    assert code == 2 and why in err and "use a multiple of 2" in err and err.count("\n") == 1, err
+    plan = answer(["plan", *argv[1:11], "--json", *extra])
+    assert plan is not None and all(c["tp"] == 1 for c in plan["candidates"])  # plan never ranked it

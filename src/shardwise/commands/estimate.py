@@ -32,7 +32,7 @@ def run(args) -> int:
     from shardwise.planner import estimate
     from shardwise.planner.estimate import complete_layout
     from shardwise.planner.frameworks import check, get
-    from shardwise.specs import validate_layout
+    from shardwise.specs import check_sequence_split, validate_layout
 
     job = job_from_args(args)
     named = {k for k in ("zero", "recompute", "cp_mode") if getattr(args, k) is not None}
@@ -44,7 +44,13 @@ def run(args) -> int:
                          "give --gpus as dp*tp*pp*cp, or leave --dp out")
     layout = layout_from_args(args, dp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len)
-    layout, implied = complete_layout(job, layout, named)
+    completed, implied = complete_layout(job, layout, named)
+    if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
+        try:
+            check_sequence_split(completed, job.model, job.train.seq_len)
+        except UsageError as exc:
+            raise UsageError(f"{implied[0]}: {exc}") from None
+    layout = completed
     check(get(job.framework), layout)
     est = estimate(job, layout, implied)
     if args.json:

@@ -172,8 +172,16 @@ def _sp_options(job: Job, fw, tp: int, cp: int) -> tuple[bool, ...]:
     """Sequence parallelism off and/or on, as the framework allows; on only where tp divides each rank's tokens."""
     if tp == 1:
         return (False,)
-    sps = {"never": (False,), "always": (True,)}.get(fw.sequence_parallel, (True, False))
-    return tuple(sp for sp in sps if not (sp and (job.train.seq_len // cp) % tp)) or (False,)
+    sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
+    return tuple(sp for sp in sps if not (sp and (job.train.seq_len // cp) % tp))  # none where SP is a must but cannot split
+
+
+def _sp_required(job: Job, fw) -> str:
+    """Why every tp > 1 layout of this job runs sequence parallelism ('' when it need not): the stack always does, or
+    TP comm overlap runs on sequence-parallel activations (estimate.complete_layout implies SP for both)."""
+    if fw.sequence_parallel == "always":
+        return f"--framework {fw.name} always shards the sequence with TP"
+    return "--tp-comm-overlap runs on sequence-parallel activations" if job.tp_comm_overlap else ""
 
 
 def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> int:
@@ -312,6 +320,9 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             return (f"--cp {','.join(map(str, space.cp))}: cp must divide the GPUs left by tp*pp ({gpus} GPUs), cut each "
                     f"sequence into 2*cp equal chunks (--seq-len {seq}) and leave a dp that divides the global batch — "
                     f"possible here: {', '.join(map(str, [1, *possible]))}")
+    if all(t > 1 and not _sp_options(job, fw, t, 1) for t, _ in pairs):
+        return (f"{_sp_required(job, fw)}, which splits each sequence over tp, but --seq-len {seq} is not divisible by "
+                f"tp {', '.join(sorted({str(t) for t, _ in pairs}, key=int))} — use a multiple of tp, or allow tp 1")
     if all(p > 1 for _, p in pairs) and not any(s in fw.schedules for s in space.schedules):
         return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
                 f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
