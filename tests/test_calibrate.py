@@ -57,6 +57,10 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
         assert m[key] >= 0, key
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m.get("other_cpu_cores", 0.0) >= 0  # other processes' CPU use meanwhile (absent where unknown)
+    # the reference workload (the smallest micro-batch) per round: the overall median lies between theirs
+    rounds = m["reference_rounds_s"]
+    assert len(rounds) == 3 and min(rounds) > 0
+    assert min(rounds) <= m["model_points"][0][1] <= max(rounds)
     assert m["matmul_tflops"] * 1e12 == pytest.approx(cluster.peak_flops)
     for kind in COLLECTIVES:
         sizes, times = zip(*m[kind])
@@ -188,3 +192,22 @@ def test_theil_sen_ignores_one_disturbed_point():
     ys = [0.5 + 2 * x for x in xs]
     ys[3] += 40  # a busy moment
     assert fit_line(xs, ys) == pytest.approx((0.5, 2.0))
+
+
+def test_warns_when_the_machine_changed_speed_during_the_calibration():
+    from rich.console import Console
+
+    from shardwise.commands.calibrate import _print
+
+    def printed(rounds):
+        profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model="tiny", tokens=64,
+                          memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=10.0, reference_rounds_s=rounds)
+        console = Console(record=True, width=300)
+        _print(console, profile, "p.toml")
+        return profile.reference_drift(), console.export_text()
+
+    drift, text = printed([0.004, 0.0041, 0.0042])
+    assert drift == pytest.approx(1.05) and "speed moved" not in text
+    drift, text = printed([0.00415, 0.0055, 0.00667])
+    assert drift == pytest.approx(0.00667 / 0.00415) and "1.61x" in text and "4.15, 5.50, 6.67 ms" in text
+    assert printed([])[0] == 1.0  # an older profile: no rounds, nothing to say

@@ -268,6 +268,10 @@ def measure_model(t: Timer, out: dict):
     out["model_tflops"] = 1 / slope / 1e12
     out["layer_overhead_s"] = max(overhead, 0.0) / layers
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
+    # The reference workload (the smallest size) in each round — start, middle and end of the calibration:
+    # a machine whose speed moves within minutes shows it here (Profile.reference_drift).
+    n = len(reps[sizes[0]]) // MODEL_ROUNDS
+    out["reference_rounds_s"] = [statistics.median(reps[sizes[0]][i * n:(i + 1) * n]) for i in range(MODEL_ROUNDS)]
     core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
     base, selective = sizes[0], f"selective {batches[0]}"
     out["checkpoint_overhead_s"] = max(paired(reps, selective, base) / layers - core, 0.0)

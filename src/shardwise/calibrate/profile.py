@@ -49,6 +49,7 @@ class Profile:
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
     spread: dict = field(default_factory=dict)  # "kind@bytes" -> interquartile range / median
     repeats: int = 0
+    reference_rounds_s: list = field(default_factory=list)  # the reference workload in each model round, seconds
     other_cpu_cores: float | None = None  # cores other processes kept busy meanwhile (contention.py; None: unknown)
 
     def monotone_tables(self) -> dict:
@@ -120,6 +121,12 @@ class Profile:
         """A blocking receive after a layer, beyond the send_recv table's time."""
         return self._in_context(3, "send_recv")
 
+    def reference_drift(self) -> float:
+        """Slowest / fastest round of the reference workload (the model's smallest micro-batch) over the
+        calibration's start, middle and end: 1 on a machine whose speed held while it was measured."""
+        rounds = [x for x in self.reference_rounds_s if x > 0]
+        return max(rounds) / min(rounds) if rounds else 1.0
+
     def noisy(self, limit: float = 0.5) -> list[str]:
         return sorted(k for k, v in self.spread.items() if v > limit)
 
@@ -147,6 +154,8 @@ class Profile:
                "model_points": self.model_points}
         if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
             out["other_cpu_cores"] = self.other_cpu_cores
+        if self.reference_rounds_s:  # not read by the planner: whether the machine held its speed meanwhile
+            out["reference_rounds_s"] = self.reference_rounds_s
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
             out["comm_overlap"] = 0.0
         out.update({k: v for k, v in self.monotone_tables().items() if v})

@@ -105,12 +105,18 @@ def _print(console, profile, out: str) -> None:
         for i, (nbytes, _) in enumerate(tables["all_reduce"]):
             table.add_row(human(nbytes), *(f"{tables[k][i][1] * 1e3:.3f}" for k in COLLECTIVES))
         console.print(table)
-    from shardwise.contention import neighbours_note
+    from shardwise.contention import SPEED_TOLERANCE, neighbours_note
 
     note = neighbours_note("the calibration", profile.other_cpu_cores)
     if note:
         console.print(f"[yellow]{note} — calibrate on a quiet machine: the planner takes these times as the "
                       f"machine's own[/]", highlight=False)
+    drift = profile.reference_drift()
+    if drift > 1 + SPEED_TOLERANCE:
+        console.print(f"[yellow]the machine's speed moved while it was measured: the model's smallest micro-batch took "
+                      f"{drift:.2f}x as long in its slowest round as in its fastest "
+                      f"({', '.join(f'{1e3 * x:.2f}' for x in profile.reference_rounds_s)} ms at the start, middle and "
+                      f"end) — calibrate again when the machine is steady[/]", highlight=False)
     noisy = profile.noisy()
     if noisy:
         console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "
