@@ -62,6 +62,23 @@ CONFIGS = {
                      num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, vocab_size=102400,
                      kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                      n_group=8, topk_group=4, max_position_embeddings=163840),
+    # as published on the Hub, with the keys shardwise does not read (rope_scaling, eos lists, dtype, sliding window)
+    "llama3.1-8b-hub": dict(architectures=["LlamaForCausalLM"], attention_bias=False, bos_token_id=128000,
+                            eos_token_id=[128001, 128008, 128009], hidden_act="silu", hidden_size=4096,
+                            intermediate_size=14336, max_position_embeddings=131072, mlp_bias=False, model_type="llama",
+                            num_attention_heads=32, num_hidden_layers=32, num_key_value_heads=8, pretraining_tp=1,
+                            rms_norm_eps=1e-05, rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                                  original_max_position_embeddings=8192,
+                                                                  rope_type="llama3"),
+                            rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16", vocab_size=128256),
+    "deepseek-v2-lite-hub": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                                 moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+                                 num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1, num_hidden_layers=27,
+                                 num_attention_heads=16, num_key_value_heads=16, vocab_size=102400, kv_lora_rank=512,
+                                 q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_group=1,
+                                 topk_group=1, max_position_embeddings=163840, routed_scaling_factor=1.0,
+                                 scoring_func="softmax", topk_method="greedy", norm_topk_prob=False, aux_loss_alpha=0.001,
+                                 rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096)),
 }
 CLUSTER = """[cluster]
 name = "small cards"
@@ -395,3 +412,15 @@ def test_implied_sequence_parallelism_is_checked_like_a_named_one(extra, why):
     assert code == 2 and why in err and "use a multiple of 2" in err and err.count("\n") == 1, err
     plan = answer(["plan", *argv[1:11], "--json", *extra])
     assert plan is not None and all(c["tp"] == 1 for c in plan["candidates"])  # plan never ranked it
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("llama3.1-8b-hub", 8_030_261_248, 8_030_261_248),  # the Hub's safetensors: 16,060,522,496 bytes in bf16
+    ("deepseek-v2-lite-hub", 15.7e9, 2.66e9),  # DeepSeek-V2-Lite's card: 15.7B total (2.4B active without embeddings)
+    ("mixtral", 46.7e9, 12.9e9),  # Mixtral 8x7B: 46.7B total, 12.9B active (Mistral AI's announcement)
+])
+def test_hub_configs_count_their_published_parameters(files, name, total, active):
+    d = answer(["estimate", "--model", files[name], "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+                "--seq-len", 4096, "--micro-batch", 1, "--json"])
+    assert d is not None
+    assert d["total_params"] == pytest.approx(total, rel=5e-3) and d["active_params"] == pytest.approx(active, rel=1e-2)
