@@ -193,6 +193,9 @@ def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
     (["--framework", "megatron-2021", "--sequence-parallel", "--recompute", "selective"],
      {"sequence_parallel": True, "recompute": "selective"}, []),
     ([], {"zero": 1}, ["ZeRO-1 (megatron-core's default"]),
+    # Megatron-LM of 2021 as the issue and the paper describe it: full recompute, no distributed optimizer, unless named
+    (["--framework", "megatron-2021", "--pp", "2"], {"zero": 0, "recompute": "full"},
+     ["ZeRO-0 (megatron-2021's default", "full recompute (megatron-2021's own"]),
 ])
 def test_estimate_implies_what_the_framework_always_does(capsys, argv, layout, implied):
     code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--json", *argv)

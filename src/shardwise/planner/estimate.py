@@ -142,10 +142,12 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     stages = [lay.zero]
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
-        stages = [z for z in fw.zero_stages if z >= first and not fw.refusal(lay.with_(zero=z))] or [lay.zero]
+        stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
+                  and not fw.refusal(lay.with_(zero=z))] or [lay.zero]
     policies = [lay.recompute]
     if "recompute" not in named:
-        policies = [r for r in RECOMPUTE if r in fw.recompute] or [lay.recompute]
+        policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
+        policies = policies or [lay.recompute]
     # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
     # (sharding the optimizer usually costs less than recomputing every layer), else the first it runs.
     tries = [lay.with_(zero=z, recompute=r) for z in stages for r in policies]
@@ -157,7 +159,8 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
     if chosen.recompute != lay.recompute:
-        implied.append(f"{chosen.recompute} recompute (the fastest that fits; --recompute not given)")
+        why = f"{fw.name}'s own" if fw.unnamed_recompute else "the fastest that fits"
+        implied.append(f"{chosen.recompute} recompute ({why}; --recompute not given)")
     lay = chosen
     return lay, implied
 

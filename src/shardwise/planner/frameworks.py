@@ -99,6 +99,12 @@ class Framework:
     # cuBLAS over NUM_STREAM = 4).
     expert_gemm_streams: int = 0
     max_zero_with_pp: int = 3
+    # What an unnamed --zero / --recompute may become (estimate.complete_layout): () = any stage or policy the stack
+    # runs, the fastest that fits. A stack whose later options were opt-in flags keeps its own defaults instead
+    # (megatron-2021: the paper's full recompute without a distributed optimizer; ZeRO-1 and selective recompute
+    # arrived in 2022 and are there only when named).
+    unnamed_zero: tuple[int, ...] = ()
+    unnamed_recompute: tuple[str, ...] = ()
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
@@ -150,7 +156,7 @@ MEGATRON_2021 = Framework(
              "Korthikanti et al. 2022 and Megatron-LM v3.0 (2022-06): --sequence-parallel, "
              "--recompute-activations (selective), --use-distributed-optimizer"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
-    context_parallel=(),
+    context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",),
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
             "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
 )
