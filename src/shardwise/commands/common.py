@@ -59,13 +59,9 @@ def layout_from_args(args, dp: int) -> Layout:
 
 
 def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:
-    from shardwise.planner.search import MAX_GPUS
+    from shardwise.planner.search import check_gpus
 
-    if gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    if gpus > MAX_GPUS:
-        raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — estimate a part of "
-                         f"the cluster (layouts repeat across identical parts)")
+    check_gpus(gpus, "estimate")
     for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")

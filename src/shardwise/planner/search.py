@@ -204,14 +204,19 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
     return total
 
 
-def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
-    """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
-    that is impossible or too large even then, before any scoring."""
+def check_gpus(gpus: int, command: str) -> None:
+    """--gpus between 1 and MAX_GPUS, or one UsageError line; `command` (plan, estimate) is what the fix tells to do."""
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
     if gpus > MAX_GPUS:
-        raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — plan a part of the "
-                         f"cluster (layouts repeat across identical parts)")
+        raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — {command} a part of "
+                         f"the cluster (layouts repeat across identical parts)")
+
+
+def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
+    """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
+    that is impossible or too large even then, before any scoring."""
+    check_gpus(gpus, "plan")
     for flag, values in (("--ep", space.ep), ("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
             raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
