@@ -551,14 +551,24 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
                  layers=cost.layers, microbatches=m)
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
+    # The dense and the expert traffic leave through the same links beside the same compute: each is hidden by
+    # its share of the window, by bytes (else each would count the whole window as its own).
+    dense_win = share(win, (params - experts) / params) if experts else win
     after, before = dp_exposed(job, layout, fw, params - experts, layer_params(job.model, layout.tp),
-                               param_tensors(job, layout, rank), win)
+                               param_tensors(job, layout, rank), dense_win)
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
         edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1), fw, experts,
-                                       experts / cost.layers if cost.layers else experts, 3, win)
+                                       experts / cost.layers if cost.layers else experts, 3,
+                                       share(win, experts / params))
         after, before = after + e_after, before + e_before
     return after, before
+
+
+def share(win: Window, fraction: float) -> Window:
+    """The part of a compute window one of several streams of traffic on the same links can hide behind."""
+    return replace(win, forward=win.forward * fraction, backward=win.backward * fraction,
+                               layer_forward=win.layer_forward * fraction, layer_backward=win.layer_backward * fraction)
 
 
 def step_comm_time(job: Job, layout: Layout) -> float:
