@@ -8,7 +8,8 @@ default sweep of real layouts, interleaved in rounds) — the calibration never 
 Reported: median and p90 |error| of the step time, Kendall tau, top-1 regret, memory median error and the
 1-minute load average at the start of calibrate, between the two and at the end, and the cores other processes
 kept busy during each of the two commands (their `other_cpu_cores`, shardwise/contention.py), and how long the
-calibration's reference workload took during the sweep against during the calibration (validate's `speed_ratio`):
+calibration's reference workload took during the sweep against during the calibration (validate's `speed_ratio`)
+and its slowest round against its fastest within the calibration (calibrate's `reference_rounds_s`):
 a shared machine's neighbours, and a virtual machine's host, move the absolute times; read the figures beside them. Models: presets, paths to a config.json, or `gqa`
 (a small grouped-query Llama: hidden 96, 4 layers, 6 heads / 2 KV heads, FFN 256).
 
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from shardwise.specs import load_cluster
 
 GQA = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 4,
        "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
@@ -67,26 +70,33 @@ def run(model: str, world: int, tmp: Path, extra: list[str], dedicated: bool = F
                                    "--json", *extra, dedicated=dedicated))
     loads.append(_load())
     s, machine = result["summary"], result.get("machine", {})
+    rounds = load_cluster(str(profile)).measured.get("reference_rounds_s") or []
     others = [machine.get("calibration_other_cpu_cores"), machine.get("other_cpu_cores")]
     return {"model": model, "layouts": len(result["layouts"]), "load_average_1min": loads,
             "other_cpu_cores": others, "dedicated": dedicated, "speed_ratio": machine.get("speed_ratio"),
+            "calibration_drift": max(rounds) / min(rounds) if rounds and min(rounds) > 0 else None,
             **{k: s[k] for k in ("median_abs_error", "p90_abs_error", "kendall_tau", "top1_regret",
                                  "memory_median_abs_error", "noisy_layouts")},
             "per_layout": [{k: x[k] for k in ("name", "predicted_step_time_s", "measured_step_time_s", "step_time_spread")}
                            for x in result["layouts"]]}
 
 
+def _fmt(x) -> str:
+    return "?" if x is None else f"{x:.2f}"
+
+
 def table(rows: list[dict]) -> str:
     out = ["| model | layouts | median abs. error (goal <= 10 %) | p90 | Kendall tau (>= 0.8) | top-1 regret (<= 5 %) "
            "| memory median error | load average (calibrate / validate / end) | other processes' cores (calibrate / "
-           "validate) | reference workload, sweep / calibration |", "|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+           "validate) | reference workload, sweep / calibration | its drift within the calibration |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in rows:
         load = " / ".join(f"{x:.1f}" for x in r["load_average_1min"])
         others = " / ".join("?" if x is None else f"{x:.2f}" for x in r["other_cpu_cores"])
         name = r["model"] + (" (dedicated)" if r.get("dedicated") else "")
         out.append(f"| {name} | {r['layouts']} | {100 * r['median_abs_error']:.1f} % | {100 * r['p90_abs_error']:.0f} % "
                    f"| {r['kendall_tau']:.2f} | {100 * r['top1_regret']:.1f} % | {100 * r['memory_median_abs_error']:.3f} % "
-                   f"| {load} | {others} | {'?' if r['speed_ratio'] is None else format(r['speed_ratio'], '.2f')} |")
+                   f"| {load} | {others} | {_fmt(r['speed_ratio'])} | {_fmt(r.get('calibration_drift'))} |")
     return "\n".join(out)
 
 
