@@ -90,3 +90,25 @@ def test_old_order_hangs_under_rendezvous_and_the_paired_program_runs(tmp_path):
     assert "send tag 6 to rank 0" in got[1]["1f1b-m2-v1-unpaired"]["hung"]
     predicted = check(build("1f1b", 2, 2), unpaired_program(build("1f1b", 2, 2)), "rendezvous")
     assert "send act1.s0 to rank 1" in predicted and "send grad0.s1 to rank 0" in predicted
+
+
+
+def _send_then_receive(rank, world, out_dir):
+    t = torch.ones(4096)  # 16 KiB: one micro-batch's activation of the tiny model
+    if rank == 0:
+        dist.isend(t, 1).wait()
+        stamp = time.time()  # when rank 0's send completed
+    else:
+        time.sleep(0.3)  # rank 0 has long posted its send by now
+        stamp = time.time()  # when rank 1 posts the receive
+        dist.recv(t, 0)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(stamp, f)
+
+
+def test_a_gloo_send_completes_only_once_its_receive_is_posted(tmp_path):
+    # What the planner's pipeline term assumes of the executor's sends (schedules.p2p.program_makespan):
+    # rendezvous, like NCCL's large messages; if gloo ever buffers them, its timed program must change.
+    spawn_ranks(_send_then_receive, 2, str(tmp_path))
+    sent, posted = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert sent >= posted

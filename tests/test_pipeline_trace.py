@@ -33,6 +33,12 @@ def test_trace_files_from_a_real_run(tmp_path):
     # 2 steps x 2 ranks x (4 F + 4 B) compute events, plus the receives
     assert sum(e["cat"] in ("F", "B") for e in spans) == 2 * 2 * 8
     assert {e["pid"] for e in spans} == {0, 1}
+    # every exchange a rank waits in is one record: the program the planner times is the one that ran
+    from shardwise.schedules.p2p import Exchange, p2p_program
+
+    for rank, program in enumerate(p2p_program(build("1f1b", 2, 4))):
+        waited = sum(isinstance(x, Exchange) and x.wait for x in program)
+        assert sum(e["pid"] == rank and e["cat"] in ("recv", "send") for e in spans) == 2 * waited
     assert (tmp_path / "timeline.png").stat().st_size > 10_000 and (tmp_path / "timeline.svg").exists()
     assert 0.0 < summary["measured_bubble"] < 1.0 and 0.0 < summary["simulated_bubble"] < 1.0
 

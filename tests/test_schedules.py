@@ -321,3 +321,47 @@ def test_messages_in_different_orders_on_the_two_sides_are_refused():
     rank1[first], rank1[second] = rank1[second], rank1[first]  # receive act1 before act0
     found = check(s, programs, "buffered")
     assert "different orders" in found or "before receiving" in found
+
+
+def _program_span(name, p, m, v, f, b, w, c=0.0, wake=0.0):
+    from shardwise.schedules.p2p import program_makespan
+    from shardwise.schedules.simulate import Costs
+
+    sched, costs = build(name, p, m, v), Costs(f, b, w)
+    return program_makespan(sched, p2p_program(sched), lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v),
+                            c, wake)
+
+
+def test_program_makespan_by_hand_gpipe_p2_m2():
+    # rank 0: F0 {send a0} F1 {send a1, recv g0} B0 {recv g1} B1; rank 1: {recv a0} F0 {recv a1} F1 B0
+    # {send g0} B1 {send g1}; f = b = 1. Rank 1 sleeps for a0 (woken at 1 + x), gets a1 already posted;
+    # rank 0 sleeps for g0 (posted at 4 + x, woken at 4 + 2x); g1 is posted before rank 0 asks: 6 + 2x.
+    x = 0.1
+    assert _program_span("gpipe", 2, 2, 1, 1.0, 1.0, 0.0, wake=x) == pytest.approx(6 + 2 * x)
+    assert _program_span("gpipe", 2, 2, 1, 1.0, 1.0, 0.0) == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("name", ["naive", "gpipe", "1f1b"])
+def test_rendezvous_sends_cost_nothing_where_each_send_meets_a_waiting_receive(name):
+    # The executor's program (sends that complete only once their receive is posted, as on gloo) against
+    # the simulator (asynchronous sends), free transfers: these schedules never make a sender wait.
+    from shardwise.schedules.simulate import Costs, simulate
+
+    for p in (2, 3, 4):
+        for m in (2, 4, 8):
+            assert _program_span(name, p, m, 1, 1.0, 1.5, 0.0) == pytest.approx(
+                simulate(build(name, p, m), Costs(1.0, 1.5, 0.0)).makespan)
+
+
+def test_rendezvous_sends_stall_interleaved_and_zero_bubble_schedules():
+    # Their senders run ahead of the receive (interleaved: the next chunk's activation; ZB-H1: the W
+    # passes), so under rendezvous a send waits and the step grows; never shrinks for any schedule.
+    from shardwise.schedules.simulate import Costs, simulate
+
+    for name, p, m, v, w in (("interleaved-1f1b", 2, 8, 2, 0.0), ("interleaved-1f1b", 4, 8, 2, 0.0),
+                             ("zb-h1", 2, 8, 1, 0.7)):
+        program = _program_span(name, p, m, v, 1.0, 1.5, w)
+        assert program > 1.1 * simulate(build(name, p, m, v), Costs(1.0, 1.5, w)).makespan
+    for name, p, m, v in (("interleaved-1f1b", 2, 2, 2), ("zb-h1", 4, 4, 1), ("zb-h1", 2, 2, 1)):
+        w = 0.7 if name == "zb-h1" else 0.0
+        assert _program_span(name, p, m, v, 1.0, 1.5, w) >= simulate(build(name, p, m, v), Costs(1.0, 1.5, w)).makespan - 1e-9

@@ -598,10 +598,11 @@ def concurrent_slowdown(job: Job) -> float:
 
 def pipeline_waits(layout: Layout, m: int) -> int:
     """Exchanges that bring the busiest pipeline rank a message, per step, read from the schedule's own
-    point-to-point program (`schedules.p2p.p2p_program`, what the executor runs): each waits for its
-    neighbour and, on a calibrated machine, to be woken. An exchange that only sends is not counted: gloo
-    completes a send when it is posted, so waiting on it costs a hand-off, not a wake-up (measured at load
-    3.4: GPipe, whose last rank waits on 8 such sends per step, runs in 1F1B's time)."""
+    point-to-point program (`schedules.p2p.p2p_program`, what the executor runs): each may wait for its
+    neighbour and, on a calibrated machine, to be woken. The step time charges them this way only for
+    programs too long to time (`_program_span` times the others). An exchange that only sends is not
+    counted: waiting on it costs a hand-off, not a wake-up (measured at load 3.4: GPipe, whose last rank
+    waits on 8 such sends per step, runs in 1F1B's time)."""
     p, v = layout.pp, layout.vpp
     if p == 1:
         return 0
@@ -614,13 +615,37 @@ def pipeline_waits(layout: Layout, m: int) -> int:
 MAX_PROGRAM_ACTIONS = 256  # stage-micro-batches of the largest program pipeline_waits builds (~30 ms on 2 busy cores)
 
 
+@lru_cache(maxsize=256)
+def _program(schedule: str, p: int, m: int, v: int) -> tuple:
+    """(the schedule, every rank's point-to-point program): what the executor runs for this shape."""
+    from shardwise.schedules import build
+    from shardwise.schedules.p2p import p2p_program
+
+    built = build(schedule, p, m, v)
+    return built, p2p_program(built)
+
+
 @lru_cache(maxsize=1024)
 def _program_waits(schedule: str, p: int, m: int, v: int) -> int:
-    from shardwise.schedules import build
-    from shardwise.schedules.p2p import Exchange, p2p_program
+    from shardwise.schedules.p2p import Exchange
 
-    programs = p2p_program(build(schedule, p, m, v))
+    programs = _program(schedule, p, m, v)[1]
     return max(sum(isinstance(x, Exchange) and x.wait and bool(x.recvs) for x in prog) for prog in programs)
+
+
+@lru_cache(maxsize=1024)
+def _program_span(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, c: float, wake: float) -> float:
+    """One step of the executor's point-to-point program (`schedules.p2p.program_makespan`) at uniform stage
+    costs: its sends wait for their receives (gloo's and NCCL's large sends), which the closed forms and the
+    simulator, whose sends never wait, do not see (interleaved 1F1B at p = 2, m = 8: +35 % at zero transfer
+    cost), and a receive that waits for its send pays the calibrated wake-up `wake` where it falls."""
+    from shardwise.schedules import virtual_stage
+    from shardwise.schedules.p2p import program_makespan
+    from shardwise.schedules.simulate import Costs
+
+    costs = Costs(f, b, w, c)
+    return program_makespan(*_program(schedule, p, m, v),
+                            lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v), c, wake)
 
 
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
@@ -652,12 +677,15 @@ def step_time(job: Job, layout: Layout) -> dict:
     runs = job.schedule_runs if p > 1 and m % max(job.schedule_runs, 1) == 0 else 1
     mr = m // runs
     span0 = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, 0.0)
-    # Transfers on the critical path, plus the calibrated synchronisation of every exchange a rank waits on
-    # (each one, on or off the critical path, leaves a rank waiting to be woken; 0 for datasheet clusters,
-    # whose search never builds the program).
+    # Transfers on the critical path. A calibrated machine runs the executor's own program, timed: its sends
+    # wait for their receives and a rank that waits for a message pays the calibrated wake-up; beyond
+    # MAX_PROGRAM_ACTIONS, each receiving exchange of the busiest rank pays it. Datasheet clusters: the
+    # closed form (their search never builds the program).
     span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
     p2p_sync = p2p_sync_time(job.cluster)
-    if p2p_sync > 0:
+    if p2p_sync > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
+        span = runs * _program_span(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c, p2p_sync)
+    elif p2p_sync > 0:
         span += runs * pipeline_waits(layout, mr) * p2p_sync
     work = m * (slow.f + slow.b + slow.w)
     # Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the

@@ -295,3 +295,47 @@ class _Run:
 
 class _OrderError(Exception):
     pass
+
+
+def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float = 0.0, wake: float = 0.0) -> float:
+    """Time of one step when every rank walks its program as the executor does on gloo, whose send, like
+    NCCL's above its eager threshold, completes only once its receive is posted (measured: a 16 KiB isend
+    waits the 50 ms its peer sleeps before posting the receive). An exchange is posted when its rank reaches
+    it and ends when each of its messages has both sides posted, plus `c` for the transfer. A rank that
+    reaches a receive before its peer posts the send sleeps, and pays `wake` to be woken (the calibrated
+    `p2p_sync_s`, a blocking receive after compute); a receive whose send is already posted, and a wait on
+    sends only, do not (measured: GPipe, whose last rank waits on 8 sends per step, runs in 1F1B's time).
+    `cost(rank, action)`: seconds of one action. The simulator's sends never wait; here a rank that sends
+    blocks until its neighbour reaches the receive, which stalls interleaved and zero-bubble schedules
+    (tests/test_schedules.py)."""
+    p = len(programs)
+    pos, t, posted, end = [0] * p, [0.0] * p, {}, [0.0] * p
+    while any(pos[r] < len(programs[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            items = programs[r]
+            while pos[r] < len(items):
+                item = items[pos[r]]
+                if not isinstance(item, Exchange):
+                    t[r] += cost(r, item)
+                    pos[r] += 1
+                    moved = True
+                    continue
+                for side, transfers in (("send", item.sends), ("recv", item.recvs)):
+                    for x in transfers:
+                        posted.setdefault((side, x), t[r])
+                peers = [("recv", x) for x in item.sends] + [("send", x) for x in item.recvs]
+                if not all(k in posted for k in peers):
+                    break  # the neighbour has not reached the other side yet
+                done = max((posted[k] for k in peers), default=t[r])
+                if item.wait:
+                    slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
+                    t[r] = max(t[r], done + c if peers else t[r]) + (wake if slept else 0.0)
+                else:
+                    end[r] = max(end[r], done + c)
+                pos[r] += 1
+                moved = True
+        if not moved:
+            raise NoSafeOrder(f"{schedule.name}: the programs wait on each other: "
+                              f"{check(schedule, programs, 'rendezvous')}")
+    return max(max(a, b) for a, b in zip(t, end))
