@@ -501,8 +501,9 @@ def test_a_calibrated_pipeline_runs_the_executors_program():
     t = step_time(_tiny_job(p2p_sync_s=eps), inter)
     assert t["pp_p2p"] > 0.2 * (t["compute"] + t["pipeline_bubble"])
     assert t["pp_p2p"] > 5 * step_time(_tiny_job(), inter)["pp_p2p"]  # datasheet cluster: the closed form
+    # 1F1B: only its transfers, at most the closed form's (each rank at its own costs may hide some of them)
     one = step_time(_tiny_job(p2p_sync_s=eps), Layout(pp=2))
-    assert one["pp_p2p"] == pytest.approx(step_time(_tiny_job(), Layout(pp=2))["pp_p2p"], rel=0.01)
+    assert 0 < one["pp_p2p"] <= step_time(_tiny_job(), Layout(pp=2))["pp_p2p"] * 1.01
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])

@@ -634,18 +634,20 @@ def _program_waits(schedule: str, p: int, m: int, v: int) -> int:
 
 
 @lru_cache(maxsize=1024)
-def _program_span(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, c: float, wake: float) -> float:
-    """One step of the executor's point-to-point program (`schedules.p2p.program_makespan`) at uniform stage
-    costs: its sends wait for their receives (gloo's and NCCL's large sends), which the closed forms and the
-    simulator, whose sends never wait, do not see (interleaved 1F1B at p = 2, m = 8: +35 % at zero transfer
-    cost), and a receive that waits for its send pays the calibrated wake-up `wake` where it falls."""
+def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: float, wake: float) -> float:
+    """What the executor's point-to-point program adds to a step (`schedules.p2p.program_makespan`) over the
+    simulator without transfers, at each rank's own (f, b, w): the transfers, the calibrated wake-up of a
+    receive that waits for its send, where it falls, and the sends that wait for their receives (gloo's and
+    NCCL's large sends), which the closed forms and the simulator, whose sends never wait, do not see
+    (interleaved 1F1B at p = 2, m = 8: +35 % at zero transfer cost)."""
     from shardwise.schedules import virtual_stage
     from shardwise.schedules.p2p import program_makespan
-    from shardwise.schedules.simulate import Costs
+    from shardwise.schedules.simulate import Costs, simulate
 
-    costs = Costs(f, b, w, c)
-    return program_makespan(*_program(schedule, p, m, v),
-                            lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v), c, wake)
+    built, programs = _program(schedule, p, m, v)
+    costs = Costs(*([x[k] for x in per_rank] for k in range(3)))
+    timed = program_makespan(built, programs, lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v), c, wake)
+    return max(timed - simulate(built, costs).makespan, 0.0)
 
 
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
@@ -684,7 +686,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
     p2p_sync = p2p_sync_time(job.cluster)
     if p2p_sync > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
-        span = runs * _program_span(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c, p2p_sync)
+        per_rank = tuple((x.f, x.b, x.w) for x in (costs.get(r, slow) for r in range(p)))
+        span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, p2p_sync)
     elif p2p_sync > 0:
         span += runs * pipeline_waits(layout, mr) * p2p_sync
     work = m * (slow.f + slow.b + slow.w)
