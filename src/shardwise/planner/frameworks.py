@@ -138,6 +138,11 @@ class Framework:
             return runtime_refusal(layout)
         return None
 
+    def fsdp_once_per_step(self, layout: Layout) -> bool:
+        """Whether FSDP's units gather once and reduce-scatter once per step, after a pipeline schedule, holding
+        every gradient unsharded until then (`pipeline_fsdp_once` under a pipeline)."""
+        return layout.pp > 1 and self.pipeline_fsdp_once
+
     def zero_when_unnamed(self, layout: Layout) -> int:
         """The ZeRO stage this stack runs `layout` with when the user names none."""
         if layout.pp > 1 and self.default_zero_with_pp is not None:

@@ -452,7 +452,7 @@ def accumulates_unsharded(job: Job, layout: Layout) -> bool:
     step's end: torch.distributed.pipelining's FSDP (Framework.pipeline_fsdp_once). The `llama3` profile's
     once-per-step reduction keeps its shards: the paper says its gradients are sharded (docs/planner.md,
     "Open questions")."""
-    return layout.pp > 1 and get_framework(job.framework).pipeline_fsdp_once
+    return get_framework(job.framework).fsdp_once_per_step(layout)
 
 
 # --------------------------------------------------------------------------- per GPU

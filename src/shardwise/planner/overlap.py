@@ -142,7 +142,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if regather else 0
     # torch.distributed.pipelining (Framework.pipeline_fsdp_once): the units stay gathered from the first
     # forward to the last backward and reduce-scatter once after the schedule, waited for.
-    deferred = layout.pp > 1 and fw.pipeline_fsdp_once
+    deferred = fw.fsdp_once_per_step(layout)
     every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
     reducing = 0 if deferred else (m if every else 1)
     after = layers * r + chunks * r_root if deferred else 0.0
