@@ -442,17 +442,13 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             root = params - layers * layer if layers is not None else 0.0
             gathered = min(root + gathered_layers * layer, params)
         weights = t.weight_bytes * (params / d + gathered)
-    if zero >= 2 and accumulates_unsharded(job, layout):
-        grads = get_framework(job.framework).grad_reduce_bytes * params
+    fw = get_framework(job.framework)
+    # FSDP under torch.distributed.pipelining holds every gradient unsharded, in the reduce dtype, until its one
+    # reduce-scatter after the schedule. (The `llama3` profile's once-per-step reduction keeps its shards: the paper
+    # says its gradients are sharded; docs/planner.md, "An open question about this profile".)
+    if zero >= 2 and fw.fsdp_once_per_step(layout):
+        grads = fw.grad_reduce_bytes * params
     return {"weights": weights, "gradients": grads, "optimizer": optim}
-
-
-def accumulates_unsharded(job: Job, layout: Layout) -> bool:
-    """Whether ZeRO-2/3 holds every gradient unsharded, in the reduce dtype, until one reduce-scatter at the
-    step's end: torch.distributed.pipelining's FSDP (Framework.pipeline_fsdp_once). The `llama3` profile's
-    once-per-step reduction keeps its shards: the paper says its gradients are sharded (docs/planner.md,
-    "Open questions")."""
-    return get_framework(job.framework).fsdp_once_per_step(layout)
 
 
 # --------------------------------------------------------------------------- per GPU

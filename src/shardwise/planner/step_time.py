@@ -251,12 +251,13 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                            job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
     ep_f = ep_b = ep
     mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
-    if moe_layer and not calibrated(job):  # the layer's untimed small kernels and host stall (moe.MOE_LAYER_OVERHEAD_S)
+    host_bound = moe_layer and not calibrated(job)  # datasheet clusters: the MoE terms fitted on published runs
+    if host_bound:  # the layer's untimed small kernels and host stall (moe.MOE_LAYER_OVERHEAD_S)
         fixed = moe.MOE_LAYER_OVERHEAD_S
         fwd, bwd_in, mlp[0] = fwd + fixed / 3, bwd_in + 2 * fixed / 3, mlp[0] + fixed / 3
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
-    if moe_layer and not calibrated(job):  # the GPU waits for the host where the layer's kernels run out first
+    if host_bound:  # the GPU waits for the host where the layer's kernels run out first
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
@@ -568,7 +569,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
 def share(win: Window, fraction: float) -> Window:
     """The part of a compute window one of several streams of traffic on the same links can hide behind."""
     return replace(win, forward=win.forward * fraction, backward=win.backward * fraction,
-                               layer_forward=win.layer_forward * fraction, layer_backward=win.layer_backward * fraction)
+                   layer_forward=win.layer_forward * fraction, layer_backward=win.layer_backward * fraction)
 
 
 def step_comm_time(job: Job, layout: Layout) -> float:
