@@ -19,7 +19,7 @@ from shardwise.calibrate.measure import fit_line
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
-from shardwise.planner.step_time import achievable_flops, matmul_params_per_layer
+from shardwise.planner.layer_time import achievable_flops, matmul_params_per_layer
 from shardwise.specs import ClusterSpec, TrainSpec, load_cluster, load_model
 
 SIZES = [1024, 65536, 1048576]

@@ -206,7 +206,7 @@ def test_a_small_moe_layer_pass_takes_the_host_time_at_least():
     # A MoE layer's pass waits for the host that issues it (moe.MOE_LAYER_HOST_S): halving a big micro-batch halves
     # the layer's time, but once the GPU's work per pass is below the host's, fewer tokens buy nothing.
     from shardwise.planner import moe
-    from shardwise.planner.step_time import layer_cost
+    from shardwise.planner.layer_time import layer_cost
 
     job = make_job(load_model("qwen3-30b-a3b"), H100, 256, 4096, "megatron-core")
 

@@ -12,7 +12,7 @@ from shardwise.cli import main
 from shardwise.planner import estimate
 from shardwise.planner.memory import make_job
 from shardwise.planner.search import SearchSpace, search
-from shardwise.planner.step_time import layer_cost
+from shardwise.planner.layer_time import layer_cost
 from shardwise.specs import Layout, load_cluster, load_model
 
 H100 = load_cluster("dgx-h100-80gb")

@@ -13,7 +13,8 @@ from shardwise.planner.comm import collective_time, interpolate, nccl_time
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.overlap import hidden
-from shardwise.planner.step_time import layer_cost, matmul_params_per_layer, model_flops_per_step, step_time
+from shardwise.planner.layer_time import layer_cost, matmul_params_per_layer
+from shardwise.planner.step_time import model_flops_per_step, step_time
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model, validate_layout
 
 A100 = load_cluster("dgx-a100-80gb")

@@ -158,7 +158,7 @@ def model_flops(model, layers: int, batch: int, seq: int) -> float:
     """Forward + backward FLOPs of one micro-batch through `layers` layers and the LM head, weighted as
     the planner times them (planner/step_time.py): GEMMs at the rate, the attention core at
     FLASH_EFFICIENCY of it. Fitting measured times against these makes the planner reproduce them."""
-    from shardwise.planner.step_time import FLASH_EFFICIENCY, matmul_params_per_layer
+    from shardwise.planner.layer_time import FLASH_EFFICIENCY, matmul_params_per_layer
 
     tokens = batch * seq
     gemm = 2 * tokens * (layers * matmul_params_per_layer(model) + model.hidden * model.vocab_size)
@@ -215,7 +215,7 @@ def measure_model(t: Timer, out: dict):
     from contextlib import nullcontext
 
     from shardwise.model import Transformer
-    from shardwise.planner.step_time import FLASH_EFFICIENCY
+    from shardwise.planner.layer_time import FLASH_EFFICIENCY
 
     spec, seq = t.cfg.model, t.cfg.seq_len
     layers = min(spec.num_layers, MODEL_LAYERS)

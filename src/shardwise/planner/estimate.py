@@ -8,7 +8,8 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
-from shardwise.planner.step_time import calibrated as calibrated_cluster, step_flops, step_time
+from shardwise.planner.layer_time import calibrated as calibrated_cluster
+from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout
 from shardwise.units import GIB
 

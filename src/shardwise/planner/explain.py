@@ -134,7 +134,7 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     what the split costs (K/V traffic, and whether the compute hides it), the cp x tp <= node rule of thumb.
     Empty when neither the winner nor any ranked layout splits the sequence."""
     from shardwise.planner.memory import local_seq, memory_breakdown
-    from shardwise.planner.step_time import layer_cost
+    from shardwise.planner.layer_time import layer_cost
 
     win, c, s = result.ranked[0], job.cluster, job.train.seq_len
     lay = win.layout

@@ -160,7 +160,7 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
 
 def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -> str:
     """Ring or all-gather for this layout: the same memory and blocks, so the one with less exposed K/V traffic."""
-    from shardwise.planner.step_time import layer_cost
+    from shardwise.planner.layer_time import layer_cost
 
     modes = [m for m in space.cp_modes if m in get_framework(job.framework).context_parallel] or list(space.cp_modes)
     if layout.cp == 1 or len(modes) == 1:

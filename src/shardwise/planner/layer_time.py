@@ -1,0 +1,343 @@
+"""One transformer layer's time for one micro-batch on one GPU (seconds), by term.
+
+Every GEMM timed from its own shape after the TP split (planner/kernels.py: tiles and waves over the SMs,
+memory-bound small GEMMs, kernel launches); the attention core by the kernel the framework runs
+(FlashAttention-2/3 and cuDNN curves, context-parallel ring or all-gather steps, or a materialised
+softmax); element-wise traffic at HBM bandwidth; TP and CP collectives by NCCL's model (planner/comm.py),
+exposed unless the framework overlaps them with the GEMMs beside them; a MoE layer's experts, dispatch and
+host floor (planner/moe.py). On a calibrated cluster (`shardwise calibrate`) the measured rates replace the
+datasheet models. planner/step_time.py assembles these into stages, the pipeline and the step.
+Constants and their sources: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+from shardwise.planner import kernels, moe
+from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
+from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.memory import Job, local_seq
+from shardwise.planner.overlap import interference
+from shardwise.specs import Layout, ModelSpec
+
+# With TP communication overlap (Transformer Engine userbuffers, NeMo's ub_tp_comm_overlap) each TP
+# collective is split into chunks pipelined with the GEMM that produces or consumes it: the first chunk
+# (1/TP_OVERLAP_SPLITS of it) is never hidden, and no more than the GEMM's time can hide the rest.
+# NeMo's ub_tp_comm_overlap_cfg uses num_splits 4 (dgxc-benchmarking gpt3_175b_hydra.yaml).
+TP_OVERLAP_SPLITS = 4
+# Calibrated clusters only (their rate was measured with this weighting, calibrate/measure.py): a fused
+# attention core counts 1/FLASH_EFFICIENCY of its FLOPs; element-wise passes as below.
+FLASH_EFFICIENCY = 0.8
+CALIBRATED_PASSES = (10, 3)  # element-wise h-wide and f-wide activation passes per token and layer
+SCORE_PASSES = 8  # materialised softmax passes over the scores (calibrated path)
+
+
+@lru_cache(maxsize=256)
+def matmul_params_per_layer(model: ModelSpec) -> float:
+    """Weights one token multiplies in one layer (mean over layers): a MoE layer counts its active
+    parameters (top-k experts, router, shared expert); MLA its projections."""
+    h, f = model.hidden, model.ffn_hidden
+    if model.is_moe or model.attention != "gqa":
+        norms = 2 * h
+        return sum(model.layer_params(i, active=True) for i in range(model.num_layers)) / model.num_layers - norms
+    return h * model.q_dim + 2 * h * model.kv_dim + model.q_dim * h + (3 if model.gated_mlp else 2) * h * f
+
+
+def achievable_flops(job: Job) -> float:
+    """The calibrated rate of the model's layers (`model_tflops`), else of its GEMMs, else the GPU's
+    maximum achievable matmul rate (a large well-quantized GEMM)."""
+    measured = job.cluster.measured or {}
+    rate = measured.get("model_tflops") or measured.get("matmul_tflops")
+    if rate:
+        return float(rate) * 1e12
+    return kernels.matmul_rate(job.cluster)
+
+
+def calibrated(job: Job) -> bool:
+    measured = job.cluster.measured or {}
+    return bool(measured.get("model_tflops") or measured.get("matmul_tflops"))
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one GPU (seconds)."""
+
+    fwd: float  # forward compute: GEMMs, attention core, element-wise
+    bwd_in: float  # input-gradient half of the backward
+    bwd_w: float  # weight-gradient GEMMs
+    attn_fwd: float  # the attention core's forward (what selective recompute runs again)
+    tp_fwd: float  # exposed TP communication, forward
+    tp_bwd: float
+    overhead: float  # calibrated fixed cost of a layer (all passes)
+    cp_fwd: float = 0.0  # exposed context-parallel K/V traffic, forward (cp_layer_comm)
+    cp_bwd: float = 0.0
+    op_recompute: float = 0.0  # what op-level selective checkpointing runs again (torchtitan's "selective")
+    op_recompute_flops: float = 0.0
+    ep_fwd: float = 0.0  # a MoE layer's all-to-alls (and etp traffic), forward
+    ep_bwd: float = 0.0
+    ffn_fwd: float = 0.0  # the FFN's forward GEMMs (what recomputing a MoE FFN runs again, with its dispatch)
+    ep_alone: float = 0.0  # a MoE layer's all-to-alls of one pass not paired with another's (EP overlap's warm-up)
+
+    def mix(self, other: "LayerCost", share: float) -> "LayerCost":
+        """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
+        names = [f.name for f in fields(self)]  # not astuple: it deep-copies, and the search calls this often
+        return LayerCost(*((1 - share) * getattr(self, n) + share * getattr(other, n) for n in names))
+
+
+def layer_matmuls(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
+    """(N, K) of each matmul of one layer after the TP split, in an eager Llama block's call order (wq, wk, wv,
+    wo, w1, [w3,] w2), the order torchtitan's op-level checkpointing counts them in."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    mlp = [(f // tp, h), (f // tp, h), (h, f // tp)] if model.gated_mlp else [(f // tp, h), (h, f // tp)]
+    return [(q // tp, h), (kv // tp, h), (kv // tp, h), (h, q // tp)] + mlp
+
+
+def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of a layer's forward GEMMs after the TP split: QKV, output projection, FC1 (gate and
+    up fused), FC2. Under sequence parallelism they see all `tokens` (after the all-gather)."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp),
+            (tokens, (2 if model.gated_mlp else 1) * f // tp, h), (tokens, h, f // tp)]
+
+
+def mla_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of DeepSeek's multi-head latent attention projections, forward, after the TP split: the
+    low-rank query and key/value down-projections (whole on every tp rank: Megatron-Core's MLA builds them
+    "duplicated"), their up-projections (column-parallel) and the output projection (row-parallel), with the
+    shapes `ModelSpec.layer_params` counts; the output projection last."""
+    h, heads = model.hidden, model.num_heads // tp
+    qk, rope = model.qk_nope_head_dim + model.qk_rope_head_dim, model.qk_rope_head_dim
+    q = [(tokens, model.q_lora_rank, h), (tokens, heads * qk, model.q_lora_rank)] if model.q_lora_rank \
+        else [(tokens, heads * qk, h)]
+    kv = [(tokens, model.kv_lora_rank + rope, h), (tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank)]
+    return q + kv + [(tokens, h, heads * model.v_head_dim)]
+
+
+def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
+    """One layer's costs (a dense one, or a MoE layer's): they depend on the layout only through tp, SP, cp,
+    the micro-batch and, for a MoE layer, the expert split."""
+    key = Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
+                 cp=layout.cp, cp_mode=layout.cp_mode, ep=layout.ep if moe_layer else 1, etp=layout.etp if moe_layer else 1)
+    return _layer_cost(job, key, moe_layer, *_cache_key(job))
+
+
+def _cache_key(job: Job) -> tuple:
+    """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
+    of its hash and equality, and the in-situ efficiency is a module constant."""
+    return ((kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8"), moe.MOE_LAYER_OVERHEAD_S,
+             moe.MOE_LAYER_HOST_S),
+            repr(job.cluster.measured))
+
+
+@lru_cache(maxsize=4096)
+def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measured: str) -> LayerCost:
+    model, tp, c = job.model, layout.tp, job.cluster
+    tokens = layout.micro_batch * local_seq(job, layout)
+    e = job.train.activation_bytes
+    sp = layout.sequence_parallel and tp > 1
+    oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
+    if calibrated(job):
+        fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
+        attn_b = 2 * attn
+    else:
+        fw = get_framework(job.framework)
+        fp8 = job.precision == "fp8"  # the layer's linears (forward, input and weight gradients) in FP8
+        gemms = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
+                  kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
+                 for m_, n_, k_ in layer_gemms(model, tokens, tp)]
+        if model.attention == "mla":  # the latent projections in the q/k/v slot, then the output projection
+            mla = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
+                    kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
+                   for m_, n_, k_ in mla_gemms(model, tokens, tp)]
+            gemms[:2] = [tuple(map(sum, zip(*mla[:-1]))), mla[-1]]
+        ffn = model.ffn_hidden
+        if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
+            ffn = moe.active_ffn_width(model, job.capacity_factor)
+            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, fp8) for shape, ob in
+                                       (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
+                                 for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
+        heads, d = model.num_heads // tp, model.head_dim
+        rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
+        if model.attention == "mla":  # Q K^T over qk_nope + qk_rope, P V over v_head_dim; rotary on the rope part only
+            d = (model.head_dim + model.v_head_dim) / 2
+            rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
+        if job.flash_attention and fw.attention != "unfused":
+            kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
+            if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
+                scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
+                attn, attn_b = kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp,
+                                                         scheme, heads, d, job.precision, model.kv_dim / tp, e,
+                                                         fw.cp_attention)
+            else:
+                attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
+        else:
+            attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
+                                                          job.train.seq_len, heads, d, e, model.trains_with_dropout)
+        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
+                                              tp, sp, model.gated_mlp, model.family == "llama", e,
+                                              fw.fused_elementwise, model.family)
+        if moe_layer:  # the routed tokens' permutation and its inverse
+            perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
+            el_f, el_b = el_f + perm_f, el_b + perm_b
+        if fp8:
+            cast_f, cast_b = fp8_casts(job, layout, tokens, moe_layer)
+            el_f, el_b = el_f + cast_f, el_b + cast_b
+        fwd = sum(g[0] for g in gemms) + attn + el_f
+        bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
+        bwd_w = sum(g[2] for g in gemms)
+    # Op-level selective checkpointing keeps every other matmul's output (the 1st, 3rd, ...) and the attention
+    # output; backward runs the other matmuls and every element-wise kernel of the layer again.
+    again = layer_matmuls(model, tp)[1::2]
+    op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
+    if calibrated(job):
+        op_rec = op_flops / achievable_flops(job) + (fwd - attn - 2 * tokens * matmul_params_per_layer(model) / tp
+                                                      / achievable_flops(job))
+    else:
+        op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
+    tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
+    cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
+    ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
+                           job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
+    ep_f = ep_b = ep
+    mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
+    host_bound = moe_layer and not calibrated(job)  # datasheet clusters: the MoE terms fitted on published runs
+    if host_bound:  # the layer's untimed small kernels and host stall (moe.MOE_LAYER_OVERHEAD_S)
+        fixed = moe.MOE_LAYER_OVERHEAD_S
+        fwd, bwd_in, mlp[0] = fwd + fixed / 3, bwd_in + 2 * fixed / 3, mlp[0] + fixed / 3
+    if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
+        ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
+    if host_bound:  # the GPU waits for the host where the layer's kernels run out first
+        fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
+        bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
+    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
+                     mlp[0], ep)
+
+
+def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds per layer and micro-batch of quantizing the linears' activations to FP8 with the
+    framework's recipe (kernels.FP8_CAST_BYTES). Forward: each linear's input — Transformer Engine fuses the QKV
+    and FC1 inputs' casts into the LayerNorm that produces them (LayerNormLinear), so only the projection's and
+    FC2's inputs pay a pass; torchao casts all four. Backward: each linear's output gradient, for its input- and
+    weight-gradient GEMMs. A MoE layer's experts cast their own rows (moe.fp8_cast_elements) in place of the FFN's."""
+    model, tp = job.model, layout.tp
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    recipe = get_framework(job.framework).fp8
+    split = tp if layout.sequence_parallel else 1
+    inputs = [tokens * q / tp] + ([] if moe_layer else [tokens * f / tp])
+    if recipe != "te":
+        inputs += [tokens * h / split] + ([] if moe_layer else [tokens * h / split])
+    grads = [tokens * (q + 2 * kv) / tp, tokens * h]
+    grads += [] if moe_layer else [tokens * (2 if model.gated_mlp else 1) * f / tp, tokens * h]
+    if moe_layer:
+        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
+        inputs, grads = inputs + ffn_in, grads + ffn_grads
+    return kernels.fp8_cast_time(job.cluster, inputs, recipe), kernels.fp8_cast_time(job.cluster, grads, recipe)
+
+
+def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
+    """Seconds to cast `layers` layers' weights (this GPU's shard of each) to FP8 with their transposes: once per
+    step under Transformer Engine (it caches them from the first micro-batch), once per micro-batch under torchao."""
+    if job.precision != "fp8" or calibrated(job):
+        return 0.0
+    recipe = get_framework(job.framework).fp8
+    params = layers * matmul_params_per_layer(job.model) / layout.tp
+    per = kernels.FP8_CAST_BYTES[recipe]
+    if job.train.weight_bytes == 1:  # FP8 parameters: nothing to cast, only the transpose to write (read 1, write 1)
+        per = 2
+    return params * per / kernels.hbm_rate(job.cluster)
+
+
+def _calibrated_layer(job: Job, layout: Layout, tokens: int):
+    """A calibrated cluster's layer: FLOPs at the measured rate, as `calibrate` weighted them."""
+    model, tp = job.model, layout.tp
+    rate, hbm, e = achievable_flops(job), job.cluster.hbm_bandwidth, job.train.activation_bytes
+    mm = 2 * tokens * matmul_params_per_layer(model) / tp / rate
+    attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
+    if job.flash_attention:
+        attn = attn_flops / (rate * FLASH_EFFICIENCY)
+    else:
+        attn = attn_flops / rate + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm
+    sp = tp if layout.sequence_parallel else 1
+    elem = tokens * e * (CALIBRATED_PASSES[0] * model.hidden / sp + CALIBRATED_PASSES[1] * model.ffn_hidden / tp) / hbm
+    gemms = [(mm / 4, mm / 4, mm / 4)] * 4
+    return mm + attn + elem, mm + 2 * attn + 2 * elem, mm, attn, gemms
+
+
+def _overlapped(comm: float, compute: float, floor: float = 0.0) -> float:
+    """Exposed seconds of `comm` run beside `compute` (at least `floor`), with the slowdown its hidden part
+    causes to that compute (overlap.interference)."""
+    exposed = max(floor, comm - compute)
+    return exposed + interference(comm, exposed)
+
+
+def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True) -> tuple[float, float]:
+    """(forward, backward) exposed TP seconds of one layer and micro-batch: two all-reduces of the
+    activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
+    parallelism an all-gather + reduce-scatter pair for each (the same bytes, twice the calls; a
+    calibrated synchronisation cost once per pair). Under sequence parallelism the backward also gathers
+    again the sequence-sharded input each column-parallel group (q/k/v, gate/up) saved, for its weight
+    gradients: Megatron issues it behind the group's input-gradient GEMM (Job.async_sp_regather),
+    shardwise's runtime waits for it. With TP comm overlap (needs SP) each collective hides behind the
+    GEMM beside it, all but its first chunk. A MoE layer without a shared expert has no tensor-parallel FFN
+    (`ffn_tp` False): only the attention's pair (its routed tokens' traffic is moe.dispatch_time)."""
+    tp, c = layout.tp, job.cluster
+    if tp <= 1:
+        return 0.0, 0.0
+    if not ffn_tp:
+        f, b = tp_layer_comm(job, layout, tokens, gemms[:2] * 2)
+        return f / 2, b / 2
+    act = tokens * job.model.hidden * job.train.activation_bytes
+    sync = sync_time(c)
+    if not layout.sequence_parallel:
+        one = collective_time(c, "all_reduce", act, tp) + sync
+        return 2 * one, 2 * one
+    # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
+    gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
+    ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
+    regather = ag + sync
+    # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
+    # (what hides runs beside the GEMM and slows it: overlap.interference)
+    regathers = sum(_overlapped(regather, gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
+    if job.tp_comm_overlap:
+        # forward: AG before QKV and FC1, RS after the projection and FC2; backward mirrored on the dgrads.
+        pairs_f = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
+        pairs_b = [(ag, gemms[3][1]), (rs, gemms[2][1]), (ag, gemms[1][1]), (rs, gemms[0][1])]
+        exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
+        return exposed[0], exposed[1] + regathers
+    one = ag + rs + sync
+    return 2 * one, 2 * one + regathers
+
+
+def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: float) -> tuple[float, float]:
+    """(forward, backward) exposed context-parallel seconds of one layer and micro-batch.
+
+    A rank's K/V block is 2 x tokens x kv_dim/tp elements (GQA keeps it small). Ring (Megatron's p2p,
+    shardwise's ring): cp - 1 hops forward, each sent while the block before it is attended; the zig-zag
+    split gives every step 1/cp of the layer's attention, so a hop is hidden when that is longer. Backward:
+    each step sends the K/V on and the dK/dV accumulated so far (two blocks per step behind 1/cp of the
+    attention backward), and the last dK/dV hop home is exposed. All-gather (Llama 3): one all-gather of
+    every rank's block forward, exposed; backward gathers again and reduce-scatters dK/dV. The cp ranks are
+    tp apart (Megatron's order): while cp x tp fits a node the traffic is on NVLink; beyond, a ring crosses
+    nodes at some hop and moves at the network's pace, a collective by NCCL's inter-node model. A backend
+    measured not to overlap communication (calibrated comm_overlap 0: gloo on CPU) hides nothing. torch's
+    context_parallel accumulates and passes dK/dV on in FP32 (its convert_to_f32 default): 4 bytes per element."""
+    cp, tp, c = layout.cp, layout.tp, job.cluster
+    if cp <= 1:
+        return 0.0, 0.0
+    e = job.train.activation_bytes
+    block = 2 * tokens * job.model.kv_dim / tp * e
+    dblock = block * (4 / e if get_framework(job.framework).cp_attention == "torch" else 1)
+    if layout.cp_mode == "allgather":
+        ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
+        rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
+        return ag, ag + rs
+    crosses = cp * tp > c.gpus_per_node
+
+    def send(n: float) -> float:
+        return collective_time(c, "send_recv", n, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
+    hop, dhop = send(block), send(dblock)
+    if float((c.measured or {}).get("comm_overlap", 1.0)) <= 0:
+        return (cp - 1) * hop, (cp - 1) * hop + cp * dhop
+    return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, hop + dhop - attn_b / cp) + dhop
