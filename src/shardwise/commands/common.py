@@ -79,7 +79,8 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help=DEFAULT_HELP + " (docs/planner.md describes each)")
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
-                        "(the default of every framework but megatron-2021); --no-flash-attention models the "
+                        "(the default of every framework but megatron-2021 and deepspeed, the 2021-22 stacks); "
+                        "--no-flash-attention models the "
                         "materialised softmax of Korthikanti et al. 2022")
     p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
                    help="GEMM precision: bf16 (default), or fp8 — the layers' linears in FP8 on Hopper with the "
