@@ -1,0 +1,64 @@
+"""`explain`'s plausibility sentence (issue 9): no A100 plan above the best MFU ever published on A100 without a
+sentence saying why this one should beat it, naming that record and its source."""
+
+import csv
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from shardwise.planner.explain import PUBLISHED_MFU_RECORD, explain, plausibility
+from shardwise.planner.memory import make_job
+from shardwise.planner.search import SearchSpace, search
+from shardwise.specs import load_cluster, load_model
+
+CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.csv"
+
+
+def _published_a100_mfu(min_params_b: float) -> float:
+    """The highest MFU (%) of the published A100 rows of at least this many billion parameters (the rows'
+    own column, as the sources state it)."""
+    best = 0.0
+    for row in csv.DictReader(CSV.open(encoding="utf-8")):
+        size = re.match(r"[\d.]+", row["params_b"])
+        mfu = re.match(r"[\d.]+", row["mfu_or_peak_pct"])
+        if "A100" in row["gpu_type"] and size and mfu and float(size.group()) >= min_params_b:
+            best = max(best, float(mfu.group()))
+    return best
+
+
+def test_the_a100_records_are_the_best_published_rows():
+    # Korthikanti et al. 2022's 1T model (56.3 %) from 20B up; MosaicML's MPT-7B (64.23 %) below.
+    (size_big, big, _), (size_small, small, _) = PUBLISHED_MFU_RECORD["ampere"]
+    assert abs(100 * big - _published_a100_mfu(size_big / 1e9)) < 0.05
+    assert abs(100 * small - _published_a100_mfu(size_small / 1e9)) < 0.05
+
+
+def _readme_demo():
+    """The README's demo: llama-65b on 64 A100-80GB, 256 x 2048, megatron-core (narrowed for speed)."""
+    job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 256, 2048)
+    return job, search(job, 64, SearchSpace(micro_batch=(1, 2), max_vpp=4))
+
+
+def test_explain_says_why_an_a100_plan_beats_the_best_published_mfu():
+    job, result = _readme_demo()
+    win = result.ranked[0]
+    assert win.mfu > 0.563  # the demo's winner is above Korthikanti's 56.3 %
+    sentence = next(p for p in explain(job, 64, result) if p.startswith("Plausibility:"))
+    assert "56.3 %" in sentence and "Korthikanti" in sentence and f"{win.mfu:.1%}" in sentence
+    assert "verify" in sentence
+
+
+def _at(win, mfu: float):
+    """The winner with its step's model FLOPs scaled to this MFU (MFU is model FLOPs over time and peak)."""
+    return replace(win, model_flops=win.model_flops * mfu / win.mfu)
+
+
+def test_no_sentence_at_or_below_the_record_and_the_small_model_record():
+    job, result = _readme_demo()
+    win = result.ranked[0]
+    assert plausibility(job, _at(win, 0.562)) == ""
+    assert plausibility(job, _at(win, 0.564)).startswith("Plausibility:")
+    # Below 20B parameters the record is MPT-7B's 64.2 %: 60 % needs no reason, 65 % does.
+    small = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-80gb"), 256, 2048)
+    assert plausibility(small, _at(win, 0.60)) == ""
+    assert "MPT-7B" in plausibility(small, _at(win, 0.65))
