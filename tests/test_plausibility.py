@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from shardwise.errors import UsageError
-from shardwise.planner import frameworks
-from shardwise.specs import Layout
+from shardwise.planner import estimate, frameworks
+from shardwise.planner.memory import make_job
+from shardwise.specs import Layout, load_cluster, load_model
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "plausibility.py"
 
@@ -24,7 +25,8 @@ def _bench():
 
 def test_llama_65b_under_the_stack_that_ran_it():
     # LLaMA 65B on 2,048 A100s, ~380 tokens/s per GPU with Meta's 2022-23 stack (LLaMA Sec. 2.4): planned with that
-    # stack's profile the best layout is at most ~15 % faster; with a 2024 stack (FlashAttention-2, no recompute) more.
+    # stack's profile the best layout is at most 15 % faster (the issue's goal); with a 2024 stack (FlashAttention-2, no
+    # recompute) more.
     bench = _bench()
     case = next(c for c in bench.CASES if c[0].startswith("LLaMA 65B"))
     saved = bench.CASES
@@ -33,7 +35,7 @@ def test_llama_65b_under_the_stack_that_ran_it():
         rows = {r["framework"]: r for r in bench.run(["llama2", "megatron-core"])}
     finally:
         bench.CASES = saved
-    assert rows["llama2"]["ran_it"] and rows["llama2"]["faster_than_published"] <= 0.17
+    assert rows["llama2"]["ran_it"] and rows["llama2"]["faster_than_published"] <= 0.15
     assert rows["llama2"]["recompute"] != "none"
     assert rows["megatron-core"]["faster_than_published"] > rows["llama2"]["faster_than_published"]
 
@@ -43,3 +45,34 @@ def test_llama2_profile_always_checkpoints():
     with pytest.raises(UsageError, match="no none recompute"):
         frameworks.check(fw, Layout(dp=2, tp=2, recompute="none", sequence_parallel=True))
     frameworks.check(fw, Layout(dp=2, tp=2, recompute="selective", sequence_parallel=True))
+
+
+def test_llama2_data_parallelism_is_the_papers_all_reduce():
+    # LLaMA Sec. 2.4: the network traffic is "due to all_reduce operations"; FSDP's ZeRO-2/3 gather and reduce-scatter.
+    fw = frameworks.get("llama2")
+    with pytest.raises(UsageError, match="no ZeRO-2"):
+        frameworks.check(fw, Layout(dp=2, tp=2, zero=2, recompute="selective", sequence_parallel=True))
+    frameworks.check(fw, Layout(dp=2, tp=2, zero=1, recompute="selective", sequence_parallel=True))
+
+
+def test_llama2_checkpointing_keeps_the_attention_and_recomputes_the_norms():
+    # LLaMA's hand-written backward keeps "the activations that are expensive to compute" and passes xformers' backward
+    # the saved output and log-sum-exp: selective recompute runs no attention again, only the two RMSNorms.
+    job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 2048, 2048, "llama2")
+    lay = Layout(dp=256, tp=8, micro_batch=1, zero=1, recompute="selective", sequence_parallel=True)
+    est = estimate(job, lay)
+    assert est.hardware_flops == est.model_flops
+    # By hand: 80 layers x 8 micro-batches x two norms, each reading and writing 2 bytes per element of its
+    # 8192 / 8 sequence-parallel columns for 2048 tokens, at 90 % of A100's 2,039 GB/s.
+    by_hand = 80 * 8 * 2 * (2 + 2) * (8192 / 8) * 2048 / (2039e9 * 0.9)
+    assert est.time_s["recompute"] == pytest.approx(by_hand, rel=0.01)
+
+
+def test_llama2_pipeline_transfers_block():
+    # Llama 3 Sec. 3.3.2 lists asynchronous point-to-point communication among its changes to pipelining: Meta's
+    # 2022-23 stack waited for its transfers, where the llama3 profile hides them.
+    lay = Layout(dp=64, tp=8, pp=4, vpp=2, micro_batch=1, zero=1, recompute="selective", sequence_parallel=True,
+                 schedule="interleaved-1f1b")
+    p2p = {fw: estimate(make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 2048, 2048, fw), lay
+                        ).time_s["pp_p2p"] for fw in ("llama2", "llama3")}
+    assert p2p["llama2"] > p2p["llama3"]

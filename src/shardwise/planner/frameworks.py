@@ -300,18 +300,28 @@ LLAMA3 = Framework(
 LLAMA2 = replace(
     LLAMA3, name="llama2",
     summary="Meta's 2022-23 training stack (LLaMA and Llama 2) as the LLaMA paper describes it: xformers' causal "
-            "attention (FlashAttention-1's backward), activation checkpointing that keeps the linears' outputs and "
-            "recomputes the rest (selective: the attention core and the norms), tensor parallelism with sequence parallelism, the "
-            "network all-reduces overlapped with compute; data parallelism as llama3's (assumed: the paper does not "
-            "say), no context parallelism",
+            "attention (FlashAttention-1's backward), activation checkpointing by a hand-written backward that keeps "
+            "the expensive activations (the linears' outputs, the attention's output and log-sum-exp) and recomputes "
+            "the norms (selective), tensor parallelism with sequence parallelism, the network's all-reduces overlapped "
+            "with compute: data parallelism by all-reduced gradients (ZeRO-0, or ZeRO-1's reduce-scatter + all-gather, "
+            "the same bytes), no FSDP; blocking pipeline transfers (asynchronous ones came with Llama 3), no context "
+            "parallelism",
     sources=("Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models' (arXiv 2302.13971) Sec. 2.4 "
-             "(Efficient implementation)",
+             "(Efficient implementation: 'we save the activations that are expensive to compute, such as the outputs "
+             "of linear layers'; 'the communication between GPUs over the network (due to all_reduce operations)')",
              "Touvron et al. 2023, 'Llama 2' (arXiv 2307.09288) Sec. 2.2: 'We adopt most of the pretraining setting "
-             "and model architecture from Llama 1'"),
+             "and model architecture from Llama 1'",
+             "facebookresearch/xformers CHANGELOG.md 0.0.16 (2023-01-31): memory_efficient_attention_forward_requires_grad "
+             "and memory_efficient_attention_backward 'for power-users who write custom autograd functions' (the "
+             "backward takes the saved output and log-sum-exp); 0.0.22 (2023-09-27): grouped-query attention, after "
+             "Llama 2 (Llama 2 70B's 8 K/V heads were expanded to its 64 query heads, as its released model code's "
+             "repeat_kv does)",
+             "Llama Team 2024, 'The Llama 3 Herd of Models' Sec. 3.3.2: asynchronous point-to-point communication in "
+             "pipeline parallelism listed among the changes made for Llama 3"),
     attention="fa1", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
-    recompute_modules=("core_attn", "layernorm"),
-    cannot=("ZeRO-3", "context parallelism (none in 2022-23)", "GPipe and ZB-H1 schedules",
-            "training without activation checkpointing (the paper's stack always checkpoints)"),
+    recompute_modules=("layernorm",), zero_stages=(0, 1), p2p_overlap=False,
+    cannot=("ZeRO-2/3 (FSDP: its network collectives are all-reduces)", "context parallelism (none in 2022-23)",
+            "GPipe and ZB-H1 schedules", "training without activation checkpointing (the paper's stack always checkpoints)"),
 )
 
 SHARDWISE = Framework(
