@@ -62,3 +62,14 @@ def test_no_sentence_at_or_below_the_record_and_the_small_model_record():
     small = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-80gb"), 256, 2048)
     assert plausibility(small, _at(win, 0.60)) == ""
     assert "MPT-7B" in plausibility(small, _at(win, 0.65))
+
+
+def test_a_cluster_file_without_an_arch_is_held_to_the_a100_record(tmp_path):
+    # The kernels time a cluster that names no arch with Ampere's constants; its plans answer to Ampere's record too.
+    preset = Path(__file__).resolve().parents[1] / "src" / "shardwise" / "presets" / "clusters" / "dgx-a100-80gb.toml"
+    text = "\n".join(line for line in preset.read_text(encoding="utf-8").splitlines() if not line.startswith("arch"))
+    (tmp_path / "mine.toml").write_text(text, encoding="utf-8")
+    job, result = _readme_demo()
+    mine = make_job(load_model("llama-65b"), load_cluster(str(tmp_path / "mine.toml")), 256, 2048)
+    assert mine.cluster.arch == ""
+    assert "56.3 %" in plausibility(mine, _at(result.ranked[0], 0.60))
