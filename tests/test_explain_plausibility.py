@@ -73,3 +73,6 @@ def test_a_cluster_file_without_an_arch_is_held_to_the_a100_record(tmp_path):
     mine = make_job(load_model("llama-65b"), load_cluster(str(tmp_path / "mine.toml")), 256, 2048)
     assert mine.cluster.arch == ""
     assert "56.3 %" in plausibility(mine, _at(result.ranked[0], 0.60))
+    # A calibrated cluster (no arch either) measures its own peak: no published GPU record applies to it.
+    calibrated = replace(mine, cluster=replace(mine.cluster, measured={"matmul_tflops": 1.0}))
+    assert plausibility(calibrated, _at(result.ranked[0], 0.90)) == ""

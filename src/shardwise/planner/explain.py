@@ -293,8 +293,10 @@ PUBLISHED_MFU_RECORD = {
 def plausibility(job: Job, win: Estimate) -> str:
     """A sentence when the winner's MFU is above the best ever published on its GPU generation for a model of
     its size, saying why this plan could beat it and what to check."""
-    # A cluster file that names no arch is timed with Ampere's kernel constants (kernels.py): held to Ampere's records.
-    records = PUBLISHED_MFU_RECORD.get(job.cluster.arch or "ampere", ())
+    # A datasheet cluster file that names no arch is timed with Ampere's kernel constants (kernels.py): held to Ampere's
+    # records. A calibrated one (`calibrate`: its peak is its own measured rate, its arch unnamed) has no record.
+    c = job.cluster
+    records = PUBLISHED_MFU_RECORD.get(c.arch or ("" if c.measured else "ampere"), ())
     mfu, who = next(((m, w) for size, m, w in records if job.model.num_params() >= size), (1.0, ""))
     if win.mfu <= mfu:
         return ""
