@@ -52,10 +52,6 @@ CASES = [
 # the effective training time Llama 3 reports for its 405B run ("higher than 90 %", Sec. 3.3.4): a bound, not a fit.
 WALL_CLOCK_HOURS = ("Llama 2 70B, 2,048 A100 (Meta GPU-hours)",)
 EFFECTIVE_TIME = 0.90
-# The stack whose sources name its parallelism without a pipeline: LLaMA Sec. 2.4 names "model and sequence
-# parallelism, as described by Korthikanti et al. (2022)" and no pipeline; the profile still allows one (no source
-# says it had none), so the script prints that reading beside the plain comparison, not instead of it.
-NO_PIPELINE_READING = ("llama2",)
 
 
 def run(frameworks: list[str], cases: list | None = None, space: SearchSpace = SearchSpace()) -> list[dict]:
@@ -105,13 +101,6 @@ def main(argv: list[str] | None = None) -> int:
             bound = r["predicted_tokens_per_s_per_gpu"] / (r["published_tokens_per_s_per_gpu"] / EFFECTIVE_TIME) - 1
             print(f"{r['case']}: its GPU-hours are 2,048 GPUs x whole wall-clock hours; if the run trained "
                   f"{EFFECTIVE_TIME:.0%} of that time (Llama 3's figure), the plan is {bound:+.1%} faster")
-    for fw in NO_PIPELINE_READING:
-        ran = [c for c in CASES if c[-1] == fw]
-        if fw not in args.framework:
-            continue
-        for r in run([fw], ran, SearchSpace(pp=(1,))):
-            print(f"{r['case']}, {fw} without a pipeline (LLaMA Sec. 2.4 names model and sequence parallelism only): "
-                  f"{r['best']} Z{r['zero']} {r['recompute']}, MFU {r['mfu']:.1%}, {r['faster_than_published']:+.1%}")
     return 0
 
 

@@ -301,7 +301,7 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
         return
     cluster = load_cluster("dgx-h100-80gb")
     sp = tp > 1 and fw.sequence_parallel == "always"
-    schedule = next(s for s in fw.schedules if s != "interleaved-1f1b") if pp > 1 else "1f1b"
+    schedule = next((s for s in fw.schedules if s != "interleaved-1f1b"), "1f1b") if pp > 1 else "1f1b"
 
     def memory(dp, micro=mb):
         lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=micro, zero=zero if dp > 1 else 0, recompute=recompute,
@@ -375,7 +375,7 @@ def test_more_tokens_at_one_layout_never_take_less_time_or_memory(model, framewo
     if spec.num_heads % tp or spec.num_kv_heads % tp or spec.ffn_hidden % tp or spec.shared_ffn_hidden % tp:
         return
     lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, zero=zero if dp > 1 else 0, recompute=recompute,
-                 schedule=next(s for s in fw.schedules if s != "interleaved-1f1b") if pp > 1 else "1f1b",
+                 schedule=next((s for s in fw.schedules if s != "interleaved-1f1b"), "1f1b") if pp > 1 else "1f1b",
                  sequence_parallel=tp > 1 and fw.sequence_parallel != "never",
                  )
     if fw.refusal(lay):

@@ -117,6 +117,8 @@ class Framework:
     def refusal(self, layout: Layout) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None."""
         lay = layout
+        if lay.pp > 1 and not self.schedules:
+            return f"{self.name} has no pipeline parallelism (use --pp 1)"
         if lay.pp > 1 and lay.schedule not in self.schedules:
             return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
         if lay.zero not in self.zero_stages and lay.dp > 1:
@@ -304,8 +306,7 @@ LLAMA2 = replace(
             "the expensive activations (the linears' outputs, the attention's output and log-sum-exp) and recomputes "
             "the norms (selective), tensor parallelism with sequence parallelism, the network's all-reduces overlapped "
             "with compute: data parallelism by all-reduced gradients (ZeRO-0, or ZeRO-1's reduce-scatter + all-gather, "
-            "the same bytes), no FSDP; blocking pipeline transfers (asynchronous ones came with Llama 3), no context "
-            "parallelism",
+            "the same bytes), no FSDP; no pipeline and no context parallelism",
     sources=("Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models' (arXiv 2302.13971) Sec. 2.4 "
              "(Efficient implementation: 'we save the activations that are expensive to compute, such as the outputs "
              "of linear layers'; 'the communication between GPUs over the network (due to all_reduce operations)')",
@@ -316,12 +317,14 @@ LLAMA2 = replace(
              "backward takes the saved output and log-sum-exp); 0.0.22 (2023-09-27): grouped-query attention, after "
              "Llama 2 (Llama 2 70B's 8 K/V heads were expanded to its 64 query heads, as its released model code's "
              "repeat_kv does)",
-             "Llama Team 2024, 'The Llama 3 Herd of Models' Sec. 3.3.2: asynchronous point-to-point communication in "
-             "pipeline parallelism listed among the changes made for Llama 3"),
+             "Zhang et al. 2022, 'OPT' (arXiv 2205.01068) Sec. 2.4, Meta's large-model stack before LLaMA: 'Fully "
+             "Sharded Data Parallel with Megatron-LM Tensor Parallelism', no pipeline; LLaMA Sec. 2.4 likewise names "
+             "'model and sequence parallelism, as described by Korthikanti et al.' and no pipeline"),
     attention="fa1", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
-    recompute_modules=("layernorm",), zero_stages=(0, 1), p2p_overlap=False,
+    recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(),
     cannot=("ZeRO-2/3 (FSDP: its network collectives are all-reduces)", "context parallelism (none in 2022-23)",
-            "GPipe and ZB-H1 schedules", "training without activation checkpointing (the paper's stack always checkpoints)"),
+            "pipeline parallelism (its sources name tensor and sequence parallelism only; Llama 3 added a pipeline)",
+            "training without activation checkpointing (the paper's stack always checkpoints)"),
 )
 
 SHARDWISE = Framework(

@@ -328,6 +328,8 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
     if all(t > 1 and not _sp_options(job, fw, t, 1) for t, _ in pairs):
         return (f"{_sp_required(job, fw)}, which splits each sequence over tp, but --seq-len {seq} is not divisible by "
                 f"tp {', '.join(sorted({str(t) for t, _ in pairs}, key=int))} — use a multiple of tp, or allow tp 1")
+    if all(p > 1 for _, p in pairs) and not fw.schedules:
+        return f"--framework {fw.name} has no pipeline parallelism — allow pp 1, or pick another --framework"
     if all(p > 1 for _, p in pairs) and not any(s in fw.schedules for s in space.schedules):
         return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
                 f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
