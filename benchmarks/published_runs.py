@@ -159,6 +159,8 @@ def _profile(row: dict) -> str:
     fw = row.get("framework", "").strip()
     if "NVIDIA-NeMo/Automodel" in row["source"] and (_int(row.get("moe_experts", "") or "") or 0) > 1:
         return "automodel"  # its own MoE model path (TE kernels, DeepEP, bf16 states), not the HF path of its dense runs
+    if fw == "fsdp" and "mosaicml" in row["source"]:  # Composer's FSDP, with the run's FSDP mixed precision
+        return "composer-pure" if "/ PURE" in row["notes"] else "composer"
     if fw:
         return PROFILE_OF.get(fw, fw)
     text = row["run"] + " " + row["source"]

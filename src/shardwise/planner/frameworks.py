@@ -87,8 +87,13 @@ class Framework:
     # dynamic tensor-wise scaling, eager casts each micro-batch), "" (no FP8 training).
     fp8: str = ""
     # The cross-entropy it runs (step_time.LOSS_BYTES): "megatron" (vocab-parallel, one kernel per op), "fused"
-    # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits).
+    # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
+    # and Composer's two training metrics on the same logits).
     loss: str = "megatron"
+    # Bytes per parameter its optimizer step (AdamW and gradient clipping) moves through HBM; None: fused or
+    # multi-tensor kernels, step_time.OPTIMIZER_BYTES_PER_PARAM.
+    optimizer_traffic: int | None = None
+    tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
     recompute: tuple[str, ...] = RECOMPUTE
     # What `--recompute selective` runs again when the stack names it by module (Job.recompute_modules, Megatron's
     # names): () for the `selective` policy above.
@@ -127,6 +132,8 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
+        if lay.tp > 1 and not self.tensor_parallel:
+            return f"{self.name} has no tensor parallelism (use --tp 1)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
         if lay.tp > 1 and self.sequence_parallel == "always" and not lay.sequence_parallel:
@@ -284,6 +291,38 @@ AUTOMODEL = replace(
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)",),
 )
 
+# MosaicML Composer's FSDP (PyTorch FSDP1), as llm-foundry's MPT recipes and benchmark sweeps ran it in 2023-24
+# (Composer 0.16-0.17, torch 2.0-2.1; llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml at 061f2c7c).
+COMPOSER = replace(
+    TORCHTITAN, name="composer",
+    summary="MosaicML Composer's FSDP (PyTorch FSDP1) as llm-foundry's MPT recipes run it: FULL_SHARD (ZeRO-3) or "
+            "SHARD_GRAD_OP (ZeRO-2), mixed_precision DEFAULT (BF16 parameters and compute, FP32 gradient "
+            "reduce-scatter every micro-batch), eager PyTorch norms and activations, flash-attn's fused cross-entropy and "
+            "Composer's two training metrics on the logits every micro-batch, "
+            "Composer's DecoupledAdamW (one kernel per operation and parameter) with FSDP's gradient clipping; no "
+            "tensor, pipeline or context parallelism. `composer-pure`: mixed_precision PURE (BF16 reduce-scatter)",
+    sources=("mosaicml/composer v0.16.4 composer/trainer/dist_strategy.py set_fsdp_default (mixed_precision DEFAULT, "
+             "use_orig_params True, backward_prefetch BACKWARD_POST), composer/trainer/mosaic_fsdp_utils.py "
+             "get_mixed_precision (DEFAULT: param bf16, reduce fp32; PURE: all bf16), composer/optim/"
+             "decoupled_weight_decay.py DecoupledAdamW.adamw",
+             "mosaicml/llm-foundry 061f2c7c llmfoundry/models/mpt/modeling_mpt.py (loss_fn 'fused_crossentropy': "
+             "flash_attn.losses.cross_entropy), scripts/train/yamls/pretrain/mpt-*.yaml (decoupled_adamw, "
+             "weight_decay 0.0, gradient_clipping norm 1.0, limit_all_gathers)"),
+    # DecoupledAdamW.adamw per FP32 parameter element, weight_decay 0 (the MPT recipes): exp_avg.mul_ (read + write
+    # 4 + 4) .add_(grad) (4 + 4 + 4), exp_avg_sq.mul_ (8) .addcmul_(grad, grad) (12), sqrt (8), / sqrt(bias
+    # correction) (8), .add_(eps) (8), param.addcdiv_(exp_avg, denom) (16) = 80; FSDP's clip_grad_norm_: a norm per
+    # gradient (4) and every gradient multiplied by the clip coefficient (8) = 12. 92 in all.
+    optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(),
+    context_parallel=(), zero_stages=(0, 2, 3), default_zero=3, default_zero_with_pp=None,
+    cannot=("tensor, pipeline or context parallelism (Composer 0.16-0.17 runs FSDP, DDP or DeepSpeed only)",
+            "ZeRO-1"),
+    fp8="",
+)
+COMPOSER_PURE = replace(
+    COMPOSER, name="composer-pure", grad_reduce_bytes=2,
+    summary="as composer, with fsdp_config mixed_precision PURE: gradients reduce-scattered in BF16",
+)
+
 LLAMA3 = Framework(
     name="llama3",
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
@@ -346,7 +385,7 @@ SHARDWISE = Framework(
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
-                                        DEEPSPEED_2024, AUTOMODEL)}
+                                        DEEPSPEED_2024, AUTOMODEL, COMPOSER, COMPOSER_PURE)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

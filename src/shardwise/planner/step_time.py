@@ -42,8 +42,13 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 #     read by max/exp/sum (2 + 4 + 4) = 10; its gradient (4 + 2) = 6;
 #   "eager": F.cross_entropy(logits.float()) (torchtitan, this project): cast (2 + 4), log-softmax reading the row
 #     for its max, its sum and its output (3 x 4 + 4) = 22; backward: NLL's dense zero gradient (4), log-softmax's
-#     (4 + 4 + 4 + a sum pass 4) and the cast back (4 + 2) = 26.
-LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26)}
+#     (4 + 4 + 4 + a sum pass 4) and the cast back (4 + 2) = 26;
+#   "composer": llm-foundry's MPT loss, flash-attn's xentropy kernel on the BF16 logits (a max and a sum pass, 2 + 2;
+#     backward reads them and writes the gradient, 2 + 2), plus Composer's training metrics, computed every
+#     micro-batch on the same logits (composer v0.16.4 trainer.py _eval_train_metrics; MPT's LanguageCrossEntropy and
+#     LanguagePerplexity): two F.cross_entropy under BF16 autocast, whose log_softmax runs in FP32 (cast 2 + 4, then
+#     22 - 6 = 16 as "eager"): 4 + 2 x 22 = 48 forward, 4 backward.
+LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4)}
 
 
 def model_flops_per_step(job: Job) -> float:
@@ -384,7 +389,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     sharded = params
     if layout.zero >= 1:  # the experts' optimizer states shard over their own replicas
         sharded = (params - experts) / (layout.dp * layout.cp) + experts / moe.expert_replicas(layout, layout.cp)
-    opt = OPTIMIZER_BYTES_PER_PARAM * sharded / kernels.hbm_rate(job.cluster)
+    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
