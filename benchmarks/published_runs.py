@@ -60,6 +60,10 @@ PRE_FLASH = ("2021", "2022", "2104.04473", "2201.11990", "2204.06745", "2205.051
 # Recipes that train GPT-style models without dropout: llm-foundry's MPT (MPTConfig: resid_pdrop, emb_pdrop and
 # attn_pdrop 0.0).
 NO_DROPOUT = ("mosaicml",)
+# Gated-MLP models (parsed as the Llama family, which trains without dropout) whose recipe kept Megatron's dropout:
+# GLM-130B's script (THUDM LargeScale configs/glm-130b/glm-130b.sh) sets neither --hidden-dropout nor
+# --attention-dropout, whose defaults are 0.1 (LargeScale megatron/arguments.py).
+WITH_DROPOUT = ("2210.02414",)
 PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
 
 
@@ -119,7 +123,8 @@ def _model(row: dict) -> ModelSpec:
                      num_layers=_int(row["layers"]), num_heads=heads, num_kv_heads=kv, vocab_size=vocab,
                      head_dim=hidden // heads, max_positions=_int(row["seq_len"]), tie_embeddings=family == "gpt2",
                      mlp=mlp if family == "llama" and mlp not in ("", "swiglu") else "",
-                     dropout=False if any(k in row["source"] for k in NO_DROPOUT) else None)
+                     dropout=False if any(k in row["source"] for k in NO_DROPOUT)
+                     else True if any(k in row["source"] for k in WITH_DROPOUT) else None)
 
 
 def _moe(row: dict, model: ModelSpec) -> ModelSpec:

@@ -41,6 +41,9 @@ class Framework:
     # PyTorch SDPA), "unfused" (materialised softmax).
     attention: str = "te"
     fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
+    # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
+    # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).
+    glu_bytes: float | None = None
     # Data parallelism.
     grad_reduce_bytes: int = 4  # bytes per gradient element on the wire
     param_gather_bytes: int = 2  # bytes per parameter element all-gathered (ZeRO-1 update, FSDP units)
@@ -60,6 +63,16 @@ class Framework:
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
+    # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
+    # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
+    # a meta tensor, then the data).
+    p2p_lockstep: bool = False
+    p2p_messages: int = 1
+    # A stage that receives an activation or gradient its sender split over TP puts it back together (Megatron's
+    # scatter/gather, DeepSpeed's PartitionedTensor, not under SP): all-gathers over TP per received micro-batch
+    # (forward, backward), and the activation-sized HBM passes each one copies besides the collective.
+    p2p_regathers: tuple[int, int] = (0, 0)
+    p2p_regather_copies: int = 0
     tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
     tp_comm_overlap_available: bool = False
     sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
@@ -171,6 +184,9 @@ MEGATRON_2021 = Framework(
              "--recompute-activations (selective), --use-distributed-optimizer"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",),
+    # p2p_communication.py _communicate: after each receive, gather_split_1d_tensor (an all_gather into a list
+    # of views of one buffer: PyTorch's list all-gather copies out of its flat result), not under SP.
+    p2p_regathers=(1, 1), p2p_regather_copies=2,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
             "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
 )
@@ -229,11 +245,22 @@ DEEPSPEED = Framework(
              "_reduce_scatter_gradient from one (PyTorch's ProcessGroupNCCL copies each list entry: one copy kernel "
              "per rank per call); replaced by coalesced gathers in 4912e0ad7 (2022-01)",
              "runtime/pipe/engine.py ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), TrainSchedule (1F1B)",
+             "v0.5.5 (2021-11-02) runtime/pipe/schedule.py TrainSchedule.steps (lockstep exchanges), p2p.py (blocking "
+             "send/recv), engine.py _exec_forward_pass / _exec_backward_pass (PartitionedTensor.full), runtime/utils.py",
              "Rajbhandari et al. 2020, ZeRO (SC'20)"),
     grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
+    # runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned): the forward rebuilds its received input
+    # with PartitionedTensor.full(), the backward its own output (cleared after the send) and the received
+    # gradient; full() = zeros, copy of the local part, all_gather, clone (runtime/utils.py): 3 passes.
+    p2p_lockstep=True, p2p_messages=2, p2p_regathers=(1, 2), p2p_regather_copies=3,
+    # Megatron-DeepSpeed runs a GLU as eager ops after the FC1 bias it cannot fuse (arguments.py: "if glu-activation
+    # is used, please set --no-bias-gelu-fusion"; model/glu_activations.py x1 * act(x2); ParallelMLP:
+    # act(intermediate + bias)): the bias add over both halves (read 2f, write 2f: 8 B per f), the activation on
+    # one (4), the product (6) = 18, where a fused kernel reads both halves and writes one (6).
+    glu_bytes=18,
     expert_gemm_streams=1,  # deepspeed/moe/experts.py Experts.forward: one local expert after another
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)",
@@ -248,6 +275,7 @@ DEEPSPEED_2024 = replace(
     sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
     attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
+    glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
 )
 

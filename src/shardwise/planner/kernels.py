@@ -418,10 +418,12 @@ ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40)}
 
 
 def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,
-                     sp: bool, gated: bool, rotary: bool, e: int, fused: bool = True, family: str = "llama"
-                     ) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens."""
+                     sp: bool, gated: bool, rotary: bool, e: int, fused: bool = True, family: str = "llama",
+                     glu_bytes: float | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens. `glu_bytes`: the gated
+    activation's bytes per f-element when the stack runs it its own way (Framework.glu_bytes)."""
     norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
+    swiglu = swiglu if glu_bytes is None else glu_bytes
     if isinstance(norm, dict):
         norm = norm.get(family, norm["llama"])
     scale = e / 2  # the byte counts above are for 2-byte activations

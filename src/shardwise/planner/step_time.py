@@ -26,7 +26,7 @@ from shardwise.planner.layer_time import (_cache_key, achievable_flops, calibrat
                                           matmul_params_per_layer)
 from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params
 from shardwise.planner.overlap import Window, dp_exposed, interference
-from shardwise.schedules.closed_forms import pipeline_makespan
+from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
 
 # Bytes per parameter moved by the optimizer step, bound by HBM bandwidth: Adam reads FP32 master, m,
@@ -119,7 +119,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         lc = replace(lc, fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
                      attn_fwd=lc.attn_fwd * slowest)
     oh = lc.overhead / 3
-    edge_f, edge_b = tp_edge_time(job, layout, rank, tokens)
+    edge_f, edge_b = (a + b for a, b in zip(tp_edge_time(job, layout, rank, tokens),
+                                           pipe_regather_time(job, layout, rank, tokens)))
     f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) + edge_f
     if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":  # weights cast again every micro-batch
         f += fp8_weight_cast(job, layout, layers)
@@ -216,6 +217,23 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
         f += (ag if sp else 0.0) + collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync
         b += rs + ag if sp else ar
     return f, b
+
+
+def pipe_regather_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch that pipeline rank `rank` spends putting back together what its
+    neighbours sent it split over TP (Framework.p2p_regathers): an all-gather of the whole activation over the TP
+    group and the HBM copies around it. Every model chunk but the first receives its input, every chunk but the
+    last a gradient (interleaving gives a rank `vpp` chunks). Nothing to gather without TP, or under SP (the
+    tensor stays sequence-sharded)."""
+    fw, tp, c = get_framework(job.framework), layout.tp, job.cluster
+    if layout.pp == 1 or tp == 1 or layout.sequence_parallel or fw.p2p_regathers == (0, 0):
+        return 0.0, 0.0
+    act = tokens * job.model.hidden * job.train.activation_bytes
+    one = (collective_time(c, "all_gather", act, tp) + sync_time(c)
+           + fw.p2p_regather_copies * act / kernels.hbm_rate(c))
+    v = layout.vpp
+    receives = (v - (rank == 0), v - (rank == layout.pp - 1))
+    return tuple(n * per * one for n, per in zip(receives, fw.p2p_regathers))
 
 
 def param_tensors(job: Job, layout: Layout, rank: int) -> int:
@@ -345,11 +363,19 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
     c = 0.0
+    fw = get_framework(job.framework)
     if layout.pp > 1:
-        c = collective_time(job.cluster, "send_recv", act, 2, layout.dp * layout.tp * layout.cp)
-        if get_framework(job.framework).p2p_overlap and not calibrated(job):
+        stride = layout.dp * layout.tp * layout.cp
+        c = collective_time(job.cluster, "send_recv", act, 2, stride)
+        c += (fw.p2p_messages - 1) * collective_time(job.cluster, "send_recv", META_BYTES, 2, stride)
+        if fw.p2p_overlap and not calibrated(job):
             c = interference(c, 0.0)  # sent behind compute, which it slows while it runs
     return slow, c
+
+
+# DeepSpeed's PartitionedTensor.to_meta: a LongTensor of the shape's rank and sizes, the part count, this rank and
+# the tp + 1 partition offsets (runtime/utils.py), sent ahead of its data: a few dozen bytes, a message's latency.
+META_BYTES = 8 * 12
 
 
 def step_time(job: Job, layout: Layout) -> dict:
@@ -370,6 +396,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     # MAX_PROGRAM_ACTIONS, each receiving exchange of the busiest rank pays it. Datasheet clusters: the
     # closed form (their search never builds the program).
     span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
+    if fw.p2p_lockstep:  # DeepSpeed's TrainSchedule: every exchange of the step on the critical path
+        span = span0 + runs * lockstep_transfers(p, mr) * c
     p2p_sync = p2p_sync_time(job.cluster)
     if p2p_sync > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
         per_rank = tuple((x.f, x.b, x.w) for x in (costs.get(r, slow) for r in range(p)))

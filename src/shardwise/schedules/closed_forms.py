@@ -49,6 +49,27 @@ def pipeline_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float,
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
+def lockstep_transfers(p: int, m: int) -> int:
+    """Transfers on the critical path of one step of DeepSpeed's pipeline (`TrainSchedule`, its only training
+    schedule): 1F1B, but run as 2(m + p - 1) lockstep steps in which every stage exchanges with one neighbour
+    before computing: a forward step receives the activation and sends back the previous step's gradient, a
+    backward step sends the previous step's activation and receives the gradient (deepspeed/runtime/pipe/
+    schedule.py, `TrainSchedule.steps`). Its transfers are blocking (p2p.py: `dist.send` / `dist.recv`, or a
+    `broadcast` within the pair before torch 1.8; `async_op=True` is refused), so each step's two transfers
+    run one after the other, between two computes. With uniform stage costs the critical path then carries
+    4m + 2p - 8 transfers (p >= 3, m >= 2) where 1F1B with its sends overlapped carries about 2(m + p - 1):
+    two per micro-batch more. A single micro-batch crosses each boundary once each way; two stages exchange
+    with one neighbour only. Derived by simulating the schedule's command stream with rendezvous transfers
+    (tests/test_deepspeed_pipeline.py), at any stage costs f, b."""
+    if p <= 1:
+        return 0
+    if p == 2:
+        return 2 * m
+    if m <= 1:
+        return 2 * (p - 1)
+    return 4 * m + 2 * p - 8
+
+
 def bubble_fraction(schedule: str, p: int, m: int, v: int, f: float = 1.0, b: float = 1.0, w: float = 1.0,
                     c: float = 0.0) -> float:
     """Idle share of the step on the busiest rank: 1 - useful work / makespan."""

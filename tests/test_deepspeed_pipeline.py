@@ -1,0 +1,120 @@
+"""DeepSpeed's pipeline engine as the 2021-22 runs used it (the `deepspeed` profile): its lockstep TrainSchedule,
+the PartitionedTensor it rebuilds after every transfer, and Megatron-DeepSpeed's eager GLU."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardwise.planner import kernels
+from shardwise.planner.comm import collective_time
+from shardwise.planner.memory import make_job
+from shardwise.planner.step_time import pipe_regather_time, pipeline_costs, step_time
+from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
+from shardwise.specs import Layout, ModelSpec, load_cluster
+
+A100 = load_cluster("dgx-a100-80gb")
+# MT-NLG 530B (Smith et al. 2022): 105 layers, hidden 20480, 128 heads, sequence 2048.
+MTNLG = ModelSpec(name="mt-nlg", family="gpt2", hidden=20480, ffn_hidden=81920, num_layers=105, num_heads=128,
+                  num_kv_heads=128, vocab_size=51200, head_dim=160, max_positions=2048, tie_embeddings=True)
+
+
+def _train_schedule(p: int, s: int, step: int) -> tuple[int, bool]:
+    """(micro-batch, is_forward) of stage `s` at `step`: DeepSpeed v0.5.5 runtime/pipe/schedule.py,
+    TrainSchedule._step_to_micro_batch and its four _even/_odd_step_*_id helpers, transcribed."""
+    even_step, even_stage = step % 2 == 0, s % 2 == 0
+    if even_step and even_stage:
+        return step // 2 - s // 2, True
+    if not even_step and not even_stage:
+        return (step - 1) // 2 - s // 2, True
+    if even_step:
+        return step // 2 - p + (s + 1) // 2, False
+    return (step - 1) // 2 - p + 1 + s // 2, False
+
+
+def _simulate(p: int, m: int, f: float, b: float, x: float) -> float:
+    """Makespan of TrainSchedule's 2(m + p - 1) steps when each transfer takes `x` and blocks both ends: at a
+    forward step a stage receives the activation and sends back the previous step's gradient (both with the
+    stage before), at a backward step it sends the previous step's activation and receives the gradient (both
+    with the stage after); the pair meets when both have finished their previous step, then runs its
+    transfers one after the other, then each computes (TrainSchedule.steps; p2p.py's blocking send/recv)."""
+    valid = range(m)
+    end = [0.0] * p
+    for t in range(2 * (m + p - 1)):
+        plan = []
+        for s in range(p):
+            mb, fwd = _train_schedule(p, s, t)
+            prev = _train_schedule(p, s, t - 1)[0] if t else -1
+            peer = s - 1 if fwd else s + 1
+            transfers = (mb in valid) + (prev in valid) if 0 <= peer < p else 0
+            plan.append((mb, fwd, peer, transfers))
+        start = [max(end[s], end[peer]) + n * x if n else end[s] for s, (_, _, peer, n) in enumerate(plan)]
+        end = [start[s] + ((f if fwd else b) if mb in valid else 0.0) for s, (mb, fwd, _, _) in enumerate(plan)]
+    return max(end)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8, 12])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
+@pytest.mark.parametrize("f, b", [(1.0, 2.0), (1.0, 3.0), (2.0, 1.0)])
+def test_lockstep_transfers_match_a_simulation_of_trainschedule(p, m, f, b):
+    x = 1e-3
+    free, timed = _simulate(p, m, f, b, 0.0), _simulate(p, m, f, b, x)
+    # Free transfers: the lockstep schedule is 1F1B (same fill, drain and steady state).
+    assert free == pytest.approx(pipeline_makespan("1f1b", p, m, 1, f, b, 0.0))
+    assert (timed - free) / x == pytest.approx(lockstep_transfers(p, m))
+
+
+def test_deepspeed_pipeline_exposes_two_more_transfers_per_microbatch_than_megatron():
+    # MT-NLG's layout (dp 8, tp 8, pp 35, micro-batch 1, batch 1920: m = 240). TrainSchedule carries
+    # 4m + 2p - 8 = 1022 transfers; Megatron's 1F1B 2(p - 1 + m - 2 - (m - 2) // p) = 2(34 + 238 - 6) = 532.
+    lay = Layout(dp=8, tp=8, pp=35, micro_batch=1, zero=1, recompute="full")
+    ds, mg = (make_job(MTNLG, A100, 1920, 2048, fw, flash_attention=False) for fw in ("deepspeed", "megatron-2021"))
+    c_ds, c_mg = pipeline_costs(ds, lay)[1], pipeline_costs(mg, lay)[1]
+    # Each DeepSpeed transfer is two messages (the partition's meta, then its data): one latency more.
+    assert c_ds > c_mg
+    assert step_time(ds, lay)["pp_p2p"] == pytest.approx(1022 * c_ds)
+    assert step_time(mg, lay)["pp_p2p"] == pytest.approx(532 * c_mg)
+
+
+def test_partitioned_activations_are_gathered_again_after_every_transfer():
+    # DeepSpeed (engine.py): the forward rebuilds its input, the backward its output and the received gradient,
+    # each PartitionedTensor.full(): zeros (write the activation), copy of the local part, all_gather, clone (read
+    # and write): 3 activation-sized passes beside the all-gather. Megatron 2021: gather_split_1d_tensor after each
+    # receive, its list all-gather copying the result out (2 passes). MT-NLG: act = 2048 x 20480 x 2 B.
+    act = 2048 * 20480 * 2
+    ag = collective_time(A100, "all_gather", act, 8)
+    lay = Layout(dp=8, tp=8, pp=35, micro_batch=1, zero=1, recompute="full")
+    ds = make_job(MTNLG, A100, 1920, 2048, "deepspeed", flash_attention=False)
+    full = ag + 3 * act / kernels.hbm_rate(A100)
+    assert pipe_regather_time(ds, lay, 17, 2048) == pytest.approx((full, 2 * full))
+    assert pipe_regather_time(ds, lay, 0, 2048) == pytest.approx((0.0, 2 * full))  # nothing comes in forward
+    assert pipe_regather_time(ds, lay, 34, 2048) == pytest.approx((full, 0.0))  # the loss starts its backward
+    # Megatron's interleaved schedule (v = 3): rank 0 receives the input of its 2nd and 3rd chunks, and a gradient
+    # for all 3; the last rank the input of all 3 and a gradient for 2.
+    mg = make_job(MTNLG, A100, 1920, 2048, "megatron-2021", flash_attention=False)
+    v3 = Layout(dp=1, tp=8, pp=35, vpp=3, micro_batch=1, recompute="full", schedule="interleaved-1f1b")
+    gather = ag + 2 * act / kernels.hbm_rate(A100)
+    assert pipe_regather_time(mg, v3, 0, 2048) == pytest.approx((2 * gather, 3 * gather))
+    assert pipe_regather_time(mg, v3, 34, 2048) == pytest.approx((3 * gather, 2 * gather))
+    # Sequence parallelism sends the sequence-sharded tensor as it is; without TP nothing was split.
+    assert pipe_regather_time(mg, v3.with_(sequence_parallel=True), 5, 2048) == (0.0, 0.0)
+    assert pipe_regather_time(ds, lay.with_(tp=1, dp=64), 17, 2048) == (0.0, 0.0)
+
+
+def test_megatron_deepspeed_runs_a_glu_as_eager_ops_after_the_bias():
+    # GLM-130B's layer (hidden 12288, GeGLU FFN 32768, TP 4): FC1's output is 2 x 8192 per token and rank.
+    # Megatron-DeepSpeed: bias add over both halves (read 2f + write 2f), GeLU on one (read f, write f), the
+    # product (read 2f, write f): 9 elements of 2 B = 18 B per f; a fused kernel 3 elements = 6 B. Forward and a
+    # backward twice as long: 3 x 12 B x f/tp per token more.
+    glm = ModelSpec(name="glm", family="llama", hidden=12288, ffn_hidden=32768, num_layers=70, num_heads=96,
+                    num_kv_heads=96, vocab_size=150528, head_dim=128, max_positions=2048, mlp="geglu")
+    tokens, f_tp = 2048, 32768 // 4
+    fused = kernels.elementwise_time(A100, tokens, 12288, 32768, 12288, 12288, 4, False, True, True, 2)
+    eager = kernels.elementwise_time(A100, tokens, 12288, 32768, 12288, 12288, 4, False, True, True, 2,
+                                     glu_bytes=18)
+    extra = tokens * 12 * f_tp / kernels.hbm_rate(A100)
+    assert eager[0] - fused[0] == pytest.approx(extra)
+    assert eager[1] - fused[1] == pytest.approx(2 * extra)
+    lay = Layout(dp=24, tp=4, pp=8, micro_batch=1, zero=1, recompute="full")
+    ds = step_time(make_job(glm, A100, 4224, 2048, "deepspeed", flash_attention=False), lay)
+    assert sum(ds.values()) > sum(step_time(make_job(glm, A100, 4224, 2048, "megatron-2021",
+                                                     flash_attention=False), lay).values())
