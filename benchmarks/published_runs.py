@@ -63,7 +63,7 @@ NO_DROPOUT = ("mosaicml",)
 # Gated-MLP models (parsed as the Llama family, which trains without dropout) whose recipe kept Megatron's dropout:
 # GLM-130B's script (THUDM LargeScale configs/glm-130b/glm-130b.sh) sets neither --hidden-dropout nor
 # --attention-dropout, whose defaults are 0.1 (LargeScale megatron/arguments.py).
-WITH_DROPOUT = ("2210.02414",)
+WITH_DROPOUT = ("2210.02414", "THUDM/GLM-130B")
 PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
 
 

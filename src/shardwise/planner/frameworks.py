@@ -235,7 +235,8 @@ DEEPSPEED = Framework(
             "and Narayanan et al.'s ZeRO-3 baseline; with Megatron-DeepSpeed for TP): DeepSpeed's defaults — "
             "reductions at the accumulation boundary after the backward (ZeRO-0/1) or in every micro-batch's "
             "backward (ZeRO-2), overlap_comm off; ZeRO-3 gathering each parameter after a host synchronisation "
-            "(no overlap); gradients in the model dtype; no fused attention; only its 1F1B pipeline, with ZeRO <= 1. "
+            "(no overlap); gradients in the model dtype; no fused attention; only its 1F1B pipeline (TrainSchedule: blocking "
+            "exchanges in lockstep, activations split over TP and gathered again), with ZeRO <= 1. "
             "Newer releases coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
     sources=("deepspeedai/DeepSpeed runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 communicates during "
              "non gradient accumulation boundaries'), communication_data_type (bf16 with bf16); config docs "
