@@ -218,6 +218,29 @@ def test_unnamed_zero_and_recompute_are_the_cheapest_that_fit(capsys):
     assert est["fits"] and est["zero"] >= 2 and "ZeRO-" in " ".join(est["assumptions"]["implied"])
 
 
+def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
+    # Llama 3 405B's 8K split on 8,192 H100 (tp8 . pp16), Megatron-Core, nothing else named: plain TP holds every
+    # layer's activations whole on each of the 8 ranks; sequence parallelism splits the norms' and dropouts' share
+    # 8 ways (Korthikanti et al. 2022), so it is the one chosen, and it is exactly the layout --sequence-parallel
+    # names. megatron-2021 (SP came in 2022, opt-in) and shardwise (`train` runs without it) keep it off.
+    llama = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192", "--global-batch", "2048",
+             "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--json"]
+    runs = {}
+    for flag in ([], ["--sequence-parallel"], ["--no-sequence-parallel"]):
+        code, out, err = run_cli(capsys, "estimate", *llama, *flag)
+        assert code == 0, err
+        runs[" ".join(flag)] = json.loads(out)
+    unnamed, on, off = runs[""], runs["--sequence-parallel"], runs["--no-sequence-parallel"]
+    assert unnamed["sequence_parallel"] and not off["sequence_parallel"]
+    assert unnamed["step_time_s"] == on["step_time_s"] < off["step_time_s"]
+    assert unnamed["memory_gib_per_gpu"] < off["memory_gib_per_gpu"]
+    assert any("sequence parallelism" in why for why in unnamed["assumptions"]["implied"])
+    for fw in ("megatron-2021", "shardwise"):
+        code, out, err = run_cli(capsys, "estimate", *llama, "--framework", fw)
+        assert code == 0, err
+        assert not json.loads(out)["sequence_parallel"]
+
+
 def test_help_names_the_default_framework_and_why(capsys):
     try:
         code = main(["plan", "--help"])

@@ -12,7 +12,7 @@ def register(subparsers, name, help):
     add_model_arg(p)
     add_cluster_args(p)
     add_job_args(p)
-    add_layout_args(p, micro_batch_required=True)
+    add_layout_args(p, micro_batch_required=True, sp_unnamed=True)
     add_software_args(p)
     # Unnamed, the ZeRO stage and the recompute policy are the framework's own (planner.estimate.complete_layout).
     for action in p._actions:
@@ -35,7 +35,8 @@ def run(args) -> int:
     from shardwise.specs import check_sequence_split, validate_layout
 
     job = job_from_args(args)
-    named = {k for k in ("zero", "recompute", "cp_mode") if getattr(args, k) is not None}
+    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel") if getattr(args, k) is not None}
+    args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero
     args.recompute = "none" if args.recompute is None else args.recompute
     dp = dp_from_gpus(args.gpus, args.tp, args.pp, args.cp)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.layer_time import calibrated as calibrated_cluster
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
-from shardwise.planner.layer_time import calibrated as calibrated_cluster
 from shardwise.planner.step_time import step_flops, step_time
-from shardwise.specs import RECOMPUTE, Layout
+from shardwise.specs import RECOMPUTE, Layout, check_sequence_split
 from shardwise.units import GIB
 
 
@@ -140,6 +141,10 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if "cp_mode" not in named and lay.cp > 1 and fw.context_parallel and lay.cp_mode not in fw.context_parallel:
         lay = lay.with_(cp_mode=fw.context_parallel[0])
         implied.append(f"{lay.cp_mode} context parallelism ({fw.name} runs only that; --cp-mode not given)")
+    sp = [lay.sequence_parallel]
+    if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel and fw.unnamed_sequence_parallel
+            and fw.sequence_parallel == "optional" and sequence_splits(lay.with_(sequence_parallel=True), job)):
+        sp = [False, True]
     stages = [lay.zero]
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
@@ -151,7 +156,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         policies = policies or [lay.recompute]
     # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
     # (sharding the optimizer usually costs less than recomputing every layer), else the first it runs.
-    tries = [lay.with_(zero=z, recompute=r) for z in stages for r in policies]
+    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q) for q in sp for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
     fits = [t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes]
     chosen = min(fits, key=lambda t: estimate(job, t).step_time) if len(runs) > 1 and fits else runs[0]
@@ -159,11 +164,22 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
+    if chosen.sequence_parallel != lay.sequence_parallel:
+        implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
     if chosen.recompute != lay.recompute:
         why = f"{fw.name}'s own" if fw.unnamed_recompute else "the fastest that fits"
         implied.append(f"{chosen.recompute} recompute ({why}; --recompute not given)")
     lay = chosen
     return lay, implied
+
+
+def sequence_splits(layout: Layout, job: Job) -> bool:
+    """Whether the sequence splits evenly over tp (and cp) as sequence parallelism needs."""
+    try:
+        check_sequence_split(layout, job.model, job.train.seq_len)
+    except UsageError:
+        return False
+    return True
 
 
 def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Estimate:

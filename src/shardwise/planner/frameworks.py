@@ -123,6 +123,11 @@ class Framework:
     # arrived in 2022 and are there only when named).
     unnamed_zero: tuple[int, ...] = ()
     unnamed_recompute: tuple[str, ...] = ()
+    # Whether an unnamed --sequence-parallel (neither it nor --no-sequence-parallel given) may become SP where the
+    # stack runs it optionally and it is faster or fits where plain TP does not (estimate.complete_layout). False:
+    # the stack's own default is off (megatron-2021: SP arrived in 2022 as an opt-in flag; shardwise: `train`
+    # runs without it unless asked).
+    unnamed_sequence_parallel: bool = True
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
@@ -183,7 +188,7 @@ MEGATRON_2021 = Framework(
              "Korthikanti et al. 2022 and Megatron-LM v3.0 (2022-06): --sequence-parallel, "
              "--recompute-activations (selective), --use-distributed-optimizer"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
-    context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",),
+    context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
     # p2p_communication.py _communicate: after each receive, gather_split_1d_tensor (an all_gather into a list
     # of views of one buffer: PyTorch's list all-gather copies out of its flat result), not under SP.
     p2p_regathers=(1, 1), p2p_regather_copies=2,
@@ -409,7 +414,7 @@ SHARDWISE = Framework(
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
-    loss="eager",
+    loss="eager", unnamed_sequence_parallel=False,
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
