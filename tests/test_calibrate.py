@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
-from shardwise.calibrate.measure import fit_line
+from shardwise.calibrate.measure import fit_line, fit_model, model_elementwise, model_flops
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
@@ -192,6 +192,38 @@ def test_theil_sen_ignores_one_disturbed_point():
     ys = [0.5 + 2 * x for x in xs]
     ys[3] += 40  # a busy moment
     assert fit_line(xs, ys) == pytest.approx((0.5, 2.0))
+
+
+def test_element_wise_passes_are_the_planners_hand_derived_bytes():
+    # tiny (hidden 64, FFN 128), one sequence of 64 tokens, fp32, 10 GB/s: one layer's forward moves
+    # 64 tokens x 4 bytes x (10 x 64 + 3 x 128) = 262,144 bytes: 26.2 us; forward + backward (1 + 2 passes)
+    # over 4 layers: 12 x 26.2 us = 0.315 ms
+    assert model_elementwise(load_model("tiny"), 4, 1, 64, 4, 10.0) == pytest.approx(12 * 262_144 / 10e9)
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny-gpt2"])
+def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(model_name):
+    """A machine whose 4-layer model takes 4 x 0.6 ms + weighted FLOPs / 30 GFLOP/s + the element-wise passes at
+    its 10 GB/s copy bandwidth, measured at micro-batches 1-4 in three repeats: the fit recovers 0.6 ms and
+    30 GFLOP/s, and the planner's compute for one micro-batch of the same model (dp 1, tp 1, pp 1) is the
+    measured time — the element-wise passes counted once (fitted into the rate and added again, they made it
+    12 passes per layer too slow)."""
+    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.step_time import stage_cost
+    from shardwise.specs import Layout
+
+    model, layers, seq, copy_gbs = load_model(model_name), 4, 64, 10.0
+    xs = [model_flops(model, layers, b, seq) for b in (1, 2, 3, 4)]
+    own = [model_elementwise(model, layers, b, seq, 4, copy_gbs) for b in (1, 2, 3, 4)]
+    times = [layers * 0.6e-3 + x / 30e9 + o for x, o in zip(xs, own)]
+    overhead, slope = fit_model(xs, [times] * 3, own)
+    assert (overhead / layers, 1 / slope) == pytest.approx((0.6e-3, 30e9))
+    profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model=model_name, tokens=seq,
+                      memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=copy_gbs, model_tflops=1 / slope / 1e12,
+                      layer_overhead_s=overhead / layers)
+    for b, measured in zip((1, 2, 3, 4), times):
+        job = runtime_job(model, profile.to_cluster(), b, seq, gpu=False)
+        assert stage_cost(job, Layout(micro_batch=b), 0).compute == pytest.approx(measured, rel=1e-9), b
 
 
 def test_warns_when_the_machine_changed_speed_during_the_calibration():

@@ -166,6 +166,30 @@ def model_flops(model, layers: int, batch: int, seq: int) -> float:
     return 3 * (gemm + attention)
 
 
+def model_elementwise(model, layers: int, batch: int, seq: int, element_bytes: int, copy_gbs: float) -> float:
+    """Seconds of the element-wise passes the planner times on their own in `layers` layers' forward + backward
+    (planner/layer_time.calibrated_elementwise: once in forward, twice in backward) at the measured copy
+    bandwidth. measure_model takes them out of its measured times before fitting the rate: left in, the rate
+    and the overhead absorbed them and the planner added them again (for tiny 0.21 ms per micro-batch, 2-5 %
+    of its forward + backward)."""
+    from shardwise.planner.layer_time import calibrated_elementwise
+
+    return 3 * layers * calibrated_elementwise(model, batch * seq, element_bytes, copy_gbs * 1e9)
+
+
+def fit_model(xs: list[float], rows: list[list[float]], own: list[float]) -> tuple[float, float]:
+    """(intercept seconds, slope seconds per weighted FLOP) of time = intercept + slope x FLOPs, from repeats
+    `rows` (each: the sizes' seconds, run side by side) less `own` (each size's seconds the planner times on its
+    own, model_elementwise): a Theil-Sen line per repeat, the median intercept and slope. A non-positive slope
+    (noise) leaves the whole time at the largest size as FLOPs."""
+    fits = [fit_line(xs, [y - o for y, o in zip(row, own)]) for row in rows]
+    overhead, slope = statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+    if slope <= 0:
+        ys = [statistics.median(row[i] for row in rows) - own[i] for i in range(len(xs))]
+        return 0.0, ys[-1] / xs[-1]
+    return overhead, slope
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Theil-Sen (intercept, slope) of y = intercept + slope * x: the median of the pairwise slopes, then
     the median intercept — one disturbed point (a busy machine) cannot tilt it, unlike least squares."""
@@ -199,8 +223,9 @@ def _amp(t: Timer):
 
 def measure_model(t: Timer, out: dict):
     """The runtime's own model, forward + backward, at micro-batches b, 2b, 3b, 4b of seq_len tokens:
-    time = overhead + weighted FLOPs / rate. out["model_tflops"] = the rate (everything a layer runs:
-    GEMMs, attention, norms, element-wise ops); out["layer_overhead_s"] = the fixed cost of a micro-batch
+    time = overhead + weighted FLOPs / rate + the element-wise passes the planner times on its own
+    (model_elementwise, at measure_copy's bandwidth: measured before the fit). out["model_tflops"] = the rate
+    (everything else a layer runs: GEMMs, attention, norms); out["layer_overhead_s"] = the fixed cost of a micro-batch
     (op dispatch, kernel launches) per layer; out["checkpoint_overhead_s"] = what a checkpointed layer
     costs beyond the work it recomputes (selective recompute at micro-batch b against none, less the
     planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a bare training
@@ -259,12 +284,10 @@ def measure_model(t: Timer, out: dict):
     model.set_recompute("none")
     sizes = [f"none {b}" for b in batches]
     xs = [model_flops(spec, layers, b, seq) for b in batches]
+    own = [model_elementwise(spec, layers, b, seq, _element_size(t.dtype), out["copy_gbs"]) for b in batches]
     # One line per repeat (its four sizes ran side by side), the median of their intercepts and slopes.
-    fits = [fit_line(xs, [reps[n][i] for n in sizes]) for i in range(len(reps[sizes[0]]))]
-    overhead, slope = statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+    overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own)
     ys = [statistics.median(reps[n]) for n in sizes]
-    if slope <= 0:  # noise: no usable slope; the whole time as FLOPs at the largest micro-batch
-        overhead, slope = 0.0, ys[-1] / xs[-1]
     out["model_tflops"] = 1 / slope / 1e12
     out["layer_overhead_s"] = max(overhead, 0.0) / layers
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]

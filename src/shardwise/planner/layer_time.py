@@ -249,6 +249,16 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     return params * per / kernels.hbm_rate(job.cluster)
 
 
+def calibrated_elementwise(model: ModelSpec, tokens: int, activation_bytes: int, hbm: float, tp: int = 1,
+                           sp: int = 1) -> float:
+    """Seconds of one layer's element-wise passes in forward on a calibrated cluster: CALIBRATED_PASSES h-wide
+    (split by sequence parallelism) and f-wide (split by tp) activation passes per token at the measured copy
+    bandwidth `hbm` (bytes/s); its backward runs them twice. `calibrate` takes the same seconds out of its measured
+    model times before it fits the rate, so they are counted once."""
+    return tokens * activation_bytes * (CALIBRATED_PASSES[0] * model.hidden / sp
+                                        + CALIBRATED_PASSES[1] * model.ffn_hidden / tp) / hbm
+
+
 def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     """A calibrated cluster's layer: FLOPs at the measured rate, as `calibrate` weighted them."""
     model, tp = job.model, layout.tp
@@ -260,7 +270,7 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     else:
         attn = attn_flops / rate + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm
     sp = tp if layout.sequence_parallel else 1
-    elem = tokens * e * (CALIBRATED_PASSES[0] * model.hidden / sp + CALIBRATED_PASSES[1] * model.ffn_hidden / tp) / hbm
+    elem = calibrated_elementwise(model, tokens, e, hbm, tp, sp)
     gemms = [(mm / 4, mm / 4, mm / 4)] * 4
     return mm + attn + elem, mm + 2 * attn + 2 * elem, mm, attn, gemms
 
