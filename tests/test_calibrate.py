@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
-from shardwise.calibrate.measure import fit_line, fit_model, model_elementwise, model_flops
+from shardwise.calibrate.measure import fit_line, fit_model, model_elementwise, model_flops, split_edges
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
@@ -203,27 +203,41 @@ def test_element_wise_passes_are_the_planners_hand_derived_bytes():
 
 @pytest.mark.parametrize("model_name", ["tiny", "tiny-gpt2"])
 def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(model_name):
-    """A machine whose 4-layer model takes 4 x 0.6 ms + weighted FLOPs / 30 GFLOP/s + the element-wise passes at
-    its 10 GB/s copy bandwidth, measured at micro-batches 1-4 in three repeats: the fit recovers 0.6 ms and
-    30 GFLOP/s, and the planner's compute for one micro-batch of the same model (dp 1, tp 1, pp 1) is the
-    measured time — the element-wise passes counted once (fitted into the rate and added again, they made it
-    12 passes per layer too slow)."""
-    from shardwise.planner.memory import runtime_job
+    """A machine whose layer costs 0.6 ms per micro-batch beyond its FLOPs at 30 GFLOP/s, whose embedding costs
+    0.15 ms and whose norm + head + loss 0.9 ms at one sequence (the head's GEMMs among them), plus the element-wise
+    passes at its 10 GB/s copy bandwidth; its 4-layer model measured at micro-batches 1-4 in three repeats. The fit
+    and the edge split recover 0.6 ms, 30 GFLOP/s, 0.15 ms and 0.9 ms less the head's GEMMs; the planner's compute for
+    one micro-batch of the same model (dp 1, tp 1, pp 1) is the measured time (the element-wise passes counted once:
+    fitted into the rate and added again they made it 12 passes per layer too slow), and at pp 2 the two ranks' compute
+    adds up to it, the last rank's larger by its edge less the first's (one fixed cost per layer instead gave each
+    rank half of the two edges)."""
+    from shardwise.planner.memory import rank_layers, runtime_job
     from shardwise.planner.step_time import stage_cost
     from shardwise.specs import Layout
 
-    model, layers, seq, copy_gbs = load_model(model_name), 4, 64, 10.0
+    model, layers, seq, copy_gbs, rate = load_model(model_name), 4, 64, 10.0, 30e9
     xs = [model_flops(model, layers, b, seq) for b in (1, 2, 3, 4)]
     own = [model_elementwise(model, layers, b, seq, 4, copy_gbs) for b in (1, 2, 3, 4)]
-    times = [layers * 0.6e-3 + x / 30e9 + o for x, o in zip(xs, own)]
+    head_flops = 3 * 2 * seq * model.hidden * model.vocab_size  # at one sequence
+    fixed = layers * 0.6e-3 + 0.15e-3 + 0.9e-3 - head_flops / rate
+    times = [fixed + x / rate + o for x, o in zip(xs, own)]
     overhead, slope = fit_model(xs, [times] * 3, own)
-    assert (overhead / layers, 1 / slope) == pytest.approx((0.6e-3, 30e9))
+    assert 1 / slope == pytest.approx(rate)
+    split = split_edges(overhead, slope, [0.15e-3, 0.9e-3], head_flops, layers)
+    assert split == pytest.approx({"layer_overhead_s": 0.6e-3, "embedding_overhead_s": 0.15e-3,
+                                   "head_overhead_s": 0.9e-3 - head_flops / rate})
     profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model=model_name, tokens=seq,
                       memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=copy_gbs, model_tflops=1 / slope / 1e12,
-                      layer_overhead_s=overhead / layers)
+                      **split)
     for b, measured in zip((1, 2, 3, 4), times):
         job = runtime_job(model, profile.to_cluster(), b, seq, gpu=False)
         assert stage_cost(job, Layout(micro_batch=b), 0).compute == pytest.approx(measured, rel=1e-9), b
+    job, pp2 = runtime_job(model, profile.to_cluster(), 2, seq, gpu=False), Layout(pp=2)
+    first, last = stage_cost(job, pp2, 0).compute, stage_cost(job, pp2, 1).compute
+    assert first + last == pytest.approx(times[0], rel=1e-9)
+    layer = (times[0] - 0.15e-3 - 0.9e-3) / layers  # one layer's share at one sequence
+    extra = rank_layers(job, pp2, 1) - rank_layers(job, pp2, 0)
+    assert last - first == pytest.approx(extra * layer + 0.9e-3 - 0.15e-3, rel=1e-9)
 
 
 def test_warns_when_the_machine_changed_speed_during_the_calibration():

@@ -190,6 +190,18 @@ def fit_model(xs: list[float], rows: list[list[float]], own: list[float]) -> tup
     return overhead, slope
 
 
+def split_edges(overhead: float, slope: float, edges: list[float], head_flops: float, layers: int) -> dict:
+    """The fitted intercept (`overhead`, seconds per micro-batch of the whole measured model) split by where it is
+    paid: the first pipeline stage's embedding (`edges[0]`, measured alone), the last stage's final norm, LM head
+    and loss beyond the head's GEMM FLOPs at the fitted rate (`edges[1]` less `head_flops` x `slope`), and the rest
+    per layer. The whole model's time is unchanged; a pipeline rank pays only its own edge (the last stage's was
+    5-15x the first's on tiny and the GQA config: 0.7-1.5 ms against 0.1-0.2 ms)."""
+    embedding = max(edges[0], 0.0)
+    head = max(edges[1] - head_flops * slope, 0.0)
+    return {"layer_overhead_s": max(overhead - embedding - head, 0.0) / layers,
+            "embedding_overhead_s": embedding, "head_overhead_s": head}
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Theil-Sen (intercept, slope) of y = intercept + slope * x: the median of the pairwise slopes, then
     the median intercept — one disturbed point (a busy machine) cannot tilt it, unlike least squares."""
@@ -274,6 +286,7 @@ def measure_model(t: Timer, out: dict):
 
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
            [(batches[0], "selective"), (batches[0], "step")]}
+    fns.update(edge_variants(t, batches[0]))
     alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
     fns[alone] = (lambda: step(inputs[batches[0]])) if t.rank == 0 else (lambda: None)
     reps: dict = {name: [] for name in fns}
@@ -289,7 +302,9 @@ def measure_model(t: Timer, out: dict):
     overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own)
     ys = [statistics.median(reps[n]) for n in sizes]
     out["model_tflops"] = 1 / slope / 1e12
-    out["layer_overhead_s"] = max(overhead, 0.0) / layers
+    out["edge_points"] = [statistics.median(reps[f"{edge} {batches[0]}"]) for edge in ("first", "last")]
+    head_flops = 3 * 2 * batches[0] * seq * spec.hidden * spec.vocab_size  # the LM head's GEMMs, as model_flops counts them
+    out.update(split_edges(overhead, slope, out["edge_points"], head_flops, layers))
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
     # The reference workload (the smallest size) in each round — start, middle and end of the calibration:
     # a machine whose speed moves within minutes shows it here (Profile.reference_drift).
@@ -306,6 +321,32 @@ def measure_model(t: Timer, out: dict):
     out["concurrent_slowdown"] = max(statistics.median(x / y for x, y in zip(reps[base], reps[alone]) if y > 0), 1.0) \
         if t.world > 1 else 1.0
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
+
+
+def edge_variants(t: Timer, batch: int) -> dict:
+    """The two pipeline edges of the runtime's model, each alone, forward + backward of one micro-batch as a pipeline
+    stage runs them: "first <batch>" the embedding (its output's gradient given), "last <batch>" the final norm, LM
+    head and loss (its input a received activation that needs a gradient)."""
+    from shardwise.model import Transformer
+
+    spec, seq = t.cfg.model, t.cfg.seq_len
+    first = Transformer(spec, seed=0, layer_ids=range(0), last=False, device=t.device)
+    last = Transformer(spec, seed=0, layer_ids=range(0), first=False, device=t.device)
+    ids = torch.randint(0, spec.vocab_size, (batch, seq), device=t.device)
+    hidden = torch.randn(batch, seq, spec.hidden, device=t.device)
+    grad = torch.ones(batch, seq, spec.hidden, device=t.device)
+
+    def run_first():
+        with _amp(t):
+            out = first(ids)
+        out.backward(grad.to(out.dtype))
+
+    def run_last():
+        x = hidden.clone().requires_grad_(True)
+        with _amp(t):
+            loss = last(x, ids)
+        loss.backward()
+    return {f"first {batch}": run_first, f"last {batch}": run_last}
 
 
 def measure_sync(t: Timer, out: dict):

@@ -30,6 +30,9 @@ class Profile:
     copy_gbs: float
     model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
     layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
+    embedding_overhead_s: float = 0.0  # the first stage's embedding per micro-batch (measure.split_edges)
+    head_overhead_s: float = 0.0  # the last stage's norm, head and loss per micro-batch beyond the head's FLOPs
+    edge_points: list = field(default_factory=list)  # [embedding, norm + head + loss] alone at the smallest micro-batch, s
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
     optimizer_s: float = 0.0  # the rest of a bare one-micro-batch training step: batch, zero_grad, AdamW
     optimizer_params: int = 0
@@ -144,6 +147,8 @@ class Profile:
         out = {"world_size": self.world, "backend": self.backend, "dtype": self.dtype, "model": self.model,
                "tokens": self.tokens, "matmul_tflops": self.matmul_tflops, "gemms": self.gemms,
                "model_tflops": self.model_tflops, "layer_overhead_s": self.layer_overhead_s,
+               "embedding_overhead_s": self.embedding_overhead_s, "head_overhead_s": self.head_overhead_s,
+               "edge_points": self.edge_points,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
                "p2p_sync_s": self.p2p_sync_s(), "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,

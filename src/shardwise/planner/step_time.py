@@ -151,6 +151,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         hf, hb, hw = (t * slowest for t in head_time(job, layout, tokens))
         f, b_in, w = f + hf, b_in + hb, w + hw
         flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
+    edge = edge_overhead(job, layout, rank) / 3  # a third per pass, as a layer's
+    f, b_in, w = f + edge, b_in + edge, w + edge
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
     rec_ep = layers * lc.ep_fwd if layout.recompute == "full" else 0.0  # full recompute dispatches again
@@ -181,6 +183,15 @@ def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_lay
         width = model.experts_per_token * job.capacity_factor * model.moe_ffn_hidden
         t += moe_layers * tokens / tp * (swiglu if model.gated_mlp else gelu) * width * scale
     return t / kernels.hbm_rate(c)
+
+
+def edge_overhead(job: Job, layout: Layout, rank: int) -> float:
+    """Calibrated fixed seconds per micro-batch of the model's edges on pipeline rank `rank`: the embedding on the
+    first, the final norm, head and loss beyond the head's FLOPs on the last (`calibrate`'s embedding_overhead_s and
+    head_overhead_s, split from its fitted intercept; 0 for datasheet clusters)."""
+    measured = job.cluster.measured or {}
+    first = float(measured.get("embedding_overhead_s", 0.0)) if rank == 0 else 0.0
+    return first + (float(measured.get("head_overhead_s", 0.0)) if rank == layout.pp - 1 else 0.0)
 
 
 def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, float]:
