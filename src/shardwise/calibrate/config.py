@@ -134,8 +134,8 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 
 
 def rank_steps(cfg: CalibrateConfig) -> int:
-    """Progress steps of a calibration: one per GEMM shape, one per round of the model measurement,
-    the copy, one per collective and size, the all-reduce between layers, the FSDP layer, the split
-    backward, train's loop."""
-    collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 2 if cfg.world > 1 else 0
-    return len(gemm_shapes(cfg.model, cfg.tokens)) + MODEL_ROUNDS + 1 + collectives + 1 + 1
+    """Progress steps of a calibration: one per GEMM shape, the copy, one per collective and size, and one per
+    round of each measurement spread over the rounds (the model, the split backward, train's loop; with other ranks,
+    the calls between layers and the FSDP layer)."""
+    collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 2 * MODEL_ROUNDS if cfg.world > 1 else 0
+    return len(gemm_shapes(cfg.model, cfg.tokens)) + 1 + collectives + 3 * MODEL_ROUNDS

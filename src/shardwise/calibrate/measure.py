@@ -121,6 +121,21 @@ def paired(reps: dict, a: str, b: str) -> float:
     return statistics.median(x - y for x, y in zip(reps[a], reps[b]))
 
 
+def in_rounds(t: Timer, fns: dict, repeats: int, label: str, **kw):
+    """Timer.interleaved over `fns` in MODEL_ROUNDS parts of about repeats / MODEL_ROUNDS repeats, yielding `label`
+    after each: measure_rank runs one part in each of its rounds, beside the model's, so a per-call cost holds the
+    same spread of the machine's load as the model's rate (measured in one stretch of a few seconds, a neighbour's
+    burst moved a whole figure: p2p_sync_s 3.8 and 1.8 ms, fsdp_call_s 3.5 and 2.2 ms in two calibrations of one
+    job). Returns every part's repeats pooled, each as Timer.interleaved gives them."""
+    reps: dict = {name: [] for name in fns}
+    for r in range(MODEL_ROUNDS):
+        for name, times in t.interleaved(fns, repeats // MODEL_ROUNDS + (r < repeats % MODEL_ROUNDS), seed=r,
+                                         **kw).items():
+            reps[name] += times
+        yield f"{label}, round {r + 1} of {MODEL_ROUNDS}"
+    return reps
+
+
 def spread(times: list[float]) -> float:
     """Interquartile range / median."""
     s = sorted(times)
@@ -391,13 +406,12 @@ def measure_sync(t: Timer, out: dict):
 
     loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
              "p2p": layer_send_recv, "p2p alone": send_recv}
-    reps = t.interleaved(loops, SYNC_ROUNDS * t.cfg.repeats)
+    reps = yield from in_rounds(t, loops, SYNC_ROUNDS * t.cfg.repeats, "calls between layers")
     layer_s = statistics.median(reps["layer"])
     # Each call in context: the layer's median plus the paired difference (call + layer) - layer.
     out["sync_points"] = [layer_s, layer_s + paired(reps, "both", "layer"), statistics.median(reps["alone"]),
                           layer_s + paired(reps, "p2p", "layer"), statistics.median(reps["p2p alone"])]
     out["sync_bytes"] = act.numel() * act.element_size()
-    yield "all-reduce between layers"
 
 
 def measure_fsdp(t: Timer, out: dict):
@@ -446,9 +460,9 @@ def measure_fsdp(t: Timer, out: dict):
         with grad_sync(replicated, enabled=False):  # a step's micro-batches before its last: wrapper and hooks only
             step(replicated)
 
-    reps = t.interleaved({"plain": lambda: step(plain), "sharded": lambda: step(sharded),
-                          "plain update": lambda: update("plain"), "sharded update": lambda: update("sharded"),
-                          "ddp": ddp_step}, SYNC_ROUNDS * t.cfg.repeats)
+    reps = yield from in_rounds(t, {"plain": lambda: step(plain), "sharded": lambda: step(sharded),
+                                    "plain update": lambda: update("plain"), "sharded update": lambda: update("sharded"),
+                                    "ddp": ddp_step}, SYNC_ROUNDS * t.cfg.repeats, "FSDP and DDP layer against a plain one")
     plain_s, plain_u = statistics.median(reps["plain"]), statistics.median(reps["plain update"])
     sharded_s, ddp_s = plain_s + paired(reps, "sharded", "plain"), plain_s + paired(reps, "ddp", "plain")
     sharded_u = plain_u + paired(reps, "sharded update", "plain update")
@@ -463,7 +477,6 @@ def measure_fsdp(t: Timer, out: dict):
                 ("all_gather", root), ("reduce_scatter", root)))
     out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
     out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
-    yield "FSDP and DDP layer against a plain one"
 
 
 def measure_split_backward(t: Timer, out: dict):
@@ -494,11 +507,11 @@ def measure_split_backward(t: Timer, out: dict):
         _, groups = _split_backward.stage_backward_input([chunk(inp, None)], [grad], [inp], iter(params))
         _split_backward.stage_backward_weight(iter(params), groups)
 
-    reps = t.interleaved({"plain": plain, "split": split}, SYNC_ROUNDS * t.cfg.repeats)
+    reps = yield from in_rounds(t, {"plain": plain, "split": split}, SYNC_ROUNDS * t.cfg.repeats,
+                                "pipeline chunk: one backward against a split one")
     plain_s = statistics.median(reps["plain"])
     out["split_points"] = [plain_s, plain_s + paired(reps, "split", "plain")]
     out["split_layers"] = layers
-    yield "pipeline chunk: one backward against a split one"
 
 
 def measure_loop(t: Timer, out: dict):
@@ -531,11 +544,11 @@ def measure_loop(t: Timer, out: dict):
             rt.forward_backward(rt.chunks, mbs)
             rt.optimizer.step()
 
-        reps = t.interleaved({"bare": bare, "loop": loop.step}, SYNC_ROUNDS * t.cfg.repeats)
+        reps = yield from in_rounds(t, {"bare": bare, "loop": loop.step}, SYNC_ROUNDS * t.cfg.repeats,
+                                    "train's loop against a bare step")
         loop.flush()
     bare_s = statistics.median(reps["bare"])
     out["loop_points"] = [bare_s, bare_s + paired(reps, "loop", "bare")]
-    yield "train's loop against a bare step"
 
 
 def _train_config(t: Timer, layout, global_batch: int, spec=None):
@@ -599,17 +612,21 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
     out: dict = {}
-    model = measure_model(t, out)
-
-    def model_round():  # one of its MODEL_ROUNDS rounds
-        yield next(model)
-
-    # The model's rounds spread over the whole calibration (first, middle, last third), so its rate and
-    # overheads hold the same mean load as the per-call costs measured between them: on a shared machine
-    # the load moves within the minutes a calibration takes, and the planner adds the two together.
-    for steps in (model_round(), measure_matmul(t, out), measure_copy(t, out), measure_collectives(t, out),
-                  model_round(), measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out),
-                  model_round(), measure_loop(t, out), model):
+    # The model and every measurement compared with it run in MODEL_ROUNDS rounds spread over the whole calibration
+    # (first, middle, last third; each yields once a round, then computes its figures from all of them), so the rate
+    # and the per-call costs hold the same mean load: on a shared machine the load moves within the minutes a
+    # calibration takes, and the planner adds the two together. The one-off tables run after the first round.
+    rounds = [measure_model(t, out), measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out),
+              measure_loop(t, out)]
+    for r in range(MODEL_ROUNDS):
+        for steps in rounds:
+            label = next(steps, None)  # None: nothing to measure at this world (or in this torch)
+            if label:
+                report(label)
+        for steps in (measure_matmul(t, out), measure_copy(t, out), measure_collectives(t, out)) if r == 0 else ():
+            for label in steps:
+                report(label)
+    for steps in rounds:  # their figures, from every round
         for label in steps:
             report(label)
     if rank != 0:
