@@ -5,15 +5,18 @@
 
 W ranks (one thread each; spawned here, or the ranks torchrun started) measure at the same time, so
 they contend for cores and memory as training ranks do. Every figure is the median of `repeats`
-timed repeats after `warmup` untimed ones, each repeat starting at a barrier (measure.py):
+timed repeats after `warmup` untimed ones, each repeat starting at a barrier (measure.py); the model and every
+per-call cost compared with it run in three rounds spread over the calibration:
 
   matmul       every GEMM of the model's linear layers and LM head at micro_batch x seq_len tokens,
                forward and both backward GEMMs; rate = total FLOPs / total time, each GEMM weighted
                by how often one step runs it (fp32 on CPU, bf16 on GPU).
   model        the runtime's own model (up to 4 layers and the LM head), forward + backward, at
-               micro-batches 1-4 x micro_batch: time = overhead + FLOPs / rate (Theil-Sen fit). The
-               rate covers everything a layer runs; the overhead, per layer, is the fixed cost of op
-               dispatch and kernel launches that dominates small models (the planner adds it per layer).
+               micro-batches 1-4 x micro_batch: time = overhead + FLOPs / rate + the element-wise passes
+               the planner times on its own (Theil-Sen fit). The rate covers the rest of what a layer runs;
+               the overhead is the fixed cost of op dispatch and kernel launches that dominates small
+               models, split by where it is paid: the embedding (first stage) and the norm, head and loss
+               (last stage), each timed alone, and the rest per layer.
   copy         one large tensor copy; bandwidth = 2 x bytes / time (read + write).
   collectives  all_reduce, all_gather, reduce_scatter, broadcast, send_recv at each size over all W ranks
                (send_recv: rank 2i -> 2i+1); a repeat lasts as long as its slowest rank.
