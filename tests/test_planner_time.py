@@ -628,7 +628,27 @@ def test_composer_loss_counts_the_training_metrics():
 def test_composer_runs_fsdp_only():
     """Composer 0.16-0.17 wraps a model in FSDP, DDP or DeepSpeed: no tensor, pipeline or context parallelism."""
     composer = FRAMEWORKS["composer"]
-    for layout, word in ((Layout(dp=4, tp=2), "tensor"), (Layout(dp=4, pp=2), "pipeline"),
-                         (Layout(dp=4, cp=2), "context")):
-        assert word in composer.refusal(layout)
+    # Each refusal names the missing kind of parallelism and its fix, whatever ZeRO stage the layout asks for (at
+    # ZeRO-0 a rule about DDP with TP would otherwise answer first and suggest ZeRO-2/3, which cannot help).
+    for zero in (0, 3):
+        for layout, why in ((Layout(dp=4, tp=2, zero=zero), "has no tensor parallelism (use --tp 1)"),
+                            (Layout(dp=4, pp=2, zero=zero), "has no pipeline parallelism (use --pp 1)"),
+                            (Layout(dp=4, cp=2, zero=zero), "context parallelism (drop --cp)")):
+            assert why in composer.refusal(layout)
     assert composer.refusal(Layout(dp=8, zero=3)) is None
+
+
+def test_a_search_under_a_stack_without_tp_or_pp_names_what_is_missing():
+    """`plan --framework composer --tp 2` (llama2 --pp 2): the search has nothing to score and says which kind of
+    parallelism the stack lacks, with the fix; without --tp the search scores tp 1 layouts only."""
+    from shardwise.errors import UsageError
+    from shardwise.planner.search import SearchSpace, search
+
+    job = make_job(load_model("llama2-7b"), H100, 64, 2048, "composer")
+    with pytest.raises(UsageError, match="composer has no tensor parallelism — allow tp 1"):
+        search(job, 16, SearchSpace(tp=(2, 4)))
+    llama2 = make_job(load_model("llama2-7b"), H100, 64, 2048, "llama2")
+    with pytest.raises(UsageError, match="llama2 has no pipeline parallelism — allow pp 1"):
+        search(llama2, 16, SearchSpace(pp=(2,)))
+    ranked = search(job, 16).ranked
+    assert ranked and {e.layout.tp for e in ranked} == {1}

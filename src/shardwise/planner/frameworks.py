@@ -142,6 +142,8 @@ class Framework:
         lay = layout
         if lay.pp > 1 and not self.schedules:
             return f"{self.name} has no pipeline parallelism (use --pp 1)"
+        if lay.tp > 1 and not self.tensor_parallel:  # before any rule about combining TP with something else
+            return f"{self.name} has no tensor parallelism (use --tp 1)"
         if lay.pp > 1 and lay.schedule not in self.schedules:
             return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
         if lay.zero not in self.zero_stages and lay.dp > 1:
@@ -150,8 +152,6 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
-        if lay.tp > 1 and not self.tensor_parallel:
-            return f"{self.name} has no tensor parallelism (use --tp 1)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
         if lay.tp > 1 and self.sequence_parallel == "always" and not lay.sequence_parallel:

@@ -142,10 +142,12 @@ def _tp_fits(model, tp: int) -> bool:
 
 
 def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
-    """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch and the search space."""
+    """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch, the search space and a
+    framework without tensor parallelism (tp 1 only)."""
     model, batch = job.model, job.train.global_batch
+    tensor_parallel = get_framework(job.framework).tensor_parallel
     for tp in divisors(gpus):
-        if not _tp_fits(model, tp):
+        if not _tp_fits(model, tp) or (tp > 1 and not tensor_parallel):
             continue
         if space.tp is not None and tp not in space.tp:
             continue
@@ -328,6 +330,8 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
     if all(t > 1 and not _sp_options(job, fw, t, 1) for t, _ in pairs):
         return (f"{_sp_required(job, fw)}, which splits each sequence over tp, but --seq-len {seq} is not divisible by "
                 f"tp {', '.join(sorted({str(t) for t, _ in pairs}, key=int))} — use a multiple of tp, or allow tp 1")
+    if all(t > 1 for t, _ in pairs) and not fw.tensor_parallel:
+        return f"--framework {fw.name} has no tensor parallelism — allow tp 1, or pick another --framework"
     if all(p > 1 for _, p in pairs) and not fw.schedules:
         return f"--framework {fw.name} has no pipeline parallelism — allow pp 1, or pick another --framework"
     if all(p > 1 for _, p in pairs) and not any(s in fw.schedules for s in space.schedules):
