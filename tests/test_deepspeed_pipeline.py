@@ -9,7 +9,9 @@ from shardwise.planner import kernels
 from shardwise.planner.comm import collective_time
 from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import pipe_regather_time, pipeline_costs, step_time
+from shardwise.schedules import Costs, build, simulate
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
+from shardwise.schedules.lockstep import simulate_lockstep, train_schedule_step
 from shardwise.specs import Layout, ModelSpec, load_cluster
 
 A100 = load_cluster("dgx-a100-80gb")
@@ -18,49 +20,58 @@ MTNLG = ModelSpec(name="mt-nlg", family="gpt2", hidden=20480, ffn_hidden=81920, 
                   num_kv_heads=128, vocab_size=51200, head_dim=160, max_positions=2048, tie_embeddings=True)
 
 
-def _train_schedule(p: int, s: int, step: int) -> tuple[int, bool]:
-    """(micro-batch, is_forward) of stage `s` at `step`: DeepSpeed v0.5.5 runtime/pipe/schedule.py,
-    TrainSchedule._step_to_micro_batch and its four _even/_odd_step_*_id helpers, transcribed."""
-    even_step, even_stage = step % 2 == 0, s % 2 == 0
-    if even_step and even_stage:
-        return step // 2 - s // 2, True
-    if not even_step and not even_stage:
-        return (step - 1) // 2 - s // 2, True
-    if even_step:
-        return step // 2 - p + (s + 1) // 2, False
-    return (step - 1) // 2 - p + 1 + s // 2, False
+def test_train_schedule_order_is_deepspeeds():
+    # DeepSpeed's TrainSchedule for 2 stages and 3 micro-batches, step by step (runtime/pipe/schedule.py: an even stage
+    # runs forwards at even steps, an odd one at odd steps; stage s's forward of micro-batch k at step 2k + s, its
+    # backward of k at step 2k + 2p - 1 - s; anything else idles). By hand, None for an idle step:
+    expected = {0: [(0, True), None, (1, True), (0, False), (2, True), (1, False), None, (2, False)],
+                1: [None, (0, True), (0, False), (1, True), (1, False), (2, True), (2, False), None]}
+    for stage, steps in expected.items():
+        got = [train_schedule_step(2, stage, t) for t in range(2 * (3 + 2 - 1))]
+        assert [x if 0 <= x[0] < 3 else None for x in got] == steps
 
 
-def _simulate(p: int, m: int, f: float, b: float, x: float) -> float:
-    """Makespan of TrainSchedule's 2(m + p - 1) steps when each transfer takes `x` and blocks both ends: at a
-    forward step a stage receives the activation and sends back the previous step's gradient (both with the
-    stage before), at a backward step it sends the previous step's activation and receives the gradient (both
-    with the stage after); the pair meets when both have finished their previous step, then runs its
-    transfers one after the other, then each computes (TrainSchedule.steps; p2p.py's blocking send/recv)."""
-    valid = range(m)
-    end = [0.0] * p
-    for t in range(2 * (m + p - 1)):
-        plan = []
-        for s in range(p):
-            mb, fwd = _train_schedule(p, s, t)
-            prev = _train_schedule(p, s, t - 1)[0] if t else -1
-            peer = s - 1 if fwd else s + 1
-            transfers = (mb in valid) + (prev in valid) if 0 <= peer < p else 0
-            plan.append((mb, fwd, peer, transfers))
-        start = [max(end[s], end[peer]) + n * x if n else end[s] for s, (_, _, peer, n) in enumerate(plan)]
-        end = [start[s] + ((f if fwd else b) if mb in valid else 0.0) for s, (mb, fwd, _, _) in enumerate(plan)]
-    return max(end)
+def test_lockstep_simulation_by_hand():
+    # p = 2, m = 1, forward 1, backward 2, transfer x. Step 0: stage 0 runs F0 (0 to 1). Step 1: stage 0 sends F0's
+    # activation, stage 1 receives it (x, from 1), then F0 (1 + x to 2 + x). Step 2: stage 1 runs B0 (to 4 + x).
+    # Step 3: stage 1 sends the gradient (from 4 + x, a transfer), stage 0 runs B0 (4 + 2x to 6 + 2x).
+    x = 0.25
+    sim = simulate_lockstep(2, 1, Costs(1.0, 2.0, 0.0, x))
+    got = sorted((e.rank, e.kind, e.start, e.end) for e in sim.events)
+    assert got == [(0, "B", 4 + 2 * x, 6 + 2 * x), (0, "F", 0.0, 1.0), (1, "B", 2 + x, 4 + x), (1, "F", 1 + x, 2 + x)]
+    assert sim.makespan == 6 + 2 * x
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 8, 12])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
-@pytest.mark.parametrize("f, b", [(1.0, 2.0), (1.0, 3.0), (2.0, 1.0)])
-def test_lockstep_transfers_match_a_simulation_of_trainschedule(p, m, f, b):
+@pytest.mark.parametrize("f, b, w", [(1.0, 2.0, 0.0), (1.0, 3.0, 0.5), (2.0, 1.0, 0.0)])
+def test_lockstep_transfers_match_a_simulation_of_trainschedule(p, m, f, b, w):
     x = 1e-3
-    free, timed = _simulate(p, m, f, b, 0.0), _simulate(p, m, f, b, x)
-    # Free transfers: the lockstep schedule is 1F1B (same fill, drain and steady state).
-    assert free == pytest.approx(pipeline_makespan("1f1b", p, m, 1, f, b, 0.0))
-    assert (timed - free) / x == pytest.approx(lockstep_transfers(p, m))
+    free, timed = (simulate_lockstep(p, m, Costs(f, b, w, c)) for c in (0.0, x))
+    # Free transfers: the lockstep schedule is 1F1B (same fill, drain and steady state), rank by rank in 1F1B's order.
+    assert free.makespan == pytest.approx(pipeline_makespan("1f1b", p, m, 1, f, b, w))
+    assert (timed.makespan - free.makespan) / x == pytest.approx(lockstep_transfers(p, m))
+    ours = build("1f1b", p, m, 1)
+    for r in range(p):
+        order = [(e.kind, e.microbatch) for e in sorted(timed.events, key=lambda e: e.start) if e.rank == r]
+        assert order == [(a.kind, a.microbatch) for a in ours.ranks[r]]
+
+
+def test_report_timeline_draws_deepspeeds_lockstep_span():
+    # The report's timeline of a DeepSpeed pipeline is the lockstep schedule, so it ends where the step time's
+    # pipeline terms do (the compute, the bubble and the 4m + 2p - 8 exposed transfers), not at plain 1F1B's.
+    from shardwise.planner.estimate import estimate
+    from shardwise.report.data import timeline
+
+    lay = Layout(dp=8, tp=8, pp=35, micro_batch=1, zero=1, recompute="full")
+    job = make_job(MTNLG, A100, 1920, 2048, "deepspeed", flash_attention=False)
+    est = estimate(job, lay)
+    t = est.time_s
+    span = sum(t[k] for k in ("compute", "recompute", "tp_comm", "pp_p2p", "pipeline_bubble"))
+    drawn = timeline(job, est)
+    assert drawn["lockstep"] and drawn["makespan_s"] == pytest.approx(span, rel=1e-6)
+    plain = simulate(build("1f1b", 35, 240, 1), Costs(*(drawn["costs_s"][k] for k in ("f", "b", "w", "transfer"))))
+    assert plain.makespan < drawn["makespan_s"]
 
 
 def test_deepspeed_pipeline_exposes_two_more_transfers_per_microbatch_than_megatron():

@@ -51,9 +51,12 @@ def layouts(ranked) -> dict:
 
 
 def timeline(job, est) -> dict | None:
-    """The winner's pipeline step: its schedule simulated with the per-stage costs the planner used."""
+    """The winner's pipeline step: its schedule simulated with the per-stage costs the planner used (DeepSpeed's
+    lockstep 1F1B as its engine runs it, every exchange blocking: schedules/lockstep.py)."""
+    from shardwise.planner.frameworks import get as get_framework
     from shardwise.planner.step_time import pipeline_costs
     from shardwise.schedules import Costs, build, simulate
+    from shardwise.schedules.lockstep import simulate_lockstep
     from shardwise.timeline import COLORS, LABELS
 
     lay = est.layout
@@ -61,7 +64,9 @@ def timeline(job, est) -> dict | None:
         return None
     slow, c = pipeline_costs(job, lay)
     costs = Costs(slow.f, slow.b, slow.w, c)
-    sim = simulate(build(lay.schedule, lay.pp, est.num_microbatches, lay.vpp), costs)
+    lockstep = get_framework(job.framework).p2p_lockstep
+    sim = (simulate_lockstep(lay.pp, est.num_microbatches, costs) if lockstep
+           else simulate(build(lay.schedule, lay.pp, est.num_microbatches, lay.vpp), costs))
     kinds = sorted({e.kind for e in sim.events}, key="FBIW".index)
     ranks = []
     for r in range(lay.pp):
@@ -76,7 +81,7 @@ def timeline(job, est) -> dict | None:
     # Duration of each kind on each virtual stage (stage = chunk * pp + rank), as the simulator charged it.
     stages = lay.pp * lay.vpp
     duration = {k: [costs.of(k, s, lay.pp, lay.vpp) for s in range(stages)] for k in kinds}
-    return {"schedule": lay.schedule, "pp": lay.pp, "vpp": lay.vpp, "m": est.num_microbatches,
+    return {"schedule": lay.schedule, "lockstep": lockstep, "pp": lay.pp, "vpp": lay.vpp, "m": est.num_microbatches,
             "makespan_s": sim.makespan, "bubble_fraction": sim.bubble_fraction,
             "costs_s": {"f": slow.f, "b": slow.b, "w": slow.w, "transfer": c},
             "duration_s": duration, "ranks": ranks,

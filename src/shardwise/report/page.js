@@ -227,7 +227,8 @@
     const events = timelineEvents(t);
     const makespan = Math.max(...events.map((evs) => (evs.length ? evs[evs.length - 1].end : 0)));
     api.timeline = { events, makespan };
-    $("timeline-note").textContent = `${t.schedule}, ${t.pp} ranks` + (t.vpp > 1 ? ` × ${t.vpp} model chunks` : "") +
+    $("timeline-note").textContent = `${t.schedule}` + (t.lockstep ? " in lockstep (DeepSpeed's TrainSchedule: every exchange blocks both stages)" : "") +
+      `, ${t.pp} ranks` + (t.vpp > 1 ? ` × ${t.vpp} model chunks` : "") +
       `, ${t.m} micro-batches: the schedule shardwise simulates, timed with the planner's per micro-batch costs ` +
       `(forward ${num(1e3 * t.costs_s.f, 2)} ms, backward ${num(1e3 * (t.costs_s.b + t.costs_s.w), 2)} ms per stage, ` +
       `transfer ${num(1e3 * t.costs_s.transfer, 3)} ms). Pipeline span ${num(makespan, 3)} s, bubble ${num(100 * t.bubble_fraction, 1)} %. ` +
