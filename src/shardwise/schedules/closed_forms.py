@@ -60,7 +60,7 @@ def lockstep_transfers(p: int, m: int) -> int:
     4m + 2p - 8 transfers (p >= 3, m >= 2) where 1F1B with its sends overlapped carries about 2(m + p - 1):
     two per micro-batch more. A single micro-batch crosses each boundary once each way; two stages exchange
     with one neighbour only. Derived by simulating the schedule's command stream with rendezvous transfers
-    (tests/test_deepspeed_pipeline.py), at any stage costs f, b."""
+    (schedules/lockstep.py; tests/test_deepspeed_pipeline.py checks the two agree), at any stage costs f, b, w."""
     if p <= 1:
         return 0
     if p == 2:
