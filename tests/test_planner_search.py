@@ -241,6 +241,23 @@ def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
         assert not json.loads(out)["sequence_parallel"]
 
 
+def test_when_nothing_fits_the_unnamed_knobs_are_the_closest_to_fitting(capsys):
+    # Meta's own 8K split of Llama 3 405B (tp8 . pp16, interleaved) without recompute: no ZeRO stage of the llama3
+    # profile fits it with the planner's activation count, so the estimate shows the least memory the stack needs
+    # (ZeRO-2's sharded gradients, sequence parallelism), not the first stage it tried.
+    llama = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192", "--global-batch", "2048",
+             "--seq-len", "8192", "--tp", "8", "--pp", "16", "--vpp", "7", "--micro-batch", "1", "--recompute", "none",
+             "--framework", "llama3", "--json"]
+    code, out, err = run_cli(capsys, "estimate", *llama)
+    assert code == 0, err
+    unnamed = json.loads(out)
+    assert not unnamed["fits"] and unnamed["zero"] == 2 and unnamed["sequence_parallel"]
+    for zero, sp in (("0", "--sequence-parallel"), ("2", "--no-sequence-parallel")):
+        code, out, err = run_cli(capsys, "estimate", *llama, "--zero", zero, sp)
+        assert code == 0, err
+        assert json.loads(out)["memory_gib_per_gpu"] > unnamed["memory_gib_per_gpu"]
+
+
 def test_help_names_the_default_framework_and_why(capsys):
     try:
         code = main(["plan", "--help"])

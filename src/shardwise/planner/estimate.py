@@ -155,11 +155,14 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
         policies = policies or [lay.recompute]
     # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
-    # (sharding the optimizer usually costs less than recomputing every layer), else the first it runs.
+    # (sharding the optimizer usually costs less than recomputing every layer), else the one closest to fitting.
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q) for q in sp for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
     fits = [t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes]
-    chosen = min(fits, key=lambda t: estimate(job, t).step_time) if len(runs) > 1 and fits else runs[0]
+    if len(runs) > 1 and fits:
+        chosen = min(fits, key=lambda t: estimate(job, t).step_time)
+    else:  # nothing fits: the one closest to fitting, so the memory shown is the least the stack needs
+        chosen = min(runs, key=lambda t: sum(memory_breakdown(job, t)[1].values()))
     if "zero" not in named and lay.dp * lay.cp > 1:
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
