@@ -650,5 +650,11 @@ def test_a_search_under_a_stack_without_tp_or_pp_names_what_is_missing():
     llama2 = make_job(load_model("llama2-7b"), H100, 64, 2048, "llama2")
     with pytest.raises(UsageError, match="llama2 has no pipeline parallelism — allow pp 1"):
         search(llama2, 16, SearchSpace(pp=(2,)))
-    ranked = search(job, 16).ranked
-    assert ranked and {e.layout.tp for e in ranked} == {1}
+    result = search(job, 16)
+    assert result.ranked and {e.layout.tp for e in result.ranked} == {1}
+    # explain says why tp and pp are 1, not that "no other degree fits" (the heads would allow tp 2-16).
+    from shardwise.planner.explain import explain
+
+    words = explain(job, 16, result)
+    assert "TP = 1: composer has no tensor parallelism; every GPU runs whole layers." in words
+    assert any(p.startswith("PP = 1") and p.endswith("composer has no pipeline parallelism.") for p in words)

@@ -65,35 +65,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
            f"{-(-states // m_gpu):.0f} GPUs' memory before activations.")
     )
 
-    allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.num_heads % t == 0 and model.num_kv_heads % t == 0
-               and gpus % t == 0]
-    link = "NVLink (inside one node)" if lay.tp <= cluster.gpus_per_node else "the inter-node network"
-    tp_share = win.time_s["tp_comm"] / win.step_time
-    by_tp = _best_by(result, lambda l: l.tp)
-    out.append(
-        f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads "
-        f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so tp <= "
-        f"{cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
-        f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "
-        f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of the step). "
-        f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}."
-    )
-
-    m = win.num_microbatches
-    bubble = win.time_s["pipeline_bubble"] / win.step_time
-    by_pp = _best_by(result, lambda l: l.pp)
-    if lay.pp > 1:
-        out.append(
-            f"PP = {lay.pp} ({lay.schedule}{f', {lay.vpp} virtual stages per rank' if lay.vpp > 1 else ''}): each rank holds "
-            f"about {model.num_layers / lay.pp:.1f} of the {model.num_layers} layers; with {m} micro-batches of "
-            f"{lay.micro_batch} sequence(s) the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
-            f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
-        )
-    else:
-        out.append(
-            f"PP = 1: no pipeline, so no bubble; {m} micro-batch(es) of {lay.micro_batch} sequence(s) accumulate "
-            f"gradients. Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}."
-        )
+    out += [tp_paragraph(job, gpus, result), pp_paragraph(job, result)]
 
     cp_text = cp_paragraph(job, result)
     if cp_text:
@@ -127,6 +99,46 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         out.append(record)
     out.append(runner_up(result))
     return out
+
+
+def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
+    """The winner's TP degree: what tp must divide, where its collectives run, the best step at other degrees."""
+    model, cluster, win = job.model, job.cluster, result.ranked[0]
+    lay, fw = win.layout, get_framework(job.framework)
+    if not fw.tensor_parallel:  # the heads rule and other degrees mean nothing to a stack without TP
+        return f"TP = 1: {fw.name} has no tensor parallelism; every GPU runs whole layers."
+    allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.num_heads % t == 0 and model.num_kv_heads % t == 0
+               and gpus % t == 0]
+    link = "NVLink (inside one node)" if lay.tp <= cluster.gpus_per_node else "the inter-node network"
+    tp_share = win.time_s["tp_comm"] / win.step_time
+    by_tp = _best_by(result, lambda l: l.tp)
+    return (
+        f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads "
+        f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so tp <= "
+        f"{cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
+        f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "
+        f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of the step). "
+        f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}."
+    )
+
+
+def pp_paragraph(job: Job, result: SearchResult) -> str:
+    """The winner's pipeline: its layers per rank and bubble, or why there is none; the best step at other degrees."""
+    model, win = job.model, result.ranked[0]
+    lay, m, fw = win.layout, win.num_microbatches, get_framework(job.framework)
+    by_pp = _best_by(result, lambda l: l.pp)
+    if lay.pp > 1:
+        bubble = win.time_s["pipeline_bubble"] / win.step_time
+        return (
+            f"PP = {lay.pp} ({lay.schedule}{f', {lay.vpp} virtual stages per rank' if lay.vpp > 1 else ''}): each rank holds "
+            f"about {model.num_layers / lay.pp:.1f} of the {model.num_layers} layers; with {m} micro-batches of "
+            f"{lay.micro_batch} sequence(s) the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
+            f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
+        )
+    others = (f"Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}." if fw.schedules
+              else f"{fw.name} has no pipeline parallelism.")
+    return (f"PP = 1: no pipeline, so no bubble; {m} micro-batch(es) of {lay.micro_batch} sequence(s) accumulate "
+            f"gradients. {others}")
 
 
 def cp_paragraph(job: Job, result: SearchResult) -> str:
