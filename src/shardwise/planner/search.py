@@ -143,16 +143,15 @@ def _tp_fits(model, tp: int) -> bool:
 
 def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
     """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch, the search space and a
-    framework without tensor parallelism (tp 1 only)."""
-    model, batch = job.model, job.train.global_batch
-    tensor_parallel = get_framework(job.framework).tensor_parallel
+    framework without tensor or pipeline parallelism (tp or pp 1 only)."""
+    model, batch, fw = job.model, job.train.global_batch, get_framework(job.framework)
     for tp in divisors(gpus):
-        if not _tp_fits(model, tp) or (tp > 1 and not tensor_parallel):
+        if not _tp_fits(model, tp) or (tp > 1 and not fw.tensor_parallel):
             continue
         if space.tp is not None and tp not in space.tp:
             continue
         for pp in divisors(gpus // tp):
-            if pp > model.num_layers or (space.pp is not None and pp not in space.pp):
+            if pp > model.num_layers or (space.pp is not None and pp not in space.pp) or (pp > 1 and not fw.schedules):
                 continue
             for cp in divisors(gpus // (tp * pp)):
                 dp = gpus // (tp * pp * cp)
