@@ -636,6 +636,10 @@ def test_composer_runs_fsdp_only():
                             (Layout(dp=4, cp=2, zero=zero), "context parallelism (drop --cp)")):
             assert why in composer.refusal(layout)
     assert composer.refusal(Layout(dp=8, zero=3)) is None
+    # llm-foundry's MPT checkpoints whole blocks (modeling_mpt.py activation_checkpointing_fn: isinstance(module,
+    # MPTBlock)): full recompute or none, not torchtitan's op-level selective checkpointing.
+    assert "no selective recompute" in composer.refusal(Layout(dp=8, zero=3, recompute="selective"))
+    assert composer.refusal(Layout(dp=8, zero=3, recompute="full")) is None
 
 
 def test_a_search_under_a_stack_without_tp_or_pp_names_what_is_missing():

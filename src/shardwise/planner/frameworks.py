@@ -348,8 +348,12 @@ COMPOSER = replace(
     # gradient (4) and every gradient multiplied by the clip coefficient (8) = 12. 92 in all.
     optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(),
     context_parallel=(), zero_stages=(0, 2, 3), default_zero=3, default_zero_with_pp=None,
+    # fsdp_config activation_checkpointing checkpoints every module the model's activation_checkpointing_fn names:
+    # MPT's is `isinstance(module, MPTBlock)` (llm-foundry 061f2c7c modeling_mpt.py), whole blocks, so full recompute;
+    # torchtitan's op-level selective checkpointing is not Composer's.
+    recompute=("none", "full"),
     cannot=("tensor, pipeline or context parallelism (Composer 0.16-0.17 runs FSDP, DDP or DeepSpeed only)",
-            "ZeRO-1"),
+            "ZeRO-1", "selective recompute (its activation checkpointing wraps whole blocks)"),
     fp8="",
 )
 COMPOSER_PURE = replace(
