@@ -21,8 +21,8 @@ Cases (per-GPU tokens/s from the source):
 Both A100 runs used Meta's 2022-23 stack (LLaMA Sec. 2.4: xformers' causal attention, checkpointing that keeps the
 expensive activations, model and sequence parallelism, all-reduced gradients), before FlashAttention-2 (July 2023): the
 `llama2` profile; the 405B runs Meta's 2024 stack, the `llama3` profile. Each case marks the profile of the stack that
-ran it. LLaMA names no pipeline; the profile allows one (no source says it had none), and the script also prints the
-best `llama2` plans without one, beside the plain comparison.
+ran it. LLaMA names model and sequence parallelism only, and Meta's stack before it (OPT) had no pipeline: the
+`llama2` profile runs none.
   * Llama 3 405B on 8,192 and 16,384 H100, 2,048 x 8,192: 43 % and 41 % BF16 MFU (Llama Team 2024, Table 4).
 """
 
