@@ -3,7 +3,7 @@
 Per pipeline rank and micro-batch: its layers (planner/layer_time.py), the embedding and the head with
 its loss, recompute and the TP edges. The pipeline's makespan comes from
 `shardwise.schedules.closed_forms.pipeline_makespan`, the closed form the schedule simulator is tested
-against; data-parallel traffic is scheduled against the compute beside it (planner/overlap.py); the
+against (DeepSpeed's lockstep schedule: plus `closed_forms.lockstep_transfers`); data-parallel traffic is scheduled against the compute beside it (planner/overlap.py); the
 optimizer step runs at HBM bandwidth. On a calibrated cluster (`shardwise calibrate`) the measured rates
 and per-call costs replace the datasheet models (docs/accuracy.md).
 
