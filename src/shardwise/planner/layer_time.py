@@ -120,12 +120,13 @@ def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
     the micro-batch and, for a MoE layer, the expert split."""
     key = Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
                  cp=layout.cp, cp_mode=layout.cp_mode, ep=layout.ep if moe_layer else 1, etp=layout.etp if moe_layer else 1)
-    return _layer_cost(job, key, moe_layer, *_cache_key(job))
+    return _layer_cost(job, key, moe_layer, *cache_key(job))
 
 
-def _cache_key(job: Job) -> tuple:
-    """What the cached costs depend on beyond the (hashable) job: ClusterSpec's `measured` tables are left out
-    of its hash and equality, and the in-situ efficiency is a module constant."""
+def cache_key(job: Job) -> tuple:
+    """What the cached costs (a layer's here, a stage's in step_time) depend on beyond the (hashable) job:
+    ClusterSpec's `measured` tables are left out of its hash and equality, and the in-situ efficiency is a module
+    constant."""
     return ((kernels.in_situ(job.cluster), kernels.in_situ(job.cluster, "fp8"), moe.MOE_LAYER_OVERHEAD_S,
              moe.MOE_LAYER_HOST_S),
             repr(job.cluster.measured))

@@ -22,7 +22,7 @@ from functools import lru_cache
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.layer_time import (_cache_key, achievable_flops, calibrated, fp8_weight_cast, layer_cost,
+from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, fp8_weight_cast, layer_cost,
                                           matmul_params_per_layer)
 from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params
 from shardwise.planner.overlap import Window, dp_exposed, interference
@@ -98,7 +98,7 @@ class StageCost:
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     """Per micro-batch costs of pipeline rank `rank` (cached: the search asks for the same ones often)."""
-    return _stage_cost(job, layout, rank, *_cache_key(job))
+    return _stage_cost(job, layout, rank, *cache_key(job))
 
 
 @lru_cache(maxsize=4096)
