@@ -241,6 +241,26 @@ def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
         assert not json.loads(out)["sequence_parallel"]
 
 
+def test_unnamed_virtual_stages_under_interleaving_are_chosen(capsys):
+    # Llama 3 405B on 16,384 H100 (tp8 . pp16 . dp128: 16 micro-batches per replica), "interleaved" named, its depth
+    # not reported (Llama 3 paper, Sec. 3.3.2). One chunk per rank would be plain 1F1B, idle (p-1)/(m+p-1) = 15/31 of
+    # the step; any v >= 2 cuts that to 15/(16 v) (Narayanan et al. 2021, Sec. 2.2.2), so a deeper one is chosen, said
+    # in assumptions.implied, and is exactly the layout its --vpp names.
+    llama = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "2048",
+             "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--schedule", "interleaved-1f1b",
+             "--framework", "llama3", "--json"]
+    code, out, err = run_cli(capsys, "estimate", *llama)
+    assert code == 0, err
+    unnamed = json.loads(out)
+    assert unnamed["vpp"] >= 2 and any("virtual stages" in why for why in unnamed["assumptions"]["implied"])
+    named = {}
+    for v in ("1", str(unnamed["vpp"])):
+        code, out, err = run_cli(capsys, "estimate", *llama, "--vpp", v)
+        assert code == 0, err
+        named[v] = json.loads(out)
+    assert named[str(unnamed["vpp"])]["step_time_s"] == unnamed["step_time_s"] < named["1"]["step_time_s"]
+
+
 def test_when_nothing_fits_the_unnamed_knobs_are_the_closest_to_fitting(capsys):
     # Meta's own 8K split of Llama 3 405B (tp8 . pp16, interleaved) without recompute: no ZeRO stage of the llama3
     # profile fits it with the planner's activation count, so the estimate shows the least memory the stack needs

@@ -22,6 +22,9 @@ def register(subparsers, name, help):
                                                  "a pipeline — or the next stage that fits)")
         elif action.dest == "recompute":
             action.default, action.help = None, "activation recompute (default: none, or the cheapest policy that fits)"
+        elif action.dest == "vpp":
+            action.default, action.help = None, ("virtual pipeline stages (model chunks) per rank, interleaved-1f1b only "
+                                                 "(default 1; with --schedule interleaved-1f1b, the fastest that fits)")
     p.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -35,7 +38,8 @@ def run(args) -> int:
     from shardwise.specs import check_sequence_split, validate_layout
 
     job = job_from_args(args)
-    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel") if getattr(args, k) is not None}
+    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp") if getattr(args, k) is not None}
+    args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero
     args.recompute = "none" if args.recompute is None else args.recompute

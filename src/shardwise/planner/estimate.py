@@ -145,6 +145,11 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel and fw.unnamed_sequence_parallel
             and fw.sequence_parallel == "optional" and sequence_splits(lay.with_(sequence_parallel=True), job)):
         sp = [False, True]
+    vpps = [lay.vpp]
+    if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.pp > 1 and lay.vpp == 1:
+        # Interleaving with one chunk per rank is plain 1F1B: an unnamed depth is the fastest that fits, from two
+        # chunks up to one layer per chunk (Megatron's --num-layers-per-virtual-pipeline-stage 1).
+        vpps = list(range(2, job.model.num_layers // lay.pp + 1)) or vpps
     stages = [lay.zero]
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
@@ -156,7 +161,8 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         policies = policies or [lay.recompute]
     # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
     # (sharding the optimizer usually costs less than recomputing every layer), else the one closest to fitting.
-    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q) for q in sp for z in stages for r in policies]
+    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, vpp=v)
+             for v in vpps for q in sp for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
     fits = [t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes]
     if len(runs) > 1 and fits:
@@ -167,6 +173,8 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
+    if chosen.vpp != lay.vpp:
+        implied.append(f"{chosen.vpp} virtual stages per rank (the fastest that fits; --vpp not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
     if chosen.recompute != lay.recompute:
