@@ -33,6 +33,7 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.planner import estimate, kernels
 from shardwise.planner import moe as moe_terms
+from shardwise.planner.estimate import complete_layout
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
@@ -47,10 +48,11 @@ VOCAB_BY_NAME = {"Llama3.1": 128256, "Llama 3.1": 128256, "Llama 3 ": 128256, "L
                  "Nemotron4": 256000, "Nemotron-4": 256000, "GLM-130B": 150528, "Llama 2": 32000, "LLAMA2": 32000}
 DEFAULT_VOCAB = 51200
 # The `framework` column names the stack; `fsdp` (PyTorch/FairScale FSDP outside torchtitan: MosaicML
-# Composer, metaseq) runs FSDP semantics: the torchtitan profile; `other` (Meta's in-house Llama 3 stack:
-# weights kept after forward, gradients accumulated and reduce-scattered once in FP32, TP + SP, interleaved
-# pipeline) is closest to megatron-core's distributed optimizer.
+# Composer, metaseq) runs FSDP semantics: the torchtitan profile; `other` is closest to megatron-core's
+# distributed optimizer, except Meta's in-house Llama 3 stack, which has its own profile (`llama3`: the stack
+# "The Llama 3 Herd of Models" Sec. 3.3 describes).
 PROFILE_OF = {"fsdp": "torchtitan", "other": "megatron-core"}
+OTHER_BY_SOURCE = (("The Llama 3 Herd of Models", "llama3"),)
 # Rows without a framework column (the older copy of the file): by source.
 PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2021"), ("dgxc-benchmarking", "nemo"),
                      ("mosaicml", "torchtitan"), ("Zhang et al. 2022", "deepspeed"))
@@ -166,6 +168,8 @@ def _profile(row: dict) -> str:
         return "automodel"  # its own MoE model path (TE kernels, DeepEP, bf16 states), not the HF path of its dense runs
     if fw == "fsdp" and "mosaicml" in row["source"]:  # Composer's FSDP, with the run's FSDP mixed precision
         return "composer-pure" if "/ PURE" in row["notes"] else "composer"
+    if fw == "other":
+        return next((p for key, p in OTHER_BY_SOURCE if key in row["source"]), PROFILE_OF[fw])
     if fw:
         return PROFILE_OF.get(fw, fw)
     text = row["run"] + " " + row["source"]
@@ -253,9 +257,23 @@ def not_modelled(row: dict) -> str:
         return "torch.compile's fusions are not modelled"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
         return "power-capped H100 (500 W): no datasheet rates at that cap"
-    if "NR (inte" in row.get("vpp_interleave", ""):
-        return "interleaved pipeline with its virtual stages not reported (the bubble depends on them)"
     return ""
+
+
+def _depth_unreported(row: dict) -> bool:
+    """An interleaved pipeline whose virtual stages per rank the source does not report."""
+    return "NR (inte" in row.get("vpp_interleave", "")
+
+
+def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
+    """`shardwise estimate`'s own choice for what the row leaves unreported (planner/estimate.py complete_layout):
+    the interleaving depth, the ZeRO stage, the recompute policy and sequence parallelism, jointly the fastest that
+    fits. Used for rows whose interleaving depth is not reported, where the depth and the memory it leaves decide
+    the other knobs together."""
+    named = {"cp_mode"} | ({"sequence_parallel"} if sp else set())
+    named |= {k for k, cell in (("zero", row["zero_stage"]), ("recompute", row["recompute"]))
+              if not cell.strip().startswith("NR")}
+    return complete_layout(job, layout, named)[0]
 
 
 def parse(row: dict) -> Run:
@@ -292,8 +310,10 @@ def parse(row: dict) -> Run:
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
-                    sequence_parallel=sp and tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-                    ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1)
+                    sequence_parallel=sp and tp > 1,
+                    schedule="interleaved-1f1b" if vpp > 1 or _depth_unreported(row) else "1f1b",
+                    ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1,
+                    cp_mode="allgather" if cp > 1 and "CP uses all-gather" in row["notes"] else "ring")
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()
     overlap = True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
@@ -330,10 +350,12 @@ def parse(row: dict) -> Run:
     if refusal:
         run.skip = f"{profile} profile: {refusal}"
         return run
+    if _depth_unreported(row):
+        layout = _complete_unreported(row, job, layout, layout.sequence_parallel)
     # Not reported: the lowest ZeRO stage, then the cheapest recompute, the stack fits the layout with.
-    if row["zero_stage"].strip().startswith("NR") and dp > 1:
+    elif row["zero_stage"].strip().startswith("NR") and dp > 1:
         layout = next((layout.with_(zero=z) for z in fw.zero_stages if estimate(job, layout.with_(zero=z)).fits), layout)
-    if recompute_cell.strip().startswith("NR"):
+    if recompute_cell.strip().startswith("NR") and not _depth_unreported(row):
         layout = next((layout.with_(recompute=r) for r in fw.recompute if estimate(job, layout.with_(recompute=r)).fits),
                       layout)
     run.framework, run.job, run.layout = profile, job, layout
