@@ -293,7 +293,8 @@ def parse(row: dict) -> Run:
     cp = _int(row["cp"]) or 1
     dp = gpus // (tp * pp * cp)
     mb = _int(row["micro_batch"]) or 1  # NR: one sequence per micro-batch
-    vpp = _int(row["vpp_interleave"].split(" / ")[-1]) or 1  # README vs yaml disagree: the yaml is what ran
+    # README vs yaml disagree: the yaml is what ran; an unreported depth is chosen below (_complete_unreported)
+    vpp = 1 if _depth_unreported(row) else _int(row["vpp_interleave"].split(" / ")[-1]) or 1
     recompute_cell = row["recompute"]
     sp = ("SP" in recompute_cell or "SP on" in row["notes"] or "sequence parallel" in row["run"].lower()
           or "dgxc-benchmarking" in row["source"])
