@@ -349,6 +349,11 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         )
 
 
+def splits_over_tp(seq_len: int, tp: int, cp: int = 1) -> bool:
+    """Whether sequence parallelism can split each cp rank's tokens evenly over tp."""
+    return (seq_len // cp) % tp == 0
+
+
 def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None:
     """Can each sequence be split over cp (and, with sequence parallelism, each shard over tp)?
 

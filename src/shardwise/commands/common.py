@@ -28,23 +28,33 @@ def add_job_args(p: argparse.ArgumentParser, global_batch: int | None = None, se
     p.add_argument("--seq-len", type=int, required=seq_len is None, default=seq_len, help="tokens per sequence")
 
 
-def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = False, sp_unnamed: bool = False) -> None:
-    """The knobs of one layout, with the contract's flag names. `sp_unnamed`: --sequence-parallel / --no-sequence-parallel,
-    None when neither is given (the planner then chooses, planner.estimate.complete_layout)."""
+def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = False, unnamed: bool = False) -> None:
+    """The knobs of one layout, with the contract's flag names. `unnamed`: --vpp, --zero, --recompute and
+    --sequence-parallel / --no-sequence-parallel default to None when not given, for the planner to fill in as the
+    framework runs them (planner.estimate.complete_layout)."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
     p.add_argument("--micro-batch", type=int, required=micro_batch_required, default=None if micro_batch_required else 1,
                    help="sequences per micro-batch")
-    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
-    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
-    p.add_argument("--recompute", default="none", choices=list(RECOMPUTE), help="activation recompute")
-    if sp_unnamed:
+    if not unnamed:
+        p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
+        p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
+        p.add_argument("--recompute", default="none", choices=list(RECOMPUTE), help="activation recompute")
+        p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    else:
+        p.add_argument("--vpp", type=int, default=None,
+                       help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only (default 1; with "
+                            "--schedule interleaved-1f1b, the fastest that fits)")
+        p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3],
+                       help="ZeRO stage (default: the framework's own — megatron-core and nemo the distributed "
+                            "optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with a pipeline — or the next stage "
+                            "that fits)")
+        p.add_argument("--recompute", default=None, choices=list(RECOMPUTE),
+                       help="activation recompute (default: none, or the cheapest policy that fits)")
         p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: plain TP. Default: what "
                             "the stack runs (always with TP on nemo and torchtitan, never on deepspeed), else the faster "
                             "of the two that fits (megatron-2021 and shardwise: off unless named)")
-    else:
-        p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "

@@ -12,19 +12,8 @@ def register(subparsers, name, help):
     add_model_arg(p)
     add_cluster_args(p)
     add_job_args(p)
-    add_layout_args(p, micro_batch_required=True, sp_unnamed=True)
+    add_layout_args(p, micro_batch_required=True, unnamed=True)
     add_software_args(p)
-    # Unnamed, the ZeRO stage and the recompute policy are the framework's own (planner.estimate.complete_layout).
-    for action in p._actions:
-        if action.dest == "zero":
-            action.default, action.help = None, ("ZeRO stage (default: the framework's own — megatron-core and nemo "
-                                                 "the distributed optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with "
-                                                 "a pipeline — or the next stage that fits)")
-        elif action.dest == "recompute":
-            action.default, action.help = None, "activation recompute (default: none, or the cheapest policy that fits)"
-        elif action.dest == "vpp":
-            action.default, action.help = None, ("virtual pipeline stages (model chunks) per rank, interleaved-1f1b only "
-                                                 "(default 1; with --schedule interleaved-1f1b, the fastest that fits)")
     p.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

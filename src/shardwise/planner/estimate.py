@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import calibrated as calibrated_cluster
 from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
-from shardwise.specs import RECOMPUTE, Layout, check_sequence_split
+from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
 from shardwise.units import GIB
 
 
@@ -143,7 +142,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         implied.append(f"{lay.cp_mode} context parallelism ({fw.name} runs only that; --cp-mode not given)")
     sp = [lay.sequence_parallel]
     if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel and fw.unnamed_sequence_parallel
-            and fw.sequence_parallel == "optional" and sequence_splits(lay.with_(sequence_parallel=True), job)):
+            and fw.sequence_parallel == "optional" and splits_over_tp(job.train.seq_len, lay.tp, lay.cp)):
         sp = [False, True]
     vpps = [lay.vpp]
     if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.pp > 1 and lay.vpp == 1:
@@ -164,11 +163,12 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, vpp=v)
              for v in vpps for q in sp for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
-    fits = [t for t in runs if sum(memory_breakdown(job, t)[1].values()) <= job.cluster.gpu_memory_bytes]
+    memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
+    fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
     if len(runs) > 1 and fits:
         chosen = min(fits, key=lambda t: estimate(job, t).step_time)
     else:  # nothing fits: the one closest to fitting, so the memory shown is the least the stack needs
-        chosen = min(runs, key=lambda t: sum(memory_breakdown(job, t)[1].values()))
+        chosen = min(runs, key=memory.get)
     if "zero" not in named and lay.dp * lay.cp > 1:
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
@@ -182,15 +182,6 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         implied.append(f"{chosen.recompute} recompute ({why}; --recompute not given)")
     lay = chosen
     return lay, implied
-
-
-def sequence_splits(layout: Layout, job: Job) -> bool:
-    """Whether the sequence splits evenly over tp (and cp) as sequence parallelism needs."""
-    try:
-        check_sequence_split(layout, job.model, job.train.seq_len)
-    except UsageError:
-        return False
-    return True
 
 
 def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Estimate:

@@ -35,7 +35,7 @@ from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, Job, memory_breakdown, total_bytes
-from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors
+from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 
 SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b")  # one chunk per rank
 RECOMPUTE_ORDER = RECOMPUTE
@@ -174,7 +174,7 @@ def _sp_options(job: Job, fw, tp: int, cp: int) -> tuple[bool, ...]:
     if tp == 1:
         return (False,)
     sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
-    return tuple(sp for sp in sps if not (sp and (job.train.seq_len // cp) % tp))  # none where SP is a must but cannot split
+    return tuple(sp for sp in sps if not sp or splits_over_tp(job.train.seq_len, tp, cp))  # none where SP is a must but cannot split
 
 
 def _sp_required(job: Job, fw) -> str:
