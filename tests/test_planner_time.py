@@ -14,7 +14,7 @@ from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.overlap import hidden
 from shardwise.planner.layer_time import layer_cost, matmul_params_per_layer
-from shardwise.planner.step_time import model_flops_per_step, step_time
+from shardwise.planner.step_time import model_flops_per_step, step_time, tied_embedding_time
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model, validate_layout
 
 A100 = load_cluster("dgx-a100-80gb")
@@ -662,3 +662,23 @@ def test_a_search_under_a_stack_without_tp_or_pp_names_what_is_missing():
     words = explain(job, 16, result)
     assert "TP = 1: composer has no tensor parallelism; every GPU runs whole layers." in words
     assert any(p.startswith("PP = 1") and p.endswith("composer has no pipeline parallelism.") for p in words)
+
+
+def test_tied_embedding_gradients_are_summed_between_the_edge_stages():
+    # GPT-3 175B ties its LM head to the embedding: at pp 8 the first and the last stage each hold this GPU's
+    # ceil(50257 / 8) = 6283 vocabulary rows of 12288 (77.2 M elements) and all-reduce their gradient once a step
+    # (Megatron's embedding group). The two ranks are 7 x 2 x 8 = 112 ranks apart, on different DGX A100 nodes: a
+    # 2-rank ring over one 200 Gb/s HDR NIC each, NCCL's 92 % of line rate = 23 GB/s of bus bandwidth, and for n = 2
+    # nccl-tests' busBw of an all-reduce equals its algBw: time = bytes / 23 GB/s. Megatron-Core sums its FP32
+    # main_grad (4 B a element: 13.4 ms); NeMo's distributed Adam keeps BF16 gradients (2 B: half of it).
+    gpt3 = load_model("gpt3-175b")
+    lay = Layout(dp=2, tp=8, pp=8)
+    core = make_job(gpt3, A100, 16, 2048, "megatron-core")
+    assert tied_embedding_time(core, lay) == pytest.approx(6283 * 12288 * 4 / 23e9, rel=0.02)
+    nemo = make_job(gpt3, A100, 16, 2048, "nemo")
+    assert tied_embedding_time(nemo, lay) == pytest.approx(tied_embedding_time(core, lay) / 2, rel=0.02)
+    assert tied_embedding_time(core, lay.with_(pp=1, dp=16)) == 0  # one stage holds both
+    untied = make_job(load_model("llama2-7b"), A100, 16, 2048, "megatron-core")
+    assert tied_embedding_time(untied, Layout(dp=2, tp=8, pp=2)) == 0
+    # once a step, in the per-step collectives
+    assert step_time(core, lay)["step_comm"] >= tied_embedding_time(core, lay)

@@ -291,7 +291,8 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     dp when FSDP shards the gradients), the logged loss over pp and dp, and under sequence
     parallelism the norms' partial gradients over tp (Megatron does the same). A framework with
     `one_scalar_allreduce` (shardwise) sends norm and loss in one all-reduce over every rank, waited for
-    only when the norm needs it; otherwise the loss's reduction runs behind the next step."""
+    only when the norm needs it; otherwise the loss's reduction runs behind the next step. Plus a tied embedding's
+    gradient all-reduce between the edge stages (tied_embedding_time)."""
     tp, pp, d = layout.tp, layout.pp, layout.dp * layout.cp
     groups = [(tp, 1), (pp, tp * layout.dp), (pp, tp * layout.dp), (d, tp)]
     if layout.zero >= 2:
@@ -302,7 +303,24 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     if layout.sequence_parallel:
         groups.append((tp, 1))
     c = job.cluster
-    return sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
+    scalars = sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
+    return scalars + tied_embedding_time(job, layout)
+
+
+def tied_embedding_time(job: Job, layout: Layout) -> float:
+    """Seconds of the all-reduce that sums a tied embedding's gradient between the first and the last pipeline
+    stage, which each hold a copy (this GPU's vocabulary rows, in the dtype the stack reduces gradients in), once
+    a step after the last backward and before the optimizer, waited for: Megatron's embedding group
+    (finalize_model_grads, _allreduce_word_embedding_grads, after the data-parallel sync has finished), DeepSpeed's
+    ReduceTiedGrads instruction (PipelineEngine._exec_reduce_tied_grads, before ReduceGrads), this project's
+    TiedEmbeddings.sync. The two ranks are (pp - 1) x dp x cp x tp ranks apart."""
+    model, p = job.model, layout.pp
+    if not model.tie_embeddings or p < 2:
+        return 0.0
+    rows = -(-model.vocab_size // layout.tp) * model.hidden
+    nbytes = rows * get_framework(job.framework).grad_reduce_bytes
+    stride = (p - 1) * layout.dp * layout.cp * layout.tp
+    return collective_time(job.cluster, "all_reduce", nbytes, 2, stride) + sync_time(job.cluster)
 
 
 def concurrent_slowdown(job: Job) -> float:
