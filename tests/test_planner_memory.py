@@ -217,3 +217,17 @@ def test_fp8_linears_keep_their_inputs_in_one_byte():
     nemotron = ModelSpec(name="n", family="llama", hidden=64, ffn_hidden=256, num_layers=8, num_heads=4, num_kv_heads=4,
                          vocab_size=1000, head_dim=16, mlp="squared-relu")
     assert layer_activation_terms(nemotron, 8, 1, 1, False, fp8=True)[0] == 8 * 1728
+
+
+def test_fsdp_under_a_pipeline_holds_the_gradients_of_the_chunks_its_schedule_reached():
+    # torchtitan's FSDP2 under torch.distributed.pipelining accumulates unsharded FP32 gradients, created at each
+    # unit's first backward. tiny (4 layers) on pp 2, v 2: one layer per chunk; rank 1's warm-up is (v - 1) * p = 2
+    # forwards. With m = 2 micro-batches (4 chunk-micro-batches > 2) the steady state runs 2 backwards, both of the
+    # last chunk: 1 of 2 chunks' gradients at the peak, 4 B x half the rank's parameters. With m = 4 (8 - 2 = 6
+    # backwards, 2 chunks reached) all of them.
+    from shardwise.planner.memory import make_job
+    job = make_job(load_model("tiny"), load_cluster("dgx-a100-80gb"), 8, 64, "torchtitan")
+    lay = Layout(dp=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2, zero=2)
+    params = rank_params(job, lay, 1)
+    assert rank_memory(job, lay, 1)["gradients"] == pytest.approx(4 * params / 2)
+    assert rank_memory(job, lay.with_(micro_batch=1), 1)["gradients"] == pytest.approx(4 * params)

@@ -170,3 +170,36 @@ def test_inflight_curve_returns_to_zero():
     for curve in sim.inflight:
         assert curve[-1][1] == 0 and min(u for _, u in curve) >= 0
         assert [t for t, _ in curve] == sorted(t for t, _ in curve)
+
+
+def _chunks_with_gradients_at_peak(schedule, rank: int) -> int:
+    """Walk rank `rank`'s actions in order: a forward adds a chunk-micro-batch of activations, a backward frees one
+    when it ends and creates its chunk's gradients when it starts. The chunks with gradients at the last backward
+    that starts while the held activations are at their maximum."""
+    held, peak, seen, at_peak = 0, 0, set(), 0
+    for action in schedule.ranks[rank]:
+        if action.kind == "F":
+            held += 1
+            peak = max(peak, held)
+            continue
+        seen.add(action.chunk)
+        if held == peak:
+            at_peak = len(seen)
+        held -= 1
+    return at_peak
+
+
+@pytest.mark.parametrize("name,p,m,v", list(grid()))
+def test_gradient_chunks_at_the_activation_peak_follow_the_schedule(name, p, m, v):
+    s = build(name, p, m, v)
+    assert [cf.chunks_with_gradients_at_peak(name, p, m, v, r) for r in range(p)] == [
+        _chunks_with_gradients_at_peak(s, r) for r in range(p)]
+
+
+def test_llama3_405b_splits_hold_their_gradients_as_the_schedule_says():
+    # p 16, v 7, rank 1: warm-up 2·14 + 6·16 = 124 chunk-micro-batches. 16 micro-batches (16,384 GPUs): 16·7 = 112
+    # <= 124, every forward before any backward, one chunk's gradients at the peak; 32 (8,192 GPUs): 224 − 124 = 100
+    # steady-state backwards reach ceil(100/16) = 7 chunks, all of them.
+    assert cf.chunks_with_gradients_at_peak("interleaved-1f1b", 16, 16, 7, 1) == 1
+    assert cf.chunks_with_gradients_at_peak("interleaved-1f1b", 16, 32, 7, 1) == 7
+    assert _chunks_with_gradients_at_peak(build("interleaved-1f1b", 16, 16, 7), 1) == 1

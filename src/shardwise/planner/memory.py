@@ -18,7 +18,7 @@ from shardwise.planner import moe
 from shardwise.errors import UsageError
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.schedules.closed_forms import peak_inflight_microbatches
+from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
 
@@ -414,7 +414,7 @@ def rank_params(job: Job, layout: Layout, rank: int) -> float:
 
 
 def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None,
-                      gathered_layers: int = ZERO3_GATHERED_LAYERS) -> dict[str, float]:
+                      gathered_layers: int = ZERO3_GATHERED_LAYERS, grads_held: float = 1.0) -> dict[str, float]:
     """Weights, gradients and optimizer states of `params` parameters (`layers` of them whole layers)
     under the layout's ZeRO stage.
 
@@ -443,11 +443,11 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             gathered = min(root + gathered_layers * layer, params)
         weights = t.weight_bytes * (params / d + gathered)
     fw = get_framework(job.framework)
-    # FSDP under torch.distributed.pipelining holds every gradient unsharded, in the reduce dtype, until its one
-    # reduce-scatter after the schedule. (The `llama3` profile's once-per-step reduction keeps its shards: the paper
-    # says its gradients are sharded; docs/planner.md, "An open question about this profile".)
+    # FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce
+    # dtype, until its one reduce-scatter after the schedule; it creates a unit's at its first backward, so at the
+    # activations' peak only the `grads_held` share of them exists (rank_memory).
     if zero >= 2 and fw.fsdp_once_per_step(layout):
-        grads = fw.grad_reduce_bytes * params
+        grads = fw.grad_reduce_bytes * params * grads_held
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
@@ -462,7 +462,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
     experts = rank_expert_params(job, layout, rank)
     gathered = min(ZERO3_GATHERED_LAYERS, max(chunks))
-    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers, gathered)
+    held = chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp
+    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers, gathered, held)
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
         whole = layers if layout.zero < 3 or layout.dp * layout.cp == 1 else min(gathered, layers)
         out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)

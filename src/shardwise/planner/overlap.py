@@ -146,7 +146,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
     reducing = 0 if deferred else (m if every else 1)
     after = layers * r + chunks * r_root if deferred else 0.0
-    forwards = 1 if deferred else m  # micro-batches whose forward gathers
+    forwards = 1 if fw.gathers_once_per_step(layout) else m  # micro-batches whose forward gathers
     if not overlap or not fw.prefetch:
         gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
         return gathers + reducing * (layers * r + chunks * r_root) + after

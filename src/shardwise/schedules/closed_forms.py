@@ -97,3 +97,17 @@ def peak_inflight_microbatches(schedule: str, p: int, m: int, v: int, stage: int
         chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def chunks_with_gradients_at_peak(schedule: str, p: int, m: int, v: int, stage: int = 0) -> int:
+    """Model chunks of pipeline rank `stage` whose gradients exist while its activations are at their peak, for a
+    stack that creates a chunk's gradients at its first backward (autograd's `.grad`, FSDP2's unsharded FP32
+    accumulation) instead of preallocating them. Interleaved 1F1B holds its peak through the steady state, whose
+    backwards run the chunks from the last down, p micro-batches each (Megatron's and torch's order): the chunks
+    those backwards reach, and at least the one whose backward starts at the peak (all forwards before any
+    backward when m * v <= warm-up). Every other schedule has one chunk per rank: v."""
+    if schedule != "interleaved-1f1b":
+        return v
+    total = m * v
+    steady = total - min((p - stage - 1) * 2 + (v - 1) * p, total)
+    return min(v, max(1, -(-steady // p)))
