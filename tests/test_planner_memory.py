@@ -108,6 +108,17 @@ def test_workspace_allowance_is_stated():
     assert mem["workspace"] == pytest.approx(WORKSPACE_BYTES + FRAGMENTATION * rest)
 
 
+def test_expandable_segments_leave_only_the_workspace():
+    # torchtitan's launcher runs PyTorch's allocator with expandable segments (run_train.sh): free memory goes back by
+    # the 2 MiB page, so nothing beyond the 1 GiB workspace; Megatron-LM's default caching allocator keeps the 5 %.
+    from shardwise.planner.memory import make_job
+    model, cluster, lay = load_model("tiny"), load_cluster("dgx-a100-80gb"), Layout(dp=2, zero=2)
+    titan = rank_memory(make_job(model, cluster, 8, 64, "torchtitan"), lay, 0)
+    assert titan["workspace"] == WORKSPACE_BYTES
+    mega = rank_memory(make_job(model, cluster, 8, 64, "megatron-core"), lay, 0)
+    assert mega["workspace"] == pytest.approx(WORKSPACE_BYTES + 0.05 * sum(v for k, v in mega.items() if k != "workspace"))
+
+
 # ------------------------------------------------------------------ properties (hypothesis)
 
 MODELS = ["tiny", "tiny-gpt2", "llama2-7b", "llama3-8b", "gpt3-175b"]

@@ -141,6 +141,10 @@ class Framework:
     # needs it (tp, pp, FSDP shards, split experts); else the loss's reduction runs behind the next step.
     # False: Megatron's norm all-reduces over tp and pp and the loss's over dp, each waited for.
     one_scalar_allreduce: bool = False
+    # The launcher runs PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=
+    # expandable_segments:True): one segment per stream grown and shrunk by 2 MiB pages, so the memory its free
+    # blocks hold can be given back and mapped again where it is needed (planner/memory.py allocator_slack).
+    expandable_segments: bool = False
     cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
 
     def refusal(self, layout: Layout) -> str | None:
@@ -243,6 +247,8 @@ NEMO = Framework(
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
     loss="fused",
+    # scripts/performance/executors.py: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200
+    expandable_segments=True,
 )
 
 DEEPSPEED = Framework(
@@ -316,6 +322,7 @@ TORCHTITAN = Framework(
     fp8="torchao",
     loss="eager",
     cp_attention="torch",
+    expandable_segments=True,  # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" (a5e57e4a9, 2024-10-22)
 )
 
 AUTOMODEL = replace(
@@ -333,6 +340,7 @@ AUTOMODEL = replace(
              "components/moe/layers.py GroupedExpertsDeepEP (grouped_gemm ops.gmm); fanshiqing/grouped_gemm "
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
+    expandable_segments=False,  # no source found: the default allocator
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)",),
 )
 
@@ -359,6 +367,7 @@ COMPOSER = replace(
     # gradient (4) and every gradient multiplied by the clip coefficient (8) = 12. 92 in all.
     optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(),
     context_parallel=(), zero_stages=(0, 2, 3), default_zero=3, default_zero_with_pp=None,
+    expandable_segments=False,  # Composer 0.16-0.17 (2023); llm-foundry's expandable_segments option came in 2024-05
     # fsdp_config activation_checkpointing checkpoints every module the model's activation_checkpointing_fn names:
     # MPT's is `isinstance(module, MPTBlock)` (llm-foundry 061f2c7c modeling_mpt.py), whole blocks, so full recompute;
     # torchtitan's op-level selective checkpointing is not Composer's.

@@ -24,7 +24,10 @@ from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
 
 # CUDA context, cuBLAS/NCCL workspaces and communication buckets: a fixed allowance per GPU.
 WORKSPACE_BYTES = 1.0 * 2**30
-# The caching allocator cannot reuse every freed block: allow 5 % of everything else for fragmentation.
+# PyTorch's default caching allocator cannot reuse every freed block: allow 5 % of everything else for fragmentation
+# (no steady-state measurement found; docs/planner.md "Logits, workspace" gives the bracket). With expandable
+# segments the allocator frees and maps memory by the 2 MiB page, and what it cannot reuse is at most a page per
+# free block: inside the workspace allowance (allocator_slack).
 FRAGMENTATION = 0.05
 # Per logit element on the last stage: bf16 logits (2) + fp32 copy for the softmax/cross-entropy (4).
 LOGITS_BYTES = 6
@@ -480,8 +483,14 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
         logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
     out["logits"] = logits
-    out["workspace"] = WORKSPACE_BYTES + FRAGMENTATION * sum(out.values())
+    out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
+
+
+def allocator_slack(job: Job) -> float:
+    """The share of the tensors' bytes the allocator holds beyond them: FRAGMENTATION under PyTorch's default
+    caching allocator, 0 where the stack runs it with expandable segments (Framework.expandable_segments)."""
+    return 0.0 if get_framework(job.framework).expandable_segments else FRAGMENTATION
 
 
 def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:

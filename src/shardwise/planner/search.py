@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, Job, memory_breakdown, total_bytes
+from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 
 SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b")  # one chunk per rank
@@ -430,7 +430,7 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     # Model states shard over every GPU at best (ZeRO-3 x TP x PP); what else the leanest layout
     # needs per GPU (activations, logits, workspace) does not shrink with more GPUs.
     other = lean.memory_bytes["activations"] + lean.memory_bytes["logits"]
-    room = (job.cluster.gpu_memory_bytes - WORKSPACE_BYTES) / (1 + FRAGMENTATION) - other
+    room = (job.cluster.gpu_memory_bytes - WORKSPACE_BYTES) / (1 + allocator_slack(job)) - other
     hint = ""
     if room > 0:
         want = fitting_gpu_count(job, gpus, room)
