@@ -123,7 +123,8 @@ def _model(row: dict) -> ModelSpec:
         (v for k, v in VOCAB_BY_NAME.items() if k in name), DEFAULT_VOCAB)
     return ModelSpec(name=name, family=family, hidden=hidden, ffn_hidden=_int(row["ffn_hidden"]),
                      num_layers=_int(row["layers"]), num_heads=heads, num_kv_heads=kv, vocab_size=vocab,
-                     head_dim=hidden // heads, max_positions=_int(row["seq_len"]), tie_embeddings=family == "gpt2",
+                     head_dim=hidden // heads, max_positions=_int(row["seq_len"]),
+                     tie_embeddings=family == "gpt2" and "Untied embeddings" not in row["notes"],
                      mlp=mlp if family == "llama" and mlp not in ("", "swiglu") else "",
                      dropout=False if any(k in row["source"] for k in NO_DROPOUT)
                      else True if any(k in row["source"] for k in WITH_DROPOUT) else None)
@@ -168,6 +169,8 @@ def _profile(row: dict) -> str:
         return "automodel"  # its own MoE model path (TE kernels, DeepEP, bf16 states), not the HF path of its dense runs
     if fw == "fsdp" and "mosaicml" in row["source"]:  # Composer's FSDP, with the run's FSDP mixed precision
         return "composer-pure" if "/ PURE" in row["notes"] else "composer"
+    if fw == "deepspeed" and "BF16_Optimizer" in row["zero_stage"]:  # its bf16 pipeline path (frameworks.py)
+        return "deepspeed-bf16"
     if fw == "other":
         return next((p for key, p in OTHER_BY_SOURCE if key in row["source"]), PROFILE_OF[fw])
     if fw:
@@ -595,13 +598,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print(markdown(rows, summary))
         return 0
-    print(f"{'run':56} {'framework':13} {'layout':20} {'publ s':>8} {'pred s':>8} {'error':>7} fits")
+    print(f"{'run':56} {'framework':14} {'layout':20} {'publ s':>8} {'pred s':>8} {'error':>7} fits")
     for r in rows:
         if "skip" in r:
             print(f"{r['run'][:56]:56} skipped: {r['skip']}")
             continue
         mark = " (weak: not in summary)" if r["weak"] else ""
-        print(f"{r['run'][:56]:56} {r['framework']:13} {r['layout']:20} {r['published_step_s']:8.3f} "
+        print(f"{r['run'][:56]:56} {r['framework']:14} {r['layout']:20} {r['published_step_s']:8.3f} "
               f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
     s = summary
     eff = s["in_situ_efficiency"]
@@ -626,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in moe["runs"]:
             mark = f" (weak, not in summary: {r['weak_reason']})" if r["weak_reason"] else (
                 " (weak: not in summary)" if r["weak"] else "")
-            print(f"{r['run'][:56]:56} {r['framework']:13} {r['layout'][:24]:24} {r['published_step_s']:8.3f} "
+            print(f"{r['run'][:56]:56} {r['framework']:14} {r['layout'][:24]:24} {r['published_step_s']:8.3f} "
                   f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
         print(f"{moe['rows']} mixture-of-experts rows, median "
               f"|error| {moe['median_abs_error']:.1%}, max {moe['max_abs_error']:.1%}"

@@ -49,7 +49,9 @@ class Framework:
     param_gather_bytes: int = 2  # bytes per parameter element all-gathered (ZeRO-1 update, FSDP units)
     overlap_grad_reduce: bool = True  # buckets reduced during the backward (False: after it)
     overlap_param_gather: bool = False  # ZeRO-1's updated weights gathered behind the next forward
-    zero1: str = "reduce_scatter"  # "reduce_scatter" (+ all-gather) or "broadcast" (torch ZeroRedundancyOptimizer)
+    # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer) or "allreduce" (gradients
+    # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer)
+    zero1: str = "reduce_scatter"
     zero2_reduce_every_microbatch: bool = False  # DeepSpeed ZeRO-2 reduces in every backward
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
     # Under a pipeline, torch.distributed.pipelining runs FSDP2 with gradient sync and reshard-after-backward off in
@@ -109,6 +111,15 @@ class Framework:
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
     # and Composer's two training metrics on the same logits).
     loss: str = "megatron"
+    # Gradient accumulation outside the weight-gradient GEMMs (step_time.accumulation_time): bytes per local parameter
+    # an extra pass moves after each micro-batch's backward, and whether the first micro-batch's gradient is taken as
+    # it is (autograd's AccumulateGrad adopts it). 0: accumulated in the GEMM's epilogue (Megatron's
+    # gradient_accumulation_fusion) or as the framework's other terms already count it.
+    grad_accumulation_bytes: float = 0.0
+    grad_accumulation_first_free: bool = True
+    # Bytes per element of the tied embedding's gradient summed between the edge stages (step_time.tied_embedding_time);
+    # None: grad_reduce_bytes.
+    tied_grad_bytes: int | None = None
     # Bytes per parameter its optimizer step (AdamW and gradient clipping) moves through HBM; None: fused or
     # multi-tensor kernels, step_time.OPTIMIZER_BYTES_PER_PARAM.
     optimizer_traffic: int | None = None
@@ -302,6 +313,27 @@ DEEPSPEED_2024 = replace(
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
 )
 
+# DeepSpeed's pipeline engine with bf16 (0.6-0.7, BigScience's BLOOM): bf16 needs ZeRO stage 0 there and the
+# BF16_Optimizer, which partitions its FP32 master weights and Adam states over dp itself (ZeRO-1).
+DEEPSPEED_BF16 = replace(
+    DEEPSPEED, name="deepspeed-bf16",
+    summary="DeepSpeed's bf16 pipeline as BLOOM ran it (0.6-0.7, BF16_Optimizer): as deepspeed, but each "
+            "micro-batch's BF16 gradients are added into an FP32 copy of every gradient after its backward, "
+            "the FP32 gradients are all-reduced in BF16 at the end of the step (not reduce-scattered) and the "
+            "tied embedding's in FP32, and each rank's updated partition of the weights is all-gathered",
+    sources=("deepspeedai/DeepSpeed v0.6.5 runtime/bf16_optimizer.py (update_hp_grads: hp_grad.add_(lp.grad.to("
+             "fp32)); clear_lp_grads; fp32_groups_gradients), runtime/pipe/engine.py (_exec_backward_pass calls "
+             "update_hp_grads every micro-batch; _exec_reduce_grads: bf16 needs ZeRO stage 0 -> _bf16_reduce_grads -> "
+             "buffered_allreduce_fallback; _exec_reduce_tied_grads on weight._hp_grad), runtime/engine.py "
+             "(communication_data_type bf16; allreduce_bucket: flatten, cast, all_reduce, copy back)",
+             "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm (bf16, ZERO_STAGE=0)"),
+    # The FP32 copy of every gradient (4) beside the BF16 ones autograd writes (2), both kept through the step.
+    grad_bytes=6, zero1="allreduce", tied_grad_bytes=4,
+    # update_hp_grads after every backward: the BF16 gradient cast to FP32 (read 2, write 4), then added into the
+    # FP32 gradient (read 4 + 4, write 4): 18 B per parameter, the first micro-batch too.
+    grad_accumulation_bytes=18, grad_accumulation_first_free=False,
+)
+
 TORCHTITAN = Framework(
     name="torchtitan",
     summary="torchtitan: FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
@@ -448,7 +480,7 @@ SHARDWISE = Framework(
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
-                                        DEEPSPEED_2024, AUTOMODEL, COMPOSER, COMPOSER_PURE)}
+                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

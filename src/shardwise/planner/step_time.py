@@ -125,7 +125,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":  # weights cast again every micro-batch
         f += fp8_weight_cast(job, layout, layers)
     b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
-    w = layers * (lc.bwd_w + oh)
+    w = layers * (lc.bwd_w + oh) + accumulation_time(job, layout, rank) * slowest
     if layout.schedule == "zb-h1" and layout.pp > 1 and rank > 0:  # I and W walk the graph apart (calibrated)
         w += layers * float((job.cluster.measured or {}).get("split_backward_s", 0.0))
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
@@ -166,6 +166,19 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
                      layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
                      layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh + rec / max(layers, 1), cp_comm=cp_comm,
                      ep_comm=ep_comm)
+
+
+def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
+    """Seconds per micro-batch, on average over the step, of the framework's gradient accumulation outside the
+    weight-gradient GEMMs (Framework.grad_accumulation_bytes): one pass over this rank's local gradients at HBM
+    bandwidth after each micro-batch's backward (m - 1 of the m when the first gradient is taken as it is).
+    Sharded gradients (ZeRO-2/3) are reduced every micro-batch instead: not counted."""
+    fw = get_framework(job.framework)
+    if not fw.grad_accumulation_bytes or layout.zero >= 2 or calibrated(job):
+        return 0.0
+    m = layout.num_microbatches(job.train.global_batch)
+    share = (m - 1) / m if fw.grad_accumulation_first_free else 1.0
+    return share * fw.grad_accumulation_bytes * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
 
 
 def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_layers: int) -> float:
@@ -318,7 +331,8 @@ def tied_embedding_time(job: Job, layout: Layout) -> float:
     if not model.tie_embeddings or p < 2:
         return 0.0
     rows = -(-model.vocab_size // layout.tp) * model.hidden
-    nbytes = rows * get_framework(job.framework).grad_reduce_bytes
+    fw = get_framework(job.framework)
+    nbytes = rows * (fw.tied_grad_bytes or fw.grad_reduce_bytes)
     stride = (p - 1) * layout.dp * layout.cp * layout.tp
     return collective_time(job.cluster, "all_reduce", nbytes, 2, stride) + sync_time(job.cluster)
 
