@@ -332,6 +332,10 @@ DEEPSPEED_BF16 = replace(
     # update_hp_grads after every backward: the BF16 gradient cast to FP32 (read 2, write 4), then added into the
     # FP32 gradient (read 4 + 4, write 4): 18 B per parameter, the first micro-batch too.
     grad_accumulation_bytes=18, grad_accumulation_first_free=False,
+    # BF16_Optimizer always partitions its FP32 master weights and Adam states over dp: ZeRO-1, nothing else.
+    zero_stages=(1,), default_zero=1,
+    cannot=("ZeRO-0/2/3 (its BF16_Optimizer always partitions the optimizer states, and only that)",
+            "interleaved, GPipe and ZB-H1 schedules", "sequence parallelism", "ring or all-gather context parallelism"),
 )
 
 TORCHTITAN = Framework(
