@@ -56,8 +56,9 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
 
     fits_one = states <= m_gpu
     out.append(
-        f"Fit: M_model = {n / 1e9:.2f} B parameters x {train.bytes_per_param} B (bf16 weights {train.weight_bytes}, "
-        f"fp32 gradients {train.grad_bytes}, fp32 master + Adam moments {train.optimizer_bytes}) = "
+        f"Fit: M_model = {n / 1e9:.2f} B parameters x {train.bytes_per_param} B ({_dtype(train.weight_bytes)} weights "
+        f"{train.weight_bytes}, {_dtype(train.grad_bytes)} gradients {train.grad_bytes}, fp32 master + Adam moments "
+        f"{train.optimizer_bytes}) = "
         f"{states / GIB:.1f} GiB {'<=' if fits_one else '>'} M_GPU = {m_gpu / GIB:.0f} GiB. "
         + ("The model states fit one GPU, so plain data parallelism is possible; any split below is chosen for speed or for activations."
            if fits_one else
@@ -337,3 +338,9 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     out = [line, runner_up(result)]
     record = plausibility(job, win)
     return out + ([record] if record else [])
+
+
+def _dtype(nbytes: int) -> str:
+    """The dtype(s) of a model state kept in `nbytes` bytes a parameter (DeepSpeed's bf16 path keeps an FP32 and a
+    BF16 copy of each gradient: 6)."""
+    return {1: "fp8", 2: "bf16", 4: "fp32", 6: "fp32 + bf16"}.get(nbytes, f"{nbytes}-byte")
