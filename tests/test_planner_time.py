@@ -333,6 +333,22 @@ def test_gradients_in_fp32_cost_twice_the_bytes_of_bf16():
     assert 1.3 < f / b < 2.1
 
 
+def test_megatron_fsdp_zero2_gathers_its_weights_once_a_step():
+    # Megatron FSDP's optim_grads never shards the model weights (param_and_grad_buffer.py): every micro-batch's
+    # backward reduce-scatters the FP32 gradients, and the updated BF16 weights are all-gathered once, after the
+    # optimizer. Blocking (comm_overlap 0): m reduce-scatters of 4 B and one gather of 2 B per parameter. FSDP2's
+    # ZeRO-2 (shardwise) gathers again in every micro-batch's forward: m of each.
+    from shardwise.planner.memory import rank_params
+    cluster = dataclasses.replace(H100, measured={"comm_overlap": 0.0, "matmul_tflops": 600.0})
+    lay, m = Layout(dp=8, micro_batch=1, zero=2), 4
+    core = make_job(load_model("llama3-8b"), cluster, 8 * m, 4096, "megatron-core")
+    params = rank_params(core, lay, 0)
+    rs, ag = (collective_time(cluster, kind, n * params, 8) for kind, n in (("reduce_scatter", 4), ("all_gather", 2)))
+    assert step_time(core, lay)["dp_comm"] == pytest.approx(m * rs + ag, rel=1e-6)
+    runtime = make_job(load_model("llama3-8b"), cluster, 8 * m, 4096, "shardwise")
+    assert step_time(runtime, lay)["dp_comm"] > m * collective_time(cluster, "all_gather", 4 * params, 8)
+
+
 def test_bucket_overlap_schedule():
     from shardwise.planner.overlap import OVERLAP_SLOWDOWN as k
     assert hidden(1.0, 0.0, 1e9, 25e6) == 1.0  # nothing to hide behind

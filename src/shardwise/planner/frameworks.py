@@ -52,19 +52,18 @@ class Framework:
     # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer) or "allreduce" (gradients
     # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer)
     zero1: str = "reduce_scatter"
-    zero2_reduce_every_microbatch: bool = False  # DeepSpeed ZeRO-2 reduces in every backward
+    # ZeRO-2 whose weights are never sharded, so whole all step: each micro-batch's backward reduce-scatters its
+    # gradients into the shards, behind the next micro-batch, and the updated weights are gathered once after the
+    # optimizer. DeepSpeed's ZeRO-2 (reduces in every backward); Megatron FSDP's optim_grads (megatron_fsdp.py:
+    # grad_reduce_every_bprop, no wait until finish_grad_sync; param_and_grad_buffer.py: is_model_weight_buffer_distributed
+    # False for "optim_grads").
+    zero2_reduce_every_microbatch: bool = False
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
     # Under a pipeline, torch.distributed.pipelining runs FSDP2 with gradient sync and reshard-after-backward off in
     # every backward but the last, and reduce-scatters every unit once after the schedule (its REDUCE_GRAD action,
     # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
     # reduce-scatter (torch/distributed/pipelining/stage.py backward_maybe_with_nosync, perform_reduce_grad).
     pipeline_fsdp_once: bool = False
-    # ZeRO-2 whose full weights stay on the GPU for the whole step: gathered once a step (after the optimizer, or at
-    # the first forward) instead of in every micro-batch's forward; its gradients are reduce-scattered every
-    # micro-batch into FP32 shards. Megatron FSDP's optim_grads never shards the model weights (megatron_fsdp
-    # param_and_grad_buffer.py: is_model_weight_buffer_distributed False for "optim_grads"); Llama 3's FSDP keeps
-    # them gathered (docs/planner.md, "Llama 3's data parallelism").
-    zero2_resident: bool = False
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
     list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
@@ -191,10 +190,6 @@ class Framework:
         every gradient unsharded until then (`pipeline_fsdp_once` under a pipeline)."""
         return layout.pp > 1 and self.pipeline_fsdp_once
 
-    def gathers_once_per_step(self, layout: Layout) -> bool:
-        """Whether ZeRO-2/3 units are gathered once a step rather than in every micro-batch's forward."""
-        return self.fsdp_once_per_step(layout) or (layout.zero == 2 and self.zero2_resident)
-
     def zero_when_unnamed(self, layout: Layout) -> int:
         """The ZeRO stage this stack runs `layout` with when the user names none."""
         if layout.pp > 1 and self.default_zero_with_pp is not None:
@@ -226,8 +221,8 @@ MEGATRON_CORE = Framework(
     summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
             "--overlap-param-gather, Transformer Engine fused attention, FP32 gradient reduce, optional SP, "
             "selective recompute, optional TP comm overlap (--tp-comm-overlap); ZeRO-2/3 as Megatron FSDP "
-            "(--use-megatron-fsdp: parameters gathered per layer with prefetch, gradients reduce-scattered every "
-            "micro-batch)",
+            "(--use-megatron-fsdp: gradients reduce-scattered every micro-batch behind the next one; ZeRO-3's "
+            "parameters gathered per layer with prefetch, ZeRO-2's never sharded, gathered once after the optimizer)",
     sources=("NVIDIA/Megatron-LM megatron/core/distributed (DistributedDataParallel, bucket_size 40M params), "
              "megatron/core/optimizer/distrib_optimizer.py, arguments.py (fp32 grad reduce with bf16)",
              "NVIDIA/Megatron-LM megatron/core/distributed/fsdp (Megatron FSDP, --data-parallel-sharding-strategy "
@@ -235,7 +230,7 @@ MEGATRON_CORE = Framework(
              "Korthikanti et al. 2022 (SP, selective recompute)"),
     attention="te", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
     bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
-    zero2_resident=True,
+    zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
 )
@@ -254,7 +249,7 @@ NEMO = Framework(
              "optimizer bytes per parameter"),
     grad_bytes=2, optimizer_bytes=10, attention="te", grad_reduce_bytes=2, overlap_grad_reduce=True,
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
-    zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_resident=True,
+    zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
     loss="fused",

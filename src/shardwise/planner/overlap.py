@@ -110,10 +110,12 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
         before = hidden(ag, win.forward, pb * params, fw.bucket_bytes) if fw.overlap_param_gather and overlap else ag
         return after, before
-    if layout.zero == 2 and fw.zero2_reduce_every_microbatch:  # DeepSpeed: reduce in every backward, gather after the step
-        rs = call("reduce_scatter", params, gb)
+    if layout.zero == 2 and fw.zero2_reduce_every_microbatch:  # reduce in every backward, gather after the step
+        rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
         after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if overlap and fw.overlap_grad_reduce else m * rs
-        return after + call("all_gather", params, pb), 0.0
+        if fw.overlap_param_gather and overlap:  # Megatron's updated weights gathered behind the next forward
+            return after, hidden(ag, win.forward, pb * params, fw.bucket_bytes)
+        return after + ag, 0.0
     return fsdp_exposed(job, layout, fw, params, layer_params, win, overlap), 0.0
 
 
@@ -150,7 +152,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
     reducing = 0 if deferred else (m if every else 1)
     after = layers * r + chunks * r_root if deferred else 0.0
-    forwards = 1 if fw.gathers_once_per_step(layout) else m  # micro-batches whose forward gathers
+    forwards = 1 if deferred else m  # micro-batches whose forward gathers
     if not overlap or not fw.prefetch:
         gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
         return gathers + reducing * (layers * r + chunks * r_root) + after
