@@ -170,6 +170,9 @@ def test_framework_flag_contract(capsys):
     (["--framework", "torchtitan", "--zero", "0"], "DDP (ZeRO-0) does not combine with tensor"),
     (["--framework", "deepspeed", "--sequence-parallel"], "no sequence parallelism"),
     (["--framework", "deepspeed", "--pp", "2", "--vpp", "2"], "no interleaved-1f1b"),
+    # deepspeed-bf16 runs ZeRO-1 only: an unnamed --zero must not hide the knob it really refuses behind "no ZeRO-0"
+    (["--framework", "deepspeed-bf16", "--sequence-parallel"], "no sequence parallelism"),
+    (["--framework", "deepspeed-bf16", "--zero", "2"], "deepspeed-bf16 has no ZeRO-2"),
     (["--framework", "shardwise", "--pp", "2", "--schedule", "zb-h1", "--zero", "2"], "FSDP"),
     (["--framework", "shardwise", "--tp-comm-overlap"], "no TP communication overlap"),
     (["--precision", "fp8"], "no FP8 tensor cores"),

@@ -153,7 +153,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
         stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
-                  and not fw.refusal(lay.with_(zero=z))] or [lay.zero]
+                  and not fw.refusal(lay.with_(zero=z))] or [first]  # all refused: its default names the reason
     policies = [lay.recompute]
     if "recompute" not in named:
         policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
