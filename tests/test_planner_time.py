@@ -718,3 +718,21 @@ def test_deepspeeds_bf16_pipeline_accumulates_fp32_gradients_and_all_reduces_the
     # bandwidth-bound sizes of a 175B stage, (2 + 1) / (1 + 1) = 1.5 times the fp16 path's traffic.
     ratio = step_time(bf16, lay)["dp_comm"] / step_time(fp16, lay)["dp_comm"]
     assert ratio == pytest.approx(1.5, rel=0.03)
+
+
+@pytest.mark.parametrize("framework, states", [
+    # docs/planner.md "Model states": Megatron keeps bf16 weights, an FP32 main_grad and an FP32 master with Adam's
+    # m and v; the runtime trains FP32 parameters (their own master) with FP32 moments; NeMo AutoModel keeps bf16
+    # parameters and bf16 Adam states, no master (from_config torch_dtype bfloat16, torch.optim.Adam).
+    ("megatron-core", "bf16 weights 2, fp32 gradients 4, fp32 master + Adam moments 12"),
+    ("shardwise", "fp32 weights 4, fp32 gradients 4, fp32 Adam moments 8"),
+    ("automodel", "bf16 weights 2, bf16 gradients 2, bf16 Adam moments 4"),
+    ("deepspeed-bf16", "bf16 weights 2, fp32 + bf16 gradients 6, fp32 master + Adam moments 12"),
+])
+def test_explain_names_each_model_states_dtype(framework, states):
+    from shardwise.planner.explain import explain
+    from shardwise.planner.search import SearchSpace, search
+
+    job = make_job(load_model("tiny"), A100, 8, 64, framework)
+    result = search(job, 2, SearchSpace(tp=(1,), pp=(1,)))
+    assert any(f"({states})" in line for line in explain(job, 2, result))

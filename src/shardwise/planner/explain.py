@@ -13,6 +13,7 @@ from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job
 from shardwise.planner.search import SearchResult
+from shardwise.specs import TrainSpec
 from shardwise.units import seconds
 
 
@@ -57,7 +58,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     fits_one = states <= m_gpu
     out.append(
         f"Fit: M_model = {n / 1e9:.2f} B parameters x {train.bytes_per_param} B ({_dtype(train.weight_bytes)} weights "
-        f"{train.weight_bytes}, {_dtype(train.grad_bytes)} gradients {train.grad_bytes}, fp32 master + Adam moments "
+        f"{train.weight_bytes}, {_dtype(train.grad_bytes)} gradients {train.grad_bytes}, {_optimizer_states(train)} "
         f"{train.optimizer_bytes}) = "
         f"{states / GIB:.1f} GiB {'<=' if fits_one else '>'} M_GPU = {m_gpu / GIB:.0f} GiB. "
         + ("The model states fit one GPU, so plain data parallelism is possible; any split below is chosen for speed or for activations."
@@ -344,3 +345,11 @@ def _dtype(nbytes: int) -> str:
     """The dtype(s) of a model state kept in `nbytes` bytes a parameter (DeepSpeed's bf16 path keeps an FP32 and a
     BF16 copy of each gradient: 6)."""
     return {1: "fp8", 2: "bf16", 4: "fp32", 6: "fp32 + bf16"}.get(nbytes, f"{nbytes}-byte")
+
+
+def _optimizer_states(train: TrainSpec) -> str:
+    """What the optimizer's bytes a parameter hold: FP32 weights are their own master copy (shardwise: 8 B of FP32
+    moments); 4 B beside 16-bit weights are BF16 moments and no master (NeMo AutoModel's bf16 states)."""
+    if train.weight_bytes >= 4:
+        return "fp32 Adam moments"
+    return "bf16 Adam moments" if train.optimizer_bytes <= 4 else "fp32 master + Adam moments"
