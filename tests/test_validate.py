@@ -49,6 +49,9 @@ def test_contract_keys_and_well_formed_values(sweep):
     assert m["calibration_other_cpu_cores"] is None
     # the calibration's reference workload timed again during the sweep; no calibration to compare with here
     assert m["reference_s"] > 0 and m["calibration_reference_s"] is None and m["speed_ratio"] is None
+    # and the call between layers (world 2); on a datasheet cluster nothing to correct the predictions by
+    assert m["call_s"] is not None and m["call_speed_ratio"] is None
+    assert "drift_corrected" not in s and all("drift_corrected_step_time_s" not in x for x in sweep["layouts"])
 
 
 def test_measured_model_states_are_the_planners(sweep):
@@ -183,7 +186,8 @@ def test_machine_speed_compares_the_same_workload_only():
     base = load_cluster("dgx-h100-80gb")
     cluster = replace(base, measured={"model": "tiny", "tokens": 64, "model_points": [[1e7, 0.004], [2e7, 0.006]]})
     cfg = ValidateConfig(model=load_model("tiny"), cluster=cluster, seq_len=64)
-    speed = machine_speed(cfg, [0.005, 0.006, 0.007])
-    assert speed == {"reference_s": 0.006, "calibration_reference_s": 0.004, "speed_ratio": pytest.approx(1.5)}
-    assert machine_speed(replace(cfg, seq_len=32), [0.005])["speed_ratio"] is None  # another workload
-    assert machine_speed(replace(cfg, cluster=base), [0.005])["calibration_reference_s"] is None  # a datasheet
+    speed = machine_speed(cfg, {"reference": [0.005, 0.006, 0.007]})
+    assert speed["reference_s"] == 0.006 and speed["calibration_reference_s"] == 0.004
+    assert speed["speed_ratio"] == pytest.approx(1.5)
+    assert machine_speed(replace(cfg, seq_len=32), {"reference": [0.005]})["speed_ratio"] is None  # another workload
+    assert machine_speed(replace(cfg, cluster=base), {"reference": [0.005]})["calibration_reference_s"] is None  # a datasheet

@@ -181,13 +181,17 @@ def _check_measured(measured, source: str) -> None:
     # Scalars the planner reads as numbers (every one but the labels calibrate writes).
     bad += [k for k, v in measured.items() if k not in ("backend", "dtype", "model")
             and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"):
+    # The tables, and the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...).
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points"):
         table = measured.get(kind)
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)
                 and row[0] > 0  # bytes: a rate is read off them
                 for row in table)):
             bad.append(kind)
+    points = measured.get("sync_points")  # validate's call between layers: [layer, layer + all-reduce, ...] seconds
+    if points is not None and not (isinstance(points, list) and all(isinstance(x, (int, float)) for x in points)):
+        bad.append("sync_points")
     if bad:
         raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes > 0, seconds >= 0], ...]) — "
                          f"rerun `shardwise calibrate` to write it again")

@@ -364,21 +364,11 @@ def edge_variants(t: Timer, batch: int) -> dict:
     return {f"first {batch}": run_first, f"last {batch}": run_last}
 
 
-def measure_sync(t: Timer, out: dict):
-    """out["sync_points"]: what a small all-reduce costs when it is issued between compute, against
-    its back-to-back (table) time. Back to back, the ranks stay in lockstep; between compute they
-    arrive apart and the first one blocks — on a shared machine it may be descheduled and must be woken
-    (a 4 ms scheduler tick in the worst case), and its partner waits. The compute is one layer of the
-    model's forward, the message one micro-batch's activation, as tensor parallelism issues them. Three
-    loops, interleaved round by round so a busy moment hits all three: the layer alone, the layer +
-    all-reduce, the all-reduce alone; each repeat is a mean over many calls (so it holds its share of
-    the stalls), the median over repeats is kept. The same for a send/recv between rank pairs after the
-    layer (a pipeline's blocking receive). Profile.sync_overhead_s: (layer + all-reduce) - layer - the
-    table's time for that all-reduce (so table + it is the call in context: the back-to-back time of a
-    small collective on a shared machine is bimodal, with both ranks on one core or not, and the planner
-    reads the table); Profile.p2p_sync_s the same for the send/recv."""
-    if t.world == 1:
-        return
+def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
+    """The calls between layers (world > 1): ({"layer": one layer's forward, "both": the layer + an all-reduce of
+    its activation (as tensor parallelism issues it), "alone": that all-reduce back to back, "p2p": the layer + a
+    send/recv of it between rank pairs, "p2p alone": the send/recv back to back}, the activation). measure_sync
+    times them for the profile; validate times "layer" and "both" again beside its sweep (the call's speed now)."""
     from shardwise.model import Transformer
 
     spec = t.cfg.model
@@ -404,8 +394,26 @@ def measure_sync(t: Timer, out: dict):
         layer()
         send_recv()
 
-    loops = {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
-             "p2p": layer_send_recv, "p2p alone": send_recv}
+    return {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
+            "p2p": layer_send_recv, "p2p alone": send_recv}, act
+
+
+def measure_sync(t: Timer, out: dict):
+    """out["sync_points"]: what a small all-reduce costs when it is issued between compute, against
+    its back-to-back (table) time. Back to back, the ranks stay in lockstep; between compute they
+    arrive apart and the first one blocks — on a shared machine it may be descheduled and must be woken
+    (a 4 ms scheduler tick in the worst case), and its partner waits. The compute is one layer of the
+    model's forward, the message one micro-batch's activation, as tensor parallelism issues them. Three
+    loops, interleaved round by round so a busy moment hits all three: the layer alone, the layer +
+    all-reduce, the all-reduce alone; each repeat is a mean over many calls (so it holds its share of
+    the stalls), the median over repeats is kept. The same for a send/recv between rank pairs after the
+    layer (a pipeline's blocking receive). Profile.sync_overhead_s: (layer + all-reduce) - layer - the
+    table's time for that all-reduce (so table + it is the call in context: the back-to-back time of a
+    small collective on a shared machine is bimodal, with both ranks on one core or not, and the planner
+    reads the table); Profile.p2p_sync_s the same for the send/recv."""
+    if t.world == 1:
+        return
+    loops, act = call_workloads(t)
     reps = yield from in_rounds(t, loops, SYNC_ROUNDS * t.cfg.repeats, "calls between layers")
     layer_s = statistics.median(reps["layer"])
     # Each call in context: the layer's median plus the paired difference (call + layer) - layer.

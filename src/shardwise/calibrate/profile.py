@@ -7,6 +7,7 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
+from shardwise.calibrate.config import COLLECTIVES
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
@@ -181,6 +182,48 @@ class Profile:
                 "# One machine: inter_node_* repeat intra_node_* (no network is crossed)."]
         return "\n".join(head) + "\n\n" + _toml_table("cluster", self.cluster_table()) + "\n" + \
             _toml_table("measured", self.measured_table())
+
+
+# What each [measured] key of a profile is, for at_speed: seconds of the ranks' own work (compute: kernels, op
+# dispatch, Python), seconds of a call between ranks (beyond, or as, its table), or neither (ratios, counts,
+# the points behind a figure, labels: the planner reads none of them as a time).
+COMPUTE_SECONDS = ("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
+                   "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
+                   "split_backward_s")
+COMPUTE_RATES = ("matmul_tflops", "model_tflops")
+CALL_SECONDS = ("sync_overhead_s", "p2p_sync_s", "fsdp_call_s")
+CALL_TABLES = COLLECTIVES
+NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
+               "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
+               "reference_rounds_s", "comm_overlap")
+
+
+def at_speed(cluster, compute: float, calls: float):
+    """A calibrated cluster as the machine runs now: every compute time `compute` x its calibrated value (rates and
+    the copy bandwidth divided by it), every call's time `calls` x its value (the tables, the per-call costs, the
+    alpha-beta link fitted to them). validate's drift correction: the two ratios are the calibration's own reference
+    workloads timed again beside the sweep (validate.machine_speed); no constant is refitted."""
+    from dataclasses import replace
+
+    m = dict(cluster.measured)
+    for key in COMPUTE_SECONDS:
+        if key in m:
+            m[key] = m[key] * compute
+    for key in COMPUTE_RATES:
+        if key in m:
+            m[key] = m[key] / compute
+    for key in CALL_SECONDS:
+        if key in m:
+            m[key] = m[key] * calls
+    for key in CALL_TABLES:
+        if key in m:
+            m[key] = [[size, seconds * calls] for size, seconds in m[key]]
+    return replace(cluster, measured=m, peak_flops=cluster.peak_flops / compute,
+                   hbm_bandwidth=cluster.hbm_bandwidth / compute,
+                   intra_node_bandwidth=cluster.intra_node_bandwidth / calls,
+                   inter_node_bandwidth=cluster.inter_node_bandwidth / calls,
+                   intra_node_latency=cluster.intra_node_latency * calls,
+                   inter_node_latency=cluster.inter_node_latency * calls)
 
 
 def fit_alpha_beta(kind: str, points: list, world: int) -> tuple[float, float]:

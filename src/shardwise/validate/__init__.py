@@ -50,17 +50,39 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
     return {"step_time_s": est.step_time, "memory": counted_memory(job, layout), "total_bytes": est.memory_per_gpu}
 
 
-def machine_speed(cfg: ValidateConfig, reference_s: list[float]) -> dict:
-    """The reference workload's seconds during the sweep (measure._reference, after each round) beside the
-    calibration's own figure for it, and their ratio (> 1: the machine ran slower than when it was calibrated).
-    The calibration's figure only where it timed the same workload (same model, one sequence of seq_len)."""
-    now = statistics.median(reference_s) if reference_s else None
+def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
+    """calibrate's reference workloads timed during the sweep (measure._reference, after every layout) beside the
+    calibration's own figures for them, and their ratios (> 1: the machine ran slower than when it was calibrated):
+    the model's forward + backward at one sequence (`speed_ratio`: its compute) and the all-reduce after a layer
+    beyond the layer, the median of the repeats' paired differences (`call_speed_ratio`: its calls between ranks).
+    The calibration's figures only where it timed the same workloads (same model, one sequence of seq_len)."""
+    refs = reference_s.get("reference", [])
+    now = statistics.median(refs) if refs else None
+    pairs = [b - a for a, b in zip(reference_s.get("layer", []), reference_s.get("both", []))]
+    call_now = statistics.median(pairs) if pairs else None
     m = cfg.cluster.measured or {}
-    then = None
+    then = call_then = None
     if m.get("model_points") and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len:
         then = m["model_points"][0][1]
-    return {"reference_s": now, "calibration_reference_s": then,
-            "speed_ratio": now / then if now and then else None}
+        points = m.get("sync_points") or []
+        call_then = points[1] - points[0] if len(points) > 1 else None
+
+    def ratio(a, b):
+        return a / b if a and b and a > 0 and b > 0 else None
+    return {"reference_s": now, "calibration_reference_s": then, "speed_ratio": ratio(now, then),
+            "call_s": call_now, "calibration_call_s": call_then, "call_speed_ratio": ratio(call_now, call_then)}
+
+
+def drift_corrected(cfg: ValidateConfig, speed: dict) -> ValidateConfig | None:
+    """This validation on its calibration as the machine ran during the sweep (calibrate.profile.at_speed): compute
+    times x `speed_ratio`, calls x `call_speed_ratio` (x `speed_ratio` where the calibration has no call figure,
+    e.g. from an older calibrate); None without a speed ratio (a datasheet cluster, another workload)."""
+    from shardwise.calibrate.profile import at_speed
+
+    if not speed["speed_ratio"]:
+        return None
+    calls = speed["call_speed_ratio"] or speed["speed_ratio"]
+    return replace(cfg, cluster=at_speed(cfg.cluster, speed["speed_ratio"], calls))
 
 
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
@@ -90,7 +112,14 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
         if run["allocator_peak"]:  # GPU: torch.cuda.max_memory_allocated over a step vs the planner's total
             layouts[-1].update(measured_allocator_peak_bytes=run["allocator_peak"],
                                predicted_total_bytes=pred["total_bytes"])
-    summary = summarize([x["predicted_step_time_s"] for x in layouts], [x["measured_step_time_s"] for x in layouts])
+    measured = [x["measured_step_time_s"] for x in layouts]
+    summary = summarize([x["predicted_step_time_s"] for x in layouts], measured)
+    speed = machine_speed(cfg, out["reference_s"])
+    now = drift_corrected(cfg, speed)
+    if now is not None:  # the same planner on the same calibration, at the machine's speed during the sweep
+        for x, lay in zip(layouts, cfg.layouts):
+            x["drift_corrected_step_time_s"] = predict(now, lay)["step_time_s"]
+        summary["drift_corrected"] = summarize([x["drift_corrected_step_time_s"] for x in layouts], measured)
     mem_errors = [abs(x["predicted_memory_bytes"] - x["measured_memory_bytes"]) / x["measured_memory_bytes"] for x in layouts]
     summary.update(memory_median_abs_error=statistics.median(mem_errors), memory_p90_abs_error=quantile(mem_errors, 0.9),
                    noisy_layouts=sum(x["noisy"] for x in layouts))
@@ -102,6 +131,6 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
             # taken beside busy neighbours is theirs as much as this machine's.
             "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores,
                         "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores"),
-                        **machine_speed(cfg, out["reference_s"])},
+                        **speed},
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,
             "layouts": layouts, "summary": summary}

@@ -39,26 +39,33 @@ def _slowest(values: list[float], world: int) -> list[float]:
 
 
 def _reference(cfg: ValidateConfig, rank: int, world: int):
-    """calibrate's reference measurement (calibrate.measure.reference: its model's forward + backward at one
-    sequence, every rank at once, as long as the slowest), to time again between the sweep's rounds: a function
-    giving its seconds per call for a few repeats. The machine's speed can move between a calibration and a
-    sweep minutes later (a virtual machine's host, other processes); the two figures side by side say by how much."""
+    """calibrate's reference workloads, to time again after every layout's steps in every round of the sweep:
+    its model's forward + backward at one sequence ("reference", calibrate.measure.reference) and, at world > 1,
+    one layer's forward with and without an all-reduce of its activation after it ("layer", "both":
+    calibrate.measure.call_workloads, the call between layers), side by side, every rank at once, each repeat
+    as long as the slowest rank. Returns a function giving each one's seconds per call for a few repeats. The
+    machine's speed can move between a calibration and a sweep minutes later (a virtual machine's host, other
+    processes), and its compute and its calls need not move alike; these figures beside the calibration's own
+    say by how much (validate.machine_speed)."""
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, reference
+    from shardwise.calibrate.measure import Timer, call_workloads, reference
 
     t = Timer(CalibrateConfig(model=cfg.model, world=world, backend=cfg.backend, seq_len=cfg.seq_len, repeats=3,
                               warmup=1), rank, world)
-    fn = reference(t)
-    return lambda: t.interleaved({"reference": fn}, REFERENCE_REPEATS, barrier_each=world > 1)["reference"]
+    fns = {"reference": reference(t)}
+    if world > 1:
+        calls, _ = call_workloads(t)
+        fns.update(layer=calls["layer"], both=calls["both"])
+    return lambda: t.interleaved(fns, REFERENCE_REPEATS, barrier_each=world > 1)
 
 
-REFERENCE_REPEATS = 3  # after each round of the sweep (each repeat ~20 ms)
+REFERENCE_REPEATS = 1  # after each layout's steps in each round (~20 ms per workload)
 
 
 def run_rank(cfg: ValidateConfig) -> dict | None:
     """Every layout on this rank (started by `launch.run_ranks`): build, warm up, timed rounds in random
-    order, memory. On rank 0 {"layouts": the measurements, "reference_s": the reference's seconds per call
-    after each round}; None elsewhere."""
+    order, memory. On rank 0 {"layouts": the measurements, "reference_s": {workload: its seconds per call after every
+    layout's steps of every round} (_reference)}; None elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -82,7 +89,7 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
         loops.append(TrainLoop(rt, last=10**6))
         report(f"built {describe(lay)}")
     order, times = random.Random(cfg.seed), [[] for _ in loops]
-    reference, reference_s = _reference(cfg, rank, world), []
+    reference, reference_s = _reference(cfg, rank, world), {}
 
     def round_of(indices):
         indices = list(indices)
@@ -90,8 +97,8 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
         for i in indices:
             times[i] += _slowest(_timed_steps(loops[i], cfg.steps, world), world)
             report(f"timed {describe(cfg.layouts[i])}")
-        if indices:
-            reference_s.extend(reference())
+            for name, seconds in reference().items():  # after every layout: the machine's speed all through the sweep
+                reference_s.setdefault(name, []).extend(seconds)
 
     for _ in range(cfg.repeats):
         round_of(range(len(loops)))

@@ -1,0 +1,122 @@
+"""validate's drift correction (pure, < 2 s): a calibration rescaled to the machine's speed during the sweep
+(calibrate.profile.at_speed) and the two speed ratios it is given (validate.machine_speed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shardwise.calibrate.profile import (CALL_SECONDS, CALL_TABLES, COMPUTE_RATES, COMPUTE_SECONDS, NOT_SECONDS,
+                                         Profile, at_speed)
+from shardwise.planner import estimate
+from shardwise.planner.memory import runtime_job
+from shardwise.specs import Layout, load_model
+from shardwise.validate import describe
+
+SIZES = [1024, 16384, 262144, 4194304]
+
+
+def _profile() -> Profile:
+    """A world-2 gloo calibration with every figure the planner reads (the sizes of one on this machine)."""
+    return Profile(
+        world=2, backend="gloo", device="x86_64", dtype="float32", model="tiny", tokens=64, memory_gib=8.0,
+        matmul_tflops=0.06, gemms=[[64, 64, 64, 1e-5]], copy_gbs=15.0, model_tflops=0.03, layer_overhead_s=5e-4,
+        embedding_overhead_s=1e-4, head_overhead_s=5e-4, edge_points=[1e-4, 1e-3], model_points=[[8e7, 4e-3]],
+        optimizer_s=2e-3, optimizer_params=400_000, checkpoint_overhead_s=5e-4, checkpoint_points=[4e-3, 5e-3],
+        sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
+        ddp_microbatch_s=6e-4, fsdp_points=[5e-3, 1e-2, 2e-3, 6e-3, 5.5e-3], loop_points=[1e-2, 1.1e-2],
+        split_points=[2e-3, 3.6e-3], split_layers=2, alone_points=[4e-3, 3.6e-3], concurrent_slowdown=1.1,
+        tables={kind: [[size, 2e-4 + size / 2e9] for size in SIZES] for kind in CALL_TABLES},
+        reference_rounds_s=[4e-3, 4.1e-3, 4e-3], other_cpu_cores=0.02)
+
+
+LAYOUTS = [Layout(dp=2), Layout(dp=2, micro_batch=2), Layout(tp=2), Layout(tp=2, sequence_parallel=True),
+           Layout(pp=2, schedule="1f1b"), Layout(pp=2, schedule="naive"), Layout(pp=2, schedule="zb-h1"),
+           Layout(pp=2, schedule="interleaved-1f1b", vpp=2), Layout(dp=2, zero=1), Layout(dp=2, zero=2),
+           Layout(dp=2, zero=3, recompute="full"), Layout(cp=2, cp_mode="ring"), Layout(cp=2, cp_mode="allgather")]
+
+
+def _time(cluster, layout, key=None):
+    est = estimate(runtime_job(load_model("tiny"), cluster, 8, 64, gpu=False), layout)
+    return est.step_time if key is None else est.time_s[key]
+
+
+def test_every_profile_key_has_one_speed_class():
+    """A new [measured] key must say how it moves with the machine's speed, or the correction silently skips it."""
+    classes = [COMPUTE_SECONDS, COMPUTE_RATES, CALL_SECONDS, CALL_TABLES, NOT_SECONDS]
+    assert set(_profile().measured_table()) <= set().union(*classes)
+    assert sum(len(c) for c in classes) == len(set().union(*classes))  # no key in two classes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: describe(lay).replace(" ", "-"))
+def test_a_machine_k_times_slower_takes_k_times_every_step(layout):
+    """Every step time is sums and maxima of calibrated times (compute, calls, the pipeline program's waits), so a
+    machine on which all of them take k times as long predicts k times the step: nothing is left unscaled."""
+    cluster = _profile().to_cluster()
+    assert _time(at_speed(cluster, 1.7, 1.7), layout) == pytest.approx(1.7 * _time(cluster, layout), rel=1e-9)
+
+
+def test_compute_and_calls_move_apart():
+    """Compute x 2 doubles the layers' compute and leaves tensor parallelism's calls alone; calls x 3 does the
+    reverse (gloo on CPU: nothing overlaps, so each term is one or the other)."""
+    cluster, tp = _profile().to_cluster(), Layout(tp=2)
+    assert _time(at_speed(cluster, 2.0, 1.0), tp, "compute") == pytest.approx(2 * _time(cluster, tp, "compute"))
+    assert _time(at_speed(cluster, 2.0, 1.0), tp, "tp_comm") == pytest.approx(_time(cluster, tp, "tp_comm"))
+    assert _time(at_speed(cluster, 1.0, 3.0), tp, "tp_comm") == pytest.approx(3 * _time(cluster, tp, "tp_comm"))
+    assert _time(at_speed(cluster, 1.0, 3.0), tp, "compute") == pytest.approx(_time(cluster, tp, "compute"))
+
+
+def _cfg(cluster):
+    from shardwise.validate import ValidateConfig
+
+    return ValidateConfig(model=load_model("tiny"), cluster=cluster, seq_len=64)
+
+
+def test_machine_speed_pairs_the_call_with_its_layer():
+    """The call's time now is the median of the repeats' (layer + all-reduce) - layer, set beside the calibration's
+    (sync_points[1] - sync_points[0] = 1.5 ms); the compute's is the model at one sequence (model_points[0])."""
+    from shardwise.validate import machine_speed
+
+    cfg = _cfg(_profile().to_cluster())
+    now = {"reference": [6e-3, 5e-3, 8e-3], "layer": [1e-3, 2e-3, 1e-3], "both": [4e-3, 5e-3, 4e-3]}
+    speed = machine_speed(cfg, now)
+    assert speed["speed_ratio"] == pytest.approx(6e-3 / 4e-3)
+    assert speed["call_s"] == pytest.approx(3e-3) and speed["calibration_call_s"] == pytest.approx(1.5e-3)
+    assert speed["call_speed_ratio"] == pytest.approx(2.0)
+    # one rank (no call timed), or another model's calibration: no ratio, never a guess
+    assert machine_speed(cfg, {"reference": [6e-3]})["call_speed_ratio"] is None
+    other = dataclasses.replace(cfg, model=load_model("tiny-gpt2"))
+    assert machine_speed(other, now)["speed_ratio"] is None and machine_speed(other, now)["call_speed_ratio"] is None
+
+
+def test_the_correction_uses_what_was_measured_only():
+    """Both ratios rescale the calibration; without the call's figure (an older calibration) the compute's ratio
+    stands for both; without the compute's (a datasheet cluster, another workload) nothing is corrected."""
+    from shardwise.validate import drift_corrected, predict
+
+    cfg, tp = _cfg(_profile().to_cluster()), Layout(tp=2)
+    both = drift_corrected(cfg, {"speed_ratio": 1.5, "call_speed_ratio": 0.8})
+    assert both.cluster.measured["sync_overhead_s"] == pytest.approx(0.8 * cfg.cluster.measured["sync_overhead_s"])
+    assert both.cluster.measured["model_tflops"] == pytest.approx(cfg.cluster.measured["model_tflops"] / 1.5)
+    alone = drift_corrected(cfg, {"speed_ratio": 1.5, "call_speed_ratio": None})
+    assert predict(alone, tp)["step_time_s"] == pytest.approx(1.5 * predict(cfg, tp)["step_time_s"])
+    assert drift_corrected(cfg, {"speed_ratio": None, "call_speed_ratio": 2.0}) is None
+
+
+@pytest.mark.parametrize("bad", ["model_points = [[1.0]]", 'model_points = "4 ms"', 'sync_points = [[1e-3], 2e-3]'])
+def test_a_malformed_calibration_figure_is_refused_before_the_sweep(tmp_path, bad):
+    """validate reads the calibration's model point and call figures only after minutes of sweep: a profile whose
+    figures are not the shape calibrate writes is refused when it is loaded, in one line."""
+    from shardwise.errors import UsageError
+    from shardwise.specs import load_cluster
+
+    path = tmp_path / "stale.toml"
+    text = _profile().to_toml()
+    path.write_text("\n".join(line for line in text.splitlines()
+                              if not line.startswith(("model_points", "sync_points"))).replace(
+                                  "\n[measured]\n", f"\n[measured]\n{bad}\n"))
+    with pytest.raises(UsageError, match="rerun `shardwise calibrate`"):
+        load_cluster(str(path))
+    path.write_text(text)
+    assert load_cluster(str(path)).measured["sync_points"] == _profile().sync_points  # as calibrate writes them
