@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from shardwise.calibrate.profile import (CALL_SECONDS, CALL_TABLES, COMPUTE_RATES, COMPUTE_SECONDS, NOT_SECONDS,
-                                         Profile, at_speed)
+from shardwise.calibrate.config import COLLECTIVES
+from shardwise.calibrate.profile import COMPUTE_RATES, NOT_SECONDS, SPEED_CLASS, Profile, at_speed, speed_ratios
 from shardwise.planner import estimate
 from shardwise.planner.memory import runtime_job
 from shardwise.specs import Layout, load_model
@@ -27,7 +27,7 @@ def _profile() -> Profile:
         sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
         ddp_microbatch_s=6e-4, fsdp_points=[5e-3, 1e-2, 2e-3, 6e-3, 5.5e-3], loop_points=[1e-2, 1.1e-2],
         split_points=[2e-3, 3.6e-3], split_layers=2, alone_points=[4e-3, 3.6e-3], concurrent_slowdown=1.1,
-        tables={kind: [[size, 2e-4 + size / 2e9] for size in SIZES] for kind in CALL_TABLES},
+        tables={kind: [[size, 2e-4 + size / 2e9] for size in SIZES] for kind in COLLECTIVES},
         reference_rounds_s=[4e-3, 4.1e-3, 4e-3], other_cpu_cores=0.02)
 
 
@@ -44,9 +44,13 @@ def _time(cluster, layout, key=None):
 
 def test_every_profile_key_has_one_speed_class():
     """A new [measured] key must say how it moves with the machine's speed, or the correction silently skips it."""
-    classes = [COMPUTE_SECONDS, COMPUTE_RATES, CALL_SECONDS, CALL_TABLES, NOT_SECONDS]
+    classes = [set(SPEED_CLASS), set(COMPUTE_RATES), set(NOT_SECONDS)]
     assert set(_profile().measured_table()) <= set().union(*classes)
     assert sum(len(c) for c in classes) == len(set().union(*classes))  # no key in two classes
+
+
+def _uniform(k):
+    return speed_ratios({"compute": k, "calls": k, "p2p": k, "fsdp": k})
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: describe(lay).replace(" ", "-"))
@@ -54,17 +58,26 @@ def test_a_machine_k_times_slower_takes_k_times_every_step(layout):
     """Every step time is sums and maxima of calibrated times (compute, calls, the pipeline program's waits), so a
     machine on which all of them take k times as long predicts k times the step: nothing is left unscaled."""
     cluster = _profile().to_cluster()
-    assert _time(at_speed(cluster, 1.7, 1.7), layout) == pytest.approx(1.7 * _time(cluster, layout), rel=1e-9)
+    assert _time(at_speed(cluster, _uniform(1.7)), layout) == pytest.approx(1.7 * _time(cluster, layout), rel=1e-9)
 
 
-def test_compute_and_calls_move_apart():
-    """Compute x 2 doubles the layers' compute and leaves tensor parallelism's calls alone; calls x 3 does the
-    reverse (gloo on CPU: nothing overlaps, so each term is one or the other)."""
-    cluster, tp = _profile().to_cluster(), Layout(tp=2)
-    assert _time(at_speed(cluster, 2.0, 1.0), tp, "compute") == pytest.approx(2 * _time(cluster, tp, "compute"))
-    assert _time(at_speed(cluster, 2.0, 1.0), tp, "tp_comm") == pytest.approx(_time(cluster, tp, "tp_comm"))
-    assert _time(at_speed(cluster, 1.0, 3.0), tp, "tp_comm") == pytest.approx(3 * _time(cluster, tp, "tp_comm"))
-    assert _time(at_speed(cluster, 1.0, 3.0), tp, "compute") == pytest.approx(_time(cluster, tp, "compute"))
+def test_each_kind_of_call_moves_its_own_terms():
+    """Compute x 2 doubles the layers' compute and leaves tensor parallelism's calls alone; collectives x 3 does the
+    reverse (gloo on CPU: nothing overlaps, so each term is one or the other); send/recv x 3 moves only what a
+    pipeline exchanges (its p2p term) and FSDP x 3 only ZeRO-3's calls beyond their tables."""
+    cluster, tp, pp, z3 = _profile().to_cluster(), Layout(tp=2), Layout(pp=2), Layout(dp=2, zero=3)
+
+    def ratio(layout, key, **r):
+        return _time(at_speed(cluster, {**_uniform(1.0), **r}), layout, key) / _time(cluster, layout, key)
+    assert ratio(tp, "compute", compute=2.0) == pytest.approx(2) and ratio(tp, "tp_comm", compute=2.0) == pytest.approx(1)
+    assert ratio(tp, "tp_comm", calls=3.0) == pytest.approx(3) and ratio(tp, "compute", calls=3.0) == pytest.approx(1)
+    # (the pipeline program's waits are maxima over both ranks' arrivals, so its term grows, not exactly 3x)
+    assert ratio(pp, "pp_p2p", p2p=3.0) > 1.5 and ratio(tp, "tp_comm", p2p=3.0) == pytest.approx(1)
+    assert ratio(pp, "compute", p2p=3.0) == pytest.approx(1) and ratio(pp, "pipeline_bubble", p2p=3.0) == pytest.approx(1)
+    # ZeRO-3's 14 calls per micro-batch: 3x the fsdp_call_s part of dp_comm, its table part unchanged
+    calls = 4 * 14 * cluster.measured["fsdp_call_s"]
+    wire = _time(cluster, z3, "dp_comm") - calls
+    assert _time(at_speed(cluster, {**_uniform(1.0), "fsdp": 3.0}), z3, "dp_comm") == pytest.approx(wire + 3 * calls)
 
 
 def _cfg(cluster):
@@ -73,38 +86,46 @@ def _cfg(cluster):
     return ValidateConfig(model=load_model("tiny"), cluster=cluster, seq_len=64)
 
 
-def test_machine_speed_pairs_the_call_with_its_layer():
-    """The call's time now is the median of the repeats' (layer + all-reduce) - layer, set beside the calibration's
-    (sync_points[1] - sync_points[0] = 1.5 ms); the compute's is the model at one sequence (model_points[0])."""
+def test_machine_speed_pairs_each_call_with_what_it_ran_beside():
+    """Each call's time now is the median of the repeats' paired differences, set beside the calibration's (an
+    all-reduce after a layer: sync_points[1] - sync_points[0] = 1.5 ms; a send/recv: [3] - [0] = 1.2 ms; ZeRO-3's
+    layer beyond a plain one: fsdp_points[1] - [0] = 5 ms); the compute's is the model at one sequence."""
     from shardwise.validate import machine_speed
 
     cfg = _cfg(_profile().to_cluster())
-    now = {"reference": [6e-3, 5e-3, 8e-3], "layer": [1e-3, 2e-3, 1e-3], "both": [4e-3, 5e-3, 4e-3]}
+    now = {"reference": [6e-3, 5e-3, 8e-3], "layer": [1e-3, 2e-3, 1e-3], "both": [4e-3, 5e-3, 4e-3],
+           "p2p": [2.2e-3, 3.2e-3, 2.2e-3], "plain": [5e-3, 6e-3, 5e-3], "sharded": [7.5e-3, 8.5e-3, 7.5e-3]}
     speed = machine_speed(cfg, now)
     assert speed["speed_ratio"] == pytest.approx(6e-3 / 4e-3)
     assert speed["call_s"] == pytest.approx(3e-3) and speed["calibration_call_s"] == pytest.approx(1.5e-3)
     assert speed["call_speed_ratio"] == pytest.approx(2.0)
+    assert speed["p2p_speed_ratio"] == pytest.approx(1.0) and speed["fsdp_speed_ratio"] == pytest.approx(0.5)
     # one rank (no call timed), or another model's calibration: no ratio, never a guess
     assert machine_speed(cfg, {"reference": [6e-3]})["call_speed_ratio"] is None
     other = dataclasses.replace(cfg, model=load_model("tiny-gpt2"))
-    assert machine_speed(other, now)["speed_ratio"] is None and machine_speed(other, now)["call_speed_ratio"] is None
+    assert machine_speed(other, now)["speed_ratio"] is None and machine_speed(other, now)["fsdp_speed_ratio"] is None
 
 
 def test_the_correction_uses_what_was_measured_only():
-    """Both ratios rescale the calibration; without the call's figure (an older calibration) the compute's ratio
-    stands for both; without the compute's (a datasheet cluster, another workload) nothing is corrected."""
+    """The ratios rescale the calibration; a call the calibration has no figure for (an older calibration) takes the
+    collectives' ratio, and without that the compute's; without the compute's (a datasheet cluster, another
+    workload) nothing is corrected."""
     from shardwise.validate import drift_corrected, predict
 
     cfg, tp = _cfg(_profile().to_cluster()), Layout(tp=2)
-    both = drift_corrected(cfg, {"speed_ratio": 1.5, "call_speed_ratio": 0.8})
-    assert both.cluster.measured["sync_overhead_s"] == pytest.approx(0.8 * cfg.cluster.measured["sync_overhead_s"])
-    assert both.cluster.measured["model_tflops"] == pytest.approx(cfg.cluster.measured["model_tflops"] / 1.5)
-    alone = drift_corrected(cfg, {"speed_ratio": 1.5, "call_speed_ratio": None})
+    given = {"speed_ratio": 1.5, "call_speed_ratio": 0.8, "p2p_speed_ratio": None, "fsdp_speed_ratio": 1.2}
+    now = drift_corrected(cfg, given).cluster.measured
+    assert now["sync_overhead_s"] == pytest.approx(0.8 * cfg.cluster.measured["sync_overhead_s"])
+    assert now["p2p_sync_s"] == pytest.approx(0.8 * cfg.cluster.measured["p2p_sync_s"])  # the collectives' ratio
+    assert now["fsdp_call_s"] == pytest.approx(1.2 * cfg.cluster.measured["fsdp_call_s"])
+    assert now["model_tflops"] == pytest.approx(cfg.cluster.measured["model_tflops"] / 1.5)
+    alone = drift_corrected(cfg, {**given, "call_speed_ratio": None, "fsdp_speed_ratio": None})
     assert predict(alone, tp)["step_time_s"] == pytest.approx(1.5 * predict(cfg, tp)["step_time_s"])
-    assert drift_corrected(cfg, {"speed_ratio": None, "call_speed_ratio": 2.0}) is None
+    assert drift_corrected(cfg, {**given, "speed_ratio": None}) is None
 
 
-@pytest.mark.parametrize("bad", ["model_points = [[1.0]]", 'model_points = "4 ms"', 'sync_points = [[1e-3], 2e-3]'])
+@pytest.mark.parametrize("bad", ["model_points = [[1.0]]", 'model_points = "4 ms"', 'sync_points = [[1e-3], 2e-3]',
+                                 'fsdp_points = ["5 ms"]'])
 def test_a_malformed_calibration_figure_is_refused_before_the_sweep(tmp_path, bad):
     """validate reads the calibration's model point and call figures only after minutes of sweep: a profile whose
     figures are not the shape calibrate writes is refused when it is loaded, in one line."""
@@ -114,7 +135,7 @@ def test_a_malformed_calibration_figure_is_refused_before_the_sweep(tmp_path, ba
     path = tmp_path / "stale.toml"
     text = _profile().to_toml()
     path.write_text("\n".join(line for line in text.splitlines()
-                              if not line.startswith(("model_points", "sync_points"))).replace(
+                              if not line.startswith(("model_points", "sync_points", "fsdp_points"))).replace(
                                   "\n[measured]\n", f"\n[measured]\n{bad}\n"))
     with pytest.raises(UsageError, match="rerun `shardwise calibrate`"):
         load_cluster(str(path))

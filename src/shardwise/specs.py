@@ -189,9 +189,10 @@ def _check_measured(measured, source: str) -> None:
                 and row[0] > 0  # bytes: a rate is read off them
                 for row in table)):
             bad.append(kind)
-    points = measured.get("sync_points")  # validate's call between layers: [layer, layer + all-reduce, ...] seconds
-    if points is not None and not (isinstance(points, list) and all(isinstance(x, (int, float)) for x in points)):
-        bad.append("sync_points")
+    for key in ("sync_points", "fsdp_points"):  # what validate compares its sweep's calls with: [seconds, ...]
+        points = measured.get(key)
+        if points is not None and not (isinstance(points, list) and all(isinstance(x, (int, float)) for x in points)):
+            bad.append(key)
     if bad:
         raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes > 0, seconds >= 0], ...]) — "
                          f"rerun `shardwise calibrate` to write it again")

@@ -422,23 +422,13 @@ def measure_sync(t: Timer, out: dict):
     out["sync_bytes"] = act.numel() * act.element_size()
 
 
-def measure_fsdp(t: Timer, out: dict):
-    """out["fsdp_call_s"]: what each of FSDP's collectives costs in a training step beyond its table
-    time: the synchronisation, and FSDP's own work around it (copying shards in and out of the flat
-    buffer, registering the gathered parameters, its hooks). One layer with the embedding and head,
-    forward + backward, plain and as the runtime shards it under ZeRO-3 (`parallelize`: the layer and
-    the root — 5 collectives: the layer's all-gather in forward and backward and reduce-scatter, the
-    root's all-gather and reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
-    out["fsdp_points"][2:4]: the runtime's clip + AdamW over the plain and the sharded parameters (each a
-    DTensor, whose every op pays a dispatch; Profile.fsdp_tensor_s takes the difference per tensor).
-    out["ddp_microbatch_s"]: the same model as the runtime wraps it in DistributedDataParallel (ZeRO-0),
-    under its no_sync, against plain: what DDP's wrapper and per-parameter hooks cost per micro-batch."""
-    if t.world == 1:
-        out["fsdp_call_s"] = out["ddp_microbatch_s"] = 0.0
-        return
+def fsdp_workloads(t: Timer) -> tuple[dict, object]:
+    """One layer with the embedding and head (world > 1): ({"plain": its forward + backward, "sharded": the same as
+    the runtime shards it under ZeRO-3, "plain update" / "sharded update": the runtime's clip + AdamW on each,
+    "ddp": as the runtime wraps it in DDP, under no_sync}, the sharded chunk). measure_fsdp times them for the
+    profile; validate times "plain" and "sharded" again beside its sweep (FSDP's calls' speed now)."""
     from shardwise.model import Transformer
     from shardwise.parallel import GlobalGradNorm, build_mesh, grad_sync, parallelize
-    from shardwise.planner.comm import interpolate
     from shardwise.specs import Layout
 
     spec = t.cfg.model
@@ -468,9 +458,29 @@ def measure_fsdp(t: Timer, out: dict):
         with grad_sync(replicated, enabled=False):  # a step's micro-batches before its last: wrapper and hooks only
             step(replicated)
 
-    reps = yield from in_rounds(t, {"plain": lambda: step(plain), "sharded": lambda: step(sharded),
-                                    "plain update": lambda: update("plain"), "sharded update": lambda: update("sharded"),
-                                    "ddp": ddp_step}, SYNC_ROUNDS * t.cfg.repeats, "FSDP and DDP layer against a plain one")
+    return {"plain": lambda: step(plain), "sharded": lambda: step(sharded), "plain update": lambda: update("plain"),
+            "sharded update": lambda: update("sharded"), "ddp": ddp_step}, sharded
+
+
+def measure_fsdp(t: Timer, out: dict):
+    """out["fsdp_call_s"]: what each of FSDP's collectives costs in a training step beyond its table
+    time: the synchronisation, and FSDP's own work around it (copying shards in and out of the flat
+    buffer, registering the gathered parameters, its hooks). One layer with the embedding and head,
+    forward + backward, plain and as the runtime shards it under ZeRO-3 (`parallelize`: the layer and
+    the root — 5 collectives: the layer's all-gather in forward and backward and reduce-scatter, the
+    root's all-gather and reduce-scatter), in interleaved rounds; the tables' time for those 5 is taken out.
+    out["fsdp_points"][2:4]: the runtime's clip + AdamW over the plain and the sharded parameters (each a
+    DTensor, whose every op pays a dispatch; Profile.fsdp_tensor_s takes the difference per tensor).
+    out["ddp_microbatch_s"]: the same model as the runtime wraps it in DistributedDataParallel (ZeRO-0),
+    under its no_sync, against plain: what DDP's wrapper and per-parameter hooks cost per micro-batch."""
+    if t.world == 1:
+        out["fsdp_call_s"] = out["ddp_microbatch_s"] = 0.0
+        return
+    from shardwise.planner.comm import interpolate
+
+    spec = t.cfg.model
+    fns, sharded = fsdp_workloads(t)
+    reps = yield from in_rounds(t, fns, SYNC_ROUNDS * t.cfg.repeats, "FSDP and DDP layer against a plain one")
     plain_s, plain_u = statistics.median(reps["plain"]), statistics.median(reps["plain update"])
     sharded_s, ddp_s = plain_s + paired(reps, "sharded", "plain"), plain_s + paired(reps, "ddp", "plain")
     sharded_u = plain_u + paired(reps, "sharded update", "plain update")

@@ -7,7 +7,6 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
-from shardwise.calibrate.config import COLLECTIVES
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
 from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
@@ -155,6 +154,7 @@ class Profile:
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
+               "fsdp_points": self.fsdp_points,
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
@@ -184,40 +184,55 @@ class Profile:
             _toml_table("measured", self.measured_table())
 
 
-# What each [measured] key of a profile is, for at_speed: seconds of the ranks' own work (compute: kernels, op
-# dispatch, Python), seconds of a call between ranks (beyond, or as, its table), or neither (ratios, counts,
-# the points behind a figure, labels: the planner reads none of them as a time).
-COMPUTE_SECONDS = ("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
-                   "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
-                   "split_backward_s")
-COMPUTE_RATES = ("matmul_tflops", "model_tflops")
-CALL_SECONDS = ("sync_overhead_s", "p2p_sync_s", "fsdp_call_s")
-CALL_TABLES = COLLECTIVES
+# How each [measured] key of a profile moves with the machine's speed, for at_speed: by the speed of the ranks' own
+# work ("compute": kernels, op dispatch, Python), or of one kind of call between ranks, as calibrate measured each
+# in context ("calls": a collective after a layer, which the tables and every synchronising collective stand for;
+# "p2p": a send/recv after a layer, for the send_recv table and the pipeline's wake-up; "fsdp": a ZeRO-3 layer
+# beyond a plain one, for FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the
+# points behind a figure, labels).
+SPEED_CLASS = {
+    **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
+                     "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
+                     "split_backward_s"), "compute"),
+    **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
+    **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
+    "fsdp_call_s": "fsdp",
+}
+COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
-               "reference_rounds_s", "comm_overlap")
+               "reference_rounds_s", "comm_overlap", "fsdp_points")
+# A kind of call not timed again stands in for by "calls", and "calls" by "compute".
+FALLBACK = {"p2p": "calls", "fsdp": "calls", "calls": "compute"}
 
 
-def at_speed(cluster, compute: float, calls: float):
-    """A calibrated cluster as the machine runs now: every compute time `compute` x its calibrated value (rates and
-    the copy bandwidth divided by it), every call's time `calls` x its value (the tables, the per-call costs, the
-    alpha-beta link fitted to them). validate's drift correction: the two ratios are the calibration's own reference
-    workloads timed again beside the sweep (validate.machine_speed); no constant is refitted."""
+def speed_ratios(ratios: dict) -> dict:
+    """Every class's ratio, a missing one (None) taken from its FALLBACK; {} without a compute ratio."""
+    if not ratios.get("compute"):
+        return {}
+    out = {"compute": ratios["compute"]}
+    for name in ("calls", "p2p", "fsdp"):
+        out[name] = ratios.get(name) or out[FALLBACK[name]]
+    return out
+
+
+def at_speed(cluster, ratios: dict):
+    """A calibrated cluster as the machine runs now: each time in [measured] x its class's ratio (SPEED_CLASS;
+    tables row by row), the rates and the copy bandwidth divided by the compute ratio, the alpha-beta link fitted to
+    the tables by the calls'. `ratios` = speed_ratios(...). validate's drift correction: each ratio is one of the
+    calibration's own workloads timed again beside the sweep (validate.machine_speed); no constant is refitted."""
     from dataclasses import replace
 
     m = dict(cluster.measured)
-    for key in COMPUTE_SECONDS:
-        if key in m:
-            m[key] = m[key] * compute
+    for key, kind in SPEED_CLASS.items():
+        if isinstance(m.get(key), list):
+            m[key] = [[size, seconds * ratios[kind]] for size, seconds in m[key]]
+        elif key in m:
+            m[key] = m[key] * ratios[kind]
     for key in COMPUTE_RATES:
         if key in m:
-            m[key] = m[key] / compute
-    for key in CALL_SECONDS:
-        if key in m:
-            m[key] = m[key] * calls
-    for key in CALL_TABLES:
-        if key in m:
-            m[key] = [[size, seconds * calls] for size, seconds in m[key]]
+            m[key] = m[key] / ratios["compute"]
+    compute, calls = ratios["compute"], ratios["calls"]
     return replace(cluster, measured=m, peak_flops=cluster.peak_flops / compute,
                    hbm_bandwidth=cluster.hbm_bandwidth / compute,
                    intra_node_bandwidth=cluster.intra_node_bandwidth / calls,

@@ -184,12 +184,15 @@ def _print(console, result: dict, picture: str | None) -> None:
     m = result.get("machine", {})
     now = s.get("drift_corrected")
     if now:
-        calls = m.get("call_speed_ratio") or m["speed_ratio"]
-        console.print(f"at the machine's speed during the sweep (its compute {m['speed_ratio']:.2f}x, its calls "
-                      f"{calls:.2f}x the calibration's: the calibration's reference workloads timed again beside the "
-                      f"sweep): median |error| {now['median_abs_error']:.1%}, p90 {now['p90_abs_error']:.1%}, Kendall "
-                      f"tau {now['kendall_tau']:.2f}, the pick {now['top1_regret']:.1%} slower than the best.",
-                      highlight=False)
+        from shardwise.calibrate.profile import speed_ratios
+
+        r = speed_ratios({"compute": m["speed_ratio"], "calls": m.get("call_speed_ratio"),
+                          "p2p": m.get("p2p_speed_ratio"), "fsdp": m.get("fsdp_speed_ratio")})
+        console.print(f"at the machine's speed during the sweep (the calibration's own workloads timed again beside "
+                      f"it: compute {r['compute']:.2f}x, collectives {r['calls']:.2f}x, send/recv {r['p2p']:.2f}x, "
+                      f"FSDP {r['fsdp']:.2f}x the calibration's time): median |error| {now['median_abs_error']:.1%}, "
+                      f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
+                      f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
     for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
                  neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
                  speed_note(m.get("speed_ratio"))):

@@ -50,39 +50,52 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
     return {"step_time_s": est.step_time, "memory": counted_memory(job, layout), "total_bytes": est.memory_per_gpu}
 
 
+# The calls validate times again beside its sweep: (the ratio's name, the call's workload, what it runs beside in
+# every repeat, the calibration's [measured] points and their indices for the same two). The name is the class of
+# calibrated times it rescales (calibrate.profile.SPEED_CLASS).
+CALLS = (("calls", "both", "layer", "sync_points", 1, 0),   # an all-reduce after a layer, beyond the layer
+         ("p2p", "p2p", "layer", "sync_points", 3, 0),      # a send/recv after a layer
+         ("fsdp", "sharded", "plain", "fsdp_points", 1, 0))  # a layer under ZeRO-3, beyond it plain
+
+
+def _ratio(now, then):
+    return now / then if now and then and now > 0 and then > 0 else None
+
+
 def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
     """calibrate's reference workloads timed during the sweep (measure._reference, after every layout) beside the
     calibration's own figures for them, and their ratios (> 1: the machine ran slower than when it was calibrated):
-    the model's forward + backward at one sequence (`speed_ratio`: its compute) and the all-reduce after a layer
-    beyond the layer, the median of the repeats' paired differences (`call_speed_ratio`: its calls between ranks).
-    The calibration's figures only where it timed the same workloads (same model, one sequence of seq_len)."""
+    the model's forward + backward at one sequence (`speed_ratio`: its compute) and each call of CALLS beyond what
+    it runs beside, the median of the repeats' paired differences (`call_speed_ratio`, `p2p_speed_ratio`,
+    `fsdp_speed_ratio`). The calibration's figures only where it timed the same workloads (same model, one
+    sequence of seq_len)."""
     refs = reference_s.get("reference", [])
     now = statistics.median(refs) if refs else None
-    pairs = [b - a for a, b in zip(reference_s.get("layer", []), reference_s.get("both", []))]
-    call_now = statistics.median(pairs) if pairs else None
     m = cfg.cluster.measured or {}
-    then = call_then = None
-    if m.get("model_points") and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len:
-        then = m["model_points"][0][1]
-        points = m.get("sync_points") or []
-        call_then = points[1] - points[0] if len(points) > 1 else None
-
-    def ratio(a, b):
-        return a / b if a and b and a > 0 and b > 0 else None
-    return {"reference_s": now, "calibration_reference_s": then, "speed_ratio": ratio(now, then),
-            "call_s": call_now, "calibration_call_s": call_then, "call_speed_ratio": ratio(call_now, call_then)}
+    same = bool(m.get("model_points")) and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len
+    then = m["model_points"][0][1] if same else None
+    out = {"reference_s": now, "calibration_reference_s": then, "speed_ratio": _ratio(now, then)}
+    for name, call, beside, points, i, j in CALLS:
+        pairs = [b - a for a, b in zip(reference_s.get(beside, []), reference_s.get(call, []))]
+        call_now = statistics.median(pairs) if pairs else None
+        cal = m.get(points) or []
+        call_then = cal[i] - cal[j] if same and len(cal) > max(i, j) else None
+        prefix = "call" if name == "calls" else name
+        out.update({f"{prefix}_s": call_now, f"calibration_{prefix}_s": call_then,
+                    f"{prefix}_speed_ratio": _ratio(call_now, call_then)})
+    return out
 
 
 def drift_corrected(cfg: ValidateConfig, speed: dict) -> ValidateConfig | None:
-    """This validation on its calibration as the machine ran during the sweep (calibrate.profile.at_speed): compute
-    times x `speed_ratio`, calls x `call_speed_ratio` (x `speed_ratio` where the calibration has no call figure,
-    e.g. from an older calibrate); None without a speed ratio (a datasheet cluster, another workload)."""
-    from shardwise.calibrate.profile import at_speed
+    """This validation on its calibration as the machine ran during the sweep (calibrate.profile.at_speed): its
+    compute times x `speed_ratio`, each kind of call x its own ratio (a call the calibration has no figure for,
+    e.g. from an older calibrate, by calibrate.profile.FALLBACK); None without a speed ratio (a datasheet cluster,
+    another workload)."""
+    from shardwise.calibrate.profile import at_speed, speed_ratios
 
-    if not speed["speed_ratio"]:
-        return None
-    calls = speed["call_speed_ratio"] or speed["speed_ratio"]
-    return replace(cfg, cluster=at_speed(cfg.cluster, speed["speed_ratio"], calls))
+    ratios = speed_ratios({"compute": speed["speed_ratio"], "calls": speed["call_speed_ratio"],
+                           "p2p": speed["p2p_speed_ratio"], "fsdp": speed["fsdp_speed_ratio"]})
+    return replace(cfg, cluster=at_speed(cfg.cluster, ratios)) if ratios else None
 
 
 def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
