@@ -40,7 +40,7 @@ from shardwise.stage_split import stage_layer_counts
 DATA = Path(__file__).parent / "data"
 README_PLAN = ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
                "--seq-len", "2048"]
-KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute", "cp", "ep", "etp")
+KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch", "zero", "recompute", "recompute_layers", "cp", "ep", "etp")
 
 
 def knobs(layout) -> dict:
@@ -135,12 +135,15 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
         zero = 1 if ddp.use_distributed_optimizer else 0
     if ddp.overlap_param_gather:  # validate_args: only with a sharded optimizer and overlapped reduction
         assert zero >= 1 and ddp.overlap_grad_reduce
-    if config.recompute_granularity == "full":
+    partial = None  # block: the first recompute_num_layers of each chunk (transformer_block.py); uniform 1: every layer
+    if config.recompute_granularity == "full" and config.recompute_method == "block":
+        partial = config.recompute_num_layers
+    elif config.recompute_granularity == "full":
         assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)  # every layer
     recompute = config.recompute_granularity or "none"
     return {"dp": dp, "tp": config.tensor_model_parallel_size, "pp": config.pipeline_model_parallel_size,
             "vpp": config.virtual_pipeline_model_parallel_size or 1, "micro_batch": ns.micro_batch_size,
-            "zero": zero, "recompute": recompute, "sequence_parallel": config.sequence_parallel,
+            "zero": zero, "recompute": recompute, "recompute_layers": partial, "sequence_parallel": config.sequence_parallel,
             "ep": config.expert_model_parallel_size,
             "etp": config.expert_tensor_parallel_size if config.num_moe_experts else 1,
             "experts": config.num_moe_experts or 0, "moe_layers": _moe_layers(config, num_layers),
@@ -220,7 +223,8 @@ def read_torchtitan(path: Path, num_layers: int, monkeypatch) -> dict:
     else:
         micro_batch, microbatches = train.local_batch_size, accumulation
     return {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "zero": zero,
-            "recompute": cfg.activation_checkpoint.mode, "sequence_parallel": tp > 1,  # torchtitan's TP is always SP
+            **_torchtitan_recompute(cfg.activation_checkpoint, max(counts) if counts else num_layers),
+            "sequence_parallel": tp > 1,  # torchtitan's TP is always SP
             "cp": par.context_parallel_degree, "ep": 1, "etp": 1,
             "cp_mode": {"alltoall": "ring", "allgather": "allgather"}[par.context_parallel_rotate_method],
             "microbatches": microbatches, "schedule": schedule, "counts": counts}
@@ -246,9 +250,17 @@ def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
     full = cfg.pipeline["activation_checkpoint_interval"] > 0 if pp > 1 else "activation_checkpointing" in raw
     return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
-            "recompute": "full" if full else "none", "sequence_parallel": False, "cp": 1, "cp_mode": "ring", "ep": 1, "etp": 1,
+            "recompute": "full" if full else "none", "recompute_layers": None, "sequence_parallel": False, "cp": 1, "cp_mode": "ring", "ep": 1, "etp": 1,
             "grad_bytes": 4 if cfg.grad_accum_dtype == "fp32" else 2,  # None: the model's dtype, bf16
             "microbatches": cfg.gradient_accumulation_steps, "schedule": "1f1b" if pp > 1 else None, "counts": None}
+
+
+def _torchtitan_recompute(ac, chunk: int) -> dict:
+    """torchtitan's activation_checkpoint as shardwise's knobs: selective with an integer k checkpoints every k-th
+    block (distributed/activation_checkpoint.py _apply_layer_sac: a counter over blocks, `count % k == 0`)."""
+    if ac.mode == "selective" and ac.selective_ac_option.isdigit():
+        return {"recompute": "full", "recompute_layers": chunk // int(ac.selective_ac_option)}
+    return {"recompute": ac.mode, "recompute_layers": None}
 
 
 def read(target_name: str, path: Path, job, layout, tmp_path, monkeypatch) -> dict:
@@ -289,6 +301,7 @@ def test_readme_plan_round_trips_through_the_targets_parser(target, tmp_path, ca
         assert printed["emitted"]["layout"] == planned and printed["emitted"]["rank"] == rank
         layout = Layout(dp=planned["dp"], tp=planned["tp"], pp=planned["pp"], micro_batch=planned["micro_batch"],
                         vpp=planned["vpp"], zero=planned["zero"], recompute=planned["recompute"],
+                        recompute_layers=planned["recompute_layers"],
                         sequence_parallel=planned["sequence_parallel"], schedule=planned["schedule"],
                         cp=planned["cp"], cp_mode=planned["cp_mode"])
         check_round_trip(read(target, out, job, layout, tmp_path, monkeypatch), job, layout)
@@ -302,6 +315,7 @@ CASES = {
         ("llama-65b", 48, 1024, 2048, Layout(2, 8, 3, 1, 1, 2, "selective", True, "1f1b")),
         ("llama-65b", 64, 1024, 2048, Layout(8, 8, 1, 2, 1, 3, "full", True)),
         ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b")),
+        ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b", recompute_layers=4)),
         ("llama3-70b", 64, 64, 32768, Layout(2, 8, 2, 1, 1, 1, "selective", True, "1f1b", cp=2, cp_mode="allgather")),
         ("qwen3-30b-a3b", 64, 1024, 4096, Layout(8, 2, 4, 1, 1, 1, "selective", True, "1f1b", ep=8, etp=2)),
         ("deepseek-v3", 1024, 1024, 4096, Layout(8, 8, 16, 1, 1, 1, "full", True, "1f1b", ep=64)),
@@ -310,6 +324,7 @@ CASES = {
         ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 3, "full", True, "interleaved-1f1b")),
         ("llama3-70b", 48, 96, 4096, Layout(2, 8, 3, 2, 1, 2, "none", True, "gpipe")),
         ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 2, 1, 0, "full", False)),
+        ("llama3-8b", 16, 64, 4096, Layout(16, 1, 1, 2, 1, 3, "full", False, recompute_layers=8)),  # every 4th block
         ("llama3-70b", 64, 64, 32768, Layout(2, 8, 2, 1, 1, 3, "none", True, "1f1b", cp=2)),
     ],
     "deepspeed": [

@@ -215,6 +215,7 @@ def _estimate_argv(c: dict) -> list:
     argv = ["--tp", c["tp"], "--pp", c["pp"], "--cp", c["cp"], "--ep", c["ep"], "--etp", c["etp"],
             "--micro-batch", c["micro_batch"], "--vpp", c["vpp"], "--zero", c["zero"], "--recompute", c["recompute"],
             "--schedule", c["schedule"], "--cp-mode", c["cp_mode"]]
+    argv += ["--recompute-layers", c["recompute_layers"]] if c["recompute_layers"] is not None else []
     return argv + (["--sequence-parallel"] if c["sequence_parallel"] else [])
 
 

@@ -237,8 +237,9 @@ def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
     assert unnamed["sequence_parallel"] and not off["sequence_parallel"]
     assert unnamed["step_time_s"] == on["step_time_s"] < off["step_time_s"]
     # at the ZeRO stage and recompute policy picked, plain TP holds more (the picks differ once SP fits without recompute)
+    layers = ["--recompute-layers", str(unnamed["recompute_layers"])] if unnamed["recompute_layers"] else []
     code, out, err = run_cli(capsys, "estimate", *llama, "--no-sequence-parallel", "--zero", str(unnamed["zero"]),
-                             "--recompute", unnamed["recompute"])
+                             "--recompute", unnamed["recompute"], *layers)
     assert code == 0, err
     assert unnamed["memory_gib_per_gpu"] < json.loads(out)["memory_gib_per_gpu"]
     assert any("sequence parallelism" in why for why in unnamed["assumptions"]["implied"])

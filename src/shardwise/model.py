@@ -159,7 +159,8 @@ class CrossEntropy(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec, *, seed: int = 0, layer_ids: Iterable[int] | None = None,
-                 first: bool = True, last: bool = True, device: str | torch.device = "cpu", recompute: str = "none"):
+                 first: bool = True, last: bool = True, device: str | torch.device = "cpu", recompute: str = "none",
+                 recompute_layers: int | None = None):
         super().__init__()
         self.spec = spec
         layer_ids = range(spec.num_layers) if layer_ids is None else list(layer_ids)
@@ -179,16 +180,18 @@ class Transformer(nn.Module):
             self.register_buffer("rope_sin", sin.to("cpu" if meta else device), persistent=False)
         if not meta:
             self.init_weights(seed)
-        self.set_recompute(recompute)
+        self.set_recompute(recompute, recompute_layers)
 
     def tie(self):
         """GPT-2's LM head is the embedding (again, after either was replaced: shardwise.hf.load)."""
         if self.spec.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def set_recompute(self, mode: str) -> None:
-        for block in self.layers.values():
-            block.recompute = mode == "full"
+    def set_recompute(self, mode: str, layers: int | None = None) -> None:
+        """`mode` for every block; with "full", `layers` recomputes only this chunk's first ones (Megatron's
+        --recompute-method block), the rest keeping all their activations."""
+        for i, block in enumerate(self.layers.values()):
+            block.recompute = mode == "full" and (layers is None or i < layers)
             block.attention.recompute_core = mode == "selective"
 
     @torch.no_grad()

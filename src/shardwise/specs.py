@@ -274,6 +274,10 @@ class Layout:
     cp_mode: str = "ring"  # attention over the shards: "ring" (K/V passed around) or "allgather"
     ep: int = 1  # expert parallelism, folded over the same dp x tp ranks (Megatron's MoE parallel folding)
     etp: int = 1  # tensor parallelism inside each expert
+    # With recompute "full": how many layers of each model chunk (a pipeline stage, or each virtual stage under
+    # interleaving) are recomputed, the first ones; the others keep all their activations (Megatron's
+    # --recompute-method block --recompute-num-layers N). None: every layer.
+    recompute_layers: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -292,6 +296,12 @@ class Layout:
     def split(self) -> tuple[int, int, int, int, int]:
         """The dp x tp x pp x cp x ep split: `plan` shows the best layout of each."""
         return (self.dp, self.tp, self.pp, self.cp, self.ep)
+
+    def recompute_phrase(self) -> str:
+        """The recompute policy in words ("full recompute", or "full recompute of 4 layers per stage")."""
+        if self.recompute_layers is None:
+            return f"{self.recompute} recompute"
+        return f"{self.recompute} recompute of {self.recompute_layers} layers per {'chunk' if self.vpp > 1 else 'stage'}"
 
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
@@ -324,6 +334,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(f"unknown recompute '{layout.recompute}' — choose one of {', '.join(RECOMPUTE)}")
     if layout.zero not in ZERO_STAGES:
         raise UsageError(f"unknown ZeRO stage {layout.zero} — choose 0, 1, 2 or 3")
+    check_recompute_layers(layout, model, seq_len)
     if model.num_heads % layout.tp:
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
     if model.num_kv_heads % layout.tp:
@@ -352,6 +363,27 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(
             f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
         )
+
+
+def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None) -> None:
+    """--recompute-layers N: whole layers recomputed (full recompute), at least one, at most a model chunk's layers."""
+    n = layout.recompute_layers
+    if n is None:
+        return
+    if layout.recompute != "full":
+        raise UsageError(f"--recompute-layers recomputes whole layers, but --recompute is {layout.recompute} — use "
+                         f"--recompute full with it, or drop --recompute-layers")
+    if n < 1:
+        raise UsageError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
+    from shardwise.stage_split import stage_layer_counts  # a cut that balances cost needs the sequence length
+
+    chunks = layout.pp * layout.vpp
+    most = (max(stage_layer_counts(model, chunks, seq_len)) if seq_len is not None and chunks <= model.num_layers
+            else -(-model.num_layers // chunks))
+    if n > most:
+        where = "each virtual stage" if layout.vpp > 1 else "each pipeline stage"
+        raise UsageError(f"--recompute-layers {n} exceeds the {most} layers {where} holds at most — use at most {most} "
+                         f"(or --recompute full without it: every layer)")
 
 
 def splits_over_tp(seq_len: int, tp: int, cp: int = 1) -> bool:

@@ -111,3 +111,16 @@ def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int) -> list[float]:
     layer, embed, head = layer_costs(spec, seq_len)
     counts = stage_layer_counts(spec, num_stages, seq_len)
     return [n * layer + (embed if s == 0 else 0.0) + (head if s == num_stages - 1 else 0.0) for s, n in enumerate(counts)]
+
+
+@lru_cache(maxsize=1 << 16)
+def rank_recomputed_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, per_chunk: int | None) -> int:
+    """Layers pipeline rank `rank` recomputes in full when each of its chunks recomputes its first `per_chunk`
+    layers (all of a chunk that holds fewer; None: every layer) — Megatron's block method, per TransformerBlock."""
+    counts = stage_layer_counts(spec, pp * vpp, seq_len)[rank::pp]
+    return sum(counts) if per_chunk is None else sum(min(per_chunk, c) for c in counts)
+
+
+def max_chunk_layers(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> int:
+    """The most layers one model chunk (virtual stage) holds: what --recompute-layers counts against."""
+    return max(stage_layer_counts(spec, pp * vpp, seq_len))

@@ -170,7 +170,8 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
 
         chunks, step = build_pipeline(cfg, mesh, device)
         return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step, data=batches(cfg))
-    model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute, device="meta" if cfg.weights else "cpu")
+    model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute,
+                        recompute_layers=cfg.layout.recompute_layers, device="meta" if cfg.weights else "cpu")
     chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len, weights=loader(cfg.weights))]
     return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward, data=batches(cfg))
 

@@ -28,6 +28,12 @@ def add_job_args(p: argparse.ArgumentParser, global_batch: int | None = None, se
     p.add_argument("--seq-len", type=int, required=seq_len is None, default=seq_len, help="tokens per sequence")
 
 
+RECOMPUTE_LAYERS_HELP = ("full recompute of only the first N layers of each pipeline stage (of each virtual stage with "
+                         "--vpp); the others keep their activations. Megatron's --recompute-method block "
+                         "--recompute-num-layers N; torchtitan's selective_ac_option k is N = layers per stage // k. "
+                         "Implies --recompute full")
+
+
 def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = False, unnamed: bool = False) -> None:
     """The knobs of one layout, with the contract's flag names. `unnamed`: --vpp, --zero, --recompute and
     --sequence-parallel / --no-sequence-parallel default to None when not given, for the planner to fill in as the
@@ -40,6 +46,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
         p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
         p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
         p.add_argument("--recompute", default="none", choices=list(RECOMPUTE), help="activation recompute")
+        p.add_argument("--recompute-layers", type=int, default=None, metavar="N", help=RECOMPUTE_LAYERS_HELP)
         p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     else:
         p.add_argument("--vpp", type=int, default=None,
@@ -50,7 +57,9 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                             "optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with a pipeline — or the next stage "
                             "that fits)")
         p.add_argument("--recompute", default=None, choices=list(RECOMPUTE),
-                       help="activation recompute (default: none, or the cheapest policy that fits)")
+                       help="activation recompute (default: none, or the cheapest policy that fits, which may be full "
+                            "recompute of only some layers)")
+        p.add_argument("--recompute-layers", type=int, default=None, metavar="N", help=RECOMPUTE_LAYERS_HELP)
         p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: plain TP. Default: what "
                             "the stack runs (always with TP on nemo and torchtitan, never on deepspeed), else the faster "
@@ -71,7 +80,8 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
 def layout_from_args(args, dp: int) -> Layout:
     schedule = args.schedule or default_schedule(args.vpp)
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
-                  recompute=args.recompute, sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
+                  recompute=args.recompute, recompute_layers=args.recompute_layers,
+                  sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
                   ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode or "ring")
 
 
@@ -208,7 +218,8 @@ def layout_table(estimates, title: str, width: int | None = None):
     short = (lambda text: SHORT.get(text, text)) if narrow else (lambda text: text)
     if narrow:
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0),
-                      caption="i-1f1b: interleaved 1F1B; Z: ZeRO stage; rc: recompute (sel: selective)")
+                      caption="i-1f1b: interleaved 1F1B; Z: ZeRO stage; rc: recompute (sel: selective; full:N: N layers "
+                              "of each stage)")
         headers = ("#", "layout", "sched", "Z", "rc", "SP", "GiB", "fits", "step", "tok/s", "MFU")
     else:
         table = Table(title=title)
@@ -219,7 +230,8 @@ def layout_table(estimates, title: str, width: int | None = None):
     for i, e in enumerate(estimates, 1):
         lay = e.layout
         table.add_row(str(i), lay.describe(), short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),
-                      short(lay.recompute), "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
+                      short(lay.recompute) + (f":{lay.recompute_layers}" if lay.recompute_layers else ""),
+                      "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
                       "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),
                       f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
     return table

@@ -25,8 +25,11 @@ def run(args) -> int:
     from shardwise.planner.estimate import complete_layout
     from shardwise.planner.frameworks import check, get
     from shardwise.specs import check_sequence_split, validate_layout
+    from shardwise.stage_split import max_chunk_layers
 
     job = job_from_args(args)
+    if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
+        args.recompute = "full"
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp") if getattr(args, k) is not None}
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
@@ -45,7 +48,7 @@ def run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
-    check(get(job.framework), layout)
+    check(get(job.framework), layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len))
     est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())

@@ -15,7 +15,7 @@ from shardwise.commands.common import add_layout_args
 from shardwise.errors import UsageError
 
 LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, "zero": int,
-               "recompute": str, "sequence_parallel": bool, "schedule": str, "cp": int, "cp_mode": str, "ep": int, "etp": int}
+               "recompute": str, "recompute_layers": int, "sequence_parallel": bool, "schedule": str, "cp": int, "cp_mode": str, "ep": int, "etp": int}
 
 
 def register(subparsers, name, help):
@@ -29,7 +29,8 @@ def register(subparsers, name, help):
                         "initialisation, ignoring them")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default 1)")
     add_layout_args(p)
-    p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, sequence_parallel=None,
+    p.set_defaults(tp=None, pp=None, zero=None, micro_batch=None, vpp=None, recompute=None, recompute_layers=None,
+                   sequence_parallel=None,
                    ep=None, etp=None, cp=None, cp_mode=None)
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
@@ -95,7 +96,7 @@ def read_plan(path: str) -> dict:
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
     out = {}
     for key, kind in LAYOUT_KEYS.items():
-        if key in layout:
+        if key in layout and layout[key] is not None:  # null: the default (recompute_layers: every layer)
             value = layout[key]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise UsageError(f"{path}: '{key}' must be {kind.__name__}, got {value!r}")
@@ -116,6 +117,8 @@ def layout_from(args):
                 raise UsageError(f"--{key.replace('_', '-')} {value} contradicts {key}={values[key]} in {args.plan} — drop one of them")
     values = {**values, **flags}
     values.setdefault("schedule", default_schedule(values.get("vpp", 1)))
+    if "recompute_layers" in values:  # recomputing whole layers is full recompute
+        values.setdefault("recompute", "full")
     dp, pp = values.get("dp", 1), values.get("pp", 1)
     if args.microbatches is not None:  # the layout itself is checked once, by launch.check
         if "micro_batch" in flags:

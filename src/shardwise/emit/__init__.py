@@ -62,7 +62,7 @@ class Target:
         est, lay, job = self.estimate, self.layout, self.job
         gib = 2**30
         knobs = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
-                 f"{lay.recompute} recompute"] + (["sequence parallel"] if lay.sequence_parallel else [])
+                 lay.recompute_phrase()] + (["sequence parallel"] if lay.sequence_parallel else [])
         assumes = [f"framework {self.framework}", "bf16",
                    "fused attention" if job.flash_attention else "materialised softmax",
                    "TP overlap on" if job.tp_comm_overlap else "TP overlap off"]

@@ -44,6 +44,9 @@ def problem(job, layout) -> str | None:
     if layout.recompute == "selective":
         return ("selective recompute — it is model code (Megatron-DeepSpeed), not a DeepSpeed config key; "
                 "narrow the search with --recompute none,full")
+    if layout.recompute_layers is not None:
+        return ("full recompute of only some layers — DeepSpeed's activation_checkpoint_interval recomputes every "
+                "layer (in groups); use --framework deepspeed, which plans every layer or none")
     if layout.zero == 0 and job.train.grad_bytes == 4:
         return ("ZeRO-0 with fp32 gradients — DeepSpeed accumulates a bf16 model's gradients in fp32 only under ZeRO "
                 "(data_types.grad_accum_dtype); score with --framework deepspeed (bf16 gradients) or use ZeRO >= 1")

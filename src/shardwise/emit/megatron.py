@@ -12,7 +12,8 @@ megatron-core's config dataclasses from it):
   ZeRO-1  --use-distributed-optimizer; ZeRO-2/3 --use-megatron-fsdp with --data-parallel-sharding-strategy
           optim_grads / optim_grads_params (which also requires --ckpt-format fsdp_dtensor)
   recompute selective: --recompute-granularity selective (the attention core, Korthikanti et al.);
-          full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+          full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1;
+          full of N layers per chunk (--recompute-layers): --recompute-method block --recompute-num-layers N
   --context-parallel-size with --cp-comm-type p2p (ring) or all_gather
   mixture of experts: --num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq, ...;
   --expert-model-parallel-size / --expert-tensor-parallel-size (ep, etp)
@@ -115,6 +116,9 @@ def _parallel_args(job, layout) -> list[str]:
             args.append("--overlap-param-gather")
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+    elif layout.recompute == "full" and layout.recompute_layers is not None:  # the first N of each chunk
+        args += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                 layout.recompute_layers]
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     return args

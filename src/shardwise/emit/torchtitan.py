@@ -13,9 +13,10 @@ ConfigManager, which rejects unknown keys):
       _rotate_method "alltoall" (ring) or "allgather".
   [training] local_batch_size (per data-parallel rank per accumulation step), global_batch_size (the
       rest is gradient accumulation), seq_len, bf16 parameters with fp32 reductions.
-  [activation_checkpoint] mode "none" or "full" (every layer).
-torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its selective modes (per-op, every
-N-th layer) are not the attention-core recompute shardwise scores: those layouts are not expressible.
+  [activation_checkpoint] mode "none" or "full" (every layer); --recompute-layers N of a c-layer stage:
+      mode "selective" with selective_ac_option "k", every k-th block (k = c // N, so that c // k = N).
+torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its per-op selective mode is not the
+attention-core recompute shardwise scores: those layouts are not expressible.
 """
 
 from __future__ import annotations
@@ -47,7 +48,17 @@ def problem(job, layout) -> str | None:
     if layout.recompute == "selective":
         return ("selective recompute — torchtitan's selective modes (per-op, every N-th layer) are not the "
                 "attention-core recompute shardwise scored; narrow the search with --recompute none,full")
+    chunk = max(stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len))
+    n = layout.recompute_layers
+    if n is not None and n < chunk and chunk // every_kth(chunk, layout) != n:
+        return f"{n} of {chunk} layers recomputed — torchtitan checkpoints every k-th block ({chunk} // k of them)"
     return None
+
+
+def every_kth(chunk: int, layout) -> int:
+    """selective_ac_option's k for --recompute-layers N of a `chunk`-layer stage: c // N (then c // k = N when any
+    k gives N)."""
+    return chunk // layout.recompute_layers
 
 
 def _value(v) -> str:
@@ -112,11 +123,18 @@ def sections(target) -> dict[str, dict]:
                      "global_batch_size": job.train.global_batch, "seq_len": job.train.seq_len,
                      "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
         "parallelism": par,
-        "activation_checkpoint": {"mode": "full" if lay.recompute == "full" else "none"},
+        "activation_checkpoint": _checkpointing(job, lay),
     }
     if lay.tp > 1 and job.tp_comm_overlap:
         out["compile"] = {"enable": True}  # async TP takes effect under torch.compile only
     return out
+
+
+def _checkpointing(job, lay) -> dict:
+    chunk = max(stage_layer_counts(job.model, lay.pp * lay.vpp, job.train.seq_len))
+    if lay.recompute == "full" and lay.recompute_layers is not None and lay.recompute_layers < chunk:
+        return {"mode": "selective", "selective_ac_option": str(every_kth(chunk, lay))}
+    return {"mode": "full" if lay.recompute == "full" else "none"}
 
 
 def render(target) -> str:

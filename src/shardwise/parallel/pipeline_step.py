@@ -28,7 +28,7 @@ from shardwise.trace import aligned_epoch
 
 
 def build_stage_chunks(spec: ModelSpec, pp: int, vpp: int, pp_rank: int, *, seed: int, seq_len: int,
-                       recompute: str = "none", device="cpu") -> list[nn.Module]:
+                       recompute: str = "none", recompute_layers: int | None = None, device="cpu") -> list[nn.Module]:
     """The model chunks rank `pp_rank` holds, in chunk order: chunk c is virtual stage c*pp + pp_rank."""
     from shardwise.model import Transformer
 
@@ -37,7 +37,7 @@ def build_stage_chunks(spec: ModelSpec, pp: int, vpp: int, pp_rank: int, *, seed
     for c in range(vpp):
         s = virtual_stage(pp_rank, c, pp)
         chunks.append(Transformer(spec, seed=seed, layer_ids=stages[s], first=s == 0, last=s == pp * vpp - 1,
-                                  device=device, recompute=recompute))
+                                  device=device, recompute=recompute, recompute_layers=recompute_layers))
     return chunks
 
 
@@ -113,7 +113,8 @@ def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:
     lay, spec = cfg.layout, cfg.spec
     pp_rank = coordinates(mesh)["pp"]
     models = build_stage_chunks(spec, lay.pp, lay.vpp, pp_rank, seed=cfg.seed, seq_len=cfg.seq_len,
-                                recompute=lay.recompute, device="meta" if cfg.weights else "cpu")
+                                recompute=lay.recompute, recompute_layers=lay.recompute_layers,
+                                device="meta" if cfg.weights else "cpu")
     chunks = [parallelize(model, mesh, lay, device, replicate=False, seq_len=cfg.seq_len, weights=loader(cfg.weights))
               for model in models]
     tied = None

@@ -11,6 +11,7 @@ from shardwise.planner.memory import Job, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
+from shardwise.stage_split import max_chunk_layers
 from shardwise.units import GIB
 
 
@@ -69,6 +70,7 @@ class Estimate:
         return {
             "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
             "num_microbatches": self.num_microbatches, "zero": lay.zero, "recompute": lay.recompute,
+            "recompute_layers": lay.recompute_layers,
             "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule, "cp": lay.cp, "cp_mode": lay.cp_mode,
             "ep": lay.ep, "etp": lay.etp, "total_params": self.total_params, "active_params": self.active_params,
             "fits": self.fits,
@@ -165,7 +167,10 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
     memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
     fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
-    if len(runs) > 1 and fits:
+    if "recompute" not in named and not fw.unnamed_recompute:  # full recompute of fewer layers, where none does not fit
+        partial = [fewest_recomputed(job, t) for t in fits if t.recompute == "full" and t.with_(recompute="none") not in fits]
+        fits += [t for t in partial if t is not None]
+    if fits and len(set(runs) | set(fits)) > 1:
         chosen = min(fits, key=lambda t: estimate(job, t).step_time)
     else:  # nothing fits: the one closest to fitting, so the memory shown is the least the stack needs
         chosen = min(runs, key=memory.get)
@@ -177,11 +182,28 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         implied.append(f"{chosen.vpp} virtual stages per rank (the fastest that fits; --vpp not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
-    if chosen.recompute != lay.recompute:
+    if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
         why = f"{fw.name}'s own" if fw.unnamed_recompute else "the fastest that fits"
-        implied.append(f"{chosen.recompute} recompute ({why}; --recompute not given)")
+        implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     lay = chosen
     return lay, implied
+
+
+def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
+    """`layout` (full recompute, fitting) with the fewest layers per chunk recomputed that its framework runs and
+    that still fit (--recompute-layers), or None when only every layer fits. Fewer recomputed layers are faster and
+    hold more, so the answer is the first count that fits: a binary search over the counts."""
+    counts = get_framework(job.framework).partial_counts(max_chunk_layers(job.model, layout.pp, layout.vpp,
+                                                                          job.train.seq_len))
+    lo, hi = 0, len(counts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        tried = layout.with_(recompute_layers=counts[mid])
+        if sum(memory_breakdown(job, tried)[1].values()) <= job.cluster.gpu_memory_bytes:
+            hi = mid
+        else:
+            lo = mid + 1
+    return layout.with_(recompute_layers=counts[lo]) if lo < len(counts) else None
 
 
 def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Estimate:

@@ -20,7 +20,7 @@ from shardwise.units import seconds
 def _knobs(e: Estimate) -> str:
     lay = e.layout
     parts = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
-             f"{lay.recompute} recompute"]
+             lay.recompute_phrase()]
     if lay.sequence_parallel:
         parts.append("SP")
     return ", ".join(parts)
@@ -79,7 +79,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic costs "
         f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
-        f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute} recompute). Total {win.memory_per_gpu / GIB:.1f} of "
+        f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()}). Total {win.memory_per_gpu / GIB:.1f} of "
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
     )
 
@@ -315,7 +315,7 @@ def plausibility(job: Job, win: Estimate) -> str:
     if win.mfu <= mfu:
         return ""
     lay, t = win.layout, win.time_s
-    reasons = [f"no activation recompute" if lay.recompute == "none" else f"{lay.recompute} recompute",
+    reasons = [f"no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
                f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
                f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
                f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"]

@@ -124,6 +124,11 @@ class Framework:
     optimizer_traffic: int | None = None
     tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
     recompute: tuple[str, ...] = RECOMPUTE
+    # Full recompute of only some layers (--recompute-layers N): "block" (Megatron's --recompute-method block
+    # --recompute-num-layers N: the first N layers of each model chunk, any N), "every" (every k-th block
+    # checkpointed: torchtitan's selective_ac_option = "k", fms-fsdp's selective_checkpointing; N = a chunk's
+    # layers // k), "" (its checkpointing wraps every block or none).
+    partial_recompute: str = ""
     # What `--recompute selective` runs again when the stack names it by module (Job.recompute_modules, Megatron's
     # names): () for the `selective` policy above.
     recompute_modules: tuple[str, ...] = ()
@@ -174,6 +179,8 @@ class Framework:
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
+        if lay.recompute_layers is not None and not self.partial_recompute:
+            return f"{self.name} recomputes every layer or none (drop --recompute-layers)"
         if lay.tp > 1 and self.sequence_parallel == "always" and not lay.sequence_parallel:
             return f"{self.name}'s tensor parallelism always shards the sequence (add --sequence-parallel)"
         if lay.sequence_parallel and lay.tp > 1 and self.sequence_parallel == "never":
@@ -184,6 +191,21 @@ class Framework:
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
+
+    def partial_counts(self, chunk_layers: int) -> tuple[int, ...]:
+        """The --recompute-layers values below `chunk_layers` (a model chunk's layers) this stack can run, ascending."""
+        if self.partial_recompute == "every":  # every k-th of the chunk's blocks, k >= 2
+            return tuple(sorted({chunk_layers // k for k in range(2, chunk_layers + 1)} - {0}))
+        return tuple(range(1, chunk_layers)) if self.partial_recompute == "block" else ()
+
+    def partial_refusal(self, layout: Layout, chunk_layers: int) -> str | None:
+        """Why this stack cannot recompute `layout.recompute_layers` of a `chunk_layers`-layer chunk, or None."""
+        n = layout.recompute_layers
+        if n is None or n >= chunk_layers or self.partial_recompute != "every" or n in self.partial_counts(chunk_layers):
+            return None
+        near = ", ".join(map(str, self.partial_counts(chunk_layers)[-4:]))
+        return (f"{self.name} checkpoints every k-th block, so of {chunk_layers} layers it recomputes "
+                f"{chunk_layers} // k: --recompute-layers {n} is none of them (the largest: {near})")
 
     def fsdp_once_per_step(self, layout: Layout) -> bool:
         """Whether FSDP's units gather once and reduce-scatter once per step, after a pipeline schedule, holding
@@ -209,6 +231,9 @@ MEGATRON_2021 = Framework(
              "--recompute-activations (selective), --use-distributed-optimizer"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
+    # --checkpoint-activations --activations-checkpoint-method block --activations-checkpoint-num-layers N
+    # (NVIDIA/Megatron-LM c1e0689d9, 2021-08-10: after the paper's runs, before v3.0), only when named.
+    partial_recompute="block",
     # p2p_communication.py _communicate: after each receive, gather_split_1d_tensor (an all_gather into a list
     # of views of one buffer: PyTorch's list all-gather copies out of its flat result), not under SP.
     p2p_regathers=(1, 1), p2p_regather_copies=2,
@@ -233,6 +258,9 @@ MEGATRON_CORE = Framework(
     zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
+    # --recompute-granularity full --recompute-method block --recompute-num-layers N: the first N layers of each
+    # TransformerBlock, one per virtual chunk (megatron/core/transformer/transformer_block.py _checkpointed_forward)
+    partial_recompute="block",
 )
 
 NEMO = Framework(
@@ -255,6 +283,7 @@ NEMO = Framework(
     loss="fused",
     # scripts/performance/executors.py: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200
     expandable_segments=True,
+    partial_recompute="block",  # activations_checkpoint_granularity full, method block, num_layers N (megatron-core's)
 )
 
 DEEPSPEED = Framework(
@@ -292,6 +321,7 @@ DEEPSPEED = Framework(
     glu_bytes=18,
     expert_gemm_streams=1,  # deepspeed/moe/experts.py Experts.forward: one local expert after another
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
+            "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)",
             "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)",
             "ring or all-gather context parallelism (its Ulysses splits the heads with all-to-all: not modelled)"),
 )
@@ -305,7 +335,8 @@ DEEPSPEED_2024 = replace(
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
     attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
     glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
-    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3"),
+    cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
+            "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)"),
 )
 
 # DeepSpeed's pipeline engine with bf16 (0.6-0.7, BigScience's BLOOM): bf16 needs ZeRO stage 0 there and the
@@ -348,6 +379,9 @@ TORCHTITAN = Framework(
     overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op",
+    # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
+    # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
+    partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True,
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
     fp8="torchao",
@@ -372,7 +406,8 @@ AUTOMODEL = replace(
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
     expandable_segments=False,  # no source found: the default allocator
-    cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)",),
+    partial_recompute="",  # apply_ac wraps every block
+    cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)", "recompute of only some layers"),
 )
 
 # MosaicML Composer's FSDP (PyTorch FSDP1), as llm-foundry's MPT recipes and benchmark sweeps ran it in 2023-24
@@ -402,9 +437,10 @@ COMPOSER = replace(
     # fsdp_config activation_checkpointing checkpoints every module the model's activation_checkpointing_fn names:
     # MPT's is `isinstance(module, MPTBlock)` (llm-foundry 061f2c7c modeling_mpt.py), whole blocks, so full recompute;
     # torchtitan's op-level selective checkpointing is not Composer's.
-    recompute=("none", "full"),
+    recompute=("none", "full"), partial_recompute="",  # every MPTBlock (configurable targets: llm-foundry 2e59620a3, 2024-02)
     cannot=("tensor, pipeline or context parallelism (Composer 0.16-0.17 runs FSDP, DDP or DeepSpeed only)",
-            "ZeRO-1", "selective recompute (its activation checkpointing wraps whole blocks)"),
+            "ZeRO-1", "selective recompute (its activation checkpointing wraps whole blocks)",
+            "recompute of only some layers (it checkpoints every block)"),
     fp8="",
 )
 COMPOSER_PURE = replace(
@@ -429,7 +465,8 @@ LLAMA3 = Framework(
              "(16,384)"),
     attention="fa2", grad_reduce_bytes=4, overlap_grad_reduce=True, pipeline_fsdp_once=True,
     p2p_overlap=True, zero_stages=(0, 1, 2), context_parallel=("allgather",),
-    cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules"),
+    cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules",
+            "recompute of only some layers (its paper describes none)"),
 )
 
 LLAMA2 = replace(
@@ -475,6 +512,7 @@ SHARDWISE = Framework(
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager", unnamed_sequence_parallel=False,
+    partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
 )
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
@@ -493,9 +531,10 @@ def get(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def check(framework: Framework, layout: Layout) -> None:
-    """UsageError (one line, exit 2) when the stack cannot run the layout."""
-    reason = framework.refusal(layout)
+def check(framework: Framework, layout: Layout, chunk_layers: int | None = None) -> None:
+    """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
+    model chunk holds, also the --recompute-layers counts it can run)."""
+    reason = framework.refusal(layout) or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
     if reason:
         fix = "" if " — " in reason else " — change the layout or pick another --framework"
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")

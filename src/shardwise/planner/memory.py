@@ -258,9 +258,10 @@ def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int
     return s * b * model.hidden * e / (tp if sp else 1)
 
 
-def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: float) -> float:
+def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: float, recomputed: int | None = None) -> float:
     """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
-    between forwards and backwards, plus the working set of a layer being recomputed."""
+    between forwards and backwards, plus the working set of a layer being recomputed. Under full recompute
+    `recomputed` of the layers (None: all) keep only their input and the others everything (--recompute-layers)."""
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
                                             fp8_saved(job))
@@ -281,7 +282,9 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     if layout.recompute == "selective":
         return held * linear  # the attention core (the s^2 part) is recomputed
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
-    return held * ckpt + recompute_working_bytes(job, layout, held)
+    recomputed = layers if recomputed is None else recomputed
+    kept = (layers - recomputed) * inflight  # layers outside the recomputed ones keep their full set
+    return held * ckpt + kept * (linear + scores - ckpt) + recompute_working_bytes(job, layout, recomputed * inflight)
 
 
 def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
@@ -299,7 +302,8 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
 
 def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -> float:
     """The MoE layers of pipeline rank `rank` keep this much more than dense layers would (their routed
-    path is never recomputed by selective recompute; under full recompute the layer being recomputed holds it)."""
+    path is never recomputed by selective recompute; under full recompute the layer being recomputed holds it,
+    and with --recompute-layers the MoE layers outside the recomputed ones, taken in proportion, keep it)."""
     n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
     if not n:
         return 0.0
@@ -311,7 +315,8 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
         delta += 4 * job.model.num_experts * b
     if layout.recompute == "full":
-        return min(n * inflight, 1) * delta
+        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(rank_layers(job, layout, rank), 1)
+        return min(recomputed * inflight, 1) * delta + (n - recomputed) * inflight * delta
     return n * inflight * delta
 
 
@@ -357,6 +362,15 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
 def rank_layers(job: Job, layout: Layout, rank: int) -> int:
     """Layers on pipeline rank `rank`: its vpp chunks, cut exactly as the runtime cuts them (stage_split)."""
     return stage_split.rank_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len)
+
+
+def rank_recomputed_layers(job: Job, layout: Layout, rank: int) -> int:
+    """Layers pipeline rank `rank` recomputes in full (0 unless --recompute full; all of them unless
+    --recompute-layers names how many of each chunk)."""
+    if layout.recompute != "full":
+        return 0
+    return stage_split.rank_recomputed_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len,
+                                              layout.recompute_layers)
 
 
 def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
@@ -470,7 +484,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
         whole = layers if layout.zero < 3 or layout.dp * layout.cp == 1 else min(gathered, layers)
         out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
-    out["activations"] = stage_activation_bytes(job, layout, layers, inflight)
+    out["activations"] = stage_activation_bytes(job, layout, layers, inflight, rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
         states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,

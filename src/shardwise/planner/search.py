@@ -13,7 +13,9 @@ in this model — docs/planner.md explains each):
     gathers the updated weights after the step, exposed; its ZeRO-3 gathers hide behind compute).
   * recompute: a costlier level at the same ZeRO stage is never faster (the compute it adds is at
     least the exposed communication it could hide), so a level is scored only at ZeRO stages below
-    the lowest one a cheaper level fits at (higher stages fit with the cheaper level too).
+    the lowest one a cheaper level fits at (higher stages fit with the cheaper level too). Where full
+    recompute fits, and so none did not, full recompute of only some layers is scored with the fewest
+    layers per chunk that fit (fewer recomputed layers are faster and hold more).
   * context parallelism: cp divides the GPUs left by tp and pp and cuts the sequence into 2*cp equal
     zig-zag chunks; by default only cp that leave every rank at least MIN_CP_TOKENS tokens of each
     sequence: below that a sequence is short enough to split the batch instead (DP), and a ring hop
@@ -32,7 +34,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
-from shardwise.planner.estimate import GIB, Estimate, estimate
+from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
@@ -348,6 +350,8 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
     scored = timed = 0
     refused = ""
     leanest: tuple[float, Layout] | None = None
+    # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
+    partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
     for tp, pp, dp, cp in degrees(job, gpus, space):
         too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
         for mb in divisors(job.train.global_batch // dp):  # ascending
@@ -388,6 +392,10 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             ranked.append(estimate(job, layout))
                             timed += 1
                             lowest = zero if lowest is None else lowest
+                            partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
+                            if partial is not None:  # none did not fit here: fewer recomputed layers may
+                                ranked.append(estimate(job, partial))
+                                timed += 1
                             if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
                                 # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
                                 # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),

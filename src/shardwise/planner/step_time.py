@@ -24,7 +24,8 @@ from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, fp8_weight_cast, layer_cost,
                                           matmul_params_per_layer)
-from shardwise.planner.memory import Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params
+from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
+                                      rank_recomputed_layers)
 from shardwise.planner.overlap import Window, dp_exposed, interference
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
@@ -134,9 +135,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     rec_tp = rec_cp = 0.0  # recompute runs the forward's TP collectives (full) and K/V traffic again
+    redone = rank_recomputed_layers(job, layout, rank)  # full recompute: all layers, or --recompute-layers' share
     if layout.recompute == "full":
-        rec, flops_rec, rec_tp = layers * (lc.fwd + oh + ckpt), layers * (mm_flops + attn_flops), layers * lc.tp_fwd
-        rec_cp = layers * lc.cp_fwd
+        rec, flops_rec, rec_tp = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops), redone * lc.tp_fwd
+        rec_cp = redone * lc.cp_fwd
     elif layout.recompute == "selective" and job.selective == "op":
         rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
     elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
@@ -155,7 +157,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     f, b_in, w = f + edge, b_in + edge, w + edge
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
-    rec_ep = layers * lc.ep_fwd if layout.recompute == "full" else 0.0  # full recompute dispatches again
+    rec_ep = redone * lc.ep_fwd  # full recompute dispatches again
     if moe_layers and job.moe_recompute == "moe" and layout.recompute != "full":  # Megatron's MoE recompute
         mlc = layer_cost(job, layout, moe_layer=True)
         rec, rec_ep = rec + moe_layers * mlc.ffn_fwd, moe_layers * mlc.ep_fwd
