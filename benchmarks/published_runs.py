@@ -33,11 +33,12 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.planner import estimate, kernels
 from shardwise.planner import moe as moe_terms
-from shardwise.planner.estimate import complete_layout
+from shardwise.planner.estimate import complete_layout, fewest_recomputed
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import Layout, ModelSpec, load_cluster, load_model, validate_layout
+from shardwise.stage_split import max_chunk_layers
 from shardwise.validate.stats import kendall_tau
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data/published_runs.csv"
@@ -156,6 +157,18 @@ def _recompute(cell: str) -> str:
     if c.startswith("full") or c.startswith("yes"):
         return "full"
     return "none"
+
+
+def _recompute_layers(cell: str, chunk_layers: int) -> int | None:
+    """Full recompute of only some layers per model chunk, as the recompute cell names it: every k-th block
+    (torchtitan's selective_ac_option k, fms-fsdp's selective_checkpointing: a chunk's layers // k) or Megatron's
+    block method (recompute_num_layers N); None: every layer or none."""
+    c = cell.lower()
+    every = re.search(r"every (\d+)(?:st|nd|rd|th) \w*(?:block|layer)", c)
+    if every:
+        return chunk_layers // int(every.group(1))
+    block = re.search(r"(?:recompute[-_]num[-_]layers|activations_checkpoint_num_layers)[ =:]*(\d+)", c)
+    return int(block.group(1)) if block and "block" in c and int(block.group(1)) > 0 else None
 
 
 def _zero(cell: str) -> int:
@@ -313,7 +326,11 @@ def parse(row: dict) -> Run:
         zero = fw.default_zero_with_pp
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
-    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero, recompute=_recompute(recompute_cell),
+    chunk = max_chunk_layers(model, pp, vpp, seq) if pp * vpp <= model.num_layers else 1
+    partial = _recompute_layers(recompute_cell, chunk)
+    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero,
+                    recompute="full" if partial else _recompute(recompute_cell),
+                    recompute_layers=partial if partial and partial < chunk else None,
                     sequence_parallel=sp and tp > 1,
                     schedule="interleaved-1f1b" if vpp > 1 or _depth_unreported(row) else "1f1b",
                     ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1,
@@ -362,6 +379,8 @@ def parse(row: dict) -> Run:
     if recompute_cell.strip().startswith("NR") and not _depth_unreported(row):
         layout = next((layout.with_(recompute=r) for r in fw.recompute if estimate(job, layout.with_(recompute=r)).fits),
                       layout)
+        if layout.recompute == "full":  # only every layer fits? maybe fewer do (estimate's rule: the cheapest that fits)
+            layout = fewest_recomputed(job, layout) or layout
     run.framework, run.job, run.layout = profile, job, layout
     run.published_step_s = published_step_time(row, job, gpus)
     if run.published_step_s is None:
