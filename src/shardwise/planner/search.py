@@ -14,8 +14,8 @@ in this model — docs/planner.md explains each):
   * recompute: a costlier level at the same ZeRO stage is never faster (the compute it adds is at
     least the exposed communication it could hide), so a level is scored only at ZeRO stages below
     the lowest one a cheaper level fits at (higher stages fit with the cheaper level too). Where full
-    recompute fits, and so none did not, full recompute of only some layers is scored with the fewest
-    layers per chunk that fit (fewer recomputed layers are faster and hold more).
+    recompute fits, and so none did not, it is scored with the fewest layers per chunk recomputed that
+    fit (--recompute-layers: recomputing fewer is faster, by the same rule).
   * context parallelism: cp divides the GPUs left by tp and pp and cuts the sequence into 2*cp equal
     zig-zag chunks; by default only cp that leave every rank at least MIN_CP_TOKENS tokens of each
     sequence: below that a sequence is short enough to split the batch instead (DP), and a ring hop
@@ -389,13 +389,11 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             leanest = (mem, layout)
                         if mem <= limit:
                             fitted = True
-                            ranked.append(estimate(job, layout))
+                            # none did not fit here; fewer recomputed layers may, and are faster (as a cheaper level)
+                            partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
+                            ranked.append(estimate(job, partial or layout))
                             timed += 1
                             lowest = zero if lowest is None else lowest
-                            partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
-                            if partial is not None:  # none did not fit here: fewer recomputed layers may
-                                ranked.append(estimate(job, partial))
-                                timed += 1
                             if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
                                 # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
                                 # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),
