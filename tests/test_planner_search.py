@@ -182,6 +182,18 @@ def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("framework, zero, runs", [
+    ("llama3", "3", "no ZeRO-3 (it runs ZeRO 0, 1, 2)"),  # the paper's FSDP never reshards after forward: no ZeRO-3
+    ("torchtitan", "1", "no ZeRO-1 (it runs ZeRO 0, 2, 3)"),  # FSDP2 shards gradients with the optimizer states: no ZeRO-1
+    ("deepspeed-bf16", "0,2", "no ZeRO-0 or ZeRO-2 (it runs ZeRO 1)"),  # BF16_Optimizer always partitions the optimizer states, and only those
+])
+def test_plan_refuses_zero_stages_the_framework_never_runs(capsys, framework, zero, runs):
+    # Else only layouts without data parallelism are left and the table shows them as ZeRO-0, not what was asked.
+    for command in ("plan", "explain"):
+        code, out, err = run_cli(capsys, command, *ARTICLE, "--framework", framework, "--zero", zero)
+        assert code == 2 and f"{framework} has {runs}" in err and err.count("\n") == 1 and not out
+
+
 @pytest.mark.parametrize("argv, layout, implied", [
     # torchtitan and NeMo always shard the sequence with TP; torchtitan's data parallelism is FSDP2
     (["--framework", "torchtitan"], {"sequence_parallel": True, "zero": 3}, ["sequence parallelism", "ZeRO-3"]),

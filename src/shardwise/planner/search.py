@@ -229,6 +229,11 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
     if bad or not space.zero:
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
+    runs = get_framework(job.framework).zero_stages
+    if not set(space.zero) & set(runs):  # else only layouts without data parallelism would be left, named ZeRO-0
+        raise UsageError(f"--zero {','.join(map(str, space.zero))}: {job.framework} has no "
+                         f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
+                         f"pick from those or another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
     n = count_candidates(job, gpus, space)
