@@ -94,15 +94,35 @@ def _float(cell: str) -> float | None:
     return float(m.group()) if m else None
 
 
+# The network a row states, per node (a node's NICs together, shared by its GPUs) or per GPU, as line rate in Gb/s:
+# "8x400 Gb/s IB per node", "8x ConnectX-7 NDR 400 Gb/s IB per node", "... 400 Gb/s per VM", "RoCE 1600 Gbps
+# node-node", "800 Gb/s per node", "RoCE 400 Gb/s per GPU"; Jean Zay's and the 12-node cluster's links by count.
+PER_NODE_NETWORK = (re.compile(r"(\d+)\s*x\s*[^;),]*?(\d+)\s*Gb/s[^;),]*?per (?:node|VM)"),
+                    re.compile(r"()(\d+)\s*Gb(?:ps|/s)\s*(?:per node|node-node)"))
+PER_GPU_NETWORK = re.compile(r"(\d+)\s*Gb(?:ps|/s)[^;),]*?per GPU")
+NAMED_LINKS = {"4x Omni-Path links per node": 4 * 100, "4x ConnectX-6 HDR per node": 4 * 200}  # 100 / 200 Gb/s links
+
+
+def stated_network(gpu_type: str, gpus_per_node: int) -> float | None:
+    """Bytes/s per GPU of the network the row states (a node's line rate split over its GPUs), or None."""
+    gbits = next((rate for text, rate in NAMED_LINKS.items() if text in gpu_type), None)
+    for pattern in PER_NODE_NETWORK:
+        m = pattern.search(gpu_type) if gbits is None else None
+        if m:
+            gbits = int(m.group(1) or 1) * int(m.group(2))
+    if gbits is not None:
+        return gbits / 8 * 1e9 / gpus_per_node
+    m = PER_GPU_NETWORK.search(gpu_type)
+    return int(m.group(1)) / 8 * 1e9 if m else None
+
+
 def _cluster(gpu_type: str):
     name = ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
             else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
     cluster = load_cluster(name)
-    # Network stated in the row (per node, shared by its 8 GPUs).
-    if "Omni-Path" in gpu_type:  # Jean Zay: 4 x 100 Gb/s Omni-Path per node
-        cluster = replace(cluster, inter_node_bandwidth=4 * 12.5e9 / 8)
-    elif "4x ConnectX-6 HDR" in gpu_type:  # 4 x 200 Gb/s HDR per node
-        cluster = replace(cluster, inter_node_bandwidth=4 * 25e9 / 8)
+    network = stated_network(gpu_type, cluster.gpus_per_node)
+    if network:
+        cluster = replace(cluster, inter_node_bandwidth=network)
     if re.search(r"9[46]\s*-?\s*(GB|9[46]GB)", gpu_type):
         cluster = replace(cluster, gpu_memory_bytes=96e9)
     return cluster

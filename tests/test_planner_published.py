@@ -219,3 +219,16 @@ def test_llama3_rows_with_unreported_interleaving_depth_take_estimates_rule():
     _, mem = memory_breakdown(row.job, row.layout)
     assert row.layout.recompute == "none"
     assert abs(mem["activations"] / 2**30 - 128 * (12.25 * 16384 + 6 * 53248) * 8192 / 8 / 2**30) < 0.5
+
+
+def test_the_network_a_row_states_is_read_per_node_or_per_gpu():
+    # Line rates as the rows state them, split over a node's 8 GPUs (Gb/s / 8 = GB/s): DGX H100's eight 400 Gb/s
+    # NICs are 50 GB/s per GPU, like Llama 3's "400 Gb/s per GPU"; MosaicML's "RoCE 1600 Gbps node-node" 25 (DGX
+    # A100's 8 x 200); IBM's "800 Gb/s per node" for fms-fsdp's H100s 12.5; a row that names none keeps the preset.
+    read = bench.stated_network
+    assert read("H100-SXM-80GB (DGX H100; 8x400 Gb/s IB per node)", 8) == 50e9
+    assert read("H100-SXM5-80GB (Eos; 8x ConnectX-7 NDR 400 Gb/s IB per node, NVLink Gen4 900 GB/s)", 8) == 50e9
+    assert read("H100-SXM-80GB (700 W, Meta Grand Teton; RoCE 400 Gb/s per GPU, 3-layer Clos)", 8) == 50e9
+    assert read("A100-SXM4-80GB (RoCE 1600 Gbps node-node)", 8) == 25e9
+    assert read("H100-80GB (800 Gb/s per node: README 'H100 96 GPUs with 800 Gbps')", 8) == 12.5e9
+    assert read("A100-SXM4-80GB (64 GPUs; network NR)", 8) is None

@@ -47,6 +47,19 @@ def test_network_bus_bandwidth_matches_nccl_tests():
     assert bus_bandwidth(A100, "all_reduce", 2**30, 16, stride=8) <= 25e9
 
 
+def test_a_node_network_shared_by_its_gpus_runs_rings_at_the_nodes_line_rate():
+    # IBM's H100 cluster behind fms-fsdp (PyTorch blog "Maximizing training throughput using PyTorch FSDP", 2024):
+    # "an H100 cluster with 96 GPUs and 800Gbps inter-node interconnect", 12.5 GB/s per GPU. An NCCL ring over 12
+    # whole nodes crosses each node boundary once per ring (channel), so the node's NICs carry the message once
+    # whatever their number: bus bandwidth = the node's 100 GB/s line rate x NCCL's efficiency, a quarter of a DGX
+    # H100's (8 x 400 Gb/s = 400 GB/s, capped by NVLink's 371).
+    ibm = dataclasses.replace(H100, inter_node_bandwidth=800 / 8 / 8 * 1e9)
+    assert 80e9 <= bus_bandwidth(ibm, "all_gather", 8 * 2**30, 96) <= 100e9
+    assert bus_bandwidth(H100, "all_gather", 8 * 2**30, 96) > 3.5 * bus_bandwidth(ibm, "all_gather", 8 * 2**30, 96)
+    # Eight DP groups of one GPU per node (tp = 8) share the same NICs: an eighth each.
+    assert bus_bandwidth(ibm, "all_reduce", 2**30, 12, stride=8) <= 12.5e9
+
+
 def test_small_messages_are_latency_bound_like_nccl_tests():
     # 2 A100s, a 32-byte all-reduce: 10.1 us in nccl-tests (NVIDIA/nccl issue 583).
     assert 5e-6 <= nccl_time(A100, "all_reduce", 32, 2) <= 20e-6

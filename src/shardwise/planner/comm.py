@@ -12,8 +12,11 @@ Bandwidth: the bus bandwidth of the ring, then algorithm bandwidth = bus bandwid
 (all-reduce 2 (n-1) steps, all-gather and reduce-scatter n - 1, broadcast n; tree: one half).
   inside a node: NVLink as NCCL counts it: 20 GB/s per link on Ampere (12 links = 240 of the 300 GB/s
     datasheet), 20.6 on Hopper (18 links = 371 of 450) (src/graph/topo.h SM80/SM90_NVLINK_BW);
-  across nodes: a group with k members on each node drives k NICs in parallel (NCCL runs one ring per
-    NIC), at NET_EFFICIENCY of the line rate, never more than NVLink.
+  across nodes: a group with k members on each node holds k GPUs' shares of the node's NICs (the cluster's
+    inter_node_bandwidth is per GPU: the node's NIC line rate over its GPUs), at NET_EFFICIENCY of the line
+    rate, never more than NVLink. A ring over whole nodes thus runs at the node's line rate, whether it has one
+    NIC per GPU (DGX) or one or two for all eight: NCCL's rings cross each node boundary once each, one ring
+    (channel) per NIC, so a node's network carries the message size per ring crossing whatever its NIC count.
 Sizes: all-gather's B is the gathered (full) size, reduce-scatter's the full input (NCCL's nBytes).
 
 Calibrated clusters (`shardwise calibrate`, ClusterSpec.measured): the tables, interpolated log-log,
@@ -77,7 +80,7 @@ def placement(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[int, 
 
 def bus_bandwidth(cluster: ClusterSpec, group_size: int, stride: int) -> float:
     """Bytes/s of a ring's bus bandwidth over this group: NVLink as NCCL counts it inside one node;
-    across nodes k NICs per node at NET_EFFICIENCY, at most NVLink."""
+    across nodes the share of the node's NICs its k members per node hold, at NET_EFFICIENCY, at most NVLink."""
     per_node, nodes = placement(cluster, group_size, stride)
     links = cluster.intra_node_bandwidth / (NVLINK_LINK_GBS * 1e9)
     nvlink = links * NCCL_NVLINK_GBS.get(cluster.arch, NVLINK_LINK_GBS * LINK_EFFICIENCY) * 1e9
