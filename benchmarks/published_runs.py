@@ -196,6 +196,12 @@ def _zero(cell: str) -> int:
     return int(c[0]) if c[:1].isdigit() else (0 if c.startswith("none") or c.startswith("NR") or not c else 1)
 
 
+def _dp_shard(cell: str, dp: int, tp_cp: int) -> int:
+    """HSDP rows ("HYBRID_SHARD ... within a node of 8"): one node's dp ranks per shard group; else 0 (all of dp)."""
+    m = re.search(r"HYBRID_SHARD.*?within a node of (\d+)", cell)
+    return min(dp, int(m.group(1)) // tp_cp) if m else 0
+
+
 def _profile(row: dict) -> str:
     fw = row.get("framework", "").strip()
     if "NVIDIA-NeMo/Automodel" in row["source"] and (_int(row.get("moe_experts", "") or "") or 0) > 1:
@@ -354,6 +360,7 @@ def parse(row: dict) -> Run:
                     sequence_parallel=sp and tp > 1,
                     schedule="interleaved-1f1b" if vpp > 1 or _depth_unreported(row) else "1f1b",
                     ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1,
+                    dp_shard=_dp_shard(row["zero_stage"], dp, tp * cp),
                     cp_mode="allgather" if cp > 1 and "CP uses all-gather" in row["notes"] else "ring")
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()

@@ -749,3 +749,49 @@ def test_explain_names_each_model_states_dtype(framework, states):
     job = make_job(load_model("tiny"), A100, 8, 64, framework)
     result = search(job, 2, SearchSpace(tp=(1,), pp=(1,)))
     assert any(f"({states})" in line for line in explain(job, 2, result))
+
+
+# ------------------------------------------------------------------ hybrid sharding (HSDP)
+
+IBM_H100 = dataclasses.replace(H100, inter_node_bandwidth=800 / 8 / 8 * 1e9)  # 800 Gb/s per node of 8 GPUs
+
+
+def test_hsdp_all_reduces_each_gradient_shard_across_the_nodes():
+    from shardwise.planner.overlap import replica_all_reduce
+
+    # Llama 2 7B, one layer: 4 x 4096^2 attention + 3 x 4096 x 11008 MLP = 202.4 M parameters, 809.7 MB in FP32.
+    # HSDP over 96 GPUs in shard groups of one node (8): after the reduce-scatter inside the node each GPU holds
+    # 101.2 MB, all-reduced over the 12 GPUs with its local rank, one per node, 8 such groups sharing each node's
+    # 800 Gb/s: 12.5 GB/s each, x 0.92 (NET_EFFICIENCY) = 11.5 GB/s bus. Ring: 2 x 11/12 x 101.2 MB / 11.5 GB/s =
+    # 16.1 ms, plus microseconds of latency.
+    job = make_job(load_model("llama2-7b"), IBM_H100, 192, 4096, "torchtitan")
+    layer = 4 * 4096**2 + 3 * 4096 * 11008
+    t = replica_all_reduce(job, Layout(dp=96, zero=3, micro_batch=2, dp_shard=8), 4 * layer, 0.0)
+    assert t == pytest.approx(2 * 11 / 12 * 4 * layer / 8 / 11.5e9, rel=0.05)
+    assert replica_all_reduce(job, Layout(dp=96, zero=3, micro_batch=2), 4 * layer, 0.0) == 0.0  # plain ZeRO-3
+
+
+def test_hsdp_shards_states_over_its_group_and_saves_network_traffic_with_a_16_bit_reduce():
+    from shardwise.planner.memory import memory_breakdown
+
+    # Memory: Llama 2 7B's 6,738,415,616 parameters (its Hugging Face checkpoint), AdamW's 12 bytes each over a shard
+    # group of 8, not 96: 10.1 GB per GPU.
+    job = make_job(load_model("llama2-7b"), IBM_H100, 192, 4096, "composer-pure")
+    full, hsdp = Layout(dp=96, zero=3, micro_batch=2), Layout(dp=96, zero=3, micro_batch=2, dp_shard=8)
+    assert memory_breakdown(job, hsdp)[1]["optimizer"] == pytest.approx(12 * 6_738_415_616 / 8, rel=0.01)
+    # Time: per step and node the network carries, in bytes per parameter, FULL_SHARD's forward and backward
+    # all-gathers and BF16 reduce-scatter (2 + 2 + 2) but HSDP's BF16 all-reduce only (2 x 2); the shard group's
+    # gathers stay on NVLink. On 800 Gb/s per node HSDP's data-parallel cost is the lower one.
+    assert step_time(job, hsdp)["dp_comm"] < step_time(job, full)["dp_comm"]
+
+
+def test_hybrid_sharding_is_checked_with_the_other_layout_rules():
+    from shardwise.errors import UsageError
+
+    model = load_model("llama2-7b")
+    for bad, words in ((dict(dp_shard=5), "does not divide dp=96"), (dict(dp_shard=8, zero=2), "needs --zero 3"),
+                       (dict(dp_shard=-1), "at least 1")):
+        with pytest.raises(UsageError, match=words):
+            validate_layout(Layout(dp=96, micro_batch=2, **{"zero": 3, **bad}), model, 192)
+    assert FRAMEWORKS["megatron-core"].refusal(Layout(dp=96, zero=3, dp_shard=8)) is not None
+    assert FRAMEWORKS["torchtitan"].refusal(Layout(dp=96, zero=3, dp_shard=8)) is None

@@ -278,10 +278,23 @@ class Layout:
     # interleaving) are recomputed, the first ones; the others keep all their activations (Megatron's
     # --recompute-method block --recompute-num-layers N). None: every layer.
     recompute_layers: int | None = None
+    # Hybrid sharding (HSDP: FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree): ZeRO-3 shards over groups of
+    # this many consecutive dp ranks and replicates across the groups; 0 = one group of all dp ranks (plain ZeRO-3).
+    dp_shard: int = 0
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks ZeRO shards the model states over: every dp x cp rank, or with HSDP one shard group's dp_shard x cp."""
+        return (self.dp_shard or self.dp) * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding the same shards (HSDP; 1 otherwise): a gradient shard is all-reduced across them."""
+        return self.dp // (self.dp_shard or self.dp)
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.micro_batch)
@@ -304,7 +317,8 @@ class Layout:
         return f"{self.recompute} recompute of {self.recompute_layers} layers per {'chunk' if self.vpp > 1 else 'stage'}"
 
     def describe(self) -> str:
-        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
+        parts = [f"dp{self.dp}"] + ([f"hsdp{self.dp_shard}"] if self.replicas > 1 else []) + [f"tp{self.tp}", f"pp{self.pp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
         if self.ep > 1 or self.etp > 1:
             parts.append(f"ep{self.ep}" + (f"·etp{self.etp}" if self.etp > 1 else ""))
         if self.vpp > 1:
@@ -335,6 +349,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     if layout.zero not in ZERO_STAGES:
         raise UsageError(f"unknown ZeRO stage {layout.zero} — choose 0, 1, 2 or 3")
     check_recompute_layers(layout, model, seq_len)
+    check_hybrid_shard(layout)
     if model.num_heads % layout.tp:
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
     if model.num_kv_heads % layout.tp:
@@ -384,6 +399,18 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
         where = "each virtual stage" if layout.vpp > 1 else "each pipeline stage"
         raise UsageError(f"--recompute-layers {n} exceeds the {most} layers {where} holds at most — use at most {most} "
                          f"(or --recompute full without it: every layer)")
+
+
+def check_hybrid_shard(layout: Layout) -> None:
+    """HSDP's shard groups split dp evenly, and only ZeRO-3 (FSDP's FULL_SHARD) has them."""
+    if layout.dp_shard < 0:
+        raise UsageError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
+    if layout.dp_shard and layout.dp % layout.dp_shard:
+        raise UsageError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
+                         f"equal slice of the data-parallel ranks; pick a divisor of {layout.dp}")
+    if layout.replicas > 1 and layout.zero != 3:
+        raise UsageError(f"--dp-shard {layout.dp_shard} needs --zero 3 (hybrid sharding replicates ZeRO-3's shard "
+                         f"groups; got ZeRO-{layout.zero})")
 
 
 def splits_over_tp(seq_len: int, tp: int, cp: int = 1) -> bool:

@@ -82,7 +82,8 @@ def layout_from_args(args, dp: int) -> Layout:
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
                   recompute=args.recompute, recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
-                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode or "ring")
+                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode or "ring",
+                  dp_shard=getattr(args, "dp_shard", 0))
 
 
 def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:

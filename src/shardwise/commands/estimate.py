@@ -16,6 +16,10 @@ def register(subparsers, name, help):
     add_software_args(p)
     p.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
+    p.add_argument("--dp-shard", type=int, default=0,
+                   help="hybrid sharding (HSDP: FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree): ZeRO-3 "
+                        "shards over groups of this many dp ranks and all-reduces gradients across the groups; it must "
+                        "divide dp and implies --zero 3 (default: one group of all dp ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -30,6 +34,8 @@ def run(args) -> int:
     job = job_from_args(args)
     if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
         args.recompute = "full"
+    if args.dp_shard and args.zero is None:  # shard groups exist only under ZeRO-3
+        args.zero = 3
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp") if getattr(args, k) is not None}
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)

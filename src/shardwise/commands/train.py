@@ -94,6 +94,9 @@ def read_plan(path: str) -> dict:
     layout = data.get("best", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
+    if layout.get("dp_shard", layout["dp"]) != layout["dp"]:
+        raise UsageError(f"{path}: dp_shard {layout['dp_shard']} of dp {layout['dp']} is hybrid sharding (HSDP), which "
+                         f"shardwise's runtime does not run — plan with --framework shardwise")
     out = {}
     for key, kind in LAYOUT_KEYS.items():
         if key in layout and layout[key] is not None:  # null: the default (recompute_layers: every layer)

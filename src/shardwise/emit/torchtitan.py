@@ -99,8 +99,8 @@ def sections(target) -> dict[str, dict]:
     job, lay = target.job, target.layout
     m = job.model
     flavor = FLAVORS.get((m.hidden, m.num_layers, m.num_heads, m.num_kv_heads)) if m.family == "llama" else None
-    par = {"data_parallel_replicate_degree": lay.dp if lay.zero == 0 else 1,
-           "data_parallel_shard_degree": lay.dp if lay.zero >= 2 else 1}
+    par = {"data_parallel_replicate_degree": lay.dp if lay.zero == 0 else lay.replicas,
+           "data_parallel_shard_degree": lay.dp // lay.replicas if lay.zero >= 2 else 1}
     if lay.zero >= 2:
         par["fsdp_reshard_after_forward"] = "never" if lay.zero == 2 else "always"
     par["tensor_parallel_degree"] = lay.tp

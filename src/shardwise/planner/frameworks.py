@@ -64,6 +64,9 @@ class Framework:
     # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
     # reduce-scatter (torch/distributed/pipelining/stage.py backward_maybe_with_nosync, perform_reduce_grad).
     pipeline_fsdp_once: bool = False
+    # Hybrid sharding (Layout.dp_shard): ZeRO-3 within shard groups, gradients all-reduced across them (FSDP1
+    # HYBRID_SHARD, FSDP2's 2-D mesh: torchtitan data_parallel_replicate_degree x data_parallel_shard_degree).
+    hybrid_shard: bool = False
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
     list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
@@ -177,6 +180,8 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
+        if lay.replicas > 1 and not self.hybrid_shard:
+            return f"{self.name} has no hybrid sharding (HSDP; drop --dp-shard)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
         if lay.recompute_layers is not None and not self.partial_recompute:
@@ -378,7 +383,7 @@ TORCHTITAN = Framework(
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
     overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
-    default_zero=3, default_zero_with_pp=2, selective="op",
+    default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True,
     # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",

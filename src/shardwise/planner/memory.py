@@ -444,7 +444,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     (embedding, final norm, head: the parameters outside the layers) gathered between forward and
     backward (FSDP never reshards the root after forward).
     """
-    t, d = job.train, layout.dp * layout.cp
+    t, d = job.train, layout.shard_group  # HSDP: the shard group's ranks, not every dp rank
     zero = layout.zero if d > 1 else 0
     weights = t.weight_bytes * params
     grads = t.grad_bytes * params
@@ -482,7 +482,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     held = chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp
     out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers, gathered, held)
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
-        whole = layers if layout.zero < 3 or layout.dp * layout.cp == 1 else min(gathered, layers)
+        whole = layers if layout.zero < 3 or layout.shard_group == 1 else min(gathered, layers)
         out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
     out["activations"] = stage_activation_bytes(job, layout, layers, inflight, rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one

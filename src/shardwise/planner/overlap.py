@@ -125,7 +125,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     ZeRO-2 keeps them from forward to backward, gathering once per micro-batch. Reduce-scatter per unit,
     every micro-batch (ZeRO-3, or when the framework does) or only in the last one."""
     c, stride, m, layers = job.cluster, layout.tp, win.microbatches, win.layers
-    d = layout.dp * layout.cp
+    d = layout.shard_group  # HSDP gathers and reduce-scatters inside its shard group
     fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
     chunks = layout.vpp if layout.pp > 1 else 1
     root = max(params - layers * layer_params, 0.0) / chunks
@@ -137,12 +137,16 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
         # gathered tensor (ProcessGroupNCCL::allgather / reduce_scatter on lists).
         copy = (lambda nbytes: d * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
         g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) for n in tensors)
-        r = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
+        rs = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
+        ar = sum(replica_all_reduce(job, layout, gb * n, fsdp) for n in tensors)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
         g = collective_time(c, "all_gather", pb * layer_params, d, stride) + fsdp
-        r = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
+        rs = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
+        ar = replica_all_reduce(job, layout, gb * layer_params, fsdp)
+    r = rs + ar  # a unit's whole reduction, one call after the other
     g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp if root else 0.0
-    r_root = collective_time(c, "reduce_scatter", gb * root, d, stride) + fsdp if root else 0.0
+    r_root = (collective_time(c, "reduce_scatter", gb * root, d, stride) + fsdp
+              + replica_all_reduce(job, layout, gb * root, fsdp)) if root else 0.0
     regather = layout.zero >= 3
     # DeepSpeed's per-parameter fetches also run again for the recomputed forward of a checkpointed layer.
     regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if regather else 0
@@ -160,13 +164,30 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     wait = max(0.0, g - win.layer_forward)
     fwd = chunks * g_root + g + max(layers - 1, 0) * (wait + interference(g, wait))
     # Backward: per layer the link carries its re-gather (ZeRO-3) and, when reducing, the layer's
-    # reduce-scatter; the last layer's reduce-scatter and the root's run after the compute.
+    # reduce-scatter (and HSDP's all-reduce: beside them on the network when the shard group is one node's,
+    # NVLink's traffic); the last layer's reduction and the root's run after the compute.
+    apart = layout.tp * d <= c.gpus_per_node
+
     def bwd(reduce: bool) -> float:
         load = g * regathers + (r if reduce else 0.0)
+        if reduce and apart:
+            load = max(g * regathers + rs, ar)
         tail = (r + chunks * r_root) if reduce else 0.0
         behind = max(0.0, load - win.layer_backward)
         return max(layers - 1, 0) * (behind + interference(load, behind)) + tail
     return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after
+
+
+def replica_all_reduce(job, layout, nbytes: float, call: float) -> float:
+    """HSDP: after a unit's reduce-scatter inside its shard group, its gradient shard (nbytes / shard group) is
+    all-reduced across the replicas (the same shard on every dp_shard-th rank: stride tp x shard group), one more
+    call (torch FSDP1 _runtime_utils._reduce_grad: reduce_scatter_tensor over the shard group, then all_reduce over
+    the inter-node group on its own stream, "Stream to run HSDP's all-reduce as async"; FSDP2 foreach_reduce:
+    reduce-scatter, then all-reduce over the replicate mesh dimension)."""
+    if layout.replicas <= 1:
+        return 0.0
+    shard = nbytes / layout.shard_group
+    return collective_time(job.cluster, "all_reduce", shard, layout.replicas, layout.tp * layout.shard_group) + call
 
 
 def layer_tensors(model: ModelSpec, tp: int) -> list[float]:

@@ -461,7 +461,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     params, experts = rank_params(job, layout, heavy), rank_expert_params(job, layout, heavy)
     sharded = params
     if layout.zero >= 1:  # the experts' optimizer states shard over their own replicas
-        sharded = (params - experts) / (layout.dp * layout.cp) + experts / moe.expert_replicas(layout, layout.cp)
+        sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
     opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
@@ -470,7 +470,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     opt += float(measured.get("step_overhead_s", 0.0))
     if fw.calibrated_step_overhead:
         opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
-    if layout.zero >= 2 and layout.dp * layout.cp > 1:
+    if layout.zero >= 2 and layout.shard_group > 1:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
     wrapper = 0.0
