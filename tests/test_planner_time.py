@@ -795,3 +795,24 @@ def test_hybrid_sharding_is_checked_with_the_other_layout_rules():
             validate_layout(Layout(dp=96, micro_batch=2, **{"zero": 3, **bad}), model, 192)
     assert FRAMEWORKS["megatron-core"].refusal(Layout(dp=96, zero=3, dp_shard=8)) is not None
     assert FRAMEWORKS["torchtitan"].refusal(Layout(dp=96, zero=3, dp_shard=8)) is None
+
+
+def test_torch_fsdp_moves_the_unsharded_units_through_hbm_around_its_collectives():
+    from shardwise.planner.kernels import hbm_rate
+    from shardwise.planner.overlap import fsdp_copy_time
+
+    model, hbm = load_model("llama2-13b"), hbm_rate(H100)
+    fsdp1 = make_job(model, H100, 16, 2048, "composer")  # FSDP1, BF16 compute, FP32 reduce
+    fsdp1_bf16 = make_job(model, H100, 16, 2048, "composer-pure")  # FSDP1, BF16 reduce
+    fsdp2 = make_job(model, H100, 16, 2048, "torchtitan")  # FSDP2, BF16 compute, FP32 reduce
+    # Per reduced gradient element, FSDP1 (_post_backward_hook, _reduce_grad): cast BF16 -> FP32 (read 2, write 4),
+    # divide in place by the predivide factor (read 4, write 4) = 14 bytes; with a BF16 reduce only the division
+    # (2 + 2) = 4. Its gathers land in the flat parameter: nothing.
+    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 0, 1e9) == pytest.approx(14e9 / hbm)
+    assert fsdp_copy_time(fsdp1_bf16, FRAMEWORKS["composer-pure"], 0, 1e9) == pytest.approx(4e9 / hbm)
+    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 1e9, 0) == 0.0
+    # FSDP2 (_fsdp_collectives.py): the reduce-scatter copy-in casts each gradient into the FP32 input (2 + 4 = 6),
+    # NCCL averages (no division kernel); each all-gather's copy-out reads and writes the BF16 weights (2 + 2 = 4).
+    assert fsdp_copy_time(fsdp2, FRAMEWORKS["torchtitan"], 1e9, 1e9) == pytest.approx(10e9 / hbm)
+    # Megatron's and DeepSpeed's own sharding is not torch FSDP.
+    assert fsdp_copy_time(make_job(model, H100, 16, 2048, "megatron-core"), FRAMEWORKS["megatron-core"], 1e9, 1e9) == 0

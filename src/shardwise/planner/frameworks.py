@@ -67,6 +67,10 @@ class Framework:
     # Hybrid sharding (Layout.dp_shard): ZeRO-3 within shard groups, gradients all-reduced across them (FSDP1
     # HYBRID_SHARD, FSDP2's 2-D mesh: torchtitan data_parallel_replicate_degree x data_parallel_shard_degree).
     hybrid_shard: bool = False
+    # Which PyTorch FSDP runs its ZeRO-2/3 units (1: FullyShardedDataParallel, flat parameters; 2: fully_shard,
+    # per-parameter DTensors; 0: neither): the HBM passes its own kernels make around each collective
+    # (overlap.fsdp_copy_time).
+    torch_fsdp: int = 0
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
     list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
@@ -383,7 +387,7 @@ TORCHTITAN = Framework(
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
     overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
-    default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True,
+    default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
     # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
@@ -436,7 +440,7 @@ COMPOSER = replace(
     # 4 + 4) .add_(grad) (4 + 4 + 4), exp_avg_sq.mul_ (8) .addcmul_(grad, grad) (12), sqrt (8), / sqrt(bias
     # correction) (8), .add_(eps) (8), param.addcdiv_(exp_avg, denom) (16) = 80; FSDP's clip_grad_norm_: a norm per
     # gradient (4) and every gradient multiplied by the clip coefficient (8) = 12. 92 in all.
-    optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(),
+    optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(), torch_fsdp=1,
     context_parallel=(), zero_stages=(0, 2, 3), default_zero=3, default_zero_with_pp=None,
     expandable_segments=False,  # Composer 0.16-0.17 (2023); llm-foundry's expandable_segments option came in 2024-05
     # fsdp_config activation_checkpointing checkpoints every module the model's activation_checkpointing_fn names:

@@ -157,9 +157,12 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     reducing = 0 if deferred else (m if every else 1)
     after = layers * r + chunks * r_root if deferred else 0.0
     forwards = 1 if deferred else m  # micro-batches whose forward gathers
+    unit = layers * layer_params + chunks * root
+    copies = fsdp_copy_time(job, fw, (forwards * unit + m * regathers * layers * layer_params),
+                            (reducing + (1 if deferred else 0)) * unit)
     if not overlap or not fw.prefetch:
         gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
-        return gathers + reducing * (layers * r + chunks * r_root) + after
+        return gathers + reducing * (layers * r + chunks * r_root) + after + copies
     # Forward: the root and the first layer's gathers are exposed, the rest prefetched one layer ahead.
     wait = max(0.0, g - win.layer_forward)
     fwd = chunks * g_root + g + max(layers - 1, 0) * (wait + interference(g, wait))
@@ -175,7 +178,30 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
         tail = (r + chunks * r_root) if reduce else 0.0
         behind = max(0.0, load - win.layer_backward)
         return max(layers - 1, 0) * (behind + interference(load, behind)) + tail
-    return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after
+    return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after + copies
+
+
+def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float) -> float:
+    """Seconds of the HBM passes PyTorch FSDP's own kernels make over the unsharded units, beside NCCL's: per
+    element gathered and per gradient element reduced, in the step (the stack's FSDP, Framework.torch_fsdp).
+      FSDP1 (torch 2.0-2.3 _runtime_utils._post_backward_hook / _reduce_grad): the unsharded gradient cast to the
+        reduce dtype when it differs (read the compute dtype, write the reduce dtype), then divided in place by the
+        predivide factor before the reduce-scatter (_div_if_needed; the factor is > 1 from 2 ranks on: read and
+        write); gathers land in the flat parameter itself: no copy.
+      FSDP2 (fully_shard, _fsdp_collectives.py): foreach_reduce_scatter_copy_in copies every unsharded gradient into
+        the reduce-scatter input in the reduce dtype; no division for FP32/BF16 (ReduceOp.AVG,
+        _get_gradient_divide_factors); foreach_all_gather_copy_out copies the gathered buffer out into each
+        parameter (read and write the compute dtype).
+    The passes run on FSDP's side streams or the compute stream, at HBM rate either way: SMs busy with them are not
+    running the layers."""
+    if not fw.torch_fsdp:
+        return 0.0
+    p, r = param_gather_bytes(job, fw), fw.grad_reduce_bytes
+    if fw.torch_fsdp == 1:
+        per_gathered, per_reduced = 0, (p + r if r != p else 0) + 2 * r
+    else:
+        per_gathered, per_reduced = 2 * p, p + r
+    return (per_gathered * gathered + per_reduced * reduced) / hbm_rate(job.cluster)
 
 
 def replica_all_reduce(job, layout, nbytes: float, call: float) -> float:
