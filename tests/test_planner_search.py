@@ -336,3 +336,19 @@ def test_plan_lists_one_layout_per_split_unless_all_variants(capsys):
     cands = json.loads(out)["candidates"]
     times = [c["step_time_s"] for c in cands]
     assert times == sorted(times) and len({(c["dp"], c["tp"], c["pp"]) for c in cands}) < 6
+
+
+def test_the_search_tries_one_shard_group_per_node_where_the_stack_runs_hsdp():
+    import dataclasses
+
+    from shardwise.planner.memory import make_job
+
+    # 800 Gb/s per node of 8 H100s (IBM's cluster behind fms-fsdp). With a BF16 reduce, FULL_SHARD's network carries
+    # 2 + 2 + 2 bytes per parameter and step (two gathers, a reduce-scatter), HSDP's all-reduce 2 x 2: the search,
+    # which now scores the node-sized shard groups too, picks them; a stack without HSDP never shows them.
+    ibm = dataclasses.replace(load_cluster("dgx-h100-80gb"), inter_node_bandwidth=800 / 8 / 8 * 1e9)
+    space = SearchSpace(zero=(3,))
+    best = search(make_job(load_model("llama2-7b"), ibm, 192, 4096, "composer-pure"), 96, space).ranked[0].layout
+    assert (best.dp_shard, best.replicas) == (8, 12)
+    ranked = search(make_job(load_model("llama2-7b"), ibm, 192, 4096, "megatron-core"), 96, space).ranked
+    assert ranked and all(e.layout.replicas == 1 for e in ranked)

@@ -346,6 +346,15 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
     return ""
 
 
+def node_shard_groups(job: Job, layout: Layout, fw) -> Layout | None:
+    """The HSDP twin of a ZeRO-3 layout on a stack that runs it: one shard group per node (its dp ranks), replicated
+    across nodes; None where that is the layout itself or not a layout."""
+    group = job.cluster.gpus_per_node // (layout.tp * layout.cp)
+    if layout.zero != 3 or not fw.hybrid_shard or group < 1 or layout.dp <= group or layout.dp % group:
+        return None
+    return layout.with_(dp_shard=group)
+
+
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
     space, thinned = check_search(job, gpus, space)
@@ -398,6 +407,11 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
                             ranked.append(estimate(job, partial or layout))
                             timed += 1
+                            hybrid = node_shard_groups(job, layout, fw)
+                            scored += hybrid is not None
+                            if hybrid and total_bytes(memory_breakdown(job, hybrid)[1]) <= limit:
+                                ranked.append(estimate(job, hybrid))
+                                timed += 1
                             lowest = zero if lowest is None else lowest
                             if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
                                 # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
