@@ -161,3 +161,17 @@ def test_padding_a_vocabulary_is_announced(tmp_path, capsys):
     assert "vocabulary 259 padded to 260 rows for tp=2" in capsys.readouterr().err
     _note_vocab_padding(_config(["--model", "tiny", "--tp", "2"]))
     assert capsys.readouterr().err == ""
+
+
+def test_a_hybrid_sharded_plan_is_refused_by_the_runtime(tmp_path):
+    # `estimate --dp-shard 8 --framework torchtitan --json` writes dp_shard 8 of dp 96: HSDP, which this project's
+    # runtime does not run; training it as plain FSDP would be another layout than the one planned.
+    from shardwise.commands.train import read_plan
+    from shardwise.errors import UsageError
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"dp": 96, "tp": 1, "pp": 1, "zero": 3, "dp_shard": 8}))
+    with pytest.raises(UsageError, match="hybrid sharding"):
+        read_plan(str(plan))
+    plan.write_text(json.dumps({"dp": 96, "tp": 1, "pp": 1, "zero": 3, "dp_shard": 96}))  # every plan's JSON: all of dp
+    assert read_plan(str(plan))["dp"] == 96
