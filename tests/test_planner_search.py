@@ -173,6 +173,9 @@ def test_framework_flag_contract(capsys):
     # deepspeed-bf16 runs ZeRO-1 only: an unnamed --zero must not hide the knob it really refuses behind "no ZeRO-0"
     (["--framework", "deepspeed-bf16", "--sequence-parallel"], "no sequence parallelism"),
     (["--framework", "deepspeed-bf16", "--zero", "2"], "deepspeed-bf16 has no ZeRO-2"),
+    # a shard group of 0 ranks is no size (the layout's 0, "every dp rank", is what leaving the flag out means)
+    (["--framework", "torchtitan", "--dp-shard", "0"], "--dp-shard must be at least 1, got 0"),
+    (["--framework", "megatron-core", "--dp-shard", "2"], "megatron-core has no hybrid sharding"),
     (["--framework", "shardwise", "--pp", "2", "--schedule", "zb-h1", "--zero", "2"], "FSDP"),
     (["--framework", "shardwise", "--tp-comm-overlap"], "no TP communication overlap"),
     (["--precision", "fp8"], "no FP8 tensor cores"),

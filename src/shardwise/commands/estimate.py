@@ -16,7 +16,7 @@ def register(subparsers, name, help):
     add_software_args(p)
     p.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
-    p.add_argument("--dp-shard", type=int, default=0,
+    p.add_argument("--dp-shard", type=int, default=None,
                    help="hybrid sharding (HSDP: FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree): ZeRO-3 "
                         "shards over groups of this many dp ranks and all-reduces gradients across the groups; it must "
                         "divide dp and implies --zero 3 (default: one group of all dp ranks)")
@@ -34,6 +34,10 @@ def run(args) -> int:
     job = job_from_args(args)
     if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
         args.recompute = "full"
+    if args.dp_shard is not None and args.dp_shard < 1:  # 0 is the layout's "one group of all dp", not a size
+        raise UsageError(f"--dp-shard must be at least 1, got {args.dp_shard} (leave it out for one shard group of "
+                         f"every dp rank)")
+    args.dp_shard = args.dp_shard or 0
     if args.dp_shard and args.zero is None:  # shard groups exist only under ZeRO-3
         args.zero = 3
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp") if getattr(args, k) is not None}
