@@ -137,3 +137,10 @@ def test_torchtitan_runs_every_kth_block(capsys):
     code, out, err = _estimate(capsys, "--recompute-layers", "8", "--framework", "torchtitan")
     assert code == 0, err
     assert json.loads(out)["recompute_layers"] == 8
+
+
+def test_the_recompute_phrase_says_layer_or_layers():
+    # what explain and estimate's implied list print: "1 layer", not "1 layers"; per chunk under interleaving
+    assert Layout(recompute="full", recompute_layers=1).recompute_phrase() == "full recompute of 1 layer per stage"
+    interleaved = Layout(pp=2, vpp=2, schedule="interleaved-1f1b", recompute="full", recompute_layers=3)
+    assert interleaved.recompute_phrase() == "full recompute of 3 layers per chunk"

@@ -314,7 +314,8 @@ class Layout:
         """The recompute policy in words ("full recompute", or "full recompute of 4 layers per stage")."""
         if self.recompute_layers is None:
             return f"{self.recompute} recompute"
-        return f"{self.recompute} recompute of {self.recompute_layers} layers per {'chunk' if self.vpp > 1 else 'stage'}"
+        n = self.recompute_layers
+        return f"{self.recompute} recompute of {n} layer{'s' if n != 1 else ''} per {'chunk' if self.vpp > 1 else 'stage'}"
 
     def describe(self) -> str:
         parts = [f"dp{self.dp}"] + ([f"hsdp{self.dp_shard}"] if self.replicas > 1 else []) + [f"tp{self.tp}", f"pp{self.pp}"]

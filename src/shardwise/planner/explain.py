@@ -75,7 +75,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
 
     mem = win.memory_bytes
     out.append(
-        f"DP = {lay.dp}: {lay.dp} replicas each take {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
+        f"DP = {lay.dp}: {f'{lay.dp} replicas each take' if lay.dp > 1 else 'one replica takes'} {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
         f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic costs "
         f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
