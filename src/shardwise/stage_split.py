@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from functools import lru_cache
 
-from shardwise.specs import ModelSpec
+from shardwise.model_spec import ModelSpec
 
 
 def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
