@@ -20,7 +20,7 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.model_spec import (  # noqa: F401 - re-exported: callers find every spec here
     MAX_LAYERS, MODEL_TYPES, ModelSpec, load_model, model_from_hf_config, model_presets, preset_dir, read_json_file)
-from shardwise.stage_split import stage_layer_counts  # how many layers each stage holds (--recompute-layers)
+from shardwise.stage_split import max_chunk_layers  # the most layers a model chunk holds (--recompute-layers)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -393,7 +393,7 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
     if n < 1:
         raise UsageError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
     chunks = layout.pp * layout.vpp
-    most = (max(stage_layer_counts(model, chunks, seq_len)) if seq_len is not None and chunks <= model.num_layers
+    most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len) if seq_len is not None and chunks <= model.num_layers
             else -(-model.num_layers // chunks))
     if n > most:
         where = "each virtual stage" if layout.vpp > 1 else "each pipeline stage"
