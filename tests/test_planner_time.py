@@ -726,11 +726,35 @@ def test_deepspeeds_bf16_pipeline_accumulates_fp32_gradients_and_all_reduces_the
     assert accumulation_time(bf16, lay, 3) == pytest.approx(18 * params / (2039e9 * 0.9), rel=0.01)
     fp16 = make_job(gpt3, A100, 512, 2048, "deepspeed", flash_attention=False)
     assert accumulation_time(fp16, lay, 3) == 0  # its ZeRO-1 path: autograd accumulates, as every stack's GEMMs here
-    # At the end of the step the FP32 gradients go out in BF16 as an all-reduce, which moves twice a reduce-scatter's
-    # bytes (ring: 2 (n-1)/n against (n-1)/n), then the updated partitions are all-gathered as in ZeRO-1: on the
-    # bandwidth-bound sizes of a 175B stage, (2 + 1) / (1 + 1) = 1.5 times the fp16 path's traffic.
-    ratio = step_time(bf16, lay)["dp_comm"] / step_time(fp16, lay)["dp_comm"]
-    assert ratio == pytest.approx(1.5, rel=0.03)
+    # At the end of the step both paths all-reduce whole gradients in 16 bits and all-gather the updated partitions
+    # (the same NCCL bytes); they differ in the HBM passes around them: 36 B per local parameter for the BF16 path
+    # (flatten the FP32 gradients 8, cast 6, scale 4, cast back 6, copy back 8, the gather's copy-out 4) against the
+    # fp16 path's 16 (flatten 4, scale 4, copy back 4, copy-out 4): 20 B more, 30 ms for the 2.7e9 parameters.
+    extra = step_time(bf16, lay)["dp_comm"] - step_time(fp16, lay)["dp_comm"]
+    assert extra == pytest.approx(20 * params / (2039e9 * 0.9), rel=0.05)
+
+
+def test_deepspeeds_2021_zero1_all_reduces_whole_gradients():
+    # DeepSpeed v0.3.17-v0.7.1 runs ZeRO-1 through its stage-2 optimizer with contiguous_gradients forced off for
+    # stage 1 (v0.5.5 engine.py _configure_zero_optimizer), so at the boundary reduce_ipg_grads takes
+    # buffered_reduce_fallback: each flattened bucket is all-reduced whole (stage2.py allreduce_and_copy), not
+    # reduce-scattered; after the step the updated FP16 partitions are all-gathered into a list (stage2.py step).
+    # Ring all-reduce moves 2 (n-1)/n of the bytes per GPU, reduce-scatter and all-gather (n-1)/n each, so on a 175B
+    # stage's bandwidth-bound sizes ZeRO-1 costs (2 + 1) / (1 + 1) = 1.5 times what reduce-scatter + all-gather does
+    # (deepspeed-2024: since b288cf1b9, v0.7.2, stage 1 keeps contiguous gradients and reduces each range to its
+    # owner). Plus the copies around them: flatten (read 2, write 2), div_ (2 + 2), copy back (2 + 2), the list
+    # all-gather's copy-out (2 + 2) = 16 B per local parameter at 90 % of the A100-80GB's 2,039 GB/s.
+    gpt3, lay = load_model("gpt3-175b"), Layout(dp=8, tp=8, pp=8, zero=1, recompute="full")
+    h = 12288
+    params = 12 * (12 * h * h / 8 + 7 * h / 8 + 6 * h)  # a middle stage, as above
+    old = make_job(gpt3, A100, 512, 2048, "deepspeed")
+    new = make_job(gpt3, A100, 512, 2048, "deepspeed-2024", flash_attention=False)
+    copies = 16 * params / (2039e9 * 0.9)
+    nccl = lambda kind: collective_time(A100, kind, 2 * params, 8, 8)
+    assert nccl("all_reduce") == pytest.approx(2 * nccl("reduce_scatter"), rel=0.05)
+    old_dp, new_dp = step_time(old, lay)["dp_comm"], step_time(new, lay)["dp_comm"]
+    assert old_dp - copies == pytest.approx(1.5 * new_dp, rel=0.05)
+    assert old_dp == pytest.approx(nccl("all_reduce") + nccl("all_gather") + copies, rel=0.05)
 
 
 @pytest.mark.parametrize("framework, states", [

@@ -52,6 +52,11 @@ class Framework:
     # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer) or "allreduce" (gradients
     # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer)
     zero1: str = "reduce_scatter"
+    # Bytes per local parameter its ZeRO-1 moves through HBM once a step beside NCCL's own traffic: the copies around
+    # an all-reduce of flattened buckets (flatten, scale, copy back) and around the all-gather of the updated
+    # partitions into a list of per-rank views (PyTorch's ProcessGroupNCCL::allgather copies each entry out of its
+    # flat result: the gathered bytes read and written). 0: the stack reduces and gathers in place.
+    zero1_copy_bytes: float = 0.0
     # ZeRO-2 whose weights are never sharded, so whole all step: each micro-batch's backward reduce-scatters its
     # gradients into the shards, behind the next micro-batch, and the updated weights are gathered once after the
     # optimizer. DeepSpeed's ZeRO-2 (reduces in every backward); Megatron FSDP's optim_grads (megatron_fsdp.py:
@@ -300,7 +305,8 @@ DEEPSPEED = Framework(
     summary="DeepSpeed as its published runs used it (the 2021-22 releases behind MT-NLG, BLOOM, GPT-NeoX, GLM-130B "
             "and Narayanan et al.'s ZeRO-3 baseline; with Megatron-DeepSpeed for TP): DeepSpeed's defaults — "
             "reductions at the accumulation boundary after the backward (ZeRO-0/1) or in every micro-batch's "
-            "backward (ZeRO-2), overlap_comm off; ZeRO-3 gathering each parameter after a host synchronisation "
+            "backward (ZeRO-2), overlap_comm off; ZeRO-1 all-reducing every gradient whole, then gathering the "
+            "updated partitions; ZeRO-3 gathering each parameter after a host synchronisation "
             "(no overlap); gradients in the model dtype; no fused attention; only its 1F1B pipeline (TrainSchedule: blocking "
             "exchanges in lockstep, activations split over TP and gathered again), with ZeRO <= 1. "
             "Newer releases coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
@@ -314,8 +320,20 @@ DEEPSPEED = Framework(
              "runtime/pipe/engine.py ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), TrainSchedule (1F1B)",
              "v0.5.5 (2021-11-02) runtime/pipe/schedule.py TrainSchedule.steps (lockstep exchanges), p2p.py (blocking "
              "send/recv), engine.py _exec_forward_pass / _exec_backward_pass (PartitionedTensor.full), runtime/utils.py",
-             "Rajbhandari et al. 2020, ZeRO (SC'20)"),
+             "Rajbhandari et al. 2020, ZeRO (SC'20)",
+             "v0.5.5 runtime/engine.py _configure_zero_optimizer (stage 1: FP16_DeepSpeedZeroOptimizer with "
+             "contiguous_gradients and overlap_comm forced off), runtime/zero/stage2.py reduce_gradients -> "
+             "reduce_ipg_grads -> buffered_reduce_fallback -> allreduce_and_copy (all_reduce of each flattened bucket, "
+             "copied back), step (dist.all_gather into a list of the partitions); the same in v0.6-v0.7.1 "
+             "stage_1_and_2.py, until b288cf1b9 (2022-08-23)"),
     grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
+    # ZeRO-1 (v0.3.17-v0.7.1: stage2.py / stage_1_and_2.py with partition_grads False; engine.py forces
+    # contiguous_gradients off for stage 1, so reduce_ipg_grads takes buffered_reduce_fallback): every gradient
+    # all-reduced whole in the model dtype at the boundary (allreduce_and_copy: flatten 2 + 2, div_ 2 + 2,
+    # all_reduce, copy back 2 + 2 = 12 B), then the updated partitions all-gathered into a list (copy-out 2 + 2):
+    # 16 B per local parameter. b288cf1b9 (2022-08-23, v0.7.2) let stage 1 keep contiguous gradients (reduced to
+    # their owners): deepspeed-2024.
+    zero1="allreduce", zero1_copy_bytes=16,
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
@@ -343,6 +361,9 @@ DEEPSPEED_2024 = replace(
     sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
     attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
+    # stage 1 keeps contiguous gradients since b288cf1b9 (v0.7.2): average_tensor reduces each rank's range to its
+    # owner (dist.reduce: a reduce-scatter's bytes)
+    zero1="reduce_scatter", zero1_copy_bytes=0,
     glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)"),
@@ -363,7 +384,10 @@ DEEPSPEED_BF16 = replace(
              "(communication_data_type bf16; allreduce_bucket: flatten, cast, all_reduce, copy back)",
              "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm (bf16, ZERO_STAGE=0)"),
     # The FP32 copy of every gradient (4) beside the BF16 ones autograd writes (2), both kept through the step.
-    grad_bytes=6, zero1="allreduce", tied_grad_bytes=4,
+    # engine.py allreduce_bucket on the FP32 gradients: flatten (4 + 4), cast to BF16 (4 + 2), mul_ (2 + 2),
+    # all_reduce, cast back (2 + 4), allreduce_and_copy's copy back (4 + 4) = 32; all_gather_dp_groups' list
+    # all-gather of the BF16 partitions (copy-out 2 + 2): 36 B per local parameter.
+    grad_bytes=6, zero1="allreduce", zero1_copy_bytes=36, tied_grad_bytes=4,
     # update_hp_grads after every backward: the BF16 gradient cast to FP32 (read 2, write 4), then added into the
     # FP32 gradient (read 4 + 4, write 4): 18 B per parameter, the first micro-batch too.
     grad_accumulation_bytes=18, grad_accumulation_first_free=False,

@@ -104,7 +104,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
         reduce = call("all_reduce", params, gb)
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
-        return after + call("all_gather", params, pb), 0.0
+        return after + call("all_gather", params, pb) + fw.zero1_copy_bytes * params / hbm_rate(c), 0.0
     if layout.zero == 1:
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
         after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
