@@ -831,12 +831,23 @@ def test_torch_fsdp_moves_the_unsharded_units_through_hbm_around_its_collectives
     fsdp2 = make_job(model, H100, 16, 2048, "torchtitan")  # FSDP2, BF16 compute, FP32 reduce
     # Per reduced gradient element, FSDP1 (_post_backward_hook, _reduce_grad): cast BF16 -> FP32 (read 2, write 4),
     # divide in place by the predivide factor (read 4, write 4) = 14 bytes; with a BF16 reduce only the division
-    # (2 + 2) = 4. Its gathers land in the flat parameter: nothing.
-    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 0, 1e9) == pytest.approx(14e9 / hbm)
-    assert fsdp_copy_time(fsdp1_bf16, FRAMEWORKS["composer-pure"], 0, 1e9) == pytest.approx(4e9 / hbm)
-    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 1e9, 0) == 0.0
+    # (2 + 2) = 4.
+    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 0, 1e9, 0, 16) == pytest.approx(14e9 / hbm)
+    assert fsdp_copy_time(fsdp1_bf16, FRAMEWORKS["composer-pure"], 0, 1e9, 0, 16) == pytest.approx(4e9 / hbm)
+    # Per gathered element, FSDP1 casts only its own FP32 shard to the BF16 gather input (read 4, write 2 per local
+    # element: 6 / 16 over 16 ranks); the gather lands in the flat parameter, no copy out.
+    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 1e9, 0, 0, 16) == pytest.approx(6e9 / 16 / hbm)
+    # Per element of a unit's backward, FSDP1's autograd concatenates the views' BF16 gradients into the flat
+    # gradient (split_with_sizes_backward: read 2, write 2) = 4 bytes, whether or not that micro-batch reduces.
+    assert fsdp_copy_time(fsdp1, FRAMEWORKS["composer"], 0, 0, 1e9, 16) == pytest.approx(4e9 / hbm)
     # FSDP2 (_fsdp_collectives.py): the reduce-scatter copy-in casts each gradient into the FP32 input (2 + 4 = 6),
-    # NCCL averages (no division kernel); each all-gather's copy-out reads and writes the BF16 weights (2 + 2 = 4).
-    assert fsdp_copy_time(fsdp2, FRAMEWORKS["torchtitan"], 1e9, 1e9) == pytest.approx(10e9 / hbm)
+    # NCCL averages (no division kernel); each all-gather's copy-out reads and writes the BF16 weights (2 + 2 = 4), and
+    # before it the FP32 shard is cast (4 + 2) and copied into the gather input (2 + 2): (6 + 4) / 16 per gathered
+    # element over 16 ranks. 1e9 of each: 6 + 4 + 10 / 16 = 10.625 bytes.
+    assert fsdp_copy_time(fsdp2, FRAMEWORKS["torchtitan"], 1e9, 1e9, 1e9, 16) == pytest.approx(10.625e9 / hbm)
+    # AutoModel keeps no FP32 master (bf16 parameters): its shard is gathered as stored, no cast; 4 + 4 / 16 + 6.
+    automodel = make_job(model, H100, 16, 2048, "automodel")
+    assert fsdp_copy_time(automodel, FRAMEWORKS["automodel"], 1e9, 1e9, 0, 16) == pytest.approx(10.25e9 / hbm)
     # Megatron's and DeepSpeed's own sharding is not torch FSDP.
-    assert fsdp_copy_time(make_job(model, H100, 16, 2048, "megatron-core"), FRAMEWORKS["megatron-core"], 1e9, 1e9) == 0
+    assert fsdp_copy_time(make_job(model, H100, 16, 2048, "megatron-core"), FRAMEWORKS["megatron-core"], 1e9, 1e9, 1e9,
+                          16) == 0

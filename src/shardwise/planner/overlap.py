@@ -159,7 +159,7 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     forwards = 1 if deferred else m  # micro-batches whose forward gathers
     unit = layers * layer_params + chunks * root
     copies = fsdp_copy_time(job, fw, (forwards * unit + m * regathers * layers * layer_params),
-                            (reducing + (1 if deferred else 0)) * unit)
+                            (reducing + (1 if deferred else 0)) * unit, m * unit, d)
     if not overlap or not fw.prefetch:
         gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
         return gathers + reducing * (layers * r + chunks * r_root) + after + copies
@@ -181,27 +181,44 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after + copies
 
 
-def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float) -> float:
-    """Seconds of the HBM passes PyTorch FSDP's own kernels make over the unsharded units, beside NCCL's: per
-    element gathered and per gradient element reduced, in the step (the stack's FSDP, Framework.torch_fsdp).
-      FSDP1 (torch 2.0-2.3 _runtime_utils._post_backward_hook / _reduce_grad): the unsharded gradient cast to the
-        reduce dtype when it differs (read the compute dtype, write the reduce dtype), then divided in place by the
-        predivide factor before the reduce-scatter (_div_if_needed; the factor is > 1 from 2 ranks on: read and
-        write); gathers land in the flat parameter itself: no copy.
-      FSDP2 (fully_shard, _fsdp_collectives.py): foreach_reduce_scatter_copy_in copies every unsharded gradient into
-        the reduce-scatter input in the reduce dtype; no division for FP32/BF16 (ReduceOp.AVG,
-        _get_gradient_divide_factors); foreach_all_gather_copy_out copies the gathered buffer out into each
-        parameter (read and write the compute dtype).
-    The passes run on FSDP's side streams or the compute stream, at HBM rate either way: SMs busy with them are not
-    running the layers."""
+def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backwards: float, shard: int) -> float:
+    """Seconds of the HBM passes PyTorch FSDP's own kernels make over the units, beside NCCL's: per element gathered,
+    per gradient element reduced and per element of a unit's backward, in the step (Framework.torch_fsdp); `shard`
+    ranks share a unit, and the passes over a rank's own shard move 1/shard of the unit.
+      FSDP1 (torch 2.0-2.3, _flat_param.py, _runtime_utils.py):
+        before each gather, the local FP32 shard cast to the BF16 gather input (pre_unshard ->
+          _use_low_precision_shard: read 4, write 2 per local element; nothing when the shard is BF16 already); the
+          gather lands in the flat parameter itself;
+        in every backward, the unit's gradient assembled into the flat gradient: the parameters are views of the flat
+          parameter made under autograd (_use_unsharded_views, torch.split + view), so autograd's
+          split_with_sizes_backward concatenates their gradients (at::cat: read and write the compute dtype);
+        per reduction, the flat gradient cast to the reduce dtype when it differs (read the compute dtype, write the
+          reduce dtype), then divided in place by the predivide factor (default_hooks.reduce_scatter_hook; > 1 from 2
+          ranks on: read and write).
+      FSDP2 (fully_shard, _fsdp_collectives.py):
+        before each gather, the FP32 shard cast to BF16 (FSDPParam.all_gather_inputs: read 4, write 2; not when it is
+          BF16 already) and copied into the gather input (foreach_all_gather's _foreach_copy_: read and write 2); after it,
+          foreach_all_gather_copy_out copies the gathered buffer out into each parameter (read and write 2);
+        per reduction, foreach_reduce_scatter_copy_in copies every gradient into the reduce-scatter input in the
+          reduce dtype; NCCL's ReduceOp.AVG divides (_get_gradient_divide_factors): no division kernel.
+    Counted in full. FSDP2's run on the compute stream's path: the copy-out on the compute stream itself
+    (wait_for_unshard), the copy-in on the reduce-scatter stream, which the compute stream waits for
+    (current_stream.wait_event(copy_in_event)) before the next layer's backward; FSDP1's autograd concatenation runs
+    on the compute stream. FSDP1's casts and division run on its pre-unshard and post-backward streams, which the
+    compute stream does not wait for (record_stream): there they take HBM and SMs from the layers beside them, and
+    counting them in full is an upper bound."""
     if not fw.torch_fsdp:
         return 0.0
     p, r = param_gather_bytes(job, fw), fw.grad_reduce_bytes
+    # The shard is the FP32 master where the stack keeps one (Adam moments plus master: more than 4 bytes), else the
+    # parameters as used; casting it to the gather dtype reads it and writes the gather dtype.
+    master = 4 if job.train.optimizer_bytes > 4 else p
+    cast = master + p if master != p else 0
     if fw.torch_fsdp == 1:
-        per_gathered, per_reduced = 0, (p + r if r != p else 0) + 2 * r
+        per_gathered, per_backward, per_reduced = cast / shard, 2 * p, (p + r if r != p else 0) + 2 * r
     else:
-        per_gathered, per_reduced = 2 * p, p + r
-    return (per_gathered * gathered + per_reduced * reduced) / hbm_rate(job.cluster)
+        per_gathered, per_backward, per_reduced = 2 * p + (cast + 2 * p) / shard, 0, p + r
+    return (per_gathered * gathered + per_backward * backwards + per_reduced * reduced) / hbm_rate(job.cluster)
 
 
 def replica_all_reduce(job, layout, nbytes: float, call: float) -> float:
