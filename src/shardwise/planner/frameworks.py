@@ -78,7 +78,9 @@ class Framework:
     torch_fsdp: int = 0
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
-    list_collectives: bool = False  # gathers into / reduce-scatters from a list of per-rank tensors (a copy each)
+    # ZeRO-3 gathers into / reduce-scatters from a list of per-rank tensors (a copy each), each gather into a freshly
+    # zero-filled buffer (DeepSpeed 2021 partition_parameters._allgather_param: torch.zeros, then all_gather)
+    list_collectives: bool = False
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute

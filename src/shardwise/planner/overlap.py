@@ -135,8 +135,10 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
         # A list-of-tensors collective (torch.distributed.all_gather(list, t)) copies each of the d entries
         # out of (or into) the flat buffer NCCL works on: d copy kernels per call, reading and writing the whole
         # gathered tensor (ProcessGroupNCCL::allgather / reduce_scatter on lists).
+        # The 2021 gather first fills the whole gathered buffer with zeros (_allgather_param: torch.zeros, one write).
         copy = (lambda nbytes: d * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
-        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) for n in tensors)
+        fill = (lambda nbytes: nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
+        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) + fill(pb * n) for n in tensors)
         rs = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
         ar = sum(replica_all_reduce(job, layout, gb * n, fsdp) for n in tensors)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
