@@ -784,6 +784,16 @@ def test_deepspeeds_2021_zero1_all_reduces_whole_gradients():
     old_dp, new_dp = step_time(old, lay)["dp_comm"], step_time(new, lay)["dp_comm"]
     assert old_dp - copies == pytest.approx(1.5 * new_dp, rel=0.05)
     assert old_dp == pytest.approx(nccl("all_reduce") + nccl("all_gather") + copies, rel=0.05)
+    # Exactly, for one stage's parameters (nothing is overlapped: overlap_comm off): ZeRO-1 pays the all-reduce, the
+    # gather and 16 B; ZeRO-0 takes the same allreduce_and_copy (engine.py buffered_allreduce_fallback): the
+    # all-reduce and its 12 B, without the gather and its 4 B.
+    from shardwise.planner.overlap import Window, dp_exposed
+
+    win, fw = Window(1.0, 2.0, 0.1, 0.2, 12, 64), FRAMEWORKS["deepspeed"]
+    one = dp_exposed(old, lay, fw, params, params / 12, 192, win)
+    assert one == (pytest.approx(nccl("all_reduce") + nccl("all_gather") + copies, rel=1e-3), 0.0)
+    zero0 = dp_exposed(old, lay.with_(zero=0), fw, params, params / 12, 192, win)
+    assert zero0 == (pytest.approx(nccl("all_reduce") + 12 * params / (2039e9 * 0.9), rel=1e-3), 0.0)
 
 
 @pytest.mark.parametrize("framework, states", [

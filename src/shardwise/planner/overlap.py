@@ -95,16 +95,17 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         return collective_time(c, kind, nbytes_per * elements, d, stride) + extra
 
     broadcast = fw.zero1 == "broadcast" or job.zero1_broadcast_per_tensor
+    copies = (fw.reduce_copy_bytes * params / hbm_rate(c), fw.gather_copy_bytes * params / hbm_rate(c))
     if layout.zero == 0 or (layout.zero == 1 and broadcast):
-        reduce = chunks * call("all_reduce", params / chunks, gb)
+        reduce = chunks * call("all_reduce", params / chunks, gb) + copies[0]
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
         if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
             after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
         return after, 0.0
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
-        reduce = call("all_reduce", params, gb)
+        reduce = call("all_reduce", params, gb) + copies[0]
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
-        return after + call("all_gather", params, pb) + fw.zero1_copy_bytes * params / hbm_rate(c), 0.0
+        return after + call("all_gather", params, pb) + copies[1], 0.0
     if layout.zero == 1:
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
         after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
