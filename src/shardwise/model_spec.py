@@ -16,8 +16,10 @@ from importlib import resources
 from pathlib import Path
 
 from shardwise.errors import UsageError
+from shardwise.hashing import cached_hash
 
 
+@cached_hash
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, in the terms both the planner and the runtime use.

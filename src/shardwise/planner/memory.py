@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from shardwise.planner import moe
 from shardwise.errors import UsageError
+from shardwise.hashing import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_microbatches
@@ -35,6 +36,7 @@ LOGITS_BYTES = 6
 ZERO3_GATHERED_LAYERS = 2
 
 
+@cached_hash
 @dataclass(frozen=True)
 class SavedTensors:
     """What the training code keeps for backward beyond Korthikanti et al.'s list (the defaults).
@@ -73,6 +75,7 @@ SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, dropout=False, gated_mlp_
                                  logits_bytes=4, head_inputs=True, token_id_bytes=8, router_aux=True)
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Job:
     """What the planner models for one training job (the specs plus two facts about the software).
