@@ -198,13 +198,13 @@ def test_count_candidates_is_what_the_search_scores(monkeypatch):
     from shardwise.specs import TrainSpec, load_cluster, load_model
 
     seen = set()
-    real = search_mod.memory_breakdown
+    real = search_mod.fits_memory  # what the search asks of every layout it scores
 
     def spy(job, layout):
         seen.add((layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.schedule, layout.vpp, layout.sequence_parallel))
         return real(job, layout)
 
-    monkeypatch.setattr(search_mod, "memory_breakdown", spy)
+    monkeypatch.setattr(search_mod, "fits_memory", spy)
     for model, gpus, batch, framework in (("llama2-7b", 48, 96, "megatron-core"), ("gpt2", 12, 36, "shardwise"),
                                           ("tiny", 8, 8, "torchtitan"), ("llama2-7b", 16, 32, "megatron-2021")):
         seen.clear()

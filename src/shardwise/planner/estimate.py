@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import calibrated as calibrated_cluster
-from shardwise.planner.memory import Job, memory_breakdown
+from shardwise.planner.memory import Job, fits_memory, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
@@ -200,7 +200,7 @@ def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
     while lo < hi:
         mid = (lo + hi) // 2
         tried = layout.with_(recompute_layers=counts[mid])
-        if sum(memory_breakdown(job, tried)[1].values()) <= job.cluster.gpu_memory_bytes:
+        if fits_memory(job, tried):
             hi = mid
         else:
             lo = mid + 1

@@ -529,6 +529,16 @@ def total_bytes(breakdown: dict[str, float]) -> float:
     return sum(breakdown.values())
 
 
+def fits_memory(job: Job, layout: Layout) -> bool:
+    """Whether the worst pipeline rank of `layout` fits a GPU: `memory_breakdown`'s answer, but the first rank (most
+    often the worst: the embedding, the most micro-batches in flight) is checked alone first, since most layouts a
+    search checks do not fit and that answers for them at a third of the work."""
+    limit = job.cluster.gpu_memory_bytes
+    if total_bytes(rank_memory(job, layout, pipeline_ranks(job, layout)[0])) > limit:
+        return False
+    return total_bytes(memory_breakdown(job, layout)[1]) <= limit
+
+
 def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[str, float]:
     """What `validate` and `train --json` measure, predicted (bytes): the weights, gradients, optimizer
     states and saved activations (logits included) of the worst pipeline rank (or of `rank`), without

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, memory_breakdown, total_bytes
+from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 
 SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b")  # one chunk per rank
@@ -359,11 +359,11 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
     space, thinned = check_search(job, gpus, space)
     fw = get_framework(job.framework)
-    limit = job.cluster.gpu_memory_bytes
     ranked: list[Estimate] = []
     scored = timed = 0
     refused = ""
-    leanest: tuple[float, Layout] | None = None
+    leanest: tuple[float, Layout] | None = None  # of the layouts that fit (any of them is leaner than one that does not)
+    unfit: list[Layout] = []  # checked and too large, in order: the leanest of them is named when nothing fits
     # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
     partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
     for tp, pp, dp, cp in degrees(job, gpus, space):
@@ -396,20 +396,22 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                         if why:
                             refused = refused or why
                             continue
-                        mem = total_bytes(memory_breakdown(job, layout)[1])
                         scored += 1
                         measured = True
-                        if leanest is None or mem < leanest[0]:
-                            leanest = (mem, layout)
-                        if mem <= limit:
+                        if not fits_memory(job, layout):
+                            unfit.append(layout)
+                        else:
                             fitted = True
+                            mem = total_bytes(memory_breakdown(job, layout)[1])
+                            if leanest is None or mem < leanest[0]:
+                                leanest = (mem, layout)
                             # none did not fit here; fewer recomputed layers may, and are faster (as a cheaper level)
                             partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
                             ranked.append(estimate(job, partial or layout))
                             timed += 1
                             hybrid = node_shard_groups(job, layout, fw)
                             scored += hybrid is not None
-                            if hybrid and total_bytes(memory_breakdown(job, hybrid)[1]) <= limit:
+                            if hybrid and fits_memory(job, hybrid):
                                 ranked.append(estimate(job, hybrid))
                                 timed += 1
                             lowest = zero if lowest is None else lowest
@@ -422,6 +424,8 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                         best_zero = lowest
                 if measured and not fitted:
                     too_big.add((schedule, vpp, sp, ep))
+    if leanest is None and unfit:  # nothing fits: the first of the smallest, as if every breakdown were compared
+        leanest = min(((total_bytes(memory_breakdown(job, lay)[1]), lay) for lay in unfit), key=lambda x: x[0])
     ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
     return SearchResult(ranked=ranked, scored=scored, timed=timed,
                         leanest=estimate(job, leanest[1]) if leanest else None, refused=refused, thinned=thinned)

@@ -1,0 +1,50 @@
+"""The search's shortcuts give the answers of the slow paths they replace (each checked against the slow path itself)."""
+
+from shardwise.planner import search as search_mod
+from shardwise.planner.memory import Job, fits_memory, make_job, memory_breakdown, pipeline_ranks, rank_memory, total_bytes
+from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
+
+
+def _layouts(job: Job, gpus: int):
+    """Every (split, micro-batch, schedule, ZeRO, recompute) layout of a small space, as the search builds them."""
+    for tp, pp, dp, cp in search_mod.degrees(job, gpus):
+        for mb in (1, 2, 4):
+            if job.train.global_batch % (dp * mb):
+                continue
+            for schedule in ("1f1b", "gpipe") if pp > 1 else ("1f1b",):
+                for zero in (0, 1, 3):
+                    for recompute in ("none", "full"):
+                        yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, schedule=schedule, zero=zero,
+                                     recompute=recompute, sequence_parallel=tp > 1)
+
+
+def test_fits_memory_is_the_whole_breakdown_compared_with_the_gpu():
+    # The first rank is checked alone first; the answer must be the worst rank's, whichever rank that is. A large
+    # vocabulary on few layers makes the last rank (logits) the worst in some layouts, the first in others.
+    job = make_job(load_model("llama3.1-8b"), load_cluster("dgx-a100-40gb"), 64, 8192, "megatron-core")
+    kinds = set()
+    for layout in _layouts(job, 16):
+        rank, mem = memory_breakdown(job, layout)
+        slow = total_bytes(mem) <= job.cluster.gpu_memory_bytes
+        assert fits_memory(job, layout) == slow, layout
+        first_fits = total_bytes(rank_memory(job, layout, pipeline_ranks(job, layout)[0])) <= job.cluster.gpu_memory_bytes
+        kinds.add((slow, first_fits, rank == 0))
+    # both answers, and layouts whose first rank fits while another does not (the second check decides)
+    assert {(True, True, True), (False, False, True), (False, True, False)} <= kinds, kinds
+
+
+def test_the_leanest_layout_when_nothing_fits_is_the_smallest_breakdown_checked(monkeypatch):
+    # Slow path: every layout the search checks, in order, compared by its whole breakdown (the first smallest wins).
+    checked = []
+    real = search_mod.fits_memory
+
+    def spy(job, layout):
+        checked.append(layout)
+        return real(job, layout)
+
+    monkeypatch.setattr(search_mod, "fits_memory", spy)
+    job = Job(load_model("llama2-70b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 4096))
+    result = search_mod.search(job, 8)
+    assert not result.ranked and len(checked) > 10
+    totals = [total_bytes(memory_breakdown(job, layout)[1]) for layout in checked]
+    assert result.leanest.layout == checked[totals.index(min(totals))]
