@@ -49,8 +49,8 @@ def test_median_and_leave_one_source_out_within_ten_percent():
     assert s["leave_one_source_out"]["median_abs_error"] <= 0.10
     # the shipped constant is the one the reference set gives (nothing tuned beyond it)
     shipped, fitted = s["in_situ_efficiency"]["shipped"], s["in_situ_efficiency"]["fitted_on_all_rows"]
-    for arch, value in fitted.items():
-        assert abs(shipped[arch] - value) <= 0.01, (arch, shipped, fitted)
+    for arch, value in fitted.items():  # decimal figures: 0.87 - 0.86 is 0.01, not the float's 0.010000000000000009
+        assert round(abs(shipped[arch] - value), 9) <= 0.01, (arch, shipped, fitted)
 
 
 def test_korthikanti_rows_match_and_fit():

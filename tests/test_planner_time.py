@@ -651,19 +651,22 @@ def test_fp8_params_need_fp8_under_transformer_engine():
             make_job(load_model("gpt3-175b"), H100, 2688, 2048, framework, precision=precision, fp8_params=True)
 
 
-def test_composer_optimizer_moves_decoupled_adamw_bytes():
+def test_unfused_adamw_moves_a_pass_per_operation():
     """Composer's DecoupledAdamW (composer v0.16.4 composer/optim/decoupled_weight_decay.py) runs one kernel per
     operation and tensor. Per FP32 element, weight_decay 0 as in llm-foundry's MPT recipes: exp_avg.mul_ (4 + 4),
     .add_(grad) (4 + 4 + 4), exp_avg_sq.mul_ (8), .addcmul_(grad, grad) (12), sqrt (8), the bias-correction divide (8),
     .add_(eps) (8), param.addcdiv_ (16) = 80 B; FSDP's clip_grad_norm_ reads each gradient for its norm (4) and
-    multiplies it by the clip coefficient (8): 92 B. A fused AdamW with clipping moves 34 B (reads master, m, v and
-    the gradient, 16; writes master, m, v and the BF16 weight, 14; the clip's read, 4). Same shards, same HBM: the
-    optimizer's share of the step grows by 92 / 34."""
+    multiplies it by the clip coefficient (8): 92 B. torchtitan's torch.optim.AdamW(foreach=True, weight_decay=0.1)
+    (1ea476e9f train.py; _multi_tensor_adamw) makes the same passes with lerp_ for Composer's mul_ + add_ (12 for 20)
+    and the decoupled weight decay as one more (params.mul_: 8): 80 + 12 = 92 B as well. A fused AdamW with clipping
+    (Megatron's) moves 34 B (reads master, m, v and the gradient, 16; writes master, m, v and the BF16 weight, 14;
+    the clip's read, 4). Same shards, same HBM: the optimizer's share of the step is 92 / 34 of the fused one's."""
     model = load_model("llama2-7b")
     layout = Layout(dp=8, micro_batch=1, zero=3, recompute="full")
-    composer, titan = (step_time(make_job(model, H100, 8, 2048, fw), layout)["optimizer"]
-                       for fw in ("composer", "torchtitan"))
-    assert composer / titan == pytest.approx(92 / 34, rel=1e-9)
+    composer, titan, fused = (step_time(make_job(model, H100, 8, 2048, fw), layout)["optimizer"]
+                              for fw in ("composer", "torchtitan", "megatron-core"))
+    assert composer / fused == pytest.approx(92 / 34, rel=1e-9)
+    assert titan == pytest.approx(composer, rel=1e-9)
     # 6.74 B parameters / 8 GPUs x 92 B at H100's 3.35 TB/s datasheet HBM bandwidth: 23 ms, less the part of the
     # datasheet rate a streaming kernel does not reach (kernels.hbm_rate) - at most a third more.
     assert 0.023 <= composer <= 0.023 * 4 / 3

@@ -135,8 +135,9 @@ class Framework:
     # Bytes per element of the tied embedding's gradient summed between the edge stages (step_time.tied_embedding_time);
     # None: grad_reduce_bytes.
     tied_grad_bytes: int | None = None
-    # Bytes per parameter its optimizer step (AdamW and gradient clipping) moves through HBM; None: fused or
-    # multi-tensor kernels, step_time.OPTIMIZER_BYTES_PER_PARAM.
+    # Bytes per parameter its optimizer step (AdamW and gradient clipping) moves through HBM; None: one fused pass
+    # (Apex/Transformer Engine FusedAdam, torch's fused=True), step_time.OPTIMIZER_BYTES_PER_PARAM. torch's foreach
+    # (multi-tensor) path still makes one pass per operation (TORCHTITAN below).
     optimizer_traffic: int | None = None
     tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
     recompute: tuple[str, ...] = RECOMPUTE
@@ -416,6 +417,13 @@ TORCHTITAN = Framework(
     overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
+    # torch.optim.AdamW(..., weight_decay=0.1, foreach=True) (torchtitan 1ea476e9f train.py build_optimizer; `fused`
+    # became an option in 40f8fd007, 2024-06, and the default only in 6e4988550, 2025-02-24): torch's
+    # _multi_tensor_adamw, one multi-tensor kernel per operation, per FP32 element: params.mul_(1 - lr wd) (4 + 4),
+    # exp_avgs.lerp_(grads) (4 + 4 + 4), exp_avg_sqs.mul_ (8) .addcmul_(grads, grads) (12), sqrt (8), div_ (8),
+    # add_(eps) (8), params.addcdiv_(exp_avgs, denom) (16) = 80; clip_grad_norm_(foreach=True): a norm per gradient
+    # (4) and every gradient times the clip coefficient (8) = 12. 92 in all, as Composer's DecoupledAdamW below.
+    optimizer_traffic=92,
     # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
@@ -443,6 +451,7 @@ AUTOMODEL = replace(
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
     expandable_segments=False,  # no source found: the default allocator
+    optimizer_traffic=None,  # torch.optim.Adam with bf16 states: not derived here, the one-pass figure
     partial_recompute="",  # apply_ac wraps every block
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)", "recompute of only some layers"),
 )
