@@ -109,6 +109,17 @@ def test_mla_attention_is_counted_not_trained():
     assert few.to_dict()["total_params"] == 671_026_404_352
 
 
+def test_mla_attention_core_flops_by_hand():
+    """DeepSeek-V3's attention core, per token and layer, counted by hand from its config (128 heads, Q·Kᵀ over
+    qk_nope 128 + qk_rope 64 = 192, P·V over v_head_dim 128): forward 2·s·192 + 2·s·128 FLOPs per head, backward
+    twice that, so 6·s·(192 + 128)·128 = 245,760·s per token and layer (PaLM's 12·s·q_dim with q_dim's 192 and 128
+    in place of one head dim; Megatron-Core's MLA branch halves it for the causal mask). Doubling s from 4096 to
+    8192 adds that much per token at s = 4096 over the 61 layers, and the parameter FLOPs not at all."""
+    spec = load_model("deepseek-v3")
+    per_token = [model_flops_per_step(make_job(spec, H100, 8, s)) / (8 * s) for s in (4096, 8192)]
+    assert per_token[1] - per_token[0] == pytest.approx(61 * 245_760 * 4096)
+
+
 def test_permutation_traffic_is_counted_by_hand():
     """Per routed token, forward: the permute reads and writes k rows, the unpermute reads k and writes one
     (Mixtral: k = 2, so 7 rows of h bf16 elements); backward reads the k outputs once more (9 rows)."""

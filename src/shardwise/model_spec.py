@@ -99,6 +99,16 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def attention_width(self) -> float:
+        """Per token, over all heads, the mean width of the attention core's two products: Q·Kᵀ runs over the
+        query/key head dim, P·V over the value head dim. Both are head_dim (q_dim) except in MLA, where Q·Kᵀ spans
+        qk_nope + qk_rope (192 in DeepSeek-V3) and P·V v_head_dim (128): Megatron-Core's num_floating_point_operations
+        counts heads · (qk_head_dim + qk_pos_emb_head_dim) / 2 + heads · v_head_dim / 2 there."""
+        if self.attention == "mla":
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) / 2
+        return self.q_dim
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

@@ -159,10 +159,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, fp8) for shape, ob in
                                        (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
                                  for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
-        heads, d = model.num_heads // tp, model.head_dim
+        heads, d = model.num_heads // tp, model.attention_width / model.num_heads  # MLA: (qk + v) / 2
         rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
-        if model.attention == "mla":  # Q K^T over qk_nope + qk_rope, P V over v_head_dim; rotary on the rope part only
-            d = (model.head_dim + model.v_head_dim) / 2
+        if model.attention == "mla":  # rotary on the rope part only
             rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
         if job.flash_attention and fw.attention != "unfused":
             kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
@@ -265,7 +264,7 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     model, tp = job.model, layout.tp
     rate, hbm, e = achievable_flops(job), job.cluster.hbm_bandwidth, job.train.activation_bytes
     mm = 2 * tokens * matmul_params_per_layer(model) / tp / rate
-    attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
+    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
     if job.flash_attention:
         attn = attn_flops / (rate * FLASH_EFFICIENCY)
     else:

@@ -8,8 +8,8 @@ optimizer step runs at HBM bandwidth. On a calibrated cluster (`shardwise calibr
 and per-call costs replace the datasheet models (docs/accuracy.md).
 
 FLOPs follow the PaLM paper (Chowdhery et al. 2022, App. B): model FLOPs per token are
-6 N_matmul + 12 L q_dim s (attention scores and their product with V, forward + backward, causal
-masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
+6 N_matmul + 12 L w s, w the attention core's width (q_dim; MLA: heads x (qk + v) / 2, ModelSpec.attention_width:
+attention scores and their product with V, forward + backward, causal masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
 Constants and their sources: docs/planner.md.
 """
 
@@ -55,7 +55,7 @@ LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "compos
 def model_flops_per_step(job: Job) -> float:
     """PaLM model FLOPs of one step over the whole job (forward + backward, no recompute)."""
     m, s = job.model, job.train.seq_len
-    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size) + 12 * m.num_layers * m.q_dim * s
+    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size) + 12 * m.num_layers * m.attention_width * s
     return per_token * s * job.train.global_batch
 
 
@@ -130,7 +130,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     if layout.schedule == "zb-h1" and layout.pp > 1 and rank > 0:  # I and W walk the graph apart (calibrated)
         w += layers * float((job.cluster.measured or {}).get("split_backward_s", 0.0))
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
-    attn_flops = 4 * tokens * job.train.seq_len * model.q_dim / tp
+    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
     flops_model = layers * 3 * (mm_flops + attn_flops)
     # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
