@@ -135,7 +135,7 @@ def _model(row: dict) -> ModelSpec:
     m = re.search(r"(\d+) (query groups|KV)", row["heads"])
     if m:
         kv = int(m.group(1))
-    mlp = row.get("mlp", "").strip("? ")
+    mlp = row.get("mlp", "").split("(")[0].strip("? ")  # "swiglu (clamped)": GPT-OSS's SwiGLU, clamped
     gated = mlp in ("swiglu", "geglu") if mlp else ("Llama" in name or "GeGLU" in row["ffn_hidden"])
     # Llama-style blocks (RoPE, no biases, untied head) with a gated MLP, or Nemotron-4's squared ReLU; else GPT.
     family = "llama" if gated or mlp == "squared-relu" else "gpt2"
