@@ -257,6 +257,13 @@ class TrainSpec:
     def bytes_per_param(self) -> int:
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
 
+    @property
+    def master_bytes(self) -> int:
+        """Bytes per parameter of the copy the optimizer updates: FP32 where the stack keeps an FP32 master beside
+        16-bit weights (optimizer bytes beyond two BF16 moments' 4) or trains FP32 weights, which are their own
+        master; else the weights themselves (BF16 Adam states and no master: NeMo AutoModel)."""
+        return 4 if self.weight_bytes >= 4 or self.optimizer_bytes > 4 else self.weight_bytes
+
 
 # --------------------------------------------------------------------------- layout
 

@@ -352,4 +352,4 @@ def _optimizer_states(train: TrainSpec) -> str:
     moments); 4 B beside 16-bit weights are BF16 moments and no master (NeMo AutoModel's bf16 states)."""
     if train.weight_bytes >= 4:
         return "fp32 Adam moments"
-    return "bf16 Adam moments" if train.optimizer_bytes <= 4 else "fp32 master + Adam moments"
+    return "fp32 master + Adam moments" if train.master_bytes == 4 else "bf16 Adam moments"

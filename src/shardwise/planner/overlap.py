@@ -213,9 +213,9 @@ def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backward
     if not fw.torch_fsdp:
         return 0.0
     p, r = param_gather_bytes(job, fw), fw.grad_reduce_bytes
-    # The shard is the FP32 master where the stack keeps one (Adam moments plus master: more than 4 bytes), else the
-    # parameters as used; casting it to the gather dtype reads it and writes the gather dtype.
-    master = 4 if job.train.optimizer_bytes > 4 else p
+    # The shard is what the optimizer updates (TrainSpec.master_bytes); casting it to the gather dtype reads it and
+    # writes the gather dtype.
+    master = job.train.master_bytes
     cast = master + p if master != p else 0
     if fw.torch_fsdp == 1:
         per_gathered, per_backward, per_reduced = cast / shard, 2 * p, (p + r if r != p else 0) + 2 * r
