@@ -229,3 +229,13 @@ def test_a_small_moe_layer_pass_takes_the_host_time_at_least():
         assert per_pass(mb, 1) > 1.8 * per_pass(mb // 2, 1) > 1.8 * moe.MOE_LAYER_HOST_S
     for tp in (1, 2, 4, 8):  # 4,096 tokens a GPU down to 512: the host's time, whatever the GPU's
         assert per_pass(1, tp) == pytest.approx(moe.MOE_LAYER_HOST_S)
+
+
+def test_expert_and_dense_reductions_share_the_window_by_link_time():
+    """Equal bytes of dense and expert gradients, the dense ones reduced inside one node (8 ranks, NVLink 4: 450 GB/s
+    a direction on the H100 datasheet), the experts' across 8 nodes (one 400 Gb/s NIC a GPU: 50 GB/s): the experts
+    hold the links about 9 times as long, so they hide behind about 9/10 of the compute beside them — not the half
+    their bytes would give (NCCL reaches a different share of each link's peak: more than 0.8)."""
+    from shardwise.planner.step_time import _expert_link_share
+    job = make_job(load_model("mixtral-8x7b"), H100, 512, 4096, "megatron-core")
+    assert _expert_link_share(job, Layout(dp=8, tp=1, ep=8), 1e9, 1e9, 8, 8) > 0.8

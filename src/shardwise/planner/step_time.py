@@ -281,18 +281,29 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
                  layers=cost.layers, microbatches=m)
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
-    # The dense and the expert traffic leave through the same links beside the same compute: each is hidden by
-    # its share of the window, by bytes (else each would count the whole window as its own).
-    dense_win = share(win, (params - experts) / params) if experts else win
+    edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
+    expert_share = _expert_link_share(job, layout, params - experts, experts, edp, split) if experts else 0.0
     after, before = dp_exposed(job, layout, fw, params - experts, layer_params(job.model, layout.tp),
-                               param_tensors(job, layout, rank), dense_win)
+                               param_tensors(job, layout, rank), share(win, 1.0 - expert_share))
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
-        edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1), fw, experts,
                                        experts / cost.layers if cost.layers else experts, 3,
-                                       share(win, experts / params))
+                                       share(win, expert_share))
         after, before = after + e_after, before + e_before
     return after, before
+
+
+def _expert_link_share(job: Job, layout: Layout, dense: float, experts: float, edp: int, split: int) -> float:
+    """The share of the compute window the experts' data-parallel traffic hides behind when the dense parameters'
+    traffic runs beside it on the same links: the share of the links' time it takes — a reduction of the same dtype
+    over each group, the dense one over dp x cp ranks tp apart, the experts' over their edp replicas ep x etp apart
+    (their groups differ in size and in how many members share a node, so bytes alone would misplace it; either
+    share alone would let both streams count the whole window as their own)."""
+    nbytes = get_framework(job.framework).grad_reduce_bytes
+    t_e = collective_time(job.cluster, "reduce_scatter", nbytes * experts, edp, split) if edp > 1 else 0.0
+    t_d = collective_time(job.cluster, "reduce_scatter", nbytes * dense, layout.dp * layout.cp, layout.tp) \
+        if layout.dp * layout.cp > 1 else 0.0
+    return t_e / (t_e + t_d) if t_e + t_d > 0 else experts / (dense + experts)
 
 
 def share(win: Window, fraction: float) -> Window:
