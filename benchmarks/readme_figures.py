@@ -155,7 +155,8 @@ def published() -> str:
     skipped = sum(1 for r in rows if "skip" in r)
     moe = summary["moe"]
     return (mod.markdown(rows, summary) + f"\n\n{len(rows) + len(moe['runs'])} rows in the file: {summary['rows']} scored, "
-            f"{weak} weak evidence (a `?` on their throughput, or a `Weak:` note saying why: printed but not scored), {len(moe['runs'])} mixtures of "
+            f"{weak} weak evidence (a `?` on their throughput, or a `Weak:` note saying why: printed but not scored), "
+            f"{len(moe['runs'])} mixtures of "
             f"experts scored apart ({moe['rows']} strong: median |error| {100 * moe['median_abs_error']:.1f} %, max "
             f"{100 * moe['max_abs_error']:.1f} %; see below), {skipped} skipped with the reason the script prints ("
             f"torch.compile, a power-capped GPU, MLA's recompute).\n")

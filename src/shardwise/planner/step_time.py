@@ -8,8 +8,9 @@ optimizer step runs at HBM bandwidth. On a calibrated cluster (`shardwise calibr
 and per-call costs replace the datasheet models (docs/accuracy.md).
 
 FLOPs follow the PaLM paper (Chowdhery et al. 2022, App. B): model FLOPs per token are
-6 N_matmul + 12 L w s, w the attention core's width (q_dim; MLA: heads x (qk + v) / 2, ModelSpec.attention_width:
-attention scores and their product with V, forward + backward, causal masking not discounted) plus the LM head. Hardware FLOPs add what recompute runs again.
+6 N_matmul + 12 L w s (attention scores and their product with V, forward + backward, causal masking not
+discounted; w the attention core's width, ModelSpec.attention_width: q_dim, or heads x (qk + v) / 2 under MLA)
+plus the LM head. Hardware FLOPs add what recompute runs again.
 Constants and their sources: docs/planner.md.
 """
 
