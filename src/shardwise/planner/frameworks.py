@@ -406,7 +406,8 @@ TORCHTITAN = Framework(
     name="torchtitan",
     summary="torchtitan: FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
             "every micro-batch (with PP: once per step after the schedule, as torch.distributed.pipelining runs FSDP), TP always with sequence parallelism, torch.distributed.pipelining schedules, "
-            "SDPA (FlashAttention-2)",
+            "SDPA (FlashAttention-2), AdamW as torch's foreach kernels, one pass per operation (its default until "
+            "2025-02; fused since)",
     sources=("pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py (apply_fsdp, apply_tp, apply_ddp), "
              "config/configs.py (mixed_precision_reduce = float32)",
              "pytorch/pytorch torch/distributed/pipelining/stage.py (backward_maybe_with_nosync: FSDP's "
