@@ -52,13 +52,11 @@ class Framework:
     # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer) or "allreduce" (gradients
     # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer)
     zero1: str = "reduce_scatter"
-    # Bytes per local parameter moved through HBM once a step beside NCCL's own traffic: around an all-reduce of the
+    # Bytes per local parameter moved through HBM once a step beside NCCL's own traffic around an all-reduce of the
     # gradients at the accumulation boundary in flattened buckets (flatten, scale, copy back: ZeRO-0, and ZeRO-1 where
-    # it all-reduces), and around ZeRO-1's all-gather of the updated partitions into a list of per-rank views
-    # (PyTorch's ProcessGroupNCCL::allgather copies each entry out of its flat result: read and written).
-    # 0: the stack reduces and gathers in place (or the copies are not modelled).
+    # it all-reduces). 0: the stack reduces in place (or the copies are not modelled). A list all-gather's copies
+    # (ZeRO-1's updated partitions gathered into per-rank views): list_collectives.
     reduce_copy_bytes: float = 0.0
-    gather_copy_bytes: float = 0.0
     # ZeRO-2 whose weights are never sharded, so whole all step: each micro-batch's backward reduce-scatters its
     # gradients into the shards, behind the next micro-batch, and the updated weights are gathered once after the
     # optimizer. DeepSpeed's ZeRO-2 (reduces in every backward); Megatron FSDP's optim_grads (megatron_fsdp.py:
@@ -80,8 +78,10 @@ class Framework:
     torch_fsdp: int = 0
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
-    # ZeRO-3 gathers into / reduce-scatters from a list of per-rank tensors (a copy each), each gather into a freshly
-    # zero-filled buffer (DeepSpeed 2021 partition_parameters._allgather_param: torch.zeros, then all_gather)
+    # Its gathers (ZeRO-1's updated partitions, ZeRO-3's parameters) and ZeRO-3's reduce-scatters take a list of
+    # per-rank tensors, which PyTorch copies out of / into NCCL's flat buffer (overlap.list_copy_time); each ZeRO-3
+    # gather into a freshly zero-filled buffer (DeepSpeed 2021 partition_parameters._allgather_param: torch.zeros,
+    # then all_gather)
     list_collectives: bool = False
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
@@ -336,9 +336,9 @@ DEEPSPEED = Framework(
     # contiguous_gradients off for stage 1, so reduce_ipg_grads takes buffered_reduce_fallback): every gradient
     # all-reduced whole in the model dtype at the boundary (allreduce_and_copy: flatten 2 + 2, div_ 2 + 2,
     # all_reduce, copy back 2 + 2 = 12 B; ZeRO-0's engine.buffered_allreduce_fallback -> allreduce_and_copy the same),
-    # then the updated partitions all-gathered into a list (copy-out 2 + 2 = 4 B). b288cf1b9 (2022-08-23, v0.7.2) let
-    # stage 1 keep contiguous gradients (reduced to their owners): deepspeed-2024.
-    zero1="allreduce", reduce_copy_bytes=12, gather_copy_bytes=4,
+    # then the updated partitions all-gathered into a list (list_collectives: copy-out 2 + 2 = 4 B). b288cf1b9
+    # (2022-08-23, v0.7.2) let stage 1 keep contiguous gradients (reduced to their owners): deepspeed-2024.
+    zero1="allreduce", reduce_copy_bytes=12,
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
@@ -368,7 +368,7 @@ DEEPSPEED_2024 = replace(
     attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
     # stage 1 keeps contiguous gradients since b288cf1b9 (v0.7.2): average_tensor reduces each rank's range to its
     # owner (dist.reduce: a reduce-scatter's bytes)
-    zero1="reduce_scatter", reduce_copy_bytes=0, gather_copy_bytes=0,
+    zero1="reduce_scatter", reduce_copy_bytes=0,
     glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)"),
@@ -391,8 +391,8 @@ DEEPSPEED_BF16 = replace(
     # The FP32 copy of every gradient (4) beside the BF16 ones autograd writes (2), both kept through the step.
     # engine.py allreduce_bucket on the FP32 gradients: flatten (4 + 4), cast to BF16 (4 + 2), mul_ (2 + 2),
     # all_reduce, cast back (2 + 4), allreduce_and_copy's copy back (4 + 4) = 32 B; all_gather_dp_groups' list
-    # all-gather of the BF16 partitions (copy-out 2 + 2) = 4 B.
-    grad_bytes=6, zero1="allreduce", reduce_copy_bytes=32, gather_copy_bytes=4, tied_grad_bytes=4,
+    # all-gather of the BF16 partitions (list_collectives, as deepspeed: copy-out 2 + 2) = 4 B.
+    grad_bytes=6, zero1="allreduce", reduce_copy_bytes=32, tied_grad_bytes=4,
     # update_hp_grads after every backward: the BF16 gradient cast to FP32 (read 2, write 4), then added into the
     # FP32 gradient (read 4 + 4, write 4): 18 B per parameter, the first micro-batch too.
     grad_accumulation_bytes=18, grad_accumulation_first_free=False,

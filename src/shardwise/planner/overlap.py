@@ -95,7 +95,8 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         return collective_time(c, kind, nbytes_per * elements, d, stride) + extra
 
     broadcast = fw.zero1 == "broadcast" or job.zero1_broadcast_per_tensor
-    copies = (fw.reduce_copy_bytes * params / hbm_rate(c), fw.gather_copy_bytes * params / hbm_rate(c))
+    # the HBM passes around the all-reduce; the all-gather's into a list (its few calls' launches not counted)
+    copies = (fw.reduce_copy_bytes * params / hbm_rate(c), list_copy_time(job, fw, pb * params, launches=0))
     if layout.zero == 0 or (layout.zero == 1 and broadcast):
         reduce = chunks * call("all_reduce", params / chunks, gb) + copies[0]
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
@@ -133,11 +134,9 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
     if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
         tensors = layer_tensors(job.model, layout.tp)
-        # A list-of-tensors collective (torch.distributed.all_gather(list, t)) copies each of the d entries
-        # out of (or into) the flat buffer NCCL works on: d copy kernels per call, reading and writing the whole
-        # gathered tensor (ProcessGroupNCCL::allgather / reduce_scatter on lists).
-        # The 2021 gather first fills the whole gathered buffer with zeros (_allgather_param: torch.zeros, one write).
-        copy = (lambda nbytes: d * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
+        # Each list collective copies its d entries (list_copy_time); the 2021 gather first fills the whole gathered
+        # buffer with zeros (_allgather_param: torch.zeros, one write).
+        copy = lambda nbytes: list_copy_time(job, fw, nbytes, launches=d)
         fill = (lambda nbytes: nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
         g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) + fill(pb * n) for n in tensors)
         rs = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
@@ -182,6 +181,16 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
         behind = max(0.0, load - win.layer_backward)
         return max(layers - 1, 0) * (behind + interference(load, behind)) + tail
     return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after + copies
+
+
+def list_copy_time(job, fw: Framework, nbytes: float, launches: int) -> float:
+    """Seconds of PyTorch's copies around a collective on a list of per-rank tensors (torch.distributed.all_gather(
+    list, t), reduce_scatter(t, list)): ProcessGroupNCCL::allgather / reduce_scatter copy each entry out of (or into)
+    the flat buffer NCCL works on, the whole `nbytes` read and written, in `launches` copy kernels (one per rank and
+    call). 0 where the stack's collectives work on flat buffers (Framework.list_collectives)."""
+    if not fw.list_collectives:
+        return 0.0
+    return launches * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(job.cluster)
 
 
 def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backwards: float, shard: int) -> float:
