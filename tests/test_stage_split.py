@@ -97,3 +97,12 @@ def test_runtime_planner_and_simulator_cut_alike(model, pp, vpp, seq):
     layer, embed, head = layer_costs(spec, seq)
     flops = [n * layer + (embed if s == 0 else 0) + (head if s == pp * vpp - 1 else 0) for s, n in enumerate(counts)]
     assert f == pytest.approx([2.0 / vpp * x / (sum(flops) / len(flops)) for x in flops])
+
+
+def test_an_mla_layers_attention_cost_is_its_core_width():
+    # DeepSeek-V3 (128 heads; Q·Kᵀ over qk_nope 128 + qk_rope 64 = 192, P·V over v_head_dim 128): the attention
+    # core's forward FLOPs per token grow with the sequence by 2·192 + 2·128 per head, 4·s·160·128 in all, the width
+    # MFU counts too (ModelSpec.attention_width), not q_dim's 192 for both products. From 4,096 to 8,192 tokens:
+    # 4 · 4,096 · 20,480 = 335,544,320 FLOPs per token and layer; the parameter FLOPs do not change.
+    spec = load_model("deepseek-v3")
+    assert layer_costs(spec, 8192)[0] - layer_costs(spec, 4096)[0] == 335_544_320
