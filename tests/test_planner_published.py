@@ -232,3 +232,18 @@ def test_the_network_a_row_states_is_read_per_node_or_per_gpu():
     assert read("A100-SXM4-80GB (RoCE 1600 Gbps node-node)", 8) == 25e9
     assert read("H100-80GB (800 Gb/s per node: README 'H100 96 GPUs with 800 Gbps')", 8) == 12.5e9
     assert read("A100-SXM4-80GB (64 GPUs; network NR)", 8) is None
+
+
+def test_an_mlp_cells_parenthesis_is_a_note():
+    # GPT-OSS's rows write 'swiglu (clamped)': its config.json has a SwiGLU MLP (clamped, swiglu_limit 7.0), rotary
+    # positions and untied embeddings (tie_word_embeddings false), so each row is a Llama-style block with three MLP
+    # matrices, untied; read as an unknown MLP name it fell back to GPT-2 blocks (two matrices, tied, learned
+    # positions, biases).
+    import csv
+
+    with open(bench.DEFAULT_CSV, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("mlp", "").startswith("swiglu (")]
+    assert rows
+    for row in rows:
+        model = bench._model(row)
+        assert (model.family, model.gated_mlp, model.tie_embeddings) == ("llama", True, False), row["run"]
