@@ -390,6 +390,8 @@ def parse(row: dict) -> Run:
             if runs:  # AutoModel runs one pipeline schedule per local batch (its GA)
                 job = replace(job, schedule_runs=int(runs.group(1)))
             layout = layout.with_(sequence_parallel=tp > 1)
+        if "NVTE_FUSED_ATTN=0" in row["notes"]:  # Transformer Engine told off cuDNN: flash-attn's FlashAttention-2
+            job = replace(job, attention="fa2")
         validate_layout(layout, model, batch)
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"

@@ -893,3 +893,19 @@ def test_torch_fsdp_moves_the_unsharded_units_through_hbm_around_its_collectives
     # Megatron's and DeepSpeed's own sharding is not torch FSDP.
     assert fsdp_copy_time(make_job(model, H100, 16, 2048, "megatron-core"), FRAMEWORKS["megatron-core"], 1e9, 1e9, 1e9,
                           16) == 0
+
+
+def test_a_run_that_turns_cudnn_attention_off_attends_with_flashattention2():
+    # Transformer Engine under NVTE_FUSED_ATTN=0 (dgxc-benchmarking v24.11.1 nemo_megatron/launch.sh) runs flash-attn's
+    # FlashAttention-2 instead of cuDNN's fused attention. FlashAttention-3's paper (Shah et al. 2024, Fig. 5, one H100
+    # SXM5, BF16, head dim 128, 8K causal) measured the forward at 529 TFLOP/s (cuDNN) and 333 (FlashAttention-2): the
+    # layer's attention forward takes 529 / 333 = 1.59x as long (Transformer Engine's own notebook, forward + backward
+    # at 8K: 19.07 / 12.01 = 1.59), and the step is slower.
+    from shardwise.planner.estimate import assumptions
+    model = load_model("llama3.1-8b")
+    lay = Layout(dp=1, tp=1, pp=1, micro_batch=2)
+    job = make_job(model, H100, 2, 8192, "nemo")
+    off = dataclasses.replace(job, attention="fa2")
+    assert assumptions(job)["attention"] == "cudnn" and assumptions(off)["attention"] == "fa2"
+    assert layer_cost(off, lay).attn_fwd / layer_cost(job, lay).attn_fwd == pytest.approx(529 / 333, rel=0.01)
+    assert estimate(off, lay).step_time > estimate(job, lay).step_time

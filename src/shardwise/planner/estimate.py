@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.layer_time import calibrated as calibrated_cluster
+from shardwise.planner.layer_time import attention_kernel, calibrated as calibrated_cluster
 from shardwise.planner.memory import Job, fits_memory, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
@@ -103,8 +103,7 @@ def assumptions(job: Job) -> dict:
     fw = get_framework(job.framework)
     dtype = {1: "fp8", 2: "bf16", 4: "fp32"}
     return {
-        "attention": ("materialised softmax" if not job.flash_attention or fw.attention == "unfused"
-                      else kernels.ATTENTION_KERNEL[fw.attention].get(job.cluster.arch or "ampere", "fa2")),
+        "attention": attention_kernel(job) or "materialised softmax",
         "gradient_reduce_dtype": dtype.get(fw.grad_reduce_bytes, f"{fw.grad_reduce_bytes} B"),
         "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
         "grad_reduce_overlapped": fw.overlap_grad_reduce,

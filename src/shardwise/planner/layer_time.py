@@ -163,8 +163,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
         if model.attention == "mla":  # rotary on the rope part only
             rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
-        if job.flash_attention and fw.attention != "unfused":
-            kernel = kernels.ATTENTION_KERNEL[fw.attention].get(c.arch or "ampere", "fa2")
+        kernel = attention_kernel(job)
+        if kernel:
             if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
                 scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
                 attn, attn_b = kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp,
@@ -213,6 +213,15 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
                      mlp[0], ep)
+
+
+def attention_kernel(job: Job) -> str:
+    """The fused attention kernel the job's layers run (kernels.ATTENTION_KERNEL), or "" for a materialised softmax:
+    the run's own choice (Job.attention) where it makes one, else its framework's."""
+    family = job.attention or get_framework(job.framework).attention
+    if not job.flash_attention or family == "unfused":
+        return ""
+    return kernels.ATTENTION_KERNEL[family].get(job.cluster.arch or "ampere", "fa2")
 
 
 def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) -> tuple[float, float]:

@@ -130,6 +130,10 @@ class Job:
     # pipeline and, under FSDP, reduce-scattering at its last backward (torch.distributed.pipelining's
     # PipelineStage.backward_maybe_with_nosync). 1: one schedule over all micro-batches (Megatron, torchtitan).
     schedule_runs: int = 1
+    # The attention kernel family when the run picks one apart from its framework's (Framework.attention): "fa2"
+    # for Transformer Engine under NVTE_FUSED_ATTN=0, which then runs flash-attn's FlashAttention-2 (NVTE_FLASH_ATTN
+    # defaults to 1) in place of cuDNN's fused attention. Empty: the framework's.
+    attention: str = ""
 
 
 
