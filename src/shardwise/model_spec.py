@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.hashing import cached_hash
+from shardwise.frozen import cached_hash
 
 
 @cached_hash

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.hashing import cached_hash
+from shardwise.frozen import cached_hash, replaced
 from shardwise.model_spec import (  # noqa: F401 - re-exported: callers find every spec here
     MAX_LAYERS, MODEL_TYPES, ModelSpec, load_model, model_from_hf_config, model_presets, preset_dir, read_json_file)
 from shardwise.stage_split import max_chunk_layers  # the most layers a model chunk holds (--recompute-layers)
@@ -314,15 +314,7 @@ class Layout:
         return asdict(self)
 
     def with_(self, **changes) -> "Layout":
-        """A copy with `changes`. The search makes tens of thousands: copying the fields skips the frozen
-        __init__ (dataclasses.replace: 7 µs); an unknown name still raises, as replace does."""
-        if not changes.keys() <= _LAYOUT_FIELDS:
-            return replace(self, **changes)
-        new = object.__new__(Layout)
-        fields_ = new.__dict__
-        fields_.update(self.__dict__)
-        fields_.update(changes)
-        return new
+        return replaced(self, changes)  # dataclasses.replace, without the frozen __init__ (the search makes many)
 
     @property
     def split(self) -> tuple[int, int, int, int, int]:
@@ -345,9 +337,6 @@ class Layout:
             parts.append(f"v{self.vpp}")
         parts.append(f"mb{self.micro_batch}")
         return "·".join(parts)
-
-
-_LAYOUT_FIELDS = frozenset(f.name for f in fields(Layout))
 
 
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,

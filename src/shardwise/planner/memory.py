@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from shardwise.planner import moe
 from shardwise.errors import UsageError
-from shardwise.hashing import cached_hash
+from shardwise.frozen import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_microbatches

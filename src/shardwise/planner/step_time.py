@@ -17,9 +17,10 @@ Constants and their sources: docs/planner.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
+from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
@@ -114,12 +115,12 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
         if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
             share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
-            lc = replace(lc, ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
-                         ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone)
+            lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
+                                   ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
     slowest = straggler(job, layout)
     if slowest != 1.0:  # the job computes at its slowest GPU's pace
-        lc = replace(lc, fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
-                     attn_fwd=lc.attn_fwd * slowest)
+        lc = replaced(lc, dict(fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
+                               attn_fwd=lc.attn_fwd * slowest))
     oh = lc.overhead / 3
     edge_f, edge_b = (a + b for a, b in zip(tp_edge_time(job, layout, rank, tokens),
                                            pipe_regather_time(job, layout, rank, tokens)))
@@ -309,8 +310,8 @@ def _expert_link_share(job: Job, layout: Layout, dense: float, experts: float, e
 
 def share(win: Window, fraction: float) -> Window:
     """The part of a compute window one of several streams of traffic on the same links can hide behind."""
-    return replace(win, forward=win.forward * fraction, backward=win.backward * fraction,
-                   layer_forward=win.layer_forward * fraction, layer_backward=win.layer_backward * fraction)
+    return replaced(win, dict(forward=win.forward * fraction, backward=win.backward * fraction,
+                              layer_forward=win.layer_forward * fraction, layer_backward=win.layer_backward * fraction))
 
 
 def step_comm_time(job: Job, layout: Layout) -> float:
