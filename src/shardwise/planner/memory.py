@@ -197,6 +197,7 @@ def norm_bytes(model: ModelSpec, e: int, saved: SavedTensors = PAPER) -> float:
     return e * h + 8 if model.family == "gpt2" else 4 * h + e * h + 4  # LayerNorm; RMSNorm
 
 
+@lru_cache(maxsize=1024)  # asked for each pipeline rank of every layout the search checks
 def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2,
                            saved: SavedTensors = PAPER, fp8: bool = False) -> tuple[float, float]:
     """(linear, scores): bytes one layer stores for backward, per GPU, without recompute.
@@ -478,32 +479,63 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
 # --------------------------------------------------------------------------- per GPU
 
 
-def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
-    """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
+@dataclass(frozen=True)
+class RankHoldings:
+    """What one GPU of a pipeline rank holds whatever the ZeRO stage and the recompute policy: the search scores
+    several of both for each split, and these terms are most of a breakdown's work, so they are cached per split."""
+
+    inflight: float  # micro-batches of the stage's activations held at once
+    layers: int
+    gathered: int  # layers ZeRO-3 keeps gathered: two (the prefetched next), fewer in a smaller chunk
+    grads_held: float  # the share of its chunks whose gradients exist at the activations' peak
+    params: float  # parameters outside the routed experts
+    experts: float  # routed experts' parameters
+    first: float  # the first stage's token ids, for every micro-batch in flight there (0 elsewhere)
+    logits: float  # the last stage's logits and loss buffers, likewise
+
+
+def rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
+    """`RankHoldings` of pipeline rank `rank` (computed on the layout without ZeRO and recompute, so they cannot
+    depend on either)."""
+    return _rank_holdings(job, layout.with_(zero=0, recompute="none", recompute_layers=None, dp_shard=0), rank)
+
+
+@lru_cache(maxsize=1 << 14)
+def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
     m = layout.num_microbatches(job.train.global_batch)
-    inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
-    layers = rank_layers(job, layout, rank)
     chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
     experts = rank_expert_params(job, layout, rank)
-    gathered = min(ZERO3_GATHERED_LAYERS, max(chunks))
-    held = chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp
-    out = model_state_bytes(job, layout, rank_params(job, layout, rank) - experts, layers, gathered, held)
+    first = logits = 0.0
+    if rank == 0:
+        first = first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
+    if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
+        logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
+    return RankHoldings(
+        inflight=peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank),
+        layers=rank_layers(job, layout, rank), gathered=min(ZERO3_GATHERED_LAYERS, max(chunks)),
+        grads_held=chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp,
+        params=rank_params(job, layout, rank) - experts, experts=experts, first=first, logits=logits)
+
+
+def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
+    """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
+    held = rank_holdings(job, layout, rank)
+    layers, gathered, experts = held.layers, held.gathered, held.experts
+    out = model_state_bytes(job, layout, held.params, layers, gathered, held.grads_held)
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
         whole = layers if layout.zero < 3 or layout.shard_group == 1 else min(gathered, layers)
         out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
-    out["activations"] = stage_activation_bytes(job, layout, layers, inflight, rank_recomputed_layers(job, layout, rank))
+    out["activations"] = stage_activation_bytes(job, layout, layers, held.inflight,
+                                                rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
         states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
                                    experts, experts / n_moe)
         out = {k: out[k] + states.get(k, 0.0) for k in out}
-    out["activations"] += moe_activation_delta(job, layout, rank, inflight)
+    out["activations"] += moe_activation_delta(job, layout, rank, held.inflight)
     if rank == 0:
-        out["activations"] += first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
-    logits = 0.0
-    if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
-        logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
-    out["logits"] = logits
+        out["activations"] += held.first
+    out["logits"] = held.logits
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
 
