@@ -48,3 +48,38 @@ def test_the_leanest_layout_when_nothing_fits_is_the_smallest_breakdown_checked(
     assert not result.ranked and len(checked) > 10
     totals = [total_bytes(memory_breakdown(job, layout)[1]) for layout in checked]
     assert result.leanest.layout == checked[totals.index(min(totals))]
+
+
+def test_a_rank_holds_the_same_whichever_zero_stage_or_recompute_filled_the_cache():
+    # rank_holdings is cached per split: a breakdown must not change with the layout that filled the cache first.
+    from shardwise.planner import memory
+
+    job = make_job(load_model("llama3.1-70b"), load_cluster("dgx-h100-80gb"), 256, 8192, "torchtitan")
+    base = Layout(dp=4, tp=4, pp=4, micro_batch=1, schedule="1f1b", sequence_parallel=True)
+    variants = [base.with_(zero=z, recompute=r, recompute_layers=n) for z in (1, 2, 3) for r, n in
+                (("none", None), ("selective", None), ("full", None), ("full", 3))]
+    alone = {}
+    for layout in variants:
+        memory._rank_holdings.cache_clear()
+        alone[layout] = [rank_memory(job, layout, r) for r in range(4)]
+    for layout in reversed(variants):  # each now after the others filled the cache
+        assert [rank_memory(job, layout, r) for r in range(4)] == alone[layout], layout
+    assert len({repr(v) for v in alone.values()}) == len(variants)  # the variants do differ
+
+
+def test_frozen_copies_and_hashes_are_the_dataclass_ones():
+    import dataclasses
+    import pickle
+
+    import pytest
+
+    from shardwise.frozen import replaced
+
+    layout = Layout(dp=8, tp=2, pp=4, zero=1)
+    assert replaced(layout, {"zero": 3, "pp": 2}) == dataclasses.replace(layout, zero=3, pp=2)
+    with pytest.raises(TypeError):
+        layout.with_(zeros=3)  # a misspelt knob raises, as dataclasses.replace does
+    spec = load_model("llama3.1-8b")
+    hash(spec)
+    # a hash kept on the instance stays out of a pickle (a string's hash differs between processes)
+    assert b"_shardwise_hash" not in pickle.dumps(spec) and pickle.loads(pickle.dumps(spec)) == spec

@@ -570,7 +570,7 @@ def fits_memory(job: Job, layout: Layout) -> bool:
     often the worst: the embedding, the most micro-batches in flight) is checked alone first, since most layouts a
     search checks do not fit and that answers for them at a third of the work."""
     limit = job.cluster.gpu_memory_bytes
-    if total_bytes(rank_memory(job, layout, pipeline_ranks(job, layout)[0])) > limit:
+    if total_bytes(rank_memory(job, layout, 0)) > limit:  # rank 0 is always a candidate (pipeline_ranks)
         return False
     return total_bytes(memory_breakdown(job, layout)[1]) <= limit
 
