@@ -83,3 +83,44 @@ def test_frozen_copies_and_hashes_are_the_dataclass_ones():
     hash(spec)
     # a hash kept on the instance stays out of a pickle (a string's hash differs between processes)
     assert b"_shardwise_hash" not in pickle.dumps(spec) and pickle.loads(pickle.dumps(spec)) == spec
+
+
+def test_without_recompute_every_rank_holds_at_least_what_selective_recompute_holds():
+    # What lets the search skip a no-recompute layout whose selective twin does not fit (search._FitChecks): under
+    # Megatron's selective recompute (the attention core) every rank's total is at most the no-recompute total, exactly.
+    from shardwise.planner.memory import rank_memory as rank_bytes
+
+    checked = 0
+    for model, framework in (("llama3.1-8b", "megatron-core"), ("gpt3-175b", "megatron-2021"), ("mixtral-8x7b", "nemo"),
+                             ("tiny", "shardwise")):
+        job = make_job(load_model(model), load_cluster("dgx-a100-40gb"), 64, 4096, framework)
+        assert job.selective != "op" and not job.recompute_modules
+        for layout in _layouts(job, 16):
+            if layout.recompute != "none":
+                continue
+            for rank in pipeline_ranks(job, layout):
+                none = total_bytes(rank_bytes(job, layout, rank))
+                assert none >= total_bytes(rank_bytes(job, layout.with_(recompute="selective"), rank)), (model, layout)
+                checked += 1
+    assert checked > 500
+
+
+def test_the_search_skipping_by_the_selective_bound_ranks_as_the_search_checking_everything(monkeypatch):
+    calls = []
+    real = search_mod.fits_memory
+
+    def counted(job, layout):
+        calls.append(layout)
+        return real(job, layout)
+
+    monkeypatch.setattr(search_mod, "fits_memory", counted)
+    job = Job(load_model("llama2-13b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 2048))
+    fast = search_mod.search(job, 16)
+    checked_fast = len(calls)
+    monkeypatch.setattr(search_mod._FitChecks, "__call__", lambda self, layout: search_mod.fits_memory(self.job, layout))
+    calls.clear()
+    slow = search_mod.search(job, 16)
+    assert checked_fast < len(calls)  # the bound skipped some checks
+    assert [(e.layout, e.step_time, e.memory_bytes) for e in fast.ranked] == \
+           [(e.layout, e.step_time, e.memory_bytes) for e in slow.ranked]
+    assert (fast.scored, fast.timed) == (slow.scored, slow.timed)

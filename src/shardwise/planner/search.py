@@ -355,6 +355,28 @@ def node_shard_groups(job: Job, layout: Layout, fw) -> Layout | None:
     return layout.with_(dp_shard=group)
 
 
+class _FitChecks:
+    """Whether the layouts of one base (split, micro-batch, schedule, SP, ep) fit, each checked once. Under selective
+    recompute of the attention core alone (Megatron's), a layout without recompute holds the same bytes plus the
+    attention scores (memory.stage_activation_bytes; nothing else in a rank's breakdown depends on the policy, and
+    every later sum rounds monotonically), so where the selective twin does not fit, neither does it: that twin is
+    checked first, and its answer kept for the selective pass, which checks it next."""
+
+    def __init__(self, job: Job, fw, space: SearchSpace):
+        self.job, self.known = job, {}
+        self.bounded = ("selective" in space.recompute and "selective" in fw.recompute and job.selective != "op"
+                        and not job.recompute_modules)
+
+    def __call__(self, layout: Layout) -> bool:
+        key = (layout.zero, layout.recompute)
+        if key not in self.known:
+            if layout.recompute == "none" and self.bounded and not self(layout.with_(recompute="selective")):
+                self.known[key] = False
+            else:
+                self.known[key] = fits_memory(self.job, layout)
+        return self.known[key]
+
+
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
     space, thinned = check_search(job, gpus, space)
@@ -383,6 +405,7 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                               ep=ep)
                 base = base.with_(cp_mode=best_cp_mode(job, base, space))
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
+                fits = _FitChecks(job, fw, space)
                 stages = space.zero_stages(dp * cp, fw)  # ZeRO shards over dp x cp
                 if not stages and dp * cp > 1 and space.zero:  # only stages the framework cannot run: say which
                     refused = refused or fw.refusal(base.with_(zero=space.zero[0])) or ""
@@ -398,7 +421,7 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                             continue
                         scored += 1
                         measured = True
-                        if not fits_memory(job, layout):
+                        if not fits(layout):
                             unfit.append(layout)
                         else:
                             fitted = True
