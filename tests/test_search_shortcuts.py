@@ -67,24 +67,6 @@ def test_a_rank_holds_the_same_whichever_zero_stage_or_recompute_filled_the_cach
     assert len({repr(v) for v in alone.values()}) == len(variants)  # the variants do differ
 
 
-def test_frozen_copies_and_hashes_are_the_dataclass_ones():
-    import dataclasses
-    import pickle
-
-    import pytest
-
-    from shardwise.frozen import replaced
-
-    layout = Layout(dp=8, tp=2, pp=4, zero=1)
-    assert replaced(layout, {"zero": 3, "pp": 2}) == dataclasses.replace(layout, zero=3, pp=2)
-    with pytest.raises(TypeError):
-        layout.with_(zeros=3)  # a misspelt knob raises, as dataclasses.replace does
-    spec = load_model("llama3.1-8b")
-    hash(spec)
-    # a hash kept on the instance stays out of a pickle (a string's hash differs between processes)
-    assert b"_shardwise_hash" not in pickle.dumps(spec) and pickle.loads(pickle.dumps(spec)) == spec
-
-
 def test_without_recompute_every_rank_holds_at_least_what_selective_recompute_holds():
     # What lets the search skip a no-recompute layout whose selective twin does not fit (search._FitChecks): under
     # Megatron's selective recompute (the attention core) every rank's total is at most the no-recompute total, exactly.
