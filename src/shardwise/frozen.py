@@ -33,8 +33,9 @@ def cached_hash(cls):
 
 
 def replaced(obj, changes: dict):
-    """dataclasses.replace(obj, **changes) for a frozen dataclass without __post_init__ or a cached hash: the
-    fields copied, then `changes` (an unknown name still raises, as replace does)."""
+    """dataclasses.replace(obj, **changes) for a frozen dataclass without __post_init__: the fields copied, then
+    `changes` (an unknown name still raises, as replace does); a hash kept on `obj` (cached_hash) is not carried
+    over, since the copy's fields differ."""
     cls = type(obj)
     names = cls.__dict__.get("_field_names")
     if names is None:
@@ -45,5 +46,6 @@ def replaced(obj, changes: dict):
     new = object.__new__(cls)
     state = new.__dict__
     state.update(obj.__dict__)
+    state.pop(_KEY, None)
     state.update(changes)
     return new
