@@ -18,6 +18,18 @@ def _layouts(job: Job, gpus: int):
                                      recompute=recompute, sequence_parallel=tp > 1)
 
 
+def _record_fit_checks(monkeypatch) -> list:
+    """The layouts the search asks fits_memory about, in order (the real answer is still given)."""
+    checked, real = [], search_mod.fits_memory
+
+    def spy(job, layout):
+        checked.append(layout)
+        return real(job, layout)
+
+    monkeypatch.setattr(search_mod, "fits_memory", spy)
+    return checked
+
+
 def test_fits_memory_is_the_whole_breakdown_compared_with_the_gpu():
     # The first rank is checked alone first; the answer must be the worst rank's, whichever rank that is. A large
     # vocabulary on few layers makes the last rank (logits) the worst in some layouts, the first in others.
@@ -35,14 +47,7 @@ def test_fits_memory_is_the_whole_breakdown_compared_with_the_gpu():
 
 def test_the_leanest_layout_when_nothing_fits_is_the_smallest_breakdown_checked(monkeypatch):
     # Slow path: every layout the search checks, in order, compared by its whole breakdown (the first smallest wins).
-    checked = []
-    real = search_mod.fits_memory
-
-    def spy(job, layout):
-        checked.append(layout)
-        return real(job, layout)
-
-    monkeypatch.setattr(search_mod, "fits_memory", spy)
+    checked = _record_fit_checks(monkeypatch)
     job = Job(load_model("llama2-70b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 4096))
     result = search_mod.search(job, 8)
     assert not result.ranked and len(checked) > 10
@@ -88,14 +93,7 @@ def test_without_recompute_every_rank_holds_at_least_what_selective_recompute_ho
 
 
 def test_the_search_skipping_by_the_selective_bound_ranks_as_the_search_checking_everything(monkeypatch):
-    calls = []
-    real = search_mod.fits_memory
-
-    def counted(job, layout):
-        calls.append(layout)
-        return real(job, layout)
-
-    monkeypatch.setattr(search_mod, "fits_memory", counted)
+    calls = _record_fit_checks(monkeypatch)
     job = Job(load_model("llama2-13b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 2048))
     fast = search_mod.search(job, 16)
     checked_fast = len(calls)
