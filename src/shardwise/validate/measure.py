@@ -64,6 +64,16 @@ def _reference(cfg: ValidateConfig, rank: int, world: int):
 REFERENCE_REPEATS = 1  # after each layout's steps in each round (~20 ms per workload)
 
 
+def mesh_split(lay) -> tuple[int, int, int, int]:
+    """The mesh a layout runs on, (pp, dp, tp, cp): every layout of one split shares one mesh and its process groups,
+    as `shardwise train` builds one mesh for its job. Why it matters on a CPU: every gloo process group keeps a thread
+    that wakes 100 times a second (gloo's tcp Loop::run polls epoll with a 10 ms timeout), and a mesh holds one group
+    per dimension. A mesh per layout gave the default sweep's ranks ~90 groups each, ~9,000 wake-ups a second taking
+    8.5 % of a core from the rank's compute and preempting it ~1,000 times a second (docs/accuracy.md, "Idle
+    process groups"): the sweep then ran slower than the calibration and than `train` on a quiet machine."""
+    return lay.pp, lay.dp, lay.tp, lay.cp
+
+
 def run_rank(cfg: ValidateConfig) -> dict | None:
     """Every layout on this rank (started by `launch.run_ranks`): build, warm up, timed rounds in random
     order, memory. On rank 0 {"layouts": the measurements, "reference_s": {workload: its seconds per call after every
@@ -79,13 +89,15 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
     from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step
 
     torch.manual_seed(cfg.seed)
-    loops = []
+    loops, meshes = [], {}
     for lay in cfg.layouts:
         tcfg = TrainConfig(spec=cfg.model, layout=lay, steps=10**6, global_batch=cfg.global_batch,
                            seq_len=cfg.seq_len, seed=cfg.seed, backend=cfg.backend, timeout_s=cfg.timeout_s,
                            progress=False)
-        mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s) if world > 1 else None
-        rt = build_runtime(tcfg, mesh)
+        split = mesh_split(lay)
+        if world > 1 and split not in meshes:
+            meshes[split] = build_mesh(*split[:3], cp=split[3], backend=cfg.backend, timeout_s=cfg.timeout_s)
+        rt = build_runtime(tcfg, meshes.get(split))
         for _ in range(cfg.warmup):
             train_step(rt)
         loops.append(TrainLoop(rt, last=10**6))
