@@ -54,6 +54,16 @@ def test_contract_keys_and_well_formed_values(sweep):
     assert "drift_corrected" not in s and all("drift_corrected_step_time_s" not in x for x in sweep["layouts"])
 
 
+def test_layouts_of_one_split_share_its_process_groups(sweep):
+    """Each gloo group keeps an event-loop thread waking 100 times a second (validate.measure.mesh_split), so the
+    sweep holds one mesh per split, as `train` holds one for its job. Hand count of a rank's groups for the fixture's
+    four layouts: the default group, one mesh of 4 groups (pp, dp, cp, tp: a DeviceMesh makes one for every
+    dimension, size 1 too) for each of the 3 splits (dp2 and dp2:zero3 share one), and the 4 of the reference
+    workloads' ZeRO-3 layer (calibrate.measure.fsdp_workloads) = 1 + 3 x 4 + 4 = 17; a mesh per layout held 21."""
+    if sys.platform.startswith("linux"):  # where /proc names the threads
+        assert sweep["machine"]["gloo_loop_threads"] == 17
+
+
 def test_measured_model_states_are_the_planners(sweep):
     """Parameters, gradients and AdamW states as allocated equal the planner's bytes (fp32: 4 + 4 + 8 per parameter)."""
     by_name = {x["name"]: x for x in sweep["layouts"]}

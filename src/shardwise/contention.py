@@ -84,6 +84,24 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def gloo_loop_threads() -> int | None:
+    """Threads of this process running gloo's tcp event loop (one per gloo process group; each wakes 100 times a
+    second even when idle: gloo/transport/tcp/loop.cc polls epoll with a 10 ms timeout), or None where /proc has no
+    thread names. Ours too: a rank holding many groups loses CPU to them (validate.measure.mesh_split)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().strip() == "gloo_tcp_loop"
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
 def neighbours_note(what: str, cores: float | None) -> str | None:
     """A sentence for a timing taken while other processes kept `cores` busy (None when they did not)."""
     if cores is None or cores <= BUSY_NEIGHBOURS:

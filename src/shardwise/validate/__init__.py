@@ -142,7 +142,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
             "calibration": calibrated,
             # Other processes' CPU use during the sweep and during the calibration (contention.py): a timing
             # taken beside busy neighbours is theirs as much as this machine's.
-            "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores,
+            "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores, "gloo_loop_threads": out["gloo_loop_threads"],
                         "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores"),
                         **speed},
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,

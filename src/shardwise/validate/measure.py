@@ -77,7 +77,7 @@ def mesh_split(lay) -> tuple[int, int, int, int]:
 def run_rank(cfg: ValidateConfig) -> dict | None:
     """Every layout on this rank (started by `launch.run_ranks`): build, warm up, timed rounds in random
     order, memory. On rank 0 {"layouts": the measurements, "reference_s": {workload: its seconds per call after every
-    layout's steps of every round} (_reference)}; None elsewhere."""
+    layout's steps of every round} (_reference), "gloo_loop_threads": its gloo groups' event-loop threads}; None elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -123,4 +123,7 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
         out.append({"times": times[i], "memory": {k: worst[k] for k in STATE_KEYS}, "memory_total": worst["total"],
                     "allocator_peak": worst["allocator_peak"]})
         report(f"memory {describe(cfg.layouts[i])}")
-    return {"layouts": out, "reference_s": reference_s} if rank == 0 else None
+    from shardwise.contention import gloo_loop_threads
+
+    # gloo's idle wake-ups beside the sweep (mesh_split says why they matter on a CPU)
+    return {"layouts": out, "reference_s": reference_s, "gloo_loop_threads": gloo_loop_threads()} if rank == 0 else None
