@@ -72,6 +72,15 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert printed["cluster"]["peak_tflops"] == pytest.approx(cluster.peak_flops / 1e12)
 
 
+def test_calibration_holds_one_data_parallel_mesh_as_train_does(calibrated):
+    """Each gloo group keeps an event-loop thread waking 100 times a second, and their number changes how fast a CPU
+    rank computes (validate.measure.mesh_split), so calibrate measures beside what a world-2 data-parallel `train`
+    holds: the default group + one mesh of 4 (pp, dp, cp, tp; a DeviceMesh makes one per dimension, size 1 too) = 5.
+    The FSDP layer and train's loop each built their own mesh before: 9."""
+    if sys.platform.startswith("linux"):  # where /proc names the threads
+        assert load_cluster(str(calibrated[0])).measured["gloo_loop_threads"] == 5
+
+
 def test_planner_reads_the_measured_tables(calibrated):
     path, _ = calibrated
     cluster = load_cluster(str(path))

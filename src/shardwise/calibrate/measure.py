@@ -32,11 +32,22 @@ SYNC_ROUNDS = 5
 class Timer:
     """This rank's device, dtype and timing discipline; reductions agree a figure across ranks."""
 
-    def __init__(self, cfg: CalibrateConfig, rank: int, world: int):
+    def __init__(self, cfg: CalibrateConfig, rank: int, world: int, mesh=None):
         self.cfg, self.rank, self.world = cfg, rank, world
         cuda = cfg.device_type == "cuda"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.dtype = torch.bfloat16 if cuda else torch.float32
+        self._mesh = mesh
+
+    def mesh(self):
+        """The data-parallel mesh (dp = world) every measurement that needs one shares, built on first use
+        (collective): one mesh, as a `train` job holds one. Each of its gloo groups keeps a thread that wakes 100 times
+        a second, and the number of such threads changes how fast a CPU rank computes (validate.measure.mesh_split)."""
+        if self._mesh is None:
+            from shardwise.parallel import build_mesh
+
+            self._mesh = build_mesh(1, self.world, 1, backend=self.cfg.backend, timeout_s=self.cfg.timeout_s)
+        return self._mesh
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -428,11 +439,11 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     "ddp": as the runtime wraps it in DDP, under no_sync}, the sharded chunk). measure_fsdp times them for the
     profile; validate times "plain" and "sharded" again beside its sweep (FSDP's calls' speed now)."""
     from shardwise.model import Transformer
-    from shardwise.parallel import GlobalGradNorm, build_mesh, grad_sync, parallelize
+    from shardwise.parallel import GlobalGradNorm, grad_sync, parallelize
     from shardwise.specs import Layout
 
     spec = t.cfg.model
-    mesh = build_mesh(1, t.world, 1, backend=t.cfg.backend, timeout_s=t.cfg.timeout_s)
+    mesh = t.mesh()
 
     def layer():
         return Transformer(spec, seed=0, layer_ids=range(1))
@@ -543,15 +554,13 @@ def measure_loop(t: Timer, out: dict):
     import os
     from dataclasses import replace
 
-    from shardwise.parallel import build_mesh
     from shardwise.specs import Layout
     from shardwise.train import TrainLoop, build_runtime
 
     spec = replace(t.cfg.model, num_layers=min(t.cfg.model.num_layers, MODEL_LAYERS))
     b = t.cfg.micro_batch
     cfg = _train_config(t, Layout(dp=t.world, micro_batch=b), b * t.world, spec)
-    mesh = build_mesh(1, t.world, 1, backend=t.cfg.backend, timeout_s=t.cfg.timeout_s) if t.world > 1 else None
-    rt = build_runtime(cfg, mesh)
+    rt = build_runtime(cfg, t.mesh() if t.world > 1 else None)
     with open(os.devnull, "w") as sink:
         loop = TrainLoop(rt, last=cfg.steps, sink=sink if t.rank == 0 else None)
 
@@ -629,6 +638,8 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     after each. Returns the Profile fields on rank 0, None elsewhere."""
     torch.manual_seed(rank)
     t = Timer(cfg, rank, world)
+    if world > 1:  # from the first round on, the threads a `train` job of this world holds (Timer.mesh)
+        t.mesh()
     out: dict = {}
     # The model and every measurement compared with it run in MODEL_ROUNDS rounds spread over the whole calibration
     # (first, middle, last third; each yields once a round, then computes its figures from all of them), so the rate
@@ -649,7 +660,9 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
             report(label)
     if rank != 0:
         return None
-    return dict(out, world=world, backend=cfg.backend, device=_device_name(t.device),
+    from shardwise.contention import gloo_loop_threads
+
+    return dict(out, world=world, backend=cfg.backend, device=_device_name(t.device), gloo_loop_threads=gloo_loop_threads(),
                 dtype=str(t.dtype).removeprefix("torch."), model=cfg.model.name, tokens=cfg.tokens,
                 memory_gib=_memory_gib(t.device, world), repeats=cfg.repeats)
 

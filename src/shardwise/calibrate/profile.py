@@ -54,6 +54,7 @@ class Profile:
     repeats: int = 0
     reference_rounds_s: list = field(default_factory=list)  # the reference workload in each model round, seconds
     other_cpu_cores: float | None = None  # cores other processes kept busy meanwhile (contention.py; None: unknown)
+    gloo_loop_threads: int | None = None  # rank 0's gloo event-loop threads (contention.py; None: unknown)
 
     def monotone_tables(self) -> dict:
         """A smaller message never takes longer than a larger one: each time is capped by the next
@@ -160,6 +161,8 @@ class Profile:
                "model_points": self.model_points}
         if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
             out["other_cpu_cores"] = self.other_cpu_cores
+        if self.gloo_loop_threads is not None:  # not read by the planner: validate shows its sweep's beside it
+            out["gloo_loop_threads"] = self.gloo_loop_threads
         if self.reference_rounds_s:  # not read by the planner: whether the machine held its speed meanwhile
             out["reference_rounds_s"] = self.reference_rounds_s
         if self.backend == "gloo":  # gloo on CPU: collectives block the compute thread, nothing hides behind it
@@ -201,7 +204,7 @@ SPEED_CLASS = {
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
-               "reference_rounds_s", "comm_overlap", "fsdp_points")
+               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads")
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "fsdp": "calls", "calls": "compute"}
 

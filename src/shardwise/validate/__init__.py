@@ -144,6 +144,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
             # taken beside busy neighbours is theirs as much as this machine's.
             "machine": {"cores": machine_cores(), "other_cpu_cores": other.cores, "gloo_loop_threads": out["gloo_loop_threads"],
                         "calibration_other_cpu_cores": (cfg.cluster.measured or {}).get("other_cpu_cores"),
+                        "calibration_gloo_loop_threads": (cfg.cluster.measured or {}).get("gloo_loop_threads"),
                         **speed},
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len, "steps": cfg.steps, "repeats": cfg.repeats,
             "layouts": layouts, "summary": summary}

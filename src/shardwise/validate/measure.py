@@ -38,7 +38,7 @@ def _slowest(values: list[float], world: int) -> list[float]:
     return t.tolist()
 
 
-def _reference(cfg: ValidateConfig, rank: int, world: int):
+def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     """calibrate's reference workloads, to time again after every layout's steps in every round of the sweep:
     its model's forward + backward at one sequence ("reference", calibrate.measure.reference) and, at world > 1,
     one layer's forward alone, with an all-reduce and with a send/recv of its activation after it ("layer",
@@ -52,7 +52,7 @@ def _reference(cfg: ValidateConfig, rank: int, world: int):
     from shardwise.calibrate.measure import Timer, call_workloads, fsdp_workloads, reference
 
     t = Timer(CalibrateConfig(model=cfg.model, world=world, backend=cfg.backend, seq_len=cfg.seq_len, repeats=3,
-                              warmup=1, timeout_s=cfg.timeout_s), rank, world)
+                              warmup=1, timeout_s=cfg.timeout_s), rank, world, mesh)
     fns = {"reference": reference(t)}
     if world > 1:
         calls, _ = call_workloads(t)
@@ -103,7 +103,8 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
         loops.append(TrainLoop(rt, last=10**6))
         report(f"built {describe(lay)}")
     order, times = random.Random(cfg.seed), [[] for _ in loops]
-    reference, reference_s = _reference(cfg, rank, world), {}
+    # the sweep's data-parallel mesh, when it has one, for the reference's ZeRO-3 layer (mesh_split: no more groups)
+    reference, reference_s = _reference(cfg, rank, world, meshes.get((1, world, 1, 1))), {}
 
     def round_of(indices):
         indices = list(indices)
