@@ -54,14 +54,14 @@ def test_contract_keys_and_well_formed_values(sweep):
     assert "drift_corrected" not in s and all("drift_corrected_step_time_s" not in x for x in sweep["layouts"])
 
 
-def test_layouts_of_one_split_share_its_process_groups(sweep):
+def test_layouts_share_their_process_groups(sweep):
     """Each gloo group keeps an event-loop thread waking 100 times a second (validate.measure.mesh_split), so the
-    sweep holds one mesh per split, as `train` holds one for its job. Hand count of a rank's groups for the fixture's
-    four layouts: the default group and one mesh of 4 groups (pp, dp, cp, tp: a DeviceMesh makes one for every
-    dimension, size 1 too) for each of the 3 splits (dp2 and dp2:zero3 share one; the reference workloads' ZeRO-3
-    layer runs on dp2's) = 1 + 3 x 4 = 13; a mesh per layout, and one for that layer, held 1 + 5 x 4 = 21."""
+    sweep's meshes share every group of the same ranks. Hand count of a rank's groups for the fixture's four layouts
+    (dp2, tp2, pp2, dp2:zero3; a DeviceMesh has a group for every dimension, size 1 too): the default group, the two
+    ranks (each split's size-2 dimension) and this rank alone (the size-1 ones) = 3; the reference workloads' ZeRO-3
+    layer runs on dp2's mesh. A mesh per layout, and one for that layer, held 1 + 5 x 4 = 21."""
     if sys.platform.startswith("linux"):  # where /proc names the threads
-        assert sweep["machine"]["gloo_loop_threads"] == 13
+        assert sweep["machine"]["gloo_loop_threads"] == 3
 
 
 def test_measured_model_states_are_the_planners(sweep):

@@ -56,17 +56,38 @@ def _group_options(backend: str, timeout_s: float):
 
 
 def build_mesh(pp: int, dp: int, tp: int, *, cp: int = 1, backend: str | None = None,
-               timeout_s: float = 300.0) -> DeviceMesh:
-    """The (pp, dp, cp, tp) mesh over all ranks of the default group. Collective: every rank calls it."""
+               timeout_s: float = 300.0, pool: dict | None = None) -> DeviceMesh:
+    """The (pp, dp, cp, tp) mesh over all ranks of the default group. Collective: every rank calls it.
+    `pool` ({ranks: group}): take each dimension's group from it (adding the missing ones), so meshes built from one
+    pool share every group of the same ranks — `validate`'s many layouts in one job hold the groups of about one mesh
+    (on a CPU each idle gloo group is a thread waking 100 times a second: validate.measure.mesh_split)."""
     backend = backend or dist.get_backend()
     device_type = "cuda" if backend == "nccl" else "cpu"
     opts = _group_options(backend, timeout_s)
-    mesh = init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=DIMS,
-                            backend_override={d: (backend, opts) for d in DIMS})
+    if pool is None:
+        mesh = init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=DIMS,
+                                backend_override={d: (backend, opts) for d in DIMS})
+    else:
+        mesh = _pooled_mesh(device_type, (pp, dp, cp, tp), backend, timeout_s, pool)
     if cp > 1:  # kept on the mesh: torch asks callers to hold flattened meshes themselves
         mesh.shardwise_flat = {"dp_cp": mesh["dp", "cp"]._flatten("dp_cp", backend_override=(backend, opts))}
     mesh.shardwise_group_options = (backend, timeout_s)  # for the expert and sequence views below
     return mesh
+
+
+def _pooled_mesh(device_type: str, shape: tuple, backend: str, timeout_s: float, pool: dict) -> DeviceMesh:
+    """The mesh of `shape` (DIMS' order) from `pool`'s groups by rank set, creating the missing ones: every rank
+    walks every line of every dimension in the same order (new_group is collective over the default group)."""
+    grid = torch.arange(dist.get_world_size()).reshape(shape)
+    rank, groups = dist.get_rank(), []
+    for dim, n in enumerate(shape):
+        mine = None
+        for ranks in grid.movedim(dim, -1).reshape(-1, n).tolist():
+            if tuple(ranks) not in pool:
+                pool[tuple(ranks)] = dist.new_group(ranks, backend=backend, timeout=timedelta(seconds=timeout_s))
+            mine = pool[tuple(ranks)] if rank in ranks else mine
+        groups.append(mine)
+    return DeviceMesh.from_group(groups, device_type, mesh=grid, mesh_dim_names=DIMS)
 
 
 def data_dim(mesh: DeviceMesh | None) -> str:

@@ -65,12 +65,13 @@ REFERENCE_REPEATS = 1  # after each layout's steps in each round (~20 ms per wor
 
 
 def mesh_split(lay) -> tuple[int, int, int, int]:
-    """The mesh a layout runs on, (pp, dp, tp, cp): every layout of one split shares one mesh and its process groups,
-    as `shardwise train` builds one mesh for its job. Why it matters on a CPU: every gloo process group keeps a thread
-    that wakes 100 times a second (gloo's tcp Loop::run polls epoll with a 10 ms timeout), and a mesh holds one group
-    per dimension. A mesh per layout gave the default sweep's ranks ~90 groups each, ~9,000 wake-ups a second taking
-    8.5 % of a core from the rank's compute and preempting it ~1,000 times a second (docs/accuracy.md, "Idle
-    process groups"): the sweep then ran slower than the calibration and than `train` on a quiet machine."""
+    """The mesh a layout runs on, (pp, dp, tp, cp): every layout of one split shares one mesh, and run_rank builds the
+    meshes from one pool of groups (build_mesh(pool=)), so the sweep holds the process groups of about one `train`
+    job. Why it matters on a CPU: every gloo process group keeps a thread that wakes 100 times a second (gloo's tcp
+    Loop::run polls epoll with a 10 ms timeout), and a DeviceMesh holds one group per dimension. A mesh per layout gave
+    the default world-2 sweep's ranks 91 such threads (4 now; the calibration holds 5): 9,000 wake-ups a second,
+    8-11 % of a core, the compute thread preempted ~1,000 times a second — 1.24x slower on a quiet machine, and up
+    to 4x faster beside busy neighbours, whose CPU time the wake-ups won (docs/accuracy.md, "Idle process groups")."""
     return lay.pp, lay.dp, lay.tp, lay.cp
 
 
@@ -89,14 +90,15 @@ def run_rank(cfg: ValidateConfig) -> dict | None:
     from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step
 
     torch.manual_seed(cfg.seed)
-    loops, meshes = [], {}
+    loops, meshes, groups = [], {}, {}
     for lay in cfg.layouts:
         tcfg = TrainConfig(spec=cfg.model, layout=lay, steps=10**6, global_batch=cfg.global_batch,
                            seq_len=cfg.seq_len, seed=cfg.seed, backend=cfg.backend, timeout_s=cfg.timeout_s,
                            progress=False)
         split = mesh_split(lay)
         if world > 1 and split not in meshes:
-            meshes[split] = build_mesh(*split[:3], cp=split[3], backend=cfg.backend, timeout_s=cfg.timeout_s)
+            meshes[split] = build_mesh(*split[:3], cp=split[3], backend=cfg.backend, timeout_s=cfg.timeout_s,
+                                       pool=groups)
         rt = build_runtime(tcfg, meshes.get(split))
         for _ in range(cfg.warmup):
             train_step(rt)
