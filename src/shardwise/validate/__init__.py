@@ -3,8 +3,9 @@
     result = validate(ValidateConfig(model=load_model("tiny"), cluster=load_cluster("profile.toml"), world=2))
     result["summary"]  # median_abs_error, p90_abs_error, spearman, kendall_tau, top1_regret, best_in_top3
 
-All layouts run in one world of `world` ranks (one thread each). Each is built once (its own mesh,
-runtime and optimizer, from the same seed) and warmed up; then `repeats` rounds each run every layout
+All layouts run in one world of `world` ranks (one thread each). Each is built once (its own runtime and
+optimizer, from the same seed; its split's mesh, whose process groups every mesh of the sweep shares:
+measure.mesh_split) and warmed up; then `repeats` rounds each run every layout
 for `steps` timed steps, in a new random order per round (the same on every rank), so slow drifts of
 a shared machine spread over all layouts instead of biasing one. The steps run through `train`'s own
 loop (train.TrainLoop) after a barrier, each timed as the loop times it and as long as its slowest
