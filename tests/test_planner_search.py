@@ -131,6 +131,17 @@ def test_nothing_fits_says_how_many_gpus():
     assert "widen the search" not in code.stderr  # nothing was narrowed
 
 
+def test_a_plan_from_the_shell_writes_all_it_prints_before_its_quick_exit(tmp_path):
+    # plan, estimate and explain leave at once (cli.exit_now): a long JSON on a pipe and the report page must be whole.
+    page = tmp_path / "plan.html"
+    r = subprocess.run([sys.executable, "-m", "shardwise", "plan", "--model", "llama2-13b", "--cluster", "dgx-a100-40gb",
+                        "--gpus", "16", "--global-batch", "64", "--seq-len", "2048", "--json", "--all-variants",
+                        "--top", "100000", "--html", str(page)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # well past a pipe's 64 KiB buffer
+    assert len(r.stdout) > 1 << 20 and len(out["candidates"]) > 1000 and out["html"]["bytes"] == page.stat().st_size
+
+
 def test_nothing_fits_suggests_only_usable_gpu_counts_and_widening_only_when_narrowed():
     import re
 
