@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.layer_time import attention_kernel, calibrated as calibrated_cluster
+from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
 from shardwise.planner.memory import Job, fits_memory, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
@@ -99,7 +100,14 @@ def _round(x: float, digits: int) -> float:
 
 
 def assumptions(job: Job) -> dict:
-    """What a prediction assumes about the software (planner/frameworks.py) and the precision."""
+    """What a prediction assumes about the software (planner/frameworks.py) and the precision: the same for every
+    layout of a job, so built once (per job and module constants, layer_time.cache_key) and copied for each."""
+    notes = _assumptions(job, *cache_key(job))
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in notes.items()}
+
+
+@lru_cache(maxsize=64)
+def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
     fw = get_framework(job.framework)
     dtype = {1: "fp8", 2: "bf16", 4: "fp32"}
     return {

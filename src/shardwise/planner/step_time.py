@@ -232,7 +232,7 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     two fp32 statistics per token (runtime's VocabParallelCrossEntropy; Megatron's all-reduces move
     the same few bytes)."""
     tp, c = layout.tp, job.cluster
-    if tp == 1:
+    if tp == 1 or 0 < rank < layout.pp - 1:  # no edge on this rank
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
     sync = sync_time(c)
