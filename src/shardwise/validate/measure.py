@@ -71,7 +71,7 @@ def mesh_split(lay) -> tuple[int, int, int, int]:
     Loop::run polls epoll with a 10 ms timeout), and a DeviceMesh holds one group per dimension. A mesh per layout gave
     the default world-2 sweep's ranks 91 such threads (4 now; the calibration holds 5): 9,000 wake-ups a second,
     8-11 % of a core, the compute thread preempted ~1,000 times a second — 1.24x slower on a quiet machine, and up
-    to 4x faster beside busy neighbours, whose CPU time the wake-ups won (docs/accuracy.md, "Idle process groups")."""
+    to 5x faster beside busy neighbours, whose CPU time the wake-ups won (docs/accuracy.md, "Idle process groups")."""
     return lay.pp, lay.dp, lay.tp, lay.cp
 
 
