@@ -116,11 +116,15 @@ def mla_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, in
 
 
 def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
-    """One layer's costs (a dense one, or a MoE layer's): they depend on the layout only through tp, SP, cp,
-    the micro-batch and, for a MoE layer, the expert split."""
-    key = Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
-                 cp=layout.cp, cp_mode=layout.cp_mode, ep=layout.ep if moe_layer else 1, etp=layout.etp if moe_layer else 1)
-    return _layer_cost(job, key, moe_layer, *cache_key(job))
+    """One layer's costs (a dense one, or a MoE layer's), cached per `layer_key`."""
+    return _layer_cost(job, layer_key(layout, moe_layer), moe_layer, *cache_key(job))
+
+
+def layer_key(layout: Layout, moe_layer: bool = False) -> Layout:
+    """What of a layout a layer's costs depend on: tp, SP, cp and its mode, the micro-batch and, for a MoE layer,
+    the expert split (every other knob at its default)."""
+    return Layout(tp=layout.tp, micro_batch=layout.micro_batch, sequence_parallel=layout.sequence_parallel,
+                  cp=layout.cp, cp_mode=layout.cp_mode, ep=layout.ep if moe_layer else 1, etp=layout.etp if moe_layer else 1)
 
 
 def cache_key(job: Job) -> tuple:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.layer_time import layer_cost, layer_key
 from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 
@@ -162,8 +163,8 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
 
 
 def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -> str:
-    """Ring or all-gather for this layout: the same memory and blocks, so the one with less exposed K/V traffic."""
-    from shardwise.planner.layer_time import layer_cost
+    """Ring or all-gather for this layout: the same memory and blocks, so the one with less exposed K/V traffic (a
+    choice made on a layer's costs alone: the same for every layout with the same layer_time.layer_key)."""
 
     modes = [m for m in space.cp_modes if m in get_framework(job.framework).context_parallel] or list(space.cp_modes)
     if layout.cp == 1 or len(modes) == 1:
@@ -386,6 +387,7 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
     refused = ""
     leanest: tuple[float, Layout] | None = None  # of the layouts that fit (any of them is leaner than one that does not)
     unfit: list[Layout] = []  # checked and too large, in order: the leanest of them is named when nothing fits
+    cp_modes: dict[Layout, str] = {}  # best_cp_mode per layer_key
     # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
     partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
     for tp, pp, dp, cp in degrees(job, gpus, space):
@@ -403,7 +405,10 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchRes
                 fitted = measured = False
                 base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
                               ep=ep)
-                base = base.with_(cp_mode=best_cp_mode(job, base, space))
+                key = layer_key(base)
+                if key not in cp_modes:
+                    cp_modes[key] = best_cp_mode(job, base, space)
+                base = base.with_(cp_mode=cp_modes[key])
                 best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
                 fits = _FitChecks(job, fw, space)
                 stages = space.zero_stages(dp * cp, fw)  # ZeRO shards over dp x cp
