@@ -381,82 +381,124 @@ class _FitChecks:
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
     space, thinned = check_search(job, gpus, space)
-    fw = get_framework(job.framework)
-    ranked: list[Estimate] = []
-    scored = timed = 0
-    refused = ""
-    leanest: tuple[float, Layout] | None = None  # of the layouts that fit (any of them is leaner than one that does not)
-    unfit: list[Layout] = []  # checked and too large, in order: the leanest of them is named when nothing fits
-    cp_modes: dict[Layout, str] = {}  # best_cp_mode per layer_key
-    # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
-    partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
+    tally = _Tally(job, get_framework(job.framework), space)
     for tp, pp, dp, cp in degrees(job, gpus, space):
-        too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
-        for mb in divisors(job.train.global_batch // dp):  # ascending
-            if space.micro_batch is not None and mb not in space.micro_batch:
+        _search_split(tally, tp, pp, dp, cp)
+    return tally.result(thinned)
+
+
+class _Tally:
+    """What one search has found so far: the ranked estimates, its counts, the first refusal, the leanest layout."""
+
+    def __init__(self, job: Job, fw, space: SearchSpace):
+        self.job, self.fw, self.space = job, fw, space
+        self.ranked: list[Estimate] = []
+        self.scored = self.timed = 0
+        self.refused = ""
+        self.leanest: tuple[float, Layout] | None = None  # of the layouts that fit (any is leaner than one that does not)
+        self.unfit: list[Layout] = []  # checked and too large, in order: the leanest of them is named when nothing fits
+        self.cp_modes: dict[Layout, str] = {}  # best_cp_mode per layer_key
+        # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
+        self.partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
+
+    def refuse(self, why: str | None) -> None:
+        self.refused = self.refused or why or ""  # the first reason is the one reported
+
+    def with_cp_mode(self, base: Layout) -> Layout:
+        """The layout with its context-parallel mode, chosen once per layer_key (it depends on nothing else)."""
+        key = layer_key(base)
+        if key not in self.cp_modes:
+            self.cp_modes[key] = best_cp_mode(self.job, base, self.space)
+        return base.with_(cp_mode=self.cp_modes[key])
+
+    def score(self, layout: Layout, fits: _FitChecks) -> bool:
+        """Check one layout's memory; time it, and its node-sharded twin, when it fits. Whether it fit."""
+        job = self.job
+        self.scored += 1
+        if not fits(layout):
+            self.unfit.append(layout)
+            return False
+        mem = total_bytes(memory_breakdown(job, layout)[1])
+        if self.leanest is None or mem < self.leanest[0]:
+            self.leanest = (mem, layout)
+        # none did not fit here; fewer recomputed layers may, and are faster (as a cheaper level)
+        partial = fewest_recomputed(job, layout) if layout.recompute == "full" and self.partly else None
+        self._time(partial or layout)
+        hybrid = node_shard_groups(job, layout, self.fw)
+        self.scored += hybrid is not None
+        if hybrid and fits_memory(job, hybrid):
+            self._time(hybrid)
+        return True
+
+    def _time(self, layout: Layout) -> None:
+        self.ranked.append(estimate(self.job, layout))
+        self.timed += 1
+
+    def result(self, thinned: str) -> SearchResult:
+        job, leanest = self.job, self.leanest
+        if leanest is None and self.unfit:  # nothing fits: the first of the smallest, as if every breakdown were compared
+            leanest = min(((total_bytes(memory_breakdown(job, lay)[1]), lay) for lay in self.unfit), key=lambda x: x[0])
+        self.ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
+        return SearchResult(ranked=self.ranked, scored=self.scored, timed=self.timed,
+                            leanest=estimate(job, leanest[1]) if leanest else None, refused=self.refused,
+                            thinned=thinned)
+
+
+def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
+    """Every micro-batch, schedule, SP and ep of one dp x tp x pp x cp split."""
+    job, space = tally.job, tally.space
+    too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
+    for mb in divisors(job.train.global_batch // dp):  # ascending
+        if space.micro_batch is not None and mb not in space.micro_batch:
+            continue
+        m = job.train.global_batch // (dp * mb)
+        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
+                                                         _sp_options(job, tally.fw, tp, cp),
+                                                         expert_degrees(job, dp, tp, space, cp)):
+            # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
+            # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped.
+            if PRUNE_MICRO_BATCHES and (schedule, vpp, sp, ep) in too_big:
                 continue
-            m = job.train.global_batch // (dp * mb)
-            for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
-                                                             _sp_options(job, fw, tp, cp), expert_degrees(job, dp, tp, space, cp)):
-                # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
-                # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped.
-                if PRUNE_MICRO_BATCHES and (schedule, vpp, sp, ep) in too_big:
-                    continue
-                fitted = measured = False
-                base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
-                              ep=ep)
-                key = layer_key(base)
-                if key not in cp_modes:
-                    cp_modes[key] = best_cp_mode(job, base, space)
-                base = base.with_(cp_mode=cp_modes[key])
-                best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
-                fits = _FitChecks(job, fw, space)
-                stages = space.zero_stages(dp * cp, fw)  # ZeRO shards over dp x cp
-                if not stages and dp * cp > 1 and space.zero:  # only stages the framework cannot run: say which
-                    refused = refused or fw.refusal(base.with_(zero=space.zero[0])) or ""
-                for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
-                    lowest = None
-                    for zero in stages:
-                        if zero >= best_zero:
-                            break
-                        layout = base.with_(zero=zero, recompute=recompute)
-                        why = fw.refusal(layout)
-                        if why:
-                            refused = refused or why
-                            continue
-                        scored += 1
-                        measured = True
-                        if not fits(layout):
-                            unfit.append(layout)
-                        else:
-                            fitted = True
-                            mem = total_bytes(memory_breakdown(job, layout)[1])
-                            if leanest is None or mem < leanest[0]:
-                                leanest = (mem, layout)
-                            # none did not fit here; fewer recomputed layers may, and are faster (as a cheaper level)
-                            partial = fewest_recomputed(job, layout) if recompute == "full" and partly else None
-                            ranked.append(estimate(job, partial or layout))
-                            timed += 1
-                            hybrid = node_shard_groups(job, layout, fw)
-                            scored += hybrid is not None
-                            if hybrid and fits_memory(job, hybrid):
-                                ranked.append(estimate(job, hybrid))
-                                timed += 1
-                            lowest = zero if lowest is None else lowest
-                            if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
-                                # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
-                                # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),
-                                # FSDP's ZeRO-2 gathers and reduce-scatters every micro-batch: never faster
-                                break
-                    if lowest is not None:
-                        best_zero = lowest
-                if measured and not fitted:
-                    too_big.add((schedule, vpp, sp, ep))
-    if leanest is None and unfit:  # nothing fits: the first of the smallest, as if every breakdown were compared
-        leanest = min(((total_bytes(memory_breakdown(job, lay)[1]), lay) for lay in unfit), key=lambda x: x[0])
-    ranked.sort(key=lambda e: (e.step_time, e.memory_per_gpu))
-    return SearchResult(ranked=ranked, scored=scored, timed=timed,
-                        leanest=estimate(job, leanest[1]) if leanest else None, refused=refused, thinned=thinned)
+            base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
+                          ep=ep)
+            measured, fitted = _search_base(tally, tally.with_cp_mode(base), m)
+            if measured and not fitted:
+                too_big.add((schedule, vpp, sp, ep))
+
+
+def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
+    """Every recompute level and ZeRO stage of one base layout worth scoring (the module docstring's recompute rule):
+    (whether any was checked for memory, whether any fit)."""
+    fw, space = tally.fw, tally.space
+    fits = _FitChecks(tally.job, fw, space)
+    stages = space.zero_stages(base.dp * base.cp, fw)  # ZeRO shards over dp x cp
+    if not stages and base.dp * base.cp > 1 and space.zero:  # only stages the framework cannot run: say which
+        tally.refuse(fw.refusal(base.with_(zero=space.zero[0])))
+    measured = fitted = False
+    best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
+    for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
+        lowest = None
+        for zero in stages:
+            if zero >= best_zero:
+                break
+            layout = base.with_(zero=zero, recompute=recompute)
+            why = fw.refusal(layout)
+            if why:
+                tally.refuse(why)
+                continue
+            measured = True
+            if not tally.score(layout, fits):
+                continue
+            fitted = True
+            lowest = zero if lowest is None else lowest
+            if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
+                # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
+                # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),
+                # FSDP's ZeRO-2 gathers and reduce-scatters every micro-batch: never faster
+                break
+        if lowest is not None:
+            best_zero = lowest
+    return measured, fitted
 
 
 def fitting_gpu_count(job: Job, gpus: int, room: float, limit: int = 1 << 20) -> int | None:
