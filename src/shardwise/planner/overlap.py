@@ -20,6 +20,7 @@ Each call also pays the calibrated synchronisation cost of a calibrated cluster 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardwise.planner.comm import collective_time, sync_time
 from shardwise.planner.frameworks import Framework
@@ -126,61 +127,106 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     gathers each unit in every micro-batch's forward and each layer again in its backward; FSDP's
     ZeRO-2 keeps them from forward to backward, gathering once per micro-batch. Reduce-scatter per unit,
     every micro-batch (ZeRO-3, or when the framework does) or only in the last one."""
-    c, stride, m, layers = job.cluster, layout.tp, win.microbatches, win.layers
-    d = layout.shard_group  # HSDP gathers and reduce-scatters inside its shard group
-    fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
+    m, layers = win.microbatches, win.layers
     chunks = layout.vpp if layout.pp > 1 else 1
     root = max(params - layers * layer_params, 0.0) / chunks
+    calls = _unit_calls(job, layout, fw, layer_params, root)
+    passes = _fsdp_passes(layout, fw, m)
+    reduced = layers * calls.reduce + chunks * calls.root_reduce  # every unit's reduction, once
+    after = reduced if passes.deferred else 0.0
+    unit = layers * layer_params + chunks * root
+    copies = fsdp_copy_time(job, fw, (passes.forwards * unit + m * passes.regathers * layers * layer_params),
+                            (passes.reducing + (1 if passes.deferred else 0)) * unit, m * unit, layout.shard_group)
+    if not overlap or not fw.prefetch:
+        gathers = (passes.forwards * (layers * calls.gather + chunks * calls.root_gather)
+                   + m * layers * calls.gather * passes.regathers)
+        return gathers + passes.reducing * reduced + after + copies
+    return _prefetched(job, layout, calls, passes, win, chunks) + after + copies
+
+
+class _UnitCalls(NamedTuple):
+    """Seconds of the calls on one FSDP unit, each with its per-call cost."""
+
+    gather: float  # a layer's all-gather
+    scatter: float  # a layer's reduce-scatter
+    replica: float  # HSDP: a layer's all-reduce across the replicas after it
+    reduce: float  # a layer's whole reduction, one call after the other (scatter + replica)
+    root_gather: float  # a chunk's root unit (0 without one)
+    root_reduce: float
+
+
+def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float) -> _UnitCalls:
+    c, stride = job.cluster, layout.tp
+    d = layout.shard_group  # HSDP gathers and reduce-scatters inside its shard group
+    fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
     gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
-    if fw.gather_per_tensor:  # DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor
-        tensors = layer_tensors(job.model, layout.tp)
-        # Each list collective copies its d entries (list_copy_time); the 2021 gather first fills the whole gathered
-        # buffer with zeros (_allgather_param: torch.zeros, one write).
-        copy = lambda nbytes: list_copy_time(job, fw, nbytes, launches=d)
-        fill = (lambda nbytes: nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
-        g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) + fill(pb * n) for n in tensors)
-        rs = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
-        ar = sum(replica_all_reduce(job, layout, gb * n, fsdp) for n in tensors)
+    if fw.gather_per_tensor:
+        g, rs, ar = _per_tensor_calls(job, layout, fw, fsdp)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
         g = collective_time(c, "all_gather", pb * layer_params, d, stride) + fsdp
         rs = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
         ar = replica_all_reduce(job, layout, gb * layer_params, fsdp)
-    r = rs + ar  # a unit's whole reduction, one call after the other
     g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp if root else 0.0
     r_root = (collective_time(c, "reduce_scatter", gb * root, d, stride) + fsdp
               + replica_all_reduce(job, layout, gb * root, fsdp)) if root else 0.0
-    regather = layout.zero >= 3
+    return _UnitCalls(g, rs, ar, rs + ar, g_root, r_root)
+
+
+def _per_tensor_calls(job, layout, fw: Framework, fsdp: float) -> tuple[float, float, float]:
+    """DeepSpeed ZeRO-3: one all-gather (and reduce-scatter) per parameter tensor of a layer."""
+    c, stride, d = job.cluster, layout.tp, layout.shard_group
+    gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
+    tensors = layer_tensors(job.model, layout.tp)
+    # Each list collective copies its d entries (list_copy_time); the 2021 gather first fills the whole gathered
+    # buffer with zeros (_allgather_param: torch.zeros, one write).
+    copy = lambda nbytes: list_copy_time(job, fw, nbytes, launches=d)
+    fill = (lambda nbytes: nbytes / hbm_rate(c)) if fw.list_collectives else (lambda nbytes: 0.0)
+    g = sum(collective_time(c, "all_gather", pb * n, d, stride) + fsdp + copy(pb * n) + fill(pb * n) for n in tensors)
+    rs = sum(collective_time(c, "reduce_scatter", gb * n, d, stride) + fsdp + copy(gb * n) for n in tensors)
+    ar = sum(replica_all_reduce(job, layout, gb * n, fsdp) for n in tensors)
+    return g, rs, ar
+
+
+class _Passes(NamedTuple):
+    """How often one step runs a unit's calls."""
+
+    forwards: int  # micro-batches whose forward gathers
+    regathers: int  # a layer's gathers in each backward
+    reducing: int  # backwards that reduce-scatter
+    deferred: bool  # one reduction after the whole schedule instead, waited for
+
+
+def _fsdp_passes(layout, fw: Framework, m: int) -> _Passes:
     # DeepSpeed's per-parameter fetches also run again for the recomputed forward of a checkpointed layer.
-    regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if regather else 0
+    regathers = (2 if fw.gather_per_tensor and layout.recompute == "full" else 1) if layout.zero >= 3 else 0
     # torch.distributed.pipelining (Framework.pipeline_fsdp_once): the units stay gathered from the first
     # forward to the last backward and reduce-scatter once after the schedule, waited for.
     deferred = fw.fsdp_once_per_step(layout)
     every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
-    reducing = 0 if deferred else (m if every else 1)
-    after = layers * r + chunks * r_root if deferred else 0.0
-    forwards = 1 if deferred else m  # micro-batches whose forward gathers
-    unit = layers * layer_params + chunks * root
-    copies = fsdp_copy_time(job, fw, (forwards * unit + m * regathers * layers * layer_params),
-                            (reducing + (1 if deferred else 0)) * unit, m * unit, d)
-    if not overlap or not fw.prefetch:
-        gathers = forwards * (layers * g + chunks * g_root) + m * layers * g * regathers
-        return gathers + reducing * (layers * r + chunks * r_root) + after + copies
+    return _Passes(forwards=1 if deferred else m, regathers=regathers, reducing=0 if deferred else (m if every else 1),
+                   deferred=deferred)
+
+
+def _prefetched(job, layout, calls: _UnitCalls, passes: _Passes, win: Window, chunks: int) -> float:
+    """Exposed seconds of the gathers and reductions with one unit of prefetch, before the deferred reduction."""
+    layers, g = win.layers, calls.gather
     # Forward: the root and the first layer's gathers are exposed, the rest prefetched one layer ahead.
     wait = max(0.0, g - win.layer_forward)
-    fwd = chunks * g_root + g + max(layers - 1, 0) * (wait + interference(g, wait))
+    fwd = chunks * calls.root_gather + g + max(layers - 1, 0) * (wait + interference(g, wait))
     # Backward: per layer the link carries its re-gather (ZeRO-3) and, when reducing, the layer's
     # reduce-scatter (and HSDP's all-reduce: beside them on the network when the shard group is one node's,
     # NVLink's traffic); the last layer's reduction and the root's run after the compute.
-    apart = layout.tp * d <= c.gpus_per_node
+    apart = layout.tp * layout.shard_group <= job.cluster.gpus_per_node
 
     def bwd(reduce: bool) -> float:
-        load = g * regathers + (r if reduce else 0.0)
+        load = g * passes.regathers + (calls.reduce if reduce else 0.0)
         if reduce and apart:
-            load = max(g * regathers + rs, ar)
-        tail = (r + chunks * r_root) if reduce else 0.0
+            load = max(g * passes.regathers + calls.scatter, calls.replica)
+        tail = (calls.reduce + chunks * calls.root_reduce) if reduce else 0.0
         behind = max(0.0, load - win.layer_backward)
         return max(layers - 1, 0) * (behind + interference(load, behind)) + tail
-    return forwards * fwd + reducing * bwd(True) + (m - reducing) * bwd(False) + after + copies
+    m = win.microbatches
+    return passes.forwards * fwd + passes.reducing * bwd(True) + (m - passes.reducing) * bwd(False)
 
 
 def list_copy_time(job, fw: Framework, nbytes: float, launches: int) -> float:
