@@ -438,23 +438,44 @@ META_BYTES = 8 * 12
 
 def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank."""
-    fw = get_framework(job.framework)
     m = layout.num_microbatches(job.train.global_batch)
-    p, v = layout.pp, layout.vpp
     ranks = pipeline_ranks(job, layout)  # first, last, and the most-layered between (stage_split)
     costs = {r: stage_cost(job, layout, r) for r in ranks}
     slow, c = pipeline_costs(job, layout, costs)
     # A stack that runs each local batch as its own pipeline schedule (NeMo AutoModel) fills and drains the
     # pipeline, and syncs the data-parallel gradients, once per run.
-    runs = job.schedule_runs if p > 1 and m % max(job.schedule_runs, 1) == 0 else 1
-    mr = m // runs
+    runs = job.schedule_runs if layout.pp > 1 and m % max(job.schedule_runs, 1) == 0 else 1
+    span0, span = _pipeline_spans(job, layout, costs, slow, c, runs, m // runs)
+    work = m * (slow.f + slow.b + slow.w)
+    # A calibrated machine computes at the rate measured with every rank busy; a pipeline rank that computes
+    # while the others wait (the fill and drain; all of a naive schedule) runs as measured alone (1 elsewhere).
+    solo = 1.0 / concurrent_slowdown(job) if layout.pp > 1 else 1.0
+    alone = solo if layout.schedule == "naive" else 1.0
+    return {
+        "compute": m * slow.compute * alone + _wrapper_time(job, layout, m, slow),
+        "recompute": m * slow.recompute * alone,
+        "tp_comm": m * slow.tp_comm,
+        "cp_comm": m * slow.cp_comm,
+        **({"ep_comm": m * slow.ep_comm} if job.model.is_moe else {}),
+        "pp_p2p": span - span0,
+        "pipeline_bubble": (span0 - work) * solo,
+        "dp_comm": _dp_time(job, layout, costs, slow, runs, m // runs),
+        "step_comm": step_comm_time(job, layout),
+        "optimizer": _optimizer_time(job, layout, ranks),
+    }
+
+
+def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: float, runs: int, mr: int
+                    ) -> tuple[float, float]:
+    """(the step's pipeline makespan without transfers, with them) over `runs` schedules of `mr` micro-batches."""
+    p, v = layout.pp, layout.vpp
     span0 = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, 0.0)
     # Transfers on the critical path. A calibrated machine runs the executor's own program, timed: its sends
     # wait for their receives and a rank that waits for a message pays the calibrated wake-up; beyond
     # MAX_PROGRAM_ACTIONS, each receiving exchange of the busiest rank pays it. Datasheet clusters: the
     # closed form (their search never builds the program).
     span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
-    if fw.p2p_lockstep:  # DeepSpeed's TrainSchedule: every exchange of the step on the critical path
+    if get_framework(job.framework).p2p_lockstep:  # DeepSpeed's TrainSchedule: every exchange on the critical path
         span = span0 + runs * lockstep_transfers(p, mr) * c
     p2p_sync = p2p_sync_time(job.cluster)
     if p2p_sync > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
@@ -462,14 +483,23 @@ def step_time(job: Job, layout: Layout) -> dict:
         span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, p2p_sync)
     elif p2p_sync > 0:
         span += runs * pipeline_waits(layout, mr) * p2p_sync
-    work = m * (slow.f + slow.b + slow.w)
-    # Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
-    # last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
-    # r stage-forwards later.
+    return span0, span
+
+
+def _dp_time(job: Job, layout: Layout, costs: dict, slow: StageCost, runs: int, mr: int) -> float:
+    """Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
+    last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
+    r stage-forwards later. The slowest rank's."""
     dp = 0.0
-    for r in ranks:
+    for r in costs:
         after, before = dp_comm_time(job, layout, r, mr, costs[r])
         dp = max(dp, runs * (max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f)))
+    return dp
+
+
+def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
+    """The optimizer step of the rank with the most parameters, at HBM bandwidth, with its calibrated fixed costs."""
+    fw = get_framework(job.framework)
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
     params, experts = rank_params(job, layout, heavy), rank_expert_params(job, layout, heavy)
     sharded = params
@@ -485,28 +515,18 @@ def step_time(job: Job, layout: Layout) -> dict:
         opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
     if layout.zero >= 2 and layout.shard_group > 1:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
+    return opt
+
+
+def _wrapper_time(job: Job, layout: Layout, m: int, slow: StageCost) -> float:
+    """What the framework's wrappers add to a step's compute."""
     # DDP (ZeRO 0/1 without pipelining) wraps every micro-batch: its calibrated cost (0 for datasheet clusters).
     wrapper = 0.0
     if layout.zero < 2 and layout.pp == 1 and layout.dp * layout.cp > 1:
-        wrapper = m * float(measured.get("ddp_microbatch_s", 0.0))
+        wrapper = m * float((job.cluster.measured or {}).get("ddp_microbatch_s", 0.0))
     if get_framework(job.framework).fp8 == "te":  # Transformer Engine casts the weights once per step
         wrapper += fp8_weight_cast(job, layout, slow.layers)
-    # A calibrated machine computes at the rate measured with every rank busy; a pipeline rank that computes
-    # while the others wait (the fill and drain; all of a naive schedule) runs as measured alone (1 elsewhere).
-    solo = 1.0 / concurrent_slowdown(job) if p > 1 else 1.0
-    alone = solo if layout.schedule == "naive" else 1.0
-    return {
-        "compute": m * slow.compute * alone + wrapper,
-        "recompute": m * slow.recompute * alone,
-        "tp_comm": m * slow.tp_comm,
-        "cp_comm": m * slow.cp_comm,
-        **({"ep_comm": m * slow.ep_comm} if job.model.is_moe else {}),
-        "pp_p2p": span - span0,
-        "pipeline_bubble": (span0 - work) * solo,
-        "dp_comm": dp,
-        "step_comm": step_comm_time(job, layout),
-        "optimizer": opt,
-    }
+    return wrapper
 
 
 def step_flops(job: Job, layout: Layout) -> tuple[float, float]:
