@@ -397,7 +397,7 @@ def test_deepspeed_zero3_is_latency_bound_at_scale():
     assert step_time(newer, Layout(dp=1536, **lay))["dp_comm"] < step_time(large, Layout(dp=1536, **lay))["dp_comm"]
 
 
-def test_deepspeeds_2021_zero3_gathers_pass_through_hbm_around_nccl():
+def test_deepspeeds_2021_zero3_gathers_pass_through_hbm_around_nccl(monkeypatch):
     # DeepSpeed's 2021 ZeRO-3 (partition_parameters.py at 599258f97 / v0.3.13): _allgather_param fills the whole
     # gathered buffer with zeros (torch.zeros: one write of its bytes), then all-gathers into a list of per-rank views
     # of it, which PyTorch's ProcessGroupNCCL::allgather copies out of its flat result (one kernel per rank, the bytes
@@ -417,12 +417,9 @@ def test_deepspeeds_2021_zero3_gathers_pass_through_hbm_around_nccl():
     expected = 96 * (3 * (launches + 3 * nbytes / hbm) + launches + 2 * nbytes / hbm)
     lay = Layout(dp=64, tp=1, pp=1, micro_batch=1, zero=3, recompute="full")
     plain = dc.replace(frameworks.DEEPSPEED, name="deepspeed-in-place", list_collectives=False)
-    frameworks.FRAMEWORKS[plain.name] = plain
-    try:
-        ds = step_time(make_job(model, A100, 64, 2048, "deepspeed"), lay)["dp_comm"]
-        in_place = step_time(make_job(model, A100, 64, 2048, plain.name), lay)["dp_comm"]
-    finally:
-        del frameworks.FRAMEWORKS[plain.name]
+    monkeypatch.setitem(frameworks.FRAMEWORKS, plain.name, plain)
+    ds = step_time(make_job(model, A100, 64, 2048, "deepspeed"), lay)["dp_comm"]
+    in_place = step_time(make_job(model, A100, 64, 2048, plain.name), lay)["dp_comm"]
     assert ds - in_place == pytest.approx(expected, rel=0.02)
 
 
@@ -778,15 +775,21 @@ def test_deepspeeds_2021_zero1_all_reduces_whole_gradients():
     # all-gather's copy-out (2 + 2) = 16 B per local parameter at 90 % of the A100-80GB's 2,039 GB/s.
     gpt3, lay = load_model("gpt3-175b"), Layout(dp=8, tp=8, pp=8, zero=1, recompute="full")
     h = 12288
-    params = 12 * (12 * h * h / 8 + 7 * h / 8 + 6 * h)  # a middle stage, as above
+    params = 12 * (12 * h * h / 8 + 7 * h / 8 + 6 * h)  # a middle stage, as above: 2.72e9
     old = make_job(gpt3, A100, 512, 2048, "deepspeed")
     new = make_job(gpt3, A100, 512, 2048, "deepspeed-2024", flash_attention=False)
-    copies = 16 * params / (2039e9 * 0.9)
-    nccl = lambda kind: collective_time(A100, kind, 2 * params, 8, 8)
-    assert nccl("all_reduce") == pytest.approx(2 * nccl("reduce_scatter"), rel=0.05)
+    hbm = 2039e9 * 0.9
+    copies = 16 * params / hbm
+    # The NCCL times by hand: the 8 data-parallel ranks sit tp = 8 apart, one on each node, so every ring step
+    # crosses the network, each GPU through its own 200 Gb/s NIC (25 GB/s, dgx-a100-80gb.toml) at the 92 % of line
+    # rate NCCL's rings sustain (nccl-tests issue 119): 23 GB/s of bus bandwidth. 16-bit gradients and weights,
+    # 5.44 GB: the ring all-reduce moves 2 x 7/8 of them through each NIC, 0.414 s; the all-gather 7/8, 0.207 s
+    # (NCCL's tree all-reduce, at half that bandwidth, is slower; the latencies, ~0.3 ms, are within rel=2e-3).
+    bus, grads = 25e9 * 0.92, 2 * params
+    all_reduce, all_gather = 2 * 7 / 8 * grads / bus, 7 / 8 * grads / bus
     old_dp, new_dp = step_time(old, lay)["dp_comm"], step_time(new, lay)["dp_comm"]
     assert old_dp - copies == pytest.approx(1.5 * new_dp, rel=0.05)
-    assert old_dp == pytest.approx(nccl("all_reduce") + nccl("all_gather") + copies, rel=0.05)
+    assert old_dp == pytest.approx(all_reduce + all_gather + copies, rel=0.05)
     # Exactly, for one stage's parameters (nothing is overlapped: overlap_comm off): ZeRO-1 pays the all-reduce, the
     # gather and 16 B; ZeRO-0 takes the same allreduce_and_copy (engine.py buffered_allreduce_fallback): the
     # all-reduce and its 12 B, without the gather and its 4 B.
@@ -794,9 +797,11 @@ def test_deepspeeds_2021_zero1_all_reduces_whole_gradients():
 
     win, fw = Window(1.0, 2.0, 0.1, 0.2, 12, 64), FRAMEWORKS["deepspeed"]
     one = dp_exposed(old, lay, fw, params, params / 12, 192, win)
-    assert one == (pytest.approx(nccl("all_reduce") + nccl("all_gather") + copies, rel=1e-3), 0.0)
+    assert one == (pytest.approx(all_reduce + all_gather + copies, rel=2e-3), 0.0)
     zero0 = dp_exposed(old, lay.with_(zero=0), fw, params, params / 12, 192, win)
-    assert zero0 == (pytest.approx(nccl("all_reduce") + 12 * params / (2039e9 * 0.9), rel=1e-3), 0.0)
+    assert zero0 == (pytest.approx(all_reduce + 12 * params / hbm, rel=2e-3), 0.0)
+    # What ZeRO-1 adds to ZeRO-0 is the gather and its copy-out, 4 B: 0.207 + 0.006 s.
+    assert one[0] - zero0[0] == pytest.approx(all_gather + 4 * params / hbm, rel=5e-3)
 
 
 @pytest.mark.parametrize("framework, states", [
