@@ -491,8 +491,8 @@ def _dp_time(job: Job, layout: Layout, costs: dict, slow: StageCost, runs: int, 
     last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
     r stage-forwards later. The slowest rank's."""
     dp = 0.0
-    for r in costs:
-        after, before = dp_comm_time(job, layout, r, mr, costs[r])
+    for r, cost in costs.items():
+        after, before = dp_comm_time(job, layout, r, mr, cost)
         dp = max(dp, runs * (max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f)))
     return dp
 
