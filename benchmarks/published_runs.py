@@ -15,7 +15,9 @@ the plain ones.
 Rows the planner cannot model yet (torch.compile fusions, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
-    python benchmarks/published_runs.py [--csv PATH] [--json]
+    python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles]
+
+--six-profiles scores each row under the nearest of the six profiles most users name (SIX_PROFILES below).
 """
 
 from __future__ import annotations
@@ -202,6 +204,14 @@ def _dp_shard(cell: str, dp: int, tp_cp: int) -> int:
     return min(dp, int(m.group(1)) // tp_cp) if m else 0
 
 
+# The six profiles a user names most (`--framework` of plan, estimate and explain), and the nearest of them for each
+# other profile: what a user who names only those six gets (--six-profiles).
+SIX_PROFILES = ("megatron-2021", "megatron-core", "nemo", "deepspeed", "torchtitan", "shardwise")
+NEAREST_OF_SIX = {"composer": "torchtitan", "composer-pure": "torchtitan", "llama3": "torchtitan",
+                  "llama2": "torchtitan", "automodel": "torchtitan", "deepspeed-2024": "deepspeed",
+                  "deepspeed-bf16": "deepspeed"}
+
+
 def _profile(row: dict) -> str:
     fw = row.get("framework", "").strip()
     if "NVIDIA-NeMo/Automodel" in row["source"] and (_int(row.get("moe_experts", "") or "") or 0) > 1:
@@ -318,7 +328,7 @@ def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     return complete_layout(job, layout, named)[0]
 
 
-def parse(row: dict) -> Run:
+def parse(row: dict, six_profiles: bool = False) -> Run:
     run = Run(row["run"], row["source"], series=row.get("series", "").strip())
     tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
     run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
@@ -329,6 +339,7 @@ def parse(row: dict) -> Run:
     if run.skip:
         return run
     profile = _profile(row)
+    profile = NEAREST_OF_SIX.get(profile, profile) if six_profiles else profile
     model = _moe(row, _model(row))
     seq = _int(row["seq_len"])
     gpus, tp, pp = _int(row["gpus"]), _int(row["tp"]), _int(row["pp"])
@@ -417,9 +428,9 @@ def parse(row: dict) -> Run:
     return run
 
 
-def load_runs(path: Path) -> list[Run]:
+def load_runs(path: Path, six_profiles: bool = False) -> list[Run]:
     with open(path, newline="") as fh:
-        return [parse(row) for row in csv.DictReader(fh)]
+        return [parse(row, six_profiles) for row in csv.DictReader(fh)]
 
 
 def source_key(run: Run) -> str:
@@ -495,11 +506,11 @@ def fit_moe(entries: list[dict]) -> tuple[float, float]:
     return MOE_GRID[min(range(len(MOE_GRID)), key=cost)]
 
 
-def compare(path: Path) -> tuple[list[dict], dict]:
+def compare(path: Path, six_profiles: bool = False) -> tuple[list[dict], dict]:
     """Every row scored with the shipped constants; the in-situ efficiency refitted on all strong rows and,
     for leave-one-source-out figures, on all rows but each source's."""
     rows, entries, moe_rows = [], [], []
-    for run in load_runs(path):
+    for run in load_runs(path, six_profiles):
         if run.skip:
             rows.append({"run": run.name, "skip": run.skip, "source": source_key(run)})
             continue
@@ -635,11 +646,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="published_runs.csv")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--markdown", action="store_true", help="print the per-source summary table (README, docs)")
+    ap.add_argument("--six-profiles", action="store_true",
+                    help="score every row under one of " + ", ".join(SIX_PROFILES) + " (each other profile under its "
+                         "nearest: composer, llama2/3 and automodel under torchtitan, deepspeed-2024/-bf16 under deepspeed)")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"published_runs.py: {args.csv} not found — pass --csv PATH", file=sys.stderr)
         return 2
-    rows, summary = compare(args.csv)
+    rows, summary = compare(args.csv, args.six_profiles)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
         return 0

@@ -247,3 +247,24 @@ def test_an_mlp_cells_parenthesis_is_a_note():
     for row in rows:
         model = bench._model(row)
         assert (model.family, model.gated_mlp, model.tie_embeddings) == ("llama", True, False), row["run"]
+
+
+def test_six_profiles_score_every_row_under_one_of_the_six_and_keep_the_rest_of_the_row():
+    """--six-profiles: each row under the nearest of the six profiles most users name; every profile the rows use
+    has a nearest among the six (a new profile must say which), and the row's stated degrees, step and model stay
+    (cells a source leaves unstated, such as the interleaving or the recompute, are completed per profile)."""
+    from shardwise.planner.frameworks import FRAMEWORKS
+
+    assert set(bench.SIX_PROFILES) <= set(FRAMEWORKS) and set(bench.NEAREST_OF_SIX.values()) <= set(bench.SIX_PROFILES)
+    own = [r for r in bench.load_runs(bench.DEFAULT_CSV) if not r.skip]
+    six = [r for r in bench.load_runs(bench.DEFAULT_CSV, six_profiles=True) if not r.skip]
+    assert [r.name for r in own] == [r.name for r in six]
+    for a, b in zip(own, six):
+        assert a.job.framework in bench.SIX_PROFILES or a.job.framework in bench.NEAREST_OF_SIX, a.name
+        assert b.job.framework == bench.NEAREST_OF_SIX.get(a.job.framework, a.job.framework), a.name
+        degrees = lambda r: (r.layout.dp, r.layout.tp, r.layout.pp, r.layout.cp, r.layout.ep)  # noqa: E731
+        assert (degrees(b), b.published_step_s, b.job.model) == (degrees(a), a.published_step_s, a.job.model), a.name
+    # MosaicML's Composer rows and Meta's Llama 3 rows are scored as torchtitan, BLOOM's bf16 row as deepspeed
+    moved = {a.job.framework: b.job.framework for a, b in zip(own, six) if a.job.framework != b.job.framework}
+    assert moved.get("composer-pure") == "torchtitan" and moved.get("llama3") == "torchtitan"
+    assert moved.get("deepspeed-bf16") == "deepspeed"
