@@ -96,18 +96,18 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         return collective_time(c, kind, nbytes_per * elements, d, stride) + extra
 
     broadcast = fw.zero1 == "broadcast" or job.zero1_broadcast_per_tensor
-    # the HBM passes around the all-reduce; the all-gather's into a list (its few calls' launches not counted)
-    copies = (fw.reduce_copy_bytes * params / hbm_rate(c), list_copy_time(job, fw, pb * params, launches=0))
+    reduce_copies = fw.reduce_copy_bytes * params / hbm_rate(c)  # the HBM passes around a whole all-reduce
+    gather_copies = list_copy_time(job, fw, pb * params, launches=0)  # into a list (its few calls' launches not counted)
     if layout.zero == 0 or (layout.zero == 1 and broadcast):
-        reduce = chunks * call("all_reduce", params / chunks, gb) + copies[0]
+        reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
         if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
             after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
         return after, 0.0
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
-        reduce = call("all_reduce", params, gb) + copies[0]
+        reduce = call("all_reduce", params, gb) + reduce_copies
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
-        return after + call("all_gather", params, pb) + copies[1], 0.0
+        return after + call("all_gather", params, pb) + gather_copies, 0.0
     if layout.zero == 1:
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
         after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
