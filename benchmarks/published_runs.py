@@ -118,10 +118,15 @@ def stated_network(gpu_type: str, gpus_per_node: int) -> float | None:
     return int(m.group(1)) / 8 * 1e9 if m else None
 
 
-def _cluster(gpu_type: str):
-    name = ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
+def cluster_preset(gpu_type: str) -> str:
+    """The shipped cluster preset of a row's GPU: what `--cluster` names for it."""
+    return ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
             else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
-    cluster = load_cluster(name)
+
+
+def _cluster(gpu_type: str):
+    """The row's preset with the network and GPU memory the row states."""
+    cluster = load_cluster(cluster_preset(gpu_type))
     network = stated_network(gpu_type, cluster.gpus_per_node)
     if network:
         cluster = replace(cluster, inter_node_bandwidth=network)
@@ -300,6 +305,30 @@ def _precision(row: dict) -> str:
     return "fp8" if fp8 else "bf16"
 
 
+def stated_sequence_parallel(row: dict) -> bool:
+    """The row says its TP sharded the sequence (Megatron's --sequence-parallel)."""
+    return "SP" in row["recompute"] or "SP on" in row["notes"] or "sequence parallel" in row["run"].lower()
+
+
+def stated_tp_comm_overlap(row: dict) -> bool | None:
+    """TP comm overlap as the row states it (async TP, NeMo's tp_comm_overlap; 'tp comm overlap off': NeMo's
+    ub_tp_comm_overlap false, whatever its profile's default), None when it says nothing."""
+    notes = row["notes"].lower()
+    if "tp comm overlap off" in notes:
+        return False
+    return True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
+
+
+def stated_fp8_params(row: dict) -> bool:
+    """FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each."""
+    return _precision(row) == "fp8" and ("FP8_PARAMS=True" in row["notes"] or "fp8_params" in row["notes"].lower())
+
+
+def pre_flash(row: dict) -> bool:
+    """A run from before FlashAttention (PRE_FLASH): its attention materialised the softmax."""
+    return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH)
+
+
 def not_modelled(row: dict) -> str:
     """Why the planner cannot model this row yet ('' if it can)."""
     if "mla_up_proj" in row["recompute"]:
@@ -349,12 +378,8 @@ def parse(row: dict, six_profiles: bool = False) -> Run:
     # README vs yaml disagree: the yaml is what ran; an unreported depth is chosen below (_complete_unreported)
     vpp = 1 if _depth_unreported(row) else _int(row["vpp_interleave"].split(" / ")[-1]) or 1
     recompute_cell = row["recompute"]
-    sp = ("SP" in recompute_cell or "SP on" in row["notes"] or "sequence parallel" in row["run"].lower()
-          or "dgxc-benchmarking" in row["source"])
-    flash = None
-    text = row["source"] + " " + row["run"]
-    if any(k in text for k in PRE_FLASH):
-        flash = False
+    sp = stated_sequence_parallel(row) or "dgxc-benchmarking" in row["source"]
+    flash = False if pre_flash(row) else None
     fw = FRAMEWORKS[profile]
     if fw.sequence_parallel == "always":
         sp = True
@@ -375,18 +400,15 @@ def parse(row: dict, six_profiles: bool = False) -> Run:
                     cp_mode="allgather" if cp > 1 and "CP uses all-gather" in row["notes"] else "ring")
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()
-    overlap = True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
-    if "tp comm overlap off" in notes:  # the run says so (NeMo's ub_tp_comm_overlap: false), whatever its profile's default
-        overlap = False
+    overlap = stated_tp_comm_overlap(row)
     if overlap and tp > 1 and fw.tp_comm_overlap_available:  # TP comm overlap needs sequence parallelism
         layout = layout.with_(sequence_parallel=True)
     else:
         overlap = None if not fw.tp_comm_overlap_available else overlap
     try:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
-        fp8_params = _precision(row) == "fp8" and ("FP8_PARAMS=True" in row["notes"] or "fp8_params" in notes)
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
-                       tp_comm_overlap=overlap, precision=_precision(row), fp8_params=fp8_params)
+                       tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row))
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"
@@ -428,9 +450,14 @@ def parse(row: dict, six_profiles: bool = False) -> Run:
     return run
 
 
-def load_runs(path: Path, six_profiles: bool = False) -> list[Run]:
+def read_rows(path: Path) -> list[dict]:
+    """The CSV's rows as dicts of their cells."""
     with open(path, newline="") as fh:
-        return [parse(row, six_profiles) for row in csv.DictReader(fh)]
+        return list(csv.DictReader(fh))
+
+
+def load_runs(path: Path, six_profiles: bool = False) -> list[Run]:
+    return [parse(row, six_profiles) for row in read_rows(path)]
 
 
 def source_key(run: Run) -> str:

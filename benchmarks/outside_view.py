@@ -1,0 +1,278 @@
+"""Every published dense run scored through the command line only, as an outside checker scores the planner.
+
+For each scored dense row of benchmarks/data/published_runs.csv (read by published_runs.py) this builds what a
+user who has only the row would type: a Hugging Face config.json of the model (or a shipped preset of the same
+shape), the cluster preset of its GPU, the nearest of the six `--framework` names, the degrees, micro-batch,
+interleaving depth, ZeRO stage, recompute, sequence parallelism and precision the row states. Knobs the row does
+not state are left out, for `shardwise estimate` to fill in as the stack runs them. Where the row does not state
+its micro-batch (estimate needs one), `shardwise plan` narrowed to the row's degrees and stated knobs runs instead
+("plan" in the `path` column), and that plan's best layout is the prediction. Otherwise `shardwise estimate ...
+--json`. Both run in-process through the command's own entry point (shardwise.cli.main with the same argv;
+--subprocess runs `python -m shardwise` for each instead).
+
+Each row prints the published step time, the command line's prediction and the one published_runs.py
+--six-profiles makes (which may set what no flag can), their errors (predicted throughput / published - 1), the
+difference in points, and whether the layout fits; rows that differ by more than DIFF_POINTS, or do not fit, list
+what differs (the model read from config.json, the cluster preset, the knobs the command filled in).
+
+    python benchmarks/outside_view.py [--csv PATH] [--json] [--subprocess] [--only TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from shardwise.errors import UsageError
+from shardwise.model_spec import load_model, model_presets
+from shardwise.specs import load_cluster
+from shardwise.validate.stats import kendall_tau
+
+import published_runs as pr
+
+DIFF_POINTS = 0.02  # command line vs internal view: rows further apart than this are explained
+# ModelSpec fields a config.json carries that the step time and memory depend on (name and positions do not).
+SHAPE = ("family", "hidden", "ffn_hidden", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "head_dim",
+         "tie_embeddings", "gated_mlp", "trains_with_dropout", "attention")
+# Layout knobs the command fills in when not given (planner/estimate.complete_layout), compared with the internal view.
+KNOBS = ("micro_batch", "vpp", "schedule", "zero", "recompute", "recompute_layers", "sequence_parallel", "cp_mode",
+         "dp_shard")
+
+
+def _stated(cell: str) -> bool:
+    """A cell that states a value (possibly marked uncertain with '?'), not 'NR' or empty."""
+    c = cell.strip()
+    return bool(c) and not c.startswith(("NR", "n/a"))
+
+
+def _shape(spec) -> dict:
+    return {k: getattr(spec, k) for k in SHAPE}
+
+
+def model_ref(row: dict, folder: Path) -> tuple[str, str]:
+    """What --model names for the row: a preset of the same shape, else a config.json written from the row's
+    columns (ModelSpec.to_hf_config of the parsed architecture); and a word saying which."""
+    spec = pr._model(row)
+    for name in model_presets():
+        preset = load_model(name)
+        if _shape(preset) == _shape(spec) and preset.max_positions >= spec.max_positions:
+            return name, "preset"
+    path = folder / f"{abs(hash(row['run'])):x}" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec.to_hf_config(), indent=1))
+    return str(path), "config.json"
+
+
+def outsider_argv(row: dict, run: pr.Run, folder: Path) -> tuple[list[str], bool, list[str]]:
+    """`estimate` arguments from the row's stated fields; whether the micro-batch must come from `plan`; and the
+    stated knobs given (for the listing)."""
+    model, how = model_ref(row, folder)
+    lay, train = run.layout, run.job.train
+    argv = ["--model", model, "--cluster", pr.cluster_preset(row["gpu_type"]), "--framework", run.framework,
+            "--gpus", str(pr._int(row["gpus"])), "--global-batch", str(train.global_batch), "--seq-len", str(train.seq_len),
+            "--tp", str(lay.tp), "--pp", str(lay.pp)]
+    if lay.cp > 1:
+        argv += ["--cp", str(lay.cp)] + (["--cp-mode", "allgather"] if "CP uses all-gather" in row["notes"] else [])
+    vpp = row["vpp_interleave"]
+    if pr._depth_unreported(row):
+        argv += ["--schedule", "interleaved-1f1b"]
+    elif _stated(vpp) and (pr._int(vpp.split(" / ")[-1]) or 1) > 1:
+        argv += ["--vpp", str(pr._int(vpp.split(" / ")[-1]))]
+    if _stated(row["zero_stage"]):
+        argv += ["--zero", str(pr._zero(row["zero_stage"]))]
+    if lay.dp_shard:
+        argv += ["--dp-shard", str(lay.dp_shard)]
+    if _stated(row["recompute"]):
+        argv += ["--recompute", lay.recompute] + (["--recompute-layers", str(lay.recompute_layers)]
+                                                  if lay.recompute_layers else [])
+    if pr.stated_sequence_parallel(row) and lay.tp > 1:
+        argv += ["--sequence-parallel"]
+    overlap = pr.stated_tp_comm_overlap(row)
+    if overlap is not None and pr.FRAMEWORKS[run.framework].tp_comm_overlap_available and lay.tp > 1:
+        argv += ["--tp-comm-overlap" if overlap else "--no-tp-comm-overlap"]
+    if pr.pre_flash(row):
+        argv += ["--no-flash-attention"]
+    if run.job.precision == "fp8":
+        argv += ["--precision", "fp8"] + (["--fp8-params"] if pr.stated_fp8_params(row) else [])
+    plan = not _stated(row["micro_batch"])
+    if not plan:
+        argv += ["--micro-batch", str(pr._int(row["micro_batch"]))]
+    return argv, plan, [how]
+
+
+def shardwise(argv: list[str], in_process: bool) -> tuple[int, str, str]:
+    """Run the command line: exit code, stdout, stderr."""
+    if not in_process:
+        done = subprocess.run([sys.executable, "-m", "shardwise", *argv], capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
+    from shardwise.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+# estimate's flags as `plan` narrows its search to the same value (a list of one); None: plan has no such knob.
+PLAN_FLAG = {"--vpp": "--max-vpp", "--schedule": "--schedules", "--cp-mode": "--cp-modes", "--dp-shard": None,
+             "--recompute-layers": None, "--sequence-parallel": None}
+
+
+def plan_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`shardwise plan` over the row's degrees and stated knobs (the estimate arguments `argv`, each as plan
+    spells it), and the stated knobs plan cannot narrow."""
+    planned, dropped, i = ["plan", "--json", "--top", "1"], [], 0
+    while i < len(argv):
+        flag = argv[i]
+        takes = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        name = PLAN_FLAG.get(flag, flag)
+        if name is None:
+            dropped.append(" ".join(argv[i:i + 1 + takes]))
+        else:
+            planned += [name, *argv[i + 1:i + 1 + takes]]
+        if flag == "--vpp":
+            planned += ["--schedules", "interleaved-1f1b"]
+        i += 1 + takes
+    return planned, dropped
+
+
+def score_row(row: dict, folder: Path, in_process: bool) -> dict | None:
+    """One dense row through the command line and through published_runs.py --six-profiles; None when the
+    internal view does not score it (skipped, mixture of experts)."""
+    run = pr.parse(row, six_profiles=True)
+    if run.skip or run.job.model.is_moe:
+        return None
+    internal = pr._predict(run)
+    argv, plan, how = outsider_argv(row, run, folder)
+    out = {"run": run.name, "series": run.series, "framework": run.framework, "weak": run.weak,
+           "path": "plan" if plan else "estimate", "model_from": how[0], "published_step_s": run.published_step_s,
+           "internal_step_s": internal.step_time, "internal_error": run.published_step_s / internal.step_time - 1,
+           "published_tokens_per_s_per_gpu": run.job.train.global_batch * run.job.train.seq_len
+           / run.published_step_s / pr._int(row["gpus"]),
+           "internal_tokens_per_s_per_gpu": internal.tokens_per_s / pr._int(row["gpus"])}
+    # No micro-batch stated: plan's best over the row's degrees and stated knobs is the prediction.
+    out["argv"], dropped = plan_argv(argv) if plan else (["estimate", *argv, "--json"], [])
+    code, stdout, stderr = shardwise(out["argv"], in_process)
+    if code:
+        return out | {"cli_error": stderr.strip()}
+    est = json.loads(stdout)["best"] if plan else json.loads(stdout)
+    out |= {"cli_step_s": est["step_time_s"], "cli_error_pct": None, "fits": est["fits"],
+            "cli_tokens_per_s_per_gpu": est["tokens_per_s"] / pr._int(row["gpus"]),
+            "cli_layout": {k: est[k] for k in KNOBS}}
+    out["cli_error_pct"] = run.published_step_s / est["step_time_s"] - 1
+    out["difference"] = out["cli_error_pct"] - out["internal_error"]
+    out["why"] = differences(row, run, est, argv) + [f"stated, but plan has no flag for it: {d}" for d in dropped]
+    return out
+
+
+def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]:
+    """What the command line's job differs in from the internal view's: model, cluster, filled-in knobs, software."""
+    why = []
+    model = load_model(argv[argv.index("--model") + 1])
+    for k, v in _shape(run.job.model).items():
+        if _shape(model)[k] != v:
+            why.append(f"model {k}: config.json {_shape(model)[k]}, row {v}")
+    preset, stated = load_cluster(argv[argv.index("--cluster") + 1]), run.job.cluster
+    for k in ("inter_node_bandwidth", "gpu_memory_bytes"):
+        if getattr(preset, k) != getattr(stated, k):
+            why.append(f"cluster {k}: preset {getattr(preset, k) / 1e9:g} GB(/s), row states {getattr(stated, k) / 1e9:g}")
+    lay = asdict(run.layout) | {"dp_shard": run.layout.dp_shard or run.layout.dp}
+    for k in KNOBS:
+        if est[k] != lay[k]:
+            why.append(f"{k}: command line {est[k]}, internal {lay[k]}")
+    if run.job.attention and run.job.attention != pr.FRAMEWORKS[run.framework].attention:
+        why.append(f"attention kernel: internal {run.job.attention} (no flag)")
+    return why
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median / max |error| of the strong rows both ways, which do not fit, and Kendall tau per one-knob series."""
+    strong = [r for r in rows if not r["weak"]]
+    cli = [r for r in strong if "cli_step_s" in r]
+    series = {}
+    for name in sorted({r["series"] for r in cli if r["series"]}):
+        members = [r for r in cli if r["series"] == name]
+        if len(members) >= 2:
+            pub = [r["published_tokens_per_s_per_gpu"] for r in members]
+            series[name] = {"rows": len(members),
+                            "cli": kendall_tau(pub, [r["cli_tokens_per_s_per_gpu"] for r in members]),
+                            "internal": kendall_tau(pub, [r["internal_tokens_per_s_per_gpu"] for r in members])}
+    return {"rows": len(strong), "cli_failed": [r["run"] for r in strong if "cli_error" in r],
+            "cli_median_abs_error": _median([abs(r["cli_error_pct"]) for r in cli]),
+            "cli_max_abs_error": max((abs(r["cli_error_pct"]) for r in cli), default=None),
+            "internal_median_abs_error": _median([abs(r["internal_error"]) for r in strong]),
+            "internal_max_abs_error": max((abs(r["internal_error"]) for r in strong), default=None),
+            "not_fitting": [r["run"] for r in cli if not r["fits"]],
+            "micro_batch_from_plan": [r["run"] for r in strong if r["path"] == "plan"],
+            "apart": [r["run"] for r in cli if abs(r["difference"]) > DIFF_POINTS],
+            "kendall_tau_by_series": series}
+
+
+def print_table(rows: list[dict], s: dict) -> None:
+    print(f"{'run':52} {'framework':13} {'path':8} {'publ s':>8} {'cli s':>8} {'int s':>8} {'cli err':>8} "
+          f"{'int err':>8} {'diff':>6} fits")
+    for r in rows:
+        weak = " (weak: not in summary)" if r["weak"] else ""
+        if "cli_error" in r:
+            print(f"{r['run'][:52]:52} {r['framework']:13} {r['path']:8} command line refused: {r['cli_error']}{weak}")
+            continue
+        print(f"{r['run'][:52]:52} {r['framework']:13} {r['path']:8} {r['published_step_s']:8.3f} {r['cli_step_s']:8.3f} "
+              f"{r['internal_step_s']:8.3f} {r['cli_error_pct']:+8.1%} {r['internal_error']:+8.1%} "
+              f"{r['difference'] * 100:+6.1f} {'yes' if r['fits'] else 'NO'}{weak}")
+        if abs(r["difference"]) > DIFF_POINTS or not r["fits"]:
+            for why in r["why"] or ["(nothing the listing compares)"]:
+                print(f"{'':10}{why}")
+    print(f"\n{s['rows']} strong dense rows through the command line: median |error| {s['cli_median_abs_error']:.1%}, "
+          f"max {s['cli_max_abs_error']:.1%}; internal (--six-profiles) {s['internal_median_abs_error']:.1%} / "
+          f"{s['internal_max_abs_error']:.1%}")
+    print(f"predicted not to fit: {len(s['not_fitting'])}" + (f" ({'; '.join(s['not_fitting'])})" if s["not_fitting"] else ""))
+    print(f"refused by the command line: {len(s['cli_failed'])}" + (f" ({'; '.join(s['cli_failed'])})" if s["cli_failed"] else ""))
+    print(f"micro-batch not stated, so `shardwise plan`'s best over the row's degrees and stated knobs: "
+          f"{len(s['micro_batch_from_plan'])} rows")
+    print(f"command line and internal view more than {DIFF_POINTS:.0%} apart: {len(s['apart'])} rows")
+    print("Kendall tau per one-knob series (command line / internal):")
+    for name, v in s["kendall_tau_by_series"].items():
+        print(f"  {name:45} {v['rows']:2} rows  tau {v['cli']:+.2f} / {v['internal']:+.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=pr.DEFAULT_CSV, help="published_runs.csv")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--subprocess", action="store_true", help="run `python -m shardwise` per call (slower; the same)")
+    ap.add_argument("--only", default="", metavar="TEXT", help="only rows whose name contains TEXT")
+    args = ap.parse_args(argv)
+    csv_rows = [r for r in pr.read_rows(args.csv) if args.only in r["run"]]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for i, row in enumerate(csv_rows, 1):
+            print(f"\r{i}/{len(csv_rows)} {row['run'][:60]:60}", end="", file=sys.stderr, flush=True)
+            try:
+                scored = score_row(row, Path(folder), not args.subprocess)
+            except UsageError as exc:  # the row's own config cannot be written as a config.json
+                scored = {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
+            if scored:
+                rows.append(scored)
+    print(file=sys.stderr)
+    s = summary(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": s}, indent=1, default=str))
+    else:
+        print_table(rows, s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
