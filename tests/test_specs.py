@@ -114,3 +114,19 @@ def test_invalid_layouts(layout, fragment):
         validate_layout(layout, load_model("llama3-8b"), global_batch=64,
                         num_gpus=4 if layout.world_size == 3 else layout.world_size)
 
+
+
+def test_gpt2_config_with_untied_head(tmp_path):
+    # Every Hugging Face config carries tie_word_embeddings (PretrainedConfig: default true); GPT2LMHeadModel ties its
+    # lm_head to wte only when it is true (PreTrainedModel.tie_weights). Untied (Megatron's
+    # --untie-embeddings-and-output-weights), GPT-2 small gains the head's own 50257 x 768 matrix:
+    # 124,439,808 + 38,597,376 = 163,037,184 parameters.
+    cfg = dict(load_model("gpt2").to_hf_config(), tie_word_embeddings=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    assert not spec.tie_embeddings
+    assert spec.num_params() == 124_439_808 + 50257 * 768 == 163_037_184
+    assert spec.num_params() == _hf_count(spec)
+    path.write_text(json.dumps(spec.to_hf_config()))
+    assert load_model(str(path)) == spec

@@ -202,7 +202,8 @@ class ModelSpec:
                 "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
                 "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
-            } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {})
+            } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {}) | (
+                {} if self.tie_embeddings else {"tie_word_embeddings": False})
         cfg = {
             "model_type": self.model_type or ("llama" if self.gated_mlp else "nemotron"), "hidden_size": self.hidden,
             "intermediate_size": self.ffn_hidden,
@@ -279,11 +280,11 @@ def _optional(cfg: dict, key: str, default, source: str):
     return kind(value)
 
 
-def _flag(cfg: dict, key: str, source: str) -> bool:
-    value = cfg.get(key, False)
+def _flag(cfg: dict, key: str, source: str, default: bool = False) -> bool:
+    value = cfg.get(key, default)
     if not isinstance(value, bool) and value is not None:
         raise UsageError(f"{source}: key '{key}' must be true or false, got {value!r}")
-    return bool(value)
+    return default if value is None else value
 
 
 def model_family(cfg: dict, source: str) -> str:
@@ -315,7 +316,10 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             name=name, family="gpt2", hidden=hidden, ffn_hidden=_optional(cfg, "n_inner", 4 * hidden, source),
             num_layers=_require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
             vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
-            max_positions=_require(cfg, "n_positions", source), tie_embeddings=True,
+            max_positions=_require(cfg, "n_positions", source),
+            # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
+            # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
+            tie_embeddings=_flag(cfg, "tie_word_embeddings", source, default=True),
             norm_eps=_optional(cfg, "layer_norm_epsilon", 1e-5, source),
             dropout=_dropout(cfg, ("resid_pdrop", "attn_pdrop", "embd_pdrop"), source, default=0.1),
         )
