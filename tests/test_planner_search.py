@@ -275,6 +275,54 @@ def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
         assert not json.loads(out)["sequence_parallel"]
 
 
+def test_megatron_2021_plans_only_what_the_2021_stack_ran_unless_listed(capsys):
+    # Narayanan et al. 2021 (the issue's megatron-2021): full recompute, no distributed optimizer, no sequence
+    # parallelism; those arrived in Megatron-LM v3.0 (2022) as opt-in flags (--use-distributed-optimizer,
+    # --recompute-activations, --sequence-parallel). Listed nothing, plan ranks the layouts estimate fills in the same
+    # way: its best, re-estimated from its degrees, micro-batch and schedule alone, is the same layout and step time.
+    # GPT-3 175B on 96 A100 at tp 8 (Narayanan et al. Table 1's 175B row at a twelfth of the GPUs).
+    gpt = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "96", "--global-batch", "192",
+           "--seq-len", "2048", "--framework", "megatron-2021"]
+    code, out, err = run_cli(capsys, "plan", *gpt, "--tp", "8", "--micro-batch", "1", "--max-vpp", "2", "--json")
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert (best["zero"], best["recompute"], best["sequence_parallel"]) == (0, "full", False)
+    code, out, err = run_cli(capsys, "estimate", *gpt, "--tp", "8", "--pp", str(best["pp"]), "--micro-batch", "1",
+                             "--vpp", str(best["vpp"]), "--schedule", best["schedule"], "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == best["step_time_s"]
+    # listed, the 2022 flags are searched: sequence parallelism and selective recompute hold less and run faster
+    code, out, err = run_cli(capsys, "plan", *gpt, "--tp", "8", "--micro-batch", "1", "--max-vpp", "2", "--zero", "0,1",
+                             "--recompute", "selective,full", "--sequence-parallel", "--json")
+    assert code == 0, err
+    listed = json.loads(out)["best"]
+    assert listed["sequence_parallel"] and listed["step_time_s"] < best["step_time_s"]
+
+
+def test_nemo_interleaves_a_pipeline_unless_a_schedule_is_named(capsys):
+    # NeMo's recipes run every pipeline interleaved (nemo/collections/llm/recipes: gpt3_175b pp 8 vpp 6, llama3_70b
+    # pp 4 vpp 5, mixtral_8x7b pp 4 vpp 8; Megatron-Bridge nemotron4_340b pp 12 vpp 8). GPT-3 175B as its recipe runs it
+    # (tp 4, pp 8, micro-batch 2, 2,048 sequences) on 512 H100: dp 16, m = 2048 / (16 * 2) = 64 micro-batches per
+    # replica; plain 1F1B idles (p-1)/(m+p-1) = 7/71 = 9.9 % of the step, v chunks per rank cut that to 7/(64 v)
+    # (Narayanan et al. 2021, Sec. 2.2.2). Named nothing, estimate interleaves at the fastest depth that fits, says so,
+    # and is exactly the layout its --vpp names; --schedule 1f1b keeps plain 1F1B; megatron-core's default stays 1F1B.
+    gpt = ["--model", "gpt3-175b", "--cluster", "dgx-h100-80gb", "--gpus", "512", "--global-batch", "2048",
+           "--seq-len", "2048", "--tp", "4", "--pp", "8", "--micro-batch", "2", "--json"]
+    runs = {}
+    for flags in (["--framework", "nemo"], ["--framework", "nemo", "--schedule", "1f1b"], ["--framework", "megatron-core"]):
+        code, out, err = run_cli(capsys, "estimate", *gpt, *flags)
+        assert code == 0, err
+        runs[" ".join(flags)] = json.loads(out)
+    unnamed, plain, core = runs["--framework nemo"], runs["--framework nemo --schedule 1f1b"], runs["--framework megatron-core"]
+    assert unnamed["schedule"] == "interleaved-1f1b" and unnamed["vpp"] >= 2
+    assert any("interleaved" in why for why in unnamed["assumptions"]["implied"])
+    assert (plain["schedule"], plain["vpp"], core["schedule"], core["vpp"]) == ("1f1b", 1, "1f1b", 1)
+    assert unnamed["step_time_s"] < plain["step_time_s"]
+    code, out, err = run_cli(capsys, "estimate", *gpt, "--framework", "nemo", "--vpp", str(unnamed["vpp"]))
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == unnamed["step_time_s"]
+
+
 def test_unnamed_virtual_stages_under_interleaving_are_chosen(capsys):
     # Llama 3 405B on 16,384 H100 (tp8 . pp16 . dp128: 16 micro-batches per replica), "interleaved" named, its depth
     # not reported (Llama 3 paper, Sec. 3.3.2). One chunk per rank would be plain 1F1B, idle (p-1)/(m+p-1) = 15/31 of

@@ -64,7 +64,10 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                        help="Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: plain TP. Default: what "
                             "the stack runs (always with TP on nemo and torchtitan, never on deepspeed), else the faster "
                             "of the two that fits (megatron-2021 and shardwise: off unless named)")
-    p.add_argument("--schedule", default=None, choices=list(SCHEDULES), help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1)")
+    p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
+                   help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
+                       "; on nemo, whose recipes interleave every pipeline, interleaved-1f1b at the fastest depth "
+                       "that fits, or 1f1b if faster)" if unnamed else ")"))
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "
                         "must divide dp*tp*cp")
@@ -155,9 +158,16 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=_int_list, default=None, metavar="E,...",
                    help="expert-parallel degrees to try (MoE models; default: every divisor of the experts that divides "
                         "dp*tp*cp)")
-    g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), metavar="Z,...", help="ZeRO stages to try")
-    g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=RECOMPUTE,
-                   metavar="R,...", help="activation recompute policies to try (none, selective, full)")
+    g.add_argument("--zero", type=_int_list, default=None, metavar="Z,...",
+                   help="ZeRO stages to try (default: every stage the framework runs; megatron-2021: ZeRO-0, its 2021 "
+                        "default, unless listed)")
+    g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=None, metavar="R,...",
+                   help="activation recompute policies to try (none, selective, full; default: every policy the "
+                        "framework runs; megatron-2021: full, its 2021 default, unless listed)")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="only layouts with Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: only "
+                        "plain TP. Default: both where the stack runs it as an option (megatron-2021: off unless "
+                        "given), on where it always does (nemo, torchtitan)")
     g.add_argument("--schedules", type=_choice_list(PLANNED_SCHEDULES), default=PLANNED_SCHEDULES, metavar="S,...",
                    help="pipeline schedules to try")
     g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")
@@ -175,8 +185,9 @@ def space_from_args(args):
     if args.max_vpp is not None and args.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {args.max_vpp}")
 
+    sp = None if args.sequence_parallel is None else (args.sequence_parallel,)
     return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
-                       recompute=args.recompute, schedules=args.schedules, max_vpp=args.max_vpp,
+                       recompute=args.recompute, sequence_parallel=sp, schedules=args.schedules, max_vpp=args.max_vpp,
                        cp=args.cp, cp_modes=args.cp_modes, ep=getattr(args, "ep", None))
 
 

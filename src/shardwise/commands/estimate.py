@@ -40,7 +40,7 @@ def run(args) -> int:
     args.dp_shard = args.dp_shard or 0
     if args.dp_shard and args.zero is None:  # shard groups exist only under ZeRO-3
         args.zero = 3
-    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp") if getattr(args, k) is not None}
+    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero

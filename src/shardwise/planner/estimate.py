@@ -154,11 +154,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel and fw.unnamed_sequence_parallel
             and fw.sequence_parallel == "optional" and splits_over_tp(job.train.seq_len, lay.tp, lay.cp)):
         sp = [False, True]
-    vpps = [lay.vpp]
-    if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.pp > 1 and lay.vpp == 1:
-        # Interleaving with one chunk per rank is plain 1F1B: an unnamed depth is the fastest that fits, from two
-        # chunks up to one layer per chunk (Megatron's --num-layers-per-virtual-pipeline-stage 1).
-        vpps = list(range(2, job.model.num_layers // lay.pp + 1)) or vpps
+    shapes = pipeline_shapes(job, lay, named)
     stages = [lay.zero]
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
@@ -170,8 +166,8 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         policies = policies or [lay.recompute]
     # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
     # (sharding the optimizer usually costs less than recomputing every layer), else the one closest to fitting.
-    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, vpp=v)
-             for v in vpps for q in sp for z in stages for r in policies]
+    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
+             for k, v in shapes for q in sp for z in stages for r in policies]
     runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
     memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
     fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
@@ -186,7 +182,10 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
                else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
-    if chosen.vpp != lay.vpp:
+    if chosen.schedule != lay.schedule:
+        implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name}'s recipes interleave a "
+                       f"pipeline; the fastest depth that fits; --schedule not given)")
+    elif chosen.vpp != lay.vpp:
         implied.append(f"{chosen.vpp} virtual stages per rank (the fastest that fits; --vpp not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
@@ -195,6 +194,22 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     lay = chosen
     return lay, implied
+
+
+def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> list[tuple[str, int]]:
+    """The (schedule, virtual stages per rank) pairs complete_layout weighs. Interleaving named with no depth: from two
+    chunks per rank (one would be plain 1F1B) up to one layer per chunk (Megatron's
+    --num-layers-per-virtual-pipeline-stage 1). Neither named, on a stack whose recipes interleave every pipeline
+    (Framework.interleave_unnamed): plain 1F1B and those depths, where Megatron's rule (micro-batches a multiple of pp)
+    allows interleaving. Else the layout's own."""
+    fw, own = get_framework(job.framework), [(lay.schedule, lay.vpp)]
+    deep = [("interleaved-1f1b", v) for v in range(2, job.model.num_layers // lay.pp + 1)] if lay.pp > 1 else []
+    if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.vpp == 1:
+        return deep or own
+    if ({"vpp", "schedule"} & set(named) or not fw.interleave_unnamed or lay.schedule != "1f1b"
+            or "interleaved-1f1b" not in fw.schedules or lay.num_microbatches(job.train.global_batch) % max(lay.pp, 1)):
+        return own
+    return own + deep
 
 
 def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:

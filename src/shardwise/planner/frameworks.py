@@ -166,6 +166,15 @@ class Framework:
     # the stack's own default is off (megatron-2021: SP arrived in 2022 as an opt-in flag; shardwise: `train`
     # runs without it unless asked).
     unnamed_sequence_parallel: bool = True
+    # Whether `plan` searches only those defaults for what the user does not list (--zero, --recompute,
+    # --sequence-parallel; planner/search.py SearchSpace.for_stack): a stack whose later options were a later release's
+    # opt-in flags (megatron-2021: the 2021 code had none of them). False: every option the stack runs is searched, the
+    # plan naming what it picks (shardwise's `train` runs sequence parallelism when the plan says --sequence-parallel).
+    search_as_unnamed: bool = False
+    # Whether a pipeline whose schedule the user does not name (neither --schedule nor --vpp) runs interleaved 1F1B at
+    # the fastest depth that fits, as the stack's recipes set it (estimate.pipeline_shapes; plain 1F1B stays a
+    # candidate). False: plain 1F1B, Megatron's own default (no --num-layers-per-virtual-pipeline-stage).
+    interleave_unnamed: bool = False
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
@@ -250,6 +259,7 @@ MEGATRON_2021 = Framework(
              "--recompute-activations (selective), --use-distributed-optimizer"),
     attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
+    search_as_unnamed=True,
     # --checkpoint-activations --activations-checkpoint-method block --activations-checkpoint-num-layers N
     # (NVIDIA/Megatron-LM c1e0689d9, 2021-08-10: after the paper's runs, before v3.0), only when named.
     partial_recompute="block",
@@ -300,6 +310,10 @@ NEMO = Framework(
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
     loss="fused",
+    # Every NeMo recipe with a pipeline interleaves it (nemo/collections/llm/recipes: gpt3_175b pp 8 vpp 6, llama3_70b
+    # pp 4 vpp 5, mixtral_8x7b pp 4 vpp 8; Megatron-Bridge nemotron4_340b pp 12 vpp 8; dgxc-benchmarking's NeMo configs
+    # INTERLEAVED_PIPELINE).
+    interleave_unnamed=True,
     # scripts/performance/executors.py: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200
     expandable_segments=True,
     partial_recompute="block",  # activations_checkpoint_granularity full, method block, num_layers N (megatron-core's)

@@ -57,8 +57,10 @@ class SearchSpace:
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
-    zero: tuple[int, ...] = (0, 1, 2, 3)
-    recompute: tuple[str, ...] = RECOMPUTE_ORDER
+    # ZeRO stages, recompute policies and sequence parallelism (None: what the stack runs, for_stack)
+    zero: tuple[int, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
     schedules: tuple[str, ...] = PLANNED_SCHEDULES
     max_vpp: int | None = None
     # Only virtual-stage counts that split each rank's layers evenly (Megatron's classic rule, num_layers %
@@ -74,8 +76,20 @@ class SearchSpace:
         return (self.tp is not None or self.pp is not None or self.micro_batch is not None or self.max_vpp is not None
                 or self.cp is not None or set(self.cp_modes) != set(full.cp_modes)
                 or self.ep is not None
-                or set(self.zero) != set(full.zero) or set(self.recompute) != set(full.recompute)
-                or set(self.schedules) != set(full.schedules))
+                or (self.zero is not None and set(self.zero) != {0, 1, 2, 3})
+                or (self.recompute is not None and set(self.recompute) != set(RECOMPUTE_ORDER))
+                or self.sequence_parallel is not None or set(self.schedules) != set(full.schedules))
+
+    def for_stack(self, fw) -> SearchSpace:
+        """The knobs left open filled in for the stack: every option it runs, or, for a stack searched as its own
+        defaults (Framework.search_as_unnamed: megatron-2021, whose ZeRO-1, selective recompute and sequence
+        parallelism were a later release's opt-in flags), what estimate fills in when they are not named."""
+        own = fw.search_as_unnamed
+        zero = self.zero or (fw.unnamed_zero if own and fw.unnamed_zero else (0, 1, 2, 3))
+        recompute = self.recompute or tuple(r for r in RECOMPUTE_ORDER
+                                            if not (own and fw.unnamed_recompute) or r in fw.unnamed_recompute)
+        sp = self.sequence_parallel or ((False,) if own and not fw.unnamed_sequence_parallel else None)
+        return replace(self, zero=zero, recompute=recompute, sequence_parallel=sp)
 
     def zero_stages(self, dp: int, framework=None) -> tuple[int, ...]:
         """ZeRO stages worth scoring: none matters without dp; those the framework runs; ZeRO-0 only where
@@ -172,11 +186,14 @@ def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -
     return min(modes, key=lambda m: (lambda c: c.cp_fwd + c.cp_bwd)(layer_cost(job, layout.with_(cp_mode=m))))
 
 
-def _sp_options(job: Job, fw, tp: int, cp: int) -> tuple[bool, ...]:
-    """Sequence parallelism off and/or on, as the framework allows; on only where tp divides each rank's tokens."""
+def _sp_options(job: Job, fw, tp: int, cp: int, space: SearchSpace = SearchSpace()) -> tuple[bool, ...]:
+    """Sequence parallelism off and/or on, as the framework allows and the space asks; on only where tp divides each
+    rank's tokens."""
     if tp == 1:
         return (False,)
     sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
+    asked = space.for_stack(fw).sequence_parallel
+    sps = tuple(sp for sp in sps if asked is None or sp in asked or _sp_required(job, fw))
     return tuple(sp for sp in sps if not sp or splits_over_tp(job.train.seq_len, tp, cp))  # none where SP is a must but cannot split
 
 
@@ -194,7 +211,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
     fw = get_framework(job.framework)
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
     for tp, pp, dp, cp in degrees(job, gpus, space):
-        sp_variants = len(_sp_options(job, fw, tp, cp))
+        sp_variants = len(_sp_options(job, fw, tp, cp, space))
         for mb in divisors(batch // dp):
             if space.micro_batch is None or mb in space.micro_batch:
                 m = batch // (dp * mb)
@@ -221,6 +238,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
     that is impossible or too large even then, before any scoring."""
     check_gpus(gpus, "plan")
+    space = space.for_stack(get_framework(job.framework))
     for flag, values in (("--ep", space.ep), ("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
             raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
@@ -453,7 +471,7 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
             continue
         m = job.train.global_batch // (dp * mb)
         for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
-                                                         _sp_options(job, tally.fw, tp, cp),
+                                                         _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
             # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped.
