@@ -47,10 +47,14 @@ KNOBS = ("micro_batch", "vpp", "schedule", "zero", "recompute", "recompute_layer
          "dp_shard")
 
 
+# --certain-only: cells the row marks uncertain ('?') count as unstated, for the command line to fill in.
+CERTAIN_ONLY = False
+
+
 def _stated(cell: str) -> bool:
-    """A cell that states a value (possibly marked uncertain with '?'), not 'NR' or empty."""
-    c = cell.strip()
-    return bool(c) and not c.startswith(("NR", "n/a"))
+    """A cell that states a value (possibly marked uncertain with '?', unless CERTAIN_ONLY), not 'NR' or empty."""
+    c = cell.split("(")[0].strip()
+    return bool(c) and not c.startswith(("NR", "n/a")) and not (CERTAIN_ONLY and "?" in c)
 
 
 def _shape(spec) -> dict:
@@ -84,8 +88,9 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path) -> tuple[list[str], bool
     vpp = row["vpp_interleave"]
     if pr._depth_unreported(row):
         argv += ["--schedule", "interleaved-1f1b"]
-    elif _stated(vpp) and (pr._int(vpp.split(" / ")[-1]) or 1) > 1:
-        argv += ["--vpp", str(pr._int(vpp.split(" / ")[-1]))]
+    elif _stated(vpp) and lay.pp > 1:  # a stated depth, or plain 1F1B ("no", "1")
+        depth = pr._int(vpp.split(" / ")[-1]) or 1
+        argv += ["--vpp", str(depth)] if depth > 1 else ["--schedule", "1f1b"]
     if _stated(row["zero_stage"]):
         argv += ["--zero", str(pr._zero(row["zero_stage"]))]
     if lay.dp_shard:
@@ -253,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--subprocess", action="store_true", help="run `python -m shardwise` per call (slower; the same)")
     ap.add_argument("--only", default="", metavar="TEXT", help="only rows whose name contains TEXT")
+    ap.add_argument("--certain-only", action="store_true",
+                    help="leave out what a row marks uncertain ('?'): the command line's defaults fill it in")
     args = ap.parse_args(argv)
+    global CERTAIN_ONLY
+    CERTAIN_ONLY = args.certain_only
     csv_rows = [r for r in pr.read_rows(args.csv) if args.only in r["run"]]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
