@@ -323,6 +323,27 @@ def test_nemo_interleaves_a_pipeline_unless_a_schedule_is_named(capsys):
     assert json.loads(out)["step_time_s"] == unnamed["step_time_s"]
 
 
+def test_deepspeed_2021_22_recomputes_whole_layers_unless_selective_is_named(capsys):
+    # The Megatron-DeepSpeed of the 2021-22 runs (bigscience-workshop/Megatron-DeepSpeed megatron/arguments.py) has
+    # only --checkpoint-activations and --checkpoint-num-layers: whole layers, no selective recompute (Megatron-LM
+    # v3.0's, 2022-06). BLOOM's pre-study split of a 175B GPT (tp 8, pp 12, dp 4, micro-batch 2) holds 123 GiB per GPU
+    # without recompute, more than 80: unnamed, deepspeed recomputes every layer (the same step as --recompute full);
+    # plan lists selective only when --recompute names it.
+    gpt = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "384", "--global-batch", "2048",
+           "--seq-len", "2048", "--tp", "8", "--pp", "12", "--json"]
+    runs = {}
+    for flags in ([], ["--recompute", "full"], ["--recompute", "none"]):
+        code, out, err = run_cli(capsys, "estimate", *gpt, "--micro-batch", "2", "--framework", "deepspeed", *flags)
+        assert code == 0, err
+        runs[" ".join(flags)] = json.loads(out)
+    assert not runs["--recompute none"]["fits"]
+    assert runs[""]["recompute"] == "full" and runs[""]["step_time_s"] == runs["--recompute full"]["step_time_s"]
+    assert "full recompute (the fastest that fits; --recompute not given)" in runs[""]["assumptions"]["implied"]
+    code, out, err = run_cli(capsys, "plan", *gpt, "--micro-batch", "1,2", "--framework", "deepspeed")
+    assert code == 0, err
+    assert json.loads(out)["best"]["recompute"] != "selective"
+
+
 def test_unnamed_virtual_stages_under_interleaving_are_chosen(capsys):
     # Llama 3 405B on 16,384 H100 (tp8 . pp16 . dp128: 16 micro-batches per replica), "interleaved" named, its depth
     # not reported (Llama 3 paper, Sec. 3.3.2). One chunk per rank would be plain 1F1B, idle (p-1)/(m+p-1) = 15/31 of

@@ -163,7 +163,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                         "default, unless listed)")
     g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=None, metavar="R,...",
                    help="activation recompute policies to try (none, selective, full; default: every policy the "
-                        "framework runs; megatron-2021: full, its 2021 default, unless listed)")
+                        "framework runs; megatron-2021: full, its 2021 default, and deepspeed: none or full, as "
+                        "its 2021-22 Megatron-DeepSpeed, unless listed)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="only layouts with Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: only "
                         "plain TP. Default: both where the stack runs it as an option (megatron-2021: off unless "

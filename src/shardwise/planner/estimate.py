@@ -190,7 +190,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
-        why = f"{fw.name}'s own" if fw.unnamed_recompute else "the fastest that fits"
+        why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else "the fastest that fits"
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     lay = chosen
     return lay, implied

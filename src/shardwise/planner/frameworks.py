@@ -366,6 +366,10 @@ DEEPSPEED = Framework(
     # one (4), the product (6) = 18, where a fused kernel reads both halves and writes one (6).
     glu_bytes=18,
     expert_gemm_streams=1,  # deepspeed/moe/experts.py Experts.forward: one local expert after another
+    # The Megatron-DeepSpeed of these runs recomputes whole layers or none (bigscience-workshop/Megatron-DeepSpeed
+    # megatron/arguments.py: --checkpoint-activations, --checkpoint-num-layers; no selective recompute, Megatron-LM
+    # v3.0's): an unnamed --recompute is the faster of those two that fits, and plan lists selective only when named.
+    unnamed_recompute=("none", "full"), search_as_unnamed=True,
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)",
             "sequence parallelism (AutoTP splits the layers, not the sequence; Ulysses is context parallelism)",
@@ -373,7 +377,7 @@ DEEPSPEED = Framework(
 )
 
 DEEPSPEED_2024 = replace(
-    DEEPSPEED, name="deepspeed-2024",
+    DEEPSPEED, name="deepspeed-2024", unnamed_recompute=(), search_as_unnamed=False,
     summary="DeepSpeed since 2022 (>= 0.6) with its defaults: as deepspeed, but ZeRO-3 gathers each submodule's "
             "parameters coalesced (no host synchronisation, no per-rank copies) and prefetches them behind the "
             "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
