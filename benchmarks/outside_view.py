@@ -31,12 +31,12 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+import published_runs as pr
+
 from shardwise.errors import UsageError
 from shardwise.model_spec import load_model, model_presets
 from shardwise.specs import load_cluster
 from shardwise.validate.stats import kendall_tau
-
-import published_runs as pr
 
 DIFF_POINTS = 0.02  # command line vs internal view: rows further apart than this are explained
 # ModelSpec fields a config.json carries that the step time and memory depend on (name and positions do not).
@@ -47,14 +47,11 @@ KNOBS = ("micro_batch", "vpp", "schedule", "zero", "recompute", "recompute_layer
          "dp_shard")
 
 
-# --certain-only: cells the row marks uncertain ('?') count as unstated, for the command line to fill in.
-CERTAIN_ONLY = False
-
-
-def _stated(cell: str) -> bool:
-    """A cell that states a value (possibly marked uncertain with '?', unless CERTAIN_ONLY), not 'NR' or empty."""
+def _stated(cell: str, certain_only: bool) -> bool:
+    """A cell that states a value, not 'NR' or empty; one the row marks uncertain ('?') only unless `certain_only`
+    (--certain-only: then the command line fills it in)."""
     c = cell.split("(")[0].strip()
-    return bool(c) and not c.startswith(("NR", "n/a")) and not (CERTAIN_ONLY and "?" in c)
+    return bool(c) and not c.startswith(("NR", "n/a")) and not (certain_only and "?" in c)
 
 
 def _shape(spec) -> dict:
@@ -75,7 +72,7 @@ def model_ref(row: dict, folder: Path) -> tuple[str, str]:
     return str(path), "config.json"
 
 
-def outsider_argv(row: dict, run: pr.Run, folder: Path) -> tuple[list[str], bool, list[str]]:
+def outsider_argv(row: dict, run: pr.Run, folder: Path, certain_only: bool) -> tuple[list[str], bool, list[str]]:
     """`estimate` arguments from the row's stated fields; whether the micro-batch must come from `plan`; and the
     stated knobs given (for the listing)."""
     model, how = model_ref(row, folder)
@@ -88,14 +85,14 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path) -> tuple[list[str], bool
     vpp = row["vpp_interleave"]
     if pr._depth_unreported(row):
         argv += ["--schedule", "interleaved-1f1b"]
-    elif _stated(vpp) and lay.pp > 1:  # a stated depth, or plain 1F1B ("no", "1")
+    elif _stated(vpp, certain_only) and lay.pp > 1:  # a stated depth, or plain 1F1B ("no", "1")
         depth = pr._int(vpp.split(" / ")[-1]) or 1
         argv += ["--vpp", str(depth)] if depth > 1 else ["--schedule", "1f1b"]
-    if _stated(row["zero_stage"]):
+    if _stated(row["zero_stage"], certain_only):
         argv += ["--zero", str(pr._zero(row["zero_stage"]))]
     if lay.dp_shard:
         argv += ["--dp-shard", str(lay.dp_shard)]
-    if _stated(row["recompute"]):
+    if _stated(row["recompute"], certain_only):
         argv += ["--recompute", lay.recompute] + (["--recompute-layers", str(lay.recompute_layers)]
                                                   if lay.recompute_layers else [])
     if pr.stated_sequence_parallel(row) and lay.tp > 1:
@@ -107,7 +104,7 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path) -> tuple[list[str], bool
         argv += ["--no-flash-attention"]
     if run.job.precision == "fp8":
         argv += ["--precision", "fp8"] + (["--fp8-params"] if pr.stated_fp8_params(row) else [])
-    plan = not _stated(row["micro_batch"])
+    plan = not _stated(row["micro_batch"], certain_only)
     if not plan:
         argv += ["--micro-batch", str(pr._int(row["micro_batch"]))]
     return argv, plan, [how]
@@ -149,14 +146,14 @@ def plan_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return planned, dropped
 
 
-def score_row(row: dict, folder: Path, in_process: bool) -> dict | None:
+def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = False) -> dict | None:
     """One dense row through the command line and through published_runs.py --six-profiles; None when the
     internal view does not score it (skipped, mixture of experts)."""
     run = pr.parse(row, six_profiles=True)
     if run.skip or run.job.model.is_moe:
         return None
     internal = pr._predict(run)
-    argv, plan, how = outsider_argv(row, run, folder)
+    argv, plan, how = outsider_argv(row, run, folder, certain_only)
     out = {"run": run.name, "series": run.series, "framework": run.framework, "weak": run.weak,
            "path": "plan" if plan else "estimate", "model_from": how[0], "published_step_s": run.published_step_s,
            "internal_step_s": internal.step_time, "internal_error": run.published_step_s / internal.step_time - 1,
@@ -247,7 +244,9 @@ def print_table(rows: list[dict], s: dict) -> None:
     print(f"micro-batch not stated, so `shardwise plan`'s best over the row's degrees and stated knobs: "
           f"{len(s['micro_batch_from_plan'])} rows")
     print(f"command line and internal view more than {DIFF_POINTS:.0%} apart: {len(s['apart'])} rows")
-    print("Kendall tau per one-knob series (command line / internal):")
+    taus = s["kendall_tau_by_series"].values()
+    print(f"Kendall tau >= 0.8 on {sum(v['cli'] >= 0.8 for v in taus)} of {len(taus)} one-knob series through the command "
+          f"line, {sum(v['internal'] >= 0.8 for v in taus)} internal; per series (command line / internal):")
     for name, v in s["kendall_tau_by_series"].items():
         print(f"  {name:45} {v['rows']:2} rows  tau {v['cli']:+.2f} / {v['internal']:+.2f}")
 
@@ -261,15 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--certain-only", action="store_true",
                     help="leave out what a row marks uncertain ('?'): the command line's defaults fill it in")
     args = ap.parse_args(argv)
-    global CERTAIN_ONLY
-    CERTAIN_ONLY = args.certain_only
     csv_rows = [r for r in pr.read_rows(args.csv) if args.only in r["run"]]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for i, row in enumerate(csv_rows, 1):
             print(f"\r{i}/{len(csv_rows)} {row['run'][:60]:60}", end="", file=sys.stderr, flush=True)
             try:
-                scored = score_row(row, Path(folder), not args.subprocess)
+                scored = score_row(row, Path(folder), not args.subprocess, args.certain_only)
             except UsageError as exc:  # the row's own config cannot be written as a config.json
                 scored = {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
             if scored:
