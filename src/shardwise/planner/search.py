@@ -310,13 +310,15 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
         if not pairs:
             return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and be at most the "
                     f"{model.num_layers} layers of {model.name} — possible here: {', '.join(map(str, allowed))}")
-    dps = sorted({gpus // (t * p) for t, p in pairs})
-    if not any(batch % dp == 0 for dp in dps):
-        return (f"global batch {batch} is not divisible by any data-parallel degree dp = gpus/(tp*pp) possible here "
+    # the cp degrees the user listed leave their own dp (a cp that divides nothing is named below)
+    dps = sorted({gpus // (t * p * c) for t, p in pairs for c in space.cp or (1,) if (gpus // (t * p)) % c == 0})
+    if dps and not any(batch % dp == 0 for dp in dps):
+        per = "tp*pp*cp" if space.cp else "tp*pp"
+        return (f"global batch {batch} is not divisible by any data-parallel degree dp = gpus/({per}) possible here "
                 f"({', '.join(map(str, dps[:8]))}{', ...' if len(dps) > 8 else ''}) — use a global batch that is a multiple "
                 f"of {dps[0]}, or another GPU count")
     per_rank = sorted({batch // dp for dp in dps if batch % dp == 0})
-    if space.micro_batch is not None and not any(n % mb == 0 for n in per_rank for mb in space.micro_batch):
+    if space.micro_batch is not None and per_rank and not any(n % mb == 0 for n in per_rank for mb in space.micro_batch):
         return (f"--micro-batch {','.join(map(str, space.micro_batch))}: a micro-batch must divide the sequences each "
                 f"data-parallel rank takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick a divisor")
     if model.is_moe and space.ep is not None:
