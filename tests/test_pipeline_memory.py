@@ -17,9 +17,9 @@ import torch
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.memory import (SHARDWISE_RUNTIME, Job, checkpoint_bytes, edge_inflight, layer_activation_terms,
-                                      rank_layers, rank_memory, recompute_working_bytes)
+                                      make_job, memory_breakdown, rank_layers, rank_memory, recompute_working_bytes)
 from shardwise.schedules import build, simulate, validate
-from shardwise.schedules.closed_forms import peak_inflight_microbatches
+from shardwise.schedules.closed_forms import peak_inflight_layers, peak_inflight_microbatches
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 
 M, MB, SEQ = 8, 1, 16  # micro-batches per step, sequences per micro-batch, tokens per sequence
@@ -227,3 +227,62 @@ def test_edge_inflight_is_the_simulated_peak_of_the_first_and_last_virtual_stage
                         held += delta
                         peak = max(peak, held)
                     assert edge_inflight(name, p, m, first) == peak, (p, m, v, first)
+
+
+# --------------------------------------------------------------------------- chunks of different sizes
+
+
+def _weighted_peak(sim, rank: int, layers) -> float:
+    """The simulator's in-flight intervals on `rank`, each (micro-batch, chunk) weighted by its chunk's layers."""
+    split = {(e.rank, e.microbatch, e.chunk) for e in sim.events if e.kind == "I"}
+    changes = []
+    for e in sim.events:
+        if e.rank == rank and e.kind == "F":
+            changes.append((e.start, 1, layers[e.chunk]))
+        elif e.rank == rank and e.kind == ("W" if (rank, e.microbatch, e.chunk) in split else "B"):
+            changes.append((e.end, 0, -layers[e.chunk]))  # frees sort first at equal times
+    held = peak = 0
+    for _, _, delta in sorted(changes):
+        held += delta
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (2, 3), (3, 2), (4, 2), (4, 3)])
+def test_uneven_chunks_peak_is_the_simulated_weighted_peak(p, v):
+    """The planner's layer-micro-batches in flight on a rank whose chunks hold different layers (an edge chunk with
+    only the embedding or the loss, or one layer more) against the simulator, the source of truth whose weighted
+    intervals are the measured peak (test_every_peak_is_the_simulated_activations_in_flight)."""
+    shapes = [(0,) + (1,) * (v - 1), (1,) * (v - 1) + (0,), (2,) + (3,) * (v - 1), (3, 0) + (2,) * (v - 2)]
+    for m in (p, 2 * p, 3 * p, 5 * p):
+        sim = simulate(validate(build("interleaved-1f1b", p, m, v)))
+        for r in range(p):
+            for layers in shapes:
+                assert peak_inflight_layers("interleaved-1f1b", p, m, v, r, layers) == _weighted_peak(sim, r, layers)
+
+
+def test_llama3_edge_chunks_peak_by_hand():
+    """Llama 3.1 405B at pp 16 x vpp 8, 32 micro-batches (8,192 GPUs: 32 sequences per data-parallel group).
+    Rank 0 runs W = 2*15 + 7*16 = 142 forwards (chunks 0..7 of micro-batches 0-15, then chunk 0 of 16-29) and
+    the first steady forward (chunk 0 of micro-batch 30) before its first backward: chunk 0 holds only the
+    embedding, so 7 chunks x 16 micro-batches = 112 layer-micro-batches, not an even 143/8 * 7 = 125.1.
+    Rank 15 runs W = 7*16 = 112 forwards (chunks 0..6 of 0-15: 112 layers), then its loss-only chunk 7 turns each
+    micro-batch around at once; after those 16 pairs the forward of chunk 0 of micro-batch 16 comes before the
+    backward of chunk 6 of micro-batch 0: 113, not 113/8 * 7 = 98.9. Rank 1 (8 one-layer chunks):
+    2*14 + 112 + 1 = 141."""
+    assert peak_inflight_layers("interleaved-1f1b", 16, 32, 8, 0, (0,) + (1,) * 7) == 112
+    assert peak_inflight_layers("interleaved-1f1b", 16, 32, 8, 15, (1,) * 7 + (0,)) == 113
+    assert peak_inflight_layers("interleaved-1f1b", 16, 32, 8, 1, (1,) * 8) == 141
+
+
+def test_planner_activations_follow_the_uneven_split():
+    """The llama3 profile at 8K tokens, tp 8 with sequence parallelism: one layer-micro-batch keeps 65,024 B a token
+    (norm and linear inputs 4 x 2 x 16,384 / 8 + Q, K, V and the projection's input 2 x (16,384 + 2 x 1,024 +
+    16,384) / 8 + SwiGLU's gate, up and product 3 x 2 x 53,248 / 8), x 8,192 tokens = 532,676,608 B; ranks 0, 1
+    and 15 hold 112, 141 and 113 of them (test_llama3_edge_chunks_peak_by_hand)."""
+    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, "llama3")
+    layout = Layout(dp=64, tp=8, pp=16, vpp=8, schedule="interleaved-1f1b", sequence_parallel=True, zero=2)
+    per_layer = 532_676_608
+    for rank, held in ((0, 112), (1, 141), (15, 113)):
+        assert rank_memory(job, layout, rank)["activations"] == pytest.approx(held * per_layer, rel=1e-12)
+    assert memory_breakdown(job, layout)[0] == 1  # the most in flight with a full chunk set: the worst rank

@@ -94,12 +94,14 @@ def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> list[int
 
 @lru_cache(maxsize=4096)
 def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> tuple[int, ...]:
-    """One pipeline rank per kind (first, last, and each layer count in between), the lowest of each:
+    """One pipeline rank per kind (first, last, and each set of chunk sizes in between), the lowest of each:
     ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
-    as many micro-batches in flight. The planner evaluates these instead of every rank."""
+    as many micro-batches of each chunk in flight (a longer warm-up). The planner evaluates these instead of
+    every rank."""
+    counts = stage_layer_counts(spec, pp * vpp, seq_len)
     seen, out = set(), []
     for r in range(pp):
-        kind = (r == 0, r == pp - 1, rank_layers(spec, pp, vpp, r, seq_len))
+        kind = (r == 0, r == pp - 1, counts[r::pp])
         if kind not in seen:
             seen.add(kind)
             out.append(r)

@@ -19,7 +19,7 @@ from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_microbatches
+from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_layers, peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
 
@@ -382,7 +382,7 @@ def rank_recomputed_layers(job: Job, layout: Layout, rank: int) -> int:
 
 
 def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
-    """The pipeline ranks worth evaluating: one of each kind (first, last, each layer count between)."""
+    """The pipeline ranks worth evaluating: one of each kind (first, last, each set of chunk sizes between)."""
     return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len)
 
 
@@ -484,7 +484,9 @@ class RankHoldings:
     """What one GPU of a pipeline rank holds whatever the ZeRO stage and the recompute policy: the search scores
     several of both for each split, and these terms are most of a breakdown's work, so they are cached per split."""
 
-    inflight: float  # micro-batches of the stage's activations held at once
+    # micro-batches of the stage's activations held at once: with chunks of different sizes, the layer-micro-batches
+    # held at the peak (closed_forms.peak_inflight_layers) per layer of the rank
+    inflight: float
     layers: int
     gathered: int  # layers ZeRO-3 keeps gathered: two (the prefetched next), fewer in a smaller chunk
     grads_held: float  # the share of its chunks whose gradients exist at the activations' peak
@@ -510,9 +512,12 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
         first = first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
     if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
         logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
+    layers = rank_layers(job, layout, rank)
+    inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
+    if layers and len(set(chunks)) > 1:  # chunks of different sizes: the peak weighted chunk by chunk, per layer
+        inflight = peak_inflight_layers(layout.schedule, layout.pp, m, layout.vpp, rank, chunks) / layers
     return RankHoldings(
-        inflight=peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank),
-        layers=rank_layers(job, layout, rank), gathered=min(ZERO3_GATHERED_LAYERS, max(chunks)),
+        inflight=inflight, layers=layers, gathered=min(ZERO3_GATHERED_LAYERS, max(chunks)),
         grads_held=chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp,
         params=rank_params(job, layout, rank) - experts, experts=experts, first=first, logits=logits)
 

@@ -99,6 +99,43 @@ def peak_inflight_microbatches(schedule: str, p: int, m: int, v: int, stage: int
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
+def peak_inflight_layers(schedule: str, p: int, m: int, v: int, stage: int, chunk_layers: tuple[int, ...]) -> float:
+    """Layer-micro-batches of activations held at once on pipeline rank `stage`, whose v chunks hold `chunk_layers`
+    layers: what `peak_inflight_microbatches` * layers is when every chunk holds as many, and otherwise the peak of
+    the rank's own order weighted chunk by chunk. An uneven split (a first chunk holding only the embedding, a last
+    one only the loss: Llama 3's, Megatron-Core's --account-for-embedding/loss-in-pipeline-split) moves where the
+    peak is: rank 0's first chunk is the one it keeps the most micro-batches of (2p), the last rank's last chunk
+    the one it frees at once.
+
+    Interleaved 1F1B on rank r runs W = 2(p - r - 1) + (v - 1)p forwards, then forward/backward pairs, then the
+    remaining backwards; forward k runs chunk (k // p) mod v, backward k chunk v - 1 - (k // p) mod v
+    (generators.interleaved_1f1b). The peak is right after a steady-state forward (the warm-up only adds, the
+    cool-down only frees), and the held layers after the i-th one, F(W + i + 1) - B(i), repeat with period p*v:
+    the forwards and the backwards of one period cover every chunk p times."""
+    if len(set(chunk_layers)) <= 1 or schedule != "interleaved-1f1b":
+        return peak_inflight_microbatches(schedule, p, m, v, stage) * sum(chunk_layers)
+    return float(_interleaved_peak_layers(p, m, v, stage, tuple(chunk_layers)))
+
+
+def _interleaved_peak_layers(p: int, m: int, v: int, stage: int, layers: tuple[int, ...]) -> int:
+    total = m * v
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    period = p * v
+    forward = [0]  # layers over the first k forwards, k = 0 .. period
+    for k in range(period):
+        forward.append(forward[-1] + layers[(k // p) % v])
+
+    def forwards(k: int) -> int:
+        return (k // period) * forward[period] + forward[k % period]
+
+    peak = forwards(warmup)  # every forward first (m * v <= warm-up), else the warm-up's end
+    backwards = 0  # layers freed by the first i backwards
+    for i in range(min(total - warmup, period)):
+        peak = max(peak, forwards(warmup + i + 1) - backwards)
+        backwards += layers[v - 1 - (i // p) % v]
+    return peak
+
+
 def chunks_with_gradients_at_peak(schedule: str, p: int, m: int, v: int, stage: int = 0) -> int:
     """Model chunks of pipeline rank `stage` whose gradients exist while its activations are at their peak, for a
     stack that creates a chunk's gradients at its first backward (autograd's `.grad`, FSDP2's unsharded FP32
