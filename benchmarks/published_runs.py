@@ -425,7 +425,7 @@ def parse(row: dict, six_profiles: bool = False) -> Run:
             layout = layout.with_(sequence_parallel=tp > 1)
         if "NVTE_FUSED_ATTN=0" in row["notes"]:  # Transformer Engine told off cuDNN: flash-attn's FlashAttention-2
             job = replace(job, attention="fa2")
-        validate_layout(layout, model, batch)
+        validate_layout(layout, model, batch, edge_chunks=fw.edge_chunks)
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"
         return run

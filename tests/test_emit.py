@@ -312,6 +312,8 @@ def test_readme_plan_round_trips_through_the_targets_parser(target, tmp_path, ca
 CASES = {
     "megatron": [
         ("llama3.1-405b", 16384, 2048, 8192, Layout(64, 8, 32, 1, 3, 1, "none", True, "interleaved-1f1b")),
+        # 126 layers on 16 x 8 chunks, the first only the embedding, the last only the loss: "E|(t|)*126,L"
+        ("llama3.1-405b", 8192, 2048, 8192, Layout(64, 8, 16, 1, 8, 1, "full", True, "interleaved-1f1b"), "megatron-core"),
         ("llama-65b", 48, 1024, 2048, Layout(2, 8, 3, 1, 1, 2, "selective", True, "1f1b")),
         ("llama-65b", 64, 1024, 2048, Layout(8, 8, 1, 2, 1, 3, "full", True)),
         ("gpt3-175b", 64, 512, 2048, Layout(1, 8, 8, 1, 1, 0, "full", False, "1f1b")),

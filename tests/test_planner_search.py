@@ -29,8 +29,8 @@ def test_search_returns_valid_fitting_layouts_sorted_fastest_first():
     assert result.ranked and result.timed <= result.scored
     times = [e.step_time for e in result.ranked]
     assert times == sorted(times)
-    for e in result.ranked[:50]:
-        validate_layout(e.layout, job.model, 64, 16)
+    for e in result.ranked[:50]:  # megatron-core may give the embedding and the loss a chunk each: pp*vpp <= 40 + 2
+        validate_layout(e.layout, job.model, 64, 16, edge_chunks=True)
         assert e.fits
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
-from shardwise.stage_split import distinct_ranks, layer_costs, rank_layers, split_layers, stage_layer_counts
+from shardwise.stage_split import distinct_ranks, layer_costs, max_chunks, rank_layers, split_layers, stage_layer_counts
 
 
 def _oracle_min_max(spec, stages: int, seq: int) -> float:
@@ -106,3 +106,42 @@ def test_an_mla_layers_attention_cost_is_its_core_width():
     # 4 · 4,096 · 20,480 = 335,544,320 FLOPs per token and layer; the parameter FLOPs do not change.
     spec = load_model("deepseek-v3")
     assert layer_costs(spec, 8192)[0] - layer_costs(spec, 4096)[0] == 335_544_320
+
+
+# --------------------------------------------------------------------------- a chunk for the embedding, one for the loss
+
+
+@pytest.mark.parametrize("model,seq,chunks", [("llama3.1-405b", 8192, (16, 32, 64, 128)), ("deepseek-v3", 4096, (21, 63)),
+                                              ("llama2-70b", 4096, (41, 82))])
+def test_counting_the_embedding_and_the_loss_as_a_layer_is_megatrons_uneven_split(model, seq, chunks):
+    """Megatron-Core's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split (core_v0.11.0,
+    transformer_block.py get_num_layers_to_build): L + 2 slots, (L + 2) / S per chunk, the first and the last chunk one
+    layer fewer. Llama 3.1 405B: 128 slots, so 16 stages of 8 (7 at the edges) ... 128 of 1 (0 at the edges: the
+    Llama 3 paper's "the first model chunk on the first stage has only the embedding, and the last model chunk on
+    the last stage has only output projection and loss calculation"); DeepSeek-V3's 61 layers: 63 slots, 21 chunks
+    of 3 (2 at the edges); Llama 2 70B's 80: 82 slots, 41 chunks of 2 (1 at the edges)."""
+    spec = load_model(model)
+    for S in chunks:
+        k = (spec.num_layers + 2) // S
+        assert stage_layer_counts(spec, S, seq) == (k - 1,) + (k,) * (S - 2) + (k - 1,)
+
+
+def test_llama3_ranks_hold_seven_or_eight_layers_on_sixteen_by_eight_chunks():
+    # rank 0: the embedding-only chunk + 7 one-layer chunks; rank 15: 7 one-layer chunks + the loss-only chunk.
+    spec = load_model("llama3.1-405b")
+    assert [rank_layers(spec, 16, 8, r, 8192) for r in range(16)] == [7] + [8] * 14 + [7]
+    assert distinct_ranks(spec, 16, 8, 8192) == [0, 1, 15]
+
+
+def test_more_chunks_than_layers_only_where_the_stack_cuts_a_chunk_for_the_embedding_or_the_loss():
+    from shardwise.errors import UsageError
+    from shardwise.specs import validate_layout
+
+    spec = load_model("llama3.1-405b")  # 126 layers
+    assert max_chunks(126, False) == 126 and max_chunks(126, True) == 128
+    lay = Layout(dp=64, tp=8, pp=16, vpp=8, schedule="interleaved-1f1b")
+    validate_layout(lay, spec, 2048, edge_chunks=True)
+    with pytest.raises(UsageError, match="128 model chunks exceed the 126 layers of"):
+        validate_layout(lay, spec, 2048)  # shardwise's runtime builds a layer in every chunk
+    with pytest.raises(UsageError, match="144 model chunks exceed the 126 layers plus a chunk for the embedding"):
+        validate_layout(lay.with_(vpp=9), spec, 2048, edge_chunks=True)

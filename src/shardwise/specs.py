@@ -21,7 +21,7 @@ from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash, replaced
 from shardwise.model_spec import (  # noqa: F401 - re-exported: callers find every spec here
     MAX_LAYERS, MODEL_TYPES, ModelSpec, load_model, model_from_hf_config, model_presets, preset_dir, read_json_file)
-from shardwise.stage_split import max_chunk_layers  # the most layers a model chunk holds (--recompute-layers)
+from shardwise.stage_split import max_chunk_layers, max_chunks  # the most layers a model chunk holds (--recompute-layers)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -340,8 +340,10 @@ class Layout:
 
 
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,
-                    seq_len: int | None = None) -> None:
-    """Raise UsageError naming the first thing that makes `layout` impossible for this job."""
+                    seq_len: int | None = None, edge_chunks: bool = False) -> None:
+    """Raise UsageError naming the first thing that makes `layout` impossible for this job. `edge_chunks`: the
+    stack may give a model chunk only the embedding or only the loss (Framework.edge_chunks; shardwise's runtime
+    may not), so pp*vpp may reach the layers + 2."""
     for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp", "ep", "etp"):
         if getattr(layout, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
@@ -369,9 +371,11 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     if model.ffn_hidden % layout.tp and len(model.moe_layers) < model.num_layers:
         raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
     validate_experts(layout, model)
-    if layout.pp * layout.vpp > model.num_layers:
+    if layout.pp * layout.vpp > max_chunks(model.num_layers, edge_chunks):
+        also = " plus a chunk for the embedding and one for the loss" if edge_chunks else ""
         raise UsageError(
-            f"pp*vpp = {layout.pp * layout.vpp} model chunks exceed the {model.num_layers} layers of {model.name} — lower pp or vpp"
+            f"pp*vpp = {layout.pp * layout.vpp} model chunks exceed the {model.num_layers} layers{also} of {model.name} — "
+            f"lower pp or vpp"
         )
     if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":
         raise UsageError(f"vpp={layout.vpp} needs --schedule interleaved-1f1b (got {layout.schedule})")
@@ -403,7 +407,7 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
     if n < 1:
         raise UsageError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
     chunks = layout.pp * layout.vpp
-    most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len) if seq_len is not None and chunks <= model.num_layers
+    most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len) if seq_len is not None and chunks <= max_chunks(model.num_layers, True)
             else -(-model.num_layers // chunks))
     if n > most:
         where = "each virtual stage" if layout.vpp > 1 else "each pipeline stage"
@@ -460,7 +464,9 @@ def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None
 
 def runtime_refusal(layout: Layout) -> str | None:
     """What shardwise's runtime cannot run although validate_layout accepts it (one clause), or None.
-    launch.check raises it before a job starts; the planner's `shardwise` framework profile skips it."""
+    launch.check raises it before a job starts; the planner's `shardwise` framework profile skips it. (More model
+    chunks than layers, which some stacks cut with a chunk holding only the embedding or only the loss, validate_layout
+    refuses unless told the stack runs them — launch.check never tells it so: the runtime builds a layer in every chunk.)"""
     if layout.pp > 1 and layout.schedule == "zb-h1" and layout.zero >= 2:
         return ("zb-h1 splits each backward into input and weight passes, which FSDP (ZeRO 2/3) cannot follow — "
                 "use --zero 1 with zb-h1, or another schedule")

@@ -14,6 +14,13 @@ micro-batches in flight, so a layer costs the least memory late in the pipeline.
     layers per stage (Megatron's and torchtitan's default when S divides L);
   - a heavy LM head takes layers off the last stage: Llama 3.1 405B on 16 stages gives 7 layers to
     the first and last stage and 8 elsewhere, which is what Meta ran (Llama 3 paper, Sec. 3.3.2).
+  - more stages than layers (at most L + 2, where the stack lets a chunk hold only the embedding or only
+    the LM head and loss: `max_chunks`) leave the first stage only the embedding and the last only the head:
+    Llama 3.1 405B on 16 x 8 = 128 virtual stages gives 0, then 126 stages of one layer, then 0 — the paper's
+    "the first model chunk on the first stage has only the embedding, and the last model chunk on the last
+    stage has only output projection and loss calculation", and Megatron-Core's split with
+    --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split ((L + 2) / (pp*vpp) slots a
+    chunk, the embedding and the loss one each).
 Why cost-balanced rather than even: a pipeline step is as slow as its slowest stage, and the head of
 a large-vocabulary model costs several layers (GPT-2: 3.7 layers at s = 2048) — an even split leaves
 that stage the bottleneck that every other stage waits for.
@@ -27,6 +34,16 @@ from functools import lru_cache
 from shardwise.model_spec import ModelSpec
 
 
+# Chunks beyond one per layer a stack can cut: one holding only the embedding, one only the LM head and loss.
+EDGE_CHUNKS = 2
+
+
+def max_chunks(num_layers: int, edge_chunks: bool) -> int:
+    """The most virtual stages (pp * vpp) the L layers can be cut into: one layer each, or, where the stack counts
+    the embedding and the loss as a layer each in its split (Framework.edge_chunks), L + 2."""
+    return num_layers + (EDGE_CHUNKS if edge_chunks else 0)
+
+
 def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
     """(per layer, embedding, LM head + loss) forward FLOPs per token."""
     layer = 2 * spec.params_per_layer() + 4 * seq_len * spec.attention_width  # matmuls + attention scores/values
@@ -38,8 +55,8 @@ def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
 @lru_cache(maxsize=4096)
 def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[int, ...]:
     """Layers per virtual stage (see the module docstring for the rule). Every stage gets at least one
-    layer when there are enough (the runtime refuses more stages than layers; the planner may score
-    published runs that had some empty stages)."""
+    layer when there are enough; with more stages than layers (`max_chunks`: the runtime refuses them) the
+    edge stages give up theirs first, as their embedding or head already costs something."""
     L, S = spec.num_layers, num_stages
     if S < 1:
         raise ValueError(f"cannot cut {L} layers into {S} stages")

@@ -50,7 +50,8 @@ def run(args) -> int:
         raise UsageError(f"--dp {args.dp} disagrees with --gpus {args.gpus} / (tp*pp*cp = {args.gpus // dp}) = {dp} — "
                          "give --gpus as dp*tp*pp*cp, or leave --dp out")
     layout = layout_from_args(args, dp)
-    validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len)
+    validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
+                    edge_chunks=get(job.framework).edge_chunks)
     completed, implied = complete_layout(job, layout, named)
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
         try:

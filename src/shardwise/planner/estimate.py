@@ -12,7 +12,7 @@ from shardwise.planner.memory import Job, fits_memory, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
-from shardwise.stage_split import max_chunk_layers
+from shardwise.stage_split import max_chunk_layers, max_chunks
 from shardwise.units import GIB
 
 
@@ -199,11 +199,13 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
 def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> list[tuple[str, int]]:
     """The (schedule, virtual stages per rank) pairs complete_layout weighs. Interleaving named with no depth: from two
     chunks per rank (one would be plain 1F1B) up to one layer per chunk (Megatron's
-    --num-layers-per-virtual-pipeline-stage 1). Neither named, on a stack whose recipes interleave every pipeline
+    --num-layers-per-virtual-pipeline-stage 1), and a chunk of its own for the embedding and the loss where the stack
+    cuts so (Framework.edge_chunks: Llama 3's 126 layers on 16 x 8 chunks). Neither named, on a stack whose recipes interleave every pipeline
     (Framework.interleave_unnamed): plain 1F1B and those depths, where Megatron's rule (micro-batches a multiple of pp)
     allows interleaving. Else the layout's own."""
     fw, own = get_framework(job.framework), [(lay.schedule, lay.vpp)]
-    deep = [("interleaved-1f1b", v) for v in range(2, job.model.num_layers // lay.pp + 1)] if lay.pp > 1 else []
+    most = max_chunks(job.model.num_layers, fw.edge_chunks)
+    deep = [("interleaved-1f1b", v) for v in range(2, most // lay.pp + 1)] if lay.pp > 1 else []
     if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.vpp == 1:
         return deep or own
     if ({"vpp", "schedule"} & set(named) or not fw.interleave_unnamed or lay.schedule != "1f1b"

@@ -86,6 +86,10 @@ class Framework:
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
+    # Its stage split counts the embedding and the loss as a layer each, so a model chunk may hold only one of them
+    # and pp*vpp may reach the layers + 2 (stage_split.max_chunks): Megatron-Core >= 0.11.0's
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, Llama 3's pipeline.
+    edge_chunks: bool = False
     # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
     # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
     # a meta tensor, then the data).
@@ -290,6 +294,11 @@ MEGATRON_CORE = Framework(
     # --recompute-granularity full --recompute-method block --recompute-num-layers N: the first N layers of each
     # TransformerBlock, one per virtual chunk (megatron/core/transformer/transformer_block.py _checkpointed_forward)
     partial_recompute="block",
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split (NVIDIA/Megatron-LM ef490839e,
+    # 2025-02-03, "Uneven Virtual Pipeline Parallelism", first in core_v0.11.0): the embedding and the loss take a
+    # layer's slot, (L + 2) / (pp*vpp) slots a chunk, the first and the last chunk one layer fewer
+    # (transformer_block.py get_num_layers_to_build)
+    edge_chunks=True,
 )
 
 NEMO = Framework(
@@ -317,6 +326,7 @@ NEMO = Framework(
     # scripts/performance/executors.py: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200
     expandable_segments=True,
     partial_recompute="block",  # activations_checkpoint_granularity full, method block, num_layers N (megatron-core's)
+    edge_chunks=True,  # megatron-core's account_for_embedding/loss_in_pipeline_split in its model config
 )
 
 DEEPSPEED = Framework(
@@ -530,6 +540,10 @@ LLAMA3 = Framework(
              "(16,384)"),
     attention="fa2", grad_reduce_bytes=4, overlap_grad_reduce=True, pipeline_fsdp_once=True,
     p2p_overlap=True, zero_stages=(0, 1, 2), context_parallel=("allgather",),
+    # Sec. 3.3.2: "we reduce one Transformer layer each from the first and the last stages, respectively. This means
+    # that the first model chunk on the first stage has only the embedding, and the last model chunk on the last stage
+    # has only output projection and loss calculation."
+    edge_chunks=True,
     cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules",
             "recompute of only some layers (its paper describes none)"),
 )
@@ -556,7 +570,7 @@ LLAMA2 = replace(
              "Sharded Data Parallel with Megatron-LM Tensor Parallelism', no pipeline; LLaMA Sec. 2.4 likewise names "
              "'model and sequence parallelism, as described by Korthikanti et al.' and no pipeline"),
     attention="fa1", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
-    recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(),
+    recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(), edge_chunks=False,
     cannot=("ZeRO-2/3 (FSDP: its network collectives are all-reduces)", "context parallelism (none in 2022-23)",
             "pipeline parallelism (its sources name tensor and sequence parallelism only; Llama 3 added a pipeline)",
             "training without activation checkpointing (the paper's stack always checkpoints)"),

@@ -2,7 +2,8 @@
 
 Pruning (each rule removes only layouts another scored layout beats on both memory and time,
 in this model — docs/planner.md explains each):
-  * tp divides the attention heads, the KV heads and the FFN; pp*vpp <= layers; dp*micro_batch
+  * tp divides the attention heads, the KV heads and the FFN; pp*vpp <= layers (+ 2 where the stack gives
+    the embedding and the loss a chunk each: stage_split.max_chunks); dp*micro_batch
     divides the global batch; interleaving needs m % pp == 0 (Megatron's rule).
   * sequence parallelism is only considered with tp > 1, on and off as the framework allows (it
     stores and touches less, but its backward gathers each saved sequence shard again, one more
@@ -39,6 +40,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
 from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
+from shardwise.stage_split import max_chunks
 
 SEARCH_SCHEDULES = tuple(s for s in PLANNED_SCHEDULES if s != "interleaved-1f1b")  # one chunk per rank
 RECOMPUTE_ORDER = RECOMPUTE
@@ -113,7 +115,7 @@ class SearchResult:
     thinned: str = ""  # how the search narrowed a space too large to score in full (printed under the table)
 
 
-def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace()):
+def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace(), edge_chunks: bool = False):
     if pp == 1:
         yield "1f1b", 1
         return
@@ -121,14 +123,19 @@ def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpac
         if s in space.schedules:
             yield s, 1
     if m % pp == 0 and "interleaved-1f1b" in space.schedules:
-        for v in _vpps(num_layers, pp, space):
+        for v in _vpps(num_layers, pp, space, edge_chunks):
             yield "interleaved-1f1b", v
 
 
-def _vpps(num_layers: int, pp: int, space: SearchSpace) -> range | list[int]:
-    """Virtual stages per rank worth trying: 2 up to the layers per rank (and --max-vpp)."""
-    vpps = range(2, min(num_layers // pp, space.max_vpp or num_layers) + 1)
-    return [v for v in vpps if num_layers % (pp * v) == 0] if space.even_vpp else vpps
+def _vpps(num_layers: int, pp: int, space: SearchSpace, edge_chunks: bool = False) -> range | list[int]:
+    """Virtual stages per rank worth trying: 2 up to the layers per rank, or where the stack gives the embedding and
+    the loss a chunk's slot each (Framework.edge_chunks) up to those slots per rank (and --max-vpp). Even: every
+    chunk the same layers, or the same slots."""
+    most = max_chunks(num_layers, edge_chunks)
+    vpps = range(2, min(most // pp, space.max_vpp or most) + 1)
+    if not space.even_vpp:
+        return vpps
+    return [v for v in vpps if num_layers % (pp * v) == 0 or (edge_chunks and most % (pp * v) == 0)]
 def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
     """Whether the search tries context-parallel degree `cp` (1 unless --cp excludes it; see MIN_CP_TOKENS)."""
     s = job.train.seq_len
@@ -220,7 +227,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                 else:
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
                     if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
-                        shapes += len(_vpps(layers, pp, space))
+                        shapes += len(_vpps(layers, pp, space, fw.edge_chunks))
                 total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
 
@@ -472,7 +479,7 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
         if space.micro_batch is not None and mb not in space.micro_batch:
             continue
         m = job.train.global_batch // (dp * mb)
-        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space),
+        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw.edge_chunks),
                                                          _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
