@@ -1,0 +1,46 @@
+"""benchmarks/outside_view.py: the command line, given only what a published row states, predicts what
+benchmarks/published_runs.py --six-profiles predicts (its job and layout built in Python, a separate path) wherever
+the two start from the same facts; where they do not, the listing names what differs."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _outside_view():
+    sys.path.insert(0, str(BENCHMARKS))  # it imports published_runs beside it
+    try:
+        spec = importlib.util.spec_from_file_location("outside_view", BENCHMARKS / "outside_view.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_command_line_predicts_the_internal_view_where_both_know_the_same(tmp_path):
+    view = _outside_view()
+    rows = [view.score_row(row, tmp_path, True) for row in view.pr.read_rows(view.pr.DEFAULT_CSV)]
+    scored = [r for r in rows if r is not None and "cli_step_s" in r]
+    # every dense row the internal view scores goes through the command line, and every published layout fits
+    assert len(scored) == sum(r is not None for r in rows) >= 226
+    assert all(r["fits"] for r in scored if not r["weak"])
+    # on the estimate path the command line reads the same model from config.json and fills in every unstated knob
+    # as the internal view sets it; what may differ is only what no flag states: the row's own network or memory
+    # against the cluster preset, and an attention kernel the run forced (NVTE_FUSED_ATTN=0)
+    facts = [(r["run"], why) for r in scored if r["path"] == "estimate" for why in r["why"]
+             if not why.startswith(("cluster ", "attention kernel"))]
+    assert not facts
+    # rows with nothing listed as different (same model, cluster, knobs; no plan): the same step, to the JSON's
+    # rounding (6 decimals of a step of 0.3 s or more)
+    same = [r for r in scored if r["path"] == "estimate" and not r["why"]]
+    assert len(same) >= 150
+    apart = [(r["run"], r["cli_step_s"], r["internal_step_s"]) for r in same
+             if abs(r["cli_step_s"] / r["internal_step_s"] - 1) > 1e-4]
+    assert not apart
+    # and a row that differs says why: Jean Zay's four Omni-Path links (6.25 GB/s per GPU) against the preset's 25
+    bloom = next(r for r in scored if r["run"] == "BLOOM-176B production (tr11)")
+    assert any("inter_node_bandwidth" in why for why in bloom["why"])
+    assert bloom["cli_step_s"] < bloom["internal_step_s"]
