@@ -125,7 +125,7 @@ def shardwise(argv: list[str], in_process: bool) -> tuple[int, str, str]:
 
 # estimate's flags as `plan` narrows its search to the same value (a list of one); None: plan has no such knob.
 PLAN_FLAG = {"--vpp": "--max-vpp", "--schedule": "--schedules", "--cp-mode": "--cp-modes", "--dp-shard": None,
-             "--recompute-layers": None, "--sequence-parallel": None}
+             "--recompute-layers": None}
 
 
 def plan_argv(argv: list[str]) -> tuple[list[str], list[str]]:
