@@ -289,12 +289,13 @@ def test_published_style_runs_answer_sensibly(files, tmp_path, name, argv):
     assert 0.2 <= d["mfu"] <= 0.67, (name, d["mfu"])
 
 
-@pytest.mark.parametrize("framework,runs", [("llama3", True), ("megatron-core", True), ("nemo", True), ("shardwise", False),
-                                            ("deepspeed", False), ("megatron-2021", False), ("torchtitan", False)])
+@pytest.mark.parametrize("framework,runs", [("llama3", True), ("megatron-core", True), ("nemo", True), ("torchtitan", True),
+                                            ("shardwise", False), ("deepspeed", False), ("megatron-2021", False)])
 def test_a_chunk_for_the_embedding_and_one_for_the_loss_only_where_the_stack_cuts_them(framework, runs):
     """Llama 3.1 405B's 126 layers on pp 16 x vpp 8 = 128 chunks: the first holds only the embedding and the last
     only the loss (Llama 3 paper Sec. 3.3.2; Megatron-Core >= 0.11 --account-for-embedding/loss-in-pipeline-split,
-    which NeMo passes through); shardwise's runtime builds a layer in every chunk, the 2021-22 stacks too."""
+    which NeMo passes through; torchtitan's split with its input and output weights); shardwise's runtime builds a
+    layer in every chunk, the 2021-22 stacks too."""
     argv = ["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", 16384, "--global-batch", 2048,
             "--seq-len", 8192, "--tp", 8, "--pp", 16, "--vpp", 8, "--micro-batch", 1, "--recompute", "none",
             "--framework", framework, "--json"]

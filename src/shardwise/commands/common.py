@@ -53,7 +53,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                        help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only (default 1; with "
                             "--schedule interleaved-1f1b, the fastest that fits). pp*vpp may exceed the layers by two "
                             "where the framework gives the embedding and the loss a chunk each (megatron-core and nemo "
-                            "with Megatron-Core's --account-for-embedding/loss-in-pipeline-split, llama3)")
+                            "with Megatron-Core's --account-for-embedding/loss-in-pipeline-split, torchtitan, llama3)")
         p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3],
                        help="ZeRO stage (default: the framework's own — megatron-core and nemo the distributed "
                             "optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with a pipeline — or the next stage "

@@ -88,7 +88,8 @@ class Framework:
     p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
     # Its stage split counts the embedding and the loss as a layer each, so a model chunk may hold only one of them
     # and pp*vpp may reach the layers + 2 (stage_split.max_chunks): Megatron-Core >= 0.11.0's
-    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, Llama 3's pipeline.
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, torchtitan's input and output
+    # weights, Llama 3's pipeline.
     edge_chunks: bool = False
     # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
     # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
@@ -462,6 +463,10 @@ TORCHTITAN = Framework(
     loss="eager",
     cp_attention="torch",
     expandable_segments=True,  # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" (a5e57e4a9, 2024-10-22)
+    # generate_llm_fqn_per_model_part counts tok_embeddings and norm + output as a layer each (input_weight =
+    # output_weight = 1: pytorch/torchtitan f64cf3c18, 2025-04-15, #1103), stages up to the layers + 2, so a stage may
+    # hold only one of them; module_fqns_per_model_part (0.2.x, what `plan --emit torchtitan` writes) any split
+    edge_chunks=True,
 )
 
 AUTOMODEL = replace(
@@ -482,6 +487,9 @@ AUTOMODEL = replace(
     expandable_segments=False,  # no source found: the default allocator
     optimizer_traffic=None,  # torch.optim.Adam with bf16 states: not derived here, the one-pass figure
     partial_recompute="",  # apply_ac wraps every block
+    # its splitter (components/distributed/pipelining/functional.py generate_hf_model_fqn_per_model_part) deals the
+    # layers over the stages and adds the embedding and the head to the edge ones: a layer in every stage
+    edge_chunks=False,
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)", "recompute of only some layers"),
 )
 
