@@ -113,9 +113,26 @@ def test_simulate_summary_without_json(capsys):
     (["--pp", "2", "--microbatches", "8", "--out", "t.pdf"], "--out must end in .png or .svg"),
     (["--compare", "--schedule", "1f1b", "--pp", "2", "--microbatches", "8"], "drop --schedule"),
     (["--pp", "16", "--microbatches", "16", "--model", "tiny"], "exceed the 4 layers"),
+    (["--schedule", "interleaved-1f1b", "--pp", "7", "--vpp", "1", "--microbatches", "7", "--model", "tiny"],
+     "7 model chunks exceed the 4 layers plus a chunk for the embedding and one for the loss"),
     (["--pp", "2", "--microbatches", "8", "--model", "nope"], "unknown model"),
 ])
 def test_simulate_bad_input_is_one_line(argv, msg, capsys):
     assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_simulate_takes_the_uneven_cut_plan_recommends(capsys):
+    """`plan` for Llama 3.1 405B on the llama3 stack picks pp 16 x vpp 8 = 128 chunks for 126 layers (a chunk holding
+    only the embedding, one only the loss: the paper's Sec. 3.3.2); `simulate --model` times that same cut rather than
+    refusing it."""
+    job = ["--model", "llama3.1-405b", "--seq-len", "8192"]
+    assert main(["plan", *job, "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "2048",
+                 "--framework", "llama3", "--tp", "8", "--pp", "16", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["pp"] * best["vpp"] == 128
+    assert main(["simulate", *job, "--schedule", best["schedule"], "--pp", str(best["pp"]), "--vpp", str(best["vpp"]),
+                 "--microbatches", str(best["num_microbatches"]), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert (sim["pp"], sim["vpp"], sim["microbatches"]) == (16, 8, 32)

@@ -371,12 +371,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     if model.ffn_hidden % layout.tp and len(model.moe_layers) < model.num_layers:
         raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
     validate_experts(layout, model)
-    if layout.pp * layout.vpp > max_chunks(model.num_layers, edge_chunks):
-        also = " plus a chunk for the embedding and one for the loss" if edge_chunks else ""
-        raise UsageError(
-            f"pp*vpp = {layout.pp * layout.vpp} model chunks exceed the {model.num_layers} layers{also} of {model.name} — "
-            f"lower pp or vpp"
-        )
+    check_chunks(layout.pp, layout.vpp, model, edge_chunks)
     if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":
         raise UsageError(f"vpp={layout.vpp} needs --schedule interleaved-1f1b (got {layout.schedule})")
     if layout.schedule == "interleaved-1f1b" and layout.pp == 1:
@@ -394,6 +389,15 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(
             f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
         )
+
+
+def check_chunks(pp: int, vpp: int, model: ModelSpec, edge_chunks: bool) -> None:
+    """UsageError when pp*vpp model chunks cannot be cut from the model's layers (stage_split.max_chunks): at most one
+    chunk a layer, or the layers + 2 where the stack gives the embedding and the loss a chunk each (`edge_chunks`)."""
+    if pp * vpp > max_chunks(model.num_layers, edge_chunks):
+        also = " plus a chunk for the embedding and one for the loss" if edge_chunks else ""
+        raise UsageError(f"pp*vpp = {pp * vpp} model chunks exceed the {model.num_layers} layers{also} of {model.name} — "
+                         f"lower pp or vpp")
 
 
 def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None) -> None:

@@ -31,7 +31,9 @@ def register(subparsers, name: str, help: str) -> None:
     p.add_argument("--comm", type=float, default=0.0, metavar="C", help="one point-to-point transfer, in ms (default 0)")
     p.add_argument("--model", default=None,
                    help="cut this model (preset or config.json) into stages as training does; --costs is then an average "
-                        "stage and each stage costs its share of the FLOPs (the LM head's stage more)")
+                        "stage and each stage costs its share of the FLOPs (the LM head's stage more). pp*vpp may exceed "
+                        "the layers by two, a chunk holding only the embedding and one only the loss, as megatron-core, "
+                        "nemo, torchtitan and Llama 3 cut")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence, with --model (default 2048)")
     p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
     p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
@@ -97,15 +99,16 @@ def _costs(args, v: int, f: float, b: float, w: float):
 
     if args.model is None:
         return Costs(f, b, w, args.comm)
-    from shardwise.specs import load_model
+    from shardwise.specs import check_chunks, load_model
 
     spec = load_model(args.model)
     if args.seq_len is None:
         args.seq_len = 2048
     if args.seq_len < 1:
         raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
-    if args.pp * v > spec.num_layers:
-        raise UsageError(f"pp*vpp = {args.pp * v} stages exceed the {spec.num_layers} layers of {spec.name} — lower --pp or --vpp")
+    # On paper for any stack: up to a chunk holding only the embedding and one only the loss, as the stacks that cut
+    # so run them (Framework.edge_chunks) and `plan` may recommend for them (Llama 3.1 405B on pp 16 x vpp 8)
+    check_chunks(args.pp, v, spec, edge_chunks=True)
     return model_costs(spec, args.pp, v, args.seq_len, f, b, w, args.comm)
 
 
