@@ -196,6 +196,19 @@ def test_estimate_refuses_what_the_framework_cannot_run(capsys, argv, needle):
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, needle", [
+    # plan's --sequence-parallel keeps only layouts with it where tp > 1: with every tp > 1 the cause is the flag
+    (["--seq-len", "2048", "--tp", "2,4", "--framework", "deepspeed", "--sequence-parallel"],
+     "--sequence-parallel: --framework deepspeed has no sequence parallelism"),
+    # 2,047 tokens, odd: neither tp 2 nor tp 4 splits the sequence
+    (["--seq-len", "2047", "--tp", "2,4", "--sequence-parallel"],
+     "--sequence-parallel: it splits each sequence over tp, but --seq-len 2047 is not divisible by tp 2, 4"),
+])
+def test_plan_names_sequence_parallelism_when_it_leaves_no_layout(capsys, argv, needle):
+    code, _, err = run_cli(capsys, "plan", *ARTICLE[:-2], *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("framework, zero, runs", [
     ("llama3", "3", "no ZeRO-3 (it runs ZeRO 0, 1, 2)"),  # the paper's FSDP never reshards after forward: no ZeRO-3
     ("torchtitan", "1", "no ZeRO-1 (it runs ZeRO 0, 2, 3)"),  # FSDP2 shards gradients with the optimizer states: no ZeRO-1

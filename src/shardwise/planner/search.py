@@ -339,7 +339,8 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     if cause:
         return cause
     return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
-            f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers) — add 1f1b or gpipe")
+            f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers"
+            f"{' + 2' if get_framework(job.framework).edge_chunks else ''}) — add 1f1b or gpipe")
 
 
 def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str:
@@ -361,9 +362,14 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             return (f"--cp {','.join(map(str, space.cp))}: cp must divide the GPUs left by tp*pp ({gpus} GPUs), cut each "
                     f"sequence into 2*cp equal chunks (--seq-len {seq}) and leave a dp that divides the global batch — "
                     f"possible here: {', '.join(map(str, [1, *possible]))}")
+    tps = ', '.join(sorted({str(t) for t, _ in pairs}, key=int))
+    if all(t > 1 and not _sp_options(job, fw, t, 1, space) for t, _ in pairs) and space.sequence_parallel == (True,):
+        why = (f"--framework {fw.name} has no sequence parallelism" if fw.sequence_parallel == "never" else
+               f"it splits each sequence over tp, but --seq-len {seq} is not divisible by tp {tps}")
+        return f"--sequence-parallel: {why} — drop --sequence-parallel, or allow tp 1"
     if all(t > 1 and not _sp_options(job, fw, t, 1) for t, _ in pairs):
         return (f"{_sp_required(job, fw)}, which splits each sequence over tp, but --seq-len {seq} is not divisible by "
-                f"tp {', '.join(sorted({str(t) for t, _ in pairs}, key=int))} — use a multiple of tp, or allow tp 1")
+                f"tp {tps} — use a multiple of tp, or allow tp 1")
     if all(t > 1 for t, _ in pairs) and not fw.tensor_parallel:
         return f"--framework {fw.name} has no tensor parallelism — allow tp 1, or pick another --framework"
     if all(p > 1 for _, p in pairs) and not fw.schedules:
