@@ -336,6 +336,23 @@ def test_nemo_interleaves_a_pipeline_unless_a_schedule_is_named(capsys):
     assert json.loads(out)["step_time_s"] == unnamed["step_time_s"]
 
 
+def test_an_unnamed_depth_keeps_the_recomputed_layers_a_chunk_holds(capsys):
+    # --recompute-layers N recomputes the first N layers of each chunk, and a chunk holding fewer is refused when
+    # named. Llama 3 8B's 32 layers on pp 2: one chunk per rank holds 16 layers, v chunks hold at most
+    # ceil(34 / 2v) (nemo gives the embedding and the loss a slot each), 9 at v = 2, so N = 16 leaves only plain
+    # 1F1B; and whatever estimate fills in, named again, is the same answer.
+    llama = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256",
+             "--seq-len", "4096", "--tp", "2", "--pp", "2", "--micro-batch", "1", "--framework", "nemo", "--json"]
+    code, out, err = run_cli(capsys, "estimate", *llama, "--recompute-layers", "16")
+    assert code == 0, err
+    filled = json.loads(out)
+    assert (filled["schedule"], filled["vpp"], filled["recompute_layers"]) == ("1f1b", 1, 16)
+    code, out, err = run_cli(capsys, "estimate", *llama, "--recompute-layers", "16", "--schedule", filled["schedule"],
+                             "--vpp", str(filled["vpp"]))
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == filled["step_time_s"]
+
+
 def test_deepspeed_2021_22_recomputes_whole_layers_unless_selective_is_named(capsys):
     # The Megatron-DeepSpeed of the 2021-22 runs (bigscience-workshop/Megatron-DeepSpeed megatron/arguments.py) has
     # only --checkpoint-activations and --checkpoint-num-layers: whole layers, no selective recompute (Megatron-LM

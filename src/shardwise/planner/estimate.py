@@ -206,6 +206,10 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
     fw, own = get_framework(job.framework), [(lay.schedule, lay.vpp)]
     most = max_chunks(job.model.num_layers, fw.edge_chunks)
     deep = [("interleaved-1f1b", v) for v in range(2, most // lay.pp + 1)] if lay.pp > 1 else []
+    # --recompute-layers N counts the first N layers of each chunk: a depth whose chunks all hold fewer is refused
+    # when named (specs.check_recompute_layers), so it is not weighed either
+    n = lay.recompute_layers
+    deep = [(k, v) for k, v in deep if n is None or n <= max_chunk_layers(job.model, lay.pp, v, job.train.seq_len)]
     if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.vpp == 1:
         return deep or own
     if ({"vpp", "schedule"} & set(named) or not fw.interleave_unnamed or lay.schedule != "1f1b"
