@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from shardwise.hf_architectures import PLANNER_ONLY
 from shardwise.moe import MoE
 from shardwise.specs import ModelSpec
 
@@ -232,7 +233,11 @@ class Transformer(nn.Module):
 
 def unsupported(spec: ModelSpec) -> str | None:
     """What of `spec` this model does not implement (the planner still counts it exactly), or None."""
+    if spec.model_type in PLANNER_ONLY:  # norms, positions, biases or blocks of its own (hf_architectures)
+        return f"{spec.model_type}'s blocks"
     features = []
+    if spec.family == "llama" and (spec.attention_bias or spec.ffn_bias):
+        features.append("attention or MLP biases (attention_bias, mlp_bias)")
     if spec.attention == "mla":
         features.append("multi-head latent attention (MLA)")
     if spec.qk_norm:

@@ -8,7 +8,6 @@ names the problem and the fix. `shardwise.specs` re-exports what callers use (lo
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -17,6 +16,8 @@ from pathlib import Path
 
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
+from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
+from shardwise.hf_keys import MAX_LAYERS, count, dropout, flag, mlp_of_act, optional, require
 
 
 @cached_hash
@@ -64,7 +65,7 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    qk_norm: str = ""  # a norm on q and k: "head" (Qwen3: over head_dim) or "full" (OLMo 2: over all heads)
     qkv_bias: bool = False  # Qwen2: biases on q, k, v
     # The MLP where it is not the family's own (llama SwiGLU, gpt2 GELU), counted by the planner: "swiglu", "geglu"
     # (gated: three matrices) or "gelu", "relu", "squared-relu" (two: Nemotron-4's squared ReLU with Llama-style
@@ -73,6 +74,16 @@ class ModelSpec:
     # Whether training applies dropout (and keeps its masks for backward); None: the family's recipes (GPT-2 yes,
     # Llama no). HF configs say it (resid_pdrop / hidden_dropout); MosaicML's MPT recipes set it to 0.
     dropout: bool | None = None
+    # Where an architecture differs from its family's blocks in what it holds (None or "": the family's own; see
+    # hf_architectures for which architecture sets which). Biases on the attention's four matrices and on the MLP's.
+    attn_bias: bool | None = None
+    mlp_bias: bool | None = None
+    head_bias: bool = False  # GPT-J's LM head has a bias
+    norm: str = ""  # "layernorm" (weight and bias), "layernorm-nobias" (MPT), "rmsnorm", "nonparametric" (OLMo)
+    layer_norms: int = 2  # norms per layer: 1 where attention and MLP share one (GPT-J, Falcon-7B), 4 in Gemma 2
+    embed_norm: bool = False  # BLOOM's LayerNorm right after the embedding
+    positions: str = ""  # "learned" (a table), "rotary", "alibi" or "none" (the last three hold no parameters)
+    position_offset: int = 0  # OPT's learned table has 2 rows more than max_position_embeddings
 
     @property
     def gated_mlp(self) -> bool:
@@ -83,12 +94,35 @@ class ModelSpec:
         return self.family == "gpt2" if self.dropout is None else self.dropout
 
     @property
+    def attention_bias(self) -> bool:
+        """Biases on Q, K, V and the output projection."""
+        return self.family == "gpt2" if self.attn_bias is None else self.attn_bias
+
+    @property
+    def ffn_bias(self) -> bool:
+        return self.family == "gpt2" if self.mlp_bias is None else self.mlp_bias
+
+    @property
     def has_bias(self) -> bool:
-        return self.family == "gpt2"
+        """Biases on every linear layer of a block (GPT-2's blocks; the runtime builds both or neither)."""
+        return self.attention_bias and self.ffn_bias
+
+    @property
+    def norm_kind(self) -> str:
+        return self.norm or ("layernorm" if self.family == "gpt2" else "rmsnorm")
+
+    @property
+    def norm_vectors(self) -> int:
+        """Parameter vectors of width hidden in one norm: LayerNorm's weight and bias, RMSNorm's weight."""
+        return NORM_VECTORS[self.norm_kind]
 
     @property
     def learned_positions(self) -> bool:
-        return self.family == "gpt2"
+        return self.positions == "learned" if self.positions else self.family == "gpt2"
+
+    @property
+    def rotary(self) -> bool:
+        return self.positions == "rotary" if self.positions else self.family == "llama"
 
     @property
     def q_dim(self) -> int:
@@ -129,15 +163,22 @@ class ModelSpec:
                 + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + heads * self.v_head_dim * h
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        if self.has_bias:
+        if self.attention_bias:
             attn += self.q_dim + 2 * self.kv_dim + h
         elif self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        return attn + (2 * self.head_dim if self.qk_norm else 0)
+        return attn + self.qk_norm_params()
+
+    def qk_norm_params(self) -> int:
+        """Qwen3 norms q and k per head (one head_dim weight each), OLMo 2 over all heads (q_dim and kv_dim)."""
+        if self.qk_norm == "full":
+            return self.q_dim + self.kv_dim
+        return 2 * self.head_dim if self.qk_norm else 0
 
     def dense_ffn_params(self, width: int | None = None) -> int:
         f = self.ffn_hidden if width is None else width
-        return (3 if self.gated_mlp else 2) * self.hidden * f + ((f + self.hidden) if self.has_bias else 0)
+        bias = ((2 if self.gated_mlp else 1) * f + self.hidden) if self.ffn_bias else 0
+        return (3 if self.gated_mlp else 2) * self.hidden * f + bias
 
     def expert_params(self) -> int:
         """One routed expert (a SwiGLU of width moe_ffn_hidden)."""
@@ -161,7 +202,7 @@ class ModelSpec:
         return {}
 
     def _layer_params(self, layer: int, active: bool) -> int:
-        norms = 2 * self.hidden * (2 if self.family == "gpt2" else 1)  # LayerNorm has a bias
+        norms = self.layer_norms * self.norm_vectors * self.hidden
         if self.is_moe_layer(layer):
             experts = self.experts_per_token if active else self.num_experts
             ffn = experts * self.expert_params() + self.moe_dense_params()
@@ -180,13 +221,14 @@ class ModelSpec:
         return _layer_sum(self, False) / self.num_layers
 
     def embedding_params(self) -> int:
-        pos = self.max_positions * self.hidden if self.learned_positions else 0
-        return self.vocab_size * self.hidden + pos
+        pos = (self.max_positions + self.position_offset) * self.hidden if self.learned_positions else 0
+        return self.vocab_size * self.hidden + pos + (self.norm_vectors * self.hidden if self.embed_norm else 0)
 
     def head_params(self) -> int:
-        """Final norm plus the LM head (zero extra when tied to the embedding)."""
-        final_norm = self.hidden * (2 if self.family == "gpt2" else 1)
-        return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden)
+        """Final norm plus the LM head (zero extra when tied to the embedding) and its bias (GPT-J)."""
+        final_norm = self.hidden * self.norm_vectors
+        return final_norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden) + (
+            self.vocab_size if self.head_bias else 0)
 
     def num_params(self) -> int:
         return _layer_sum(self, False) + self.embedding_params() + self.head_params()
@@ -196,7 +238,10 @@ class ModelSpec:
         return _layer_sum(self, True) + self.embedding_params() + self.head_params()
 
     def to_hf_config(self) -> dict:
-        """An HF-style config.json for this spec (round-trips through load_model)."""
+        """An HF-style config.json for this spec (round-trips through load_model): Llama's or GPT-2's keys, so
+        not for an architecture read from keys of its own (hf_architectures.READERS, StarCoder2's use_bias)."""
+        if self.model_type in READERS or self.model_type == "starcoder2":
+            raise ValueError(f"no config.json writer for model_type {self.model_type}: give its own config.json")
         if self.family == "gpt2":
             return {
                 "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
@@ -239,52 +284,21 @@ def model_presets() -> list[str]:
 
 # Hugging Face `model_type` -> the family shardwise models it as: parameters, memory, time and the runtime's
 # model all follow that family. A config of any other model_type is refused by name (it would be modelled
-# wrongly). Add an architecture here, in this one place, once it is modelled; a config without model_type
-# is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
+# wrongly). Add an architecture here and its reader in hf_architectures once it is modelled; a config without
+# model_type is read by its keys (Llama's hidden_size..., GPT-2's n_embd...).
 # MLP names (ModelSpec.mlp): swiglu and geglu are gated (three matrices); gelu, relu and squared-relu are not.
 GATED_MLPS = ("swiglu", "geglu")
-# Hugging Face hidden_act of a non-gated MLP (Nemotron's "relu2" is squared ReLU) and back.
-MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}
+NORM_VECTORS = {"layernorm": 2, "layernorm-nobias": 1, "rmsnorm": 1, "nonparametric": 0}
+# ModelSpec.mlp of a non-gated MLP -> a Hugging Face hidden_act (hf_keys.MLP_OF_ACT reads them).
 ACT_OF_MLP = {"squared-relu": "relu2", "relu": "relu", "gelu": "gelu"}
 MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
                # Nemotron-4: Llama-style blocks with a non-gated squared-ReLU MLP (counted by the planner, not trained)
                "nemotron": "llama",
                # mixtures of experts with Llama-style blocks (DeepSeek's MLA attention is counted, not trained)
-               "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama"}
-MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pipeline splits, virtual stages)
-MAX_DIM = 2**31  # any width, head count or vocabulary
-
-
-def _require(cfg: dict, key: str, source: str, limit: int = MAX_DIM):
-    if key not in cfg:
-        raise UsageError(f"{source}: missing key '{key}' — add it to the config (see the Hugging Face config of the model)")
-    value = cfg[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UsageError(f"{source}: key '{key}' must be a positive integer, got {value!r}")
-    if value > limit:
-        raise UsageError(f"{source}: key '{key}' is {value:,}, above the {limit:,} shardwise accepts — check the config")
-    return value
-
-
-def _optional(cfg: dict, key: str, default, source: str):
-    """An optional key: absent or null gives `default`; else an integer (int default) or a number (float
-    default) that is positive and finite."""
-    value = cfg.get(key)
-    if value is None:
-        return default
-    kind = type(default)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok or (kind is int and value != int(value)) or value > MAX_DIM:
-        what = "a positive integer" if kind is int else "a positive number"
-        raise UsageError(f"{source}: key '{key}' must be {what}, got {value!r} — fix it or leave it out")
-    return kind(value)
-
-
-def _flag(cfg: dict, key: str, source: str, default: bool = False) -> bool:
-    value = cfg.get(key, default)
-    if not isinstance(value, bool) and value is not None:
-        raise UsageError(f"{source}: key '{key}' must be true or false, got {value!r}")
-    return default if value is None else value
+               "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama",
+               # architectures with keys of their own, modelled with GPT-2-style blocks (hf_architectures.READERS) and
+               # with Llama's keys (hf_architectures.LLAMA_VARIANTS): counted by the planner, not trained
+               **dict.fromkeys(READERS, "gpt2"), **dict.fromkeys(LLAMA_VARIANTS, "llama")}
 
 
 def model_family(cfg: dict, source: str) -> str:
@@ -305,74 +319,72 @@ def model_family(cfg: dict, source: str) -> str:
 
 
 def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config dict (Llama- or GPT-2-family keys)."""
+    """Build a ModelSpec from a Hugging Face config dict: Llama- or GPT-2-family keys, or an architecture's own
+    (hf_architectures.READERS)."""
     if not isinstance(cfg, dict):
         raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__}")
     family = model_family(cfg, source)
-    if family == "gpt2":
-        hidden = _require(cfg, "n_embd", source)
-        heads = _require(cfg, "n_head", source)
-        spec = ModelSpec(
-            name=name, family="gpt2", hidden=hidden, ffn_hidden=_optional(cfg, "n_inner", 4 * hidden, source),
-            num_layers=_require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
-            vocab_size=_require(cfg, "vocab_size", source), head_dim=hidden // heads,
-            max_positions=_require(cfg, "n_positions", source),
-            # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
-            # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
-            tie_embeddings=_flag(cfg, "tie_word_embeddings", source, default=True),
-            norm_eps=_optional(cfg, "layer_norm_epsilon", 1e-5, source),
-            dropout=_dropout(cfg, ("resid_pdrop", "attn_pdrop", "embd_pdrop"), source, default=0.1),
-        )
+    model_type = str(cfg.get("model_type") or "")
+    if model_type in READERS:
+        spec = ModelSpec(name=name, model_type=model_type, **READERS[model_type](cfg, source))
+    elif family == "gpt2":
+        spec = _gpt2_spec(cfg, name, source)
     else:
-        hidden = _require(cfg, "hidden_size", source)
-        heads = _require(cfg, "num_attention_heads", source)
-        ffn = _require(cfg, "intermediate_size", source)
-        layers = _require(cfg, "num_hidden_layers", source, MAX_LAYERS)
-        model_type = str(cfg.get("model_type", ""))
-        attention = _attention_from_hf(cfg, source, model_type)
-        head_dim = attention.pop("head_dim", 0) or _optional(cfg, "head_dim", max(1, hidden // heads), source)
-        spec = ModelSpec(
-            name=name, family="llama", hidden=hidden, ffn_hidden=ffn, num_layers=layers, num_heads=heads,
-            num_kv_heads=_optional(cfg, "num_key_value_heads", heads, source),
-            vocab_size=_require(cfg, "vocab_size", source), head_dim=head_dim,
-            max_positions=_optional(cfg, "max_position_embeddings", 2048, source),
-            tie_embeddings=_flag(cfg, "tie_word_embeddings", source),
-            norm_eps=_optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=_optional(cfg, "rope_theta", _rope_theta(cfg), source),
-            model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
-            dropout=_dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
-            **_moe_from_hf(cfg, source, layers, model_type), **attention,
-        )
+        spec = _llama_spec(cfg, name, source, model_type)
     if spec.num_heads % spec.num_kv_heads:
-        raise UsageError(f"{source}: num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads {spec.num_kv_heads}")
+        raise UsageError(f"{source}: {spec.num_heads} attention heads are not a multiple of the {spec.num_kv_heads} "
+                         "key/value heads (num_key_value_heads) — fix the config")
     if spec.family == "gpt2" and spec.hidden % spec.num_heads:
-        raise UsageError(f"{source}: n_embd {spec.hidden} is not divisible by n_head {spec.num_heads}")
+        raise UsageError(f"{source}: the hidden size {spec.hidden} (n_embd) is not divisible by the "
+                         f"{spec.num_heads} heads (n_head) — fix the config")
     return spec
+
+
+def _gpt2_spec(cfg: dict, name: str, source: str) -> ModelSpec:
+    hidden = require(cfg, "n_embd", source)
+    heads = require(cfg, "n_head", source)
+    return ModelSpec(
+        name=name, family="gpt2", hidden=hidden, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
+        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
+        vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
+        max_positions=require(cfg, "n_positions", source),
+        # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
+        # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source, default=True),
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source),
+        dropout=dropout(cfg, ("resid_pdrop", "attn_pdrop", "embd_pdrop"), source, default=0.1),
+    )
+
+
+def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec:
+    """Llama's keys (and MoE, MLA, Nemotron's), then what a Llama-keyed architecture changes
+    (hf_architectures.LLAMA_VARIANTS: Gemma's GeGLU, OLMo's norms, ...)."""
+    hidden = require(cfg, "hidden_size", source)
+    heads = require(cfg, "num_attention_heads", source)
+    ffn = require(cfg, "intermediate_size", source)
+    layers = require(cfg, "num_hidden_layers", source, MAX_LAYERS)
+    attention = _attention_from_hf(cfg, source, model_type)
+    head_dim = attention.pop("head_dim", 0) or optional(cfg, "head_dim", max(1, hidden // heads), source)
+    fields = dict(
+        name=name, family="llama", hidden=hidden, ffn_hidden=ffn,
+        num_layers=layers, num_heads=heads, num_kv_heads=optional(cfg, "num_key_value_heads", heads, source),
+        vocab_size=require(cfg, "vocab_size", source), head_dim=head_dim,
+        max_positions=optional(cfg, "max_position_embeddings", 2048, source),
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source),
+        norm_eps=optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=optional(cfg, "rope_theta", _rope_theta(cfg), source),
+        model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
+        dropout=dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
+        # LlamaConfig's attention_bias (q, k, v, o) and mlp_bias (gate, up, down); None when off, the family's own
+        attn_bias=flag(cfg, "attention_bias", source) or None, mlp_bias=flag(cfg, "mlp_bias", source) or None,
+        **_moe_from_hf(cfg, source, layers, model_type), **attention,
+    )
+    variant = LLAMA_VARIANTS.get(model_type)
+    return ModelSpec(**(fields | (variant(cfg, source) if variant else {})))
 
 
 def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
     """ModelSpec.mlp of a Llama-family config: '' (SwiGLU) except Nemotron's non-gated MLP (hidden_act)."""
-    if model_type != "nemotron":
-        return ""
-    act = cfg.get("hidden_act", "relu2")
-    if act not in MLP_OF_ACT:
-        raise UsageError(f"{source}: hidden_act {act!r} is not an activation shardwise counts for a non-gated MLP — "
-                         f"use one of {', '.join(MLP_OF_ACT)}")
-    return MLP_OF_ACT[act]
-
-
-def _dropout(cfg: dict, keys: tuple[str, ...], source: str, default: float) -> bool | None:
-    """Whether the config trains with dropout: any of `keys` above 0 (absent keys count as Hugging Face's `default`);
-    None when the answer is the family's own (GPT-2 with dropout, Llama without)."""
-    values = []
-    for key in keys:
-        value = cfg.get(key, default)
-        if value is None:
-            value = 0.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise UsageError(f"{source}: key '{key}' must be a probability in [0, 1), got {value!r}")
-        values.append(value)
-    on = any(v > 0 for v in values)
-    return None if on == (default > 0) else on
+    return mlp_of_act(cfg, "hidden_act", "relu2", source) if model_type == "nemotron" else ""
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
@@ -385,15 +397,15 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
     if key is None:
         return {}
-    experts = _require(cfg, key, source)
-    top_k = _require(cfg, "num_experts_per_tok", source)
+    experts = require(cfg, key, source)
+    top_k = require(cfg, "num_experts_per_tok", source)
     if top_k > experts:
         raise UsageError(f"{source}: num_experts_per_tok {top_k} exceeds the {experts} experts ({key}) — "
                          f"route each token to at most {experts} experts")
-    width = _optional(cfg, "moe_intermediate_size", 0, source) or _require(cfg, "intermediate_size", source)
-    shared = _count(cfg, "shared_expert_intermediate_size", source) or _count(cfg, "n_shared_experts", source) * width
-    first_dense = _count(cfg, "first_k_dense_replace", source)
-    every, step = _optional(cfg, "moe_layer_freq", 1, source), _optional(cfg, "decoder_sparse_step", 1, source)
+    width = optional(cfg, "moe_intermediate_size", 0, source) or require(cfg, "intermediate_size", source)
+    shared = count(cfg, "shared_expert_intermediate_size", source) or count(cfg, "n_shared_experts", source) * width
+    first_dense = count(cfg, "first_k_dense_replace", source)
+    every, step = optional(cfg, "moe_layer_freq", 1, source), optional(cfg, "decoder_sparse_step", 1, source)
     dense_only = cfg.get("mlp_only_layers") or []
     if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
         raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
@@ -412,8 +424,8 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     return {"num_experts": experts, "experts_per_token": top_k, "moe_ffn_hidden": width, "shared_ffn_hidden": shared,
             "shared_expert_gate": bool(cfg.get("shared_expert_intermediate_size")), "moe_layers": moe_layers,
             "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
-            "aux_loss_coef": float(coef or 0.0), "router_groups": _optional(cfg, "n_group", 1, source),
-            "router_topk_groups": _optional(cfg, "topk_group", 1, source)}
+            "aux_loss_coef": float(coef or 0.0), "router_groups": optional(cfg, "n_group", 1, source),
+            "router_topk_groups": optional(cfg, "topk_group", 1, source)}
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -423,22 +435,14 @@ def _rope_theta(cfg: dict) -> float:
     return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0 else 10000.0
 
 
-def _count(cfg: dict, key: str, source: str) -> int:
-    """A non-negative integer key (absent or null: 0)."""
-    value = cfg.get(key) or 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_DIM:
-        raise UsageError(f"{source}: key '{key}' must be a non-negative integer, got {value!r}")
-    return value
-
-
 def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
     """Attention variants beyond plain GQA: DeepSeek's MLA (kv_lora_rank), Qwen3's QK-norm, Qwen2's q/k/v biases."""
-    out = {"qk_norm": model_type in ("qwen3", "qwen3_moe"),
+    out = {"qk_norm": "head" if model_type in ("qwen3", "qwen3_moe") else "",
            "qkv_bias": bool(cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))}
     if cfg.get("kv_lora_rank"):
-        out.update(attention="mla", q_lora_rank=_count(cfg, "q_lora_rank", source), kv_lora_rank=_require(cfg, "kv_lora_rank", source),
-                   qk_nope_head_dim=_require(cfg, "qk_nope_head_dim", source),
-                   qk_rope_head_dim=_require(cfg, "qk_rope_head_dim", source), v_head_dim=_require(cfg, "v_head_dim", source))
+        out.update(attention="mla", q_lora_rank=count(cfg, "q_lora_rank", source), kv_lora_rank=require(cfg, "kv_lora_rank", source),
+                   qk_nope_head_dim=require(cfg, "qk_nope_head_dim", source),
+                   qk_rope_head_dim=require(cfg, "qk_rope_head_dim", source), v_head_dim=require(cfg, "v_head_dim", source))
         out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # what q and k carry per head
     return out
 
@@ -472,7 +476,8 @@ def attention_hf_keys(spec: ModelSpec) -> dict:
         return {"q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
                 "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
                 "v_head_dim": spec.v_head_dim}
-    return {"qkv_bias": True} if spec.qkv_bias else {}
+    biases = {"attention_bias": spec.attn_bias, "mlp_bias": spec.mlp_bias}  # LlamaConfig's keys, where set
+    return {k: v for k, v in biases.items() if v is not None} | ({"qkv_bias": True} if spec.qkv_bias else {})
 
 
 def read_json_file(path: Path, source: str, fix: str):

@@ -180,7 +180,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
-                                              tp, sp, model.gated_mlp, model.family == "llama", e,
+                                              tp, sp, model.gated_mlp, model.rotary, e,
                                               fw.fused_elementwise, model.family, fw.glu_bytes)
         if moe_layer:  # the routed tokens' permutation and its inverse
             perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)

@@ -391,7 +391,7 @@ def layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one layer on one TP rank (mean over layers): the matrices (and column-parallel biases)
     split over tp; the norms, the row-parallel biases (added after the sum) and a MoE layer's router
     replicated, as the runtime keeps them. Routed experts are not in it (`rank_expert_params`)."""
-    replicated = 2 * model.hidden * (2 if model.family == "gpt2" else 1) + (2 * model.hidden if model.has_bias else 0)
+    replicated = model.hidden * (model.layer_norms * model.norm_vectors + model.attention_bias + model.ffn_bias)
     replicated += len(model.moe_layers) * model.num_experts * model.hidden / model.num_layers  # routers
     return (model.params_per_layer() - model.expert_params_per_layer() - replicated) / tp + replicated
 

@@ -296,7 +296,9 @@ def layer_tensors(model: ModelSpec, tp: int) -> list[float]:
     (Q, K, V, output projection, the MLP's two or three matrices, biases, the norms' weights and biases)."""
     h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
     mats = [h * q / tp, h * kv / tp, h * kv / tp, q / tp * h] + [h * f / tp] * (3 if model.gated_mlp else 2)
-    out = mats + [h] * (2 if model.family != "gpt2" else 4)  # norm weights (and LayerNorm biases)
-    if model.has_bias:
-        out += [q / tp, kv / tp, kv / tp, h] + ([f / tp, h] if not model.gated_mlp else [f / tp, f / tp, h])
+    out = mats + [h] * (model.layer_norms * model.norm_vectors)  # norm weights (and LayerNorm biases)
+    if model.attention_bias:
+        out += [q / tp, kv / tp, kv / tp, h]
+    if model.ffn_bias:
+        out += [f / tp, h] if not model.gated_mlp else [f / tp, f / tp, h]
     return out

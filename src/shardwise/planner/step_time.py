@@ -267,12 +267,13 @@ def pipe_regather_time(job: Job, layout: Layout, rank: int, tokens: int) -> tupl
 def param_tensors(job: Job, layout: Layout, rank: int) -> int:
     """Parameter tensors on one GPU of pipeline rank `rank` (what per-tensor collectives count)."""
     model = job.model
-    per_layer = 2 * (2 if model.family == "gpt2" else 1) + (4 + (3 if model.gated_mlp else 2)) * (2 if model.has_bias else 1)
+    mlp = 3 if model.gated_mlp else 2
+    per_layer = model.layer_norms * model.norm_vectors + (4 * (1 + model.attention_bias) + mlp * (1 + model.ffn_bias))
     n = rank_layers(job, layout, rank) * per_layer
     if rank == 0:
-        n += 1 + (1 if model.learned_positions else 0)
+        n += 1 + model.learned_positions + model.embed_norm * model.norm_vectors
     if rank == layout.pp - 1:
-        n += (2 if model.family == "gpt2" else 1) + (0 if model.tie_embeddings and layout.pp == 1 else 1)
+        n += model.norm_vectors + (0 if model.tie_embeddings and layout.pp == 1 else 1) + model.head_bias
     return n
 
 

@@ -1,0 +1,191 @@
+"""The Hugging Face architectures beyond Llama and GPT-2, each read from its own config.json keys (names and defaults
+as transformers' configuration_*.py spell them; what each holds as its modeling_*.py builds it) into ModelSpec's terms.
+
+`READERS`: architectures with keys of their own (OPT, BLOOM, MPT, GPT-NeoX, Falcon, GPT-J, StarCoder), modelled with
+GPT-2-family blocks (LayerNorm, a two-matrix MLP). `LLAMA_VARIANTS`: architectures with Llama's keys (Mistral, Qwen2,
+Qwen3, Gemma, OLMo, Phi-3, StarCoder2), read by model_spec's Llama reader and then changed where they differ.
+
+What the planner counts is what changes parameters, FLOPs or memory: biases, a learned position table, an untied head,
+multi-query K/V heads, the MLP's kind and width, the norms. What it does not model changes neither materially:
+ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
+(GPT-NeoX's rotary_pct, GPT-J's rotary_dim), parallel attention+MLP blocks (the same matrices and FLOPs, only the
+order of the residual adds differs), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
+scale and logit soft-capping, OLMo's clip_qkv. Sliding-window attention (Mistral, Gemma 2's local layers) is counted
+as full causal attention: exact while --seq-len is at most the window, an over-count of attention beyond it.
+None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
+"""
+
+from __future__ import annotations
+
+from shardwise.errors import UsageError
+from shardwise.hf_keys import MAX_LAYERS, dropout_on, flag, mlp_of_act, optional, require, require_any
+
+
+def _gpt2_blocks(hidden: int, heads: int, **fields) -> dict:
+    """ModelSpec fields of a GPT-2-family model (LayerNorm, biases everywhere unless `fields` say otherwise)."""
+    return {"family": "gpt2", "hidden": hidden, "num_heads": heads, "num_kv_heads": heads,
+            "head_dim": hidden // heads} | fields
+
+
+def opt(cfg: dict, source: str) -> dict:
+    """OPT (facebook/opt-*, metaseq): learned positions with 2 rows more than max_position_embeddings
+    (OPTLearnedPositionalEmbedding's offset), ReLU MLP of width ffn_dim, biases (enable_bias), tied head."""
+    hidden, heads = require(cfg, "hidden_size", source), require(cfg, "num_attention_heads", source)
+    proj = optional(cfg, "word_embed_proj_dim", hidden, source)
+    if proj != hidden or not flag(cfg, "do_layer_norm_before", source, True):
+        raise UsageError(f"{source}: OPT with word_embed_proj_dim {proj} != hidden_size {hidden} or post-LayerNorm "
+                         "blocks (OPT-350m) has projections shardwise does not count — use another OPT size")
+    bias = flag(cfg, "enable_bias", source, True)
+    return _gpt2_blocks(
+        hidden, heads, ffn_hidden=require(cfg, "ffn_dim", source),
+        num_layers=require(cfg, "num_hidden_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        max_positions=optional(cfg, "max_position_embeddings", 2048, source), position_offset=2,
+        positions="learned", tie_embeddings=flag(cfg, "tie_word_embeddings", source, True), attn_bias=bias,
+        mlp_bias=bias, norm="layernorm" if flag(cfg, "layer_norm_elementwise_affine", source, True) else "nonparametric",
+        mlp=mlp_of_act(cfg, "activation_function", "relu", source),
+        dropout=dropout_on(cfg, {"dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}, source))
+
+
+def bloom(cfg: dict, source: str) -> dict:
+    """BLOOM (bigscience/bloom*): ALiBi (no position table), a LayerNorm after the embedding, GELU MLP of width
+    4 * hidden (BloomMLP's fixed dense_h_to_4h), biases everywhere, tied head. Old configs spell n_embed,
+    num_attention_heads; new ones hidden_size, n_head (BloomConfig's attribute_map)."""
+    hidden = require_any(cfg, ("n_embed", "hidden_size"), source)
+    heads = require_any(cfg, ("n_head", "num_attention_heads"), source)
+    return _gpt2_blocks(
+        hidden, heads, ffn_hidden=4 * hidden,
+        num_layers=require_any(cfg, ("n_layer", "num_hidden_layers"), source, MAX_LAYERS),
+        vocab_size=require(cfg, "vocab_size", source),
+        # ALiBi has no position limit; seq_length is the length it was trained at (the checks' bound)
+        max_positions=optional(cfg, "seq_length", 2048, source), positions="alibi", embed_norm=True,
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source, True),
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source), mlp="gelu",
+        dropout=dropout_on(cfg, {"hidden_dropout": 0.0, "attention_dropout": 0.0}, source))
+
+
+def mpt(cfg: dict, source: str) -> dict:
+    """MPT (mosaicml/mpt-*, llm-foundry): ALiBi, GELU MLP of width expansion_ratio * d_model (transformers' port fixes
+    it at 4), tied head, and with no_bias (its default) neither linear biases nor LayerNorm biases (llm-foundry's
+    norms take bias=not no_bias; transformers' MptBlock drops the norms' biases as well)."""
+    attn = cfg.get("attn_config") or {}
+    if not isinstance(attn, dict):
+        raise UsageError(f"{source}: key 'attn_config' must be an object, got {attn!r}")
+    ffn = cfg.get("ffn_config") or {}
+    if not isinstance(ffn, dict) or ffn.get("ffn_type", "mptmlp") != "mptmlp":
+        raise UsageError(f"{source}: ffn_config {ffn!r} is not MPT's GELU MLP (ffn_type mptmlp), the one shardwise counts")
+    hidden, heads = require(cfg, "d_model", source), require(cfg, "n_heads", source)
+    kind = attn.get("attn_type", "multihead_attention")
+    kv = {"multiquery_attention": 1, "grouped_query_attention": optional(attn, "kv_n_heads", heads, source)}.get(kind, heads)
+    no_bias = flag(cfg, "no_bias", source, True)
+    alibi = flag(attn, "alibi", source, True)
+    return _gpt2_blocks(
+        hidden, heads, ffn_hidden=optional(cfg, "expansion_ratio", 4, source) * hidden,
+        num_layers=require(cfg, "n_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        num_kv_heads=kv,
+        max_positions=optional(cfg, "max_seq_len", 2048, source),
+        positions="alibi" if alibi else ("learned" if flag(cfg, "learned_pos_emb", source, True) else "none"),
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source, True), attn_bias=not no_bias, mlp_bias=not no_bias,
+        norm="layernorm-nobias" if no_bias else "layernorm", qk_norm="full" if flag(attn, "qk_ln", source) else "",
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source), mlp="gelu",
+        dropout=dropout_on(cfg, {"resid_pdrop": 0.0, "emb_pdrop": 0.0}, source) or dropout_on(
+            attn, {"attn_pdrop": 0.0}, source))
+
+
+def gpt_neox(cfg: dict, source: str) -> dict:
+    """GPT-NeoX / Pythia (EleutherAI/gpt-neox-20b, pythia-*): rotary on rotary_pct of each head, parallel residual,
+    biases (attention_bias, default true; the MLP's always), an untied head (embed_out) by default."""
+    hidden, heads = require(cfg, "hidden_size", source), require(cfg, "num_attention_heads", source)
+    return _gpt2_blocks(
+        hidden, heads, ffn_hidden=require(cfg, "intermediate_size", source),
+        num_layers=require(cfg, "num_hidden_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        max_positions=optional(cfg, "max_position_embeddings", 2048, source), positions="rotary",
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source), attn_bias=flag(cfg, "attention_bias", source, True),
+        norm_eps=optional(cfg, "layer_norm_eps", 1e-5, source), mlp=mlp_of_act(cfg, "hidden_act", "gelu", source),
+        dropout=dropout_on(cfg, {"hidden_dropout": 0.0, "attention_dropout": 0.0}, source))
+
+
+def falcon(cfg: dict, source: str) -> dict:
+    """Falcon (tiiuae/falcon-*): rotary (or ALiBi), no biases by default (bias), tied head, GELU MLP of width
+    ffn_hidden_size (4 * hidden). K/V heads: num_kv_heads with new_decoder_architecture (40B, 180B), else 1 with
+    multi_query (7B), else all. Norms per block: two unless parallel_attn shares one (num_ln_in_parallel_attn,
+    2 for the new architecture), as FalconDecoderLayer builds them."""
+    hidden = require_any(cfg, ("n_embed", "hidden_size"), source)
+    heads = require(cfg, "num_attention_heads", source)
+    new = flag(cfg, "new_decoder_architecture", source)
+    kv = optional(cfg, "num_kv_heads", heads, source) if new or not flag(cfg, "multi_query", source, True) else 1
+    parallel = flag(cfg, "parallel_attn", source, True)
+    norms = optional(cfg, "num_ln_in_parallel_attn", 2 if new else 1, source) if parallel else 2
+    bias = flag(cfg, "bias", source)
+    return _gpt2_blocks(
+        hidden, heads, num_kv_heads=kv, ffn_hidden=optional(cfg, "ffn_hidden_size", 4 * hidden, source),
+        num_layers=require(cfg, "num_hidden_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        max_positions=optional(cfg, "max_position_embeddings", 2048, source),
+        positions="alibi" if flag(cfg, "alibi", source) else "rotary", layer_norms=2 if norms == 2 else 1,
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source, True), attn_bias=bias, mlp_bias=bias,
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source), mlp=mlp_of_act(cfg, "activation", "gelu", source),
+        dropout=dropout_on(cfg, {"hidden_dropout": 0.0, "attention_dropout": 0.0}, source))
+
+
+def gptj(cfg: dict, source: str) -> dict:
+    """GPT-J (EleutherAI/gpt-j-6b): rotary on rotary_dim of each head, attention and MLP in parallel after one
+    LayerNorm (ln_1), no attention biases, MLP biases, an untied LM head with a bias."""
+    hidden, heads = require(cfg, "n_embd", source), require(cfg, "n_head", source)
+    return _gpt2_blocks(
+        hidden, heads, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
+        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        max_positions=optional(cfg, "n_positions", 2048, source), positions="rotary", layer_norms=1,
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source), attn_bias=False, mlp_bias=True, head_bias=True,
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source),
+        mlp=mlp_of_act(cfg, "activation_function", "gelu_new", source),
+        dropout=dropout_on(cfg, {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, source))
+
+
+def gpt_bigcode(cfg: dict, source: str) -> dict:
+    """StarCoder / SantaCoder (bigcode/starcoder, model_type gpt_bigcode): GPT-2's blocks with one K/V head
+    (multi_query, the default)."""
+    hidden, heads = require(cfg, "n_embd", source), require(cfg, "n_head", source)
+    return _gpt2_blocks(
+        hidden, heads, num_kv_heads=1 if flag(cfg, "multi_query", source, True) else heads,
+        ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
+        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
+        max_positions=require(cfg, "n_positions", source), positions="learned",
+        tie_embeddings=flag(cfg, "tie_word_embeddings", source, True),
+        norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source),
+        mlp=mlp_of_act(cfg, "activation_function", "gelu_pytorch_tanh", source),
+        dropout=dropout_on(cfg, {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}, source))
+
+
+READERS = {"opt": opt, "bloom": bloom, "mpt": mpt, "gpt_neox": gpt_neox, "falcon": falcon, "gptj": gptj,
+           "gpt_bigcode": gpt_bigcode}
+
+
+def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
+    """Gemma: GeGLU (gelu_pytorch_tanh, named by hidden_activation or hidden_act), head_dim 256 in its configs,
+    tied head; Gemma 2 adds a norm after attention and one after the MLP (four per block)."""
+    return {"mlp": "geglu", "layer_norms": norms, "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True)}
+
+
+# Llama-keyed architectures: what each changes of the Llama reader's spec (None: nothing). Qwen2's q/k/v biases and
+# Qwen3's per-head QK-norm are read with the MoE variants (model_spec._attention_from_hf).
+LLAMA_VARIANTS = {
+    "mistral": None,  # Llama's blocks; sliding_window attention (see the module's note)
+    "qwen2": None,
+    "qwen3": None,
+    "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each
+    "gemma": _gemma,
+    "gemma2": lambda cfg, source: _gemma(cfg, source, norms=4),
+    # OLMo: LayerNorm without weight or bias (OlmoLayerNorm); OLMo 2: RMSNorm after attention and after the MLP
+    # (none before), and RMSNorm on q and k over all heads (q_norm: num_heads * head_dim)
+    "olmo": lambda cfg, source: {"norm": "nonparametric"},
+    "olmo2": lambda cfg, source: {"qk_norm": "full"},
+    # StarCoder2: LayerNorm with bias, biases on every linear layer (use_bias), a GELU MLP, tied head
+    "starcoder2": lambda cfg, source: {
+        "norm": "layernorm", "attn_bias": flag(cfg, "use_bias", source, True),
+        "mlp_bias": flag(cfg, "use_bias", source, True), "mlp": mlp_of_act(cfg, "hidden_act", "gelu_pytorch_tanh", source),
+        "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True),
+        "norm_eps": optional(cfg, "norm_epsilon", 1e-5, source),
+        "dropout": dropout_on(cfg, {"residual_dropout": 0.0, "embedding_dropout": 0.0, "attention_dropout": 0.0}, source)},
+}
+
+# What `shardwise train` refuses by name: the runtime builds only Llama's and GPT-2's blocks.
+PLANNER_ONLY = frozenset(READERS) | frozenset(LLAMA_VARIANTS)

@@ -1,0 +1,217 @@
+"""The config.json of the architectures published training runs used (OPT, BLOOM, MPT, GPT-NeoX/Pythia, Falcon, GPT-J,
+StarCoder, Mistral, Qwen2/3, Gemma 1/2, OLMo 1/2, Phi-3, StarCoder2), read from their own keys: each real config
+(trimmed to the keys that matter, Hub repo in the comment) gives the parameter count its authors publish or that
+transformers builds, `estimate --model config.json --json` runs on it, `train` refuses it in one line, and a config
+shardwise cannot count is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.specs import load_model, model_from_hf_config
+
+# (config.json trimmed, parameters). The count is transformers' own (AutoModelForCausalLM.from_config on the meta
+# device, transformers 5.24; test_counts_equal_what_transformers_builds recomputes it where transformers is
+# installed), or the authors' where they publish an exact figure (said so).
+ARCHITECTURES = {
+    # bigscience/bloom. Model card: "176,247,271,424 parameters"
+    "bloom-176b": ({"model_type": "bloom", "hidden_size": 14336, "n_head": 112, "n_layer": 70, "vocab_size": 250880,
+                    "layer_norm_epsilon": 1e-05, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                    "apply_residual_connection_post_layernorm": False, "pretraining_tp": 4}, 176_247_271_424),
+    # facebook/opt-66b's keys at metaseq's OPT-175B sizes (OPT paper Table 1: 96 layers, 96 heads, d_model 12288)
+    "opt-175b": ({"model_type": "opt", "hidden_size": 12288, "ffn_dim": 49152, "num_hidden_layers": 96,
+                  "num_attention_heads": 96, "vocab_size": 50272, "max_position_embeddings": 2048,
+                  "word_embed_proj_dim": 12288, "do_layer_norm_before": True, "activation_function": "relu",
+                  "dropout": 0.1, "attention_dropout": 0.0, "enable_bias": True}, 174_604_468_224),
+    # mosaicml/mpt-7b. By hand: 32 x (12 x 4096^2 + 2 x 4096 norm weights, no biases) + 50432 x 4096 (tied) + 4096
+    "mpt-7b": ({"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "expansion_ratio": 4,
+                "max_seq_len": 2048, "vocab_size": 50432, "no_bias": True, "learned_pos_emb": True, "resid_pdrop": 0.0,
+                "emb_pdrop": 0.0, "attn_config": {"alibi": True, "attn_type": "multihead_attention", "attn_pdrop": 0.0,
+                                                  "qk_ln": False, "clip_qkv": None}}, 6_649_286_656),
+    # mosaicml/mpt-30b (model card: 29.95B)
+    "mpt-30b": ({"model_type": "mpt", "d_model": 7168, "n_heads": 64, "n_layers": 48, "expansion_ratio": 4,
+                 "max_seq_len": 8192, "vocab_size": 50432, "no_bias": True,
+                 "attn_config": {"alibi": True, "attn_type": "multihead_attention"}}, 29_957_200_896),
+    # EleutherAI/gpt-neox-20b. Black et al. 2022 (GPT-NeoX-20B paper): 20,554,567,680 parameters
+    "gpt-neox-20b": ({"model_type": "gpt_neox", "hidden_size": 6144, "intermediate_size": 24576,
+                      "num_attention_heads": 64, "num_hidden_layers": 44, "vocab_size": 50432,
+                      "max_position_embeddings": 2048, "rotary_pct": 0.25, "use_parallel_residual": True,
+                      "tie_word_embeddings": False, "hidden_act": "gelu", "layer_norm_eps": 1e-05}, 20_554_567_680),
+    # EleutherAI/pythia-12b. Biderman et al. 2023 (Pythia), Table 1: 11,846,072,320 parameters
+    "pythia-12b": ({"model_type": "gpt_neox", "hidden_size": 5120, "intermediate_size": 20480,
+                    "num_attention_heads": 40, "num_hidden_layers": 36, "vocab_size": 50688,
+                    "max_position_embeddings": 2048, "rotary_pct": 0.25, "tie_word_embeddings": False}, 11_846_072_320),
+    # tiiuae/falcon-40b
+    "falcon-40b": ({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_kv_heads": 8,
+                    "num_hidden_layers": 60, "vocab_size": 65024, "new_decoder_architecture": True,
+                    "parallel_attn": True, "bias": False, "alibi": False, "layer_norm_epsilon": 1e-05}, 41_303_293_952),
+    # tiiuae/falcon-180B
+    "falcon-180b": ({"model_type": "falcon", "hidden_size": 14848, "num_attention_heads": 232, "num_kv_heads": 8,
+                     "num_hidden_layers": 80, "vocab_size": 65024, "new_decoder_architecture": True,
+                     "parallel_attn": True, "bias": False, "alibi": False, "max_position_embeddings": 2048},
+                    178_557_088_768),
+    # tiiuae/falcon-7b: multi-query (one K/V head), one LayerNorm per block
+    "falcon-7b": ({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+                   "vocab_size": 65024, "multi_query": True, "parallel_attn": True, "bias": False, "alibi": False},
+                  6_921_720_704),
+    # EleutherAI/gpt-j-6b (its card's 6,053,381,344 is mesh-transformer-jax's count; transformers' GPTJForCausalLM,
+    # what the config describes, holds 6,050,882,784)
+    "gpt-j-6b": ({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "n_positions": 2048,
+                  "rotary_dim": 64, "n_inner": None, "vocab_size": 50400, "activation_function": "gelu_new",
+                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False},
+                 6_050_882_784),
+    # bigcode/starcoder (model_type gpt_bigcode; model card: 15.5B)
+    "starcoder": ({"model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48, "n_layer": 40, "n_inner": 24576,
+                   "n_positions": 8192, "vocab_size": 49152, "multi_query": True,
+                   "activation_function": "gelu_pytorch_tanh"}, 15_517_456_384),
+    # mistralai/Mistral-7B-v0.1
+    "mistral-7b": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000,
+                    "max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0,
+                    "rms_norm_eps": 1e-05, "tie_word_embeddings": False}, 7_241_732_096),
+    # Qwen/Qwen2-7B
+    "qwen2-7b": ({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+                  "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+                  "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": False},
+                 7_615_616_512),
+    # Qwen/Qwen2.5-0.5B: tied embeddings
+    "qwen2.5-0.5b": ({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+                      "num_key_value_heads": 2, "num_hidden_layers": 24, "vocab_size": 151936,
+                      "max_position_embeddings": 32768, "tie_word_embeddings": True}, 494_032_768),
+    # Qwen/Qwen3-8B
+    "qwen3-8b": ({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+                  "head_dim": 128, "num_key_value_heads": 8, "num_hidden_layers": 36, "vocab_size": 151936,
+                  "max_position_embeddings": 40960, "attention_bias": False, "tie_word_embeddings": False},
+                 8_190_735_360),
+    # google/gemma-7b (no tie_word_embeddings key: Gemma ties by default)
+    "gemma-7b": ({"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
+                  "head_dim": 256, "num_key_value_heads": 16, "num_hidden_layers": 28, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_act": "gelu", "rms_norm_eps": 1e-06}, 8_537_680_896),
+    # google/gemma-2-9b
+    "gemma-2-9b": ({"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+                    "num_attention_heads": 16, "head_dim": 256, "num_key_value_heads": 8, "num_hidden_layers": 42,
+                    "vocab_size": 256000, "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+                    "sliding_window": 4096}, 9_241_705_984),
+    # allenai/OLMo-7B-hf
+    "olmo-7b": ({"model_type": "olmo", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                 "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 50304,
+                 "max_position_embeddings": 2048, "attention_bias": False, "tie_word_embeddings": False}, 6_888_095_744),
+    # allenai/OLMo-2-1124-7B
+    "olmo2-7b": ({"model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                  "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 100352,
+                  "max_position_embeddings": 4096, "rope_theta": 500000, "tie_word_embeddings": False}, 7_298_617_344),
+    # microsoft/Phi-3-mini-4k-instruct
+    "phi3-mini": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+                   "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064,
+                   "max_position_embeddings": 4096, "tie_word_embeddings": False}, 3_821_079_552),
+    # bigcode/starcoder2-15b
+    "starcoder2-15b": ({"model_type": "starcoder2", "hidden_size": 6144, "intermediate_size": 24576,
+                        "num_attention_heads": 48, "num_key_value_heads": 4, "num_hidden_layers": 40,
+                        "vocab_size": 49152, "max_position_embeddings": 16384, "use_bias": True,
+                        "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-05}, 15_655_899_136),
+}
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_real_configs_give_the_published_parameter_count(name):
+    cfg, params = ARCHITECTURES[name]
+    assert model_from_hf_config(cfg, name, "test").num_params() == params
+
+
+def _transformers_count(cfg: dict) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+    if cfg["model_type"] == "mpt":  # MptAttentionConfig types attn_pdrop as an integer
+        kwargs["attn_config"] = {k: v for k, v in cfg["attn_config"].items() if k != "attn_pdrop"}
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_counts_equal_what_transformers_builds(name):
+    cfg, _ = ARCHITECTURES[name]
+    assert model_from_hf_config(cfg, name, "test").num_params() == _transformers_count(cfg)
+
+
+def test_llama_attention_and_mlp_biases_are_counted():
+    # LlamaConfig's attention_bias (q, k, v, o) and mlp_bias (gate, up, down), read by every Llama-keyed architecture
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
+    plain = model_from_hf_config(cfg, "plain", "test").num_params()
+    both = model_from_hf_config(cfg | {"attention_bias": True, "mlp_bias": True}, "b", "test").num_params()
+    # per layer: q 64 + k 32 + v 32 + o 64, and gate 128 + up 128 + down 64
+    assert both - plain == 2 * ((64 + 32 + 32 + 64) + (128 + 128 + 64))
+    assert both == _transformers_count(cfg | {"attention_bias": True, "mlp_bias": True})
+
+
+def test_what_each_architecture_holds():
+    spec = {name: model_from_hf_config(cfg, name, "test") for name, (cfg, _) in ARCHITECTURES.items()}
+    assert spec["starcoder"].num_kv_heads == 1 and spec["falcon-7b"].num_kv_heads == 1  # multi-query
+    assert spec["falcon-40b"].num_kv_heads == 8 and spec["falcon-40b"].layer_norms == 2
+    assert spec["bloom-176b"].ffn_hidden == 4 * 14336 and not spec["bloom-176b"].learned_positions
+    assert spec["opt-175b"].mlp == "relu" and spec["opt-175b"].trains_with_dropout  # OPT: dropout 0.1
+    assert not spec["mpt-7b"].trains_with_dropout and not spec["mpt-7b"].has_bias
+    assert spec["gemma-7b"].gated_mlp and spec["gemma-7b"].head_dim == 256 and spec["gemma-7b"].tie_embeddings
+    assert not spec["gpt-neox-20b"].tie_embeddings and spec["gpt-neox-20b"].rotary
+    assert not spec["starcoder2-15b"].gated_mlp and spec["starcoder2-15b"].has_bias
+
+
+ESTIMATE = ["--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64", "--seq-len", "2048",
+            "--micro-batch", "1", "--json"]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_estimate_runs_on_each_config_file(name, tmp_path, capsys):
+    cfg, params = ARCHITECTURES[name]
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    assert main(["estimate", "--model", str(path), *ESTIMATE]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total_params"] == params and out["step_time_s"] > 0
+
+
+TINY_BLOOM = {"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128}
+
+
+def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_BLOOM))
+    assert main(["train", "--model", str(path), "--steps", "1", "--seq-len", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "uses bloom's blocks, which shardwise's runtime does not implement" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("cfg, fragment", [
+    # facebook/opt-350m: project_in/project_out around a 1024-wide model, post-LayerNorm blocks
+    ({"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+      "vocab_size": 50272, "word_embed_proj_dim": 512, "do_layer_norm_before": False}, "word_embed_proj_dim 512"),
+    ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 128,
+      "ffn_config": {"ffn_type": "mptglu"}}, "is not MPT's GELU MLP"),
+    ({k: v for k, v in TINY_BLOOM.items() if k != "hidden_size"}, "missing key 'n_embed' (or 'hidden_size')"),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 3, "num_hidden_layers": 2,
+      "vocab_size": 128, "new_decoder_architecture": True}, "not a multiple of the 3 key/value heads"),
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128,
+      "activation_function": "swish"}, "activation_function 'swish' is not an activation"),
+    ({"model_type": "t5", "d_model": 64}, "model_type 't5' is not an architecture shardwise models"),
+])
+def test_a_config_shardwise_cannot_count_is_one_line_and_exit_2(cfg, fragment, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["estimate", "--model", str(path), *ESTIMATE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err
+
+
+def test_llama_keyed_architectures_round_trip_through_to_hf_config(tmp_path):
+    for name in ("mistral-7b", "qwen2-7b", "qwen3-8b", "gemma-2-9b", "olmo-7b", "olmo2-7b", "phi3-mini"):
+        spec = model_from_hf_config(ARCHITECTURES[name][0], name, "test")
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(spec.to_hf_config()))
+        assert load_model(str(path)) == spec
