@@ -66,8 +66,9 @@ def models() -> str:
     names = ", ".join(f"`{n}`" for n in model_presets())
     types = ", ".join(f"`{t}`" for t in sorted(MODEL_TYPES))
     text = (f"- Models: a preset ({names}) or any Hugging Face `config.json` whose `model_type` shardwise models "
-            f"({types}; any other is refused by name). Parameter counts equal the real models' exactly (tested "
-            f"against `transformers`).")
+            f"({types}; any other is refused by name), each read from its own keys. Parameter counts equal the real "
+            f"models' exactly (tested against `transformers` and the authors' figures); `train` builds Llama, GPT-2 and "
+            f"Mixtral blocks and names what else it does not.")
     return "\n".join(textwrap.wrap(text, 110, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
 
 
