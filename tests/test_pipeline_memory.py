@@ -286,3 +286,22 @@ def test_planner_activations_follow_the_uneven_split():
     for rank, held in ((0, 112), (1, 141), (15, 113)):
         assert rank_memory(job, layout, rank)["activations"] == pytest.approx(held * per_layer, rel=1e-12)
     assert memory_breakdown(job, layout)[0] == 1  # the most in flight with a full chunk set: the worst rank
+
+
+def test_simulate_model_counts_the_layers_each_chunk_holds():
+    """`simulate --model` on Llama 3.1 405B's 128-chunk cut (pp 16 x vpp 8, 32 micro-batches) reports each rank's
+    peak in its own whole stage's units, as the planner holds it: rank 0 112 layer-micro-batches of its 7 layers = 16
+    (its embedding-only chunk holds none), rank 1 141 of 8, rank 15 113 of 7 (test_llama3_edge_chunks_peak_by_hand);
+    counting every chunk alike gave rank 0 143 / 8 = 17.875."""
+    from shardwise.planner.memory import rank_holdings
+    from shardwise.schedules import model_costs
+
+    spec = load_model("llama3.1-405b")
+    sim = simulate(build("interleaved-1f1b", 16, 32, 8), model_costs(spec, 16, 8, 8192))
+    peaks = sim.peak_inflight_per_rank
+    assert (peaks[0], peaks[1], peaks[15]) == (16, 141 / 8, 113 / 7)
+    job = make_job(spec, load_cluster("dgx-h100-80gb"), 2048, 8192, "llama3")
+    layout = Layout(dp=64, tp=8, pp=16, vpp=8, schedule="interleaved-1f1b", sequence_parallel=True)
+    assert [rank_holdings(job, layout, r).inflight for r in range(16)] == pytest.approx(peaks, rel=1e-12)
+    uniform = simulate(build("interleaved-1f1b", 16, 32, 8))  # no model: every chunk alike, as before
+    assert uniform.peak_inflight_per_rank[0] == 143 / 8

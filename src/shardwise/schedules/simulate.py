@@ -11,7 +11,8 @@ Semantics (the same rules an executor follows):
 - Activations in flight on a rank: a micro-batch's activations on a chunk are held from the start
   of its F to the end of its B, or of its W when the backward is split, because the weight gradient
   (x^T dy) needs the saved inputs x. Counted in stage-activation units: one micro-batch through one
-  chunk is 1/v unit, so the numbers compare across schedules with different v.
+  chunk is 1/v unit, so the numbers compare across schedules with different v; where the chunks hold
+  different layers (Costs.held, a real model's cut), its share of the rank's layers.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Costs:
     b: Cost = 1.0  # backward for inputs
     w: Cost = 1.0  # backward for weights
     c: float = 0.0  # one point-to-point transfer
+    # What one micro-batch leaves on each virtual stage (p*v entries: its layers), for activations in flight; None:
+    # the same on every chunk. A chunk holding only the embedding or the loss holds no layer activations.
+    held: Sequence[float] | None = None
 
     def of(self, kind: str, stage: int, p: int, v: int) -> float:
         if kind == "B":
@@ -53,11 +57,12 @@ def model_costs(spec, p: int, v: int, seq_len: int, f: float = 1.0, b: float = 1
                 c: float = 0.0) -> Costs:
     """Per-virtual-stage costs of a real model cut by the runtime's stage split (shardwise.stage_split):
     each stage's f, b, w in proportion to its FLOPs, an average stage costing the given f, b, w."""
-    from shardwise.stage_split import stage_flops
+    from shardwise.stage_split import stage_flops, stage_layer_counts
 
     flops = stage_flops(spec, p * v, seq_len)
     scale = [x * len(flops) / sum(flops) / v for x in flops]  # a whole rank's stage = v chunks
-    return Costs(f=[f * k for k in scale], b=[b * k for k in scale], w=[w * k for k in scale], c=c)
+    return Costs(f=[f * k for k in scale], b=[b * k for k in scale], w=[w * k for k in scale], c=c,
+                 held=stage_layer_counts(spec, p * v, seq_len))
 
 
 @dataclass
@@ -112,23 +117,35 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> Simulation:
     for e in events:
         busy[e.rank] += e.end - e.start
     makespan = max((e.end for e in events), default=0.0)
-    return Simulation(schedule, costs, events, transfers, makespan, busy, _inflight(schedule, events))
+    return Simulation(schedule, costs, events, transfers, makespan, busy, _inflight(schedule, events, costs.held))
 
 
-def _inflight(schedule: Schedule, events: list[Event]) -> list[list[tuple[float, float]]]:
+def _chunk_weights(schedule: Schedule, held: Sequence[float] | None) -> list[tuple[list[float], float]]:
+    """Per rank, what one micro-batch holds on each chunk and the rank's whole stage (the unit): 1 of v, or the chunk's
+    `held` of the rank's sum (1 of v again on a rank that holds nothing)."""
+    p, v = schedule.p, schedule.v
+    out = []
+    for r in range(p):
+        own = [held[virtual_stage(r, c, p)] for c in range(v)] if held is not None else []
+        out.append((own, sum(own)) if sum(own) > 0 else ([1.0] * v, float(v)))
+    return out
+
+
+def _inflight(schedule: Schedule, events: list[Event], held: Sequence[float] | None = None) -> list[list[tuple[float, float]]]:
     """Per rank, the step function of activations held, in stage-activation units."""
     split = {(e.rank, e.microbatch, e.chunk) for e in events if e.kind == "I"}
-    changes: list[list[tuple[float, int]]] = [[] for _ in range(schedule.p)]
+    weights = _chunk_weights(schedule, held)
+    changes: list[list[tuple[float, int, int]]] = [[] for _ in range(schedule.p)]
     for e in events:
         if e.kind == "F":
-            changes[e.rank].append((e.start, +1))
+            changes[e.rank].append((e.start, +1, e.chunk))
         elif e.kind == ("W" if (e.rank, e.microbatch, e.chunk) in split else "B"):
-            changes[e.rank].append((e.end, -1))
+            changes[e.rank].append((e.end, -1, e.chunk))
     curves = []
-    for rank_changes in changes:
-        held, curve = 0, [(0.0, 0.0)]
-        for t, delta in sorted(rank_changes):  # at equal times, frees (-1) sort before new F (+1)
-            held += delta
-            curve.append((t, held / schedule.v))  # integer count of chunk-micro-batches, then units
+    for (own, unit), rank_changes in zip(weights, changes):
+        held_now, curve = 0.0, [(0.0, 0.0)]
+        for t, sign, chunk in sorted(rank_changes):  # at equal times, frees (-1) sort before new F (+1)
+            held_now += sign * own[chunk]  # whole numbers (chunk-micro-batches or layers), then units
+            curve.append((t, held_now / unit))
         curves.append(curve)
     return curves
