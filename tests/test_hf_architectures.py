@@ -215,3 +215,18 @@ def test_llama_keyed_architectures_round_trip_through_to_hf_config(tmp_path):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(spec.to_hf_config()))
         assert load_model(str(path)) == spec
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tmp_path, capsys):
+    # Mistral-7B has Llama-3-8B's widths: a torchtitan llama3 "8B" flavor or Megatron's Llama arguments would train
+    # another model (no sliding window, another vocabulary), so the emitters refuse rather than write them
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(ARCHITECTURES["mistral-7b"][0]))
+    out = tmp_path / "x"
+    argv = ["plan", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "4096", "--emit", target, "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--emit {target}: shardwise writes" in err and "not mistral's" in err and "\n" not in err
+    assert not out.exists()

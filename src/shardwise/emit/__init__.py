@@ -18,6 +18,7 @@ import importlib
 from dataclasses import dataclass
 
 from shardwise.errors import UsageError
+from shardwise.hf_architectures import PLANNER_ONLY
 
 TARGETS = ("megatron", "torchtitan", "deepspeed")
 
@@ -87,9 +88,18 @@ def emitter(name: str):
     return importlib.import_module(f"shardwise.emit.{name}")
 
 
+def check_model(name: str, job) -> None:
+    """UsageError where no emitter writes this model's arguments: they spell Llama- and GPT-2-style blocks, so an
+    architecture planned from keys of its own (hf_architectures.PLANNER_ONLY) would be written as another model."""
+    if job.model.model_type in PLANNER_ONLY:
+        raise UsageError(f"--emit {name}: shardwise writes {TITLE[name]} model arguments for Llama- and GPT-2-style "
+                         f"blocks, not {job.model.model_type}'s — plan without --emit and set the layout in your own launch")
+
+
 def expressible(name: str, job, estimates):
     """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can."""
     mod = emitter(name)
+    check_model(name, job)
     kept = [e for e in estimates if mod.problem(job, e.layout) is None]
     if not kept and estimates:
         raise UsageError(f"{TITLE[name]} cannot run any layout that fits: {mod.problem(job, estimates[0].layout)}")
@@ -99,6 +109,7 @@ def expressible(name: str, job, estimates):
 def render(name: str, target: Target) -> str:
     """The file for target `name`, or UsageError naming what the target cannot express."""
     mod = emitter(name)
+    check_model(name, target.job)
     why = mod.problem(target.job, target.layout)
     if why is not None:
         raise UsageError(f"{TITLE[name]} cannot run {target.layout.describe()}: {why}")
