@@ -80,7 +80,7 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path, certain_only: bool) -> t
     argv = ["--model", model, "--cluster", pr.cluster_preset(row["gpu_type"]), "--framework", run.framework,
             "--gpus", str(pr._int(row["gpus"])), "--global-batch", str(train.global_batch), "--seq-len", str(train.seq_len),
             "--tp", str(lay.tp), "--pp", str(lay.pp)]
-    if lay.cp > 1:
+    if lay.cp > 1 or _stated(row["cp"], certain_only):  # a stated CP 1 too: plan would otherwise weigh CP
         argv += ["--cp", str(lay.cp)] + (["--cp-mode", "allgather"] if "CP uses all-gather" in row["notes"] else [])
     vpp = row["vpp_interleave"]
     if pr._depth_unreported(row):
