@@ -112,7 +112,17 @@ ARCHITECTURES = {
                         "num_attention_heads": 48, "num_key_value_heads": 4, "num_hidden_layers": 40,
                         "vocab_size": 49152, "max_position_embeddings": 16384, "use_bias": True,
                         "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-05}, 15_655_899_136),
+    # moonshotai/Kimi-K2-Base: DeepSeek-V3's architecture under model_type kimi_k2 (model card: 1T total, 32B active)
+    "kimi-k2": ({"model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432,
+                 "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 64,
+                 "num_key_value_heads": 64, "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                 "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+                 "norm_topk_prob": True, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
+                 "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                 "v_head_dim": 128, "vocab_size": 163840, "max_position_embeddings": 131072, "rope_theta": 50000.0,
+                 "tie_word_embeddings": False}, 1_026_408_209_408),
 }
+TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}  # transformers builds Kimi K2 as DeepseekV3ForCausalLM
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -127,7 +137,7 @@ def _transformers_count(cfg: dict) -> int:
     kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     if cfg["model_type"] == "mpt":  # MptAttentionConfig types attn_pdrop as an integer
         kwargs["attn_config"] = {k: v for k, v in cfg["attn_config"].items() if k != "attn_pdrop"}
-    config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+    config = transformers.AutoConfig.for_model(TRANSFORMERS_TYPE.get(cfg["model_type"], cfg["model_type"]), **kwargs)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())  # tied weights counted once
@@ -160,6 +170,8 @@ def test_what_each_architecture_holds():
     assert spec["gemma-7b"].gated_mlp and spec["gemma-7b"].head_dim == 256 and spec["gemma-7b"].tie_embeddings
     assert not spec["gpt-neox-20b"].tie_embeddings and spec["gpt-neox-20b"].rotary
     assert not spec["starcoder2-15b"].gated_mlp and spec["starcoder2-15b"].has_bias
+    assert spec["kimi-k2"].attention == "mla" and spec["kimi-k2"].router_scoring == "sigmoid"
+    assert spec["kimi-k2"].active_params() == 32_861_477_888  # the card's "32B activated"
 
 
 ESTIMATE = ["--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64", "--seq-len", "2048",

@@ -291,6 +291,9 @@ GATED_MLPS = ("swiglu", "geglu")
 NORM_VECTORS = {"layernorm": 2, "layernorm-nobias": 1, "rmsnorm": 1, "nonparametric": 0}
 # ModelSpec.mlp of a non-gated MLP -> a Hugging Face hidden_act (hf_keys.MLP_OF_ACT reads them).
 ACT_OF_MLP = {"squared-relu": "relu2", "relu": "relu", "gelu": "gelu"}
+# DeepSeek-V3's keys and defaults (sigmoid routing, renormalised top-k): Moonshot's Kimi K2 (model_type kimi_k2) is
+# DeepSeek-V3's architecture under its own name (its config.json names DeepseekV3ForCausalLM).
+DEEPSEEK_V3_KEYS = ("deepseek_v3", "kimi_k2")
 MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
                # Nemotron-4: Llama-style blocks with a non-gated squared-ReLU MLP (counted by the planner, not trained)
                "nemotron": "llama",
@@ -411,11 +414,11 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
         raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
     moe_layers = tuple(i for i in range(num_layers)
                        if i >= first_dense and i % every == 0 and (i + 1) % step == 0 and i not in set(dense_only))
-    scoring = cfg.get("scoring_func") or ("sigmoid" if model_type == "deepseek_v3" else "softmax")
+    scoring = cfg.get("scoring_func") or ("sigmoid" if model_type in DEEPSEEK_V3_KEYS else "softmax")
     if scoring not in ("softmax", "sigmoid"):
         raise UsageError(f"{source}: scoring_func {scoring!r} is not supported — use softmax or sigmoid")
     # Mixtral always renormalises the top-k weights (it has no key for it); the others say so in norm_topk_prob.
-    norm = cfg.get("norm_topk_prob", model_type in ("mixtral", "deepseek_v3") or key == "num_local_experts")
+    norm = cfg.get("norm_topk_prob", model_type in ("mixtral", *DEEPSEEK_V3_KEYS) or key == "num_local_experts")
     coef = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.001))
     scaling = cfg.get("routed_scaling_factor", 1.0)
     for name, value in (("router_aux_loss_coef", coef), ("routed_scaling_factor", scaling)):
@@ -454,7 +457,7 @@ def moe_hf_keys(spec: ModelSpec) -> dict:
     dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
     keys = {"num_experts_per_tok": spec.experts_per_token, "moe_intermediate_size": spec.moe_ffn_hidden,
             "norm_topk_prob": spec.norm_topk, "router_aux_loss_coef": spec.aux_loss_coef}
-    if spec.model_type.startswith("deepseek"):
+    if spec.model_type in ("deepseek_v2", *DEEPSEEK_V3_KEYS):
         if dense != list(range(len(dense))):
             raise ValueError("DeepSeek configs can only make the first layers dense")
         keys.update(n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_ffn_hidden // spec.moe_ffn_hidden,
