@@ -1,6 +1,6 @@
 """The config.json of the architectures published training runs used (OPT, BLOOM, MPT, GPT-NeoX/Pythia, Falcon, GPT-J,
-StarCoder, Mistral, Qwen2/3, Gemma 1/2, OLMo 1/2, Phi-3, StarCoder2), read from their own keys: each real config
-(trimmed to the keys that matter, Hub repo in the comment) gives the parameter count its authors publish or that
+StarCoder, Mistral, Qwen2/3, Gemma 1/2, OLMo 1/2, Phi-3, StarCoder2, Kimi K2, GPT-OSS), read from their own keys: each
+real config (trimmed to the keys that matter, Hub repo in the comment) gives the parameter count its authors publish or that
 transformers builds, `estimate --model config.json --json` runs on it, `train` refuses it in one line, and a config
 shardwise cannot count is one line and exit 2."""
 
@@ -121,6 +121,13 @@ ARCHITECTURES = {
                  "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                  "v_head_dim": 128, "vocab_size": 163840, "max_position_embeddings": 131072, "rope_theta": 50000.0,
                  "tie_word_embeddings": False}, 1_026_408_209_408),
+    # openai/gpt-oss-120b (model card: 117B parameters): biases on attention, experts and router, attention sinks
+    "gpt-oss-120b": ({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+                      "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+                      "num_experts_per_tok": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+                      "sliding_window": 128, "swiglu_limit": 7.0, "rope_theta": 150000, "attention_bias": True,
+                      "tie_word_embeddings": False, "router_aux_loss_coef": 0.9,
+                      "layer_types": ["sliding_attention", "full_attention"] * 18}, 116_829_156_672),
 }
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}  # transformers builds Kimi K2 as DeepseekV3ForCausalLM
 

@@ -3,7 +3,7 @@ as transformers' configuration_*.py spell them; what each holds as its modeling_
 
 `READERS`: architectures with keys of their own (OPT, BLOOM, MPT, GPT-NeoX, Falcon, GPT-J, StarCoder), modelled with
 GPT-2-family blocks (LayerNorm, a two-matrix MLP). `LLAMA_VARIANTS`: architectures with Llama's keys (Mistral, Qwen2,
-Qwen3, Gemma, OLMo, Phi-3, StarCoder2; Kimi K2 with DeepSeek-V3's), read by model_spec's Llama reader and then
+Qwen3, Gemma, OLMo, Phi-3, StarCoder2; GPT-OSS with Mixtral's, Kimi K2 with DeepSeek-V3's), read by model_spec's Llama reader and then
 changed where they differ.
 
 What the planner counts is what changes parameters, FLOPs or memory: biases, a learned position table, an untied head,
@@ -171,6 +171,10 @@ def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
 LLAMA_VARIANTS = {
     "mistral": None,  # Llama's blocks; sliding_window attention (see the module's note)
     "kimi_k2": None,  # DeepSeek-V3's keys and blocks (model_spec.DEEPSEEK_V3_KEYS): MLA, sigmoid routing
+    # GPT-OSS: Mixtral's keys, biases on attention (attention_bias), on every expert matrix and on the router,
+    # an attention sink per head; its clamped SwiGLU and alternating 128-token windows are not modelled
+    "gpt_oss": lambda cfg, source: {"attn_bias": flag(cfg, "attention_bias", source, True), "mlp_bias": True,
+                                    "attention_sinks": True},
     "qwen2": None,
     "qwen3": None,
     "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each

@@ -79,6 +79,7 @@ class ModelSpec:
     attn_bias: bool | None = None
     mlp_bias: bool | None = None
     head_bias: bool = False  # GPT-J's LM head has a bias
+    attention_sinks: bool = False  # GPT-OSS: one learned logit per head and layer joins each softmax
     norm: str = ""  # "layernorm" (weight and bias), "layernorm-nobias" (MPT), "rmsnorm", "nonparametric" (OLMo)
     layer_norms: int = 2  # norms per layer: 1 where attention and MLP share one (GPT-J, Falcon-7B), 4 in Gemma 2
     embed_norm: bool = False  # BLOOM's LayerNorm right after the embedding
@@ -167,7 +168,7 @@ class ModelSpec:
             attn += self.q_dim + 2 * self.kv_dim + h
         elif self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        return attn + self.qk_norm_params()
+        return attn + self.qk_norm_params() + (self.num_heads if self.attention_sinks else 0)
 
     def qk_norm_params(self) -> int:
         """Qwen3 norms q and k per head (one head_dim weight each), OLMo 2 over all heads (q_dim and kv_dim)."""
@@ -181,13 +182,14 @@ class ModelSpec:
         return (3 if self.gated_mlp else 2) * self.hidden * f + bias
 
     def expert_params(self) -> int:
-        """One routed expert (a SwiGLU of width moe_ffn_hidden)."""
-        return 3 * self.hidden * self.moe_ffn_hidden
+        """One routed expert (a SwiGLU of width moe_ffn_hidden; with the MLP's biases, GPT-OSS's, on each matrix)."""
+        bias = 2 * self.moe_ffn_hidden + self.hidden if self.ffn_bias else 0
+        return 3 * self.hidden * self.moe_ffn_hidden + bias
 
     def moe_dense_params(self) -> int:
         """What every token of a MoE layer's FFN uses: the router, the shared expert (and its gate)."""
         shared = 3 * self.hidden * self.shared_ffn_hidden + (self.hidden if self.shared_expert_gate else 0)
-        return self.num_experts * self.hidden + shared
+        return self.num_experts * (self.hidden + self.ffn_bias) + shared  # the router (and its bias, GPT-OSS)
 
     def layer_params(self, layer: int, active: bool = False) -> int:
         """Parameters of layer `layer` (active: only the top-k of its routed experts). A layer is dense or MoE, so
