@@ -20,6 +20,13 @@ def ranks_json(worker, world: int, *args, **spawn_kw):
             return json.load(f)
 
 
+def write_json(rank: int, path: str, result) -> None:
+    """What a worker hands back to ranks_json: rank 0 writes `result` to `path` (the other ranks' are the same)."""
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(result, f)
+
+
 def add_rank_args(ap: argparse.ArgumentParser, repeats: int) -> None:
     """The flags every two-rank timing benchmark takes: repeats, threads and backend of its ranks, --json."""
     ap.add_argument("--repeats", type=int, default=repeats, help="timed steps per contender (interleaved)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from _ranks import add_rank_args, run_and_print
+from _ranks import add_rank_args, run_and_print, write_json
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, parallelize, shard_sequence
 from shardwise.specs import Layout, model_from_hf_config
@@ -147,9 +146,7 @@ def _worker(rank, world, args, path):
         ratios = sorted(c / (s / 2 + k) for c, s, k in zip(samples[f"cp_{mode}_s"], samples["single_s"], samples[f"kv_{mode}_s"]))
         out[f"ratio_{mode}"] = statistics.median(ratios)
         out[f"ratio_{mode}_iqr"] = (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4])
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(out, f)
+    write_json(rank, path, out)
 
 
 def table(r: dict) -> str:

@@ -18,7 +18,6 @@ Timings are only comparable within one run: on a shared machine, compare ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from context_parallel import _batch, _step, _time  # noqa: E402  (the CP benchmark's batch, step and interleaved timer)
 
-from _ranks import add_rank_args, run_and_print  # noqa: E402
+from _ranks import add_rank_args, run_and_print, write_json  # noqa: E402
 from shardwise.model import Transformer  # noqa: E402
 from shardwise.parallel import build_mesh, parallelize, sync_expert_grads  # noqa: E402
 from shardwise.specs import Layout, model_from_hf_config  # noqa: E402
@@ -95,9 +94,7 @@ def _worker(rank, world, args, path):
     out["floor_s"] = out["single_s"] / 2 + out["a2a_s"]
     ratios = sorted(e / (s / 2 + a) for e, s, a in zip(samples["ep_s"], samples["single_s"], samples["a2a_s"]))
     out["ratio"], out["ratio_iqr"] = statistics.median(ratios), (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4])
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(out, f)
+    write_json(rank, path, out)
 
 
 def table(r: dict) -> str:

@@ -20,7 +20,7 @@ import json
 import os
 import time
 
-from _ranks import ranks_json
+from _ranks import ranks_json, write_json
 
 
 def _threads() -> dict[int, tuple[int, int, int]]:
@@ -76,9 +76,7 @@ def _worker(rank, world, model, groups, cycles, seconds, path):
         del extra, g  # the last reference: the groups' threads end with them
         gc.collect()
     rows.append(_phase(t, run, "no extra groups", seconds))
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(rows, f)
+    write_json(rank, path, rows)
 
 
 def main(argv=None) -> int:

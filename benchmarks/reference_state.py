@@ -43,7 +43,7 @@ import resource
 import statistics
 import time
 
-from _ranks import ranks_json
+from _ranks import ranks_json, write_json
 
 _GC = {"n": [0, 0, 0], "s": 0.0, "t0": 0.0}
 
@@ -147,9 +147,7 @@ def _worker(rank, world, model, rounds, calls, path):
     rows.append(_rounds(t, loops, sweep_ref, rounds, "sweep rounds, gc disabled"))
     gc.enable()
     rows.append({"phase": "sweep's process: calibrate's figure (measure_model 'none 1')", "ms": _calibrated_ms(t)})
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(rows, f)
+    write_json(rank, path, rows)
 
 
 def _alternate(rank, world, model, cycles, path):
@@ -173,9 +171,7 @@ def _alternate(rank, world, model, cycles, path):
         del loops, loop
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # the heap back as far as glibc can
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(rows, f)
+    write_json(rank, path, rows)
 
 
 def _after(rank, world, model, cycles, path):
@@ -207,9 +203,7 @@ def _after(rank, world, model, cycles, path):
             seconds[name].append((time.perf_counter() - start) / 4)
     rows = [{"phase": f"after {name}", "ms": 1e3 * statistics.median(s)} for name, s in seconds.items()]
     t.barrier()
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(rows, f)
+    write_json(rank, path, rows)
 
 
 def _drift(rank, world, model, seconds, block, path):
@@ -224,9 +218,7 @@ def _drift(rank, world, model, seconds, block, path):
     while t.reduce([time.perf_counter() - start], "max")[0] < seconds:  # every rank agrees when to stop
         row = _back_to_back(t, ref, block, "block")
         rows.append({"t_s": round(time.perf_counter() - start, 1), "ms": row["ms"], "cpu_ms": row["cpu_ms"]})
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(rows, f)
+    write_json(rank, path, rows)
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise.model import Transformer
-from _ranks import add_rank_args, run_and_print
+from _ranks import add_rank_args, run_and_print, write_json
 from shardwise.parallel import build_mesh, parallelize, tensor_parallel
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
@@ -200,9 +199,7 @@ def bench_model(name: str, args, rank: int) -> dict:
 def _worker(rank, world, args, path):
     torch.set_num_threads(args.threads)
     results = [bench_model(name, args, rank) for name in args.models.split(",")]
-    if rank == 0:
-        with open(path, "w") as f:
-            json.dump(results, f)
+    write_json(rank, path, results)
 
 
 def table(results: list[dict]) -> str:

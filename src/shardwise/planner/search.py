@@ -90,8 +90,12 @@ class SearchSpace:
         zero = self.zero or (fw.unnamed_zero if own and fw.unnamed_zero else (0, 1, 2, 3))
         recompute = self.recompute or tuple(r for r in RECOMPUTE_ORDER
                                             if not (own and fw.unnamed_recompute) or r in fw.unnamed_recompute)
-        sp = self.sequence_parallel or ((False,) if own and not fw.unnamed_sequence_parallel else None)
-        return replace(self, zero=zero, recompute=recompute, sequence_parallel=sp)
+        return replace(self, zero=zero, recompute=recompute, sequence_parallel=self.sequence_parallel_for(fw))
+
+    def sequence_parallel_for(self, fw) -> tuple[bool, ...] | None:
+        """for_stack's sequence parallelism alone (None: whatever the stack runs), without building a space."""
+        return self.sequence_parallel or ((False,) if fw.search_as_unnamed and not fw.unnamed_sequence_parallel
+                                          else None)
 
     def zero_stages(self, dp: int, framework=None) -> tuple[int, ...]:
         """ZeRO stages worth scoring: none matters without dp; those the framework runs; ZeRO-0 only where
@@ -199,7 +203,7 @@ def _sp_options(job: Job, fw, tp: int, cp: int, space: SearchSpace = SearchSpace
     if tp == 1:
         return (False,)
     sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
-    asked = space.for_stack(fw).sequence_parallel
+    asked = space.sequence_parallel_for(fw)
     sps = tuple(sp for sp in sps if asked is None or sp in asked or _sp_required(job, fw))
     return tuple(sp for sp in sps if not sp or splits_over_tp(job.train.seq_len, tp, cp))  # none where SP is a must but cannot split
 
