@@ -531,6 +531,34 @@ COMPOSER_PURE = replace(
     summary="as composer, with fsdp_config mixed_precision PURE: gradients reduce-scattered in BF16",
 )
 
+# Lit-GPT's pretraining script as TinyLlama ran it (2023-09): Lightning Fabric's FSDPStrategy (PyTorch FSDP1) with
+# precision bf16-mixed, FlashAttention-2 and flash-attn's / xformers' fused kernels.
+LIT_GPT = replace(
+    COMPOSER, name="lit-gpt",
+    summary="Lit-GPT's pretraining (TinyLlama) on Lightning Fabric's FSDPStrategy (PyTorch FSDP1, FULL_SHARD, "
+            "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, BF16 "
+            "gradient reduce-scatter every micro-batch; FlashAttention-2, fused RMSNorm and rotary embedding "
+            "(flash-attn), xformers' fused SwiGLU, flash-attn's xentropy loss; per-tensor AdamW with gradient clipping",
+    sources=("jzhang38/TinyLlama 01c9c77 pretrain/tinyllama.py (FSDPStrategy(auto_wrap_policy={Block}, "
+             "activation_checkpointing_policy=None, limit_all_gathers=True); precision from "
+             "get_default_supported_precision: bf16-mixed; torch.optim.AdamW(..., foreach=False); "
+             "FusedCrossEntropyLoss), lit_gpt/model.py (flash_attn_func, xformers.ops.SwiGLU, "
+             "apply_rotary_emb_func), lit_gpt/config.py tiny_LLaMA_1b (_norm_class FusedRMSNorm), requirements.txt "
+             "(lightning==2.1.2), PRETRAIN.md (flash-attention csrc/rotary, layer_norm, xentropy built from source)",
+             "Lightning-AI lightning-fabric 2.0.3 plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config: "
+             "bf16-mixed is param_dtype float32, reduce_dtype and buffer_dtype bfloat16"),
+    # FP32 flat parameters (the optimizer's master copy itself), gathered in FP32, their FP32 gradients reduce-scattered
+    # in BF16; Adam's two FP32 moments.
+    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, param_gather_bytes=4, grad_reduce_bytes=2,
+    fused_elementwise=True, loss="xentropy",
+    # _single_tensor_adamw (foreach=False): one kernel per operation and tensor, the 80 B per FP32 element of torch's
+    # AdamW (TORCHTITAN above), and fabric.clip_gradients -> FSDP's clip_grad_norm_ (12): 92.
+    optimizer_traffic=92,
+    cannot=("tensor, pipeline or context parallelism (its FSDPStrategy shards data-parallel only)", "ZeRO-1",
+            "selective recompute (activation_checkpointing_policy wraps whole blocks)",
+            "recompute of only some layers (the policy checkpoints every Block)"),
+)
+
 LLAMA3 = Framework(
     name="llama3",
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
@@ -604,7 +632,7 @@ SHARDWISE = Framework(
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
-                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE)}
+                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

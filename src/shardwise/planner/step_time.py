@@ -51,7 +51,9 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 #     micro-batch on the same logits (composer v0.16.4 trainer.py _eval_train_metrics; MPT's LanguageCrossEntropy and
 #     LanguagePerplexity): two F.cross_entropy under BF16 autocast, whose log_softmax runs in FP32 (cast 2 + 4, then
 #     22 - 6 = 16 as "eager"): 4 + 2 x 22 = 48 forward, 4 backward.
-LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4)}
+#   "xentropy": flash-attn's xentropy kernel alone on the BF16 logits (Lit-GPT's FusedCrossEntropyLoss, TinyLlama's
+#     pretrain/tinyllama.py): the "composer" loss without Composer's metrics, 4 forward, 4 backward.
+LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4), "xentropy": (4, 4)}
 
 
 def model_flops_per_step(job: Job) -> float:
