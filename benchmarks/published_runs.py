@@ -216,7 +216,7 @@ def _dp_shard(cell: str, dp: int, tp_cp: int) -> int:
 SIX_PROFILES = ("megatron-2021", "megatron-core", "nemo", "deepspeed", "torchtitan", "shardwise")
 NEAREST_OF_SIX = {"composer": "torchtitan", "composer-pure": "torchtitan", "llama3": "torchtitan",
                   "llama2": "torchtitan", "automodel": "torchtitan", "deepspeed-2024": "deepspeed",
-                  "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan"}
+                  "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan", "fms-fsdp": "torchtitan"}
 
 
 def _profile(row: dict) -> str:
@@ -227,6 +227,8 @@ def _profile(row: dict) -> str:
         return "composer-pure" if "/ PURE" in row["notes"] else "composer"
     if fw == "fsdp" and "jzhang38/TinyLlama" in row["source"]:  # Lit-GPT on Lightning Fabric's FSDP, fused kernels
         return "lit-gpt"
+    if fw == "fsdp" and "foundation-model-stack/fms-fsdp" in row["source"]:  # FSDP1, BF16 reduce (bfSixteen)
+        return "fms-fsdp"
     if fw == "deepspeed" and "BF16_Optimizer" in row["zero_stage"]:  # its bf16 pipeline path (frameworks.py)
         return "deepspeed-bf16"
     if fw == "other":

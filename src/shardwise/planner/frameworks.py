@@ -559,6 +559,29 @@ LIT_GPT = replace(
             "recompute of only some layers (the policy checkpoints every Block)"),
 )
 
+# IBM's fms-fsdp (2024-03, the PyTorch blog "Maximizing training throughput using PyTorch FSDP"): PyTorch FSDP1 around
+# foundation-model-stack's eager LLaMA, mixed precision bfSixteen.
+FMS_FSDP = replace(
+    TORCHTITAN, name="fms-fsdp",
+    summary="IBM's fms-fsdp: PyTorch FSDP1 (FULL_SHARD, HYBRID_SHARD within a node, or NO_SHARD; limit_all_gathers) "
+            "around foundation-model-stack's eager LLaMA with SDPA (FlashAttention-2), mixed precision bfSixteen "
+            "(FP32 sharded parameters, BF16 gathers and BF16 gradient reduce-scatter every step), activation "
+            "checkpointing of every k-th block, torch's AdamW (foreach) with FSDP's gradient clipping; no tensor, "
+            "pipeline or context parallelism",
+    sources=("foundation-model-stack/fms-fsdp 4ffb9bd main_training.py (FSDP(..., mixed_precision, sharding_strategy, "
+             "limit_all_gathers=True); LLaMA(llama_config) built in FP32; optim.AdamW), fms_fsdp/policies/"
+             "mixed_precision.py (bfSixteen: param, reduce and buffer dtype bfloat16), fms_fsdp/utils/train_utils.py "
+             "(get_policies: fsdp -> FULL_SHARD, hsdp -> HYBRID_SHARD, ddp -> NO_SHARD; CrossEntropyLoss; "
+             "model.clip_grad_norm_), fms_fsdp/policies/ac_handler.py (every selective_checkpointing-th LLaMABlock)",),
+    grad_reduce_bytes=2, torch_fsdp=1, pipeline_fsdp_once=False,
+    tensor_parallel=False, sequence_parallel="never", tp_comm_overlap_available=False, schedules=(), context_parallel=(),
+    zero_stages=(0, 3), default_zero=3, default_zero_with_pp=None, recompute=("none", "full"),
+    expandable_segments=False,  # scripts/train.sh at 4ffb9bd sets no PYTORCH_CUDA_ALLOC_CONF
+    fp8="", edge_chunks=False,
+    cannot=("tensor, pipeline or context parallelism (it wraps FSDP only)", "ZeRO-1 and ZeRO-2",
+            "selective recompute (it checkpoints whole blocks, every k-th)"),
+)
+
 LLAMA3 = Framework(
     name="llama3",
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
@@ -632,7 +655,7 @@ SHARDWISE = Framework(
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
-                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT)}
+                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "
