@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
-from shardwise.calibrate.measure import fit_line, fit_model, model_elementwise, model_flops, split_edges
+from shardwise.calibrate.measure import cp_attention_flops, fit_line, fit_model, model_elementwise, model_flops, split_edges
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
 from shardwise.planner.layer_time import achievable_flops, matmul_params_per_layer
-from shardwise.specs import ClusterSpec, TrainSpec, load_cluster, load_model
+from shardwise.specs import ClusterSpec, Layout, TrainSpec, load_cluster, load_model
 
 SIZES = [1024, 65536, 1048576]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -222,7 +222,6 @@ def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(mode
     rank half of the two edges)."""
     from shardwise.planner.memory import rank_layers, runtime_job
     from shardwise.planner.step_time import stage_cost
-    from shardwise.specs import Layout
 
     model, layers, seq, copy_gbs, rate = load_model(model_name), 4, 64, 10.0, 30e9
     xs = [model_flops(model, layers, b, seq) for b in (1, 2, 3, 4)]
@@ -266,3 +265,55 @@ def test_warns_when_the_machine_changed_speed_during_the_calibration():
     drift, text = printed([0.00415, 0.0055, 0.00667])
     assert drift == pytest.approx(0.00667 / 0.00415) and "1.61x" in text and "4.15, 5.50, 6.67 ms" in text
     assert printed([])[0] == 1.0  # an older profile: no rounds, nothing to say
+
+
+def _cp_profile(cp_points: list) -> Profile:
+    """A world-2 calibration (tiny, 64 tokens): collectives 0.2 ms + bytes / 2 GB/s, an all-reduce after a layer
+    0.5 ms beyond its table and a send/recv 0.3 ms (sync_points), the layer's plain, ring and all-gather attention."""
+    tables = {kind: [[size, 2e-4 + size / 2e9] for size in (1024, 8192, 16384, 262144)] for kind in COLLECTIVES}
+    call = 2e-4 + 16384 / 2e9  # the tables' all-reduce and send/recv of the 16 KiB activation after the layer
+    return Profile(world=2, backend="gloo", device="cpu", dtype="float32", model="tiny", tokens=64, memory_gib=1.0,
+                   matmul_tflops=0.06, gemms=[], copy_gbs=15.0, model_tflops=0.03, layer_overhead_s=5e-4,
+                   tables=tables, sync_points=[1e-3, 1e-3 + call + 5e-4, call, 1e-3 + call + 3e-4, call],
+                   sync_bytes=16384, cp_points=cp_points, cp_block_bytes=2 * 32 * 32 * 4,
+                   cp_attention_s=cp_attention_flops(load_model("tiny"), 1, 64, 2) / 0.03e12)
+
+
+def test_context_parallel_attention_work_is_the_measured_layer_beyond_what_the_planner_counts():
+    # tiny (K/V 32 wide) at 64 tokens on 2 ranks: a layer's local 32 queries; its K/V block 2 x 32 x 32 x 4 bytes =
+    # 8 KiB. Ring at cp 2: 1 K/V hop forward, 1 + 2 backward, each the send/recv table (0.2 ms + 8192 / 2e9 s) + 0.3 ms;
+    # all-gather: two 16 KiB all-gathers and a 16 KiB reduce-scatter, each table (0.2 ms + 16384 / 2e9 s) + 0.5 ms.
+    # The attention FLOPs beyond the plain layer: 3 x 4 x 32 queries x 32 more keys x 64 wide / 0.8 at 30 GFLOP/s.
+    plain, ring, allgather = 1.7e-3, 4.6e-3, 4.7e-3
+    p = _cp_profile([plain, ring, allgather])
+    assert p.sync_overhead_s() == pytest.approx(5e-4) and p.p2p_sync_s() == pytest.approx(3e-4)
+    assert p.cp_attention_s == pytest.approx(3 * 4 * 32 * 32 * 64 / 0.8 / 30e9)
+    hop = 2e-4 + 8192 / 2e9 + 3e-4
+    assert p.cp_ring_step_s() == pytest.approx((ring - plain - p.cp_attention_s - 4 * hop) / 2)
+    calls = 3 * (2e-4 + 16384 / 2e9 + 5e-4)
+    assert p.cp_allgather_s() == pytest.approx(allgather - plain - p.cp_attention_s - calls)
+    # A calibration whose exchanges already account for the whole difference leaves no extra (never negative).
+    assert _cp_profile([plain, plain + 1e-4, plain + 1e-4]).cp_ring_step_s() == 0.0
+    assert _cp_profile([]).cp_ring_step_s() == 0.0 and _cp_profile([]).cp_allgather_s() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["ring", "allgather"])
+def test_the_planner_charges_a_context_parallel_layer_what_calibrate_measured(mode):
+    """The planner's cp2 layout (tiny, 64 tokens, 8 micro-batches of 1) against the plain model on the 32 tokens a
+    rank holds: every term but the attention is the same, so the difference in compute + context-parallel exchanges
+    is 8 micro-batches x 4 layers x (the measured context-parallel layer - the plain one) — calibrate's subtraction
+    (the attention FLOPs, the exchanges at the tables) and the planner's charge count the same things."""
+    from shardwise.planner.memory import runtime_job
+
+    plain, ring, allgather = 1.7e-3, 4.6e-3, 4.7e-3
+    cluster, tiny = _cp_profile([plain, ring, allgather]).to_cluster(), load_model("tiny")
+    cp = estimate_time(runtime_job(tiny, cluster, 8, 64, gpu=False), Layout(cp=2, cp_mode=mode))
+    local = estimate_time(runtime_job(tiny, cluster, 8, 32, gpu=False), Layout())
+    measured = ring if mode == "ring" else allgather
+    assert cp["compute"] + cp["cp_comm"] - local["compute"] == pytest.approx(8 * 4 * (measured - plain), rel=1e-9)
+
+
+def estimate_time(job, layout) -> dict:
+    from shardwise.planner import estimate
+
+    return estimate(job, layout).time_s

@@ -27,6 +27,7 @@ def _profile() -> Profile:
         sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
         ddp_microbatch_s=6e-4, fsdp_points=[5e-3, 1e-2, 2e-3, 6e-3, 5.5e-3], loop_points=[1e-2, 1.1e-2],
         split_points=[2e-3, 3.6e-3], split_layers=2, alone_points=[4e-3, 3.6e-3], concurrent_slowdown=1.1,
+        cp_points=[1.7e-3, 8e-3, 7e-3], cp_attention_s=3e-5, cp_block_bytes=8192,
         tables={kind: [[size, 2e-4 + size / 2e9] for size in SIZES] for kind in COLLECTIVES},
         reference_rounds_s=[4e-3, 4.1e-3, 4e-3], other_cpu_cores=0.02)
 

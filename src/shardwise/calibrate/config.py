@@ -136,6 +136,7 @@ def gemm_shapes(model: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]
 def rank_steps(cfg: CalibrateConfig) -> int:
     """Progress steps of a calibration: one per GEMM shape, the copy, one per collective and size, and one per
     round of each measurement spread over the rounds (the model, the split backward, train's loop; with other ranks,
-    the calls between layers and the FSDP layer)."""
+    the calls between layers and the FSDP layer; where cp = world splits the sequence, the context-parallel layer)."""
     collectives = len(COLLECTIVES) * len(cfg.resolved().sizes) + 2 * MODEL_ROUNDS if cfg.world > 1 else 0
+    collectives += MODEL_ROUNDS if cfg.world > 1 and cfg.seq_len % (2 * cfg.world) == 0 else 0
     return len(gemm_shapes(cfg.model, cfg.tokens)) + 1 + collectives + 3 * MODEL_ROUNDS

@@ -508,6 +508,73 @@ def measure_fsdp(t: Timer, out: dict):
     out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
 
 
+def cp_workloads(t: Timer) -> dict:
+    """One middle layer (its input from the layer before), forward + backward on this rank's seq_len / world tokens
+    (world > 1, seq_len a multiple of 2 x world): "plain" with the plain causal attention over those tokens, "ring"
+    and "allgather" as the runtime runs them under context parallelism over every rank (cp = world: shardwise.parallel.
+    context_parallel, on the data-parallel mesh's group, so no new process group). {} where cp = world cannot split
+    the sequence."""
+    from shardwise.model import Transformer
+    from shardwise.parallel import context_parallel
+
+    spec, seq, cp = t.cfg.model, t.cfg.seq_len, t.world
+    if cp < 2 or seq % (2 * cp):
+        return {}
+    group = t.mesh()["dp"]  # every rank, as a cp = world mesh's group
+
+    def layer(mode):
+        model = Transformer(spec, seed=0, layer_ids=range(1), first=False, last=False, device=t.device)
+        return context_parallel(model, group, mode, seq) if mode else model
+
+    x = torch.randn(t.cfg.micro_batch, seq // cp, spec.hidden, device=t.device, dtype=t.dtype)
+    grad = torch.randn_like(x)
+
+    def run(model):
+        def step():
+            inp = x.clone().requires_grad_(True)
+            torch.autograd.backward(model(inp, None), grad)
+        return step
+    return {"plain": run(layer(None)), "ring": run(layer("ring")), "allgather": run(layer("allgather"))}
+
+
+def measure_cp(t: Timer, out: dict):
+    """out["cp_points"] = [plain, ring, allgather]: seconds of one layer's forward + backward on seq_len / world tokens
+    with the plain attention and with each context-parallel attention over every rank (cp_workloads), in SYNC_ROUNDS x
+    repeats interleaved repeats (the ring's and the all-gather's from their paired differences with plain);
+    out["cp_attention_s"]: what the planner already charges for the extra attention work of a context-parallel layer
+    (its local queries attend the whole sequence, against the plain layer's local one: the attention FLOPs at the
+    fitted rate, as planner/layer_time._calibrated_layer counts them, forward + backward); out["cp_block_bytes"]: one
+    rank's K/V block. Profile.cp_ring_step_s and cp_allgather_s take from the difference what the planner counts
+    (these and the exchanges at the tables): the rest is the attention's own work around its kernels — the ring's
+    per-step slicing, online-softmax merges and buffers, the all-gather's reordering — measured (on 2 CPU cores, tiny:
+    about 1.8 ms a layer beyond the plain one for the ring, 2.9 ms for the all-gather, ~1 ms of each beyond the
+    exchanges; docs/accuracy.md)."""
+    fns = cp_workloads(t)
+    if not fns:
+        out["cp_points"] = []
+        return
+    # A barrier before each variant: the plain layer never synchronises, so the ranks' skew over its ~20 ms of calls
+    # would otherwise land in the first exchange of whichever context-parallel variant runs next (ring - plain read
+    # 1.8-2.6 ms a layer that way on tiny, 1.7-2.2 ms with it, against 1.96 ms in a training step: docs/accuracy.md).
+    reps = yield from in_rounds(t, fns, SYNC_ROUNDS * t.cfg.repeats, "context-parallel attention against a plain one",
+                                barrier_each=True)
+    plain_s = statistics.median(reps["plain"])
+    out["cp_points"] = [plain_s, plain_s + paired(reps, "ring", "plain"), plain_s + paired(reps, "allgather", "plain")]
+    spec, b, local = t.cfg.model, t.cfg.micro_batch, t.cfg.seq_len // t.world
+    out["cp_attention_s"] = cp_attention_flops(spec, b, t.cfg.seq_len, t.world) / (out["model_tflops"] * 1e12)
+    out["cp_block_bytes"] = 2 * b * local * spec.kv_dim * _element_size(t.dtype)
+
+
+def cp_attention_flops(spec, batch: int, seq: int, cp: int) -> float:
+    """Weighted attention FLOPs (forward + backward, as planner/layer_time._calibrated_layer weighs them: 4 x tokens x
+    keys x width, at FLASH_EFFICIENCY of the rate, backward twice) a context-parallel layer's seq / cp local queries
+    run against the whole sequence, beyond a plain layer whose queries attend their own seq / cp tokens."""
+    from shardwise.planner.layer_time import FLASH_EFFICIENCY
+
+    local = seq // cp
+    return 3 * 4 * batch * local * (seq - local) * spec.attention_width / FLASH_EFFICIENCY
+
+
 def measure_split_backward(t: Timer, out: dict):
     """out["split_points"] = [plain, split]: seconds of a two-layer middle pipeline chunk (input from the
     stage before, output to the next), forward + backward, with one backward as the executor runs B, and
@@ -646,7 +713,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     # and the per-call costs hold the same mean load: on a shared machine the load moves within the minutes a
     # calibration takes, and the planner adds the two together. The one-off tables run after the first round.
     rounds = [measure_model(t, out), measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out),
-              measure_loop(t, out)]
+              measure_loop(t, out), measure_cp(t, out)]
     for r in range(MODEL_ROUNDS):
         for steps in rounds:
             label = next(steps, None)  # None: nothing to measure at this world (or in this torch)

@@ -47,6 +47,9 @@ class Profile:
     loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
     split_points: list = field(default_factory=list)  # [one backward, split I + W] of a middle chunk, seconds
     split_layers: int = 0  # layers of that chunk
+    cp_points: list = field(default_factory=list)  # [plain, ring, all-gather] one layer on seq/world tokens, seconds
+    cp_attention_s: float = 0.0  # the attention work the planner charges a cp layer beyond the plain one
+    cp_block_bytes: int = 0  # one rank's K/V block behind cp_points
     alone_points: list = field(default_factory=list)  # [every rank, one rank alone] the model at the smallest micro-batch, s
     concurrent_slowdown: float = 1.0  # median over repeats of every rank / one alone (>= 1)
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
@@ -125,6 +128,31 @@ class Profile:
         """A blocking receive after a layer, beyond the send_recv table's time."""
         return self._in_context(3, "send_recv")
 
+    def _cp_beyond(self, index: int, exchanges: float) -> float:
+        """cp_points[index] - plain - the attention work and the `exchanges` (seconds) the planner already charges."""
+        if len(self.cp_points) < 3:
+            return 0.0
+        return max(self.cp_points[index] - self.cp_points[0] - self.cp_attention_s - exchanges, 0.0)
+
+    def cp_ring_step_s(self) -> float:
+        """The ring attention's own work per layer, micro-batch and ring step (cp of them: the planner charges cp x it),
+        beyond its exchanges as planner/layer_time.cp_layer_comm counts them on a machine that overlaps none: cp - 1
+        K/V hops forward, cp - 1 and cp dK/dV hops backward, each the send_recv table's time + p2p_sync_s."""
+        if not self.tables.get("send_recv"):
+            return 0.0
+        hop = interpolate(self.monotone_tables()["send_recv"], self.cp_block_bytes) + self.p2p_sync_s()
+        return self._cp_beyond(1, (3 * self.world - 2) * hop) / self.world
+
+    def cp_allgather_s(self) -> float:
+        """The all-gather attention's own work per layer and micro-batch, beyond its collectives as
+        planner/layer_time.cp_layer_comm counts them: the K/V all-gather forward and again backward, the dK/dV
+        reduce-scatter, each at its table's time + sync_overhead_s."""
+        if not (self.tables.get("all_gather") and self.tables.get("reduce_scatter")):
+            return 0.0
+        tables, nbytes = self.monotone_tables(), self.world * self.cp_block_bytes
+        calls = 2 * interpolate(tables["all_gather"], nbytes) + interpolate(tables["reduce_scatter"], nbytes)
+        return self._cp_beyond(2, calls + 3 * self.sync_overhead_s())
+
     def reference_drift(self) -> float:
         """Slowest / fastest round of the reference workload (the model's smallest micro-batch) over the
         calibration's start, middle and end: 1 on a machine whose speed held while it was measured."""
@@ -157,6 +185,8 @@ class Profile:
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
                "fsdp_points": self.fsdp_points,
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
+               "cp_ring_step_s": self.cp_ring_step_s(), "cp_allgather_s": self.cp_allgather_s(),
+               "cp_points": self.cp_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
         if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
@@ -196,7 +226,7 @@ class Profile:
 SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
-                     "split_backward_s"), "compute"),
+                     "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
     **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "fsdp_call_s": "fsdp",
@@ -204,7 +234,7 @@ SPEED_CLASS = {
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
-               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads")
+               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points")
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "fsdp": "calls", "calls": "compute"}
 

@@ -191,6 +191,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         fwd = sum(g[0] for g in gemms) + attn + el_f
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
         bwd_w = sum(g[2] for g in gemms)
+    own = cp_attention_work(c.measured, layout)  # forward a third (recomputed with the attention), backward the rest
+    fwd, attn, bwd_in = fwd + own / 3, attn + own / 3, bwd_in + 2 * own / 3
     # Op-level selective checkpointing keeps every other matmul's output (the 1st, 3rd, ...) and the attention
     # output; backward runs the other matmuls and every element-wise kernel of the layer again.
     again = layer_matmuls(model, tp)[1::2]
@@ -331,6 +333,19 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
         return exposed[0], exposed[1] + regathers
     one = ag + rs + sync
     return 2 * one, 2 * one + regathers
+
+
+def cp_attention_work(measured: dict | None, layout: Layout) -> float:
+    """Seconds per layer and micro-batch of a context-parallel attention's own work beyond its kernels' FLOPs and its
+    exchanges (cp_layer_comm), as `calibrate` measured it on the machine (calibrate.measure.measure_cp; 0 for datasheet
+    clusters): the ring's slicing, online-softmax merges and buffers, cp_ring_step_s per ring step (cp steps a layer),
+    or the all-gather's reordering and block loop, cp_allgather_s a layer."""
+    m = measured or {}
+    if layout.cp <= 1:
+        return 0.0
+    if layout.cp_mode == "ring":
+        return layout.cp * float(m.get("cp_ring_step_s", 0.0))
+    return float(m.get("cp_allgather_s", 0.0))
 
 
 def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: float) -> tuple[float, float]:
