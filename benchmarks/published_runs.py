@@ -316,6 +316,12 @@ def stated_sequence_parallel(row: dict) -> bool:
     return "SP" in row["recompute"] or "SP on" in row["notes"] or "sequence parallel" in row["run"].lower()
 
 
+def stated_no_sequence_parallel(row: dict) -> bool:
+    """The row says its TP did not shard the sequence ('SP off': plain Megatron TP, e.g. InternEvo's tensor mode
+    'mtp'), so the command line names --no-sequence-parallel instead of choosing."""
+    return "SP off" in row["notes"]
+
+
 def stated_tp_comm_overlap(row: dict) -> bool | None:
     """TP comm overlap as the row states it (async TP, NeMo's tp_comm_overlap; 'tp comm overlap off': NeMo's
     ub_tp_comm_overlap false, whatever its profile's default), None when it says nothing."""
@@ -394,7 +400,7 @@ def parse(row: dict, six_profiles: bool = False) -> Run:
         zero = fw.default_zero_with_pp
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
-    chunk = max_chunk_layers(model, pp, vpp, seq) if pp * vpp <= model.num_layers else 1
+    chunk = max_chunk_layers(model, pp, vpp, seq, fw.stage_split) if pp * vpp <= model.num_layers else 1
     partial = _recompute_layers(recompute_cell, chunk)
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero,
                     recompute="full" if partial else _recompute(recompute_cell),

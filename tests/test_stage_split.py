@@ -78,13 +78,14 @@ def test_distinct_ranks_cover_every_kind_of_rank():
 @pytest.mark.parametrize("model,pp,vpp,seq", [("gpt2", 4, 1, 1024), ("gpt2", 4, 3, 1024), ("llama3-8b", 8, 2, 2048),
                                               ("tiny", 2, 2, 64), ("llama3.1-405b", 16, 1, 4096)])
 def test_runtime_planner_and_simulator_cut_alike(model, pp, vpp, seq):
-    """The runtime builds the layers the planner counts, and the simulator's per-stage costs follow them."""
+    """The runtime builds the layers the planner counts for it (the shardwise profile), and the simulator's
+    per-stage costs follow them."""
     from shardwise.parallel.pipeline_step import build_stage_chunks
     from shardwise.planner.memory import Job, rank_layers as planner_layers
     from shardwise.schedules import model_costs
 
     spec = load_model(model)
-    job = Job(spec, load_cluster("dgx-h100-80gb"), TrainSpec(pp * 4, seq))
+    job = Job(spec, load_cluster("dgx-h100-80gb"), TrainSpec(pp * 4, seq), framework="shardwise")
     layout = Layout(pp=pp, vpp=vpp, schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
     counts = stage_layer_counts(spec, pp * vpp, seq)
     for r in range(pp):
@@ -145,3 +146,30 @@ def test_more_chunks_than_layers_only_where_the_stack_cuts_a_chunk_for_the_embed
         validate_layout(lay, spec, 2048)  # shardwise's runtime builds a layer in every chunk
     with pytest.raises(UsageError, match="144 model chunks exceed the 126 layers plus a chunk for the embedding"):
         validate_layout(lay.with_(vpp=9), spec, 2048, edge_chunks=True)
+
+
+def test_megatron_cuts_evenly_or_gives_the_embedding_and_the_loss_a_layers_slot():
+    # Zero Bubble PP (Qi et al. 2023, Sec. 5.1, on Megatron-LM): "both the initial and final pipeline stages possess
+    # one fewer transformer layer" — its 1.5B model, 22 layers on 8 stages: 2, 3 x 6, 2 ((22 + 2) / 8 = 3 slots a
+    # stage). The cost-balanced cut of the same model (hidden 2304, vocabulary 51,200: the LM head costs 1.7 layers)
+    # takes layers off the last stage instead. A split S divides: L / S each (Megatron's get_num_layers_to_build),
+    # whatever the head costs (Llama 3 70B on 20 chunks: 4 each, where balancing would take one off the last).
+    zb = dataclasses.replace(load_model("gpt2"), num_layers=22, hidden=2304, num_heads=24, num_kv_heads=24,
+                             head_dim=96, ffn_hidden=4 * 2304, vocab_size=51200)
+    assert stage_layer_counts(zb, 8, 1024, "megatron") == (2, 3, 3, 3, 3, 3, 3, 2)
+    assert stage_layer_counts(zb, 8, 1024) != (2, 3, 3, 3, 3, 3, 3, 2)
+    llama = load_model("llama3-70b")
+    assert stage_layer_counts(llama, 20, 8192, "megatron") == (4,) * 20
+    assert stage_layer_counts(llama, 20, 8192)[-1] < 4
+
+
+def test_a_megatron_profile_estimates_megatrons_cut_and_shardwise_its_own():
+    from shardwise.planner.memory import Job, rank_layers as planner_layers
+
+    zb = dataclasses.replace(load_model("gpt2"), num_layers=22, hidden=2304, num_heads=24, num_kv_heads=24,
+                             head_dim=96, ffn_hidden=4 * 2304, vocab_size=51200)
+    layout = Layout(pp=8)
+    for framework, last in (("megatron-core", 2), ("nemo", 2), ("megatron-2021", 2), ("shardwise", None)):
+        job = Job(zb, load_cluster("dgx-a100-80gb"), TrainSpec(48, 1024), framework=framework)
+        want = stage_layer_counts(zb, 8, 1024)[-1] if last is None else last
+        assert planner_layers(job, layout, 7) == want, framework

@@ -24,6 +24,15 @@ micro-batches in flight, so a layer costs the least memory late in the pipeline.
 Why cost-balanced rather than even: a pipeline step is as slow as its slowest stage, and the head of
 a large-vocabulary model costs several layers (GPT-2: 3.7 layers at s = 2048) — an even split leaves
 that stage the bottleneck that every other stage waits for.
+
+Megatron-LM does not balance by cost unless told to ("megatron" rule, the split of a Megatron-family profile:
+Framework.stage_split): it builds L / S layers per stage (megatron/core/transformer/transformer_block.py
+get_num_layers_to_build), or, with --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split,
+(L + 2) / S slots a stage with the embedding and the loss one slot each, so the first and the last stage one layer
+fewer. Zero Bubble PP (Qi et al. 2023, Sec. 5.1) ran the latter on Megatron-LM: "both the initial and final
+pipeline stages possess one fewer transformer layer". Other cuts need the layout named (--pipeline-model-parallel-
+layout, or the first/last stage's layers): there the rule is the cost-balanced one, which is what shardwise's
+Megatron arguments name (emit/megatron.py).
 """
 
 from __future__ import annotations
@@ -52,14 +61,22 @@ def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
     return float(layer), float(embedding), float(head)
 
 
+RULES = ("balanced", "megatron")
+
+
 @lru_cache(maxsize=4096)
-def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[int, ...]:
-    """Layers per virtual stage (see the module docstring for the rule). Every stage gets at least one
+def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
+    """Layers per virtual stage (see the module docstring for the rules). Every stage gets at least one
     layer when there are enough; with more stages than layers (`max_chunks`: the runtime refuses them) the
     edge stages give up theirs first, as their embedding or head already costs something."""
     L, S = spec.num_layers, num_stages
     if S < 1:
         raise ValueError(f"cannot cut {L} layers into {S} stages")
+    if rule == "megatron" and S <= L and L % S == 0:  # Megatron's even split
+        return (L // S,) * S
+    if rule == "megatron" and 2 < S <= L + 2 and (L + 2) % S == 0:  # embedding and loss a layer's slot each
+        k = (L + 2) // S
+        return (k - 1,) + (k,) * (S - 2) + (k - 1,)
     least = 1 if S <= L else 0
     layer, embed, head = layer_costs(spec, seq_len)
     edge = [0.0] * S
@@ -90,32 +107,32 @@ def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int) -> tuple[
     return tuple(counts)
 
 
-def split_layers(spec: ModelSpec, num_stages: int, seq_len: int) -> list[list[int]]:
+def split_layers(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> list[list[int]]:
     """Contiguous layer ids per virtual stage."""
     out, first = [], 0
-    for n in stage_layer_counts(spec, num_stages, seq_len):
+    for n in stage_layer_counts(spec, num_stages, seq_len, rule):
         out.append(list(range(first, first + n)))
         first += n
     return out
 
 
 @lru_cache(maxsize=1 << 16)
-def rank_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> int:
+def rank_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, rule: str = "balanced") -> int:
     """Layers held by pipeline rank `rank`: its vpp chunks (virtual stages rank, rank + pp, ...)."""
-    return sum(stage_layer_counts(spec, pp * vpp, seq_len)[rank::pp])
+    return sum(stage_layer_counts(spec, pp * vpp, seq_len, rule)[rank::pp])
 
 
-def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> list[int]:
-    return list(_distinct_ranks(spec, pp, vpp, seq_len))
+def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> list[int]:
+    return list(_distinct_ranks(spec, pp, vpp, seq_len, rule))
 
 
 @lru_cache(maxsize=4096)
-def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> tuple[int, ...]:
+def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
     """One pipeline rank per kind (first, last, and each set of chunk sizes in between), the lowest of each:
     ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
     as many micro-batches of each chunk in flight (a longer warm-up). The planner evaluates these instead of
     every rank."""
-    counts = stage_layer_counts(spec, pp * vpp, seq_len)
+    counts = stage_layer_counts(spec, pp * vpp, seq_len, rule)
     seen, out = set(), []
     for r in range(pp):
         kind = (r == 0, r == pp - 1, counts[r::pp])
@@ -125,21 +142,22 @@ def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> tuple[i
     return tuple(out)
 
 
-def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int) -> list[float]:
-    """Forward FLOPs per token of each virtual stage under the split (what the split balances)."""
+def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> list[float]:
+    """Forward FLOPs per token of each virtual stage under the split (what the balanced split balances)."""
     layer, embed, head = layer_costs(spec, seq_len)
-    counts = stage_layer_counts(spec, num_stages, seq_len)
+    counts = stage_layer_counts(spec, num_stages, seq_len, rule)
     return [n * layer + (embed if s == 0 else 0.0) + (head if s == num_stages - 1 else 0.0) for s, n in enumerate(counts)]
 
 
 @lru_cache(maxsize=1 << 16)
-def rank_recomputed_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, per_chunk: int | None) -> int:
+def rank_recomputed_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, per_chunk: int | None,
+                           rule: str = "balanced") -> int:
     """Layers pipeline rank `rank` recomputes in full when each of its chunks recomputes its first `per_chunk`
     layers (all of a chunk that holds fewer; None: every layer) — Megatron's block method, per TransformerBlock."""
-    counts = stage_layer_counts(spec, pp * vpp, seq_len)[rank::pp]
+    counts = stage_layer_counts(spec, pp * vpp, seq_len, rule)[rank::pp]
     return sum(counts) if per_chunk is None else sum(min(per_chunk, c) for c in counts)
 
 
-def max_chunk_layers(spec: ModelSpec, pp: int, vpp: int, seq_len: int) -> int:
+def max_chunk_layers(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> int:
     """The most layers one model chunk (virtual stage) holds: what --recompute-layers counts against."""
-    return max(stage_layer_counts(spec, pp * vpp, seq_len))
+    return max(stage_layer_counts(spec, pp * vpp, seq_len, rule))

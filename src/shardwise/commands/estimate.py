@@ -59,7 +59,8 @@ def run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
-    check(get(job.framework), layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len))
+    fw = get(job.framework)
+    check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split))
     est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())

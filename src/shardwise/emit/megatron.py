@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.stage_split import stage_layer_counts
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
@@ -100,7 +101,9 @@ def _parallel_args(job, layout) -> list[str]:
         args += ["--expert-model-parallel-size", layout.ep, "--expert-tensor-parallel-size", layout.etp]
     if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
         args += ["--context-parallel-size", layout.cp, "--cp-comm-type", "p2p" if layout.cp_mode == "ring" else "all_gather"]
-    counts = stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)  # the planner's split
+    # the planner's split of this stack's cut (Megatron's own, or the cost-balanced one named as a layout)
+    counts = stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len,
+                                get_framework(job.framework).stage_split)
     if layout.pp > 1 and len(set(counts)) > 1:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
     elif layout.vpp > 1:

@@ -209,7 +209,7 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
     # --recompute-layers N counts the first N layers of each chunk: a depth whose chunks all hold fewer is refused
     # when named (specs.check_recompute_layers), so it is not weighed either
     n = lay.recompute_layers
-    deep = [(k, v) for k, v in deep if n is None or n <= max_chunk_layers(job.model, lay.pp, v, job.train.seq_len)]
+    deep = [(k, v) for k, v in deep if n is None or n <= max_chunk_layers(job.model, lay.pp, v, job.train.seq_len, fw.stage_split)]
     if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.vpp == 1:
         return deep or own
     if ({"vpp", "schedule"} & set(named) or not fw.interleave_unnamed or lay.schedule != "1f1b"
@@ -222,8 +222,8 @@ def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
     """`layout` (full recompute, fitting) with the fewest layers per chunk recomputed that its framework runs and
     that still fit (--recompute-layers), or None when only every layer fits. Fewer recomputed layers are faster and
     hold more, so the answer is the first count that fits: a binary search over the counts."""
-    counts = get_framework(job.framework).partial_counts(max_chunk_layers(job.model, layout.pp, layout.vpp,
-                                                                          job.train.seq_len))
+    fw = get_framework(job.framework)
+    counts = fw.partial_counts(max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split))
     lo, hi = 0, len(counts)
     while lo < hi:
         mid = (lo + hi) // 2

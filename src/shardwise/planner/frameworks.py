@@ -91,6 +91,11 @@ class Framework:
     # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, torchtitan's input and output
     # weights, Llama 3's pipeline.
     edge_chunks: bool = False
+    # How its pipeline cuts the layers when the user names no split (stage_split.RULES): "balanced" (the cost-balanced
+    # cut: this project's runtime, torchtitan's and Llama 3's), or "megatron" (Megatron-LM's L / S layers per stage, or
+    # with the embedding and the loss a layer's slot each when S divides L + 2: transformer_block.py
+    # get_num_layers_to_build; other cuts need a named layout, which shardwise's Megatron arguments give).
+    stage_split: str = "balanced"
     # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
     # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
     # a meta tensor, then the data).
@@ -273,6 +278,7 @@ MEGATRON_2021 = Framework(
     p2p_regathers=(1, 1), p2p_regather_copies=2,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
             "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
+    stage_split="megatron",  # num_layers // pipeline size per stage (megatron/mpu: get_num_layers asserts it divides)
 )
 
 MEGATRON_CORE = Framework(
@@ -300,6 +306,7 @@ MEGATRON_CORE = Framework(
     # layer's slot, (L + 2) / (pp*vpp) slots a chunk, the first and the last chunk one layer fewer
     # (transformer_block.py get_num_layers_to_build)
     edge_chunks=True,
+    stage_split="megatron",
 )
 
 NEMO = Framework(
@@ -328,6 +335,7 @@ NEMO = Framework(
     expandable_segments=True,
     partial_recompute="block",  # activations_checkpoint_granularity full, method block, num_layers N (megatron-core's)
     edge_chunks=True,  # megatron-core's account_for_embedding/loss_in_pipeline_split in its model config
+    stage_split="megatron",  # megatron-core's split: its recipes name no pipeline layout
 )
 
 DEEPSPEED = Framework(

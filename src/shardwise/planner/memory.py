@@ -312,7 +312,7 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     """The MoE layers of pipeline rank `rank` keep this much more than dense layers would (their routed
     path is never recomputed by selective recompute; under full recompute the layer being recomputed holds it,
     and with --recompute-layers the MoE layers outside the recomputed ones, taken in proportion, keep it)."""
-    n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
+    n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
     if not n:
         return 0.0
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
@@ -367,9 +367,14 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
 # --------------------------------------------------------------------------- model states
 
 
+def split_rule(job: Job) -> str:
+    """How the job's stack cuts its pipeline (stage_split.RULES): its framework's Framework.stage_split."""
+    return get_framework(job.framework).stage_split
+
+
 def rank_layers(job: Job, layout: Layout, rank: int) -> int:
-    """Layers on pipeline rank `rank`: its vpp chunks, cut exactly as the runtime cuts them (stage_split)."""
-    return stage_split.rank_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len)
+    """Layers on pipeline rank `rank`: its vpp chunks, cut as the job's stack cuts them (stage_split)."""
+    return stage_split.rank_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len, split_rule(job))
 
 
 def rank_recomputed_layers(job: Job, layout: Layout, rank: int) -> int:
@@ -378,12 +383,12 @@ def rank_recomputed_layers(job: Job, layout: Layout, rank: int) -> int:
     if layout.recompute != "full":
         return 0
     return stage_split.rank_recomputed_layers(job.model, layout.pp, layout.vpp, rank, job.train.seq_len,
-                                              layout.recompute_layers)
+                                              layout.recompute_layers, split_rule(job))
 
 
 def pipeline_ranks(job: Job, layout: Layout) -> list[int]:
     """The pipeline ranks worth evaluating: one of each kind (first, last, each set of chunk sizes between)."""
-    return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len)
+    return stage_split.distinct_ranks(job.model, layout.pp, layout.vpp, job.train.seq_len, split_rule(job))
 
 
 @lru_cache(maxsize=1024)
@@ -398,7 +403,7 @@ def layer_params(model: ModelSpec, tp: int) -> float:
 
 def rank_expert_params(job: Job, layout: Layout, rank: int) -> float:
     """The routed experts' parameters on one GPU of pipeline rank `rank` (split over ep and etp)."""
-    return moe.experts_per_gpu(job.model, layout, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len))
+    return moe.experts_per_gpu(job.model, layout, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job)))
 
 
 def _rank_layer_params(job: Job, layout: Layout, rank: int) -> float:
@@ -407,12 +412,12 @@ def _rank_layer_params(job: Job, layout: Layout, rank: int) -> float:
     model = job.model
     if not model.is_moe:
         return rank_layers(job, layout, rank) * layer_params(model, layout.tp)
-    return _moe_rank_layer_params(model, layout.pp, layout.vpp, rank, job.train.seq_len, layout.tp)
+    return _moe_rank_layer_params(model, layout.pp, layout.vpp, rank, job.train.seq_len, layout.tp, split_rule(job))
 
 
 @lru_cache(maxsize=1 << 14)  # the search asks per rank for every ZeRO stage and recompute policy of a split
-def _moe_rank_layer_params(model, pp: int, vpp: int, rank: int, seq_len: int, tp: int) -> float:
-    ids = moe._rank_layer_ids(model, pp, vpp, rank, seq_len)
+def _moe_rank_layer_params(model, pp: int, vpp: int, rank: int, seq_len: int, tp: int, rule: str) -> float:
+    ids = moe._rank_layer_ids(model, pp, vpp, rank, seq_len, rule)
     moe_ids = [i for i in ids if model.is_moe_layer(i)]
     routers = len(moe_ids) * model.num_experts * model.hidden
     norms = len(ids) * 2 * model.hidden
@@ -505,7 +510,8 @@ def rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
 @lru_cache(maxsize=1 << 14)
 def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
     m = layout.num_microbatches(job.train.global_batch)
-    chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len)[rank::layout.pp]
+    chunks = stage_split.stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len,
+                                            split_rule(job))[rank::layout.pp]
     experts = rank_expert_params(job, layout, rank)
     first = logits = 0.0
     if rank == 0:
@@ -533,7 +539,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["activations"] = stage_activation_bytes(job, layout, layers, held.inflight,
                                                 rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
-        t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len)
+        t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
         states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
                                    experts, experts / n_moe)
         out = {k: out[k] + states.get(k, 0.0) for k in out}

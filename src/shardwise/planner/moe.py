@@ -57,21 +57,23 @@ MOE_LAYER_HOST_S = 9.5e-3
 
 
 @lru_cache(maxsize=1 << 14)  # asked per rank for every layout the search scores: computed once per split
-def _rank_layer_ids(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> tuple[int, ...]:
-    counts = stage_split.stage_layer_counts(model, pp * vpp, seq_len)
+def _rank_layer_ids(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, rule: str = "balanced"
+                    ) -> tuple[int, ...]:
+    counts = stage_split.stage_layer_counts(model, pp * vpp, seq_len, rule)
     starts = list(itertools.accumulate(counts, initial=0))
     return tuple(i for c in range(vpp) for s in [c * pp + rank] for i in range(starts[s], starts[s] + counts[s]))
 
 
-def rank_moe_layers(model: ModelSpec, layout: Layout, rank: int, seq_len: int) -> int:
+def rank_moe_layers(model: ModelSpec, layout: Layout, rank: int, seq_len: int, rule: str = "balanced") -> int:
+    """MoE layers on pipeline rank `rank` under the stack's split `rule` (stage_split.RULES)."""
     if not model.is_moe:
         return 0
-    return _rank_moe_layers(model, layout.pp, layout.vpp, rank, seq_len)
+    return _rank_moe_layers(model, layout.pp, layout.vpp, rank, seq_len, rule)
 
 
 @lru_cache(maxsize=1 << 14)
-def _rank_moe_layers(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int) -> int:
-    return sum(model.is_moe_layer(i) for i in _rank_layer_ids(model, pp, vpp, rank, seq_len))
+def _rank_moe_layers(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, rule: str) -> int:
+    return sum(model.is_moe_layer(i) for i in _rank_layer_ids(model, pp, vpp, rank, seq_len, rule))
 
 
 def expert_replicas(layout: Layout, cp: int) -> int:

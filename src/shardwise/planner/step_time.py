@@ -27,7 +27,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, fp8_weight_cast, layer_cost,
                                           matmul_params_per_layer)
 from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
-                                      rank_recomputed_layers)
+                                      rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, interference
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
@@ -112,7 +112,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     tokens = layout.micro_batch * local_seq(job, layout)
     layers = rank_layers(job, layout, rank)
     lc = layer_cost(job, layout)
-    moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len)
+    moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len, split_rule(job))
     if moe_layers:  # the mean layer of this rank
         lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
         if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
