@@ -97,6 +97,8 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path, certain_only: bool) -> t
                                                   if lay.recompute_layers else [])
     if pr.stated_sequence_parallel(row) and lay.tp > 1:
         argv += ["--sequence-parallel"]
+    elif pr.stated_no_sequence_parallel(row) and lay.tp > 1:
+        argv += ["--no-sequence-parallel"]
     overlap = pr.stated_tp_comm_overlap(row)
     if overlap is not None and pr.FRAMEWORKS[run.framework].tp_comm_overlap_available and lay.tp > 1:
         argv += ["--tp-comm-overlap" if overlap else "--no-tp-comm-overlap"]
