@@ -562,7 +562,7 @@ def compare(path: Path, six_profiles: bool = False) -> tuple[list[dict], dict]:
                "layout": run.layout.describe(), "gpus": est.gpus,
                "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
                "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
-               "error": round(err, 4), "fits": est.fits, "weak": run.weak, "mfu": round(est.mfu, 4),
+               "error": round(err, 4), "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "mfu": round(est.mfu, 4),
                "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
                                                        / run.published_step_s / est.gpus, 1),
                "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
@@ -680,6 +680,13 @@ def markdown(rows: list[dict], s: dict) -> str:
     return "\n".join(lines).replace("%", " %")
 
 
+def _weak_mark(r: dict) -> str:
+    """A weak row's mark in the table: the reason its notes give ('Weak: ...'), else the uncertain cell's."""
+    if r.get("weak_reason"):
+        return f" (weak, not in summary: {r['weak_reason']})"
+    return " (weak: not in summary)" if r["weak"] else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="published_runs.csv")
@@ -704,11 +711,13 @@ def main(argv: list[str] | None = None) -> int:
         if "skip" in r:
             print(f"{r['run'][:56]:56} skipped: {r['skip']}")
             continue
-        mark = " (weak: not in summary)" if r["weak"] else ""
         print(f"{r['run'][:56]:56} {r['framework']:14} {r['layout']:20} {r['published_step_s']:8.3f} "
-              f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
+              f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{_weak_mark(r)}")
     s = summary
     eff = s["in_situ_efficiency"]
+    if not s["rows"]:  # a scratch CSV of rows all kept out of the summary (or all skipped): nothing to sum up
+        print(f"\n0 rows ({s['skipped']} skipped): no row in the summary")
+        return 0
     print(f"\n{s['rows']} rows ({s['skipped']} skipped): median |error| {s['median_abs_error']:.1%}, "
           f"max |error| {s['max_abs_error']:.1%}, every published layout fits: {s['all_fit']}"
           + (f" (not: {', '.join(s['not_fitting'])})" if s["not_fitting"] else ""))
@@ -728,10 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     if moe["rows"]:
         print("\nmixture of experts (planner/moe.py; scored apart, two constants fitted on them, below):")
         for r in moe["runs"]:
-            mark = f" (weak, not in summary: {r['weak_reason']})" if r["weak_reason"] else (
-                " (weak: not in summary)" if r["weak"] else "")
             print(f"{r['run'][:56]:56} {r['framework']:14} {r['layout'][:24]:24} {r['published_step_s']:8.3f} "
-                  f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{mark}")
+                  f"{r['predicted_step_s']:8.3f} {r['error']:+7.1%} {'yes' if r['fits'] else 'NO'}{_weak_mark(r)}")
         print(f"{moe['rows']} mixture-of-experts rows, median "
               f"|error| {moe['median_abs_error']:.1%}, max {moe['max_abs_error']:.1%}"
               + (f"; predicted not to fit: {', '.join(moe['not_fitting'])}" if moe["not_fitting"] else ""))
