@@ -341,12 +341,13 @@ def pre_flash(row: dict) -> bool:
     return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH)
 
 
-def not_modelled(row: dict) -> str:
-    """Why the planner cannot model this row yet ('' if it can)."""
+def not_modelled(row: dict, compiled: bool = False) -> str:
+    """Why the planner cannot model this row yet ('' if it can). `compiled`: score torch.compile runs as if eager,
+    as a checker who has only the row's layout does (outside_view.py --compiled)."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
     notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
-    if "compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes:
+    if not compiled and ("compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes):
         return "torch.compile's fusions are not modelled"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
         return "power-capped H100 (500 W): no datasheet rates at that cap"
@@ -369,14 +370,14 @@ def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     return complete_layout(job, layout, named)[0]
 
 
-def parse(row: dict, six_profiles: bool = False) -> Run:
+def parse(row: dict, six_profiles: bool = False, compiled: bool = False) -> Run:
     run = Run(row["run"], row["source"], series=row.get("series", "").strip())
     tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
     run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
     weak = re.search(r"Weak: (.+?)\.(?:\s|$)", row["notes"])  # a figure its own source contradicts
     if weak:
         run.weak, run.weak_reason = True, weak.group(1).strip()
-    run.skip = not_modelled(row)
+    run.skip = not_modelled(row, compiled)
     if run.skip:
         return run
     profile = _profile(row)

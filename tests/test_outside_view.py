@@ -44,3 +44,19 @@ def test_command_line_predicts_the_internal_view_where_both_know_the_same(tmp_pa
     bloom = next(r for r in scored if r["run"] == "BLOOM-176B production (tr11)")
     assert any("inter_node_bandwidth" in why for why in bloom["why"])
     assert bloom["cli_step_s"] < bloom["internal_step_s"]
+
+
+def test_compiled_rows_are_scored_through_the_command_line_only_when_asked(tmp_path):
+    # The internal view skips runs built with torch.compile (its fusions are not modelled), but a checker that has
+    # only the row's layout cannot see the flag and scores them anyway; --compiled does the same, so the command
+    # line's figure on such runs is printed rather than hidden. OLMo-core's 7B table row (README at e27ba7455):
+    # 10,000 tokens/s per GPU, global batch 1,024 x 4,096 on 8 GPUs: 1024 * 4096 / (10000 * 8) = 52.43 s a step.
+    view = _outside_view()
+    row = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if r["run"] == "OLMo-core 7B (OLMo-1124) 8?xH100 FSDP2 BF16")
+    assert view.score_row(row, tmp_path, True) is None
+    scored = view.score_row(row, tmp_path, True, compiled=True)
+    assert abs(scored["published_step_s"] - 1024 * 4096 / (10000 * 8)) < 1e-6
+    assert scored["fits"] and scored["cli_step_s"] > 0
+    # only the compile skip is lifted: a power-capped H100 row (no datasheet rates at 500 W) stays out
+    capped = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if "500 W" in r["gpu_type"])
+    assert view.score_row(capped, tmp_path, True, compiled=True) is None
