@@ -116,7 +116,7 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,
-        "pipeline_p2p_overlapped": fw.p2p_overlap,
+        "pipeline_p2p_overlapped": ", ".join(fw.p2p_overlap) or "none",
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),

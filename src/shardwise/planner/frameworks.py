@@ -85,7 +85,9 @@ class Framework:
     list_collectives: bool = False
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
-    p2p_overlap: bool = False  # activations/gradients between stages sent behind compute
+    # The schedules whose activations/gradients between stages it sends behind compute (others: each transfer waited
+    # for between computes).
+    p2p_overlap: tuple[str, ...] = ()
     # Its stage split counts the embedding and the loss as a layer each, so a model chunk may hold only one of them
     # and pp*vpp may reach the layers + 2 (stage_split.max_chunks): Megatron-Core >= 0.11.0's
     # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split, torchtitan's input and output
@@ -281,6 +283,12 @@ MEGATRON_2021 = Framework(
     stage_split="megatron",  # num_layers // pipeline size per stage (megatron/mpu: get_num_layers asserts it divides)
 )
 
+# Megatron-LM overlaps pipeline transfers with compute in the interleaved schedule only (--overlap-p2p-communication,
+# f9283c5a 2023-05-31, on by default from late 2023): for 1F1B, arguments.py sets overlap_p2p_comm False ("non-interleaved
+# schedule does not support overlapping p2p communication") and schedules.py waits on each send_forward_recv_backward
+# between computes. NeMo runs the same schedules.
+MEGATRON_P2P_OVERLAP = ("interleaved-1f1b",)
+
 MEGATRON_CORE = Framework(
     name="megatron-core",
     summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
@@ -294,7 +302,8 @@ MEGATRON_CORE = Framework(
              "optim_grads / optim_grads_params)",
              "Korthikanti et al. 2022 (SP, selective recompute)"),
     attention="te", grad_reduce_bytes=4, overlap_grad_reduce=True, overlap_param_gather=True,
-    bucket_bytes=40e6 * 4, p2p_overlap=True, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3), default_zero=1,
+    bucket_bytes=40e6 * 4, p2p_overlap=MEGATRON_P2P_OVERLAP, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3),
+    default_zero=1,
     zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
@@ -322,7 +331,8 @@ NEMO = Framework(
              "model the FP32 master weights are kept as 16-bit remainders (store_param_remainders): 2 + 4 + 4 = 10 "
              "optimizer bytes per parameter"),
     grad_bytes=2, optimizer_bytes=10, attention="te", grad_reduce_bytes=2, overlap_grad_reduce=True,
-    overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=True, tp_comm_overlap=True, tp_comm_overlap_available=True,
+    overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=MEGATRON_P2P_OVERLAP, tp_comm_overlap=True,
+    tp_comm_overlap_available=True,
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", expert_gemm_streams=4,
@@ -606,7 +616,7 @@ LLAMA3 = Framework(
              "9-13 s of FP32/BF16 traffic per GPU on its 400 Gb/s NIC in a 12.5 s step (8,192 GPUs), 4.5-6.8 s in 6.7 s "
              "(16,384)"),
     attention="fa2", grad_reduce_bytes=4, overlap_grad_reduce=True, pipeline_fsdp_once=True,
-    p2p_overlap=True, zero_stages=(0, 1, 2), context_parallel=("allgather",),
+    p2p_overlap=("1f1b", "interleaved-1f1b"), zero_stages=(0, 1, 2), context_parallel=("allgather",),
     # Sec. 3.3.2: "we reduce one Transformer layer each from the first and the last stages, respectively. This means
     # that the first model chunk on the first stage has only the embedding, and the last model chunk on the last stage
     # has only output projection and loss calculation."

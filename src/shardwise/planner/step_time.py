@@ -415,21 +415,30 @@ def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: flo
     return max(timed - simulate(built, costs).makespan, 0.0)
 
 
+def neighbour_stride(job: Job, layout: Layout) -> int:
+    """Rank distance of the pipeline's slowest neighbouring pair. Stages sit dp*tp*cp ranks apart; a pipeline that
+    spans nodes has a pair across them (its interleaved wrap-around, last stage to first, too), and every
+    steady-state transfer of the schedule waits for that pair's as much as for the others'."""
+    stride = layout.dp * layout.tp * layout.cp
+    per_node = job.cluster.gpus_per_node
+    return stride if layout.pp * stride <= per_node else max(stride, per_node)
+
+
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
     """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
-    stage is timed at them) and one exposed activation transfer between neighbouring ranks (seconds:
-    split over TP, the scatter-gather / SP layout; 0 when the framework overlaps its pipeline transfers
-    with compute). The report's timeline simulates the schedule with the same numbers."""
+    stage is timed at them) and one exposed activation transfer between the slowest neighbouring ranks
+    (seconds: split over TP, the scatter-gather / SP layout; what it slows compute by when the framework
+    overlaps its transfers in this schedule). The report's timeline simulates the schedule with the same numbers."""
     costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
     c = 0.0
     fw = get_framework(job.framework)
     if layout.pp > 1:
-        stride = layout.dp * layout.tp * layout.cp
+        stride = neighbour_stride(job, layout)
         c = collective_time(job.cluster, "send_recv", act, 2, stride)
         c += (fw.p2p_messages - 1) * collective_time(job.cluster, "send_recv", META_BYTES, 2, stride)
-        if fw.p2p_overlap and not calibrated(job):
+        if layout.schedule in fw.p2p_overlap and not calibrated(job):
             c = interference(c, 0.0)  # sent behind compute, which it slows while it runs
     return slow, c
 

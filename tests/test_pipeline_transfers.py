@@ -1,0 +1,41 @@
+"""Which pipeline transfer a step waits for: the pair of neighbouring stages it is charged at, and whether the
+stack sends it behind compute in the schedule it runs (planner/step_time.py pipeline_costs)."""
+import pytest
+
+from shardwise.planner.comm import collective_time
+from shardwise.planner.memory import make_job
+from shardwise.planner.step_time import pipeline_costs
+from shardwise.specs import Layout, ModelSpec, load_cluster
+
+A100 = load_cluster("dgx-a100-80gb")  # 8 GPUs a node
+# Zero Bubble PP's 14.6B model (Qi et al. 2023, Table 3): 46 layers, 40 heads, hidden 5120, sequence 1024.
+ZB_14B = ModelSpec(name="zb-14.6b", family="gpt2", hidden=5120, ffn_hidden=20480, num_layers=46, num_heads=40,
+                   num_kv_heads=40, vocab_size=32000, head_dim=128, max_positions=1024, tie_embeddings=False)
+# One micro-batch's activation between stages, by hand: 1 sequence x 1024 tokens x 5120 x 2 bytes (dp 1, tp 1).
+ACT = 1024 * 5120 * 2
+
+
+def _transfer(framework: str, pp: int, schedule: str = "1f1b", vpp: int = 1) -> float:
+    job = make_job(ZB_14B, A100, 48, 1024, framework)
+    return pipeline_costs(job, Layout(dp=1, tp=1, pp=pp, vpp=vpp, micro_batch=1, schedule=schedule))[1]
+
+
+def test_a_pipeline_spanning_nodes_waits_for_the_pair_across_them():
+    # pp 8 on one node: every neighbouring pair talks over NVLink (ranks 1 apart). pp 16 on two: stages 7 and 8
+    # (and the interleaved wrap-around) are on different nodes; 1F1B's steady state waits for that pair's transfer.
+    within = collective_time(A100, "send_recv", ACT, 2, 1)
+    across = collective_time(A100, "send_recv", ACT, 2, A100.gpus_per_node)
+    assert across > 2 * within  # one 200 Gb/s NIC a GPU against NVLink
+    assert _transfer("megatron-2021", pp=8) == pytest.approx(within)
+    assert _transfer("megatron-2021", pp=16) == pytest.approx(across)
+
+
+def test_megatron_sends_behind_compute_only_in_the_interleaved_schedule():
+    # Megatron-LM's arguments.py turns overlap_p2p_comm off without a virtual pipeline ("non-interleaved schedule
+    # does not support overlapping p2p communication"): 1F1B waits for the whole transfer; the interleaved schedule
+    # posts it behind the next chunk, which only slows that compute.
+    across = collective_time(A100, "send_recv", ACT, 2, A100.gpus_per_node)
+    assert _transfer("megatron-core", pp=16) == pytest.approx(across)
+    assert _transfer("nemo", pp=16) == pytest.approx(across)
+    hidden = _transfer("megatron-core", pp=16, schedule="interleaved-1f1b", vpp=3)
+    assert 0 < hidden < 0.5 * across
