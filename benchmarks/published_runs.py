@@ -53,9 +53,9 @@ DEFAULT_VOCAB = 51200
 # The `framework` column names the stack; `fsdp` (PyTorch/FairScale FSDP outside torchtitan: MosaicML
 # Composer, metaseq) runs FSDP semantics: the torchtitan profile; `other` is closest to megatron-core's
 # distributed optimizer, except Meta's in-house Llama 3 stack, which has its own profile (`llama3`: the stack
-# "The Llama 3 Herd of Models" Sec. 3.3 describes).
+# "The Llama 3 Herd of Models" Sec. 3.3 describes), and InternEvo (`internevo`: its Hybrid ZeRO-1).
 PROFILE_OF = {"fsdp": "torchtitan", "other": "megatron-core"}
-OTHER_BY_SOURCE = (("The Llama 3 Herd of Models", "llama3"),)
+OTHER_BY_SOURCE = (("The Llama 3 Herd of Models", "llama3"), ("InternLM/InternEvo", "internevo"))
 # Rows without a framework column (the older copy of the file): by source.
 PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2021"), ("dgxc-benchmarking", "nemo"),
                      ("mosaicml", "torchtitan"), ("Zhang et al. 2022", "deepspeed"))
@@ -206,9 +206,13 @@ def _zero(cell: str) -> int:
 
 
 def _dp_shard(cell: str, dp: int, tp_cp: int) -> int:
-    """HSDP rows ("HYBRID_SHARD ... within a node of 8"): one node's dp ranks per shard group; else 0 (all of dp)."""
+    """HSDP rows ("HYBRID_SHARD ... within a node of 8"): one node's dp ranks per shard group; InternEvo's ZeRO-1 group
+    ("zero1=8: optimizer states sharded within 8 data-parallel ranks"); else 0 (all of dp)."""
     m = re.search(r"HYBRID_SHARD.*?within a node of (\d+)", cell)
-    return min(dp, int(m.group(1)) // tp_cp) if m else 0
+    if m:
+        return min(dp, int(m.group(1)) // tp_cp)
+    z = re.search(r"zero1=(\d+): optimizer states sharded within", cell)
+    return min(dp, int(z.group(1))) if z else 0
 
 
 # The six profiles a user names most (`--framework` of plan, estimate and explain), and the nearest of them for each
@@ -216,7 +220,8 @@ def _dp_shard(cell: str, dp: int, tp_cp: int) -> int:
 SIX_PROFILES = ("megatron-2021", "megatron-core", "nemo", "deepspeed", "torchtitan", "shardwise")
 NEAREST_OF_SIX = {"composer": "torchtitan", "composer-pure": "torchtitan", "llama3": "torchtitan",
                   "llama2": "torchtitan", "automodel": "torchtitan", "deepspeed-2024": "deepspeed",
-                  "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan", "fms-fsdp": "torchtitan"}
+                  "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan", "fms-fsdp": "torchtitan",
+                  "internevo": "megatron-core"}
 
 
 def _profile(row: dict) -> str:
@@ -409,7 +414,7 @@ def parse(row: dict, six_profiles: bool = False, compiled: bool = False) -> Run:
                     sequence_parallel=sp and tp > 1,
                     schedule="interleaved-1f1b" if vpp > 1 or _depth_unreported(row) else "1f1b",
                     ep=_int(row.get("ep", "") or "") or 1, etp=_int(row.get("etp", "") or "") or 1,
-                    dp_shard=_dp_shard(row["zero_stage"], dp, tp * cp),
+                    dp_shard=_dp_shard(row["zero_stage"], dp, tp * cp) if zero != 1 or fw.zero1_shard_group else 0,
                     cp_mode="allgather" if cp > 1 and "CP uses all-gather" in row["notes"] else "ring")
     batch = _batch(row["global_batch_seqs"], dp, mb)
     notes = row["notes"].lower()

@@ -339,3 +339,17 @@ def test_a_csv_whose_scored_rows_are_all_weak_prints_its_rows_and_no_summary_fig
     out = capsys.readouterr().out
     assert "MosaicML MPT-1b FSDP 32xA100" in out and "one command" in out
     assert "0 rows (0 skipped): no row in the summary" in out
+
+
+def test_internevo_zero1_over_every_rank_pays_its_owners_broadcasts():
+    # InternEvo's train_performance.md, 1,024 A100, InternLM-7B, TP 1: 2,271 tokens/s per GPU with the optimizer
+    # sharded over every data-parallel rank (zero1=-1) against 3,625 within each node (zero1=8), 1.60x; on one node
+    # (8 GPUs) 4,062 against 4,078. Its HybridZeroOptimizer all-reduces the gradients over all of dp either way; the
+    # zero1 group only sets who updates which whole parameters and how far each owner broadcasts them after the step.
+    rows = {r["run"]: r for r in _strong()}
+    whole, grouped = rows["InternEvo 7B tp1 zero1=-1 1024xA100"], rows["InternEvo 7B tp1 zero1=8 1024xA100"]
+    assert whole["framework"] == grouped["framework"] == "internevo"
+    assert whole["predicted_step_s"] > 1.2 * grouped["predicted_step_s"], (whole, grouped)
+    one_whole, one_grouped = rows["InternEvo 7B tp1 zero1=-1 8xA100"], rows["InternEvo 7B tp1 zero1=8 8xA100"]
+    assert abs(one_whole["predicted_step_s"] / one_grouped["predicted_step_s"] - 1) < 0.02
+    assert bench.NEAREST_OF_SIX["internevo"] == "megatron-core"

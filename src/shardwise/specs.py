@@ -291,6 +291,7 @@ class Layout:
     recompute_layers: int | None = None
     # Hybrid sharding (HSDP: FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree): ZeRO-3 shards over groups of
     # this many consecutive dp ranks and replicates across the groups; 0 = one group of all dp ranks (plain ZeRO-3).
+    # Under ZeRO-1 on a stack that has them (InternEvo's zero1 size): the optimizer's groups.
     dp_shard: int = 0
 
     @property
@@ -426,9 +427,10 @@ def check_hybrid_shard(layout: Layout) -> None:
     if layout.dp_shard and layout.dp % layout.dp_shard:
         raise UsageError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
                          f"equal slice of the data-parallel ranks; pick a divisor of {layout.dp}")
-    if layout.replicas > 1 and layout.zero != 3:
+    if layout.replicas > 1 and layout.zero not in (1, 3):
         raise UsageError(f"--dp-shard {layout.dp_shard} needs --zero 3 (hybrid sharding replicates ZeRO-3's shard "
-                         f"groups; got ZeRO-{layout.zero})")
+                         f"groups) or --zero 1 on a stack that shards its optimizer within groups (internevo's zero1 "
+                         f"size); got ZeRO-{layout.zero}")
 
 
 def splits_over_tp(seq_len: int, tp: int, cp: int = 1) -> bool:

@@ -19,7 +19,8 @@ def register(subparsers, name, help):
     p.add_argument("--dp-shard", type=int, default=None,
                    help="hybrid sharding (HSDP: FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree): ZeRO-3 "
                         "shards over groups of this many dp ranks and all-reduces gradients across the groups; it must "
-                        "divide dp and implies --zero 3 (default: one group of all dp ranks)")
+                        "divide dp and implies --zero 3 (--zero 1 under internevo, whose optimizer it shards over such "
+                        "groups: its zero1 size) (default: one group of all dp ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -38,8 +39,8 @@ def run(args) -> int:
         raise UsageError(f"--dp-shard must be at least 1, got {args.dp_shard} (leave it out for one shard group of "
                          f"every dp rank)")
     args.dp_shard = args.dp_shard or 0
-    if args.dp_shard and args.zero is None:  # shard groups exist only under ZeRO-3
-        args.zero = 3
+    if args.dp_shard and args.zero is None:  # shard groups: ZeRO-3's (HSDP), or ZeRO-1's where the stack has them
+        args.zero = 1 if get(job.framework).zero1_shard_group else 3
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)

@@ -49,9 +49,12 @@ class Framework:
     param_gather_bytes: int = 2  # bytes per parameter element all-gathered (ZeRO-1 update, FSDP units)
     overlap_grad_reduce: bool = True  # buckets reduced during the backward (False: after it)
     overlap_param_gather: bool = False  # ZeRO-1's updated weights gathered behind the next forward
-    # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer) or "allreduce" (gradients
-    # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer)
+    # ZeRO-1: "reduce_scatter" (+ all-gather), "broadcast" (torch ZeroRedundancyOptimizer), "allreduce" (gradients
+    # all-reduced whole, then each rank's updated partition all-gathered: DeepSpeed's BF16_Optimizer) or
+    # "owner_broadcast" (gradients all-reduced over every dp rank; whole parameters dealt to the ranks of the ZeRO-1
+    # group, Layout.dp_shard, each owner's updated ones broadcast over that group in one call: InternEvo)
     zero1: str = "reduce_scatter"
+    zero1_shard_group: bool = False  # ZeRO-1 over groups of dp_shard ranks (InternEvo's zero1 size), not every dp rank
     # Bytes per local parameter moved through HBM once a step beside NCCL's own traffic around an all-reduce of the
     # gradients at the accumulation boundary in flattened buckets (flatten, scale, copy back: ZeRO-0, and ZeRO-1 where
     # it all-reduces). 0: the stack reduces in place (or the copies are not modelled). A list all-gather's copies
@@ -215,7 +218,9 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
-        if lay.replicas > 1 and not self.hybrid_shard:
+        if lay.replicas > 1 and lay.zero == 1 and not self.zero1_shard_group:
+            return f"{self.name} shards ZeRO-1 over every data-parallel rank (drop --dp-shard)"
+        if lay.replicas > 1 and lay.zero != 1 and not self.hybrid_shard:
             return f"{self.name} has no hybrid sharding (HSDP; drop --dp-shard)"
         if lay.recompute not in self.recompute:
             return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
@@ -600,6 +605,27 @@ FMS_FSDP = replace(
             "selective recompute (it checkpoints whole blocks, every k-th)"),
 )
 
+# InternEvo (InternLM's training framework, 2023; doc/en/train_performance.md's A100 tables): Megatron-style TP and
+# pipelines, its Hybrid ZeRO-1, FlashAttention and Apex's fused kernels.
+INTERNEVO = replace(
+    MEGATRON_CORE, name="internevo",
+    summary="InternEvo (InternLM) with its HybridZeroOptimizer: BF16 gradients all-reduced over every data-parallel "
+            "rank in buckets during the backward; the optimizer's whole parameters dealt to the ranks of the zero1 "
+            "group (all of dp, or --dp-shard ranks: its zero1 size) and each owner's updated BF16 parameters "
+            "broadcast over that group after the step; FlashAttention-2, Apex's fused norms; Megatron-style TP "
+            "(tensor mode 'mtp': no sequence parallelism unless named)",
+    sources=("InternLM/InternEvo internlm/solver/optimizer/hybrid_zero_optim.py (_partition_param_list: whole "
+             "parameters to the rank with the fewest elements; _reduce_and_copy: reduce_tensor with no destination "
+             "rank, an all-reduce over ParallelMode.DATA; flat FP16 buffer per rank of the zero1 group, broadcast after "
+             "the step), configs/7B_sft.py (hybrid_zero_optimizer: overlap_sync_grad True, overlap_sync_param False, "
+             "reduce_bucket_size 512 * 1024 * 1024; zero1 size; use_flash_attn; dtype bfloat16), "
+             "doc/en/train_performance.md (zero1=-1: all of dp, zero1=8: within a node)",),
+    attention="fa2", grad_bytes=2, grad_reduce_bytes=2, overlap_grad_reduce=True, overlap_param_gather=False,
+    bucket_bytes=512 * 2**20 * 2, zero1="owner_broadcast", zero1_shard_group=True, zero_stages=(0, 1), default_zero=1,
+    p2p_overlap=False, tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
+    cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules"),
+)
+
 LLAMA3 = Framework(
     name="llama3",
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
@@ -673,7 +699,8 @@ SHARDWISE = Framework(
 
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
-                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP)}
+                                        DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
+                                        INTERNEVO)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

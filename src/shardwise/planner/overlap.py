@@ -104,6 +104,12 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
             after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
         return after, 0.0
+    if layout.zero == 1 and fw.zero1 == "owner_broadcast":  # InternEvo: all-reduce over dp, owners broadcast in group
+        reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
+        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
+        group = layout.shard_group  # the zero1 group: dp_shard ranks (x cp), or every dp rank
+        owners = min(tensors, group)  # whole tensors dealt to the group's ranks: one flat buffer per owner
+        return after + owners * collective_time(c, "broadcast", pb * params / owners, group, stride), 0.0
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
         reduce = call("all_reduce", params, gb) + reduce_copies
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
