@@ -622,7 +622,8 @@ INTERNEVO = replace(
              "doc/en/train_performance.md (zero1=-1: all of dp, zero1=8: within a node)",),
     attention="fa2", grad_bytes=2, grad_reduce_bytes=2, overlap_grad_reduce=True, overlap_param_gather=False,
     bucket_bytes=512 * 2**20 * 2, zero1="owner_broadcast", zero1_shard_group=True, zero_stages=(0, 1), default_zero=1,
-    p2p_overlap=False, tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
+    p2p_overlap=("interleaved-1f1b",),  # its pipeline config: interleaved_overlap True (configs/7B_sft.py)
+    tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules"),
 )
 
