@@ -126,6 +126,11 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")
+    p.add_argument("--compile", action="store_true",
+                   help="the model's blocks and loss run under torch.compile (Inductor), which fuses each chain of "
+                        "point-wise ops and reductions between two matmuls/attention calls into one kernel (torchtitan's "
+                        "compile.enable, off by default, so torchtitan is eager unless you add this; also composer and "
+                        "fms-fsdp; stacks that already run fused kernels refuse it)")
     p.add_argument("--capacity-factor", type=float, default=1.0, metavar="C",
                    help="mixture of experts: the busiest expert's tokens over the mean (router imbalance: a measured "
                         "skew, or the capacity factor a run pads experts to); default 1.0, balanced routing")
@@ -213,7 +218,8 @@ def job_from_args(args):
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
                    precision=getattr(args, "precision", None) or "bf16",
-                   fp8_params=bool(getattr(args, "fp8_params", False)))
+                   fp8_params=bool(getattr(args, "fp8_params", False)),
+                   compile=bool(getattr(args, "compile", False)))
     return replace(job, capacity_factor=capacity)
 
 

@@ -30,6 +30,7 @@ class Estimate:
     peak_flops: float
     tokens_per_step: int
     framework: str = ""
+    compile: bool = False  # the blocks (and loss) under torch.compile (Job.compile)
     assumptions: dict | None = None
     total_params: int = 0
     active_params: int = 0  # what one token uses (MoE: top-k experts); FLOPs and MFU count these
@@ -88,6 +89,7 @@ class Estimate:
             "mfu": _round(self.mfu, 4),
             "hfu": _round(self.hfu, 4),
             "framework": self.framework,
+            "compile": self.compile,
             "assumptions": self.assumptions or {},
         }
 
@@ -247,6 +249,6 @@ def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Esti
         memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,
         gpus=layout.world_size, gpu_memory_bytes=job.cluster.gpu_memory_bytes,
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
-        framework=job.framework, assumptions=notes,
+        framework=job.framework, compile=job.compile, assumptions=notes,
         total_params=job.model.num_params(), active_params=job.model.active_params(),
     )

@@ -44,6 +44,12 @@ class Framework:
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
     # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).
     glu_bytes: float | None = None
+    # The stack can run its blocks and its loss under torch.compile (Inductor), which fuses each chain of point-wise ops
+    # and reductions between two GEMMs/attention calls into one kernel (`--compile`; kernels.ELEMENTWISE "compiled"):
+    # torchtitan's compile.enable (per TransformerBlock, and the loss with compile.components "loss"; off by default),
+    # and the stacks built on its model code. Stacks whose element-wise work already runs as fused kernels gain nothing.
+    compiles: bool = False
+    compile_loss: bool = False  # under --compile the loss is compiled too (step_time.LOSS_BYTES "compiled")
     # Data parallelism.
     grad_reduce_bytes: int = 4  # bytes per gradient element on the wire
     param_gather_bytes: int = 2  # bytes per parameter element all-gathered (ZeRO-1 update, FSDP units)
@@ -202,6 +208,14 @@ class Framework:
     # blocks hold can be given back and mapped again where it is needed (planner/memory.py allocator_slack).
     expandable_segments: bool = False
     cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
+
+    def compile_refusal(self) -> str | None:
+        """Why `--compile` does not apply to this stack (one clause), or None."""
+        if self.fused_elementwise:
+            return f"{self.name} already runs its norms, activations and rotary as fused kernels (nothing left for torch.compile to fuse)"
+        if not self.compiles:
+            return f"{self.name} runs its model eager (it has no torch.compile option)"
+        return None
 
     def refusal(self, layout: Layout) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None."""
@@ -466,8 +480,8 @@ TORCHTITAN = Framework(
              "set_requires_gradient_sync(False) and set_reshard_after_backward(False) but in the last backward; "
              "perform_reduce_grad: post_backward of every FSDP group after the schedule)",
              "Liang et al. 2024, 'TorchTitan' (ICLR 2025)"),
-    weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
-    overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
+    weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, compiles=True, compile_loss=True,
+    grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
     # torch.optim.AdamW(..., weight_decay=0.1, foreach=True) (torchtitan 1ea476e9f train.py build_optimizer; `fused`
@@ -537,6 +551,8 @@ COMPOSER = replace(
     # 4 + 4) .add_(grad) (4 + 4 + 4), exp_avg_sq.mul_ (8) .addcmul_(grad, grad) (12), sqrt (8), / sqrt(bias
     # correction) (8), .add_(eps) (8), param.addcdiv_(exp_avg, denom) (16) = 80; FSDP's clip_grad_norm_: a norm per
     # gradient (4) and every gradient multiplied by the clip coefficient (8) = 12. 92 in all.
+    # Composer's compile_config compiles the model (Trainer(compile_config=...)); its loss and metrics run after it, eager.
+    compile_loss=False,
     optimizer_traffic=92, loss="composer", tensor_parallel=False, sequence_parallel="never", schedules=(), torch_fsdp=1,
     context_parallel=(), zero_stages=(0, 2, 3), default_zero=3, default_zero_with_pp=None,
     expandable_segments=False,  # Composer 0.16-0.17 (2023); llm-foundry's expandable_segments option came in 2024-05
@@ -597,6 +613,7 @@ FMS_FSDP = replace(
              "(get_policies: fsdp -> FULL_SHARD, hsdp -> HYBRID_SHARD, ddp -> NO_SHARD; CrossEntropyLoss; "
              "model.clip_grad_norm_), fms_fsdp/policies/ac_handler.py (every selective_checkpointing-th LLaMABlock)",),
     grad_reduce_bytes=2, torch_fsdp=1, pipeline_fsdp_once=False,
+    compile_loss=False,  # use_torch_compile compiles the model; the CrossEntropyLoss runs after it, eager
     tensor_parallel=False, sequence_parallel="never", tp_comm_overlap_available=False, schedules=(), context_parallel=(),
     zero_stages=(0, 3), default_zero=3, default_zero_with_pp=None, recompute=("none", "full"),
     expandable_segments=False,  # scripts/train.sh at 4ffb9bd sets no PYTORCH_CUDA_ALLOC_CONF

@@ -408,20 +408,33 @@ def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str) -> f
 #   silu(w1 x) * w3 x (silu 2e, product 3e = 5e); rotary embedding on complex FP32 views (cast in 2+4,
 #   complex product 4+4, cast out 4+2 = 20 B) (pytorch/torchtitan models/common: nn_modules.RMSNorm,
 #   rope.apply_rotary_emb, feed_forward; PyTorch autocast op reference: layer_norm runs in float32).
-# Kernels per layer (each costs at least a launch): fused 6 forward / 12 backward, eager 20 / 40.
+#   "compiled" (torch.compile / Inductor over each block: torchtitan's compile.enable, apply_compile wraps every
+#   TransformerBlock; OLMo-core's compile per block): Inductor fuses every chain of point-wise ops and reductions
+#   between two GEMM/attention calls into one kernel that reads its inputs once and writes its outputs once, the
+#   FP32 upcasts staying in registers (PyTorch docs, "TorchInductor": pointwise/reduction fusion; Ansel et al. 2024,
+#   "PyTorch 2", Sec. 5). In a pre-norm block x -> h = x + attn(norm1(x)) -> h + mlp(norm2(h)) the chains are:
+#   norm1 reads x, writes its output (2 + 2); the first residual add and norm2 are one chain: it reads x and the
+#   attention's output and writes h and norm2's output (4 + 4); the last residual add reads 2, writes 1 (6); so the
+#   two norms cost 4 + 2 = 6 B (3 each) beside the residual adds' 6 each. silu(gate) * up reads two, writes one
+#   (6 per f), GELU 4, rotary reads and writes Q and K (4). The block boundary (the next block's norm1) is where
+#   per-block compilation stops fusing.
+# Kernels per layer (each costs at least a launch): fused 6 forward / 12 backward, eager 20 / 40, compiled 5 / 10
+# (norm1, rotary, add + norm2, silu * mul, last add).
 ELEMENTWISE = {
     # (norm bytes, residual bytes, gated-MLP bytes per f, GELU bytes per f, rotary bytes) with e = 2
     True: (4, 6, 6, 4, 4),
     False: ({"llama": 36, "gpt2": 20}, 6, 10, 4, 20),
+    "compiled": (3, 6, 6, 4, 4),
 }
-ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40)}
+ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10)}
 
 
 def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,
-                     sp: bool, gated: bool, rotary: bool, e: int, fused: bool = True, family: str = "llama",
+                     sp: bool, gated: bool, rotary: bool, e: int, fused: bool | str = True, family: str = "llama",
                      glu_bytes: float | None = None) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens. `glu_bytes`: the gated
-    activation's bytes per f-element when the stack runs it its own way (Framework.glu_bytes)."""
+    """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens. `fused`: an ELEMENTWISE
+    key (True fused kernels, False eager, "compiled"). `glu_bytes`: the gated activation's bytes per f-element when
+    the stack runs it its own way (Framework.glu_bytes)."""
     norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
     swiglu = swiglu if glu_bytes is None else glu_bytes
     if isinstance(norm, dict):

@@ -181,7 +181,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                                                           job.train.seq_len, heads, d, e, model.trains_with_dropout)
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
                                               tp, sp, model.gated_mlp, model.rotary, e,
-                                              fw.fused_elementwise, model.family, fw.glu_bytes)
+                                              elementwise_mode(job), model.family,
+                                              None if job.compile else fw.glu_bytes)
         if moe_layer:  # the routed tokens' permutation and its inverse
             perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
             el_f, el_b = el_f + perm_f, el_b + perm_b
@@ -219,6 +220,11 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
                      mlp[0], ep)
+
+
+def elementwise_mode(job: Job) -> bool | str:
+    """The kernels.ELEMENTWISE key of the job's element-wise work: "compiled" under --compile, else its stack's own."""
+    return "compiled" if job.compile else get_framework(job.framework).fused_elementwise
 
 
 def attention_kernel(job: Job) -> str:

@@ -117,6 +117,9 @@ class Job:
     selective: str = "attention"  # what selective recompute keeps: "attention" (Megatron) or "op" (torchtitan)
     capacity_factor: float = 1.0
     precision: str = "bf16"  # "fp8": the layers' GEMMs in FP8 with the framework's scaling recipe (Framework.fp8)
+    # The blocks (and the loss) run under torch.compile: Inductor's fused element-wise kernels (kernels.ELEMENTWISE
+    # "compiled", step_time.LOSS_BYTES "compiled") instead of the stack's eager ones.
+    compile: bool = False
     moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL all-to-all, shardwise's runtime) or "deepep" (node-deduplicated)
     ep_comm_overlap: bool = False  # all-to-alls hidden behind another micro-batch's compute (Megatron's EP A2A overlap)
     moe_recompute: str = ""  # Megatron's --recompute-modules for MoE: "moe" (the whole MoE FFN) or "act" (its SwiGLU)
@@ -156,12 +159,14 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
-             fp8_params: bool = False, **train):
+             fp8_params: bool = False, compile: bool = False, **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
-    one byte each, stored and gathered so."""
+    one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles)."""
     fw = get_framework(framework)
+    if compile and fw.compile_refusal():
+        raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
     if tp_comm_overlap and not fw.tp_comm_overlap_available:
         raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
     if precision not in PRECISIONS:
@@ -183,7 +188,7 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
-               precision=precision, recompute_modules=fw.recompute_modules)
+               precision=precision, recompute_modules=fw.recompute_modules, compile=compile)
 
 
 # --------------------------------------------------------------------------- activations

@@ -24,7 +24,7 @@ from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, fp8_weight_cast, layer_cost,
+from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           matmul_params_per_layer)
 from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
@@ -53,7 +53,12 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 #     22 - 6 = 16 as "eager"): 4 + 2 x 22 = 48 forward, 4 backward.
 #   "xentropy": flash-attn's xentropy kernel alone on the BF16 logits (Lit-GPT's FusedCrossEntropyLoss, TinyLlama's
 #     pretrain/tinyllama.py): the "composer" loss without Composer's metrics, 4 forward, 4 backward.
-LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4), "xentropy": (4, 4)}
+#   "compiled": F.cross_entropy(logits.float()) under torch.compile (torchtitan's compile.components "loss", OLMo-core's
+#     compile_loss): Inductor keeps the cast in registers and runs the log-softmax as a looped reduction over each BF16
+#     row, a max pass and a sum-of-exponentials pass (2 + 2), writing only per-token statistics; backward recomputes the
+#     softmax from the logits and writes the BF16 gradient (2 + 2): 4, 4.
+LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4), "xentropy": (4, 4),
+              "compiled": (4, 4)}
 
 
 def model_flops_per_step(job: Job) -> float:
@@ -192,7 +197,7 @@ def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_lay
     two norms again (a pass over h per token, 1/tp of them under SP), "moe_act" the experts' activation (k c f_e
     gated elements per routed token, 1/tp of the tokens). Both at HBM bandwidth (kernels.ELEMENTWISE's bytes)."""
     model, c, tp = job.model, job.cluster, layout.tp
-    norm, _, swiglu, gelu, _ = kernels.ELEMENTWISE[get_framework(job.framework).fused_elementwise]
+    norm, _, swiglu, gelu, _ = kernels.ELEMENTWISE[elementwise_mode(job)]
     norm = norm.get(model.family, norm["llama"]) if isinstance(norm, dict) else norm
     scale = job.train.activation_bytes / 2  # the byte counts are for 2-byte activations
     t = 0.0
@@ -220,7 +225,9 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
     if calibrated(job):
         t = 2 * tokens * model.hidden * model.vocab_size / tp / achievable_flops(job)
         return t, t, t
-    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[get_framework(job.framework).loss])
+    fw = get_framework(job.framework)
+    loss = "compiled" if job.compile and fw.compile_loss else fw.loss
+    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
     prec = job.precision  # the head stays BF16, at the job's in-situ share
     return (kernels.gemm_time(c, tokens, vocab, model.hidden, precision=prec) + loss_f,
             kernels.gemm_time(c, tokens, model.hidden, vocab, precision=prec) + loss_b,

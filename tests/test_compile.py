@@ -1,0 +1,63 @@
+"""--compile: the blocks (and loss) under torch.compile, Inductor's fused element-wise kernels (planner/kernels.py
+ELEMENTWISE "compiled", step_time.LOSS_BYTES "compiled")."""
+
+import json
+
+from shardwise.cli import main
+from shardwise.planner import estimate, kernels
+from shardwise.planner.layer_time import layer_cost
+from shardwise.planner.memory import make_job
+from shardwise.specs import Layout, load_cluster, load_model
+
+H100 = load_cluster("dgx-h100-80gb")
+ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+        "--seq-len", "8192"]
+
+
+def test_compile_is_refused_in_one_line_by_stacks_that_cannot_use_it(capsys):
+    # Megatron-Core's norms, SwiGLU and rotary are already fused kernels; this project's runtime has no compile option.
+    for framework, reason in (("megatron-core", "fused kernels"), ("shardwise", "no torch.compile")):
+        code = main(["estimate", *ARGS, "--micro-batch", "1", "--framework", framework, "--compile"])
+        err = capsys.readouterr().err
+        assert code == 2 and reason in err and "--compile" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", *ARGS, "--framework", "nemo", "--compile"]) == 2
+    assert main(["explain", *ARGS, "--framework", "deepspeed", "--compile"]) == 2
+
+
+def test_estimate_json_says_whether_the_model_is_compiled(capsys):
+    for flags, compiled in (([], False), (["--compile"], True)):
+        assert main(["estimate", *ARGS, "--micro-batch", "1", "--framework", "torchtitan", "--json", *flags]) == 0
+        assert json.loads(capsys.readouterr().out)["compile"] is compiled
+    assert main(["plan", *ARGS, "--framework", "torchtitan", "--compile", "--json", "--top", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["compile"] is True
+
+
+def test_compiled_element_wise_bytes_follow_inductors_fusion_rule():
+    # Llama 3 8B, one token, one GPU, BF16 activations (2 B), forward. Compiled, counting each fused chain's reads and
+    # writes once: norm1 reads x, writes its output (2 + 2 = 4 B per hidden element); the first residual add with norm2
+    # reads x and the attention output, writes h and norm2's output (4 + 4 = 8); the last residual add reads two and
+    # writes one (6): 18 B x 4096. silu(gate) * up reads two, writes one: 6 B x 14336. Rotary reads and writes Q and K:
+    # 4 B x (4096 + 1024). Total 73,728 + 86,016 + 20,480 = 180,224 B.
+    # Eager (torchtitan without compile): RMSNorm's composite FP32 ops 36 B each, residual adds 6 each: 84 x 4096;
+    # silu then the product: 10 x 14336; rotary on complex FP32 views: 20 x 5120. 344,064 + 143,360 + 102,400 = 589,824 B.
+    tokens = 1 << 20  # enough tokens that the traffic, not the kernel launches, sets the time
+    rate = kernels.hbm_rate(H100)
+    for mode, per_token in (("compiled", 180_224), (False, 589_824)):
+        fwd, bwd = kernels.elementwise_time(H100, tokens, 4096, 14336, 4096, 1024, 1, False, True, True, 2, mode)
+        assert abs(fwd * rate / tokens - per_token) < 1e-6 * per_token
+        assert abs(bwd - 2 * fwd) < 1e-12
+
+
+def test_compile_shortens_a_small_models_step_but_not_its_gemms_or_attention():
+    model = load_model("llama3-8b")
+    eager = make_job(model, H100, 8, 4096, "torchtitan")
+    compiled = make_job(model, H100, 8, 4096, "torchtitan", compile=True)
+    layout = Layout(dp=8, zero=3, micro_batch=1)
+    a, b = layer_cost(eager, layout), layer_cost(compiled, layout)
+    assert b.bwd_w == a.bwd_w and b.attn_fwd == a.attn_fwd  # weight-gradient GEMMs and the attention core as before
+    # the forward drops by exactly the element-wise difference
+    tokens, h, f = 4096, model.hidden, model.ffn_hidden
+    el = [kernels.elementwise_time(H100, tokens, h, f, model.q_dim, model.kv_dim, 1, False, True, True, 2, mode, "llama")
+          for mode in (False, "compiled")]
+    assert abs((a.fwd - b.fwd) - (el[0][0] - el[1][0])) < 1e-9
+    assert estimate(compiled, layout).step_time < estimate(eager, layout).step_time
