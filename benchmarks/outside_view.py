@@ -149,15 +149,16 @@ def plan_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = False,
-              compiled: bool = False) -> dict | None:
+              as_eager: bool = False) -> dict | None:
     """One dense row through the command line and through published_runs.py --six-profiles; None when the
-    internal view does not score it (skipped, mixture of experts). `compiled`: torch.compile runs too, as if eager
-    (the command line has no flag for compile, so a checker with the row's layout scores them like this)."""
-    run = pr.parse(row, six_profiles=True, compiled=compiled)
+    internal view does not score it (skipped, mixture of experts). A torch.compile run passes --compile, or with
+    `as_eager` not (a checker who passes only the row's layout)."""
+    run = pr.parse(row, six_profiles=True, as_eager=as_eager)
     if run.skip or run.job.model.is_moe:
         return None
     internal = pr._predict(run)
     argv, plan, how = outsider_argv(row, run, folder, certain_only)
+    argv += ["--compile"] if run.job.compile else []
     out = {"run": run.name, "series": run.series, "framework": run.framework, "weak": run.weak,
            "path": "plan" if plan else "estimate", "model_from": how[0], "published_step_s": run.published_step_s,
            "internal_step_s": internal.step_time, "internal_error": run.published_step_s / internal.step_time - 1,
@@ -263,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", metavar="TEXT", help="only rows whose name contains TEXT")
     ap.add_argument("--certain-only", action="store_true",
                     help="leave out what a row marks uncertain ('?'): the command line's defaults fill it in")
-    ap.add_argument("--compiled", action="store_true",
-                    help="also score the runs built with torch.compile (skipped by published_runs.py: its fusions are "
-                         "not modelled) as if eager, as a checker who sees only the layout does")
+    ap.add_argument("--as-eager", "--compiled", dest="as_eager", action="store_true",
+                    help="score the runs built with torch.compile without --compile (as if eager), as a checker who "
+                         "passes only the row's layout does")
     args = ap.parse_args(argv)
     csv_rows = [r for r in pr.read_rows(args.csv) if args.only in r["run"]]
     rows = []
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, row in enumerate(csv_rows, 1):
             print(f"\r{i}/{len(csv_rows)} {row['run'][:60]:60}", end="", file=sys.stderr, flush=True)
             try:
-                scored = score_row(row, Path(folder), not args.subprocess, args.certain_only, args.compiled)
+                scored = score_row(row, Path(folder), not args.subprocess, args.certain_only, args.as_eager)
             except UsageError as exc:  # the row's own config cannot be written as a config.json
                 scored = {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
             if scored:

@@ -12,7 +12,7 @@ rows), and a MoE layer's fixed cost per micro-batch and the host's time to issue
 mixture-of-experts rows, scored apart). Each is refitted here on its rows, and for every source on the other
 sources' rows: that source's errors with the constants fitted without it (leave one source out) are printed beside
 the plain ones.
-Rows the planner cannot model yet (torch.compile fusions, ...) are printed as skipped
+Rows the planner cannot model yet (power-capped GPUs, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
     python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles]
@@ -346,14 +346,18 @@ def pre_flash(row: dict) -> bool:
     return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH)
 
 
-def not_modelled(row: dict, compiled: bool = False) -> str:
-    """Why the planner cannot model this row yet ('' if it can). `compiled`: score torch.compile runs as if eager,
-    as a checker who has only the row's layout does (outside_view.py --compiled)."""
+def ran_compiled(row: dict) -> bool:
+    """The run's blocks ran under torch.compile, as its name or notes say (scored with --compile)."""
+    notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
+    return "compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes
+
+
+def not_modelled(row: dict, as_eager: bool = False) -> str:
+    """Why the planner cannot model this row yet ('' if it can). `as_eager`: a compiled run scored as if eager."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
-    notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
-    if not compiled and ("compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes):
-        return "torch.compile's fusions are not modelled"
+    if ran_compiled(row) and _precision(row) == "fp8" and not as_eager:
+        return "torchao's FP8 casts under torch.compile are not modelled (the planner charges them as eager kernels)"
     if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
         return "power-capped H100 (500 W): no datasheet rates at that cap"
     return ""
@@ -375,14 +379,16 @@ def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     return complete_layout(job, layout, named)[0]
 
 
-def parse(row: dict, six_profiles: bool = False, compiled: bool = False) -> Run:
+def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
+    """The row as the planner's job and layout. `as_eager`: a torch.compile run scored as if eager (without
+    --compile), as a checker who passes only the row's layout does (outside_view.py --as-eager)."""
     run = Run(row["run"], row["source"], series=row.get("series", "").strip())
     tput = row["tflops_per_gpu"] + row["mfu_or_peak_pct"]
     run.weak = "?" in tput or "convention not stated" in row["notes"] or row.get("flop_convention", "") == "?"
     weak = re.search(r"Weak: (.+?)\.(?:\s|$)", row["notes"])  # a figure its own source contradicts
     if weak:
         run.weak, run.weak_reason = True, weak.group(1).strip()
-    run.skip = not_modelled(row, compiled)
+    run.skip = not_modelled(row, as_eager)
     if run.skip:
         return run
     profile = _profile(row)
@@ -426,7 +432,8 @@ def parse(row: dict, six_profiles: bool = False, compiled: bool = False) -> Run:
     try:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
-                       tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row))
+                       tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row),
+                       compile=ran_compiled(row) and not as_eager)
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"

@@ -46,17 +46,17 @@ def test_command_line_predicts_the_internal_view_where_both_know_the_same(tmp_pa
     assert bloom["cli_step_s"] < bloom["internal_step_s"]
 
 
-def test_compiled_rows_are_scored_through_the_command_line_only_when_asked(tmp_path):
-    # The internal view skips runs built with torch.compile (its fusions are not modelled), but a checker that has
-    # only the row's layout cannot see the flag and scores them anyway; --compiled does the same, so the command
-    # line's figure on such runs is printed rather than hidden. OLMo-core's 7B table row (README at e27ba7455):
-    # 10,000 tokens/s per GPU, global batch 1,024 x 4,096 on 8 GPUs: 1024 * 4096 / (10000 * 8) = 52.43 s a step.
+def test_compiled_rows_pass_compile_to_the_command_line(tmp_path):
+    # A run built with torch.compile is scored with --compile (Inductor's fused element-wise kernels); --as-eager
+    # scores it without, as a checker who passes only the row's layout does. OLMo-core's 7B table row (README at
+    # e27ba7455): 10,000 tokens/s per GPU, global batch 1,024 x 4,096 on 8 GPUs: 1024 * 4096 / (10000 * 8) = 52.43 s.
     view = _outside_view()
     row = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if r["run"] == "OLMo-core 7B (OLMo-1124) 8?xH100 FSDP2 BF16")
-    assert view.score_row(row, tmp_path, True) is None
-    scored = view.score_row(row, tmp_path, True, compiled=True)
+    scored, eager = view.score_row(row, tmp_path, True), view.score_row(row, tmp_path, True, as_eager=True)
+    assert "--compile" in scored["argv"] and "--compile" not in eager["argv"]
     assert abs(scored["published_step_s"] - 1024 * 4096 / (10000 * 8)) < 1e-6
-    assert scored["fits"] and scored["cli_step_s"] > 0
-    # only the compile skip is lifted: a power-capped H100 row (no datasheet rates at 500 W) stays out
+    assert scored["fits"] and 0 < scored["cli_step_s"] < eager["cli_step_s"]
+    assert abs(scored["cli_step_s"] / scored["internal_step_s"] - 1) < 1e-4  # the internal view compiles it too
+    # a compiled run on power-capped H100s (no datasheet rates at 500 W) stays out
     capped = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if "500 W" in r["gpu_type"])
-    assert view.score_row(capped, tmp_path, True, compiled=True) is None
+    assert view.score_row(capped, tmp_path, True) is None
