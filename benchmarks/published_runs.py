@@ -454,7 +454,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     except UsageError as exc:
         run.skip = f"not a valid layout here: {exc}"
         return run
-    refusal = fw.refusal(layout)
+    refusal = fw.refusal(layout, model.num_layers)
     if refusal:
         run.skip = f"{profile} profile: {refusal}"
         return run

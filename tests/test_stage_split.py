@@ -6,7 +6,9 @@ cuts), and each consumer is checked to cut the model the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 
 import pytest
 from hypothesis import given, settings
@@ -169,7 +171,37 @@ def test_a_megatron_profile_estimates_megatrons_cut_and_shardwise_its_own():
     zb = dataclasses.replace(load_model("gpt2"), num_layers=22, hidden=2304, num_heads=24, num_kv_heads=24,
                              head_dim=96, ffn_hidden=4 * 2304, vocab_size=51200)
     layout = Layout(pp=8)
-    for framework, last in (("megatron-core", 2), ("nemo", 2), ("megatron-2021", 2), ("shardwise", None)):
+    for framework, last in (("megatron-core", 2), ("nemo", 2), ("shardwise", None)):
         job = Job(zb, load_cluster("dgx-a100-80gb"), TrainSpec(48, 1024), framework=framework)
         want = stage_layer_counts(zb, 8, 1024)[-1] if last is None else last
         assert planner_layers(job, layout, 7) == want, framework
+
+
+def test_megatron_2021_runs_only_a_pipeline_that_cuts_the_layers_evenly():
+    # Megatron-LM's ParallelTransformer of 2021 (megatron/model/transformer.py) builds num_layers // pp layers a stage,
+    # asserting 'num_layers must be divisible by pipeline_model_parallel_size', and // vpp of those a chunk: Zero
+    # Bubble's 22 layers on 8 stages (which megatron-core cuts 2, 3 x 6, 2) or 32 layers on 4 x 3 chunks cannot run
+    # there; 32 on 4 x 2 chunks (4 layers each) can. One line, exit 2, naming the cut; the search skips such pipelines.
+    from shardwise.cli import main
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import SearchSpace, search
+
+    def estimate(*extra):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "24",
+                         "--global-batch", "48", "--seq-len", "4096", "--micro-batch", "1", "--framework",
+                         "megatron-2021", *extra])
+        return code, err.getvalue()
+
+    for extra, chunks in ((["--pp", "3"], 3), (["--pp", "4", "--schedule", "interleaved-1f1b", "--vpp", "3"], 12)):
+        code, err = estimate(*extra)
+        assert code == 2 and err.count("\n") == 1 and f"pp*vpp = {chunks} does not divide" in err, err
+    assert estimate("--pp", "4", "--schedule", "interleaved-1f1b", "--vpp", "2") == (0, "")
+
+    def ranked(framework):
+        job = make_job(load_model("llama3-8b"), load_cluster("dgx-a100-80gb"), 48, 4096, framework)
+        return search(job, 24, SearchSpace()).ranked
+
+    assert ranked("megatron-2021") and all(32 % (e.layout.pp * e.layout.vpp) == 0 for e in ranked("megatron-2021"))
+    assert any(32 % (e.layout.pp * e.layout.vpp) for e in ranked("megatron-core"))  # it names a layout: pp 3 runs

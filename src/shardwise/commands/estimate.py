@@ -61,7 +61,8 @@ def run(args) -> int:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
     fw = get(job.framework)
-    check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split))
+    check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
+          job.model.num_layers)
     est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())

@@ -161,7 +161,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if "zero" not in named and lay.dp * lay.cp > 1:
         first = fw.zero_when_unnamed(lay)
         stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
-                  and not fw.refusal(lay.with_(zero=z))] or [first]  # all refused: its default names the reason
+                  and not fw.refusal(lay.with_(zero=z), job.model.num_layers)] or [first]  # all refused: its default names the reason
     policies = [lay.recompute]
     if "recompute" not in named:
         policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
@@ -170,7 +170,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     # (sharding the optimizer usually costs less than recomputing every layer), else the one closest to fitting.
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
-    runs = [t for t in tries if not fw.refusal(t)] or tries[:1]
+    runs = [t for t in tries if not fw.refusal(t, job.model.num_layers)] or tries[:1]
     memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
     fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
     if "recompute" not in named and not fw.unnamed_recompute:  # full recompute of fewer layers, where none does not fit

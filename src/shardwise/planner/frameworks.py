@@ -107,6 +107,9 @@ class Framework:
     # with the embedding and the loss a layer's slot each when S divides L + 2: transformer_block.py
     # get_num_layers_to_build; other cuts need a named layout, which shardwise's Megatron arguments give).
     stage_split: str = "balanced"
+    # Its pipeline builds L / (pp*vpp) layers per chunk and nothing else: a layout whose pp*vpp does not divide the
+    # layers cannot run (Framework.refusal with the model's layers).
+    even_stages_only: bool = False
     # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
     # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
     # a meta tensor, then the data).
@@ -217,9 +220,13 @@ class Framework:
             return f"{self.name} runs its model eager (it has no torch.compile option)"
         return None
 
-    def refusal(self, layout: Layout) -> str | None:
-        """Why this stack cannot run `layout` (one clause naming it), or None."""
+    def refusal(self, layout: Layout, num_layers: int | None = None) -> str | None:
+        """Why this stack cannot run `layout` (one clause naming it), or None; with the model's `num_layers`, also
+        whether its pipeline can cut them."""
         lay = layout
+        if num_layers and lay.pp > 1 and not self.cuts(num_layers, lay.pp * lay.vpp):
+            return (f"{self.name} cuts the {num_layers} layers into equal model chunks only, and pp*vpp = "
+                    f"{lay.pp * lay.vpp} does not divide them (pick pp*vpp dividing {num_layers})")
         if lay.pp > 1 and not self.schedules:
             return f"{self.name} has no pipeline parallelism (use --pp 1)"
         if lay.tp > 1 and not self.tensor_parallel:  # before any rule about combining TP with something else
@@ -250,6 +257,10 @@ class Framework:
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
+
+    def cuts(self, num_layers: int, chunks: int) -> bool:
+        """Whether its pipeline can cut `num_layers` layers into `chunks` model chunks (even_stages_only)."""
+        return not self.even_stages_only or num_layers % chunks == 0
 
     def partial_counts(self, chunk_layers: int) -> tuple[int, ...]:
         """The --recompute-layers values below `chunk_layers` (a model chunk's layers) this stack can run, ascending."""
@@ -298,8 +309,13 @@ MEGATRON_2021 = Framework(
     # of views of one buffer: PyTorch's list all-gather copies out of its flat result), not under SP.
     p2p_regathers=(1, 1), p2p_regather_copies=2,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
-            "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)"),
-    stage_split="megatron",  # num_layers // pipeline size per stage (megatron/mpu: get_num_layers asserts it divides)
+            "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)",
+            "a pipeline whose pp*vpp does not divide the layers"),
+    # megatron/model/transformer.py ParallelTransformer (Megatron-LM v2, 2021, and the same line to 2023) builds
+    # num_layers // pp layers a stage, asserting 'num_layers must be divisible by pipeline_model_parallel_size', and
+    # // vpp of those a chunk ('num_layers_per_stage must be divisible by virtual_pipeline_model_parallel_size'); the
+    # embedding/loss slots and named layouts of the "megatron" rule came later.
+    stage_split="megatron", even_stages_only=True,
 )
 
 # Megatron-LM overlaps pipeline transfers with compute in the interleaved schedule only (--overlap-p2p-communication,
@@ -732,10 +748,11 @@ def get(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def check(framework: Framework, layout: Layout, chunk_layers: int | None = None) -> None:
+def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None) -> None:
     """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
-    model chunk holds, also the --recompute-layers counts it can run)."""
-    reason = framework.refusal(layout) or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
+    model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut)."""
+    reason = (framework.refusal(layout, num_layers)
+              or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None))
     if reason:
         fix = "" if " — " in reason else " — change the layout or pick another --framework"
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")

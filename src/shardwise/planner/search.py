@@ -119,7 +119,8 @@ class SearchResult:
     thinned: str = ""  # how the search narrowed a space too large to score in full (printed under the table)
 
 
-def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace(), edge_chunks: bool = False):
+def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace(), edge_chunks: bool = False,
+               even_only: bool = False):
     if pp == 1:
         yield "1f1b", 1
         return
@@ -127,16 +128,19 @@ def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpac
         if s in space.schedules:
             yield s, 1
     if m % pp == 0 and "interleaved-1f1b" in space.schedules:
-        for v in _vpps(num_layers, pp, space, edge_chunks):
+        for v in _vpps(num_layers, pp, space, edge_chunks, even_only):
             yield "interleaved-1f1b", v
 
 
-def _vpps(num_layers: int, pp: int, space: SearchSpace, edge_chunks: bool = False) -> range | list[int]:
+def _vpps(num_layers: int, pp: int, space: SearchSpace, edge_chunks: bool = False, even_only: bool = False
+          ) -> range | list[int]:
     """Virtual stages per rank worth trying: 2 up to the layers per rank, or where the stack gives the embedding and
     the loss a chunk's slot each (Framework.edge_chunks) up to those slots per rank (and --max-vpp). Even: every
     chunk the same layers, or the same slots."""
     most = max_chunks(num_layers, edge_chunks)
     vpps = range(2, min(most // pp, space.max_vpp or most) + 1)
+    if even_only:  # a stack that cuts equal chunks only (Framework.even_stages_only), whatever --all-variants says
+        return [v for v in vpps if num_layers % (pp * v) == 0]
     if not space.even_vpp:
         return vpps
     return [v for v in vpps if num_layers % (pp * v) == 0 or (edge_chunks and most % (pp * v) == 0)]
@@ -180,6 +184,8 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
             continue
         for pp in divisors(gpus // tp):
             if pp > model.num_layers or (space.pp is not None and pp not in space.pp) or (pp > 1 and not fw.schedules):
+                continue
+            if pp > 1 and not fw.cuts(model.num_layers, pp):  # a stack that cuts equal stages only
                 continue
             for cp in divisors(gpus // (tp * pp)):
                 dp = gpus // (tp * pp * cp)
@@ -231,7 +237,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                 else:
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
                     if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
-                        shapes += len(_vpps(layers, pp, space, fw.edge_chunks))
+                        shapes += len(_vpps(layers, pp, space, fw.edge_chunks, fw.even_stages_only))
                 total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
 
@@ -314,13 +320,16 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
                     f"{model.num_kv_heads} KV heads and FFN size {model.ffn_hidden} of {model.name} — possible: "
                     f"{', '.join(map(str, tps))}")
         tps = [t for t in tps if t in space.tp]
-    pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= model.num_layers]
+    fw = get_framework(job.framework)
+    pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= model.num_layers and fw.cuts(model.num_layers, p)]
     if space.pp is not None:
         allowed = sorted({p for _, p in pairs})
         pairs = [(t, p) for t, p in pairs if p in space.pp]
         if not pairs:
-            return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and be at most the "
-                    f"{model.num_layers} layers of {model.name} — possible here: {', '.join(map(str, allowed))}")
+            cut = (f"divide the {model.num_layers} layers of {model.name} ({fw.name} cuts equal stages only)"
+                   if fw.even_stages_only else f"be at most the {model.num_layers} layers of {model.name}")
+            return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and {cut} — possible "
+                    f"here: {', '.join(map(str, allowed))}")
     # the cp degrees the user listed leave their own dp (a cp that divides nothing is named below)
     dps = sorted({gpus // (t * p * c) for t, p in pairs for c in space.cp or (1,) if (gpus // (t * p)) % c == 0})
     if dps and not any(batch % dp == 0 for dp in dps):
@@ -489,7 +498,8 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
         if space.micro_batch is not None and mb not in space.micro_batch:
             continue
         m = job.train.global_batch // (dp * mb)
-        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw.edge_chunks),
+        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw.edge_chunks,
+                                                                  tally.fw.even_stages_only),
                                                          _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
@@ -510,7 +520,7 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
     fits = _FitChecks(tally.job, fw, space)
     stages = space.zero_stages(base.dp * base.cp, fw)  # ZeRO shards over dp x cp
     if not stages and base.dp * base.cp > 1 and space.zero:  # only stages the framework cannot run: say which
-        tally.refuse(fw.refusal(base.with_(zero=space.zero[0])))
+        tally.refuse(fw.refusal(base.with_(zero=space.zero[0]), tally.job.model.num_layers))
     measured = fitted = False
     best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
     for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
@@ -519,7 +529,7 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
             if zero >= best_zero:
                 break
             layout = base.with_(zero=zero, recompute=recompute)
-            why = fw.refusal(layout)
+            why = fw.refusal(layout, tally.job.model.num_layers)
             if why:
                 tally.refuse(why)
                 continue
