@@ -144,3 +144,15 @@ def test_the_recompute_phrase_says_layer_or_layers():
     assert Layout(recompute="full", recompute_layers=1).recompute_phrase() == "full recompute of 1 layer per stage"
     interleaved = Layout(pp=2, vpp=2, schedule="interleaved-1f1b", recompute="full", recompute_layers=3)
     assert interleaved.recompute_phrase() == "full recompute of 3 layers per chunk"
+
+
+def test_recompute_layers_are_counted_against_the_stacks_own_cut(capsys):
+    # Llama 3 8B's 32 layers on 4 pipeline stages: Megatron builds 32 / 4 = 8 a stage (transformer_block.py
+    # get_num_layers_to_build), so --recompute-layers 9 names more than a megatron-core chunk holds; shardwise's
+    # runtime cuts by cost and gives a middle stage 9 layers (the LM head's 128K-vocabulary GEMM costs more than
+    # a layer, so the last stage holds fewer), where 9 is every layer of that stage.
+    pp4 = ("--pp", "4", "--recompute-layers", "9")
+    code, out, err = _estimate(capsys, *pp4, "--framework", "megatron-core")
+    assert code == 2 and not out and "exceeds the 8 layers" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = _estimate(capsys, *pp4, "--framework", "shardwise")
+    assert code == 0 and json.loads(out)["recompute_layers"] == 9, err

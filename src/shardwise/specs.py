@@ -341,10 +341,10 @@ class Layout:
 
 
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,
-                    seq_len: int | None = None, edge_chunks: bool = False) -> None:
+                    seq_len: int | None = None, edge_chunks: bool = False, split_rule: str = "balanced") -> None:
     """Raise UsageError naming the first thing that makes `layout` impossible for this job. `edge_chunks`: the
     stack may give a model chunk only the embedding or only the loss (Framework.edge_chunks; shardwise's runtime
-    may not), so pp*vpp may reach the layers + 2."""
+    may not), so pp*vpp may reach the layers + 2; `split_rule`: how it cuts the layers (Framework.stage_split)."""
     for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp", "ep", "etp"):
         if getattr(layout, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
@@ -363,7 +363,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(f"unknown recompute '{layout.recompute}' — choose one of {', '.join(RECOMPUTE)}")
     if layout.zero not in ZERO_STAGES:
         raise UsageError(f"unknown ZeRO stage {layout.zero} — choose 0, 1, 2 or 3")
-    check_recompute_layers(layout, model, seq_len)
+    check_recompute_layers(layout, model, seq_len, split_rule)
     check_hybrid_shard(layout)
     if model.num_heads % layout.tp:
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
@@ -401,8 +401,9 @@ def check_chunks(pp: int, vpp: int, model: ModelSpec, edge_chunks: bool) -> None
                          f"lower pp or vpp")
 
 
-def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None) -> None:
-    """--recompute-layers N: whole layers recomputed (full recompute), at least one, at most a model chunk's layers."""
+def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None, split_rule: str = "balanced") -> None:
+    """--recompute-layers N: whole layers recomputed (full recompute), at least one, at most a model chunk's layers
+    (the chunks as the stack's `split_rule` cuts them)."""
     n = layout.recompute_layers
     if n is None:
         return
@@ -412,7 +413,7 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
     if n < 1:
         raise UsageError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
     chunks = layout.pp * layout.vpp
-    most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len) if seq_len is not None and chunks <= max_chunks(model.num_layers, True)
+    most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len, split_rule) if seq_len is not None and chunks <= max_chunks(model.num_layers, True)
             else -(-model.num_layers // chunks))
     if n > most:
         where = "each virtual stage" if layout.vpp > 1 else "each pipeline stage"

@@ -52,7 +52,7 @@ def run(args) -> int:
                          "give --gpus as dp*tp*pp*cp, or leave --dp out")
     layout = layout_from_args(args, dp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
-                    edge_chunks=get(job.framework).edge_chunks)
+                    edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
     completed, implied = complete_layout(job, layout, named)
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
         try:
