@@ -33,6 +33,7 @@ import pytest
 from shardwise.cli import main
 from shardwise.emit import FRAMEWORK, Target, emitter, render
 from shardwise.planner import Job, estimate
+from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.memory import make_job
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 from shardwise.stage_split import stage_layer_counts
@@ -281,8 +282,9 @@ def check_round_trip(got: dict, job, layout) -> None:
         assert (got["experts"], got["moe_layers"]) == (job.model.num_experts, tuple(job.model.moe_layers))
     if layout.pp > 1:
         assert got["schedule"] == layout.schedule
-        if got["counts"] is not None:  # the target's stage split is the planner's
-            assert got["counts"] == list(stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len))
+        if got["counts"] is not None:  # the target's stage split is the one the planner scored (its stack's)
+            assert got["counts"] == list(stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len,
+                                                            FRAMEWORKS[job.framework].stage_split))
 
 
 # --------------------------------------------------------------------------- tests
@@ -421,3 +423,19 @@ def test_emit_scores_with_the_targets_framework_profile(capsys):
         assert emitted["layout"] == expressible(target, job, search(job, 64).ranked)[0].to_dict()
     assert main(README_PLAN + ["--emit", "megatron", "--framework", "nemo", "--out", os.devnull, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["emitted"]["framework"] == "nemo"
+
+
+def test_torchtitan_config_of_a_megatron_plan_cuts_the_layers_as_scored(tmp_path, capsys):
+    # Llama 3 8B's 32 layers on pp 4, planned for megatron-core: Megatron builds 32 / 4 = 8 layers a stage
+    # (transformer_block.py get_num_layers_to_build), what the planner scored; torchtitan's config must then say
+    # 8 a stage, not the cost-balanced cut shardwise's runtime would take (a middle stage of 9, the last of 6).
+    import tomllib
+
+    out = tmp_path / "titan.toml"
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "32", "--global-batch", "64",
+            "--seq-len", "4096", "--framework", "megatron-core", "--tp", "8", "--pp", "4", "--schedules", "1f1b",
+            "--emit", "torchtitan", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    par = tomllib.loads(out.read_text())["parallelism"]
+    assert par["pipeline_parallel_degree"] == 4 and par["pipeline_parallel_layers_per_stage"] == 8, par
+    assert "module_fqns_per_model_part" not in par

@@ -76,6 +76,16 @@ class Target:
         ]
 
 
+def stage_counts(job, layout) -> tuple[int, ...]:
+    """Layers per virtual stage as the planner scored the job: its stack's cut (Framework.stage_split), which a
+    target writes stage by stage where it differs from the target's own default."""
+    from shardwise.planner.frameworks import get as get_framework
+    from shardwise.stage_split import stage_layer_counts
+
+    return stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len,
+                              get_framework(job.framework).stage_split)
+
+
 def profile(job) -> str:
     """The framework profile a planner Job was scored with (planners without profiles: shardwise's own model)."""
     return getattr(job, "framework", None) or "shardwise default"

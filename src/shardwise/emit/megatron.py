@@ -4,7 +4,7 @@ Option names and meanings are Megatron-LM's `megatron/training/arguments.py` (do
 commit; tests/test_emit.py parses what is written here with that parser's option table and builds
 megatron-core's config dataclasses from it):
   --tensor-model-parallel-size, --pipeline-model-parallel-size, --sequence-parallel
-  --num-layers-per-virtual-pipeline-stage  interleaved 1F1B when shardwise's split (stage_split.py) is
+  --num-layers-per-virtual-pipeline-stage  interleaved 1F1B when the scored split (emit.stage_counts) is
                                            even; otherwise
   --pipeline-model-parallel-layout         that split stage by stage ("Et*26|t*27|t*27L": E embedding,
                                            t a transformer layer, L the loss; stage k = chunk·pp + rank)
@@ -26,8 +26,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from shardwise.planner.frameworks import get as get_framework
-from shardwise.stage_split import stage_layer_counts
+from shardwise.emit import stage_counts
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 
@@ -101,9 +100,7 @@ def _parallel_args(job, layout) -> list[str]:
         args += ["--expert-model-parallel-size", layout.ep, "--expert-tensor-parallel-size", layout.etp]
     if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
         args += ["--context-parallel-size", layout.cp, "--cp-comm-type", "p2p" if layout.cp_mode == "ring" else "all_gather"]
-    # the planner's split of this stack's cut (Megatron's own, or the cost-balanced one named as a layout)
-    counts = stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len,
-                                get_framework(job.framework).stage_split)
+    counts = stage_counts(job, layout)  # Megatron's own cut, or another named as a layout
     if layout.pp > 1 and len(set(counts)) > 1:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
     elif layout.vpp > 1:

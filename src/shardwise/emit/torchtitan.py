@@ -7,7 +7,7 @@ ConfigManager, which rejects unknown keys):
       (weights stay gathered from forward to backward) or "always" = ZeRO-3; data_parallel_replicate_degree
       = DDP (ZeRO-0), which torchtitan runs only on a 1-D mesh; tensor_parallel_degree (always with
       sequence parallelism); pipeline_parallel_degree, _schedule (GPipe, 1F1B, Interleaved1F1B),
-      _microbatch_size; shardwise's split (stage_split.py) as _layers_per_stage when even (with
+      _microbatch_size; the scored split (emit.stage_counts: the job's stack's cut) as _layers_per_stage when even (with
       _first/_last_stage_less_layers = 0) or module_fqns_per_model_part stage by stage; stage k sits on
       rank k mod pp (torchtitan's "loop" style, Megatron's order); context_parallel_degree with
       _rotate_method "alltoall" (ring) or "allgather".
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from shardwise.stage_split import stage_layer_counts
+from shardwise.emit import stage_counts
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads) -> name.
@@ -48,7 +48,7 @@ def problem(job, layout) -> str | None:
     if layout.recompute == "selective":
         return ("selective recompute — torchtitan's selective modes (per-op, every N-th layer) are not the "
                 "attention-core recompute shardwise scored; narrow the search with --recompute none,full")
-    chunk = max(stage_layer_counts(job.model, layout.pp * layout.vpp, job.train.seq_len))
+    chunk = max(stage_counts(job, layout))
     n = layout.recompute_layers
     if n is not None and n < chunk and chunk // every_kth(chunk, layout) != n:
         return f"{n} of {chunk} layers recomputed — torchtitan checkpoints every k-th block ({chunk} // k of them)"
@@ -81,9 +81,9 @@ def toml(sections: dict[str, dict]) -> str:
 
 
 def _split(job, layout) -> dict:
-    """The planner's cut of the layers into pp*vpp stages (stage_split.py), in torchtitan's keys."""
+    """The planner's cut of the layers into pp*vpp stages (emit.stage_counts), in torchtitan's keys."""
     stages = layout.pp * layout.vpp
-    counts = stage_layer_counts(job.model, stages, job.train.seq_len)
+    counts = stage_counts(job, layout)
     keys = {"pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
     if len(set(counts)) == 1:
         return keys | {"pipeline_parallel_layers_per_stage": counts[0]}
@@ -131,7 +131,7 @@ def sections(target) -> dict[str, dict]:
 
 
 def _checkpointing(job, lay) -> dict:
-    chunk = max(stage_layer_counts(job.model, lay.pp * lay.vpp, job.train.seq_len))
+    chunk = max(stage_counts(job, lay))
     if lay.recompute == "full" and lay.recompute_layers is not None and lay.recompute_layers < chunk:
         return {"mode": "selective", "selective_ac_option": str(every_kth(chunk, lay))}
     return {"mode": "full" if lay.recompute == "full" else "none"}
