@@ -39,3 +39,20 @@ def test_megatron_sends_behind_compute_only_in_the_interleaved_schedule():
     assert _transfer("nemo", pp=16) == pytest.approx(across)
     hidden = _transfer("megatron-core", pp=16, schedule="interleaved-1f1b", vpp=3)
     assert 0 < hidden < 0.5 * across
+
+
+def test_estimate_json_keeps_the_overlap_flag_a_bool_and_names_the_schedules(capsys):
+    # The JSON field `assumptions.pipeline_p2p_overlapped` has been a bool since the contract was set; a checker reads
+    # it as one (the string "none" would read as true). Which schedules overlap is its own field.
+    import json
+
+    from shardwise.cli import main
+
+    for framework, overlapped, schedules in (("megatron-core", True, ["interleaved-1f1b"]),
+                                             ("megatron-2021", False, [])):
+        assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch",
+                     "32", "--seq-len", "2048", "--micro-batch", "1", "--pp", "2", "--framework", framework,
+                     "--json"]) == 0
+        notes = json.loads(capsys.readouterr().out)["assumptions"]
+        assert notes["pipeline_p2p_overlapped"] is overlapped
+        assert notes["pipeline_p2p_overlapped_schedules"] == schedules

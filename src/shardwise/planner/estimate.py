@@ -118,7 +118,8 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,
-        "pipeline_p2p_overlapped": ", ".join(fw.p2p_overlap) or "none",
+        "pipeline_p2p_overlapped": bool(fw.p2p_overlap),  # a bool, as the contract's JSON has always had it
+        "pipeline_p2p_overlapped_schedules": list(fw.p2p_overlap),  # the schedules whose transfers it overlaps
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
