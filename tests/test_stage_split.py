@@ -205,3 +205,32 @@ def test_megatron_2021_runs_only_a_pipeline_that_cuts_the_layers_evenly():
 
     assert ranked("megatron-2021") and all(32 % (e.layout.pp * e.layout.vpp) == 0 for e in ranked("megatron-2021"))
     assert any(32 % (e.layout.pp * e.layout.vpp) for e in ranked("megatron-core"))  # it names a layout: pp 3 runs
+
+
+def test_megatron_2021_interleaves_only_pipelines_deeper_than_two():
+    # Megatron-LM's arguments.py and parallel_state of 2021-23 assert 'pipeline-model-parallel size should be greater
+    # than 2 with interleaved schedule'; NeMo's later recipes run pp 2 with virtual stages (the published Grok-1 and
+    # Qwen3 30B rows: pp 2, vp 8 and 24), so megatron-core keeps it. One line, exit 2; the search skips pp 2 x v.
+    from shardwise.cli import main
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import SearchSpace, search
+
+    def estimate(framework):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16",
+                         "--global-batch", "64", "--seq-len", "4096", "--micro-batch", "1", "--tp", "2", "--pp", "2",
+                         "--vpp", "4", "--framework", framework])
+        return code, err.getvalue()
+
+    code, err = estimate("megatron-2021")
+    assert code == 2 and err.count("\n") == 1 and "needs pp >= 3" in err, err
+    assert estimate("megatron-core") == (0, "")
+
+    def interleaved_pps(framework):
+        job = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 64, 4096, framework)
+        space = SearchSpace(pp=(2, 4))
+        return {e.layout.pp for e in search(job, 16, space).ranked if e.layout.schedule == "interleaved-1f1b"}
+
+    assert interleaved_pps("megatron-2021") == {4}
+    assert interleaved_pps("megatron-core") == {2, 4}

@@ -110,6 +110,10 @@ class Framework:
     # Its pipeline builds L / (pp*vpp) layers per chunk and nothing else: a layout whose pp*vpp does not divide the
     # layers cannot run (Framework.refusal with the model's layers).
     even_stages_only: bool = False
+    # The least pipeline degree its interleaved schedule runs on: Megatron-LM's arguments.py and parallel_state of
+    # 2021-23 assert 'pipeline-model-parallel size should be greater than 2 with interleaved schedule'; later
+    # Megatron-Core runs pp 2 interleaved (NeMo's and Megatron-Bridge's pp 2 recipes with virtual stages).
+    min_interleaved_pp: int = 2
     # DeepSpeed's TrainSchedule: every step a blocking exchange with one neighbour, two transfers in a row
     # (schedules/closed_forms.py lockstep_transfers), each split into this many messages (its PartitionedTensor:
     # a meta tensor, then the data).
@@ -233,6 +237,9 @@ class Framework:
             return f"{self.name} has no tensor parallelism (use --tp 1)"
         if lay.pp > 1 and lay.schedule not in self.schedules:
             return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
+        if lay.schedule == "interleaved-1f1b" and 1 < lay.pp < self.min_interleaved_pp:
+            return (f"{self.name}'s interleaved schedule needs pp >= {self.min_interleaved_pp} (use --schedule 1f1b "
+                    f"or a deeper pipeline)")
         if lay.zero not in self.zero_stages and lay.dp > 1:
             return f"{self.name} has no ZeRO-{lay.zero} (it runs ZeRO {', '.join(map(str, self.zero_stages))})"
         if lay.pp > 1 and lay.dp > 1 and lay.zero > self.max_zero_with_pp:
@@ -310,12 +317,12 @@ MEGATRON_2021 = Framework(
     p2p_regathers=(1, 1), p2p_regather_copies=2,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules",
             "context parallelism (Megatron added it in 2024, Megatron-Core --context-parallel-size)",
-            "a pipeline whose pp*vpp does not divide the layers"),
+            "a pipeline whose pp*vpp does not divide the layers", "interleaving on a 2-stage pipeline"),
     # megatron/model/transformer.py ParallelTransformer (Megatron-LM v2, 2021, and the same line to 2023) builds
     # num_layers // pp layers a stage, asserting 'num_layers must be divisible by pipeline_model_parallel_size', and
     # // vpp of those a chunk ('num_layers_per_stage must be divisible by virtual_pipeline_model_parallel_size'); the
     # embedding/loss slots and named layouts of the "megatron" rule came later.
-    stage_split="megatron", even_stages_only=True,
+    stage_split="megatron", even_stages_only=True, min_interleaved_pp=3,
 )
 
 # Megatron-LM overlaps pipeline transfers with compute in the interleaved schedule only (--overlap-p2p-communication,

@@ -120,14 +120,14 @@ class SearchResult:
 
 
 def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace(), edge_chunks: bool = False,
-               even_only: bool = False):
+               even_only: bool = False, min_interleaved_pp: int = 2):
     if pp == 1:
         yield "1f1b", 1
         return
     for s in SEARCH_SCHEDULES:
         if s in space.schedules:
             yield s, 1
-    if m % pp == 0 and "interleaved-1f1b" in space.schedules:
+    if m % pp == 0 and "interleaved-1f1b" in space.schedules and pp >= min_interleaved_pp:
         for v in _vpps(num_layers, pp, space, edge_chunks, even_only):
             yield "interleaved-1f1b", v
 
@@ -236,7 +236,8 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
                     shapes = 1
                 else:
                     shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
-                    if m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules:
+                    if (m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules
+                            and pp >= fw.min_interleaved_pp):
                         shapes += len(_vpps(layers, pp, space, fw.edge_chunks, fw.even_stages_only))
                 total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
@@ -499,7 +500,8 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
             continue
         m = job.train.global_batch // (dp * mb)
         for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw.edge_chunks,
-                                                                  tally.fw.even_stages_only),
+                                                                  tally.fw.even_stages_only,
+                                                                  tally.fw.min_interleaved_pp),
                                                          _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
