@@ -118,6 +118,11 @@ class ModelSpec:
         return NORM_VECTORS[self.norm_kind]
 
     @property
+    def layer_norm_params(self) -> int:
+        """One layer's norm parameters: its norms' weight (and bias) vectors of width hidden."""
+        return self.layer_norms * self.norm_vectors * self.hidden
+
+    @property
     def learned_positions(self) -> bool:
         return self.positions == "learned" if self.positions else self.family == "gpt2"
 
@@ -204,7 +209,7 @@ class ModelSpec:
         return {}
 
     def _layer_params(self, layer: int, active: bool) -> int:
-        norms = self.layer_norms * self.norm_vectors * self.hidden
+        norms = self.layer_norm_params
         if self.is_moe_layer(layer):
             experts = self.experts_per_token if active else self.num_experts
             ffn = experts * self.expert_params() + self.moe_dense_params()

@@ -401,7 +401,7 @@ def layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one layer on one TP rank (mean over layers): the matrices (and column-parallel biases)
     split over tp; the norms, the row-parallel biases (added after the sum) and a MoE layer's router
     replicated, as the runtime keeps them. Routed experts are not in it (`rank_expert_params`)."""
-    replicated = model.hidden * (model.layer_norms * model.norm_vectors + model.attention_bias + model.ffn_bias)
+    replicated = model.layer_norm_params + model.hidden * (model.attention_bias + model.ffn_bias)  # row-parallel biases
     replicated += len(model.moe_layers) * model.num_experts * model.hidden / model.num_layers  # routers
     return (model.params_per_layer() - model.expert_params_per_layer() - replicated) / tp + replicated
 
@@ -425,7 +425,7 @@ def _moe_rank_layer_params(model, pp: int, vpp: int, rank: int, seq_len: int, tp
     ids = moe._rank_layer_ids(model, pp, vpp, rank, seq_len, rule)
     moe_ids = [i for i in ids if model.is_moe_layer(i)]
     routers = len(moe_ids) * model.num_experts * model.hidden
-    norms = len(ids) * 2 * model.hidden
+    norms = len(ids) * model.layer_norm_params
     dense = sum(model.layer_params(i) for i in ids) - len(moe_ids) * model.num_experts * model.expert_params()
     return (dense - routers - norms) / tp + routers + norms
 

@@ -119,31 +119,33 @@ class SearchResult:
     thinned: str = ""  # how the search narrowed a space too large to score in full (printed under the table)
 
 
-def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace = SearchSpace(), edge_chunks: bool = False,
-               even_only: bool = False, min_interleaved_pp: int = 2):
+def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace, fw):
+    """(schedule, vpp) pairs worth scoring for a pp-stage pipeline of m micro-batches under stack `fw`: the
+    space's schedules; interleaving where m is a multiple of pp and the stack interleaves this deep a pipeline
+    (Framework.min_interleaved_pp), at each depth `_vpps` allows. A schedule the stack lacks is yielded too: its
+    refusal names it when nothing fits."""
     if pp == 1:
         yield "1f1b", 1
         return
     for s in SEARCH_SCHEDULES:
         if s in space.schedules:
             yield s, 1
-    if m % pp == 0 and "interleaved-1f1b" in space.schedules and pp >= min_interleaved_pp:
-        for v in _vpps(num_layers, pp, space, edge_chunks, even_only):
+    if m % pp == 0 and "interleaved-1f1b" in space.schedules and pp >= fw.min_interleaved_pp:
+        for v in _vpps(num_layers, pp, space, fw):
             yield "interleaved-1f1b", v
 
 
-def _vpps(num_layers: int, pp: int, space: SearchSpace, edge_chunks: bool = False, even_only: bool = False
-          ) -> range | list[int]:
+def _vpps(num_layers: int, pp: int, space: SearchSpace, fw) -> range | list[int]:
     """Virtual stages per rank worth trying: 2 up to the layers per rank, or where the stack gives the embedding and
     the loss a chunk's slot each (Framework.edge_chunks) up to those slots per rank (and --max-vpp). Even: every
     chunk the same layers, or the same slots."""
-    most = max_chunks(num_layers, edge_chunks)
+    most = max_chunks(num_layers, fw.edge_chunks)
     vpps = range(2, min(most // pp, space.max_vpp or most) + 1)
-    if even_only:  # a stack that cuts equal chunks only (Framework.even_stages_only), whatever --all-variants says
+    if fw.even_stages_only:  # a stack that cuts equal chunks only, whatever --all-variants says
         return [v for v in vpps if num_layers % (pp * v) == 0]
     if not space.even_vpp:
         return vpps
-    return [v for v in vpps if num_layers % (pp * v) == 0 or (edge_chunks and most % (pp * v) == 0)]
+    return [v for v in vpps if num_layers % (pp * v) == 0 or (fw.edge_chunks and most % (pp * v) == 0)]
 def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
     """Whether the search tries context-parallel degree `cp` (1 unless --cp excludes it; see MIN_CP_TOKENS)."""
     s = job.train.seq_len
@@ -232,13 +234,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
         for mb in divisors(batch // dp):
             if space.micro_batch is None or mb in space.micro_batch:
                 m = batch // (dp * mb)
-                if pp == 1:
-                    shapes = 1
-                else:
-                    shapes = sum(s in space.schedules and s in fw.schedules for s in SEARCH_SCHEDULES)
-                    if (m % pp == 0 and "interleaved-1f1b" in space.schedules and "interleaved-1f1b" in fw.schedules
-                            and pp >= fw.min_interleaved_pp):
-                        shapes += len(_vpps(layers, pp, space, fw.edge_chunks, fw.even_stages_only))
+                shapes = 1 if pp == 1 else sum(s in fw.schedules for s, _ in _schedules(pp, layers, m, space, fw))
                 total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
 
@@ -499,9 +495,7 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
         if space.micro_batch is not None and mb not in space.micro_batch:
             continue
         m = job.train.global_batch // (dp * mb)
-        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw.edge_chunks,
-                                                                  tally.fw.even_stages_only,
-                                                                  tally.fw.min_interleaved_pp),
+        for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw),
                                                          _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
