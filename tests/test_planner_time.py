@@ -475,17 +475,17 @@ def test_estimate_never_crashes_on_valid_input(model, cluster, framework, tp, pp
 
 # ------------------------------------------------------------------ calibrated per-call costs (counted, not fitted)
 
-def _tiny_job(**measured):
+def _tiny_job(framework="shardwise", **measured):
     # A calibrated cluster (alpha-beta collectives) whether or not `measured` holds the costs under test.
     cluster = dataclasses.replace(A100, measured={"world_size": 0, **measured})
-    return Job(load_model("tiny"), cluster, TrainSpec(8, 64), flash_attention=True, framework="shardwise",
+    return Job(load_model("tiny"), cluster, TrainSpec(8, 64), flash_attention=True, framework=framework,
                zero1_broadcast_per_tensor=True)
 
 
-def _delta(key: str, lay: Layout, **measured) -> float:
+def _delta(key: str, lay: Layout, framework="shardwise", **measured) -> float:
     """What the calibrated costs in `measured` add to `key` (comm_overlap, when given, holds for both)."""
     base = {k: v for k, v in measured.items() if k == "comm_overlap"}
-    return step_time(_tiny_job(**measured), lay)[key] - step_time(_tiny_job(**base), lay)[key]
+    return step_time(_tiny_job(framework, **measured), lay)[key] - step_time(_tiny_job(framework, **base), lay)[key]
 
 
 def test_every_tensor_parallel_call_pays_the_sync_cost():
@@ -518,6 +518,38 @@ def test_fsdp_calls_are_counted_per_unit():
     assert _delta("dp_comm", Layout(dp=2, zero=2), fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(4 * 10 * y)
     # ZeRO-0: one all-reduce
     assert _delta("dp_comm", Layout(dp=2), sync_overhead_s=y, comm_overlap=0.0) == pytest.approx(y)
+
+
+def test_lit_gpt_reduce_scatters_once_per_optimizer_step():
+    # TinyLlama's pretrain/tinyllama.py (01c9c77) runs every micro-batch but the step's last under
+    # fabric.no_backward_sync, which Lightning 2.1.2's FSDPStrategy turns into FSDP1's no_sync(): FULL_SHARD still
+    # gathers every unit in each forward and backward, but reduce-scatters only in the last backward. tiny, dp 2, 4
+    # micro-batches: 4 x (5 + 4) gathers + 5 reduce-scatters = 41 calls; Composer's FSDP (no no_sync) 4 x 14 = 56.
+    y = 1e-3
+    lay = Layout(dp=2, zero=3)
+    assert _delta("dp_comm", lay, "lit-gpt", fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(41 * y)
+    assert _delta("dp_comm", lay, "composer", fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(56 * y)
+
+
+def test_lit_gpt_holds_its_gradients_unsharded_while_it_accumulates():
+    from shardwise.planner.kernels import hbm_rate
+    from shardwise.planner.memory import memory_breakdown, rank_params
+
+    # Under no_sync() FSDP1 keeps each unit's gradient unsharded in the dtype it computes in (FP32 under Lightning's
+    # bf16-mixed: param_dtype float32) from the first micro-batch's backward to the last: Llama 2 7B's 6.74e9
+    # parameters x 4 B on every GPU, not 1/16 of it; with one micro-batch per step nothing is accumulated and the
+    # gradient is reduce-scattered into its shard as usual.
+    model, lay = load_model("llama2-7b"), Layout(dp=16, zero=3, micro_batch=1)
+    params = 6_738_415_616
+    accumulating = make_job(model, A100, 64, 2048, "lit-gpt")  # 4 micro-batches
+    assert memory_breakdown(accumulating, lay)[1]["gradients"] == pytest.approx(4 * params, rel=0.01)
+    single = make_job(model, A100, 16, 2048, "lit-gpt")
+    assert memory_breakdown(single, lay)[1]["gradients"] == pytest.approx(4 * params / 16, rel=0.01)
+    # Autograd adds each later micro-batch's FP32 gradient into the held one in place (AccumulateGrad: read 4 + 4,
+    # write 4): 3 of 4 micro-batches, 12 B per parameter, at HBM bandwidth.
+    held = rank_params(accumulating, lay, 0)
+    assert accumulation_time(accumulating, lay, 0) == pytest.approx(3 / 4 * 12 * held / hbm_rate(A100))
+    assert accumulation_time(make_job(model, A100, 64, 2048, "composer"), lay, 0) == 0  # reduced every micro-batch
 
 
 def test_checkpointed_layers_pay_the_checkpoint_cost():

@@ -73,6 +73,13 @@ class Framework:
     # False for "optim_grads").
     zero2_reduce_every_microbatch: bool = False
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
+    # Its accumulating micro-batches run under FSDP's no_sync() (Lightning Fabric's no_backward_sync over PyTorch FSDP1):
+    # each unit is still gathered in every forward and (FULL_SHARD) every backward, but its gradient stays unsharded in
+    # the dtype the unit computes in (param_gather_bytes), autograd adding each micro-batch's into it (AccumulateGrad:
+    # grad_accumulation_bytes), and is reduce-scattered once, in the last micro-batch's backward (torch
+    # distributed/fsdp/_runtime_utils.py _post_backward_hook returns before the reduce-scatter when not
+    # _sync_gradients; _flat_param.py prepare_gradient_for_backward keeps the unsharded gradient of no_sync()).
+    fsdp_no_sync: bool = False
     # Under a pipeline, torch.distributed.pipelining runs FSDP2 with gradient sync and reshard-after-backward off in
     # every backward but the last, and reduce-scatters every unit once after the schedule (its REDUCE_GRAD action,
     # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
@@ -598,8 +605,9 @@ COMPOSER_PURE = replace(
 LIT_GPT = replace(
     COMPOSER, name="lit-gpt",
     summary="Lit-GPT's pretraining (TinyLlama) on Lightning Fabric's FSDPStrategy (PyTorch FSDP1, FULL_SHARD, "
-            "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, BF16 "
-            "gradient reduce-scatter every micro-batch; FlashAttention-2, fused RMSNorm and rotary embedding "
+            "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, gradient "
+            "accumulation under no_backward_sync (FP32 gradients held unsharded, one BF16 reduce-scatter per optimizer "
+            "step); FlashAttention-2, fused RMSNorm and rotary embedding "
             "(flash-attn), xformers' fused SwiGLU, flash-attn's xentropy loss; per-tensor AdamW with gradient clipping",
     sources=("jzhang38/TinyLlama 01c9c77 pretrain/tinyllama.py (FSDPStrategy(auto_wrap_policy={Block}, "
              "activation_checkpointing_policy=None, limit_all_gathers=True); precision from "
@@ -608,11 +616,20 @@ LIT_GPT = replace(
              "apply_rotary_emb_func), lit_gpt/config.py tiny_LLaMA_1b (_norm_class FusedRMSNorm), requirements.txt "
              "(lightning==2.1.2), PRETRAIN.md (flash-attention csrc/rotary, layer_norm, xentropy built from source)",
              "Lightning-AI lightning-fabric 2.0.3 plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config: "
-             "bf16-mixed is param_dtype float32, reduce_dtype and buffer_dtype bfloat16"),
+             "bf16-mixed is param_dtype float32, reduce_dtype and buffer_dtype bfloat16",
+             "jzhang38/TinyLlama 01c9c77 pretrain/tinyllama.py train loop (fabric.no_backward_sync(model, "
+             "enabled=is_accumulating)); Lightning-AI lightning 2.1.2 fabric/strategies/fsdp.py "
+             "_FSDPBackwardSyncControl.no_backward_sync (module.no_sync())"),
     # FP32 flat parameters (the optimizer's master copy itself), gathered in FP32, their FP32 gradients reduce-scattered
     # in BF16; Adam's two FP32 moments.
     weight_bytes=4, grad_bytes=4, optimizer_bytes=8, param_gather_bytes=4, grad_reduce_bytes=2,
     fused_elementwise=True, loss="xentropy",
+    # pretrain/tinyllama.py: `with fabric.no_backward_sync(model, enabled=is_accumulating)` around every micro-batch
+    # but the step's last (gradient_accumulation_steps = 64 / 8 on its 16 GPUs); lightning 2.1.2 fabric/strategies/
+    # fsdp.py _FSDPBackwardSyncControl.no_backward_sync returns module.no_sync(). So its FP32 gradients are held
+    # unsharded and summed in place by autograd (read 4 + 4, write 4 per parameter after the first micro-batch), and
+    # reduce-scattered in BF16 once per optimizer step.
+    fsdp_no_sync=True, grad_accumulation_bytes=12,
     # _single_tensor_adamw (foreach=False): one kernel per operation and tensor, the 80 B per FP32 element of torch's
     # AdamW (TORCHTITAN above), and fabric.clip_gradients -> FSDP's clip_grad_norm_ (12): 92.
     optimizer_traffic=92,

@@ -19,6 +19,7 @@ from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.overlap import param_gather_bytes
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_layers, peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.specs import ClusterSpec, Layout, ModelSpec, TrainSpec
@@ -483,6 +484,10 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     # activations' peak only the `grads_held` share of them exists (rank_memory).
     if zero >= 2 and fw.fsdp_once_per_step(layout):
         grads = fw.grad_reduce_bytes * params * grads_held
+    # FSDP under no_sync() (Framework.fsdp_no_sync) holds every gradient unsharded, in the dtype its units compute in,
+    # from the first micro-batch's backward on: through the later ones' activations peaks.
+    elif zero >= 2 and fw.fsdp_no_sync and layout.num_microbatches(t.global_batch) > 1:
+        grads = param_gather_bytes(job, fw) * params
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 

@@ -208,7 +208,8 @@ def _fsdp_passes(layout, fw: Framework, m: int) -> _Passes:
     # torch.distributed.pipelining (Framework.pipeline_fsdp_once): the units stay gathered from the first
     # forward to the last backward and reduce-scatter once after the schedule, waited for.
     deferred = fw.fsdp_once_per_step(layout)
-    every = layout.zero >= 3 or fw.fsdp_reduce_every_microbatch
+    # Under no_sync() (Framework.fsdp_no_sync) only the last micro-batch's backward reduce-scatters.
+    every = (layout.zero >= 3 or fw.fsdp_reduce_every_microbatch) and not fw.fsdp_no_sync
     return _Passes(forwards=1 if deferred else m, regathers=regathers, reducing=0 if deferred else (m if every else 1),
                    deferred=deferred)
 

@@ -183,9 +183,10 @@ def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
     """Seconds per micro-batch, on average over the step, of the framework's gradient accumulation outside the
     weight-gradient GEMMs (Framework.grad_accumulation_bytes): one pass over this rank's local gradients at HBM
     bandwidth after each micro-batch's backward (m - 1 of the m when the first gradient is taken as it is).
-    Sharded gradients (ZeRO-2/3) are reduced every micro-batch instead: not counted."""
+    Sharded gradients (ZeRO-2/3) are reduced every micro-batch instead: not counted, unless the stack holds them
+    unsharded under FSDP's no_sync() (Framework.fsdp_no_sync)."""
     fw = get_framework(job.framework)
-    if not fw.grad_accumulation_bytes or layout.zero >= 2 or calibrated(job):
+    if not fw.grad_accumulation_bytes or (layout.zero >= 2 and not fw.fsdp_no_sync) or calibrated(job):
         return 0.0
     m = layout.num_microbatches(job.train.global_batch)
     share = (m - 1) / m if fw.grad_accumulation_first_free else 1.0
