@@ -116,11 +116,37 @@ def test_simulate_summary_without_json(capsys):
     (["--schedule", "interleaved-1f1b", "--pp", "7", "--vpp", "1", "--microbatches", "7", "--model", "tiny"],
      "7 model chunks exceed the 4 layers plus a chunk for the embedding and one for the loss"),
     (["--pp", "2", "--microbatches", "8", "--model", "nope"], "unknown model"),
+    (["--pp", "2", "--microbatches", "8", "--framework", "nope"], "unknown framework 'nope' — choose one of"),
+    (["--pp", "4", "--microbatches", "8", "--schedule", "zb-h1", "--framework", "deepspeed"],
+     "--framework deepspeed cannot run this layout: deepspeed has no zb-h1 pipeline schedule"),
+    (["--pp", "4", "--microbatches", "8", "--compare", "--framework", "composer"], "composer has no pipeline parallelism"),
+    (["--pp", "2", "--microbatches", "8", "--schedule", "interleaved-1f1b", "--framework", "megatron-2021"],
+     "megatron-2021's interleaved schedule needs pp >= 3"),
+    (["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "3", "--microbatches", "8", "--model", "llama3-8b",
+      "--framework", "megatron-2021"], "cuts the 32 layers into equal model chunks only"),
+    (["--pp", "6", "--microbatches", "6", "--model", "tiny", "--framework", "shardwise"],
+     "6 model chunks exceed the 4 layers of tiny"),  # its runtime gives every stage a layer
 ])
 def test_simulate_bad_input_is_one_line(argv, msg, capsys):
     assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_simulate_cuts_and_schedules_as_the_named_framework_does(capsys):
+    """`simulate --framework` means what it means for estimate, plan and explain: the stack's pipeline. Megatron-Core
+    builds L / S layers a stage (transformer_block.py get_num_layers_to_build): Llama 3 8B's 32 layers on pp 4 are 8 a
+    stage, the LM head's stage the slowest, where the runtime's cost-balanced cut (no --framework) moves layers off
+    it; its 1F1B step is longer. --compare shows only the schedules the stack runs."""
+    job = ["--pp", "4", "--microbatches", "8", "--model", "llama3-8b", "--json"]
+    assert main(["simulate", *job]) == 0
+    balanced = json.loads(capsys.readouterr().out)["makespan"]
+    assert main(["simulate", *job, "--framework", "megatron-core"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] > balanced * 1.01
+    assert main(["simulate", *job, "--framework", "torchtitan"]) == 0  # torchtitan's cut is the balanced one
+    assert json.loads(capsys.readouterr().out)["makespan"] == pytest.approx(balanced)
+    assert main(["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--framework", "megatron-core", "--json"]) == 0
+    assert [r["schedule"] for r in json.loads(capsys.readouterr().out)["compare"]] == ["1f1b", "interleaved-1f1b"]
 
 
 def test_simulate_takes_the_uneven_cut_plan_recommends(capsys):

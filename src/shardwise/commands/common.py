@@ -104,12 +104,17 @@ def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:
     return gpus // (tp * pp * cp)
 
 
-def add_software_args(p: argparse.ArgumentParser) -> None:
-    """Facts about the training software the planner models (not searched)."""
+def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """--framework NAME, one of planner.frameworks.FRAMEWORKS (an unknown name: one line, exit 2, where it is read)."""
     from shardwise.planner.frameworks import DEFAULT_HELP, FRAMEWORKS
 
     p.add_argument("--framework", default=None, metavar="{" + ",".join(FRAMEWORKS) + "}",
-                   help=DEFAULT_HELP + " (docs/planner.md describes each)")
+                   help=(help or DEFAULT_HELP) + " (docs/planner.md describes each)")
+
+
+def add_software_args(p: argparse.ArgumentParser) -> None:
+    """Facts about the training software the planner models (not searched)."""
+    add_framework_arg(p)
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
                         "(the default of every framework but megatron-2021 and deepspeed, the 2021-22 stacks); "
@@ -300,5 +305,5 @@ def print_json(obj) -> None:
 
 
 __all__ = ["add_model_arg", "add_cluster_args", "add_job_args", "add_layout_args", "layout_from_args",
-           "dp_from_gpus", "print_json", "add_software_args", "job_from_args",
+           "dp_from_gpus", "print_json", "add_framework_arg", "add_software_args", "job_from_args",
            "layout_table", "breakdown_table", "print_explanation", "load_model", "load_cluster"]

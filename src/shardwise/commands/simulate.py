@@ -35,6 +35,14 @@ def register(subparsers, name: str, help: str) -> None:
                         "the layers by two, a chunk holding only the embedding and one only the loss, as megatron-core, "
                         "nemo, torchtitan and Llama 3 cut")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence, with --model (default 2048)")
+    from shardwise.commands.common import add_framework_arg
+
+    add_framework_arg(p, help="the training stack whose pipeline runs the schedule (default: none, on paper — any "
+                              "schedule, and --model cut by the runtime's cost-balanced split). Named, the schedules "
+                              "it runs (--compare shows only those), the shallowest pipeline it interleaves and, with "
+                              "--model, how it cuts the layers: Megatron's L/(pp*vpp) layers a chunk on megatron-2021, "
+                              "megatron-core and nemo; a chunk for the embedding and one for the loss only where it "
+                              "cuts them")
     p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
     p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
@@ -83,18 +91,39 @@ def _check(args) -> None:
         raise UsageError("--compare simulates gpipe, 1f1b, interleaved-1f1b and zb-h1 itself — drop --schedule")
 
 
-def _shapes(args) -> list[tuple[str, int]]:
-    """(schedule, vpp) pairs to simulate."""
+def _framework(args):
+    """The --framework profile (planner/frameworks.py), or None: on paper, for any stack."""
+    if args.framework is None:
+        return None
+    from shardwise.planner.frameworks import get
+
+    return get(args.framework)  # an unknown name: one line, exit 2
+
+
+def _shapes(args, fw=None) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs to simulate; under a --framework `fw`, only those its pipeline runs (with --model, on the
+    model's layers): --compare leaves out the others, a named schedule it cannot run is refused in one line."""
     if args.compare:
         if args.vpp is not None and args.vpp < 2:
             raise UsageError(f"--compare needs --vpp of at least 2 for the interleaved panel, got {args.vpp}")
-        return [(s, (args.vpp or 2) if s == "interleaved-1f1b" else 1) for s in COMPARE]
-    schedule = args.schedule or "1f1b"
-    vpp = args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1)
-    return [(schedule, vpp)]
+        shapes = [(s, (args.vpp or 2) if s == "interleaved-1f1b" else 1) for s in COMPARE]
+    else:
+        schedule = args.schedule or "1f1b"
+        shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
+    if fw is None:
+        return shapes
+    from shardwise.planner.frameworks import check
+    from shardwise.specs import Layout, load_model
+
+    layers = load_model(args.model).num_layers if args.model is not None else None
+    runs = [(name, v) for name, v in shapes if not fw.refusal(Layout(pp=args.pp, vpp=v, schedule=name), layers)]
+    if not runs:  # the reason of the first (the only one without --compare)
+        name, v = shapes[0]
+        check(fw, Layout(pp=args.pp, vpp=v, schedule=name), num_layers=layers)
+    return runs
 
 
-def _costs(args, v: int, f: float, b: float, w: float):
+def _costs(args, v: int, f: float, b: float, w: float, fw=None):
     from shardwise.schedules.simulate import Costs, model_costs
 
     if args.model is None:
@@ -107,9 +136,11 @@ def _costs(args, v: int, f: float, b: float, w: float):
     if args.seq_len < 1:
         raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
     # On paper for any stack: up to a chunk holding only the embedding and one only the loss, as the stacks that cut
-    # so run them (Framework.edge_chunks) and `plan` may recommend for them (Llama 3.1 405B on pp 16 x vpp 8)
-    check_chunks(args.pp, v, spec, edge_chunks=True)
-    return model_costs(spec, args.pp, v, args.seq_len, f, b, w, args.comm)
+    # so run them (Framework.edge_chunks) and `plan` may recommend for them (Llama 3.1 405B on pp 16 x vpp 8); under a
+    # --framework, as that stack cuts (Framework.edge_chunks, Framework.stage_split).
+    check_chunks(args.pp, v, spec, edge_chunks=fw is None or fw.edge_chunks)
+    return model_costs(spec, args.pp, v, args.seq_len, f, b, w, args.comm,
+                       rule=fw.stage_split if fw is not None else "balanced")
 
 
 def _deadlock_free(schedule) -> dict:
@@ -144,7 +175,8 @@ def run(args) -> int:
 
     _check(args)
     f, b, w = parse_costs(args.costs)
-    shapes = _shapes(args)
+    fw = _framework(args)
+    shapes = _shapes(args, fw)
     for name, v in shapes:
         check_shape(name, args.pp, args.microbatches, v)
     actions = sum(_actions(name, args.pp, args.microbatches, v) for name, v in shapes)
@@ -154,7 +186,7 @@ def run(args) -> int:
         raise UsageError(f"--out draws every action of every rank, and {args.pp} ranks with {actions:,} actions are too "
                          f"many to see — draw at most {MAX_DRAWN_RANKS} ranks and {MAX_DRAWN:,} actions per schedule "
                          f"(e.g. --pp 8 --microbatches 32), or write --trace for Perfetto")
-    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w)) for name, v in shapes]
+    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w, fw)) for name, v in shapes]
     ms = 1e-3  # costs are in ms; pictures and traces take seconds
     if args.out is not None:
         panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]
@@ -172,7 +204,8 @@ def run(args) -> int:
                    for s in sims]
         print_json({"compare": results} if args.compare else results[0])
     else:
-        _print_summary(sims, args)
+        left = [name for name in COMPARE if args.compare and name not in {n for n, _ in shapes}]
+        _print_summary(sims, args, note=f"--framework {fw.name} runs no {', '.join(left)} here: left out" if left else None)
     return 0
 
 

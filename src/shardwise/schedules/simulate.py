@@ -54,15 +54,16 @@ class Costs:
 
 
 def model_costs(spec, p: int, v: int, seq_len: int, f: float = 1.0, b: float = 1.0, w: float = 1.0,
-                c: float = 0.0) -> Costs:
-    """Per-virtual-stage costs of a real model cut by the runtime's stage split (shardwise.stage_split):
-    each stage's f, b, w in proportion to its FLOPs, an average stage costing the given f, b, w."""
+                c: float = 0.0, rule: str = "balanced") -> Costs:
+    """Per-virtual-stage costs of a real model cut by the stage split (shardwise.stage_split; `rule`: the runtime's
+    cost-balanced one, or a stack's, Framework.stage_split): each stage's f, b, w in proportion to its FLOPs, an
+    average stage costing the given f, b, w."""
     from shardwise.stage_split import stage_flops, stage_layer_counts
 
-    flops = stage_flops(spec, p * v, seq_len)
+    flops = stage_flops(spec, p * v, seq_len, rule)
     scale = [x * len(flops) / sum(flops) / v for x in flops]  # a whole rank's stage = v chunks
     return Costs(f=[f * k for k in scale], b=[b * k for k in scale], w=[w * k for k in scale], c=c,
-                 held=stage_layer_counts(spec, p * v, seq_len))
+                 held=stage_layer_counts(spec, p * v, seq_len, rule))
 
 
 @dataclass
