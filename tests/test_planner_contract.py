@@ -383,6 +383,21 @@ def test_software_flags_that_mean_nothing_here_are_one_line(extra, expected):
         assert code == 2 and expected in err and err.count("\n") == 1, (command, err)
 
 
+def test_lit_gpt_runs_only_the_full_shard_its_script_builds():
+    """TinyLlama's pretrain/tinyllama.py (01c9c77, the lit-gpt profile) builds Lightning's FSDPStrategy with no
+    sharding_strategy whenever it has more than one device: FULL_SHARD. Lightning could run SHARD_GRAD_OP, NO_SHARD or
+    HYBRID_SHARD, but this stack never asks for them: estimate refuses them in one line, plan never ranks them."""
+    argv = ["--model", "tiny", "--cluster", "dgx-a100-40gb", "--gpus", 16, "--global-batch", 32, "--seq-len", 128,
+            "--framework", "lit-gpt", "--json"]
+    for extra, why in ((["--dp-shard", 8], "lit-gpt has no hybrid sharding"), (["--zero", 2], "lit-gpt has no ZeRO-2"),
+                       (["--zero", 0], "lit-gpt has no ZeRO-0")):
+        code, _, err = cli(["estimate", *argv, "--micro-batch", 1, *extra])
+        assert code == 2 and why in err and err.count("\n") == 1, (extra, err)
+    assert answer(["estimate", *argv, "--micro-batch", 1])["zero"] == 3
+    plan = answer(["plan", *argv])
+    assert plan["candidates"] and all(c["zero"] == 3 and c["dp_shard"] == c["dp"] for c in plan["candidates"])
+
+
 @settings(max_examples=40, deadline=None)
 @given(model=st.sampled_from(["llama3-8b", "gpt3-175b", "gpt2", "llama2-13b", "llama3.1-405b"]),
        framework=st.sampled_from(list(FRAMEWORKS)), cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb"]),

@@ -630,10 +630,17 @@ LIT_GPT = replace(
     # unsharded and summed in place by autograd (read 4 + 4, write 4 per parameter after the first micro-batch), and
     # reduce-scattered in BF16 once per optimizer step.
     fsdp_no_sync=True, grad_accumulation_bytes=12,
+    # pretrain/tinyllama.py builds FSDPStrategy(...) without sharding_strategy whenever devices > 1 (one device:
+    # strategy "auto", no data parallelism), so Lightning's default FULL_SHARD: ZeRO-3 over every rank, nothing else.
+    # Lightning's FSDPStrategy takes SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD as arguments (lightning 2.1.2
+    # fabric/strategies/fsdp.py _init_sharding_strategy), but no TinyLlama commit passes one; upstream Lit-GPT's
+    # tinyllama script set HYBRID_SHARD only later (Lightning-AI/litgpt 21c1c594, 2023-11-22).
+    zero_stages=(3,), hybrid_shard=False,
     # _single_tensor_adamw (foreach=False): one kernel per operation and tensor, the 80 B per FP32 element of torch's
     # AdamW (TORCHTITAN above), and fabric.clip_gradients -> FSDP's clip_grad_norm_ (12): 92.
     optimizer_traffic=92,
-    cannot=("tensor, pipeline or context parallelism (its FSDPStrategy shards data-parallel only)", "ZeRO-1",
+    cannot=("tensor, pipeline or context parallelism (its FSDPStrategy shards data-parallel only)",
+            "ZeRO-0/1/2 and hybrid sharding (its FSDPStrategy names no sharding_strategy: FULL_SHARD, ZeRO-3, only)",
             "selective recompute (activation_checkpointing_policy wraps whole blocks)",
             "recompute of only some layers (the policy checkpoints every Block)"),
 )
