@@ -60,3 +60,18 @@ def test_compiled_rows_pass_compile_to_the_command_line(tmp_path):
     # a compiled run on power-capped H100s (no datasheet rates at 500 W) stays out
     capped = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if "500 W" in r["gpu_type"])
     assert view.score_row(capped, tmp_path, True) is None
+
+
+def test_a_row_that_states_sp_off_is_estimated_without_it(tmp_path):
+    # InternEvo's tensor mode 'mtp' (its A100 table: "SP off") is plain Megatron TP. The command line must say so
+    # (--no-sequence-parallel), or estimate, told nothing, picks sequence parallelism where it is faster
+    # (megatron-core, the nearest of the six profiles) and scores another layout than the row ran.
+    view = _outside_view()
+    row = next(r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if r["run"] == "InternEvo 7B tp2 zero1=-1 8xA100")
+    stated = view.score_row(row, tmp_path, True)
+    assert "--no-sequence-parallel" in stated["argv"] and not any("sequence_parallel" in w for w in stated["why"])
+    assert abs(stated["cli_step_s"] / stated["internal_step_s"] - 1) < 1e-4
+    silent = view.score_row({**row, "notes": row["notes"].replace("SP off", "")}, tmp_path, True)
+    assert not {"--sequence-parallel", "--no-sequence-parallel"} & set(silent["argv"])
+    assert "sequence_parallel: command line True, internal False" in silent["why"]
+    assert silent["cli_step_s"] != stated["cli_step_s"]
