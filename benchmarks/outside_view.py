@@ -241,9 +241,12 @@ def print_table(rows: list[dict], s: dict) -> None:
         if abs(r["difference"]) > DIFF_POINTS or not r["fits"]:
             for why in r["why"] or ["(nothing the listing compares)"]:
                 print(f"{'':10}{why}")
-    print(f"\n{s['rows']} strong dense rows through the command line: median |error| {s['cli_median_abs_error']:.1%}, "
-          f"max {s['cli_max_abs_error']:.1%}; internal (--six-profiles) {s['internal_median_abs_error']:.1%} / "
-          f"{s['internal_max_abs_error']:.1%}")
+    if s["rows"]:
+        print(f"\n{s['rows']} strong dense rows through the command line: median |error| {s['cli_median_abs_error']:.1%}, "
+              f"max {s['cli_max_abs_error']:.1%}; internal (--six-profiles) {s['internal_median_abs_error']:.1%} / "
+              f"{s['internal_max_abs_error']:.1%}")
+    else:  # every selected row weak or refused (e.g. --only AWS): nothing to summarise
+        print("\nno strong dense row in the summary")
     print(f"predicted not to fit: {len(s['not_fitting'])}" + (f" ({'; '.join(s['not_fitting'])})" if s["not_fitting"] else ""))
     print(f"refused by the command line: {len(s['cli_failed'])}" + (f" ({'; '.join(s['cli_failed'])})" if s["cli_failed"] else ""))
     print(f"micro-batch not stated, so `shardwise plan`'s best over the row's degrees and stated knobs: "

@@ -121,7 +121,10 @@ def stated_network(gpu_type: str, gpus_per_node: int) -> float | None:
 
 
 def cluster_preset(gpu_type: str) -> str:
-    """The shipped cluster preset of a row's GPU: what `--cluster` names for it."""
+    """The shipped cluster preset of a row's GPU: what `--cluster` names for it (AWS's p4d / p4de instances by
+    name: their 400 Gb/s EFA per node of eight A100s is a quarter of a DGX A100's network)."""
+    if "p4de" in gpu_type or "p4d." in gpu_type:
+        return "aws-p4de" if "p4de" in gpu_type else "aws-p4d"
     return ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
             else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
 

@@ -3,6 +3,7 @@ benchmarks/published_runs.py --six-profiles predicts (its job and layout built i
 the two start from the same facts; where they do not, the listing names what differs."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -75,3 +76,28 @@ def test_a_row_that_states_sp_off_is_estimated_without_it(tmp_path):
     assert not {"--sequence-parallel", "--no-sequence-parallel"} & set(silent["argv"])
     assert "sequence_parallel: command line True, internal False" in silent["why"]
     assert silent["cli_step_s"] != stated["cli_step_s"]
+
+
+def test_rows_on_aws_p4d_name_a_preset_with_the_network_they_state():
+    # AWS p4d / p4de: 400 Gb/s of EFA per instance of eight A100s (BloombergGPT, the PyTorch/AWS FSDP rows); the
+    # command line can only say so by naming a preset, so the preset it names must carry that network, not a DGX's
+    from shardwise.specs import load_cluster
+
+    pr = _outside_view().pr
+    aws = [r["gpu_type"] for r in pr.read_rows(pr.DEFAULT_CSV) if "p4d" in r["gpu_type"]]
+    assert len(aws) >= 4
+    for gpu_type in aws:
+        cluster = load_cluster(pr.cluster_preset(gpu_type))
+        assert cluster.inter_node_bandwidth == pr.stated_network(gpu_type, cluster.gpus_per_node) == 400e9 / 8 / 8
+        assert cluster.gpu_memory_bytes == (40 if "40GB" in gpu_type else 80) * 2**30
+
+
+def test_a_p4d_row_scores_the_same_through_the_command_line(capsys):
+    # the PyTorch/AWS GPT-3 175B row (weak: the only row selected, so the summary has no strong row to print) was
+    # 7 points more optimistic through the command line on the DGX preset's network; on aws-p4d the two views agree
+    view = _outside_view()
+    assert view.main(["--only", "PyTorch FSDP AWS GPT-3 175B", "--json"]) == 0
+    row, = json.loads(capsys.readouterr().out)["rows"]
+    assert row["path"] == "estimate" and abs(row["difference"]) < 0.005, row
+    assert view.main(["--only", "PyTorch FSDP AWS GPT-3 175B"]) == 0
+    assert "no strong dense row in the summary" in capsys.readouterr().out
