@@ -398,6 +398,18 @@ def test_lit_gpt_runs_only_the_full_shard_its_script_builds():
     assert plan["candidates"] and all(c["zero"] == 3 and c["dp_shard"] == c["dp"] for c in plan["candidates"])
 
 
+def test_internevo_shards_the_sequence_over_tp_only_when_told():
+    """InternEvo's tensor parallel mode defaults to 'mtp', "the pure megatron tensor parallel without sequence
+    parallel" (configs/7B_sft.py); 'msp' adds Megatron's SP when named. estimate without either flag scores plain TP,
+    as the profile's summary says; --sequence-parallel scores SP."""
+    argv = ["estimate", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", 64, "--global-batch", 512,
+            "--seq-len", 2048, "--tp", 2, "--micro-batch", 2, "--framework", "internevo", "--json"]
+    unnamed = answer(argv)
+    assert unnamed["sequence_parallel"] is False
+    assert not any("sequence parallelism" in why for why in unnamed["assumptions"]["implied"])
+    assert answer([*argv, "--sequence-parallel"])["sequence_parallel"] is True
+
+
 @settings(max_examples=40, deadline=None)
 @given(model=st.sampled_from(["llama3-8b", "gpt3-175b", "gpt2", "llama2-13b", "llama3.1-405b"]),
        framework=st.sampled_from(list(FRAMEWORKS)), cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb"]),

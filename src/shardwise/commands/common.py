@@ -65,7 +65,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
         p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: plain TP. Default: what "
                             "the stack runs (always with TP on nemo and torchtitan, never on deepspeed), else the faster "
-                            "of the two that fits (megatron-2021 and shardwise: off unless named)")
+                            "of the two that fits (megatron-2021, shardwise and internevo: off unless named)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
                        "; on nemo, whose recipes interleave every pipeline, interleaved-1f1b at the fastest depth "

@@ -688,6 +688,9 @@ INTERNEVO = replace(
     bucket_bytes=512 * 2**20 * 2, zero1="owner_broadcast", zero1_shard_group=True, zero_stages=(0, 1), default_zero=1,
     p2p_overlap=("interleaved-1f1b",),  # its pipeline config: interleaved_overlap True (configs/7B_sft.py)
     tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
+    # configs/7B_sft.py: parallel.tensor mode "mtp" ('defaults to 'mtp', means the pure megatron tensor parallel without
+    # sequence parallel'); "msp" (Megatron's SP) is there when named, so plan still weighs it.
+    unnamed_sequence_parallel=False,
     cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules"),
 )
 
