@@ -234,3 +234,12 @@ def test_megatron_2021_interleaves_only_pipelines_deeper_than_two():
 
     assert interleaved_pps("megatron-2021") == {4}
     assert interleaved_pps("megatron-core") == {2, 4}
+    # plan asked for interleaving on pp 2 alone finds nothing there, and says why (it said only "micro-batches a
+    # multiple of pp and pp*vpp at most the layers", both true here, and suggested gpipe, which megatron-2021 lacks)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+                     "--seq-len", "4096", "--pp", "2", "--schedules", "interleaved-1f1b", "--framework", "megatron-2021"])
+    err = err.getvalue()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "pp of at least 3 on megatron-2021" in err and "dividing the 32 layers" in err and "gpipe" not in err, err

@@ -348,9 +348,13 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     cause = _cp_or_schedule_cause(job, gpus, space, pairs)
     if cause:
         return cause
+    fw = get_framework(job.framework)
+    cut = (f"pp*vpp dividing the {model.num_layers} layers ({fw.name} cuts equal chunks only)" if fw.even_stages_only
+           else f"pp*vpp at most the {model.num_layers} layers{' + 2' if fw.edge_chunks else ''}")
+    deep = f", and pp of at least {fw.min_interleaved_pp} on {fw.name}" if fw.min_interleaved_pp > 2 else ""
+    others = " or ".join(s for s in SEARCH_SCHEDULES if s in fw.schedules and s not in space.schedules) or "1f1b"
     return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
-            f"micro-batch count to be a multiple of pp, and pp*vpp at most the {model.num_layers} layers"
-            f"{' + 2' if get_framework(job.framework).edge_chunks else ''}) — add 1f1b or gpipe")
+            f"micro-batch count to be a multiple of pp, {cut}{deep}) — add {others}")
 
 
 def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str:
