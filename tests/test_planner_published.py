@@ -361,6 +361,10 @@ def test_internevo_zero1_over_every_rank_pays_its_owners_broadcasts():
     whole, grouped = rows["InternEvo 7B tp1 zero1=-1 1024xA100"], rows["InternEvo 7B tp1 zero1=8 1024xA100"]
     assert whole["framework"] == grouped["framework"] == "internevo"
     assert whole["predicted_step_s"] > 1.2 * grouped["predicted_step_s"], (whole, grouped)
+    # 291 whole-tensor owners, each broadcasting over 1,024 ranks, one NCCL ring broadcast after the other: NCCL's
+    # tuner charges each a network hop per rank (comm.broadcast_hops), ~4 ms apiece, beyond its bytes (the published
+    # ratio is 1.60).
+    assert whole["predicted_step_s"] > 1.3 * grouped["predicted_step_s"], (whole, grouped)
     one_whole, one_grouped = rows["InternEvo 7B tp1 zero1=-1 8xA100"], rows["InternEvo 7B tp1 zero1=8 8xA100"]
     assert abs(one_whole["predicted_step_s"] / one_grouped["predicted_step_s"] - 1) < 0.02
     assert bench.NEAREST_OF_SIX["internevo"] == "megatron-core"

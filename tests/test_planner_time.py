@@ -67,6 +67,15 @@ def test_small_messages_are_latency_bound_like_nccl_tests():
     assert nccl_time(A100, "all_gather", 1e5, 1024) > 10 * nccl_time(A100, "all_gather", 1e5, 8)
 
 
+def test_a_broadcast_across_nodes_pays_a_network_hop_per_rank_as_nccls_tuner_does():
+    # NCCL's tuner (src/graph/tuning.cc, ncclFuncBroadcast, ring): when the channels' GPU orders differ (multi-NIC
+    # nodes), every one of the n steps costs a network hop, at least LL's 2.7 us; on one node, one hop. A 16 KB
+    # broadcast over 1,024 A100s (128 nodes) so takes >= 2.8 ms, and a thousand ranks cost far more than 64.
+    assert nccl_time(A100, "broadcast", 16e3, 1024) >= 1024 * 2.7e-6
+    assert nccl_time(A100, "broadcast", 16e3, 1024) > 12 * nccl_time(A100, "broadcast", 16e3, 64)
+    assert nccl_time(A100, "broadcast", 16e3, 8) < 10e-6
+
+
 @given(nbytes=st.floats(1e3, 1e10), n=st.sampled_from([2, 4, 8, 16, 64, 512]), stride=st.sampled_from([1, 2, 8]))
 @settings(max_examples=60, deadline=None)
 def test_collectives_are_monotone_and_bounded(nbytes, n, stride):

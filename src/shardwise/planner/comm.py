@@ -89,6 +89,20 @@ def bus_bandwidth(cluster: ClusterSpec, group_size: int, stride: int) -> float:
     return min(nvlink, per_node * cluster.inter_node_bandwidth * NET_EFFICIENCY)
 
 
+def broadcast_hops(n: int, nodes: int, proto: str) -> float:
+    """Microseconds of hop latency NCCL's tuner gives a ring broadcast (tuning.cc: ncclFuncBroadcast/ncclFuncReduce,
+    ring only). Inside one node the channels replay one GPU order (search.cc's first pass, sameChannels) and the
+    broadcast pays one NVLink hop. Across nodes each channel enters the node through its own NIC, so the channels'
+    GPU orders differ (the search's second pass, sameChannels 0) and the tuner charges every one of the n steps a
+    network hop ("Add some chunk latency, waiting for proper chunk modeling"): the ring's LL / LL128 hop, and for
+    Simple the tree's (14 us; 28 in NCCL 2.14.3 of 2023). The chain runs through every rank of the group, so the
+    latency grows with the ranks, not with the nodes."""
+    p = PROTOCOLS.index(proto)
+    if nodes == 1:
+        return HOP_LATENCY[("nvlink", "ring")][p]
+    return n * HOP_LATENCY[("net", "tree" if proto == "Simple" else "ring")][p]
+
+
 @lru_cache(maxsize=1 << 16)
 def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
     """Seconds NCCL's tuner predicts for `kind` over this group, with the algorithm and protocol it picks."""
@@ -114,7 +128,10 @@ def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, s
         intra = HOP_LATENCY[("nvlink", "ring")][p]
         if nodes > 1:
             intra = max(intra, NET_OVERHEAD_US * (3 if proto == "Simple" else 1))
-        lat = BASE_LATENCY["ring"][p] + (steps - inter_steps) * intra + inter_steps * HOP_LATENCY[("net", "ring")][p]
+        if kind == "broadcast":
+            lat = BASE_LATENCY["ring"][p] + broadcast_hops(n, nodes, proto)
+        else:
+            lat = BASE_LATENCY["ring"][p] + (steps - inter_steps) * intra + inter_steps * HOP_LATENCY[("net", "ring")][p]
         if proto == "Simple" and nodes > 1 and kind == "all_reduce":
             lat *= RING_PLATEAU
         best = min(best, lat * 1e-6 + nbytes / (algbw * 1e9))

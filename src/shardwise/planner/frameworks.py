@@ -676,15 +676,31 @@ INTERNEVO = replace(
     summary="InternEvo (InternLM) with its HybridZeroOptimizer: BF16 gradients all-reduced over every data-parallel "
             "rank in buckets during the backward; the optimizer's whole parameters dealt to the ranks of the zero1 "
             "group (all of dp, or --dp-shard ranks: its zero1 size) and each owner's updated BF16 parameters "
-            "broadcast over that group after the step; FlashAttention-2, Apex's fused norms; Megatron-style TP "
-            "(tensor mode 'mtp': no sequence parallelism unless named)",
+            "broadcast over that group after the step; Apex's fused norms; Megatron-style TP (tensor mode 'mtp': no "
+            "sequence parallelism unless named); as the code of its published tables ran (July 2023: PyTorch 1.13.1, "
+            "its NCCL 2.14.3, flash-attn 1.0.5, i.e. FlashAttention-1)",
     sources=("InternLM/InternEvo internlm/solver/optimizer/hybrid_zero_optim.py (_partition_param_list: whole "
              "parameters to the rank with the fewest elements; _reduce_and_copy: reduce_tensor with no destination "
              "rank, an all-reduce over ParallelMode.DATA; flat FP16 buffer per rank of the zero1 group, broadcast after "
              "the step), configs/7B_sft.py (hybrid_zero_optimizer: overlap_sync_grad True, overlap_sync_param False, "
              "reduce_bucket_size 512 * 1024 * 1024; zero1 size; use_flash_attn; dtype bfloat16), "
-             "doc/en/train_performance.md (zero1=-1: all of dp, zero1=8: within a node)",),
-    attention="fa2", grad_bytes=2, grad_reduce_bytes=2, overlap_grad_reduce=True, overlap_param_gather=False,
+             "doc/en/train_performance.md (zero1=-1: all of dp, zero1=8: within a node)",
+             "InternLM/InternEvo at c18bec9 (2023-07-08, the commit whose doc/en/train_performance.md holds the tables' "
+             "figures): doc/en/install.md ('Pytorch == 1.13.1+cu117', 'Install flash-attention (version v1.0.5)'), "
+             "hybrid_zero_optim.py (_reduce_and_copy: torch.cuda.synchronize(), flatten, reduce_tensor's div_ and "
+             "all_reduce, unflatten_and_copy; _step: _check_overflow, compute_norm, AdamW, broadcast_params one "
+             "dist.broadcast per owning rank, all waited for), train.py (torch.optim.AdamW)",),
+    attention="fa1", grad_bytes=2, grad_reduce_bytes=2, overlap_grad_reduce=True, overlap_param_gather=False,
+    # The code of the doc's tables (hybrid_zero_optim.py at c18bec9, 2023-07-08): each bucket of BF16 gradients
+    # flattened (2 + 2), divided by the dp size in place (reduce_tensor: div_, 2 + 2), all-reduced and copied back
+    # into the gradients (unflatten_and_copy, 2 + 2) = 12 B per parameter, as DeepSpeed's allreduce_and_copy.
+    reduce_copy_bytes=12,
+    # Its step over the rank's owned parameters (one flat FP32 tensor): the overflow check per gradient
+    # (has_inf_or_nan: .float() 2 + 4, .sum() 4), the norm (compute_norm: .float() 2 + 4, multi-tensor L2 4), the
+    # gradients flattened (2 + 2) and cast to FP32 (2 + 4), unscaled and clipped (mul_, 4 + 4), train.py's
+    # torch.optim.AdamW (torch's default foreach path on CUDA: 80, as torchtitan's below) and the updated FP32 copied
+    # into the BF16 flat buffer (4 + 2): 124 B per owned parameter.
+    optimizer_traffic=124,
     bucket_bytes=512 * 2**20 * 2, zero1="owner_broadcast", zero1_shard_group=True, zero_stages=(0, 1), default_zero=1,
     p2p_overlap=("interleaved-1f1b",),  # its pipeline config: interleaved_overlap True (configs/7B_sft.py)
     tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
