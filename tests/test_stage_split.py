@@ -243,3 +243,31 @@ def test_megatron_2021_interleaves_only_pipelines_deeper_than_two():
     err = err.getvalue()
     assert code == 2 and err.count("\n") == 1, err
     assert "pp of at least 3 on megatron-2021" in err and "dividing the 32 layers" in err and "gpipe" not in err, err
+
+
+def test_internevo_cuts_no_chunk_without_a_layer_and_vpp_must_divide_the_layers():
+    # InternEvo's partition_uniform (internlm/core/parallel/shard.py, 0607da81) asserts num_layers % num_chunks == 0 and
+    # raises "Some nodes in Pipeline have no requests" for a stage with no layer: no chunk for the embedding or the
+    # loss alone, which megatron-core's split (the profile it derives from) allows. One line, exit 2; plan skips them.
+    from shardwise.cli import main
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import SearchSpace, search
+
+    def estimate(framework, *layout):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["estimate", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "64",
+                         "--global-batch", "512", "--seq-len", "2048", "--micro-batch", "1", *layout,
+                         "--framework", framework])
+        return code, err.getvalue()
+
+    for layout, why in ((("--pp", "4", "--vpp", "3"), "vpp = 3 does not divide them"),
+                        (("--pp", "2", "--vpp", "17"), "34 model chunks exceed the 32 layers of llama2-7b")):
+        code, err = estimate("internevo", *layout)
+        assert code == 2 and err.count("\n") == 1 and why in err, err
+    assert estimate("megatron-core", "--pp", "2", "--vpp", "17") == (0, "")
+    assert estimate("internevo", "--pp", "4", "--vpp", "2") == (0, "")
+    job = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-80gb"), 64, 2048, "internevo")
+    space = SearchSpace(tp=(1,), pp=(4,), micro_batch=(1,), schedules=("interleaved-1f1b",))
+    vpps = {e.layout.vpp for e in search(job, 16, space).ranked}
+    assert vpps == {2, 4, 8}  # of 2..8 (32 layers over 4 ranks), those dividing 32

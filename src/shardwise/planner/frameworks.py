@@ -117,6 +117,9 @@ class Framework:
     # Its pipeline builds L / (pp*vpp) layers per chunk and nothing else: a layout whose pp*vpp does not divide the
     # layers cannot run (Framework.refusal with the model's layers).
     even_stages_only: bool = False
+    # Its interleaved pipeline deals the layers to the vpp model chunks in equal runs (then each run over the pp ranks):
+    # a vpp that does not divide the layers cannot run (InternEvo's partition_uniform asserts it).
+    vpp_divides_layers: bool = False
     # The least pipeline degree its interleaved schedule runs on: Megatron-LM's arguments.py and parallel_state of
     # 2021-23 assert 'pipeline-model-parallel size should be greater than 2 with interleaved schedule'; later
     # Megatron-Core runs pp 2 interleaved (NeMo's and Megatron-Bridge's pp 2 recipes with virtual stages).
@@ -238,6 +241,9 @@ class Framework:
         if num_layers and lay.pp > 1 and not self.cuts(num_layers, lay.pp * lay.vpp):
             return (f"{self.name} cuts the {num_layers} layers into equal model chunks only, and pp*vpp = "
                     f"{lay.pp * lay.vpp} does not divide them (pick pp*vpp dividing {num_layers})")
+        if num_layers and lay.pp > 1 and self.vpp_divides_layers and num_layers % lay.vpp:
+            return (f"{self.name} deals the {num_layers} layers to its {lay.vpp} model chunks per rank in equal runs, "
+                    f"and vpp = {lay.vpp} does not divide them (pick a vpp dividing {num_layers})")
         if lay.pp > 1 and not self.schedules:
             return f"{self.name} has no pipeline parallelism (use --pp 1)"
         if lay.tp > 1 and not self.tensor_parallel:  # before any rule about combining TP with something else
@@ -703,11 +709,18 @@ INTERNEVO = replace(
     optimizer_traffic=124,
     bucket_bytes=512 * 2**20 * 2, zero1="owner_broadcast", zero1_shard_group=True, zero_stages=(0, 1), default_zero=1,
     p2p_overlap=("interleaved-1f1b",),  # its pipeline config: interleaved_overlap True (configs/7B_sft.py)
+    # internlm/core/parallel/shard.py partition_uniform (0607da81): asserts num_layers % num_chunks == 0, gives each of
+    # the pp ranks of a chunk its L / vpp // pp layers (the last ones one more) and raises "Some nodes in Pipeline have
+    # no requests" where that is 0; the embedding and the head ride on the first and last layers' chunks. So no chunk
+    # for the embedding or the loss alone (megatron-core's --account-for-*-in-pipeline-split is not InternEvo's). The
+    # same function in the 2023 code line: InternLM/InternLM 84aedcd internlm/solver/pipeline_utils.py.
+    edge_chunks=False, vpp_divides_layers=True,
     tp_comm_overlap_available=False, fp8="", zero2_reduce_every_microbatch=False,
     # configs/7B_sft.py: parallel.tensor mode "mtp" ('defaults to 'mtp', means the pure megatron tensor parallel without
     # sequence parallel'); "msp" (Megatron's SP) is there when named, so plan still weighs it.
     unnamed_sequence_parallel=False,
-    cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules"),
+    cannot=("ZeRO-2/3", "GPipe and ZB-H1 schedules", "a model chunk holding no layer (only the embedding or the loss)",
+            "a vpp that does not divide the layers"),
 )
 
 LLAMA3 = Framework(

@@ -143,6 +143,8 @@ def _vpps(num_layers: int, pp: int, space: SearchSpace, fw) -> range | list[int]
     vpps = range(2, min(most // pp, space.max_vpp or most) + 1)
     if fw.even_stages_only:  # a stack that cuts equal chunks only, whatever --all-variants says
         return [v for v in vpps if num_layers % (pp * v) == 0]
+    if fw.vpp_divides_layers:  # a stack that deals the layers to its chunks in equal runs
+        vpps = [v for v in vpps if num_layers % v == 0]
     if not space.even_vpp:
         return vpps
     return [v for v in vpps if num_layers % (pp * v) == 0 or (fw.edge_chunks and most % (pp * v) == 0)]
