@@ -12,7 +12,7 @@ rows), and a MoE layer's fixed cost per micro-batch and the host's time to issue
 mixture-of-experts rows, scored apart). Each is refitted here on its rows, and for every source on the other
 sources' rows: that source's errors with the constants fitted without it (leave one source out) are printed beside
 the plain ones.
-Rows the planner cannot model yet (power-capped GPUs, ...) are printed as skipped
+Rows the planner cannot model yet (compiled FP8, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
     python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles]
@@ -120,13 +120,19 @@ def stated_network(gpu_type: str, gpus_per_node: int) -> float | None:
     return int(m.group(1)) / 8 * 1e9 if m else None
 
 
+def power_capped(gpu_type: str) -> bool:
+    """Meta's Grand Teton H100s (torchtitan's rows): "96GB HBM2e", "the default 500W power limit" (the 2024-25
+    benchmark files); the older docs/performance.md rows say "HBM2e-based SXM H100 with lower TDP" of the same hosts."""
+    return "H100" in gpu_type and ("500 W" in gpu_type or "lower TDP" in gpu_type)
+
+
 def cluster_preset(gpu_type: str) -> str:
     """The shipped cluster preset of a row's GPU: what `--cluster` names for it (AWS's p4d / p4de instances by
     name: their 400 Gb/s EFA per node of eight A100s is a quarter of a DGX A100's network)."""
     if "p4de" in gpu_type or "p4d." in gpu_type:
         return "aws-p4de" if "p4de" in gpu_type else "aws-p4d"
-    return ("dgx-h200" if "H200" in gpu_type else "dgx-h100-80gb" if "H100" in gpu_type
-            else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
+    return ("h100-96gb-500w" if power_capped(gpu_type) else "dgx-h200" if "H200" in gpu_type
+            else "dgx-h100-80gb" if "H100" in gpu_type else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
 
 
 def _cluster(gpu_type: str):
@@ -352,7 +358,10 @@ def pre_flash(row: dict) -> bool:
 def ran_compiled(row: dict) -> bool:
     """The run's blocks ran under torch.compile, as its name or notes say (scored with --compile)."""
     notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
-    return "compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes
+    # torchtitan's tables 5 and 6 (benchmarks/llama3_h100_202412_torchtitan.md) are titled "+ torch.compile + Float8
+    # + AsyncTP"; their rows' notes shorten it to "compile + Float8"
+    return ("compile" in row["run"].lower() or "torch.compile" in notes or "compile=true" in notes
+            or "compile + " in notes)
 
 
 def not_modelled(row: dict, as_eager: bool = False) -> str:
@@ -361,8 +370,6 @@ def not_modelled(row: dict, as_eager: bool = False) -> str:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
     if ran_compiled(row) and _precision(row) == "fp8" and not as_eager:
         return "torchao's FP8 casts under torch.compile are not modelled (the planner charges them as eager kernels)"
-    if "500 W" in row["gpu_type"] or "lower TDP" in row["gpu_type"]:
-        return "power-capped H100 (500 W): no datasheet rates at that cap"
     return ""
 
 

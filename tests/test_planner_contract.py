@@ -346,6 +346,13 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
     ("inter_node_bandwidth_gbs = 1e-300\n", "'inter_node_bandwidth_gbs' is 1e-300, outside"),
     ("mamf_tflops = 500\n", "mamf_tflops 500 exceeds peak_tflops 150"),  # an MFU above 1
     ("[measured]\nall_reduce = [[0, 0.0]]\n", "[measured] all_reduce must be finite numbers"),  # a ZeroDivisionError
+    # a power limit needs the sourced curve of its GPU (Hopper: NVIDIA's 400 W and 700 W TDPs), inside its range
+    ("power_limit_w = 500\n", "power_limit_w needs arch = 'hopper'"),
+    ('arch = "ampere"\npower_limit_w = 300\n', "no sourced power curve for 'ampere'"),
+    ('arch = "hopper"\npower_limit_w = 300\n', "power_limit_w is 300 W, outside the 400 to 700 W"),
+    ('arch = "hopper"\npower_limit_w = 900\n', "power_limit_w is 900 W, outside the 400 to 700 W"),
+    ('arch = "hopper"\npower_limit_w = "500W"\n', "'power_limit_w' must be a finite number"),
+    ('arch = "hopper"\npower_limit_w = 500\n[measured]\nmatmul_tflops = 100.0\n', "power_limit_w with [measured]"),
 ])
 def test_a_cluster_file_the_planner_cannot_use_is_one_line(tmp_path, extra, expected):
     lines = [line for line in CLUSTER.splitlines(keepends=True) if line.split(" =")[0] not in extra.split(" =")[0]]

@@ -139,6 +139,36 @@ def test_small_gemms_are_memory_or_launch_bound(kernel_view):
     assert kernels.gemm_time(H100, 8, 8, 8) == kernels.KERNEL_LAUNCH_S
 
 
+def test_a_power_limit_slows_the_tensor_cores_not_hbm(kernel_view):
+    # NVIDIA's H100 datasheet rates the same 132-SM die at 1,979 BF16 TFLOP/s (sparse) as the SXM at 700 W and 1,671 as
+    # the NVL at 400 W: capped at 400 W, a compute-bound GEMM runs at the NVL's rated share of the SXM's rate.
+    capped = {w: dataclasses.replace(H100, power_limit_w=w) for w in (400, 500, 600, 700)}
+    def slowdown(c, m, n, k):
+        return kernels.gemm_time(c, m, n, k) / kernels.gemm_time(H100, m, n, k)
+    assert slowdown(capped[400], 8192, 8192, 8192) == pytest.approx(1979 / 1671, rel=1e-3)
+    assert slowdown(capped[700], 8192, 8192, 8192) == pytest.approx(1.0)
+    # in between, dynamic power ~ f V^2 with V rising with f: near the cube law, and more lost the lower the limit
+    at = [slowdown(capped[w], 8192, 8192, 8192) for w in (700, 600, 500, 400)]
+    assert at == sorted(at) and at[2] == pytest.approx((700 / 500) ** (1 / 3), rel=0.02)
+    # the FP8 tensor cores and the attention kernel run on the same clock; HBM is clocked apart: a memory-bound GEMM
+    # (K = 16) and a streaming kernel keep their time
+    assert kernels.fp8_rate(capped[500]) / kernels.fp8_rate(H100) == pytest.approx(1 / at[2])
+    attn = [kernels.fused_attention_time(c, "fa3", 8192, 8192, 32, 128)[0] for c in (H100, capped[500])]
+    assert attn[1] / attn[0] == pytest.approx(at[2])
+    assert slowdown(capped[400], 8192, 8192, 16) == pytest.approx(1.0)
+    assert kernels.hbm_rate(capped[400]) == kernels.hbm_rate(H100)
+
+
+def test_torchtitans_500w_grand_teton_preset():
+    # torchtitan's benchmarks/llama3_h100_202412_torchtitan.md: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth",
+    # "RDMA network with 400 Gb/s per GPU", "the default 500W power limit"; its MFU footnote still divides by the SXM's
+    # peak, as the preset's MFU does.
+    c = load_cluster("h100-96gb-500w")
+    assert (c.hbm_bandwidth, c.inter_node_bandwidth, c.power_limit_w) == (2.4e12, 50e9, 500)
+    assert c.gpu_memory_bytes == 96e9 and c.peak_flops == H100.peak_flops
+    assert kernels.matmul_rate(c) < 0.92 * kernels.matmul_rate(H100)
+
+
 @given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 20000))
 @settings(max_examples=80, deadline=None)
 def test_gemm_never_beats_the_peak_or_the_roofline(m, n, k):

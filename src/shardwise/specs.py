@@ -73,6 +73,7 @@ class ClusterSpec:
     mamf_tflops: float = 0.0  # maximum achievable dense BF16 matmul TFLOP/s (a kernel measurement)
     arch: str = ""  # "ampere" | "hopper": picks the attention kernels' and NCCL's constants
     fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s per GPU (0: no FP8 tensor cores, e.g. A100)
+    power_limit_w: float = 0.0  # board power limit below the rated TDP (0: the rated TDP); POWER_CURVES
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -84,11 +85,17 @@ _CLUSTER_KEYS = {
     "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
 }
 # Optional [cluster] keys of the kernel models (each preset cites its source).
-_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float}
+_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float, "power_limit_w": float}
 # What a [cluster] number may be (GiB, TFLOP/s, GB/s, count, us): far beyond any GPU either way, and inside it every
 # predicted time and rate stays a finite positive float.
 CLUSTER_RANGE = (1e-6, 1e7)
 ARCHS = ("ampere", "hopper")
+# Tensor-core rate against the board power limit, per architecture: (rated TDP in W, a lower TDP in W, the rated
+# dense tensor peak at that lower TDP as a share of the rated one). NVIDIA's H100 datasheet rates the same 132-SM GH100
+# at 1,979 BF16 TFLOP/s (with sparsity) as the SXM at up to 700 W and at 1,671 as the NVL at up to 400 W: the tensor
+# clock each board sustains within its TDP (1,830 and 1,545 MHz). A limit between the two runs the tensor cores at
+# (limit / rated)^(1/n) of the rated rate, n through both points (planner/kernels.py power_share; docs/planner.md).
+POWER_CURVES = {"hopper": (700.0, 400.0, 1671 / 1979)}
 
 
 def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
@@ -122,6 +129,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
+    if "power_limit_w" in values:
+        _check_power_limit(values["power_limit_w"], arch, bool(data.get("measured")), source)
     return ClusterSpec(
         name=str(table.get("name", name)),
         gpus_per_node=values["gpus_per_node"],
@@ -138,7 +147,24 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         mamf_tflops=values.get("mamf_tflops", 0.0),
         arch=arch,
         fp8_flops=values.get("fp8_peak_tflops", 0.0) * 1e12,
+        power_limit_w=values.get("power_limit_w", 0.0),
     )
+
+
+def _check_power_limit(watts: float, arch: str, measured: bool, source: str) -> None:
+    """power_limit_w: only where a sourced curve spans it (POWER_CURVES), and not on a measured cluster, whose rates
+    were taken at its own limit."""
+    if measured:
+        raise UsageError(f"{source}: power_limit_w with [measured] rates — calibrate measured them at the GPUs' own "
+                         f"limit; remove power_limit_w")
+    if arch not in POWER_CURVES:
+        raise UsageError(f"{source}: power_limit_w needs arch = "
+                         f"{' or '.join(repr(a) for a in POWER_CURVES)} (no sourced power curve for "
+                         f"{repr(arch) if arch else 'a cluster without arch'}); remove it or set arch")
+    rated, low, _ = POWER_CURVES[arch]
+    if not low <= watts <= rated:
+        raise UsageError(f"{source}: power_limit_w is {watts:g} W, outside the {low:g} to {rated:g} W its {arch} power "
+                         f"curve spans (NVIDIA's rated TDPs) — give the board's limit in watts")
 
 
 # Every other [cluster] key the loader reads (a key it does not read is a typo: refused, not ignored).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from shardwise.specs import ClusterSpec
+from shardwise.specs import POWER_CURVES, ClusterSpec
 
 # Tile shapes cuBLAS uses for large BF16 GEMMs (the guide, Sec. 2.3: 256x128 and 128x256 are the most
 # efficient, then 128x128, 128x64/64x128, 64x64). A tile of at least 128x128 re-uses its operands
@@ -64,11 +64,24 @@ def situ_key(arch: str, precision: str = "bf16") -> str:
     return f"{arch}-fp8" if precision == "fp8" else arch
 
 
+def power_share(cluster: ClusterSpec) -> float:
+    """The share of its rated tensor-core rate a GPU keeps under its board power limit (`power_limit_w`; 1 at the rated
+    TDP). Dynamic power goes as f·V² with the voltage rising with the clock, so P ~ f^n; n runs through the datasheet's
+    two TDPs of one die (specs.POWER_CURVES: H100 SXM 700 W and NVL 400 W, 1,979 and 1,671 TFLOP/s: n = 3.31, near
+    the cube law), and a limit P keeps (P / rated)^(1/n) of the clock — 0.903 at 500 W. HBM is clocked apart from the
+    SMs (the 400 W NVL is rated at more bandwidth than the 700 W SXM), so memory-bound work keeps its rate."""
+    if not cluster.power_limit_w or cluster.arch not in POWER_CURVES:
+        return 1.0
+    rated, low, share = POWER_CURVES[cluster.arch]
+    n = math.log(rated / low) / math.log(1 / share)
+    return min(1.0, cluster.power_limit_w / rated) ** (1 / n)
+
+
 def matmul_rate(cluster: ClusterSpec, precision: str = "bf16") -> float:
     """Dense BF16 matmul FLOP/s of one GPU on a large, well-quantized GEMM inside a training step (of a job whose
-    linears run in `precision`: a BF16 GEMM of an FP8 job runs at that job's in-situ share)."""
+    linears run in `precision`: a BF16 GEMM of an FP8 job runs at that job's in-situ share), under its power limit."""
     mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
-    return mamf * in_situ(cluster, precision)
+    return mamf * in_situ(cluster, precision) * power_share(cluster)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
@@ -115,8 +128,8 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
     moved through HBM: 2 for a BF16 output, 8 when accumulating into an FP32 gradient buffer). `fp8`: FP8
     inputs (1 byte) on the FP8 tensor cores, which sustain the same share of their peak as BF16 ones
     (`fp8_rate`). `precision`: the job's (a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share)."""
-    if fp8:
-        rate, wave_s = fp8_rate(cluster), FP8_WAVE_S
+    if fp8:  # a wave's fixed cost is clock cycles too: a power limit stretches it with the main loop
+        rate, wave_s = fp8_rate(cluster), FP8_WAVE_S / power_share(cluster)
     else:
         rate, wave_s = main_loop_rate(cluster, matmul_rate(cluster, precision))
     return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
@@ -126,8 +139,9 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
 def main_loop_rate(cluster: ClusterSpec, rate: float) -> tuple[float, float]:
     """(the main loop's FLOP/s, the fixed seconds per wave) of BF16 GEMMs: MAMF was measured at one shape, K =
     MAMF_K, where each wave of 256 x 128 tiles already paid BF16_WAVE_S; the main loop runs that much faster, so the
-    measured shape keeps MAMF's rate and other K gain or lose the wave's fixed cost."""
-    wave_s = BF16_WAVE_S.get(cluster.arch, 0.0)
+    measured shape keeps MAMF's rate and other K gain or lose the wave's fixed cost (clock cycles: a power limit
+    stretches it as it does the main loop)."""
+    wave_s = BF16_WAVE_S.get(cluster.arch, 0.0) / power_share(cluster)
     k = MAMF_K.get(cluster.arch)
     if not wave_s or not k or not cluster.sm_count:
         return rate, 0.0
@@ -140,7 +154,7 @@ def fp8_rate(cluster: ClusterSpec) -> float:
     sustain (the same tensor cores at the same clocks, each FP8 instruction twice the BF16 one's work; a
     cuBLASLt FP8 GEMM of 8192^3 on H100 SXM runs ~1,600 TFLOP/s, 0.81 of 1,979, beside BF16's MAMF share 0.80)."""
     mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
-    return mamf * in_situ(cluster, "fp8") * cluster.fp8_flops / cluster.peak_flops
+    return mamf * in_situ(cluster, "fp8") * power_share(cluster) * cluster.fp8_flops / cluster.peak_flops
 
 
 def gemm_tflops(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
@@ -291,7 +305,7 @@ def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv:
     the key length the kernel's rate is read at, when these keys are part of a longer loop (default `seq_kv`)."""
     flops = 4 * tokens * seq_kv * head_dim * heads / (2 if causal else 1)
     eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, loop or seq_kv, head_dim, causal)
-    peak = cluster.peak_flops * in_situ(cluster, precision)
+    peak = cluster.peak_flops * in_situ(cluster, precision) * power_share(cluster)
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
 
 
