@@ -248,9 +248,11 @@ def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, c
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_explain_and_plan_answer_for_every_framework_on_an_hf_mixtral(files, framework):
-    """A config with Mixtral's keys plans under every framework: the layouts carry ep, active < total parameters."""
+    """A config with Mixtral's keys plans under every framework: the layouts carry ep, active < total parameters. (A
+    stack without gradient accumulation runs every sequence of a rank as its one micro-batch.)"""
+    micro = "1" if get(framework).accumulates else "4,8,16"
     common = ["--model", files["mixtral"], "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 256,
-              "--seq-len", 4096, "--framework", framework, "--tp", "1,2", "--pp", "1,2,4", "--micro-batch", "1"]
+              "--seq-len", 4096, "--framework", framework, "--tp", "1,2", "--pp", "1,2,4", "--micro-batch", micro]
     out = answer(["explain", *common, "--json"])
     assert out is not None
     check_layout(out["best"], framework)
@@ -403,6 +405,21 @@ def test_lit_gpt_runs_only_the_full_shard_its_script_builds():
     assert answer(["estimate", *argv, "--micro-batch", 1])["zero"] == 3
     plan = answer(["plan", *argv])
     assert plan["candidates"] and all(c["zero"] == 3 and c["dp_shard"] == c["dp"] for c in plan["candidates"])
+
+
+def test_fms_fsdp_runs_one_micro_batch_per_step():
+    """fms-fsdp's train loop (fms_fsdp/utils/train_utils.py at 4ffb9bd) runs zero_grad, one forward and backward, and
+    the optimizer step for every batch its loader gives: no gradient accumulation. A step of more micro-batches is a
+    layout it cannot run: estimate refuses it in one line naming the micro-batch that runs; plan ranks only that one."""
+    argv = ["--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", 128, "--global-batch", 256, "--seq-len",
+            4096, "--framework", "fms-fsdp", "--json"]
+    code, _, err = cli(["estimate", *argv, "--micro-batch", 1])
+    assert code == 2 and err.count("\n") == 1 and "no gradient accumulation" in err and "--micro-batch 2" in err, err
+    assert answer(["estimate", *argv, "--micro-batch", 2])["num_microbatches"] == 1
+    plan = answer(["plan", *argv])
+    assert plan["candidates"] and all(c["num_microbatches"] == 1 for c in plan["candidates"])
+    code, _, err = cli(["plan", *argv, "--micro-batch", 1])
+    assert code == 2 and err.count("\n") == 1 and "no gradient accumulation" in err, err
 
 
 def test_internevo_shards_the_sequence_over_tp_only_when_told():

@@ -85,6 +85,9 @@ class Framework:
     # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
     # reduce-scatter (torch/distributed/pipelining/stage.py backward_maybe_with_nosync, perform_reduce_grad).
     pipeline_fsdp_once: bool = False
+    # Its training loop runs several micro-batches per optimizer step outside a pipeline (gradient accumulation). False:
+    # one forward and backward per step, so without a pipeline the micro-batch is every sequence of a data-parallel rank.
+    accumulates: bool = True
     # Hybrid sharding (Layout.dp_shard): ZeRO-3 within shard groups, gradients all-reduced across them (FSDP1
     # HYBRID_SHARD, FSDP2's 2-D mesh: torchtitan data_parallel_replicate_degree x data_parallel_shard_degree).
     hybrid_shard: bool = False
@@ -234,10 +237,13 @@ class Framework:
             return f"{self.name} runs its model eager (it has no torch.compile option)"
         return None
 
-    def refusal(self, layout: Layout, num_layers: int | None = None) -> str | None:
+    def refusal(self, layout: Layout, num_layers: int | None = None, microbatches: int | None = None) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None; with the model's `num_layers`, also
-        whether its pipeline can cut them."""
+        whether its pipeline can cut them; with the step's `microbatches` per rank, whether it accumulates them."""
         lay = layout
+        if microbatches and microbatches > 1 and lay.pp == 1 and not self.accumulates:
+            return (f"{self.name} runs one micro-batch per optimizer step (no gradient accumulation), and this step has "
+                    f"{microbatches} (use --micro-batch {lay.micro_batch * microbatches})")
         if num_layers and lay.pp > 1 and not self.cuts(num_layers, lay.pp * lay.vpp):
             return (f"{self.name} cuts the {num_layers} layers into equal model chunks only, and pp*vpp = "
                     f"{lay.pp * lay.vpp} does not divide them (pick pp*vpp dividing {num_layers})")
@@ -670,9 +676,13 @@ FMS_FSDP = replace(
     tensor_parallel=False, sequence_parallel="never", tp_comm_overlap_available=False, schedules=(), context_parallel=(),
     zero_stages=(0, 3), default_zero=3, default_zero_with_pp=None, recompute=("none", "full"),
     expandable_segments=False,  # scripts/train.sh at 4ffb9bd sets no PYTORCH_CUDA_ALLOC_CONF
+    # fms_fsdp/utils/train_utils.py train (4ffb9bd): zero_grad, one forward and backward, clip, optimizer.step for every
+    # batch the loader gives (batch_size sequences per GPU): no gradient accumulation.
+    accumulates=False,
     fp8="", edge_chunks=False,
     cannot=("tensor, pipeline or context parallelism (it wraps FSDP only)", "ZeRO-1 and ZeRO-2",
-            "selective recompute (it checkpoints whole blocks, every k-th)"),
+            "selective recompute (it checkpoints whole blocks, every k-th)",
+            "more than one micro-batch per step (its train loop has no gradient accumulation)"),
 )
 
 # InternEvo (InternLM's training framework, 2023; doc/en/train_performance.md's A100 tables): Megatron-style TP and
@@ -811,10 +821,12 @@ def get(name: str) -> Framework:
     return FRAMEWORKS[name]
 
 
-def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None) -> None:
+def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,
+          microbatches: int | None = None) -> None:
     """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
-    model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut)."""
-    reason = (framework.refusal(layout, num_layers)
+    model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut; with
+    `microbatches`, also whether it accumulates that many a step)."""
+    reason = (framework.refusal(layout, num_layers, microbatches)
               or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None))
     if reason:
         fix = "" if " — " in reason else " — change the layout or pick another --framework"

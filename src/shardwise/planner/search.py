@@ -233,12 +233,20 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
     for tp, pp, dp, cp in degrees(job, gpus, space):
         sp_variants = len(_sp_options(job, fw, tp, cp, space))
-        for mb in divisors(batch // dp):
-            if space.micro_batch is None or mb in space.micro_batch:
-                m = batch // (dp * mb)
-                shapes = 1 if pp == 1 else sum(s in fw.schedules for s, _ in _schedules(pp, layers, m, space, fw))
-                total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
+        for mb in micro_batches(job, fw, dp, pp, space):
+            m = batch // (dp * mb)
+            shapes = 1 if pp == 1 else sum(s in fw.schedules for s, _ in _schedules(pp, layers, m, space, fw))
+            total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
+
+
+def micro_batches(job: Job, fw, dp: int, pp: int, space: SearchSpace) -> list[int]:
+    """The micro-batches (sequences) `search` scores on a dp-way split, ascending: the divisors of a rank's sequences
+    that --micro-batch allows; all of them at once, one micro-batch a step, on a stack without gradient accumulation
+    outside a pipeline (Framework.accumulates)."""
+    per_rank = job.train.global_batch // dp
+    sizes = divisors(per_rank) if fw.accumulates or pp > 1 else [per_rank]
+    return [mb for mb in sizes if space.micro_batch is None or mb in space.micro_batch]
 
 
 def check_gpus(gpus: int, command: str) -> None:
@@ -340,6 +348,10 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     if space.micro_batch is not None and per_rank and not any(n % mb == 0 for n in per_rank for mb in space.micro_batch):
         return (f"--micro-batch {','.join(map(str, space.micro_batch))}: a micro-batch must divide the sequences each "
                 f"data-parallel rank takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick a divisor")
+    if space.micro_batch is not None and per_rank and not fw.accumulates and not set(per_rank) & set(space.micro_batch):
+        return (f"--micro-batch {','.join(map(str, space.micro_batch))}: --framework {fw.name} runs one micro-batch per "
+                f"optimizer step (no gradient accumulation), so a micro-batch is all the sequences a data-parallel rank "
+                f"takes ({', '.join(map(str, per_rank[:8]))}{', ...' if len(per_rank) > 8 else ''}) — pick one of those")
     if model.is_moe and space.ep is not None:
         splits = list(degrees(job, gpus, space))
         if splits and not any(expert_degrees(job, dp, tp, space, cp) for tp, _, dp, cp in splits):
@@ -350,7 +362,6 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     cause = _cp_or_schedule_cause(job, gpus, space, pairs)
     if cause:
         return cause
-    fw = get_framework(job.framework)
     cut = (f"pp*vpp dividing the {model.num_layers} layers ({fw.name} cuts equal chunks only)" if fw.even_stages_only
            else f"pp*vpp at most the {model.num_layers} layers{' + 2' if fw.edge_chunks else ''}")
     deep = f", and pp of at least {fw.min_interleaved_pp} on {fw.name}" if fw.min_interleaved_pp > 2 else ""
@@ -497,9 +508,7 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
     """Every micro-batch, schedule, SP and ep of one dp x tp x pp x cp split."""
     job, space = tally.job, tally.space
     too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
-    for mb in divisors(job.train.global_batch // dp):  # ascending
-        if space.micro_batch is not None and mb not in space.micro_batch:
-            continue
+    for mb in micro_batches(job, tally.fw, dp, pp, space):  # ascending
         m = job.train.global_batch // (dp * mb)
         for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw),
                                                          _sp_options(job, tally.fw, tp, cp, space),
