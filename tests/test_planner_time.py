@@ -167,6 +167,12 @@ def test_torchtitans_500w_grand_teton_preset():
     assert (c.hbm_bandwidth, c.inter_node_bandwidth, c.power_limit_w) == (2.4e12, 50e9, 500)
     assert c.gpu_memory_bytes == 96e9 and c.peak_flops == H100.peak_flops
     assert kernels.matmul_rate(c) < 0.92 * kernels.matmul_rate(H100)
+    # estimate says what it assumed, and a compute-bound job on it runs slower than on the 700 W HBM3 preset
+    job = make_job(load_model("llama3-8b"), c, 16, 8192, "torchtitan")
+    est, full = estimate(job, Layout(dp=8, micro_batch=2, zero=3)), estimate(dataclasses.replace(job, cluster=H100),
+                                                                            Layout(dp=8, micro_batch=2, zero=3))
+    assert est.assumptions["power_limit_w"] == 500 and est.assumptions["tensor_core_power_share"] < 0.92
+    assert "power_limit_w" not in full.assumptions and est.step_time > 1.08 * full.step_time
 
 
 @given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 20000))

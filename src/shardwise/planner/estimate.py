@@ -124,6 +124,9 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
         "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
+        # a cluster below its rated TDP: the share of the rated tensor-core rates its power limit leaves (kernels.power_share)
+        **({"power_limit_w": job.cluster.power_limit_w, "tensor_core_power_share": kernels.power_share(job.cluster)}
+           if job.cluster.power_limit_w else {}),
         **({"moe_capacity_factor": job.capacity_factor,
             "mfu_convention": "active parameters (top-k experts, router, shared expert)",
             # fitted on published MoE runs (planner/moe.py; 0 on a calibrated cluster, whose measurements replace them)
