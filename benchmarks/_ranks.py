@@ -27,6 +27,27 @@ def write_json(rank: int, path: str, result) -> None:
             json.dump(result, f)
 
 
+def train_loops(spec, layouts, world: int, global_batch: int = 8, seq_len: int = 64):
+    """validate.measure.run_rank's build: `train`'s loop for each layout on pooled meshes (one per split), warmed up
+    two steps. Returns (the loops, the meshes by split)."""
+    from shardwise.parallel import build_mesh
+    from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step
+    from shardwise.validate.measure import mesh_split
+
+    loops, meshes, groups = [], {}, {}
+    for lay in layouts:
+        cfg = TrainConfig(spec=spec, layout=lay, steps=10**6, global_batch=global_batch, seq_len=seq_len,
+                          backend="gloo", progress=False)
+        split = mesh_split(lay)
+        if split not in meshes:
+            meshes[split] = build_mesh(*split[:3], cp=split[3], backend="gloo", pool=groups)
+        rt = build_runtime(cfg, meshes[split])
+        for _ in range(2):
+            train_step(rt)
+        loops.append(TrainLoop(rt, last=10**6))
+    return loops, meshes
+
+
 def add_rank_args(ap: argparse.ArgumentParser, repeats: int) -> None:
     """The flags every two-rank timing benchmark takes: repeats, threads and backend of its ranks, --json."""
     ap.add_argument("--repeats", type=int, default=repeats, help="timed steps per contender (interleaved)")

@@ -43,7 +43,7 @@ import resource
 import statistics
 import time
 
-from _ranks import ranks_json, write_json
+from _ranks import ranks_json, train_loops, write_json
 
 _GC = {"n": [0, 0, 0], "s": 0.0, "t0": 0.0}
 
@@ -90,22 +90,10 @@ def _sweep(rank, world, spec, t):
     """validate.measure.run_rank's sweep: every default layout built on pooled meshes and warmed up."""
     import torch
 
-    from shardwise.parallel import build_mesh
-    from shardwise.train import TrainConfig, TrainLoop, build_runtime, train_step
     from shardwise.validate.config import default_layouts
-    from shardwise.validate.measure import mesh_split
 
     torch.manual_seed(0)
-    loops, meshes, groups = [], {}, {}
-    for lay in default_layouts(spec, world, 8, 64):
-        cfg = TrainConfig(spec=spec, layout=lay, steps=10**6, global_batch=8, seq_len=64, backend="gloo", progress=False)
-        split = mesh_split(lay)
-        if split not in meshes:
-            meshes[split] = build_mesh(*split[:3], cp=split[3], backend="gloo", pool=groups)
-        rt = build_runtime(cfg, meshes[split])
-        for _ in range(2):
-            train_step(rt)
-        loops.append(TrainLoop(rt, last=10**6))
+    loops, meshes = train_loops(spec, default_layouts(spec, world, 8, 64), world)
     return loops, meshes.get((1, world, 1, 1))
 
 

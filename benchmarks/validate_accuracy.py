@@ -13,7 +13,7 @@ and its slowest round against its fastest within the calibration (calibrate's `r
 a shared machine's neighbours, and a virtual machine's host, move the absolute times; read the figures beside them.
 Each score is given twice: at the machine's speed during the sweep (validate's `drift_corrected`: the same
 calibration with its compute times scaled by the compute reference's ratio and each kind of call's by its own
-(collectives, send/recv, FSDP), all timed after every layout of the sweep; the goal figure, docs/accuracy.md says why) and at the calibration's. Models: presets, paths to a config.json, or `gqa`
+(collectives, send/recv, the pipeline executor's exchange, FSDP), all timed after every layout of the sweep; the goal figure, docs/accuracy.md says why) and at the calibration's. Models: presets, paths to a config.json, or `gqa`
 (a small grouped-query Llama: hidden 96, 4 layers, 6 heads / 2 KV heads, FFN 256).
 
 --dedicated runs both commands under the real-time FIFO scheduler (Linux, root): their ranks then run whenever
@@ -77,7 +77,8 @@ def run(model: str, world: int, tmp: Path, extra: list[str], dedicated: bool = F
     others = [machine.get("calibration_other_cpu_cores"), machine.get("other_cpu_cores")]
     return {"model": model, "layouts": len(result["layouts"]), "load_average_1min": loads,
             "other_cpu_cores": others, "dedicated": dedicated, "speed_ratio": machine.get("speed_ratio"),
-            **{k: machine.get(k) for k in ("call_speed_ratio", "p2p_speed_ratio", "fsdp_speed_ratio")},
+            **{k: machine.get(k) for k in ("call_speed_ratio", "p2p_speed_ratio", "exchange_speed_ratio",
+                                            "fsdp_speed_ratio")},
             "calibration_drift": max(rounds) / min(rounds) if rounds and min(rounds) > 0 else None,
             **{k: s[k] for k in ("median_abs_error", "p90_abs_error", "kendall_tau", "top1_regret",
                                  "memory_median_abs_error", "noisy_layouts")},
@@ -103,15 +104,16 @@ def table(rows: list[dict]) -> str:
            "| Kendall tau (>= 0.8) | top-1 regret (<= 5 %) | at the calibration's speed: median abs. error | p90 "
            "| Kendall tau | top-1 regret | memory median error | load average (calibrate / validate / end) "
            "| other processes' cores (calibrate / validate) | reference workloads, sweep / calibration: compute "
-           "| collectives | send/recv | FSDP | its drift within the calibration |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+           "| collectives | send/recv | pipeline exchange | FSDP | its drift within the calibration |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         load = " / ".join(f"{x:.1f}" for x in r["load_average_1min"])
         others = " / ".join("?" if x is None else f"{x:.2f}" for x in r["other_cpu_cores"])
         name = r["model"] + (" (dedicated)" if r.get("dedicated") else "")
         out.append(f"| {name} | {r['layouts']} | {_scores(r.get('drift_corrected'))} | {_scores(r)} "
                    f"| {100 * r['memory_median_abs_error']:.3f} % | {load} | {others} | {_fmt(r['speed_ratio'])} "
-                   f"| {_fmt(r.get('call_speed_ratio'))} | {_fmt(r.get('p2p_speed_ratio'))} | {_fmt(r.get('fsdp_speed_ratio'))} "
+                   f"| {_fmt(r.get('call_speed_ratio'))} | {_fmt(r.get('p2p_speed_ratio'))} "
+                   f"| {_fmt(r.get('exchange_speed_ratio'))} | {_fmt(r.get('fsdp_speed_ratio'))} "
                    f"| {_fmt(r.get('calibration_drift'))} |")
     return "\n".join(out)
 

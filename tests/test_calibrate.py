@@ -53,8 +53,9 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["step_overhead_s"] >= 0
     for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
-                "train_step_overhead_s", "split_backward_s"):
+                "train_step_overhead_s", "split_backward_s", "pipeline_exchange_s", "lockstep_spread"):
         assert m[key] >= 0, key
+    assert len(m["sync_points"]) == 8 and m["sync_points"][6] > m["sync_points"][0]  # a stage is longer than a layer
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m.get("other_cpu_cores", 0.0) >= 0  # other processes' CPU use meanwhile (absent where unknown)
     # the reference workload (the smallest micro-batch) per round: the overall median lies between theirs
@@ -277,6 +278,42 @@ def _cp_profile(cp_points: list) -> Profile:
                    tables=tables, sync_points=[1e-3, 1e-3 + call + 5e-4, call, 1e-3 + call + 3e-4, call],
                    sync_bytes=16384, cp_points=cp_points, cp_block_bytes=2 * 32 * 32 * 4,
                    cp_attention_s=cp_attention_flops(load_model("tiny"), 1, 64, 2) / 0.03e12)
+
+
+def test_pipeline_exchange_is_the_line_through_its_two_measured_points():
+    # The executor's exchange after a 1 ms layer costs 0.2 ms of table + 0.3 ms + 0.1 x 1 ms; after a 5 ms stage
+    # 0.2 + 0.3 + 0.1 x 5 ms: calibrate keeps 0.3 ms beyond the table and the slope 0.1.
+    table = 2e-4 + 16384 / 2e9
+    p = _cp_profile([])
+    p.sync_points += [1e-3 + table + 3e-4 + 1e-4, 5e-3, 5e-3 + table + 3e-4 + 5e-4]
+    assert p.pipeline_exchange_s() == pytest.approx(3e-4) and p.lockstep_spread() == pytest.approx(0.1)
+    # no dearer after the longer compute (noise): no slope, the whole cost after the layer beyond the table
+    p.sync_points[7] = 5e-3 + table
+    assert p.lockstep_spread() == 0.0 and p.pipeline_exchange_s() == pytest.approx(4e-4)
+    assert _cp_profile([]).pipeline_exchange_s() == 0.0  # an older calibration: the planner keeps p2p_sync_s
+
+
+def test_the_planner_charges_the_exchanges_spread_more_after_longer_actions():
+    # Two calibrations with the same exchange beyond its table (0.3 ms), one measuring it 0.1 x the compute dearer after
+    # compute: interleaved 1F1B's program charges the second more, and twice the micro-batch (longer actions between
+    # exchanges) more again; the one-way wake-up of an older calibration is not charged beside the exchange.
+    from shardwise.planner.memory import runtime_job
+
+    tiny, table = load_model("tiny"), 2e-4 + 16384 / 2e9
+
+    def profile(k):
+        p = _cp_profile([])
+        p.sync_points += [1e-3 + table + 3e-4 + k * 1e-3, 5e-3, 5e-3 + table + 3e-4 + k * 5e-3]
+        return p
+    flat, spread = profile(0.0), profile(0.1)
+    assert flat.pipeline_exchange_s() == pytest.approx(spread.pipeline_exchange_s()) == pytest.approx(3e-4)
+    extra = []
+    for mb in (1, 2):
+        lay = Layout(pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=mb)
+        job = lambda p: runtime_job(tiny, p.to_cluster(), 8 * mb, 64, gpu=False)  # 8 micro-batches either way
+        a, b = (estimate_time(job(p), lay)["pp_p2p"] for p in (flat, spread))
+        extra.append(b - a)
+    assert 0 < extra[0] < extra[1]
 
 
 def test_context_parallel_attention_work_is_the_measured_layer_beyond_what_the_planner_counts():

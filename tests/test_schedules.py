@@ -323,13 +323,46 @@ def test_messages_in_different_orders_on_the_two_sides_are_refused():
     assert "different orders" in found or "before receiving" in found
 
 
-def _program_span(name, p, m, v, f, b, w, c=0.0, wake=0.0):
+def _program_span(name, p, m, v, f, b, w, c=0.0, wake=0.0, exchange=0.0, spread=0.0):
     from shardwise.schedules.p2p import program_makespan
     from shardwise.schedules.simulate import Costs
 
     sched, costs = build(name, p, m, v), Costs(f, b, w)
     return program_makespan(sched, p2p_program(sched), lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v),
-                            c, wake)
+                            c, wake, exchange, spread)
+
+
+def test_lockstep_spread_charges_calibrates_own_exchange_loop_what_it_measured():
+    # calibrate's workload (measure_sync): both ranks compute d, then exchange (each sends to the other and waits for
+    # both messages), n times. It measures d + x + k d per round (k: the slope against d), and the program charges it.
+    from shardwise.schedules.p2p import program_makespan
+    from shardwise.schedules.schedule import Transfer
+
+    n, d, x, k = 5, 2.0, 0.3, 0.1
+
+    def program(r):
+        items = []
+        for i in range(n):
+            out = Transfer("activation", i, r, 1 - r, r, 1 - r)
+            back = Transfer("activation", i, 1 - r, r, 1 - r, r)
+            items += [Action("F", i), Exchange(sends=(out,), recvs=(back,))]
+        return items
+    sched = build("1f1b", 2, 1)  # only named in an error
+    progs = [program(0), program(1)]
+    assert program_makespan(sched, progs, lambda r, a: d, 0.0, 0.0, x, k) == pytest.approx(n * (d + x + k * d))
+    assert program_makespan(sched, progs, lambda r, a: d, 0.0, 0.0, x) == pytest.approx(n * (d + x))
+    # one side computing longer: the exchange costs k x the longer compute (measured: dearer than between equals)
+    assert program_makespan(sched, progs, lambda r, a: d + r, 0.0, 0.0, x, k) == pytest.approx(n * (d + 1 + x + k * (d + 1)))
+
+
+def test_lockstep_spread_grows_with_the_compute_between_exchanges():
+    # Every schedule's exchanges after compute: the step grows with the spread, by the same share of twice the work
+    # for twice the action times; the free program (no spread) is the makespan the rendezvous tests below pin.
+    for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1), ("naive", 1), ("zb-h1", 1)):
+        w = 0.7 if name == "zb-h1" else 0.0
+        free, one = _program_span(name, 2, 8, v, 1.0, 1.5, w), _program_span(name, 2, 8, v, 1.0, 1.5, w, spread=0.1)
+        two = _program_span(name, 2, 8, v, 2.0, 3.0, 2 * w, spread=0.1)
+        assert one > free and two == pytest.approx(2 * one)
 
 
 def test_program_makespan_by_hand_gpipe_p2_m2():

@@ -24,7 +24,7 @@ def _profile() -> Profile:
         matmul_tflops=0.06, gemms=[[64, 64, 64, 1e-5]], copy_gbs=15.0, model_tflops=0.03, layer_overhead_s=5e-4,
         embedding_overhead_s=1e-4, head_overhead_s=5e-4, edge_points=[1e-4, 1e-3], model_points=[[8e7, 4e-3]],
         optimizer_s=2e-3, optimizer_params=400_000, checkpoint_overhead_s=5e-4, checkpoint_points=[4e-3, 5e-3],
-        sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
+        sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4, 2.4e-3, 5e-3, 7.2e-3], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
         ddp_microbatch_s=6e-4, fsdp_points=[5e-3, 1e-2, 2e-3, 6e-3, 5.5e-3], loop_points=[1e-2, 1.1e-2],
         split_points=[2e-3, 3.6e-3], split_layers=2, alone_points=[4e-3, 3.6e-3], concurrent_slowdown=1.1,
         cp_points=[1.7e-3, 8e-3, 7e-3], cp_attention_s=3e-5, cp_block_bytes=8192,
@@ -51,7 +51,7 @@ def test_every_profile_key_has_one_speed_class():
 
 
 def _uniform(k):
-    return speed_ratios({"compute": k, "calls": k, "p2p": k, "fsdp": k})
+    return speed_ratios({"compute": k, "calls": k, "p2p": k, "exchange": k, "fsdp": k})
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: describe(lay).replace(" ", "-"))
@@ -73,8 +73,11 @@ def test_each_kind_of_call_moves_its_own_terms():
     assert ratio(tp, "compute", compute=2.0) == pytest.approx(2) and ratio(tp, "tp_comm", compute=2.0) == pytest.approx(1)
     assert ratio(tp, "tp_comm", calls=3.0) == pytest.approx(3) and ratio(tp, "compute", calls=3.0) == pytest.approx(1)
     # (the pipeline program's waits are maxima over both ranks' arrivals, so its term grows, not exactly 3x)
-    assert ratio(pp, "pp_p2p", p2p=3.0) > 1.5 and ratio(tp, "tp_comm", p2p=3.0) == pytest.approx(1)
+    assert ratio(pp, "pp_p2p", p2p=3.0) > 1.1 and ratio(tp, "tp_comm", p2p=3.0) == pytest.approx(1)
     assert ratio(pp, "compute", p2p=3.0) == pytest.approx(1) and ratio(pp, "pipeline_bubble", p2p=3.0) == pytest.approx(1)
+    # the executor's exchange beyond its table: only the pipeline's p2p term
+    assert ratio(pp, "pp_p2p", exchange=3.0) > 1.5 and ratio(tp, "tp_comm", exchange=3.0) == pytest.approx(1)
+    assert ratio(pp, "compute", exchange=3.0) == pytest.approx(1)
     # ZeRO-3's 14 calls per micro-batch: 3x the fsdp_call_s part of dp_comm, its table part unchanged
     calls = 4 * 14 * cluster.measured["fsdp_call_s"]
     wire = _time(cluster, z3, "dp_comm") - calls

@@ -306,7 +306,7 @@ def measure_model(t: Timer, out: dict):
 
     def variant(b, mode):
         def run():
-            model.set_recompute("selective" if mode == "selective" else "none")
+            model.set_recompute(mode if mode in ("selective", "full") else "none")
             train_step(b) if mode == "step" else step(inputs[b])
         return run
 
@@ -378,9 +378,14 @@ def edge_variants(t: Timer, batch: int) -> dict:
 def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
     """The calls between layers (world > 1): ({"layer": one layer's forward, "both": the layer + an all-reduce of
     its activation (as tensor parallelism issues it), "alone": that all-reduce back to back, "p2p": the layer + a
-    send/recv of it between rank pairs, "p2p alone": the send/recv back to back}, the activation). measure_sync
-    times them for the profile; validate times "layer" and "both" again beside its sweep (the call's speed now)."""
+    send/recv of it between rank pairs, "p2p alone": the send/recv back to back, "exchange": the layer + the pipeline
+    executor's own exchange of it with the pair's other rank (parallel.pipeline.BatchP2P: a send and a receive posted
+    together, both waited for, as every steady-state exchange of 1F1B and interleaved 1F1B is), "stage": a two-layer
+    middle pipeline chunk's forward + backward as the executor runs F and B, "stage exchange": the stage + the same
+    exchange}, the activation). measure_sync times them for the profile; validate times "layer", "both", "p2p" and
+    "exchange" again beside its sweep (the calls' speed now)."""
     from shardwise.model import Transformer
+    from shardwise.parallel.pipeline import BatchP2P
 
     spec = t.cfg.model
     model = Transformer(spec, seed=0, layer_ids=range(1), first=False, last=False, device=t.device)
@@ -405,8 +410,25 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
         layer()
         send_recv()
 
+    p2p = BatchP2P()
+
+    def exchange():
+        if peer < t.world:  # the executor's exchange: its buffer, both messages posted, each waited for
+            for work in p2p.post([(act, peer, 0)], [(torch.empty_like(act), peer, 0)], None):
+                work.wait()
+
+    chunk = Transformer(spec, seed=0, layer_ids=range(STAGE_LAYERS), first=False, last=False, device=t.device)
+
+    def stage():
+        inp = x.clone().requires_grad_(True)
+        torch.autograd.backward(chunk(inp, None), act)
+
     return {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
-            "p2p": layer_send_recv, "p2p alone": send_recv}, act
+            "p2p": layer_send_recv, "p2p alone": send_recv, "exchange": lambda: (layer(), exchange()),
+            "stage": stage, "stage exchange": lambda: (stage(), exchange())}, act
+
+
+STAGE_LAYERS = 2  # the pipeline stage behind measure_sync's second exchange (as measure_split_backward's chunk)
 
 
 def measure_sync(t: Timer, out: dict):
@@ -421,15 +443,24 @@ def measure_sync(t: Timer, out: dict):
     layer (a pipeline's blocking receive). Profile.sync_overhead_s: (layer + all-reduce) - layer - the
     table's time for that all-reduce (so table + it is the call in context: the back-to-back time of a
     small collective on a shared machine is bimodal, with both ranks on one core or not, and the planner
-    reads the table); Profile.p2p_sync_s the same for the send/recv."""
+    reads the table); Profile.p2p_sync_s the same for the send/recv. The pipeline executor's two-way exchange is
+    timed after two computes: a layer's forward (sync_points[5]) and a pipeline stage's forward + backward ([6] alone,
+    [7] with the exchange), 5x longer. Each rank waits there for the other's compute *that time*, and the two ranks'
+    times scatter (by ~20 % of a call on 2 shared cores), so an exchange costs more after a longer compute: on tiny
+    0.39-0.42 ms after the layer, 0.69-0.76 ms after the stage (docs/accuracy.md). Profile.pipeline_exchange_s is the
+    line's intercept beyond the table, Profile.lockstep_spread its slope (seconds of exchange per second of compute
+    before it). A barrier before each workload, as validate times them again (and as measure_model and measure_cp
+    time theirs): the two sides of a ratio under one discipline."""
     if t.world == 1:
         return
     loops, act = call_workloads(t)
-    reps = yield from in_rounds(t, loops, SYNC_ROUNDS * t.cfg.repeats, "calls between layers")
+    reps = yield from in_rounds(t, loops, SYNC_ROUNDS * t.cfg.repeats, "calls between layers", barrier_each=True)
     layer_s = statistics.median(reps["layer"])
     # Each call in context: the layer's median plus the paired difference (call + layer) - layer.
     out["sync_points"] = [layer_s, layer_s + paired(reps, "both", "layer"), statistics.median(reps["alone"]),
-                          layer_s + paired(reps, "p2p", "layer"), statistics.median(reps["p2p alone"])]
+                          layer_s + paired(reps, "p2p", "layer"), statistics.median(reps["p2p alone"]),
+                          layer_s + paired(reps, "exchange", "layer"), statistics.median(reps["stage"]),
+                          statistics.median(reps["stage"]) + paired(reps, "stage exchange", "stage")]
     out["sync_bytes"] = act.numel() * act.element_size()
 
 
@@ -491,7 +522,8 @@ def measure_fsdp(t: Timer, out: dict):
 
     spec = t.cfg.model
     fns, sharded = fsdp_workloads(t)
-    reps = yield from in_rounds(t, fns, SYNC_ROUNDS * t.cfg.repeats, "FSDP and DDP layer against a plain one")
+    reps = yield from in_rounds(t, fns, SYNC_ROUNDS * t.cfg.repeats, "FSDP and DDP layer against a plain one",
+                                barrier_each=True)  # as validate times "plain" and "sharded" again (measure_sync)
     plain_s, plain_u = statistics.median(reps["plain"]), statistics.median(reps["plain update"])
     sharded_s, ddp_s = plain_s + paired(reps, "sharded", "plain"), plain_s + paired(reps, "ddp", "plain")
     sharded_u = plain_u + paired(reps, "sharded update", "plain update")

@@ -38,7 +38,9 @@ class Profile:
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
-    sync_points: list = field(default_factory=list)  # layer, + all-reduce, all-reduce, + send/recv, send/recv: s per call
+    # layer, + all-reduce, all-reduce, + send/recv, send/recv, + the pipeline executor's exchange, a pipeline stage,
+    # + the exchange: s per call (measure.measure_sync)
+    sync_points: list = field(default_factory=list)
     sync_bytes: int = 0  # that all-reduce's message
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
@@ -128,6 +130,31 @@ class Profile:
         """A blocking receive after a layer, beyond the send_recv table's time."""
         return self._in_context(3, "send_recv")
 
+    def _exchange_line(self) -> tuple[float, float]:
+        """(intercept s, slope) of the pipeline executor's exchange in context against the compute before it, through
+        its two points: after a layer's forward (sync_points[5] - [0], after [0]) and after a pipeline stage's forward
+        + backward ([7] - [6], after [6]). (0, 0) from a calibration that did not time them."""
+        if len(self.sync_points) < 8:
+            return 0.0, 0.0
+        layer, after_layer = self.sync_points[0], self.sync_points[5] - self.sync_points[0]
+        stage, after_stage = self.sync_points[6], self.sync_points[7] - self.sync_points[6]
+        slope = max((after_stage - after_layer) / (stage - layer), 0.0) if stage > layer else 0.0
+        return after_layer - slope * layer, slope
+
+    def pipeline_exchange_s(self) -> float:
+        """The pipeline executor's exchange (a send and a receive posted together, both waited for) beyond the
+        send_recv table's time for its message and of the lockstep_spread share of the compute before it: the planner
+        charges it to every exchange a rank waits on in the executor's program (planner/step_time._pipeline_spans)."""
+        if len(self.sync_points) < 8 or not self.tables.get("send_recv"):
+            return 0.0
+        table = interpolate(self.monotone_tables()["send_recv"], self.sync_bytes)
+        return max(self._exchange_line()[0] - table, 0.0)
+
+    def lockstep_spread(self) -> float:
+        """Seconds a pipeline exchange costs per second of compute before it (_exchange_line's slope): the planner's
+        program charges each waited exchange this share of the longer side's compute since its previous one."""
+        return self._exchange_line()[1]
+
     def _cp_beyond(self, index: int, exchanges: float) -> float:
         """cp_points[index] - plain - the attention work and the `exchanges` (seconds) the planner already charges."""
         if len(self.cp_points) < 3:
@@ -179,7 +206,9 @@ class Profile:
                "embedding_overhead_s": self.embedding_overhead_s, "head_overhead_s": self.head_overhead_s,
                "edge_points": self.edge_points,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
-               "p2p_sync_s": self.p2p_sync_s(), "sync_points": self.sync_points,
+               "p2p_sync_s": self.p2p_sync_s(), "pipeline_exchange_s": self.pipeline_exchange_s(),
+               "lockstep_spread": self.lockstep_spread(),
+               "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
@@ -220,23 +249,26 @@ class Profile:
 # How each [measured] key of a profile moves with the machine's speed, for at_speed: by the speed of the ranks' own
 # work ("compute": kernels, op dispatch, Python), or of one kind of call between ranks, as calibrate measured each
 # in context ("calls": a collective after a layer, which the tables and every synchronising collective stand for;
-# "p2p": a send/recv after a layer, for the send_recv table and the pipeline's wake-up; "fsdp": a ZeRO-3 layer
-# beyond a plain one, for FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the
-# points behind a figure, labels).
+# "p2p": a send/recv after a layer, for the send_recv table and the pipeline's wake-up; "exchange": the pipeline
+# executor's exchange after a layer, for its cost beyond the table; "fsdp": a ZeRO-3 layer beyond a plain one, for
+# FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the points behind a figure, labels).
 SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
     **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
+    "pipeline_exchange_s": "exchange",
     "fsdp_call_s": "fsdp",
 }
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
-               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points")
+               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points",
+               "lockstep_spread")  # (a share of the compute before an exchange: moves with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
-FALLBACK = {"p2p": "calls", "fsdp": "calls", "calls": "compute"}
+FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute"}
+RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
 
 
 def speed_ratios(ratios: dict) -> dict:
@@ -244,7 +276,7 @@ def speed_ratios(ratios: dict) -> dict:
     if not ratios.get("compute"):
         return {}
     out = {"compute": ratios["compute"]}
-    for name in ("calls", "p2p", "fsdp"):
+    for name in RATIO_CLASSES:
         out[name] = ratios.get(name) or out[FALLBACK[name]]
     return out
 

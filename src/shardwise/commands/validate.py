@@ -187,10 +187,11 @@ def _print(console, result: dict, picture: str | None) -> None:
         from shardwise.calibrate.profile import speed_ratios
 
         r = speed_ratios({"compute": m["speed_ratio"], "calls": m.get("call_speed_ratio"),
-                          "p2p": m.get("p2p_speed_ratio"), "fsdp": m.get("fsdp_speed_ratio")})
+                          "p2p": m.get("p2p_speed_ratio"), "exchange": m.get("exchange_speed_ratio"),
+                          "fsdp": m.get("fsdp_speed_ratio")})
         console.print(f"at the machine's speed during the sweep (the calibration's own workloads timed again beside "
                       f"it: compute {r['compute']:.2f}x, collectives {r['calls']:.2f}x, send/recv {r['p2p']:.2f}x, "
-                      f"FSDP {r['fsdp']:.2f}x the calibration's time): median |error| {now['median_abs_error']:.1%}, "
+                      f"pipeline exchange {r['exchange']:.2f}x, FSDP {r['fsdp']:.2f}x the calibration's time): median |error| {now['median_abs_error']:.1%}, "
                       f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
                       f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
     for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),

@@ -297,7 +297,8 @@ class _OrderError(Exception):
     pass
 
 
-def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float = 0.0, wake: float = 0.0) -> float:
+def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float = 0.0, wake: float = 0.0,
+                     exchange: float = 0.0, spread: float = 0.0) -> float:
     """Time of one step when every rank walks its program as the executor does on gloo, whose send, like
     NCCL's above its eager threshold, completes only once its receive is posted (measured: a 16 KiB isend
     waits the 50 ms its peer sleeps before posting the receive). An exchange is posted when its rank reaches
@@ -307,9 +308,16 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
     sends only, do not (measured: GPipe, whose last rank waits on 8 sends per step, runs in 1F1B's time).
     `cost(rank, action)`: seconds of one action. The simulator's sends never wait; here a rank that sends
     blocks until its neighbour reaches the receive, which stalls interleaved and zero-bubble schedules
-    (tests/test_schedules.py)."""
+    (tests/test_schedules.py). `exchange`, `spread` (the calibrated `pipeline_exchange_s`, `lockstep_spread`): every
+    waited exchange also costs `exchange` + `spread` x the longer of the two sides' compute since their previous waited
+    exchange, once both sides have posted (instead of `wake`). Measured by `calibrate` (two ranks
+    computing, then exchanging): the exchange costs more the longer the ranks computed before it — on tiny 0.40 ms
+    after a layer's forward, 0.69-0.76 ms after a two-layer stage's forward + backward, 0.84-0.88 ms with a stage on
+    one side and a stage and a layer on the other (docs/accuracy.md, "Pipelines: an exchange costs more after more
+    compute"), as the slower side's scatter and a longer sleep before the wake-up both would."""
     p = len(programs)
     pos, t, posted, end = [0] * p, [0.0] * p, {}, [0.0] * p
+    ran, ran_at = [0.0] * p, {}  # compute since the rank's last waited exchange; the same for each posted message
     while any(pos[r] < len(programs[r]) for r in range(p)):
         moved = False
         for r in range(p):
@@ -317,20 +325,25 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
             while pos[r] < len(items):
                 item = items[pos[r]]
                 if not isinstance(item, Exchange):
-                    t[r] += cost(r, item)
+                    took = cost(r, item)
+                    t[r] += took
+                    ran[r] += took
                     pos[r] += 1
                     moved = True
                     continue
                 for side, transfers in (("send", item.sends), ("recv", item.recvs)):
                     for x in transfers:
                         posted.setdefault((side, x), t[r])
+                        ran_at.setdefault((side, x), ran[r])
                 peers = [("recv", x) for x in item.sends] + [("send", x) for x in item.recvs]
                 if not all(k in posted for k in peers):
                     break  # the neighbour has not reached the other side yet
                 done = max((posted[k] for k in peers), default=t[r])
                 if item.wait:
                     slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
-                    t[r] = max(t[r], done + c if peers else t[r]) + (wake if slept else 0.0)
+                    lock = spread * max([ran[r]] + [ran_at[k] for k in peers])
+                    t[r] = max(t[r], done + c if peers else t[r]) + (exchange + lock if peers else 0.0) + (wake if slept else 0.0)
+                    ran[r] = 0.0
                 else:
                     end[r] = max(end[r], done + c)
                 pos[r] += 1

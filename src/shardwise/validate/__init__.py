@@ -56,6 +56,7 @@ def predict(cfg: ValidateConfig, layout: Layout) -> dict:
 # calibrated times it rescales (calibrate.profile.SPEED_CLASS).
 CALLS = (("calls", "both", "layer", "sync_points", 1, 0),   # an all-reduce after a layer, beyond the layer
          ("p2p", "p2p", "layer", "sync_points", 3, 0),      # a send/recv after a layer
+         ("exchange", "exchange", "layer", "sync_points", 5, 0),  # the pipeline executor's exchange after a layer
          ("fsdp", "sharded", "plain", "fsdp_points", 1, 0))  # a layer under ZeRO-3, beyond it plain
 
 
@@ -68,7 +69,7 @@ def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
     calibration's own figures for them, and their ratios (> 1: the machine ran slower than when it was calibrated):
     the model's forward + backward at one sequence (`speed_ratio`: its compute) and each call of CALLS beyond what
     it runs beside, the median of the repeats' paired differences (`call_speed_ratio`, `p2p_speed_ratio`,
-    `fsdp_speed_ratio`). The calibration's figures only where it timed the same workloads (same model, one
+    `exchange_speed_ratio`, `fsdp_speed_ratio`). The calibration's figures only where it timed the same workloads (same model, one
     sequence of seq_len)."""
     refs = reference_s.get("reference", [])
     now = statistics.median(refs) if refs else None
@@ -95,7 +96,8 @@ def drift_corrected(cfg: ValidateConfig, speed: dict) -> ValidateConfig | None:
     from shardwise.calibrate.profile import at_speed, speed_ratios
 
     ratios = speed_ratios({"compute": speed["speed_ratio"], "calls": speed["call_speed_ratio"],
-                           "p2p": speed["p2p_speed_ratio"], "fsdp": speed["fsdp_speed_ratio"]})
+                           "p2p": speed["p2p_speed_ratio"], "exchange": speed.get("exchange_speed_ratio"),
+                           "fsdp": speed["fsdp_speed_ratio"]})
     return replace(cfg, cluster=at_speed(cfg.cluster, ratios)) if ratios else None
 
 

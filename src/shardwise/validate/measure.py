@@ -41,8 +41,8 @@ def _slowest(values: list[float], world: int) -> list[float]:
 def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     """calibrate's reference workloads, to time again after every layout's steps in every round of the sweep:
     its model's forward + backward at one sequence ("reference", calibrate.measure.reference) and, at world > 1,
-    one layer's forward alone, with an all-reduce and with a send/recv of its activation after it ("layer",
-    "both", "p2p": calibrate.measure.call_workloads, the calls between layers) and a layer plain and under ZeRO-3
+    one layer's forward alone, with an all-reduce, with a send/recv and with the pipeline executor's exchange of its
+    activation after it ("layer", "both", "p2p", "exchange": calibrate.measure.call_workloads, the calls between layers) and a layer plain and under ZeRO-3
     ("plain", "sharded": calibrate.measure.fsdp_workloads, FSDP's calls), side by side, every rank at once, each repeat
     as long as the slowest rank. Returns a function giving each one's seconds per call for a few repeats. The
     machine's speed can move between a calibration and a sweep minutes later (a virtual machine's host, other
@@ -57,7 +57,8 @@ def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     if world > 1:
         calls, _ = call_workloads(t)
         fsdp, _ = fsdp_workloads(t)
-        fns.update({k: calls[k] for k in ("layer", "both", "p2p")}, plain=fsdp["plain"], sharded=fsdp["sharded"])
+        fns.update({k: calls[k] for k in ("layer", "both", "p2p", "exchange")}, plain=fsdp["plain"],
+                   sharded=fsdp["sharded"])
     return lambda: t.interleaved(fns, REFERENCE_REPEATS, barrier_each=world > 1)
 
 
