@@ -351,8 +351,9 @@ def stated_fp8_params(row: dict) -> bool:
 
 
 def pre_flash(row: dict) -> bool:
-    """A run from before FlashAttention (PRE_FLASH): its attention materialised the softmax."""
-    return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH)
+    """A run whose attention materialised the softmax: from before FlashAttention (PRE_FLASH), or later but launched
+    without it, as its notes say ('FlashAttention off': e.g. Megatron-LM without --use-flash-attn, its default)."""
+    return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH) or "FlashAttention off" in row["notes"]
 
 
 def ran_compiled(row: dict) -> bool:
