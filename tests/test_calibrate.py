@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
-from shardwise.calibrate.measure import cp_attention_flops, fit_line, fit_model, model_elementwise, model_flops, split_edges
+from shardwise.calibrate.measure import (cp_attention_flops, fit_line, fit_model, full_checkpoint_overhead, model_elementwise,
+                                        model_flops, split_edges)
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.memory import Job
@@ -247,6 +248,27 @@ def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(mode
     layer = (times[0] - 0.15e-3 - 0.9e-3) / layers  # one layer's share at one sequence
     extra = rank_layers(job, pp2, 1) - rank_layers(job, pp2, 0)
     assert last - first == pytest.approx(extra * layer + 0.9e-3 - 0.15e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny-gpt2"])
+def test_full_recompute_costs_the_calibrated_model_what_calibrate_measured(model_name):
+    """The 4-layer model measured with every layer checkpointed whole, 9 ms above without at one sequence: the planner's
+    recompute term for that model and micro-batch (dp 1, pp 1, one micro-batch) is those 9 ms, whatever the rate and
+    per-layer cost; a calibration that did not measure it keeps selective recompute's per-layer cost."""
+    from shardwise.planner.memory import runtime_job
+
+    model, layers, seq, rate, copy_gbs = load_model(model_name), 4, 64, 30e9, 10.0
+    profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model=model_name, tokens=seq,
+                      memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=copy_gbs, model_tflops=rate / 1e12,
+                      layer_overhead_s=0.6e-3, checkpoint_overhead_s=0.4e-3)
+    profile.full_checkpoint_overhead_s = full_checkpoint_overhead(model, layers, 1, seq, 1 / rate, 0.6e-3, 4, copy_gbs, 9e-3)
+    assert profile.full_checkpoint_overhead_s > 0
+    job = runtime_job(model, profile.to_cluster(), 1, seq, gpu=False)
+    assert estimate_time(job, Layout(recompute="full"))["recompute"] == pytest.approx(9e-3, rel=1e-9)
+    profile.full_checkpoint_overhead_s = 0.0  # measured as nothing beyond the recomputed forward
+    job = runtime_job(model, profile.to_cluster(), 1, seq, gpu=False)
+    forward = estimate_time(job, Layout(recompute="full"))["recompute"]
+    assert full_checkpoint_overhead(model, layers, 1, seq, 1 / rate, 0.6e-3, 4, copy_gbs, forward) == pytest.approx(0, abs=1e-12)
 
 
 def test_warns_when_the_machine_changed_speed_during_the_calibration():

@@ -266,7 +266,8 @@ def measure_model(t: Timer, out: dict):
     (everything else a layer runs: GEMMs, attention, norms); out["layer_overhead_s"] = the fixed cost of a micro-batch
     (op dispatch, kernel launches) per layer; out["checkpoint_overhead_s"] = what a checkpointed layer
     costs beyond the work it recomputes (selective recompute at micro-batch b against none, less the
-    planner's estimate of the recomputed attention core); out["optimizer_s"] = the rest of a bare training
+    planner's estimate of the recomputed attention core), out["full_checkpoint_overhead_s"] the same for full recompute
+    (every layer checkpointed whole, less the forward the planner recomputes); out["optimizer_s"] = the rest of a bare training
     step of one micro-batch (the batch, zero_grad, the runtime's AdamW over its out["optimizer_params"]
     parameters; what train's loop adds to a bare step is measure_loop's). A model of at most MODEL_LAYERS layers (and
     the LM head) stands for the whole one. The six variants run side by side in every repeat
@@ -311,7 +312,7 @@ def measure_model(t: Timer, out: dict):
         return run
 
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
-           [(batches[0], "selective"), (batches[0], "step")]}
+           [(batches[0], "selective"), (batches[0], "full"), (batches[0], "step")]}
     fns.update(edge_variants(t, batches[0]))
     alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
     fns[alone] = (lambda: step(inputs[batches[0]])) if t.rank == 0 else (lambda: None)
@@ -339,7 +340,11 @@ def measure_model(t: Timer, out: dict):
     core = 4 * batches[0] * seq * seq * spec.q_dim / FLASH_EFFICIENCY * slope  # the recomputed attention core
     base, selective = sizes[0], f"selective {batches[0]}"
     out["checkpoint_overhead_s"] = max(paired(reps, selective, base) / layers - core, 0.0)
-    out["checkpoint_points"] = [ys[0], statistics.median(reps[selective])]
+    full = f"full {batches[0]}"
+    out["full_checkpoint_overhead_s"] = full_checkpoint_overhead(spec, layers, batches[0], seq, slope, out["layer_overhead_s"],
+                                                                 _element_size(t.dtype), out["copy_gbs"],
+                                                                 paired(reps, full, base))
+    out["checkpoint_points"] = [ys[0], statistics.median(reps[selective]), statistics.median(reps[full])]
     # The rest of a bare training step on the same model: batch, zero_grad, AdamW.
     out["optimizer_s"] = max(paired(reps, f"step {batches[0]}", base), 0.0)
     # Every rank computing at once against one alone (the machine's cores, memory and caches shared).
@@ -347,6 +352,19 @@ def measure_model(t: Timer, out: dict):
     out["concurrent_slowdown"] = max(statistics.median(x / y for x, y in zip(reps[base], reps[alone]) if y > 0), 1.0) \
         if t.world > 1 else 1.0
     out["optimizer_params"] = sum(p.numel() for p in model.parameters())
+
+
+def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: float, layer_overhead_s: float,
+                             element_bytes: int, copy_gbs: float, full_minus_none: float) -> float:
+    """What a layer checkpointed whole (full recompute) costs per micro-batch beyond the forward the planner recomputes
+    — its forward FLOPs at the fitted rate (`slope` seconds per weighted FLOP), its forward element-wise passes and a
+    third of its fixed cost — from the model measured with every layer checkpointed against without
+    (`full_minus_none`, seconds, its `layers` layers at `batch` sequences): the non-reentrant checkpoint's saved-tensor
+    hooks and bookkeeping, and whatever the recomputed forward runs beyond the planner's forward (on tiny 1.5 ms a
+    layer against selective recompute's 0.7 ms)."""
+    forward = (model_flops(spec, 1, batch, seq) - model_flops(spec, 0, batch, seq)) / 3 * slope \
+        + model_elementwise(spec, 1, batch, seq, element_bytes, copy_gbs) / 3 + layer_overhead_s / 3
+    return max(full_minus_none / layers - forward, 0.0)
 
 
 def edge_variants(t: Timer, batch: int) -> dict:

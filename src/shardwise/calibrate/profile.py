@@ -37,7 +37,8 @@ class Profile:
     optimizer_s: float = 0.0  # the rest of a bare one-micro-batch training step: batch, zero_grad, AdamW
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
-    checkpoint_points: list = field(default_factory=list)  # [no recompute, selective] seconds at the smallest micro-batch
+    full_checkpoint_overhead_s: float = 0.0  # a layer under full recompute per micro-batch, beyond its recomputed forward
+    checkpoint_points: list = field(default_factory=list)  # [no recompute, selective, full] s at the smallest micro-batch
     # layer, + all-reduce, all-reduce, + send/recv, send/recv, + the pipeline executor's exchange, a pipeline stage,
     # + the exchange: s per call (measure.measure_sync)
     sync_points: list = field(default_factory=list)
@@ -209,7 +210,8 @@ class Profile:
                "p2p_sync_s": self.p2p_sync_s(), "pipeline_exchange_s": self.pipeline_exchange_s(),
                "lockstep_spread": self.lockstep_spread(),
                "sync_points": self.sync_points,
-               "checkpoint_overhead_s": self.checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
+               "checkpoint_overhead_s": self.checkpoint_overhead_s,
+               "full_checkpoint_overhead_s": self.full_checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
                "fsdp_points": self.fsdp_points,
@@ -254,7 +256,7 @@ class Profile:
 # FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the points behind a figure, labels).
 SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
-                     "checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
+                     "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
     **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),

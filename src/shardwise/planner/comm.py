@@ -29,7 +29,7 @@ Calibrated format (written by `shardwise calibrate`):
   {"matmul_tflops": float, "all_reduce": [[bytes, seconds], ...], "all_gather": [...],
    "reduce_scatter": [...], "broadcast": [...], "send_recv": [...], "world_size": int,
    "model_tflops", "layer_overhead_s", "step_overhead_s", "sync_overhead_s", "checkpoint_overhead_s",
-   "fsdp_call_s", "fsdp_tensor_s", "comm_overlap", "p2p_sync_s", "pipeline_exchange_s", "ddp_microbatch_s": float}
+   "full_checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "comm_overlap", "p2p_sync_s", "pipeline_exchange_s", "ddp_microbatch_s": float}
 (docs/planner.md says where step_time.py adds each).
 """
 

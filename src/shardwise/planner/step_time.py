@@ -145,7 +145,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     rec_tp = rec_cp = 0.0  # recompute runs the forward's TP collectives (full) and K/V traffic again
     redone = rank_recomputed_layers(job, layout, rank)  # full recompute: all layers, or --recompute-layers' share
-    if layout.recompute == "full":
+    if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
+        ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec, rec_tp = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops), redone * lc.tp_fwd
         rec_cp = redone * lc.cp_fwd
     elif layout.recompute == "selective" and job.selective == "op":
