@@ -36,7 +36,7 @@ import published_runs as pr
 from shardwise.errors import UsageError
 from shardwise.model_spec import load_model, model_presets
 from shardwise.specs import load_cluster
-from shardwise.validate.stats import kendall_tau
+from shardwise.validate.stats import kendall_tau, widest_discordant_gap
 
 DIFF_POINTS = 0.02  # command line vs internal view: rows further apart than this are explained
 # ModelSpec fields a config.json carries that the step time and memory depend on (name and positions do not).
@@ -215,7 +215,9 @@ def summary(rows: list[dict]) -> dict:
             pub = [r["published_tokens_per_s_per_gpu"] for r in members]
             series[name] = {"rows": len(members),
                             "cli": kendall_tau(pub, [r["cli_tokens_per_s_per_gpu"] for r in members]),
-                            "internal": kendall_tau(pub, [r["internal_tokens_per_s_per_gpu"] for r in members])}
+                            "internal": kendall_tau(pub, [r["internal_tokens_per_s_per_gpu"] for r in members]),
+                            "cli_widest_discordant_gap": widest_discordant_gap(pub, [r["cli_tokens_per_s_per_gpu"]
+                                                                                     for r in members])}
     return {"rows": len(strong), "cli_failed": [r["run"] for r in strong if "cli_error" in r],
             "cli_median_abs_error": _median([abs(r["cli_error_pct"]) for r in cli]),
             "cli_max_abs_error": max((abs(r["cli_error_pct"]) for r in cli), default=None),
@@ -256,7 +258,8 @@ def print_table(rows: list[dict], s: dict) -> None:
     print(f"Kendall tau >= 0.8 on {sum(v['cli'] >= 0.8 for v in taus)} of {len(taus)} one-knob series through the command "
           f"line, {sum(v['internal'] >= 0.8 for v in taus)} internal; per series (command line / internal):")
     for name, v in s["kendall_tau_by_series"].items():
-        print(f"  {name:45} {v['rows']:2} rows  tau {v['cli']:+.2f} / {v['internal']:+.2f}")
+        print(f"  {name:45} {v['rows']:2} rows  tau {v['cli']:+.2f} / {v['internal']:+.2f}"
+              f"{pr.discordant_note(v['cli_widest_discordant_gap'])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from shardwise.planner.memory import make_job
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import Layout, ModelSpec, load_cluster, load_model, validate_layout
 from shardwise.stage_split import max_chunk_layers
-from shardwise.validate.stats import kendall_tau
+from shardwise.validate.stats import kendall_tau, widest_discordant_gap
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data/published_runs.csv"
 
@@ -671,7 +671,8 @@ def summarize(rows: list[dict], entries: list[dict]) -> dict:
         if len(members) >= 2:
             pub = [r["published_tokens_per_s_per_gpu"] for r in members]
             pred = [r["predicted_tokens_per_s_per_gpu"] for r in members]
-            series[name] = {"rows": len(members), "kendall_tau": kendall_tau(pub, pred)}
+            series[name] = {"rows": len(members), "kendall_tau": kendall_tau(pub, pred),
+                            "widest_discordant_gap": widest_discordant_gap(pub, pred)}
     return {"rows": len(strong), "skipped": sum("skip" in r for r in rows),
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
@@ -683,6 +684,12 @@ def summarize(rows: list[dict], entries: list[dict]) -> dict:
                                      "by_source": by_source},
             "kendall_tau_by_series": series,
             "min_kendall_tau": min((v["kendall_tau"] for v in series.values()), default=None)}
+
+
+def discordant_note(gap: float | None) -> str:
+    """What the per-series line adds after tau when the prediction orders some pair the other way: how far apart the
+    source's own figures for those pairs are (stats.widest_discordant_gap), so a tau lowered by near-ties reads as such."""
+    return "" if gap is None else f"  (pairs ranked the other way: published at most {gap:.1%} apart)"
 
 
 def markdown(rows: list[dict], s: dict) -> str:
@@ -756,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     if s["kendall_tau_by_series"]:
         print("Kendall tau per one-knob series (published vs predicted tokens/s per GPU):")
         for name, v in s["kendall_tau_by_series"].items():
-            print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
+            print(f"  {name:45} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}{discordant_note(v['widest_discordant_gap'])}")
     moe = s["moe"]
     if moe["rows"]:
         print("\nmixture of experts (planner/moe.py; scored apart, two constants fitted on them, below):")

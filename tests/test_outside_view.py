@@ -104,3 +104,25 @@ def test_a_p4d_row_scores_the_same_through_the_command_line(capsys):
     assert row["path"] == "estimate" and abs(row["difference"]) < 0.005, row
     assert view.main(["--only", "PyTorch FSDP AWS GPT-3 175B"]) == 0
     assert "no strong dense row in the summary" in capsys.readouterr().out
+
+
+def test_a_series_ranked_against_its_source_says_how_far_apart_the_source_has_those_rows(capsys):
+    # torchtitan's docs/performance.md, Llama 2 13B FSDP on 64 A100s: "selective" (layer) 1,914 and "selective op"
+    # 1,904 tokens/s per GPU, one run each. The planner ranks op first (tau +0.33 over the three rows); the per-series
+    # line says the pair it swaps is 10 / 1,904 = 0.5 % apart in the source, tau itself unchanged.
+    view = _outside_view()
+    assert view.main(["--only", "torchtitan Llama 2 13B FSDP 64xA100"]) == 0
+    line, = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("torchtitan-a100-llama2-13b-ac")]
+    assert "tau +0.33 / +0.33" in line and "published at most 0.5% apart" in line, line
+
+
+def test_widest_discordant_gap_is_read_from_the_measured_values():
+    from shardwise.validate.stats import widest_discordant_gap
+
+    # NVIDIA dgxc-benchmarking 24.11, GPT-3 175B on 128..2,048 H100s: 459.7, 457.7, 450.6, 454.6, 454.1 tokens/s
+    # per GPU; a prediction falling with the GPU count swaps 512 with 1,024 (4.0 / 450.6 = 0.89 %) and with 2,048
+    # (3.5 / 450.6 = 0.78 %)
+    published = [459.7, 457.7, 450.6, 454.6, 454.1]
+    assert abs(widest_discordant_gap(published, [5, 4, 3, 2, 1]) - 4.0 / 450.6) < 1e-9
+    assert widest_discordant_gap(published, published) is None
+    assert widest_discordant_gap([1.0, 2.0], [2.0, 2.0]) is None  # a tie in the prediction is not a swap

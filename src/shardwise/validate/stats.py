@@ -66,6 +66,21 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return (conc - disc) / den if den else 0.0
 
 
+def widest_discordant_gap(measured: list[float], predicted: list[float]) -> float | None:
+    """The widest relative gap |a - b| / min(a, b) of the measured values over the pairs the prediction orders the
+    other way (None when none is): how far apart in the source's own figures the pairs that lower Kendall's tau are.
+    It says whether a low tau rests on near-ties (rows a source's run-to-run noise could reorder) or on a real
+    difference; tau itself is unchanged."""
+    widest = None
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            da, db = measured[i] - measured[j], predicted[i] - predicted[j]
+            if da and db and (da > 0) != (db > 0):
+                gap = abs(da) / min(abs(measured[i]), abs(measured[j]))
+                widest = gap if widest is None else max(widest, gap)
+    return widest
+
+
 def summarize(predicted: list[float], measured: list[float]) -> dict:
     """The contract's summary of step times (errors are fractions of the measured time)."""
     errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
