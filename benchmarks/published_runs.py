@@ -64,9 +64,10 @@ PRE_FLASH = ("2021", "2022", "2104.04473", "2201.11990", "2204.06745", "2205.051
              "2211.05100", "bigscience")
 # Recipes that train GPT-style models without dropout: llm-foundry's MPT (MPTConfig: resid_pdrop, emb_pdrop and
 # attn_pdrop 0.0); GPT-NeoX-20B (EleutherAI/gpt-neox configs/20B.yml, "as it was trained": "hidden-dropout": 0,
-# "attention-dropout": 0). BLOOM's training script sets neither flag, so Megatron-DeepSpeed's 0.1 defaults applied
+# "attention-dropout": 0); Pythia (EleutherAI/pythia models/*/pythia-*.yml at a19eecb: "hidden-dropout": 0,
+# "attention-dropout": 0 in every size's config). BLOOM's training script sets neither flag, so Megatron-DeepSpeed's 0.1 defaults applied
 # (bigscience tr11-176B-ml.slurm), though its released config.json says 0.0.
-NO_DROPOUT = ("mosaicml", "configs/20B.yml")
+NO_DROPOUT = ("mosaicml", "configs/20B.yml", "EleutherAI/pythia models/")
 # Gated-MLP models (parsed as the Llama family, which trains without dropout) whose recipe kept Megatron's dropout:
 # GLM-130B's script (THUDM LargeScale configs/glm-130b/glm-130b.sh) sets neither --hidden-dropout nor
 # --attention-dropout, whose defaults are 0.1 (LargeScale megatron/arguments.py).

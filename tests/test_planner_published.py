@@ -154,6 +154,18 @@ def test_tinyllama_runs_lit_gpts_fused_kernels():
     assert bench.NEAREST_OF_SIX["lit-gpt"] == "torchtitan"
 
 
+def test_pythia_rows_train_without_dropout_as_their_configs_say():
+    # EleutherAI/pythia models/*/pythia-*.yml: "hidden-dropout": 0, "attention-dropout": 0 (quoted in every row's
+    # notes). With p = 0 torch's dropout returns its input, so no mask is drawn and nothing crosses the s x s
+    # probabilities: the rows' models train without dropout, like GPT-NeoX-20B's (configs/20B.yml).
+    rows = [r for r in bench.read_rows(bench.DEFAULT_CSV) if r["run"].startswith("Pythia ")]
+    assert len(rows) >= 8
+    for row in rows:
+        assert '"attention-dropout": 0' in row["notes"] and '"hidden-dropout": 0' in row["notes"], row["run"]
+        run = bench.parse(row)
+        assert not run.skip and not run.job.model.trains_with_dropout, run.name
+
+
 def test_fms_fsdp_rows_run_fsdp1_with_bf16_reduce():
     # fms-fsdp (4ffb9bd) wraps its FP32 LLaMA in FSDP1 with bfSixteen (param, reduce and buffer dtype bfloat16): its
     # gradients cross the 400 / 800 Gb/s-per-node networks in BF16, half torchtitan's FP32 reduce. Under its own
