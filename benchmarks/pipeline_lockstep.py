@@ -1,18 +1,21 @@
 """Where a pipeline's step goes beyond its mean action times, world 2 (times, not tests).
 
-    python benchmarks/pipeline_lockstep.py [--model tiny] [--steps 40] [--layouts pp2,pp2:gpipe,...] [--dedicated]
+    python benchmarks/pipeline_lockstep.py [--model tiny] [--steps 40] [--layouts pp2,pp2:gpipe,...] [--cluster P] [--dedicated]
 
 Builds `shardwise train`'s step for each pipeline layout in one job of two gloo ranks (as `validate` does: one mesh per
 split, pooled groups), runs `--steps` steps of each in rounds of 5 in a new order (validate's timing), and keeps the
 executor's records of every step (`PipelineExecutor.records`: each action's start and end on each rank). Per step it
 replays the executor's own point-to-point program (`schedules.p2p.program_makespan`, no transfer or wake-up cost) twice:
 with each action's measured time in that step ("replay, actual"), and with each action's mean over all steps
-("replay, means": what a planner fed exact mean costs computes). Printed per layout (medians over steps, ms):
+("replay, means": what a planner fed exact mean costs computes), and with `--cluster` once more with the mean action
+times and the calibration's exchanges (its send_recv table, `pipeline_exchange_s`, `lockstep_spread`: the planner's
+exchange model on the measured actions). Printed per layout (medians over steps, ms):
 train's step time, the executor's span, the two replays, and the lockstep gap = actual - means: what the ranks lose
 because each exchange waits for the slower rank's action *that time* — the expected maximum of scattered times exceeds
-the maximum of their means (docs/accuracy.md, "Pipelines wait for the slower rank's action each time").
-Also each action kind's relative spread (std / mean of its times within a rank, stage and kind) and the correlation
-of the two ranks' deviations.
+the maximum of their means (docs/accuracy.md, "Pipelines: an exchange costs more after more compute").
+Also each action kind's relative spread (std / mean of its times within a rank, stage and kind), the cost per exchange
+at which the replays of each step's action times give the measured spans, and the calls after a layer and after a
+two-layer stage (calibrate's measure_sync workloads) timed in the same job.
 --dedicated: the real-time FIFO scheduler (Linux, root), as benchmarks/validate_accuracy.py's.
 """
 
@@ -32,10 +35,11 @@ from shardwise.specs import load_model
 LAYOUTS = "pp2,pp2:gpipe,pp2:v2,pp2:zb-h1,pp2:full,pp2:naive"
 
 
-def _replay(schedule, programs, dur, c: float = 0.0) -> float:
+def _replay(schedule, programs, dur, c: float = 0.0, exchange: float = 0.0, spread: float = 0.0) -> float:
     from shardwise.schedules.p2p import program_makespan
 
-    return program_makespan(schedule, programs, lambda r, a: dur[(r, a.kind, a.microbatch, a.chunk)], c)
+    return program_makespan(schedule, programs, lambda r, a: dur[(r, a.kind, a.microbatch, a.chunk)], c, 0.0,
+                            exchange, spread)
 
 
 def _implied_exchange(schedule, programs, durs, spans) -> float:
@@ -96,7 +100,7 @@ def _calls(spec, rank: int, world: int, repeats: int) -> dict:
     return out
 
 
-def _rank(model_ref: str, layouts: list[str], steps: int) -> dict | None:
+def _rank(model_ref: str, layouts: list[str], steps: int, hop: tuple = (0.0, 0.0, 0.0)) -> dict | None:
     import torch.distributed as dist
 
     from shardwise.schedules.p2p import p2p_program
@@ -147,7 +151,8 @@ def _rank(model_ref: str, layouts: list[str], steps: int) -> dict | None:
         for (r, kind, _mb, _c), v in means.items():
             kinds.setdefault(f"rank{r} {kind}", []).append(v)
         per_kind = {k: 1e3 * statistics.mean(v) for k, v in kinds.items()}
-        out[name] = {"per_action_ms": per_kind, "implied_exchange_ms": 1e3 * _implied_exchange(schedule, programs, durs, spans),
+        out[name] = {"per_action_ms": per_kind, "replay_means_planned_exchanges_ms": 1e3 * _replay(schedule, programs, means, *hop),
+                     "implied_exchange_ms": 1e3 * _implied_exchange(schedule, programs, durs, spans),
                      "step_ms": 1e3 * statistics.median(times[i]), "span_ms": 1e3 * statistics.median(spans),
                      "replay_actual_ms": 1e3 * statistics.median(actual), "replay_means_ms": 1e3 * mean_replay,
                      "lockstep_gap_ms": 1e3 * (statistics.median(actual) - mean_replay),
@@ -185,7 +190,15 @@ def main(argv=None) -> int:
     from shardwise.launch import run_ranks
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    out = run_ranks(_rank, args.model, args.layouts.split(","), args.steps, world=2, backend="gloo")[0]
+    hop = (0.0, 0.0, 0.0)
+    if args.cluster:  # the calibration's exchange model: the table's 16 KiB transfer, pipeline_exchange_s, lockstep_spread
+        from shardwise.planner.comm import interpolate
+        from shardwise.specs import load_cluster
+
+        m = load_cluster(args.cluster).measured
+        act = 64 * load_model(args.model).hidden * 4
+        hop = (interpolate(m["send_recv"], act), m.get("pipeline_exchange_s", 0.0), m.get("lockstep_spread", 0.0))
+    out = run_ranks(_rank, args.model, args.layouts.split(","), args.steps, hop, world=2, backend="gloo")[0]
     calls = out.pop("calls")
     if args.cluster:
         for name in out:
@@ -198,7 +211,8 @@ def main(argv=None) -> int:
         spread = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["relative_spread"].items()))
         print(f"{name:14s} {r['step_ms']:7.1f} {r['span_ms']:7.1f} {r['replay_actual_ms']:7.1f} {r['replay_means_ms']:7.1f} "
               f"{r['lockstep_gap_ms']:6.1f}  {' / '.join(f'{b:.1f}' for b in r['busy_ms'])}   {spread}")
-        print(f"{'':14s} implied cost per exchange {r['implied_exchange_ms']:.3f} ms")
+        print(f"{'':14s} implied cost per exchange {r['implied_exchange_ms']:.3f} ms; replay of the mean action times with "
+              f"the calibration's exchanges {r['replay_means_planned_exchanges_ms']:.1f} ms")
         print(f"{'':14s} per action, ms: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["per_action_ms"].items()))
               + (f"; planned f, b, w: {r['planned']}" if "planned" in r else ""))
     for tag, v in calls.items():
