@@ -184,11 +184,9 @@ def _print(console, result: dict, picture: str | None) -> None:
     m = result.get("machine", {})
     now = s.get("drift_corrected")
     if now:
-        from shardwise.calibrate.profile import speed_ratios
+        from shardwise.validate import speed_ratios_of
 
-        r = speed_ratios({"compute": m["speed_ratio"], "calls": m.get("call_speed_ratio"),
-                          "p2p": m.get("p2p_speed_ratio"), "exchange": m.get("exchange_speed_ratio"),
-                          "fsdp": m.get("fsdp_speed_ratio")})
+        r = speed_ratios_of(m)
         console.print(f"at the machine's speed during the sweep (the calibration's own workloads timed again beside "
                       f"it: compute {r['compute']:.2f}x, collectives {r['calls']:.2f}x, send/recv {r['p2p']:.2f}x, "
                       f"pipeline exchange {r['exchange']:.2f}x, FSDP {r['fsdp']:.2f}x the calibration's time): median |error| {now['median_abs_error']:.1%}, "

@@ -64,6 +64,7 @@ def situ_key(arch: str, precision: str = "bf16") -> str:
     return f"{arch}-fp8" if precision == "fp8" else arch
 
 
+@lru_cache(maxsize=64)  # read by every GEMM and attention time of the planner's inner loop
 def power_share(cluster: ClusterSpec) -> float:
     """The share of its rated tensor-core rate a GPU keeps under its board power limit (`power_limit_w`; 1 at the rated
     TDP). Dynamic power goes as f·V² with the voltage rising with the clock, so P ~ f^n; n runs through the datasheet's

@@ -82,10 +82,24 @@ def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
         call_now = statistics.median(pairs) if pairs else None
         cal = m.get(points) or []
         call_then = cal[i] - cal[j] if same and len(cal) > max(i, j) else None
-        prefix = "call" if name == "calls" else name
+        prefix = _prefix(name)
         out.update({f"{prefix}_s": call_now, f"calibration_{prefix}_s": call_then,
                     f"{prefix}_speed_ratio": _ratio(call_now, call_then)})
     return out
+
+
+def _prefix(name: str) -> str:
+    """The key prefix of a CALLS class in machine_speed's output ("calls" -> call_s, call_speed_ratio)."""
+    return "call" if name == "calls" else name
+
+
+def speed_ratios_of(speed: dict) -> dict:
+    """machine_speed's ratios as calibrate.profile.speed_ratios takes them, each class of CALLS by its own key (a class
+    the sweep did not time again from its FALLBACK); {} without a compute ratio."""
+    from shardwise.calibrate.profile import speed_ratios
+
+    return speed_ratios({"compute": speed.get("speed_ratio"),
+                         **{name: speed.get(f"{_prefix(name)}_speed_ratio") for name, *_ in CALLS}})
 
 
 def drift_corrected(cfg: ValidateConfig, speed: dict) -> ValidateConfig | None:
@@ -93,11 +107,9 @@ def drift_corrected(cfg: ValidateConfig, speed: dict) -> ValidateConfig | None:
     compute times x `speed_ratio`, each kind of call x its own ratio (a call the calibration has no figure for,
     e.g. from an older calibrate, by calibrate.profile.FALLBACK); None without a speed ratio (a datasheet cluster,
     another workload)."""
-    from shardwise.calibrate.profile import at_speed, speed_ratios
+    from shardwise.calibrate.profile import at_speed
 
-    ratios = speed_ratios({"compute": speed["speed_ratio"], "calls": speed["call_speed_ratio"],
-                           "p2p": speed["p2p_speed_ratio"], "exchange": speed.get("exchange_speed_ratio"),
-                           "fsdp": speed["fsdp_speed_ratio"]})
+    ratios = speed_ratios_of(speed)
     return replace(cfg, cluster=at_speed(cfg.cluster, ratios)) if ratios else None
 
 
