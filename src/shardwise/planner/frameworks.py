@@ -443,6 +443,11 @@ DEEPSPEED = Framework(
     # then the updated partitions all-gathered into a list (list_collectives: copy-out 2 + 2 = 4 B). b288cf1b9
     # (2022-08-23, v0.7.2) let stage 1 keep contiguous gradients (reduced to their owners): deepspeed-2024.
     zero1="allreduce", reduce_copy_bytes=12,
+    # ZeRO-3 prefetch off: in v0.3.14-v0.5.10 (7b46d11fa, 2021-04, until 4912e0ad7, 2022-01) the step reset on the top
+    # module runs after its fetch hook, so every module fails the trace check (v0.5.5 stage3.py get_params_to_prefetch,
+    # "Tracing failed. Prefetching is disabled"; issue #1069) and the reuse check too (_keep_for_later): a checkpointed
+    # layer is gathered in the forward, the recomputed forward and the backward. Checked by running those releases'
+    # hooks and coordinators over a checkpointed Megatron-shaped GPT (docs/accuracy.md).
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
@@ -473,6 +478,9 @@ DEEPSPEED_2024 = replace(
             "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
     sources=("deepspeedai/DeepSpeed 4912e0ad7 (2022-01-20, 'Various ZeRO Stage3 Optimizations'): coalesced "
              "all-gathers; runtime/zero/partitioned_param_coordinator.py (prefetch); config docs",),
+    # prefetch: from v0.6.0 the trace recorded in the first step repeats under Megatron-DeepSpeed's checkpointing and
+    # is never invalidated (v0.6.2 partitioned_param_coordinator.py trace_prologue); every gather is found in flight,
+    # about a layer ahead under stage3_max_live_parameters (run from the v0.6.0-v0.6.5 code, docs/accuracy.md).
     attention="fa2", flash_attention=True, prefetch=True, list_collectives=False, sequence_parallel="optional", fp8="te",
     # stage 1 keeps contiguous gradients since b288cf1b9 (v0.7.2): average_tensor reduces each rank's range to its
     # owner (dist.reduce: a reduce-scatter's bytes)
