@@ -63,7 +63,8 @@ PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2
 PRE_FLASH = ("2021", "2022", "2104.04473", "2201.11990", "2204.06745", "2205.05198", "2205.01068", "2210.02414",
              "2211.05100", "bigscience")
 # Recipes that train GPT-style models without dropout: llm-foundry's MPT (MPTConfig: resid_pdrop, emb_pdrop and
-# attn_pdrop 0.0); GPT-NeoX-20B (EleutherAI/gpt-neox configs/20B.yml, "as it was trained": "hidden-dropout": 0,
+# attn_pdrop 0.0) and mosaicml/examples' MosaicGPT before it (configuration_mosaic_gpt.py at v0.0.4: the same three
+# 0.0); GPT-NeoX-20B (EleutherAI/gpt-neox configs/20B.yml, "as it was trained": "hidden-dropout": 0,
 # "attention-dropout": 0); Pythia (EleutherAI/pythia models/*/pythia-*.yml at a19eecb: "hidden-dropout": 0,
 # "attention-dropout": 0 in every size's config). BLOOM's training script sets neither flag, so Megatron-DeepSpeed's 0.1 defaults applied
 # (bigscience tr11-176B-ml.slurm), though its released config.json says 0.0.
