@@ -415,13 +415,17 @@ DEEPSPEED = Framework(
             "and Narayanan et al.'s ZeRO-3 baseline; with Megatron-DeepSpeed for TP): DeepSpeed's defaults — "
             "reductions at the accumulation boundary after the backward (ZeRO-0/1) or in every micro-batch's "
             "backward (ZeRO-2), overlap_comm off; ZeRO-1 all-reducing every gradient whole, then gathering the "
-            "updated partitions; ZeRO-3 gathering each parameter after a host synchronisation "
-            "(no overlap); gradients in the model dtype; no fused attention; only its 1F1B pipeline (TrainSchedule: blocking "
-            "exchanges in lockstep, activations split over TP and gathered again), with ZeRO <= 1. "
-            "Newer releases coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
+            "updated partitions; ZeRO-3 gathering each parameter after a host synchronisation, never prefetched "
+            "and gathered again for a recomputed forward (v0.3.14-v0.5.10, 2021-04 to 2022-01: their trace check "
+            "failed on every module); gradients in the model dtype; no fused attention; only its 1F1B pipeline "
+            "(TrainSchedule: blocking exchanges in lockstep, activations split over TP and gathered again), with "
+            "ZeRO <= 1. Releases from v0.6.0 (2022) coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
     sources=("deepspeedai/DeepSpeed runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 communicates during "
              "non gradient accumulation boundaries'), communication_data_type (bf16 with bf16); config docs "
              "(overlap_comm default false)",
+             "7b46d11fa (2021-04-07, v0.3.14) runtime/zero/stage3.py setup_zero_stage3_hooks: the step reset runs "
+             "after the top module's fetch hook, so get_params_to_prefetch ('Tracing failed. Prefetching is "
+             "disabled') and _keep_for_later fail on every module until 4912e0ad7 (v0.6.0); issue #1069",
              "commit 599258f97 (2021-03-08) runtime/zero/partition_parameters.py _allgather_param: "
              "torch.cuda.synchronize() then one all_gather per parameter into a list of per-rank views, "
              "_reduce_scatter_gradient from one (PyTorch's ProcessGroupNCCL copies each list entry: one copy kernel "
