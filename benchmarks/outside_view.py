@@ -104,6 +104,8 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path, certain_only: bool) -> t
         argv += ["--tp-comm-overlap" if overlap else "--no-tp-comm-overlap"]
     if pr.pre_flash(row):
         argv += ["--no-flash-attention"]
+    elif pr.stated_flash(row):
+        argv += ["--flash-attention"]
     if run.job.precision == "fp8":
         argv += ["--precision", "fp8"] + (["--fp8-params"] if pr.stated_fp8_params(row) else [])
     plan = not _stated(row["micro_batch"], certain_only)

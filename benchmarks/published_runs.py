@@ -358,6 +358,12 @@ def pre_flash(row: dict) -> bool:
     return any(k in row["source"] + " " + row["run"] for k in PRE_FLASH) or "FlashAttention off" in row["notes"]
 
 
+def stated_flash(row: dict) -> bool:
+    """A run whose config names FlashAttention where its profile's default is a materialised softmax (GPT-NeoX's
+    "attention-config": [[["flash"], N]], as Pythia's configs at a19eecb and the paper's Sec. 2.4 say)."""
+    return '[["flash"]' in row["notes"]
+
+
 def ran_compiled(row: dict) -> bool:
     """The run's blocks ran under torch.compile, as its name or notes say (scored with --compile)."""
     notes = row["notes"].replace("no torch.compile", "")  # "Eager (no torch.compile)" is an eager run
@@ -416,7 +422,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     vpp = 1 if _depth_unreported(row) else _int(row["vpp_interleave"].split(" / ")[-1]) or 1
     recompute_cell = row["recompute"]
     sp = stated_sequence_parallel(row) or "dgxc-benchmarking" in row["source"]
-    flash = False if pre_flash(row) else None
+    flash = False if pre_flash(row) else (True if stated_flash(row) else None)
     fw = FRAMEWORKS[profile]
     if fw.sequence_parallel == "always":
         sp = True

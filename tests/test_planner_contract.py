@@ -493,3 +493,27 @@ def test_hub_configs_count_their_published_parameters(files, name, total, active
                 "--seq-len", 4096, "--micro-batch", 1, "--json"])
     assert d is not None
     assert d["total_params"] == pytest.approx(total, rel=5e-3) and d["active_params"] == pytest.approx(active, rel=1e-2)
+
+
+def test_the_2021_22_stacks_run_flashattention_1_when_told(tmp_path):
+    """megatron-2021 and deepspeed materialise the softmax by default; --flash-attention is the FlashAttention-1 their
+    2023 code lines call (Megatron-LM's --use-flash-attn, GPT-NeoX's "flash" with flash-attn 0.2.2): on A100 it
+    shortens the step (it was ignored), on H100 those stacks would find FlashAttention-2, and a head size FA1's kernel
+    refuses (flash-attn 0.2.x: head_size <= 128) is one line, exit 2."""
+    argv = ["--model", "llama2-7b", "--gpus", 8, "--global-batch", 64, "--seq-len", 4096, "--micro-batch", 1,
+            "--zero", 1, "--recompute", "none", "--json"]
+    for framework in ("megatron-2021", "deepspeed"):
+        for cluster, kernel in (("dgx-a100-80gb", "fa1"), ("dgx-h100-80gb", "fa2")):
+            on, off = (answer(["estimate", *argv, "--cluster", cluster, "--framework", framework, flag])
+                       for flag in ("--flash-attention", "--no-flash-attention"))
+            assert on["step_time_s"] < off["step_time_s"] and on["memory_gib_per_gpu"] < off["memory_gib_per_gpu"]
+            assert kernel in on["assumptions"]["attention"].lower().replace("flashattention-", "fa"), on["assumptions"]
+            assert answer(["estimate", *argv, "--cluster", cluster, "--framework", framework]) == off
+    config = tmp_path / "config.json"  # two heads of 256
+    config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_attention_heads": 2,
+                                  "num_hidden_layers": 2, "intermediate_size": 1024, "vocab_size": 1000}))
+    small = ["--model", str(config), "--gpus", 8, "--global-batch", 16, "--seq-len", 512, "--micro-batch", 1, "--json"]
+    code, _, err = cli(["estimate", *small, "--cluster", "dgx-a100-80gb", "--framework", "deepspeed",
+                        "--flash-attention"])
+    assert code == 2 and err.count("\n") == 1 and "head sizes up to 128" in err and "256" in err, err
+    assert answer(["estimate", *small, "--cluster", "dgx-h100-80gb", "--framework", "deepspeed", "--flash-attention"])

@@ -36,9 +36,11 @@ class Framework:
     weight_bytes: int = 2
     grad_bytes: int = 4
     optimizer_bytes: int = 12
-    # Attention (planner/kernels.py ATTENTION_KERNEL): "te" (Transformer Engine's fused attention: cuDNN on Hopper,
-    # FlashAttention-2 on Ampere), "fa3" (FlashAttention-3 called directly), "fa2" (FlashAttention-2, e.g. through
-    # PyTorch SDPA), "unfused" (materialised softmax).
+    # Attention (planner/kernels.py ATTENTION_KERNEL): the fused kernel the stack runs when attention is fused: "te"
+    # (Transformer Engine's fused attention: cuDNN on Hopper, FlashAttention-2 on Ampere), "fa3" (FlashAttention-3 called
+    # directly), "fa2" (FlashAttention-2, e.g. through PyTorch SDPA), "fa1" (FlashAttention-1, the flash-attn 0.2.x the
+    # 2023 releases of the 2021-22 stacks call when told to); "unfused" (materialised softmax) for a stack with none.
+    # Whether it is fused by default is `flash_attention` (--flash-attention / --no-flash-attention).
     attention: str = "te"
     fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
@@ -317,7 +319,7 @@ class Framework:
 
 MEGATRON_2021 = Framework(
     name="megatron-2021",
-    summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax, FP32 gradient all-reduce after the "
+    summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax (FlashAttention-1 with --flash-attention), FP32 gradient all-reduce after the "
             "backward (no overlap), blocking pipeline transfers, 1F1B or interleaved 1F1B with scatter/gather, full "
             "recompute; asked for SP, selective recompute or the distributed optimizer (ZeRO-1), the same code line as "
             "released in 2022 (Korthikanti et al. 2022, Megatron-LM v3.0), still without any overlap",
@@ -325,7 +327,9 @@ MEGATRON_2021 = Framework(
              "NVIDIA/Megatron-LM arguments.py: bf16 forces accumulate_allreduce_grads_in_fp32",
              "Korthikanti et al. 2022 and Megatron-LM v3.0 (2022-06): --sequence-parallel, "
              "--recompute-activations (selective), --use-distributed-optimizer"),
-    attention="unfused", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
+    # Materialised softmax by default, as the paper ran; --flash-attention: FlashAttention-1 (Megatron-LM's
+    # --use-flash-attn, NVIDIA/Megatron-LM 2023-03, calls flash-attn's flash_attn_unpadded_func, the 0.2.x API).
+    attention="fa1", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
     search_as_unnamed=True,
     # --checkpoint-activations --activations-checkpoint-method block --activations-checkpoint-num-layers N
@@ -417,7 +421,8 @@ DEEPSPEED = Framework(
             "backward (ZeRO-2), overlap_comm off; ZeRO-1 all-reducing every gradient whole, then gathering the "
             "updated partitions; ZeRO-3 gathering each parameter after a host synchronisation, never prefetched "
             "and gathered again for a recomputed forward (v0.3.14-v0.5.10, 2021-04 to 2022-01: their trace check "
-            "failed on every module); gradients in the model dtype; no fused attention; only its 1F1B pipeline "
+            "failed on every module); gradients in the model dtype; a materialised softmax (FlashAttention-1 with "
+            "--flash-attention); only its 1F1B pipeline "
             "(TrainSchedule: blocking exchanges in lockstep, activations split over TP and gathered again), with "
             "ZeRO <= 1. Releases from v0.6.0 (2022) coalesce and prefetch ZeRO-3's gathers: --framework deepspeed-2024",
     sources=("deepspeedai/DeepSpeed runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 communicates during "
@@ -439,7 +444,10 @@ DEEPSPEED = Framework(
              "reduce_ipg_grads -> buffered_reduce_fallback -> allreduce_and_copy (all_reduce of each flattened bucket, "
              "copied back), step (dist.all_gather into a list of the partitions); the same in v0.6-v0.7.1 "
              "stage_1_and_2.py, until b288cf1b9 (2022-08-23)"),
-    grad_bytes=2, attention="unfused", grad_reduce_bytes=2, overlap_grad_reduce=False,
+    # Materialised softmax by default (Megatron-DeepSpeed's of MT-NLG, BLOOM, GLM-130B); --flash-attention:
+    # FlashAttention-1, as GPT-NeoX ran it from 2023-01 (EleutherAI/gpt-neox 841679f7 requirements-flashattention.txt
+    # flash-attn==0.2.2, megatron/model/transformer.py attention-config "flash": flash_attn_unpadded_qkvpacked_func).
+    grad_bytes=2, attention="fa1", grad_reduce_bytes=2, overlap_grad_reduce=False,
     # ZeRO-1 (v0.3.17-v0.7.1: stage2.py / stage_1_and_2.py with partition_grads False; engine.py forces
     # contiguous_gradients off for stage 1, so reduce_ipg_grads takes buffered_reduce_fallback): every gradient
     # all-reduced whole in the model dtype at the boundary (allreduce_and_copy: flatten 2 + 2, div_ 2 + 2,

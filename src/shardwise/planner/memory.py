@@ -181,11 +181,16 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if fp8_params and (precision != "fp8" or fw.fp8 != "te"):
         raise UsageError("--fp8-params keeps the weights in FP8 under Transformer Engine — add --precision fp8 "
                          "with --framework megatron-core or nemo")
+    fused = fw.flash_attention if flash_attention is None else flash_attention
+    if fused and fw.attention == "fa1" and (cluster.arch or "ampere") == "ampere" and model.head_dim > 128:
+        # flash-attn 0.2.x csrc/flash_attn/fmha_api.cpp: TORCH_CHECK((head_size % 8 == 0) && (head_size <= 128))
+        raise UsageError(f"--flash-attention: --framework {fw.name} runs FlashAttention-1 on this GPU, which takes "
+                         f"head sizes up to 128, and this model's is {model.head_dim} — use --no-flash-attention")
     states = {"weight_bytes": 1 if fp8_params else fw.weight_bytes, "grad_bytes": fw.grad_bytes,
               "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fw.flash_attention if flash_attention is None else flash_attention,
+               flash_attention=fused,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
