@@ -139,6 +139,13 @@ class Framework:
     # (forward, backward), and the activation-sized HBM passes each one copies besides the collective.
     p2p_regathers: tuple[int, int] = (0, 0)
     p2p_regather_copies: int = 0
+    # Its pipeline is torch.distributed.pipelining's PipelineStage, which holds beyond the layers' saved tensors, per
+    # model chunk: a receive buffer for the activation (every stage but the first) and one for the gradient (every stage
+    # but the last) for each micro-batch of the schedule, allocated at its first step and kept (stage.py
+    # _setup_forward_recv_info / _setup_backward_recv_info: one _make_tensor_from_meta per micro-batch); and each
+    # micro-batch's stage output in fwd_cache from its forward to its backward (forward_one_chunk, backward_one_chunk's
+    # fwd_cache.pop). planner/memory.py pipeline_buffer_bytes; measured on torch in tests/test_torch_pipelining_buffers.py.
+    torch_stage_buffers: bool = False
     tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
     tp_comm_overlap_available: bool = False
     sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
@@ -546,6 +553,7 @@ TORCHTITAN = Framework(
     grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
+    torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
     # torch.optim.AdamW(..., weight_decay=0.1, foreach=True) (torchtitan 1ea476e9f train.py build_optimizer; `fused`
     # became an option in 40f8fd007, 2024-06, and the default only in 6e4988550, 2025-02-24): torch's
     # _multi_tensor_adamw, one multi-tensor kernel per operation, per FP32 element: params.mul_(1 - lr wd) (4 + 4),

@@ -375,6 +375,32 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     return out
 
 
+def pipeline_buffer_bytes(job: Job, layout: Layout, rank: int) -> float:
+    """What pipeline rank `rank`'s stages hold beyond their layers' saved tensors, where the stack runs
+    torch.distributed.pipelining's PipelineStage (Framework.torch_stage_buffers; 0 elsewhere). Per model chunk and
+    micro-batch of the schedule, in units of the tensor that crosses stages (local_seq x micro-batch x hidden, split
+    over TP by sequence parallelism): an activation receive buffer (every stage but the first) and a gradient receive
+    buffer (every stage but the last), kept all step; and the stage output from forward to backward (every stage but
+    the last). The in-flight receive buffers are the first layer's inputs, already counted, and a middle chunk's
+    outputs in flight are as many: each middle chunk adds 2m tensors, whatever the schedule. The first stage adds m
+    gradient buffers and its outputs in flight; the last stage the activation buffers not in flight (its logits are
+    `last_stage_bytes`)."""
+    p = layout.pp
+    if p == 1 or not get_framework(job.framework).torch_stage_buffers:
+        return 0.0
+    m = layout.num_microbatches(job.train.global_batch)
+    if m % max(job.schedule_runs, 1) == 0:  # buffers for the micro-batches of one schedule (Job.schedule_runs)
+        m //= max(job.schedule_runs, 1)
+    split = layout.tp if layout.sequence_parallel else 1
+    boundary = local_seq(job, layout) * layout.micro_batch * job.model.hidden * job.train.activation_bytes / split
+    held = 2 * m * layout.vpp
+    if rank == 0:
+        held -= m - edge_inflight(layout.schedule, p, m, first=True)
+    if rank == p - 1:
+        held -= m + edge_inflight(layout.schedule, p, m, first=False)
+    return held * boundary
+
+
 # --------------------------------------------------------------------------- model states
 
 
@@ -514,6 +540,7 @@ class RankHoldings:
     experts: float  # routed experts' parameters
     first: float  # the first stage's token ids, for every micro-batch in flight there (0 elsewhere)
     logits: float  # the last stage's logits and loss buffers, likewise
+    stage_buffers: float  # what the stack's pipeline stages hold beyond the layers (pipeline_buffer_bytes)
 
 
 def rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
@@ -540,7 +567,8 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
     return RankHoldings(
         inflight=inflight, layers=layers, gathered=min(ZERO3_GATHERED_LAYERS, max(chunks)),
         grads_held=chunks_with_gradients_at_peak(layout.schedule, layout.pp, m, layout.vpp, rank) / layout.vpp,
-        params=rank_params(job, layout, rank) - experts, experts=experts, first=first, logits=logits)
+        params=rank_params(job, layout, rank) - experts, experts=experts, first=first, logits=logits,
+        stage_buffers=pipeline_buffer_bytes(job, layout, rank))
 
 
 def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
@@ -561,6 +589,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight)
     if rank == 0:
         out["activations"] += held.first
+    out["activations"] += held.stage_buffers
     out["logits"] = held.logits
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
