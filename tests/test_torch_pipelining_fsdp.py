@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from shardwise.launch import spawn_ranks
-from shardwise.planner.memory import make_job, memory_breakdown
+from shardwise.planner.memory import make_job, memory_breakdown, model_state_bytes, rank_layers, rank_params
 from shardwise.planner.step_time import step_time
 from shardwise.specs import Layout, load_cluster, load_model
 
@@ -50,15 +50,21 @@ def _worker(rank, world, out):
                 model(chunk).sum().backward()
         got[mode] = dict(counts)
         counts.update(dict.fromkeys(CALLS, 0))
+    got["held"], got["params"] = _held_by_dtype()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(got, f)
 
 
-def test_pipelining_gathers_and_reduces_fsdp_units_once_per_step(tmp_path):
-    out = tmp_path / "counts.json"
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "counts.json"
     spawn_ranks(_worker, 2, str(out), timeout_s=120)
-    got = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_pipelining_gathers_and_reduces_fsdp_units_once_per_step(measured):
+    got = measured
     assert got["pipelining"] == {"reduce_scatter_single": UNITS, "all_gather_single": UNITS}
     assert got["plain"] == {"reduce_scatter_single": UNITS * MICROBATCHES, "all_gather_single": UNITS * MICROBATCHES}
 
@@ -86,3 +92,58 @@ def test_torchtitan_pipelines_hold_unsharded_fp32_gradients():
     params = job.model.num_params()
     assert piped["gradients"] == pytest.approx(4 * params / (8 * 2), rel=0.1)  # tp 8 x pp 2, about evenly split
     assert flat["gradients"] == pytest.approx(4 * params / (8 * 8), rel=0.01)  # sharded over dp 8
+
+
+def _held_by_dtype():
+    """What FSDP2 holds per parameter between a forward and its backward when it does not reshard (ZeRO-2), under
+    torchtitan's MixedPrecisionPolicy: bytes of every distinct storage its FSDPParams reference, by dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model:
+        fully_shard(layer, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+    model(torch.randn(4, 64))  # gathered, not resharded: the ZeRO-2 state
+    seen, held = set(), {}
+
+    def walk(obj):
+        if isinstance(obj, (list, tuple)):
+            for o in obj:
+                walk(o)
+        elif isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+            walk(getattr(obj, "_local_tensor", None))  # a DTensor's shard
+            try:
+                storage = obj.untyped_storage()
+                ptr, size = storage.data_ptr(), storage.nbytes()
+            except RuntimeError:  # a freed or fake storage
+                return
+            if ptr and size and ptr not in seen:
+                seen.add(ptr)
+                held[str(obj.dtype)] = held.get(str(obj.dtype), 0) + size
+
+    for layer in model:
+        for param in fully_shard.state(layer)._fsdp_param_group.fsdp_params:
+            for value in vars(param).values():
+                walk(value)
+    return held, sum(p.numel() for p in model.parameters())
+
+
+def test_fsdp2_keeps_no_bf16_shard_beside_the_gathered_weights(measured):
+    # FSDP2 keeps the FP32 shard (the optimizer's master) and the gathered BF16 weights, nothing else: the planner's
+    # torchtitan weights under ZeRO-2 are the gathered BF16 copy alone, the FP32 shard being in its optimizer's 12 B.
+    got = measured
+    params = got["params"]  # FSDP's parameters are DTensors: numel() is the whole parameter's
+    assert got["held"] == {"torch.float32": 4 * params // 2, "torch.bfloat16": 2 * params}
+    job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 64, 2048, "torchtitan")
+    for zero in (2, 3):
+        layout = Layout(dp=8, tp=8, pp=1, micro_batch=1, zero=zero, sequence_parallel=True)
+        rank, mem = memory_breakdown(job, layout)
+        states = model_state_bytes(job, layout, rank_params(job, layout, rank), rank_layers(job, layout, rank))
+        gathered = states["weights"] / job.train.weight_bytes
+        if zero == 2:
+            assert gathered == pytest.approx(rank_params(job, layout, rank))  # the whole rank's weights, no shard
+        else:  # two layers and the root, no shard of the rest
+            assert gathered < rank_params(job, layout, rank) / 8
+        assert mem["weights"] == pytest.approx(states["weights"])

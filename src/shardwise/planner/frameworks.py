@@ -75,6 +75,13 @@ class Framework:
     # False for "optim_grads").
     zero2_reduce_every_microbatch: bool = False
     fsdp_reduce_every_microbatch: bool = True  # ZeRO-3 (and FSDP's ZeRO-2) reduce-scatter each micro-batch
+    # Its ZeRO-2/3 weight shard is the optimizer's FP32 master, counted in optimizer_bytes: torch FSDP with a BF16
+    # param_dtype keeps the sharded parameter in FP32 and casts it only into the all-gather's input buffer (FSDP2
+    # FSDPParam: _sharded_param_data FP32, all_gather_outputs BF16; FSDP1: _mp_shard freed after each all-gather), so
+    # no BF16 shard lies beside the gathered weights (measured in tests/test_torch_pipelining_fsdp.py). False: the
+    # shard is a copy of its own in the weights' dtype (DeepSpeed's ZeRO-3 partitions, BF16 or FP32 parameters with no
+    # master). A ZeRO-2 that never shards the weights (zero2_reduce_every_microbatch) holds no shard either way.
+    weight_shard_is_master: bool = False
     # Its accumulating micro-batches run under FSDP's no_sync() (Lightning Fabric's no_backward_sync over PyTorch FSDP1):
     # each unit is still gathered in every forward and (FULL_SHARD) every backward, but its gradient stays unsharded in
     # the dtype the unit computes in (param_gather_bytes), autograd adding each micro-batch's into it (AccumulateGrad:
@@ -554,6 +561,7 @@ TORCHTITAN = Framework(
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
     torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
+    weight_shard_is_master=True,  # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), FP32 parameters
     # torch.optim.AdamW(..., weight_decay=0.1, foreach=True) (torchtitan 1ea476e9f train.py build_optimizer; `fused`
     # became an option in 40f8fd007, 2024-06, and the default only in 6e4988550, 2025-02-24): torch's
     # _multi_tensor_adamw, one multi-tensor kernel per operation, per FP32 element: params.mul_(1 - lr wd) (4 + 4),
@@ -591,6 +599,7 @@ AUTOMODEL = replace(
              "components/moe/layers.py GroupedExpertsDeepEP (grouped_gemm ops.gmm); fanshiqing/grouped_gemm "
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
+    weight_shard_is_master=False,  # BF16 parameters and no FP32 master: the shard is the BF16 parameter itself
     expandable_segments=False,  # no source found: the default allocator
     optimizer_traffic=None,  # torch.optim.Adam with bf16 states: not derived here, the one-pass figure
     partial_recompute="",  # apply_ac wraps every block
@@ -663,6 +672,7 @@ LIT_GPT = replace(
     # FP32 flat parameters (the optimizer's master copy itself), gathered in FP32, their FP32 gradients reduce-scattered
     # in BF16; Adam's two FP32 moments.
     weight_bytes=4, grad_bytes=4, optimizer_bytes=8, param_gather_bytes=4, grad_reduce_bytes=2,
+    weight_shard_is_master=False,  # the FP32 flat parameter shard is the weights term itself (no separate master)
     fused_elementwise=True, loss="xentropy",
     # pretrain/tinyllama.py: `with fabric.no_backward_sync(model, enabled=is_accumulating)` around every micro-batch
     # but the step's last (gradient_accumulation_steps = 64 / 8 on its 16 GPUs); lightning 2.1.2 fabric/strategies/

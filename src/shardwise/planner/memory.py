@@ -487,7 +487,9 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
 
     ZeRO shards over the data-parallel group (times CP, as Megatron's distributed optimizer does):
     stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights. Stages 2 and 3
-    shard the weights as FSDP does and gather them in full beside the shards while they are used:
+    shard the weights as FSDP does and gather them in full beside the shards while they are used (a shard
+    counted only where it is a copy of its own: not the optimizer's FP32 master, Framework.weight_shard_is_master,
+    nor a view of whole weights ZeRO-2 never shards, Framework.zero2_reduce_every_microbatch):
     stage 2 (SHARD_GRAD_OP) keeps every unit gathered from its forward to its backward; stage 3
     (FULL_SHARD) gathers one layer at a time plus the prefetched next one (`gathered_layers`: fewer
     when a model chunk holds fewer layers, as FSDP prefetches within a chunk), and keeps the root unit
@@ -501,6 +503,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     optim = t.optimizer_bytes * params
     if zero >= 1:
         optim /= d
+    fw = get_framework(job.framework)
     if zero >= 2:
         grads /= d
         gathered = params
@@ -508,8 +511,9 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             layer = layer_params(job.model, layout.tp)
             root = params - layers * layer if layers is not None else 0.0
             gathered = min(root + gathered_layers * layer, params)
-        weights = t.weight_bytes * (params / d + gathered)
-    fw = get_framework(job.framework)
+        # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights
+        own_shard = not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
+        weights = t.weight_bytes * ((params / d if own_shard else 0.0) + gathered)
     # FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce
     # dtype, until its one reduce-scatter after the schedule; it creates a unit's at its first backward, so at the
     # activations' peak only the `grads_held` share of them exists (rank_memory).
