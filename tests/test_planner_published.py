@@ -354,6 +354,14 @@ def test_an_mlp_cells_parenthesis_is_a_note():
         assert (model.family, model.gated_mlp, model.tie_embeddings) == ("llama", True, False), row["run"]
 
 
+def test_composer_trains_fp8_as_llm_foundrys_fp8_table_ran():
+    # llm-foundry's "H100 80GB FP8" table (b2a43a147): Composer's amp_fp8 (Transformer Engine fp8_autocast, MPT's
+    # linears as te.Linear); the composer profile runs them in FP8 rather than refusing a run that was published.
+    fp8 = [r for r in _strong() if r["run"].startswith("MosaicML MPT") and r["run"].endswith(" FP8")]
+    assert len(fp8) == 7
+    assert all(r["framework"] == "composer" and r["arch"] == "hopper-fp8" and r["fits"] for r in fp8)
+
+
 def test_six_profiles_score_every_row_under_one_of_the_six_and_keep_the_rest_of_the_row():
     """--six-profiles: each row under the nearest of the six profiles most users name; every profile the rows use
     has a nearest among the six (a new profile must say which), and the row's stated degrees, step and model stay

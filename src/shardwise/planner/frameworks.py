@@ -642,7 +642,11 @@ COMPOSER = replace(
     cannot=("tensor, pipeline or context parallelism (Composer 0.16-0.17 runs FSDP, DDP or DeepSpeed only)",
             "ZeRO-1", "selective recompute (its activation checkpointing wraps whole blocks)",
             "recompute of only some layers (it checkpoints every block)"),
-    fp8="",
+    # precision amp_fp8: Transformer Engine's fp8_autocast with DelayedScaling(Format.HYBRID, amax_history_len 16,
+    # amax_compute_algo 'max') around the forward (mosaicml/composer v0.15.0-v0.17.x composer/core/precision.py
+    # get_precision_context); llm-foundry's FP8 runs build MPT's linears as te.Linear (fc_type 'te': llm-foundry
+    # b2a43a147 scripts/train/benchmarking/submit_benchmarks.py, TransformerEngine v0.10).
+    fp8="te",
 )
 COMPOSER_PURE = replace(
     COMPOSER, name="composer-pure", grad_reduce_bytes=2,
