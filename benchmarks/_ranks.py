@@ -56,6 +56,15 @@ def add_rank_args(ap: argparse.ArgumentParser, repeats: int) -> None:
     ap.add_argument("--json", action="store_true")
 
 
+def add_pipeline_args(ap: argparse.ArgumentParser, layouts: str) -> None:
+    """The flags of the two-rank pipeline diagnostics (pipeline_lockstep.py, pipeline_woken.py)."""
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--layouts", default=layouts)
+    ap.add_argument("--dedicated", action="store_true", help="the real-time FIFO scheduler, for a few minutes only")
+    ap.add_argument("--json", action="store_true")
+
+
 def run_and_print(worker, args, header, table, timeout_s: int) -> int:
     """worker on 2 ranks (add_rank_args' flags); its result as JSON, or header(result) and table(result)."""
     result = ranks_json(worker, 2, args, backend=args.backend, timeout_s=timeout_s)

@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 
-from _ranks import train_loops
+from _ranks import add_pipeline_args, train_loops
 
 from shardwise.specs import load_model
 
@@ -178,11 +178,7 @@ def planned(model_ref: str, cluster_ref: str, name: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--layouts", default=LAYOUTS)
-    ap.add_argument("--dedicated", action="store_true", help="the real-time FIFO scheduler, for a few minutes only")
-    ap.add_argument("--json", action="store_true")
+    add_pipeline_args(ap, LAYOUTS)
     ap.add_argument("--cluster", help="a calibrate profile: print the planner's per-micro-batch f, b, w per rank beside")
     args = ap.parse_args(argv)
     if args.dedicated:

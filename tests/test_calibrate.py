@@ -56,7 +56,9 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
                 "train_step_overhead_s", "split_backward_s", "pipeline_exchange_s", "lockstep_spread"):
         assert m[key] >= 0, key
-    assert len(m["sync_points"]) == 8 and m["sync_points"][6] > m["sync_points"][0]  # a stage is longer than a layer
+    assert len(m["sync_points"]) == 10 and m["sync_points"][6] > m["sync_points"][0]  # a stage is longer than a layer
+    assert [w for w, _ in m["wait_penalty_points"]] == [m["sync_points"][0], m["sync_points"][6]]
+    assert all(x >= 0 for _, x in m["wait_penalty_points"])
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     assert m.get("other_cpu_cores", 0.0) >= 0  # other processes' CPU use meanwhile (absent where unknown)
     # the reference workload (the smallest micro-batch) per round: the overall median lies between theirs
@@ -336,6 +338,33 @@ def test_the_planner_charges_the_exchanges_spread_more_after_longer_actions():
         a, b = (estimate_time(job(p), lay)["pp_p2p"] for p in (flat, spread))
         extra.append(b - a)
     assert 0 < extra[0] < extra[1]
+
+
+def test_a_rank_that_waited_pays_the_handoffs_measured_turn_beyond_the_lockstep_exchange():
+    # The exchange after a 1 ms layer costs 0.5 ms in lockstep ([5] - [0]), after a 5 ms stage 0.8 ms ([7] - [6]);
+    # taking turns, a rank's turn of the layer costs 1.6 ms ([8]), of the stage 6.2 ms ([9]): 0.1 and 0.4 ms beyond
+    # the lockstep exchange after the same compute, paid by a rank that waited a layer or a stage for its neighbour.
+    from shardwise.planner.memory import runtime_job
+
+    p = _cp_profile([])
+    p.sync_points += [1.5e-3, 5e-3, 5.8e-3]
+    lockstep = Profile(**{**p.__dict__, "sync_points": list(p.sync_points)})
+    p.sync_points += [1.6e-3, 6.2e-3]
+    assert [x for point in p.wait_penalty_points() for x in point] == pytest.approx([1e-3, 1e-4, 5e-3, 4e-4])
+    assert lockstep.wait_penalty_points() == []  # an older calibration: nothing charged
+    assert p.measured_table()["wait_penalty_points"] == p.wait_penalty_points()
+    # a turn no dearer than the lockstep exchange (noise): no penalty, never a credit
+    q = Profile(**{**p.__dict__, "sync_points": p.sync_points[:8] + [1.4e-3, 5.8e-3]})
+    assert [x for point in q.wait_penalty_points() for x in point] == pytest.approx([1e-3, 0.0, 5e-3, 0.0])
+    # The planner charges the schedules whose ranks wait for each other's actions: interleaved 1F1B and naive more
+    # than 1F1B, whose steady state keeps both ranks busy.
+    tiny = load_model("tiny")
+    extra = {}
+    for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("naive", 1)):
+        lay = Layout(pp=2, vpp=v, schedule=name)
+        a, b = (estimate_time(runtime_job(tiny, x.to_cluster(), 8, 64, gpu=False), lay)["pp_p2p"] for x in (lockstep, p))
+        extra[name] = b - a
+    assert 0 <= extra["1f1b"] < extra["interleaved-1f1b"] and extra["1f1b"] < extra["naive"]
 
 
 def test_context_parallel_attention_work_is_the_measured_layer_beyond_what_the_planner_counts():

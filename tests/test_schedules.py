@@ -355,6 +355,43 @@ def test_lockstep_spread_charges_calibrates_own_exchange_loop_what_it_measured()
     assert program_makespan(sched, progs, lambda r, a: d + r, 0.0, 0.0, x, k) == pytest.approx(n * (d + 1 + x + k * (d + 1)))
 
 
+def test_wait_penalty_charges_calibrates_own_handoff_what_it_measured():
+    # calibrate's handoff (measure_sync): the two ranks take turns computing d, each waiting in the exchange while the
+    # other computes. A round (both turns) measured 2 (d + x + p): the lockstep exchange x and the penalty p of a rank
+    # woken after waiting d. The program charges it from the points, and nothing to an exchange nobody waited in.
+    from shardwise.schedules.p2p import program_makespan, wait_penalty
+    from shardwise.schedules.schedule import Transfer
+
+    d, x, p = 2.0, 0.3, 0.4
+
+    def swap(r, i):
+        return Exchange(sends=(Transfer("activation", i, r, 1 - r, r, 1 - r),),
+                        recvs=(Transfer("activation", i, 1 - r, r, 1 - r, r),))
+
+    def program(r, n):
+        items = []
+        for i in range(n):
+            turn = [Action("F", i), swap(r, 2 * i), swap(r, 2 * i + 1)]
+            items += turn if r == 0 else [turn[1], turn[0], turn[2]]
+        return items
+    sched = build("1f1b", 2, 1)  # only named in an error
+
+    def span(n, points):
+        return program_makespan(sched, [program(0, n), program(1, n)], lambda r, a: d, 0.0, 0.0, x, 0.0, points)
+    for points in (((d, p),), ((d / 2, p / 2), (d, p))):
+        assert span(6, points) - span(5, points) == pytest.approx(2 * (d + x + p))
+    assert span(6, ()) - span(5, ()) == pytest.approx(2 * (d + x))
+    # the line through (0, 0) and the points, the last point's penalty beyond it
+    assert wait_penalty(((1.0, 0.1), (3.0, 0.5)), 0.5) == pytest.approx(0.05)
+    assert wait_penalty(((1.0, 0.1), (3.0, 0.5)), 2.0) == pytest.approx(0.3)
+    assert wait_penalty(((1.0, 0.1), (3.0, 0.5)), 9.0) == pytest.approx(0.5)
+    assert wait_penalty((), 9.0) == 0.0 and wait_penalty(((1.0, 0.1),), 0.0) == 0.0
+    # lockstep (both compute d, then exchange): nobody waits, nothing beyond the exchange
+    both = [[Action("F", i), swap(r, i)] for r in (0, 1) for i in range(3)]
+    progs = [sum(both[:3], []), sum(both[3:], [])]
+    assert program_makespan(sched, progs, lambda r, a: d, 0.0, 0.0, x, 0.0, ((d, p),)) == pytest.approx(3 * (d + x))
+
+
 def test_lockstep_spread_grows_with_the_compute_between_exchanges():
     # Every schedule's exchanges after compute: the step grows with the spread, by the same share of twice the work
     # for twice the action times; the free program (no spread) is the makespan the rendezvous tests below pin.

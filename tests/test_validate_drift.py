@@ -24,7 +24,7 @@ def _profile() -> Profile:
         matmul_tflops=0.06, gemms=[[64, 64, 64, 1e-5]], copy_gbs=15.0, model_tflops=0.03, layer_overhead_s=5e-4,
         embedding_overhead_s=1e-4, head_overhead_s=5e-4, edge_points=[1e-4, 1e-3], model_points=[[8e7, 4e-3]],
         optimizer_s=2e-3, optimizer_params=400_000, checkpoint_overhead_s=5e-4, checkpoint_points=[4e-3, 5e-3],
-        sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4, 2.4e-3, 5e-3, 7.2e-3], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
+        sync_points=[1e-3, 2.5e-3, 3e-4, 2.2e-3, 2e-4, 2.4e-3, 5e-3, 7.2e-3, 2.5e-3, 7.8e-3], sync_bytes=16384, fsdp_call_s=7e-4, fsdp_tensors=12,
         ddp_microbatch_s=6e-4, fsdp_points=[5e-3, 1e-2, 2e-3, 6e-3, 5.5e-3], loop_points=[1e-2, 1.1e-2],
         split_points=[2e-3, 3.6e-3], split_layers=2, alone_points=[4e-3, 3.6e-3], concurrent_slowdown=1.1,
         cp_points=[1.7e-3, 8e-3, 7e-3], cp_attention_s=3e-5, cp_block_bytes=8192,

@@ -210,8 +210,10 @@ def _check_measured(measured, source: str) -> None:
     # Scalars the planner reads as numbers (every one but the labels calibrate writes).
     bad += [k for k, v in measured.items() if k not in ("backend", "dtype", "model")
             and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
-    # The tables, and the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...).
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points"):
+    # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
+    # pipeline's wait penalty ([wait seconds, seconds], ...).
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
+                 "wait_penalty_points"):
         table = measured.get(kind)
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)

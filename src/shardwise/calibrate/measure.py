@@ -400,8 +400,10 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
     executor's own exchange of it with the pair's other rank (parallel.pipeline.BatchP2P: a send and a receive posted
     together, both waited for, as every steady-state exchange of 1F1B and interleaved 1F1B is), "stage": a two-layer
     middle pipeline chunk's forward + backward as the executor runs F and B, "stage exchange": the stage + the same
-    exchange}, the activation). measure_sync times them for the profile; validate times "layer", "both", "p2p" and
-    "exchange" again beside its sweep (the calls' speed now)."""
+    exchange, "layer handoff" and "stage handoff": the pair's two ranks taking turns — one runs the layer (the stage)
+    while the other waits in the exchange, then the other runs it while the first waits — as a pipeline's ranks do
+    where the schedule makes one wait for the other's action}, the activation). measure_sync times them for the
+    profile; validate times "layer", "both", "p2p" and "exchange" again beside its sweep (the calls' speed now)."""
     from shardwise.model import Transformer
     from shardwise.parallel.pipeline import BatchP2P
 
@@ -441,9 +443,20 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
         inp = x.clone().requires_grad_(True)
         torch.autograd.backward(chunk(inp, None), act)
 
+    def handoff(compute):
+        def run():  # rank 0 computes while rank 1 waits in the exchange, then the other way round
+            if peer >= t.world:
+                return
+            if t.rank % 2 == 0:
+                compute(), exchange(), exchange()
+            else:
+                exchange(), compute(), exchange()
+        return run
+
     return {"layer": layer, "both": both, "alone": lambda: dist.all_reduce(act),
             "p2p": layer_send_recv, "p2p alone": send_recv, "exchange": lambda: (layer(), exchange()),
-            "stage": stage, "stage exchange": lambda: (stage(), exchange())}, act
+            "stage": stage, "stage exchange": lambda: (stage(), exchange()),
+            "layer handoff": handoff(layer), "stage handoff": handoff(stage)}, act
 
 
 STAGE_LAYERS = 2  # the pipeline stage behind measure_sync's second exchange (as measure_split_backward's chunk)
@@ -467,8 +480,12 @@ def measure_sync(t: Timer, out: dict):
     times scatter (by ~20 % of a call on 2 shared cores), so an exchange costs more after a longer compute: on tiny
     0.39-0.42 ms after the layer, 0.69-0.76 ms after the stage (docs/accuracy.md). Profile.pipeline_exchange_s is the
     line's intercept beyond the table, Profile.lockstep_spread its slope (seconds of exchange per second of compute
-    before it). A barrier before each workload, as validate times them again (and as measure_model and measure_cp
-    time theirs): the two sides of a ratio under one discipline."""
+    before it). Then the same two computes taken in turns ([8] the layer, [9] the stage: one rank's turn, half a call),
+    each rank waiting in the exchange while the other computes, as a pipeline rank waits for its neighbour's action:
+    the rank that waited runs slower once woken (its caches, its core's state; more after a longer wait), which the
+    lockstep exchange, where neither waits long, does not see (Profile.wait_penalty_points). A barrier before each
+    workload, as validate times them again (and as measure_model and measure_cp time theirs): the two sides of a ratio
+    under one discipline."""
     if t.world == 1:
         return
     loops, act = call_workloads(t)
@@ -479,6 +496,11 @@ def measure_sync(t: Timer, out: dict):
                           layer_s + paired(reps, "p2p", "layer"), statistics.median(reps["p2p alone"]),
                           layer_s + paired(reps, "exchange", "layer"), statistics.median(reps["stage"]),
                           statistics.median(reps["stage"]) + paired(reps, "stage exchange", "stage")]
+    # One rank's turn of each handoff (half a call), in context: the lockstep exchange after the same compute plus the
+    # paired difference of the two, repeat by repeat.
+    for handoff, lockstep, point in (("layer handoff", "exchange", 5), ("stage handoff", "stage exchange", 7)):
+        turn = statistics.median(h / 2 - x for h, x in zip(reps[handoff], reps[lockstep]))
+        out["sync_points"].append(out["sync_points"][point] + turn)
     out["sync_bytes"] = act.numel() * act.element_size()
 
 

@@ -40,7 +40,8 @@ class Profile:
     full_checkpoint_overhead_s: float = 0.0  # a layer under full recompute per micro-batch, beyond its recomputed forward
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective, full] s at the smallest micro-batch
     # layer, + all-reduce, all-reduce, + send/recv, send/recv, + the pipeline executor's exchange, a pipeline stage,
-    # + the exchange: s per call (measure.measure_sync)
+    # + the exchange, a rank's turn of the layer and of the stage taken in turns with the exchange: s per call
+    # (measure.measure_sync)
     sync_points: list = field(default_factory=list)
     sync_bytes: int = 0  # that all-reduce's message
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
@@ -156,6 +157,19 @@ class Profile:
         program charges each waited exchange this share of the longer side's compute since its previous one."""
         return self._exchange_line()[1]
 
+    def wait_penalty_points(self) -> list:
+        """[[wait s, penalty s], ...]: what a pipeline rank's exchange costs beyond the lockstep one when the rank
+        waited there for its neighbour's compute of that length, from the two handoffs (measure_sync): a rank's turn
+        of the layer (sync_points[8]) against the layer + exchange in lockstep ([5]), after waiting a layer ([0]); of
+        the stage ([9] against [7]), after waiting a stage ([6]). The rank that waited was woken and runs its next
+        action slower (measured in the executor's records: 0.04-0.08 ms after exchanges under 0.2 ms, 0.13-0.28 ms
+        after waits over 0.8 ms, docs/accuracy.md). The planner charges a waited exchange the line through (0, 0) and
+        these points, the last one's beyond (schedules.p2p.wait_penalty). [] from a calibration that did not time them."""
+        if len(self.sync_points) < 10:
+            return []
+        sp = self.sync_points
+        return [[sp[0], max(sp[8] - sp[5], 0.0)], [sp[6], max(sp[9] - sp[7], 0.0)]]
+
     def _cp_beyond(self, index: int, exchanges: float) -> float:
         """cp_points[index] - plain - the attention work and the `exchanges` (seconds) the planner already charges."""
         if len(self.cp_points) < 3:
@@ -208,7 +222,7 @@ class Profile:
                "edge_points": self.edge_points,
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
                "p2p_sync_s": self.p2p_sync_s(), "pipeline_exchange_s": self.pipeline_exchange_s(),
-               "lockstep_spread": self.lockstep_spread(),
+               "lockstep_spread": self.lockstep_spread(), "wait_penalty_points": self.wait_penalty_points(),
                "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s,
                "full_checkpoint_overhead_s": self.full_checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
@@ -261,6 +275,7 @@ SPEED_CLASS = {
     **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "pipeline_exchange_s": "exchange",
+    "wait_penalty_points": "exchange",  # [[wait, seconds], ...]: the seconds scale, as a table's
     "fsdp_call_s": "fsdp",
 }
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
@@ -296,6 +311,8 @@ def at_speed(cluster, ratios: dict):
             m[key] = [[size, seconds * ratios[kind]] for size, seconds in m[key]]
         elif key in m:
             m[key] = m[key] * ratios[kind]
+    if m.get("wait_penalty_points"):  # the waits are the neighbour's compute: they move with it
+        m["wait_penalty_points"] = [[wait * ratios["compute"], seconds] for wait, seconds in m["wait_penalty_points"]]
     for key in COMPUTE_RATES:
         if key in m:
             m[key] = m[key] / ratios["compute"]

@@ -409,7 +409,7 @@ def _program_waits(schedule: str, p: int, m: int, v: int) -> int:
 
 @lru_cache(maxsize=1024)
 def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: float, wake: float,
-                  exchange: float = 0.0, spread: float = 0.0) -> float:
+                  exchange: float = 0.0, spread: float = 0.0, wait_points: tuple = ()) -> float:
     """What the executor's point-to-point program adds to a step (`schedules.p2p.program_makespan`) over the
     simulator without transfers, at each rank's own (f, b, w): the transfers, the calibrated wake-up of a
     receive that waits for its send, where it falls, and the sends that wait for their receives (gloo's and
@@ -422,7 +422,7 @@ def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: flo
     built, programs = _program(schedule, p, m, v)
     costs = Costs(*([x[k] for x in per_rank] for k in range(3)))
     timed = program_makespan(built, programs, lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v), c, wake,
-                             exchange, spread)
+                             exchange, spread, wait_points)
     return max(timed - simulate(built, costs).makespan, 0.0)
 
 
@@ -508,10 +508,13 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
     # after a longer compute). Older calibrations: the one-way receive's wake-up where a rank arrives first.
     measured = job.cluster.measured or {}
     exchange, spread = float(measured.get("pipeline_exchange_s", 0.0)), float(measured.get("lockstep_spread", 0.0))
-    wake = 0.0 if exchange > 0 else p2p_sync  # (the exchange's figure holds its wake-up)
+    wake = 0.0 if exchange > 0 else p2p_sync  # (the lockstep exchange's figure holds the wake-up of a short wait)
+    # A rank that waited for its neighbour's action runs slower once woken, more after a longer wait: calibrate's two
+    # ranks taking turns (`wait_penalty_points`), charged by the wait the program gives each exchange.
+    waits = tuple(tuple(float(x) for x in point) for point in measured.get("wait_penalty_points", ()))
     if p2p_sync + exchange > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
         per_rank = tuple((x.f, x.b, x.w) for x in (costs.get(r, slow) for r in range(p)))
-        span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, wake, exchange, spread)
+        span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, wake, exchange, spread, waits)
     elif p2p_sync + exchange > 0:  # each waited exchange of the busiest rank, after one action
         per_exchange = exchange + spread * (slow.f + slow.b + slow.w) / 2 / v if exchange > 0 else p2p_sync
         span += runs * pipeline_waits(layout, mr) * per_exchange

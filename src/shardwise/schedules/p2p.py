@@ -297,8 +297,22 @@ class _OrderError(Exception):
     pass
 
 
+def wait_penalty(points, waited: float) -> float:
+    """What a rank that waited `waited` seconds in an exchange for its neighbour pays beyond the lockstep exchange:
+    the line through (0, 0) and `points` ([[wait s, penalty s], ...], calibrate's Profile.wait_penalty_points, by
+    increasing wait), the last point's penalty beyond it; 0 without points."""
+    if waited <= 0 or not points:
+        return 0.0
+    x0 = y0 = 0.0
+    for x1, y1 in points:
+        if waited <= x1:
+            return y0 + (y1 - y0) * (waited - x0) / (x1 - x0) if x1 > x0 else y1
+        x0, y0 = x1, y1
+    return y0
+
+
 def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float = 0.0, wake: float = 0.0,
-                     exchange: float = 0.0, spread: float = 0.0) -> float:
+                     exchange: float = 0.0, spread: float = 0.0, wait_points=()) -> float:
     """Time of one step when every rank walks its program as the executor does on gloo, whose send, like
     NCCL's above its eager threshold, completes only once its receive is posted (measured: a 16 KiB isend
     waits the 50 ms its peer sleeps before posting the receive). An exchange is posted when its rank reaches
@@ -314,7 +328,11 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
     computing, then exchanging): the exchange costs more the longer the ranks computed before it — on tiny 0.40 ms
     after a layer's forward, 0.69-0.76 ms after a two-layer stage's forward + backward, 0.84-0.88 ms with a stage on
     one side and a stage and a layer on the other (docs/accuracy.md, "Pipelines: an exchange costs more after more
-    compute"), as the slower side's scatter and a longer sleep before the wake-up both would."""
+    compute"), as the slower side's scatter and a longer sleep before the wake-up both would. `wait_points` (the
+    calibrated `wait_penalty_points`): a waited exchange with receives whose rank arrived first and waited for its
+    neighbour also costs `wait_penalty` of that wait — the woken rank's next action runs slower, more after a longer wait
+    (measured by `calibrate` with the two ranks taking turns; docs/accuracy.md, "Interleaved 1F1B: a rank that waited
+    runs slower"). The lockstep exchange behind `exchange` has both sides arrive together, so it holds none of it."""
     p = len(programs)
     pos, t, posted, end = [0] * p, [0.0] * p, {}, [0.0] * p
     ran, ran_at = [0.0] * p, {}  # compute since the rank's last waited exchange; the same for each posted message
@@ -342,7 +360,8 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
                 if item.wait:
                     slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
                     lock = spread * max([ran[r]] + [ran_at[k] for k in peers])
-                    t[r] = max(t[r], done + c if peers else t[r]) + (exchange + lock if peers else 0.0) + (wake if slept else 0.0)
+                    woken = wait_penalty(wait_points, done - t[r]) if slept else 0.0
+                    t[r] = max(t[r], done + c if peers else t[r]) + (exchange + lock if peers else 0.0) + (wake if slept else 0.0) + woken
                     ran[r] = 0.0
                 else:
                     end[r] = max(end[r], done + c)
