@@ -171,6 +171,12 @@ class Framework:
     # megatron-core profile: the distributed optimizer).
     default_zero: int = 0
     default_zero_with_pp: int | None = None
+    # Its full recompute is torch.utils.checkpoint's non-reentrant checkpoint with early stopping (on by default since
+    # torch 2.1, pytorch/pytorch#96866): the recomputation stops as soon as the last tensor the backward needs has been
+    # saved again (torch/utils/checkpoint.py _StopRecomputationError, raised from the pack hook). A block's last GEMM
+    # (FC2: its input and weight are saved before it runs) and what follows it (the residual add) do not run again.
+    # False: the whole forward runs again (Megatron's CheckpointFunction, reentrant checkpoints).
+    recompute_early_stop: bool = False
     # What `--recompute selective` means on this stack: "attention" (Megatron: the attention core, Korthikanti
     # et al. 2022) or "op" (torchtitan's op-level selective checkpointing: every matmul output but every
     # second one and the attention output kept, the rest recomputed).
@@ -562,6 +568,9 @@ TORCHTITAN = Framework(
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
     torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
     weight_shard_is_master=True,  # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), FP32 parameters
+    # activation_checkpoint mode "full": ptd_checkpoint_wrapper(block, use_reentrant=False, preserve_rng_state=False)
+    # (1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper), the default early stop
+    recompute_early_stop=True,
     # torch.optim.AdamW(..., weight_decay=0.1, foreach=True) (torchtitan 1ea476e9f train.py build_optimizer; `fused`
     # became an option in 40f8fd007, 2024-06, and the default only in 6e4988550, 2025-02-24): torch's
     # _multi_tensor_adamw, one multi-tensor kernel per operation, per FP32 element: params.mul_(1 - lr wd) (4 + 4),
@@ -600,6 +609,7 @@ AUTOMODEL = replace(
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
     weight_shard_is_master=False,  # BF16 parameters and no FP32 master: the shard is the BF16 parameter itself
+    recompute_early_stop=False,  # non-reentrant too (apply_ac), but a MoE block's last saves follow its expert GEMMs: not derived
     expandable_segments=False,  # no source found: the default allocator
     optimizer_traffic=None,  # torch.optim.Adam with bf16 states: not derived here, the one-pass figure
     partial_recompute="",  # apply_ac wraps every block
@@ -639,6 +649,7 @@ COMPOSER = replace(
     # MPT's is `isinstance(module, MPTBlock)` (llm-foundry 061f2c7c modeling_mpt.py), whole blocks, so full recompute;
     # torchtitan's op-level selective checkpointing is not Composer's.
     recompute=("none", "full"), partial_recompute="",  # every MPTBlock (configurable targets: llm-foundry 2e59620a3, 2024-02)
+    recompute_early_stop=False,  # Composer's activation_checkpointing_reentrant option: not read here
     cannot=("tensor, pipeline or context parallelism (Composer 0.16-0.17 runs FSDP, DDP or DeepSpeed only)",
             "ZeRO-1", "selective recompute (its activation checkpointing wraps whole blocks)",
             "recompute of only some layers (it checkpoints every block)"),
@@ -718,6 +729,7 @@ FMS_FSDP = replace(
     tensor_parallel=False, sequence_parallel="never", tp_comm_overlap_available=False, schedules=(), context_parallel=(),
     zero_stages=(0, 3), default_zero=3, default_zero_with_pp=None, recompute=("none", "full"),
     expandable_segments=False,  # scripts/train.sh at 4ffb9bd sets no PYTORCH_CUDA_ALLOC_CONF
+    recompute_early_stop=False,  # its ac_handler's checkpoint_wrapper implementation: not read here
     # fms_fsdp/utils/train_utils.py train (4ffb9bd): zero_grad, one forward and backward, clip, optimizer.step for every
     # batch the loader gives (batch_size sequences per GPU): no gradient accumulation.
     accumulates=False,

@@ -79,6 +79,7 @@ class LayerCost:
     ep_bwd: float = 0.0
     ffn_fwd: float = 0.0  # the FFN's forward GEMMs (what recomputing a MoE FFN runs again, with its dispatch)
     ep_alone: float = 0.0  # a MoE layer's all-to-alls of one pass not paired with another's (EP overlap's warm-up)
+    fwd_tail: float = 0.0  # a dense layer's last forward GEMM (FC2), which a recompute that stops early skips
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
@@ -219,7 +220,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
-                     mlp[0], ep)
+                     mlp[0], ep, 0.0 if moe_layer else gemms[-1][0])
 
 
 def elementwise_mode(job: Job) -> bool | str:

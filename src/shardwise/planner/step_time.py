@@ -149,6 +149,9 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec, rec_tp = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops), redone * lc.tp_fwd
         rec_cp = redone * lc.cp_fwd
+        if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
+            rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
+            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * 2 * tokens * model.hidden * model.ffn_hidden / tp
     elif layout.recompute == "selective" and job.selective == "op":
         rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
     elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again

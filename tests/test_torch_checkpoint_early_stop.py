@@ -1,0 +1,83 @@
+"""What torchtitan's whole-block activation checkpointing runs again, measured on torch itself, against what the
+planner charges (Framework.recompute_early_stop): torch's non-reentrant checkpoint, as torchtitan wraps each block
+(`checkpoint_wrapper(block, use_reentrant=False, preserve_rng_state=False)`), stops the recomputation once the last
+tensor the backward needs is saved again, so a Llama block's last GEMM (FC2, whose input is saved before it runs)
+does not run again. Counted in matmul and attention FLOPs (torch's FlopCounterMode), as the planner's recompute
+FLOPs are; the attention through SDPA's math path, whose matmuls the counter sees on CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from shardwise.planner.memory import make_job
+from shardwise.planner.step_time import stage_cost
+from shardwise.specs import Layout, load_cluster, load_model
+
+SEQ = 64
+
+
+class _Block(nn.Module):
+    """A torchtitan Llama TransformerBlock's shape (models/llama3/model.py): RMSNorm, grouped-query attention through
+    SDPA, SwiGLU as w2(silu(w1 x) * w3 x), two residual adds."""
+
+    def __init__(self, model):
+        super().__init__()
+        h, f, self.heads, self.kv = model.hidden, model.ffn_hidden, model.num_heads, model.num_kv_heads
+        self.hd = h // self.heads
+        self.wq, self.wo = nn.Linear(h, h, bias=False), nn.Linear(h, h, bias=False)
+        self.wk, self.wv = nn.Linear(h, self.kv * self.hd, bias=False), nn.Linear(h, self.kv * self.hd, bias=False)
+        self.w1, self.w3, self.w2 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False)
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(h), nn.RMSNorm(h)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        y = self.attention_norm(x)
+        q = self.wq(y).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k, v = (w(y).view(b, s, self.kv, self.hd).transpose(1, 2).repeat_interleave(self.heads // self.kv, 1)
+                for w in (self.wk, self.wv))
+        with sdpa_kernel(SDPBackend.MATH):  # on CPU the FLOP counter sees the math path's matmuls, not the fused kernel
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+        h = x + self.wo(o)
+        y = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+def _backward_flops(block, x) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    y = block(x)
+    with FlopCounterMode(display=False) as counter:
+        y.sum().backward()
+    return counter.get_total_flops()
+
+
+def test_torchtitan_full_recompute_charges_what_torch_runs_again():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = load_model("tiny")
+    torch.manual_seed(0)
+    block = _Block(model)
+    x = torch.randn(1, SEQ, model.hidden, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        block(x)
+    forward = counter.get_total_flops()
+    plain = _backward_flops(block, x)
+    # torchtitan's "full" AC: non-reentrant (the wrapper's default CheckpointImpl; torchtitan 1ea476e9f passed
+    # use_reentrant=False, which torch 2.13's wrapper takes from checkpoint_impl), no RNG state
+    wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+    again = _backward_flops(wrapped, x) - plain
+    assert 0 < again < forward  # torch runs the forward again, but not all of it
+
+    layout = Layout(dp=1, tp=1, pp=1, micro_batch=1, recompute="full")
+    cluster = load_cluster("dgx-a100-80gb")
+    titan = stage_cost(make_job(model, cluster, 1, SEQ, "torchtitan"), layout, 0)
+    whole = stage_cost(make_job(model, cluster, 1, SEQ, "megatron-core"), layout, 0)  # Megatron re-runs it all
+    assert whole.flops_recompute == pytest.approx(model.num_layers * forward)
+    assert titan.flops_recompute == pytest.approx(model.num_layers * again)
+    # and its seconds: less than the layers' forwards it used to repeat whole (Megatron's still do)
+    assert titan.recompute < model.num_layers * titan.layer_f
+    assert whole.recompute == pytest.approx(model.num_layers * whole.layer_f)
