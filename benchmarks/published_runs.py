@@ -390,9 +390,9 @@ def _depth_unreported(row: dict) -> bool:
 def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     """`shardwise estimate`'s own choice for what the row leaves unreported (planner/estimate.py complete_layout):
     the interleaving depth, the ZeRO stage, the recompute policy and sequence parallelism, jointly the fastest that
-    fits. Used for rows whose interleaving depth is not reported, where the depth and the memory it leaves decide
+    fits. Used for rows whose interleaving depth or ZeRO stage is not reported, where the memory they leave decides
     the other knobs together."""
-    named = {"cp_mode"} | ({"sequence_parallel"} if sp else set())
+    named = {"cp_mode"} | ({"sequence_parallel"} if sp or stated_no_sequence_parallel(row) else set())
     named |= {k for k, cell in (("zero", row["zero_stage"]), ("recompute", row["recompute"]))
               if not cell.strip().startswith("NR")}
     return complete_layout(job, layout, named)[0]
@@ -477,12 +477,11 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     if refusal:
         run.skip = f"{profile} profile: {refusal}"
         return run
-    if _depth_unreported(row):
+    # Not reported: the interleaving depth, or the ZeRO stage: `shardwise estimate`'s own choice for what it is not
+    # told (the stack's default stage up, the fastest that fits), as the command line makes it.
+    if _depth_unreported(row) or (row["zero_stage"].strip().startswith("NR") and dp > 1):
         layout = _complete_unreported(row, job, layout, layout.sequence_parallel)
-    # Not reported: the lowest ZeRO stage, then the cheapest recompute, the stack fits the layout with.
-    elif row["zero_stage"].strip().startswith("NR") and dp > 1:
-        layout = next((layout.with_(zero=z) for z in fw.zero_stages if estimate(job, layout.with_(zero=z)).fits), layout)
-    if recompute_cell.strip().startswith("NR") and not _depth_unreported(row):
+    elif recompute_cell.strip().startswith("NR"):  # the cheapest recompute the stack fits the layout with
         layout = next((layout.with_(recompute=r) for r in fw.recompute if estimate(job, layout.with_(recompute=r)).fits),
                       layout)
         if layout.recompute == "full":  # only every layer fits? maybe fewer do (estimate's rule: the cheapest that fits)
@@ -550,13 +549,29 @@ def _log_error(entry: dict, factor: float, grid: list[float] = GRID) -> float:
     return math.log(entry["published"] / pred)
 
 
+def source_weighted_median(values: list[float], sources: list[str]) -> float:
+    """The median of `values` with each source weighing the same whatever its number of rows (a row weighs one over
+    its source's rows): a constant meant to hold on sources not yet seen is not set by the source with most rows."""
+    count = {s: sources.count(s) for s in set(sources)}
+    pairs = sorted(zip(values, (1 / count[s] for s in sources)))
+    half, run = sum(w for _, w in pairs) / 2, 0.0
+    for i, (v, w) in enumerate(pairs):
+        run += w
+        if run > half + 1e-12:
+            return v
+        if abs(run - half) <= 1e-12:  # exactly half: between this value and the next, as statistics.median
+            return (v + pairs[i + 1][0]) / 2
+    return pairs[-1][0]
+
+
 def _zero_median(entries: list[dict], grid: list[float], rising: bool) -> float:
-    """The grid value at which the median log error of `entries` is zero (bisection; `rising`: the error grows
-    with the value — a higher efficiency shortens the predicted step — else it falls)."""
+    """The grid value at which the source-weighted median log error of `entries` is zero (bisection; `rising`: the
+    error grows with the value — a higher efficiency shortens the predicted step — else it falls)."""
     lo, hi = grid[0], grid[-1]
+    sources = [e["source"] for e in entries]
     for _ in range(40):
         mid = (lo + hi) / 2
-        if (statistics.median(_log_error(e, mid, grid) for e in entries) > 0) == rising:
+        if (source_weighted_median([_log_error(e, mid, grid) for e in entries], sources) > 0) == rising:
             hi = mid
         else:
             lo = mid
@@ -564,7 +579,8 @@ def _zero_median(entries: list[dict], grid: list[float], rising: bool) -> float:
 
 
 def fit_in_situ(entries: list[dict]) -> dict[str, float]:
-    """Per GPU architecture, the in-situ efficiency that makes the median log error of `entries` zero."""
+    """Per GPU architecture, the in-situ efficiency that makes the source-weighted median log error of `entries`
+    zero (each source weighs the same: source_weighted_median)."""
     return {arch: round(_zero_median([e for e in entries if e["arch"] == arch], GRID, True), 3)
             for arch in sorted({e["arch"] for e in entries})}
 

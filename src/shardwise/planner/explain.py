@@ -297,8 +297,12 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
 # The best BF16 MFU published on each GPU generation (benchmarks/data/published_runs.csv), for models of at least
 # this many parameters: a plan above it needs a reason.
 PUBLISHED_MFU_RECORD = {
-    "ampere": ((20e9, 0.563, "Korthikanti et al. 2022's 1T model on 512 A100 (Megatron-LM, 56.3 %)"),
-               (0, 0.642, "MosaicML's MPT-7B on 8 A100-80GB (llm-foundry benchmarks, 64.2 %)")),
+    # Hagemann et al. 2023 (Aleph Alpha's layout sweep, arXiv 2311.05610; the authors' per-run sheets): MFU by PaLM's
+    # count (6N + 12 L H Q T per token, attention not halved for the causal mask), the sheets' own column.
+    "ampere": ((20e9, 0.620, "Hagemann et al. 2023's LLaMA 30B on 64 A100 (Aleph Alpha's Megatron-based stack, "
+                             "62.0 % by PaLM's count)"),
+               (0, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
+                          "70.6 % by PaLM's count)")),
     "hopper": ((100e9, 0.560, "NVIDIA's Llama 3.1 405B on 96 H100 (NeMo, dgxc-benchmarking, 55.4-57.7 %)"),
                (0, 0.625, "NVIDIA's Nemotron-4 15B on 16 H100 (NeMo, dgxc-benchmarking, 62.5 %)")),
 }
