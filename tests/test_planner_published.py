@@ -57,6 +57,21 @@ def test_median_and_leave_one_source_out_within_ten_percent():
         assert round(abs(shipped[arch] - value), 9) <= 0.01, (arch, shipped, fitted)
 
 
+
+def test_source_weighted_median_weighs_each_source_the_same():
+    # Three sources of one row each and one of four rows: each source weighs 1, the four rows a quarter each. Sorted:
+    # 1 (a), 2 (b) reach half the weight of 4, so the median lies between 2 and the next value, 3 (c): 2.5, where the
+    # row-weighted median is 10, the long source's value.
+    values, sources = [10, 3, 10, 1, 10, 2, 10], ["d", "c", "d", "a", "d", "b", "d"]
+    assert bench.source_weighted_median(values, sources) == 2.5
+    assert statistics.median(values) == 10
+    # Weights 1, a third each for b's three rows, 1: half of 3 is passed at 5 (the plain median is b's 1)
+    assert bench.source_weighted_median([5, 1, 1, 1, 7], ["a", "b", "b", "b", "c"]) == 5
+    # one row per source: the plain median (odd and even counts)
+    assert bench.source_weighted_median([4, 1, 3], ["a", "b", "c"]) == 3
+    assert bench.source_weighted_median([4, 1, 3, 2], ["a", "b", "c", "d"]) == 2.5
+
+
 def test_korthikanti_rows_match_and_fit():
     # The memory and time models follow this paper; its own runs must come out right. The bound is the in-situ
     # share's doing as much as the model's: fitted with every source weighing the same (0.81 on A100, 2026-12-02) the
