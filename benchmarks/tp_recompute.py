@@ -1,6 +1,6 @@
 """What recompute costs a tensor-parallel layer, against the same layer without TP, world 2 (times, not tests).
 
-    python benchmarks/tp_recompute.py [--model tiny] [--repeats 10] [--dedicated]
+    python benchmarks/tp_recompute.py [--model tiny] [--repeats 10] [--seq-len 64] [--layers 1] [--dedicated]
 
 One middle layer of the model (--layers of them in one chunk) on --seq-len tokens (one sequence), forward + backward, plain, with its attention core
 checkpointed (selective) and checkpointed whole (full), each without TP (every rank its own copy) and tensor-parallel
