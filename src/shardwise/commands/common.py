@@ -117,13 +117,14 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
     add_framework_arg(p)
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
-                        "(the default of every framework but megatron-2021 and deepspeed, the 2021-22 stacks); "
+                        "(the default of every framework but megatron-2021 and deepspeed, the 2021-22 stacks, which run "
+                        "FlashAttention-1 on A100 when given it); "
                         "--no-flash-attention models the "
                         "materialised softmax of Korthikanti et al. 2022")
     p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
                    help="GEMM precision: bf16 (default), or fp8 — the layers' linears in FP8 on Hopper with the "
-                        "framework's scaling recipe (Transformer Engine for megatron-core/nemo, torchao for "
-                        "torchtitan), attention and the LM head in bf16")
+                        "framework's scaling recipe (Transformer Engine for megatron-core, nemo, deepspeed-2024 and composer, "
+                        "torchao for torchtitan), attention and the LM head in bf16")
     p.add_argument("--fp8-params", action="store_true",
                    help="with --precision fp8 (megatron-core, nemo): the weights themselves in FP8 (NeMo fp8_params, "
                         "Megatron-Core --fp8-param-gather): one byte each in memory and in the distributed "
