@@ -517,3 +517,14 @@ def test_the_2021_22_stacks_run_flashattention_1_when_told(tmp_path):
                         "--flash-attention"])
     assert code == 2 and err.count("\n") == 1 and "head sizes up to 128" in err and "256" in err, err
     assert answer(["estimate", *small, "--cluster", "dgx-h100-80gb", "--framework", "deepspeed", "--flash-attention"])
+
+
+def test_stacks_without_an_fp8_recipe_refuse_fp8_in_one_line():
+    """Lit-GPT's pretraining as TinyLlama ran it (precision bf16-mixed), fms-fsdp (bfSixteen) and AutoModel's BF16
+    profile have no FP8 recipe: --precision fp8 is refused, one line, exit 2 (lit-gpt had taken Composer's amp_fp8
+    from the profile it is built on)."""
+    for framework in ("lit-gpt", "fms-fsdp", "automodel"):
+        code, _, err = cli(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8,
+                            "--global-batch", 64, "--seq-len", 2048, "--micro-batch", 1, "--framework", framework,
+                            "--precision", "fp8"])
+        assert code == 2 and err.count("\n") == 1 and "has no FP8 training" in err, (framework, err)

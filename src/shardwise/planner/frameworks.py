@@ -688,6 +688,7 @@ LIT_GPT = replace(
     # in BF16; Adam's two FP32 moments.
     weight_bytes=4, grad_bytes=4, optimizer_bytes=8, param_gather_bytes=4, grad_reduce_bytes=2,
     weight_shard_is_master=False,  # the FP32 flat parameter shard is the weights term itself (no separate master)
+    fp8="",  # precision bf16-mixed only: no FP8 recipe in TinyLlama's script (not Composer's amp_fp8, above)
     fused_elementwise=True, loss="xentropy",
     # pretrain/tinyllama.py: `with fabric.no_backward_sync(model, enabled=is_accumulating)` around every micro-batch
     # but the step's last (gradient_accumulation_steps = 64 / 8 on its 16 GPUs); lightning 2.1.2 fabric/strategies/
