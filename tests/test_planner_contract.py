@@ -434,6 +434,29 @@ def test_internevo_shards_the_sequence_over_tp_only_when_told():
     assert answer([*argv, "--sequence-parallel"])["sequence_parallel"] is True
 
 
+def test_aleph_alpha_runs_the_loss_over_the_whole_vocabulary_on_every_tp_rank():
+    """Aleph-Alpha/scaling's LM head is a ColumnParallelLinear left at parallel_output=False, so its logits are
+    all-gathered over TP and F.cross_entropy runs on their FP32 copy over the whole vocabulary on every TP rank
+    (lm_head.py, column_parallel_linear.py, losses/cross_entropy.py at 01b9d21): the last stage's logits memory does
+    not shrink with TP, and its head and loss cost several times Megatron's vocab-parallel loss at TP 8. Its stack
+    has ZeRO-1 only and one 1F1B schedule: estimate refuses the rest in one line."""
+    from shardwise.planner.memory import last_stage_bytes
+    from shardwise.planner.step_time import head_time
+    spec, c = load_model("llama2-13b"), load_cluster("dgx-a100-80gb")
+    aa, mc = (make_job(spec, c, 512, 2048, fw) for fw in ("aleph-alpha", "megatron-core"))
+    lays = [Layout(dp=1, tp=tp, pp=2, micro_batch=1) for tp in (1, 2, 8)]
+    assert len({last_stage_bytes(aa, lay) for lay in lays}) == 1
+    assert last_stage_bytes(mc, lays[2]) < last_stage_bytes(aa, lays[2]) / 4
+    assert sum(head_time(aa, lays[2], 2048)[:2]) > 2 * sum(head_time(mc, lays[2], 2048)[:2])
+    argv = ["estimate", "--model", "llama2-13b", "--cluster", "dgx-a100-80gb", "--gpus", 64, "--global-batch", 512,
+            "--seq-len", 2048, "--tp", 4, "--pp", 2, "--micro-batch", 1, "--framework", "aleph-alpha", "--json"]
+    assert answer(argv)["framework"] == "aleph-alpha"
+    for extra, why in ((["--zero", 2], "aleph-alpha has no ZeRO-2"),
+                       (["--schedule", "interleaved-1f1b", "--vpp", 2], "aleph-alpha has no interleaved-1f1b")):
+        code, _, err = cli([*argv, *extra])
+        assert code == 2 and why in err and err.count("\n") == 1, (extra, err)
+
+
 @settings(max_examples=40, deadline=None)
 @given(model=st.sampled_from(["llama3-8b", "gpt3-175b", "gpt2", "llama2-13b", "llama3.1-405b"]),
        framework=st.sampled_from(list(FRAMEWORKS)), cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb"]),

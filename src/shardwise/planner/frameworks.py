@@ -189,6 +189,10 @@ class Framework:
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
     # and Composer's two training metrics on the same logits).
     loss: str = "megatron"
+    # Its LM head gathers the logits over the TP ranks before the loss (a ColumnParallelLinear left at
+    # parallel_output=False: an all-gather into a list of per-rank tensors, then torch.cat), so every TP rank runs
+    # `loss` over the whole vocabulary instead of its shard (step_time.head_time, memory.last_stage_bytes).
+    loss_gathers_logits: bool = False
     # Gradient accumulation outside the weight-gradient GEMMs (step_time.accumulation_time): bytes per local parameter
     # an extra pass moves after each micro-batch's backward, and whether the first micro-batch's gradient is taken as
     # it is (autograd's AccumulateGrad adopts it). 0: accumulated in the GEMM's epilogue (Megatron's
@@ -859,10 +863,46 @@ SHARDWISE = Framework(
     partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
 )
 
+ALEPH_ALPHA = replace(
+    MEGATRON_CORE, name="aleph-alpha",
+    summary="Aleph Alpha's Megatron-style stack (Aleph-Alpha/scaling, the codebase of Hagemann et al. 2023's layout "
+            "sweep): Megatron-style TP with optional SP, FlashAttention-2 (flash_attn_varlen_func), DeepSpeed-style "
+            "1F1B (TrainSchedule) with blocking send/recv; the LM head's logits all-gathered over TP and "
+            "F.cross_entropy on their FP32 copy over the whole vocabulary on every TP rank; BF16 gradients "
+            "all-reduced once per step after the backward, in FP32 buckets of 5e8 elements, not overlapped; "
+            "ZeRO-1 only (FP32 master weights and Adam states sharded, gradients all-reduced whole)",
+    sources=("Aleph-Alpha/scaling 01b9d21 (2024-10-29; the config names match the 2023 sheets': topology_config.py "
+             "activation_checkpointing_type 'disabled', model_parallel_size, pipe_parallel_size, micro_batch_size; "
+             "tokenizer alpha-001-128k): transformer/model/layers/lm_head.py (ColumnParallelLinear without "
+             "parallel_output), core/nn/linear/column_parallel_linear.py (parallel_output: bool = False; forward: "
+             "all_concat of the output), core/nn/linear/utils.py _all_concat (all_gather into a list, torch.cat), "
+             "transformer/model/losses/cross_entropy.py (output.activations.float(), F.cross_entropy)",
+             "core/optimizer/optimizer.py (allreduce_gradients in step(), after the last backward), allreduce.py "
+             "(allreduce_no_retain: numel_per_bucket 500000000; flatten, div_, .to(float32), all_reduce, copy_ "
+             "back, unflatten copy), optimizer_config.py ('zero: bool', 'enable zero stage 1 optimizer'), "
+             "parameter_group.py",
+             "core/nn/pipeline_schedule/train.py (TrainSchedule: RecvActivation, SendGrad, SendActivation, RecvGrad), "
+             "core/nn/parallel_module/communicator.py (torch.distributed.send / recv, one tensor at a time)",
+             "Hagemann et al. 2023, arXiv 2311.05610 (the sheets' kernel 'flash_attention2 + RMS kernel')"),
+    attention="fa2", grad_bytes=2, grad_reduce_bytes=4, overlap_grad_reduce=False, overlap_param_gather=False,
+    # allreduce_and_copy on each bucket: flatten (2 + 2), div_ (2 + 2), .to(float32) (2 + 4), the FP32 result copied
+    # back (4 + 2), unflattened into the gradients (2 + 2) = 24 B per parameter.
+    zero1="allreduce", reduce_copy_bytes=24, bucket_bytes=5e8 * 4,
+    zero_stages=(0, 1), default_zero=0, zero2_reduce_every_microbatch=False,
+    schedules=("1f1b",), p2p_overlap=(), p2p_lockstep=True,
+    tp_comm_overlap=False, tp_comm_overlap_available=False, fp8="",
+    loss="eager", loss_gathers_logits=True,
+    # topology_config.py ActivationCheckpointingType: disabled, every_layer, every_pipe_stage (no selective, no
+    # first-N-layers)
+    recompute=("none", "full"), partial_recompute="",
+    cannot=("interleaved, GPipe and ZB-H1 schedules (its TrainSchedule is 1F1B)", "ZeRO-2/3 (its zero is ZeRO-1)",
+            "TP comm overlap", "FP8"),
+)
+
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
-                                        INTERNEVO)}
+                                        INTERNEVO, ALEPH_ALPHA)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

@@ -368,7 +368,8 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     saved, model = job.saved, job.model
     tokens = local_seq(job, layout) * layout.micro_batch
     e = job.train.activation_bytes
-    out = tokens * model.vocab_size / layout.tp * saved.logits_bytes + tokens * saved.token_id_bytes
+    split = 1 if get_framework(job.framework).loss_gathers_logits else layout.tp  # the whole vocabulary gathered
+    out = tokens * model.vocab_size / split * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
         out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split

@@ -232,10 +232,19 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         return t, t, t
     fw = get_framework(job.framework)
     loss = "compiled" if job.compile and fw.compile_loss else fw.loss
-    loss_f, loss_b = (n * tokens * vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
+    gather_f = gather_b = 0.0
+    loss_vocab = vocab
+    if fw.loss_gathers_logits and tp > 1:  # the whole vocabulary's BF16 logits on every TP rank (Framework)
+        loss_vocab = model.vocab_size  # the loss runs over all of it
+        # an all-gather into a list, each entry copied out of NCCL's buffer (2 + 2), then torch.cat (2 + 2); backward:
+        # the rank's slice of the logits' gradient made contiguous (2 + 2 per local element)
+        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp) + sync_time(c)
+                    + 8 * tokens * loss_vocab / kernels.hbm_rate(c))
+        gather_b = 4 * tokens * vocab / kernels.hbm_rate(c)
+    loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
     prec = job.precision  # the head stays BF16, at the job's in-situ share
-    return (kernels.gemm_time(c, tokens, vocab, model.hidden, precision=prec) + loss_f,
-            kernels.gemm_time(c, tokens, model.hidden, vocab, precision=prec) + loss_b,
+    return (kernels.gemm_time(c, tokens, vocab, model.hidden, precision=prec) + loss_f + gather_f,
+            kernels.gemm_time(c, tokens, model.hidden, vocab, precision=prec) + loss_b + gather_b,
             kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes, precision=prec))
 
 
@@ -256,7 +265,9 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     if rank == 0:
         f, b = (rs, ag) if sp else (ar, 0.0)
     if rank == layout.pp - 1:  # under SP the head's input is gathered again in backward (Megatron)
-        f += (ag if sp else 0.0) + collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync
+        stats = 0.0 if get_framework(job.framework).loss_gathers_logits else (  # (head_time gathers the logits)
+            collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync)
+        f += (ag if sp else 0.0) + stats
         b += rs + ag if sp else ar
     return f, b
 
