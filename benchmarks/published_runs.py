@@ -23,6 +23,7 @@ with the reason; rows marked '?' in the throughput are printed but kept out of t
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import math
@@ -553,7 +554,7 @@ def _log_error(entry: dict, factor: float, grid: list[float] = GRID) -> float:
 def source_weighted_median(values: list[float], sources: list[str]) -> float:
     """The median of `values` with each source weighing the same whatever its number of rows (a row weighs one over
     its source's rows): a constant meant to hold on sources not yet seen is not set by the source with most rows."""
-    count = {s: sources.count(s) for s in set(sources)}
+    count = collections.Counter(sources)
     pairs = sorted(zip(values, (1 / count[s] for s in sources)))
     half, run = sum(w for _, w in pairs) / 2, 0.0
     for i, (v, w) in enumerate(pairs):

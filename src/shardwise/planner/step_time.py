@@ -25,7 +25,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
-                                          matmul_params_per_layer)
+                                          layer_gemms, matmul_params_per_layer)
 from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, interference
@@ -151,7 +151,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         rec_cp = redone * lc.cp_fwd
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
             rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
-            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * 2 * tokens * model.hidden * model.ffn_hidden / tp
+            fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
+            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
     elif layout.recompute == "selective" and job.selective == "op":
         rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
     elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
