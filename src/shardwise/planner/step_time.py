@@ -28,7 +28,7 @@ from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrate
                                           layer_gemms, matmul_params_per_layer)
 from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
-from shardwise.planner.overlap import Window, dp_exposed, interference
+from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
 
@@ -453,8 +453,9 @@ def neighbour_stride(job: Job, layout: Layout) -> int:
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
     """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
     stage is timed at them) and one exposed activation transfer between the slowest neighbouring ranks
-    (seconds: split over TP, the scatter-gather / SP layout; what it slows compute by when the framework
-    overlaps its transfers in this schedule). The report's timeline simulates the schedule with the same numbers."""
+    (seconds: split over TP, the scatter-gather / SP layout), whole whether or not the framework posts it behind
+    compute: the closed form's sends are already asynchronous, and the transfers it charges are the ones a dependency
+    waits for. The report's timeline simulates the schedule with the same numbers."""
     costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
@@ -464,8 +465,6 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
         stride = neighbour_stride(job, layout)
         c = collective_time(job.cluster, "send_recv", act, 2, stride)
         c += (fw.p2p_messages - 1) * collective_time(job.cluster, "send_recv", META_BYTES, 2, stride)
-        if layout.schedule in fw.p2p_overlap and not calibrated(job):
-            c = interference(c, 0.0)  # sent behind compute, which it slows while it runs
     return slow, c
 
 
