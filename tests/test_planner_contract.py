@@ -249,10 +249,17 @@ def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, c
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_explain_and_plan_answer_for_every_framework_on_an_hf_mixtral(files, framework):
     """A config with Mixtral's keys plans under every framework: the layouts carry ep, active < total parameters. (A
-    stack without gradient accumulation runs every sequence of a rank as its one micro-batch.)"""
-    micro = "1" if get(framework).accumulates else "4,8,16"
+    stack without gradient accumulation runs every sequence of a rank as its one micro-batch.) A stack that can
+    neither split the model (no TP, no pipeline) nor shard the weights (no ZeRO-3) cannot hold its 47B parameters on
+    an 80 GB GPU: it answers in one line that nothing fits."""
+    fw = get(framework)
+    micro = "1" if fw.accumulates else "4,8,16"
     common = ["--model", files["mixtral"], "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 256,
               "--seq-len", 4096, "--framework", framework, "--tp", "1,2", "--pp", "1,2,4", "--micro-batch", micro]
+    if not fw.tensor_parallel and not fw.schedules and 3 not in fw.zero_stages:
+        code, _, err = cli(["explain", *common, "--json"])
+        assert code == 2 and "nothing fits" in err and err.count("\n") == 1, err
+        return
     out = answer(["explain", *common, "--json"])
     assert out is not None
     check_layout(out["best"], framework)
@@ -455,6 +462,28 @@ def test_aleph_alpha_runs_the_loss_over_the_whole_vocabulary_on_every_tp_rank():
                        (["--schedule", "interleaved-1f1b", "--vpp", 2], "aleph-alpha has no interleaved-1f1b")):
         code, _, err = cli([*argv, *extra])
         assert code == 2 and why in err and err.count("\n") == 1, (extra, err)
+
+
+def test_flash_attn_pays_lightning_amps_weight_casts_every_micro_batch():
+    """flash-attn's training code keeps FP32 parameters under Lightning's native AMP: every forward casts each weight to
+    16 bits (read 4, write 2 per parameter) and every backward casts its gradient back and adds it into the FP32
+    gradient (2 + 4, then 4 + 4 + 4): 24 B per parameter and micro-batch through HBM, whatever the micro-batch holds,
+    which megatron-core's 16-bit weights and gradient-accumulation fusion do not move. The same 64 sequences as 16
+    micro-batches of 4 instead of 4 of 16 then cost flash-attn 12 more rounds of those passes than they cost
+    megatron-core (everything that scales with the tokens is the same in both). Its configs run DDP only: estimate
+    refuses TP in one line."""
+    def step(fw: str, mb: int) -> dict:
+        return answer(["estimate", "--model", "gpt2", "--cluster", "dgx-a100-80gb", "--gpus", 1, "--global-batch", 64,
+                       "--seq-len", 1024, "--tp", 1, "--micro-batch", mb, "--zero", 0, "--recompute", "none",
+                       "--framework", fw, "--json"])
+    (amp4, amp16), (core4, core16) = ((step(fw, 4), step(fw, 16)) for fw in ("flash-attn", "megatron-core"))
+    assert amp4["framework"] == "flash-attn" and (amp4["num_microbatches"], amp16["num_microbatches"]) == (16, 4)
+    extra = (amp4["step_time_s"] - amp16["step_time_s"]) - (core4["step_time_s"] - core16["step_time_s"])
+    hbm = load_cluster("dgx-a100-80gb").hbm_bandwidth * 0.9  # at the streaming share (kernels.HBM_EFFICIENCY)
+    assert extra == pytest.approx(12 * 24 * amp4["total_params"] / hbm, rel=0.1)
+    code, _, err = cli(["estimate", "--model", "gpt2", "--cluster", "dgx-a100-80gb", "--gpus", 8, "--global-batch",
+                        64, "--seq-len", 1024, "--tp", 2, "--micro-batch", 4, "--framework", "flash-attn"])
+    assert code == 2 and "flash-attn" in err and err.count("\n") == 1, err
 
 
 @settings(max_examples=40, deadline=None)

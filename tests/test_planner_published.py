@@ -190,6 +190,22 @@ def test_tinyllama_runs_lit_gpts_fused_kernels():
     assert bench.NEAREST_OF_SIX["lit-gpt"] == "torchtitan"
 
 
+def test_flash_attn_training_rows_run_lightning_amp():
+    # flash-attn's own GPT training code (the flash-attention README's training-speed rows, Lambda's FlashAttention-2
+    # benchmark on its fork) trains under PyTorch Lightning's native AMP: FP32 parameters, each weight cast to the
+    # 16-bit type in every forward and its gradient cast back and added into the FP32 gradient every micro-batch
+    # (the flash-attn profile). Scored as megatron-core, whose 16-bit weights and fused FP32 accumulation skip those
+    # HBM passes, Lambda's A100 rows came out 8-11 % fast and its H100 rows 36 %; under their own stack the A100 rows
+    # and the README's are within 5 % of the published throughput, and the H100 rows, which have a further miss of their
+    # own (docs/accuracy.md), within 16 %. --six-profiles still scores them as megatron-core.
+    rows = [r for r in _compare()[0] if r["run"].startswith(("Lambda FA2", "flash-attention GPT3"))]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["framework"] == "flash-attn", row
+        assert abs(row["error"]) <= (0.16 if "H100" in row["run"] else 0.05), row
+    assert bench.NEAREST_OF_SIX["flash-attn"] == "megatron-core"
+
+
 def test_pythia_rows_train_without_dropout_as_their_configs_say():
     # EleutherAI/pythia models/*/pythia-*.yml: "hidden-dropout": 0, "attention-dropout": 0 (quoted in every row's
     # notes). With p = 0 torch's dropout returns its input, so no mask is drawn and nothing crosses the s x s

@@ -199,6 +199,32 @@ def test_attention_efficiency_follows_flashattention_curves():
     assert rates == sorted(rates)
 
 
+def test_flashattention2_runs_a_head_dim_between_its_kernels_in_the_next_one_up():
+    # flash-attn 2.0 compiles kernels for head dims 32, 64, 96, 128, ... 256 only (csrc/flash_attn/src/static_switch.h
+    # FWD_HEADDIM_SWITCH): heads of 80 (GPT3-2.7B's 2,560 over 32 heads) run in the 96 kernel, so they take as long as
+    # heads of 96, and longer than the rate read between the 64 and 128 curves would give them. cuDNN is not bound to it.
+    c = load_cluster("dgx-h100-80gb")
+    t80, t96 = (kernels.fused_attention_time(c, "fa2", 4096, 1024, 32, d) for d in (80, 96))
+    assert t80 == pytest.approx(t96)
+    assert kernels.fused_attention_time(c, "fa2", 4096, 1024, 32, 64) < t80
+    assert kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 80) < kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 96)
+
+
+def test_flash_attns_fused_mlp_runs_gelu_in_the_gemm_epilogue_on_a100_only():
+    # flash_attn/ops/fused_dense.py FusedMLP, heuristic 'auto': on A100 (CUDA >= 11.8) the GELU runs in the FC1 GEMM's
+    # cuBLASLt epilogue, which writes the pre-activation beside the output (2 B per f-element) and the dgrad GEMM's
+    # DGELU epilogue reads it back; on H100 "the fused cuBlasLt implementation is slower than the unfused version", so
+    # F.linear and a separate GELU (4 B forward, 8 backward, as every fused stack's element-wise table). On A100, where
+    # both run FlashAttention-2, a flash-attn layer saves exactly those passes against megatron-core's.
+    spec, c = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
+    lay = Layout(dp=1, tp=8, pp=1, micro_batch=1)
+    fa, mc = (layer_cost(make_job(spec, c, 64, 2048, fw), lay) for fw in ("flash-attn", "megatron-core"))
+    saved = 2048 * spec.ffn_hidden / 8 * (4 - 2) / (c.hbm_bandwidth * kernels.HBM_EFFICIENCY)
+    assert mc.fwd - fa.fwd == pytest.approx(saved, rel=1e-6)
+    assert mc.bwd_in - fa.bwd_in == pytest.approx(2 * saved, rel=1e-6)
+    assert FRAMEWORKS["flash-attn"].gelu_epilogue == ("ampere",)
+
+
 def test_cudnn_at_16k_against_cudnn_frontends_own_benchmark():
     # Two measurements of the same kernel: the model reads the FA3 paper's (Fig. 5 forward, Fig. 6 backward without
     # the mask) and takes the causal backward at cuDNN's own benchmark's causal / unmasked ratio. That benchmark

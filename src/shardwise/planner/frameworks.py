@@ -46,6 +46,9 @@ class Framework:
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
     # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).
     glu_bytes: float | None = None
+    # The GPU architectures on which its plain (GELU) MLP runs the activation in the FC1 GEMM's epilogue and its
+    # gradient in the dgrad GEMM's (layer_time.GELU_EPILOGUE_BYTES) instead of as element-wise passes.
+    gelu_epilogue: tuple[str, ...] = ()
     # The stack can run its blocks and its loss under torch.compile (Inductor), which fuses each chain of point-wise ops
     # and reductions between two GEMMs/attention calls into one kernel (`--compile`; kernels.ELEMENTWISE "compiled"):
     # torchtitan's compile.enable (per TransformerBlock, and the loss with compile.components "loss"; off by default),
@@ -201,6 +204,12 @@ class Framework:
     # gradient_accumulation_fusion) or as the framework's other terms already count it.
     grad_accumulation_bytes: float = 0.0
     grad_accumulation_first_free: bool = True
+    # Bytes per local parameter each forward moves casting the FP32 weights to the 16-bit compute type (step_time.
+    # autocast_cast_time): a stack that keeps FP32 parameters and runs its linears under torch.autocast (or casts them
+    # itself inside the linear) reads each FP32 weight and writes its 16-bit copy (4 + 2) in every forward (autocast's
+    # weight cache lives only as long as the autocast region, one forward). 0: the weights the
+    # GEMMs read are already 16-bit (a 16-bit parameter copy updated once per step, or FSDP casting into its gather).
+    autocast_cast_bytes: float = 0.0
     # Bytes per element of the tied embedding's gradient summed between the edge stages (step_time.tied_embedding_time);
     # None: grad_reduce_bytes.
     tied_grad_bytes: int | None = None
@@ -847,6 +856,51 @@ LLAMA2 = replace(
             "training without activation checkpointing (the paper's stack always checkpoints)"),
 )
 
+# flash-attn's own GPT training code (HazyResearch / Dao-AILab flash-attention training/, 2022-23), which the
+# flash-attention README's training-speed table and Lambda's FlashAttention-2 benchmark (its fork LambdaLabsML/
+# flash-attention) ran.
+FLASH_ATTN = Framework(
+    name="flash-attn",
+    summary="flash-attn's own GPT training code (flash-attention training/, 2022-23): PyTorch Lightning with native "
+            "AMP (FP32 parameters; every forward casts each linear's weight to FP16/BF16, every backward casts its "
+            "weight gradient back to FP32 and adds it into the FP32 gradient), FlashAttention-2, fused dense, MLP and "
+            "dropout-add-LayerNorm kernels, flash-attn's xentropy loss and a perplexity metric that runs it again, "
+            "DDP's FP32 bucketed all-reduce with torch's ZeroRedundancyOptimizer; data parallelism only",
+    sources=("LambdaLabsML/flash-attention 81796d3 (2023-07-22) training/: Dockerfile (nvcr.io/nvidia/pytorch:22.12, "
+             "pytorch-lightning 1.8.6, flash-attn 2.0.0.post1, csrc/fused_dense_lib, layer_norm, xentropy built), "
+             "configs/experiment/owt/base.yaml (trainer.precision 16, loss flash_attn.losses.cross_entropy), "
+             "gpt3s-flash.yaml (use_flash_attn, fused_bias_fc, fused_mlp, fused_dropout_add_ln), gpt3xl-flash.yaml "
+             "(DDPStrategyZero1, gradient_as_bucket_view, optimizer adamw-zero), configs/optimizer/adamw-zero.yaml "
+             "(torch.distributed.optim.ZeroRedundancyOptimizer over torch.optim.AdamW), src/tasks/seq.py (train "
+             "metrics every micro-batch), src/metrics/perplexity.py (Perplexity.update runs CrossEntropyLoss on the "
+             "logits when no loss is passed)",
+             "PyTorch AMP docs (torch.autocast: FP32 parameters, ops cast their inputs to the autocast dtype, the "
+             "weight cast cache cleared on leaving the autocast region); flash_attn/ops/fused_dense.py "
+             "(FusedDenseFunc.forward: weight.to(torch.get_autocast_gpu_dtype()) under autocast)"),
+    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, attention="fa2", fused_elementwise=True,
+    grad_reduce_bytes=4, param_gather_bytes=4, overlap_grad_reduce=True, zero1="broadcast",
+    bucket_bytes=25 * 2**20,  # DDP's bucket_cap_mb default (25 MiB); gradient_as_bucket_view: no bucket copies
+    zero_stages=(0, 1), default_zero=0, tensor_parallel=False, sequence_parallel="never", schedules=(),
+    context_parallel=(), recompute=("none",), fp8="",
+    # The FP16/BF16 weight gradient (the GEMM writes it in the compute type) cast back to FP32 through the weight cast's
+    # backward (read 2, write 4), then added into the FP32 gradient, a DDP bucket view, by AccumulateGrad (read 4 + 4,
+    # write 4): 18 B per parameter every micro-batch, counted on the first one too (there DDP copies the gradient into
+    # its bucket view rather than adding it: 8 B in place of 12).
+    grad_accumulation_bytes=18, grad_accumulation_first_free=False,
+    autocast_cast_bytes=6,
+    # FusedMLP's heuristic 'auto' (flash_attn/ops/fused_dense.py): on A100 under CUDA >= 11.8, heuristic 0, the GELU in
+    # the cuBLASLt epilogue (linear_act_forward with GELU_AUX, bias_act_linear_dgrad_bgrad in the backward); on H100
+    # heuristic -1, "as the fused cuBlasLt implementation is slower than the unfused version": F.linear, then GELU.
+    gelu_epilogue=("ampere",),
+    loss="flash-attn",
+    # Lightning's AMP step: GradScaler's unscale_ (read 4, write 4), clip_grad_norm_ (12), torch's AdamW (80, as
+    # torchtitan's above): 100 B per FP32 parameter, over each rank's ZeroRedundancyOptimizer partition.
+    optimizer_traffic=100,
+    cannot=("tensor, pipeline, sequence or context parallelism (its training configs run DDP only)",
+            "ZeRO-2/3 (ZeroRedundancyOptimizer shards the optimizer states only)",
+            "activation recompute of whole layers (its GPT checkpoints at most the MLP: mlp_checkpoint_lvl)", "FP8"),
+)
+
 SHARDWISE = Framework(
     name="shardwise",
     summary="this project's runtime: FP32 parameters and AdamW states (bf16 autocast on GPU), SDPA attention, "
@@ -904,7 +958,7 @@ ALEPH_ALPHA = replace(
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
-                                        INTERNEVO, ALEPH_ALPHA)}
+                                        INTERNEVO, ALEPH_ALPHA, FLASH_ATTN)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

@@ -298,14 +298,29 @@ def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_d
     return tuple((1 - w) * _along(table[lo][col + i], seq_kv) + w * _along(table[hi][col + i], seq_kv) for i in (0, 1))
 
 
+# FlashAttention-2 compiles its kernels for head dims 32, 64, 96, 128, 160, 192, 224 and 256 and runs any other in the
+# next one up (flash-attn 2.0 csrc/flash_attn/src/static_switch.h FWD_HEADDIM_SWITCH: `if (HEADDIM <= 32) kHeadDim = 32;
+# else if (HEADDIM <= 64) ...`; flash_api.cpp rounds the head size up to a multiple of 8 and pads): a head dim of 80 runs
+# the 96 kernel, whose tiles do 96 columns of work for 80 of result.
+FA2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+
+
+def kernel_head_dim(kernel: str, head_dim: float) -> float:
+    """The head dim the kernel's tiles run at for heads of `head_dim` (FlashAttention-2's next compiled size)."""
+    if kernel != "fa2":
+        return head_dim
+    return next((d for d in FA2_HEAD_DIMS if d >= head_dim), head_dim)
+
+
 def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int,
                          precision: str = "bf16", causal: bool = True, loop: float | None = None
                          ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel over `tokens` query tokens attending to `seq_kv`
     keys each, `heads` heads on this GPU; causal (query i sees keys up to i: half the blocks) or unmasked. `loop`:
     the key length the kernel's rate is read at, when these keys are part of a longer loop (default `seq_kv`)."""
-    flops = 4 * tokens * seq_kv * head_dim * heads / (2 if causal else 1)
-    eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, loop or seq_kv, head_dim, causal)
+    tile = kernel_head_dim(kernel, head_dim)  # the work the kernel does: its compiled head dim
+    flops = 4 * tokens * seq_kv * tile * heads / (2 if causal else 1)
+    eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, loop or seq_kv, tile, causal)
     peak = cluster.peak_flops * in_situ(cluster, precision) * power_share(cluster)
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
 
@@ -446,12 +461,13 @@ ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10)}
 
 def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,
                      sp: bool, gated: bool, rotary: bool, e: int, fused: bool | str = True, family: str = "llama",
-                     glu_bytes: float | None = None) -> tuple[float, float]:
+                     glu_bytes: float | None = None, gelu_bytes: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens. `fused`: an ELEMENTWISE
-    key (True fused kernels, False eager, "compiled"). `glu_bytes`: the gated activation's bytes per f-element when
-    the stack runs it its own way (Framework.glu_bytes)."""
+    key (True fused kernels, False eager, "compiled"). `glu_bytes` / `gelu_bytes`: the gated / plain activation's
+    bytes per f-element when the stack runs it its own way (Framework.glu_bytes, Framework.gelu_epilogue)."""
     norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
     swiglu = swiglu if glu_bytes is None else glu_bytes
+    gelu = gelu if gelu_bytes is None else gelu_bytes
     if isinstance(norm, dict):
         norm = norm.get(family, norm["llama"])
     scale = e / 2  # the byte counts above are for 2-byte activations

@@ -87,6 +87,12 @@ class LayerCost:
         return LayerCost(*((1 - share) * getattr(self, n) + share * getattr(other, n) for n in names))
 
 
+# A GELU run in its GEMM's cuBLASLt epilogue (Framework.gelu_epilogue; CUBLASLT_EPILOGUE_GELU_AUX_BIAS): the forward
+# GEMM writes the pre-activation beside its output for the backward (2 B per f-element), and the backward's dgrad GEMM
+# reads it in its DGELU epilogue (kernels.elementwise_time's backward, twice the forward's bytes, counts 4).
+GELU_EPILOGUE_BYTES = 2
+
+
 def layer_matmuls(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
     """(N, K) of each matmul of one layer after the TP split, in an eager Llama block's call order (wq, wk, wv,
     wo, w1, [w3,] w2), the order torchtitan's op-level checkpointing counts them in."""
@@ -183,7 +189,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
                                               tp, sp, model.gated_mlp, model.rotary, e,
                                               elementwise_mode(job), model.family,
-                                              None if job.compile else fw.glu_bytes)
+                                              None if job.compile else fw.glu_bytes,
+                                              GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None)
         if moe_layer:  # the routed tokens' permutation and its inverse
             perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
             el_f, el_b = el_f + perm_f, el_b + perm_b

@@ -53,12 +53,15 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 #     22 - 6 = 16 as "eager"): 4 + 2 x 22 = 48 forward, 4 backward.
 #   "xentropy": flash-attn's xentropy kernel alone on the BF16 logits (Lit-GPT's FusedCrossEntropyLoss, TinyLlama's
 #     pretrain/tinyllama.py): the "composer" loss without Composer's metrics, 4 forward, 4 backward.
+#   "flash-attn": flash-attn's training code (its GPT recipes' base.yaml: flash_attn.losses.cross_entropy), the xentropy
+#     kernel on the 16-bit logits, then its Perplexity metric, updated every micro-batch on the same logits without
+#     the loss (training/src/metrics/perplexity.py), runs that kernel's forward again: 4 + 4 forward, 4 backward.
 #   "compiled": F.cross_entropy(logits.float()) under torch.compile (torchtitan's compile.components "loss", OLMo-core's
 #     compile_loss): Inductor keeps the cast in registers and runs the log-softmax as a looped reduction over each BF16
 #     row, a max pass and a sum-of-exponentials pass (2 + 2), writing only per-token statistics; backward recomputes the
 #     softmax from the logits and writes the BF16 gradient (2 + 2): 4, 4.
 LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4), "xentropy": (4, 4),
-              "compiled": (4, 4)}
+              "flash-attn": (8, 4), "compiled": (4, 4)}
 
 
 def model_flops_per_step(job: Job) -> float:
@@ -134,6 +137,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) + edge_f
     if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":  # weights cast again every micro-batch
         f += fp8_weight_cast(job, layout, layers)
+    f += autocast_cast_time(job, layout, rank) * slowest
     b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh) + accumulation_time(job, layout, rank) * slowest
     if layout.schedule == "zb-h1" and layout.pp > 1 and rank > 0:  # I and W walk the graph apart (calibrated)
@@ -182,6 +186,15 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
                      layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
                      layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh + rec / max(layers, 1), cp_comm=cp_comm,
                      ep_comm=ep_comm)
+
+
+def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
+    """Seconds per micro-batch of the forward's casts of this rank's FP32 weights to the compute type, where the stack
+    keeps FP32 parameters under autocast (Framework.autocast_cast_bytes), at HBM bandwidth."""
+    per = get_framework(job.framework).autocast_cast_bytes
+    if not per or calibrated(job):
+        return 0.0
+    return per * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
 
 
 def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
