@@ -486,6 +486,23 @@ def test_flash_attn_pays_lightning_amps_weight_casts_every_micro_batch():
     assert code == 2 and "flash-attn" in err and err.count("\n") == 1, err
 
 
+def test_aleph_alpha_sends_each_stage_output_whole_from_every_tp_rank():
+    """Aleph-Alpha/scaling's pipeline sends every tensor of the layer IO as it is (communicator.py
+    PipeCommunicator.send_data: torch.distributed.send to the same TP rank of the next stage, at 01b9d21): without
+    sequence parallelism the activation is replicated over TP, so each TP rank's transfer is the whole activation and
+    does not shrink as TP grows, where Megatron's split transfer does; under SP it is the rank's sequence shard (dp 8:
+    the stages sit on different nodes at every TP)."""
+    from shardwise.planner.step_time import pipeline_costs
+    spec, c = load_model("llama2-13b"), load_cluster("dgx-a100-80gb")
+    aa, mc = (make_job(spec, c, 512, 2048, fw) for fw in ("aleph-alpha", "megatron-core"))
+    transfer = lambda job, tp, sp=False: pipeline_costs(job, Layout(dp=8, tp=tp, pp=2, micro_batch=1,
+                                                                    sequence_parallel=sp))[1]
+    assert transfer(aa, 2) == pytest.approx(transfer(aa, 8), rel=0.02)
+    assert transfer(mc, 8) < transfer(mc, 2) / 3
+    assert transfer(aa, 8) > 6 * transfer(mc, 8)
+    assert transfer(aa, 8, sp=True) == pytest.approx(transfer(mc, 8, sp=True))
+
+
 @settings(max_examples=40, deadline=None)
 @given(model=st.sampled_from(["llama3-8b", "gpt3-175b", "gpt2", "llama2-13b", "llama3.1-405b"]),
        framework=st.sampled_from(list(FRAMEWORKS)), cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb"]),

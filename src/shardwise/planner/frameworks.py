@@ -151,6 +151,10 @@ class Framework:
     # (forward, backward), and the activation-sized HBM passes each one copies besides the collective.
     p2p_regathers: tuple[int, int] = (0, 0)
     p2p_regather_copies: int = 0
+    # Each TP rank sends the next stage its share of the stage's output, 1/tp of the activation (Megatron's
+    # scatter-gather, DeepSpeed's PartitionedTensor, or the sequence shard under SP). False: every TP rank sends the
+    # whole activation, replicated over TP without SP, to the same TP rank of the next stage.
+    p2p_split_over_tp: bool = True
     # Its pipeline is torch.distributed.pipelining's PipelineStage, which holds beyond the layers' saved tensors, per
     # model chunk: a receive buffer for the activation (every stage but the first) and one for the gradient (every stage
     # but the last) for each micro-batch of the schedule, allocated at its first step and kept (stage.py
@@ -945,7 +949,10 @@ ALEPH_ALPHA = replace(
     # back (4 + 2), unflattened into the gradients (2 + 2) = 24 B per parameter.
     zero1="allreduce", reduce_copy_bytes=24, bucket_bytes=5e8 * 4,
     zero_stages=(0, 1), default_zero=0, zero2_reduce_every_microbatch=False,
-    schedules=("1f1b",), p2p_overlap=(), p2p_lockstep=True,
+    # communicator.py PipeCommunicator.send_data: torch.distributed.send of each tensor of the layer IO as it is,
+    # to the same TP rank of the next stage; TransformerLayerIO's activations are whole without SP (the embedding
+    # reduce-scatters them over the sequence only under SP: vocab_parallel_embedding.py).
+    schedules=("1f1b",), p2p_overlap=(), p2p_lockstep=True, p2p_split_over_tp=False,
     tp_comm_overlap=False, tp_comm_overlap_available=False, fp8="",
     loss="eager", loss_gathers_logits=True,
     # topology_config.py ActivationCheckpointingType: disabled, every_layer, every_pipe_stage (no selective, no

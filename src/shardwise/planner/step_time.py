@@ -466,14 +466,16 @@ def neighbour_stride(job: Job, layout: Layout) -> int:
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
     """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
     stage is timed at them) and one exposed activation transfer between the slowest neighbouring ranks
-    (seconds: split over TP, the scatter-gather / SP layout), whole whether or not the framework posts it behind
-    compute: the closed form's sends are already asynchronous, and the transfers it charges are the ones a dependency
-    waits for. The report's timeline simulates the schedule with the same numbers."""
+    (seconds: split over TP, the scatter-gather / SP layout, unless the framework sends it whole
+    (Framework.p2p_split_over_tp)), whole whether or not the framework posts it behind compute: the closed form's
+    sends are already asynchronous, and the transfers it charges are the ones a dependency waits for. The report's
+    timeline simulates the schedule with the same numbers."""
     costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
-    act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / layout.tp
-    c = 0.0
     fw = get_framework(job.framework)
+    split = layout.tp if fw.p2p_split_over_tp or layout.sequence_parallel else 1
+    act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / split
+    c = 0.0
     if layout.pp > 1:
         stride = neighbour_stride(job, layout)
         c = collective_time(job.cluster, "send_recv", act, 2, stride)
