@@ -235,7 +235,7 @@ NEAREST_OF_SIX = {"composer": "torchtitan", "composer-pure": "torchtitan", "llam
                   "llama2": "torchtitan", "automodel": "torchtitan", "deepspeed-2024": "deepspeed",
                   "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan", "fms-fsdp": "torchtitan",
                   "internevo": "megatron-core", "aleph-alpha": "megatron-core",
-                  "flash-attn": "megatron-core"}
+                  "flash-attn": "megatron-core", "gpt-neox": "deepspeed"}
 
 
 def _profile(row: dict) -> str:
@@ -250,6 +250,8 @@ def _profile(row: dict) -> str:
         return "fms-fsdp"
     if fw == "deepspeed" and "BF16_Optimizer" in row["zero_stage"]:  # its bf16 pipeline path (frameworks.py)
         return "deepspeed-bf16"
+    if fw == "deepspeed" and "EleutherAI/pythia" in row["source"]:  # GPT-NeoX v1.0's own attention layer
+        return "gpt-neox"
     if fw == "other":
         return next((p for key, p in OTHER_BY_SOURCE if key in row["source"]), PROFILE_OF[fw])
     if fw:

@@ -232,6 +232,24 @@ def test_pythia_rows_run_the_flashattention_their_configs_name():
     assert sum(not bench.parse(r).skip for r in rows.values()) >= 7
 
 
+def test_pythia_rows_run_gpt_neox_and_pay_its_copies_around_flash_attn():
+    # GPT-NeoX v1.0's flash path (megatron/model/transformer.py) copies Q, K and V into flash-attn's packed layout
+    # and the output back in every forward (and the gradients back in the backward): the Pythia rows run under the
+    # gpt-neox profile, whose steps are longer than deepspeed's by those copies and no more (the rest of the profile
+    # is deepspeed's); --six-profiles still names deepspeed for them.
+    rows = [r for r in bench.read_rows(bench.DEFAULT_CSV) if r["run"].startswith("Pythia ")]
+    scored = [bench.parse(r) for r in rows]
+    scored = [run for run in scored if not run.skip]
+    assert len(scored) >= 7 and all(run.framework == "gpt-neox" for run in scored)
+    assert bench.NEAREST_OF_SIX["gpt-neox"] == "deepspeed"
+    from dataclasses import replace
+    from shardwise.planner.step_time import step_time
+    for run in scored:
+        neox = sum(step_time(run.job, run.layout).values())
+        ds = sum(step_time(replace(run.job, framework="deepspeed"), run.layout).values())
+        assert 1.01 < neox / ds < 1.08, (run.name, neox, ds)
+
+
 def test_fms_fsdp_rows_run_fsdp1_with_bf16_reduce():
     # fms-fsdp (4ffb9bd) wraps its FP32 LLaMA in FSDP1 with bfSixteen (param, reduce and buffer dtype bfloat16): its
     # gradients cross the 400 / 800 Gb/s-per-node networks in BF16, half torchtitan's FP32 reduce. Under its own

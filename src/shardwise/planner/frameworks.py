@@ -49,6 +49,9 @@ class Framework:
     # The GPU architectures on which its plain (GELU) MLP runs the activation in the FC1 GEMM's epilogue and its
     # gradient in the dgrad GEMM's (layer_time.GELU_EPILOGUE_BYTES) instead of as element-wise passes.
     gelu_epilogue: tuple[str, ...] = ()
+    # Its fused attention takes Q, K and V in a layout of its own, made by copies around the kernel
+    # (layer_time.attention_layout_time): 0, or the GPT-NeoX v1.0 flash path's copies (GPT_NEOX below).
+    attention_layout_copies: bool = False
     # The stack can run its blocks and its loss under torch.compile (Inductor), which fuses each chain of point-wise ops
     # and reductions between two GEMMs/attention calls into one kernel (`--compile`; kernels.ELEMENTWISE "compiled"):
     # torchtitan's compile.enable (per TransformerBlock, and the loss with compile.components "loss"; off by default),
@@ -522,6 +525,20 @@ DEEPSPEED = Framework(
             "ring or all-gather context parallelism (its Ulysses splits the heads with all-to-all: not modelled)"),
 )
 
+# GPT-NeoX v1.0 (EleutherAI/gpt-neox, the release the Pythia suite was trained with) on DeepSpeed: as deepspeed, with
+# its own attention layer around flash-attn.
+GPT_NEOX = replace(
+    DEEPSPEED, name="gpt-neox",
+    summary="GPT-NeoX v1.0 on DeepSpeed (the Pythia suite's stack): as deepspeed, but its FlashAttention path "
+            "copies Q, K and V into flash-attn's packed layout and the output back in every forward, and the "
+            "gradients back in every backward",
+    sources=("EleutherAI/gpt-neox v1.0 megatron/model/transformer.py ParallelSelfAttention.flash_attention "
+             "(query/key/value .transpose(0, 1).reshape(b * s, 1, np, hn), torch.concat([q, k, v], dim=1), "
+             "flash_attn_unpadded_qkvpacked_func) and forward (context_layer.permute(2, 0, 1, 3).contiguous())",
+             "EleutherAI/pythia models/*/pythia-*.yml at a19eecb ('attention-config': [[['flash'], N]])"),
+    attention_layout_copies=True,
+)
+
 DEEPSPEED_2024 = replace(
     DEEPSPEED, name="deepspeed-2024", unnamed_recompute=(), search_as_unnamed=False,
     summary="DeepSpeed since 2022 (>= 0.6) with its defaults: as deepspeed, but ZeRO-3 gathers each submodule's "
@@ -965,7 +982,7 @@ ALEPH_ALPHA = replace(
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
-                                        INTERNEVO, ALEPH_ALPHA, FLASH_ATTN)}
+                                        INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

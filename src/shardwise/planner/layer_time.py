@@ -191,6 +191,9 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                                               elementwise_mode(job), model.family,
                                               None if job.compile else fw.glu_bytes,
                                               GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None)
+        if kernel and fw.attention_layout_copies:
+            copy_f, copy_b = attention_layout_time(job, layout, tokens)
+            el_f, el_b = el_f + copy_f, el_b + copy_b
         if moe_layer:  # the routed tokens' permutation and its inverse
             perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
             el_f, el_b = el_f + perm_f, el_b + perm_b
@@ -242,6 +245,20 @@ def attention_kernel(job: Job) -> str:
     if not job.flash_attention or family == "unfused":
         return ""
     return kernels.ATTENTION_KERNEL[family].get(job.cluster.arch or "ampere", "fa2")
+
+
+def attention_layout_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds per layer and micro-batch of GPT-NeoX v1.0's copies around flash-attn
+    (Framework.attention_layout_copies; megatron/model/transformer.py): forward, each of Q, K and V transposed from
+    [s, b, np, hn] to [b * s, np, hn] by a copying reshape, then the three concatenated into flash-attn's packed QKV
+    (read and write each, twice), and the output permuted back to [s, b, np, hn] by .contiguous() (read and write);
+    backward, the output's gradient copied back and each of Q's, K's and V's gradients, narrow slices of the packed
+    gradient, copied by the reshape's backward (read and write each once)."""
+    model, e = job.model, job.train.activation_bytes
+    qkv, q = (model.q_dim + 2 * model.kv_dim) / layout.tp, model.q_dim / layout.tp
+    per_token_f, per_token_b = 2 * e * (2 * qkv + q), 2 * e * (qkv + q)
+    hbm = kernels.hbm_rate(job.cluster)
+    return tokens * per_token_f / hbm, tokens * per_token_b / hbm
 
 
 def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) -> tuple[float, float]:
