@@ -1,5 +1,5 @@
-"""Which pipeline transfer a step waits for: the pair of neighbouring stages it is charged at, and whether the
-stack sends it behind compute in the schedule it runs (planner/step_time.py pipeline_costs)."""
+"""Which pipeline transfer a step waits for: the pair of neighbouring stages it is charged at, charged whole also
+where the stack sends it behind compute (planner/step_time.py pipeline_costs)."""
 import pytest
 
 from shardwise.planner.comm import collective_time

@@ -118,8 +118,11 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,
-        "pipeline_p2p_overlapped": bool(fw.p2p_overlap),  # a bool, as the contract's JSON has always had it
-        "pipeline_p2p_overlapped_schedules": list(fw.p2p_overlap),  # the schedules whose transfers it overlaps
+        # Whether (a bool, as the contract's JSON has always had it) and in which schedules the stack posts its pipeline
+        # transfers behind compute. A fact about the stack, not a discount: a stage still waits a whole transfer for
+        # the tensor it needs, and the step time charges it whole (step_time.pipeline_costs).
+        "pipeline_p2p_overlapped": bool(fw.p2p_overlap),
+        "pipeline_p2p_overlapped_schedules": list(fw.p2p_overlap),
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
