@@ -15,9 +15,9 @@ ZB_14B = ModelSpec(name="zb-14.6b", family="gpt2", hidden=5120, ffn_hidden=20480
 ACT = 1024 * 5120 * 2
 
 
-def _transfer(framework: str, pp: int, schedule: str = "1f1b", vpp: int = 1) -> float:
+def _transfer(framework: str, pp: int) -> float:
     job = make_job(ZB_14B, A100, 48, 1024, framework)
-    return pipeline_costs(job, Layout(dp=1, tp=1, pp=pp, vpp=vpp, micro_batch=1, schedule=schedule))[1]
+    return pipeline_costs(job, Layout(dp=1, tp=1, pp=pp, micro_batch=1))[1]
 
 
 def test_a_pipeline_spanning_nodes_waits_for_the_pair_across_them():
