@@ -164,11 +164,15 @@ def _model(row: dict) -> ModelSpec:
     hidden = _int(row["hidden"])
     vocab = _int(row["vocab"]) if row["vocab"].strip()[:1].isdigit() else next(
         (v for k, v in VOCAB_BY_NAME.items() if k in name), DEFAULT_VOCAB)
+    # GPT-NeoX's blocks (its config key, quoted in the row's notes): parallel attention + MLP, rotary positions, as
+    # its Hugging Face config.json reads (hf_architectures.gpt_neox)
+    neox = '"gpt_j_residual": true' in row["notes"]
     return ModelSpec(name=name, family=family, hidden=hidden, ffn_hidden=_int(row["ffn_hidden"]),
                      num_layers=_int(row["layers"]), num_heads=heads, num_kv_heads=kv, vocab_size=vocab,
                      head_dim=hidden // heads, max_positions=_int(row["seq_len"]),
                      tie_embeddings=family == "gpt2" and "Untied embeddings" not in row["notes"],
                      mlp=mlp if family == "llama" and mlp not in ("", "swiglu") else "",
+                     parallel_residual=neox, positions="rotary" if neox else "",
                      dropout=False if any(k in row["source"] for k in NO_DROPOUT)
                      else True if any(k in row["source"] for k in WITH_DROPOUT) else None)
 

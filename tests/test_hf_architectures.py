@@ -6,6 +6,7 @@ shardwise cannot count is one line and exit 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -234,6 +235,20 @@ def test_llama_keyed_architectures_round_trip_through_to_hf_config(tmp_path):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(spec.to_hf_config()))
         assert load_model(str(path)) == spec
+
+
+def test_parallel_residual_is_read_and_written_with_gpt_neox_keys(tmp_path):
+    # GPT-J's blocks are always parallel; GPT-NeoX's and Falcon's say it (use_parallel_residual, parallel_attn)
+    for name in ("gpt-neox-20b", "pythia-12b", "falcon-40b", "gpt-j-6b"):
+        assert model_from_hf_config(ARCHITECTURES[name][0], name, "test").parallel_residual
+    sequential = ARCHITECTURES["pythia-12b"][0] | {"use_parallel_residual": False}
+    assert not model_from_hf_config(sequential, "neox", "test").parallel_residual
+    # GPT-2's keys cannot say it: a GPT-2-style spec with a parallel residual is written as GPT-NeoX's config
+    gpt2 = load_model("gpt2")
+    assert not gpt2.parallel_residual
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dataclasses.replace(gpt2, parallel_residual=True).to_hf_config()))
+    assert load_model(str(path)).parallel_residual
 
 
 @pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])

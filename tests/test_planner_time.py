@@ -15,7 +15,7 @@ from shardwise.planner.memory import make_job
 from shardwise.planner.overlap import hidden
 from shardwise.planner.layer_time import layer_cost, matmul_params_per_layer
 from shardwise.planner.step_time import accumulation_time, model_flops_per_step, step_time, tied_embedding_time
-from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model, validate_layout
+from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model, model_from_hf_config, validate_layout
 
 A100 = load_cluster("dgx-a100-80gb")
 H100 = load_cluster("dgx-h100-80gb")
@@ -340,6 +340,30 @@ def test_korthikanti_22b_layer_times():
     lc = layer_cost(job, Layout(tp=8, micro_batch=4))
     assert lc.fwd + lc.tp_fwd == pytest.approx(7.7e-3, rel=0.15)
     assert lc.bwd_in + lc.bwd_w + lc.tp_bwd == pytest.approx(11.9e-3, rel=0.15)
+
+
+def test_parallel_residual_reduces_the_layer_outputs_once():
+    # EleutherAI/pythia-12b's config.json (GPTNeoXConfig: use_parallel_residual defaults to true) at the TP 4 it
+    # trained with (pythia models/12B/pythia-12b.yml: model-parallel-size 4). GPT-NeoX v1.0 ParallelTransformerLayer
+    # with gpt_j_residual adds the attention's and the MLP's row-parallel outputs before one all-reduce; the
+    # backward's all-reduces are the column-parallel inputs' gradients (copy_to_model_parallel_region), two either
+    # way. The same blocks in sequence: two each way.
+    cfg = {"model_type": "gpt_neox", "hidden_size": 5120, "intermediate_size": 20480, "num_attention_heads": 40,
+           "num_hidden_layers": 36, "vocab_size": 50688, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+    neox = model_from_hf_config(cfg, "pythia-12b", "test")
+    assert neox.parallel_residual
+    sequential = dataclasses.replace(neox, parallel_residual=False)
+    par, seq = (layer_cost(make_job(m, A100, 1024, 2048, "gpt-neox"), Layout(tp=4, micro_batch=8))
+                for m in (neox, sequential))
+    assert par.tp_fwd == pytest.approx(seq.tp_fwd / 2) and par.tp_bwd == pytest.approx(seq.tp_bwd)
+    assert (par.fwd, par.bwd_in, par.bwd_w) == (seq.fwd, seq.bwd_in, seq.bwd_w)  # the same matrices and FLOPs
+    # Sequence parallelism: one reduce-scatter of the sum forward, one gather of its gradient backward.
+    lay = Layout(tp=4, micro_batch=8, sequence_parallel=True)
+    par, seq = (layer_cost(make_job(m, A100, 1024, 2048, "megatron-core", tp_comm_overlap=False), lay)
+                for m in (neox, sequential))
+    assert seq.tp_fwd > par.tp_fwd > seq.tp_fwd / 2 and seq.tp_bwd > par.tp_bwd
+    one = layer_cost(make_job(neox, A100, 1024, 2048, "gpt-neox"), Layout(tp=1, micro_batch=8))
+    assert one.tp_fwd == one.tp_bwd == 0.0
 
 
 # ------------------------------------------------------------------ properties of the step

@@ -7,10 +7,11 @@ Qwen3, Gemma, OLMo, Phi-3, StarCoder2; GPT-OSS with Mixtral's, Kimi K2 with Deep
 changed where they differ.
 
 What the planner counts is what changes parameters, FLOPs or memory: biases, a learned position table, an untied head,
-multi-query K/V heads, the MLP's kind and width, the norms. What it does not model changes neither materially:
+multi-query K/V heads, the MLP's kind and width, the norms; and what changes communication: parallel attention+MLP
+blocks (ModelSpec.parallel_residual: the same matrices and FLOPs, one tensor-parallel reduction of the summed outputs
+per layer forward instead of two). What it does not model changes neither materially:
 ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
-(GPT-NeoX's rotary_pct, GPT-J's rotary_dim), parallel attention+MLP blocks (the same matrices and FLOPs, only the
-order of the residual adds differs), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
+(GPT-NeoX's rotary_pct, GPT-J's rotary_dim), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
 scale and logit soft-capping, OLMo's clip_qkv. Sliding-window attention (Mistral, Gemma 2's local layers) is counted
 as full causal attention: exact while --seq-len is at most the window, an over-count of attention beyond it.
 None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
@@ -102,6 +103,8 @@ def gpt_neox(cfg: dict, source: str) -> dict:
         max_positions=optional(cfg, "max_position_embeddings", 2048, source), positions="rotary",
         tie_embeddings=flag(cfg, "tie_word_embeddings", source), attn_bias=flag(cfg, "attention_bias", source, True),
         norm_eps=optional(cfg, "layer_norm_eps", 1e-5, source), mlp=mlp_of_act(cfg, "hidden_act", "gelu", source),
+        # GPTNeoXConfig: use_parallel_residual defaults to true (GPT-NeoX's gpt_j_residual, set in every Pythia config)
+        parallel_residual=flag(cfg, "use_parallel_residual", source, True),
         dropout=dropout_on(cfg, {"hidden_dropout": 0.0, "attention_dropout": 0.0}, source))
 
 
@@ -122,6 +125,7 @@ def falcon(cfg: dict, source: str) -> dict:
         num_layers=require(cfg, "num_hidden_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
         max_positions=optional(cfg, "max_position_embeddings", 2048, source),
         positions="alibi" if flag(cfg, "alibi", source) else "rotary", layer_norms=2 if norms == 2 else 1,
+        parallel_residual=parallel,
         tie_embeddings=flag(cfg, "tie_word_embeddings", source, True), attn_bias=bias, mlp_bias=bias,
         norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source), mlp=mlp_of_act(cfg, "activation", "gelu", source),
         dropout=dropout_on(cfg, {"hidden_dropout": 0.0, "attention_dropout": 0.0}, source))
@@ -135,6 +139,7 @@ def gptj(cfg: dict, source: str) -> dict:
         hidden, heads, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
         num_layers=require(cfg, "n_layer", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
         max_positions=optional(cfg, "n_positions", 2048, source), positions="rotary", layer_norms=1,
+        parallel_residual=True,
         tie_embeddings=flag(cfg, "tie_word_embeddings", source), attn_bias=False, mlp_bias=True, head_bias=True,
         norm_eps=optional(cfg, "layer_norm_epsilon", 1e-5, source),
         mlp=mlp_of_act(cfg, "activation_function", "gelu_new", source),

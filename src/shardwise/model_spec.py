@@ -85,6 +85,10 @@ class ModelSpec:
     embed_norm: bool = False  # BLOOM's LayerNorm right after the embedding
     positions: str = ""  # "learned" (a table), "rotary", "alibi" or "none" (the last three hold no parameters)
     position_offset: int = 0  # OPT's learned table has 2 rows more than max_position_embeddings
+    # Attention and MLP read the same input and their outputs join the residual together (GPT-J, GPT-NeoX/Pythia,
+    # Falcon, PaLM): the same matrices and FLOPs, but tensor parallelism reduces the summed outputs once per layer
+    # forward (planner/layer_time.tp_layer_comm).
+    parallel_residual: bool = False
 
     @property
     def gated_mlp(self) -> bool:
@@ -249,6 +253,8 @@ class ModelSpec:
         not for an architecture read from keys of its own (hf_architectures.READERS, StarCoder2's use_bias)."""
         if self.model_type in READERS or self.model_type == "starcoder2":
             raise ValueError(f"no config.json writer for model_type {self.model_type}: give its own config.json")
+        if self.family == "gpt2" and self.parallel_residual:
+            return self._gpt_neox_config()
         if self.family == "gpt2":
             return {
                 "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
@@ -270,6 +276,16 @@ class ModelSpec:
         if self.dropout:
             cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
+
+    def _gpt_neox_config(self) -> dict:
+        """GPT-2-style blocks with a parallel residual, which GPT-2's keys cannot say: GPT-NeoX's config.json
+        (transformers' GPTNeoXConfig keys, read back by hf_architectures.gpt_neox)."""
+        drop = 0.1 if self.trains_with_dropout else 0.0
+        return {"model_type": "gpt_neox", "hidden_size": self.hidden, "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads, "intermediate_size": self.ffn_hidden,
+                "max_position_embeddings": self.max_positions, "vocab_size": self.vocab_size,
+                "layer_norm_eps": self.norm_eps, "tie_word_embeddings": self.tie_embeddings, "hidden_act": "gelu",
+                "use_parallel_residual": True, "hidden_dropout": drop, "attention_dropout": drop}
 
 
 @lru_cache(maxsize=256)

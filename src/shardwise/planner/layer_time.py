@@ -337,18 +337,31 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     gradients: Megatron issues it behind the group's input-gradient GEMM (Job.async_sp_regather),
     shardwise's runtime waits for it. With TP comm overlap (needs SP) each collective hides behind the
     GEMM beside it, all but its first chunk. A MoE layer without a shared expert has no tensor-parallel FFN
-    (`ffn_tp` False): only the attention's pair (its routed tokens' traffic is moe.dispatch_time)."""
+    (`ffn_tp` False): only the attention's pair (its routed tokens' traffic is moe.dispatch_time).
+
+    A parallel-residual model (ModelSpec.parallel_residual) adds the attention's and the MLP's row-parallel
+    outputs before ONE reduction (GPT-NeoX v1.0 ParallelTransformerLayer with gpt_j_residual: parallel_output on
+    both, then reduce_from_model_parallel_region once), and under SP one gather of that sum's gradient backward;
+    the column-parallel inputs keep theirs (each ColumnParallelLinear's copy_to_model_parallel_region all-reduces
+    its input's gradient backward; under SP each input is gathered forward and its gradient reduce-scattered)."""
     tp, c = layout.tp, job.cluster
     if tp <= 1:
         return 0.0, 0.0
     if not ffn_tp:
-        f, b = tp_layer_comm(job, layout, tokens, gemms[:2] * 2)
+        f, b = _tp_comm(job, layout, tokens, gemms[:2] * 2, merged=False)
         return f / 2, b / 2
+    return _tp_comm(job, layout, tokens, gemms, merged=job.model.parallel_residual)
+
+
+def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -> tuple[float, float]:
+    """tp_layer_comm of a layer with a tensor-parallel FFN; `merged`: one output reduction (parallel residual)."""
+    tp, c = layout.tp, job.cluster
+    outputs = 1 if merged else 2  # reductions of the row-parallel outputs (forward), their gathers (SP backward)
     act = tokens * job.model.hidden * job.train.activation_bytes
     sync = sync_time(c)
     if not layout.sequence_parallel:
         one = collective_time(c, "all_reduce", act, tp) + sync
-        return 2 * one, 2 * one
+        return outputs * one, 2 * one
     # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
     gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
@@ -358,12 +371,14 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     regathers = sum(_overlapped(regather, gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
     if job.tp_comm_overlap:
         # forward: AG before QKV and FC1, RS after the projection and FC2; backward mirrored on the dgrads.
+        # Merged: the projection's RS and the AG of its output gradient are FC2's.
         pairs_f = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
         pairs_b = [(ag, gemms[3][1]), (rs, gemms[2][1]), (ag, gemms[1][1]), (rs, gemms[0][1])]
+        if merged:
+            pairs_f, pairs_b = [p for i, p in enumerate(pairs_f) if i != 1], [p for i, p in enumerate(pairs_b) if i != 2]
         exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
         return exposed[0], exposed[1] + regathers
-    one = ag + rs + sync
-    return 2 * one, 2 * one + regathers
+    return 2 * ag + outputs * rs + 2 * sync, outputs * ag + 2 * rs + 2 * sync + regathers
 
 
 def cp_attention_work(measured: dict | None, layout: Layout) -> float:
