@@ -344,8 +344,7 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     both, then reduce_from_model_parallel_region once), and under SP one gather of that sum's gradient backward;
     the column-parallel inputs keep theirs (each ColumnParallelLinear's copy_to_model_parallel_region all-reduces
     its input's gradient backward; under SP each input is gathered forward and its gradient reduce-scattered)."""
-    tp, c = layout.tp, job.cluster
-    if tp <= 1:
+    if layout.tp <= 1:
         return 0.0, 0.0
     if not ffn_tp:
         f, b = _tp_comm(job, layout, tokens, gemms[:2] * 2, merged=False)
