@@ -294,37 +294,65 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
     return out
 
 
-# The best BF16 MFU published on each GPU generation (benchmarks/data/published_runs.csv), for models of at least
-# this many parameters: a plan above it needs a reason.
+# The best BF16 MFU published on each GPU generation (benchmarks/data/published_runs.csv, the rows' own MFU column;
+# a utilisation that counts recomputed FLOPs left out), for models of at least this many parameters, on at least
+# this many GPUs: a plan above the record of its scale needs a reason. Scale matters because MFU falls as a job
+# grows (more exposed communication, fewer tokens per GPU), so a record set on 64 GPUs does not show that 2,048 can
+# reach it; a plan on N GPUs answers to the best run on at least the largest floor <= N.
+_KORTHIKANTI = "Korthikanti et al. 2022 (Megatron-LM, selective recompute + SP)"
+_DGXC = "NVIDIA dgxc-benchmarking (NeMo)"
 PUBLISHED_MFU_RECORD = {
     # Hagemann et al. 2023 (Aleph Alpha's layout sweep, arXiv 2311.05610; the authors' per-run sheets): MFU by PaLM's
     # count (6N + 12 L H Q T per token, attention not halved for the causal mask), the sheets' own column.
-    "ampere": ((20e9, 0.620, "Hagemann et al. 2023's LLaMA 30B on 64 A100 (Aleph Alpha's Megatron-based stack, "
-                             "62.0 % by PaLM's count)"),
-               (0, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
-                          "70.6 % by PaLM's count)")),
-    "hopper": ((100e9, 0.560, "NVIDIA's Llama 3.1 405B on 96 H100 (NeMo, dgxc-benchmarking, 55.4-57.7 %)"),
-               (0, 0.625, "NVIDIA's Nemotron-4 15B on 16 H100 (NeMo, dgxc-benchmarking, 62.5 %)")),
+    "ampere": ((20e9, ((1, 0.620, "Hagemann et al. 2023's LLaMA 30B on 64 A100 (Aleph Alpha's Megatron-based "
+                                  "stack, 62.0 % by PaLM's count)"),
+                       (512, 0.563, f"{_KORTHIKANTI}'s 1T on 512 A100 (56.3 %)"),
+                       (2048, 0.542, f"{_KORTHIKANTI}'s 530B on 2,240 A100 (54.2 %)"),
+                       (8192, 0.433, "MegaScale's Megatron-LM baseline, 175B on 8,192 A100 (Jiang et al. 2024, "
+                                     "43.3 %)"))),
+               (0, ((1, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
+                               "70.6 % by PaLM's count)"),
+                    (512, 0.563, f"{_KORTHIKANTI}'s 1T on 512 A100 (56.3 %)"),
+                    (2048, 0.542, f"{_KORTHIKANTI}'s 530B on 2,240 A100 (54.2 %)"),
+                    (8192, 0.433, "MegaScale's Megatron-LM baseline, 175B on 8,192 A100 (Jiang et al. 2024, "
+                                  "43.3 %)")))),
+    "hopper": ((100e9, ((1, 0.5765, f"{_DGXC}'s Llama 3.1 405B on 32 H100 (57.65 %)"),
+                        (512, 0.5485, f"{_DGXC}'s Llama 3.1 405B on 576 H100 (54.85 %)"),
+                        (2048, 0.5423, f"{_DGXC}'s Llama 3.1 405B on 2,304 H100 (54.23 %)"),
+                        (8192, 0.430, "Meta's Llama 3 405B on 8,192 H100 (the Llama 3 paper, 43 %)"))),
+               (0, ((1, 0.6249, f"{_DGXC}'s Nemotron-4 15B on 16 H100 (62.49 %)"),
+                    (512, 0.6112, f"{_DGXC}'s Nemotron-4 15B on 512 H100 (61.12 %)"),
+                    (2048, 0.6087, f"{_DGXC}'s Nemotron-4 15B on 2,048 H100 (60.87 %)"),
+                    (8192, 0.430, "Meta's Llama 3 405B on 8,192 H100 (the Llama 3 paper, 43 %)")))),
 }
+
+
+def published_record(job: Job, gpus: int) -> tuple[float, int, str]:
+    """(MFU, GPU floor, who) of the best published run on the job's GPU generation for a model of its size on at
+    least the largest record floor <= gpus; (1.0, 1, "") where no record applies."""
+    # A datasheet cluster file that names no arch is timed with Ampere's kernel constants (kernels.py): held to Ampere's
+    # records. A calibrated one (`calibrate`: its peak is its own measured rate, its arch unnamed) has no record.
+    c = job.cluster
+    by_size = PUBLISHED_MFU_RECORD.get(c.arch or ("" if c.measured else "ampere"), ())
+    tiers = next((t for size, t in by_size if job.model.num_params() >= size), ())
+    floor, mfu, who = next(((f, m, w) for f, m, w in reversed(tiers) if gpus >= f), (1, 1.0, ""))
+    return mfu, floor, who
 
 
 def plausibility(job: Job, win: Estimate) -> str:
     """A sentence when the winner's MFU is above the best ever published on its GPU generation for a model of
-    its size, saying why this plan could beat it and what to check."""
-    # A datasheet cluster file that names no arch is timed with Ampere's kernel constants (kernels.py): held to Ampere's
-    # records. A calibrated one (`calibrate`: its peak is its own measured rate, its arch unnamed) has no record.
-    c = job.cluster
-    records = PUBLISHED_MFU_RECORD.get(c.arch or ("" if c.measured else "ampere"), ())
-    mfu, who = next(((m, w) for size, m, w in records if job.model.num_params() >= size), (1.0, ""))
+    its size at its scale, saying why this plan could beat it and what to check."""
+    lay, t = win.layout, win.time_s
+    mfu, floor, who = published_record(job, lay.world_size)
     if win.mfu <= mfu:
         return ""
-    lay, t = win.layout, win.time_s
+    scale = f" on {floor:,} or more GPUs" if floor > 1 else ""
     reasons = [f"no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
                f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
                f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
                f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"]
     return (f"Plausibility: MFU {win.mfu:.1%} is above the best published on this GPU generation for a model this "
-            f"size, {who}. This plan "
+            f"size{scale}, {who}. This plan "
             f"spends {1 - t['compute'] / win.step_time:.0%} of its step outside the layers' compute ({', '.join(reasons)}); "
             f"its compute runs at the rates the kernel benchmarks and the published runs support "
             f"(in-situ efficiency {assumptions(job)['in_situ_efficiency']:.2f}). Treat the margin over {mfu:.1%} as "
