@@ -1,0 +1,62 @@
+"""Ranks are forks of a fork server that imported torch and shardwise once (launch.py): they start in about a second
+instead of importing torch each, yet each sees this process's environment as it is at the launch, not as it was
+when the server started — and keeps the variables torch elastic sets for it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from shardwise import launch
+from shardwise.launch import spawn_ranks
+
+KEYS = ("SHARDWISE_PROBE", "SHARDWISE_GONE", "RANK", "WORLD_SIZE")
+
+
+def _probe(rank, world, out):
+    Path(out).mkdir(exist_ok=True)
+    Path(out, f"{rank}.json").write_text(json.dumps({k: os.environ.get(k) for k in KEYS}))
+
+
+def _seen(folder: Path) -> list[dict]:
+    return [json.loads((folder / f"{r}.json").read_text()) for r in range(2)]
+
+
+def test_ranks_see_the_environment_of_the_launch_not_of_the_servers_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDWISE_GONE", "1")
+    spawn_ranks(_probe, 2, str(tmp_path / "a"))  # the server exists from here on (started now or earlier)
+    assert launch._server_env is not None
+    monkeypatch.setitem(launch._server_env, "SHARDWISE_GONE", "1")  # as if the server had started with it
+    monkeypatch.delenv("SHARDWISE_GONE")
+    monkeypatch.setenv("SHARDWISE_PROBE", "set after the server started")
+    monkeypatch.setenv("RANK", "7")  # torch elastic's per-rank variables are never taken from the launcher
+    try:
+        launch.run_ranks(launch._with_rank, _probe, str(tmp_path / "b"), world=2)
+    finally:
+        monkeypatch.delenv("RANK")
+    for rank, seen in enumerate(_seen(tmp_path / "b")):
+        assert seen["SHARDWISE_PROBE"] == "set after the server started"
+        assert seen["SHARDWISE_GONE"] is None
+        assert (seen["RANK"], seen["WORLD_SIZE"]) == (str(rank), "2")
+
+
+def test_the_servers_imports_never_ask_the_cuda_driver(tmp_path):
+    """The server is forked into NCCL ranks: a CUDA driver initialised in it (torch.cuda.is_available() or a device
+    count is enough) would leave every fork unable to use its GPU. Its imports must not ask."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch.cuda\n"
+        "asked = []\n"
+        "for name in ('is_available', 'device_count', 'init', '_lazy_init'):\n"
+        "    setattr(torch.cuda, name, lambda *a, _n=name, **k: asked.append(_n))\n"
+        "if hasattr(torch._C, '_cuda_getDeviceCount'):\n"
+        "    torch._C._cuda_getDeviceCount = lambda *a: asked.append('_cuda_getDeviceCount')\n"
+        "from shardwise.launch import PRELOAD\n"
+        "for module in PRELOAD: __import__(module)\n"
+        "print(asked, torch.cuda.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] False"
