@@ -230,13 +230,17 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
     """How many (split, micro-batch, schedule, vpp, SP) combinations `search` would score, counted without
     scoring (the framework's schedules and SP rule included)."""
     fw = get_framework(job.framework)
+    return sum(_split_candidates(job, fw, space, *split) for split in degrees(job, gpus, space))
+
+
+def _split_candidates(job: Job, fw, space: SearchSpace, tp: int, pp: int, dp: int, cp: int) -> int:
+    """count_candidates of one dp x tp x pp x cp split."""
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
-    for tp, pp, dp, cp in degrees(job, gpus, space):
-        sp_variants = len(_sp_options(job, fw, tp, cp, space))
-        for mb in micro_batches(job, fw, dp, pp, space):
-            m = batch // (dp * mb)
-            shapes = 1 if pp == 1 else sum(s in fw.schedules for s, _ in _schedules(pp, layers, m, space, fw))
-            total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
+    sp_variants = len(_sp_options(job, fw, tp, cp, space))
+    for mb in micro_batches(job, fw, dp, pp, space):
+        m = batch // (dp * mb)
+        shapes = 1 if pp == 1 else sum(s in fw.schedules for s, _ in _schedules(pp, layers, m, space, fw))
+        total += shapes * sp_variants * len(expert_degrees(job, dp, tp, space, cp))
     return total
 
 
@@ -438,13 +442,90 @@ class _FitChecks:
         return self.known[key]
 
 
-def search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> SearchResult:
-    """Every layout the job's framework can run (frameworks.py), scored as the module docstring says."""
+def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int | None = None) -> SearchResult:
+    """Every layout the job's framework can run (frameworks.py), scored as the module docstring says; over
+    `workers` processes (None: as many as pay, see _worker_count), with the same result as one."""
     space, thinned = check_search(job, gpus, space)
-    tally = _Tally(job, get_framework(job.framework), space)
-    for tp, pp, dp, cp in degrees(job, gpus, space):
-        _search_split(tally, tp, pp, dp, cp)
+    fw = get_framework(job.framework)
+    splits = list(degrees(job, gpus, space))
+    costs = [_split_candidates(job, fw, space, *split) for split in splits]
+    chunks = _chunks(splits, costs, _worker_count(workers, sum(costs)))
+    tally = _Tally(job, fw, space)
+    for parts in _tallies(tally, chunks):
+        tally.absorb(parts)
     return tally.result(thinned)
+
+
+# A search this large is split over processes: each forked worker (sharing the parent's imports and caches as they
+# stand) scores a contiguous run of splits and sends back what it found, merged in split order — ranked, counted and
+# refused exactly as one process would. Below it, a fork costs more than it saves; 405B on 16,384 H100s is ~5,900.
+PARALLEL_CANDIDATES = 1_500
+MAX_WORKERS = 4
+
+
+def _worker_count(workers: int | None, candidates: int) -> int:
+    """Processes for a search of this many candidates: `workers` if given; else one per core up to MAX_WORKERS where
+    the search is large and forking is safe here (POSIX fork, no other Python thread in this process)."""
+    import os
+    import threading
+
+    if workers is not None:
+        return max(1, workers)
+    if candidates < PARALLEL_CANDIDATES or not hasattr(os, "fork") or threading.active_count() > 1:
+        return 1
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _chunks(splits: list, costs: list[int], n: int) -> list[list]:
+    """The splits in n contiguous runs of about equal cost (candidates to score)."""
+    total, chunks, current, done = sum(costs) or 1, [], [], 0
+    for split, cost in zip(splits, costs):
+        current.append(split)
+        done += cost
+        if len(chunks) < n - 1 and done >= total * (len(chunks) + 1) / n:
+            chunks.append(current)
+            current = []
+    return chunks + [current]
+
+
+def _tallies(tally: "_Tally", chunks: list[list]):
+    """What each run of splits found, in split order: the first here, the others in forked workers."""
+    if len(chunks) == 1:
+        yield tally.run(chunks[0])
+        return
+    import multiprocessing
+
+    ctx, workers = multiprocessing.get_context("fork"), []
+    try:
+        for chunk in chunks[1:]:
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker, args=(send, tally, chunk), daemon=True)
+            proc.start()
+            send.close()
+            workers.append((receive, proc))
+        yield tally.run(chunks[0])
+        for receive, proc in workers:
+            ok, parts = receive.recv()
+            if not ok:
+                raise RuntimeError(f"a search worker failed:\n{parts}")
+            yield parts
+    finally:
+        for receive, proc in workers:
+            proc.terminate() if proc.is_alive() else None
+            proc.join()
+            receive.close()
+
+
+def _worker(send, tally: "_Tally", chunk: list) -> None:
+    """In a forked worker: score these splits with a fresh tally and send back what it found."""
+    import traceback
+
+    try:
+        send.send((True, _Tally(tally.job, tally.fw, tally.space).run(chunk)))
+    except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
+        send.send((False, traceback.format_exc()))
+    finally:
+        send.close()
 
 
 class _Tally:
@@ -460,6 +541,25 @@ class _Tally:
         self.cp_modes: dict[Layout, str] = {}  # best_cp_mode per layer_key
         # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
         self.partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
+
+    def run(self, splits: list) -> tuple:
+        """Score these (tp, pp, dp, cp) splits from a fresh start; what they found (absorb's parts)."""
+        for tp, pp, dp, cp in splits:
+            _search_split(self, tp, pp, dp, cp)
+        parts = (self.ranked, self.scored, self.timed, self.refused, self.leanest, self.unfit)
+        self.ranked, self.scored, self.timed, self.refused, self.leanest, self.unfit = [], 0, 0, "", None, []
+        return parts
+
+    def absorb(self, parts: tuple) -> None:
+        """Add what a later run of splits found, as if this tally had scored them itself, in order."""
+        ranked, scored, timed, refused, leanest, unfit = parts
+        self.ranked += ranked
+        self.scored += scored
+        self.timed += timed
+        self.refuse(refused)
+        if leanest is not None and (self.leanest is None or leanest[0] < self.leanest[0]):
+            self.leanest = leanest
+        self.unfit += unfit
 
     def refuse(self, why: str | None) -> None:
         self.refused = self.refused or why or ""  # the first reason is the one reported
