@@ -301,29 +301,26 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
 # reach it; a plan on N GPUs answers to the best run on at least the largest floor <= N.
 _KORTHIKANTI = "Korthikanti et al. 2022 (Megatron-LM, selective recompute + SP)"
 _DGXC = "NVIDIA dgxc-benchmarking (NeMo)"
+# From 512 GPUs the records are the same whatever the model's size (the large runs are large models).
+_A100_AT_SCALE = ((512, 0.563, f"{_KORTHIKANTI}'s 1T on 512 A100 (56.3 %)"),
+                  (2048, 0.542, f"{_KORTHIKANTI}'s 530B on 2,240 A100 (54.2 %)"),
+                  (8192, 0.433, "MegaScale's Megatron-LM baseline, 175B on 8,192 A100 (Jiang et al. 2024, 43.3 %)"))
+_LLAMA3_8K = (8192, 0.430, "Meta's Llama 3 405B on 8,192 H100 (the Llama 3 paper, 43 %)")
 PUBLISHED_MFU_RECORD = {
     # Hagemann et al. 2023 (Aleph Alpha's layout sweep, arXiv 2311.05610; the authors' per-run sheets): MFU by PaLM's
     # count (6N + 12 L H Q T per token, attention not halved for the causal mask), the sheets' own column.
     "ampere": ((20e9, ((1, 0.620, "Hagemann et al. 2023's LLaMA 30B on 64 A100 (Aleph Alpha's Megatron-based "
-                                  "stack, 62.0 % by PaLM's count)"),
-                       (512, 0.563, f"{_KORTHIKANTI}'s 1T on 512 A100 (56.3 %)"),
-                       (2048, 0.542, f"{_KORTHIKANTI}'s 530B on 2,240 A100 (54.2 %)"),
-                       (8192, 0.433, "MegaScale's Megatron-LM baseline, 175B on 8,192 A100 (Jiang et al. 2024, "
-                                     "43.3 %)"))),
+                                  "stack, 62.0 % by PaLM's count)"), *_A100_AT_SCALE)),
                (0, ((1, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
-                               "70.6 % by PaLM's count)"),
-                    (512, 0.563, f"{_KORTHIKANTI}'s 1T on 512 A100 (56.3 %)"),
-                    (2048, 0.542, f"{_KORTHIKANTI}'s 530B on 2,240 A100 (54.2 %)"),
-                    (8192, 0.433, "MegaScale's Megatron-LM baseline, 175B on 8,192 A100 (Jiang et al. 2024, "
-                                  "43.3 %)")))),
+                               "70.6 % by PaLM's count)"), *_A100_AT_SCALE))),
     "hopper": ((100e9, ((1, 0.5765, f"{_DGXC}'s Llama 3.1 405B on 32 H100 (57.65 %)"),
                         (512, 0.5485, f"{_DGXC}'s Llama 3.1 405B on 576 H100 (54.85 %)"),
                         (2048, 0.5423, f"{_DGXC}'s Llama 3.1 405B on 2,304 H100 (54.23 %)"),
-                        (8192, 0.430, "Meta's Llama 3 405B on 8,192 H100 (the Llama 3 paper, 43 %)"))),
+                        _LLAMA3_8K)),
                (0, ((1, 0.6249, f"{_DGXC}'s Nemotron-4 15B on 16 H100 (62.49 %)"),
                     (512, 0.6112, f"{_DGXC}'s Nemotron-4 15B on 512 H100 (61.12 %)"),
                     (2048, 0.6087, f"{_DGXC}'s Nemotron-4 15B on 2,048 H100 (60.87 %)"),
-                    (8192, 0.430, "Meta's Llama 3 405B on 8,192 H100 (the Llama 3 paper, 43 %)")))),
+                    _LLAMA3_8K))),
 }
 
 

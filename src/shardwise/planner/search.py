@@ -511,17 +511,18 @@ def _tallies(tally: "_Tally", chunks: list[list]):
             yield parts
     finally:
         for receive, proc in workers:
-            proc.terminate() if proc.is_alive() else None
+            if proc.is_alive():
+                proc.terminate()
             proc.join()
             receive.close()
 
 
 def _worker(send, tally: "_Tally", chunk: list) -> None:
-    """In a forked worker: score these splits with a fresh tally and send back what it found."""
+    """In a forked worker: score these splits with its copy of the (still empty) tally and send back what it found."""
     import traceback
 
     try:
-        send.send((True, _Tally(tally.job, tally.fw, tally.space).run(chunk)))
+        send.send((True, tally.run(chunk)))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
         send.send((False, traceback.format_exc()))
     finally:
