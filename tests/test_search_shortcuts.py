@@ -49,7 +49,7 @@ def test_the_leanest_layout_when_nothing_fits_is_the_smallest_breakdown_checked(
     # Slow path: every layout the search checks, in order, compared by its whole breakdown (the first smallest wins).
     checked = _record_fit_checks(monkeypatch)
     job = Job(load_model("llama2-70b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 4096))
-    result = search_mod.search(job, 8)
+    result = search_mod.search(job, 8, workers=1)  # one process: the spy sees every check
     assert not result.ranked and len(checked) > 10
     totals = [total_bytes(memory_breakdown(job, layout)[1]) for layout in checked]
     assert result.leanest.layout == checked[totals.index(min(totals))]
@@ -96,11 +96,11 @@ def test_without_recompute_every_rank_holds_at_least_what_selective_recompute_ho
 def test_the_search_skipping_by_the_selective_bound_ranks_as_the_search_checking_everything(monkeypatch):
     calls = _record_fit_checks(monkeypatch)
     job = Job(load_model("llama2-13b"), load_cluster("dgx-a100-40gb"), TrainSpec(64, 2048))
-    fast = search_mod.search(job, 16)
+    fast = search_mod.search(job, 16, workers=1)  # one process: the spy counts every check
     checked_fast = len(calls)
     monkeypatch.setattr(search_mod._FitChecks, "__call__", lambda self, layout: search_mod.fits_memory(self.job, layout))
     calls.clear()
-    slow = search_mod.search(job, 16)
+    slow = search_mod.search(job, 16, workers=1)
     assert checked_fast < len(calls)  # the bound skipped some checks
     assert [(e.layout, e.step_time, e.memory_bytes) for e in fast.ranked] == \
            [(e.layout, e.step_time, e.memory_bytes) for e in slow.ranked]

@@ -449,17 +449,18 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int
     fw = get_framework(job.framework)
     splits = list(degrees(job, gpus, space))
     costs = [_split_candidates(job, fw, space, *split) for split in splits]
-    chunks = _chunks(splits, costs, _worker_count(workers, sum(costs)))
+    hands = _deal(costs, _worker_count(workers, sum(costs)))
     tally = _Tally(job, fw, space)
-    for parts in _tallies(tally, chunks):
+    for parts in _tallies(tally, splits, hands):
         tally.absorb(parts)
     return tally.result(thinned)
 
 
 # A search this large is split over processes: each forked worker (sharing the parent's imports and caches as they
-# stand) scores a contiguous run of splits and sends back what it found, merged in split order — ranked, counted and
-# refused exactly as one process would. Below it, a fork costs more than it saves; 405B on 16,384 H100s is ~5,900.
-PARALLEL_CANDIDATES = 1_500
+# stand) scores its hand of splits, one split at a time, and sends back what each found; the parent absorbs them in
+# split order — ranked, counted and refused exactly as one process would. Below it, a fork costs more than it saves
+# (a candidate base layout takes ~1.5 ms to score on one core); 405B on 16,384 H100s is ~1,300.
+PARALLEL_CANDIDATES = 400
 MAX_WORKERS = 4
 
 
@@ -476,39 +477,40 @@ def _worker_count(workers: int | None, candidates: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _chunks(splits: list, costs: list[int], n: int) -> list[list]:
-    """The splits in n contiguous runs of about equal cost (candidates to score)."""
-    total, chunks, current, done = sum(costs) or 1, [], [], 0
-    for split, cost in zip(splits, costs):
-        current.append(split)
-        done += cost
-        if len(chunks) < n - 1 and done >= total * (len(chunks) + 1) / n:
-            chunks.append(current)
-            current = []
-    return chunks + [current]
+def _deal(costs: list[int], n: int) -> list[list[int]]:
+    """The splits' indices dealt into n hands of about equal cost (candidates to score): the costliest split first,
+    each to the hand with the least so far (a few splits hold most of a search's candidates, so runs of neighbouring
+    splits would leave one process the bulk); each hand in split order."""
+    hands, loads = [[] for _ in range(max(1, n))], [0] * max(1, n)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        k = loads.index(min(loads))
+        hands[k].append(i)
+        loads[k] += costs[i]
+    return [sorted(h) for h in hands if h] or [[]]
 
 
-def _tallies(tally: "_Tally", chunks: list[list]):
-    """What each run of splits found, in split order: the first here, the others in forked workers."""
-    if len(chunks) == 1:
-        yield tally.run(chunks[0])
+def _tallies(tally: "_Tally", splits: list, hands: list[list[int]]):
+    """What each split found, in split order: the first hand's here, the others' in forked workers."""
+    if len(hands) == 1:
+        yield tally.run([splits[i] for i in hands[0]])
         return
     import multiprocessing
 
     ctx, workers = multiprocessing.get_context("fork"), []
     try:
-        for chunk in chunks[1:]:
+        for hand in hands[1:]:
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(send, tally, chunk), daemon=True)
+            proc = ctx.Process(target=_worker, args=(send, tally, [splits[i] for i in hand]), daemon=True)
             proc.start()
             send.close()
             workers.append((receive, proc))
-        yield tally.run(chunks[0])
-        for receive, proc in workers:
+        found = dict(zip(hands[0], _each(tally, [splits[i] for i in hands[0]])))
+        for hand, (receive, proc) in zip(hands[1:], workers):
             ok, parts = receive.recv()
             if not ok:
                 raise RuntimeError(f"a search worker failed:\n{parts}")
-            yield parts
+            found.update(zip(hand, parts))
+        yield from (found[i] for i in sorted(found))
     finally:
         for receive, proc in workers:
             if proc.is_alive():
@@ -517,12 +519,17 @@ def _tallies(tally: "_Tally", chunks: list[list]):
             receive.close()
 
 
-def _worker(send, tally: "_Tally", chunk: list) -> None:
-    """In a forked worker: score these splits with its copy of the (still empty) tally and send back what it found."""
+def _each(tally: "_Tally", splits: list) -> list[tuple]:
+    """What each of these splits found, scored one after another (tally.run per split)."""
+    return [tally.run([split]) for split in splits]
+
+
+def _worker(send, tally: "_Tally", splits: list) -> None:
+    """In a forked worker: score these splits with its copy of the (still empty) tally and send back what each found."""
     import traceback
 
     try:
-        send.send((True, tally.run(chunk)))
+        send.send((True, _each(tally, splits)))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
         send.send((False, traceback.format_exc()))
     finally:
