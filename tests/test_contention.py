@@ -39,6 +39,30 @@ def test_a_waited_for_child_counts_as_ours():
     assert other.cores is not None and other.cores >= 0
 
 
+def _burn(rank: int, world: int) -> None:
+    import time
+
+    t = time.process_time()
+    while time.process_time() - t < 0.5:
+        pass
+
+
+def test_ranks_forked_from_the_fork_server_count_as_ours():
+    """run_ranks forks the ranks from a fork server this process started: they are the server's children, not
+    ours, so getrusage misses them; without the server's /proc/<pid>/stat (its reaped children) two ranks burning
+    0.5 s of CPU each would show as another process's ~1 s."""
+    if _sample() is None:
+        pytest.skip("no /proc/stat on this system: OtherCpu reports None (tested below)")
+    from shardwise.contention import fork_server_seconds
+    from shardwise.launch import spawn_ranks
+
+    before = _sample()
+    spawn_ranks(_burn, 2)
+    after = _sample()
+    assert fork_server_seconds() > 0  # the server ran (its preload) and reaped the ranks
+    assert after[2] - before[2] >= 2 * 0.5  # both ranks' CPU seconds are ours
+
+
 def test_unknown_without_proc_stat(monkeypatch):
     import shardwise.contention as c
 

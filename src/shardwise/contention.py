@@ -16,8 +16,10 @@ workload again during its sweep and warns when the two differ by more than SPEED
 
 Machine-wide busy time is read from /proc/stat (user, nice, system, irq, softirq and steal: a hypervisor's
 other guests count as other processes too); ours is this process's and its waited-for children's
-(getrusage). Elsewhere than Linux, or when part of the job is not our child (under torchrun, the other
-ranks are siblings), the figure is unknown (None)."""
+(getrusage), plus our fork server's and the ranks it has reaped (launch.run_ranks forks the ranks from a
+server this process started, so they are the server's children, not ours: /proc/<server>/stat). Elsewhere
+than Linux, or when part of the job is not ours (under torchrun, the other ranks are siblings), the figure
+is unknown (None)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,26 @@ def _sample() -> tuple[float, float, float] | None:
         return None
     ours = sum(getattr(resource.getrusage(who), k) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                for k in ("ru_utime", "ru_stime"))
-    return time.monotonic(), busy, ours
+    return time.monotonic(), busy, ours + fork_server_seconds()
+
+
+def fork_server_seconds() -> float:
+    """CPU seconds of this process's fork server (multiprocessing's, which launch.run_ranks starts) and of the
+    children it has reaped — the ranks, which the server reaps before this process learns they ended — or 0 without
+    one. Fields 14-17 of /proc/<pid>/stat: utime, stime, cutime, cstime, in clock ticks."""
+    import sys
+
+    server = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)  # CPython's, since 3.4
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:  # gone, or not Linux
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on: the command name may hold spaces
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def other_cores(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
