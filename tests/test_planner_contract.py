@@ -216,6 +216,7 @@ def _estimate_argv(c: dict) -> list:
             "--micro-batch", c["micro_batch"], "--vpp", c["vpp"], "--zero", c["zero"], "--recompute", c["recompute"],
             "--schedule", c["schedule"], "--cp-mode", c["cp_mode"]]
     argv += ["--recompute-layers", c["recompute_layers"]] if c["recompute_layers"] is not None else []
+    argv += ["--dp-shard", c["dp_shard"]] if c["dp_shard"] != c["dp"] else []  # plan's HSDP twin (node_shard_groups)
     return argv + (["--sequence-parallel"] if c["sequence_parallel"] else [])
 
 
@@ -226,6 +227,8 @@ def _estimate_argv(c: dict) -> list:
        precision=st.sampled_from(["bf16", "bf16", "fp8"]))
 # 32K tokens on a model of 8K positions: plan once ranked cp layouts that estimate refuses (cp cannot lengthen a sequence)
 @example(framework="megatron-core", model="llama3-8b", job=(64, 64, 32768), cluster="dgx-h100-80gb", precision="bf16")
+# an HSDP twin among the top 3 (dp_shard 8 of dp 16): estimate must be told --dp-shard
+@example(framework="composer", model="qwen1.5-moe-a2.7b", job=(16, 32, 2048), cluster="dgx-a100-40gb", precision="bf16")
 def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, cluster, precision):
     """Every layout `plan --json` shows carries ep; named knob by knob to `estimate`, it gets the same record."""
     gpus, batch, seq = job
