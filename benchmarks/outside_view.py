@@ -34,6 +34,7 @@ from pathlib import Path
 import published_runs as pr
 
 from shardwise.errors import UsageError
+from shardwise.forked import deal, map_hands, worker_count
 from shardwise.model_spec import load_model, model_presets
 from shardwise.specs import load_cluster
 from shardwise.validate.stats import kendall_tau, widest_discordant_gap
@@ -182,6 +183,32 @@ def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = Fa
     return out
 
 
+def score_rows(csv_rows: list[dict], folder: Path, in_process: bool, certain_only: bool = False,
+               as_eager: bool = False, progress: bool = False, workers: int | None = None) -> list[dict]:
+    """score_row of every row the internal view scores, in order, over `workers` forked processes (None: one per
+    core, forked.worker_count); a row whose config cannot be written as a config.json keeps the one-line reason.
+    `progress`: each process writes the row it is at to stderr."""
+    def one(piece: tuple[int, dict]) -> dict | None:
+        i, row = piece
+        if progress:
+            print(f"\r{i}/{len(csv_rows)} {row['run'][:60]:60}", end="", file=sys.stderr, flush=True)
+        try:
+            return score_row(row, folder, in_process, certain_only, as_eager)
+        except UsageError as exc:  # the row's own config cannot be written as a config.json
+            return {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
+
+    pieces = list(enumerate(csv_rows, 1))
+    hands = deal([1] * len(pieces), worker_count(workers, len(pieces), PARALLEL_ROWS))
+    scored = [r for r in map_hands(one, pieces, hands) if r]
+    if progress:
+        print(file=sys.stderr)
+    return scored
+
+
+# Rows above which score_rows forks (a row takes ~20 ms through the command line in process; a fork ~50 ms).
+PARALLEL_ROWS = 40
+
+
 def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]:
     """What the command line's job differs in from the internal view's: model, cluster, filled-in knobs, software."""
     why = []
@@ -277,17 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                          "passes only the row's layout does")
     args = ap.parse_args(argv)
     csv_rows = [r for r in pr.read_rows(args.csv) if args.only in r["run"]]
-    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for i, row in enumerate(csv_rows, 1):
-            print(f"\r{i}/{len(csv_rows)} {row['run'][:60]:60}", end="", file=sys.stderr, flush=True)
-            try:
-                scored = score_row(row, Path(folder), not args.subprocess, args.certain_only, args.as_eager)
-            except UsageError as exc:  # the row's own config cannot be written as a config.json
-                scored = {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
-            if scored:
-                rows.append(scored)
-    print(file=sys.stderr)
+        rows = score_rows(csv_rows, Path(folder), not args.subprocess, args.certain_only, args.as_eager, progress=True)
     s = summary(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": s}, indent=1, default=str))

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shardwise.errors import UsageError
+from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner import estimate, kernels
 from shardwise.planner import moe as moe_terms
 from shardwise.planner.estimate import complete_layout, fewest_recomputed
@@ -552,17 +553,30 @@ MOE_CONSTANTS = ("MOE_LAYER_OVERHEAD_S", "MOE_LAYER_HOST_S")
 
 def _log_error(entry: dict, factor: float, grid: list[float] = GRID) -> float:
     """log(published / predicted step) at `factor`, interpolated on the grid (the step is smooth in it)."""
-    steps, i = entry["grid"], min(max(int((factor - grid[0]) / (grid[1] - grid[0])), 0), len(grid) - 2)
+    return _log_errors([entry], [[math.log(step) for step in entry["grid"]]], factor, grid)[0]
+
+
+def _log_errors(entries: list[dict], logs: list[list[float]], factor: float, grid: list[float]) -> list[float]:
+    """_log_error of each entry at one factor, given the logs of each entry's grid of steps (a fit's bisection
+    asks for every entry at ~40 factors)."""
+    i = min(max(int((factor - grid[0]) / (grid[1] - grid[0])), 0), len(grid) - 2)
     w = (factor - grid[i]) / (grid[1] - grid[0])
-    pred = math.exp((1 - w) * math.log(steps[i]) + w * math.log(steps[i + 1]))
-    return math.log(entry["published"] / pred)
+    return [math.log(e["published"] / math.exp((1 - w) * lg[i] + w * lg[i + 1])) for e, lg in zip(entries, logs)]
 
 
 def source_weighted_median(values: list[float], sources: list[str]) -> float:
     """The median of `values` with each source weighing the same whatever its number of rows (a row weighs one over
     its source's rows): a constant meant to hold on sources not yet seen is not set by the source with most rows."""
+    return _weighted_median(values, _source_weights(sources))
+
+
+def _source_weights(sources: list[str]) -> list[float]:
     count = collections.Counter(sources)
-    pairs = sorted(zip(values, (1 / count[s] for s in sources)))
+    return [1 / count[s] for s in sources]
+
+
+def _weighted_median(values: list[float], weights: list[float]) -> float:
+    pairs = sorted(zip(values, weights))
     half, run = sum(w for _, w in pairs) / 2, 0.0
     for i, (v, w) in enumerate(pairs):
         run += w
@@ -577,10 +591,11 @@ def _zero_median(entries: list[dict], grid: list[float], rising: bool) -> float:
     """The grid value at which the source-weighted median log error of `entries` is zero (bisection; `rising`: the
     error grows with the value — a higher efficiency shortens the predicted step — else it falls)."""
     lo, hi = grid[0], grid[-1]
-    sources = [e["source"] for e in entries]
+    weights = _source_weights([e["source"] for e in entries])
+    logs = [[math.log(step) for step in e["grid"]] for e in entries]
     for _ in range(40):
         mid = (lo + hi) / 2
-        if (source_weighted_median([_log_error(e, mid, grid) for e in entries], sources) > 0) == rising:
+        if (_weighted_median(_log_errors(entries, logs, mid, grid), weights) > 0) == rising:
             hi = mid
         else:
             lo = mid
@@ -602,34 +617,55 @@ def fit_moe(entries: list[dict]) -> tuple[float, float]:
     return MOE_GRID[min(range(len(MOE_GRID)), key=cost)]
 
 
-def compare(path: Path, six_profiles: bool = False) -> tuple[list[dict], dict]:
+def compare(path: Path, six_profiles: bool = False, workers: int | None = None) -> tuple[list[dict], dict]:
     """Every row scored with the shipped constants; the in-situ efficiency refitted on all strong rows and,
-    for leave-one-source-out figures, on all rows but each source's."""
-    rows, entries, moe_rows = [], [], []
-    for run in load_runs(path, six_profiles):
-        if run.skip:
-            rows.append({"run": run.name, "skip": run.skip, "source": source_key(run)})
-            continue
-        if run.job.model.is_moe:  # scored apart (moe_summary): not in the dense figures, their own fitted constant
-            moe_rows.append(_moe_row(run))
-            continue
-        est = _predict(run)
-        err = run.published_step_s / est.step_time - 1
-        row = {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series,
-               "layout": run.layout.describe(), "gpus": est.gpus,
-               "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
-               "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
-               "error": round(err, 4), "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "mfu": round(est.mfu, 4),
-               "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
-                                                       / run.published_step_s / est.gpus, 1),
-               "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
-        rows.append(row)
-        if not run.weak:
-            entries.append({"row": row, "arch": row["arch"], "source": row["source"], "published": run.published_step_s,
-                            "grid": [_predict(run, f).step_time for f in GRID]})
+    for leave-one-source-out figures, on all rows but each source's. The rows are scored over `workers` forked
+    processes (None: one per core where it pays, forked.worker_count); the answer is the one process's."""
+    runs = load_runs(path, six_profiles)
+    costs = [_estimates(run) for run in runs]
+    scored = map_hands(_score, runs, deal(costs, worker_count(workers, sum(costs), PARALLEL_ESTIMATES)))
+    rows = [row for kind, row, _ in scored if kind != "moe"]
+    entries = [entry for kind, _, entry in scored if entry is not None]
     summary = summarize(rows, entries)
-    summary["moe"] = moe_summary(moe_rows)
+    summary["moe"] = moe_summary([row for kind, row, _ in scored if kind == "moe"])
     return rows, summary
+
+
+# Dense estimates' worth of work (about 0.9 ms each on one core) above which compare forks: the set is ~20,000.
+PARALLEL_ESTIMATES = 2000
+MOE_ESTIMATE = 1.8  # a MoE run's estimate costs 1.8 dense ones (1.6 against 0.9 ms, measured over the set)
+
+
+def _estimates(run: Run) -> float:
+    """The estimates _score makes of a run, in dense estimates' worth (its share of compare's work)."""
+    if run.skip:
+        return 0
+    if run.job.model.is_moe:
+        return MOE_ESTIMATE * (1 + (0 if run.weak else len(MOE_GRID)))
+    return 1 + (0 if run.weak else len(GRID))
+
+
+def _score(run: Run) -> tuple[str, dict, dict | None]:
+    """One run as compare keeps it: (kind, row, the strong dense row's refit entry or None); kind is "skip", "moe"
+    (scored apart, moe_summary: not in the dense figures, their own fitted constants) or "dense"."""
+    if run.skip:
+        return "skip", {"run": run.name, "skip": run.skip, "source": source_key(run)}, None
+    if run.job.model.is_moe:
+        return "moe", _moe_row(run), None
+    est = _predict(run)
+    err = run.published_step_s / est.step_time - 1
+    row = {"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series,
+           "layout": run.layout.describe(), "gpus": est.gpus,
+           "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
+           "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
+           "error": round(err, 4), "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "mfu": round(est.mfu, 4),
+           "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
+                                                   / run.published_step_s / est.gpus, 1),
+           "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
+    if run.weak:
+        return "dense", row, None
+    return "dense", row, {"row": row, "arch": row["arch"], "source": row["source"], "published": run.published_step_s,
+                          "grid": [_predict(run, f).step_time for f in GRID]}
 
 
 def _moe_row(run: Run) -> dict:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from shardwise.planner import search as search_module
 from shardwise.planner.memory import make_job
-from shardwise.planner.search import SearchSpace, _deal, search
+from shardwise.forked import deal
+from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import load_cluster, load_model
 
 
@@ -38,18 +39,18 @@ def test_workers_agree_when_nothing_fits_and_when_the_stack_refuses():
 
 def test_the_hands_hold_every_split_once_in_order_and_about_equal_cost():
     costs = [5, 1, 1, 1, 1, 1, 1, 1, 1, 7]
-    hands = _deal(costs, 3)
+    hands = deal(costs, 3)
     assert sorted(sum(hands, [])) == list(range(10)) and all(h == sorted(h) for h in hands)
     loads = sorted(sum(costs[i] for i in h) for h in hands)
     assert loads == [6, 7, 7]  # the 7 alone; the 5 with one 1; the other seven 1s
-    assert _deal(costs, 1) == [list(range(10))]
+    assert deal(costs, 1) == [list(range(10))]
     # 405B on 16,384 H100s: a few splits hold most candidates; runs of neighbouring splits gave one process 829 of 1,281.
     job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, "megatron-core")
     space, _ = search_module.check_search(job, 16384, SearchSpace())
     fw = search_module.get_framework(job.framework)
     big = [search_module._split_candidates(job, fw, space, *s) for s in search_module.degrees(job, 16384, space)]
     assert sum(big) > search_module.PARALLEL_CANDIDATES  # searched over processes
-    assert max(sum(big[i] for i in h) for h in _deal(big, 2)) <= 0.51 * sum(big)
+    assert max(sum(big[i] for i in h) for h in deal(big, 2)) <= 0.51 * sum(big)
 
 
 def test_a_small_search_stays_in_one_process(monkeypatch):

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
+from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
@@ -444,96 +445,28 @@ class _FitChecks:
 
 def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int | None = None) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says; over
-    `workers` processes (None: as many as pay, see _worker_count), with the same result as one."""
+    `workers` processes (None: as many as pay, forked.worker_count), with the same result as one."""
     space, thinned = check_search(job, gpus, space)
     fw = get_framework(job.framework)
     splits = list(degrees(job, gpus, space))
     costs = [_split_candidates(job, fw, space, *split) for split in splits]
-    hands = _deal(costs, _worker_count(workers, sum(costs)))
+    hands = deal(costs, worker_count(workers, sum(costs), PARALLEL_CANDIDATES))
     tally = _Tally(job, fw, space)
     for parts in _tallies(tally, splits, hands):
         tally.absorb(parts)
     return tally.result(thinned)
 
 
-# A search this large is split over processes: each forked worker (sharing the parent's imports and caches as they
-# stand) scores its hand of splits, one split at a time, and sends back what each found; the parent absorbs them in
-# split order — ranked, counted and refused exactly as one process would. Below it, a fork costs more than it saves
-# (a candidate base layout takes ~1.5 ms to score on one core); 405B on 16,384 H100s is ~1,300.
+# A search this large is split over processes (forked.map_hands): each worker scores its hand of splits, one split at
+# a time, and sends back what each found; the parent absorbs them in split order — ranked, counted and refused
+# exactly as one process would. Below it, a fork costs more than it saves (a candidate base layout takes ~1.5 ms to
+# score on one core); 405B on 16,384 H100s is ~1,300.
 PARALLEL_CANDIDATES = 400
-MAX_WORKERS = 4
 
 
-def _worker_count(workers: int | None, candidates: int) -> int:
-    """Processes for a search of this many candidates: `workers` if given; else one per core up to MAX_WORKERS where
-    the search is large and forking is safe here (POSIX fork, no other Python thread in this process)."""
-    import os
-    import threading
-
-    if workers is not None:
-        return max(1, workers)
-    if candidates < PARALLEL_CANDIDATES or not hasattr(os, "fork") or threading.active_count() > 1:
-        return 1
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-
-
-def _deal(costs: list[int], n: int) -> list[list[int]]:
-    """The splits' indices dealt into n hands of about equal cost (candidates to score): the costliest split first,
-    each to the hand with the least so far (a few splits hold most of a search's candidates, so runs of neighbouring
-    splits would leave one process the bulk); each hand in split order."""
-    hands, loads = [[] for _ in range(max(1, n))], [0] * max(1, n)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        k = loads.index(min(loads))
-        hands[k].append(i)
-        loads[k] += costs[i]
-    return [sorted(h) for h in hands if h] or [[]]
-
-
-def _tallies(tally: "_Tally", splits: list, hands: list[list[int]]):
-    """What each split found, in split order: the first hand's here, the others' in forked workers."""
-    if len(hands) == 1:
-        yield tally.run([splits[i] for i in hands[0]])
-        return
-    import multiprocessing
-
-    ctx, workers = multiprocessing.get_context("fork"), []
-    try:
-        for hand in hands[1:]:
-            receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(send, tally, [splits[i] for i in hand]), daemon=True)
-            proc.start()
-            send.close()
-            workers.append((receive, proc))
-        found = dict(zip(hands[0], _each(tally, [splits[i] for i in hands[0]])))
-        for hand, (receive, proc) in zip(hands[1:], workers):
-            ok, parts = receive.recv()
-            if not ok:
-                raise RuntimeError(f"a search worker failed:\n{parts}")
-            found.update(zip(hand, parts))
-        yield from (found[i] for i in sorted(found))
-    finally:
-        for receive, proc in workers:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
-            receive.close()
-
-
-def _each(tally: "_Tally", splits: list) -> list[tuple]:
-    """What each of these splits found, scored one after another (tally.run per split)."""
-    return [tally.run([split]) for split in splits]
-
-
-def _worker(send, tally: "_Tally", splits: list) -> None:
-    """In a forked worker: score these splits with its copy of the (still empty) tally and send back what each found."""
-    import traceback
-
-    try:
-        send.send((True, _each(tally, splits)))
-    except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
-        send.send((False, traceback.format_exc()))
-    finally:
-        send.close()
+def _tallies(tally: "_Tally", splits: list, hands: list[list[int]]) -> list[tuple]:
+    """What each split found (tally.run per split), in split order, each hand of splits in its own process."""
+    return map_hands(lambda split: tally.run([split]), splits, hands)
 
 
 class _Tally:

@@ -1,0 +1,42 @@
+"""forked.map_hands: pieces spread over forked processes come back in the pieces' order, as one process gives them,
+and a worker's failure is raised in the parent with the worker's traceback (no hang, no partial answer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardwise.forked import deal, map_hands, worker_count
+
+
+def _where(piece: int) -> tuple[int, int]:
+    return piece * piece, os.getpid()
+
+
+def test_pieces_come_back_in_order_from_several_processes():
+    pieces = list(range(23))
+    hands = deal([1 + (p % 5) for p in pieces], 3)
+    out = map_hands(_where, pieces, hands)
+    assert [v for v, _ in out] == [p * p for p in pieces]
+    pids = {pid for _, pid in out}
+    assert os.getpid() in pids and len(pids) == 3  # the first hand here, the other two forked
+    assert map_hands(_where, pieces, [pieces])[5] == (25, os.getpid())  # one hand: all here
+
+
+def _fails_on_seven(piece: int) -> int:
+    if piece == 7:
+        raise ValueError("piece seven is bad")
+    return piece
+
+
+def test_a_workers_failure_is_raised_here_with_its_traceback():
+    pieces = list(range(12))
+    hands = [[i for i in pieces if i % 2 == 0], [i for i in pieces if i % 2]]  # 7 is in the forked hand
+    with pytest.raises(RuntimeError, match="piece seven is bad"):
+        map_hands(_fails_on_seven, pieces, hands)
+
+
+def test_small_work_stays_in_one_process():
+    assert worker_count(None, 10, 400) == 1
+    assert worker_count(3, 10, 400) == 3  # asked for
