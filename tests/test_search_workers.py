@@ -3,9 +3,9 @@ layout, the second and the count — ranked order, ties included, the leanest la
 
 from __future__ import annotations
 
+from shardwise.forked import deal
 from shardwise.planner import search as search_module
 from shardwise.planner.memory import make_job
-from shardwise.forked import deal
 from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import load_cluster, load_model
 
