@@ -6,7 +6,7 @@ zero 1  DDP + torch's ZeroRedundancyOptimizer on the dp group: each dp rank keep
 zero 2  FSDP2 `fully_shard(reshard_after_forward=False)`: gradients and optimizer state sharded,
         parameters stay gathered from forward to backward (PyTorch's SHARD_GRAD_OP, its ZeRO-2).
 zero 3  FSDP2 `fully_shard` per block and at the root: parameters, gradients and optimizer state
-        sharded, gathered block by block (ZeRO stage 3).
+        sharded, gathered block by block (ZeRO stage 3); the root stays gathered from forward to backward.
 Each composes with tensor parallelism: it sees the TP shards as ordinary local parameters.
 
 ZeRO 2 and 3 reduce-scatter the gradients after every micro-batch's backward (DeepSpeed's ZeRO-2), so
@@ -41,7 +41,10 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
             alone = {p for n, p in model.named_parameters() if n in names}
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, ignored_params=alone or None)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero == 3, ignored_params=alone or None)
+        # The root (embedding, final norm, head) stays gathered from forward to backward, whose first step is the
+        # head's: resharding it would gather it again at once. torch's own default for the root since 2.7, but only
+        # when reshard_after_forward is left unset.
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, ignored_params=alone or None)
         return model
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
     accepts = inspect.signature(DistributedDataParallel.__init__).parameters

@@ -239,6 +239,13 @@ class Framework:
     # GroupedLinear: multi_stream_cublas_gemm over get_num_compute_streams() = 4; grouped_gemm's gmm on SM90:
     # cuBLAS over NUM_STREAM = 4).
     expert_gemm_streams: int = 0
+    # With the experts unsplit (ep x etp = 1), their weights ride in their layer's own data-parallel calls: the same
+    # DDP buckets, the same FSDP all-gather and reduce-scatter per block. torchtitan's apply_fsdp gives the routed experts
+    # a fully_shard of their own only when ep_degree > 1 (llama4 and deepseek_v3 parallelize.py); shardwise's
+    # data_parallel shards them apart only under an expert placement (ep x etp > 1). False: the stack keeps the
+    # experts' gradients in buffers or groups of their own even then, one more set of calls (Megatron's DDP puts
+    # parameters with allreduce=False, every expert's, in expert_parallel_buffers; DeepSpeed's MoE param groups).
+    experts_in_layer_units: bool = False
     max_zero_with_pp: int = 3
     # What an unnamed --zero / --recompute may become (estimate.complete_layout): () = any stage or policy the stack
     # runs, the fastest that fits. A stack whose later options were opt-in flags keeps its own defaults instead
@@ -601,7 +608,7 @@ TORCHTITAN = Framework(
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, compiles=True, compile_loss=True,
     grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
-    default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2,
+    default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2, experts_in_layer_units=True,
     torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
     weight_shard_is_master=True,  # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), FP32 parameters
     # activation_checkpoint mode "full": ptd_checkpoint_wrapper(block, use_reentrant=False, preserve_rng_state=False)
@@ -935,6 +942,7 @@ SHARDWISE = Framework(
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
+    experts_in_layer_units=True,  # parallel/data_parallel.py: experts apart only under an expert placement
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager", unnamed_sequence_parallel=False,
     partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk

@@ -26,7 +26,7 @@ import math
 from functools import lru_cache
 
 from shardwise import stage_split
-from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement
+from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement, sync_time
 from shardwise.planner import kernels
 from shardwise.planner.kernels import hbm_rate
 from shardwise.planner.overlap import interference
@@ -213,18 +213,37 @@ def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout:
     """One direction of one MoE layer's traffic (forward, or backward: the same bytes): dispatch and combine
     all-to-alls over ep (NCCL's all-to-all, k copies of a token's row; or DeepEP's node-deduplicated one);
     with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
-    the all-gather of the routed output over tp."""
+    the all-gather of the routed output over tp. Each of these calls also pays the calibrated synchronisation
+    cost of a calibrated cluster (comm.sync_time; 0 on datasheet ones), as every tensor-parallel call does
+    (layer_time.tp_layer_comm); the small all-to-all of the counts before the dispatch is not counted."""
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
+    calls = 0
     if dispatcher == "deepep":
         t = 2 * deepep_time(cluster, model, routed * capacity, model.hidden * e, layout.ep, layout.etp, routing)
     else:
         t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
+    calls += 2 if layout.ep > 1 else 0
     if layout.etp > 1:
         t += sum(collective_time(cluster, kind, layout.etp * rows, layout.etp) for kind in ("all_gather", "reduce_scatter"))
+        calls += 2
     if layout.tp > 1 and not layout.sequence_parallel:
         t += collective_time(cluster, "all_gather", tokens * model.hidden * e, layout.tp)
-    return t
+        calls += 1
+    return t + calls * sync_time(cluster)
+
+
+def aux_counts_time(cluster: ClusterSpec, model: ModelSpec, layout: Layout) -> float:
+    """One MoE layer's forward: the load-balancing loss counts each expert's tokens over the whole sequence, so
+    the ranks holding parts of it (tp, which routes 1/tp of the tokens on each rank, and cp) sum their counts in
+    one small all-reduce (Megatron-Core's router _apply_aux_loss: tokens_per_expert over tp_cp_group;
+    shardwise.moe.MoE.aux_loss: the counts and the token count over its seq_group). A synchronising call: its
+    latency and, on a calibrated cluster, the synchronisation cost (comm.sync_time)."""
+    group = layout.tp * layout.cp
+    if not model.aux_loss_coef or group <= 1:
+        return 0.0
+    nbytes = 4 * (layout.micro_batch * model.num_experts + 1)
+    return collective_time(cluster, "all_reduce", nbytes, group) + sync_time(cluster)
 
 
 def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float = 1.0) -> list[tuple[float, float, float, int]]:

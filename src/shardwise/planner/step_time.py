@@ -324,6 +324,9 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
                  layers=cost.layers, microbatches=m)
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
     edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
+    if experts and split == 1 and fw.experts_in_layer_units:  # the experts in their layers' own calls
+        per_layer = layer_params(job.model, layout.tp) + (experts / cost.layers if cost.layers else 0.0)
+        return dp_exposed(job, layout, fw, params, per_layer, param_tensors(job, layout, rank), win)
     expert_share = _expert_link_share(job, layout, params - experts, experts, edp, split) if experts else 0.0
     after, before = dp_exposed(job, layout, fw, params - experts, layer_params(job.model, layout.tp),
                                param_tensors(job, layout, rank), share(win, 1.0 - expert_share))

@@ -1,0 +1,83 @@
+"""The planner charges a calibrated cluster's fixed per-call costs (`sync_overhead_s` for TP and MoE calls,
+`fsdp_call_s` for FSDP's) once per collective it models. Here the runtime's own collectives are counted in one
+micro-batch's forward + backward, on 2 gloo ranks with torch's profiler (every c10d call records a "gloo:<op>"
+event), and compared with what the planner's model charges: with only that per-call cost set on a cluster, the
+step's delta divided by the micro-batches is the planner's count of calls. A call the runtime adds or removes
+(the MoE aux loss's count sum over tp, the root unit regathered for the backward) fails here."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from shardwise.launch import spawn_ranks
+from shardwise.planner import Job
+from shardwise.planner.step_time import step_time
+from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
+
+BATCH, SEQ = 8, 64
+# (preset, layout, the planner's time_breakdown_s keys that hold the calls, the [measured] per-call cost they pay)
+CASES = [
+    ("tiny", dict(dp=2, zero=3), ("dp_comm",), "fsdp_call_s"),
+    ("tiny", dict(dp=2, zero=2), ("dp_comm",), "fsdp_call_s"),
+    ("tiny-moe", dict(dp=2, zero=3), ("dp_comm",), "fsdp_call_s"),  # experts in their block's unit (ep 1)
+    ("tiny-moe", dict(dp=2, zero=2), ("dp_comm",), "fsdp_call_s"),
+    ("tiny", dict(tp=2), ("tp_comm",), "sync_overhead_s"),
+    ("tiny-gpt2", dict(tp=2), ("tp_comm",), "sync_overhead_s"),
+    ("tiny-moe", dict(tp=2), ("tp_comm", "ep_comm"), "sync_overhead_s"),  # + each MoE layer's gather and count sum
+]
+
+
+def _name(model: str, lay: dict) -> str:
+    return model + " " + " ".join(f"{k}{v}" for k, v in lay.items())
+
+
+def _count_calls(rank: int, world: int, out_dir: str) -> None:
+    from shardwise.model import Transformer
+    from shardwise.parallel import build_mesh, parallelize
+
+    counts = {}
+    for model, lay, *_ in CASES:
+        spec, layout = load_model(model), Layout(**lay)
+        chunk = parallelize(Transformer(spec, seed=0), build_mesh(layout.pp, layout.dp, layout.tp), layout)
+        x = torch.randint(0, spec.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0))
+        chunk.module(x, x).backward()  # the first step's lazy initialisation issues calls of its own
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            chunk.module(x, x).backward()
+        ops = collections.Counter(e.name for e in prof.events() if e.name.startswith("gloo:"))
+        counts[_name(model, lay)] = dict(ops)
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump(counts, f)
+
+
+@pytest.fixture(scope="module")
+def runtime_calls(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calls")
+    spawn_ranks(_count_calls, 2, str(out))
+    return [json.loads((out / f"{r}.json").read_text()) for r in (0, 1)]
+
+
+def _planner_calls(model: str, lay: dict, keys: tuple[str, ...], cost_key: str) -> float:
+    """Calls per micro-batch the planner charges `cost_key` for (shardwise profile, nothing overlapped)."""
+    layout, y = Layout(**lay), 1e-3
+    cluster = load_cluster("dgx-a100-80gb")
+
+    def charged(**measured) -> float:
+        job = Job(load_model(model), dataclasses.replace(cluster, measured={"world_size": 0, "comm_overlap": 0.0,
+                                                                            **measured}),
+                  TrainSpec(BATCH, SEQ), flash_attention=True, framework="shardwise")
+        return sum(step_time(job, layout)[k] for k in keys)
+    microbatches = layout.num_microbatches(BATCH)
+    return (charged(**{cost_key: y}) - charged()) / (microbatches * y)
+
+
+@pytest.mark.parametrize("model,lay,keys,cost_key", CASES, ids=[_name(m, lay) for m, lay, *_ in CASES])
+def test_the_planner_charges_each_call_the_runtime_issues(runtime_calls, model, lay, keys, cost_key):
+    issued = [sum(n for op, n in calls[_name(model, lay)].items() if op != "gloo:barrier") for calls in runtime_calls]
+    assert issued[0] == issued[1] > 0  # every call is collective: both ranks issue it
+    assert _planner_calls(model, lay, keys, cost_key) == pytest.approx(issued[0])
