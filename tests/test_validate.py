@@ -14,7 +14,7 @@ from scipy import stats
 
 from shardwise.cli import main
 from shardwise.specs import Layout, load_model
-from shardwise.validate import (default_layouts, kendall_tau, parse_layout, quantile, spearman, summarize)
+from shardwise.validate import (default_layouts, describe, kendall_tau, parse_layout, quantile, spearman, summarize)
 
 LAYOUT_KEYS = {"predicted_step_time_s", "measured_step_time_s", "predicted_memory_bytes", "measured_memory_bytes"}
 SUMMARY_KEYS = {"median_abs_error", "p90_abs_error", "spearman", "kendall_tau", "top1_regret", "best_in_top3"}
@@ -118,6 +118,8 @@ def test_parse_layout():
     assert parse_layout("pp2:v2:mb2", 4) == Layout(dp=2, pp=2, vpp=2, micro_batch=2, schedule="interleaved-1f1b")
     assert parse_layout("dp2:zero3:gpipe", 2) == Layout(dp=2, zero=3, schedule="gpipe")
     assert parse_layout("cp2:allgather", 4) == Layout(dp=2, cp=2, cp_mode="allgather")
+    assert parse_layout("tp2:ep2:zero3", 4) == Layout(dp=2, tp=2, ep=2, zero=3)
+    assert parse_layout("tp2:etp2", 2) == Layout(tp=2, etp=2)
 
 
 def test_default_sweep_covers_every_split_schedule_and_zero_stage():
@@ -129,6 +131,18 @@ def test_default_sweep_covers_every_split_schedule_and_zero_stage():
     assert {x.recompute for x in lays} == {"none", "selective", "full"}
     assert any(x.sequence_parallel for x in lays) and any(x.micro_batch == 2 for x in lays)
     assert len(set(lays)) == len(lays)
+    assert all(x.ep == x.etp == 1 for x in lays)  # a dense model has no experts to split
+
+
+def test_default_sweep_of_a_moe_model_splits_its_experts():
+    dense = set(default_layouts(load_model("tiny"), 2, 8, 64))
+    lays = default_layouts(load_model("tiny-moe"), 2, 8, 64)
+    split = {(x.dp, x.tp, x.ep, x.etp, x.zero) for x in lays if x.ep * x.etp > 1}
+    # over both ranks of the dp split (also under ZeRO-3: experts sharded over their own replicas) and of the
+    # tp split; each expert's width over tp
+    assert split == {(2, 1, 2, 1, 0), (2, 1, 2, 1, 3), (1, 2, 2, 1, 0), (1, 2, 1, 2, 0)}
+    assert {x for x in lays if x.ep * x.etp == 1} == dense
+    assert len({describe(x) for x in lays}) == len(lays)  # each named apart in the table and the JSON
 
 
 pairs = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=3, max_size=12).filter(

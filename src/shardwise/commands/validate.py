@@ -19,7 +19,8 @@ def register(subparsers, name, help):
     p.add_argument("--world", type=int, default=2, help="ranks (processes); every layout uses all of them")
     p.add_argument("--layouts", nargs="+", default=None, metavar="LAYOUT",
                    help="layouts to run, e.g. dp2 tp2:sp pp2:gpipe pp2:interleaved-1f1b:v2 dp2:zero3:full dp2:mb2 "
-                        "(default: every split with its ZeRO, recompute, schedule and micro-batch variants)")
+                        "dp2:ep2 tp2:etp2 (default: every split with its ZeRO, recompute, schedule and micro-batch "
+                        "variants, and a MoE model's expert splits)")
     p.add_argument("--cluster", default=None,
                    help="profile from `shardwise calibrate` (default: calibrate this machine first, at this world)")
     p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout")

@@ -28,11 +28,12 @@ class ValidateConfig:
 def parse_layout(text: str, world: int) -> Layout:
     """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full', 'cp2:allgather' -> Layout.
 
-    Parts (':'-separated): dpN tpN ppN cpN mbN vN zeroN, sp, a recompute policy (none, selective, full),
+    Parts (':'-separated): dpN tpN ppN cpN epN etpN mbN vN zeroN, sp, a recompute policy (none, selective, full),
     a schedule name, a context-parallel mode (ring, allgather). dp defaults to world / (tp * pp * cp)."""
     fields: dict = {}
     for part in filter(None, text.strip().lower().split(":")):
-        key = next((k for k in ("zero", "dp", "tp", "pp", "cp", "mb", "v") if part.startswith(k) and part[len(k):].isdigit()), None)
+        key = next((k for k in ("zero", "dp", "tp", "pp", "cp", "etp", "ep", "mb", "v")
+                    if part.startswith(k) and part[len(k):].isdigit()), None)
         if key:
             fields[{"mb": "micro_batch", "v": "vpp"}.get(key, key)] = int(part[len(key):])
         elif part in CP_MODES:
@@ -44,7 +45,7 @@ def parse_layout(text: str, world: int) -> Layout:
         elif part == "sp":
             fields["sequence_parallel"] = True
         else:
-            raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN cpN mbN vN zeroN sp, "
+            raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN cpN epN etpN mbN vN zeroN sp, "
                              f"{'/'.join(RECOMPUTE)}, {'/'.join(CP_MODES)} or a schedule ({', '.join(SCHEDULES)})")
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if "dp" not in fields:
@@ -57,8 +58,8 @@ def parse_layout(text: str, world: int) -> Layout:
 
 def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> list[Layout]:
     """Every dp x tp x pp split of the world, and around each: ZeRO stages, recompute, sequence
-    parallelism, every pipeline schedule, and a bigger micro-batch; and the context-parallel splits (ring and
-    all-gather) — those this job can run."""
+    parallelism, every pipeline schedule, a bigger micro-batch and a MoE model's expert splits; and the
+    context-parallel splits (ring and all-gather) — those this job can run."""
     from shardwise.specs import divisors
 
     out = []
@@ -76,8 +77,20 @@ def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: in
             if pp > 1:
                 variants += [base.with_(schedule=s, vpp=2 if s == "interleaved-1f1b" else 1)
                              for s in SCHEDULES if s != base.schedule]
+            variants += _expert_variants(base, model)
             out += [v for v in variants if _runnable(v, model, world, global_batch, seq_len)]
     return list(dict.fromkeys(out))
+
+
+def _expert_variants(base: Layout, model: ModelSpec) -> list[Layout]:
+    """A MoE model's experts split over every rank of a stage (ep = dp x tp: its all-to-alls), also under ZeRO-3
+    (the experts then sharded over their own replicas), and each expert's width split over tp (etp)."""
+    if not model.is_moe:
+        return []
+    ranks = base.dp * base.tp
+    out = [base.with_(ep=ranks)] if ranks > 1 else []
+    out += [base.with_(ep=ranks, zero=3)] if base.dp > 1 else []
+    return out + ([base.with_(etp=base.tp)] if base.tp > 1 else [])
 
 
 def _runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> bool:
@@ -108,6 +121,8 @@ def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int
 def describe(lay: Layout) -> str:
     """A short unique name: the split, then what differs from the defaults."""
     parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"] + ([f"cp{lay.cp} {lay.cp_mode}"] if lay.cp > 1 else [])
+    parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
+    parts += [f"etp{lay.etp}"] if lay.etp > 1 else []
     parts.append(f"mb{lay.micro_batch}")
     if lay.pp > 1:
         parts.append(lay.schedule + (f" v{lay.vpp}" if lay.vpp > 1 else ""))
