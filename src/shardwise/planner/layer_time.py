@@ -227,7 +227,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
     if moe_layer:
-        ep_f += moe.aux_counts_time(c, model, layout)
+        ep_f += moe.aux_counts_time(c, model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, model, layout))
     if host_bound:  # the GPU waits for the host where the layer's kernels run out first
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))

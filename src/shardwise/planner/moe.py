@@ -215,7 +215,7 @@ def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout:
     with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
     the all-gather of the routed output over tp. Each of these calls also pays the calibrated synchronisation
     cost of a calibrated cluster (comm.sync_time; 0 on datasheet ones), as every tensor-parallel call does
-    (layer_time.tp_layer_comm); the small all-to-all of the counts before the dispatch is not counted."""
+    (layer_time.tp_layer_comm); the exchange of the counts before the dispatch is count_exchange_time."""
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
     calls = 0
@@ -244,6 +244,21 @@ def aux_counts_time(cluster: ClusterSpec, model: ModelSpec, layout: Layout) -> f
         return 0.0
     nbytes = 4 * (layout.micro_batch * model.num_experts + 1)
     return collective_time(cluster, "all_reduce", nbytes, group) + sync_time(cluster)
+
+
+def count_exchange_time(cluster: ClusterSpec, model: ModelSpec, layout: Layout) -> float:
+    """One MoE layer's forward under ep or etp on a calibrated cluster: before the dispatch the ranks exchange how
+    many rows each sends each expert (shardwise.parallel.expert_parallel.ExpertDispatch: an all-to-all of the E
+    counts over ep, an all-gather of the local experts' counts over etp), small synchronising calls. On datasheet
+    clusters this exchange and the host synchronisation it makes are part of MOE_LAYER_OVERHEAD_S (the dispatcher's
+    metadata, above), so it is counted there, not here."""
+    t = 0.0
+    if layout.ep > 1:
+        t += all_to_all_time(cluster, 4 * model.num_experts, layout.ep, layout.etp) + sync_time(cluster)
+    if layout.etp > 1:
+        t += collective_time(cluster, "all_gather", 4 * model.num_experts / layout.ep * layout.etp, layout.etp) \
+            + sync_time(cluster)
+    return t
 
 
 def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float = 1.0) -> list[tuple[float, float, float, int]]:
