@@ -84,7 +84,8 @@ def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: in
 
 def _expert_variants(base: Layout, model: ModelSpec) -> list[Layout]:
     """A MoE model's experts split over every rank of a stage (ep = dp x tp: its all-to-alls), also under ZeRO-3
-    (the experts then sharded over their own replicas), and each expert's width split over tp (etp)."""
+    (the dense weights sharded over dp, the experts over their own replicas where they have any), and each
+    expert's width split over tp (etp)."""
     if not model.is_moe:
         return []
     ranks = base.dp * base.tp
