@@ -138,7 +138,7 @@ def test_default_sweep_of_a_moe_model_splits_its_experts():
     dense = set(default_layouts(load_model("tiny"), 2, 8, 64))
     lays = default_layouts(load_model("tiny-moe"), 2, 8, 64)
     split = {(x.dp, x.tp, x.ep, x.etp, x.zero) for x in lays if x.ep * x.etp > 1}
-    # over both ranks of the dp split (also under ZeRO-3: experts sharded over their own replicas) and of the
+    # over both ranks of the dp split (also under ZeRO-3, which shards the dense weights) and of the
     # tp split; each expert's width over tp
     assert split == {(2, 1, 2, 1, 0), (2, 1, 2, 1, 3), (1, 2, 2, 1, 0), (1, 2, 1, 2, 0)}
     assert {x for x in lays if x.ep * x.etp == 1} == dense
