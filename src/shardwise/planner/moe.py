@@ -218,12 +218,11 @@ def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout:
     (layer_time.tp_layer_comm); the exchange of the counts before the dispatch is count_exchange_time."""
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
-    calls = 0
     if dispatcher == "deepep":
         t = 2 * deepep_time(cluster, model, routed * capacity, model.hidden * e, layout.ep, layout.etp, routing)
     else:
         t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
-    calls += 2 if layout.ep > 1 else 0
+    calls = 2 if layout.ep > 1 else 0  # dispatch and combine
     if layout.etp > 1:
         t += sum(collective_time(cluster, kind, layout.etp * rows, layout.etp) for kind in ("all_gather", "reduce_scatter"))
         calls += 2
