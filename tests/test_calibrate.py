@@ -60,6 +60,11 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert [w for w, _ in m["wait_penalty_points"]] == [m["sync_points"][0], m["sync_points"][6]]
     assert all(x >= 0 for _, x in m["wait_penalty_points"])
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
+    # the model split over both ranks by tensor parallelism, beside the plain one, and what each TP call costs there
+    # (at least minus the cheapest table time at a layer's activation: no call costs less than nothing)
+    assert len(m["tp_points"]) == 2 and min(m["tp_points"]) > 0
+    activation = 32 * load_model("tiny").hidden * 4
+    assert m["tp_call_s"] >= -min(interpolate(m[k], activation) for k in ("all_reduce", "all_gather", "reduce_scatter"))
     assert m.get("other_cpu_cores", 0.0) >= 0  # other processes' CPU use meanwhile (absent where unknown)
     # the reference workload (the smallest micro-batch) per round: the overall median lies between theirs
     rounds = m["reference_rounds_s"]
@@ -407,3 +412,34 @@ def estimate_time(job, layout) -> dict:
     from shardwise.planner import estimate
 
     return estimate(job, layout).time_s
+
+
+@pytest.mark.parametrize("extra", [0.0, 4e-3, 20e-3])
+def test_the_planner_prices_a_tp_step_as_calibrate_measured_it(extra):
+    """calibrate's TP forward + backward of its model (tiny, 4 layers, one 64-token micro-batch on 2 ranks) took
+    `extra` seconds more than the planner's split FLOPs and TP calls at the tables + sync_overhead_s: each TP call's
+    price (tp_call_s) is set so that the planner's tp2 step of the same model, 8 micro-batches, costs 8 x the measured
+    TP - plain; where the tables alone exceed the measurement, no call goes below nothing."""
+    from shardwise.calibrate.profile import tp_call_in_step
+    from shardwise.planner.memory import runtime_job
+
+    tiny = load_model("tiny")
+    p = _cp_profile([])
+
+    def split_cost(profile) -> float:
+        cluster = profile.to_cluster()
+        tp = estimate_time(runtime_job(tiny, cluster, 8, 64, gpu=False), Layout(tp=2))
+        plain = estimate_time(runtime_job(tiny, cluster, 8, 64, gpu=False), Layout())
+        return tp["compute"] + tp["tp_comm"] + tp["recompute"] - plain["compute"] - plain["recompute"]
+
+    plain_s = 8e-3
+    planned = split_cost(p) / 8  # at sync_overhead_s a call (0.5 ms), as before this measurement
+    p.tp_points, p.tp_layers = [plain_s, plain_s + planned + extra], 4
+    p.tp_call_s = tp_call_in_step(p, tiny, 1, 64)
+    assert p.tp_call_s > p.sync_overhead_s() if extra else p.tp_call_s == pytest.approx(p.sync_overhead_s())
+    assert split_cost(p) == pytest.approx(8 * (p.tp_points[1] - p.tp_points[0]), rel=1e-9)
+    # a TP step measured faster than its calls at the tables: each call at least costs nothing
+    p.tp_points = [plain_s, plain_s / 4]
+    table = 2e-4 + 64 * tiny.hidden * 4 / 2e9
+    assert tp_call_in_step(p, tiny, 1, 64) == pytest.approx(-table)
+    assert tp_call_in_step(_cp_profile([]), tiny, 1, 64) is None  # no TP measurement: the planner keeps sync_overhead_s

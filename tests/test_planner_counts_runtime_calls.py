@@ -69,14 +69,15 @@ def runtime_calls(tmp_path_factory):
     return [json.loads((out / f"{r}.json").read_text()) for r in (0, 1)]
 
 
-def _planner_calls(model: str, lay: dict, keys: tuple[str, ...], cost_key: str) -> float:
-    """Calls per micro-batch the planner charges `cost_key` for (shardwise profile, nothing overlapped)."""
+def _planner_calls(model: str, lay: dict, keys: tuple[str, ...], cost_key: str, base: dict | None = None) -> float:
+    """Calls per micro-batch the planner charges `cost_key` for (shardwise profile, nothing overlapped), on a
+    calibrated cluster whose other [measured] keys are `base`."""
     layout, y = Layout(**lay), 1e-3
     cluster = load_cluster("dgx-a100-80gb")
 
     def charged(**measured) -> float:
         # a calibrated cluster (a measured model rate), as `validate` predicts on
-        calibrated = {"world_size": 0, "model_tflops": 0.05, "comm_overlap": 0.0}
+        calibrated = {"world_size": 0, "model_tflops": 0.05, "comm_overlap": 0.0, **(base or {})}
         job = Job(load_model(model), dataclasses.replace(cluster, measured={**calibrated, **measured}),
                   TrainSpec(BATCH, SEQ), flash_attention=True, framework="shardwise")
         return sum(step_time(job, layout)[k] for k in keys)
@@ -91,3 +92,22 @@ def test_the_planner_charges_each_call_the_runtime_issues(runtime_calls, model, 
     issued = [sum(n for op, n in calls[name].items() if op not in skip) for calls in runtime_calls]
     assert issued[0] == issued[1] > 0  # every call is collective: both ranks issue it
     assert _planner_calls(model, lay, keys, cost_key) == pytest.approx(issued[0])
+
+
+TP_CASES = [case for case in CASES if case[1].get("tp", 1) > 1]
+
+
+@pytest.mark.parametrize("model,lay,keys,cost_key", TP_CASES, ids=[_name(m, lay) for m, lay, *_ in TP_CASES])
+def test_each_call_pays_one_cost_where_calibrate_priced_the_tp_calls(runtime_calls, model, lay, keys, cost_key):
+    """With `tp_call_s` measured (calibrate's TP forward + backward), each call of a TP layer and of the
+    vocabulary-parallel edges pays it in place of `sync_overhead_s`, and every other synchronising call (a MoE
+    layer's: its output gathered over tp, the load-balancing counts summed) still pays `sync_overhead_s`: the two
+    counts add up to the runtime's calls, and a dense model's are all TP calls."""
+    name = _name(model, lay)
+    issued = sum(n for op, n in runtime_calls[0][name].items() if op not in ("gloo:barrier",) + OTHER_CALLS.get(name, ()))
+    tp_calls = _planner_calls(model, lay, keys, "tp_call_s", base={"sync_overhead_s": 0.0})
+    other = _planner_calls(model, lay, keys, "sync_overhead_s", base={"tp_call_s": 0.0})
+    assert tp_calls + other == pytest.approx(issued)
+    assert tp_calls >= 2 * load_model(model).num_layers  # the attention's output reduction and its input's gradient
+    if not load_model(model).is_moe:
+        assert other == pytest.approx(0.0)

@@ -29,7 +29,7 @@ import os
 from dataclasses import replace
 
 from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, check_config, gemm_shapes, human, parse_size, rank_steps
-from shardwise.calibrate.profile import Profile, fit_alpha_beta
+from shardwise.calibrate.profile import Profile, fit_alpha_beta, tp_call_in_step
 
 __all__ = ["COLLECTIVES", "CalibrateConfig", "Profile", "calibrate", "check_config", "fit_alpha_beta", "gemm_shapes",
            "human", "parse_size", "rank_steps"]
@@ -48,7 +48,11 @@ def calibrate(cfg: CalibrateConfig, report=lambda label: None) -> Profile | None
     with OtherCpu(enabled=not under_torchrun()) as other:  # under torchrun the other ranks are not our children
         out = run_ranks(_measure, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
                         what="calibration")[0]
-    return None if out is None else Profile(**out, other_cpu_cores=other.cores)
+    if out is None:
+        return None
+    profile = Profile(**out, other_cpu_cores=other.cores)
+    profile.tp_call_s = tp_call_in_step(profile, cfg.model, cfg.micro_batch, cfg.seq_len)
+    return profile
 
 
 def _measure(cfg: CalibrateConfig):

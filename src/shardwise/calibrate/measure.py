@@ -37,7 +37,7 @@ class Timer:
         cuda = cfg.device_type == "cuda"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.dtype = torch.bfloat16 if cuda else torch.float32
-        self._mesh = mesh
+        self._mesh, self._tp_mesh = mesh, None
 
     def mesh(self):
         """The data-parallel mesh (dp = world) every measurement that needs one shares, built on first use
@@ -48,6 +48,15 @@ class Timer:
 
             self._mesh = build_mesh(1, self.world, 1, backend=self.cfg.backend, timeout_s=self.cfg.timeout_s)
         return self._mesh
+
+    def tp_mesh(self):
+        """The same ranks as one tensor-parallel group (tp = world), on the data-parallel mesh's groups: it adds no
+        process group (no gloo thread) to the calibration, as validate's layouts share theirs."""
+        if self._tp_mesh is None:
+            from shardwise.parallel.mesh import moved
+
+            self._tp_mesh = moved(self.mesh(), "dp", "tp")
+        return self._tp_mesh
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -772,6 +781,55 @@ def measure_collectives(t: Timer, out: dict):
             yield f"{kind} {human(nbytes)}"
 
 
+def tp_layout(t: Timer):
+    """The tensor-parallel split measure_tp times (tp = world, one micro-batch), or None where the model's heads,
+    KV heads or FFN do not split over this many ranks."""
+    from shardwise.errors import UsageError
+    from shardwise.specs import Layout, validate_layout
+
+    layout = Layout(tp=t.world, micro_batch=t.cfg.micro_batch)
+    try:
+        validate_layout(layout, t.cfg.model, t.cfg.micro_batch, t.world, t.cfg.seq_len)
+    except UsageError:
+        return None
+    return layout
+
+
+def measure_tp(t: Timer, out: dict):
+    """out["tp_points"] = [plain, tensor-parallel]: seconds of the reference workload (the model of at most
+    MODEL_LAYERS layers, embedding, LM head and loss, forward + backward on one micro-batch) as one rank runs it
+    whole, and as the runtime splits it over every rank with tensor parallelism (`parallelize`, tp = world: the
+    Megatron split of every block, the vocabulary-parallel embedding, head and loss), interleaved in SYNC_ROUNDS x
+    repeats repeats, each as long as its slowest rank; out["tp_layers"] its layers. Profile.tp_call_s (calibrate.profile
+    .tp_call_in_step) prices each TP call so that the planner's difference equals this one: the planner counts the
+    GEMMs split over tp and each call at its table's time, and what is left is the work around the calls in the
+    runtime's TP layer (the autograd functions around each collective, their copies, the vocabulary masks) and how
+    the ranks meet at calls that follow each other closely, neither of which measure_sync's one all-reduce after a
+    layer holds (docs/accuracy.md: tiny-moe's TP forward + backward took 5.1 ms more than its calls at
+    sync_overhead_s and its split FLOPs)."""
+    layout = tp_layout(t) if t.world > 1 else None
+    if layout is None:
+        out["tp_points"], out["tp_layers"] = [], 0
+        return
+    from shardwise.model import Transformer
+    from shardwise.parallel import parallelize
+
+    spec = t.cfg.model
+    layers = min(spec.num_layers, MODEL_LAYERS)
+    chunk = parallelize(Transformer(spec, seed=0, layer_ids=range(layers)), t.tp_mesh(), layout, t.device)
+    x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
+
+    def split():
+        with _amp(t):
+            loss = chunk.module(x, x)
+        loss.backward()
+
+    reps = yield from in_rounds(t, {"plain": reference(t), "tp": split}, SYNC_ROUNDS * t.cfg.repeats,
+                                "tensor-parallel model against a plain one", barrier_each=True)
+    plain_s = statistics.median(reps["plain"])
+    out["tp_points"], out["tp_layers"] = [plain_s, plain_s + paired(reps, "tp", "plain")], layers
+
+
 def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda label: None) -> dict | None:
     """Every measurement on this rank (in an initialised process group when world > 1), `report(label)`
     after each. Returns the Profile fields on rank 0, None elsewhere."""
@@ -785,7 +843,7 @@ def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda labe
     # and the per-call costs hold the same mean load: on a shared machine the load moves within the minutes a
     # calibration takes, and the planner adds the two together. The one-off tables run after the first round.
     rounds = [measure_model(t, out), measure_sync(t, out), measure_fsdp(t, out), measure_split_backward(t, out),
-              measure_loop(t, out), measure_cp(t, out)]
+              measure_loop(t, out), measure_cp(t, out), measure_tp(t, out)]
     for r in range(MODEL_ROUNDS):
         for steps in rounds:
             label = next(steps, None)  # None: nothing to measure at this world (or in this torch)

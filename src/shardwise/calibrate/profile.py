@@ -54,6 +54,9 @@ class Profile:
     cp_points: list = field(default_factory=list)  # [plain, ring, all-gather] one layer on seq/world tokens, seconds
     cp_attention_s: float = 0.0  # the attention work the planner charges a cp layer beyond the plain one
     cp_block_bytes: int = 0  # one rank's K/V block behind cp_points
+    tp_points: list = field(default_factory=list)  # [plain, tp = world] the model forward + backward, seconds
+    tp_layers: int = 0  # layers of that model
+    tp_call_s: float | None = None  # each TP collective in a TP step beyond its table time (tp_call_in_step)
     alone_points: list = field(default_factory=list)  # [every rank, one rank alone] the model at the smallest micro-batch, s
     concurrent_slowdown: float = 1.0  # median over repeats of every rank / one alone (>= 1)
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
@@ -231,9 +234,11 @@ class Profile:
                "fsdp_points": self.fsdp_points,
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
                "cp_ring_step_s": self.cp_ring_step_s(), "cp_allgather_s": self.cp_allgather_s(),
-               "cp_points": self.cp_points,
+               "cp_points": self.cp_points, "tp_points": self.tp_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
+        if self.tp_call_s is not None:  # else the planner charges TP calls sync_overhead_s
+            out["tp_call_s"] = self.tp_call_s
         if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
             out["other_cpu_cores"] = self.other_cpu_cores
         if self.gloo_loop_threads is not None:  # not read by the planner: validate shows its sweep's beside it
@@ -272,7 +277,7 @@ SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
-    **dict.fromkeys(("sync_overhead_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
+    **dict.fromkeys(("sync_overhead_s", "tp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "pipeline_exchange_s": "exchange",
     "wait_penalty_points": "exchange",  # [[wait, seconds], ...]: the seconds scale, as a table's
@@ -281,11 +286,51 @@ SPEED_CLASS = {
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
-               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points",
+               "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points", "tp_points",
                "lockstep_spread")  # (a share of the compute before an exchange: moves with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute"}
 RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
+
+
+def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> float | None:
+    """What each tensor-parallel collective costs in a TP step beyond its table time, from measure_tp's points: the
+    per-call charge (planner/comm.tp_sync_time) at which the planner's (TP - plain) for the same model on this
+    profile — its split GEMMs, element-wise passes and edges, every TP call at its table's time + this charge —
+    equals the measured one. It holds what sync_overhead_s (one all-reduce after a layer) does not: the work around
+    each call in the runtime's TP layer (its autograd functions and their copies, the vocabulary masks), and how the
+    ranks arrive at calls that follow each other closely. None where the model did not split over the ranks."""
+    if len(profile.tp_points) < 2 or not profile.tp_layers:
+        return None
+    from dataclasses import replace
+
+    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.step_time import stage_cost
+    from shardwise.specs import Layout
+
+    spec = replace(model, num_layers=profile.tp_layers)
+    base = replace(profile, tp_call_s=None).to_cluster()
+
+    def planned_split(call_s: float) -> float:
+        """The planner's (TP - plain) forward + backward of one micro-batch, each TP call charged `call_s`."""
+        cluster = replace(base, measured={**base.measured, "tp_call_s": call_s})
+        job = runtime_job(spec, cluster, micro_batch, seq_len, gpu=profile.backend == "nccl")
+        cost = [stage_cost(job, Layout(tp=tp, micro_batch=micro_batch), 0) for tp in (profile.world, 1)]
+        return (cost[0].f + cost[0].b + cost[0].w) - (cost[1].f + cost[1].b + cost[1].w)
+
+    at_zero, step = planned_split(0.0), 1e-3
+    calls = (planned_split(step) - at_zero) / step  # the TP calls the planner charges a micro-batch
+    if calls <= 0:
+        return None
+    # Below 0 where the tables ran slow: a small collective timed back to back on a shared machine is bimodal (both
+    # ranks on one core or not: 0.3 or 1.8 ms for one all-reduce of 16 KiB in two calibrations of tiny minutes
+    # apart), its call in context is not. No call below nothing: at least minus the cheapest table at the layer's
+    # activation.
+    tables = profile.monotone_tables()
+    act = micro_batch * seq_len * model.hidden * (2 if profile.dtype in ("bfloat16", "float16") else 4)
+    floor = min((interpolate(tables[k], act) for k in ("all_reduce", "all_gather", "reduce_scatter") if tables.get(k)),
+                default=0.0)
+    return max((profile.tp_points[1] - profile.tp_points[0] - at_zero) / calls, -floor)
 
 
 def speed_ratios(ratios: dict) -> dict:

@@ -90,6 +90,19 @@ def _pooled_mesh(device_type: str, shape: tuple, backend: str, timeout_s: float,
     return DeviceMesh.from_group(groups, device_type, mesh=grid, mesh_dim_names=DIMS)
 
 
+def moved(mesh: DeviceMesh, src: str, dst: str) -> DeviceMesh:
+    """The same ranks with `mesh`'s `src` group as dimension `dst` (every other dimension of size 1, as in `mesh`),
+    from `mesh`'s own groups: no process group is made, so no gloo thread (calibrate times a tensor-parallel model
+    beside the data-parallel mesh a `train` job holds)."""
+    assert all(size(mesh, d) == 1 for d in DIMS if d != src), "only a mesh with one split dimension moves"
+    one = next(submesh(mesh, d).get_group() for d in DIMS if d != src)  # this rank alone
+    groups = [submesh(mesh, src).get_group() if d == dst else one for d in DIMS]
+    grid = torch.arange(dist.get_world_size()).reshape([size(mesh, src) if d == dst else 1 for d in DIMS])
+    out = DeviceMesh.from_group(groups, mesh.device_type, mesh=grid, mesh_dim_names=DIMS)
+    out.shardwise_group_options = mesh.shardwise_group_options
+    return out
+
+
 def data_dim(mesh: DeviceMesh | None) -> str:
     """The dimension gradients are averaged and ZeRO-sharded over: "dp", or "dp_cp" with context
     parallelism (every cp rank holds the same weights and computes part of the same sequences' gradient)."""

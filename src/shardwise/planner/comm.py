@@ -205,6 +205,14 @@ def sync_time(cluster: ClusterSpec) -> float:
     return float((cluster.measured or {}).get("sync_overhead_s", 0.0))
 
 
+def tp_sync_time(cluster: ClusterSpec) -> float:
+    """The same for a tensor-parallel layer's collective, where `calibrate` timed a TP forward + backward of its
+    model (`tp_call_s`: each TP call in that step beyond its table time, the work around it included), else
+    sync_time."""
+    measured = cluster.measured or {}
+    return float(measured.get("tp_call_s", measured.get("sync_overhead_s", 0.0)))
+
+
 def p2p_sync_time(cluster: ClusterSpec) -> float:
     """The same for a blocking point-to-point receive after compute (`p2p_sync_s`, else `sync_overhead_s`)."""
     measured = cluster.measured or {}

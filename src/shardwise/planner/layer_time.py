@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardwise.planner import kernels, moe
-from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
+from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.memory import Job, local_seq
 from shardwise.planner.overlap import interference
@@ -359,7 +359,7 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     tp, c = layout.tp, job.cluster
     outputs = 1 if merged else 2  # reductions of the row-parallel outputs (forward), their gathers (SP backward)
     act = tokens * job.model.hidden * job.train.activation_bytes
-    sync = sync_time(c)
+    sync = tp_sync_time(c)
     if not layout.sequence_parallel:
         one = collective_time(c, "all_reduce", act, tp) + sync
         return outputs * one, 2 * one

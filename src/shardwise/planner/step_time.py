@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe
-from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time
+from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           layer_gemms, matmul_params_per_layer)
@@ -272,7 +272,7 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     if tp == 1 or 0 < rank < layout.pp - 1:  # no edge on this rank
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
-    sync = sync_time(c)
+    sync = tp_sync_time(c)
     ar, ag, rs = (collective_time(c, k, act, tp) + sync for k in ("all_reduce", "all_gather", "reduce_scatter"))
     sp = layout.sequence_parallel
     f = b = 0.0
