@@ -252,7 +252,7 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         loss_vocab = model.vocab_size  # the loss runs over all of it
         # an all-gather into a list, each entry copied out of NCCL's buffer (2 + 2), then torch.cat (2 + 2); backward:
         # the rank's slice of the logits' gradient made contiguous (2 + 2 per local element)
-        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp) + sync_time(c)
+        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp) + tp_sync_time(c)
                     + 8 * tokens * loss_vocab / kernels.hbm_rate(c))
         gather_b = 4 * tokens * vocab / kernels.hbm_rate(c)
     loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
@@ -296,7 +296,7 @@ def pipe_regather_time(job: Job, layout: Layout, rank: int, tokens: int) -> tupl
     if layout.pp == 1 or tp == 1 or layout.sequence_parallel or fw.p2p_regathers == (0, 0):
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
-    one = (collective_time(c, "all_gather", act, tp) + sync_time(c)
+    one = (collective_time(c, "all_gather", act, tp) + tp_sync_time(c)
            + fw.p2p_regather_copies * act / kernels.hbm_rate(c))
     v = layout.vpp
     receives = (v - (rank == 0), v - (rank == layout.pp - 1))
