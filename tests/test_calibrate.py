@@ -443,3 +443,36 @@ def test_the_planner_prices_a_tp_step_as_calibrate_measured_it(extra):
     table = 2e-4 + 64 * tiny.hidden * 4 / 2e9
     assert tp_call_in_step(p, tiny, 1, 64) == pytest.approx(-table)
     assert tp_call_in_step(_cp_profile([]), tiny, 1, 64) is None  # no TP measurement: the planner keeps sync_overhead_s
+
+
+def test_one_rank_alone_runs_the_model_as_the_base_it_is_compared_with(monkeypatch):
+    """concurrent_slowdown compares the model timed on every rank at once with rank 0 running it alone; the variants run
+    in a new order every repeat, and the recomputing ones (selective, full) leave the model so. Run right after them,
+    the alone variant must still run the model without recompute, as its base does."""
+    from shardwise.calibrate import measure
+    from shardwise.calibrate.config import CalibrateConfig
+    from shardwise.model import Transformer
+
+    recomputing, forward = [], Transformer.forward
+
+    def spy(self, *args, **kwargs):
+        recomputing.append(any(b.recompute or b.attention.recompute_core for b in self.layers.values()))
+        return forward(self, *args, **kwargs)
+
+    seen = {}
+
+    def after_recompute(self, fns, repeats, seed=0, barrier_each=False):  # an order the shuffle can draw
+        for before in ("full 1", "selective 1"):
+            fns[before]()
+            recomputing.clear()
+            fns["alone 1"]()
+            seen[before] = list(recomputing)
+        return {name: [1e-3 * (i + 1)] * repeats for i, name in enumerate(fns)}
+
+    monkeypatch.setattr(Transformer, "forward", spy)
+    monkeypatch.setattr(measure.Timer, "interleaved", after_recompute)
+    t = measure.Timer(CalibrateConfig(model=load_model("tiny"), world=1, repeats=1, warmup=0, seq_len=16), 0, 1)
+    out = {"copy_gbs": 10.0}
+    for _ in measure.measure_model(t, out):
+        pass
+    assert seen == {"full 1": [False], "selective 1": [False]}

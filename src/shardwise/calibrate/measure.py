@@ -324,7 +324,10 @@ def measure_model(t: Timer, out: dict):
            [(batches[0], "selective"), (batches[0], "full"), (batches[0], "step")]}
     fns.update(edge_variants(t, batches[0]))
     alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
-    fns[alone] = (lambda: step(inputs[batches[0]])) if t.rank == 0 else (lambda: None)
+    # Without recompute, as the base it is compared with: the variants run in a new order every repeat and each sets
+    # the model's recompute itself. Left as the previous one set it, about 2 alone runs in 7 recomputed (selective or
+    # full) and the slowdown read 0.97-1.08 where the two timed apart read 1.10 (docs/accuracy.md).
+    fns[alone] = variant(batches[0], "none") if t.rank == 0 else (lambda: None)
     reps: dict = {name: [] for name in fns}
     for r in range(MODEL_ROUNDS):
         for name, times in t.interleaved(fns, t.cfg.repeats, seed=r, barrier_each=t.world > 1).items():
