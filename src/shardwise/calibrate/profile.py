@@ -311,25 +311,25 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> 
     spec = replace(model, num_layers=profile.tp_layers)
     base = replace(profile, tp_call_s=None).to_cluster()
 
-    def planned_split(call_s: float) -> float:
-        """The planner's (TP - plain) forward + backward of one micro-batch, each TP call charged `call_s`."""
+    def planned(call_s: float, tp: int) -> float:
+        """The planner's forward + backward of one micro-batch at `tp`, each TP call charged `call_s`."""
         cluster = replace(base, measured={**base.measured, "tp_call_s": call_s})
-        job = runtime_job(spec, cluster, micro_batch, seq_len, gpu=profile.backend == "nccl")
-        cost = [stage_cost(job, Layout(tp=tp, micro_batch=micro_batch), 0) for tp in (profile.world, 1)]
-        return (cost[0].f + cost[0].b + cost[0].w) - (cost[1].f + cost[1].b + cost[1].w)
+        cost = stage_cost(runtime_job(spec, cluster, micro_batch, seq_len, gpu=profile.backend == "nccl"),
+                          Layout(tp=tp, micro_batch=micro_batch), 0)
+        return cost.f + cost.b + cost.w
 
-    at_zero, step = planned_split(0.0), 1e-3
-    calls = (planned_split(step) - at_zero) / step  # the TP calls the planner charges a micro-batch
+    step = 1e-3
+    at_zero = planned(0.0, profile.world) - planned(0.0, 1)  # the planner's TP - plain, its TP calls free
+    calls = (planned(step, profile.world) - planned(0.0, profile.world)) / step  # TP calls it charges a micro-batch
     if calls <= 0:
         return None
     # Below 0 where the tables ran slow: a small collective timed back to back on a shared machine is bimodal (both
     # ranks on one core or not: 0.3 or 1.8 ms for one all-reduce of 16 KiB in two calibrations of tiny minutes
     # apart), its call in context is not. No call below nothing: at least minus the cheapest table at the layer's
     # activation.
-    tables = profile.monotone_tables()
-    act = micro_batch * seq_len * model.hidden * (2 if profile.dtype in ("bfloat16", "float16") else 4)
-    floor = min((interpolate(tables[k], act) for k in ("all_reduce", "all_gather", "reduce_scatter") if tables.get(k)),
-                default=0.0)
+    tables = profile.monotone_tables()  # sync_bytes: measure_sync's activation, the layer's at this micro-batch
+    floor = min((interpolate(tables[k], profile.sync_bytes) for k in ("all_reduce", "all_gather", "reduce_scatter")
+                 if tables.get(k)), default=0.0)
     return max((profile.tp_points[1] - profile.tp_points[0] - at_zero) / calls, -floor)
 
 

@@ -214,8 +214,9 @@ def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout:
     all-to-alls over ep (NCCL's all-to-all, k copies of a token's row; or DeepEP's node-deduplicated one);
     with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
     the all-gather of the routed output over tp. Each of these calls also pays the calibrated synchronisation
-    cost of a calibrated cluster (comm.sync_time; 0 on datasheet ones), as every tensor-parallel call does
-    (layer_time.tp_layer_comm); the exchange of the counts before the dispatch is count_exchange_time."""
+    cost of a calibrated cluster (comm.sync_time, one all-reduce after a layer; 0 on datasheet ones); the dense TP
+    calls pay comm.tp_sync_time instead (layer_time.tp_layer_comm). The exchange of the counts before the dispatch
+    is count_exchange_time."""
     routed = tokens / layout.tp
     rows = routed * model.experts_per_token * capacity * model.hidden * e
     if dispatcher == "deepep":
