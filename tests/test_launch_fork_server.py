@@ -60,3 +60,34 @@ def test_the_servers_imports_never_ask_the_cuda_driver(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] False"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_interrupt_ends_the_server_with_the_ranks_it_was_still_forking():
+    """After Ctrl-C the launcher ends its fork server; a rank the server forked just before (still reading its launch
+    from the launcher, which is about to exit, where it would fail with a traceback) must end with it, silently."""
+    import multiprocessing
+    import time
+
+    import pytest
+
+    if not Path("/proc").is_dir():
+        pytest.skip("finds the server's forks through /proc (Linux)")
+    launch._fork_server()
+    fork = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(120,))
+    fork.start()
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    launch._stop_fork_server()
+    fork.join(30)
+    for _ in range(50):  # init reaps the orphan
+        if not _running(fork.pid):
+            break
+        time.sleep(0.1)
+    assert not _running(fork.pid) and not _running(server)
+    assert launch._server_env is None

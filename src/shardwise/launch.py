@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import uuid
+from pathlib import Path
 
 from shardwise.errors import UsageError
 from shardwise.train import TrainConfig
@@ -206,18 +207,42 @@ def _fork_server() -> str:
 
 def _stop_fork_server() -> None:
     """After an interrupt: end the fork server now (it would end by itself once this process has gone and it has
-    finished its imports); the next launch starts another."""
+    finished its imports), and the ranks it forked with it; the next launch starts another.
+
+    A rank forked just as the interrupt came is still reading its launch from this process, which is about to
+    exit: left alone it fails there and prints a traceback after the command's one line. So the server is stopped
+    first (it forks no more), its forks are killed while they are still its children, then the server."""
     global _server_env
     import multiprocessing.forkserver
     import signal
 
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)  # CPython's, since 3.4
     if pid:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _signal(pid, signal.SIGSTOP)
+        for child in _children(pid):
+            _signal(child, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
     _server_env = None
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone already
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc (Linux; elsewhere none are found: the agent has stopped the
+    ranks it knew of)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _env_changes() -> tuple[dict[str, str], list[str]]:
