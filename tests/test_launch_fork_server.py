@@ -85,9 +85,33 @@ def test_an_interrupt_ends_the_server_with_the_ranks_it_was_still_forking():
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     launch._stop_fork_server()
     fork.join(30)
-    for _ in range(50):  # init reaps the orphan
-        if not _running(fork.pid):
+    for _ in range(50):  # a killed process takes a moment to end; init reaps the orphan
+        if not _running(fork.pid) and not _running(server):
             break
         time.sleep(0.1)
     assert not _running(fork.pid) and not _running(server)
     assert launch._server_env is None
+
+
+def _fail_on_rank_one(rank, world):
+    if rank == 1:
+        raise ValueError("rank one's own error")
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_folder_and_still_names_a_ranks_error(tmp_path, monkeypatch):
+    """torch elastic keeps each rank's error file in a folder of its own; left to it, every launch would leave one in
+    the system's temporary folder. The launch removes it, after reading a failed rank's error from it. (A failed rank
+    also leaves torch.multiprocessing's own copy of its error, which torch never removes: not ours to delete.)"""
+    import multiprocessing.util
+    import tempfile
+
+    import pytest
+
+    multiprocessing.util.get_temp_dir()  # this process's own, made once for its life: not the launch's
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    spawn_ranks(_probe, 2, str(tmp_path / "out"))
+    assert list((tmp_path / "tmp").iterdir()) == []
+    with pytest.raises(RuntimeError, match="rank one's own error"):
+        spawn_ranks(_fail_on_rank_one, 2)
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("pytorch-errorfile-")] == []

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -155,6 +156,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
         return [_rank_main(entry, args, backend, timeout_s, None, report)]
     if world == 1:
         return [_rank_main(entry, args, backend, timeout_s, None, report, join=False)]
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -163,12 +165,14 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
     from shardwise.interrupt import launcher_signals
 
     try:
-        with launcher_signals(), _ProgressRelay(report) as queue:  # Ctrl-C / SIGTERM: the agent stops the ranks, one line
+        # Ctrl-C / SIGTERM: the agent stops the ranks, one line. The agent's folder per rank (its error file) goes in
+        # a temporary folder removed with the launch: left to torch elastic, each launch leaves one in the system's.
+        with launcher_signals(), _ProgressRelay(report) as queue, tempfile.TemporaryDirectory(prefix="shardwise-") as logs:
             # started here, with SIGINT blocked, the fork server and its forks ignore Ctrl-C until rank_handlers
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                                   rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
                                   max_restarts=max_restarts, monitor_interval=0.1, start_method=_fork_server(),
-                                  local_addr="127.0.0.1", shutdown_timeout=3)
+                                  local_addr="127.0.0.1", shutdown_timeout=3, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
                                                              _env_changes())
