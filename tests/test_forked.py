@@ -4,6 +4,7 @@ and a worker's failure is raised in the parent with the worker's traceback (no h
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -40,3 +41,22 @@ def test_a_workers_failure_is_raised_here_with_its_traceback():
 def test_small_work_stays_in_one_process():
     assert worker_count(None, 10, 400) == 1
     assert worker_count(3, 10, 400) == 3  # asked for
+
+
+def _signals(piece: int):
+    return piece, signal.getsignal(signal.SIGINT) is signal.SIG_DFL, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_worker_ends_silently_on_ctrl_c_or_terminate_whatever_handlers_the_parent_has():
+    """The CLI's process raises on SIGTERM (interrupt.cli_handlers) and Python on SIGINT; a worker inheriting those
+    printed a traceback when terminate() reached it while it was exiting. Its own are the system's defaults."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        out = map_hands(_signals, [0, 1], [[0], [1]])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert out[0] == (0, False, False)  # this process keeps its handlers
+    assert out[1] == (1, True, True)  # the forked worker's are the defaults

@@ -7,6 +7,8 @@ each piece returned (pickled through a pipe). No torch."""
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import traceback
 from typing import Callable, Sequence
@@ -62,14 +64,18 @@ def map_hands(fn: Callable, pieces: Sequence, hands: list[list[int]]) -> list:
         return [found[i] for i in range(len(pieces))]
     finally:
         for receive, proc in workers:
-            if proc.is_alive():
+            if proc.is_alive() and sys.exc_info()[0] is not None:  # answered workers end by themselves
                 proc.terminate()
             proc.join()
             receive.close()
 
 
 def _worker(send, fn: Callable, pieces: list) -> None:
-    """In a forked worker: fn of each piece, sent back in one message (or the traceback that stopped it)."""
+    """In a forked worker: fn of each piece, sent back in one message (or the traceback that stopped it). Ctrl-C, or
+    the parent's terminate() while the worker is still exiting, ends it silently: the handlers it inherited would
+    raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         send.send((True, [fn(piece) for piece in pieces]))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
