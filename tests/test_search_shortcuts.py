@@ -105,3 +105,15 @@ def test_the_search_skipping_by_the_selective_bound_ranks_as_the_search_checking
     assert [(e.layout, e.step_time, e.memory_bytes) for e in fast.ranked] == \
            [(e.layout, e.step_time, e.memory_bytes) for e in slow.ranked]
     assert (fast.scored, fast.timed) == (slow.scored, slow.timed)
+
+
+def test_skipping_larger_micro_batches_ranks_as_checking_them_even_where_one_micro_batch_holds_less(monkeypatch):
+    """Under FSDP's no_sync() (lit-gpt) a step of several micro-batches holds every gradient unsharded in FP32; at one
+    micro-batch a step it holds none: a larger micro-batch can fit where a smaller one did not (70B on 256 H100: mb 1
+    needs 314 GiB, mb 2 58 GiB)."""
+    job = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "lit-gpt")
+    pruned = search_mod.search(job, 256, workers=1)
+    monkeypatch.setattr(search_mod, "PRUNE_MICRO_BATCHES", False)
+    checked = search_mod.search(job, 256, workers=1)
+    assert checked.ranked and checked.ranked[0].layout.micro_batch == 2
+    assert [(e.layout, e.step_time) for e in pruned.ranked] == [(e.layout, e.step_time) for e in checked.ranked]

@@ -551,11 +551,14 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
     too_big = set()  # (schedule, vpp, SP, ep) whose leanest layout did not fit at a smaller micro-batch
     for mb in micro_batches(job, tally.fw, dp, pp, space):  # ascending
         m = job.train.global_batch // (dp * mb)
+        if m == 1 and tally.fw.fsdp_no_sync:  # one micro-batch a step: no unsharded gradients held across them
+            too_big.clear()
         for (schedule, vpp), sp, ep in itertools.product(_schedules(pp, job.model.num_layers, m, space, tally.fw),
                                                          _sp_options(job, tally.fw, tp, cp, space),
                                                          expert_degrees(job, dp, tp, space, cp)):
             # Memory never shrinks as the micro-batch grows (activations: mb x micro-batches in flight, which
-            # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped.
+            # is mb x min(p, m) or the whole B/dp; logits: mb): what did not fit at a smaller one is skipped. Except
+            # under FSDP's no_sync(), whose unsharded gradients go once a step is one micro-batch (cleared above).
             if PRUNE_MICRO_BATCHES and (schedule, vpp, sp, ep) in too_big:
                 continue
             base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
