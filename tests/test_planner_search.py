@@ -466,3 +466,28 @@ def test_the_search_tries_one_shard_group_per_node_where_the_stack_runs_hsdp():
     assert (best.dp_shard, best.replicas) == (8, 12)
     ranked = search(make_job(load_model("llama2-7b"), ibm, 192, 4096, "megatron-core"), 96, space).ranked
     assert ranked and all(e.layout.replicas == 1 for e in ranked)
+
+
+@pytest.mark.parametrize("framework", ["megatron-2021", "megatron-core"])
+def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(framework):
+    import re
+
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import nothing_fits_message
+
+    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, framework)
+    result = search(job, 64)
+    assert not result.ranked
+    n = int(re.search(r"use about (\d+) GPUs", nothing_fits_message(job, 64, result)).group(1))
+    assert search(job, n).ranked  # following the hint ends the search for a fitting count
+
+
+def test_no_gpu_count_is_suggested_where_more_gpus_cannot_shard_the_weights_enough():
+    """Meta's 2022-23 stack (`llama2`) has no pipeline and no weight sharding: at tp 8 a 405B model's BF16 weights
+    and FP32 gradients alone exceed a GPU, however many there are."""
+    from shardwise.planner.memory import make_job
+    from shardwise.planner.search import nothing_fits_message
+
+    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, "llama2")
+    result = search(job, 16384)
+    assert not result.ranked and "use about" not in nothing_fits_message(job, 16384, result)

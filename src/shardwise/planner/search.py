@@ -39,7 +39,7 @@ from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
-from shardwise.planner.memory import WORKSPACE_BYTES, Job, allocator_slack, fits_memory, memory_breakdown, total_bytes
+from shardwise.planner.memory import Job, fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 from shardwise.stage_split import max_chunks
 
@@ -603,18 +603,44 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
     return measured, fitted
 
 
-def fitting_gpu_count(job: Job, gpus: int, room: float, limit: int = 1 << 20) -> int | None:
-    """The smallest GPU count above `gpus` that the layout rules can use (whole nodes, a tp dividing the
-    heads, a dp dividing the global batch) and over which the model states could fit in `room` bytes."""
-    states = job.model.num_params() * job.train.bytes_per_param
-    per_node = job.cluster.gpus_per_node
-    n = max(gpus + 1, math.ceil(states / room))
-    n = per_node * math.ceil(n / per_node) if n > per_node else n
-    while n <= limit:
-        if any(True for _ in degrees(job, n)):
-            return n
-        n += per_node if n >= per_node else 1
-    return None
+def fitting_gpu_count(job: Job, gpus: int, space: SearchSpace = SearchSpace(), limit: int = MAX_GPUS) -> int | None:
+    """About the smallest GPU count above `gpus` that the layout rules can use (whole nodes, a tp dividing the heads,
+    a dp dividing the global batch) and at which a lean layout of the search space fits (`_lean_fits`); None where
+    no count up to `limit` does (a stack that cannot shard its weights over dp: more GPUs never shrink them below
+    what its largest tp x pp leaves)."""
+    counts = [n for n in usable_gpu_counts(job) if gpus < n <= limit]
+    if not counts or not _lean_fits(job, counts[-1], space):
+        return None
+    lo, hi = 0, len(counts) - 1  # more GPUs shard the states further: bisect for the first count that fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _lean_fits(job, counts[mid], space) else (mid + 1, hi)
+    return counts[lo]
+
+
+def usable_gpu_counts(job: Job) -> list[int]:
+    """Every GPU count `degrees` yields a split for (tp x pp x cp x dp), ascending: whole nodes above one node."""
+    model, fw, per_node = job.model, get_framework(job.framework), job.cluster.gpus_per_node
+    tps = [t for t in divisors(model.num_heads) if _tp_fits(model, t) and (t == 1 or fw.tensor_parallel)]
+    pps = [p for p in range(1, model.num_layers + 1) if p == 1 or (fw.schedules and fw.cuts(model.num_layers, p))]
+    cps = [c for c in divisors(job.train.seq_len) if cp_allowed(job, c)]
+    counts = {t * p * c * d for t, p, c in itertools.product(tps, pps, cps) for d in divisors(job.train.global_batch)}
+    return sorted(n for n in counts if n <= per_node or n % per_node == 0)
+
+
+def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
+    """Whether some split of the search space over `gpus` GPUs fits at its leanest: micro-batch 1, the highest ZeRO
+    stage and the most recompute the search would try for the stack, each sequence-parallel option."""
+    fw = get_framework(job.framework)
+    stack = space.for_stack(fw)
+    for tp, pp, dp, cp in degrees(job, gpus, space):
+        zero = max(stack.zero_stages(dp * cp, fw), default=0)
+        recomputes = [r for r in reversed(RECOMPUTE_ORDER) if r in stack.recompute and r in fw.recompute]
+        for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
+            layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp)
+            if not fw.refusal(layout, job.model.num_layers) and fits_memory(job, layout):
+                return True
+    return False
 
 
 def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: SearchSpace = SearchSpace()) -> str:
@@ -628,15 +654,8 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
         return no_layout_message(job, gpus, space)
     lean = result.leanest
     need = lean.memory_per_gpu / GIB
-    # Model states shard over every GPU at best (ZeRO-3 x TP x PP); what else the leanest layout
-    # needs per GPU (activations, logits, workspace) does not shrink with more GPUs.
-    other = lean.memory_bytes["activations"] + lean.memory_bytes["logits"]
-    room = (job.cluster.gpu_memory_bytes - WORKSPACE_BYTES) / (1 + allocator_slack(job)) - other
-    hint = ""
-    if room > 0:
-        want = fitting_gpu_count(job, gpus, room)
-        if want:
-            hint = f"use about {want} GPUs, "
+    want = fitting_gpu_count(job, gpus, space)
+    hint = f"use about {want} GPUs, " if want else ""
     fw = get_framework(job.framework)
     if 3 not in fw.zero_stages and job.train.global_batch > 1:
         hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
