@@ -239,3 +239,18 @@ def test_expert_and_dense_reductions_share_the_window_by_link_time():
     from shardwise.planner.step_time import _expert_link_share
     job = make_job(load_model("mixtral-8x7b"), H100, 512, 4096, "megatron-core")
     assert _expert_link_share(job, Layout(dp=8, tp=1, ep=8), 1e9, 1e9, 8, 8) > 0.8
+
+
+@pytest.mark.parametrize("framework", ["megatron-2021", "llama3", "lit-gpt", "flash-attn"])
+def test_a_stack_without_expert_parallelism_refuses_ep_and_its_plan_never_splits_experts(framework, capsys):
+    """Megatron-LM 2021, Meta's Llama stacks, Lit-GPT, flash-attn's trainer (and others, Framework.expert_parallel)
+    have no expert parallelism: --ep is one line and exit 2, and a plan keeps every expert on every rank."""
+    code = main(["estimate", "--model", "mixtral-8x7b", *JOB, "--micro-batch", "1", "--ep", "8", "--framework", framework])
+    err = capsys.readouterr().err
+    assert code == 2 and "no expert parallelism" in err and err.count("\n") == 1
+    code = main(["plan", "--model", "mixtral-8x7b", *JOB, "--ep", "8", "--framework", framework])
+    err = capsys.readouterr().err
+    assert code == 2 and "no expert parallelism" in err and err.count("\n") == 1
+    if main(["plan", "--model", "mixtral-8x7b", *JOB, "--framework", framework, "--json", "--top", "100"]) == 0:
+        out = json.loads(capsys.readouterr().out)
+        assert {c["ep"] for c in [out["best"]] + out["candidates"]} == {1}

@@ -243,7 +243,7 @@ def framework_paragraph(job: Job) -> str:
             f"{a['gradient_reduce_dtype']}{' behind the backward' if a['grad_reduce_overlapped'] else ' after the backward'}, "
             f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
             f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter. "
-            f"It cannot run: {'; '.join(fw.cannot) or 'nothing the search tries'}.")
+            f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}.")
 
 
 # The model's typical error: above the median |error| on published runs it was not fitted to (leave-one-source-out,

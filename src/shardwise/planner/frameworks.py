@@ -225,6 +225,9 @@ class Framework:
     # (multi-tensor) path still makes one pass per operation (TORCHTITAN below).
     optimizer_traffic: int | None = None
     tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
+    # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
+    # expert on every rank, ep 1, if at all)
+    expert_parallel: bool = True
     recompute: tuple[str, ...] = RECOMPUTE
     # Full recompute of only some layers (--recompute-layers N): "block" (Megatron's --recompute-method block
     # --recompute-num-layers N: the first N layers of each model chunk, any N), "every" (every k-th block
@@ -280,6 +283,10 @@ class Framework:
     expandable_segments: bool = False
     cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
 
+    def cannot_run(self) -> tuple[str, ...]:
+        """`cannot`, with the capabilities its flags deny (expert parallelism)."""
+        return self.cannot + (() if self.expert_parallel else ("expert parallelism (no mixture-of-experts layers of its own)",))
+
     def compile_refusal(self) -> str | None:
         """Why `--compile` does not apply to this stack (one clause), or None."""
         if self.fused_elementwise:
@@ -305,6 +312,8 @@ class Framework:
             return f"{self.name} has no pipeline parallelism (use --pp 1)"
         if lay.tp > 1 and not self.tensor_parallel:  # before any rule about combining TP with something else
             return f"{self.name} has no tensor parallelism (use --tp 1)"
+        if (lay.ep > 1 or lay.etp > 1) and not self.expert_parallel:
+            return f"{self.name} has no expert parallelism (use --ep 1)"
         if lay.pp > 1 and lay.schedule not in self.schedules:
             return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
         if lay.schedule == "interleaved-1f1b" and 1 < lay.pp < self.min_interleaved_pp:
@@ -367,7 +376,7 @@ class Framework:
 
 
 MEGATRON_2021 = Framework(
-    name="megatron-2021",
+    name="megatron-2021", expert_parallel=False,
     summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax (FlashAttention-1 with --flash-attention), FP32 gradient all-reduce after the "
             "backward (no overlap), blocking pipeline transfers, 1F1B or interleaved 1F1B with scatter/gather, full "
             "recompute; asked for SP, selective recompute or the distributed optimizer (ZeRO-1), the same code line as "
@@ -535,7 +544,7 @@ DEEPSPEED = Framework(
 # GPT-NeoX v1.0 (EleutherAI/gpt-neox, the release the Pythia suite was trained with) on DeepSpeed: as deepspeed, with
 # its own attention layer around flash-attn.
 GPT_NEOX = replace(
-    DEEPSPEED, name="gpt-neox",
+    DEEPSPEED, name="gpt-neox", expert_parallel=False,
     summary="GPT-NeoX v1.0 on DeepSpeed (the Pythia suite's stack): as deepspeed, but its FlashAttention path "
             "copies Q, K and V into flash-attn's packed layout and the output back in every forward, and the "
             "gradients back in every backward",
@@ -710,7 +719,7 @@ COMPOSER_PURE = replace(
 # Lit-GPT's pretraining script as TinyLlama ran it (2023-09): Lightning Fabric's FSDPStrategy (PyTorch FSDP1) with
 # precision bf16-mixed, FlashAttention-2 and flash-attn's / xformers' fused kernels.
 LIT_GPT = replace(
-    COMPOSER, name="lit-gpt",
+    COMPOSER, name="lit-gpt", expert_parallel=False,
     summary="Lit-GPT's pretraining (TinyLlama) on Lightning Fabric's FSDPStrategy (PyTorch FSDP1, FULL_SHARD, "
             "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, gradient "
             "accumulation under no_backward_sync (FP32 gradients held unsharded, one BF16 reduce-scatter per optimizer "
@@ -757,7 +766,7 @@ LIT_GPT = replace(
 # IBM's fms-fsdp (2024-03, the PyTorch blog "Maximizing training throughput using PyTorch FSDP"): PyTorch FSDP1 around
 # foundation-model-stack's eager LLaMA, mixed precision bfSixteen.
 FMS_FSDP = replace(
-    TORCHTITAN, name="fms-fsdp",
+    TORCHTITAN, name="fms-fsdp", expert_parallel=False,
     summary="IBM's fms-fsdp: PyTorch FSDP1 (FULL_SHARD, HYBRID_SHARD within a node, or NO_SHARD; limit_all_gathers) "
             "around foundation-model-stack's eager LLaMA with SDPA (FlashAttention-2), mixed precision bfSixteen "
             "(FP32 sharded parameters, BF16 gathers and BF16 gradient reduce-scatter every step), activation "
@@ -832,7 +841,7 @@ INTERNEVO = replace(
 )
 
 LLAMA3 = Framework(
-    name="llama3",
+    name="llama3", expert_parallel=False,
     summary="Meta's Llama 3 training stack as its paper describes it: 4-D parallelism in the order tp, cp, pp, dp; "
             "FSDP over dp with ZeRO-2 semantics (optimizer states sharded, weights gathered at the step's first forward "
             "and kept: no reshard after forward), under a pipeline its FP32 gradients accumulated unsharded over the "
@@ -857,7 +866,7 @@ LLAMA3 = Framework(
 )
 
 LLAMA2 = replace(
-    LLAMA3, name="llama2",
+    LLAMA3, name="llama2", expert_parallel=False,
     summary="Meta's 2022-23 training stack (LLaMA and Llama 2) as the LLaMA paper describes it: xformers' causal "
             "attention (FlashAttention-1's backward), activation checkpointing by a hand-written backward that keeps "
             "the expensive activations (the linears' outputs, the attention's output and log-sum-exp) and recomputes "
@@ -888,7 +897,7 @@ LLAMA2 = replace(
 # flash-attention README's training-speed table and Lambda's FlashAttention-2 benchmark (its fork LambdaLabsML/
 # flash-attention) ran.
 FLASH_ATTN = Framework(
-    name="flash-attn",
+    name="flash-attn", expert_parallel=False,
     summary="flash-attn's own GPT training code (flash-attention training/, 2022-23): PyTorch Lightning with native "
             "AMP (FP32 parameters; every forward casts each linear's weight to FP16/BF16, every backward casts its "
             "weight gradient back to FP32 and adds it into the FP32 gradient), FlashAttention-2, fused dense, MLP and "
@@ -949,7 +958,7 @@ SHARDWISE = Framework(
 )
 
 ALEPH_ALPHA = replace(
-    MEGATRON_CORE, name="aleph-alpha",
+    MEGATRON_CORE, name="aleph-alpha", expert_parallel=False,
     summary="Aleph Alpha's Megatron-style stack (Aleph-Alpha/scaling, the codebase of Hagemann et al. 2023's layout "
             "sweep): Megatron-style TP with optional SP, FlashAttention-2 (flash_attn_varlen_func), DeepSpeed-style "
             "1F1B (TrainSchedule) with blocking send/recv; the LM head's logits all-gathered over TP and "

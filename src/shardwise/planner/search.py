@@ -165,7 +165,7 @@ def expert_degrees(job: Job, dp: int, tp: int, space: SearchSpace = SearchSpace(
     """The ep values worth scoring for a dp x tp split: divisors of the experts that fold over dp*tp*cp ranks
     (etp 1: expert tensor parallelism is a choice the user states with --etp). [1] for a dense model."""
     model = job.model
-    if not model.is_moe:
+    if not model.is_moe or not get_framework(job.framework).expert_parallel:
         return [1]
     ranks = dp * tp * cp
     return [e for e in divisors(model.num_experts) if ranks % e == 0 and (space.ep is None or e in space.ep)]
@@ -274,6 +274,9 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if space.ep is not None and any(e > 1 for e in space.ep) and not job.model.is_moe:
         raise UsageError(f"--ep {','.join(map(str, space.ep))}: expert parallelism splits experts, but {job.model.name} "
                          f"has no experts — drop --ep or plan a mixture-of-experts model")
+    if space.ep is not None and any(e > 1 for e in space.ep) and not get_framework(job.framework).expert_parallel:
+        raise UsageError(f"--ep {','.join(map(str, space.ep))}: {job.framework} has no expert parallelism — drop --ep "
+                         f"or pick a --framework that runs it (megatron-core, nemo, torchtitan, deepspeed)")
     bad = [z for z in space.zero if z not in (0, 1, 2, 3)]
     if bad or not space.zero:
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
