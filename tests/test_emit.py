@@ -439,3 +439,13 @@ def test_torchtitan_config_of_a_megatron_plan_cuts_the_layers_as_scored(tmp_path
     par = tomllib.loads(out.read_text())["parallelism"]
     assert par["pipeline_parallel_degree"] == 4 and par["pipeline_parallel_layers_per_stage"] == 8, par
     assert "module_fqns_per_model_part" not in par
+
+
+def test_a_file_for_one_stack_from_a_plan_ranked_for_another_says_so(capsys):
+    """--emit deepspeed --framework megatron-core writes the DeepSpeed file of the layout Megatron-Core would run
+    best: the line that names the file says which stack ranked it, and what would rank it as DeepSpeed runs it."""
+    assert main(README_PLAN + ["--emit", "deepspeed", "--framework", "megatron-core", "--out", os.devnull]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "ranked as megatron-core runs it (without --framework, as DeepSpeed does: deepspeed-2024)" in said
+    assert main(README_PLAN + ["--emit", "deepspeed", "--out", os.devnull]) == 0
+    assert "ranked as" not in capsys.readouterr().out

@@ -161,8 +161,13 @@ def run(args) -> int:
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
     print_explanation(console, paragraphs, "Why the winner wins")
     if emitted:
+        from shardwise.emit import FRAMEWORK
+
+        own = FRAMEWORK[emitted["target"]]
+        ranked = "" if emitted["framework"] == own else (
+            f", ranked as {emitted['framework']} runs it (without --framework, as {emitted['title']} does: {own})")
         console.print(f"wrote {emitted['path']}: {emitted['title']} configuration of layout #{emitted['rank']} "
-                      f"({rows[emitted['rank'] - 1].layout.describe()}). Start it with:", highlight=False)
+                      f"({rows[emitted['rank'] - 1].layout.describe()}){ranked}. Start it with:", highlight=False)
         console.print(f"  {emitted['launch']}", highlight=False, soft_wrap=True)
     if html:
         console.print(f"wrote {html['path']} ({html['bytes'] / 1e6:.2f} MB): open it in a browser", highlight=False)
