@@ -81,3 +81,17 @@ def test_train_with_ep_from_a_mixtral_config_file(tmp_path):
     assert exported[0].keys() == exported[1].keys() and "model.layers.0.block_sparse_moe.experts.3.w2.weight" in exported[0]
     for name, t in exported[1].items():
         assert (exported[0][name] - t).abs().max() <= 1e-5, name
+
+
+@pytest.mark.parametrize("changes", [{"num_local_experts": None}, {"num_local_experts": 0}])
+def test_a_mixtral_config_without_an_expert_count_is_refused_not_planned_dense(tmp_path, capsys, changes):
+    """transformers would fill in MixtralConfig's default; planning it as a dense model would count a sixth of its
+    parameters. One line naming the key."""
+    path = _mixtral_config(tmp_path, **changes)
+    cfg = json.loads(open(path).read())
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    open(path, "w").write(json.dumps(cfg))
+    assert main(["estimate", "--model", path, "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "64", "--micro-batch", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "mixture of experts" in err and "'num_local_experts'" in err and "\n" not in err

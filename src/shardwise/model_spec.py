@@ -414,6 +414,9 @@ def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
+# The model types that are mixtures of experts whatever their keys, and the key each names its expert count with.
+_MOE_TYPES = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+              "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "kimi_k2": "n_routed_experts"}
 
 
 def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> dict:
@@ -421,6 +424,9 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     Which layers are MoE follows each family's rule: DeepSeek's first_k_dense_replace (and moe_layer_freq),
     Qwen's decoder_sparse_step and mlp_only_layers."""
     key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
+    if key is None and model_type in _MOE_TYPES:  # transformers would fill in its default: say which, not plan a dense model
+        raise UsageError(f"{source}: model_type {model_type} is a mixture of experts, but the config gives no expert "
+                         f"count ('{_MOE_TYPES[model_type]}', at least 1) — add it from the model's own config.json")
     if key is None:
         return {}
     experts = require(cfg, key, source)
