@@ -76,6 +76,9 @@ def test_a_ring_that_leaves_the_node_moves_at_the_networks_pace():
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "deepspeed"], "deepspeed has no ring context parallelism"),
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "llama3", "--cp-mode", "ring"],
      "llama3 has no ring context parallelism"),
+    # Megatron-Core's context parallelism lives in Transformer Engine's attention (its own asserts cp == 1)
+    (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention"], "only in Transformer Engine's fused attention"),
+    (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "nemo"], "drop --no-flash-attention"),
 ])
 def test_bad_cp_input_is_one_line_exit_2(argv, expected, capsys):
     args = [a for a in ESTIMATE if a not in ("--seq-len", "32768")] + (["--seq-len", "32768"] if "--seq-len" not in argv else [])
@@ -127,3 +130,24 @@ def test_unnamed_zero_and_recompute_are_the_fastest_pair_that_fits(capsys):
                 continue
             other = json.loads(capsys.readouterr().out)
             assert not other["fits"] or other["step_time_s"] >= picked["step_time_s"], (zero, recompute)
+
+
+def test_plan_without_fused_attention_never_splits_the_sequence_where_the_stack_cannot():
+    """Megatron-Core under --no-flash-attention (its unfused DotProductAttention): no cp > 1 in the search, and --cp 2
+    is one line naming why; the stack's fused attention searches it as usual."""
+    job = make_job(load_model("llama3.1-8b"), H100, 16, 32768, "megatron-core", flash_attention=False)
+    assert {e.layout.cp for e in search(job, 64).ranked} == {1}
+    assert max(e.layout.cp for e in search(make_job(load_model("llama3.1-8b"), H100, 16, 32768, "megatron-core"), 64).ranked) > 1
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "16",
+            "--seq-len", "8192", "--tp", "8", "--cp", "2", "--no-flash-attention"]
+    assert main(argv) == 2
+
+
+@pytest.mark.parametrize("framework", ["composer", "lit-gpt", "flash-attn"])
+def test_a_data_parallel_only_stack_with_more_gpus_than_sequences_is_told_so(framework, capsys):
+    """A stack without TP or PP takes one sequence per GPU at least: the message names the global batch, not a
+    pipeline schedule it does not have."""
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "32",
+                 "--seq-len", "8192", "--framework", framework, "--schedules", "1f1b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "global batch 32 is not divisible" in err and "schedule" not in err and "\n" not in err

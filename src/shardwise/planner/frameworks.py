@@ -228,6 +228,10 @@ class Framework:
     # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
     # expert on every rank, ep 1, if at all)
     expert_parallel: bool = True
+    # True: its context parallelism runs only inside the fused attention kernel (Megatron-Core: Transformer Engine's
+    # DotProductAttention; its own unfused DotProductAttention asserts context_parallel_size == 1): no cp > 1 with
+    # the materialised softmax (--no-flash-attention)
+    cp_fused_attention_only: bool = False
     recompute: tuple[str, ...] = RECOMPUTE
     # Full recompute of only some layers (--recompute-layers N): "block" (Megatron's --recompute-method block
     # --recompute-num-layers N: the first N layers of each model chunk, any N), "every" (every k-th block
@@ -344,6 +348,14 @@ class Framework:
             return runtime_refusal(layout)
         return None
 
+    def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
+        """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""
+        if layout.cp > 1 and not flash_attention and self.cp_fused_attention_only:
+            return (f"{self.name} runs context parallelism only in Transformer Engine's fused attention (Megatron-Core's "
+                    f"unfused DotProductAttention asserts context_parallel_size == 1) — drop --no-flash-attention or "
+                    f"use --cp 1")
+        return None
+
     def cuts(self, num_layers: int, chunks: int) -> bool:
         """Whether its pipeline can cut `num_layers` layers into `chunks` model chunks (even_stages_only)."""
         return not self.even_stages_only or num_layers % chunks == 0
@@ -413,7 +425,7 @@ MEGATRON_2021 = Framework(
 MEGATRON_P2P_OVERLAP = ("interleaved-1f1b",)
 
 MEGATRON_CORE = Framework(
-    name="megatron-core",
+    name="megatron-core", cp_fused_attention_only=True,
     summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
             "--overlap-param-gather, Transformer Engine fused attention, FP32 gradient reduce, optional SP, "
             "selective recompute, optional TP comm overlap (--tp-comm-overlap); ZeRO-2/3 as Megatron FSDP "
@@ -442,7 +454,7 @@ MEGATRON_CORE = Framework(
 )
 
 NEMO = Framework(
-    name="nemo",
+    name="nemo", cp_fused_attention_only=True,
     summary="NeMo's Megatron recipes (megatron-core underneath): distributed_fused_adam with overlapped grad "
             "and param sync in bf16 (grad_sync_dtype), TP comm overlap (ub_tp_comm_overlap), SP with every TP "
             "(the recipes' sequence_parallel; TP comm overlap needs it), overlapped pipeline p2p; ZeRO-2/3 as "

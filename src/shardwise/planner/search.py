@@ -154,7 +154,10 @@ def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
     s = job.train.seq_len
     if cp == 1:
         return space.cp is None or 1 in space.cp
-    if s % (2 * cp) or not any(m in get_framework(job.framework).context_parallel for m in space.cp_modes):
+    fw = get_framework(job.framework)
+    if s % (2 * cp) or not any(m in fw.context_parallel for m in space.cp_modes):
+        return False
+    if fw.attention_refusal(Layout(cp=cp), job.flash_attention):
         return False
     if s > job.model.max_positions:  # each shard keeps its global positions: cp cannot lengthen (specs.check_sequence_split)
         return False
@@ -336,6 +339,9 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
                     f"{', '.join(map(str, tps))}")
         tps = [t for t in tps if t in space.tp]
     fw = get_framework(job.framework)
+    if not fw.tensor_parallel and 1 not in tps:
+        return f"--framework {fw.name} has no tensor parallelism — allow tp 1, or pick another --framework"
+    tps = [t for t in tps if t == 1 or fw.tensor_parallel]
     pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= model.num_layers and fw.cuts(model.num_layers, p)]
     if space.pp is not None:
         allowed = sorted({p for _, p in pairs})
@@ -345,6 +351,9 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
                    if fw.even_stages_only else f"be at most the {model.num_layers} layers of {model.name}")
             return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and {cut} — possible "
                     f"here: {', '.join(map(str, allowed))}")
+    if not fw.schedules and all(p > 1 for _, p in pairs):
+        return f"--framework {fw.name} has no pipeline parallelism — allow pp 1, or pick another --framework"
+    pairs = [(t, p) for t, p in pairs if p == 1 or fw.schedules]  # what the stack can split: its dp follows
     # the cp degrees the user listed leave their own dp (a cp that divides nothing is named below)
     dps = sorted({gpus // (t * p * c) for t, p in pairs for c in space.cp or (1,) if (gpus // (t * p)) % c == 0})
     if dps and not any(batch % dp == 0 for dp in dps):
@@ -387,6 +396,8 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             runs = " and ".join(fw.context_parallel) or "no context parallelism"
             return (f"--cp {','.join(map(str, space.cp))}: --framework {fw.name} runs {runs} (--cp-modes "
                     f"{','.join(space.cp_modes)}) — drop --cp, or pick another --framework")
+        if fw.attention_refusal(Layout(cp=2), job.flash_attention):
+            return f"--cp {','.join(map(str, space.cp))}: {fw.attention_refusal(Layout(cp=2), job.flash_attention)}"
         if seq > job.model.max_positions:
             return (f"--cp {','.join(map(str, space.cp))}: --seq-len {seq} exceeds the {job.model.max_positions} positions "
                     f"of {job.model.name}, and cp cannot lengthen the sequence (each shard keeps its global positions) — "
