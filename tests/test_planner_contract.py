@@ -558,6 +558,21 @@ def test_implied_sequence_parallelism_is_checked_like_a_named_one(extra, why):
     assert plan is not None and all(c["tp"] == 1 for c in plan["candidates"])  # plan never ranked it
 
 
+@pytest.mark.parametrize("extra, why", [
+    (["--framework", "torchtitan"], "torchtitan's tensor parallelism always shards the sequence"),
+    (["--framework", "nemo"], "nemo's tensor parallelism always shards the sequence"),
+    (["--tp-comm-overlap"], "--no-sequence-parallel with TP comm overlap")])
+def test_an_explicit_no_sequence_parallel_is_refused_where_the_stack_would_shard_it_anyway(extra, why):
+    """Unnamed, sequence parallelism is implied where the stack always runs it with TP (or TP comm overlap needs it);
+    asked against, the request is refused in one line rather than overridden."""
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 16, "--global-batch", 16,
+            "--seq-len", 8192, "--tp", 2, "--micro-batch", 1, "--json", *extra]
+    code, _, err = cli([*argv, "--no-sequence-parallel"])
+    assert code == 2 and why in err and err.count("\n") == 1, err
+    implied = answer(argv)
+    assert implied["sequence_parallel"] and any("sequence parallelism" in i for i in implied["assumptions"]["implied"])
+
+
 @pytest.mark.parametrize("name, total, active", [
     ("llama3.1-8b-hub", 8_030_261_248, 8_030_261_248),  # the Hub's safetensors: 16,060,522,496 bytes in bf16
     ("deepseek-v2-lite-hub", 15.7e9, 2.66e9),  # DeepSeek-V2-Lite's card: 15.7B total (2.4B active without embeddings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
@@ -152,7 +153,13 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     fw = get_framework(job.framework)
     implied: list[str] = []
     lay = layout
-    if lay.tp > 1 and not lay.sequence_parallel and (fw.sequence_parallel == "always" or job.tp_comm_overlap):
+    if ("sequence_parallel" in named and lay.tp > 1 and not lay.sequence_parallel and job.tp_comm_overlap
+            and fw.sequence_parallel != "always"):  # (a stack that always shards it: its refusal says so)
+        raise UsageError("--no-sequence-parallel with TP comm overlap: the overlap runs TP's collectives as the "
+                         "sequence-parallel all-gather and reduce-scatter — drop --no-sequence-parallel, or add "
+                         "--no-tp-comm-overlap")
+    if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel
+            and (fw.sequence_parallel == "always" or job.tp_comm_overlap)):
         lay = lay.with_(sequence_parallel=True)
         why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
         implied.append(f"sequence parallelism ({why})")
