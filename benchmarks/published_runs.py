@@ -58,7 +58,8 @@ DEFAULT_VOCAB = 51200
 # "The Llama 3 Herd of Models" Sec. 3.3 describes), and InternEvo (`internevo`: its Hybrid ZeRO-1).
 PROFILE_OF = {"fsdp": "torchtitan", "other": "megatron-core"}
 OTHER_BY_SOURCE = (("The Llama 3 Herd of Models", "llama3"), ("InternLM/InternEvo", "internevo"),
-                   ("Hagemann et al. 2023", "aleph-alpha"), ("flash-attention training/", "flash-attn"))
+                   ("Hagemann et al. 2023", "aleph-alpha"), ("flash-attention training/", "flash-attn"),
+                   ("huggingface/nanotron", "nanotron"))
 # Rows without a framework column (the older copy of the file): by source.
 PROFILE_BY_SOURCE = (("Korthikanti", "megatron-2021"), ("Narayanan", "megatron-2021"), ("dgxc-benchmarking", "nemo"),
                      ("mosaicml", "torchtitan"), ("Zhang et al. 2022", "deepspeed"))
@@ -240,7 +241,7 @@ NEAREST_OF_SIX = {"composer": "torchtitan", "composer-pure": "torchtitan", "llam
                   "llama2": "torchtitan", "automodel": "torchtitan", "deepspeed-2024": "deepspeed",
                   "deepspeed-bf16": "deepspeed", "lit-gpt": "torchtitan", "fms-fsdp": "torchtitan",
                   "internevo": "megatron-core", "aleph-alpha": "megatron-core",
-                  "flash-attn": "megatron-core", "gpt-neox": "deepspeed"}
+                  "flash-attn": "megatron-core", "gpt-neox": "deepspeed", "nanotron": "megatron-core"}
 
 
 def _profile(row: dict) -> str:

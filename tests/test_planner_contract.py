@@ -470,6 +470,26 @@ def test_aleph_alpha_runs_the_loss_over_the_whole_vocabulary_on_every_tp_rank():
         assert code == 2 and why in err and err.count("\n") == 1, (extra, err)
 
 
+def test_nanotron_exposes_its_zero1_all_reduce_and_hides_its_ddp_buckets():
+    """nanotron v0.5 (trainer.py at c2528430): ZeRO-0 is DDP, whose FP32 buckets are all-reduced during the backward
+    (gradient_accumulator.get_fp32_accum_hook); ZeRO-1 all-reduces the whole FP32 gradients once the pipeline is done
+    (sync_gradients_across_dp, not overlapped) and all-gathers the updated shards after the step. So its ZeRO-1 waits
+    for more of its data-parallel traffic than its ZeRO-0 does, and than Megatron-Core's ZeRO-1 (a reduce-scatter
+    behind the backward, the gather behind the next forward). Its stack has no ZeRO-2/3, interleaving or CP."""
+    spec, c = load_model("llama3-8b"), load_cluster("dgx-h100-80gb")
+    nano, mc = (make_job(spec, c, 64, 4096, fw) for fw in ("nanotron", "megatron-core"))
+    lay = Layout(dp=32, tp=2, pp=1, micro_batch=1, sequence_parallel=True)
+    dp = {(job.framework, z): estimate(job, lay.with_(zero=z)).time_s["dp_comm"] for job in (nano, mc) for z in (0, 1)}
+    assert dp[("nanotron", 1)] > 2 * dp[("nanotron", 0)] and dp[("nanotron", 1)] > 2 * dp[("megatron-core", 1)]
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 64,
+            "--seq-len", 4096, "--tp", 2, "--pp", 1, "--micro-batch", 1, "--framework", "nanotron", "--json"]
+    assert answer(argv)["framework"] == "nanotron"
+    for extra, why in ((["--zero", 2], "nanotron has no ZeRO-2"), (["--cp", 2], "nanotron has no ring context"),
+                       (["--recompute", "selective"], "nanotron has no selective recompute")):
+        code, _, err = cli([*argv, *extra])
+        assert code == 2 and why in err and err.count("\n") == 1, (extra, err)
+
+
 def test_flash_attn_pays_lightning_amps_weight_casts_every_micro_batch():
     """flash-attn's training code keeps FP32 parameters under Lightning's native AMP: every forward casts each weight to
     16 bits (read 4, write 2 per parameter) and every backward casts its gradient back and adds it into the FP32

@@ -68,6 +68,9 @@ class Framework:
     # "owner_broadcast" (gradients all-reduced over every dp rank; whole parameters dealt to the ranks of the ZeRO-1
     # group, Layout.dp_shard, each owner's updated ones broadcast over that group in one call: InternEvo)
     zero1: str = "reduce_scatter"
+    # With zero1 "allreduce": whether its whole-gradient all-reduce runs behind the backward (with overlap_grad_reduce)
+    # or after it (nanotron's ZeRO-1 syncs the FP32 gradients once the pipeline is done; its ZeRO-0 is DDP's buckets)
+    zero1_reduce_overlapped: bool = True
     zero1_shard_group: bool = False  # ZeRO-1 over groups of dp_shard ranks (InternEvo's zero1 size), not every dp rank
     # Bytes per local parameter moved through HBM once a step beside NCCL's own traffic around an all-reduce of the
     # gradients at the accumulation boundary in flattened buckets (flatten, scale, copy back: ZeRO-0, and ZeRO-1 where
@@ -1008,10 +1011,36 @@ ALEPH_ALPHA = replace(
             "TP comm overlap", "FP8"),
 )
 
+NANOTRON = replace(
+    MEGATRON_CORE, name="nanotron", cp_fused_attention_only=False,
+    summary="Hugging Face nanotron v0.5: Llama-style model with FlashAttention-2 and fused RMSNorm, TP with optional "
+            "sequence parallelism (tp_mode REDUCE_SCATTER), 1F1B or all-forward-all-backward pipelines with a "
+            "compute-balanced stage split, FP32 gradient accumulation (accumulate_grad_in_fp32); ZeRO-0 as DDP, its "
+            "FP32 buckets all-reduced during the backward; ZeRO-1 with the whole FP32 gradients all-reduced after the "
+            "pipeline finishes (not overlapped) and the updated shards all-gathered after the optimizer step",
+    sources=("huggingface/nanotron c2528430 (v0.5 benchmarks) src/nanotron/trainer.py: init_model (make_ddp only where "
+             "not accumulate_grad_in_fp32 and zero_stage > 0; DistributedDataParallel(bucket_cap_mb)), training_step "
+             "(sync_gradients_across_dp(..., reduce_scatter=False) after train_batch_iter: 'TODO ... overlap "
+             "communication with gradient computation on the last backward pass')",
+             "src/nanotron/optim/gradient_accumulator.py get_fp32_accum_hook (DDP hook: each bucket's FP32 "
+             "gradients all_reduce_coalesced, async, during the backward)",
+             "src/nanotron/optim/zero.py ZeroDistributedOptimizer (each rank updates its shard, then all-gathers "
+             "the parameters); examples/config_tiny_llama.yaml (pp_engine 1f1b, tp_mode REDUCE_SCATTER, "
+             "accumulate_grad_in_fp32 true, zero_stage 0)"),
+    attention="fa2", overlap_param_gather=False, zero1="allreduce", zero1_reduce_overlapped=False,
+    zero_stages=(0, 1), default_zero=0, bucket_bytes=25 * 2**20 * 2,  # DDP's 25 MiB BF16 buckets, reduced in FP32
+    schedules=("1f1b", "gpipe"), p2p_overlap=(), tp_comm_overlap_available=False, fp8="",
+    recompute=("none", "full"), partial_recompute="", edge_chunks=False, stage_split="balanced",
+    even_stages_only=False, context_parallel=(),
+    cannot=("interleaved and ZB-H1 schedules (pp_engine 1f1b or afab)", "ZeRO-2/3 (its zero_stage is 0 or 1)",
+            "context parallelism (none in v0.5)", "selective recompute (recompute_layer: whole layers)",
+            "TP comm overlap as Transformer Engine runs it", "FP8"),
+)
+
 FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED, TORCHTITAN, LLAMA3, SHARDWISE,
                                         LLAMA2,
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
-                                        INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX)}
+                                        INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX, NANOTRON)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
                 "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "

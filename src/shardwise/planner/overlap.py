@@ -112,7 +112,8 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         return after + owners * collective_time(c, "broadcast", pb * params / owners, group, stride), 0.0
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
         reduce = call("all_reduce", params, gb) + reduce_copies
-        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
+        behind = fw.overlap_grad_reduce and fw.zero1_reduce_overlapped and overlap
+        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if behind else reduce
         return after + call("all_gather", params, pb) + gather_copies, 0.0
     if layout.zero == 1:
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
