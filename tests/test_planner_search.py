@@ -468,14 +468,16 @@ def test_the_search_tries_one_shard_group_per_node_where_the_stack_runs_hsdp():
     assert ranked and all(e.layout.replicas == 1 for e in ranked)
 
 
-@pytest.mark.parametrize("framework", ["megatron-2021", "megatron-core"])
-def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(framework):
+@pytest.mark.parametrize("model, framework, seq", [("llama3.1-405b", "megatron-2021", 8192),
+                                                    ("llama3.1-405b", "megatron-core", 8192),
+                                                    ("deepseek-v3", "megatron-core", 4096)])  # fits only with its experts spread
+def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(model, framework, seq):
     import re
 
     from shardwise.planner.memory import make_job
     from shardwise.planner.search import nothing_fits_message
 
-    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, framework)
+    job = make_job(load_model(model), load_cluster("dgx-h100-80gb"), 1024, seq, framework)
     result = search(job, 64)
     assert not result.ranked
     n = int(re.search(r"use about (\d+) GPUs", nothing_fits_message(job, 64, result)).group(1))

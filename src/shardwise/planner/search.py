@@ -644,14 +644,16 @@ def usable_gpu_counts(job: Job) -> list[int]:
 
 def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
     """Whether some split of the search space over `gpus` GPUs fits at its leanest: micro-batch 1, the highest ZeRO
-    stage and the most recompute the search would try for the stack, each sequence-parallel option."""
+    stage and the most recompute the search would try for the stack, each sequence-parallel option, the experts
+    spread over the widest expert-parallel degree."""
     fw = get_framework(job.framework)
     stack = space.for_stack(fw)
     for tp, pp, dp, cp in degrees(job, gpus, space):
         zero = max(stack.zero_stages(dp * cp, fw), default=0)
         recomputes = [r for r in reversed(RECOMPUTE_ORDER) if r in stack.recompute and r in fw.recompute]
+        ep = max(expert_degrees(job, dp, tp, stack, cp), default=1)  # the experts spread their widest
         for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
-            layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp)
+            layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp, ep=ep)
             if not fw.refusal(layout, job.model.num_layers) and fits_memory(job, layout):
                 return True
     return False
