@@ -62,9 +62,7 @@ def run(args) -> int:
     layout = completed
     fw = get(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
-          job.model.num_layers, layout.num_microbatches(job.train.global_batch))
-    if fw.attention_refusal(layout, job.flash_attention):
-        raise UsageError(f"--framework {fw.name} cannot run this layout: {fw.attention_refusal(layout, job.flash_attention)}")
+          job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention)
     est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())

@@ -1055,12 +1055,14 @@ def get(name: str) -> Framework:
 
 
 def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,
-          microbatches: int | None = None) -> None:
+          microbatches: int | None = None, flash_attention: bool = True) -> None:
     """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
     model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut; with
-    `microbatches`, also whether it accumulates that many a step)."""
+    `microbatches`, also whether it accumulates that many a step; with `flash_attention` False, also whether its
+    context parallelism runs without the fused attention)."""
     reason = (framework.refusal(layout, num_layers, microbatches)
-              or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None))
+              or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
+              or framework.attention_refusal(layout, flash_attention))
     if reason:
         fix = "" if " — " in reason else " — change the layout or pick another --framework"
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")

@@ -31,7 +31,6 @@ in this model — docs/planner.md explains each):
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
@@ -396,8 +395,9 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             runs = " and ".join(fw.context_parallel) or "no context parallelism"
             return (f"--cp {','.join(map(str, space.cp))}: --framework {fw.name} runs {runs} (--cp-modes "
                     f"{','.join(space.cp_modes)}) — drop --cp, or pick another --framework")
-        if fw.attention_refusal(Layout(cp=2), job.flash_attention):
-            return f"--cp {','.join(map(str, space.cp))}: {fw.attention_refusal(Layout(cp=2), job.flash_attention)}"
+        no_cp = fw.attention_refusal(Layout(cp=2), job.flash_attention)
+        if no_cp:
+            return f"--cp {','.join(map(str, space.cp))}: {no_cp}"
         if seq > job.model.max_positions:
             return (f"--cp {','.join(map(str, space.cp))}: --seq-len {seq} exceeds the {job.model.max_positions} positions "
                     f"of {job.model.name}, and cp cannot lengthen the sequence (each shard keeps its global positions) — "
