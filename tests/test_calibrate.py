@@ -476,3 +476,29 @@ def test_one_rank_alone_runs_the_model_as_the_base_it_is_compared_with(monkeypat
     for _ in measure.measure_model(t, out):
         pass
     assert seen == {"full 1": [False], "selective 1": [False]}
+
+
+def test_the_plan_it_suggests_names_the_model_as_given(tmp_path):
+    """A config file's profile records its file's stem as the model's name ("gpt2" for gpt2.json, a preset's name):
+    the command calibrate suggests must name the file itself, or it plans the preset (or an unknown model)."""
+    import shlex
+
+    from shardwise.commands.calibrate import plan_hint
+
+    config = tmp_path / "my runs" / "gpt2.json"
+    argv = shlex.split(plan_hint(str(config), tmp_path / "p.toml", 2))
+    assert argv[argv.index("--model") + 1] == str(config) and argv[argv.index("--gpus") + 1] == "2"
+
+
+def test_validate_refuses_a_profile_calibrated_at_another_world(tmp_path, capsys):
+    """A profile's collectives and the ranks' sharing of the cores were measured at its own world size."""
+    from shardwise.cli import main
+
+    profile = tmp_path / "three.toml"
+    from shardwise.model_spec import preset_dir
+
+    preset = preset_dir("clusters").joinpath("dgx-h100-80gb.toml").read_text()
+    profile.write_text(preset + "\n[measured]\nworld_size = 3\n")
+    assert main(["validate", "--model", "tiny", "--world", "2", "--cluster", str(profile)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "calibrated on 3 ranks" in err and "--world 2" in err and "\n" not in err

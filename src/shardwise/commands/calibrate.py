@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from shardwise.commands.common import add_model_arg, print_json
@@ -121,5 +122,11 @@ def _print(console, profile, out: str) -> None:
     if noisy:
         console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "
                       f"rerun on a quiet machine or with more --repeats[/]", highlight=False)
-    console.print(f"wrote {out} — use it: shardwise plan --model {profile.model} --cluster {out} "
-                  f"--gpus {profile.world} --global-batch ... --seq-len ...", highlight=False)
+    console.print(f"wrote {out} — use it: {plan_hint(args.model, out, profile.world)}", highlight=False)
+
+
+def plan_hint(model: str, out, world: int) -> str:
+    """The plan command that uses a profile just written: the model as the user named it (a config path, not the
+    name its profile records, which may be a preset's)."""
+    return (f"shardwise plan --model {shlex.quote(str(model))} --cluster {shlex.quote(str(out))} --gpus {world} "
+            f"--global-batch ... --seq-len ...")

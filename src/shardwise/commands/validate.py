@@ -105,7 +105,17 @@ def run(args) -> int:
             check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len)
             raise UsageError(f"no layout of {cfg.model.name} runs on {args.world} ranks with global batch "
                              f"{args.global_batch} x {args.seq_len} tokens — give --layouts")
+    measured = cfg.cluster.measured if cfg.cluster is not None else None
+    calibrated_world = int(measured.get("world_size", args.world)) if measured else args.world
+    if calibrated_world != args.world:
+        raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
+                         f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
+                         f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
     err = Console(stderr=True)
+    if cfg.cluster is not None and not measured:
+        err.print(f"[yellow]--cluster {args.cluster} is not a calibration of this machine (no [measured] table): its "
+                  f"predictions are for its own GPUs, so only the ranking (Kendall τ, top-1 regret) compares with what "
+                  f"runs here — leave --cluster out to calibrate first[/]", highlight=False)
     try:
         if cfg.cluster is None:
             bar, task = _progress(err, "calibrating", rank_steps(cal))
