@@ -480,14 +480,21 @@ def test_one_rank_alone_runs_the_model_as_the_base_it_is_compared_with(monkeypat
 
 def test_the_plan_it_suggests_names_the_model_as_given(tmp_path):
     """A config file's profile records its file's stem as the model's name ("gpt2" for gpt2.json, a preset's name):
-    the command calibrate suggests must name the file itself, or it plans the preset (or an unknown model)."""
+    the command calibrate prints at the end must name the file itself, or it plans the preset (or an unknown model)."""
     import shlex
 
-    from shardwise.commands.calibrate import plan_hint
+    from rich.console import Console
+
+    from shardwise.commands.calibrate import _print
 
     config = tmp_path / "my runs" / "gpt2.json"
-    argv = shlex.split(plan_hint(str(config), tmp_path / "p.toml", 2))
-    assert argv[argv.index("--model") + 1] == str(config) and argv[argv.index("--gpus") + 1] == "2"
+    profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model="gpt2", tokens=64,
+                      memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=10.0)
+    console = Console(record=True, width=400)
+    _print(console, profile, str(tmp_path / "p.toml"), str(config))
+    line = next(ln for ln in console.export_text().splitlines() if "use it:" in ln)
+    argv = shlex.split(line.split("use it:", 1)[1])
+    assert argv[argv.index("--model") + 1] == str(config) and argv[argv.index("--gpus") + 1] == "1"
 
 
 def test_validate_refuses_a_profile_calibrated_at_another_world(tmp_path, capsys):

@@ -74,6 +74,13 @@ def _random_index(ckpt):
     return ".metadata", "not a DCP checkpoint index"
 
 
+def _persistent_id_index(ckpt):
+    # a pickle whose unpickling fails with a message of two lines (what random bytes drew now and then)
+    (ckpt / ".metadata").write_bytes(b"\x80\x04K\x01Q.")
+    _rehash(ckpt, ".metadata")
+    return ".metadata", "not a DCP checkpoint index (UnpicklingError: A load persistent id instruction"
+
+
 def _random_manifest(ckpt):
     (ckpt / "manifest.json").write_bytes(os.urandom(300))
     return "manifest.json", "not valid JSON"
@@ -100,7 +107,8 @@ def _edit_manifest(change):
 
 
 DAMAGE = {"truncated": _truncate, "missing-shard": _missing, "random-shard": _random_shard,
-          "random-index": _random_index, "random-manifest": _random_manifest, "code-in-index": _code_in_index,
+          "random-index": _random_index, "persistent-id-index": _persistent_id_index,
+          "random-manifest": _random_manifest, "code-in-index": _code_in_index,
           "dp-zero": _edit_manifest(lambda m: m["layout"].update(dp=0) or "'layout.dp' is 0, but must be 1 or more"),
           "negative-step": _edit_manifest(lambda m: m.update(step=-3) or "'step' is -3"),
           "no-model-name": _edit_manifest(lambda m: m["model"].pop("name") and "'model.name' is None")}

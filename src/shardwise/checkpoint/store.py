@@ -219,7 +219,7 @@ def read_index(ckpt: Path):
     except FileNotFoundError:
         raise _bad(file, "missing") from None
     except Exception as exc:  # noqa: BLE001 — whatever the bytes are, the answer is "not a DCP index"
-        raise _bad(file, f"not a DCP checkpoint index ({type(exc).__name__}: {str(exc)[:80]})") from None
+        raise _bad(file, f"not a DCP checkpoint index ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
             or not isinstance(metadata.storage_data, dict):
         raise _bad(file, "not a DCP checkpoint index")

@@ -70,7 +70,7 @@ def run(args) -> int:
     if args.json:
         print_json(profile.to_dict())
         return 0
-    _print(Console(), profile, args.out)
+    _print(Console(), profile, args.out, args.model)
     return 0
 
 
@@ -86,7 +86,8 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _print(console, profile, out: str) -> None:
+def _print(console, profile, out: str, model: str | None = None) -> None:
+    """The profile as a table, its warnings, and the plan command that uses it (`model` as the user named it)."""
     from rich.table import Table
 
     from shardwise.calibrate import COLLECTIVES, human
@@ -122,7 +123,7 @@ def _print(console, profile, out: str) -> None:
     if noisy:
         console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "
                       f"rerun on a quiet machine or with more --repeats[/]", highlight=False)
-    console.print(f"wrote {out} — use it: {plan_hint(args.model, out, profile.world)}", highlight=False)
+    console.print(f"wrote {out} — use it: {plan_hint(model or profile.model, out, profile.world)}", highlight=False)
 
 
 def plan_hint(model: str, out, world: int) -> str:
