@@ -318,9 +318,9 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> 
                           Layout(tp=tp, micro_batch=micro_batch), 0)
         return cost.f + cost.b + cost.w
 
-    step = 1e-3
-    at_zero = planned(0.0, profile.world) - planned(0.0, 1)  # the planner's TP - plain, its TP calls free
-    calls = (planned(step, profile.world) - planned(0.0, profile.world)) / step  # TP calls it charges a micro-batch
+    step, free = 1e-3, planned(0.0, profile.world)
+    at_zero = free - planned(0.0, 1)  # the planner's TP - plain, its TP calls free
+    calls = (planned(step, profile.world) - free) / step  # TP calls it charges a micro-batch
     if calls <= 0:
         return None
     # Below 0 where the tables ran slow: a small collective timed back to back on a shared machine is bimodal (both

@@ -648,9 +648,9 @@ def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
     spread over the widest expert-parallel degree."""
     fw = get_framework(job.framework)
     stack = space.for_stack(fw)
+    recomputes = [r for r in reversed(RECOMPUTE_ORDER) if r in stack.recompute and r in fw.recompute]
     for tp, pp, dp, cp in degrees(job, gpus, space):
         zero = max(stack.zero_stages(dp * cp, fw), default=0)
-        recomputes = [r for r in reversed(RECOMPUTE_ORDER) if r in stack.recompute and r in fw.recompute]
         ep = max(expert_degrees(job, dp, tp, stack, cp), default=1)  # the experts spread their widest
         for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
             layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp, ep=ep)
