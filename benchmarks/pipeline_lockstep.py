@@ -8,7 +8,7 @@ executor's records of every step (`PipelineExecutor.records`: each action's star
 replays the executor's own point-to-point program (`schedules.p2p.program_makespan`, no transfer or wake-up cost) twice:
 with each action's measured time in that step ("replay, actual"), and with each action's mean over all steps
 ("replay, means": what a planner fed exact mean costs computes), and with `--cluster` once more with the mean action
-times and the calibration's exchanges (its send_recv table, `pipeline_exchange_s`, `lockstep_spread`: the planner's
+times and the calibration's exchanges (its send_recv table, `pipeline_exchange_s`, `lockstep_spread`, `action_scatter`, `handoff_points`: the planner's
 exchange model on the measured actions). Printed per layout (medians over steps, ms):
 train's step time, the executor's span, the two replays, and the lockstep gap = actual - means: what the ranks lose
 because each exchange waits for the slower rank's action *that time* — the expected maximum of scattered times exceeds
@@ -35,11 +35,12 @@ from shardwise.specs import load_model
 LAYOUTS = "pp2,pp2:gpipe,pp2:v2,pp2:zb-h1,pp2:full,pp2:naive"
 
 
-def _replay(schedule, programs, dur, c: float = 0.0, exchange: float = 0.0, spread: float = 0.0) -> float:
+def _replay(schedule, programs, dur, c: float = 0.0, exchange: float = 0.0, spread: float = 0.0,
+            scatter: float = 0.0, handoff: tuple = ()) -> float:
     from shardwise.schedules.p2p import program_makespan
 
     return program_makespan(schedule, programs, lambda r, a: dur[(r, a.kind, a.microbatch, a.chunk)], c, 0.0,
-                            exchange, spread)
+                            exchange, spread, (), scatter, handoff)
 
 
 def _implied_exchange(schedule, programs, durs, spans) -> float:
@@ -100,7 +101,7 @@ def _calls(spec, rank: int, world: int, repeats: int) -> dict:
     return out
 
 
-def _rank(model_ref: str, layouts: list[str], steps: int, hop: tuple = (0.0, 0.0, 0.0)) -> dict | None:
+def _rank(model_ref: str, layouts: list[str], steps: int, hop: tuple = (0.0, 0.0, 0.0, 0.0, ())) -> dict | None:
     import torch.distributed as dist
 
     from shardwise.schedules.p2p import p2p_program
@@ -186,14 +187,15 @@ def main(argv=None) -> int:
     from shardwise.launch import run_ranks
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    hop = (0.0, 0.0, 0.0)
+    hop = (0.0, 0.0, 0.0, 0.0, ())
     if args.cluster:  # the calibration's exchange model: the table's 16 KiB transfer, pipeline_exchange_s, lockstep_spread
         from shardwise.planner.comm import interpolate
         from shardwise.specs import load_cluster
 
         m = load_cluster(args.cluster).measured
         act = 64 * load_model(args.model).hidden * 4
-        hop = (interpolate(m["send_recv"], act), m.get("pipeline_exchange_s", 0.0), m.get("lockstep_spread", 0.0))
+        hop = (interpolate(m["send_recv"], act), m.get("pipeline_exchange_s", 0.0), m.get("lockstep_spread", 0.0),
+               m.get("action_scatter", 0.0), tuple(tuple(x) for x in m.get("handoff_points", ())))
     out = run_ranks(_rank, args.model, args.layouts.split(","), args.steps, hop, world=2, backend="gloo")[0]
     calls = out.pop("calls")
     if args.cluster:

@@ -355,6 +355,43 @@ def test_lockstep_spread_charges_calibrates_own_exchange_loop_what_it_measured()
     assert program_makespan(sched, progs, lambda r, a: d + r, 0.0, 0.0, x, k) == pytest.approx(n * (d + 1 + x + k * (d + 1)))
 
 
+def test_with_a_scatter_who_waits_pays_and_equals_still_pay_the_lockstep_exchange():
+    # calibrate's lockstep loop: both ranks compute, then exchange. Equal computes: the two arrive together and pay the
+    # lockstep x as before. One side 1 s longer, far beyond the scatter (0.05 of ~2 s): the early side waits and pays
+    # the hand-off figure h once its message arrives (+ c); the late side finds its message there and goes on, so a
+    # round is the longer compute (the early side's d + c + h fits in the wait; the last one's ends the step). Taking
+    # turns (the naive schedule's shape), every turn pays c + h: the rank that waited is on the critical path.
+    from shardwise.schedules.p2p import exchange_paid, program_makespan
+    from shardwise.schedules.schedule import Transfer
+
+    n, d, x, c, h, k = 5, 2.0, 0.3, 0.01, 0.1, 0.05
+    handoff = ((1e-3, h), (3.0, h))
+
+    def swap(r, i):
+        return Exchange(sends=(Transfer("activation", i, r, 1 - r, r, 1 - r),),
+                        recvs=(Transfer("activation", i, 1 - r, r, 1 - r, r),))
+
+    def lockstep(r):
+        return [item for i in range(n) for item in (Action("F", i), swap(r, i))]
+    sched = build("1f1b", 2, 1)  # only named in an error
+    span = lambda progs, cost: program_makespan(sched, progs, cost, c, 0.0, x, 0.0, (), k, handoff)
+    assert span([lockstep(0), lockstep(1)], lambda r, a: d) == pytest.approx(n * (d + c + x))
+    uneven = span([lockstep(0), lockstep(1)], lambda r, a: d + r)
+    assert uneven == pytest.approx(n * (d + 1) + c + h, abs=n * x * 1e-2)  # the old rule: n (d + 1 + c + x)
+
+    def turns(r):
+        items = []
+        for i in range(n):
+            turn = [Action("F", i), swap(r, 2 * i), swap(r, 2 * i + 1)]
+            items += turn if r == 0 else [turn[1], turn[0], turn[2]]
+        return items
+    assert span([turns(0), turns(1)], lambda r, a: d) == pytest.approx(2 * n * (d + c + h), rel=1e-4)
+    # the blend between the two: at no lead the lockstep figure, far ahead or behind the settled one
+    assert exchange_paid(x, 0.0, 0.1, handoff) == x
+    assert exchange_paid(x, 2.0, 0.1, handoff) == pytest.approx(0.0, abs=1e-8)
+    assert exchange_paid(x, -2.0, 0.1, handoff) == pytest.approx(h)
+
+
 def test_wait_penalty_charges_calibrates_own_handoff_what_it_measured():
     # calibrate's handoff (measure_sync): the two ranks take turns computing d, each waiting in the exchange while the
     # other computes. A round (both turns) measured 2 (d + x + p): the lockstep exchange x and the penalty p of a rank

@@ -213,7 +213,7 @@ def _check_measured(measured, source: str) -> None:
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
-                 "wait_penalty_points"):
+                 "wait_penalty_points", "handoff_points"):
         table = measured.get(kind)
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)

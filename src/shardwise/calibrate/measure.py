@@ -514,6 +514,29 @@ def measure_sync(t: Timer, out: dict):
         turn = statistics.median(h / 2 - x for h, x in zip(reps[handoff], reps[lockstep]))
         out["sync_points"].append(out["sync_points"][point] + turn)
     out["sync_bytes"] = act.numel() * act.element_size()
+    out["action_scatter"] = t.reduce([action_scatter(t, loops["stage"])], "mean")[0]
+    yield "one stage call at a time"
+
+
+SCATTER_CALLS = 40  # single calls of the stage behind Profile.action_scatter (~0.2 s on tiny)
+
+
+def action_scatter(t: Timer, stage) -> float:
+    """How much one pipeline action's time scatters about its median on this machine: SCATTER_CALLS calls of the
+    stage workload, each timed alone while every rank runs its own (as pipeline ranks compute side by side), their
+    interquartile range / 1.349 (a normal law's standard deviation) / median. The repeats of Timer.interleaved
+    average many calls each, so they do not show it. The planner's exchange model uses it as the scale on which two
+    ranks' arrivals at an exchange are told apart (schedules.p2p.program_makespan): on tiny 0.2-0.55 of an action,
+    measured in the executor's own records (docs/accuracy.md, "Pipelines: who waits pays")."""
+    times = []
+    for _ in range(SCATTER_CALLS):
+        t0 = time.perf_counter()
+        stage()
+        t.sync()
+        times.append(time.perf_counter() - t0)
+    s = sorted(times)
+    med = statistics.median(s)
+    return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / 1.349 / med if med > 0 else 0.0
 
 
 def fsdp_workloads(t: Timer) -> tuple[dict, object]:

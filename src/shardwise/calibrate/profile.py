@@ -44,6 +44,7 @@ class Profile:
     # (measure.measure_sync)
     sync_points: list = field(default_factory=list)
     sync_bytes: int = 0  # that all-reduce's message
+    action_scatter: float = 0.0  # one stage call's time: interquartile range / 1.349 / median (measure.action_scatter)
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
@@ -173,6 +174,19 @@ class Profile:
         sp = self.sync_points
         return [[sp[0], max(sp[8] - sp[5], 0.0)], [sp[6], max(sp[9] - sp[7], 0.0)]]
 
+    def handoff_points(self) -> list:
+        """[[wait s, seconds], ...]: what a pipeline rank pays beyond the send_recv table's transfer once its message
+        arrives, after waiting that long in an exchange for its neighbour's compute: a rank's turn of the two
+        handoffs (measure_sync) beyond the compute of that turn — of the layer (sync_points[8] - [0]), after waiting a
+        layer ([0]); of the stage ([9] - [6]), after waiting a stage ([6]). The neighbour, which arrived last, found
+        its message posted and paid the transfer only. The planner charges a rank that waited long this, and the
+        lockstep exchange only where the two arrive within the actions' scatter of each other (schedules.p2p.
+        program_makespan). [] from a calibration that did not time them."""
+        if len(self.sync_points) < 10 or not self.tables.get("send_recv"):
+            return []
+        sp, table = self.sync_points, interpolate(self.monotone_tables()["send_recv"], self.sync_bytes)
+        return [[sp[0], max(sp[8] - sp[0] - table, 0.0)], [sp[6], max(sp[9] - sp[6] - table, 0.0)]]
+
     def _cp_beyond(self, index: int, exchanges: float) -> float:
         """cp_points[index] - plain - the attention work and the `exchanges` (seconds) the planner already charges."""
         if len(self.cp_points) < 3:
@@ -226,6 +240,7 @@ class Profile:
                "step_overhead_s": self.step_overhead_s(), "sync_overhead_s": self.sync_overhead_s(),
                "p2p_sync_s": self.p2p_sync_s(), "pipeline_exchange_s": self.pipeline_exchange_s(),
                "lockstep_spread": self.lockstep_spread(), "wait_penalty_points": self.wait_penalty_points(),
+               "handoff_points": self.handoff_points(), "action_scatter": self.action_scatter,
                "sync_points": self.sync_points,
                "checkpoint_overhead_s": self.checkpoint_overhead_s,
                "full_checkpoint_overhead_s": self.full_checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
@@ -280,14 +295,14 @@ SPEED_CLASS = {
     **dict.fromkeys(("sync_overhead_s", "tp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "pipeline_exchange_s": "exchange",
-    "wait_penalty_points": "exchange",  # [[wait, seconds], ...]: the seconds scale, as a table's
+    **dict.fromkeys(("wait_penalty_points", "handoff_points"), "exchange"),  # [[wait, seconds], ...]: as a table's
     "fsdp_call_s": "fsdp",
 }
 COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the compute ratio
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
                "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points", "tp_points",
-               "lockstep_spread")  # (a share of the compute before an exchange: moves with the compute itself)
+               "lockstep_spread", "action_scatter")  # (shares of the compute: they move with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute"}
 RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
@@ -356,8 +371,9 @@ def at_speed(cluster, ratios: dict):
             m[key] = [[size, seconds * ratios[kind]] for size, seconds in m[key]]
         elif key in m:
             m[key] = m[key] * ratios[kind]
-    if m.get("wait_penalty_points"):  # the waits are the neighbour's compute: they move with it
-        m["wait_penalty_points"] = [[wait * ratios["compute"], seconds] for wait, seconds in m["wait_penalty_points"]]
+    for key in ("wait_penalty_points", "handoff_points"):  # the waits are the neighbour's compute: they move with it
+        if m.get(key):
+            m[key] = [[wait * ratios["compute"], seconds] for wait, seconds in m[key]]
     for key in COMPUTE_RATES:
         if key in m:
             m[key] = m[key] / ratios["compute"]

@@ -440,7 +440,8 @@ def _program_waits(schedule: str, p: int, m: int, v: int) -> int:
 
 @lru_cache(maxsize=1024)
 def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: float, wake: float,
-                  exchange: float = 0.0, spread: float = 0.0, wait_points: tuple = ()) -> float:
+                  exchange: float = 0.0, spread: float = 0.0, wait_points: tuple = (), scatter: float = 0.0,
+                  handoff: tuple = ()) -> float:
     """What the executor's point-to-point program adds to a step (`schedules.p2p.program_makespan`) over the
     simulator without transfers, at each rank's own (f, b, w): the transfers, the calibrated wake-up of a
     receive that waits for its send, where it falls, and the sends that wait for their receives (gloo's and
@@ -453,7 +454,7 @@ def _program_wait(schedule: str, p: int, m: int, v: int, per_rank: tuple, c: flo
     built, programs = _program(schedule, p, m, v)
     costs = Costs(*([x[k] for x in per_rank] for k in range(3)))
     timed = program_makespan(built, programs, lambda r, a: costs.of(a.kind, virtual_stage(r, a.chunk, p), p, v), c, wake,
-                             exchange, spread, wait_points)
+                             exchange, spread, wait_points, scatter, handoff)
     return max(timed - simulate(built, costs).makespan, 0.0)
 
 
@@ -544,9 +545,14 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
     # A rank that waited for its neighbour's action runs slower once woken, more after a longer wait: calibrate's two
     # ranks taking turns (`wait_penalty_points`), charged by the wait the program gives each exchange.
     waits = tuple(tuple(float(x) for x in point) for point in measured.get("wait_penalty_points", ()))
+    # Who waits pays (a calibration that timed one action's scatter): the lockstep figure only where the two sides
+    # arrive within that scatter, the transfer alone for the later side, a hand-off's cost for a side that waited long.
+    scatter = float(measured.get("action_scatter", 0.0))
+    handoff = tuple(tuple(float(x) for x in point) for point in measured.get("handoff_points", ()))
     if p2p_sync + exchange > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
         per_rank = tuple((x.f, x.b, x.w) for x in (costs.get(r, slow) for r in range(p)))
-        span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, wake, exchange, spread, waits)
+        span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, wake, exchange, spread, waits,
+                                            scatter, handoff)
     elif p2p_sync + exchange > 0:  # each waited exchange of the busiest rank, after one action
         per_exchange = exchange + spread * (slow.f + slow.b + slow.w) / 2 / v if exchange > 0 else p2p_sync
         span += runs * pipeline_waits(layout, mr) * per_exchange

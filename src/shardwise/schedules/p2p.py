@@ -31,6 +31,8 @@ whose gradient send waits for rank 0 behind it).
 
 from __future__ import annotations
 
+import math
+
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
@@ -311,8 +313,24 @@ def wait_penalty(points, waited: float) -> float:
     return y0
 
 
+def exchange_paid(lockstep: float, lead: float, scale: float, handoff=()) -> float:
+    """What a waited exchange costs a rank beyond the transfer, where the lockstep exchange costs `lockstep` and the
+    rank arrived `lead` seconds after its neighbour posted the other side (< 0: before, and it waited -lead), when the
+    two ranks' arrivals scatter by `scale` seconds (the calibrated action_scatter x the compute since their previous
+    exchange). Arriving together (|lead| well within the scatter), either may be the one that waits, and the pair pays
+    what calibrate's lockstep loop measured. Arriving last by more, the rank finds its message posted and pays the
+    transfer only; arriving first by more, it pays what a rank woken after that wait pays (`handoff`, calibrate's
+    Profile.handoff_points: a hand-off turn beyond its compute and the transfer; 0 without points). Measured in the
+    executor's records, 2 gloo ranks, a 3-layer model's 2 + 1 stages: the last-arriving rank's exchanges 0.2-0.6 ms
+    against the lockstep loop's 1.1-1.5 ms (docs/accuracy.md, "Pipelines: who waits pays")."""
+    blend = math.exp(-abs(lead) / scale) if scale > 0 else float(lead == 0)
+    settled = wait_penalty(handoff, -lead) if lead < 0 else 0.0
+    return settled + (lockstep - settled) * blend
+
+
 def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float = 0.0, wake: float = 0.0,
-                     exchange: float = 0.0, spread: float = 0.0, wait_points=()) -> float:
+                     exchange: float = 0.0, spread: float = 0.0, wait_points=(), scatter: float = 0.0,
+                     handoff=()) -> float:
     """Time of one step when every rank walks its program as the executor does on gloo, whose send, like
     NCCL's above its eager threshold, completes only once its receive is posted (measured: a 16 KiB isend
     waits the 50 ms its peer sleeps before posting the receive). An exchange is posted when its rank reaches
@@ -332,7 +350,10 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
     calibrated `wait_penalty_points`): a waited exchange with receives whose rank arrived first and waited for its
     neighbour also costs `wait_penalty` of that wait — the woken rank's next action runs slower, more after a longer wait
     (measured by `calibrate` with the two ranks taking turns; docs/accuracy.md, "Interleaved 1F1B: a rank that waited
-    runs slower"). The lockstep exchange behind `exchange` has both sides arrive together, so it holds none of it."""
+    runs slower"). The lockstep exchange behind `exchange` has both sides arrive together, so it holds none of it.
+    `scatter` (the calibrated `action_scatter`) > 0: who waits pays (`exchange_paid`): the lockstep cost only where
+    the two sides arrive within the scatter of their compute, the transfer alone for the side that arrives last, and
+    `handoff` (the calibrated `handoff_points`, instead of `wait_points`) for the side that waited long."""
     p = len(programs)
     pos, t, posted, end = [0] * p, [0.0] * p, {}, [0.0] * p
     ran, ran_at = [0.0] * p, {}  # compute since the rank's last waited exchange; the same for each posted message
@@ -359,9 +380,13 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
                 done = max((posted[k] for k in peers), default=t[r])
                 if item.wait:
                     slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
-                    lock = spread * max([ran[r]] + [ran_at[k] for k in peers])
-                    woken = wait_penalty(wait_points, done - t[r]) if slept else 0.0
-                    t[r] = max(t[r], done + c if peers else t[r]) + (exchange + lock if peers else 0.0) + (wake if slept else 0.0) + woken
+                    computed = max([ran[r]] + [ran_at[k] for k in peers])
+                    if scatter > 0 and peers:
+                        paid = exchange_paid(exchange + spread * computed, t[r] - done, scatter * computed, handoff)
+                    else:
+                        paid = (exchange + spread * computed if peers else 0.0) + (wake if slept else 0.0) + \
+                            (wait_penalty(wait_points, done - t[r]) if slept else 0.0)
+                    t[r] = max(t[r], done + c if peers else t[r]) + paid
                     ran[r] = 0.0
                 else:
                     end[r] = max(end[r], done + c)
