@@ -8,11 +8,13 @@ executor's records of every step (`PipelineExecutor.records`: each action's star
 replays the executor's own point-to-point program (`schedules.p2p.program_makespan`, no transfer or wake-up cost) twice:
 with each action's measured time in that step ("replay, actual"), and with each action's mean over all steps
 ("replay, means": what a planner fed exact mean costs computes), and with `--cluster` once more with the mean action
-times and the calibration's exchanges (its send_recv table, `pipeline_exchange_s`, `lockstep_spread`, `action_scatter`, `handoff_points`: the planner's
-exchange model on the measured actions). Printed per layout (medians over steps, ms):
-train's step time, the executor's span, the two replays, and the lockstep gap = actual - means: what the ranks lose
-because each exchange waits for the slower rank's action *that time* — the expected maximum of scattered times exceeds
-the maximum of their means (docs/accuracy.md, "Pipelines: an exchange costs more after more compute").
+times and the calibration's exchanges (its send_recv table, `pipeline_exchange_s`, `lockstep_spread`, and where it
+measured them `action_scatter` and `handoff_points`: the planner's exchange model on the measured actions; and again
+without the last two, every waited exchange at the lockstep figure, as older calibrations are charged). Printed per
+layout (medians over steps, ms): train's step time, the executor's span, the two replays, and the lockstep gap =
+actual - means: what the ranks lose because each exchange waits for the slower rank's action *that time* — the
+expected maximum of scattered times exceeds the maximum of their means (docs/accuracy.md, "Pipelines: an exchange
+costs more after more compute").
 Also each action kind's relative spread (std / mean of its times within a rank, stage and kind), the cost per exchange
 at which the replays of each step's action times give the measured spans, and the calls after a layer and after a
 two-layer stage (calibrate's measure_sync workloads) timed in the same job.
@@ -153,6 +155,8 @@ def _rank(model_ref: str, layouts: list[str], steps: int, hop: tuple = (0.0, 0.0
             kinds.setdefault(f"rank{r} {kind}", []).append(v)
         per_kind = {k: 1e3 * statistics.mean(v) for k, v in kinds.items()}
         out[name] = {"per_action_ms": per_kind, "replay_means_planned_exchanges_ms": 1e3 * _replay(schedule, programs, means, *hop),
+                     # the same without the scatter: every waited exchange pays the lockstep figure (older calibrations)
+                     "replay_means_lockstep_exchanges_ms": 1e3 * _replay(schedule, programs, means, *hop[:3]),
                      "implied_exchange_ms": 1e3 * _implied_exchange(schedule, programs, durs, spans),
                      "step_ms": 1e3 * statistics.median(times[i]), "span_ms": 1e3 * statistics.median(spans),
                      "replay_actual_ms": 1e3 * statistics.median(actual), "replay_means_ms": 1e3 * mean_replay,
@@ -210,7 +214,8 @@ def main(argv=None) -> int:
         print(f"{name:14s} {r['step_ms']:7.1f} {r['span_ms']:7.1f} {r['replay_actual_ms']:7.1f} {r['replay_means_ms']:7.1f} "
               f"{r['lockstep_gap_ms']:6.1f}  {' / '.join(f'{b:.1f}' for b in r['busy_ms'])}   {spread}")
         print(f"{'':14s} implied cost per exchange {r['implied_exchange_ms']:.3f} ms; replay of the mean action times with "
-              f"the calibration's exchanges {r['replay_means_planned_exchanges_ms']:.1f} ms")
+              f"the calibration's exchanges {r['replay_means_planned_exchanges_ms']:.1f} ms (every waited exchange at the "
+              f"lockstep figure: {r['replay_means_lockstep_exchanges_ms']:.1f} ms)")
         print(f"{'':14s} per action, ms: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["per_action_ms"].items()))
               + (f"; planned f, b, w: {r['planned']}" if "planned" in r else ""))
     for tag, v in calls.items():
