@@ -65,7 +65,8 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["comm_overlap"] == 0.0  # gloo: collectives block the compute thread
     # the model split over both ranks by tensor parallelism, beside the plain one, and what each TP call costs there
     # (at least minus the cheapest table time at a layer's activation: no call costs less than nothing)
-    assert len(m["tp_points"]) == 2 and min(m["tp_points"]) > 0
+    assert len(m["tp_points"]) == 3 and min(m["tp_points"]) > 0  # plain, TP, TP with SP
+    assert "tp_sp_call_s" in m
     activation = 32 * load_model("tiny").hidden * 4
     assert m["tp_call_s"] >= -min(interpolate(m[k], activation) for k in ("all_reduce", "all_gather", "reduce_scatter"))
     assert m.get("other_cpu_cores", 0.0) >= 0  # other processes' CPU use meanwhile (absent where unknown)
@@ -485,6 +486,34 @@ def test_the_planner_prices_a_tp_step_as_calibrate_measured_it(extra):
     table = 2e-4 + 64 * tiny.hidden * 4 / 2e9
     assert tp_call_in_step(p, tiny, 1, 64) == pytest.approx(-table)
     assert tp_call_in_step(_cp_profile([]), tiny, 1, 64) is None  # no TP measurement: the planner keeps sync_overhead_s
+
+
+def test_sequence_parallel_calls_are_priced_from_the_split_with_sequence_parallelism():
+    """calibrate times the model split with SP too (tp_points[2]): SP's all-gathers and reduce-scatters get their own
+    price (tp_sp_call_s), at which the planner's tp2:sp step costs 8 x the measured SP - plain, while plain TP keeps
+    its own; a calibration without the SP point (older, or a sequence that does not split) prices SP's calls as TP's."""
+    from shardwise.calibrate.profile import tp_call_in_step
+    from shardwise.planner.memory import runtime_job
+
+    tiny = load_model("tiny")
+    p = _cp_profile([])
+
+    def split_cost(profile, sp: bool) -> float:
+        job = runtime_job(tiny, profile.to_cluster(), 8, 64, gpu=False)
+        tp, plain = estimate_time(job, Layout(tp=2, sequence_parallel=sp)), estimate_time(job, Layout())
+        return tp["compute"] + tp["tp_comm"] - plain["compute"]
+
+    plain_s = 8e-3
+    p.tp_points, p.tp_layers = [plain_s, plain_s + split_cost(p, False) / 8 + 4e-3], 4
+    p.tp_call_s = tp_call_in_step(p, tiny, 1, 64)
+    assert tp_call_in_step(p, tiny, 1, 64, sp=True) is None
+    older = split_cost(p, True)  # SP's calls at tp_call_s
+    p.tp_points.append(plain_s + split_cost(p, True) / 8 - 2e-3)  # SP measured 2 ms a micro-batch cheaper than that
+    p.tp_sp_call_s = tp_call_in_step(p, tiny, 1, 64, sp=True)
+    assert p.tp_sp_call_s < p.tp_call_s and p.measured_table()["tp_sp_call_s"] == p.tp_sp_call_s
+    assert split_cost(p, True) == pytest.approx(8 * (p.tp_points[2] - p.tp_points[0]), rel=1e-9) == \
+        pytest.approx(older - 16e-3, rel=1e-9)
+    assert split_cost(p, False) == pytest.approx(8 * (p.tp_points[1] - p.tp_points[0]), rel=1e-9)  # TP keeps its own
 
 
 def test_one_rank_alone_runs_the_model_as_the_base_it_is_compared_with(monkeypatch):

@@ -52,6 +52,7 @@ def calibrate(cfg: CalibrateConfig, report=lambda label: None) -> Profile | None
         return None
     profile = Profile(**out, other_cpu_cores=other.cores)
     profile.tp_call_s = tp_call_in_step(profile, cfg.model, cfg.micro_batch, cfg.seq_len)
+    profile.tp_sp_call_s = tp_call_in_step(profile, cfg.model, cfg.micro_batch, cfg.seq_len, sp=True)
     return profile
 
 

@@ -822,7 +822,7 @@ def tp_layout(t: Timer):
 
 
 def measure_tp(t: Timer, out: dict):
-    """out["tp_points"] = [plain, tensor-parallel]: seconds of the reference workload (the model of at most
+    """out["tp_points"] = [plain, tensor-parallel, and with sequence parallelism where the sequence splits]: seconds of the reference workload (the model of at most
     MODEL_LAYERS layers, embedding, LM head and loss, forward + backward on one micro-batch) as one rank runs it
     whole, and as the runtime splits it over every rank with tensor parallelism (`parallelize`, tp = world: the
     Megatron split of every block, the vocabulary-parallel embedding, head and loss), interleaved in SYNC_ROUNDS x
@@ -832,7 +832,9 @@ def measure_tp(t: Timer, out: dict):
     runtime's TP layer (the autograd functions around each collective, their copies, the vocabulary masks) and how
     the ranks meet at calls that follow each other closely, neither of which measure_sync's one all-reduce after a
     layer holds (docs/accuracy.md: tiny-moe's TP forward + backward took 5.1 ms more than its calls at
-    sync_overhead_s and its split FLOPs)."""
+    sync_overhead_s and its split FLOPs). The same split with sequence parallelism prices SP's calls apart
+    (Profile.tp_sp_call_s): it issues an all-gather and a reduce-scatter where plain TP issues one all-reduce, and
+    the planner had charged them plain TP's price per call, twice the measured difference on tiny (docs/accuracy.md)."""
     layout = tp_layout(t) if t.world > 1 else None
     if layout is None:
         out["tp_points"], out["tp_layers"] = [], 0
@@ -842,18 +844,25 @@ def measure_tp(t: Timer, out: dict):
 
     spec = t.cfg.model
     layers = min(spec.num_layers, MODEL_LAYERS)
-    chunk = parallelize(Transformer(spec, seed=0, layer_ids=range(layers)), t.tp_mesh(), layout, t.device)
     x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
 
-    def split():
-        with _amp(t):
-            loss = chunk.module(x, x)
-        loss.backward()
+    def split(lay):
+        chunk = parallelize(Transformer(spec, seed=0, layer_ids=range(layers)), t.tp_mesh(), lay, t.device)
 
-    reps = yield from in_rounds(t, {"plain": reference(t), "tp": split}, SYNC_ROUNDS * t.cfg.repeats,
-                                "tensor-parallel model against a plain one", barrier_each=True)
+        def run():
+            with _amp(t):
+                loss = chunk.module(x, x)
+            loss.backward()
+        return run
+
+    fns = {"plain": reference(t), "tp": split(layout)}
+    if t.cfg.seq_len % t.world == 0:  # sequence parallelism splits the sequence over the TP ranks
+        fns["sp"] = split(layout.with_(sequence_parallel=True))
+    reps = yield from in_rounds(t, fns, SYNC_ROUNDS * t.cfg.repeats, "tensor-parallel model against a plain one",
+                                barrier_each=True)
     plain_s = statistics.median(reps["plain"])
-    out["tp_points"], out["tp_layers"] = [plain_s, plain_s + paired(reps, "tp", "plain")], layers
+    out["tp_points"] = [plain_s] + [plain_s + paired(reps, k, "plain") for k in fns if k != "plain"]
+    out["tp_layers"] = layers
 
 
 def measure_rank(cfg: CalibrateConfig, rank: int, world: int, report=lambda label: None) -> dict | None:

@@ -55,9 +55,10 @@ class Profile:
     cp_points: list = field(default_factory=list)  # [plain, ring, all-gather] one layer on seq/world tokens, seconds
     cp_attention_s: float = 0.0  # the attention work the planner charges a cp layer beyond the plain one
     cp_block_bytes: int = 0  # one rank's K/V block behind cp_points
-    tp_points: list = field(default_factory=list)  # [plain, tp = world] the model forward + backward, seconds
+    tp_points: list = field(default_factory=list)  # [plain, tp = world, + SP] the model forward + backward, seconds
     tp_layers: int = 0  # layers of that model
     tp_call_s: float | None = None  # each TP collective in a TP step beyond its table time (tp_call_in_step)
+    tp_sp_call_s: float | None = None  # the same under sequence parallelism (tp_call_in_step(..., sp=True))
     alone_points: list = field(default_factory=list)  # [every rank, one rank alone] the model at the smallest micro-batch, s
     concurrent_slowdown: float = 1.0  # median over repeats of every rank / one alone (>= 1)
     tables: dict = field(default_factory=dict)  # kind -> [[bytes, seconds], ...] as measured
@@ -254,6 +255,8 @@ class Profile:
                "model_points": self.model_points}
         if self.tp_call_s is not None:  # else the planner charges TP calls sync_overhead_s
             out["tp_call_s"] = self.tp_call_s
+        if self.tp_sp_call_s is not None:  # else SP's calls pay tp_call_s
+            out["tp_sp_call_s"] = self.tp_sp_call_s
         if self.other_cpu_cores is not None:  # not read by the planner: validate compares it with its sweep's
             out["other_cpu_cores"] = self.other_cpu_cores
         if self.gloo_loop_threads is not None:  # not read by the planner: validate shows its sweep's beside it
@@ -292,7 +295,7 @@ SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
-    **dict.fromkeys(("sync_overhead_s", "tp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
+    **dict.fromkeys(("sync_overhead_s", "tp_call_s", "tp_sp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "pipeline_exchange_s": "exchange",
     **dict.fromkeys(("wait_penalty_points", "handoff_points"), "exchange"),  # [[wait, seconds], ...]: as a table's
@@ -308,14 +311,17 @@ FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "comput
 RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
 
 
-def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> float | None:
+def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int, sp: bool = False) -> float | None:
     """What each tensor-parallel collective costs in a TP step beyond its table time, from measure_tp's points: the
     per-call charge (planner/comm.tp_sync_time) at which the planner's (TP - plain) for the same model on this
     profile — its split GEMMs, element-wise passes and edges, every TP call at its table's time + this charge —
     equals the measured one. It holds what sync_overhead_s (one all-reduce after a layer) does not: the work around
     each call in the runtime's TP layer (its autograd functions and their copies, the vocabulary masks), and how the
-    ranks arrive at calls that follow each other closely. None where the model did not split over the ranks."""
-    if len(profile.tp_points) < 2 or not profile.tp_layers:
+    ranks arrive at calls that follow each other closely. None where the model did not split over the ranks.
+    `sp`: the same for the split with sequence parallelism (tp_points[2]; its all-gathers and reduce-scatters),
+    None where calibrate did not time it."""
+    point = 2 if sp else 1
+    if len(profile.tp_points) <= point or not profile.tp_layers:
         return None
     from dataclasses import replace
 
@@ -324,13 +330,14 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> 
     from shardwise.specs import Layout
 
     spec = replace(model, num_layers=profile.tp_layers)
-    base = replace(profile, tp_call_s=None).to_cluster()
+    base = replace(profile, tp_call_s=None, tp_sp_call_s=None).to_cluster()
+    key = "tp_sp_call_s" if sp else "tp_call_s"
 
     def planned(call_s: float, tp: int) -> float:
         """The planner's forward + backward of one micro-batch at `tp`, each TP call charged `call_s`."""
-        cluster = replace(base, measured={**base.measured, "tp_call_s": call_s})
+        cluster = replace(base, measured={**base.measured, key: call_s})
         cost = stage_cost(runtime_job(spec, cluster, micro_batch, seq_len, gpu=profile.backend == "nccl"),
-                          Layout(tp=tp, micro_batch=micro_batch), 0)
+                          Layout(tp=tp, micro_batch=micro_batch, sequence_parallel=sp and tp > 1), 0)
         return cost.f + cost.b + cost.w
 
     step, free = 1e-3, planned(0.0, profile.world)
@@ -345,7 +352,7 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int) -> 
     tables = profile.monotone_tables()  # sync_bytes: measure_sync's activation, the layer's at this micro-batch
     floor = min((interpolate(tables[k], profile.sync_bytes) for k in ("all_reduce", "all_gather", "reduce_scatter")
                  if tables.get(k)), default=0.0)
-    return max((profile.tp_points[1] - profile.tp_points[0] - at_zero) / calls, -floor)
+    return max((profile.tp_points[point] - profile.tp_points[0] - at_zero) / calls, -floor)
 
 
 def speed_ratios(ratios: dict) -> dict:

@@ -205,11 +205,13 @@ def sync_time(cluster: ClusterSpec) -> float:
     return float((cluster.measured or {}).get("sync_overhead_s", 0.0))
 
 
-def tp_sync_time(cluster: ClusterSpec) -> float:
+def tp_sync_time(cluster: ClusterSpec, sequence_parallel: bool = False) -> float:
     """The same for a tensor-parallel layer's collective, where `calibrate` timed a TP forward + backward of its
-    model (`tp_call_s`: each TP call in that step beyond its table time, the work around it included), else
-    sync_time."""
+    model (`tp_call_s`: each TP call in that step beyond its table time, the work around it included; under sequence
+    parallelism `tp_sp_call_s`, the same from the model split with it, where calibrate timed that), else sync_time."""
     measured = cluster.measured or {}
+    if sequence_parallel and "tp_sp_call_s" in measured:
+        return float(measured["tp_sp_call_s"])
     return float(measured.get("tp_call_s", measured.get("sync_overhead_s", 0.0)))
 
 

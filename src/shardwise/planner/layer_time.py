@@ -359,7 +359,7 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     tp, c = layout.tp, job.cluster
     outputs = 1 if merged else 2  # reductions of the row-parallel outputs (forward), their gathers (SP backward)
     act = tokens * job.model.hidden * job.train.activation_bytes
-    sync = tp_sync_time(c)
+    sync = tp_sync_time(c, layout.sequence_parallel)
     if not layout.sequence_parallel:
         one = collective_time(c, "all_reduce", act, tp) + sync
         return outputs * one, 2 * one

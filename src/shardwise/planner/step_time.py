@@ -252,7 +252,8 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         loss_vocab = model.vocab_size  # the loss runs over all of it
         # an all-gather into a list, each entry copied out of NCCL's buffer (2 + 2), then torch.cat (2 + 2); backward:
         # the rank's slice of the logits' gradient made contiguous (2 + 2 per local element)
-        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp) + tp_sync_time(c)
+        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp)
+                    + tp_sync_time(c, layout.sequence_parallel)
                     + 8 * tokens * loss_vocab / kernels.hbm_rate(c))
         gather_b = 4 * tokens * vocab / kernels.hbm_rate(c)
     loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
@@ -272,7 +273,7 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     if tp == 1 or 0 < rank < layout.pp - 1:  # no edge on this rank
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
-    sync = tp_sync_time(c)
+    sync = tp_sync_time(c, layout.sequence_parallel)
     ar, ag, rs = (collective_time(c, k, act, tp) + sync for k in ("all_reduce", "all_gather", "reduce_scatter"))
     sp = layout.sequence_parallel
     f = b = 0.0
