@@ -526,8 +526,9 @@ def action_scatter(t: Timer, stage) -> float:
     stage workload, each timed alone while every rank runs its own (as pipeline ranks compute side by side), their
     interquartile range / 1.349 (a normal law's standard deviation) / median. The repeats of Timer.interleaved
     average many calls each, so they do not show it. The planner's exchange model uses it as the scale on which two
-    ranks' arrivals at an exchange are told apart (schedules.p2p.program_makespan): on tiny 0.2-0.55 of an action,
-    measured in the executor's own records (docs/accuracy.md, "Pipelines: who waits pays")."""
+    ranks' arrivals at an exchange are told apart (schedules.p2p.exchange_paid): 0.03-0.15 in calibrations here, below
+    the 0.2-0.55 the executor's own records show over a whole run, which holds the machine's drift too; the replays
+    of those records fit alike anywhere in 0.05-0.5 (docs/accuracy.md, "Pipelines: who waits pays")."""
     times = []
     for _ in range(SCATTER_CALLS):
         t0 = time.perf_counter()
@@ -822,19 +823,20 @@ def tp_layout(t: Timer):
 
 
 def measure_tp(t: Timer, out: dict):
-    """out["tp_points"] = [plain, tensor-parallel, and with sequence parallelism where the sequence splits]: seconds of the reference workload (the model of at most
-    MODEL_LAYERS layers, embedding, LM head and loss, forward + backward on one micro-batch) as one rank runs it
-    whole, and as the runtime splits it over every rank with tensor parallelism (`parallelize`, tp = world: the
-    Megatron split of every block, the vocabulary-parallel embedding, head and loss), interleaved in SYNC_ROUNDS x
-    repeats repeats, each as long as its slowest rank; out["tp_layers"] its layers. Profile.tp_call_s (calibrate.profile
-    .tp_call_in_step) prices each TP call so that the planner's difference equals this one: the planner counts the
-    GEMMs split over tp and each call at its table's time, and what is left is the work around the calls in the
-    runtime's TP layer (the autograd functions around each collective, their copies, the vocabulary masks) and how
-    the ranks meet at calls that follow each other closely, neither of which measure_sync's one all-reduce after a
-    layer holds (docs/accuracy.md: tiny-moe's TP forward + backward took 5.1 ms more than its calls at
-    sync_overhead_s and its split FLOPs). The same split with sequence parallelism prices SP's calls apart
-    (Profile.tp_sp_call_s): it issues an all-gather and a reduce-scatter where plain TP issues one all-reduce, and
-    the planner had charged them plain TP's price per call, twice the measured difference on tiny (docs/accuracy.md)."""
+    """out["tp_points"] = [plain, tensor-parallel, and with sequence parallelism where the sequence splits]: seconds
+    of the reference workload (the model of at most MODEL_LAYERS layers, embedding, LM head and loss, forward +
+    backward on one micro-batch) as one rank runs it whole, and as the runtime splits it over every rank with tensor
+    parallelism (`parallelize`, tp = world: the Megatron split of every block, the vocabulary-parallel embedding, head
+    and loss), interleaved in SYNC_ROUNDS x repeats repeats, each as long as its slowest rank; out["tp_layers"] its
+    layers. Profile.tp_call_s (calibrate.profile.tp_call_in_step) prices each TP call so that the planner's difference
+    equals this one: the planner counts the GEMMs split over tp and each call at its table's time, and what is left is
+    the work around the calls in the runtime's TP layer (the autograd functions around each collective, their copies,
+    the vocabulary masks) and how the ranks meet at calls that follow each other closely, neither of which
+    measure_sync's one all-reduce after a layer holds (docs/accuracy.md: tiny-moe's TP forward + backward took 5.1 ms
+    more than its calls at sync_overhead_s and its split FLOPs). The same split with sequence parallelism prices SP's
+    calls apart (Profile.tp_sp_call_s): it issues an all-gather and a reduce-scatter where plain TP issues one
+    all-reduce, and the planner had charged them plain TP's price per call, twice the measured difference on tiny
+    (docs/accuracy.md)."""
     layout = tp_layout(t) if t.world > 1 else None
     if layout is None:
         out["tp_points"], out["tp_layers"] = [], 0

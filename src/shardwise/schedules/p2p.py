@@ -32,7 +32,6 @@ whose gradient send waits for rank 0 behind it).
 from __future__ import annotations
 
 import math
-
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
