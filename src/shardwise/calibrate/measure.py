@@ -526,7 +526,7 @@ def action_scatter(t: Timer, stage) -> float:
     stage workload, each timed alone while every rank runs its own (as pipeline ranks compute side by side), their
     interquartile range / 1.349 (a normal law's standard deviation) / median. The repeats of Timer.interleaved
     average many calls each, so they do not show it. The planner's exchange model uses it as the scale on which two
-    ranks' arrivals at an exchange are told apart (schedules.p2p.exchange_paid): 0.03-0.15 in calibrations here, below
+    ranks' arrivals at an exchange are told apart (schedules.p2p.exchange_paid): 0.02-0.22 in world-2 calibrations here, below
     the 0.2-0.55 the executor's own records show over a whole run, which holds the machine's drift too; the replays
     of those records fit alike anywhere in 0.05-0.5 (docs/accuracy.md, "Pipelines: who waits pays")."""
     times = []
