@@ -535,9 +535,7 @@ def action_scatter(t: Timer, stage) -> float:
         stage()
         t.sync()
         times.append(time.perf_counter() - t0)
-    s = sorted(times)
-    med = statistics.median(s)
-    return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / 1.349 / med if med > 0 else 0.0
+    return spread(times) / 1.349
 
 
 def fsdp_workloads(t: Timer) -> tuple[dict, object]:

@@ -378,11 +378,11 @@ def program_makespan(schedule: Schedule, programs: list[Program], cost, c: float
                     break  # the neighbour has not reached the other side yet
                 done = max((posted[k] for k in peers), default=t[r])
                 if item.wait:
-                    slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
                     computed = max([ran[r]] + [ran_at[k] for k in peers])
                     if scatter > 0 and peers:
                         paid = exchange_paid(exchange + spread * computed, t[r] - done, scatter * computed, handoff)
                     else:
+                        slept = bool(item.recvs) and done > t[r]  # its receive came after it: the thread sleeps
                         paid = (exchange + spread * computed if peers else 0.0) + (wake if slept else 0.0) + \
                             (wait_penalty(wait_points, done - t[r]) if slept else 0.0)
                     t[r] = max(t[r], done + c if peers else t[r]) + paid
