@@ -225,7 +225,7 @@ def _estimate_argv(c: dict) -> list:
        job=st.sampled_from([(8, 64, 4096), (16, 32, 2048), (32, 256, 8192), (64, 64, 32768), (12, 48, 1024)]),
        cluster=st.sampled_from(["dgx-h100-80gb", "dgx-a100-40gb", "dgx-h200", "file"]),
        precision=st.sampled_from(["bf16", "bf16", "fp8"]))
-# 32K tokens on a model of 8K positions: plan once ranked cp layouts that estimate refuses (cp cannot lengthen a sequence)
+# 32K tokens on a model of 8K positions: plan once ranked cp layouts that estimate refused (the positions are no limit)
 @example(framework="megatron-core", model="llama3-8b", job=(64, 64, 32768), cluster="dgx-h100-80gb", precision="bf16")
 # an HSDP twin among the top 3 (dp_shard 8 of dp 16): estimate must be told --dp-shard
 @example(framework="composer", model="qwen1.5-moe-a2.7b", job=(16, 32, 2048), cluster="dgx-a100-40gb", precision="bf16")
@@ -638,3 +638,18 @@ def test_stacks_without_an_fp8_recipe_refuse_fp8_in_one_line():
                             "--global-batch", 64, "--seq-len", 2048, "--micro-batch", 1, "--framework", framework,
                             "--precision", "fp8"])
         assert code == 2 and err.count("\n") == 1 and "has no FP8 training" in err, (framework, err)
+
+
+def test_a_config_s_positions_bound_neither_cp_nor_the_sequence_a_plan_may_use():
+    """NeMo trains Llama 2 7B (max_position_embeddings 4,096) at 16K-128K tokens with context parallelism: that
+    published layout gets an estimate, as the same sequence at cp 1 does, and plan ranks cp layouts for it. A model
+    with a learned table is planned the same way (Megatron-LM sizes --max-position-embeddings to the sequence)."""
+    common = ["--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 64, "--seq-len", 32768, "--framework", "nemo"]
+    assert load_model("llama2-7b").max_positions == 4096
+    with_cp = answer(["estimate", "--model", "llama2-7b", *common, "--tp", 2, "--cp", 4, "--micro-batch", 1, "--json"])
+    no_cp = answer(["estimate", "--model", "llama2-7b", *common, "--tp", 8, "--micro-batch", 1, "--json"])
+    assert with_cp["fits"] and with_cp["cp"] == 4 and no_cp["fits"] and no_cp["cp"] == 1
+    ranked = answer(["plan", "--model", "llama2-7b", *common, "--json", "--top", 50])
+    assert any(c["cp"] > 1 for c in ranked["candidates"])
+    gpt = answer(["estimate", "--model", "gpt2", *common[:-2], "--tp", 2, "--cp", 4, "--micro-batch", 1, "--json"])
+    assert gpt["fits"] and gpt["cp"] == 4

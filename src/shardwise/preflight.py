@@ -65,9 +65,15 @@ def local_ranks(cfg) -> int:
 def check_runtime_model(spec, seq_len: int) -> None:
     """UsageError if shardwise's runtime cannot build this model at this sequence length (train, calibrate and
     validate all run it)."""
-    if seq_len > spec.max_positions:
-        raise UsageError(f"--seq-len {seq_len} exceeds the {spec.max_positions} positions of {spec.name} — use at most "
-                         f"{spec.max_positions}")
+    # At any cp: context parallelism splits the tokens, each keeping its global position (specs.check_sequence_split).
+    n = spec.max_positions
+    if seq_len > n and spec.learned_positions:
+        raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name}'s learned position table — use "
+                         f"at most {n} tokens, or a config with a larger n_positions / max_position_embeddings")
+    if seq_len > n:  # rotary: a function of the index, but shardwise.model builds its cos/sin tables for n positions
+        raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name} (max_position_embeddings), "
+                         f"which shardwise's runtime builds its RoPE tables for — use at most {n} tokens, or raise "
+                         f"max_position_embeddings in the config.json to train longer")
     from shardwise.model import unsupported
 
     missing = unsupported(spec)

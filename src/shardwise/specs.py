@@ -472,21 +472,16 @@ def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None
 
     Context parallelism cuts the sequence into 2*cp equal chunks (rank i holds chunks i and 2cp-1-i, which
     balances the causal mask's work). Every position scheme of the supported families is a function of the
-    token's global index (RoPE rotates by it, GPT-2 looks it up), so positions split with the tokens; what
-    splitting cannot do is give a token a position the model does not have: a sequence longer than the
-    model's positions stays impossible at any cp."""
+    token's global index (RoPE rotates by it, GPT-2 looks it up), so positions split with the tokens: cp neither
+    lengthens nor shortens the sequence a model accepts, and that is not a layout's question (the runtime's
+    limit: preflight.check_runtime_model; the planner sizes a learned table to the sequence, as Megatron-LM's
+    --max-position-embeddings does)."""
     if layout.cp_mode not in CP_MODES:
         raise UsageError(f"unknown --cp-mode '{layout.cp_mode}' — choose {' or '.join(CP_MODES)}")
     if layout.cp > 1 and seq_len % (2 * layout.cp):
         raise UsageError(
             f"cp={layout.cp} cuts each sequence into 2*cp = {2 * layout.cp} equal chunks (zig-zag causal balance), but "
             f"--seq-len {seq_len} is not divisible by {2 * layout.cp} — use a multiple of {2 * layout.cp}")
-    if layout.cp > 1 and seq_len > model.max_positions:
-        kind = ("a learned table of" if model.learned_positions else "rotary positions trained for")
-        raise UsageError(
-            f"--seq-len {seq_len} exceeds the {model.max_positions} positions of {model.name} ({kind} {model.max_positions}); "
-            f"cp splits the tokens over ranks but each keeps its global position, so cp cannot lengthen the sequence — "
-            f"use at most {model.max_positions} tokens or a model with more positions")
     local = seq_len // layout.cp
     if layout.cp == 1 and layout.sequence_parallel and layout.tp > 1 and seq_len % layout.tp:
         raise UsageError(f"sequence parallelism splits the sequence over tp={layout.tp}, but --seq-len {seq_len} is not "

@@ -158,8 +158,6 @@ def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
         return False
     if fw.attention_refusal(Layout(cp=cp), job.flash_attention):
         return False
-    if s > job.model.max_positions:  # each shard keeps its global positions: cp cannot lengthen (specs.check_sequence_split)
-        return False
     return cp in space.cp if space.cp is not None else s // cp >= MIN_CP_TOKENS
 
 
@@ -398,10 +396,6 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
         no_cp = fw.attention_refusal(Layout(cp=2), job.flash_attention)
         if no_cp:
             return f"--cp {','.join(map(str, space.cp))}: {no_cp}"
-        if seq > job.model.max_positions:
-            return (f"--cp {','.join(map(str, space.cp))}: --seq-len {seq} exceeds the {job.model.max_positions} positions "
-                    f"of {job.model.name}, and cp cannot lengthen the sequence (each shard keeps its global positions) — "
-                    f"use at most {job.model.max_positions} tokens, or a config with more max_position_embeddings")
         possible = sorted({c for t, p in pairs for c in divisors(gpus // (t * p))
                            if c > 1 and seq % (2 * c) == 0 and job.train.global_batch % (gpus // (t * p * c)) == 0})
         if not any(c in possible for c in space.cp):
