@@ -371,8 +371,10 @@ def pre_flash(row: dict) -> bool:
 
 def stated_flash(row: dict) -> bool:
     """A run whose config names FlashAttention where its profile's default is a materialised softmax (GPT-NeoX's
-    "attention-config": [[["flash"], N]], as Pythia's configs at a19eecb and the paper's Sec. 2.4 say)."""
-    return '[["flash"]' in row["notes"]
+    "attention-config": [[["flash"], N]], as Pythia's configs at a19eecb and the paper's Sec. 2.4 say; Megatron-LM's
+    --use-flash-attn in the launch script, as StarCoder's). `pre_flash` is asked first: a note saying the script
+    passes neither flag is FlashAttention off."""
+    return '[["flash"]' in row["notes"] or "--use-flash-attn" in row["notes"]
 
 
 def ran_compiled(row: dict) -> bool:

@@ -653,3 +653,39 @@ def test_a_config_s_positions_bound_neither_cp_nor_the_sequence_a_plan_may_use()
     assert any(c["cp"] > 1 for c in ranked["candidates"])
     gpt = answer(["estimate", "--model", "gpt2", *common[:-2], "--tp", 2, "--cp", 4, "--micro-batch", 1, "--json"])
     assert gpt["fits"] and gpt["cp"] == 4
+
+
+def _llama_config(tmp_path, name: str, kv_heads: int, hidden: int = 6144, heads: int = 48, layers: int = 40) -> str:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "num_hidden_layers": layers,
+           "intermediate_size": 4 * hidden, "vocab_size": 49152, "max_position_embeddings": 8192}
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_tp_above_the_kv_heads_runs_where_the_stack_replicates_them(tmp_path):
+    """StarCoder trained multi-query attention at TP 4 (BigCode's Megatron-LM fork: every rank a copy of the one K/V
+    head). Under megatron-2021 that layout costs each rank what a 4-KV-head model costs it (one K/V head per rank),
+    while the model's own parameters and FLOPs stay MQA's; Megatron-Core, which splits the KV heads, refuses it in one
+    line, and its plans keep tp within the KV heads."""
+    mqa, gqa = _llama_config(tmp_path, "mqa", 1), _llama_config(tmp_path, "gqa", 4)
+    common = ["--cluster", "dgx-a100-80gb", "--gpus", 512, "--global-batch", 512, "--seq-len", 8192, "--tp", 4, "--pp",
+              4, "--micro-batch", 1, "--recompute", "none", "--flash-attention", "--json"]
+    one, four = (answer(["estimate", "--model", m, *common, "--framework", "megatron-2021"]) for m in (mqa, gqa))
+    assert one["fits"] and one["tp"] == 4
+    assert one["memory_gib_per_gpu"] == four["memory_gib_per_gpu"] and one["step_time_s"] == four["step_time_s"]
+    assert one["total_params"] < four["total_params"] and one["mfu"] < four["mfu"]
+    code, _, err = cli(["estimate", "--model", mqa, *common, "--framework", "megatron-core"])
+    assert code == 2 and err.count("\n") == 1 and "megatron-core splits them over tp" in err
+    space = ["plan", "--model", mqa, *common[:8], "--json", "--top", 50]
+    assert {c["tp"] for c in answer([*space, "--framework", "megatron-core"])["candidates"]} == {1}
+    assert max(c["tp"] for c in answer([*space, "--framework", "megatron-2021"])["candidates"]) > 1
+
+
+def test_the_runtime_splits_the_kv_heads_and_says_so(tmp_path, capsys):
+    mqa = _llama_config(tmp_path, "tiny-mqa", 1, hidden=64, heads=4, layers=2)
+    assert main(["train", "--model", mqa, "--tp", "2", "--steps", "1", "--seq-len", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "shardwise splits them over tp" in err

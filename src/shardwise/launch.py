@@ -90,6 +90,11 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
     refusal = runtime_refusal(lay)
     if refusal:
         raise UsageError(refusal)
+    from shardwise.planner.frameworks import get as get_framework
+
+    kv = get_framework("shardwise").kv_refusal(spec.num_kv_heads, lay.tp)  # its attention splits the KV heads
+    if kv:
+        raise UsageError(kv)
     if cfg.trace_dir and lay.pp == 1:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
     from shardwise.preflight import check_runtime_model

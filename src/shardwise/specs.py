@@ -395,8 +395,9 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     check_hybrid_shard(layout)
     if model.num_heads % layout.tp:
         raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
-    if model.num_kv_heads % layout.tp:
-        raise UsageError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name} — pick a divisor of {model.num_kv_heads}")
+    if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:  # fewer KV heads than tp: the stack's call
+        raise UsageError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name}, nor a "
+                         f"multiple of them (each rank a copy of its query heads' KV) — pick a divisor of {model.num_kv_heads}")
     if model.ffn_hidden % layout.tp and len(model.moe_layers) < model.num_layers:
         raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
     validate_experts(layout, model)

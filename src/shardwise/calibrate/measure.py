@@ -817,7 +817,7 @@ def tp_layout(t: Timer):
         validate_layout(layout, t.cfg.model, t.cfg.micro_batch, t.world, t.cfg.seq_len)
     except UsageError:
         return None
-    return layout
+    return None if t.cfg.model.num_kv_heads % t.world else layout  # the runtime splits the KV heads
 
 
 def measure_tp(t: Timer, out: dict):

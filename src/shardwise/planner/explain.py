@@ -109,13 +109,14 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
     lay, fw = win.layout, get_framework(job.framework)
     if not fw.tensor_parallel:  # the heads rule and other degrees mean nothing to a stack without TP
         return f"TP = 1: {fw.name} has no tensor parallelism; every GPU runs whole layers."
-    allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.num_heads % t == 0 and model.num_kv_heads % t == 0
+    allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.num_heads % t == 0 and not fw.kv_refusal(model.num_kv_heads, t)
                and gpus % t == 0]
+    kv = " (or a multiple of them: it replicates them)" if fw.replicates_kv_heads else ""
     link = "NVLink (inside one node)" if lay.tp <= cluster.gpus_per_node else "the inter-node network"
     tp_share = win.time_s["tp_comm"] / win.step_time
     by_tp = _best_by(result, lambda l: l.tp)
     return (
-        f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads "
+        f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads{kv} "
         f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so tp <= "
         f"{cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
         f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "

@@ -228,6 +228,11 @@ class Framework:
     # (multi-tensor) path still makes one pass per operation (TORCHTITAN below).
     optimizer_traffic: int | None = None
     tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
+    # tp above the KV heads: every rank computes and keeps the K/V heads its query heads read, a replicated copy
+    # (BigCode's Megatron-LM fork, attention_head_type multiquery: `self.key_value = get_linear_layer(hidden,
+    # 2 * kv_channels)`, a plain Linear on every TP rank). False: the KV heads are split, so tp must divide them
+    # (Megatron-Core: num_query_groups_per_partition = divide(num_query_groups, tp); torchtitan, nanotron alike).
+    replicates_kv_heads: bool = False
     # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
     # expert on every rank, ep 1, if at all)
     expert_parallel: bool = True
@@ -301,6 +306,15 @@ class Framework:
         if not self.compiles:
             return f"{self.name} runs its model eager (it has no torch.compile option)"
         return None
+
+    def kv_refusal(self, num_kv_heads: int, tp: int) -> str | None:
+        """Why this stack cannot split `num_kv_heads` KV heads over tp (one line naming the fix), or None."""
+        if num_kv_heads % tp == 0 or (self.replicates_kv_heads and tp % num_kv_heads == 0):
+            return None
+        also = (" (megatron-2021, as BigCode's Megatron-LM fork trained StarCoder, replicates them)"
+                if tp % num_kv_heads == 0 else "")
+        return (f"tp={tp} does not divide the {num_kv_heads} KV heads, and {self.name} splits them over tp{also} — "
+                f"pick a tp dividing {num_kv_heads}")
 
     def refusal(self, layout: Layout, num_layers: int | None = None, microbatches: int | None = None) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None; with the model's `num_layers`, also
@@ -403,6 +417,7 @@ MEGATRON_2021 = Framework(
     # Materialised softmax by default, as the paper ran; --flash-attention: FlashAttention-1 (Megatron-LM's
     # --use-flash-attn, NVIDIA/Megatron-LM 2023-03, calls flash-attn's flash_attn_unpadded_func, the 0.2.x API).
     attention="fa1", grad_reduce_bytes=4, overlap_grad_reduce=False, zero_stages=(0, 1), flash_attention=False,
+    replicates_kv_heads=True,  # multi-query attention came to this code line in BigCode's fork (StarCoder: MQA at TP 4)
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
     search_as_unnamed=True,
     # --checkpoint-activations --activations-checkpoint-method block --activations-checkpoint-num-layers N

@@ -18,7 +18,7 @@ from functools import lru_cache
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job, local_seq
+from shardwise.planner.memory import Job, local_seq, per_rank_job
 from shardwise.planner.overlap import interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -124,6 +124,7 @@ def mla_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, in
 
 def layer_cost(job: Job, layout: Layout, moe_layer: bool = False) -> LayerCost:
     """One layer's costs (a dense one, or a MoE layer's), cached per `layer_key`."""
+    job = per_rank_job(job, layout.tp)
     return _layer_cost(job, layer_key(layout, moe_layer), moe_layer, *cache_key(job))
 
 

@@ -11,7 +11,7 @@ Pure Python: the search calls these functions tens of thousands of times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from shardwise.planner import moe
@@ -139,6 +139,20 @@ class Job:
     # defaults to 1) in place of cuDNN's fused attention. Empty: the framework's.
     attention: str = ""
 
+
+
+def per_rank_job(job: Job, tp: int) -> Job:
+    """The job as one TP rank computes it. Where tp is above the KV heads (a stack that replicates them:
+    Framework.replicates_kv_heads), each rank projects, keeps and attends over the one KV head its query heads read:
+    per rank that is the model with tp KV heads split over tp, which is what the costs see. The model's own counts
+    (parameters, model FLOPs: estimate.estimate) stay the job's. The replicated K/V weights' gradients are also
+    summed over tp once a step (2 x hidden x head_dim a layer, under 1 % of a layer's); not charged."""
+    return job if tp <= job.model.num_kv_heads else _kv_replicated(job, tp)
+
+
+@lru_cache(maxsize=64)
+def _kv_replicated(job: Job, tp: int) -> Job:
+    return replace(job, model=replace(job.model, num_kv_heads=tp))
 
 
 def local_seq(job: Job, layout: Layout) -> int:
@@ -578,6 +592,7 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
 
 def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
+    job = per_rank_job(job, layout.tp)
     held = rank_holdings(job, layout, rank)
     layers, gathered, experts = held.layers, held.gathered, held.experts
     out = model_state_bytes(job, layout, held.params, layers, gathered, held.grads_held)
@@ -610,7 +625,7 @@ def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
     """(worst pipeline rank, its breakdown in bytes). The candidates: the first rank (the embedding, the
     most micro-batches in flight), the last (the LM head and logits) and, when the stage split gives
     some middle ranks more layers, the first of those."""
-    rank, mem = _memory_breakdown(job, layout)
+    rank, mem = _memory_breakdown(per_rank_job(job, layout.tp), layout)
     return rank, dict(mem)
 
 

@@ -26,7 +26,7 @@ from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           layer_gemms, matmul_params_per_layer)
-from shardwise.planner.memory import (Job, layer_params, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
+from shardwise.planner.memory import (Job, layer_params, per_rank_job, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
@@ -111,6 +111,7 @@ class StageCost:
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
     """Per micro-batch costs of pipeline rank `rank` (cached: the search asks for the same ones often)."""
+    job = per_rank_job(job, layout.tp)
     return _stage_cost(job, layout, rank, *cache_key(job))
 
 
@@ -495,6 +496,7 @@ META_BYTES = 8 * 12
 
 def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank."""
+    job = per_rank_job(job, layout.tp)
     m = layout.num_microbatches(job.train.global_batch)
     ranks = pipeline_ranks(job, layout)  # first, last, and the most-layered between (stage_split)
     costs = {r: stage_cost(job, layout, r) for r in ranks}
