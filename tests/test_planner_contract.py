@@ -641,7 +641,7 @@ def test_stacks_without_an_fp8_recipe_refuse_fp8_in_one_line():
 
 
 def test_a_config_s_positions_bound_neither_cp_nor_the_sequence_a_plan_may_use():
-    """NeMo trains Llama 2 7B (max_position_embeddings 4,096) at 16K-128K tokens with context parallelism: that
+    """NeMo trains Llama 2 7B (max_position_embeddings 4,096) at 16K-1M tokens with context parallelism: that
     published layout gets an estimate, as the same sequence at cp 1 does, and plan ranks cp layouts for it. A model
     with a learned table is planned the same way (Megatron-LM sizes --max-position-embeddings to the sequence)."""
     common = ["--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 64, "--seq-len", 32768, "--framework", "nemo"]
