@@ -104,7 +104,6 @@ def test_malformed_cluster_toml(tmp_path):
 
 @pytest.mark.parametrize("layout, fragment", [
     (Layout(dp=2, tp=3, pp=1), "does not divide the 32 attention heads"),
-    (Layout(dp=1, tp=16, pp=1), "KV heads"),
     (Layout(dp=3, tp=1, pp=1), "does not match 4 GPUs"),
     (Layout(dp=8, tp=1, pp=1, micro_batch=3), "not divisible by dp\\*micro_batch"),
     (Layout(dp=1, tp=1, pp=8, vpp=2, schedule="1f1b"), "needs --schedule interleaved-1f1b"),
@@ -114,6 +113,18 @@ def test_invalid_layouts(layout, fragment):
         validate_layout(layout, load_model("llama3-8b"), global_batch=64,
                         num_gpus=4 if layout.world_size == 3 else layout.world_size)
 
+
+
+def test_kv_heads_split_over_tp_or_are_copied_to_a_multiple_of_them():
+    """llama3-8b has 8 KV heads: tp 16 gives each pair of ranks one, which only some stacks do (Framework.kv_refusal):
+    not a layout error. A model with 3 KV heads cannot split them over tp 2, nor copy them evenly: a layout error."""
+    from dataclasses import replace
+
+    validate_layout(Layout(dp=1, tp=16, pp=1), load_model("llama3-8b"), global_batch=64, num_gpus=16)
+    odd = replace(load_model("llama3-8b"), num_heads=24, num_kv_heads=3, head_dim=128, ffn_hidden=14400)
+    validate_layout(Layout(dp=1, tp=6, pp=1), odd, global_batch=64, num_gpus=6)
+    with pytest.raises(UsageError, match="does not divide the 3 KV heads"):
+        validate_layout(Layout(dp=1, tp=2, pp=1), odd, global_batch=64, num_gpus=2)
 
 
 def test_gpt2_config_with_untied_head(tmp_path):
@@ -130,3 +141,14 @@ def test_gpt2_config_with_untied_head(tmp_path):
     assert spec.num_params() == _hf_count(spec)
     path.write_text(json.dumps(spec.to_hf_config()))
     assert load_model(str(path)) == spec
+
+
+def test_a_multi_query_gpt2_spec_writes_a_config_that_reads_back(tmp_path):
+    """GPT-2's keys cannot say one K/V head; the written config.json says it as GPT-BigCode's (StarCoder's) do."""
+    from dataclasses import replace
+
+    spec = replace(load_model("gpt2"), num_kv_heads=1)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(spec.to_hf_config()))
+    back = load_model(str(path))
+    assert back.num_kv_heads == 1 and back.num_params() == spec.num_params() < load_model("gpt2").num_params()

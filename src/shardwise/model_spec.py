@@ -256,12 +256,15 @@ class ModelSpec:
         if self.family == "gpt2" and self.parallel_residual:
             return self._gpt_neox_config()
         if self.family == "gpt2":
+            # GPT-2's keys cannot say multi-query attention; GPT-BigCode's (StarCoder's) can (hf_architectures.gpt_bigcode)
+            mqa = {"model_type": "gpt_bigcode", "multi_query": True,
+                   "activation_function": ACT_OF_MLP[self.mlp or "gelu"]} if self.num_kv_heads == 1 < self.num_heads else {}
             return {
                 "model_type": "gpt2", "n_embd": self.hidden, "n_layer": self.num_layers,
                 "n_head": self.num_heads, "n_inner": self.ffn_hidden, "n_positions": self.max_positions,
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.norm_eps,
             } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {}) | (
-                {} if self.tie_embeddings else {"tie_word_embeddings": False})
+                {} if self.tie_embeddings else {"tie_word_embeddings": False}) | mqa
         cfg = {
             "model_type": self.model_type or ("llama" if self.gated_mlp else "nemotron"), "hidden_size": self.hidden,
             "intermediate_size": self.ffn_hidden,
