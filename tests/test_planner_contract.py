@@ -653,6 +653,7 @@ def test_a_config_s_positions_bound_neither_cp_nor_the_sequence_a_plan_may_use()
     assert any(c["cp"] > 1 for c in ranked["candidates"])
     gpt = answer(["estimate", "--model", "gpt2", *common[:-2], "--tp", 2, "--cp", 4, "--micro-batch", 1, "--json"])
     assert gpt["fits"] and gpt["cp"] == 4
+    assert gpt["total_params"] == load_model("gpt2").num_params() + (32768 - 1024) * 768  # the table's extra rows
 
 
 def _llama_config(tmp_path, name: str, kv_heads: int, hidden: int = 6144, heads: int = 48, layers: int = 40) -> str:
