@@ -65,9 +65,9 @@ def model_ref(row: dict, folder: Path) -> tuple[str, str]:
     spec = pr._model(row)
     for name in model_presets():
         preset = load_model(name)
-        # A rotary preset's positions are no limit on the sequence (docs/planner.md, context parallelism): an outsider
-        # names llama2-7b for NeMo's 32K-token runs; a learned table's rows are parameters, so only a long enough one.
-        if _shape(preset) == _shape(spec) and (preset.max_positions >= spec.max_positions or not preset.learned_positions):
+        # A preset's positions are no limit on the sequence (docs/planner.md, context parallelism): an outsider names
+        # llama2-7b for NeMo's 32K-token runs, and a learned table is sized to the sequence (make_job).
+        if _shape(preset) == _shape(spec):
             return name, "preset"
     path = folder / f"{abs(hash(row['run'])):x}" / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
