@@ -132,6 +132,44 @@ ARCHITECTURES = {
 }
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}  # transformers builds Kimi K2 as DeepseekV3ForCausalLM
 
+# Remote-code architectures (their modeling files ship with the checkpoints, not with transformers): the configs as
+# published and the parameter counts of their safetensors indexes (total_size in bytes of bf16 / 2).
+REMOTE_CODE = {
+    # Qwen/Qwen-7B: 15,442,649,088 bytes; intermediate_size counts both SwiGLU input branches
+    "qwen-7b": ({"model_type": "qwen", "hidden_size": 4096, "intermediate_size": 22016, "num_attention_heads": 32,
+                 "num_hidden_layers": 32, "vocab_size": 151936, "kv_channels": 128, "seq_length": 8192,
+                 "max_position_embeddings": 32768, "layer_norm_epsilon": 1e-6, "no_bias": True,
+                 "tie_word_embeddings": False}, 7_721_324_544),
+    # internlm/internlm2-7b: 15,475,417,088 bytes
+    "internlm2-7b": ({"model_type": "internlm2", "hidden_size": 4096, "intermediate_size": 14336,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 92544,
+                      "max_position_embeddings": 32768, "bias": False, "rope_theta": 1000000,
+                      "tie_word_embeddings": False}, 7_737_708_544),
+    # baichuan-inc/Baichuan2-7B-Base: 15,011,946,496 bytes
+    "baichuan2-7b": ({"model_type": "baichuan", "hidden_size": 4096, "intermediate_size": 11008,
+                      "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 125696,
+                      "model_max_length": 4096, "tie_word_embeddings": False}, 7_505_973_248),
+}
+
+
+@pytest.mark.parametrize("name", REMOTE_CODE)
+def test_remote_code_configs_give_the_published_parameter_count_and_plan(name, tmp_path, capsys):
+    cfg, params = REMOTE_CODE[name]
+    assert model_from_hf_config(cfg, name, "test").num_params() == params
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["estimate", "--model", str(path), "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch",
+                 "64", "--seq-len", "2048", "--tp", "4", "--micro-batch", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_params"] == params
+
+
+def test_internlm_v1_biases_q_k_v_and_o():
+    """InternLM (v1) puts a bias on each of q, k, v and o unless its config says `bias` false: 4 x hidden a layer."""
+    cfg = {"model_type": "internlm", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+           "num_hidden_layers": 32, "vocab_size": 103168, "max_position_embeddings": 2048}
+    with_bias, without = (model_from_hf_config(c, "internlm", "test") for c in (cfg, cfg | {"bias": False}))
+    assert with_bias.num_params() - without.num_params() == 32 * 4 * 4096
+
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_real_configs_give_the_published_parameter_count(name):

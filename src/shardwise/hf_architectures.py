@@ -182,6 +182,18 @@ LLAMA_VARIANTS = {
                                     "attention_sinks": True},
     "qwen2": None,
     "qwen3": None,
+    # Remote-code architectures with Llama's keys (their modeling files ship with the checkpoints, not in transformers).
+    # InternLM (internlm/internlm-7b, -20b): biases on q, k, v and o (InternLMConfig's `bias`, default true).
+    # InternLM2: q, k, v fused in one wqkv, the same matrices; biases by the same `bias` (false in its released configs).
+    "internlm": lambda cfg, source: {"attn_bias": flag(cfg, "bias", source, True) or None},
+    "internlm2": lambda cfg, source: {"attn_bias": flag(cfg, "bias", source, True) or None},
+    # Baichuan and Baichuan 2 (baichuan-inc/*): q, k, v fused (W_pack), no biases; the 13B models run ALiBi where the
+    # 7B ones run rotary, neither holding parameters; the trained length is model_max_length.
+    "baichuan": lambda cfg, source: {"max_positions": optional(cfg, "model_max_length", 4096, source)},
+    # Qwen (v1, Qwen/Qwen-7B ...): intermediate_size counts both SwiGLU input branches (w1 and w2 are
+    # intermediate_size // 2 wide each), a bias on the fused c_attn (q, k, v) only, the trained length seq_length.
+    "qwen": lambda cfg, source: {"ffn_hidden": require(cfg, "intermediate_size", source) // 2, "qkv_bias": True,
+                                 "max_positions": optional(cfg, "seq_length", 2048, source)},
     "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each
     "gemma": _gemma,
     "gemma2": lambda cfg, source: _gemma(cfg, source, norms=4),
