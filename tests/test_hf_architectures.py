@@ -145,10 +145,6 @@ REMOTE_CODE = {
                       "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 92544,
                       "max_position_embeddings": 32768, "bias": False, "rope_theta": 1000000,
                       "tie_word_embeddings": False}, 7_737_708_544),
-    # baichuan-inc/Baichuan2-7B-Base: 15,011,946,496 bytes
-    "baichuan2-7b": ({"model_type": "baichuan", "hidden_size": 4096, "intermediate_size": 11008,
-                      "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 125696,
-                      "model_max_length": 4096, "tie_word_embeddings": False}, 7_505_973_248),
 }
 
 
@@ -161,6 +157,16 @@ def test_remote_code_configs_give_the_published_parameter_count_and_plan(name, t
     assert main(["estimate", "--model", str(path), "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch",
                  "64", "--seq-len", "2048", "--tp", "4", "--micro-batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total_params"] == params
+
+
+def test_baichuan_is_llama_with_its_q_k_v_fused():
+    """Baichuan 2's W_pack holds q, k and v in one matrix: the count and the estimate of Llama's keys at its shapes
+    (baichuan-inc/Baichuan2-7B-Base's config), its trained length read from model_max_length."""
+    shapes = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+              "vocab_size": 125696, "tie_word_embeddings": False}
+    baichuan = model_from_hf_config(shapes | {"model_type": "baichuan", "model_max_length": 4096}, "b", "test")
+    llama = model_from_hf_config(shapes | {"model_type": "llama", "max_position_embeddings": 4096}, "b", "test")
+    assert baichuan.num_params() == llama.num_params() and baichuan.max_positions == 4096
 
 
 def test_internlm_v1_biases_q_k_v_and_o():
