@@ -145,6 +145,11 @@ REMOTE_CODE = {
                       "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 92544,
                       "max_position_embeddings": 32768, "bias": False, "rope_theta": 1000000,
                       "tie_word_embeddings": False}, 7_737_708_544),
+    # THUDM/chatglm2-6b (keys of its own): 6,243,584,000 parameters, two K/V groups, a bias on q/k/v only
+    "chatglm2-6b": ({"model_type": "chatglm", "hidden_size": 4096, "ffn_hidden_size": 13696, "num_layers": 28,
+                     "num_attention_heads": 32, "multi_query_attention": True, "multi_query_group_num": 2,
+                     "kv_channels": 128, "padded_vocab_size": 65024, "seq_length": 32768, "add_bias_linear": False,
+                     "add_qkv_bias": True, "rmsnorm": True, "layernorm_epsilon": 1e-5}, 6_243_584_000),
 }
 
 
@@ -155,7 +160,7 @@ def test_remote_code_configs_give_the_published_parameter_count_and_plan(name, t
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     assert main(["estimate", "--model", str(path), "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch",
-                 "64", "--seq-len", "2048", "--tp", "4", "--micro-batch", "1", "--json"]) == 0
+                 "64", "--seq-len", "2048", "--tp", "2", "--micro-batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total_params"] == params
 
 

@@ -161,8 +161,27 @@ def gpt_bigcode(cfg: dict, source: str) -> dict:
         dropout=dropout_on(cfg, {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}, source))
 
 
+def chatglm(cfg: dict, source: str) -> dict:
+    """ChatGLM2 / ChatGLM3 (THUDM/chatglm2-6b, chatglm3-6b; model_type chatglm, keys of its own): Llama-style blocks
+    (RMSNorm, SwiGLU of width ffn_hidden_size, rotary on half of each head), multi_query_group_num K/V heads with
+    multi_query_attention, a bias on the fused q/k/v only (add_qkv_bias), an untied output layer."""
+    heads = require(cfg, "num_attention_heads", source)
+    bias = flag(cfg, "add_bias_linear", source)
+    return {"family": "llama", "hidden": require(cfg, "hidden_size", source), "num_heads": heads,
+            "num_kv_heads": optional(cfg, "multi_query_group_num", heads, source)
+            if flag(cfg, "multi_query_attention", source) else heads,
+            "head_dim": require(cfg, "kv_channels", source), "ffn_hidden": require(cfg, "ffn_hidden_size", source),
+            "num_layers": require(cfg, "num_layers", source, MAX_LAYERS),
+            "vocab_size": require(cfg, "padded_vocab_size", source),
+            "max_positions": optional(cfg, "seq_length", 2048, source), "positions": "rotary",
+            "tie_embeddings": False, "qkv_bias": flag(cfg, "add_qkv_bias", source), "attn_bias": bias or None,
+            "mlp_bias": bias or None, "norm": "" if flag(cfg, "rmsnorm", source, True) else "layernorm",
+            "norm_eps": optional(cfg, "layernorm_epsilon", 1e-5, source)}
+
+
 READERS = {"opt": opt, "bloom": bloom, "mpt": mpt, "gpt_neox": gpt_neox, "falcon": falcon, "gptj": gptj,
-           "gpt_bigcode": gpt_bigcode}
+           "gpt_bigcode": gpt_bigcode, "chatglm": chatglm}
+LLAMA_FAMILY_READERS = ("chatglm",)  # readers of keys of their own that build Llama-style blocks
 
 
 def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
