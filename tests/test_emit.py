@@ -449,3 +449,25 @@ def test_a_file_for_one_stack_from_a_plan_ranked_for_another_says_so(capsys):
     assert "ranked as megatron-core runs it (without --framework, as DeepSpeed does: deepspeed-2024)" in said
     assert main(README_PLAN + ["--emit", "deepspeed", "--out", os.devnull]) == 0
     assert "ranked as" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_no_target_is_written_a_tp_above_the_kv_heads(target, tmp_path, capsys):
+    """A plan under megatron-2021 may give each of 4 TP ranks a copy of a multi-query model's one K/V head; every
+    target's release splits the KV heads over tp, so --tp 4 is one line naming it, and without --tp the file holds a
+    layout the target can run."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 16,
+                               "num_key_value_heads": 1, "num_hidden_layers": 8, "intermediate_size": 5632,
+                               "vocab_size": 32000, "max_position_embeddings": 4096}))
+    argv = ["plan", "--model", str(cfg), "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+            "--seq-len", "4096", "--framework", "megatron-2021", "--flash-attention", "--emit", target]
+    assert main(argv + ["--tp", "4", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not divide the 1 KV heads" in err
+    out = tmp_path / "b"
+    zero = ["--zero", "1"] if target == "deepspeed" else []  # DeepSpeed keeps a bf16 model's fp32 gradients under ZeRO
+    assert main(argv + zero + ["--out", str(out)]) == 0
+    text = out.read_text()
+    spelled = ("tensor_parallel_degree = {}", "--tensor-model-parallel-size {}", '"autotp_size": {}')
+    assert not any(s.format(t) in text for s in spelled for t in (2, 4, 8, 16))

@@ -106,13 +106,20 @@ def check_model(name: str, job) -> None:
                          f"blocks, not {job.model.model_type}'s — plan without --emit and set the layout in your own launch")
 
 
+def problem(name: str, job, layout) -> str | None:
+    """Why target `name` cannot run this layout: its own configuration's limits, or a tp above the KV heads, which
+    every target's release splits over tp (Framework.kv_refusal; a plan under megatron-2021 may replicate them)."""
+    from shardwise.planner.frameworks import get as get_framework
+
+    return get_framework(FRAMEWORK[name]).kv_refusal(job.model.num_kv_heads, layout.tp) or emitter(name).problem(job, layout)
+
+
 def expressible(name: str, job, estimates):
     """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can."""
-    mod = emitter(name)
     check_model(name, job)
-    kept = [e for e in estimates if mod.problem(job, e.layout) is None]
+    kept = [e for e in estimates if problem(name, job, e.layout) is None]
     if not kept and estimates:
-        raise UsageError(f"{TITLE[name]} cannot run any layout that fits: {mod.problem(job, estimates[0].layout)}")
+        raise UsageError(f"{TITLE[name]} cannot run any layout that fits: {problem(name, job, estimates[0].layout)}")
     return kept
 
 
@@ -120,7 +127,7 @@ def render(name: str, target: Target) -> str:
     """The file for target `name`, or UsageError naming what the target cannot express."""
     mod = emitter(name)
     check_model(name, target.job)
-    why = mod.problem(target.job, target.layout)
+    why = problem(name, target.job, target.layout)
     if why is not None:
         raise UsageError(f"{TITLE[name]} cannot run {target.layout.describe()}: {why}")
     return mod.render(target)
