@@ -475,8 +475,8 @@ def check_sequence_split(layout: Layout, model: ModelSpec, seq_len: int) -> None
     balances the causal mask's work). Every position scheme of the supported families is a function of the
     token's global index (RoPE rotates by it, GPT-2 looks it up), so positions split with the tokens: cp neither
     lengthens nor shortens the sequence a model accepts, and that is not a layout's question (the runtime's
-    limit: preflight.check_runtime_model; the planner sizes a learned table to the sequence, as Megatron-LM's
-    --max-position-embeddings does)."""
+    limit: preflight.check_runtime_model; a stack sizes a learned table to the sequence, as Megatron-LM's
+    --max-position-embeddings does, a few rows of hidden each that the planner leaves to the config's count)."""
     if layout.cp_mode not in CP_MODES:
         raise UsageError(f"unknown --cp-mode '{layout.cp_mode}' — choose {' or '.join(CP_MODES)}")
     if layout.cp > 1 and seq_len % (2 * layout.cp):

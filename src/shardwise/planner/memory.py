@@ -179,8 +179,6 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
     one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles)."""
-    if model.learned_positions and seq_len > model.max_positions:  # a table of a row per position, sized to the
-        model = replace(model, max_positions=seq_len)  # sequence as Megatron-LM's --max-position-embeddings is
     fw = get_framework(framework)
     if compile and fw.compile_refusal():
         raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
