@@ -181,7 +181,6 @@ def chatglm(cfg: dict, source: str) -> dict:
 
 READERS = {"opt": opt, "bloom": bloom, "mpt": mpt, "gpt_neox": gpt_neox, "falcon": falcon, "gptj": gptj,
            "gpt_bigcode": gpt_bigcode, "chatglm": chatglm}
-LLAMA_FAMILY_READERS = ("chatglm",)  # readers of keys of their own that build Llama-style blocks
 
 
 def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:

@@ -90,15 +90,13 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
     refusal = runtime_refusal(lay)
     if refusal:
         raise UsageError(refusal)
-    from shardwise.planner.frameworks import get as get_framework
+    from shardwise.preflight import check_runtime_model, runtime_kv_refusal
 
-    kv = get_framework("shardwise").kv_refusal(spec.num_kv_heads, lay.tp)  # its attention splits the KV heads
+    kv = runtime_kv_refusal(spec, lay.tp)
     if kv:
         raise UsageError(kv)
     if cfg.trace_dir and lay.pp == 1:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
-    from shardwise.preflight import check_runtime_model
-
     check_runtime_model(spec, cfg.seq_len)
     if spec.is_moe and lay.tp > 1 and (cfg.seq_len // lay.cp) % lay.tp:
         per_rank = f"--seq-len {cfg.seq_len}" + (f" / cp {lay.cp}" if lay.cp > 1 else "")

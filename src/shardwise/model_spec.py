@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
-from shardwise.hf_architectures import LLAMA_FAMILY_READERS, LLAMA_VARIANTS, READERS
+from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
 from shardwise.hf_keys import MAX_LAYERS, count, dropout, flag, mlp_of_act, optional, require
 
 
@@ -325,10 +325,9 @@ MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
                "nemotron": "llama",
                # mixtures of experts with Llama-style blocks (DeepSeek's MLA attention is counted, not trained)
                "mixtral": "llama", "qwen2_moe": "llama", "qwen3_moe": "llama", "deepseek_v2": "llama", "deepseek_v3": "llama",
-               # architectures with keys of their own, modelled with GPT-2-style blocks (hf_architectures.READERS) and
-               # with Llama's keys (hf_architectures.LLAMA_VARIANTS): counted by the planner, not trained
-               **dict.fromkeys(READERS, "gpt2"), **dict.fromkeys(LLAMA_VARIANTS, "llama"),
-               **dict.fromkeys(LLAMA_FAMILY_READERS, "llama")}
+               # architectures with keys of their own (hf_architectures.READERS: each reader names its family, GPT-2's
+               # blocks but ChatGLM's) and with Llama's keys (hf_architectures.LLAMA_VARIANTS): counted, not trained
+               **dict.fromkeys(READERS, "gpt2"), **dict.fromkeys(LLAMA_VARIANTS, "llama")}
 
 
 def model_family(cfg: dict, source: str) -> str:

@@ -62,18 +62,24 @@ def local_ranks(cfg) -> int:
     return cfg.layout.world_size
 
 
+def runtime_kv_refusal(spec, tp: int) -> str | None:
+    """Why shardwise's runtime cannot run tp over this model's KV heads (its attention splits them), or None."""
+    from shardwise.planner.frameworks import get as get_framework
+
+    return get_framework("shardwise").kv_refusal(spec.num_kv_heads, tp)
+
+
 def check_runtime_model(spec, seq_len: int) -> None:
     """UsageError if shardwise's runtime cannot build this model at this sequence length (train, calibrate and
     validate all run it)."""
     # At any cp: context parallelism splits the tokens, each keeping its global position (specs.check_sequence_split).
+    # Rotary positions are a function of the index, but shardwise.model builds its cos/sin tables for n of them.
     n = spec.max_positions
-    if seq_len > n and spec.learned_positions:
-        raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name}'s learned position table — use "
-                         f"at most {n} tokens, or a config with a larger n_positions / max_position_embeddings")
-    if seq_len > n:  # rotary: a function of the index, but shardwise.model builds its cos/sin tables for n positions
-        raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name} (max_position_embeddings), "
-                         f"which shardwise's runtime builds its RoPE tables for — use at most {n} tokens, or raise "
-                         f"max_position_embeddings in the config.json to train longer")
+    if seq_len > n:
+        table = ("'s learned position table" if spec.learned_positions
+                 else " (max_position_embeddings), which shardwise's runtime builds its RoPE tables for")
+        raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name}{table} — use at most {n} "
+                         f"tokens, or raise n_positions / max_position_embeddings in the config.json to train longer")
     from shardwise.model import unsupported
 
     missing = unsupported(spec)

@@ -817,7 +817,9 @@ def tp_layout(t: Timer):
         validate_layout(layout, t.cfg.model, t.cfg.micro_batch, t.world, t.cfg.seq_len)
     except UsageError:
         return None
-    return None if t.cfg.model.num_kv_heads % t.world else layout  # the runtime splits the KV heads
+    from shardwise.preflight import runtime_kv_refusal
+
+    return None if runtime_kv_refusal(t.cfg.model, t.world) else layout
 
 
 def measure_tp(t: Timer, out: dict):

@@ -62,10 +62,8 @@ def run(args) -> int:
     layout = completed
     fw = get(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
-          job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention)
-    kv = fw.kv_refusal(job.model.num_kv_heads, layout.tp)
-    if kv:
-        raise UsageError(f"--framework {fw.name} cannot run this layout: {kv}")
+          job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
+          job.model.num_kv_heads)
     est = estimate(job, layout, implied)
     if args.json:
         print_json(est.to_dict())

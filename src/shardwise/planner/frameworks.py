@@ -1070,14 +1070,15 @@ def get(name: str) -> Framework:
 
 
 def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,
-          microbatches: int | None = None, flash_attention: bool = True) -> None:
+          microbatches: int | None = None, flash_attention: bool = True, num_kv_heads: int | None = None) -> None:
     """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
     model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut; with
     `microbatches`, also whether it accumulates that many a step; with `flash_attention` False, also whether its
-    context parallelism runs without the fused attention)."""
+    context parallelism runs without the fused attention; with `num_kv_heads`, also whether it splits them over tp)."""
     reason = (framework.refusal(layout, num_layers, microbatches)
               or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
-              or framework.attention_refusal(layout, flash_attention))
+              or framework.attention_refusal(layout, flash_attention)
+              or (framework.kv_refusal(num_kv_heads, layout.tp) if num_kv_heads else None))
     if reason:
         fix = "" if " — " in reason else " — change the layout or pick another --framework"
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")
