@@ -199,6 +199,23 @@ def test_attention_efficiency_follows_flashattention_curves():
     assert rates == sorted(rates)
 
 
+def test_flashattention1_and_xformers_on_a100_against_flashattention2s_figure():
+    # Dao 2023 (FlashAttention-2), Fig. 4, forward + backward on A100: FlashAttention-1 is slower at head dim 128 than at
+    # 64 (83 vs 97 TFLOP/s causal at 16K), where FlashAttention-2 is faster (189 vs 171); xformers is the faster of the
+    # two at head dim 128 (92) and the slower at 64 (67). A model that took FlashAttention-1 as FlashAttention-2 scaled
+    # by one factor (Dao's "25-40 % of the theoretical maximum") put its head-dim-128 rate 30 % too high.
+    def fwd_bwd(kernel: str, d: int, s: int = 16384) -> float:
+        f, b = kernels.attention_efficiency(kernel, "ampere", s, s, d)
+        return 3.5 / (1 / f + 2.5 / b) * 312
+    assert fwd_bwd("fa1", 128) < fwd_bwd("fa1", 64) and fwd_bwd("fa2", 128) > fwd_bwd("fa2", 64)
+    assert fwd_bwd("xformers", 128) > fwd_bwd("fa1", 128) and fwd_bwd("xformers", 64) < fwd_bwd("fa1", 64)
+    for d, measured in ((128, (55, 62, 69, 76, 80, 83)), (64, (58, 70, 77, 87, 92, 97))):
+        for s, rate in zip((512, 1024, 2048, 4096, 8192, 16384), measured):
+            assert fwd_bwd("fa1", d, s) == pytest.approx(rate, rel=0.1), (d, s)
+    # Meta's 2022-23 stack (llama2) attends with xformers, not FlashAttention-1.
+    assert FRAMEWORKS["llama2"].attention == "xformers"
+
+
 def test_flashattention2_runs_a_head_dim_between_its_kernels_in_the_next_one_up():
     # flash-attn 2.0 compiles kernels for head dims 32, 64, 96, 128, ... 256 only (csrc/flash_attn/src/static_switch.h
     # FWD_HEADDIM_SWITCH): heads of 80 (GPT3-2.7B's 2,560 over 32 heads) run in the 96 kernel, so they take as long as

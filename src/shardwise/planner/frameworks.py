@@ -916,7 +916,7 @@ LLAMA2 = replace(
              "Zhang et al. 2022, 'OPT' (arXiv 2205.01068) Sec. 2.4, Meta's large-model stack before LLaMA: 'Fully "
              "Sharded Data Parallel with Megatron-LM Tensor Parallelism', no pipeline; LLaMA Sec. 2.4 likewise names "
              "'model and sequence parallelism, as described by Korthikanti et al.' and no pipeline"),
-    attention="fa1", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
+    attention="xformers", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
     recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(), edge_chunks=False,
     cannot=("ZeRO-2/3 (FSDP: its network collectives are all-reduces)", "context parallelism (none in 2022-23)",
             "pipeline parallelism (its sources name tensor and sequence parallelism only; Llama 3 added a pipeline)",
