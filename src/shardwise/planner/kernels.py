@@ -246,58 +246,37 @@ def _scaled(table: dict, fwd: float, bwd: float) -> dict:
             for d, v in table.items()}
 
 
-# Forward + backward together, TFLOP/s, per kernel, (causal, head dim), at 512, 1K, 2K, 4K, 8K and 16K tokens
-# (batches of 16K tokens, 2048-wide heads): Dao 2023, FlashAttention-2, Fig. 4 (A100 80GB SXM4: PyTorch,
-# FlashAttention, xformers, FlashAttention Triton, FlashAttention-2) and Fig. 7 (H100 80GB SXM5: FlashAttention and
-# FlashAttention-2), the bars' printed labels (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png,
-# flash2_h100_fwd_bwd_benchmark.png; the two FlashAttention-2 labels the A100 legend hides, no mask at head dim 128,
-# 512 and 1K, read off the bars: 151, 173). "triton" is flash-attn's flash_attn_triton.py, the kernel llm-foundry's
-# MPT `attn_impl: triton` runs (llmfoundry/models/layers/flash_attn_triton.py: "Copied from HazyResearch/flash-attention
-# ... flash_attn_triton.py, update imports to use 'triton_pre_mlir'"); "xformers" its memory-efficient attention.
+# Forward + backward together on A100, TFLOP/s, per kernel, (causal, head dim), at 512, 1K, 2K, 4K, 8K and 16K tokens
+# (batches of 16K tokens, 2048-wide heads): Dao 2023, FlashAttention-2, Fig. 4 (A100 80GB SXM4), the bars' printed
+# labels (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png; the two FlashAttention-2 labels its legend
+# hides, no mask at head dim 128, 512 and 1K, read off the bars: 151, 173). "xformers" is xformers' memory-efficient
+# attention.
 _FIG_SEQS = ATTENTION_SEQS[:6]
-_FWD_BWD = {
-    "ampere": {
-        "fa2": {(False, 64): (132, 153, 162, 171, 175, 176), (False, 128): (151, 173, 187, 196, 201, 203),
-                (True, 64): (88, 119, 140, 156, 165, 171), (True, 128): (99, 133, 155, 173, 182, 189)},
-        "fa1": {(False, 64): (91, 92, 104, 108, 110, 110), (False, 128): (76, 72, 76, 80, 82, 83),
-                (True, 64): (58, 70, 77, 87, 92, 97), (True, 128): (55, 62, 69, 76, 80, 83)},
-        "xformers": {(False, 64): (68, 73, 76, 77, 75, 75), (False, 128): (83, 91, 95, 96, 97, 98),
-                     (True, 64): (51, 60, 66, 68, 69, 67), (True, 128): (58, 72, 82, 87, 91, 92)},
-        "triton": {(False, 64): (90, 102, 98, 98, 100, 100), (False, 128): (78, 85, 90, 93, 95, 95),
-                   (True, 64): (59, 75, 79, 76, 79, 80), (True, 128): (50, 61, 68, 74, 78, 80)},
-    },
-    "hopper": {
-        "fa2": {(False, 64): (215, 254, 274, 288, 294, 296), (False, 128): (248, 294, 320, 326, 335, 338),
-                (True, 64): (141, 192, 232, 257, 273, 284), (True, 128): (163, 221, 265, 294, 308, 328)},
-        "fa1": {(False, 64): (157, 159, 161, 161, 166, 168), (False, 128): (127, 127, 128, 131, 137, 139),
-                (True, 64): (104, 123, 136, 138, 149, 156), (True, 128): (98, 109, 108, 126, 135, 137)},
-    },
+_FWD_BWD_A100 = {
+    "fa2": {(False, 64): (132, 153, 162, 171, 175, 176), (False, 128): (151, 173, 187, 196, 201, 203),
+            (True, 64): (88, 119, 140, 156, 165, 171), (True, 128): (99, 133, 155, 173, 182, 189)},
+    "fa1": {(False, 64): (91, 92, 104, 108, 110, 110), (False, 128): (76, 72, 76, 80, 82, 83),
+            (True, 64): (58, 70, 77, 87, 92, 97), (True, 128): (55, 62, 69, 76, 80, 83)},
+    "xformers": {(False, 64): (68, 73, 76, 77, 75, 75), (False, 128): (83, 91, 95, 96, 97, 98),
+                 (True, 64): (51, 60, 66, 68, 69, 67), (True, 128): (58, 72, 82, 87, 91, 92)},
 }
 
 
-def _fig_ratio(arch: str, kernel: str, causal: bool, head_dim: int) -> list[float]:
-    """`kernel`'s forward + backward rate over FlashAttention-2's in the FlashAttention-2 paper's figures, at each of
-    ATTENTION_SEQS (the 16K ratio beyond). On Hopper, where the figure has only FlashAttention-1 and -2, a kernel
-    written for Ampere (xformers' and the pre-MLIR Triton kernel: no Hopper instructions) keeps its A100 rate relative
-    to FlashAttention-1, which is Ampere code too."""
-    figs = _FWD_BWD[arch]
-    if kernel in figs:
-        num, den = figs[kernel][(causal, head_dim)], figs["fa2"][(causal, head_dim)]
-        ratio = [a / b for a, b in zip(num, den)]
-    else:
-        to_fa1 = _fig_ratio("ampere", kernel, causal, head_dim)
-        ratio = [x * y / z for x, y, z in zip(_fig_ratio(arch, "fa1", causal, head_dim), to_fa1,
-                                              _fig_ratio("ampere", "fa1", causal, head_dim))]
+def _fig_ratio(kernel: str, causal: bool, head_dim: int) -> list[float]:
+    """`kernel`'s forward + backward rate over FlashAttention-2's in the FlashAttention-2 paper's A100 figure, at each
+    of ATTENTION_SEQS (the 16K ratio beyond)."""
+    num, den = _FWD_BWD_A100[kernel][(causal, head_dim)], _FWD_BWD_A100["fa2"][(causal, head_dim)]
+    ratio = [a / b for a, b in zip(num, den)]
     return ratio + [ratio[-1]] * (len(ATTENTION_SEQS) - len(_FIG_SEQS))
 
 
-def _relative(fa2: dict, arch: str, kernel: str) -> dict:
-    """FlashAttention-2's curves on `arch` times `kernel`'s measured ratio to it, by mask, head dim (head dim 256 at
-    128's ratios) and length. The figures time forward and backward together: both take the same ratio."""
+def _relative(fa2: dict, kernel: str) -> dict:
+    """FlashAttention-2's curves times `kernel`'s measured ratio to it, by mask, head dim (head dim 256 at 128's
+    ratios) and length. The figure times forward and backward together: both take the same ratio."""
     out = {}
     for d, curves in fa2.items():
         near = 64 if d <= 64 else 128
-        ratios = (_fig_ratio(arch, kernel, True, near), _fig_ratio(arch, kernel, False, near))
+        ratios = (_fig_ratio(kernel, True, near), _fig_ratio(kernel, False, near))
         out[d] = tuple(tuple(x * r for x, r in zip(curve, ratios[i // 2])) for i, curve in enumerate(curves))
     return out
 
@@ -311,18 +290,16 @@ ATTENTION_EFFICIENCY = {
     ("cudnn", "hopper"): _curves("cudnn"),
     ("fa3", "hopper"): _curves("fa3"),
     ("fa2", "ampere"): _FA2_A100,
-    # FlashAttention-1, xformers and the Triton kernel: FlashAttention-2's curves at their measured ratio to it
-    # (FlashAttention-1 at head dim 128 runs 0.41-0.55 of FlashAttention-2's rate on A100, at head dim 64 0.57-0.69).
-    **{(k, "ampere"): _relative(_FA2_A100, "ampere", k) for k in ("fa1", "xformers", "triton")},
-    **{(k, "hopper"): _relative(_FA2_H100, "hopper", k) for k in ("fa1", "triton")},
+    # FlashAttention-1 and xformers: FlashAttention-2's curves at their measured ratio to it (FlashAttention-1 at head
+    # dim 128 runs 0.41-0.55 of FlashAttention-2's rate on A100, at head dim 64 0.57-0.69).
+    **{(k, "ampere"): _relative(_FA2_A100, k) for k in ("fa1", "xformers")},
 }
 # Kernel each attention family runs per architecture: "te" is Transformer Engine's choice (cuDNN on Hopper,
 # FlashAttention-2 on Ampere), "fa3" FlashAttention-3 where it exists, "fa2" FlashAttention-2 (PyTorch SDPA), "fa1"
-# FlashAttention-1 / "xformers" (2022-23 stacks; FlashAttention-2 on Hopper, which those stacks never ran on), "triton"
-# the Triton FlashAttention of llm-foundry's MPT (on H100 too, through its triton_pre_mlir sm90 build).
+# FlashAttention-1 and "xformers" (2022-23 stacks; FlashAttention-2 on Hopper, which those stacks never ran on).
 ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper": "fa3", "ampere": "fa2"},
                     "fa2": {"hopper": "fa2", "ampere": "fa2"}, "fa1": {"hopper": "fa2", "ampere": "fa1"},
-                    "xformers": {"hopper": "fa2", "ampere": "xformers"}, "triton": {"hopper": "triton", "ampere": "triton"}}
+                    "xformers": {"hopper": "fa2", "ampere": "xformers"}}
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
