@@ -39,7 +39,8 @@ class Framework:
     # Attention (planner/kernels.py ATTENTION_KERNEL): the fused kernel the stack runs when attention is fused: "te"
     # (Transformer Engine's fused attention: cuDNN on Hopper, FlashAttention-2 on Ampere), "fa3" (FlashAttention-3 called
     # directly), "fa2" (FlashAttention-2, e.g. through PyTorch SDPA), "fa1" (FlashAttention-1, the flash-attn 0.2.x the
-    # 2023 releases of the 2021-22 stacks call when told to); "unfused" (materialised softmax) for a stack with none.
+    # 2023 releases of the 2021-22 stacks call when told to), "xformers" (its memory-efficient attention, Meta's 2022-23
+    # stack); "unfused" (materialised softmax) for a stack with none.
     # Whether it is fused by default is `flash_attention` (--flash-attention / --no-flash-attention).
     attention: str = "te"
     fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
