@@ -191,6 +191,11 @@ def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
 
 # Llama-keyed architectures: what each changes of the Llama reader's spec (None: nothing). Qwen2's q/k/v biases and
 # Qwen3's per-head QK-norm are read with the MoE variants (model_spec._attention_from_hf).
+def _internlm_bias(cfg: dict, source: str) -> dict:
+    """InternLM and InternLM2: a bias on q, k, v and o unless the config's `bias` says false."""
+    return {"attn_bias": flag(cfg, "bias", source, True) or None}
+
+
 LLAMA_VARIANTS = {
     "mistral": None,  # Llama's blocks; sliding_window attention (see the module's note)
     "kimi_k2": None,  # DeepSeek-V3's keys and blocks (model_spec.DEEPSEEK_V3_KEYS): MLA, sigmoid routing
@@ -203,8 +208,8 @@ LLAMA_VARIANTS = {
     # Remote-code architectures with Llama's keys (their modeling files ship with the checkpoints, not in transformers).
     # InternLM (internlm/internlm-7b, -20b): biases on q, k, v and o (InternLMConfig's `bias`, default true).
     # InternLM2: q, k, v fused in one wqkv, the same matrices; biases by the same `bias` (false in its released configs).
-    "internlm": lambda cfg, source: {"attn_bias": flag(cfg, "bias", source, True) or None},
-    "internlm2": lambda cfg, source: {"attn_bias": flag(cfg, "bias", source, True) or None},
+    "internlm": _internlm_bias,
+    "internlm2": _internlm_bias,
     # Baichuan and Baichuan 2 (baichuan-inc/*): q, k, v fused (W_pack), no biases; the 13B models run ALiBi where the
     # 7B ones run rotary, neither holding parameters; the trained length is model_max_length.
     "baichuan": lambda cfg, source: {"max_positions": optional(cfg, "model_max_length", 4096, source)},

@@ -251,7 +251,6 @@ def _scaled(table: dict, fwd: float, bwd: float) -> dict:
 # labels (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png; the two FlashAttention-2 labels its legend
 # hides, no mask at head dim 128, 512 and 1K, read off the bars: 151, 173). "xformers" is xformers' memory-efficient
 # attention.
-_FIG_SEQS = ATTENTION_SEQS[:6]
 _FWD_BWD_A100 = {
     "fa2": {(False, 64): (132, 153, 162, 171, 175, 176), (False, 128): (151, 173, 187, 196, 201, 203),
             (True, 64): (88, 119, 140, 156, 165, 171), (True, 128): (99, 133, 155, 173, 182, 189)},
@@ -267,7 +266,7 @@ def _fig_ratio(kernel: str, causal: bool, head_dim: int) -> list[float]:
     of ATTENTION_SEQS (the 16K ratio beyond)."""
     num, den = _FWD_BWD_A100[kernel][(causal, head_dim)], _FWD_BWD_A100["fa2"][(causal, head_dim)]
     ratio = [a / b for a, b in zip(num, den)]
-    return ratio + [ratio[-1]] * (len(ATTENTION_SEQS) - len(_FIG_SEQS))
+    return ratio + [ratio[-1]] * (len(ATTENTION_SEQS) - len(ratio))
 
 
 def _relative(fa2: dict, kernel: str) -> dict:
