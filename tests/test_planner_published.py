@@ -93,10 +93,13 @@ def test_selective_plus_sp_beats_full_recompute_like_the_paper():
         assert 1.2 < full["predicted_step_s"] / sel["predicted_step_s"] < 1.45
 
 
-def test_every_published_layout_fits():
-    # Nemotron-4's non-gated MLP without dropout and torchtitan's op-level checkpointing included.
+def test_every_published_layout_fits_but_llama3_405b_on_8192_gpus():
+    # Nemotron-4's non-gated MLP without dropout and torchtitan's op-level checkpointing included. One published
+    # layout is predicted not to fit, and the report says so: Llama 3 405B at tp 8 · pp 16 on 8,192 H100s without
+    # activation checkpointing, as the paper says its 8K stage ran (docs/accuracy.md, "Llama 3 405B on 8,192 GPUs:
+    # the published layout, as published").
     strong = _strong()
-    assert all(r["fits"] for r in strong), [r["run"] for r in strong if not r["fits"]]
+    assert [r["run"] for r in strong if not r["fits"]] == ["Llama 3 405B pre-training 8192 GPUs seq 8192"]
 
 
 def test_fp8_rows_are_scored_with_their_own_in_situ_share():
@@ -375,9 +378,22 @@ def test_llama3_rows_with_unreported_interleaving_depth_take_estimates_rule():
     # only the embedding, and the last model chunk on the last stage has only output projection and loss
     # calculation", after "we reduce one Transformer layer each from the first and the last stages": one layer a
     # chunk, (126 + 2) / 16 = 8 chunks per rank.
-    for r in runs.values():
+    for gpus_seq in ("16384 GPUs seq 8192", "16384 GPUs seq 131072"):
+        r = runs[f"Llama 3 405B pre-training {gpus_seq}"]
         assert r.layout.schedule == "interleaved-1f1b" and r.layout.vpp == 8, r.layout
     assert runs["Llama 3 405B pre-training 16384 GPUs seq 131072"].layout.cp_mode == "allgather"
+    # 8,192 GPUs, 32 micro-batches, no recompute as the paper says: no depth fits, so the rule takes the one closest to
+    # fitting. At v 8 rank 1 holds 2·14 + 7·16 + 1 = 141 one-layer chunk-micro-batches (Megatron's and torch's
+    # warm-up, one forward more) beside all eight chunks' FP32 gradients (each chunk's backward has begun by the end
+    # of the steady state): 4 B x its 8 layers' parameters on one GPU, (16384·(16384 + 2·1024) + 16384² + 3·16384·53248)/8.
+    r8 = runs["Llama 3 405B pre-training 8192 GPUs seq 8192"]
+    assert r8.layout.recompute == "none" and r8.layout.schedule == "interleaved-1f1b"
+    rank, mem = memory_breakdown(r8.job, r8.layout.with_(vpp=8))
+    per_layer = (12.25 * 16384 + 6 * 53248) * 8192 / 8
+    layer_params = (16384 * (16384 + 2 * 1024) + 16384**2 + 3 * 16384 * 53248) / 8
+    assert rank == 1 and abs(mem["activations"] - 141 * per_layer) < 0.5 * 2**30
+    assert abs(mem["gradients"] / (4 * 8 * layer_params) - 1) < 1e-3
+    assert sum(mem.values()) > r8.job.cluster.gpu_memory_bytes
     # 16,384 GPUs at 8K tokens: 2048 sequences over dp 128 = 16 micro-batches = pp. Megatron's interleaved warm-up,
     # 2(p - r - 1) + (v - 1)·p forwards (schedules.py get_pp_rank_microbatches), is at least v·m there, so every
     # micro-batch is in flight at once: 16 micro-batches x 8 layers (126 layers over 16 ranks, the first and last
