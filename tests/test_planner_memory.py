@@ -251,3 +251,69 @@ def test_fsdp_under_a_pipeline_holds_the_gradients_of_the_chunks_its_schedule_re
     params = rank_params(job, lay, 1)
     assert rank_memory(job, lay, 1)["gradients"] == pytest.approx(4 * params / 2)
     assert rank_memory(job, lay.with_(micro_batch=1), 1)["gradients"] == pytest.approx(4 * params)
+
+
+def _mlp_saved_f_wide(forward) -> int:
+    """f-wide tensors autograd keeps for backward when `forward` runs a gated MLP of width f on 8 tokens (shardwise's own
+    saved-tensor counter, the one `validate` measures with: parameters and their views are not counted)."""
+    import torch
+    from torch import nn
+    from shardwise.validate.saved_bytes import SavedBytes
+    torch.manual_seed(0)
+    h, f, tokens = 16, 48, 8
+    w1, w3 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
+    w13 = nn.Linear(h, 2 * f, bias=False)
+    w2 = nn.Linear(f, h, bias=False)
+    x = torch.randn(tokens, h, requires_grad=True)
+    counter = SavedBytes([w1, w3, w13, w2])
+    with counter.hooks(0):
+        forward(x, w1, w3, w13, w2)
+    saved = counter.held[0] - x.numel() * x.element_size()  # the block's input, kept by the first linear(s)
+    assert saved % (tokens * f * 4) == 0
+    return saved // (tokens * f * 4)
+
+
+def test_gated_mlp_tensors_each_profile_counts_are_what_autograd_keeps():
+    # What a stack's SwiGLU keeps decides its activation memory (f is 3.5 h for Llama): counted here from autograd
+    # itself, not from the planner. torchtitan's FeedForward, w2(F.silu(w1(x)) * w3(x)), and nanotron's GLUActivation,
+    # silu(gate) * up on a split of one fused gate_up GEMM, eager: 4 (the product's backward keeps silu(gate) too).
+    # Megatron's fused swiglu (an autograd.Function keeping only its input, the fused GEMM's output, 2f) before FC2
+    # (its input, f): 3.
+    import torch
+    import torch.nn.functional as F
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.memory import make_job
+
+    class MegatronSwiGLU(torch.autograd.Function):  # megatron/core/fusions/fused_bias_swiglu.py SwiGLUFunction's saves
+        @staticmethod
+        def forward(ctx, y):
+            ctx.save_for_backward(y)
+            gate, up = y.chunk(2, -1)
+            return F.silu(gate) * up
+
+        @staticmethod
+        def backward(ctx, grad):
+            (y,) = ctx.saved_tensors
+            with torch.enable_grad():
+                y = y.detach().requires_grad_()
+                gate, up = y.chunk(2, -1)
+                (F.silu(gate) * up).backward(grad)
+            return y.grad
+
+    def glu_activation(merged):  # nanotron's GLUActivation.forward
+        gate, up = torch.split(merged, merged.shape[-1] // 2, dim=-1)
+        return F.silu(gate) * up
+
+    torchtitan = _mlp_saved_f_wide(lambda x, w1, w3, w13, w2: w2(F.silu(w1(x)) * w3(x)))
+    nanotron = _mlp_saved_f_wide(lambda x, w1, w3, w13, w2: w2(glu_activation(w13(x))))
+    megatron = _mlp_saved_f_wide(lambda x, w1, w3, w13, w2: w2(MegatronSwiGLU.apply(w13(x))))
+    assert (torchtitan, nanotron, megatron) == (4, 4, 3)
+    assert get("torchtitan").glu_tensors == torchtitan and get("nanotron").glu_tensors == nanotron
+    assert get("fms-fsdp").glu_tensors == 4  # foundation-model-stack's GatedLinearUnit, eager: a(w1(x)) * wg(x)
+    assert get("lit-gpt").glu_tensors == 2  # xformers' fused SwiGLU keeps x, x1, x2 (xformers/ops/swiglu_op.py)
+    assert get("megatron-core").glu_tensors == get("nemo").glu_tensors == megatron
+    llama = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100-80gb")
+    eager, compiled = (make_job(llama, cluster, 64, 4096, "torchtitan", compile=c).saved.gated_mlp_tensors for c in (False, True))
+    assert (eager, compiled) == (4, 2)
+    assert make_job(llama, cluster, 64, 4096, "megatron-core").saved.gated_mlp_tensors == 3

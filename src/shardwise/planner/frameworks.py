@@ -47,6 +47,14 @@ class Framework:
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
     # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).
     glu_bytes: float | None = None
+    # f-wide tensors its gated MLP keeps for the backward (memory.SavedTensors.gated_mlp_tensors): 3, the gate and up
+    # GEMMs' outputs and their product (Megatron's fused swiglu keeps its input, the FC2 linear its output; Transformer
+    # Engine's LayerNormMLP the same); 4 where the block is eager PyTorch, `w2(F.silu(w1(x)) * w3(x))`: autograd's
+    # SiLU keeps its input and the product keeps both factors, silu(gate) among them (torchtitan's, fms', lit-gpt's and
+    # nanotron's MLPs; what `validate` measures on shardwise's own model, memory.SHARDWISE_RUNTIME). Under --compile,
+    # 2: AOTAutograd's min-cut partitioner keeps the two GEMM outputs and recomputes the point-wise silu(gate) * up in
+    # the backward's fused kernel (memory.make_job).
+    glu_tensors: int = 3
     # The GPU architectures on which its plain (GELU) MLP runs the activation in the FC1 GEMM's epilogue and its
     # gradient in the dgrad GEMM's (layer_time.GELU_EPILOGUE_BYTES) instead of as element-wise passes.
     gelu_epilogue: tuple[str, ...] = ()
@@ -646,6 +654,7 @@ TORCHTITAN = Framework(
              "perform_reduce_grad: post_backward of every FSDP group after the schedule)",
              "Liang et al. 2024, 'TorchTitan' (ICLR 2025)"),
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, compiles=True, compile_loss=True,
+    glu_tensors=4,  # models/llama3/model.py FeedForward: self.w2(F.silu(self.w1(x)) * self.w3(x)), eager
     grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2, experts_in_layer_units=True,
@@ -691,6 +700,7 @@ AUTOMODEL = replace(
              "components/moe/layers.py GroupedExpertsDeepEP (grouped_gemm ops.gmm); fanshiqing/grouped_gemm "
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
+    glu_tensors=3,  # its model path's activations not read here: the default count, not torchtitan's eager one
     weight_shard_is_master=False,  # BF16 parameters and no FP32 master: the shard is the BF16 parameter itself
     recompute_early_stop=False,  # non-reentrant too (apply_ac), but a MoE block's last saves follow its expert GEMMs: not derived
     expandable_segments=False,  # no source found: the default allocator
@@ -773,6 +783,9 @@ LIT_GPT = replace(
     weight_shard_is_master=False,  # the FP32 flat parameter shard is the weights term itself (no separate master)
     fp8="",  # precision bf16-mixed only: no FP8 recipe in TinyLlama's script (not Composer's amp_fp8, above)
     fused_elementwise=True, loss="xentropy",
+    # xformers.ops.SwiGLU (_SwiGLUFusedFunc: save_for_backward(x, w1, w2, w3, x1, x2); silu_bw_fused recomputes the
+    # product in the backward): the gate and up outputs only
+    glu_tensors=2,
     # pretrain/tinyllama.py: `with fabric.no_backward_sync(model, enabled=is_accumulating)` around every micro-batch
     # but the step's last (gradient_accumulation_steps = 64 / 8 on its 16 GPUs); lightning 2.1.2 fabric/strategies/
     # fsdp.py _FSDPBackwardSyncControl.no_backward_sync returns module.no_sync(). So its FP32 gradients are held
@@ -1044,6 +1057,7 @@ NANOTRON = replace(
              "the parameters); examples/config_tiny_llama.yaml (pp_engine 1f1b, tp_mode REDUCE_SCATTER, "
              "accumulate_grad_in_fp32 true, zero_stage 0)"),
     attention="fa2", overlap_param_gather=False, zero1="allreduce", zero1_reduce_overlapped=False,
+    glu_tensors=4,  # models/llama.py GLUActivation: self.act(gate_states) * up_states on a split of gate_up_proj, eager
     zero_stages=(0, 1), default_zero=0, bucket_bytes=25 * 2**20 * 2,  # DDP's 25 MiB BF16 buckets, reduced in FP32
     schedules=("1f1b", "gpipe"), p2p_overlap=(), tp_comm_overlap_available=False, fp8="",
     recompute=("none", "full"), partial_recompute="", edge_chunks=False, stage_split="balanced",

@@ -204,11 +204,19 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
               "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fused,
+               flash_attention=fused, saved=stack_saved_tensors(fw, compile),
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
                precision=precision, recompute_modules=fw.recompute_modules, compile=compile)
+
+
+def stack_saved_tensors(fw, compile: bool) -> SavedTensors:
+    """What a stack's layers keep for backward beyond Korthikanti et al.'s list: its gated MLP's f-wide tensors
+    (Framework.glu_tensors), 2 under torch.compile (the partitioner recomputes silu(gate) * up from the two GEMM
+    outputs it keeps)."""
+    tensors = 2 if compile else fw.glu_tensors
+    return PAPER if tensors == PAPER.gated_mlp_tensors else replace(PAPER, gated_mlp_tensors=tensors)
 
 
 # --------------------------------------------------------------------------- activations
