@@ -1058,3 +1058,30 @@ def test_a_run_that_turns_cudnn_attention_off_attends_with_flashattention2():
     assert assumptions(job)["attention"] == "cudnn" and assumptions(off)["attention"] == "fa2"
     assert layer_cost(off, lay).attn_fwd / layer_cost(job, lay).attn_fwd == pytest.approx(529 / 333, rel=0.01)
     assert estimate(off, lay).step_time > estimate(job, lay).step_time
+
+
+def test_nanotrons_eager_swiglu_is_priced_by_the_bytes_its_aten_ops_move():
+    # nanotron's GLUActivation (models/llama.py at c2528430): split the fused gate/up output, SiLU one half, multiply by
+    # the other; eager, so each op reads its inputs from HBM and writes its output. Count those bytes per f-element
+    # from the aten ops the forward dispatches (BF16), independently of the planner, and compare with the profile.
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from shardwise.planner.frameworks import get
+
+    class Traffic(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func._overloadpacket not in (torch.ops.aten.split, torch.ops.aten.split_with_sizes, torch.ops.aten.view):
+                tensors = [t for t in (*args, out) if isinstance(t, torch.Tensor)]
+                Traffic.moved += sum(t.numel() * t.element_size() for t in tensors)
+            return out
+
+    tokens, f = 8, 32
+    merged = torch.randn(tokens, 2 * f, dtype=torch.bfloat16)
+    with Traffic():
+        gate, up = torch.split(merged, f, dim=-1)
+        F.silu(gate) * up
+    assert Traffic.moved / (tokens * f) == get("nanotron").glu_bytes == 10

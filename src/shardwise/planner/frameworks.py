@@ -1057,7 +1057,9 @@ NANOTRON = replace(
              "the parameters); examples/config_tiny_llama.yaml (pp_engine 1f1b, tp_mode REDUCE_SCATTER, "
              "accumulate_grad_in_fp32 true, zero_stage 0)"),
     attention="fa2", overlap_param_gather=False, zero1="allreduce", zero1_reduce_overlapped=False,
-    glu_tensors=4,  # models/llama.py GLUActivation: self.act(gate_states) * up_states on a split of gate_up_proj, eager
+    # models/llama.py GLUActivation: self.act(gate_states) * up_states on a split of gate_up_proj, eager: its memory
+    # (4 f-wide tensors kept) and its traffic, the element-wise table's eager SwiGLU (SiLU 4 + product 6 B per f)
+    glu_tensors=4, glu_bytes=10,
     zero_stages=(0, 1), default_zero=0, bucket_bytes=25 * 2**20 * 2,  # DDP's 25 MiB BF16 buckets, reduced in FP32
     schedules=("1f1b", "gpipe"), p2p_overlap=(), tp_comm_overlap_available=False, fp8="",
     recompute=("none", "full"), partial_recompute="", edge_chunks=False, stage_split="balanced",
