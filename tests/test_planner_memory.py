@@ -317,3 +317,29 @@ def test_gated_mlp_tensors_each_profile_counts_are_what_autograd_keeps():
     eager, compiled = (make_job(llama, cluster, 64, 4096, "torchtitan", compile=c).saved.gated_mlp_tensors for c in (False, True))
     assert (eager, compiled) == (4, 2)
     assert make_job(llama, cluster, 64, 4096, "megatron-core").saved.gated_mlp_tensors == 3
+
+
+def test_eager_rmsnorm_keeps_what_autograd_keeps():
+    # torchtitan's RMSNorm as eager PyTorch (models/norms.py, 2024: `self._norm(x.float()).type_as(x) * self.weight`,
+    # `_norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`), on BF16 activations: what autograd keeps per
+    # token, counted with validate's counter, is what the planner charges a torchtitan norm (its FP32 input, 1/rms, the
+    # BF16 normalised output), and a compiled or fused stack's norm keeps its input only (Korthikanti et al.'s e·h).
+    import torch
+    from torch import nn
+    from shardwise.planner.memory import make_job, norm_bytes
+    from shardwise.validate.saved_bytes import SavedBytes
+    h, tokens = 32, 8
+    weight = nn.Parameter(torch.ones(h, dtype=torch.bfloat16))
+    x = torch.randn(tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    counter = SavedBytes([])
+    with counter.hooks(0):
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
+        normed * weight
+    llama = replace(load_model("llama3-8b"), hidden=h)
+    cluster = load_cluster("dgx-h100-80gb")
+    eager = make_job(llama, cluster, 8, 128, "torchtitan").saved
+    assert counter.held[0] / tokens == norm_bytes(llama, 2, eager) == 4 * h + 2 * h + 4
+    for fused in (make_job(llama, cluster, 8, 128, "torchtitan", compile=True).saved,
+                  make_job(llama, cluster, 8, 128, "megatron-core").saved):
+        assert norm_bytes(llama, 2, fused) == 2 * h

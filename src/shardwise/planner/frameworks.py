@@ -990,6 +990,7 @@ SHARDWISE = Framework(
             "re-gather waited for, blocking pipeline p2p, every schedule",
     sources=("src/shardwise/parallel/data_parallel.py, src/shardwise/train.py, src/shardwise/launch.py (check)",),
     weight_bytes=4, grad_bytes=4, optimizer_bytes=8, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
+    glu_tensors=4,  # shardwise.model's SwiGLU, silu(w1 x) * w3 x, eager (memory.SHARDWISE_RUNTIME)
     param_gather_bytes=4, async_sp_regather=False,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),

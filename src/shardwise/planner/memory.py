@@ -214,9 +214,15 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
 def stack_saved_tensors(fw, compile: bool) -> SavedTensors:
     """What a stack's layers keep for backward beyond Korthikanti et al.'s list: its gated MLP's f-wide tensors
     (Framework.glu_tensors), 2 under torch.compile (the partitioner recomputes silu(gate) * up from the two GEMM
-    outputs it keeps)."""
+    outputs it keeps); and where its norms are eager PyTorch (not Framework.fused_elementwise, not compiled), what
+    their composite ops keep: Llama's RMSNorm `(x.float() * rsqrt(mean(x.float()^2) + eps)).type_as(x) * weight` its
+    FP32 input, 1/rms and the normalised output (kernels.ELEMENTWISE prices the same ops), as `validate` measures on
+    shardwise's own RMSNorm (SHARDWISE_RUNTIME)."""
     tensors = 2 if compile else fw.glu_tensors
-    return PAPER if tensors == PAPER.gated_mlp_tensors else replace(PAPER, gated_mlp_tensors=tensors)
+    eager_norms = not fw.fused_elementwise and not compile
+    if tensors == PAPER.gated_mlp_tensors and not eager_norms:
+        return PAPER
+    return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms)
 
 
 # --------------------------------------------------------------------------- activations
