@@ -228,6 +228,10 @@ def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]
             why.append(f"{k}: command line {est[k]}, internal {lay[k]}")
     if run.job.attention and run.job.attention != pr.FRAMEWORKS[run.framework].attention:
         why.append(f"attention kernel: internal {run.job.attention} (no flag)")
+    if run.job.compile and not run.job.compile_loss:
+        why.append("loss: internal eager, the release compiled its blocks only (no flag)")
+    if run.job.fused_norms:
+        why.append("norms: internal fused, the release's preset (no flag)")
     return why
 
 

@@ -213,6 +213,9 @@ class Framework:
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
     # and Composer's two training metrics on the same logits).
     loss: str = "megatron"
+    # Whether an "eager" loss is charged its FP32 buffers in memory (memory.EAGER_LOSS_KEPT_BYTES and its transient), as
+    # read from the stack's code; False where its loss's memory was not read (the default per-logit count).
+    eager_loss_memory: bool = True
     # Its LM head gathers the logits over the TP ranks before the loss (a ColumnParallelLinear left at
     # parallel_output=False: an all-gather into a list of per-rank tensors, then torch.cat), so every TP rank runs
     # `loss` over the whole vocabulary instead of its shard (step_time.head_time, memory.last_stage_bytes).
@@ -307,6 +310,12 @@ class Framework:
     def cannot_run(self) -> tuple[str, ...]:
         """`cannot`, with the capabilities its flags deny (expert parallelism)."""
         return self.cannot + (() if self.expert_parallel else ("expert parallelism (no mixture-of-experts layers of its own)",))
+
+    def loss_run(self, compile: bool, compile_loss: bool = True) -> str:
+        """The cross-entropy a job runs (step_time.LOSS_BYTES, memory.stack_saved_tensors): "compiled" under --compile where
+        the stack compiles its loss too (`compile_loss`, unless the job's release compiled the blocks only), else its
+        own `loss`."""
+        return "compiled" if compile and self.compile_loss and compile_loss else self.loss
 
     def compile_refusal(self) -> str | None:
         """Why `--compile` does not apply to this stack (one clause), or None."""
@@ -701,6 +710,7 @@ AUTOMODEL = replace(
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
     glu_tensors=3,  # its model path's activations not read here: the default count, not torchtitan's eager one
+    eager_loss_memory=False,  # its loss functions' buffers not read here either
     weight_shard_is_master=False,  # BF16 parameters and no FP32 master: the shard is the BF16 parameter itself
     recompute_early_stop=False,  # non-reentrant too (apply_ac), but a MoE block's last saves follow its expert GEMMs: not derived
     expandable_segments=False,  # no source found: the default allocator

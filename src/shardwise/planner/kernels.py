@@ -496,11 +496,15 @@ ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10)}
 
 def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,
                      sp: bool, gated: bool, rotary: bool, e: int, fused: bool | str = True, family: str = "llama",
-                     glu_bytes: float | None = None, gelu_bytes: float | None = None) -> tuple[float, float]:
+                     glu_bytes: float | None = None, gelu_bytes: float | None = None,
+                     fused_norms: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's element-wise kernels for `tokens` tokens. `fused`: an ELEMENTWISE
     key (True fused kernels, False eager, "compiled"). `glu_bytes` / `gelu_bytes`: the gated / plain activation's
-    bytes per f-element when the stack runs it its own way (Framework.glu_bytes, Framework.gelu_epilogue)."""
+    bytes per f-element when the stack runs it its own way (Framework.glu_bytes, Framework.gelu_epilogue).
+    `fused_norms`: the norms as fused kernels whatever the rest (Job.fused_norms)."""
     norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
+    if fused_norms:
+        norm = ELEMENTWISE[True][0]
     swiglu = swiglu if glu_bytes is None else glu_bytes
     gelu = gelu if gelu_bytes is None else gelu_bytes
     if isinstance(norm, dict):

@@ -191,7 +191,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                                               tp, sp, model.gated_mlp, model.rotary, e,
                                               elementwise_mode(job), model.family,
                                               None if job.compile else fw.glu_bytes,
-                                              GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None)
+                                              GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None,
+                                              job.fused_norms)
         if kernel and fw.attention_layout_copies:
             copy_f, copy_b = attention_layout_time(job, layout, tokens)
             el_f, el_b = el_f + copy_f, el_b + copy_b

@@ -53,6 +53,9 @@ class SavedTensors:
     softmax_stats_bytes: a fused attention kernel keeps the log-sum-exp per head and token (fp32: 4);
       it belongs to the attention core, so selective recompute drops it.
     logits_bytes: per logit element on the last stage, per micro-batch in flight there.
+    loss_transient_bytes: per logit element, once on the last stage: what the loss's backward holds beside the kept
+      logits (eager F.cross_entropy on FP32 logits: the gradient of its log-softmax output and the input gradient,
+      FP32 each, while the log-softmax output is still kept: 4 kept + 8).
     head_inputs: the last stage also keeps the final norm's and the LM head's inputs.
     token_id_bytes: integer token ids kept by the embedding (first stage) and the loss (last stage).
     """
@@ -62,6 +65,7 @@ class SavedTensors:
     gated_mlp_tensors: int = 3
     softmax_stats_bytes: int = 0
     logits_bytes: float = LOGITS_BYTES
+    loss_transient_bytes: float = 0.0
     head_inputs: bool = False
     token_id_bytes: int = 0
     router_aux: bool = False
@@ -121,6 +125,14 @@ class Job:
     # The blocks (and the loss) run under torch.compile: Inductor's fused element-wise kernels (kernels.ELEMENTWISE
     # "compiled", step_time.LOSS_BYTES "compiled") instead of the stack's eager ones.
     compile: bool = False
+    # Under compile, whether the loss is compiled too where the stack compiles it (Framework.compile_loss); False for a
+    # release that compiled the blocks only (torchtitan before bbb1b616e, 2025-04-02: "compiling loss function causes
+    # CUDA errors, turning off for now" in its train.py until then).
+    compile_loss: bool = True
+    # The norms run as fused kernels in a stack whose other element-wise work is eager (torchtitan's norm_type
+    # "fused_rmsnorm", a Triton kernel keeping its input and 1/rms: the default of its presets until 3faaa1a0d,
+    # 2024-08): their time (kernels.elementwise_time) and what they keep (stack_saved_tensors) are a fused kernel's.
+    fused_norms: bool = False
     moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL all-to-all, shardwise's runtime) or "deepep" (node-deduplicated)
     ep_comm_overlap: bool = False  # all-to-alls hidden behind another micro-batch's compute (Megatron's EP A2A overlap)
     moe_recompute: str = ""  # Megatron's --recompute-modules for MoE: "moe" (the whole MoE FFN) or "act" (its SwiGLU)
@@ -174,11 +186,13 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
-             fp8_params: bool = False, compile: bool = False, **train):
+             fp8_params: bool = False, compile: bool = False, compile_loss: bool = True, fused_norms: bool = False,
+             **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
-    one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles)."""
+    one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles);
+    `compile_loss` False: the blocks only (Job.compile_loss). `fused_norms`: Job.fused_norms."""
     fw = get_framework(framework)
     if compile and fw.compile_refusal():
         raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
@@ -204,25 +218,39 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
               "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fused, saved=stack_saved_tensors(fw, compile),
+               flash_attention=fused, saved=stack_saved_tensors(fw, compile, compile_loss, fused_norms),
+               compile_loss=compile_loss, fused_norms=fused_norms,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
                precision=precision, recompute_modules=fw.recompute_modules, compile=compile)
 
 
-def stack_saved_tensors(fw, compile: bool) -> SavedTensors:
+def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norms: bool = False) -> SavedTensors:
     """What a stack's layers keep for backward beyond Korthikanti et al.'s list: its gated MLP's f-wide tensors
     (Framework.glu_tensors), 2 under torch.compile (the partitioner recomputes silu(gate) * up from the two GEMM
     outputs it keeps); and where its norms are eager PyTorch (not Framework.fused_elementwise, not compiled), what
     their composite ops keep: Llama's RMSNorm `(x.float() * rsqrt(mean(x.float()^2) + eps)).type_as(x) * weight` its
     FP32 input, 1/rms and the normalised output (kernels.ELEMENTWISE prices the same ops), as `validate` measures on
-    shardwise's own RMSNorm (SHARDWISE_RUNTIME)."""
+    shardwise's own RMSNorm (SHARDWISE_RUNTIME); and an eager loss's FP32 buffers (EAGER_LOSS_KEPT_BYTES)."""
     tensors = 2 if compile else fw.glu_tensors
-    eager_norms = not fw.fused_elementwise and not compile
-    if tensors == PAPER.gated_mlp_tensors and not eager_norms:
+    eager_norms = not fw.fused_elementwise and not compile and not fused_norms
+    loss = {}
+    if fw.loss_run(compile, compile_loss) == "eager" and fw.eager_loss_memory:
+        loss = {"logits_bytes": EAGER_LOSS_KEPT_BYTES, "loss_transient_bytes": EAGER_LOSS_TRANSIENT_BYTES}
+    if tensors == PAPER.gated_mlp_tensors and not eager_norms and not loss:
         return PAPER
-    return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms)
+    return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms, **loss)
+
+
+# An eager loss, F.cross_entropy(pred.float(), labels) with the BF16 logits deleted before the backward (torchtitan's
+# train step at 9dec370: `del pred  # need to free to before bwd to avoid peaking memory`): its log-softmax keeps its
+# FP32 output (4 B per logit element) from the forward to the backward; there, NLL's backward writes the FP32 gradient
+# of that output (4) and log-softmax's backward the FP32 gradient of its input (4) while the output is still kept:
+# 12 at the peak, which is the step's (every layer's activations are still kept when the backward starts). The
+# forward's own peak is lower: the BF16 logits (2), their FP32 copy (4) and the log-softmax output (4).
+EAGER_LOSS_KEPT_BYTES = 4
+EAGER_LOSS_TRANSIENT_BYTES = 8
 
 
 # --------------------------------------------------------------------------- activations
@@ -402,6 +430,12 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
         out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split
     return out
+
+
+def loss_transient_bytes(job: Job, layout: Layout) -> float:
+    """What the loss's backward holds once on the last stage beyond the kept logits (SavedTensors.loss_transient_bytes)."""
+    split = 1 if get_framework(job.framework).loss_gathers_logits else layout.tp
+    return local_seq(job, layout) * layout.micro_batch * job.model.vocab_size / split * job.saved.loss_transient_bytes
 
 
 def pipeline_buffer_bytes(job: Job, layout: Layout, rank: int) -> float:
@@ -593,6 +627,7 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
         first = first_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=True)
     if rank == layout.pp - 1:  # logits and the fp32 loss buffers of each micro-batch in flight there
         logits = last_stage_bytes(job, layout) * edge_inflight(layout.schedule, layout.pp, m, first=False)
+        logits += loss_transient_bytes(job, layout)
     layers = rank_layers(job, layout, rank)
     inflight = peak_inflight_microbatches(layout.schedule, layout.pp, m, layout.vpp, stage=rank)
     if layers and len(set(chunks)) > 1:  # chunks of different sizes: the peak weighted chunk by chunk, per layer

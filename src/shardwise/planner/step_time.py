@@ -246,7 +246,7 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         t = 2 * tokens * model.hidden * model.vocab_size / tp / achievable_flops(job)
         return t, t, t
     fw = get_framework(job.framework)
-    loss = "compiled" if job.compile and fw.compile_loss else fw.loss
+    loss = fw.loss_run(job.compile, job.compile_loss)
     gather_f = gather_b = 0.0
     loss_vocab = vocab
     if fw.loss_gathers_logits and tp > 1:  # the whole vocabulary's BF16 logits on every TP rank (Framework)
