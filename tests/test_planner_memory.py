@@ -317,6 +317,12 @@ def test_gated_mlp_tensors_each_profile_counts_are_what_autograd_keeps():
     eager, compiled = (make_job(llama, cluster, 64, 4096, "torchtitan", compile=c).saved.gated_mlp_tensors for c in (False, True))
     assert (eager, compiled) == (4, 2)
     assert make_job(llama, cluster, 64, 4096, "megatron-core").saved.gated_mlp_tensors == 3
+    # and the estimate says what it counted
+    from shardwise.planner.estimate import estimate
+    layout = Layout(dp=8, tp=1, pp=1, micro_batch=1, zero=3)
+    notes = estimate(make_job(llama, cluster, 64, 4096, "torchtitan"), layout).assumptions
+    assert notes["loss"] == "eager" and notes["kept_for_backward"] == {
+        "gated_mlp_tensors": 4, "norm_fp32_copies": True, "loss_bytes_per_logit": 12}
 
 
 def test_eager_rmsnorm_keeps_what_autograd_keeps():

@@ -127,6 +127,12 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
+        # what the memory counts beyond Korthikanti et al.'s list (memory.stack_saved_tensors): the gated MLP's kept
+        # f-wide tensors, eager norms' FP32 copies, and the loss's buffers per logit element at the step's peak
+        "loss": fw.loss_run(job.compile, job.compile_loss),
+        "kept_for_backward": {"gated_mlp_tensors": job.saved.gated_mlp_tensors,
+                              "norm_fp32_copies": job.saved.norm_fp32_stats,
+                              "loss_bytes_per_logit": job.saved.logits_bytes + job.saved.loss_transient_bytes},
         "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
         # a cluster below its rated TDP: the share of the rated tensor-core rates its power limit leaves (kernels.power_share)
         **({"power_limit_w": job.cluster.power_limit_w, "tensor_core_power_share": kernels.power_share(job.cluster)}

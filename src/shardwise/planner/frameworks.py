@@ -50,10 +50,10 @@ class Framework:
     # f-wide tensors its gated MLP keeps for the backward (memory.SavedTensors.gated_mlp_tensors): 3, the gate and up
     # GEMMs' outputs and their product (Megatron's fused swiglu keeps its input, the FC2 linear its output; Transformer
     # Engine's LayerNormMLP the same); 4 where the block is eager PyTorch, `w2(F.silu(w1(x)) * w3(x))`: autograd's
-    # SiLU keeps its input and the product keeps both factors, silu(gate) among them (torchtitan's, fms', lit-gpt's and
-    # nanotron's MLPs; what `validate` measures on shardwise's own model, memory.SHARDWISE_RUNTIME). Under --compile,
-    # 2: AOTAutograd's min-cut partitioner keeps the two GEMM outputs and recomputes the point-wise silu(gate) * up in
-    # the backward's fused kernel (memory.make_job).
+    # SiLU keeps its input and the product keeps both factors, silu(gate) among them (torchtitan's, fms' and nanotron's
+    # MLPs; what `validate` measures on shardwise's own model, memory.SHARDWISE_RUNTIME); 2 for xformers' fused SwiGLU
+    # (lit-gpt). Under --compile, 2: AOTAutograd's min-cut partitioner keeps the two GEMM outputs and recomputes the
+    # point-wise silu(gate) * up in the backward's fused kernel (memory.stack_saved_tensors).
     glu_tensors: int = 3
     # The GPU architectures on which its plain (GELU) MLP runs the activation in the FC1 GEMM's epilogue and its
     # gradient in the dgrad GEMM's (layer_time.GELU_EPILOGUE_BYTES) instead of as element-wise passes.
