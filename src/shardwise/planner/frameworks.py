@@ -576,8 +576,10 @@ DEEPSPEED = Framework(
     # Megatron-DeepSpeed runs a GLU as eager ops after the FC1 bias it cannot fuse (arguments.py: "if glu-activation
     # is used, please set --no-bias-gelu-fusion"; model/glu_activations.py x1 * act(x2); ParallelMLP:
     # act(intermediate + bias)): the bias add over both halves (read 2f, write 2f: 8 B per f), the activation on
-    # one (4), the product (6) = 18, where a fused kernel reads both halves and writes one (6).
-    glu_bytes=18,
+    # one (4), the product (6) = 18, where a fused kernel reads both halves and writes one (6). Those eager ops keep the
+    # biased FC1 output (2f: the activation's and the product's views of it), the activation's output and the product
+    # (FC2's input): 4 f-wide tensors.
+    glu_bytes=18, glu_tensors=4,
     expert_gemm_streams=1,  # deepspeed/moe/experts.py Experts.forward: one local expert after another
     # The Megatron-DeepSpeed of these runs recomputes whole layers or none (bigscience-workshop/Megatron-DeepSpeed
     # megatron/arguments.py: --checkpoint-activations, --checkpoint-num-layers; no selective recompute, Megatron-LM
@@ -618,6 +620,7 @@ DEEPSPEED_2024 = replace(
     # owner (dist.reduce: a reduce-scatter's bytes)
     zero1="reduce_scatter", reduce_copy_bytes=0,
     glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
+    glu_tensors=3,  # likewise what that path keeps: the default count
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
             "recompute of only some layers (--checkpoint-num-layers groups layers; every group is recomputed)"),
 )
