@@ -151,3 +151,19 @@ def test_a_data_parallel_only_stack_with_more_gpus_than_sequences_is_told_so(fra
                  "--seq-len", "8192", "--framework", framework, "--schedules", "1f1b"]) == 2
     err = capsys.readouterr().err.strip()
     assert "global batch 32 is not divisible" in err and "schedule" not in err and "\n" not in err
+
+
+def test_all_gather_cp_beyond_the_timed_ranks_matches_every_rank_timed():
+    # Past kernels.CP_RANKS_TIMED ranks the all-gather scheme times that many evenly spaced ranks (both ends among them)
+    # instead of each: the slowest of them is the slowest of all, to a part in a thousand, at 128 and 1,024 ranks.
+    from shardwise.planner import kernels
+    from shardwise.specs import load_cluster
+    cluster = load_cluster("dgx-h100-80gb")
+    for cp in (128, 1024):
+        sampled = kernels.cp_attention_time(cluster, "fa2", 1, 8192 * cp, cp, "chunks", 8, 128)
+        old, kernels.CP_RANKS_TIMED = kernels.CP_RANKS_TIMED, cp
+        try:
+            every = kernels.cp_attention_time(cluster, "fa2", 1, 8192 * cp, cp, "chunks", 8, 128)
+        finally:
+            kernels.CP_RANKS_TIMED = old
+        assert all(abs(a / b - 1) < 1e-3 for a, b in zip(sampled, every)), (cp, sampled, every)

@@ -416,8 +416,16 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
         tri = f(c, c, True)  # the masked diagonal; the j chunks before it unmasked, in the same key loop
         return tri if j == 0 else tuple(a + b for a, b in zip(tri, f(c, j * c, False, (j + 1) * c)))
 
-    ranks = [tuple(a + b for a, b in zip(chunk(r), chunk(2 * cp - 1 - r))) for r in range(cp)]
+    # Every rank's pair of chunks reaches back 2cp - 1 chunks in all; which rank is slowest follows from how the
+    # kernel's rate varies with the key length, smoothly in r. Up to CP_RANKS_TIMED ranks each is timed; beyond, that
+    # many evenly spaced (both ends among them), so the cost stays bounded whatever cp a search or a user names.
+    timed = range(cp) if cp <= CP_RANKS_TIMED else sorted({round(i * (cp - 1) / (CP_RANKS_TIMED - 1))
+                                                            for i in range(CP_RANKS_TIMED)})
+    ranks = [tuple(a + b for a, b in zip(chunk(r), chunk(2 * cp - 1 - r))) for r in timed]
     return tuple(max(x[i] for x in ranks) for i in (0, 1))
+
+
+CP_RANKS_TIMED = 64
 
 
 def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: int, heads: int, head_dim: int,
