@@ -175,8 +175,8 @@ def _model(row: dict) -> ModelSpec:
                      tie_embeddings=family == "gpt2" and "Untied embeddings" not in row["notes"],
                      mlp=mlp if family == "llama" and mlp not in ("", "swiglu") else "",
                      parallel_residual=neox, positions="rotary" if neox else "",
-                     dropout=False if any(k in row["source"] for k in NO_DROPOUT)
-                     else True if any(k in row["source"] for k in WITH_DROPOUT) else None)
+                     dropout=False if source_names(row, NO_DROPOUT)
+                     else True if source_names(row, WITH_DROPOUT) else None)
 
 
 def _moe(row: dict, model: ModelSpec) -> ModelSpec:
@@ -390,12 +390,8 @@ def ran_compiled(row: dict) -> bool:
 # loss function causes CUDA errors, turning off for now") until bbb1b616e (2025-04-02, "Compiling the loss function
 # with torch.compile"). The 2024 performance tables (docs/performance.md at 3faaa1a0d; benchmarks/
 # llama3_h100_202412_torchtitan.md, torchtitan 9dec370) and AWS's 2024 SageMaker post ran such releases.
-LOSS_LEFT_EAGER = ("3faaa1a0d", "llama3_h100_202412_torchtitan", "AWS Machine Learning Blog 'Efficient Pre-training of Llama 3")
-
-
-def loss_left_eager(row: dict) -> bool:
-    """A compiled run whose release compiled its blocks but not its loss (LOSS_LEFT_EAGER)."""
-    return any(key in row["source"] for key in LOSS_LEFT_EAGER)
+LOSS_LEFT_EAGER = ("3faaa1a0d", "llama3_h100_202412_torchtitan",
+                   "AWS Machine Learning Blog 'Efficient Pre-training of Llama 3")
 
 
 # torchtitan's performance tables of 2024-04 (docs/performance.md, 395a52627 / 1ea476e9f) ran its presets, whose
@@ -404,9 +400,9 @@ def loss_left_eager(row: dict) -> bool:
 FUSED_NORM_RUNS = ("commits 395a52627 and 1ea476e9f",)
 
 
-def ran_fused_norms(row: dict) -> bool:
-    """An otherwise eager torchtitan run whose preset fused its norms (FUSED_NORM_RUNS)."""
-    return any(key in row["source"] for key in FUSED_NORM_RUNS)
+def source_names(row: dict, keys) -> bool:
+    """Whether the row's source names any of `keys` (a release, a paper, a repository)."""
+    return any(key in row["source"] for key in keys)
 
 
 def not_modelled(row: dict, as_eager: bool = False) -> str:
@@ -488,8 +484,8 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
                        tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row),
-                       compile=ran_compiled(row) and not as_eager, compile_loss=not loss_left_eager(row),
-                       fused_norms=ran_fused_norms(row))
+                       compile=ran_compiled(row) and not as_eager, compile_loss=not source_names(row, LOSS_LEFT_EAGER),
+                       fused_norms=source_names(row, FUSED_NORM_RUNS))
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"

@@ -379,6 +379,10 @@ def ring_merge_bytes(stack: str, e: float) -> dict:
     return {"out": 3 * e, "dq": 3 * e, "dkv": 5 * e, "slice": 2 * e, "kv_send": 0}
 
 
+# Ranks whose chunks cp_attention_time's all-gather scheme times one by one; beyond, that many evenly spaced.
+CP_RANKS_TIMED = 64
+
+
 def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, cp: int, scheme: str, heads: int,
                       head_dim: int, precision: str = "bf16", kv_width: float = 0.0, e: int = 2, stack: str = "te"
                       ) -> tuple[float, float]:
@@ -423,9 +427,6 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
                                                             for i in range(CP_RANKS_TIMED)})
     ranks = [tuple(a + b for a, b in zip(chunk(r), chunk(2 * cp - 1 - r))) for r in timed]
     return tuple(max(x[i] for x in ranks) for i in (0, 1))
-
-
-CP_RANKS_TIMED = 64
 
 
 def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: int, heads: int, head_dim: int,

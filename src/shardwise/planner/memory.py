@@ -238,8 +238,6 @@ def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norm
     loss = {}
     if fw.loss_run(compile, compile_loss) == "eager" and fw.eager_loss_memory:
         loss = {"logits_bytes": EAGER_LOSS_KEPT_BYTES, "loss_transient_bytes": EAGER_LOSS_TRANSIENT_BYTES}
-    if tensors == PAPER.gated_mlp_tensors and not eager_norms and not loss:
-        return PAPER
     return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms, **loss)
 
 
@@ -424,18 +422,23 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     saved, model = job.saved, job.model
     tokens = local_seq(job, layout) * layout.micro_batch
     e = job.train.activation_bytes
-    split = 1 if get_framework(job.framework).loss_gathers_logits else layout.tp  # the whole vocabulary gathered
-    out = tokens * model.vocab_size / split * saved.logits_bytes + tokens * saved.token_id_bytes
+    out = logit_elements(job, layout) * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
         out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split
     return out
 
 
+def logit_elements(job: Job, layout: Layout) -> float:
+    """Logits of one micro-batch on one GPU of the last stage: its tokens by the vocabulary, split over TP unless the
+    stack gathers the whole vocabulary (Framework.loss_gathers_logits)."""
+    split = 1 if get_framework(job.framework).loss_gathers_logits else layout.tp
+    return local_seq(job, layout) * layout.micro_batch * job.model.vocab_size / split
+
+
 def loss_transient_bytes(job: Job, layout: Layout) -> float:
     """What the loss's backward holds once on the last stage beyond the kept logits (SavedTensors.loss_transient_bytes)."""
-    split = 1 if get_framework(job.framework).loss_gathers_logits else layout.tp
-    return local_seq(job, layout) * layout.micro_batch * job.model.vocab_size / split * job.saved.loss_transient_bytes
+    return logit_elements(job, layout) * job.saved.loss_transient_bytes
 
 
 def pipeline_buffer_bytes(job: Job, layout: Layout, rank: int) -> float:
