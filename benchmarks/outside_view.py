@@ -156,14 +156,15 @@ def plan_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = False,
               as_eager: bool = False) -> dict | None:
     """One dense row through the command line and through published_runs.py --six-profiles; None when the
-    internal view does not score it (skipped, mixture of experts). A torch.compile run passes --compile, or with
-    `as_eager` not (a checker who passes only the row's layout)."""
+    internal view does not score it (skipped, mixture of experts). A torch.compile run passes --compile (and
+    --no-compile-loss where its release compiled the blocks only), or with `as_eager` not (a checker who passes only
+    the row's layout); a release whose preset fused its norms passes --fused-norms."""
     run = pr.parse(row, six_profiles=True, as_eager=as_eager)
     if run.skip or run.job.model.is_moe:
         return None
     internal = pr._predict(run)
     argv, plan, how = outsider_argv(row, run, folder, certain_only)
-    argv += ["--compile"] if run.job.compile else []
+    argv += software_flags(run.job)
     out = {"run": run.name, "series": run.series, "framework": run.framework, "weak": run.weak,
            "path": "plan" if plan else "estimate", "model_from": how[0], "published_step_s": run.published_step_s,
            "internal_step_s": internal.step_time, "internal_error": run.published_step_s / internal.step_time - 1,
@@ -228,11 +229,14 @@ def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]
             why.append(f"{k}: command line {est[k]}, internal {lay[k]}")
     if run.job.attention and run.job.attention != pr.FRAMEWORKS[run.framework].attention:
         why.append(f"attention kernel: internal {run.job.attention} (no flag)")
-    if run.job.compile and not run.job.compile_loss:
-        why.append("loss: internal eager, the release compiled its blocks only (no flag)")
-    if run.job.fused_norms:
-        why.append("norms: internal fused, the release's preset (no flag)")
     return why
+
+
+def software_flags(job) -> list[str]:
+    """What the row's release ran that the command line states by flag: torch.compile, a loss left out of it, a
+    preset's fused norms."""
+    return ((["--compile"] if job.compile else []) + (["--no-compile-loss"] if job.compile and not job.compile_loss else [])
+            + (["--fused-norms"] if job.fused_norms else []))
 
 
 def _median(xs: list[float]) -> float | None:

@@ -61,3 +61,44 @@ def test_compile_shortens_a_small_models_step_but_not_its_gemms_or_attention():
           for mode in (False, "compiled")]
     assert abs((a.fwd - b.fwd) - (el[0][0] - el[1][0])) < 1e-9
     assert estimate(compiled, layout).step_time < estimate(eager, layout).step_time
+
+
+def test_a_release_that_compiled_its_blocks_only_keeps_the_eager_losss_memory(capsys):
+    # torchtitan until 2025-04 compiled the blocks and left the cross-entropy eager: --no-compile-loss. The eager loss
+    # keeps its FP32 log-probabilities and, at the start of the backward, their gradients beside them (12 B per logit
+    # element against the compiled loss's fused kernel): more memory on the last stage, and a slower loss.
+    out = {}
+    for flags in ([], ["--no-compile-loss"]):
+        assert main(["estimate", *ARGS, "--micro-batch", "1", "--framework", "torchtitan", "--compile", "--json",
+                     *flags]) == 0
+        out[tuple(flags)] = json.loads(capsys.readouterr().out)
+    compiled, eager = out[()], out[("--no-compile-loss",)]
+    assert compiled["assumptions"]["loss"] == "compiled" and eager["assumptions"]["loss"] == "eager"
+    # Llama 3 8B's 128,256 logits x 8,192 tokens: at least the FP32 log-probabilities (4 B an element) more
+    assert eager["memory_gib_per_gpu"] - compiled["memory_gib_per_gpu"] > 4 * 128256 * 8192 / 2**30
+    assert eager["step_time_s"] > compiled["step_time_s"]
+
+
+def test_a_presets_fused_norms_are_priced_as_a_fused_kernel(capsys):
+    # torchtitan's 2024 presets ran norm_type fused_rmsnorm (a Triton kernel) in an otherwise eager model: the
+    # norms' composite FP32 ops (reads and writes, and the FP32 input, 1/rms and output kept) become one kernel.
+    out = {}
+    for flags in ([], ["--fused-norms"]):
+        assert main(["estimate", *ARGS, "--micro-batch", "1", "--framework", "torchtitan", "--json", *flags]) == 0
+        out[tuple(flags)] = json.loads(capsys.readouterr().out)
+    eager, fused = out[()], out[("--fused-norms",)]
+    assert fused["step_time_s"] < eager["step_time_s"] and fused["memory_gib_per_gpu"] < eager["memory_gib_per_gpu"]
+
+
+def test_loss_and_norm_flags_that_cannot_apply_are_refused_in_one_line(capsys):
+    cases = ((["--framework", "torchtitan", "--no-compile-loss"], "add --compile"),
+             (["--framework", "torchtitan", "--compile-loss"], "add --compile"),
+             (["--framework", "composer", "--compile", "--compile-loss"], "not the loss"),
+             (["--framework", "megatron-core", "--fused-norms"], "already runs its norms"),
+             (["--framework", "torchtitan", "--compile", "--fused-norms"], "Inductor fuses the norms"))
+    for flags, reason in cases:
+        code = main(["estimate", *ARGS, "--micro-batch", "1", *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and reason in err and len(err.strip().splitlines()) == 1, (flags, err)
+    assert main(["plan", *ARGS, "--framework", "megatron-core", "--fused-norms"]) == 2
+    assert main(["explain", *ARGS, "--framework", "torchtitan", "--no-compile-loss"]) == 2

@@ -137,6 +137,15 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                         "point-wise ops and reductions between two matmuls/attention calls into one kernel (torchtitan's "
                         "compile.enable, off by default, so torchtitan is eager unless you add this; also composer and "
                         "fms-fsdp; stacks that already run fused kernels refuse it)")
+    p.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --compile: whether the cross-entropy is compiled with the blocks (default: what the "
+                        "stack does — torchtitan compiles both, composer and fms-fsdp the model only). "
+                        "--no-compile-loss: the loss stays eager, keeping FP32 log-probabilities and their gradients, "
+                        "as torchtitan did until 2025-04 ('compiling loss function causes CUDA errors')")
+    p.add_argument("--fused-norms", action="store_true",
+                   help="the RMSNorm/LayerNorm layers run as one fused kernel in a stack whose other element-wise "
+                        "work is eager (torchtitan's norm_type fused_rmsnorm, its presets' default until 2024-08): "
+                        "their time and the tensors they keep are a fused kernel's")
     p.add_argument("--capacity-factor", type=float, default=1.0, metavar="C",
                    help="mixture of experts: the busiest expert's tokens over the mean (router imbalance: a measured "
                         "skew, or the capacity factor a run pads experts to); default 1.0, balanced routing")
@@ -225,7 +234,8 @@ def job_from_args(args):
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
                    precision=getattr(args, "precision", None) or "bf16",
                    fp8_params=bool(getattr(args, "fp8_params", False)),
-                   compile=bool(getattr(args, "compile", False)))
+                   compile=bool(getattr(args, "compile", False)), compile_loss=getattr(args, "compile_loss", None),
+                   fused_norms=bool(getattr(args, "fused_norms", False)))
     return replace(job, capacity_factor=capacity)
 
 

@@ -186,16 +186,20 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
-             fp8_params: bool = False, compile: bool = False, compile_loss: bool = True, fused_norms: bool = False,
+             fp8_params: bool = False, compile: bool = False, compile_loss: bool | None = None, fused_norms: bool = False,
              **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
     one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles);
-    `compile_loss` False: the blocks only (Job.compile_loss). `fused_norms`: Job.fused_norms."""
+    `compile_loss` False: the blocks only (Job.compile_loss; None: what the stack does). `fused_norms`:
+    Job.fused_norms."""
     fw = get_framework(framework)
     if compile and fw.compile_refusal():
         raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
+    refusal = software_refusal(fw, compile, compile_loss, fused_norms)
+    if refusal:
+        raise UsageError(refusal)
     if tp_comm_overlap and not fw.tp_comm_overlap_available:
         raise UsageError(f"--framework {fw.name} has no TP communication overlap — drop --tp-comm-overlap")
     if precision not in PRECISIONS:
@@ -218,12 +222,26 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
               "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fused, saved=stack_saved_tensors(fw, compile, compile_loss, fused_norms),
-               compile_loss=compile_loss, fused_norms=fused_norms,
+               flash_attention=fused, saved=stack_saved_tensors(fw, compile, compile_loss is not False, fused_norms),
+               compile_loss=compile_loss is not False, fused_norms=fused_norms,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
                precision=precision, recompute_modules=fw.recompute_modules, compile=compile)
+
+
+def software_refusal(fw, compile: bool, compile_loss: bool | None, fused_norms: bool) -> str | None:
+    """One line naming why --compile-loss / --no-compile-loss / --fused-norms do not apply to this stack, or None."""
+    if compile_loss is not None and not compile:
+        flag = "--compile-loss" if compile_loss else "--no-compile-loss"
+        return f"{flag} says what --compile does with the loss, and nothing is compiled without it — add --compile or drop {flag}"
+    if compile_loss and not fw.compile_loss:
+        return (f"--compile-loss: {fw.name} compiles its model, not the loss it runs after it — drop --compile-loss")
+    if fused_norms and fw.fused_elementwise:
+        return f"--fused-norms: {fw.name} already runs its norms as fused kernels — drop --fused-norms"
+    if fused_norms and compile:
+        return "--fused-norms: under --compile Inductor fuses the norms already — drop one of the two"
+    return None
 
 
 def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norms: bool = False) -> SavedTensors:
