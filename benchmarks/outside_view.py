@@ -158,7 +158,8 @@ def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = Fa
     """One dense row through the command line and through published_runs.py --six-profiles; None when the
     internal view does not score it (skipped, mixture of experts). A torch.compile run passes --compile (and
     --no-compile-loss where its release compiled the blocks only), or with `as_eager` not (a checker who passes only
-    the row's layout); a release whose preset fused its norms passes --fused-norms."""
+    the row's layout); a release whose preset fused its norms passes --fused-norms, a run that told Transformer Engine
+    to use flash-attn --attention-backend flash."""
     run = pr.parse(row, six_profiles=True, as_eager=as_eager)
     if run.skip or run.job.model.is_moe:
         return None
@@ -227,16 +228,15 @@ def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]
     for k in KNOBS:
         if est[k] != lay[k]:
             why.append(f"{k}: command line {est[k]}, internal {lay[k]}")
-    if run.job.attention and run.job.attention != pr.FRAMEWORKS[run.framework].attention:
-        why.append(f"attention kernel: internal {run.job.attention} (no flag)")
     return why
 
 
 def software_flags(job) -> list[str]:
     """What the row's release ran that the command line states by flag: torch.compile, a loss left out of it, a
-    preset's fused norms."""
+    preset's fused norms, Transformer Engine told to run flash-attn (NVTE_FUSED_ATTN=0)."""
     return ((["--compile"] if job.compile else []) + (["--no-compile-loss"] if job.compile and not job.compile_loss else [])
-            + (["--fused-norms"] if job.fused_norms else []))
+            + (["--fused-norms"] if job.fused_norms else [])
+            + (["--attention-backend", "flash"] if job.attention == "fa2" else []))
 
 
 def _median(xs: list[float]) -> float | None:

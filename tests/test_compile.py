@@ -102,3 +102,26 @@ def test_loss_and_norm_flags_that_cannot_apply_are_refused_in_one_line(capsys):
         assert code == 2 and reason in err and len(err.strip().splitlines()) == 1, (flags, err)
     assert main(["plan", *ARGS, "--framework", "megatron-core", "--fused-norms"]) == 2
     assert main(["explain", *ARGS, "--framework", "torchtitan", "--no-compile-loss"]) == 2
+
+
+def test_transformer_engines_attention_backend_is_a_flag(capsys):
+    # NVIDIA's Nemotron-4 340B benchmark exports NVTE_FUSED_ATTN=0, so Transformer Engine runs flash-attn's
+    # FlashAttention-2 where it would pick cuDNN's fused attention on Hopper: --attention-backend flash, as
+    # Megatron-Core's --attention-backend names it. The kernel is what moves, nothing else.
+    out = {}
+    for backend in ("auto", "fused", "flash"):
+        assert main(["estimate", *ARGS, "--micro-batch", "1", "--framework", "nemo", "--json",
+                     "--attention-backend", backend]) == 0
+        out[backend] = json.loads(capsys.readouterr().out)
+    assert out["auto"]["assumptions"]["attention"] == out["fused"]["assumptions"]["attention"] == "cudnn"
+    assert out["flash"]["assumptions"]["attention"] == "fa2"
+    assert out["auto"]["step_time_s"] == out["fused"]["step_time_s"] != out["flash"]["step_time_s"]
+    assert out["auto"]["time_breakdown_s"]["dp_comm"] == out["flash"]["time_breakdown_s"]["dp_comm"]
+    a100 = [a if a != "dgx-h100-80gb" else "dgx-a100-80gb" for a in ARGS]
+    cases = ((["--framework", "torchtitan", "--attention-backend", "flash"], "does not run it"),
+             (["--framework", "nemo", "--attention-backend", "flash", "--no-flash-attention"], "asks for none"),
+             (["--framework", "megatron-core", "--attention-backend", "fused"], "Hopper only"))
+    for i, (flags, reason) in enumerate(cases):
+        code = main(["estimate", *(a100 if i == 2 else ARGS), "--micro-batch", "1", *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and reason in err and len(err.strip().splitlines()) == 1, (flags, err)

@@ -35,11 +35,11 @@ def test_command_line_predicts_the_internal_view_where_both_know_the_same(tmp_pa
     internal = set(view.pr.compare(view.pr.DEFAULT_CSV, six_profiles=True)[1]["not_fitting"])
     assert cli == internal
     # on the estimate path the command line reads the same model from config.json and fills in every unstated knob
-    # as the internal view sets it (a release's fused norms and uncompiled loss by --fused-norms and --no-compile-loss);
-    # what may differ is only what no flag states: the row's own network or memory against the cluster preset, and an
-    # attention kernel the run forced (NVTE_FUSED_ATTN=0)
+    # as the internal view sets it (a release's fused norms and uncompiled loss by --fused-norms and --no-compile-loss,
+    # Transformer Engine's attention by --attention-backend); what may differ is only what no flag states: the row's
+    # own network or memory against the cluster preset
     facts = [(r["run"], why) for r in scored if r["path"] == "estimate" for why in r["why"]
-             if not why.startswith(("cluster ", "attention kernel"))]
+             if not why.startswith("cluster ")]
     assert not facts
     # rows with nothing listed as different (same model, cluster, knobs; no plan): the same step, to the JSON's
     # rounding (6 decimals of a step of 0.3 s or more)

@@ -114,6 +114,8 @@ def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> No
 
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
+    from shardwise.planner.memory import ATTENTION_BACKENDS
+
     add_framework_arg(p)
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
@@ -142,6 +144,11 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                         "stack does — torchtitan compiles both, composer and fms-fsdp the model only). "
                         "--no-compile-loss: the loss stays eager, keeping FP32 log-probabilities and their gradients, "
                         "as torchtitan did until 2025-04 ('compiling loss function causes CUDA errors')")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=None,
+                   help="Transformer Engine's attention for the stacks that run it (megatron-core, nemo, automodel), "
+                        "as Megatron-Core's --attention-backend or TE's NVTE_FUSED_ATTN / NVTE_FLASH_ATTN choose it: "
+                        "fused, cuDNN's fused attention (TE's pick on Hopper); flash, flash-attn's FlashAttention-2 "
+                        "(TE's pick on Ampere, and on Hopper under NVTE_FUSED_ATTN=0); auto (default), TE's own pick")
     p.add_argument("--fused-norms", action="store_true",
                    help="the RMSNorm/LayerNorm layers run as one fused kernel in a stack whose other element-wise "
                         "work is eager (torchtitan's norm_type fused_rmsnorm, its presets' default until 2024-08): "
@@ -235,7 +242,8 @@ def job_from_args(args):
                    precision=getattr(args, "precision", None) or "bf16",
                    fp8_params=bool(getattr(args, "fp8_params", False)),
                    compile=bool(getattr(args, "compile", False)), compile_loss=getattr(args, "compile_loss", None),
-                   fused_norms=bool(getattr(args, "fused_norms", False)))
+                   fused_norms=bool(getattr(args, "fused_norms", False)),
+                   attention_backend=getattr(args, "attention_backend", None))
     return replace(job, capacity_factor=capacity)
 
 

@@ -184,16 +184,22 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
                zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
 
 
+# Transformer Engine's attention backends as Megatron-Core's --attention-backend names them, and the kernel family
+# each runs (Job.attention; "" keeps TE's own pick, kernels.ATTENTION_KERNEL "te": cuDNN on Hopper, flash-attn's
+# FlashAttention-2 on Ampere).
+ATTENTION_BACKENDS = {"auto": "", "fused": "", "flash": "fa2"}
+
+
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
              fp8_params: bool = False, compile: bool = False, compile_loss: bool | None = None, fused_norms: bool = False,
-             **train):
+             attention_backend: str | None = None, **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
     one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles);
     `compile_loss` False: the blocks only (Job.compile_loss; None: what the stack does). `fused_norms`:
-    Job.fused_norms."""
+    Job.fused_norms. `attention_backend`: ATTENTION_BACKENDS (Transformer Engine stacks)."""
     fw = get_framework(framework)
     if compile and fw.compile_refusal():
         raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
@@ -214,6 +220,9 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
         raise UsageError("--fp8-params keeps the weights in FP8 under Transformer Engine — add --precision fp8 "
                          "with --framework megatron-core or nemo")
     fused = fw.flash_attention if flash_attention is None else flash_attention
+    refusal = attention_backend_refusal(fw, cluster, attention_backend, fused)
+    if refusal:
+        raise UsageError(refusal)
     if fused and fw.attention == "fa1" and (cluster.arch or "ampere") == "ampere" and model.head_dim > 128:
         # flash-attn 0.2.x csrc/flash_attn/fmha_api.cpp: TORCH_CHECK((head_size % 8 == 0) && (head_size <= 128))
         raise UsageError(f"--flash-attention: --framework {fw.name} runs FlashAttention-1 on this GPU, which takes "
@@ -227,7 +236,25 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
-               precision=precision, recompute_modules=fw.recompute_modules, compile=compile)
+               precision=precision, recompute_modules=fw.recompute_modules, compile=compile,
+               attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""))
+
+
+def attention_backend_refusal(fw, cluster, backend: str | None, fused: bool) -> str | None:
+    """One line naming why --attention-backend does not apply, or None."""
+    if backend in (None, "auto"):
+        return None
+    if backend not in ATTENTION_BACKENDS:
+        return f"unknown --attention-backend '{backend}' — choose one of {', '.join(ATTENTION_BACKENDS)}"
+    if fw.attention != "te":
+        return (f"--attention-backend picks Transformer Engine's attention, and {fw.name} does not run it — drop it, "
+                f"or use --framework megatron-core, nemo or automodel")
+    if not fused:
+        return f"--attention-backend {backend} is a fused kernel, and --no-flash-attention asks for none — drop one"
+    if backend == "fused" and (cluster.arch or "ampere") != "hopper":
+        return ("--attention-backend fused: cuDNN's fused attention is modelled on Hopper only (Transformer Engine "
+                "picks flash-attn on Ampere) — use auto or flash")
+    return None
 
 
 def software_refusal(fw, compile: bool, compile_loss: bool | None, fused_norms: bool) -> str | None:
