@@ -95,7 +95,8 @@ def test_loss_and_norm_flags_that_cannot_apply_are_refused_in_one_line(capsys):
              (["--framework", "torchtitan", "--compile-loss"], "add --compile"),
              (["--framework", "composer", "--compile", "--compile-loss"], "not the loss"),
              (["--framework", "megatron-core", "--fused-norms"], "already runs its norms"),
-             (["--framework", "torchtitan", "--compile", "--fused-norms"], "Inductor fuses the norms"))
+             (["--framework", "torchtitan", "--compile", "--fused-norms"], "Inductor fuses the norms"),
+             (["--framework", "shardwise", "--fused-norms"], "PyTorch ops"))
     for flags, reason in cases:
         code = main(["estimate", *ARGS, "--micro-batch", "1", *flags])
         err = capsys.readouterr().err

@@ -266,6 +266,8 @@ def software_refusal(fw, compile: bool, compile_loss: bool | None, fused_norms: 
         return (f"--compile-loss: {fw.name} compiles its model, not the loss it runs after it — drop --compile-loss")
     if fused_norms and fw.fused_elementwise:
         return f"--fused-norms: {fw.name} already runs its norms as fused kernels — drop --fused-norms"
+    if fused_norms and fw.name == "shardwise":  # the runtime's norms are its model's PyTorch ops, with no other kind
+        return "--fused-norms: shardwise's runtime runs its norms as PyTorch ops (no fused kernel to pick) — drop it"
     if fused_norms and compile:
         return "--fused-norms: under --compile Inductor fuses the norms already — drop one of the two"
     return None
