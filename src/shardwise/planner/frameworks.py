@@ -1089,7 +1089,10 @@ FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED,
                                         INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX, NANOTRON)}
 DEFAULT_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: the stack most published "
-                "large runs used, and what NeMo builds on; 'shardwise' plans for this project's own runtime). "
+                "large runs used, what NeMo builds on, and the one that runs the most of the layouts these flags "
+                "describe — every ZeRO stage, interleaved pipelines, optional SP, CP — where torchtitan, for one, has "
+                "no ZeRO-1; its fused kernels make it one of the fastest profiles, so name the stack you run; 'shardwise' "
+                "plans for this project's own runtime). "
                 "It sets what overlaps, the reduce dtype, the attention kernel, the bytes per parameter, and "
                 "which layouts can run at all")
 
