@@ -98,12 +98,16 @@ def test_estimate_json_matches_the_library(capsys):
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     data = json.loads(out)
+    # every knob named but the framework: what the CLI adds is the one phrase saying which stack it assumed
+    implied = data["assumptions"].pop("implied")
+    assert len(implied) == 1 and implied[0].startswith("framework megatron-core (the default")
     job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048), flash_attention=True)  # the CLI default
     lay = Layout(dp=2, tp=8, pp=4, micro_batch=1, vpp=2, zero=1, recompute="selective", sequence_parallel=True,
                  schedule="interleaved-1f1b")
     assert data == json.loads(json.dumps(estimate(job, lay).to_dict()))
     code, again, _ = run_cli(capsys, *argv, "--dp", "2")  # the dp that --gpus implies, named: the same answer
-    assert code == 0 and json.loads(again) == data
+    again = json.loads(again)
+    assert code == 0 and again["assumptions"].pop("implied") == implied and again == data
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -234,7 +238,7 @@ def test_plan_refuses_zero_stages_the_framework_never_runs(capsys, framework, ze
     (["--framework", "megatron-core", "--zero", "3"], {"zero": 3}, []),
     (["--framework", "megatron-2021", "--sequence-parallel", "--recompute", "selective"],
      {"sequence_parallel": True, "recompute": "selective"}, []),
-    ([], {"zero": 1}, ["ZeRO-1 (megatron-core's default"]),
+    ([], {"zero": 1}, ["ZeRO-1 (megatron-core's default", "framework megatron-core (the default"]),
     # Megatron-LM of 2021 as the issue and the paper describe it: full recompute, no distributed optimizer, unless named
     (["--framework", "megatron-2021", "--pp", "2"], {"zero": 0, "recompute": "full"},
      ["ZeRO-0 (megatron-2021's default", "full recompute (megatron-2021's own"]),

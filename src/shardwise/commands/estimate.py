@@ -60,6 +60,9 @@ def run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
+    if getattr(args, "framework", None) is None:  # the numbers are one stack's: say which, when the user named none
+        implied = [*implied, f"framework {job.framework} (the default, one of the fastest profiles; --framework not "
+                             f"given: name the stack you run)"]
     fw = get(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
