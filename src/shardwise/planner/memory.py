@@ -230,9 +230,10 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     states = {"weight_bytes": 1 if fp8_params else fw.weight_bytes, "grad_bytes": fw.grad_bytes,
               "optimizer_bytes": fw.optimizer_bytes}
     states.update(train)
+    loss_compiled = compile_loss is not False  # None: what the stack does
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fused, saved=stack_saved_tensors(fw, compile, compile_loss is not False, fused_norms),
-               compile_loss=compile_loss is not False, fused_norms=fused_norms,
+               flash_attention=fused, saved=stack_saved_tensors(fw, compile, loss_compiled, fused_norms),
+               compile_loss=loss_compiled, fused_norms=fused_norms,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
@@ -266,8 +267,8 @@ def software_refusal(fw, compile: bool, compile_loss: bool | None, fused_norms: 
         return (f"--compile-loss: {fw.name} compiles its model, not the loss it runs after it — drop --compile-loss")
     if fused_norms and fw.fused_elementwise:
         return f"--fused-norms: {fw.name} already runs its norms as fused kernels — drop --fused-norms"
-    if fused_norms and fw.name == "shardwise":  # the runtime's norms are its model's PyTorch ops, with no other kind
-        return "--fused-norms: shardwise's runtime runs its norms as PyTorch ops (no fused kernel to pick) — drop it"
+    if fused_norms and not fw.compiles:  # eager with no kernel options at all (shardwise's runtime)
+        return f"--fused-norms: {fw.name} runs its model as PyTorch ops with no kernel options (no fused norm to pick) — drop it"
     if fused_norms and compile:
         return "--fused-norms: under --compile Inductor fuses the norms already — drop one of the two"
     return None
