@@ -243,11 +243,11 @@ def test_a_search_too_large_scores_even_virtual_stages_and_says_so(capsys):
     from shardwise.planner.search import MAX_CANDIDATES
 
     argv = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "3072", "--global-batch", "1536",
-            "--seq-len", "2048", "--json", "--all-variants", "--top", "100000"]
+            "--seq-len", "2048", "--json", "--all-variants", "--top", "100000", "--framework", "megatron-core"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert "only virtual-stage counts that split the layers evenly" in out["thinned"]
-    # megatron-core (the default stack) may give the embedding and the loss a chunk each
+    # megatron-core (named above) may give the embedding and the loss a chunk each
     # (--account-for-embedding/loss-in-pipeline-split): even then means 96 + 2 slots split evenly
     chunks = [c["pp"] * c["vpp"] for c in out["candidates"] if c["vpp"] > 1]
     assert all(96 % n == 0 or 98 % n == 0 for n in chunks)

@@ -164,7 +164,7 @@ def test_ep_overlap_hides_all_to_alls_only_behind_compute():
 def test_named_recompute_modules_recompute_only_what_they_name():
     """Megatron's --recompute-modules: core_attn alone is its default selective recompute; layernorm and moe_act
     recompute element-wise passes only (no attention core, whose cost grows with the sequence) and keep less."""
-    base = make_job(load_model("qwen3-30b-a3b"), H100, 64, 16384)
+    base = make_job(load_model("qwen3-30b-a3b"), H100, 64, 16384, "megatron-core")
     lay = Layout(dp=8, tp=2, pp=1, micro_batch=1, ep=8, zero=1, recompute="selective", sequence_parallel=True)
     plain = estimate(base, lay)
     core = estimate(dataclasses.replace(base, recompute_modules=("core_attn",)), lay)

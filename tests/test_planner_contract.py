@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from shardwise.cli import main
 from shardwise.planner import estimate
-from shardwise.planner.frameworks import FRAMEWORKS, get
+from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get
 from shardwise.planner.memory import make_job
 from shardwise.specs import Layout, cluster_presets, load_cluster, load_model, model_presets
 
@@ -387,7 +387,7 @@ def test_a_moe_preset_on_a_thousand_gpus_gets_a_plan(model):
     out = answer(["plan", "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", 1024, "--global-batch", 2048,
                   "--seq-len", 8192, "--json", "--top", "2"])
     assert out is not None and "were scored" in out["thinned"]
-    check_layout(out["best"], "megatron-core")
+    check_layout(out["best"], DEFAULT_FRAMEWORK)
     assert out["best"]["ep"] >= 1 and out["best"]["fits"]
 
 

@@ -77,7 +77,8 @@ def test_a_ring_that_leaves_the_node_moves_at_the_networks_pace():
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--framework", "llama3", "--cp-mode", "ring"],
      "llama3 has no ring context parallelism"),
     # Megatron-Core's context parallelism lives in Transformer Engine's attention (its own asserts cp == 1)
-    (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention"], "only in Transformer Engine's fused attention"),
+    (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "megatron-core"],
+     "only in Transformer Engine's fused attention"),
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "nemo"], "drop --no-flash-attention"),
 ])
 def test_bad_cp_input_is_one_line_exit_2(argv, expected, capsys):
@@ -139,7 +140,7 @@ def test_plan_without_fused_attention_never_splits_the_sequence_where_the_stack_
     assert {e.layout.cp for e in search(job, 64).ranked} == {1}
     assert max(e.layout.cp for e in search(make_job(load_model("llama3.1-8b"), H100, 16, 32768, "megatron-core"), 64).ranked) > 1
     argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "16",
-            "--seq-len", "8192", "--tp", "8", "--cp", "2", "--no-flash-attention"]
+            "--seq-len", "8192", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "megatron-core"]
     assert main(argv) == 2
 
 

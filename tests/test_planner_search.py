@@ -98,10 +98,12 @@ def test_estimate_json_matches_the_library(capsys):
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     data = json.loads(out)
-    # every knob named but the framework: what the CLI adds is the one phrase saying which stack it assumed
+    # every knob named but the framework: what the CLI adds is the one phrase saying which stack it assumed, here
+    # megatron-core, since the default (torchtitan) has no ZeRO-1
     implied = data["assumptions"].pop("implied")
-    assert len(implied) == 1 and implied[0].startswith("framework megatron-core (the default")
-    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048), flash_attention=True)  # the CLI default
+    assert len(implied) == 1 and implied[0].startswith("framework megatron-core (--framework not given, and the "
+                                                       "default torchtitan cannot run this: torchtitan has no ZeRO-1")
+    job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048), flash_attention=True)  # megatron-core
     lay = Layout(dp=2, tp=8, pp=4, micro_batch=1, vpp=2, zero=1, recompute="selective", sequence_parallel=True,
                  schedule="interleaved-1f1b")
     assert data == json.loads(json.dumps(estimate(job, lay).to_dict()))
@@ -140,7 +142,8 @@ def test_a_plan_from_the_shell_writes_all_it_prints_before_its_quick_exit(tmp_pa
     page = tmp_path / "plan.html"
     r = subprocess.run([sys.executable, "-m", "shardwise", "plan", "--model", "llama2-13b", "--cluster", "dgx-a100-40gb",
                         "--gpus", "16", "--global-batch", "64", "--seq-len", "2048", "--json", "--all-variants",
-                        "--top", "100000", "--html", str(page)], capture_output=True, text=True)
+                        "--top", "100000", "--html", str(page), "--framework", "megatron-core"],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)  # well past a pipe's 64 KiB buffer
     assert len(r.stdout) > 1 << 20 and len(out["candidates"]) > 1000 and out["html"]["bytes"] == page.stat().st_size
@@ -238,7 +241,13 @@ def test_plan_refuses_zero_stages_the_framework_never_runs(capsys, framework, ze
     (["--framework", "megatron-core", "--zero", "3"], {"zero": 3}, []),
     (["--framework", "megatron-2021", "--sequence-parallel", "--recompute", "selective"],
      {"sequence_parallel": True, "recompute": "selective"}, []),
-    ([], {"zero": 1}, ["ZeRO-1 (megatron-core's default", "framework megatron-core (the default"]),
+    # unnamed: torchtitan, or megatron-core where the flags ask what torchtitan cannot run
+    ([], {"zero": 3, "sequence_parallel": True}, ["ZeRO-3", "framework torchtitan (the default"]),
+    (["--zero", "1"], {"zero": 1}, ["framework megatron-core (--framework not given, and the default torchtitan cannot "
+                                    "run this: torchtitan has no ZeRO-1"]),
+    (["--no-sequence-parallel"], {"sequence_parallel": False, "zero": 1},
+     ["ZeRO-1 (megatron-core's default", "the default torchtitan cannot run this: torchtitan's tensor parallelism "
+                                        "always shards the sequence"]),
     # Megatron-LM of 2021 as the issue and the paper describe it: full recompute, no distributed optimizer, unless named
     (["--framework", "megatron-2021", "--pp", "2"], {"zero": 0, "recompute": "full"},
      ["ZeRO-0 (megatron-2021's default", "full recompute (megatron-2021's own"]),
@@ -424,7 +433,25 @@ def test_help_names_the_default_framework_and_why(capsys):
         code = exc.code
     assert code in (0, None)
     out = " ".join(capsys.readouterr().out.split())
-    assert "--framework" in out and "default megatron-core" in out and "shardwise" in out
+    assert "--framework" in out and "default torchtitan" in out and "shardwise" in out
+    assert "--zero 1" in out and "megatron-core" in out  # what the default cannot run, and what runs it then
+
+
+def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_need_it(capsys):
+    # plan and explain without --framework: torchtitan, or megatron-core (named with torchtitan's refusal) where the
+    # flags ask what torchtitan cannot run; a named framework is never swapped (its refusal stays one line, exit 2).
+    code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--json", "--top", "1")
+    plan = json.loads(out)
+    assert code == 0 and plan["best"]["framework"] == "torchtitan" and "the default" in plan["framework_note"]
+    code, out, _ = run_cli(capsys, "explain", *ARTICLE, "--json", "--zero", "1")
+    why = json.loads(out)
+    assert code == 0 and why["best"]["framework"] == "megatron-core" and why["best"]["zero"] == 1
+    assert "the default torchtitan cannot run this: " in why["framework_note"]
+    assert "torchtitan has no ZeRO-1" in why["framework_note"]
+    code, out, err = run_cli(capsys, "plan", *ARTICLE, "--framework", "torchtitan", "--zero", "1")
+    assert code == 2 and not out and "torchtitan has no ZeRO-1" in err and err.count("\n") == 1
+    code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--framework", "torchtitan", "--json", "--top", "1")
+    assert code == 0 and "framework_note" not in json.loads(out)
 
 
 def test_malformed_config_names_the_missing_key(tmp_path, capsys):

@@ -12,9 +12,9 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.commands.plan import best_per_split
-from shardwise.planner import Job
+from shardwise.planner.memory import make_job
 from shardwise.planner.search import search
-from shardwise.specs import TrainSpec, load_cluster, load_model
+from shardwise.specs import load_cluster, load_model
 
 PLAN = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256", "--seq-len", "4096"]
 GIB = 2**30
@@ -61,7 +61,7 @@ def validate_result(n: int = 6) -> dict:
 
 @pytest.fixture(scope="module")
 def planned():
-    job = Job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), TrainSpec(256, 4096), flash_attention=True)
+    job = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 256, 4096)  # the CLI's default stack
     return job, search(job, 64)
 
 

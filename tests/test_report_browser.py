@@ -16,9 +16,9 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.commands.plan import best_per_split
-from shardwise.planner import Job
+from shardwise.planner.memory import make_job
 from shardwise.planner.search import search
-from shardwise.specs import TrainSpec, load_cluster, load_model
+from shardwise.specs import load_cluster, load_model
 
 # The page: llama3.1-405b on 16,384 H100s (the Llama 3 paper's batch of 16M tokens).
 PLAN = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "2048",
@@ -82,7 +82,7 @@ class Page:
 def report_405b(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
     assert main(["report", *PLAN, "--out", str(out)]) == 0
-    job = Job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), TrainSpec(2048, 8192), flash_attention=True)
+    job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192)  # the CLI's default stack
     return out, search(job, 16384)
 
 

@@ -222,12 +222,36 @@ def space_from_args(args):
                        cp=args.cp, cp_modes=args.cp_modes, ep=getattr(args, "ep", None))
 
 
+def under_framework(args, attempt):
+    """attempt(args) under the --framework the user named. Unnamed: under the default (planner/frameworks.py
+    DEFAULT_FRAMEWORK), or, where that stack refuses what the other flags ask (its one-line UsageError), under
+    FALLBACK_FRAMEWORK; `args.framework_note` then says which and why (`assumptions.implied`, plan's note)."""
+    from copy import copy
+
+    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FALLBACK_FRAMEWORK, default_note
+
+    if not hasattr(args, "framework") or args.framework is not None:
+        return attempt(args)
+    first = copy(args)
+    first.framework, first.framework_note = DEFAULT_FRAMEWORK, default_note()
+    try:
+        out = attempt(first)
+    except UsageError as refusal:
+        second = copy(args)
+        second.framework, second.framework_note = FALLBACK_FRAMEWORK, default_note(str(refusal))
+        out = attempt(second)
+        args.framework_note = second.framework_note
+        return out
+    args.framework_note = first.framework_note
+    return out
+
+
 def job_from_args(args):
     """The planner's Job from --model/--cluster/--global-batch/--seq-len and the framework (+ software flags)."""
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get
     from shardwise.planner.memory import make_job
 
-    named = getattr(args, "framework", None)
+    named = getattr(args, "framework", None)  # None only outside under_framework (e.g. a library caller)
     framework = get(DEFAULT_FRAMEWORK if named is None else named).name  # unknown (or empty) name: one line, exit 2
     capacity = getattr(args, "capacity_factor", 1.0)
     if not 1.0 <= capacity <= 1e3:
@@ -324,5 +348,5 @@ def print_json(obj) -> None:
 
 
 __all__ = ["add_model_arg", "add_cluster_args", "add_job_args", "add_layout_args", "layout_from_args",
-           "dp_from_gpus", "print_json", "add_framework_arg", "add_software_args", "job_from_args",
+           "dp_from_gpus", "print_json", "add_framework_arg", "add_software_args", "job_from_args", "under_framework",
            "layout_table", "breakdown_table", "print_explanation", "load_model", "load_cluster"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
-                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, print_json)
+                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, print_json,
+                                       under_framework)
 from shardwise.errors import UsageError
 
 
@@ -26,6 +27,10 @@ def register(subparsers, name, help):
 
 
 def run(args) -> int:
+    return under_framework(args, _run)
+
+
+def _run(args) -> int:
     from shardwise.planner import estimate
     from shardwise.planner.estimate import complete_layout
     from shardwise.planner.frameworks import check, get
@@ -60,9 +65,8 @@ def run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
-    if getattr(args, "framework", None) is None:  # the numbers are one stack's: say which, when the user named none
-        implied = [*implied, f"framework {job.framework} (the default, one of the fastest profiles; --framework not "
-                             f"given: name the stack you run)"]
+    if getattr(args, "framework_note", None):  # the numbers are one stack's: say which, when the user named none
+        implied = [*implied, args.framework_note]
     fw = get(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,

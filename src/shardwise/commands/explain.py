@@ -21,8 +21,12 @@ def run(args) -> int:
 
     job, result = plan(args)
     paragraphs = explain(job, args.gpus, result)
+    note = getattr(args, "framework_note", None)  # --framework not given: which stack the numbers are, and why
     if args.json:
-        print_json({"best": result.ranked[0].to_dict(), "explanation": paragraphs})
+        print_json({"best": result.ranked[0].to_dict(), "explanation": paragraphs,
+                    **({"framework_note": note} if note else {})})
         return 0
     print_explanation(Console(), paragraphs, f"Where to split {job.model.name} on {args.gpus} x {job.cluster.name}")
+    if note:
+        Console().print(f"note: {note}", highlight=False)
     return 0

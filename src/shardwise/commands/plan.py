@@ -42,7 +42,14 @@ def register(subparsers, name, help):
 
 
 def plan(args):
-    """(job, search result), or UsageError when nothing fits."""
+    """(job, search result) under the named framework, or the default's (commands.common.under_framework), or
+    UsageError when nothing fits."""
+    from shardwise.commands.common import under_framework
+
+    return under_framework(args, _plan)
+
+
+def _plan(args):
     from shardwise.errors import UsageError
     from shardwise.planner.search import nothing_fits_message, search
 
@@ -141,6 +148,8 @@ def run(args) -> int:
             out["html"] = html
         if result.thinned:
             out["thinned"] = result.thinned
+        if getattr(args, "framework_note", None):  # --framework not given: which stack the numbers are, and why
+            out["framework_note"] = args.framework_note
         print_json(out)
         return 0
     from rich.console import Console
@@ -156,6 +165,8 @@ def run(args) -> int:
                                width=console.width))
     if result.thinned:
         console.print(f"note: {result.thinned}", highlight=False)
+    if getattr(args, "framework_note", None):
+        console.print(f"note: {args.framework_note}", highlight=False)
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
