@@ -32,6 +32,14 @@ def test_readme_lists_every_framework_profile():
     assert sorted(n.strip() for n in listed.group(1).split(",")) == sorted(FRAMEWORKS)
 
 
+def test_readme_names_the_default_framework():
+    """The README's `--framework {...}` list is followed by the default `plan` uses, and the one it falls back to."""
+    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FALLBACK_FRAMEWORK
+
+    said = _readme_match(r"`--framework \{[^}]*\}` \(default ([\w-]+)([^)]*)", "default after the `--framework` list")
+    assert said.group(1) == DEFAULT_FRAMEWORK and FALLBACK_FRAMEWORK in said.group(2)
+
+
 def test_readme_lists_every_cluster_preset():
     """The README's `- Clusters:` line names exactly the shipped cluster presets."""
     from shardwise.specs import cluster_presets
