@@ -452,6 +452,10 @@ def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_nee
     assert code == 2 and not out and "torchtitan has no ZeRO-1" in err and err.count("\n") == 1
     code, out, _ = run_cli(capsys, "plan", *ARTICLE, "--framework", "torchtitan", "--json", "--top", "1")
     assert code == 0 and "framework_note" not in json.loads(out)
+    # neither runs it: each stack's own reason, one line
+    code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--zero", "1", "--compile")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "torchtitan has no ZeRO-1" in err and "nor can megatron-core (--compile" in err
 
 
 def test_malformed_config_names_the_missing_key(tmp_path, capsys):

@@ -239,7 +239,16 @@ def under_framework(args, attempt):
     except UsageError as refusal:
         second = copy(args)
         second.framework, second.framework_note = FALLBACK_FRAMEWORK, default_note(str(refusal))
-        out = attempt(second)
+        try:
+            out = attempt(second)
+        except UsageError as again:  # the same words: the input itself; else each stack's own reason, in one line
+            if str(again) == str(refusal):
+                raise
+            if all(str(e).startswith("nothing fits") for e in (refusal, again)):
+                raise refusal from None  # no stack fits it: the default's leanest layout and GPU count answer
+            raise UsageError(f"--framework not given: the default {DEFAULT_FRAMEWORK} cannot run this ({refusal}), nor "
+                             f"can {FALLBACK_FRAMEWORK} ({again}) — name a --framework that does, or change the "
+                             f"flags") from None
         args.framework_note = second.framework_note
         return out
     args.framework_note = first.framework_note
