@@ -1087,9 +1087,10 @@ FRAMEWORKS = {f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, DEEPSPEED,
                                         LLAMA2,
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
                                         INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX, NANOTRON)}
-# --framework not given: torchtitan, PyTorch's own stack (FSDP2, torch.distributed.pipelining, SDPA), the stack this
-# project's runtime and `plan --emit torchtitan` share; where it cannot run what the other flags ask (ZeRO-1, ZB-H1,
-# TP comm overlap, Transformer Engine's attention, ...), megatron-core, the profile that runs the most layouts.
+# --framework not given: torchtitan, PyTorch's own stack (FSDP2, torch.distributed.pipelining, SDPA) on the
+# torch.distributed this project's runtime uses; where it cannot run what the other flags ask (ZeRO-1, DDP with TP or
+# PP, plain TP without sequence parallelism, Transformer Engine's attention, ...), megatron-core, the
+# profile that runs the most layouts (commands/common.py under_framework).
 # Why not megatron-core first: its fused kernels make it one of the fastest profiles, and a layout-free plan under it
 # claims 8-35 % more than tuned runs made with other stacks (benchmarks/plausibility.py: Llama 2 7B-70B and LLaMA 65B
 # on 2,048 A100), where torchtitan's plans stay within 15 % of every case; a user of a faster stack names it.
@@ -1097,7 +1098,7 @@ DEFAULT_FRAMEWORK = "torchtitan"
 FALLBACK_FRAMEWORK = "megatron-core"
 DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRAMEWORK}: PyTorch's own stack, eager "
                 "FSDP2 and torch pipelining, whose layout-free plans stay within 15 %% of the tuned published runs "
-                f"checked; where it cannot run what the other flags ask, such as --zero 1 or --schedule zb-h1, "
+                f"checked; where it cannot run what the other flags ask, such as --zero 1, "
                 f"{FALLBACK_FRAMEWORK}, and the output says so. Faster stacks plan faster steps, so name the stack you "
                 "run; 'shardwise' plans for this project's own runtime). "
                 "It sets what overlaps, the reduce dtype, the attention kernel, the bytes per parameter, and "
