@@ -383,6 +383,25 @@ def test_parallel_residual_reduces_the_layer_outputs_once():
     assert one.tp_fwd == one.tp_bwd == 0.0
 
 
+def test_torchtitans_sequence_parallel_collectives_copy_along_the_sequence_dim():
+    # torchtitan shards [batch, seq, hidden] along dim 1 (DTensor Shard(1)); NCCL gathers along dim 0, so torch's
+    # functional collectives copy each reduce-scatter's input, and each all-gather's output unless the micro-batch
+    # is one sequence. The copies are HBM traffic on the compute stream: faster HBM shrinks them, and Megatron-Core's
+    # [seq, batch, hidden] collectives (no copy) do not see HBM at all.
+    model, lay = load_model("llama3.1-8b"), Layout(tp=8, micro_batch=2, sequence_parallel=True)
+    fast_hbm = dataclasses.replace(H100, hbm_bandwidth=2 * H100.hbm_bandwidth)
+
+    def tp(framework, cluster=H100, mb=2):
+        lc = layer_cost(make_job(model, cluster, 64, 8192, framework), lay.with_(micro_batch=mb))
+        return (lc.tp_fwd + lc.tp_bwd) / mb  # per sequence
+
+    assert tp("megatron-core", fast_hbm) == pytest.approx(tp("megatron-core"))
+    assert tp("torchtitan", fast_hbm) < tp("torchtitan")
+    # one sequence a micro-batch: the gather's output is a view, so a sequence costs less than at two
+    assert tp("torchtitan", mb=1) < tp("torchtitan", mb=2)
+    assert tp("megatron-core", mb=1) >= tp("megatron-core", mb=2)
+
+
 # ------------------------------------------------------------------ properties of the step
 
 def _t(job, **kw):

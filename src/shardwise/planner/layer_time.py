@@ -368,10 +368,15 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
     gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
+    ag_copy, rs_copy = _sequence_dim_copies(job, layout, act)
     regather = ag + sync
     # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
     # (what hides runs beside the GEMM and slows it: overlap.interference)
     regathers = sum(_overlapped(regather, gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
+    regathers += 2 * ag_copy
+    # The copies run on the compute stream, never hidden: forward two gathers and `outputs` reduce-scatters, backward
+    # the mirror (each gather's gradient is a reduce-scatter and the other way round).
+    copies_f, copies_b = 2 * ag_copy + outputs * rs_copy, outputs * ag_copy + 2 * rs_copy
     if job.tp_comm_overlap:
         # forward: AG before QKV and FC1, RS after the projection and FC2; backward mirrored on the dgrads.
         # Merged: the projection's RS and the AG of its output gradient are FC2's.
@@ -380,8 +385,19 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
         if merged:
             pairs_f, pairs_b = [p for i, p in enumerate(pairs_f) if i != 1], [p for i, p in enumerate(pairs_b) if i != 2]
         exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
-        return exposed[0], exposed[1] + regathers
-    return 2 * ag + outputs * rs + 2 * sync, outputs * ag + 2 * rs + 2 * sync + regathers
+        return exposed[0] + copies_f, exposed[1] + regathers + copies_b
+    return (2 * ag + outputs * rs + 2 * sync + copies_f,
+            outputs * ag + 2 * rs + 2 * sync + regathers + copies_b)
+
+
+def _sequence_dim_copies(job: Job, layout: Layout, act: float) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) seconds of the copy a stack whose sequence parallelism gathers along dim 1 of
+    [batch, seq, hidden] makes around each collective (Framework.tp_sequence_dim_copies): the whole activation read
+    and written at HBM speed; the gather's is a view for one sequence a micro-batch."""
+    if not get_framework(job.framework).tp_sequence_dim_copies:
+        return 0.0, 0.0
+    copy = 2 * act / kernels.hbm_rate(job.cluster)
+    return (copy if layout.micro_batch > 1 else 0.0), copy
 
 
 def cp_attention_work(measured: dict | None, layout: Layout) -> float:
