@@ -179,15 +179,18 @@ class Framework:
     torch_stage_buffers: bool = False
     tp_comm_overlap: bool = False  # default for TP collectives overlapped with their GEMMs
     tp_comm_overlap_available: bool = False
-    # Its sequence parallelism runs through DTensor on [batch, seq, hidden] activations, sharded along dim 1
-    # (torchtitan apply_tp: SequenceParallel norms, PrepareModuleInput Shard(1) -> Replicate, RowwiseParallel
-    # output_layouts Shard(1)), i.e. torch's functional collectives along dim 1, where NCCL gathers and scatters along
-    # dim 0: reduce_scatter_single copies its whole input first (torch.cat(torch.chunk(x, tp, dim=1))), and
-    # all_gather_single its whole output after unless the micro-batch is one sequence (_maybe_view_chunk_cat returns a
-    # view only when dim 0 is the group; torch 2.13 torch/distributed/_functional_collectives.py). Each copy reads and
-    # writes the whole activation on the compute stream (planner/layer_time.py _tp_comm). Megatron's [seq, batch,
-    # hidden] layout gathers along dim 0: no copy.
-    tp_sequence_dim_copies: bool = False
+    # Its sequence parallelism is DTensor's plan on [batch, seq, hidden] activations, sharded along dim 1 (torchtitan
+    # apply_tp: SequenceParallel norms, PrepareModuleInput Shard(1) -> Replicate, RowwiseParallel output_layouts
+    # Shard(1)). Two consequences, each from torch's code. (1) torch's functional collectives run along dim 1 where NCCL
+    # gathers and scatters along dim 0: reduce_scatter_single copies its whole input first (torch.cat(torch.chunk(x,
+    # tp, dim=1))), and all_gather_single its whole output after unless the micro-batch is one sequence
+    # (_maybe_view_chunk_cat returns a view only when dim 0 is the group; torch 2.13
+    # torch/distributed/_functional_collectives.py): copies on the compute stream (planner/layer_time.py _tp_comm).
+    # (2) The column-parallel linears multiply the gathered (replicated) input and autograd keeps that for their weight
+    # gradients: the whole sequence, not its shard (memory.SavedTensors.gathered_linear_inputs; measured on torch in
+    # tests/test_dtensor_sequence_parallel.py), so the backward gathers nothing again unless selective (op-level)
+    # checkpointing recomputed the gather. Megatron keeps the shard and re-gathers, along dim 0: no copy.
+    dtensor_sp: bool = False
     sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
     context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
     # How its context parallelism runs the attention (planner/kernels.py cp_attention_time, ring_merge_bytes): "te"
@@ -694,7 +697,7 @@ TORCHTITAN = Framework(
     # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
-    sequence_parallel="always", tp_comm_overlap_available=True, tp_sequence_dim_copies=True,
+    sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
     fp8="torchao",
     loss="eager",

@@ -80,6 +80,7 @@ class LayerCost:
     ffn_fwd: float = 0.0  # the FFN's forward GEMMs (what recomputing a MoE FFN runs again, with its dispatch)
     ep_alone: float = 0.0  # a MoE layer's all-to-alls of one pass not paired with another's (EP overlap's warm-up)
     fwd_tail: float = 0.0  # a dense layer's last forward GEMM (FC2), which a recompute that stops early skips
+    tp_regather: float = 0.0  # the part of tp_bwd that gathers SP's kept shards again (step_time drops it where kept whole)
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
@@ -216,7 +217,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
                                                       / achievable_flops(job))
     else:
         op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
-    tp_fwd, tp_bwd = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
+    tp_fwd, tp_bwd, tp_again = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
     ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
                            job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
@@ -234,7 +235,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
-                     mlp[0], ep, 0.0 if moe_layer else gemms[-1][0])
+                     mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again)
 
 
 def elementwise_mode(job: Job) -> bool | str:
@@ -332,8 +333,9 @@ def _overlapped(comm: float, compute: float, floor: float = 0.0) -> float:
     return exposed + interference(comm, exposed)
 
 
-def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True) -> tuple[float, float]:
-    """(forward, backward) exposed TP seconds of one layer and micro-batch: two all-reduces of the
+def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True
+                  ) -> tuple[float, float, float]:
+    """(forward, backward, the backward's re-gathers) exposed TP seconds of one layer and micro-batch: two all-reduces of the
     activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
     parallelism an all-gather + reduce-scatter pair for each (the same bytes, twice the calls; a
     calibrated synchronisation cost once per pair). Under sequence parallelism the backward also gathers
@@ -349,14 +351,14 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     the column-parallel inputs keep theirs (each ColumnParallelLinear's copy_to_model_parallel_region all-reduces
     its input's gradient backward; under SP each input is gathered forward and its gradient reduce-scattered)."""
     if layout.tp <= 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if not ffn_tp:
-        f, b = _tp_comm(job, layout, tokens, gemms[:2] * 2, merged=False)
-        return f / 2, b / 2
+        f, b, again = _tp_comm(job, layout, tokens, gemms[:2] * 2, merged=False)
+        return f / 2, b / 2, again / 2
     return _tp_comm(job, layout, tokens, gemms, merged=job.model.parallel_residual)
 
 
-def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -> tuple[float, float]:
+def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -> tuple[float, float, float]:
     """tp_layer_comm of a layer with a tensor-parallel FFN; `merged`: one output reduction (parallel residual)."""
     tp, c = layout.tp, job.cluster
     outputs = 1 if merged else 2  # reductions of the row-parallel outputs (forward), their gathers (SP backward)
@@ -364,7 +366,7 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     sync = tp_sync_time(c, layout.sequence_parallel)
     if not layout.sequence_parallel:
         one = collective_time(c, "all_reduce", act, tp) + sync
-        return outputs * one, 2 * one
+        return outputs * one, 2 * one, 0.0
     # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
     gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
@@ -385,16 +387,16 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
         if merged:
             pairs_f, pairs_b = [p for i, p in enumerate(pairs_f) if i != 1], [p for i, p in enumerate(pairs_b) if i != 2]
         exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
-        return exposed[0] + copies_f, exposed[1] + regathers + copies_b
+        return exposed[0] + copies_f, exposed[1] + regathers + copies_b, regathers
     return (2 * ag + outputs * rs + 2 * sync + copies_f,
-            outputs * ag + 2 * rs + 2 * sync + regathers + copies_b)
+            outputs * ag + 2 * rs + 2 * sync + regathers + copies_b, regathers)
 
 
 def _sequence_dim_copies(job: Job, layout: Layout, act: float) -> tuple[float, float]:
     """(all-gather, reduce-scatter) seconds of the copy a stack whose sequence parallelism gathers along dim 1 of
-    [batch, seq, hidden] makes around each collective (Framework.tp_sequence_dim_copies): the whole activation read
+    [batch, seq, hidden] makes around each collective (Framework.dtensor_sp): the whole activation read
     and written at HBM speed; the gather's is a view for one sequence a micro-batch."""
-    if not get_framework(job.framework).tp_sequence_dim_copies:
+    if not get_framework(job.framework).dtensor_sp:
         return 0.0, 0.0
     copy = 2 * act / kernels.hbm_rate(job.cluster)
     return (copy if layout.micro_batch > 1 else 0.0), copy

@@ -58,6 +58,8 @@ class SavedTensors:
       FP32 each, while the log-softmax output is still kept: 4 kept + 8).
     head_inputs: the last stage also keeps the final norm's and the LM head's inputs.
     token_id_bytes: integer token ids kept by the embedding (first stage) and the loss (last stage).
+    gathered_linear_inputs: under sequence parallelism the QKV and FC1 inputs are kept whole, as gathered (a DTensor
+      plan: Framework.dtensor_sp), not as their sequence shard (Megatron, which gathers them again in backward).
     """
 
     norm_fp32_stats: bool = False
@@ -69,6 +71,7 @@ class SavedTensors:
     head_inputs: bool = False
     token_id_bytes: int = 0
     router_aux: bool = False
+    gathered_linear_inputs: bool = False
 
 
 PAPER = SavedTensors()
@@ -286,7 +289,8 @@ def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norm
     loss = {}
     if fw.loss_run(compile, compile_loss) == "eager" and fw.eager_loss_memory:
         loss = {"logits_bytes": EAGER_LOSS_KEPT_BYTES, "loss_transient_bytes": EAGER_LOSS_TRANSIENT_BYTES}
-    return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms, **loss)
+    return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms,
+                   gathered_linear_inputs=fw.dtensor_sp, **loss)
 
 
 # An eager loss, F.cross_entropy(pred.float(), labels) with the BF16 logits deleted before the backward (torchtitan's
@@ -326,7 +330,8 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     # With FP8 GEMMs (Transformer Engine) each linear keeps its input as the FP8 copy it multiplied (1 byte): the QKV
     # and FC1 inputs, the FC2 input, and beside the attention kernel's own output the projection's FP8 copy of it.
     x = 1 if fp8 else e
-    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * x * h + 2 * mask * h)
+    inputs = s * b * 2 * x * h  # the QKV and FC1 inputs: split along s by SP, unless kept as gathered (a DTensor plan)
+    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * mask * h) + (0 if saved.gathered_linear_inputs else inputs)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
     attention = s * b * (e * ((q + kv) + kv + q) + (q if fp8 else 0))
     # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)); the last one is
@@ -334,7 +339,7 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     mlp = s * b * f * (e * ((saved.gated_mlp_tensors if model.gated_mlp else 2) - 1) + x)
     # Softmax output (e), dropout mask (1) and dropout output (e) per score, for every head.
     scores = a * s * s * b * (e + (1 + e) * mask)
-    linear = replicated / (tp if sp else 1) + (attention + mlp) / tp
+    linear = replicated / (tp if sp else 1) + (attention + mlp) / tp + (inputs if saved.gathered_linear_inputs else 0)
     return linear, scores / tp
 
 

@@ -128,6 +128,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
             share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
             lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
                                    ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
+    if get_framework(job.framework).dtensor_sp and not (layout.recompute == "selective" and job.selective == "op"):
+        # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again
+        # (rec_tp): only op-level selective checkpointing, which recomputes the gather, gathers in the backward
+        lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
     slowest = straggler(job, layout)
     if slowest != 1.0:  # the job computes at its slowest GPU's pace
         lc = replaced(lc, dict(fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
