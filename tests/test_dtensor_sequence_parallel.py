@@ -5,15 +5,14 @@ the column-parallel linears multiply the gathered input, and autograd keeps that
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardwise.launch import spawn_ranks
+from ranks import measured_on_ranks
+
 from shardwise.planner.frameworks import get
 from shardwise.planner.memory import layer_activation_terms, make_job
 from shardwise.specs import load_cluster, load_model
@@ -67,7 +66,8 @@ def _plan():
     return plan
 
 
-def _worker(rank, world, out):
+def _kept(rank, world):
+    """How many tensors autograd keeps of the gathered input's shape, and of the sequence shard's, on this rank."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
@@ -85,20 +85,13 @@ def _worker(rank, world, out):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = block(x)
     y.sum().backward()
-    counts = {"gathered": sum(shape in ((BATCH, SEQ, HIDDEN), (BATCH * SEQ, HIDDEN)) for shape in kept.values()),
-              "shard": sum(shape == (BATCH, SEQ // world, HIDDEN) for shape in kept.values())}
-    objs = [None] * world
-    dist.all_gather_object(objs, counts)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(objs, f)
+    return {"gathered": sum(shape in ((BATCH, SEQ, HIDDEN), (BATCH * SEQ, HIDDEN)) for shape in kept.values()),
+            "shard": sum(shape == (BATCH, SEQ // world, HIDDEN) for shape in kept.values())}
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dtensor") / "kept.json"
-    spawn_ranks(_worker, RANKS, str(out), timeout_s=120)
-    return json.loads(out.read_text())
+    return measured_on_ranks(_kept, RANKS, tmp_path_factory.mktemp("dtensor"))
 
 
 def test_a_dtensor_plan_keeps_each_groups_gathered_input(measured):

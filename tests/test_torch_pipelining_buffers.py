@@ -5,14 +5,12 @@ every micro-batch of the schedule, kept all step, and each micro-batch's stage o
 backward. Counted in tensors that cross stages (one micro-batch's stage input)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from shardwise.launch import spawn_ranks
+from ranks import measured_on_ranks
+
 from shardwise.planner import memory
 from shardwise.planner.memory import local_seq, make_job, pipeline_buffer_bytes, rank_memory
 from shardwise.specs import Layout, load_cluster, load_model
@@ -21,7 +19,7 @@ HIDDEN, SEQ, MICROBATCHES, RANKS = 16, 8, 4, 2
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2))
 
 
-def _worker(rank, world, out):
+def _held(rank, world):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     kinds = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved-1f1b": ScheduleInterleaved1F1B}
@@ -65,18 +63,12 @@ def _worker(rank, world, out):
             # stage's output is the logits (the planner's `logits`)
             held += (0 if s.is_last else outs) - ins
         got[name] = held / boundary
-    objs = [None] * world
-    dist.all_gather_object(objs, got)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(objs, f)
+    return got
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("buffers") / "held.json"
-    spawn_ranks(_worker, RANKS, str(out), timeout_s=120)
-    return json.loads(out.read_text())
+    return measured_on_ranks(_held, RANKS, tmp_path_factory.mktemp("buffers"))
 
 
 def _job_layout(framework: str, schedule: str, vpp: int):
