@@ -335,8 +335,8 @@ def _overlapped(comm: float, compute: float, floor: float = 0.0) -> float:
 
 def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bool = True
                   ) -> tuple[float, float, float]:
-    """(forward, backward, the backward's re-gathers) exposed TP seconds of one layer and micro-batch: two all-reduces of the
-    activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
+    """(forward, backward, the part of backward that re-gathers) exposed TP seconds of one layer and micro-batch:
+    two all-reduces of the activation in each direction (attention and MLP outputs, Shoeybi et al. 2019), or with sequence
     parallelism an all-gather + reduce-scatter pair for each (the same bytes, twice the calls; a
     calibrated synchronisation cost once per pair). Under sequence parallelism the backward also gathers
     again the sequence-sharded input each column-parallel group (q/k/v, gate/up) saved, for its weight
