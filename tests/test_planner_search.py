@@ -458,6 +458,22 @@ def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_nee
     assert "torchtitan has no ZeRO-1" in err and "nor can megatron-core (--compile" in err
 
 
+@pytest.mark.parametrize("framework, flags, later", [
+    ("deepspeed", ["--sequence-parallel"], "deepspeed-2024"),  # Megatron-DeepSpeed's SP came after the 2021 releases
+    ("megatron-2021", ["--zero", "3"], "megatron-core"),  # Megatron FSDP
+])
+def test_a_layout_a_later_release_runs_is_refused_naming_it(capsys, framework, flags, later):
+    argv = ["estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--framework", framework, *flags]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and not out and err.count("\n") == 1 and f"--framework {later}" in err
+    code, _, _ = run_cli(capsys, *argv[:-len(flags) - 2], "--framework", later, *flags, "--json")
+    assert code == 0  # and that release does run it
+    # a layout no later release runs either keeps the plain advice
+    code, _, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--framework", "deepspeed",
+                           "--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b")
+    assert code == 2 and "pick another --framework" in err and "later releases" not in err
+
+
 def test_malformed_config_names_the_missing_key(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))

@@ -191,6 +191,9 @@ class Framework:
     # tests/test_dtensor_sequence_parallel.py), so the backward gathers nothing again unless selective (op-level)
     # checkpointing recomputed the gather. Megatron keeps the shard and re-gathers, along dim 0: no copy.
     dtensor_sp: bool = False
+    # The profile of the same stack's later releases (deepspeed: deepspeed-2024; megatron-2021: megatron-core): named in
+    # the one-line refusal of a layout this release cannot run and that one can (frameworks.check).
+    later_release: str = ""
     sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
     context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
     # How its context parallelism runs the attention (planner/kernels.py cp_attention_time, ring_merge_bytes): "te"
@@ -435,7 +438,7 @@ class Framework:
 
 
 MEGATRON_2021 = Framework(
-    name="megatron-2021", expert_parallel=False,
+    name="megatron-2021", expert_parallel=False, later_release="megatron-core",
     summary="Megatron-LM as in Narayanan et al. 2021: materialised softmax (FlashAttention-1 with --flash-attention), FP32 gradient all-reduce after the "
             "backward (no overlap), blocking pipeline transfers, 1F1B or interleaved 1F1B with scatter/gather, full "
             "recompute; asked for SP, selective recompute or the distributed optimizer (ZeRO-1), the same code line as "
@@ -532,7 +535,7 @@ NEMO = Framework(
 )
 
 DEEPSPEED = Framework(
-    name="deepspeed",
+    name="deepspeed", later_release="deepspeed-2024",
     summary="DeepSpeed as its published runs used it (the 2021-22 releases behind MT-NLG, BLOOM, GPT-NeoX, GLM-130B "
             "and Narayanan et al.'s ZeRO-3 baseline; with Megatron-DeepSpeed for TP): DeepSpeed's defaults — "
             "reductions at the accumulation boundary after the backward (ZeRO-0/1) or in every micro-batch's "
@@ -606,7 +609,7 @@ DEEPSPEED = Framework(
 # GPT-NeoX v1.0 (EleutherAI/gpt-neox, the release the Pythia suite was trained with) on DeepSpeed: as deepspeed, with
 # its own attention layer around flash-attn.
 GPT_NEOX = replace(
-    DEEPSPEED, name="gpt-neox", expert_parallel=False,
+    DEEPSPEED, name="gpt-neox", expert_parallel=False, later_release="",
     summary="GPT-NeoX v1.0 on DeepSpeed (the Pythia suite's stack): as deepspeed, but its FlashAttention path "
             "copies Q, K and V into flash-attn's packed layout and the output back in every forward, and the "
             "gradients back in every backward",
@@ -618,7 +621,7 @@ GPT_NEOX = replace(
 )
 
 DEEPSPEED_2024 = replace(
-    DEEPSPEED, name="deepspeed-2024", unnamed_recompute=(), search_as_unnamed=False,
+    DEEPSPEED, name="deepspeed-2024", unnamed_recompute=(), search_as_unnamed=False, later_release="",
     summary="DeepSpeed since 2022 (>= 0.6) with its defaults: as deepspeed, but ZeRO-3 gathers each submodule's "
             "parameters coalesced (no host synchronisation, no per-rank copies) and prefetches them behind the "
             "previous module (stage-3 overlap_comm on by default); FlashAttention-2 attention",
@@ -1139,13 +1142,23 @@ def check(framework: Framework, layout: Layout, chunk_layers: int | None = None,
     model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut; with
     `microbatches`, also whether it accumulates that many a step; with `flash_attention` False, also whether its
     context parallelism runs without the fused attention; with `num_kv_heads`, also whether it splits them over tp)."""
-    reason = (framework.refusal(layout, num_layers, microbatches)
-              or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
-              or framework.attention_refusal(layout, flash_attention)
-              or (framework.kv_refusal(num_kv_heads, layout.tp) if num_kv_heads else None))
+    given = (layout, chunk_layers, num_layers, microbatches, flash_attention, num_kv_heads)
+    reason = _refusal(framework, *given)
     if reason:
-        fix = "" if " — " in reason else " — change the layout or pick another --framework"
+        later = FRAMEWORKS.get(framework.later_release)
+        if later is not None and not _refusal(later, *given):  # the same stack's later releases run it: say so
+            fix = f" — {later.name}, its later releases, runs it: --framework {later.name}"
+        else:
+            fix = "" if " — " in reason else " — change the layout or pick another --framework"
         raise UsageError(f"--framework {framework.name} cannot run this layout: {reason}{fix}")
+
+
+def _refusal(framework: Framework, layout: Layout, chunk_layers: int | None, num_layers: int | None,
+             microbatches: int | None, flash_attention: bool, num_kv_heads: int | None) -> str | None:
+    return (framework.refusal(layout, num_layers, microbatches)
+            or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
+            or framework.attention_refusal(layout, flash_attention)
+            or (framework.kv_refusal(num_kv_heads, layout.tp) if num_kv_heads else None))
 
 
 PRECISIONS = ("bf16", "fp8")
