@@ -384,6 +384,12 @@ def checkpoint_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int
     return s * b * model.hidden * e / (tp if sp else 1)
 
 
+def op_checkpointing(job: Job, layout: Layout) -> bool:
+    """Selective recompute as op-level checkpointing (torchtitan's "selective": Job.selective "op"), which saves a list
+    of ops' outputs and runs the others again in backward."""
+    return layout.recompute == "selective" and job.selective == "op"
+
+
 def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: float, recomputed: int | None = None) -> float:
     """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
     between forwards and backwards, plus the working set of a layer being recomputed. Under full recompute
@@ -396,7 +402,7 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     held = layers * inflight
     if layout.recompute == "none":
         return held * (linear + scores)
-    if layout.recompute == "selective" and job.selective == "op":
+    if op_checkpointing(job, layout):
         kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
         # the layer being recomputed in backward holds its full set once more in place of what it kept
         return held * kept + min(held, 1) * max(0.0, linear + scores - kept)

@@ -26,7 +26,8 @@ from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           layer_gemms, matmul_params_per_layer)
-from shardwise.planner.memory import (Job, layer_params, per_rank_job, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params,
+from shardwise.planner.memory import (Job, layer_params, op_checkpointing, per_rank_job, local_seq, pipeline_ranks,
+                                      rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
@@ -128,7 +129,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
             share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
             lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
                                    ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
-    if get_framework(job.framework).dtensor_sp and not (layout.recompute == "selective" and job.selective == "op"):
+    if get_framework(job.framework).dtensor_sp and not op_checkpointing(job, layout):
         # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again
         # (rec_tp): only op-level selective checkpointing, which recomputes the gather, gathers in the backward
         lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
@@ -162,7 +163,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
             rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
             fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
             flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
-    elif layout.recompute == "selective" and job.selective == "op":
+    elif op_checkpointing(job, layout):
         rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
     elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
         rec, flops_rec = layers * ckpt + module_recompute(job, layout, tokens, layers, moe_layers), 0.0
