@@ -8,8 +8,15 @@
 #  2. (issue 6) calibrate the GPU (NCCL, bf16), then validate a world-1 sweep of gpt2 (micro-batch and
 #     recompute variants) — step time and memory, including torch.cuda.max_memory_allocated over a step
 #     against the planner's total.
+#  3. (issue 9) the planner's kernel inputs measured on this GPU (benchmarks/gpu_kernels.py: GEMMs by shape,
+#     the attention core, HBM traffic, a launch), to score planner/kernels.py against its own GPU.
+#  4. (issue 9) a 1.3B Llama (nanotron's benchmark model, seq 4096) trained on one GPU and predicted from the
+#     datasheet profile of this GPU (no calibration): the uncalibrated planner's absolute step time.
+#  5. (issue 9) where that model's training step goes on this GPU (torch.profiler: GEMM, attention, the rest,
+#     idle) and the SM clock under sustained matmuls (benchmarks/gpu_step_profile.py).
+# Each part runs even if an earlier one failed; the script fails at the end if any did.
 # Skips cleanly without a GPU.
-#   OUT=dir benchmarks/gpu_check.sh     (default dir: benchmarks/out)
+#   OUT=dir PARTS="kernels pipeline gpt2 llama1b profile" benchmarks/gpu_check.sh   (defaults: benchmarks/out, all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -19,8 +26,21 @@ fi
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+FAILED=""
+PARTS=" ${PARTS:-kernels pipeline gpt2 llama1b profile} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+KERNELS_CLUSTER=${KERNELS_CLUSTER:-dgx-h200}
+BIG=benchmarks/data/gpu_configs/llama-1.3b-nanotron.json
+if part profile; then
+    timeout 240 python3 benchmarks/gpu_step_profile.py --model "$BIG" --out "$OUT/gpu-step-profile.json" || FAILED="$FAILED profile"
+fi
+if part kernels; then
+    timeout 300 python3 benchmarks/gpu_kernels.py --out "$OUT/gpu-kernels.json" || FAILED="$FAILED kernels"
+fi
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-if [ "$GPUS" -ge 2 ]; then
+if ! part pipeline; then
+    :
+elif [ "$GPUS" -ge 2 ]; then
     for SCHED in 1f1b interleaved-1f1b; do
         VPP=$([ "$SCHED" = interleaved-1f1b ] && echo 2 || echo 1)
         timeout 900 shardwise train --model gpt2 --pp 2 --schedule "$SCHED" --vpp "$VPP" --global-batch 8 \
@@ -41,9 +61,10 @@ else
 fi
 MODEL=${MODEL:-gpt2}
 SEQ=${SEQ:-1024}
-shardwise calibrate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --micro-batch 2 \
+part gpt2 && {
+timeout 240 shardwise calibrate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --micro-batch 2 \
     --out "$OUT/gpu-profile.toml" | tee "$OUT/gpu-calibrate.txt"
-shardwise validate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --global-batch 16 \
+timeout 240 shardwise validate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --global-batch 16 \
     --cluster "$OUT/gpu-profile.toml" --steps 5 --repeats 3 --plot "$OUT/gpu-accuracy.png" --json > "$OUT/gpu-validate.json"
 python3 - "$OUT/gpu-validate.json" <<'PY'
 import json, sys
@@ -55,3 +76,15 @@ for x in r["layouts"]:
           f" | allocator peak {peak:.2f} GiB vs planner total {x.get('predicted_total_bytes', 0) / 2**30:.2f} GiB")
 print(json.dumps(r["summary"], indent=1))
 PY
+} || { part gpt2 && FAILED="$FAILED gpt2-validate"; }
+part llama1b && { timeout 300 shardwise validate --backend nccl --world 1 --model "$BIG" --seq-len 4096 --global-batch 8 \
+    --cluster "$KERNELS_CLUSTER" --steps 3 --repeats 2 --json > "$OUT/gpu-validate-llama1b.json" || FAILED="$FAILED llama1b-validate"; }
+part llama1b && python3 - "$OUT/gpu-validate-llama1b.json" <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["layouts"]:
+    print(f"{x['name']:40s} step predicted {x['predicted_step_time_s'] * 1e3:8.1f} ms measured {x['measured_step_time_s'] * 1e3:8.1f} ms")
+print(json.dumps(r["summary"]))
+PY
+true
+if [ -n "$FAILED" ]; then echo "gpu_check: failed:$FAILED"; exit 1; fi

@@ -580,3 +580,20 @@ def test_validate_refuses_a_profile_calibrated_at_another_world(tmp_path, capsys
     assert main(["validate", "--model", "tiny", "--world", "2", "--cluster", str(profile)]) == 2
     err = capsys.readouterr().err.strip()
     assert "calibrated on 3 ranks" in err and "--world 2" in err and "\n" not in err
+
+
+def test_a_gpu_precision_calibration_runs_every_measurement():
+    """On a GPU calibrate measures in BF16: the runtime's FP32 weights under BF16 autocast, as `train` runs them. Its
+    first run on an H200 died in the split-backward measurement (a bf16 input into fp32 norm weights with no autocast
+    around the forward), as did the tensor-parallel one under a CPU's autocast. Here the GPU's precision runs on two
+    gloo ranks (dtype bfloat16: CPU autocast), every measurement of a two-rank profile included (tensor-parallel,
+    context-parallel, the pipeline exchanges and the split backward)."""
+    from shardwise.calibrate import calibrate
+    from shardwise.calibrate.config import CalibrateConfig
+
+    cfg = CalibrateConfig(model=load_model("tiny"), world=2, repeats=1, warmup=0, seq_len=16, sizes=(1024,),
+                          copy_bytes=1 << 20, dtype="bfloat16")
+    profile = calibrate(cfg)
+    assert profile.dtype == "bfloat16"
+    assert len(profile.cp_points) == 3 and len(profile.split_points) == 2 and profile.sync_points
+    assert profile.model_tflops > 0 and len(profile.tp_points) == 3 and min(profile.tp_points) > 0

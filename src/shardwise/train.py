@@ -18,8 +18,8 @@ import json
 import math
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise import moe
+from shardwise import moe, precision
 from shardwise.corpus.batches import batches, validation_batches
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
@@ -58,6 +58,7 @@ class TrainConfig:
     metrics_file: str | None = None
     json_output: bool = False  # rank 0 prints the records and a summary as one JSON object at the end
     measure_memory: bool = False  # the first step runs under validate's memory counters (summary: memory_*_gib)
+    autocast: str = ""  # precision.CHOICES: "" BF16 autocast on a GPU, FP32 on a CPU; "bfloat16" the GPU's on a CPU
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
     progress: bool = True  # rank 0's progress bar
     messages: bool | None = None  # the resumed / saved / summary lines (default: with the progress bar)
@@ -173,19 +174,20 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
     model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute,
                         recompute_layers=cfg.layout.recompute_layers, device="meta" if cfg.weights else "cpu")
     chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len, weights=loader(cfg.weights))]
-    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), forward_backward, data=batches(cfg))
+    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), partial(forward_backward, amp=cfg.autocast),
+                   data=batches(cfg))
 
 
 # --------------------------------------------------------------------------- one step
 
 
-def forward_backward(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def forward_backward(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]],
+                     amp: str = "") -> torch.Tensor:
     """Gradient accumulation without pipelining: each micro-batch's mean loss / M, backward at once;
-    the dp gradient reduction runs only with the last micro-batch."""
+    the dp gradient reduction runs only with the last micro-batch. `amp`: TrainConfig.autocast."""
     (chunk,) = chunks
     model = chunk.module
-    device_type = microbatches[0][0].device.type
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device_type == "cuda" else nullcontext()
+    autocast = precision.autocast(microbatches[0][0].device.type, amp)
     total = torch.zeros((), device=microbatches[0][0].device)
     for i, (x, y) in enumerate(microbatches):
         with grad_sync(chunk, enabled=i == len(microbatches) - 1):
@@ -241,10 +243,10 @@ def _cp_shards(rt: Runtime, mbs: list) -> list:
     return [(shard_sequence(x, cp, rank), shard_sequence(y, cp, rank)) for x, y in mbs]
 
 
-def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]], amp: str = "") -> torch.Tensor:
     """Validation without pipelining: the mean micro-batch loss, no gradients."""
     (chunk,) = chunks
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if microbatches[0][0].device.type == "cuda" else nullcontext()
+    autocast = precision.autocast(microbatches[0][0].device.type, amp)
     with torch.no_grad(), autocast:
         return sum(chunk.module(x, y).float() for x, y in microbatches) / len(microbatches)
 
@@ -252,7 +254,7 @@ def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, t
 def evaluate(rt: Runtime) -> dict:
     """Validation loss (mean next-token loss over the same --val-data sequences for every layout) and perplexity."""
     lay = rt.cfg.layout
-    run = getattr(rt.forward_backward, "forward_only", forward_only)  # the pipeline's own, under pp > 1
+    run = getattr(rt.forward_backward, "forward_only", partial(forward_only, amp=rt.cfg.autocast))  # the pipeline's own, under pp > 1
     val = validation_batches(rt.cfg, lay.dp, rt.where["dp"], lay.micro_batch, rt.device)
     parts = torch.stack([_loss_part(run(rt.chunks, _cp_shards(rt, mbs)), rt) for mbs in val])
     if _world(rt) > 1:

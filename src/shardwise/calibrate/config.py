@@ -30,6 +30,9 @@ class CalibrateConfig:
     seq_len: int = 64
     copy_bytes: int = 0  # 0: DEFAULT_COPY_BYTES for the device
     timeout_s: float = 120.0  # any collective; also the longest a spawning parent waits without progress
+    # The precision of the measured work: "" is the device's own (bf16 under autocast on a GPU, fp32 on a CPU);
+    # "bfloat16" on a CPU runs a GPU calibration's code path there (tests: its fp32 weights under bf16 autocast).
+    dtype: str = ""
 
     @property
     def device_type(self) -> str:

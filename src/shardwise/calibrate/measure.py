@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardwise import data
+from shardwise import data, precision
 
 from shardwise.calibrate.config import COLLECTIVES, MODEL_LAYERS, MODEL_ROUNDS, CalibrateConfig, gemm_shapes, human
 from shardwise.parallel.sharded import Sharded
@@ -36,7 +36,7 @@ class Timer:
         self.cfg, self.rank, self.world = cfg, rank, world
         cuda = cfg.device_type == "cuda"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        self.dtype = torch.bfloat16 if cuda else torch.float32
+        self.dtype = precision.compute_dtype(self.device.type, cfg.dtype)
         self._mesh, self._tp_mesh = mesh, None
 
     def mesh(self):
@@ -263,9 +263,9 @@ def reference(t: Timer):
 
 
 def _amp(t: Timer):
-    from contextlib import nullcontext
-
-    return torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
+    """The training loop's autocast (shardwise.precision) where the timer measures in BF16 (a GPU): the runtime's
+    weights stay fp32 and every measured forward runs under it, else a bf16 input meets fp32 norm weights."""
+    return precision.autocast(t.device.type, "bfloat16" if t.dtype == torch.bfloat16 else "float32")
 
 
 def measure_model(t: Timer, out: dict):
@@ -285,15 +285,13 @@ def measure_model(t: Timer, out: dict):
     saw the same load) and the median intercept and slope are kept; the recompute and step costs are the
     median of their paired differences. Fitting the medians of separately timed sizes instead let a busy
     moment make a larger micro-batch look faster than a smaller one (27, 34, 26, 23 ms at load 13)."""
-    from contextlib import nullcontext
-
     from shardwise.model import Transformer
     from shardwise.planner.layer_time import FLASH_EFFICIENCY
 
     spec, seq = t.cfg.model, t.cfg.seq_len
     layers = min(spec.num_layers, MODEL_LAYERS)
     model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if t.device.type == "cuda" else nullcontext()
+    amp = _amp(t)
 
     opt = _optimizer(t, Sharded(model, model), None)
 
@@ -426,7 +424,8 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
     act = torch.ones_like(x)
 
     def layer():
-        model.layers["0"](x, rope)
+        with _amp(t):  # the layer's weights are fp32, as a training job's are; on a GPU x is bf16
+            model.layers["0"](x, rope)
 
     def both():
         layer()
@@ -453,7 +452,9 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
 
     def stage():
         inp = x.clone().requires_grad_(True)
-        torch.autograd.backward(chunk(inp, None), act)
+        with _amp(t):
+            y = chunk(inp, None)
+        torch.autograd.backward(y, act)
 
     def handoff(compute):
         def run():  # rank 0 computes while rank 1 waits in the exchange, then the other way round
@@ -638,7 +639,9 @@ def cp_workloads(t: Timer) -> dict:
     def run(model):
         def step():
             inp = x.clone().requires_grad_(True)
-            torch.autograd.backward(model(inp, None), grad)
+            with _amp(t):
+                y = model(inp, None)
+            torch.autograd.backward(y, grad)
         return step
     return {"plain": run(layer(None)), "ring": run(layer("ring")), "allgather": run(layer("allgather"))}
 
@@ -700,13 +703,17 @@ def measure_split_backward(t: Timer, out: dict):
     grad = torch.randn_like(x)
     params = [p for p in chunk.parameters() if p.requires_grad]
 
-    def plain():
+    def forward():
         inp = x.clone().requires_grad_(True)
-        torch.autograd.backward(chunk(inp, None), grad)
+        with _amp(t):
+            return inp, chunk(inp, None)
+
+    def plain():
+        torch.autograd.backward(forward()[1], grad)
 
     def split():
-        inp = x.clone().requires_grad_(True)
-        _, groups = _split_backward.stage_backward_input([chunk(inp, None)], [grad], [inp], iter(params))
+        inp, y = forward()
+        _, groups = _split_backward.stage_backward_input([y], [grad], [inp], iter(params))
         _split_backward.stage_backward_weight(iter(params), groups)
 
     reps = yield from in_rounds(t, {"plain": plain, "split": split}, SYNC_ROUNDS * t.cfg.repeats,

@@ -10,14 +10,15 @@ layers each stage holds is shardwise.stage_split, the same cut the planner score
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from shardwise import precision
 from shardwise.parallel.expert_parallel import expert_names
 from shardwise.parallel.mesh import coordinates, data_dim, edge_group, group
 from shardwise.parallel.pipeline import PipelineExecutor
@@ -125,7 +126,7 @@ def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:
     schedule = validate(build(lay.schedule, lay.pp, lay.num_microbatches(cfg.global_batch), lay.vpp))
     seq = cfg.seq_len // lay.cp  # this cp rank's tokens
     seq = seq // lay.tp if lay.sequence_parallel and lay.tp > 1 else seq
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if torch.device(device).type == "cuda" else nullcontext
+    amp = partial(precision.autocast, torch.device(device).type, cfg.autocast)
     executor = PipelineExecutor(schedule, pp_rank, [c.module for c in chunks], group(mesh, "pp"),
                                 (lay.micro_batch, seq, spec.hidden), device=device, amp=amp,
                                 grad_sync=lambda c, last: grad_sync(chunks[c], enabled=last))

@@ -122,6 +122,7 @@ class _GatherLinears(torch.autograd.Function):
         tokens = full.reshape(-1, full.shape[-1])
         grad_full, out = None, []
         for w, b, g in zip(params[::2], params[1::2], grads):
+            w = w.to(g.dtype)  # what autocast does on a GPU; explicit, so a CPU's bf16 autocast runs the same path
             grad_full = g.matmul(w) if grad_full is None else grad_full + g.matmul(w)
             g = g.reshape(-1, g.shape[-1])
             out += [g.t().matmul(tokens), None if b is None else g.sum(0)]

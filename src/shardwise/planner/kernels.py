@@ -137,6 +137,15 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
                  1 if fp8 else in_bytes, out_bytes, wave_s)
 
 
+def benchmark_gemm_time(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
+    """Seconds of one BF16 GEMM timed alone on one GPU, as a GEMM benchmark times it: the model of gemm_time at MAMF's
+    own rate, without the in-situ share a whole training step keeps (benchmarks/gpu_kernels.py scores this against a
+    GPU's measured GEMMs)."""
+    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    rate, wave_s = main_loop_rate(cluster, mamf * power_share(cluster))
+    return _gemm(int(m), int(n), int(k), 1, cluster.sm_count, rate, hbm_rate(cluster), 2, 2, wave_s)
+
+
 def main_loop_rate(cluster: ClusterSpec, rate: float) -> tuple[float, float]:
     """(the main loop's FLOP/s, the fixed seconds per wave) of BF16 GEMMs: MAMF was measured at one shape, K =
     MAMF_K, where each wave of 256 x 128 tiles already paid BF16_WAVE_S; the main loop runs that much faster, so the

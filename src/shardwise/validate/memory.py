@@ -19,10 +19,9 @@ weights + gradients + optimizer + activations + logits predict it (docs/planner.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
+from shardwise import precision
 from shardwise.validate.saved_bytes import SavedBytes, storage_address
 
 STATE_KEYS = ("weights", "gradients", "optimizer", "activations")
@@ -117,7 +116,7 @@ def recompute_working_bytes(rt) -> int:
     x = torch.randn(lay.micro_batch, seq, cfg.spec.hidden, device=rt.device, requires_grad=True)
     rope = (model.rope_cos, model.rope_sin) if cfg.spec.family == "llama" else None
     counter = MemoryCounter(rt.models, exclude=[x])
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" else nullcontext()
+    amp = precision.autocast(rt.device.type, rt.cfg.autocast)
     block.recompute = False
     try:
         with counter.hooks(0), amp:
@@ -131,9 +130,11 @@ def measure_memory(rt, step) -> tuple[dict, dict]:
     """Run `step(rt)` (one training step) under the counters: (its record, this rank's memory in bytes).
     On a GPU also the caching allocator's peak over that step ("allocator_peak")."""
     cuda = rt.device.type == "cuda"
+    others = 0  # what the allocator holds for others at the start: validate keeps every layout's runtime alive
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        others = torch.cuda.memory_allocated() - _resident_bytes(rt)
     models = rt.models
     counter = MemoryCounter(models)
     executor = getattr(rt.forward_backward, "executor", None)
@@ -151,10 +152,24 @@ def measure_memory(rt, step) -> tuple[dict, dict]:
     optim = sum(_nbytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
     out = {"weights": sum(_nbytes(p) for p in params) + counter.gathered_peak,
            "gradients": counter.gradient_peak, "optimizer": optim, "activations": counter.peak,
-           "allocator_peak": torch.cuda.max_memory_allocated() if cuda else 0}
+           "allocator_peak": torch.cuda.max_memory_allocated() - others if cuda else 0}
     if rt.cfg.layout.recompute == "full":
         out["activations"] += recompute_working_bytes(rt)
     return record, out
+
+
+def _resident_bytes(rt) -> int:
+    """Bytes of this runtime's own tensors alive between steps: its parameters, the gradients it holds, its optimizer
+    states (each storage once)."""
+    opt = getattr(rt.optimizer, "optim", rt.optimizer)
+    tensors = [p for m in rt.models for p in m.parameters()]
+    tensors += [p.grad for p in tensors if p.grad is not None]
+    tensors += [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
+    storages = {}
+    for t in map(_local, tensors):
+        if t.device.type == rt.device.type:  # a CPU scalar (AdamW's step) is not in the GPU's allocator
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def _step_with_hooks(rt, step, counter: MemoryCounter):

@@ -1,0 +1,165 @@
+"""Where one GPU's training step goes, and the clock it holds under sustained work (run on a CUDA GPU).
+
+    python benchmarks/gpu_step_profile.py --out step.json [--model CFG] [--seq-len 4096] [--micro-batches 8]
+
+1. Clock: a BF16 8192^3 matmul timed as a short burst (3 warm-ups, 10 products: what a GEMM benchmark reports),
+   then back to back for --sustain seconds with nvidia-smi sampling the SM clock, power and throttle reasons every
+   0.5 s: the rate per second of sustained work, against the burst. A training step is sustained work.
+2. Step: the runtime's model (shardwise.model, FP32 weights under BF16 autocast, fused AdamW, as `shardwise train`
+   runs one GPU) for one step of --micro-batches micro-batches, under torch.profiler: GPU time by kernel kind
+   (GEMM, attention, the rest), the step's wall time and the share the GPU sat idle (host-bound gaps), for the
+   planner's terms to be compared with (`shardwise estimate ... --json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+KINDS = (("attention", ("flash", "fmha", "cudnn", "attention")),
+         ("gemm", ("gemm", "nvjet", "sm90_xmma", "cutlass", "cublas", "matmul")),
+         ("optimizer", ("adam", "multi_tensor")),
+         ("nccl", ("nccl",)))
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    return next((k for k, keys in KINDS if any(s in low for s in keys)), "other")
+
+
+def clock(torch, sustain_s: float) -> dict:
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    flops = 2 * n ** 3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def burst(reps=10):
+        for _ in range(3):
+            a @ b
+        start.record()
+        for _ in range(reps):
+            a @ b
+        end.record()
+        end.synchronize()
+        return flops * reps / (start.elapsed_time(end) / 1e3) / 1e12
+    cold = burst()
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
+                            "--format=csv,noheader,nounits", "-lms", "500"], stdout=subprocess.PIPE, text=True)
+    rates, t_end = [], time.time() + sustain_s
+    while time.time() < t_end:
+        start.record()
+        for _ in range(100):
+            a @ b
+        end.record()
+        end.synchronize()
+        rates.append(flops * 100 / (start.elapsed_time(end) / 1e3) / 1e12)
+    perf = subprocess.run(["nvidia-smi", "-q", "-d", "PERFORMANCE"], capture_output=True, text=True).stdout
+    hot = burst()
+    lin = torch.nn.functional.linear
+    start.record()
+    for _ in range(10):
+        lin(a, b)
+    end.record()
+    end.synchronize()
+    hot_linear = flops * 10 / (start.elapsed_time(end) / 1e3) / 1e12
+    smi.terminate()
+    samples = [line.split(", ") for line in smi.communicate()[0].splitlines() if line.count(",") >= 3]
+    out = {"burst_tflops_cold": cold, "sustained_tflops": rates, "burst_tflops_after": hot,
+           "linear_tn_tflops_after": hot_linear, "smi": samples, "performance_while_sustained": perf}
+    print(f"matmul 8192^3: burst {cold:.0f} TFLOP/s, sustained median {statistics.median(rates):.0f} "
+          f"(first {rates[0]:.0f}, last {rates[-1]:.0f}), burst after {hot:.0f}, F.linear {hot_linear:.0f}", flush=True)
+    for s in samples[:: max(1, len(samples) // 12)]:
+        print("  smi", " | ".join(s), flush=True)
+    print("\n".join(ln for ln in perf.splitlines() if ":" in ln and "Not Active" not in ln)[-1500:], flush=True)
+    return out
+
+
+def step(torch, config: str, seq: int, micro_batches: int) -> dict:
+    from shardwise.model import Transformer
+    from shardwise.specs import load_model
+
+    spec = load_model(config)
+    model = Transformer(spec, seed=0, device=torch.device("cuda"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    data = torch.randint(0, spec.vocab_size, (micro_batches, 1, seq), device="cuda")
+
+    def run():
+        for x in data:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, x) / micro_batches
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    torch.cuda.reset_peak_memory_stats()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    by_kind: dict[str, float] = {}
+    top: dict[str, float] = {}
+    busy_spans = []
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        by_kind[kind(e.name)] = by_kind.get(kind(e.name), 0.0) + us / 1e6
+        top[e.name] = top.get(e.name, 0.0) + us / 1e6
+        busy_spans.append((e.time_range.start, e.time_range.end))
+    busy_spans.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in busy_spans:  # the union of kernel intervals: the GPU's busy time
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += 0 if cur_e is None else cur_e - cur_s
+    out = {"model": spec.name, "seq_len": seq, "micro_batches": micro_batches, "wall_s": statistics.median(walls),
+           "profiled_wall_s": wall, "gpu_busy_s": busy / 1e6, "by_kind_s": by_kind,
+           "top_kernels_s": dict(sorted(top.items(), key=lambda kv: -kv[1])[:25]),
+           "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
+    print(f"step {spec.name} {micro_batches} x {seq}: wall {out['wall_s'] * 1e3:.1f} ms (profiled {wall * 1e3:.1f}), "
+          f"GPU busy {out['gpu_busy_s'] * 1e3:.1f} ms; " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
+                                                                     sorted(by_kind.items())), flush=True)
+    for name, s in list(out["top_kernels_s"].items())[:25]:
+        print(f"  {s * 1e3:8.2f} ms  {name[:110]}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="benchmarks/data/gpu_configs/llama-1.3b-nanotron.json")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--micro-batches", type=int, default=8)
+    ap.add_argument("--sustain", type=float, default=20.0, help="seconds of back-to-back matmuls (clock)")
+    args = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("gpu_step_profile: no CUDA GPU on this machine — skipped")
+        return 0
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result["step"] = step(torch, args.model, args.seq_len, args.micro_batches)
+    json.dump(result, open(args.out, "w"), indent=1)
+    result["clock"] = clock(torch, args.sustain)
+    json.dump(result, open(args.out, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
