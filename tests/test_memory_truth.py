@@ -66,7 +66,7 @@ LAYOUTS = {
 # --------------------------------------------------------------------------- the spawned world
 
 
-def _worker(rank: int, world: int, layouts: dict, plans: list, out_dir: str) -> None:
+def _worker(rank: int, world: int, layouts: dict, plans: list, out_dir: str, autocast: str = "") -> None:
     from shardwise.parallel import build_mesh
     from shardwise.train import TrainConfig, build_runtime, train, train_step
     from shardwise.validate.memory import measure_memory, worst_over_ranks
@@ -81,7 +81,8 @@ def _worker(rank: int, world: int, layouts: dict, plans: list, out_dir: str) -> 
 
     out = {"layouts": {}, "plans": []}
     for name, (spec, lay) in layouts.items():
-        cfg = TrainConfig(spec, lay, steps=1, global_batch=BATCH, seq_len=SEQ, progress=False, timeout_s=60)
+        cfg = TrainConfig(spec, lay, steps=1, global_batch=BATCH, seq_len=SEQ, progress=False, timeout_s=60,
+                          autocast=autocast)
         mine = measure_memory(build_runtime(cfg, mesh_of(lay)), train_step)[1]
         out["layouts"][name] = {"worst": worst_over_ranks(mine), "pp_rank": rank // (lay.dp * lay.tp), "mine": mine}
     for cfg in plans:  # the CLI's config: --json measures the first step and prints the summary
@@ -118,6 +119,15 @@ def measured(tmp_path_factory):
     return collect(tmp, plans)
 
 
+@pytest.fixture(scope="module")
+def measured_gpu_precision(tmp_path_factory):
+    """The same layouts in a GPU's precision (shardwise.precision "bfloat16": FP32 weights under BF16 autocast), which
+    a CPU runs through its own autocast: the same dtype flow, as the H200 measurement in benchmarks/data/gpu shows."""
+    tmp = tmp_path_factory.mktemp("memory-bf16")
+    spawn_ranks(_worker, 4, LAYOUTS, [], str(tmp), "bfloat16", timeout_s=120)
+    return collect(tmp, [])
+
+
 def collect(out_dir, plans) -> dict:
     """{"layouts": {name: {"worst": max over ranks, "stages": [per pipeline rank: max over its ranks]}},
     "plans": [rank 0's JSON summary], "plan_layouts": [...]}."""
@@ -134,8 +144,16 @@ def collect(out_dir, plans) -> dict:
 # --------------------------------------------------------------------------- the tests
 
 
-def _predicted(spec, lay, rank=None) -> dict:
-    return counted_memory(runtime_job(spec, load_cluster("dgx-h100-80gb"), BATCH, SEQ, gpu=False), lay, rank)
+def _predicted(spec, lay, rank=None, gpu=False) -> dict:
+    return counted_memory(runtime_job(spec, load_cluster("dgx-h100-80gb"), BATCH, SEQ, gpu=gpu), lay, rank)
+
+
+def _within_one_percent(got: dict, spec, lay, gpu: bool) -> None:
+    assert got["worst"]["total"] == pytest.approx(sum(_predicted(spec, lay, gpu=gpu).values()), rel=0.01)
+    for stage, parts in enumerate(got["stages"]):
+        want = _predicted(spec, lay, stage, gpu=gpu)
+        for part in STATE_KEYS:
+            assert parts[part] == pytest.approx(want[part], rel=0.01), (stage, part, parts[part], want[part])
 
 
 @pytest.mark.slow
@@ -143,12 +161,17 @@ def _predicted(spec, lay, rank=None) -> dict:
 def test_measured_memory_is_the_planners_within_one_percent(measured, name):
     """The job's memory (the largest rank's states + saved activations), and each part on each pipeline rank."""
     spec, lay = LAYOUTS[name]
-    got = measured["layouts"][name]
-    assert got["worst"]["total"] == pytest.approx(sum(_predicted(spec, lay).values()), rel=0.01)
-    for stage, parts in enumerate(got["stages"]):
-        want = _predicted(spec, lay, stage)
-        for part in STATE_KEYS:
-            assert parts[part] == pytest.approx(want[part], rel=0.01), (stage, part, parts[part], want[part])
+    _within_one_percent(measured["layouts"][name], spec, lay, gpu=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_gpu_precision_memory_is_the_planners_within_one_percent(measured_gpu_precision, name):
+    """Under autocast the runtime keeps its residual stream and norms in FP32, a BF16 cast of every linear's input and
+    autocast's BF16 copy of its weight (SavedTensors.autocast_casts): 29-41 % more activations than BF16 throughout,
+    which the planner counted until an H200 measured it (benchmarks/data/gpu)."""
+    spec, lay = LAYOUTS[name]
+    _within_one_percent(measured_gpu_precision["layouts"][name], spec, lay, gpu=True)
 
 
 @pytest.mark.slow

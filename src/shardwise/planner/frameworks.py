@@ -38,7 +38,8 @@ class Framework:
     optimizer_bytes: int = 12
     # Attention (planner/kernels.py ATTENTION_KERNEL): the fused kernel the stack runs when attention is fused: "te"
     # (Transformer Engine's fused attention: cuDNN on Hopper, FlashAttention-2 on Ampere), "fa3" (FlashAttention-3 called
-    # directly), "fa2" (FlashAttention-2, e.g. through PyTorch SDPA), "fa1" (FlashAttention-1, the flash-attn 0.2.x the
+    # directly), "fa2" (FlashAttention-2, e.g. through PyTorch SDPA before 2.11), "sdpa" (PyTorch SDPA's own choice
+    # since 2.11: cuDNN on Hopper, FlashAttention-2 on Ampere), "fa1" (FlashAttention-1, the flash-attn 0.2.x the
     # 2023 releases of the 2021-22 stacks call when told to), "xformers" (its memory-efficient attention, Meta's 2022-23
     # stack); "unfused" (materialised softmax) for a stack with none.
     # Whether it is fused by default is `flash_attention` (--flash-attention / --no-flash-attention).
@@ -241,12 +242,19 @@ class Framework:
     # gradient_accumulation_fusion) or as the framework's other terms already count it.
     grad_accumulation_bytes: float = 0.0
     grad_accumulation_first_free: bool = True
+    # Bytes per local parameter every micro-batch's backward moves casting the 16-bit weight gradient to the FP32
+    # parameter's dtype before it is accumulated (autocast's weight cast's backward, ToCopyBackward: read 2, write 4),
+    # where grad_accumulation_bytes counts the add alone.
+    grad_cast_bytes: float = 0.0
     # Bytes per local parameter each forward moves casting the FP32 weights to the 16-bit compute type (step_time.
     # autocast_cast_time): a stack that keeps FP32 parameters and runs its linears under torch.autocast (or casts them
     # itself inside the linear) reads each FP32 weight and writes its 16-bit copy (4 + 2) in every forward (autocast's
     # weight cache lives only as long as the autocast region, one forward). 0: the weights the
     # GEMMs read are already 16-bit (a 16-bit parameter copy updated once per step, or FSDP casting into its gather).
     autocast_cast_bytes: float = 0.0
+    # The stack's model keeps FP32 weights and residual stream under torch.autocast and saves what autocast made
+    # (memory.SavedTensors.autocast_casts: each linear's BF16 input cast and weight copy, FP32 norm tensors).
+    autocast_saved: bool = False
     # Bytes per element of the tied embedding's gradient summed between the edge stages (step_time.tied_embedding_time);
     # None: grad_reduce_bytes.
     tied_grad_bytes: int | None = None
@@ -1017,8 +1025,14 @@ SHARDWISE = Framework(
             "FSDP2 (ZeRO-2 and ZeRO-3 reduce-scatter every micro-batch), FP32 reductions, SP's backward "
             "re-gather waited for, blocking pipeline p2p, every schedule",
     sources=("src/shardwise/parallel/data_parallel.py, src/shardwise/train.py, src/shardwise/launch.py (check)",),
-    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, attention="fa2", fused_elementwise=False, grad_reduce_bytes=4,
+    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, fused_elementwise=False, grad_reduce_bytes=4,
+    # torch's SDPA: cuDNN's kernels on Hopper since torch 2.11 (check_prefer_cudnn_attention: sm90/sm100 with the
+    # bundled cuDNN past 9.15; the H200's step profile ran them), FlashAttention-2 elsewhere (kernels.ATTENTION_KERNEL).
+    attention="sdpa",
     glu_tensors=4,  # shardwise.model's SwiGLU, silu(w1 x) * w3 x, eager (memory.SHARDWISE_RUNTIME)
+    # FP32 parameters under autocast: each forward casts every weight (4 + 2), each backward casts its gradient back
+    # (grad_cast_bytes 2 + 4) and AccumulateGrad adds it into the FP32 gradient after the first micro-batch (4 + 4 + 4).
+    autocast_cast_bytes=6, grad_cast_bytes=6, grad_accumulation_bytes=12,
     param_gather_bytes=4, async_sp_regather=False,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
@@ -1028,6 +1042,7 @@ SHARDWISE = Framework(
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager", unnamed_sequence_parallel=False,
     partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
+    autocast_saved=True,  # measured on one H200 (benchmarks/data/gpu) and under CPU autocast (tests/test_memory_truth.py)
 )
 
 ALEPH_ALPHA = replace(

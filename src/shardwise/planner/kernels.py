@@ -307,7 +307,10 @@ ATTENTION_EFFICIENCY = {
 # FlashAttention-1 and "xformers" (2022-23 stacks; FlashAttention-2 on Hopper, which those stacks never ran on).
 ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper": "fa3", "ampere": "fa2"},
                     "fa2": {"hopper": "fa2", "ampere": "fa2"}, "fa1": {"hopper": "fa2", "ampere": "fa1"},
-                    "xformers": {"hopper": "fa2", "ampere": "xformers"}}
+                    "xformers": {"hopper": "fa2", "ampere": "xformers"},
+                    # torch's SDPA as of 2.11: cuDNN first on sm90 (PyTorch sdp_utils.cpp check_prefer_cudnn_attention,
+                    # gated on the bundled cuDNN > 9.15), FlashAttention-2 on Ampere
+                    "sdpa": {"hopper": "cudnn", "ampere": "fa2"}}
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:

@@ -60,6 +60,11 @@ class SavedTensors:
     token_id_bytes: integer token ids kept by the embedding (first stage) and the loss (last stage).
     gathered_linear_inputs: under sequence parallelism the QKV and FC1 inputs are kept whole, as gathered (a DTensor
       plan: Framework.dtensor_sp), not as their sequence shard (Megatron, which gathers them again in backward).
+    autocast_casts: FP32 weights and residual stream under torch.autocast (shardwise's runtime on a GPU): the norms
+      keep FP32 tensors throughout, each linear keeps its own BF16 cast of its FP32 input (q, k and v three, gate and
+      up two) and autocast's BF16 copy of its weight, for as long as the micro-batch's graph lives; a fully recomputed
+      layer keeps its FP32 input. Under sequence parallelism the runtime's column-parallel groups cast their input
+      shard once and keep their FP32 weights (autocast_weight_copies).
     """
 
     norm_fp32_stats: bool = False
@@ -72,6 +77,7 @@ class SavedTensors:
     token_id_bytes: int = 0
     router_aux: bool = False
     gathered_linear_inputs: bool = False
+    autocast_casts: bool = False
 
 
 PAPER = SavedTensors()
@@ -183,7 +189,8 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     depend on the cluster; its time does."""
     train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
                       activation_bytes=2 if gpu else 4)
-    return Job(model, cluster, train, flash_attention=True, saved=SHARDWISE_RUNTIME,
+    saved = replace(SHARDWISE_RUNTIME, autocast_casts=gpu)
+    return Job(model, cluster, train, flash_attention=True, saved=saved,
                zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
 
 
@@ -290,7 +297,7 @@ def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norm
     if fw.loss_run(compile, compile_loss) == "eager" and fw.eager_loss_memory:
         loss = {"logits_bytes": EAGER_LOSS_KEPT_BYTES, "loss_transient_bytes": EAGER_LOSS_TRANSIENT_BYTES}
     return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms,
-                   gathered_linear_inputs=fw.dtensor_sp, **loss)
+                   gathered_linear_inputs=fw.dtensor_sp, autocast_casts=fw.autocast_saved, **loss)
 
 
 # An eager loss, F.cross_entropy(pred.float(), labels) with the BF16 logits deleted before the backward (torchtitan's
@@ -331,7 +338,10 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     # and FC1 inputs, the FC2 input, and beside the attention kernel's own output the projection's FP8 copy of it.
     x = 1 if fp8 else e
     inputs = s * b * 2 * x * h  # the QKV and FC1 inputs: split along s by SP, unless kept as gathered (a DTensor plan)
-    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * mask * h) + (0 if saved.gathered_linear_inputs else inputs)
+    if saved.autocast_casts and not sp:  # every linear its own cast of the input
+        inputs = s * b * x * h * (3 + (2 if model.gated_mlp else 1))
+    norm = norm_bytes(model, 4 if saved.autocast_casts else e, saved)
+    replicated = s * b * (2 * norm + 2 * mask * h) + (0 if saved.gathered_linear_inputs else inputs)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
     attention = s * b * (e * ((q + kv) + kv + q) + (q if fp8 else 0))
     # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)); the last one is
@@ -340,7 +350,19 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     # Softmax output (e), dropout mask (1) and dropout output (e) per score, for every head.
     scores = a * s * s * b * (e + (1 + e) * mask)
     linear = replicated / (tp if sp else 1) + (attention + mlp) / tp + (inputs if saved.gathered_linear_inputs else 0)
+    if saved.autocast_casts:
+        linear += autocast_weight_copies(model, tp, sp)
     return linear, scores / tp
+
+
+def autocast_weight_copies(model: ModelSpec, tp: int, sp: bool) -> float:
+    """Bytes of the BF16 weight copies one layer's graph keeps per micro-batch under autocast (SavedTensors.
+    autocast_casts): every matrix's shard, or under sequence parallelism the row-parallel ones (wo, w2) alone — the
+    column-parallel groups run in the runtime's own autograd function, which keeps their FP32 weights."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    row = (q + f) * h
+    column = h * (q + 2 * kv) + (2 if model.gated_mlp else 1) * h * f
+    return 2 * (row + (0 if sp else column)) / tp
 
 
 def fp8_saved(job: Job) -> bool:
@@ -413,7 +435,7 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
         return held * kept
     if layout.recompute == "selective":
         return held * linear  # the attention core (the s^2 part) is recomputed
-    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
+    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, residual_bytes(job))
     recomputed = layers if recomputed is None else recomputed
     kept = (layers - recomputed) * inflight  # layers outside the recomputed ones keep their full set
     return held * ckpt + kept * (linear + scores - ckpt) + recompute_working_bytes(job, layout, recomputed * inflight)
@@ -428,8 +450,14 @@ def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
                                        fp8_saved(job))
-    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
+    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, residual_bytes(job))
     return min(held, 1) * (linear - ckpt)
+
+
+def residual_bytes(job: Job) -> int:
+    """Bytes per element of the residual stream between layers: FP32 under autocast (SavedTensors.autocast_casts),
+    else the activations'."""
+    return 4 if job.saved.autocast_casts else job.train.activation_bytes
 
 
 def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -> float:
@@ -484,7 +512,9 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     out = logit_elements(job, layout) * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
-        out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split
+        out += tokens * (norm_bytes(model, 4 if saved.autocast_casts else e, saved) + e * model.hidden) / split
+    if saved.autocast_casts and not layout.sequence_parallel:  # the head's BF16 weight copy (autocast_weight_copies)
+        out += 2 * model.hidden * model.vocab_size / layout.tp
     return out
 
 

@@ -206,15 +206,18 @@ def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
 def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
     """Seconds per micro-batch, on average over the step, of the framework's gradient accumulation outside the
     weight-gradient GEMMs (Framework.grad_accumulation_bytes): one pass over this rank's local gradients at HBM
-    bandwidth after each micro-batch's backward (m - 1 of the m when the first gradient is taken as it is).
-    Sharded gradients (ZeRO-2/3) are reduced every micro-batch instead: not counted, unless the stack holds them
-    unsharded under FSDP's no_sync() (Framework.fsdp_no_sync)."""
+    bandwidth after each micro-batch's backward (m - 1 of the m when the first gradient is taken as it is), and the
+    gradient's cast to FP32 before it, every micro-batch (Framework.grad_cast_bytes). Sharded gradients (ZeRO-2/3) are
+    reduced every micro-batch instead: their add is not counted, unless the stack holds them unsharded under FSDP's
+    no_sync() (Framework.fsdp_no_sync)."""
     fw = get_framework(job.framework)
-    if not fw.grad_accumulation_bytes or (layout.zero >= 2 and not fw.fsdp_no_sync) or calibrated(job):
+    if calibrated(job):
         return 0.0
-    m = layout.num_microbatches(job.train.global_batch)
-    share = (m - 1) / m if fw.grad_accumulation_first_free else 1.0
-    return share * fw.grad_accumulation_bytes * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
+    added = 0.0
+    if fw.grad_accumulation_bytes and (layout.zero < 2 or fw.fsdp_no_sync):
+        m = layout.num_microbatches(job.train.global_batch)
+        added = ((m - 1) / m if fw.grad_accumulation_first_free else 1.0) * fw.grad_accumulation_bytes
+    return (fw.grad_cast_bytes + added) * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
 
 
 def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_layers: int) -> float:
