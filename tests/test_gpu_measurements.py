@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.planner import kernels
-from shardwise.planner.memory import counted_memory, runtime_job
+from shardwise.planner.memory import counted_memory, loss_transient_bytes, memory_breakdown, runtime_job
 from shardwise.specs import Layout, load_cluster, load_model
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu"
@@ -100,3 +100,19 @@ def test_the_runtime_on_a_gpu_keeps_what_the_planner_counts(run, model, seq, bat
         want = counted_memory(job, lay)
         for part, got in x["measured_memory"].items():
             assert got == pytest.approx(want[part], rel=0.005 if part == "activations" else 1e-4), (x["name"], part)
+
+
+@pytest.mark.parametrize("run, model, seq, batch", [
+    ("h200-validate-gpt2", "gpt2", 1024, 16),
+    ("h200-validate-llama1.3b", "benchmarks/data/gpu_configs/llama-1.3b-nanotron.json", 4096, 8)])
+def test_the_allocator_peak_is_the_saved_tensors_and_the_loss_transient(run, model, seq, batch):
+    """torch.cuda.max_memory_allocated over a step (less what the sweep's other runtimes held) is what autograd kept
+    plus the eager loss's backward transient (8 B per logit element: memory.EAGER_LOSS_TRANSIENT_BYTES), within 2 %;
+    and the planner's total per GPU, which adds its workspace and fragmentation allowances, is never below it."""
+    spec = load_model(str(DATA.parent.parent.parent / model) if model.endswith(".json") else model)
+    job = runtime_job(spec, H200, batch, seq, gpu=True)
+    for x in json.loads((DATA / f"{run}.json").read_text())["layouts"]:
+        lay = Layout(dp=1, tp=1, pp=1, micro_batch=x["micro_batch"], recompute=x["recompute"])
+        peak = x["measured_allocator_peak_bytes"]
+        assert sum(counted_memory(job, lay).values()) + loss_transient_bytes(job, lay) == pytest.approx(peak, rel=0.02)
+        assert sum(memory_breakdown(job, lay)[1].values()) >= peak, x["name"]

@@ -81,12 +81,24 @@ class SavedTensors:
 
 
 PAPER = SavedTensors()
+
+# An eager loss, F.cross_entropy(pred.float(), labels) with the BF16 logits deleted before the backward (torchtitan's
+# train step at 9dec370: `del pred  # need to free to before bwd to avoid peaking memory`): its log-softmax keeps its
+# FP32 output (4 B per logit element) from the forward to the backward; there, NLL's backward writes the FP32 gradient
+# of that output (4) and log-softmax's backward the FP32 gradient of its input (4) while the output is still kept:
+# 12 at the peak, which is the step's (every layer's activations are still kept when the backward starts). The
+# forward's own peak is lower: the BF16 logits (2), their FP32 copy (4) and the log-softmax output (4).
+EAGER_LOSS_KEPT_BYTES = 4
+EAGER_LOSS_TRANSIENT_BYTES = 8
+
 # shardwise.model (RMSNorm with fp32 statistics or torch's LayerNorm, no dropout, SwiGLU as
 # silu(w1 x) * w3 x, SDPA's fused kernel, fp32 log-softmax in the loss, int64 ids), as its saved-tensor
 # hooks show; run it with TrainSpec(activation_bytes=4) for fp32 and Job(flash_attention=True): SDPA
-# never keeps the scores.
+# never keeps the scores. Its loss is the eager one above: an H200's allocator peak over a step of the 1.3B Llama was
+# the saved tensors plus that transient, to 0.01 GiB at micro-batches 1 and 2 (benchmarks/data/gpu, docs/accuracy.md).
 SHARDWISE_RUNTIME = SavedTensors(norm_fp32_stats=True, dropout=False, gated_mlp_tensors=4, softmax_stats_bytes=4,
-                                 logits_bytes=4, head_inputs=True, token_id_bytes=8, router_aux=True)
+                                 logits_bytes=EAGER_LOSS_KEPT_BYTES, loss_transient_bytes=EAGER_LOSS_TRANSIENT_BYTES,
+                                 head_inputs=True, token_id_bytes=8, router_aux=True)
 
 
 @cached_hash
@@ -298,16 +310,6 @@ def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norm
         loss = {"logits_bytes": EAGER_LOSS_KEPT_BYTES, "loss_transient_bytes": EAGER_LOSS_TRANSIENT_BYTES}
     return replace(PAPER, gated_mlp_tensors=tensors, norm_fp32_stats=eager_norms,
                    gathered_linear_inputs=fw.dtensor_sp, autocast_casts=fw.autocast_saved, **loss)
-
-
-# An eager loss, F.cross_entropy(pred.float(), labels) with the BF16 logits deleted before the backward (torchtitan's
-# train step at 9dec370: `del pred  # need to free to before bwd to avoid peaking memory`): its log-softmax keeps its
-# FP32 output (4 B per logit element) from the forward to the backward; there, NLL's backward writes the FP32 gradient
-# of that output (4) and log-softmax's backward the FP32 gradient of its input (4) while the output is still kept:
-# 12 at the peak, which is the step's (every layer's activations are still kept when the backward starts). The
-# forward's own peak is lower: the BF16 logits (2), their FP32 copy (4) and the log-softmax output (4).
-EAGER_LOSS_KEPT_BYTES = 4
-EAGER_LOSS_TRANSIENT_BYTES = 8
 
 
 # --------------------------------------------------------------------------- activations
@@ -796,7 +798,12 @@ def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[st
     states and saved activations (logits included) of the worst pipeline rank (or of `rank`), without
     the workspace and fragmentation allowances (GPU allocator terms; shardwise.validate.memory counts
     tensors)."""
-    mem = memory_breakdown(job, layout)[1] if rank is None else rank_memory(job, layout, rank)
+    if rank is None:
+        ranks = pipeline_ranks(per_rank_job(job, layout.tp), layout)
+        return max((counted_memory(job, layout, r) for r in ranks), key=lambda m: sum(m.values()))
+    mem = rank_memory(job, layout, rank)
     out = {k: mem[k] for k in ("weights", "gradients", "optimizer")}
-    out["activations"] = mem["activations"] + mem["logits"]
+    # saved tensors only: the loss's backward transient is the allocator's (an H200's peak over a step: these + it)
+    transient = loss_transient_bytes(job, layout) if rank == layout.pp - 1 else 0.0
+    out["activations"] = mem["activations"] + mem["logits"] - transient
     return out
