@@ -10,6 +10,9 @@ operands rotate through enough copies to overflow the L2 cache, and are random (
 every linear layer of Llama-shaped models (forward, input gradient, weight gradient) at tensor-parallel widths 1-8,
 plus a K sweep at 8192 x 8192 and the MAMF shape. The attention core is torch's scaled_dot_product_attention on its
 FlashAttention-2 and cuDNN backends, 16K tokens a batch, 2048-wide heads (FlashAttention-3's Fig. 5/6 setting).
+Element-wise: a copy, torch's fused RMSNorm and SiLU-and-multiply, and the runtime's own eager ops under autocast
+(`eager_ops`: casts, mixed-precision adds, broadcasts, its RMSNorm and RoPE, the loss), each at the bytes its dataflow
+moves (added after the first H200 run: not yet measured).
 Scoring prints each GEMM's measured and modelled TFLOP/s and the medians (+ = the model is slower than measured).
 """
 
@@ -165,6 +168,47 @@ def measure_memory(torch) -> dict:
     return out
 
 
+def eager_ops(torch, device: str = "cuda", tokens: int = 8192, hidden: int = 4096, head_dim: int = 128,
+              vocab: int = 131072) -> dict:
+    """{name: (the op, the bytes it moves as counted from its dataflow)}: the runtime's eager element-wise work as
+    shardwise.model runs it under autocast on a GPU (FP32 residual stream and norms, BF16 linears), at a Llama-8B
+    layer's width, to price eager stacks' element-wise kernels at their measured rate rather than at streaming
+    bandwidth (the H200's step spent 410 ms in them where their bytes at streaming rate come to ~250)."""
+    from shardwise.model import RMSNorm, apply_rope
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    x32 = torch.randn(tokens, hidden, device=device, dtype=fp32)
+    x16 = torch.randn(tokens, hidden, device=device, dtype=bf16)
+    norm = RMSNorm(hidden, 1e-5).to(device)
+    inv = torch.rand(tokens, 1, device=device, dtype=fp32)
+    heads = hidden // head_dim
+    q = torch.randn(1, tokens, heads, head_dim, device=device, dtype=bf16).transpose(1, 2)  # as the model's q
+    cos = torch.randn(tokens, head_dim, device=device, dtype=fp32)
+    logits = torch.randn(tokens // 2, vocab, device=device, dtype=bf16)
+    target = torch.randint(0, vocab, (tokens // 2,), device=device)
+    e, lg = tokens * hidden, logits.numel()
+    return {
+        "cast fp32->bf16": (lambda: x32.to(bf16), 6 * e),
+        "cast bf16->fp32": (lambda: x16.to(fp32), 6 * e),
+        "residual add fp32 + bf16": (lambda: x32 + x16, 10 * e),
+        "broadcast mul fp32 [T,h] x [T,1]": (lambda: x32 * inv, 8 * e),
+        "RMSNorm fp32 (shardwise.model, 4 kernels)": (lambda: norm(x32), 28 * e),
+        "RoPE on transposed bf16 q (shardwise.model)": (lambda: apply_rope(q, cos, cos), 36 * e),
+        "cross-entropy fwd on FP32 copy of bf16 logits": (lambda: torch.nn.functional.cross_entropy(logits.float(), target),
+                                                          (6 + 8) * lg),
+    }
+
+
+def measure_eager(torch) -> list[dict]:
+    rows = []
+    for name, (op, nbytes) in eager_ops(torch).items():
+        with torch.no_grad():
+            s = _timed(torch, op)
+        rows.append({"op": name, "seconds": s, "bytes": nbytes, "bytes_per_s": nbytes / s})
+        print(f"eager {name:48s} {s * 1e6:8.1f} us  {nbytes / s / 1e12:5.2f} TB/s", flush=True)
+    return rows
+
+
 def measure(path: str) -> None:
     import torch
     if not torch.cuda.is_available():
@@ -174,7 +218,8 @@ def measure(path: str) -> None:
     result = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     print(json.dumps(result), flush=True)
-    for key, fn in (("memory", measure_memory), ("gemm", measure_gemms), ("attention", measure_attention)):
+    for key, fn in (("memory", measure_memory), ("eager", measure_eager), ("gemm", measure_gemms),
+                    ("attention", measure_attention)):
         result[key] = fn(torch)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)

@@ -174,8 +174,8 @@ def build_runtime(cfg: TrainConfig, mesh) -> Runtime:
     model = Transformer(cfg.spec, seed=cfg.seed, recompute=cfg.layout.recompute,
                         recompute_layers=cfg.layout.recompute_layers, device="meta" if cfg.weights else "cpu")
     chunks = [parallelize(model, mesh, cfg.layout, device, seq_len=cfg.seq_len, weights=loader(cfg.weights))]
-    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), partial(forward_backward, amp=cfg.autocast),
-                   data=batches(cfg))
+    step = partial(forward_backward, amp=cfg.autocast)
+    return Runtime(cfg, mesh, device, chunks, build_optimizer(chunks, cfg, mesh), step, data=batches(cfg))
 
 
 # --------------------------------------------------------------------------- one step
@@ -254,7 +254,8 @@ def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, t
 def evaluate(rt: Runtime) -> dict:
     """Validation loss (mean next-token loss over the same --val-data sequences for every layout) and perplexity."""
     lay = rt.cfg.layout
-    run = getattr(rt.forward_backward, "forward_only", partial(forward_only, amp=rt.cfg.autocast))  # the pipeline's own, under pp > 1
+    # the pipeline's own, under pp > 1
+    run = getattr(rt.forward_backward, "forward_only", partial(forward_only, amp=rt.cfg.autocast))
     val = validation_batches(rt.cfg, lay.dp, rt.where["dp"], lay.micro_batch, rt.device)
     parts = torch.stack([_loss_part(run(rt.chunks, _cp_shards(rt, mbs)), rt) for mbs in val])
     if _world(rt) > 1:
