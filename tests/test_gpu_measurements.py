@@ -116,3 +116,17 @@ def test_the_allocator_peak_is_the_saved_tensors_and_the_loss_transient(run, mod
         peak = x["measured_allocator_peak_bytes"]
         assert sum(counted_memory(job, lay).values()) + loss_transient_bytes(job, lay) == pytest.approx(peak, rel=0.02)
         assert sum(memory_breakdown(job, lay)[1].values()) >= peak, x["name"]
+
+
+def test_the_one_gpu_step_is_the_shardwise_profiles_within_ten_percent():
+    """The 1.3B's four layouts on the H200 (validate, 8 x 4,096 tokens a step) against the `shardwise` profile on the
+    datasheet cluster, no calibration: within 10 % each (-4.6 to -8.1 %; -9.5 to -14.3 % before the profile priced the
+    runtime's autocast casts, FP32 residual stream, cuDNN attention and RoPE recomputed under selective recompute).
+    The terms still miss apart (docs/accuracy.md): GEMMs 30 % slower than the step ran them, element-wise work faster."""
+    from shardwise.validate import ValidateConfig, predict
+
+    spec = load_model(str(DATA.parent / "gpu_configs" / "llama-1.3b-nanotron.json"))
+    cfg = ValidateConfig(model=spec, cluster=H200, world=1, global_batch=8, seq_len=4096, backend="nccl")
+    for x in json.loads((DATA / "h200-validate-llama1.3b.json").read_text())["layouts"]:
+        lay = Layout(dp=1, tp=1, pp=1, micro_batch=x["micro_batch"], recompute=x["recompute"])
+        assert predict(cfg, lay)["step_time_s"] == pytest.approx(x["measured_step_time_s"], rel=0.10), x["name"]

@@ -255,6 +255,9 @@ class Framework:
     # The stack's model keeps FP32 weights and residual stream under torch.autocast and saves what autocast made
     # (memory.SavedTensors.autocast_casts: each linear's BF16 input cast and weight copy, FP32 norm tensors).
     autocast_saved: bool = False
+    # Selective recompute runs the rotary embedding again with the attention core (the stack applies RoPE inside
+    # the checkpointed function: shardwise.model Attention._core); False: RoPE before it (Megatron's core_attn).
+    selective_recomputes_rope: bool = False
     # Bytes per element of the tied embedding's gradient summed between the edge stages (step_time.tied_embedding_time);
     # None: grad_reduce_bytes.
     tied_grad_bytes: int | None = None
@@ -1043,6 +1046,7 @@ SHARDWISE = Framework(
     loss="eager", unnamed_sequence_parallel=False,
     partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
     autocast_saved=True,  # measured on one H200 (benchmarks/data/gpu) and under CPU autocast (tests/test_memory_truth.py)
+    selective_recomputes_rope=True,
 )
 
 ALEPH_ALPHA = replace(

@@ -504,15 +504,32 @@ def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str) -> f
 #   two norms cost 4 + 2 = 6 B (3 each) beside the residual adds' 6 each. silu(gate) * up reads two, writes one
 #   (6 per f), GELU 4, rotary reads and writes Q and K (4). The block boundary (the next block's norm1) is where
 #   per-block compilation stops fusing.
+#   "autocast" (this project's runtime on a GPU, shardwise.model: FP32 weights, embedding output and residual stream,
+#   the forward under BF16 autocast; SavedTensors.autocast_casts): RMSNorm on the FP32 stream as eager ops (square
+#   4+4, mean 4, scale 4+4, weight 4+4 = 28 B); then each linear casts the FP32 norm output to BF16 itself (4+2 per
+#   linear: q, k, v, gate and up, 30 B per h-element a layer, folded into the two norms' bytes as 15 each: 43);
+#   GPT-2's LayerNorm is one FP32 kernel (4+4) and its q, k, v and fc1 cast 24 (8 + 12 = 20); each residual add reads
+#   the FP32 stream and the BF16 output and writes FP32 (4+2+4 = 10); SwiGLU eager (10 per f), GELU 4; rotary on Q
+#   and K (BF16) in FP32 math, as model.apply_rope runs it: the negated half and the concatenation (2 + 4), two
+#   products reading BF16 and writing FP32 (6 + 6), their sum (12), the cast back (6) = 36.
 # Kernels per layer (each costs at least a launch): fused 6 forward / 12 backward, eager 20 / 40, compiled 5 / 10
-# (norm1, rotary, add + norm2, silu * mul, last add).
+# (norm1, rotary, add + norm2, silu * mul, last add), autocast 33 / 66 (two norms of six ops, five casts, six rotary
+# ops on each of Q and K, two adds, silu and the product).
 ELEMENTWISE = {
     # (norm bytes, residual bytes, gated-MLP bytes per f, GELU bytes per f, rotary bytes) with e = 2
     True: (4, 6, 6, 4, 4),
     False: ({"llama": 36, "gpt2": 20}, 6, 10, 4, 20),
     "compiled": (3, 6, 6, 4, 4),
+    "autocast": ({"llama": 43, "gpt2": 20}, 10, 10, 4, 36),
 }
-ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10)}
+ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10), "autocast": (33, 66)}
+
+
+def rotary_time(cluster: ClusterSpec, tokens: int, q_dim: int, kv_dim: int, tp: int, e: int,
+                fused: bool | str = True) -> float:
+    """Forward seconds of one layer's rotary embedding on Q and K (its ELEMENTWISE bytes), for a stack whose selective
+    recompute runs it again with the attention core (Framework.selective_recomputes_rope)."""
+    return tokens * ELEMENTWISE[fused][4] * (q_dim + kv_dim) / tp * e / 2 / hbm_rate(cluster)
 
 
 def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int,

@@ -152,6 +152,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     e = job.train.activation_bytes
     sp = layout.sequence_parallel and tp > 1
     oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
+    redo = 0.0  # what selective recompute runs again beside the attention core
     if calibrated(job):
         fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
         attn_b = 2 * attn
@@ -206,6 +207,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         fwd = sum(g[0] for g in gemms) + attn + el_f
         bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
         bwd_w = sum(g[2] for g in gemms)
+        if fw.selective_recomputes_rope and model.rotary:  # what selective recompute runs again: RoPE too
+            redo = kernels.rotary_time(c, tokens, rope_q, rope_kv, tp, e, elementwise_mode(job))
     own = cp_attention_work(c.measured, layout)  # forward a third (recomputed with the attention), backward the rest
     fwd, attn, bwd_in = fwd + own / 3, attn + own / 3, bwd_in + 2 * own / 3
     # Op-level selective checkpointing keeps every other matmul's output (the 1st, 3rd, ...) and the attention
@@ -234,13 +237,16 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if host_bound:  # the GPU waits for the host where the layer's kernels run out first
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
-    return LayerCost(fwd, bwd_in, bwd_w, attn, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
+    return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
                      mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again)
 
 
 def elementwise_mode(job: Job) -> bool | str:
-    """The kernels.ELEMENTWISE key of the job's element-wise work: "compiled" under --compile, else its stack's own."""
-    return "compiled" if job.compile else get_framework(job.framework).fused_elementwise
+    """The kernels.ELEMENTWISE key of the job's element-wise work: "compiled" under --compile, "autocast" for this
+    project's runtime on a GPU (SavedTensors.autocast_casts), else its stack's own."""
+    if job.compile:
+        return "compiled"
+    return "autocast" if job.saved.autocast_casts else get_framework(job.framework).fused_elementwise
 
 
 def attention_kernel(job: Job) -> str:
