@@ -488,7 +488,7 @@ def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str) -> f
 #   fused stacks (Megatron / Transformer Engine / Apex kernels): a norm reads and writes (2e); a residual
 #   add with its bias/dropout reads two and writes one (3e); SwiGLU reads gate and up and writes their
 #   product (3e per f), GELU reads and writes (2e); rotary embedding reads and writes Q and K (2e).
-#   eager PyTorch (torchtitan without torch.compile, this project's runtime): RMSNorm as nn.RMSNorm's
+#   eager PyTorch (torchtitan without torch.compile; this project's runtime on a CPU): RMSNorm as nn.RMSNorm's
 #   composite ops in FP32 (cast in 2+4, square 4+4, mean 4, scale 4+4, cast out 4+2, weight 2+2 = 36 B);
 #   LayerNorm under autocast runs in FP32 (cast in 2+4, norm 4+4, cast out 4+2 = 20 B); SwiGLU as
 #   silu(w1 x) * w3 x (silu 2e, product 3e = 5e); rotary embedding on complex FP32 views (cast in 2+4,
