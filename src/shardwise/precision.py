@@ -13,13 +13,17 @@ import torch
 CHOICES = ("", "bfloat16", "float32")
 
 
+def _bf16(device_type: str, dtype: str) -> bool:
+    if dtype not in CHOICES:
+        raise ValueError(f"precision {dtype!r}: one of {CHOICES}")
+    return dtype == "bfloat16" or (not dtype and device_type == "cuda")
+
+
 def autocast(device_type: str, dtype: str = ""):
     """The context every forward of the runtime runs in, on `device_type` ("cuda" or "cpu")."""
-    if dtype == "float32" or (not dtype and device_type != "cuda"):
-        return nullcontext()
-    return torch.autocast(device_type, dtype=torch.bfloat16)
+    return torch.autocast(device_type, dtype=torch.bfloat16) if _bf16(device_type, dtype) else nullcontext()
 
 
 def compute_dtype(device_type: str, dtype: str = "") -> torch.dtype:
     """The dtype of the activations the runtime's linears produce: BF16 under autocast, else FP32."""
-    return torch.float32 if isinstance(autocast(device_type, dtype), nullcontext) else torch.bfloat16
+    return torch.bfloat16 if _bf16(device_type, dtype) else torch.float32
