@@ -9,6 +9,8 @@
    runs one GPU) for one step of --micro-batches micro-batches, under torch.profiler: GPU time by kernel kind
    (GEMM, attention, the rest), the step's wall time and the share the GPU sat idle (host-bound gaps), for the
    planner's terms to be compared with (`shardwise estimate ... --json`).
+3. Host floor: a 4-layer gpt2's forward + backward by tokens per micro-batch, 16 to 4,096 (host_floor; added after
+   the first H200 run, not yet measured).
 """
 
 from __future__ import annotations
@@ -140,6 +142,39 @@ def step(torch, config: str, seq: int, micro_batches: int) -> dict:
     return out
 
 
+def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096), layers: int = 4) -> dict:
+    """Seconds of a `layers`-layer model's forward + backward (the head included) under autocast by tokens per
+    micro-batch, back to back: at a handful of tokens the GPU waits on the host (Python, dispatch, launches), so the
+    first point is the host's floor, which a calibrated layer time on a GPU should take the larger of with the
+    device's (docs/accuracy.md: gpt2 on an H200 is host-bound, and calibrate's fit is additive)."""
+    from shardwise.model import Transformer
+    from shardwise.specs import load_model
+
+    spec = load_model(config)
+    model = Transformer(spec, seed=0, layer_ids=range(layers), device=torch.device("cuda"))
+    out = {}
+    for t in tokens:
+        x = torch.randint(0, spec.vocab_size, (1, t), device="cuda")
+
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, x)
+            loss.backward()
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                run()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / 10)
+        out[t] = statistics.median(times)
+        print(f"host floor {config} {layers} layers + head, {t:5d} tokens: {out[t] * 1e3:7.2f} ms", flush=True)
+    return {"model": config, "layers": layers, "seconds_by_tokens": out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -155,6 +190,8 @@ def main() -> int:
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     result["step"] = step(torch, args.model, args.seq_len, args.micro_batches)
+    json.dump(result, open(args.out, "w"), indent=1)
+    result["host_floor"] = host_floor(torch)
     json.dump(result, open(args.out, "w"), indent=1)
     result["clock"] = clock(torch, args.sustain)
     json.dump(result, open(args.out, "w"), indent=1)
