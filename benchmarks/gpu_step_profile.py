@@ -32,6 +32,21 @@ def kind(name: str) -> str:
     return next((k for k, keys in KINDS if any(s in low for s in keys)), "other")
 
 
+def _wall(torch, run, warmup: int, repeats: int, inner: int = 1) -> list[float]:
+    """Wall seconds per call of `run`, each repeat `inner` calls back to back and synchronized at its end."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            run()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) / inner)
+    return walls
+
+
 def clock(torch, sustain_s: float) -> dict:
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -80,6 +95,7 @@ def clock(torch, sustain_s: float) -> dict:
 
 
 def step(torch, config: str, seq: int, micro_batches: int) -> dict:
+    from shardwise import precision
     from shardwise.model import Transformer
     from shardwise.specs import load_model
 
@@ -90,20 +106,12 @@ def step(torch, config: str, seq: int, micro_batches: int) -> dict:
 
     def run():
         for x in data:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with precision.autocast("cuda"):
                 loss = model(x, x) / micro_batches
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    walls = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - t0)
+    walls = _wall(torch, run, warmup=2, repeats=3)
     torch.cuda.reset_peak_memory_stats()
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -147,6 +155,7 @@ def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096), 
     micro-batch, back to back: at a handful of tokens the GPU waits on the host (Python, dispatch, launches), so the
     first point is the host's floor, which a calibrated layer time on a GPU should take the larger of with the
     device's (docs/accuracy.md: gpt2 on an H200 is host-bound, and calibrate's fit is additive)."""
+    from shardwise import precision
     from shardwise.model import Transformer
     from shardwise.specs import load_model
 
@@ -157,20 +166,10 @@ def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096), 
         x = torch.randint(0, spec.vocab_size, (1, t), device="cuda")
 
         def run():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with precision.autocast("cuda"):
                 loss = model(x, x)
             loss.backward()
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                run()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) / 10)
-        out[t] = statistics.median(times)
+        out[t] = statistics.median(_wall(torch, run, warmup=3, repeats=5, inner=10))
         print(f"host floor {config} {layers} layers + head, {t:5d} tokens: {out[t] * 1e3:7.2f} ms", flush=True)
     return {"model": config, "layers": layers, "seconds_by_tokens": out}
 

@@ -34,6 +34,11 @@ sys.path.insert(0, str(DATA.parent.parent))
 from gpu_kernels import score  # noqa: E402  (benchmarks/gpu_kernels.py: the same scoring the benchmark prints)
 
 
+def _spec(model: str):
+    """A preset, or a config file given from the repository's root."""
+    return load_model(str(DATA.parent.parent.parent / model) if model.endswith(".json") else model)
+
+
 def _kernels() -> dict:
     return json.loads((DATA / "h200-kernels.json").read_text())
 
@@ -91,8 +96,7 @@ def test_the_runtime_on_a_gpu_keeps_what_the_planner_counts(run, model, seq, bat
     """Every layout of the two sweeps (micro-batch 1 and 2, selective and full recompute): weights, gradients and
     AdamW states exactly, activations within 0.5 % (they were 29-41 % over the planner's count before it counted the
     casts autocast keeps)."""
-    spec = load_model(str(DATA.parent.parent.parent / model) if model.endswith(".json") else model)
-    job = runtime_job(spec, H200, batch, seq, gpu=True)
+    job = runtime_job(_spec(model), H200, batch, seq, gpu=True)
     layouts = json.loads((DATA / f"{run}.json").read_text())["layouts"]
     assert len(layouts) == 4
     for x in layouts:
@@ -109,8 +113,7 @@ def test_the_allocator_peak_is_the_saved_tensors_and_the_loss_transient(run, mod
     """torch.cuda.max_memory_allocated over a step (less what the sweep's other runtimes held) is what autograd kept
     plus the eager loss's backward transient (8 B per logit element: memory.EAGER_LOSS_TRANSIENT_BYTES), within 2 %;
     and the planner's total per GPU, which adds its workspace and fragmentation allowances, is never below it."""
-    spec = load_model(str(DATA.parent.parent.parent / model) if model.endswith(".json") else model)
-    job = runtime_job(spec, H200, batch, seq, gpu=True)
+    job = runtime_job(_spec(model), H200, batch, seq, gpu=True)
     for x in json.loads((DATA / f"{run}.json").read_text())["layouts"]:
         lay = Layout(dp=1, tp=1, pp=1, micro_batch=x["micro_batch"], recompute=x["recompute"])
         peak = x["measured_allocator_peak_bytes"]
@@ -125,8 +128,7 @@ def test_the_one_gpu_step_is_the_shardwise_profiles_within_ten_percent():
     The terms still miss apart (docs/accuracy.md): GEMMs 30 % slower than the step ran them, element-wise work faster."""
     from shardwise.validate import ValidateConfig, predict
 
-    spec = load_model(str(DATA.parent / "gpu_configs" / "llama-1.3b-nanotron.json"))
-    cfg = ValidateConfig(model=spec, cluster=H200, world=1, global_batch=8, seq_len=4096, backend="nccl")
+    cfg = ValidateConfig(model=_spec("benchmarks/data/gpu_configs/llama-1.3b-nanotron.json"), cluster=H200, world=1, global_batch=8, seq_len=4096, backend="nccl")
     for x in json.loads((DATA / "h200-validate-llama1.3b.json").read_text())["layouts"]:
         lay = Layout(dp=1, tp=1, pp=1, micro_batch=x["micro_batch"], recompute=x["recompute"])
         assert predict(cfg, lay)["step_time_s"] == pytest.approx(x["measured_step_time_s"], rel=0.10), x["name"]

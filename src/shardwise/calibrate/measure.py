@@ -265,7 +265,7 @@ def reference(t: Timer):
 def _amp(t: Timer):
     """The training loop's autocast (shardwise.precision) where the timer measures in BF16 (a GPU): the runtime's
     weights stay fp32 and every measured forward runs under it, else a bf16 input meets fp32 norm weights."""
-    return precision.autocast(t.device.type, "bfloat16" if t.dtype == torch.bfloat16 else "float32")
+    return precision.autocast(t.device.type, t.cfg.dtype)
 
 
 def measure_model(t: Timer, out: dict):

@@ -78,10 +78,16 @@ def power_share(cluster: ClusterSpec) -> float:
     return min(1.0, cluster.power_limit_w / rated) ** (1 / n)
 
 
+def mamf_rate(cluster: ClusterSpec) -> float:
+    """The GPU's maximum achievable BF16 matmul FLOP/s, as a lone GEMM benchmark measures it (the cluster file's
+    `mamf_tflops`, else DEFAULT_MATMUL_EFFICIENCY of its peak)."""
+    return cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+
+
 def matmul_rate(cluster: ClusterSpec, precision: str = "bf16") -> float:
     """Dense BF16 matmul FLOP/s of one GPU on a large, well-quantized GEMM inside a training step (of a job whose
     linears run in `precision`: a BF16 GEMM of an FP8 job runs at that job's in-situ share), under its power limit."""
-    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    mamf = mamf_rate(cluster)
     return mamf * in_situ(cluster, precision) * power_share(cluster)
 
 
@@ -141,7 +147,7 @@ def benchmark_gemm_time(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
     """Seconds of one BF16 GEMM timed alone on one GPU, as a GEMM benchmark times it: the model of gemm_time at MAMF's
     own rate, without the in-situ share a whole training step keeps (benchmarks/gpu_kernels.py scores this against a
     GPU's measured GEMMs)."""
-    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    mamf = mamf_rate(cluster)
     rate, wave_s = main_loop_rate(cluster, mamf * power_share(cluster))
     return _gemm(int(m), int(n), int(k), 1, cluster.sm_count, rate, hbm_rate(cluster), 2, 2, wave_s)
 
@@ -163,7 +169,7 @@ def fp8_rate(cluster: ClusterSpec) -> float:
     """Dense FP8 matmul FLOP/s inside a training step: the FP8 peak at the share of peak the BF16 matmuls
     sustain (the same tensor cores at the same clocks, each FP8 instruction twice the BF16 one's work; a
     cuBLASLt FP8 GEMM of 8192^3 on H100 SXM runs ~1,600 TFLOP/s, 0.81 of 1,979, beside BF16's MAMF share 0.80)."""
-    mamf = cluster.mamf_tflops * 1e12 if cluster.mamf_tflops else cluster.peak_flops * DEFAULT_MATMUL_EFFICIENCY
+    mamf = mamf_rate(cluster)
     return mamf * in_situ(cluster, "fp8") * power_share(cluster) * cluster.fp8_flops / cluster.peak_flops
 
 
@@ -527,8 +533,8 @@ ELEMENTWISE_KERNELS = {True: (6, 12), False: (20, 40), "compiled": (5, 10), "aut
 
 def rotary_time(cluster: ClusterSpec, tokens: int, q_dim: int, kv_dim: int, tp: int, e: int,
                 fused: bool | str = True) -> float:
-    """Forward seconds of one layer's rotary embedding on Q and K (its ELEMENTWISE bytes), for a stack whose selective
-    recompute runs it again with the attention core (Framework.selective_recomputes_rope)."""
+    """Forward seconds of one layer's rotary embedding on Q and K (its ELEMENTWISE bytes): elementwise_time's rotary
+    term, and what a stack's selective recompute runs again with the attention core (Framework.selective_recomputes_rope)."""
     return tokens * ELEMENTWISE[fused][4] * (q_dim + kv_dim) / tp * e / 2 / hbm_rate(cluster)
 
 
@@ -540,7 +546,7 @@ def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q
     key (True fused kernels, False eager, "compiled"). `glu_bytes` / `gelu_bytes`: the gated / plain activation's
     bytes per f-element when the stack runs it its own way (Framework.glu_bytes, Framework.gelu_epilogue).
     `fused_norms`: the norms as fused kernels whatever the rest (Job.fused_norms)."""
-    norm, residual, swiglu, gelu, rope = ELEMENTWISE[fused]
+    norm, residual, swiglu, gelu, _ = ELEMENTWISE[fused]
     if fused_norms:
         norm = ELEMENTWISE[True][0]
     swiglu = swiglu if glu_bytes is None else glu_bytes
@@ -549,8 +555,8 @@ def elementwise_time(cluster: ClusterSpec, tokens: int, hidden: int, ffn: int, q
         norm = norm.get(family, norm["llama"])
     scale = e / 2  # the byte counts above are for 2-byte activations
     per_token = 2 * (norm + residual) * hidden / (tp if sp else 1) + (swiglu if gated else gelu) * ffn / tp
-    if rotary:
-        per_token += rope * (q_dim + kv_dim) / tp
     fwd = tokens * per_token * scale / hbm_rate(cluster)
+    if rotary:
+        fwd += rotary_time(cluster, tokens, q_dim, kv_dim, tp, e, fused)
     kf, kb = ELEMENTWISE_KERNELS[fused]
     return max(fwd, kf * KERNEL_LAUNCH_S), max(2 * fwd, kb * KERNEL_LAUNCH_S)

@@ -316,8 +316,10 @@ def stack_saved_tensors(fw, compile: bool, compile_loss: bool = True, fused_norm
 
 
 def norm_bytes(model: ModelSpec, e: int, saved: SavedTensors = PAPER) -> float:
-    """Bytes one norm keeps per token: its input, or with fp32 statistics (`SavedTensors`) also those."""
+    """Bytes one norm keeps per token: its input, or with fp32 statistics (`SavedTensors`) also those; under autocast
+    (`SavedTensors.autocast_casts`) every one of them FP32."""
     h = model.hidden
+    e = 4 if saved.autocast_casts else e
     if not saved.norm_fp32_stats:
         return e * h
     return e * h + 8 if model.family == "gpt2" else 4 * h + e * h + 4  # LayerNorm; RMSNorm
@@ -342,8 +344,7 @@ def layer_activation_terms(model: ModelSpec, s: int, b: int, tp: int, sp: bool, 
     inputs = s * b * 2 * x * h  # the QKV and FC1 inputs: split along s by SP, unless kept as gathered (a DTensor plan)
     if saved.autocast_casts and not sp:  # every linear its own cast of the input
         inputs = s * b * x * h * (3 + (2 if model.gated_mlp else 1))
-    norm = norm_bytes(model, 4 if saved.autocast_casts else e, saved)
-    replicated = s * b * (2 * norm + 2 * mask * h) + (0 if saved.gathered_linear_inputs else inputs)
+    replicated = s * b * (2 * norm_bytes(model, e, saved) + 2 * mask * h) + (0 if saved.gathered_linear_inputs else inputs)
     # Q and K (for QK^T), V (for softmax @ V), and the input of the output projection.
     attention = s * b * (e * ((q + kv) + kv + q) + (q if fp8 else 0))
     # GELU MLP: GELU input and output (2 f-wide); SwiGLU: gate, up, their product (and silu(gate)); the last one is
@@ -514,7 +515,7 @@ def last_stage_bytes(job: Job, layout: Layout) -> float:
     out = logit_elements(job, layout) * saved.logits_bytes + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
-        out += tokens * (norm_bytes(model, 4 if saved.autocast_casts else e, saved) + e * model.hidden) / split
+        out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split
     if saved.autocast_casts and not layout.sequence_parallel:  # the head's BF16 weight copy (autocast_weight_copies)
         out += 2 * model.hidden * model.vocab_size / layout.tp
     return out

@@ -148,8 +148,7 @@ def measure_memory(rt, step) -> tuple[dict, dict]:
         record = _step_with_hooks(rt, step, counter)
     counter.sample_gradients()
     params = {id(p): p for m in models for p in m.parameters()}.values()
-    opt = getattr(rt.optimizer, "optim", rt.optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer
-    optim = sum(_nbytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
+    optim = sum(_nbytes(v) for v in _optimizer_states(rt))
     out = {"weights": sum(_nbytes(p) for p in params) + counter.gathered_peak,
            "gradients": counter.gradient_peak, "optimizer": optim, "activations": counter.peak,
            "allocator_peak": torch.cuda.max_memory_allocated() - others if cuda else 0}
@@ -158,13 +157,18 @@ def measure_memory(rt, step) -> tuple[dict, dict]:
     return record, out
 
 
+def _optimizer_states(rt):
+    """This rank's optimizer state tensors (ZeroRedundancyOptimizer keeps its shard's optimizer as `.optim`)."""
+    opt = getattr(rt.optimizer, "optim", rt.optimizer)
+    return (v for s in opt.state.values() for v in s.values() if hasattr(v, "numel"))
+
+
 def _resident_bytes(rt) -> int:
     """Bytes of this runtime's own tensors alive between steps: its parameters, the gradients it holds, its optimizer
     states (each storage once)."""
-    opt = getattr(rt.optimizer, "optim", rt.optimizer)
     tensors = [p for m in rt.models for p in m.parameters()]
     tensors += [p.grad for p in tensors if p.grad is not None]
-    tensors += [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
+    tensors += list(_optimizer_states(rt))
     storages = {}
     for t in map(_local, tensors):
         if t.device.type == rt.device.type:  # a CPU scalar (AdamW's step) is not in the GPU's allocator
