@@ -108,6 +108,16 @@ FP8_WAVE_S = 1.6e-6
 # at large K, where that cost is spread thin, so short-K GEMMs (a row-parallel GEMM's K = width / tp, a weight
 # gradient's K = the micro-batch's tokens) lose it on top. No such table for Ampere: its GEMMs are timed at MAMF.
 BF16_WAVE_S = {"hopper": 1.8e-6}
+# cuBLAS runs a GEMM whose output tiles do not fill the SMs as stream-K (Osama et al. 2023, "Stream-K: Work-centric
+# Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU", PPoPP '23): every SM takes an equal share
+# of the tiles' K iterations, so the GEMM takes tiles / SMs of a wave, not a whole one, and an SM that does not finish
+# its tile writes its FP32 partial sums to a workspace the tile's last SM reads back (4 + 4 B per output element of each
+# extra contributor: (SMs - tiles) / tiles of the output). Measured on an H200 (benchmarks/data/gpu/h200-kernels.json:
+# the narrow weight-gradient GEMMs of TP shards at K = 16K, 32-96 tiles on 132 SMs, ran 20-24 % faster than whole
+# waves of their best tile shape allow); on Hopper only, the architecture measured. Applied where K is at least STREAM_K_MIN_K, the shortest K of those GEMMs.
+STREAM_K_ARCHS = ("hopper",)
+STREAM_K_MIN_K = 4096
+STREAM_K_FIXUP_BYTES = 8
 # K of the shape the MAMF figure was measured at (Bekman's mamf-finder: A100 SXM 6912x16384x2048, H100 SXM
 # 6144x17920x2816).
 MAMF_K = {"ampere": 2048, "hopper": 2816}
@@ -115,18 +125,27 @@ MAMF_K = {"ampere": 2048, "hopper": 2816}
 
 @lru_cache(maxsize=1 << 16)
 def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float, in_bytes: float,
-          out_bytes: float, wave_s: float = 0.0) -> float:
+          out_bytes: float, wave_s: float = 0.0, stream_k: bool = False) -> float:
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     if sms:
-        per_sm = rate / sms
-        compute = min(math.ceil(batch * math.ceil(m / mt) * math.ceil(n / nt) / sms) * (2 * mt * nt * k / (per_sm * eff)
-                                                                                         + wave_s)
-                      for mt, nt, eff in TILES)
+        fixup = STREAM_K_FIXUP_BYTES * batch * m * n / hbm if stream_k and k >= STREAM_K_MIN_K else None
+        compute = min(_waves_time(batch * math.ceil(m / mt) * math.ceil(n / nt), 2 * mt * nt * k / (rate / sms * eff),
+                                  wave_s, sms, fixup) for mt, nt, eff in TILES)
     else:
         compute = 2 * batch * m * n * k / rate
     memory = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n) / hbm
     return max(compute, memory, KERNEL_LAUNCH_S)
+
+
+def _waves_time(tiles: int, tile_s: float, wave_s: float, sms: int, fixup_s: float | None) -> float:
+    """Seconds of `tiles` output tiles of `tile_s` each on `sms` SMs: whole waves (data-parallel), or, with a stream-K
+    `fixup_s` (the output's FP32 partials written and read once) where the tiles leave SMs idle, the tiles' share of a
+    wave plus the partials of the SMs that share a tile, whichever is faster (cuBLAS's heuristic picks)."""
+    whole = math.ceil(tiles / sms) * (tile_s + wave_s)
+    if fixup_s is None or tiles >= sms:
+        return whole
+    return min(whole, tiles / sms * tile_s + wave_s + fixup_s * (sms - tiles) / tiles)
 
 
 def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_bytes: float = 2,
@@ -140,7 +159,7 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
     else:
         rate, wave_s = main_loop_rate(cluster, matmul_rate(cluster, precision))
     return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
-                 1 if fp8 else in_bytes, out_bytes, wave_s)
+                 1 if fp8 else in_bytes, out_bytes, wave_s, cluster.arch in STREAM_K_ARCHS)
 
 
 def benchmark_gemm_time(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
@@ -149,7 +168,8 @@ def benchmark_gemm_time(cluster: ClusterSpec, m: int, n: int, k: int) -> float:
     GPU's measured GEMMs)."""
     mamf = mamf_rate(cluster)
     rate, wave_s = main_loop_rate(cluster, mamf * power_share(cluster))
-    return _gemm(int(m), int(n), int(k), 1, cluster.sm_count, rate, hbm_rate(cluster), 2, 2, wave_s)
+    return _gemm(int(m), int(n), int(k), 1, cluster.sm_count, rate, hbm_rate(cluster), 2, 2, wave_s,
+                 cluster.arch in STREAM_K_ARCHS)
 
 
 def main_loop_rate(cluster: ClusterSpec, rate: float) -> tuple[float, float]:
