@@ -1,5 +1,5 @@
 """How torch.distributed.pipelining runs FSDP2, measured on torch itself, and the torchtitan profile that
-relies on it (planner/frameworks.py `pipeline_fsdp_once`): under a pipeline schedule the units gather once
+relies on it (planner/framework.py `pipeline_fsdp_once`): under a pipeline schedule the units gather once
 and reduce-scatter once per step, whatever the number of micro-batches; without one, FSDP2 gathers and
 reduce-scatters in every micro-batch."""
 from __future__ import annotations

@@ -100,7 +100,7 @@ class Profile:
     def train_step_overhead_s(self) -> float:
         """What `shardwise train`'s loop adds to a bare step of the same layout (dp = world): the global-norm
         clip, the LR schedule, the loss's all-reduce, the scalars read back, the metrics record. The planner's
-        `shardwise` profile adds it to every step (planner/frameworks.py, CALIBRATED_STEP_OVERHEAD)."""
+        `shardwise` profile adds it to every step (planner/framework.py, CALIBRATED_STEP_OVERHEAD)."""
         if len(self.loop_points) < 2:
             return 0.0
         return max(self.loop_points[1] - self.loop_points[0], 0.0)

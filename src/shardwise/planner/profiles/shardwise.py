@@ -1,0 +1,35 @@
+"""This project's own runtime as a profile: what `shardwise train` runs (parallel/, train.py)."""
+
+from __future__ import annotations
+
+from shardwise.planner.framework import CALIBRATED_STEP_OVERHEAD, Framework
+from shardwise.specs import SCHEDULES
+
+
+SHARDWISE = Framework(
+    name="shardwise",
+    summary="this project's runtime: FP32 parameters and AdamW states (bf16 autocast on GPU), SDPA attention, "
+            "DDP bucketed all-reduce (ZeRO-0), DDP + ZeroRedundancyOptimizer (ZeRO-1: one broadcast per tensor), "
+            "FSDP2 (ZeRO-2 and ZeRO-3 reduce-scatter every micro-batch), FP32 reductions, SP's backward "
+            "re-gather waited for, blocking pipeline p2p, every schedule",
+    sources=("src/shardwise/parallel/data_parallel.py, src/shardwise/train.py, src/shardwise/launch.py (check)",),
+    weight_bytes=4, grad_bytes=4, optimizer_bytes=8, fused_elementwise=False, grad_reduce_bytes=4,
+    # torch's SDPA: cuDNN's kernels on Hopper since torch 2.11 (check_prefer_cudnn_attention: sm90/sm100 with the
+    # bundled cuDNN past 9.15; the H200's step profile ran them), FlashAttention-2 elsewhere (kernels.ATTENTION_KERNEL).
+    attention="sdpa",
+    glu_tensors=4,  # shardwise.model's SwiGLU, silu(w1 x) * w3 x, eager (memory.SHARDWISE_RUNTIME)
+    # FP32 parameters under autocast: each forward casts every weight (4 + 2), each backward casts its gradient back
+    # (grad_cast_bytes 2 + 4) and AccumulateGrad adds it into the FP32 gradient after the first micro-batch (4 + 4 + 4).
+    autocast_cast_bytes=6, grad_cast_bytes=6, grad_accumulation_bytes=12,
+    param_gather_bytes=4, async_sp_regather=False,
+    overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
+    schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
+    calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
+    expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
+    experts_in_layer_units=True,  # parallel/data_parallel.py: experts apart only under an expert placement
+    cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
+    loss="eager", unnamed_sequence_parallel=False,
+    partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
+    autocast_saved=True,  # measured on one H200 (benchmarks/data/gpu) and under CPU autocast (tests/test_memory_truth.py)
+    selective_recomputes_rope=True,
+)
