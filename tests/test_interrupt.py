@@ -103,3 +103,36 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
         for proc in jobs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+EXPLAIN = ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "128"]
+
+
+def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeypatch, capsys):
+    """The signal's exception is raised wherever the main thread is, and a library whose clean-up it cuts half-way can
+    fail in its own way while unwinding (torch's elastic rendezvous registers a finalizer that joins its keep-alive
+    thread before starting it: SIGTERM in between, and the agent's shutdown raised "cannot join thread before it is
+    started", a traceback and exit 1). The command still ends in the interrupt's one line and exit code; an error with
+    no signal behind it stays an error."""
+    import shardwise.commands.explain as explain
+    from shardwise import cli, interrupt
+
+    def interrupted_clean_up(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises here
+        finally:
+            raise RuntimeError("cannot join thread before it is started")
+
+    monkeypatch.setattr(interrupt, "_RECEIVED", [])
+    monkeypatch.setattr(explain, "run", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(EXPLAIN)
+    monkeypatch.setattr(explain, "run", interrupted_clean_up)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(EXPLAIN) == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert capsys.readouterr().err.strip().splitlines() == ["shardwise: interrupted by SIGTERM — stopped"]

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a bad flag (already reported in one line)
         return exc.code if isinstance(exc.code, int) else 2
-    from shardwise.interrupt import Interrupted, cli_handlers
+    from shardwise.interrupt import cli_handlers, interrupt_behind
 
     cli_handlers()
     try:
@@ -77,15 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"shardwise: error: {exc}", file=sys.stderr)
         code = exc.exit_code
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped
-        code = exc.exit_code if isinstance(exc, Interrupted) else 130
-        print(f"shardwise: {exc if isinstance(exc, Interrupted) else 'interrupted by SIGINT'} — stopped", file=sys.stderr)
-        if from_shell:  # torch's teardown takes seconds
-            exit_now(code)
-        return code
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stderr.close()
         return 0
+    except BaseException as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped
+        stop = interrupt_behind(exc)
+        if stop is None:
+            raise
+        print(f"shardwise: {stop} — stopped", file=sys.stderr)
+        if from_shell:  # torch's teardown takes seconds
+            exit_now(stop.exit_code)
+        return stop.exit_code
     code = int(code or 0)
     if from_shell and args.command in PLANNER_COMMANDS:
         exit_now(code)

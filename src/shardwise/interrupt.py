@@ -7,7 +7,8 @@
   in a collective would otherwise only see the signal when the collective returns, and each would print a
   traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
   visible only when complete (a half-written one is removed by the next save).
-- Outside a launch (the CLI's own process, one-process training) SIGTERM is `Interrupted` too.
+- Outside a launch (the CLI's own process, one-process training) SIGTERM and Ctrl-C are `Interrupted` too; an error
+  a library raises while unwinding one is still that interrupt (`interrupt_behind`).
 """
 
 from __future__ import annotations
@@ -32,16 +33,34 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum  # what a shell reports for a process a signal ended: 130, 143
 
 
+_RECEIVED: list[int] = []  # the signals that raised Interrupted in this process
+
+
 def _raise(signum, frame):
+    _RECEIVED.append(int(signum))
     raise Interrupted(signum)
 
 
 def cli_handlers() -> None:
-    """In the CLI's process: SIGTERM raises Interrupted, like Ctrl-C raises KeyboardInterrupt."""
+    """In the CLI's process: SIGTERM raises Interrupted, and so does Ctrl-C (a KeyboardInterrupt, as Python's own)."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise)
+        for sig in SIGNALS:
+            signal.signal(sig, _raise)
+
+
+def interrupt_behind(exc: BaseException) -> Interrupted | None:
+    """The interrupt `exc` ends the command with: itself if it is one; or, for another error raised after a signal
+    interrupted this process, that signal. Interrupted is raised wherever the main thread is, and a library whose
+    clean-up it cuts half-way can fail in its own way while unwinding (torch's elastic rendezvous registers a
+    finalizer that joins its keep-alive thread before starting it: SIGTERM in between, and the agent's shutdown raises
+    "cannot join thread before it is started" in place of the interrupt)."""
+    if isinstance(exc, Interrupted):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return Interrupted(signal.SIGINT)
+    return Interrupted(_RECEIVED[-1]) if _RECEIVED else None
 
 
 def rank_handlers() -> None:
