@@ -136,3 +136,18 @@ def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeyp
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     assert capsys.readouterr().err.strip().splitlines() == ["shardwise: interrupted by SIGTERM — stopped"]
+
+    def failed_while_handling_ctrl_c(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("cannot join thread before it is started") from None
+
+    monkeypatch.setattr(interrupt, "_RECEIVED", [])
+    monkeypatch.setattr(explain, "run", failed_while_handling_ctrl_c)
+    try:
+        assert cli.main(EXPLAIN) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert capsys.readouterr().err.strip().splitlines() == ["shardwise: interrupted by SIGINT — stopped"]

@@ -51,15 +51,20 @@ def cli_handlers() -> None:
 
 
 def interrupt_behind(exc: BaseException) -> Interrupted | None:
-    """The interrupt `exc` ends the command with: itself if it is one; or, for another error raised after a signal
-    interrupted this process, that signal. Interrupted is raised wherever the main thread is, and a library whose
+    """The interrupt `exc` ends the command with: itself if it is one; or, for another error raised while one was being
+    handled or after a signal interrupted this process, that one. Interrupted is raised wherever the main thread is, and a library whose
     clean-up it cuts half-way can fail in its own way while unwinding (torch's elastic rendezvous registers a
     finalizer that joins its keep-alive thread before starting it: SIGTERM in between, and the agent's shutdown raises
     "cannot join thread before it is started" in place of the interrupt)."""
-    if isinstance(exc, Interrupted):
-        return exc
-    if isinstance(exc, KeyboardInterrupt):
-        return Interrupted(signal.SIGINT)
+    seen, depth = exc, 0
+    while seen is not None and depth < 32:  # the error, then what it was raised while handling
+        if isinstance(seen, Interrupted):
+            return seen
+        if isinstance(seen, KeyboardInterrupt):
+            return Interrupted(signal.SIGINT)
+        if type(seen).__name__ == "SignalException" and hasattr(seen, "sigval"):  # torch's agent caught the signal
+            return Interrupted(int(seen.sigval))
+        seen, depth = seen.__context__, depth + 1
     return Interrupted(_RECEIVED[-1]) if _RECEIVED else None
 
 
