@@ -169,7 +169,7 @@ def _rank(model_ref: str, layouts: list[str], steps: int, hop: tuple = (0.0, 0.0
 def planned(model_ref: str, cluster_ref: str, name: str) -> dict:
     """The planner's per-rank, per-micro-batch (f, b, w) in ms for layout `name` on a calibrated cluster, and its step."""
     from shardwise.planner import estimate
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
     from shardwise.planner.step_time import stage_cost
     from shardwise.specs import load_cluster
     from shardwise.validate.config import parse_layout

@@ -16,7 +16,7 @@ import hashlib
 import sys
 from dataclasses import asdict
 
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import load_cluster, load_model
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import search
 from shardwise.specs import load_cluster, load_model
 

@@ -35,7 +35,7 @@ import json
 import sys
 
 from shardwise.planner.frameworks import FRAMEWORKS
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import load_cluster, load_model

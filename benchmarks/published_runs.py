@@ -39,7 +39,7 @@ from shardwise.planner import estimate, kernels
 from shardwise.planner import moe as moe_terms
 from shardwise.planner.estimate import complete_layout, fewest_recomputed
 from shardwise.planner.frameworks import FRAMEWORKS
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.step_time import model_flops_per_step
 from shardwise.specs import Layout, ModelSpec, load_cluster, load_model, validate_layout
 from shardwise.stage_split import max_chunk_layers

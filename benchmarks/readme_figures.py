@@ -105,7 +105,7 @@ def long_context() -> str:
     """Llama 3 405B's published 128K stage (Llama Team 2024, Table 4: tp 8, cp 16, pp 16, dp 8 on 16,384 H100s,
     128 sequences, 38 % MFU) under the `llama3` profile, and the planner's best for that job (as
     tests/test_planner_cp.py scores them)."""
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import SearchSpace, search
     from shardwise.specs import load_cluster, load_model
 

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from shardwise.calibrate import CalibrateConfig, Profile
     from shardwise.launch import run_ranks
     from shardwise.planner import estimate
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
     from shardwise.specs import load_cluster, load_model
     from shardwise.validate import ValidateConfig, default_layouts, describe, summarize
 

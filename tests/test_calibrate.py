@@ -19,7 +19,7 @@ from shardwise.calibrate.measure import (cp_attention_flops, fit_line, fit_model
                                         model_flops, split_edges)
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
-from shardwise.planner.memory import Job
+from shardwise.planner.job import Job
 from shardwise.planner.layer_time import achievable_flops, matmul_params_per_layer
 from shardwise.specs import ClusterSpec, Layout, TrainSpec, load_cluster, load_model
 
@@ -233,7 +233,8 @@ def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(mode
     fitted into the rate and added again they made it 12 passes per layer too slow), and at pp 2 the two ranks' compute
     adds up to it, the last rank's larger by its edge less the first's (one fixed cost per layer instead gave each
     rank half of the two edges)."""
-    from shardwise.planner.memory import rank_layers, runtime_job
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.memory import rank_layers
     from shardwise.planner.step_time import stage_cost
 
     model, layers, seq, copy_gbs, rate = load_model(model_name), 4, 64, 10.0, 30e9
@@ -266,7 +267,7 @@ def test_full_recompute_costs_the_calibrated_model_what_calibrate_measured(model
     """The 4-layer model measured with every layer checkpointed whole, 9 ms above without at one sequence: the planner's
     recompute term for that model and micro-batch (dp 1, pp 1, one micro-batch) is those 9 ms, whatever the rate and
     per-layer cost; a calibration that did not measure it keeps selective recompute's per-layer cost."""
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     model, layers, seq, rate, copy_gbs = load_model(model_name), 4, 64, 30e9, 10.0
     profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model=model_name, tokens=seq,
@@ -330,7 +331,7 @@ def test_the_planner_charges_the_exchanges_spread_more_after_longer_actions():
     # Two calibrations with the same exchange beyond its table (0.3 ms), one measuring it 0.1 x the compute dearer after
     # compute: interleaved 1F1B's program charges the second more, and twice the micro-batch (longer actions between
     # exchanges) more again; the one-way wake-up of an older calibration is not charged beside the exchange.
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     tiny, table = load_model("tiny"), 2e-4 + 16384 / 2e9
 
@@ -353,7 +354,7 @@ def test_a_rank_that_waited_pays_the_handoffs_measured_turn_beyond_the_lockstep_
     # The exchange after a 1 ms layer costs 0.5 ms in lockstep ([5] - [0]), after a 5 ms stage 0.8 ms ([7] - [6]);
     # taking turns, a rank's turn of the layer costs 1.6 ms ([8]), of the stage 6.2 ms ([9]): 0.1 and 0.4 ms beyond
     # the lockstep exchange after the same compute, paid by a rank that waited a layer or a stage for its neighbour.
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     p = _cp_profile([])
     p.sync_points += [1.5e-3, 5e-3, 5.8e-3]
@@ -398,7 +399,7 @@ def test_with_a_measured_scatter_only_the_rank_that_waits_pays_the_exchange():
     # exchange pays it.
     from dataclasses import replace as with_
 
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     spec = with_(load_model("tiny"), num_layers=3)
     table = 2e-4 + 16384 / 2e9
@@ -441,7 +442,7 @@ def test_the_planner_charges_a_context_parallel_layer_what_calibrate_measured(mo
     rank holds: every term but the attention is the same, so the difference in compute + context-parallel exchanges
     is 8 micro-batches x 4 layers x (the measured context-parallel layer - the plain one) — calibrate's subtraction
     (the attention FLOPs, the exchanges at the tables) and the planner's charge count the same things."""
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     plain, ring, allgather = 1.7e-3, 4.6e-3, 4.7e-3
     cluster, tiny = _cp_profile([plain, ring, allgather]).to_cluster(), load_model("tiny")
@@ -464,7 +465,7 @@ def test_the_planner_prices_a_tp_step_as_calibrate_measured_it(extra):
     price (tp_call_s) is set so that the planner's tp2 step of the same model, 8 micro-batches, costs 8 x the measured
     TP - plain; where the tables alone exceed the measurement, no call goes below nothing."""
     from shardwise.calibrate.profile import tp_call_in_step
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     tiny = load_model("tiny")
     p = _cp_profile([])
@@ -493,7 +494,7 @@ def test_sequence_parallel_calls_are_priced_from_the_split_with_sequence_paralle
     price (tp_sp_call_s), at which the planner's tp2:sp step costs 8 x the measured SP - plain, while plain TP keeps
     its own; a calibration without the SP point (older, or a sequence that does not split) prices SP's calls as TP's."""
     from shardwise.calibrate.profile import tp_call_in_step
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
 
     tiny = load_model("tiny")
     p = _cp_profile([])

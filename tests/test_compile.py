@@ -6,7 +6,7 @@ import json
 from shardwise.cli import main
 from shardwise.planner import estimate, kernels
 from shardwise.planner.layer_time import layer_cost
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.specs import Layout, load_cluster, load_model
 
 H100 = load_cluster("dgx-h100-80gb")

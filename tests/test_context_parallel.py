@@ -84,7 +84,8 @@ MEMORY: dict = {}  # key -> (measured, predicted) bytes, for the report
 
 
 def _predicted_activations(cfg: TrainConfig) -> float:
-    from shardwise.planner.memory import counted_memory, runtime_job
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
 
     job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len, gpu=False)

@@ -7,7 +7,7 @@ import pytest
 
 from shardwise.planner import kernels
 from shardwise.planner.comm import collective_time
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.step_time import pipe_regather_time, pipeline_costs, step_time
 from shardwise.schedules import Costs, build, simulate
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan

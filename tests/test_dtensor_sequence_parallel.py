@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from ranks import measured_on_ranks
 
 from shardwise.planner.frameworks import get
-from shardwise.planner.memory import layer_activation_terms, make_job
+from shardwise.planner.job import make_job
+from shardwise.planner.memory import layer_activation_terms
 from shardwise.specs import load_cluster, load_model
 
 BATCH, SEQ, HIDDEN, FFN, RANKS = 3, 8, 16, 40, 2  # FFN / RANKS != HIDDEN: shapes tell the tensors apart

@@ -34,7 +34,7 @@ from shardwise.cli import main
 from shardwise.emit import FRAMEWORK, Target, emitter, render
 from shardwise.planner import Job, estimate
 from shardwise.planner.frameworks import FRAMEWORKS
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 from shardwise.stage_split import stage_layer_counts
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from shardwise.planner.explain import PUBLISHED_MFU_RECORD, explain, plausibility
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import load_cluster, load_model
 

@@ -194,7 +194,7 @@ def test_simulate_beyond_the_simulated_size_answers_with_the_closed_forms(monkey
 def test_count_candidates_is_what_the_search_scores(monkeypatch):
     """The budget check counts exactly the layouts the search then visits (two separate walks over the space)."""
     from shardwise.planner import search as search_mod
-    from shardwise.planner.memory import Job
+    from shardwise.planner.job import Job
     from shardwise.specs import TrainSpec, load_cluster, load_model
 
     seen = set()
@@ -220,7 +220,7 @@ def test_skipping_micro_batches_above_one_that_did_not_fit_changes_no_ranking(mo
     """The search skips micro-batches above one whose leanest layout did not fit (memory never shrinks with the
     micro-batch): the ranking is the one the unpruned search finds, for dense, MoE, CP and several frameworks."""
     from shardwise.planner import search as search_mod
-    from shardwise.planner.memory import Job
+    from shardwise.planner.job import Job
     from shardwise.specs import TrainSpec, load_cluster, load_model
 
     jobs = [(Job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), TrainSpec(512, 4096)), 64),

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from shardwise.planner import kernels
-from shardwise.planner.memory import counted_memory, loss_transient_bytes, memory_breakdown, runtime_job
+from shardwise.planner.job import runtime_job
+from shardwise.planner.memory import counted_memory, loss_transient_bytes, memory_breakdown
 from shardwise.specs import Layout, load_cluster, load_model
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu"
@@ -127,7 +128,7 @@ def test_the_runtime_on_a_gpu_keeps_what_the_planner_counts(run, model, seq, bat
     ("h200-validate-llama1.3b", "benchmarks/data/gpu_configs/llama-1.3b-nanotron.json", 4096, 8)])
 def test_the_allocator_peak_is_the_saved_tensors_and_the_loss_transient(run, model, seq, batch):
     """torch.cuda.max_memory_allocated over a step (less what the sweep's other runtimes held) is what autograd kept
-    plus the eager loss's backward transient (8 B per logit element: memory.EAGER_LOSS_TRANSIENT_BYTES), within 2 %;
+    plus the eager loss's backward transient (8 B per logit element: job.EAGER_LOSS_TRANSIENT_BYTES), within 2 %;
     and the planner's total per GPU, which adds its workspace and fragmentation allowances, is never below it."""
     job = runtime_job(_spec(model), H200, batch, seq, gpu=True)
     for x in json.loads((DATA / f"{run}.json").read_text())["layouts"]:

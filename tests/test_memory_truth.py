@@ -27,7 +27,8 @@ import torch
 from shardwise.cli import build_parser, main
 from shardwise.commands.train import config_from
 from shardwise.launch import spawn_ranks
-from shardwise.planner.memory import counted_memory, runtime_job
+from shardwise.planner.job import runtime_job
+from shardwise.planner.memory import counted_memory
 from shardwise.specs import Layout, load_cluster, load_model
 from shardwise.validate.memory import STATE_KEYS
 

@@ -100,7 +100,8 @@ def _memory_differences(key: str, cfg: TrainConfig, measured: list[dict]) -> lis
     """Saved activations (mean over the ranks: routing loads them unevenly, the ep group's rows add up to the
     balanced figure) within 1 % of the planner, model states (every rank; ZeRO-1 partitions by tensor: the
     mean) within 0.1 %."""
-    from shardwise.planner.memory import counted_memory, runtime_job
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
 
     predicted = counted_memory(runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), GLOBAL_BATCH, 16, gpu=False), cfg.layout)

@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.planner import estimate
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.memory import rank_expert_params, rank_params
 from shardwise.planner.moe import all_to_all_time
 from shardwise.planner.step_time import model_flops_per_step

@@ -12,7 +12,8 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.planner.estimate import complete_layout, estimate, fewest_recomputed
-from shardwise.planner.memory import make_job, memory_breakdown, rank_memory, rank_recomputed_layers, stage_activation_bytes
+from shardwise.planner.job import make_job
+from shardwise.planner.memory import memory_breakdown, rank_memory, rank_recomputed_layers, stage_activation_bytes
 from shardwise.specs import Layout, load_cluster, load_model
 from shardwise.stage_split import stage_layer_counts
 

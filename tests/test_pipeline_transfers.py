@@ -3,7 +3,7 @@ where the stack sends it behind compute (planner/step_time.py pipeline_costs).""
 import pytest
 
 from shardwise.planner.comm import collective_time
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.step_time import pipeline_costs
 from shardwise.specs import Layout, ModelSpec, load_cluster
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from shardwise.cli import main
 from shardwise.planner import estimate
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.specs import Layout, cluster_presets, load_cluster, load_model, model_presets
 
 # Every field the issues' contracts and the README name for one layout (estimate --json, plan's best and candidates).

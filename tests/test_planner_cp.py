@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.planner import estimate
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.planner.layer_time import layer_cost
 from shardwise.specs import Layout, load_cluster, load_model

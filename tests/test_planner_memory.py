@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.planner.memory import (FRAGMENTATION, WORKSPACE_BYTES, Job, checkpoint_bytes, layer_activation_terms,
-                                      memory_breakdown, model_state_bytes, rank_layers, rank_memory, rank_params,
-                                      stage_activation_bytes)
+from shardwise.planner.job import Job
+from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, checkpoint_bytes, layer_activation_terms, memory_breakdown, model_state_bytes, rank_layers, rank_memory, rank_params, stage_activation_bytes
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model
 
 # A GPT-3-like layer (the paper's setting: 4h FFN, multi-head attention, dropout), small numbers.
@@ -116,7 +115,7 @@ def test_workspace_allowance_is_stated():
 def test_expandable_segments_leave_only_the_workspace():
     # torchtitan's launcher runs PyTorch's allocator with expandable segments (run_train.sh): free memory goes back by
     # the 2 MiB page, so nothing beyond the 1 GiB workspace; Megatron-LM's default caching allocator keeps the 5 %.
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     model, cluster, lay = load_model("tiny"), load_cluster("dgx-a100-80gb"), Layout(dp=2, zero=2)
     titan = rank_memory(make_job(model, cluster, 8, 64, "torchtitan"), lay, 0)
     assert titan["workspace"] == WORKSPACE_BYTES
@@ -245,7 +244,7 @@ def test_fsdp_under_a_pipeline_holds_the_gradients_of_the_chunks_its_schedule_re
     # forwards. With m = 2 micro-batches (4 chunk-micro-batches > 2) the steady state runs 2 backwards, both of the
     # last chunk: 1 of 2 chunks' gradients at the peak, 4 B x half the rank's parameters. With m = 4 (8 - 2 = 6
     # backwards, 2 chunks reached) all of them.
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     job = make_job(load_model("tiny"), load_cluster("dgx-a100-80gb"), 8, 64, "torchtitan")
     lay = Layout(dp=2, pp=2, vpp=2, schedule="interleaved-1f1b", micro_batch=2, zero=2)
     params = rank_params(job, lay, 1)
@@ -282,7 +281,7 @@ def test_gated_mlp_tensors_each_profile_counts_are_what_autograd_keeps():
     import torch
     import torch.nn.functional as F
     from shardwise.planner.frameworks import get
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
 
     class MegatronSwiGLU(torch.autograd.Function):  # megatron/core/fusions/fused_bias_swiglu.py SwiGLUFunction's saves
         @staticmethod
@@ -332,7 +331,8 @@ def test_eager_rmsnorm_keeps_what_autograd_keeps():
     # BF16 normalised output), and a compiled or fused stack's norm keeps its input only (Korthikanti et al.'s e·h).
     import torch
     from torch import nn
-    from shardwise.planner.memory import make_job, norm_bytes
+    from shardwise.planner.job import make_job
+    from shardwise.planner.memory import norm_bytes
     from shardwise.validate.saved_bytes import SavedBytes
     h, tokens = 32, 8
     weight = nn.Parameter(torch.ones(h, dtype=torch.bfloat16))

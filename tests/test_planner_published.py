@@ -261,7 +261,7 @@ def test_fms_fsdp_rows_run_fsdp1_with_bf16_reduce():
     # sources"), the A100 70B row is 15 % slow under its own profile, 18 % under torchtitan's.
     import dataclasses
 
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.step_time import step_time
     from shardwise.specs import Layout, load_cluster, load_model
 

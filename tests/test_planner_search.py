@@ -39,7 +39,7 @@ def test_search_winner_beats_every_fitting_layout_of_a_brute_force_sample(framew
     # Exhaustive over a small space, interleaved schedules included: no fitting layout the framework can run is
     # faster than the winner, whatever the pruning skipped.
     from shardwise.planner.frameworks import get
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.specs import SCHEDULES, divisors
 
     job = make_job(load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 1024, framework)
@@ -506,7 +506,7 @@ def test_plan_lists_one_layout_per_split_unless_all_variants(capsys):
 def test_the_search_tries_one_shard_group_per_node_where_the_stack_runs_hsdp():
     import dataclasses
 
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
 
     # 800 Gb/s per node of 8 H100s (IBM's cluster behind fms-fsdp). With a BF16 reduce, FULL_SHARD's network carries
     # 2 + 2 + 2 bytes per parameter and step (two gathers, a reduce-scatter), HSDP's all-reduce 2 x 2: the search,
@@ -525,7 +525,7 @@ def test_the_search_tries_one_shard_group_per_node_where_the_stack_runs_hsdp():
 def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(model, framework, seq):
     import re
 
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import nothing_fits_message
 
     job = make_job(load_model(model), load_cluster("dgx-h100-80gb"), 1024, seq, framework)
@@ -538,7 +538,7 @@ def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(model, f
 def test_no_gpu_count_is_suggested_where_more_gpus_cannot_shard_the_weights_enough():
     """Meta's 2022-23 stack (`llama2`) has no pipeline and no weight sharding: at tp 8 a 405B model's BF16 weights
     and FP32 gradients alone exceed a GPU, however many there are."""
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import nothing_fits_message
 
     job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, "llama2")

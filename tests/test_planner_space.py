@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.cli import main
-from shardwise.planner.memory import Job
+from shardwise.planner.job import Job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import TrainSpec, load_cluster, load_model
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from shardwise.planner import Job, estimate, kernels
 from shardwise.planner.comm import collective_time, interpolate, nccl_time
 from shardwise.planner.frameworks import FRAMEWORKS
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.overlap import hidden
 from shardwise.planner.layer_time import layer_cost, matmul_params_per_layer
 from shardwise.planner.step_time import accumulation_time, model_flops_per_step, step_time, tied_embedding_time
@@ -728,7 +728,7 @@ def test_a_calibrated_pipeline_runs_the_executors_program():
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
 def test_parameter_tensors_are_the_runtimes(name):
     from shardwise.model import Transformer
-    from shardwise.planner.memory import Job
+    from shardwise.planner.job import Job
     from shardwise.planner.step_time import param_tensors
 
     spec = load_model(name)

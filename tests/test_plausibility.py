@@ -9,7 +9,7 @@ import pytest
 
 from shardwise.errors import UsageError
 from shardwise.planner import estimate, frameworks
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import search
 from shardwise.specs import Layout, load_cluster, load_model
 

@@ -16,7 +16,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.commands.plan import best_per_split
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import search
 from shardwise.specs import load_cluster, load_model
 

@@ -1,7 +1,8 @@
 """The search's shortcuts give the answers of the slow paths they replace (each checked against the slow path itself)."""
 
 from shardwise.planner import search as search_mod
-from shardwise.planner.memory import Job, fits_memory, make_job, memory_breakdown, pipeline_ranks, rank_memory, total_bytes
+from shardwise.planner.job import Job, make_job
+from shardwise.planner.memory import fits_memory, memory_breakdown, pipeline_ranks, rank_memory, total_bytes
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shardwise.forked import deal
 from shardwise.planner import search as search_module
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.search import SearchSpace, search
 from shardwise.specs import load_cluster, load_model
 

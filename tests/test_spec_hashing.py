@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 import pytest
 
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
 
 

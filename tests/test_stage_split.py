@@ -83,7 +83,8 @@ def test_runtime_planner_and_simulator_cut_alike(model, pp, vpp, seq):
     """The runtime builds the layers the planner counts for it (the shardwise profile), and the simulator's
     per-stage costs follow them."""
     from shardwise.parallel.pipeline_step import build_stage_chunks
-    from shardwise.planner.memory import Job, rank_layers as planner_layers
+    from shardwise.planner.job import Job
+    from shardwise.planner.memory import rank_layers as planner_layers
     from shardwise.schedules import model_costs
 
     spec = load_model(model)
@@ -166,7 +167,8 @@ def test_megatron_cuts_evenly_or_gives_the_embedding_and_the_loss_a_layers_slot(
 
 
 def test_a_megatron_profile_estimates_megatrons_cut_and_shardwise_its_own():
-    from shardwise.planner.memory import Job, rank_layers as planner_layers
+    from shardwise.planner.job import Job
+    from shardwise.planner.memory import rank_layers as planner_layers
 
     zb = dataclasses.replace(load_model("gpt2"), num_layers=22, hidden=2304, num_heads=24, num_kv_heads=24,
                              head_dim=96, ffn_hidden=4 * 2304, vocab_size=51200)
@@ -183,7 +185,7 @@ def test_megatron_2021_runs_only_a_pipeline_that_cuts_the_layers_evenly():
     # Bubble's 22 layers on 8 stages (which megatron-core cuts 2, 3 x 6, 2) or 32 layers on 4 x 3 chunks cannot run
     # there; 32 on 4 x 2 chunks (4 layers each) can. One line, exit 2, naming the cut; the search skips such pipelines.
     from shardwise.cli import main
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import SearchSpace, search
 
     def estimate(*extra):
@@ -212,7 +214,7 @@ def test_megatron_2021_interleaves_only_pipelines_deeper_than_two():
     # than 2 with interleaved schedule'; NeMo's later recipes run pp 2 with virtual stages (the published Grok-1 and
     # Qwen3 30B rows: pp 2, vp 8 and 24), so megatron-core keeps it. One line, exit 2; the search skips pp 2 x v.
     from shardwise.cli import main
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import SearchSpace, search
 
     def estimate(framework):
@@ -250,7 +252,7 @@ def test_internevo_cuts_no_chunk_without_a_layer_and_vpp_must_divide_the_layers(
     # raises "Some nodes in Pipeline have no requests" for a stage with no layer: no chunk for the embedding or the
     # loss alone, which megatron-core's split (the profile it derives from) allows. One line, exit 2; plan skips them.
     from shardwise.cli import main
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
     from shardwise.planner.search import SearchSpace, search
 
     def estimate(framework, *layout):

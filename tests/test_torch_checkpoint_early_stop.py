@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from shardwise.planner.memory import make_job
+from shardwise.planner.job import make_job
 from shardwise.planner.step_time import stage_cost
 from shardwise.specs import Layout, load_cluster, load_model
 

@@ -12,7 +12,8 @@ import torch.nn as nn
 from ranks import measured_on_ranks
 
 from shardwise.planner import memory
-from shardwise.planner.memory import local_seq, make_job, pipeline_buffer_bytes, rank_memory
+from shardwise.planner.job import make_job
+from shardwise.planner.memory import local_seq, pipeline_buffer_bytes, rank_memory
 from shardwise.specs import Layout, load_cluster, load_model
 
 HIDDEN, SEQ, MICROBATCHES, RANKS = 16, 8, 4, 2

@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from shardwise.launch import spawn_ranks
-from shardwise.planner.memory import make_job, memory_breakdown, model_state_bytes, rank_layers, rank_params
+from shardwise.planner.job import make_job
+from shardwise.planner.memory import memory_breakdown, model_state_bytes, rank_layers, rank_params
 from shardwise.planner.step_time import step_time
 from shardwise.specs import Layout, load_cluster, load_model
 

@@ -10,7 +10,7 @@ import pytest
 from shardwise.calibrate.config import COLLECTIVES
 from shardwise.calibrate.profile import COMPUTE_RATES, NOT_SECONDS, SPEED_CLASS, Profile, at_speed, speed_ratios
 from shardwise.planner import estimate
-from shardwise.planner.memory import runtime_job
+from shardwise.planner.job import runtime_job
 from shardwise.specs import Layout, load_model
 from shardwise.validate import describe
 

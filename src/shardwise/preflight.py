@@ -1,6 +1,6 @@
 """Will this training job fit this machine? Answered by the planner before any process starts.
 
-- Memory: the planner's prediction of shardwise's own runtime (`planner.memory.runtime_job`: fp32 states,
+- Memory: the planner's prediction of shardwise's own runtime (`planner.job.runtime_job`: fp32 states,
   the activations shardwise saves) per rank, plus the full-precision weights a rank builds before tensor
   parallelism slices them, plus what a rank's interpreter holds (torch imported, process group up). On CPU all
   local ranks share this machine's RAM; on GPUs each rank's states and activations must fit its GPU, and the
@@ -42,7 +42,8 @@ def available_host_memory() -> float | None:
 
 def rank_memory(cfg) -> tuple[float, float]:
     """(device bytes, host bytes) one rank needs at its peak, as the planner predicts them."""
-    from shardwise.planner.memory import counted_memory, runtime_job
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
 
     lay = cfg.layout

@@ -436,7 +436,8 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
 def memory_summary(cfg: TrainConfig, measured: dict) -> dict:
     """The measured peak (max over ranks; collective) against the planner's prediction for this run, GiB:
     states + saved activations as `validate` counts them (shardwise.validate.memory)."""
-    from shardwise.planner.memory import counted_memory, runtime_job
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
 
     worst = worst_over_ranks(measured)

@@ -325,7 +325,7 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int, sp:
         return None
     from dataclasses import replace
 
-    from shardwise.planner.memory import runtime_job
+    from shardwise.planner.job import runtime_job
     from shardwise.planner.step_time import stage_cost
     from shardwise.specs import Layout
 

@@ -114,7 +114,7 @@ def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> No
 
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
-    from shardwise.planner.memory import ATTENTION_BACKENDS
+    from shardwise.planner.job import ATTENTION_BACKENDS
 
     add_framework_arg(p)
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
@@ -258,7 +258,7 @@ def under_framework(args, attempt):
 def job_from_args(args):
     """The planner's Job from --model/--cluster/--global-batch/--seq-len and the framework (+ software flags)."""
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get
-    from shardwise.planner.memory import make_job
+    from shardwise.planner.job import make_job
 
     named = getattr(args, "framework", None)  # None only outside under_framework (e.g. a library caller)
     framework = get(DEFAULT_FRAMEWORK if named is None else named).name  # unknown (or empty) name: one line, exit 2

@@ -66,7 +66,7 @@ def article(console) -> dict:
     from shardwise.commands.common import layout_table, print_explanation
     from shardwise.commands.plan import best_per_split
     from shardwise.planner.explain import explain
-    from shardwise.planner.memory import Job
+    from shardwise.planner.job import Job
     from shardwise.specs import TrainSpec, load_cluster, load_model
 
     a = ARTICLE

@@ -9,7 +9,8 @@ from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
-from shardwise.planner.memory import Job, fits_memory, memory_breakdown
+from shardwise.planner.job import Job
+from shardwise.planner.memory import fits_memory, memory_breakdown
 from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
@@ -127,7 +128,7 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "bytes_per_param": {"weights": job.train.weight_bytes, "gradients": job.train.grad_bytes,
                             "optimizer": job.train.optimizer_bytes},
         "activation_dtype": dtype.get(job.train.activation_bytes, f"{job.train.activation_bytes} B"),
-        # what the memory counts beyond Korthikanti et al.'s list (memory.stack_saved_tensors): the gated MLP's kept
+        # what the memory counts beyond Korthikanti et al.'s list (job.stack_saved_tensors): the gated MLP's kept
         # f-wide tensors, eager norms' FP32 copies, and the loss's buffers per logit element at the step's peak
         "loss": fw.loss_run(job.compile, job.compile_loss),
         "kept_for_backward": {"gated_mlp_tensors": job.saved.gated_mlp_tensors,

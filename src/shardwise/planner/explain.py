@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job
+from shardwise.planner.job import Job
 from shardwise.planner.search import SearchResult
 from shardwise.specs import TrainSpec
 from shardwise.units import seconds

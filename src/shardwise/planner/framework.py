@@ -49,13 +49,13 @@ class Framework:
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
     # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).
     glu_bytes: float | None = None
-    # f-wide tensors its gated MLP keeps for the backward (memory.SavedTensors.gated_mlp_tensors): 3, the gate and up
+    # f-wide tensors its gated MLP keeps for the backward (job.SavedTensors.gated_mlp_tensors): 3, the gate and up
     # GEMMs' outputs and their product (Megatron's fused swiglu keeps its input, the FC2 linear its output; Transformer
     # Engine's LayerNormMLP the same); 4 where the block is eager PyTorch, `w2(F.silu(w1(x)) * w3(x))`: autograd's
     # SiLU keeps its input and the product keeps both factors, silu(gate) among them (torchtitan's, fms' and nanotron's
-    # MLPs; what `validate` measures on shardwise's own model, memory.SHARDWISE_RUNTIME); 2 for xformers' fused SwiGLU
+    # MLPs; what `validate` measures on shardwise's own model, job.SHARDWISE_RUNTIME); 2 for xformers' fused SwiGLU
     # (lit-gpt). Under --compile, 2: AOTAutograd's min-cut partitioner keeps the two GEMM outputs and recomputes the
-    # point-wise silu(gate) * up in the backward's fused kernel (memory.stack_saved_tensors).
+    # point-wise silu(gate) * up in the backward's fused kernel (job.stack_saved_tensors).
     glu_tensors: int = 3
     # The GPU architectures on which its plain (GELU) MLP runs the activation in the FC1 GEMM's epilogue and its
     # gradient in the dgrad GEMM's (layer_time.GELU_EPILOGUE_BYTES) instead of as element-wise passes.
@@ -189,7 +189,7 @@ class Framework:
     # (_maybe_view_chunk_cat returns a view only when dim 0 is the group; torch 2.13
     # torch/distributed/_functional_collectives.py): copies on the compute stream (planner/layer_time.py _tp_comm).
     # (2) The column-parallel linears multiply the gathered (replicated) input and autograd keeps that for their weight
-    # gradients: the whole sequence, not its shard (memory.SavedTensors.gathered_linear_inputs; measured on torch in
+    # gradients: the whole sequence, not its shard (job.SavedTensors.gathered_linear_inputs; measured on torch in
     # tests/test_dtensor_sequence_parallel.py), so the backward gathers nothing again unless selective (op-level)
     # checkpointing recomputed the gather. Megatron keeps the shard and re-gathers, along dim 0: no copy.
     dtensor_sp: bool = False
@@ -230,7 +230,7 @@ class Framework:
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
     # and Composer's two training metrics on the same logits).
     loss: str = "megatron"
-    # Whether an "eager" loss is charged its FP32 buffers in memory (memory.EAGER_LOSS_KEPT_BYTES and its transient), as
+    # Whether an "eager" loss is charged its FP32 buffers in memory (job.EAGER_LOSS_KEPT_BYTES and its transient), as
     # read from the stack's code; False where its loss's memory was not read (the default per-logit count).
     eager_loss_memory: bool = True
     # Its LM head gathers the logits over the TP ranks before the loss (a ColumnParallelLinear left at
@@ -254,7 +254,7 @@ class Framework:
     # GEMMs read are already 16-bit (a 16-bit parameter copy updated once per step, or FSDP casting into its gather).
     autocast_cast_bytes: float = 0.0
     # The stack's model keeps FP32 weights and residual stream under torch.autocast and saves what autocast made
-    # (memory.SavedTensors.autocast_casts: each linear's BF16 input cast and weight copy, FP32 norm tensors).
+    # (job.SavedTensors.autocast_casts: each linear's BF16 input cast and weight copy, FP32 norm tensors).
     autocast_saved: bool = False
     # Selective recompute runs the rotary embedding again with the attention core (the stack applies RoPE inside
     # the checkpointed function: shardwise.model Attention._core); False: RoPE before it (Megatron's core_attn).
@@ -339,7 +339,7 @@ class Framework:
         return self.cannot + (() if self.expert_parallel else ("expert parallelism (no mixture-of-experts layers of its own)",))
 
     def loss_run(self, compile: bool, compile_loss: bool = True) -> str:
-        """The cross-entropy a job runs (step_time.LOSS_BYTES, memory.stack_saved_tensors): "compiled" under --compile where
+        """The cross-entropy a job runs (step_time.LOSS_BYTES, job.stack_saved_tensors): "compiled" under --compile where
         the stack compiles its loss too (`compile_loss`, unless the job's release compiled the blocks only), else its
         own `loss`."""
         return "compiled" if compile and self.compile_loss and compile_loss else self.loss

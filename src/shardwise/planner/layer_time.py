@@ -18,7 +18,8 @@ from functools import lru_cache
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.memory import Job, local_seq, per_rank_job
+from shardwise.planner.job import Job, per_rank_job
+from shardwise.planner.memory import local_seq
 from shardwise.planner.overlap import interference
 from shardwise.specs import Layout, ModelSpec
 

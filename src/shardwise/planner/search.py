@@ -38,7 +38,8 @@ from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
-from shardwise.planner.memory import Job, fits_memory, memory_breakdown, total_bytes
+from shardwise.planner.job import Job
+from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 from shardwise.stage_split import max_chunks
 

@@ -36,8 +36,8 @@ __all__ = ["ValidateConfig", "check_layout", "default_layouts", "describe", "ken
 
 
 def planner_job(cfg: ValidateConfig):
-    """The planner's view of the runtime (planner.memory.runtime_job) on this validation's cluster."""
-    from shardwise.planner.memory import runtime_job
+    """The planner's view of the runtime (planner.job.runtime_job) on this validation's cluster."""
+    from shardwise.planner.job import runtime_job
 
     return runtime_job(cfg.model, cfg.cluster, cfg.global_batch, cfg.seq_len, gpu=cfg.backend == "nccl")
 

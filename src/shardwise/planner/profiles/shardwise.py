@@ -17,7 +17,7 @@ SHARDWISE = Framework(
     # torch's SDPA: cuDNN's kernels on Hopper since torch 2.11 (check_prefer_cudnn_attention: sm90/sm100 with the
     # bundled cuDNN past 9.15; the H200's step profile ran them), FlashAttention-2 elsewhere (kernels.ATTENTION_KERNEL).
     attention="sdpa",
-    glu_tensors=4,  # shardwise.model's SwiGLU, silu(w1 x) * w3 x, eager (memory.SHARDWISE_RUNTIME)
+    glu_tensors=4,  # shardwise.model's SwiGLU, silu(w1 x) * w3 x, eager (job.SHARDWISE_RUNTIME)
     # FP32 parameters under autocast: each forward casts every weight (4 + 2), each backward casts its gradient back
     # (grad_cast_bytes 2 + 4) and AccumulateGrad adds it into the FP32 gradient after the first micro-batch (4 + 4 + 4).
     autocast_cast_bytes=6, grad_cast_bytes=6, grad_accumulation_bytes=12,
