@@ -64,7 +64,8 @@ def _calls(spec, rank: int, world: int, repeats: int) -> dict:
     import torch
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, call_workloads, paired
+    from shardwise.calibrate.comm import call_workloads
+    from shardwise.calibrate.timer import paired, Timer
     from shardwise.parallel.pipeline import BatchP2P
 
     t = Timer(CalibrateConfig(model=spec, world=world, seq_len=64, repeats=repeats, warmup=2), rank, world)

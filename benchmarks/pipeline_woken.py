@@ -13,7 +13,7 @@ computing, nobody waiting). From the executor's records (each action's and each 
   the compute a planner with exact costs would be given — and (a) no exchange cost, (b) the exchange line
   calibrate measures (the executor's exchange after a layer and after a two-layer stage, both ranks in lockstep),
   (c) that line + the wait penalty calibrate measures (the same two computes taken in turns: Profile.wait_penalty_points),
-  both timed in the same job after the steps (calibrate.measure.call_workloads), against the real spans.
+  both timed in the same job after the steps (calibrate.comm.call_workloads), against the real spans.
 
 --dedicated: the real-time FIFO scheduler (Linux, root), as benchmarks/validate_accuracy.py's.
 """
@@ -55,7 +55,8 @@ class LocalP2P:
 def _calls(spec, rank: int, world: int, repeats: int = 10) -> dict:
     """calibrate's pipeline workloads in the same job: the lockstep exchange line and the handoffs' wait penalty."""
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, call_workloads, paired
+    from shardwise.calibrate.comm import call_workloads
+    from shardwise.calibrate.timer import paired, Timer
 
     t = Timer(CalibrateConfig(model=spec, world=world, seq_len=64, repeats=repeats, warmup=2), rank, world)
     fns, _ = call_workloads(t)

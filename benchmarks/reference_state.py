@@ -6,7 +6,7 @@ machine's own speed over minutes.
     python benchmarks/reference_state.py --after 30
     python benchmarks/reference_state.py --drift 300 [--block 800]
 
-The reference is calibrate's model forward + backward at one sequence (calibrate.measure.reference), every rank at
+The reference is calibrate's model forward + backward at one sequence (calibrate.timer.reference), every rank at
 once. Phases, in one pair of ranks:
   1. fresh process: calibrate's own figure for it (measure_model's "none 1", its three rounds beside the other
      model variants), then the reference back to back;
@@ -78,7 +78,7 @@ def _back_to_back(t, fn, calls, tag) -> dict:
 
 def _calibrated_ms(t) -> float:
     """calibrate's figure for the reference: measure_model's "none 1" over its rounds."""
-    from shardwise.calibrate.measure import measure_model
+    from shardwise.calibrate.compute import measure_model
 
     out = {"copy_gbs": 10.0}  # the element-wise passes' bandwidth only enters the fit, not "none 1"
     for _ in measure_model(t, out):
@@ -112,7 +112,7 @@ def _worker(rank, world, model, rounds, calls, path):
     from types import SimpleNamespace
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, reference
+    from shardwise.calibrate.timer import reference, Timer
     from shardwise.specs import load_model
     from shardwise.validate.measure import _reference
 
@@ -142,7 +142,7 @@ def _alternate(rank, world, model, cycles, path):
     import ctypes
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, reference
+    from shardwise.calibrate.timer import reference, Timer
     from shardwise.specs import load_model
 
     spec = load_model(model)
@@ -166,7 +166,7 @@ def _after(rank, world, model, cycles, path):
     import torch
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, reference
+    from shardwise.calibrate.timer import reference, Timer
     from shardwise.specs import load_model
 
     t = Timer(CalibrateConfig(model=load_model(model), world=world), rank, world)
@@ -196,7 +196,7 @@ def _after(rank, world, model, cycles, path):
 
 def _drift(rank, world, model, seconds, block, path):
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.measure import Timer, reference
+    from shardwise.calibrate.timer import reference, Timer
     from shardwise.specs import load_model
 
     t = Timer(CalibrateConfig(model=load_model(model), world=world), rank, world)

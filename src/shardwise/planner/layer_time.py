@@ -411,7 +411,7 @@ def _sequence_dim_copies(job: Job, layout: Layout, act: float) -> tuple[float, f
 
 def cp_attention_work(measured: dict | None, layout: Layout) -> float:
     """Seconds per layer and micro-batch of a context-parallel attention's own work beyond its kernels' FLOPs and its
-    exchanges (cp_layer_comm), as `calibrate` measured it on the machine (calibrate.measure.measure_cp; 0 for datasheet
+    exchanges (cp_layer_comm), as `calibrate` measured it on the machine (calibrate.comm.measure_cp; 0 for datasheet
     clusters): the ring's slicing, online-softmax merges and buffers, cp_ring_step_s per ring step (cp steps a layer),
     or the all-gather's reordering and block loop, cp_allgather_s a layer."""
     m = measured or {}
