@@ -113,9 +113,10 @@ def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeyp
     fail in its own way while unwinding (torch's elastic rendezvous registers a finalizer that joins its keep-alive
     thread before starting it: SIGTERM in between, and the agent's shutdown raised "cannot join thread before it is
     started", a traceback and exit 1). The command still ends in the interrupt's one line and exit code; an error with
-    no signal behind it stays an error."""
+    no signal behind it in the same command stays an error, even after an earlier command was interrupted, and
+    `sys.exit` keeps its code."""
     import shardwise.commands.explain as explain
-    from shardwise import cli, interrupt
+    from shardwise import cli
 
     def interrupted_clean_up(args):
         try:
@@ -124,30 +125,49 @@ def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeyp
         finally:
             raise RuntimeError("cannot join thread before it is started")
 
-    monkeypatch.setattr(interrupt, "_RECEIVED", [])
-    monkeypatch.setattr(explain, "run", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
-    with pytest.raises(RuntimeError, match="a bug"):
-        cli.main(EXPLAIN)
-    monkeypatch.setattr(explain, "run", interrupted_clean_up)
-    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        assert cli.main(EXPLAIN) == 143
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
-    assert capsys.readouterr().err.strip().splitlines() == ["shardwise: interrupted by SIGTERM — stopped"]
-
     def failed_while_handling_ctrl_c(args):
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
             raise RuntimeError("cannot join thread before it is started") from None
 
-    monkeypatch.setattr(interrupt, "_RECEIVED", [])
-    monkeypatch.setattr(explain, "run", failed_while_handling_ctrl_c)
+    def raised_from_ctrl_c(args):
+        error = RuntimeError("wrapped")
+        error.__cause__ = KeyboardInterrupt()
+        raise error
+
+    def bug(args):
+        raise RuntimeError("a bug")
+
+    def exits(args):
+        sys.exit(3)
+
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    for command, code, line in [(interrupted_clean_up, 143, "SIGTERM"), (bug, RuntimeError, None),
+                                (failed_while_handling_ctrl_c, 130, "SIGINT"), (raised_from_ctrl_c, 130, "SIGINT"),
+                                (exits, SystemExit, None)]:
+        monkeypatch.setattr(explain, "run", command)
+        if isinstance(code, int):
+            assert cli.main(EXPLAIN) == code, command.__name__
+            assert capsys.readouterr().err.strip().splitlines() == [f"shardwise: interrupted by {line} — stopped"]
+        else:
+            with pytest.raises(code):
+                cli.main(EXPLAIN)
+        # the command's handlers are gone once it returns: an in-process caller keeps its own
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers, command.__name__
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """`shardwise plan ... &` from a script starts with SIGINT ignored: the command leaves it so (Ctrl-C at the terminal
+    is not for it), and still turns SIGTERM into its one line."""
+    from shardwise.interrupt import _raise, cli_handlers
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        assert cli.main(EXPLAIN) == 130
+        restore = cli_handlers()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is _raise
+        restore()
+        assert signal.getsignal(signal.SIGTERM) is not _raise
     finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
-    assert capsys.readouterr().err.strip().splitlines() == ["shardwise: interrupted by SIGINT — stopped"]
+        signal.signal(signal.SIGINT, previous)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     from shardwise.interrupt import cli_handlers, interrupt_behind
 
-    cli_handlers()
+    restore = cli_handlers()
     try:
         code = args.func(args)
     except UsageError as exc:
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         if from_shell:  # torch's teardown takes seconds
             exit_now(stop.exit_code)
         return stop.exit_code
+    finally:
+        if not from_shell:
+            restore()
     code = int(code or 0)
     if from_shell and args.command in PLANNER_COMMANDS:
         exit_now(code)

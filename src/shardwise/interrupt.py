@@ -33,7 +33,7 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum  # what a shell reports for a process a signal ended: 130, 143
 
 
-_RECEIVED: list[int] = []  # the signals that raised Interrupted in this process
+_RECEIVED: list[int] = []  # the signals that raised Interrupted during this command (cli_handlers starts it empty)
 
 
 def _raise(signum, frame):
@@ -41,31 +41,46 @@ def _raise(signum, frame):
     raise Interrupted(signum)
 
 
-def cli_handlers() -> None:
-    """In the CLI's process: SIGTERM raises Interrupted, and so does Ctrl-C (a KeyboardInterrupt, as Python's own)."""
+def cli_handlers():
+    """In the CLI's process, for one command: SIGTERM raises Interrupted, and so does Ctrl-C (a KeyboardInterrupt, as
+    Python's own), unless the process was started with the signal ignored (`shardwise plan ... &` from a script).
+    Returns what puts the previous handlers back (an in-process caller keeps its own once the command returns)."""
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        for sig in SIGNALS:
+    _RECEIVED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
             signal.signal(sig, _raise)
+
+    def restore():
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set from outside Python, which signal.signal cannot put back
+                signal.signal(sig, handler)
+    return restore
 
 
 def interrupt_behind(exc: BaseException) -> Interrupted | None:
     """The interrupt `exc` ends the command with: itself if it is one; or, for another error raised while one was being
-    handled or after a signal interrupted this process, that one. Interrupted is raised wherever the main thread is, and a library whose
-    clean-up it cuts half-way can fail in its own way while unwinding (torch's elastic rendezvous registers a
-    finalizer that joins its keep-alive thread before starting it: SIGTERM in between, and the agent's shutdown raises
-    "cannot join thread before it is started" in place of the interrupt)."""
+    handled (or from one) or after a signal interrupted this command, that one. Interrupted is raised wherever the main
+    thread is, and a library whose clean-up it cuts half-way can fail in its own way while unwinding (torch's elastic
+    rendezvous registers a finalizer that joins its keep-alive thread before starting it: SIGTERM in between, and the
+    agent's shutdown raises "cannot join thread before it is started" in place of the interrupt). A SystemExit is an
+    interrupt only when one is in its chain."""
     seen, depth = exc, 0
-    while seen is not None and depth < 32:  # the error, then what it was raised while handling
+    while seen is not None and depth < 32:  # the error, then what it was raised from or while handling
         if isinstance(seen, Interrupted):
             return seen
         if isinstance(seen, KeyboardInterrupt):
             return Interrupted(signal.SIGINT)
         if type(seen).__name__ == "SignalException" and hasattr(seen, "sigval"):  # torch's agent caught the signal
             return Interrupted(int(seen.sigval))
-        seen, depth = seen.__context__, depth + 1
-    return Interrupted(_RECEIVED[-1]) if _RECEIVED else None
+        seen, depth = seen.__cause__ or seen.__context__, depth + 1
+    if isinstance(exc, SystemExit) or not _RECEIVED:
+        return None
+    return Interrupted(_RECEIVED[-1])
 
 
 def rank_handlers() -> None:

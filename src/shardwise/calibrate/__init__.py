@@ -5,7 +5,7 @@
 
 W ranks (one thread each; spawned here, or the ranks torchrun started) measure at the same time, so
 they contend for cores and memory as training ranks do. Every figure is the median of `repeats`
-timed repeats after `warmup` untimed ones, each repeat starting at a barrier (measure.py); the model and every
+timed repeats after `warmup` untimed ones, each repeat starting at a barrier (timer.py); the model and every
 per-call cost compared with it run in three rounds spread over the calibration:
 
   matmul       every GEMM of the model's linear layers and LM head at micro_batch x seq_len tokens,

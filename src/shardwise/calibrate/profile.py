@@ -30,7 +30,7 @@ class Profile:
     copy_gbs: float
     model_tflops: float = 0.0  # the runtime's model forward+backward: weighted FLOPs / time beyond the overhead
     layer_overhead_s: float = 0.0  # fixed seconds per layer per micro-batch forward+backward
-    embedding_overhead_s: float = 0.0  # the first stage's embedding per micro-batch (measure.split_edges)
+    embedding_overhead_s: float = 0.0  # the first stage's embedding per micro-batch (compute.split_edges)
     head_overhead_s: float = 0.0  # the last stage's norm, head and loss per micro-batch beyond the head's FLOPs
     edge_points: list = field(default_factory=list)  # [embedding, norm + head + loss] alone at the smallest micro-batch, s
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
@@ -41,10 +41,10 @@ class Profile:
     checkpoint_points: list = field(default_factory=list)  # [no recompute, selective, full] s at the smallest micro-batch
     # layer, + all-reduce, all-reduce, + send/recv, send/recv, + the pipeline executor's exchange, a pipeline stage,
     # + the exchange, a rank's turn of the layer and of the stage taken in turns with the exchange: s per call
-    # (measure.measure_sync)
+    # (comm.measure_sync)
     sync_points: list = field(default_factory=list)
     sync_bytes: int = 0  # that all-reduce's message
-    action_scatter: float = 0.0  # one stage call's time: interquartile range / 1.349 / median (measure.action_scatter)
+    action_scatter: float = 0.0  # one stage call's time: interquartile range / 1.349 / median (comm.action_scatter)
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model

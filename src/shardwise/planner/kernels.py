@@ -114,7 +114,8 @@ BF16_WAVE_S = {"hopper": 1.8e-6}
 # its tile writes its FP32 partial sums to a workspace the tile's last SM reads back (4 + 4 B per output element of each
 # extra contributor: (SMs - tiles) / tiles of the output). Measured on an H200 (benchmarks/data/gpu/h200-kernels.json:
 # the narrow weight-gradient GEMMs of TP shards at K = 16K, 32-96 tiles on 132 SMs, ran 20-24 % faster than whole
-# waves of their best tile shape allow); on Hopper only, the architecture measured. Applied where K is at least STREAM_K_MIN_K, the shortest K of those GEMMs.
+# waves of their best tile shape allow). Applied as measured: on Hopper, to one BF16 GEMM at a time (a batch of GEMMs,
+# as a stack's local experts, and FP8 keep whole waves), where K is at least STREAM_K_MIN_K, the shortest K measured.
 STREAM_K_ARCHS = ("hopper",)
 STREAM_K_MIN_K = 4096
 STREAM_K_FIXUP_BYTES = 8
@@ -129,7 +130,8 @@ def _gemm(m: int, n: int, k: int, batch: int, sms: int, rate: float, hbm: float,
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     if sms:
-        fixup = STREAM_K_FIXUP_BYTES * batch * m * n / hbm if stream_k and k >= STREAM_K_MIN_K else None
+        # stream-K as measured: one BF16 GEMM (not a batch of them, nor FP8: no table here), K deep enough
+        fixup = STREAM_K_FIXUP_BYTES * m * n / hbm if stream_k and batch == 1 and k >= STREAM_K_MIN_K else None
         compute = min(_waves_time(batch * math.ceil(m / mt) * math.ceil(n / nt), 2 * mt * nt * k / (rate / sms * eff),
                                   wave_s, sms, fixup) for mt, nt, eff in TILES)
     else:
@@ -143,7 +145,7 @@ def _waves_time(tiles: int, tile_s: float, wave_s: float, sms: int, fixup_s: flo
     `fixup_s` (the output's FP32 partials written and read once) where the tiles leave SMs idle, the tiles' share of a
     wave plus the partials of the SMs that share a tile, whichever is faster (cuBLAS's heuristic picks)."""
     whole = math.ceil(tiles / sms) * (tile_s + wave_s)
-    if fixup_s is None or tiles >= sms:
+    if fixup_s is None or not 0 < tiles < sms:
         return whole
     return min(whole, tiles / sms * tile_s + wave_s + fixup_s * (sms - tiles) / tiles)
 
@@ -159,7 +161,7 @@ def gemm_time(cluster: ClusterSpec, m: int, n: int, k: int, batch: int = 1, in_b
     else:
         rate, wave_s = main_loop_rate(cluster, matmul_rate(cluster, precision))
     return _gemm(int(m), int(n), int(k), int(batch), cluster.sm_count, rate, hbm_rate(cluster),
-                 1 if fp8 else in_bytes, out_bytes, wave_s, cluster.arch in STREAM_K_ARCHS)
+                 1 if fp8 else in_bytes, out_bytes, wave_s, cluster.arch in STREAM_K_ARCHS and not fp8)
 
 
 def benchmark_gemm_time(cluster: ClusterSpec, m: int, n: int, k: int) -> float:

@@ -28,7 +28,7 @@ from shardwise.specs import Layout, ModelSpec
 # (1/TP_OVERLAP_SPLITS of it) is never hidden, and no more than the GEMM's time can hide the rest.
 # NeMo's ub_tp_comm_overlap_cfg uses num_splits 4 (dgxc-benchmarking gpt3_175b_hydra.yaml).
 TP_OVERLAP_SPLITS = 4
-# Calibrated clusters only (their rate was measured with this weighting, calibrate/measure.py): a fused
+# Calibrated clusters only (their rate was measured with this weighting, calibrate/compute.py): a fused
 # attention core counts 1/FLASH_EFFICIENCY of its FLOPs; element-wise passes as below.
 FLASH_EFFICIENCY = 0.8
 CALIBRATED_PASSES = (10, 3)  # element-wise h-wide and f-wide activation passes per token and layer
