@@ -33,6 +33,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from shardwise.planner import estimate
     from shardwise.planner.estimate import complete_layout
+    from shardwise.planner.fit_options import fit_options
     from shardwise.planner.frameworks import check, get
     from shardwise.specs import check_sequence_split, validate_layout
     from shardwise.stage_split import max_chunk_layers
@@ -72,8 +73,9 @@ def _run(args) -> int:
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
           job.model.num_kv_heads)
     est = estimate(job, layout, implied)
+    options = [] if est.fits else fit_options(job, layout)
     if args.json:
-        print_json(est.to_dict())
+        print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}))
         return 0
     from rich.console import Console
 
@@ -82,4 +84,16 @@ def _run(args) -> int:
     console = Console()
     console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
     console.print(breakdown_table(est))
+    if not est.fits:
+        console.print(_does_not_fit(est, options), highlight=False)
     return 0
+
+
+def _does_not_fit(est, options: list[dict]) -> str:
+    from shardwise.units import GIB
+
+    head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.0f} GiB per GPU"
+    if not options:
+        return f"{head}; no single change of recompute, ZeRO stage or micro-batch fits it: more GPUs, or another split"
+    return head + "; it fits with " + "; or ".join(
+        f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms)" for o in options)

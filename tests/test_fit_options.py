@@ -1,0 +1,56 @@
+"""`estimate` on a layout that does not fit names the single changes that would make it fit (`fit_options`), and each,
+applied on the command line, fits with the memory and step time it was shown with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardwise.cli import main
+
+BASE = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-40gb", "--gpus", "8", "--global-batch", "64",
+        "--seq-len", "4096", "--framework", "megatron-core"]
+
+
+def _estimate(capsys, *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _applied(args: list[str], change: str) -> list[str]:
+    """`args` with the option's flag set to its value (replacing the flag if given)."""
+    flag, value = change.split()
+    out = list(args)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+@pytest.mark.parametrize("layout", [["--tp", "4", "--recompute", "none", "--micro-batch", "4", "--zero", "1"],
+                                    ["--tp", "2", "--recompute", "selective", "--micro-batch", "1", "--zero", "1"],
+                                    ["--tp", "2", "--recompute", "full", "--micro-batch", "4", "--zero", "1"]])
+def test_every_suggested_change_fits_as_shown(capsys, layout):
+    args = [*BASE, *layout]
+    est = _estimate(capsys, *args)
+    assert not est["fits"]
+    options = est["fit_options"]
+    assert options, "a layout a recompute policy, ZeRO stage or smaller micro-batch makes fit names them"
+    assert [o["step_time_s"] for o in options] == sorted(o["step_time_s"] for o in options)
+    for option in options:
+        after = _estimate(capsys, *_applied(args, option["change"]))
+        assert after["fits"] and "fit_options" not in after
+        assert after["memory_gib_per_gpu"] == pytest.approx(option["memory_gib"], abs=0.01)
+        assert after["step_time_s"] == pytest.approx(option["step_time_s"], rel=1e-5)
+
+
+def test_no_single_change_is_said_in_one_line(capsys):
+    """Nothing one knob can do (405B on 8 GPUs): the text says so and what is left; the JSON's list is empty."""
+    args = ["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
+            "--seq-len", "8192", "--micro-batch", "1", "--tp", "8"]
+    assert _estimate(capsys, *args)["fit_options"] == []
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "does not fit" in out and "more GPUs, or another split" in out
