@@ -20,20 +20,22 @@ def _estimate(capsys, *args: str) -> dict:
 
 def _applied(args: list[str], change: str) -> list[str]:
     """`args` with the option's flag set to its value (replacing the flag if given)."""
-    flag, value = change.split()
+    flag, *value = change.split()
     out = list(args)
     if flag in out:
-        out[out.index(flag) + 1] = value
+        out[out.index(flag) + 1:out.index(flag) + 1 + len(value)] = value
     else:
-        out += [flag, value]
+        out += [flag, *value]
     return out
 
 
 @pytest.mark.parametrize("layout", [["--tp", "4", "--recompute", "none", "--micro-batch", "4", "--zero", "1"],
                                     ["--tp", "2", "--recompute", "selective", "--micro-batch", "1", "--zero", "1"],
-                                    ["--tp", "2", "--recompute", "full", "--micro-batch", "4", "--zero", "1"]])
+                                    ["--tp", "2", "--recompute", "full", "--micro-batch", "4", "--zero", "1"],
+                                    ["--tp", "8", "--recompute", "none", "--micro-batch", "4", "--zero", "0",
+                                     "--no-sequence-parallel", "--seq-len", "8192"]])
 def test_every_suggested_change_fits_as_shown(capsys, layout):
-    args = [*BASE, *layout]
+    args = [*BASE, *layout]  # a later --seq-len replaces BASE's
     est = _estimate(capsys, *args)
     assert not est["fits"]
     options = est["fit_options"]

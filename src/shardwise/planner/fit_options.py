@@ -1,5 +1,5 @@
 """What would make a layout that does not fit fit: one knob changed at a time — a recompute policy, a higher ZeRO stage,
-a smaller micro-batch — each as the job's framework runs it, with the memory and step time it would have. `estimate`
+sequence parallelism, a smaller micro-batch — each as the job's framework runs it, with the memory and step time it would have. `estimate`
 prints them beside "does not fit" (and `--json` carries them as `fit_options`), so the user sees the fix and its cost
 instead of a bare no."""
 
@@ -9,18 +9,20 @@ from shardwise.errors import UsageError
 from shardwise.planner.estimate import Estimate, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
-from shardwise.specs import RECOMPUTE, Layout, validate_layout
+from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
 from shardwise.units import GIB
 
 
 def fit_options(job: Job, layout: Layout) -> list[dict]:
     """The single-knob changes of `layout` (which does not fit) that fit, fastest first: {"change": the command-line
-    flag, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is then the way)."""
+    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is then the way)."""
     fw = get_framework(job.framework)
     later = RECOMPUTE[RECOMPUTE.index(layout.recompute) + 1:]
     tries = [(f"--recompute {r}", layout.with_(recompute=r, recompute_layers=None)) for r in later if r in fw.recompute]
     if layout.dp * layout.cp > 1:
         tries += [(f"--zero {z}", layout.with_(zero=z)) for z in fw.zero_stages if z > layout.zero]
+    if layout.tp > 1 and not layout.sequence_parallel:
+        tries.append(("--sequence-parallel", layout.with_(sequence_parallel=True)))
     out = [_option(change, est) for change, est in ((c, _fitting(job, lay)) for c, lay in tries) if est is not None]
     smaller = _largest_fitting_micro_batch(job, layout)
     if smaller is not None:
@@ -42,6 +44,7 @@ def _fitting(job: Job, layout: Layout) -> Estimate | None:
     try:
         validate_layout(layout, job.model, job.train.global_batch, seq_len=job.train.seq_len,
                         edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)
+        check_sequence_split(layout, job.model, job.train.seq_len)
     except UsageError:
         return None
     if fw.refusal(layout, job.model.num_layers, layout.num_microbatches(job.train.global_batch)):
