@@ -29,13 +29,19 @@ def _applied(args: list[str], change: str) -> list[str]:
     return out
 
 
+# torchtitan's eager loss keeps FP32 logits and their gradients: compiled, it keeps less (--compile is offered)
+TORCHTITAN = ["--framework", "torchtitan", "--cluster", "dgx-a100-80gb", "--tp", "1", "--micro-batch", "2", "--zero", "3",
+              "--recompute", "none", "--seq-len", "4608"]
+
+
 @pytest.mark.parametrize("layout", [["--tp", "4", "--recompute", "none", "--micro-batch", "4", "--zero", "1"],
                                     ["--tp", "2", "--recompute", "selective", "--micro-batch", "1", "--zero", "1"],
                                     ["--tp", "2", "--recompute", "full", "--micro-batch", "4", "--zero", "1"],
                                     ["--tp", "8", "--recompute", "none", "--micro-batch", "4", "--zero", "0",
-                                     "--no-sequence-parallel", "--seq-len", "8192"]])
+                                     "--no-sequence-parallel", "--seq-len", "8192"],
+                                    TORCHTITAN])
 def test_every_suggested_change_fits_as_shown(capsys, layout):
-    args = [*BASE, *layout]  # a later --seq-len replaces BASE's
+    args = [*BASE, *layout]  # a later --seq-len, --cluster or --framework replaces BASE's
     est = _estimate(capsys, *args)
     assert not est["fits"]
     options = est["fit_options"]
@@ -56,3 +62,8 @@ def test_no_single_change_is_said_in_one_line(capsys):
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "does not fit" in out and "more GPUs, or another split" in out
+
+
+def test_a_stack_that_compiles_is_offered_compile(capsys):
+    changes = [o["change"] for o in _estimate(capsys, *BASE, *TORCHTITAN)["fit_options"]]
+    assert "--compile" in changes and changes.index("--compile") == 0  # the fastest of them here

@@ -94,6 +94,6 @@ def _does_not_fit(est, options: list[dict]) -> str:
 
     head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.0f} GiB per GPU"
     if not options:
-        return f"{head}; no single change of recompute, ZeRO stage, sequence parallelism or micro-batch fits it: more GPUs, or another split"
+        return f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits it: more GPUs, or another split"
     return head + "; it fits with " + "; or ".join(
         f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms)" for o in options)

@@ -1,14 +1,16 @@
 """What would make a layout that does not fit fit: one knob changed at a time — a recompute policy, a higher ZeRO stage,
-sequence parallelism, a smaller micro-batch — each as the job's framework runs it, with the memory and step time it would have. `estimate`
+sequence parallelism, torch.compile on a stack that compiles, a smaller micro-batch — each as the job's framework runs it, with the memory and step time it would have. `estimate`
 prints them beside "does not fit" (and `--json` carries them as `fit_options`), so the user sees the fix and its cost
 instead of a bare no."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import Estimate, estimate
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.job import Job
+from shardwise.planner.job import Job, stack_saved_tensors
 from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
 from shardwise.units import GIB
 
@@ -23,11 +25,20 @@ def fit_options(job: Job, layout: Layout) -> list[dict]:
         tries += [(f"--zero {z}", layout.with_(zero=z)) for z in fw.zero_stages if z > layout.zero]
     if layout.tp > 1 and not layout.sequence_parallel:
         tries.append(("--sequence-parallel", layout.with_(sequence_parallel=True)))
-    out = [_option(change, est) for change, est in ((c, _fitting(job, lay)) for c, lay in tries) if est is not None]
+    runs = [(change, job, lay) for change, lay in tries]
+    if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
+        runs.append(("--compile", compiled(job), layout))
+    out = [_option(change, est) for change, est in ((c, _fitting(j, lay)) for c, j, lay in runs) if est is not None]
     smaller = _largest_fitting_micro_batch(job, layout)
     if smaller is not None:
         out.append(_option(f"--micro-batch {smaller.layout.micro_batch}", smaller))
     return sorted(out, key=lambda o: o["step_time_s"])
+
+
+def compiled(job: Job) -> Job:
+    """`job` under torch.compile (blocks and loss), as make_job builds it with --compile."""
+    fw = get_framework(job.framework)
+    return replace(job, compile=True, compile_loss=True, saved=stack_saved_tensors(fw, True, True, job.fused_norms))
 
 
 def _largest_fitting_micro_batch(job: Job, layout: Layout) -> Estimate | None:
