@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from shardwise.errors import UsageError
 from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
+from shardwise.planner.fit_options import compiled
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
 from shardwise.planner.job import Job
@@ -671,6 +672,8 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     fw = get_framework(job.framework)
     if 3 not in fw.zero_stages and job.train.global_batch > 1:
         hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
+    if fw.compiles and not job.compile and not fw.compile_refusal() and estimate(compiled(job), lean.layout).fits:
+        hint += "--compile (the leanest layout fits compiled: its loss and blocks keep less), "
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
             f"{widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
