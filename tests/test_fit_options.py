@@ -67,3 +67,19 @@ def test_no_single_change_is_said_in_one_line(capsys):
 def test_a_stack_that_compiles_is_offered_compile(capsys):
     changes = [o["change"] for o in _estimate(capsys, *BASE, *TORCHTITAN)["fit_options"]]
     assert "--compile" in changes and changes.index("--compile") == 0  # the fastest of them here
+
+
+@pytest.mark.parametrize("model, args, offered", [
+    ("llama3-8b", ["--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64", "--seq-len", "4608", "--tp", "1",
+                   "--pp", "1", "--micro-batch", "2", "--zero", "3", "--recompute", "none"], True),
+    ("llama3.1-405b", ["--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "8192"], False)])
+def test_plans_nothing_fits_names_compile_only_where_it_fits(capsys, model, args, offered):
+    """plan's one line when nothing fits names --compile only where the leanest layout fits compiled, and then
+    `estimate --compile` of that layout fits."""
+    assert main(["plan", "--model", model, "--framework", "torchtitan", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("shardwise: error: nothing fits")
+    assert ("--compile" in err) == offered
+    if offered:
+        est = _estimate(capsys, "estimate", "--model", model, "--framework", "torchtitan", *args, "--compile")
+        assert est["fits"]
