@@ -39,9 +39,12 @@ TORCHTITAN = ["--framework", "torchtitan", "--cluster", "dgx-a100-80gb", "--tp",
                                     ["--tp", "2", "--recompute", "full", "--micro-batch", "4", "--zero", "1"],
                                     ["--tp", "8", "--recompute", "none", "--micro-batch", "4", "--zero", "0",
                                      "--no-sequence-parallel", "--seq-len", "8192"],
-                                    TORCHTITAN])
+                                    TORCHTITAN,
+                                    ["--model", "llama3.1-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--seq-len",
+                                     "8192", "--tp", "4", "--pp", "4", "--vpp", "2", "--micro-batch", "4", "--zero", "1",
+                                     "--recompute", "none"]])
 def test_every_suggested_change_fits_as_shown(capsys, layout):
-    args = [*BASE, *layout]  # a later --seq-len, --cluster or --framework replaces BASE's
+    args = [*BASE, *layout]  # a later --model, --seq-len, --cluster, --gpus or --framework replaces BASE's
     est = _estimate(capsys, *args)
     assert not est["fits"]
     options = est["fit_options"]

@@ -9,9 +9,11 @@ from dataclasses import replace
 
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import Estimate, estimate
+from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, stack_saved_tensors
 from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
+from shardwise.stage_split import max_chunk_layers
 from shardwise.units import GIB
 
 
@@ -52,13 +54,14 @@ def _largest_fitting_micro_batch(job: Job, layout: Layout) -> Estimate | None:
 def _fitting(job: Job, layout: Layout) -> Estimate | None:
     """The estimate of `layout` if the job's framework runs it and it fits, else None."""
     fw = get_framework(job.framework)
-    try:
+    try:  # the checks `estimate` runs on a layout given on the command line
         validate_layout(layout, job.model, job.train.global_batch, seq_len=job.train.seq_len,
                         edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)
         check_sequence_split(layout, job.model, job.train.seq_len)
+        check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
+              job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
+              job.model.num_kv_heads)
     except UsageError:
-        return None
-    if fw.refusal(layout, job.model.num_layers, layout.num_microbatches(job.train.global_batch)):
         return None
     est = estimate(job, layout)
     return est if est.fits else None
