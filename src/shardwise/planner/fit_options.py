@@ -1,7 +1,7 @@
 """What would make a layout that does not fit fit: one knob changed at a time — a recompute policy, a higher ZeRO stage,
-sequence parallelism, torch.compile on a stack that compiles, a smaller micro-batch — each as the job's framework runs it, with the memory and step time it would have. `estimate`
-prints them beside "does not fit" (and `--json` carries them as `fit_options`), so the user sees the fix and its cost
-instead of a bare no."""
+sequence parallelism, torch.compile on a stack that compiles, a smaller micro-batch — each as the job's framework runs
+it, with the memory and step time it would have. `estimate` prints them beside "does not fit" (and `--json` carries
+them as `fit_options`), so the user sees the fix and its cost instead of a bare no."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from shardwise.units import GIB
 
 def fit_options(job: Job, layout: Layout) -> list[dict]:
     """The single-knob changes of `layout` (which does not fit) that fit, fastest first: {"change": the command-line
-    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is then the way)."""
+    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is the way)."""
     fw = get_framework(job.framework)
     later = RECOMPUTE[RECOMPUTE.index(layout.recompute) + 1:]
     tries = [(f"--recompute {r}", layout.with_(recompute=r, recompute_layers=None)) for r in later if r in fw.recompute]
