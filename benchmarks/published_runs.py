@@ -254,7 +254,7 @@ def _profile(row: dict) -> str:
         return "lit-gpt"
     if fw == "fsdp" and "foundation-model-stack/fms-fsdp" in row["source"]:  # FSDP1, BF16 reduce (bfSixteen)
         return "fms-fsdp"
-    if fw == "deepspeed" and "BF16_Optimizer" in row["zero_stage"]:  # its bf16 pipeline path (planner/profiles/deepspeed.py)
+    if fw == "deepspeed" and "BF16_Optimizer" in row["zero_stage"]:  # its bf16 pipeline path (profiles/deepspeed.py)
         return "deepspeed-bf16"
     if fw == "deepspeed" and "EleutherAI/pythia" in row["source"]:  # GPT-NeoX v1.0's own attention layer
         return "gpt-neox"

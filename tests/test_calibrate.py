@@ -16,7 +16,8 @@ import pytest
 
 from shardwise.calibrate import COLLECTIVES, Profile, fit_alpha_beta, gemm_shapes, parse_size
 from shardwise.calibrate.comm import cp_attention_flops
-from shardwise.calibrate.compute import fit_line, fit_model, full_checkpoint_overhead, model_elementwise, model_flops, split_edges
+from shardwise.calibrate.compute import (fit_line, fit_model, full_checkpoint_overhead, model_elementwise, model_flops,
+                                         split_edges)
 from shardwise.cli import main
 from shardwise.planner.comm import collective_time, interpolate
 from shardwise.planner.job import Job

@@ -105,7 +105,8 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-EXPLAIN = ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "128"]
+EXPLAIN = ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
+           "--seq-len", "128"]
 
 
 def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeypatch, capsys):

@@ -17,7 +17,8 @@ import torch
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.job import SHARDWISE_RUNTIME, Job, make_job
-from shardwise.planner.memory import checkpoint_bytes, edge_inflight, layer_activation_terms, loss_transient_bytes, memory_breakdown, rank_layers, rank_memory, recompute_working_bytes
+from shardwise.planner.memory import (checkpoint_bytes, edge_inflight, layer_activation_terms, loss_transient_bytes,
+                                      memory_breakdown, rank_layers, rank_memory, recompute_working_bytes)
 from shardwise.schedules import build, simulate, validate
 from shardwise.schedules.closed_forms import peak_inflight_layers, peak_inflight_microbatches
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model

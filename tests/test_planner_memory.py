@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.planner.job import Job
-from shardwise.planner.memory import FRAGMENTATION, WORKSPACE_BYTES, checkpoint_bytes, layer_activation_terms, memory_breakdown, model_state_bytes, rank_layers, rank_memory, rank_params, stage_activation_bytes
+from shardwise.planner.memory import (FRAGMENTATION, WORKSPACE_BYTES, checkpoint_bytes, layer_activation_terms,
+                                      memory_breakdown, model_state_bytes, rank_layers, rank_memory, rank_params,
+                                      stage_activation_bytes)
 from shardwise.specs import Layout, ModelSpec, TrainSpec, load_cluster, load_model
 
 # A GPT-3-like layer (the paper's setting: 4h FFN, multi-head attention, dropout), small numbers.

@@ -243,7 +243,8 @@ def _cp_shards(rt: Runtime, mbs: list) -> list:
     return [(shard_sequence(x, cp, rank), shard_sequence(y, cp, rank)) for x, y in mbs]
 
 
-def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]], amp: str = "") -> torch.Tensor:
+def forward_only(chunks: list[Sharded], microbatches: list[tuple[torch.Tensor, torch.Tensor]],
+                 amp: str = "") -> torch.Tensor:
     """Validation without pipelining: the mean micro-batch loss, no gradients."""
     (chunk,) = chunks
     autocast = precision.autocast(microbatches[0][0].device.type, amp)

@@ -28,7 +28,8 @@ profile.py turns the figures into the cluster TOML: [measured] in the format pla
 import os
 from dataclasses import replace
 
-from shardwise.calibrate.config import COLLECTIVES, CalibrateConfig, check_config, gemm_shapes, human, parse_size, rank_steps
+from shardwise.calibrate.config import (COLLECTIVES, CalibrateConfig, check_config, gemm_shapes, human, parse_size,
+                                        rank_steps)
 from shardwise.calibrate.profile import Profile, fit_alpha_beta, tp_call_in_step
 
 __all__ = ["COLLECTIVES", "CalibrateConfig", "Profile", "calibrate", "check_config", "fit_alpha_beta", "gemm_shapes",

@@ -9,9 +9,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardwise.calibrate.compute import _optimizer
-from shardwise.calibrate.config import COLLECTIVES, human, MODEL_LAYERS
-from shardwise.calibrate.timer import autocast_for, element_size, in_rounds, NOISY, paired, reference, spread, SYNC_ROUNDS, Timer
+from shardwise.calibrate.compute import runtime_optimizer
+from shardwise.calibrate.config import COLLECTIVES, MODEL_LAYERS, human
+from shardwise.calibrate.timer import (NOISY, SYNC_ROUNDS, Timer, autocast_for, element_size, in_rounds, paired,
+                                       reference, spread)
 from shardwise.parallel.sharded import Sharded
 
 
@@ -175,8 +176,8 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     def step(chunk):
         chunk.module(x, x).backward()
 
-    updates = {"plain": (GlobalGradNorm([plain], None), _optimizer(t, plain, None)),
-               "sharded": (GlobalGradNorm([sharded], mesh), _optimizer(t, sharded, mesh))}
+    updates = {"plain": (GlobalGradNorm([plain], None), runtime_optimizer(t, plain, None)),
+               "sharded": (GlobalGradNorm([sharded], mesh), runtime_optimizer(t, sharded, mesh))}
 
     def update(name):
         norm, opt = updates[name]

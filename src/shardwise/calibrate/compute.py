@@ -8,8 +8,8 @@ import statistics
 import torch
 
 from shardwise import data
-from shardwise.calibrate.config import gemm_shapes, MODEL_LAYERS, MODEL_ROUNDS
-from shardwise.calibrate.timer import autocast_for, element_size, in_rounds, paired, SYNC_ROUNDS, Timer
+from shardwise.calibrate.config import MODEL_LAYERS, MODEL_ROUNDS, gemm_shapes
+from shardwise.calibrate.timer import SYNC_ROUNDS, Timer, autocast_for, element_size, in_rounds, paired
 from shardwise.parallel.sharded import Sharded
 
 
@@ -120,7 +120,7 @@ def measure_model(t: Timer, out: dict):
     model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
     amp = autocast_for(t)
 
-    opt = _optimizer(t, Sharded(model, model), None)
+    opt = runtime_optimizer(t, Sharded(model, model), None)
 
     def step(x):
         with amp:
@@ -311,8 +311,9 @@ def _train_config(t: Timer, layout, global_batch: int, spec=None):
                        backend=t.cfg.backend, timeout_s=t.cfg.timeout_s, progress=False)
 
 
-def _optimizer(t: Timer, chunk, mesh):
-    """The runtime's AdamW (train.build_optimizer: its groups, hyper-parameters and kernel) for `chunk`."""
+def runtime_optimizer(t: Timer, chunk, mesh):
+    """The runtime's AdamW (train.build_optimizer: its groups, hyper-parameters and kernel) for `chunk` (also the
+    optimizer comm.py's FSDP measurement steps)."""
     from shardwise.specs import Layout
     from shardwise.train import build_optimizer
 

@@ -10,8 +10,9 @@ import platform
 import torch
 
 from shardwise.calibrate.comm import measure_collectives, measure_cp, measure_fsdp, measure_sync, measure_tp
-from shardwise.calibrate.compute import measure_copy, measure_loop, measure_matmul, measure_model, measure_split_backward
-from shardwise.calibrate.config import CalibrateConfig, MODEL_ROUNDS
+from shardwise.calibrate.compute import (measure_copy, measure_loop, measure_matmul, measure_model,
+                                         measure_split_backward)
+from shardwise.calibrate.config import MODEL_ROUNDS, CalibrateConfig
 from shardwise.calibrate.timer import Timer
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise import precision
-from shardwise.calibrate.config import CalibrateConfig, MODEL_LAYERS, MODEL_ROUNDS
+from shardwise.calibrate.config import MODEL_LAYERS, MODEL_ROUNDS, CalibrateConfig
 
 
 # Small operations run back to back in batches lasting at least this long, so that each repeat holds

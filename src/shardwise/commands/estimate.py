@@ -32,11 +32,10 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import complete_layout
+    from shardwise.planner.estimate import check_runs, complete_layout
     from shardwise.planner.fit_options import fit_options
-    from shardwise.planner.frameworks import check, get
+    from shardwise.planner.frameworks import get
     from shardwise.specs import check_sequence_split, validate_layout
-    from shardwise.stage_split import max_chunk_layers
 
     job = job_from_args(args)
     if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
@@ -68,10 +67,7 @@ def _run(args) -> int:
     layout = completed
     if getattr(args, "framework_note", None):  # the numbers are one stack's: say which, when the user named none
         implied = [*implied, args.framework_note]
-    fw = get(job.framework)
-    check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
-          job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
-          job.model.num_kv_heads)
+    check_runs(job, layout)
     est = estimate(job, layout, implied)
     options = [] if est.fits else fit_options(job, layout)
     if args.json:
@@ -94,6 +90,7 @@ def _does_not_fit(est, options: list[dict]) -> str:
 
     head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.0f} GiB per GPU"
     if not options:
-        return f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits it: more GPUs, or another split"
+        return (f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits "
+                "it: more GPUs, or another split")
     return head + "; it fits with " + "; or ".join(
         f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms)" for o in options)

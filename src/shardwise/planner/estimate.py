@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
+from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
 from shardwise.planner.job import Job
@@ -240,6 +241,15 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
         return own
     return own + deep
 
+
+
+def check_runs(job: Job, layout: Layout) -> None:
+    """UsageError (one line) when the job's framework cannot run `layout` (frameworks.check, with what the job says of
+    the model, its chunks, its micro-batches and its attention)."""
+    fw = get_framework(job.framework)
+    check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
+          job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
+          job.model.num_kv_heads)
 
 def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
     """`layout` (full recompute, fitting) with the fewest layers per chunk recomputed that its framework runs and

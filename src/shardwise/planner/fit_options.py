@@ -5,15 +5,11 @@ them as `fit_options`), so the user sees the fix and its cost instead of a bare 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from shardwise.errors import UsageError
-from shardwise.planner.estimate import Estimate, estimate
-from shardwise.planner.frameworks import check
+from shardwise.planner.estimate import Estimate, check_runs, estimate
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.job import Job, stack_saved_tensors
+from shardwise.planner.job import Job, compiled
 from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
-from shardwise.stage_split import max_chunk_layers
 from shardwise.units import GIB
 
 
@@ -37,12 +33,6 @@ def fit_options(job: Job, layout: Layout) -> list[dict]:
     return sorted(out, key=lambda o: o["step_time_s"])
 
 
-def compiled(job: Job) -> Job:
-    """`job` under torch.compile (blocks and loss), as make_job builds it with --compile."""
-    fw = get_framework(job.framework)
-    return replace(job, compile=True, compile_loss=True, saved=stack_saved_tensors(fw, True, True, job.fused_norms))
-
-
 def _largest_fitting_micro_batch(job: Job, layout: Layout) -> Estimate | None:
     for mb in range(layout.micro_batch - 1, 0, -1):
         est = _fitting(job, layout.with_(micro_batch=mb))
@@ -58,9 +48,7 @@ def _fitting(job: Job, layout: Layout) -> Estimate | None:
         validate_layout(layout, job.model, job.train.global_batch, seq_len=job.train.seq_len,
                         edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)
         check_sequence_split(layout, job.model, job.train.seq_len)
-        check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
-              job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
-              job.model.num_kv_heads)
+        check_runs(job, layout)
     except UsageError:
         return None
     est = estimate(job, layout)

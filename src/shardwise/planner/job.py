@@ -243,6 +243,12 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""))
 
 
+
+def compiled(job: Job) -> Job:
+    """`job` under torch.compile (blocks and loss), as make_job builds it with --compile."""
+    fw = get_framework(job.framework)
+    return replace(job, compile=True, compile_loss=True, saved=stack_saved_tensors(fw, True, True, job.fused_norms))
+
 def attention_backend_refusal(fw, cluster, backend: str | None, fused: bool) -> str | None:
     """One line naming why --attention-backend does not apply, or None."""
     if backend in (None, "auto"):

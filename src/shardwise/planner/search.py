@@ -36,10 +36,9 @@ from dataclasses import dataclass, replace
 from shardwise.errors import UsageError
 from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
-from shardwise.planner.fit_options import compiled
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
-from shardwise.planner.job import Job
+from shardwise.planner.job import Job, compiled
 from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 from shardwise.stage_split import max_chunks

@@ -27,7 +27,8 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           layer_gemms, matmul_params_per_layer)
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import layer_params, op_checkpointing, local_seq, pipeline_ranks, rank_expert_params, rank_layers, rank_params, rank_recomputed_layers, split_rule
+from shardwise.planner.memory import (layer_params, local_seq, op_checkpointing, pipeline_ranks, rank_expert_params,
+                                      rank_layers, rank_params, rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
