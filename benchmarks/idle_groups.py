@@ -59,7 +59,7 @@ def _worker(rank, world, model, groups, cycles, seconds, path):
     import torch.distributed as dist
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
     from shardwise.specs import load_model
 
     t = Timer(CalibrateConfig(model=load_model(model), world=world), rank, world)

@@ -65,7 +65,7 @@ def _calls(spec, rank: int, world: int, repeats: int) -> dict:
 
     from shardwise.calibrate.config import CalibrateConfig
     from shardwise.calibrate.comm import call_workloads
-    from shardwise.calibrate.timer import paired, Timer
+    from shardwise.calibrate.timer import Timer, paired
     from shardwise.parallel.pipeline import BatchP2P
 
     t = Timer(CalibrateConfig(model=spec, world=world, seq_len=64, repeats=repeats, warmup=2), rank, world)

@@ -56,7 +56,7 @@ def _calls(spec, rank: int, world: int, repeats: int = 10) -> dict:
     """calibrate's pipeline workloads in the same job: the lockstep exchange line and the handoffs' wait penalty."""
     from shardwise.calibrate.config import CalibrateConfig
     from shardwise.calibrate.comm import call_workloads
-    from shardwise.calibrate.timer import paired, Timer
+    from shardwise.calibrate.timer import Timer, paired
 
     t = Timer(CalibrateConfig(model=spec, world=world, seq_len=64, repeats=repeats, warmup=2), rank, world)
     fns, _ = call_workloads(t)

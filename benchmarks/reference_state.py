@@ -112,7 +112,7 @@ def _worker(rank, world, model, rounds, calls, path):
     from types import SimpleNamespace
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
     from shardwise.specs import load_model
     from shardwise.validate.measure import _reference
 
@@ -142,7 +142,7 @@ def _alternate(rank, world, model, cycles, path):
     import ctypes
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
     from shardwise.specs import load_model
 
     spec = load_model(model)
@@ -166,7 +166,7 @@ def _after(rank, world, model, cycles, path):
     import torch
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
     from shardwise.specs import load_model
 
     t = Timer(CalibrateConfig(model=load_model(model), world=world), rank, world)
@@ -196,7 +196,7 @@ def _after(rank, world, model, cycles, path):
 
 def _drift(rank, world, model, seconds, block, path):
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
     from shardwise.specs import load_model
 
     t = Timer(CalibrateConfig(model=load_model(model), world=world), rank, world)

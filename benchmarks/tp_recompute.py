@@ -23,7 +23,7 @@ def _rank(model_ref: str, repeats: int, seq_len: int, layers: int = 1) -> dict |
     import torch.distributed as dist
 
     from shardwise.calibrate.config import CalibrateConfig
-    from shardwise.calibrate.timer import paired, Timer
+    from shardwise.calibrate.timer import Timer, paired
     from shardwise.model import Transformer
     from shardwise.parallel.tensor_parallel import tensor_parallel
     from shardwise.specs import load_model

@@ -42,15 +42,15 @@ def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     """calibrate's reference workloads, to time again after every layout's steps in every round of the sweep:
     its model's forward + backward at one sequence ("reference", calibrate.timer.reference) and, at world > 1,
     one layer's forward alone, with an all-reduce, with a send/recv and with the pipeline executor's exchange of its
-    activation after it ("layer", "both", "p2p", "exchange": calibrate.comm.call_workloads, the calls between layers) and a layer plain and under ZeRO-3
-    ("plain", "sharded": calibrate.comm.fsdp_workloads, FSDP's calls), side by side, every rank at once, each repeat
+    activation after it ("layer", "both", "p2p", "exchange": calibrate.comm.call_workloads, the calls between layers)
+    and a layer plain and under ZeRO-3 ("plain", "sharded": calibrate.comm.fsdp_workloads, FSDP's calls), side by side, every rank at once, each repeat
     as long as the slowest rank. Returns a function giving each one's seconds per call for a few repeats. The
     machine's speed can move between a calibration and a sweep minutes later (a virtual machine's host, other
     processes), and its compute and its calls need not move alike; these figures beside the calibration's own
     say by how much (validate.machine_speed)."""
     from shardwise.calibrate.config import CalibrateConfig
     from shardwise.calibrate.comm import call_workloads, fsdp_workloads
-    from shardwise.calibrate.timer import reference, Timer
+    from shardwise.calibrate.timer import Timer, reference
 
     t = Timer(CalibrateConfig(model=cfg.model, world=world, backend=cfg.backend, seq_len=cfg.seq_len, repeats=3,
                               warmup=1, timeout_s=cfg.timeout_s), rank, world, mesh)
