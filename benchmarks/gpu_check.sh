@@ -17,6 +17,7 @@
 # Each part runs even if an earlier one failed; the script fails at the end if any did.
 # Skips cleanly without a GPU.
 #   OUT=dir PARTS="kernels pipeline gpt2 llama1b profile" benchmarks/gpu_check.sh   (defaults: benchmarks/out, all)
+#   KERNELS_PARTS=memory,eager,gemm,attention: what part 3 measures (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -35,7 +36,7 @@ if part profile; then
     timeout 240 python3 benchmarks/gpu_step_profile.py --model "$BIG" --out "$OUT/gpu-step-profile.json" || FAILED="$FAILED profile"
 fi
 if part kernels; then
-    timeout 300 python3 benchmarks/gpu_kernels.py --out "$OUT/gpu-kernels.json" || FAILED="$FAILED kernels"
+    timeout 300 python3 benchmarks/gpu_kernels.py --out "$OUT/gpu-kernels.json" --parts "${KERNELS_PARTS:-memory,eager,gemm,attention}" || FAILED="$FAILED kernels"
 fi
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if ! part pipeline; then

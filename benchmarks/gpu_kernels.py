@@ -209,7 +209,10 @@ def measure_eager(torch) -> list[dict]:
     return rows
 
 
-def measure(path: str) -> None:
+PARTS = ("memory", "eager", "gemm", "attention")
+
+
+def measure(path: str, parts=PARTS) -> None:
     import torch
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA GPU on this machine — skipped")
@@ -220,6 +223,8 @@ def measure(path: str) -> None:
     print(json.dumps(result), flush=True)
     for key, fn in (("memory", measure_memory), ("eager", measure_eager), ("gemm", measure_gemms),
                     ("attention", measure_attention)):
+        if key not in parts:
+            continue
         result[key] = fn(torch)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
@@ -246,12 +251,16 @@ def score(path: str, cluster_name: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="measure on this machine's GPU and write the JSON here")
+    ap.add_argument("--parts", default=",".join(PARTS), help="what to measure (--out), comma-separated: " + ", ".join(PARTS))
     ap.add_argument("--score", help="score the planner's kernel model against this measurement")
     ap.add_argument("--cluster", default="dgx-h200", help="cluster preset the model is read from (--score)")
     ap.add_argument("--json", action="store_true", help="print the score as JSON")
     args = ap.parse_args(argv)
     if args.out:
-        measure(args.out)
+        parts = args.parts.split(",")
+        if unknown := set(parts) - set(PARTS):
+            ap.error(f"unknown --parts {', '.join(sorted(unknown))}: choose from {', '.join(PARTS)}")
+        measure(args.out, parts)
     if args.score:
         s = score(args.score, args.cluster)
         if args.json:

@@ -9,8 +9,8 @@
    runs one GPU) for one step of --micro-batches micro-batches, under torch.profiler: GPU time by kernel kind
    (GEMM, attention, the rest), the step's wall time and the share the GPU sat idle (host-bound gaps), for the
    planner's terms to be compared with (`shardwise estimate ... --json`).
-3. Host floor: a 4-layer gpt2's forward + backward by tokens per micro-batch, 16 to 4,096 (host_floor; added after
-   the first H200 run, not yet measured).
+3. Host floor: gpt2 with 0, 1, 4 and 12 layers, forward + backward by tokens per micro-batch, 16 to 8,192, with the
+   GPU's busy time in each (host_floor; added after the first H200 run).
 """
 
 from __future__ import annotations
@@ -36,15 +36,36 @@ def _wall(torch, run, warmup: int, repeats: int, inner: int = 1) -> list[float]:
     """Wall seconds per call of `run`, each repeat `inner` calls back to back and synchronized at its end."""
     for _ in range(warmup):
         run()
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     walls = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(inner):
             run()
-        torch.cuda.synchronize()
+        sync()
         walls.append((time.perf_counter() - t0) / inner)
     return walls
+
+
+def _kernels(prof) -> list:
+    return [e for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def _device_us(e) -> float:
+    return e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+
+
+def gpu_busy_us(prof) -> float:
+    """Microseconds the GPU ran a kernel in a profile: the union of the kernels' intervals."""
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((k.time_range.start, k.time_range.end) for k in _kernels(prof)):
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + (0 if cur_e is None else cur_e - cur_s)
 
 
 def clock(torch, sustain_s: float) -> dict:
@@ -121,23 +142,11 @@ def step(torch, config: str, seq: int, micro_batches: int) -> dict:
         wall = time.perf_counter() - t0
     by_kind: dict[str, float] = {}
     top: dict[str, float] = {}
-    busy_spans = []
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    for e in _kernels(prof):
+        us = _device_us(e)
         by_kind[kind(e.name)] = by_kind.get(kind(e.name), 0.0) + us / 1e6
         top[e.name] = top.get(e.name, 0.0) + us / 1e6
-        busy_spans.append((e.time_range.start, e.time_range.end))
-    busy_spans.sort()
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in busy_spans:  # the union of kernel intervals: the GPU's busy time
-        if cur_e is None or s > cur_e:
-            busy += 0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += 0 if cur_e is None else cur_e - cur_s
+    busy = gpu_busy_us(prof)
     out = {"model": spec.name, "seq_len": seq, "micro_batches": micro_batches, "wall_s": statistics.median(walls),
            "profiled_wall_s": wall, "gpu_busy_s": busy / 1e6, "by_kind_s": by_kind,
            "top_kernels_s": dict(sorted(top.items(), key=lambda kv: -kv[1])[:25]),
@@ -153,28 +162,40 @@ def step(torch, config: str, seq: int, micro_batches: int) -> dict:
     return out
 
 
-def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096), layers: int = 4) -> dict:
-    """Seconds of a `layers`-layer model's forward + backward (the head included) under autocast by tokens per
-    micro-batch, back to back: at a handful of tokens the GPU waits on the host (Python, dispatch, launches), so the
-    first point is the host's floor, which a calibrated layer time on a GPU should take the larger of with the
-    device's (docs/accuracy.md: gpt2 on an H200 is host-bound, and calibrate's fit is additive)."""
+def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096, 8192), layers=(0, 1, 4, 12),
+               device: str = "cuda") -> dict:
+    """Seconds of a model's forward + backward (embedding, `layers` layers, the head and loss) under autocast by
+    tokens per micro-batch, back to back, and the GPU's busy time in one of them (torch.profiler): at a handful of
+    tokens the GPU waits on the host (Python, dispatch, launches), so those points are the host's floor, per layer
+    from the slope over layer counts. A calibrated layer time on a GPU should take the larger of it and the device's
+    (docs/accuracy.md: gpt2 on an H200 is host-bound, and calibrate's fit is additive)."""
+    from torch.profiler import ProfilerActivity, profile
+
     from shardwise import precision
     from shardwise.model import Transformer
     from shardwise.specs import load_model
 
     spec = load_model(config)
-    model = Transformer(spec, seed=0, layer_ids=range(layers), device=torch.device("cuda"))
-    out = {}
-    for t in tokens:
-        x = torch.randint(0, spec.vocab_size, (1, t), device="cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = []
+    for n in layers:
+        model = Transformer(spec, seed=0, layer_ids=range(n), device=torch.device(device))
+        for t in tokens:
+            x = torch.randint(0, spec.vocab_size, (1, t), device=device)
 
-        def run():
-            with precision.autocast("cuda"):
-                loss = model(x, x)
-            loss.backward()
-        out[t] = statistics.median(_wall(torch, run, warmup=3, repeats=5, inner=10))
-        print(f"host floor {config} {layers} layers + head, {t:5d} tokens: {out[t] * 1e3:7.2f} ms", flush=True)
-    return {"model": config, "layers": layers, "seconds_by_tokens": out}
+            def run():
+                with precision.autocast(device):
+                    loss = model(x, x)
+                loss.backward()
+            wall = statistics.median(_wall(torch, run, warmup=3, repeats=5, inner=10))
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                run()
+                sync()
+            busy = gpu_busy_us(prof) / 1e6
+            out.append({"layers": n, "tokens": t, "wall_s": wall, "gpu_busy_s": busy})
+            print(f"host floor {config} {n:2d} layers + head, {t:5d} tokens: wall {wall * 1e3:7.2f} ms, "
+                  f"GPU busy {busy * 1e3:7.2f} ms", flush=True)
+    return {"model": config, "points": out}
 
 
 def main() -> int:
