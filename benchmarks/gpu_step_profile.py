@@ -181,7 +181,8 @@ def host_floor(torch, config: str = "gpt2", tokens=(16, 256, 1024, 2048, 4096, 8
     for n in layers:
         model = Transformer(spec, seed=0, layer_ids=range(n), device=torch.device(device))
         for t in tokens:
-            x = torch.randint(0, spec.vocab_size, (1, t), device=device)
+            seq = min(t, spec.max_positions)  # gpt2's learned positions stop at 1,024: more tokens are more sequences
+            x = torch.randint(0, spec.vocab_size, (t // seq, seq), device=device)
 
             def run():
                 with precision.autocast(device):
