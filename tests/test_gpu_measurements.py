@@ -45,30 +45,39 @@ def _kernels() -> dict:
     return json.loads((DATA / "h200-kernels.json").read_text())
 
 
-def _relative_gemm_errors() -> list[tuple[float, dict]]:
-    """(model / measured - 1, row) for each GEMM of the H200 sweep that ran 40 us or more (shorter ones wait on eager
+# The GEMM sweep on two H200 leases: the fourth session's (h200-kernels.json, behind the stream-K model) and the sixth
+# session's (h200-kernels-2.json, another machine, taken after the model was written: held out).
+SWEEPS = ("h200-kernels.json", "h200-kernels-2.json")
+
+
+def _relative_gemm_errors(sweep: str = SWEEPS[0]) -> list[tuple[float, dict]]:
+    """(model / measured - 1, row) for each GEMM of an H200 sweep that ran 40 us or more (shorter ones wait on eager
     PyTorch's ~10 us a launch on that host: launch_s in the file), relative to the sweep's 8192^3 GEMM."""
-    rows = score(str(DATA / "h200-kernels.json"), "dgx-h200")["rows"]
+    rows = score(str(DATA / sweep), "dgx-h200")["rows"]
     ref = next(r for r in rows if r["case"] == "square 8192")
     scale = ref["seconds"] / ref["model_s"]
     return [(r["model_s"] * scale / r["seconds"] - 1, r) for r in rows if r["seconds"] >= 40e-6]
 
 
-def test_gemm_shapes_follow_the_tile_and_wave_model():
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_gemm_shapes_follow_the_tile_and_wave_model(sweep):
     """Relative to the sweep's 8192^3 GEMM, the model's time of each GEMM is within 4 % at the median, 8 % at the 90th
-    percentile and 25 % at worst (the worst, 22 %, the sweep's first shapes, timed before the power cap settled)."""
-    errors = sorted(abs(e) for e, _ in _relative_gemm_errors())
+    percentile and 25 % at worst (the worst, 22 % and 20 %, the sweeps' first shapes, timed before the power cap
+    settled)."""
+    errors = sorted(abs(e) for e, _ in _relative_gemm_errors(sweep))
     assert len(errors) > 250
     assert statistics.median(errors) <= 0.04
     assert errors[int(0.9 * len(errors))] <= 0.08
     assert errors[-1] <= 0.25
 
 
-def test_gemms_that_leave_sms_idle_run_as_stream_k():
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_gemms_that_leave_sms_idle_run_as_stream_k(sweep):
     """The GEMMs whose largest tiles leave some of the 132 SMs idle (narrow TP shards' weight gradients at K = 16K:
     32-96 tiles) ran in well under a whole wave's time; under the stream-K model (their tiles' share of a wave plus
-    the FP32 fix-up of the shared tiles) each is within 15 % of the measurement, where whole waves were up to 31 % slow."""
-    narrow = [(e, r) for e, r in _relative_gemm_errors() if r["k"] >= kernels.STREAM_K_MIN_K
+    the FP32 fix-up of the shared tiles) each is within 15 % of the measurement, where whole waves were up to 31 % slow
+    (the held-out sweep: within 8.5 %)."""
+    narrow = [(e, r) for e, r in _relative_gemm_errors(sweep) if r["k"] >= kernels.STREAM_K_MIN_K
               and math.ceil(r["m"] / 256) * math.ceil(r["n"] / 128) < 120]
     assert len(narrow) >= 5
     assert all(abs(e) <= 0.15 for e, _ in narrow), narrow

@@ -62,17 +62,60 @@ def model_elementwise(model, layers: int, batch: int, seq: int, element_bytes: i
     return 3 * layers * calibrated_elementwise(model, batch * seq, element_bytes, copy_gbs * 1e9)
 
 
-def fit_model(xs: list[float], rows: list[list[float]], own: list[float]) -> tuple[float, float]:
+def fit_model(xs: list[float], rows: list[list[float]], own: list[float], floor: float = 0.0) -> tuple[float, float]:
     """(intercept seconds, slope seconds per weighted FLOP) of time = intercept + slope x FLOPs, from repeats
     `rows` (each: the sizes' seconds, run side by side) less `own` (each size's seconds the planner times on its
     own, model_elementwise): a Theil-Sen line per repeat, the median intercept and slope. A non-positive slope
-    (noise) leaves the whole time at the largest size as FLOPs."""
+    (noise) leaves the whole time at the largest size as FLOPs. `floor` (a GPU's host floor for the whole measured
+    model, host_floor): sizes within HOST_BOUND of it measured the host, not the device, and are left out while
+    two others remain."""
+    keep = device_bound(floor, [statistics.median(row[i] for row in rows) for i in range(len(xs))])
+    xs, own, rows = [xs[i] for i in keep], [own[i] for i in keep], [[row[i] for i in keep] for row in rows]
     fits = [fit_line(xs, [y - o for y, o in zip(row, own)]) for row in rows]
     overhead, slope = statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
     if slope <= 0:
         ys = [statistics.median(row[i] for row in rows) - own[i] for i in range(len(xs))]
         return 0.0, ys[-1] / xs[-1]
     return overhead, slope
+
+
+# A GPU runs its kernels behind the host that launches them: a layer costs the larger of its host time (Python, op
+# dispatch, launches) and its device time, where a CPU's synchronous ops add the two. A micro-batch of this many
+# tokens leaves the GPU idle between kernels (gpt2 on an H200: 0.74 of 1.50 ms busy for the head alone, 1.7 of 17.5
+# ms with 4 layers; docs/accuracy.md), so its time is the host's floor.
+HOST_FLOOR_TOKENS = 16
+HOST_FLOOR_DEVICES = ("cuda",)
+# A size of the model fit measured the host rather than the device unless its time exceeds the floor by this much
+# (gpt2 on the H200: 15.0 and 16.2 ms at 2,048 and 4,096 tokens beside a 17.5 ms floor, 28.4 at 8,192).
+HOST_BOUND = 1.25
+
+
+def device_bound(floor: float, times: list[float]) -> list[int]:
+    """Indices of the sizes whose `times` exceed HOST_BOUND x `floor`: all of them without a floor, or where fewer
+    than two would remain (a line needs two; the planner's max(host, device) then holds whatever the line says)."""
+    keep = [i for i, y in enumerate(times) if y > HOST_BOUND * floor]
+    return keep if floor <= 0 or len(keep) >= 2 else list(range(len(times)))
+
+
+def host_floor_variants(t: Timer, step) -> dict:
+    """On a GPU (HOST_FLOOR_DEVICES): the measured model and its two edges at HOST_FLOOR_TOKENS tokens, where the
+    device waits on the host ("floor model", "floor first", "floor last"); none elsewhere."""
+    if t.device.type not in HOST_FLOOR_DEVICES:
+        return {}
+    ids = torch.randint(0, t.cfg.model.vocab_size, (1, HOST_FLOOR_TOKENS), device=t.device)
+    edges = edge_variants(t, 1, HOST_FLOOR_TOKENS)
+    return {"floor model": lambda: step(ids), "floor first": edges["first 1"], "floor last": edges["last 1"]}
+
+
+def host_floor(reps: dict, layers: int) -> dict:
+    """The host's seconds per micro-batch forward + backward, from host_floor_variants' times: per layer (the model
+    less its edges, over its layers), for the embedding and for the final norm, head and loss. The planner's
+    pipeline stage takes the larger of that and its device time (planner/step_time.host_floor_time)."""
+    if "floor model" not in reps:
+        return {}
+    model, first, last = (statistics.median(reps[f"floor {k}"]) for k in ("model", "first", "last"))
+    return {"host_layer_s": max(model - first - last, 0.0) / layers, "host_embedding_s": first,
+            "host_head_s": last, "host_floor_points": [model, first, last]}
 
 
 def split_edges(overhead: float, slope: float, edges: list[float], head_flops: float, layers: int) -> dict:
@@ -148,6 +191,7 @@ def measure_model(t: Timer, out: dict):
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
            [(batches[0], "selective"), (batches[0], "full"), (batches[0], "step")]}
     fns.update(edge_variants(t, batches[0]))
+    fns.update(host_floor_variants(t, step))
     alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
     # Without recompute, as the base it is compared with: the variants run in a new order every repeat and each sets
     # the model's recompute itself. Left as the previous one set it, about 2 alone runs in 7 recomputed (selective or
@@ -163,7 +207,9 @@ def measure_model(t: Timer, out: dict):
     xs = [model_flops(spec, layers, b, seq) for b in batches]
     own = [model_elementwise(spec, layers, b, seq, element_size(t.dtype), out["copy_gbs"]) for b in batches]
     # One line per repeat (its four sizes ran side by side), the median of their intercepts and slopes.
-    overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own)
+    out.update(host_floor(reps, layers))
+    floor = out["host_floor_points"][0] if "host_floor_points" in out else 0.0
+    overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own, floor)
     ys = [statistics.median(reps[n]) for n in sizes]
     out["model_tflops"] = 1 / slope / 1e12
     out["edge_points"] = [statistics.median(reps[f"{edge} {batches[0]}"]) for edge in ("first", "last")]
@@ -204,13 +250,13 @@ def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: flo
     return max(full_minus_none / layers - forward, 0.0)
 
 
-def edge_variants(t: Timer, batch: int) -> dict:
+def edge_variants(t: Timer, batch: int, seq: int | None = None) -> dict:
     """The two pipeline edges of the runtime's model, each alone, forward + backward of one micro-batch as a pipeline
     stage runs them: "first <batch>" the embedding (its output's gradient given), "last <batch>" the final norm, LM
     head and loss (its input a received activation that needs a gradient)."""
     from shardwise.model import Transformer
 
-    spec, seq = t.cfg.model, t.cfg.seq_len
+    spec, seq = t.cfg.model, seq or t.cfg.seq_len
     first = Transformer(spec, seed=0, layer_ids=range(0), last=False, device=t.device)
     last = Transformer(spec, seed=0, layer_ids=range(0), first=False, device=t.device)
     ids = torch.randint(0, spec.vocab_size, (batch, seq), device=t.device)

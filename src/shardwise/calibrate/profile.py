@@ -34,6 +34,11 @@ class Profile:
     head_overhead_s: float = 0.0  # the last stage's norm, head and loss per micro-batch beyond the head's FLOPs
     edge_points: list = field(default_factory=list)  # [embedding, norm + head + loss] alone at the smallest micro-batch, s
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
+    # On a GPU, the host's seconds per micro-batch forward + backward (compute.host_floor): per layer, embedding, head
+    host_layer_s: float = 0.0
+    host_embedding_s: float = 0.0
+    host_head_s: float = 0.0
+    host_floor_points: list = field(default_factory=list)  # [model, embedding, head] at HOST_FLOOR_TOKENS tokens, s
     optimizer_s: float = 0.0  # the rest of a bare one-micro-batch training step: batch, zero_grad, AdamW
     optimizer_params: int = 0
     checkpoint_overhead_s: float = 0.0  # a checkpointed layer per micro-batch, beyond what it recomputes
@@ -253,6 +258,9 @@ class Profile:
                "cp_points": self.cp_points, "tp_points": self.tp_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
+        if self.host_floor_points:  # a GPU's: the planner's stage takes max(host, device) (step_time.host_floor_time)
+            out.update(host_layer_s=self.host_layer_s, host_embedding_s=self.host_embedding_s,
+                       host_head_s=self.host_head_s, host_floor_points=self.host_floor_points)
         if self.tp_call_s is not None:  # else the planner charges TP calls sync_overhead_s
             out["tp_call_s"] = self.tp_call_s
         if self.tp_sp_call_s is not None:  # else SP's calls pay tp_call_s
@@ -292,7 +300,8 @@ class Profile:
 # executor's exchange after a layer, for its cost beyond the table; "fsdp": a ZeRO-3 layer beyond a plain one, for
 # FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the points behind a figure, labels).
 SPEED_CLASS = {
-    **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
+    **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "host_layer_s", "host_embedding_s",
+                     "host_head_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
     **dict.fromkeys(("sync_overhead_s", "tp_call_s", "tp_sp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
@@ -305,7 +314,7 @@ COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the comp
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
                "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points", "tp_points",
-               "lockstep_spread", "action_scatter")  # (shares of the compute: they move with the compute itself)
+               "lockstep_spread", "action_scatter", "host_floor_points")  # (shares of the compute: they move with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute"}
 RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
@@ -330,7 +339,8 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int, sp:
     from shardwise.specs import Layout
 
     spec = replace(model, num_layers=profile.tp_layers)
-    base = replace(profile, tp_call_s=None, tp_sp_call_s=None).to_cluster()
+    # without a GPU's host floor: below it the planner's max(host, device) would hide the calls' charge
+    base = replace(profile, tp_call_s=None, tp_sp_call_s=None, host_floor_points=[]).to_cluster()
     key = "tp_sp_call_s" if sp else "tp_call_s"
 
     def planned(call_s: float, tp: int) -> float:

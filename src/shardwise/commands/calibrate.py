@@ -98,6 +98,10 @@ def _print(console, profile, out: str, model: str | None = None) -> None:
                   f"{profile.model_tflops * 1e3:,.1f} GFLOP/s + {profile.layer_overhead_s * 1e3:,.2f} ms per layer "
                   f"and micro-batch; memory copy {profile.copy_gbs:,.1f} GB/s; link "
                   f"{c['intra_node_bandwidth_gbs']:,.2f} GB/s + {c['intra_node_latency_us']:,.0f} us", highlight=False)
+    if profile.host_floor_points:
+        console.print(f"host floor (the GPU waits on the host below it): {profile.host_layer_s * 1e3:,.2f} ms per layer "
+                      f"and micro-batch, {profile.host_head_s * 1e3:,.2f} ms for the head and loss; a pipeline stage "
+                      f"costs the larger of its host's and its GPU's time", highlight=False)
     if profile.world > 1:
         table = Table(title=f"collective time (ms) at world {profile.world}, median of {profile.repeats}")
         table.add_column("bytes", justify="right")

@@ -179,6 +179,9 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         flops_model += 3 * 2 * tokens * model.hidden * model.vocab_size / tp
     edge = edge_overhead(job, layout, rank) / 3  # a third per pass, as a layer's
     f, b_in, w = f + edge, b_in + edge, w + edge
+    host, device = host_floor_time(job, layout, rank, layers), f + b_in + w
+    lift = host / device if host > device > 0 else 1.0  # a GPU's stage bound by its host: the host's time
+    f, b_in, w = f * lift, b_in * lift, w * lift
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
     rec_ep = redone * lc.ep_fwd  # full recompute dispatches again
@@ -189,9 +192,9 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd + lc.ep_fwd + lc.ep_bwd) - edge_f - edge_b
     return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
-                     layer_f=lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh,
-                     layer_b=lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh + rec / max(layers, 1), cp_comm=cp_comm,
-                     ep_comm=ep_comm)
+                     layer_f=(lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) * lift,
+                     layer_b=(lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh) * lift + rec / max(layers, 1),
+                     cp_comm=cp_comm, ep_comm=ep_comm)
 
 
 def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
@@ -235,6 +238,18 @@ def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_lay
         width = model.experts_per_token * job.capacity_factor * model.moe_ffn_hidden
         t += moe_layers * tokens / tp * (swiglu if model.gated_mlp else gelu) * width * scale
     return t / kernels.hbm_rate(c)
+
+
+def host_floor_time(job: Job, layout: Layout, rank: int, layers: int) -> float:
+    """Seconds per micro-batch, forward + backward, that the host of a GPU calibrated by `calibrate` takes to launch
+    pipeline rank `rank`'s work (its layers, and the embedding or the head where the rank holds them): a GPU runs its
+    kernels behind the host, so a micro-batch whose kernels take less waits on the host and costs this (calibrate's
+    host_layer_s, host_embedding_s, host_head_s, at a handful of tokens; 0 for datasheet clusters and CPUs, whose
+    synchronous ops the calibrated overheads already add)."""
+    measured = job.cluster.measured or {}
+    t = layers * float(measured.get("host_layer_s", 0.0))
+    t += float(measured.get("host_embedding_s", 0.0)) if rank == 0 else 0.0
+    return t + (float(measured.get("host_head_s", 0.0)) if rank == layout.pp - 1 else 0.0)
 
 
 def edge_overhead(job: Job, layout: Layout, rank: int) -> float:

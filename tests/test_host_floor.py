@@ -1,0 +1,108 @@
+"""A GPU runs its kernels behind the host that launches them: a micro-batch whose kernels take less time than the host
+needs to launch them costs the host's time. `calibrate` measures that floor on a GPU (the model and its edges at a
+handful of tokens), leaves the sizes it bounds out of its rate fit, and the planner's pipeline stage takes the larger
+of the host's and the device's time. On a CPU, whose ops run synchronously, nothing changes.
+
+The figures behind it (benchmarks/data/gpu/h200-host-floor.json, an H200): gpt2's forward + backward took 46 ms with
+12 layers whatever the tokens from 16 to 4,096 a micro-batch, while the GPU was busy 3.7-21 ms of it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from shardwise.calibrate import compute
+from shardwise.calibrate.config import CalibrateConfig
+from shardwise.calibrate.profile import Profile
+from shardwise.calibrate.timer import Timer
+from shardwise.planner.job import runtime_job
+from shardwise.planner.memory import rank_layers
+from shardwise.planner.step_time import stage_cost
+from shardwise.specs import Layout, load_cluster, load_model
+
+GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu"
+
+
+def _measure_model(monkeypatch, devices) -> dict:
+    monkeypatch.setattr(compute, "HOST_FLOOR_DEVICES", devices)
+    cfg = CalibrateConfig(model=load_model("tiny"), world=1, repeats=1, warmup=0, seq_len=16, sizes=(1024,),
+                          copy_bytes=1 << 20)
+    out = {"copy_gbs": 5.0}
+    for _ in compute.measure_model(Timer(cfg, 0, 1), out):
+        pass
+    return out
+
+
+def test_calibrate_measures_the_host_floor_only_where_kernels_run_behind_the_host(monkeypatch):
+    """On a CPU (ops synchronous) calibrate writes no host floor; where the device runs behind the host (a GPU; here
+    the CPU taken as one) it times the model and its two edges at HOST_FLOOR_TOKENS tokens and splits the model's time
+    into its layers and edges."""
+    assert not any(k.startswith("host_") for k in _measure_model(monkeypatch, ("cuda",)))
+    out = _measure_model(monkeypatch, ("cuda", "cpu"))
+    model, first, last = out["host_floor_points"]
+    assert 0 < first < model and 0 < last < model
+    assert out["host_embedding_s"] == first and out["host_head_s"] == last
+    layers = min(load_model("tiny").num_layers, 4)
+    assert out["host_layer_s"] == pytest.approx((model - first - last) / layers)
+    # written to the profile's [measured] table, read back by the planner's cluster
+    profile = Profile(world=1, backend="nccl", device="gpu", dtype="bfloat16", model="tiny", tokens=16,
+                      memory_gib=80.0, matmul_tflops=100.0, gemms=[], copy_gbs=1000.0,
+                      **{k: out[k] for k in ("host_layer_s", "host_embedding_s", "host_head_s", "host_floor_points")})
+    assert profile.to_cluster().measured["host_layer_s"] == out["host_layer_s"]
+
+
+def test_the_rate_fit_leaves_out_the_sizes_the_host_bounds():
+    """Device time 0.5 ms + 2 ps a FLOP, host floor 4 ms: the smallest two sizes measure the host (4.0, 4.5 ms). The
+    fit with the floor recovers the device's line from the other two; without it the host-bound points tilt it (the
+    slope 12 % low: an additive fit reads the floor as a slower rate plus overhead)."""
+    xs = [1e9, 2e9, 3e9, 4e9]
+    device = [0.5e-3 + 2e-12 * x for x in xs]
+    measured = [[max(4e-3, y) for y in device]] * 3
+    intercept, slope = compute.fit_model(xs, measured, [0.0] * 4, floor=4e-3)
+    assert slope == pytest.approx(2e-12) and intercept == pytest.approx(0.5e-3)
+    _, tilted = compute.fit_model(xs, measured, [0.0] * 4)
+    assert tilted < 0.9 * 2e-12
+    # with fewer than two sizes above the floor the whole line is kept (a line needs two points)
+    assert compute.device_bound(4e-3, [4e-3, 4.1e-3, 4.2e-3, 9e-3]) == [0, 1, 2, 3]
+
+
+def _h200_gpt2(host_layer_s: float):
+    """The H200's calibrated gpt2 profile (benchmarks/data/gpu, the fourth session's, before the host floor was
+    measured) with the host floor the sixth session's H200 measured for gpt2 (h200-host-floor.json) or another."""
+    cluster = load_cluster(str(GPU / "h200-calibrated-gpt2.toml"))
+    floor = json.loads((GPU / "h200-host-floor.json").read_text())["points"]
+    head = statistics.median(p["wall_s"] for p in floor if p["layers"] == 0 and p["tokens"] <= 256)
+    return replace(cluster, measured={**cluster.measured, "host_layer_s": host_layer_s,
+                                      "host_embedding_s": 0.0, "host_head_s": head})
+
+
+def _stage(cluster, micro_batch: int, pp: int = 1, rank: int = 0):
+    job = runtime_job(load_model("gpt2"), cluster, 16, 1024, gpu=True)
+    cost = stage_cost(job, Layout(pp=pp, micro_batch=micro_batch), rank)
+    return cost.f + cost.b + cost.w
+
+
+def _layers(pp: int, rank: int) -> int:
+    return rank_layers(runtime_job(load_model("gpt2"), load_cluster("dgx-h200"), 16, 1024, gpu=True), Layout(pp=pp), rank)
+
+
+def test_a_host_bound_stage_costs_the_hosts_time():
+    """gpt2 on the H200 at 1,024 tokens a micro-batch: the device's work (the calibrated line) is far under the host's
+    3.7 ms a layer, so a micro-batch of the 12 layers and the head costs the host's time, as the H200 measured it
+    (46.3 ms at 16 tokens, 51.5 at 1,024; h200-host-floor.json); split over two pipeline stages, each pays its own
+    layers and edge. With a host floor far under the device's time nothing changes."""
+    plain = load_cluster(str(GPU / "h200-calibrated-gpt2.toml"))
+    device = _stage(plain, 1)
+    bound = _stage(_h200_gpt2(3.7e-3), 1)
+    floor = json.loads((GPU / "h200-host-floor.json").read_text())["points"]
+    measured = [p["wall_s"] for p in floor if p["layers"] == 12 and p["tokens"] <= 1024]
+    assert device < 0.5 * min(measured)
+    assert min(measured) * 0.85 <= bound <= max(measured) * 1.15
+    first, last = _stage(_h200_gpt2(3.7e-3), 1, pp=2, rank=0), _stage(_h200_gpt2(3.7e-3), 1, pp=2, rank=1)
+    assert first == pytest.approx(_layers(2, 0) * 3.7e-3)
+    assert last == pytest.approx(_layers(2, 1) * 3.7e-3 + bound - 12 * 3.7e-3)  # its layers and the head's host time
+    assert _stage(_h200_gpt2(1e-6), 1) == pytest.approx(device)
