@@ -1,6 +1,7 @@
 """Where one GPU's training step goes, and the clock it holds under sustained work (run on a CUDA GPU).
 
     python benchmarks/gpu_step_profile.py --out step.json [--model CFG] [--seq-len 4096] [--micro-batches 8]
+        [--parts step,host_floor,clock]
 
 1. Clock: a BF16 8192^3 matmul timed as a short burst (3 warm-ups, 10 products: what a GEMM benchmark reports),
    then back to back for --sustain seconds with nvidia-smi sampling the SM clock, power and throttle reasons every
@@ -206,19 +207,22 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--sustain", type=float, default=20.0, help="seconds of back-to-back matmuls (clock)")
+    ap.add_argument("--parts", default="step,host_floor,clock", help="what to measure, comma-separated: step, host_floor, clock")
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    if unknown := set(parts) - {"step", "host_floor", "clock"}:
+        ap.error(f"unknown --parts {', '.join(sorted(unknown))}: choose from step, host_floor, clock")
     import torch
     if not torch.cuda.is_available():
         print("gpu_step_profile: no CUDA GPU on this machine — skipped")
         return 0
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    result["step"] = step(torch, args.model, args.seq_len, args.micro_batches)
-    json.dump(result, open(args.out, "w"), indent=1)
-    result["host_floor"] = host_floor(torch)
-    json.dump(result, open(args.out, "w"), indent=1)
-    result["clock"] = clock(torch, args.sustain)
-    json.dump(result, open(args.out, "w"), indent=1)
+    for part, run in (("step", lambda: step(torch, args.model, args.seq_len, args.micro_batches)),
+                      ("host_floor", lambda: host_floor(torch)), ("clock", lambda: clock(torch, args.sustain))):
+        if part in parts:
+            result[part] = run()
+            json.dump(result, open(args.out, "w"), indent=1)
     return 0
 
 

@@ -74,7 +74,7 @@ def _h200_gpt2(host_layer_s: float):
     """The H200's calibrated gpt2 profile (benchmarks/data/gpu, the fourth session's, before the host floor was
     measured) with the host floor the sixth session's H200 measured for gpt2 (h200-host-floor.json) or another."""
     cluster = load_cluster(str(GPU / "h200-calibrated-gpt2.toml"))
-    floor = json.loads((GPU / "h200-host-floor.json").read_text())["points"]
+    floor = json.loads((GPU / "h200-host-floor.json").read_text())["host_floor"]["points"]
     head = statistics.median(p["wall_s"] for p in floor if p["layers"] == 0 and p["tokens"] <= 256)
     return replace(cluster, measured={**cluster.measured, "host_layer_s": host_layer_s,
                                       "host_embedding_s": 0.0, "host_head_s": head})
@@ -98,7 +98,7 @@ def test_a_host_bound_stage_costs_the_hosts_time():
     plain = load_cluster(str(GPU / "h200-calibrated-gpt2.toml"))
     device = _stage(plain, 1)
     bound = _stage(_h200_gpt2(3.7e-3), 1)
-    floor = json.loads((GPU / "h200-host-floor.json").read_text())["points"]
+    floor = json.loads((GPU / "h200-host-floor.json").read_text())["host_floor"]["points"]
     measured = [p["wall_s"] for p in floor if p["layers"] == 12 and p["tokens"] <= 1024]
     assert device < 0.5 * min(measured)
     assert min(measured) * 0.85 <= bound <= max(measured) * 1.15
