@@ -106,3 +106,22 @@ def test_a_host_bound_stage_costs_the_hosts_time():
     assert first == pytest.approx(_layers(2, 0) * 3.7e-3)
     assert last == pytest.approx(_layers(2, 1) * 3.7e-3 + bound - 12 * 3.7e-3)  # its layers and the head's host time
     assert _stage(_h200_gpt2(1e-6), 1) == pytest.approx(device)
+
+
+def test_estimate_shows_the_time_the_gpu_waits_on_its_host(capsys):
+    """`estimate --json` on the H200's calibration for gpt2 at micro-batch 1 splits the step's time waiting on the host
+    out of compute (`host_wait`), the terms still summing to the step; `plan` says how much of the winner's step it
+    is. A datasheet cluster, whose planner prices the device only, has no such term."""
+    from shardwise.cli import main
+
+    args = ["--model", "gpt2", "--gpus", "1", "--global-batch", "16", "--seq-len", "1024", "--framework", "shardwise"]
+    calibrated = ["--cluster", str(GPU / "h200-calibrated-gpt2-mb1.toml")]
+    assert main(["estimate", *args, *calibrated, "--micro-batch", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    t = out["time_breakdown_s"]
+    assert t["host_wait"] > 0.1 * out["step_time_s"]
+    assert sum(t.values()) == pytest.approx(out["step_time_s"], rel=1e-4)
+    assert main(["estimate", *args, "--cluster", "dgx-h200", "--micro-batch", "1", "--json"]) == 0
+    assert "host_wait" not in json.loads(capsys.readouterr().out)["time_breakdown_s"]
+    assert main(["plan", *args, *calibrated, "--micro-batch", "1"]) == 0
+    assert "the GPU waiting on its host" in capsys.readouterr().out

@@ -252,7 +252,8 @@ def framework_paragraph(job: Job) -> str:
 MODEL_ERROR = 0.06
 # Layouts re-ranked under each what-if (the fastest ones; a what-if cannot lift a slow layout past all of them).
 SENSITIVITY_TOP = 30
-TERM_NAMES = {"compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel traffic",
+TERM_NAMES = {"compute": "compute", "host_wait": "the GPU waiting on its host (Python, op dispatch, kernel launches)",
+              "recompute": "recompute", "tp_comm": "tensor-parallel traffic",
               "cp_comm": "context-parallel K/V traffic",
               "pp_p2p": "pipeline transfers", "pipeline_bubble": "the pipeline bubble",
               "dp_comm": "exposed data-parallel traffic", "step_comm": "per-step collectives", "optimizer": "the optimizer step"}
@@ -365,7 +366,9 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     line = (f"{_knobs(win)} ({job.framework}): {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB "
             f"per GPU; of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
             f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
-            f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}; MFU {win.mfu:.1%}.")
+            f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}"
+            + (f", the GPU waiting on its host {share['host_wait']:.0%}" if "host_wait" in share else "")
+            + f"; MFU {win.mfu:.1%}.")
     out = [line, runner_up(result)]
     record = plausibility(job, win)
     return out + ([record] if record else [])

@@ -108,6 +108,7 @@ class StageCost:
     layer_b: float = 0.0  # one layer's backward compute
     cp_comm: float = 0.0  # exposed context-parallel K/V traffic (inside f and b)
     ep_comm: float = 0.0  # the MoE layers' all-to-alls (forward and backward)
+    host_wait: float = 0.0  # a GPU's time waiting on its host beyond the device's work (inside f, b, w; host_floor_time)
 
 
 def stage_cost(job: Job, layout: Layout, rank: int) -> StageCost:
@@ -181,7 +182,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     f, b_in, w = f + edge, b_in + edge, w + edge
     host, device = host_floor_time(job, layout, rank, layers), f + b_in + w
     lift = host / device if host > device > 0 else 1.0  # a GPU's stage bound by its host: the host's time
-    f, b_in, w = f * lift, b_in * lift, w * lift
+    f, b_in, w, host_wait = f * lift, b_in * lift, w * lift, (lift - 1) * device
     tp_comm = layers * (lc.tp_fwd + lc.tp_bwd) + edge_f + edge_b + rec_tp
     cp_comm = layers * (lc.cp_fwd + lc.cp_bwd) + rec_cp
     rec_ep = redone * lc.ep_fwd  # full recompute dispatches again
@@ -189,12 +190,13 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         mlc = layer_cost(job, layout, moe_layer=True)
         rec, rec_ep = rec + moe_layers * mlc.ffn_fwd, moe_layers * mlc.ep_fwd
     ep_comm = layers * (lc.ep_fwd + lc.ep_bwd) + rec_ep
-    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd + lc.ep_fwd + lc.ep_bwd) - edge_f - edge_b
+    compute = f + b_in + w - layers * (lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd + lc.ep_fwd + lc.ep_bwd) - edge_f - edge_b \
+        - host_wait
     return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
                      layer_f=(lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) * lift,
                      layer_b=(lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh) * lift + rec / max(layers, 1),
-                     cp_comm=cp_comm, ep_comm=ep_comm)
+                     cp_comm=cp_comm, ep_comm=ep_comm, host_wait=host_wait)
 
 
 def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
@@ -535,6 +537,7 @@ def step_time(job: Job, layout: Layout) -> dict:
     alone = solo if layout.schedule == "naive" else 1.0
     return {
         "compute": m * slow.compute * alone + _wrapper_time(job, layout, m, slow),
+        **({"host_wait": m * slow.host_wait * alone} if slow.host_wait else {}),  # a calibrated GPU bound by its host
         "recompute": m * slow.recompute * alone,
         "tp_comm": m * slow.tp_comm,
         "cp_comm": m * slow.cp_comm,

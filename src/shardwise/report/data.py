@@ -11,7 +11,8 @@ from shardwise.units import GIB
 MEMORY_LABELS = {"weights": ("weights", "#0072B2"), "gradients": ("gradients", "#E69F00"),
                  "optimizer": ("optimizer states", "#009E73"), "activations": ("activations", "#CC79A7"),
                  "logits": ("logits", "#56B4E9"), "workspace": ("workspace + fragmentation", "#999999")}
-TIME_LABELS = {"compute": ("compute", "#0072B2"), "recompute": ("recompute", "#56B4E9"),
+TIME_LABELS = {"compute": ("compute", "#0072B2"), "host_wait": ("waiting on the host", "#7F7F7F"),
+               "recompute": ("recompute", "#56B4E9"),
                "tp_comm": ("TP traffic", "#009E73"), "cp_comm": ("CP K/V traffic", "#882255"),
                "pp_p2p": ("PP p2p", "#CC79A7"),
                "pipeline_bubble": ("pipeline bubble", "#C9CED6"), "dp_comm": ("DP traffic", "#D55E00"),
