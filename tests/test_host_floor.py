@@ -21,7 +21,7 @@ from shardwise.calibrate.profile import Profile
 from shardwise.calibrate.timer import Timer
 from shardwise.planner.job import runtime_job
 from shardwise.planner.memory import rank_layers
-from shardwise.planner.step_time import stage_cost
+from shardwise.planner.step_time import stage_cost, step_time
 from shardwise.specs import Layout, load_cluster, load_model
 
 GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu"
@@ -66,8 +66,12 @@ def test_the_rate_fit_leaves_out_the_sizes_the_host_bounds():
     assert slope == pytest.approx(2e-12) and intercept == pytest.approx(0.5e-3)
     _, tilted = compute.fit_model(xs, measured, [0.0] * 4)
     assert tilted < 0.9 * 2e-12
-    # with fewer than two sizes above the floor the whole line is kept (a line needs two points)
-    assert compute.device_bound(4e-3, [4e-3, 4.1e-3, 4.2e-3, 9e-3]) == [0, 1, 2, 3]
+    # with fewer than two sizes above the floor the two largest are kept (a line needs two points): the H200's gpt2
+    # calibration at micro-batch 1 (h200-calibrated-gpt2-mb1.toml: its model points beside its floor)
+    cluster = load_cluster(str(GPU / "h200-calibrated-gpt2-mb1.toml")).measured
+    times = [y for _, y in cluster["model_points"]]
+    assert compute.device_bound(cluster["host_floor_points"][0], times) == [2, 3]
+    assert compute.device_bound(0.0, times) == [0, 1, 2, 3]
 
 
 def _h200_gpt2(host_layer_s: float):
@@ -120,7 +124,14 @@ def test_estimate_shows_the_time_the_gpu_waits_on_its_host(capsys):
     out = json.loads(capsys.readouterr().out)
     t = out["time_breakdown_s"]
     assert t["host_wait"] > 0.1 * out["step_time_s"]
-    assert sum(t.values()) == pytest.approx(out["step_time_s"], rel=1e-4)
+    # the same profile without its floor: the device's compute is unchanged, the host's wait is what the step gained
+    floorless = load_cluster(str(GPU / "h200-calibrated-gpt2-mb1.toml"))
+    floorless = replace(floorless, measured={k: v for k, v in floorless.measured.items() if not k.startswith("host_")})
+    job = runtime_job(load_model("gpt2"), floorless, 16, 1024, gpu=True)
+    device = step_time(job, Layout(micro_batch=1))
+    assert "host_wait" not in device
+    assert t["compute"] == pytest.approx(device["compute"], rel=1e-4)
+    assert t["host_wait"] == pytest.approx(out["step_time_s"] - sum(device.values()), rel=1e-3)
     assert main(["estimate", *args, "--cluster", "dgx-h200", "--micro-batch", "1", "--json"]) == 0
     assert "host_wait" not in json.loads(capsys.readouterr().out)["time_breakdown_s"]
     assert main(["plan", *args, *calibrated, "--micro-batch", "1"]) == 0

@@ -91,24 +91,24 @@ HOST_BOUND = 1.25
 
 
 def device_bound(floor: float, times: list[float]) -> list[int]:
-    """Indices of the sizes whose `times` exceed HOST_BOUND x `floor`: all of them without a floor, or where fewer
-    than two would remain (a line needs two; the planner's max(host, device) then holds whatever the line says)."""
+    """Indices of the sizes (in increasing size) whose `times` exceed HOST_BOUND x `floor`: all of them without a
+    floor; the two largest where fewer than two do (a line needs two, and the largest sizes hold the most of the
+    device: on the H200's gpt2 calibration at micro-batch 1, 10.2, 10.8, 13.1 and 16.5 ms beside a 10.7 ms floor, the
+    two largest read 138 TFLOP/s as the micro-batch 2 calibrations did, all four 212)."""
     keep = [i for i, y in enumerate(times) if y > HOST_BOUND * floor]
-    return keep if floor <= 0 or len(keep) >= 2 else list(range(len(times)))
+    if floor <= 0:
+        return list(range(len(times)))
+    return keep if len(keep) >= 2 else list(range(len(times)))[-2:]
 
 
-def host_floor_variants(t: Timer, step) -> dict:
-    """On a GPU (HOST_FLOOR_DEVICES): the measured model and its two edges at HOST_FLOOR_TOKENS tokens, where the
-    device waits on the host ("floor model", "floor first", "floor last"); none elsewhere."""
-    if t.device.type not in HOST_FLOOR_DEVICES:
-        return {}
-    ids = torch.randint(0, t.cfg.model.vocab_size, (1, HOST_FLOOR_TOKENS), device=t.device)
-    edges = edge_variants(t, 1, HOST_FLOOR_TOKENS)
-    return {"floor model": lambda: step(ids), "floor first": edges["first 1"], "floor last": edges["last 1"]}
+def measures_host_floor(t: Timer) -> bool:
+    """Whether this rank's device runs its kernels behind the host (HOST_FLOOR_DEVICES)."""
+    return t.device.type in HOST_FLOOR_DEVICES
 
 
 def host_floor(reps: dict, layers: int) -> dict:
-    """The host's seconds per micro-batch forward + backward, from host_floor_variants' times: per layer (the model
+    """The host's seconds per micro-batch forward + backward, from the floor variants' times (measure_model's "floor
+    model", edge_variants' "floor first" and "floor last"): per layer (the model
     less its edges, over its layers), for the embedding and for the final norm, head and loss. The planner's
     pipeline stage takes the larger of that and its device time (planner/step_time.host_floor_time)."""
     if "floor model" not in reps:
@@ -190,8 +190,10 @@ def measure_model(t: Timer, out: dict):
 
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
            [(batches[0], "selective"), (batches[0], "full"), (batches[0], "step")]}
-    fns.update(edge_variants(t, batches[0]))
-    fns.update(host_floor_variants(t, step))
+    fns.update(edge_variants(t, batches[0], floor=measures_host_floor(t)))
+    if measures_host_floor(t):  # the model where the device waits on the host (host_floor)
+        ids = torch.randint(0, spec.vocab_size, (1, HOST_FLOOR_TOKENS), device=t.device)
+        fns["floor model"] = lambda: (model.set_recompute("none"), step(ids))
     alone = f"alone {batches[0]}"  # rank 0 computes while the others wait at the next barrier
     # Without recompute, as the base it is compared with: the variants run in a new order every repeat and each sets
     # the model's recompute itself. Left as the previous one set it, about 2 alone runs in 7 recomputed (selective or
@@ -210,6 +212,8 @@ def measure_model(t: Timer, out: dict):
     out.update(host_floor(reps, layers))
     floor = out["host_floor_points"][0] if "host_floor_points" in out else 0.0
     overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own, floor)
+    if floor and out.get("matmul_tflops"):  # a host-bound fit's slope can read a rate no GEMM of the model reaches
+        slope = max(slope, 1 / (out["matmul_tflops"] * 1e12))
     ys = [statistics.median(reps[n]) for n in sizes]
     out["model_tflops"] = 1 / slope / 1e12
     out["edge_points"] = [statistics.median(reps[f"{edge} {batches[0]}"]) for edge in ("first", "last")]
@@ -250,30 +254,37 @@ def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: flo
     return max(full_minus_none / layers - forward, 0.0)
 
 
-def edge_variants(t: Timer, batch: int, seq: int | None = None) -> dict:
+def edge_variants(t: Timer, batch: int, floor: bool = False) -> dict:
     """The two pipeline edges of the runtime's model, each alone, forward + backward of one micro-batch as a pipeline
     stage runs them: "first <batch>" the embedding (its output's gradient given), "last <batch>" the final norm, LM
-    head and loss (its input a received activation that needs a gradient)."""
+    head and loss (its input a received activation that needs a gradient). `floor`: the same modules on
+    HOST_FLOOR_TOKENS tokens too ("floor first", "floor last"; host_floor)."""
     from shardwise.model import Transformer
 
-    spec, seq = t.cfg.model, seq or t.cfg.seq_len
+    spec = t.cfg.model
     first = Transformer(spec, seed=0, layer_ids=range(0), last=False, device=t.device)
     last = Transformer(spec, seed=0, layer_ids=range(0), first=False, device=t.device)
-    ids = torch.randint(0, spec.vocab_size, (batch, seq), device=t.device)
-    hidden = torch.randn(batch, seq, spec.hidden, device=t.device)
-    grad = torch.ones(batch, seq, spec.hidden, device=t.device)
 
-    def run_first():
-        with autocast_for(t):
-            out = first(ids)
-        out.backward(grad.to(out.dtype))
+    def runs(batch: int, seq: int):
+        ids = torch.randint(0, spec.vocab_size, (batch, seq), device=t.device)
+        hidden = torch.randn(batch, seq, spec.hidden, device=t.device)
+        grad = torch.ones(batch, seq, spec.hidden, device=t.device)
 
-    def run_last():
-        x = hidden.clone().requires_grad_(True)
-        with autocast_for(t):
-            loss = last(x, ids)
-        loss.backward()
-    return {f"first {batch}": run_first, f"last {batch}": run_last}
+        def run_first():
+            with autocast_for(t):
+                out = first(ids)
+            out.backward(grad.to(out.dtype))
+
+        def run_last():
+            x = hidden.clone().requires_grad_(True)
+            with autocast_for(t):
+                loss = last(x, ids)
+            loss.backward()
+        return run_first, run_last
+    out = dict(zip((f"first {batch}", f"last {batch}"), runs(batch, t.cfg.seq_len)))
+    if floor:
+        out.update(zip(("floor first", "floor last"), runs(1, HOST_FLOOR_TOKENS)))
+    return out
 
 
 def measure_split_backward(t: Timer, out: dict):

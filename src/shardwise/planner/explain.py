@@ -349,7 +349,8 @@ def plausibility(job: Job, win: Estimate) -> str:
     reasons = [f"no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
                f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
                f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
-               f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"]
+               f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"] + \
+        ([f"{t['host_wait'] / win.step_time:.0%} waiting on the host"] if "host_wait" in t else [])
     return (f"Plausibility: MFU {win.mfu:.1%} is above the best published on this GPU generation for a model this "
             f"size{scale}, {who}. This plan "
             f"spends {1 - t['compute'] / win.step_time:.0%} of its step outside the layers' compute ({', '.join(reasons)}); "

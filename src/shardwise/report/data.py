@@ -35,7 +35,7 @@ def _keys(dicts, preferred) -> list[str]:
 def layouts(ranked) -> dict:
     """Every fitting layout in rank order, with its memory and step-time breakdowns."""
     mem_keys = _keys([e.memory_bytes for e in ranked[:1]], MEMORY_LABELS)
-    time_keys = _keys([e.time_s for e in ranked[:1]], TIME_LABELS)
+    time_keys = _keys([e.time_s for e in ranked], TIME_LABELS)  # every layout's: host_wait is only where it is > 0
     seen, rows, mem, time = set(), [], [], []
     for e in ranked:
         lay = e.layout
