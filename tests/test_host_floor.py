@@ -136,3 +136,25 @@ def test_estimate_shows_the_time_the_gpu_waits_on_its_host(capsys):
     assert "host_wait" not in json.loads(capsys.readouterr().out)["time_breakdown_s"]
     assert main(["plan", *args, *calibrated, "--micro-batch", "1"]) == 0
     assert "the GPU waiting on its host" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("micro_batch, host_bound", [(1, True), (16, False)])
+def test_explain_asks_what_a_slower_host_would_change(capsys, micro_batch, host_bound):
+    """On a GPU calibrated with its host's floor, `explain`'s sensitivity asks what a 20 % slower host would do (an
+    H200's host moved that much within a minute). gpt2 at micro-batch 1 is host-bound there: its step grows with the
+    host, not with 15 % slower GPUs; at 16 sequences a micro-batch the device bounds it, and the other way round. (The
+    slower-GPU what-if now slows a calibration's own measured rates; it moved nothing on a calibrated cluster.)"""
+    import re
+
+    from shardwise.cli import main
+
+    assert main(["explain", "--model", "gpt2", "--cluster", str(GPU / "h200-calibrated-gpt2-mb1.toml"), "--gpus", "1",
+                 "--global-batch", "16", "--seq-len", "1024", "--micro-batch", str(micro_batch),
+                 "--framework", "shardwise"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    step = float(re.search(r"of the ([\d.]+) ms step", text).group(1))
+    host = float(re.search(r"host launched the GPU's work 20% slower, .*?\(([\d.]+) ms/step\)", text).group(1))
+    gpus = float(re.search(r"15 % less of their matmul and attention rates, .*?\(([\d.]+) ms/step\)", text).group(1))
+    slowed, unmoved = (host, gpus) if host_bound else (gpus, host)
+    assert 1.1 * step < slowed < 1.25 * step
+    assert unmoved == step

@@ -259,9 +259,15 @@ TERM_NAMES = {"compute": "compute", "host_wait": "the GPU waiting on its host (P
               "dp_comm": "exposed data-parallel traffic", "step_comm": "per-step collectives", "optimizer": "the optimizer step"}
 
 
+# How much slower a GPU's host may run than when `calibrate` timed its floor: an H200's host moved 20 % within a minute
+# and between a calibration and the run after it (docs/accuracy.md, "The H200 again: the host's floor").
+HOST_SLOWER = 1.2
+
+
 def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
     """The uncertain inputs worth perturbing for this winner: its largest communication term's link at half
-    bandwidth, and the GPU sustaining 15 % less of its benchmark rates."""
+    bandwidth, the GPU sustaining 15 % less of its benchmark rates and, on a GPU calibrated with its host's floor,
+    that host HOST_SLOWER times slower."""
     c, t = job.cluster, win.time_s
     comm = {"tp_comm": t["tp_comm"], "dp_comm": t["dp_comm"], "pp_p2p": t["pp_p2p"], "cp_comm": t.get("cp_comm", 0.0)}
     term = max(comm, key=comm.get)
@@ -269,9 +275,17 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
         (term == "cp_comm" and win.layout.cp * win.layout.tp <= c.gpus_per_node)
     link = ("NVLink", replace(c, intra_node_bandwidth=c.intra_node_bandwidth / 2)) if intra else \
         ("the network", replace(c, inter_node_bandwidth=c.inter_node_bandwidth / 2))
-    slower = replace(c, peak_flops=c.peak_flops * 0.85, mamf_tflops=(c.mamf_tflops or 0) * 0.85)
-    return [(f"if {TERM_NAMES[term]} ran at half of {link[0]}'s bandwidth", replace(job, cluster=link[1])),
-            ("if the GPUs sustained 15 % less of their matmul and attention rates", replace(job, cluster=slower))]
+    rates = {k: v * 0.85 for k, v in (c.measured or {}).items() if k in ("model_tflops", "matmul_tflops")}
+    slower = replace(c, peak_flops=c.peak_flops * 0.85, mamf_tflops=(c.mamf_tflops or 0) * 0.85,
+                     measured={**c.measured, **rates} if c.measured else c.measured)  # a calibration's own rates too
+    out = [(f"if {TERM_NAMES[term]} ran at half of {link[0]}'s bandwidth", replace(job, cluster=link[1])),
+           ("if the GPUs sustained 15 % less of their matmul and attention rates", replace(job, cluster=slower))]
+    host = {k: v * HOST_SLOWER for k, v in (c.measured or {}).items()
+            if k in ("host_layer_s", "host_embedding_s", "host_head_s")}
+    if host.get("host_layer_s"):
+        out.append((f"if the host launched the GPU's work {HOST_SLOWER - 1:.0%} slower",
+                    replace(job, cluster=replace(c, measured={**c.measured, **host}))))
+    return out
 
 
 def uncertainty(job: Job, result: SearchResult) -> list[str]:
