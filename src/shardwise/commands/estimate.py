@@ -35,6 +35,7 @@ def _run(args) -> int:
     from shardwise.planner.estimate import check_runs, complete_layout
     from shardwise.planner.fit_options import fit_options
     from shardwise.planner.frameworks import get
+    from shardwise.planner.step_time import host_bound_note
     from shardwise.specs import check_sequence_split, validate_layout
 
     job = job_from_args(args)
@@ -68,6 +69,8 @@ def _run(args) -> int:
     if getattr(args, "framework_note", None):  # the numbers are one stack's: say which, when the user named none
         implied = [*implied, args.framework_note]
     check_runs(job, layout)
+    if host_note := host_bound_note(job, layout):
+        implied = [*implied, host_note]
     est = estimate(job, layout, implied)
     options = [] if est.fits else fit_options(job, layout)
     if args.json:
@@ -82,6 +85,8 @@ def _run(args) -> int:
     console.print(breakdown_table(est))
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
+    if host_note:
+        console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0
 
 

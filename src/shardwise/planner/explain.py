@@ -13,6 +13,7 @@ from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.search import SearchResult
+from shardwise.planner.step_time import host_bound_note
 from shardwise.specs import TrainSpec
 from shardwise.units import seconds
 
@@ -307,7 +308,8 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
             sentences.append(f"{what}, {_knobs(new)} would win ({seconds(new.step_time)}/step; today's winner "
                              f"{close:+.1%} behind it)")
     out.append("Sensitivity: " + "; ".join(sentences) + ".")
-    return out
+    host = host_bound_note(job, win.layout)
+    return out + ([f"Host: {host[0].upper()}{host[1:]}."] if host else [])
 
 
 # The best BF16 MFU published on each GPU generation (benchmarks/data/published_runs.csv, the rows' own MFU column;

@@ -254,6 +254,29 @@ def host_floor_time(job: Job, layout: Layout, rank: int, layers: int) -> float:
     return t + (float(measured.get("host_head_s", 0.0)) if rank == layout.pp - 1 else 0.0)
 
 
+# The least host time this project's runtime took to launch a layer's forward + backward on a GPU's host: gpt2 on H200
+# hosts, 2.4-3.7 ms a layer and micro-batch by calibrate's floor and the host-floor sweeps, 2.0-2.6 ms in validate's
+# training steps (docs/accuracy.md, "The H200 again: the host's floor"). Not a prediction: where a datasheet cluster
+# prices a layer's GPU work below it, `estimate` and `explain` say that the step is likely bound by the host.
+RUNTIME_HOST_LAYER_S = 2.0e-3
+
+
+def host_bound_note(job: Job, layout: Layout) -> str:
+    """For this project's runtime (the `shardwise` profile, the one stack whose host was measured) on a datasheet
+    cluster, which prices the device only: a note when one layer's GPU work per micro-batch is under
+    RUNTIME_HOST_LAYER_S; "" otherwise (and on calibrated clusters, whose host floor the step already holds)."""
+    if job.framework != "shardwise" or job.cluster.measured:
+        return ""
+    lc = layer_cost(job, layout)
+    device = lc.fwd + lc.bwd_in + lc.bwd_w
+    if device >= RUNTIME_HOST_LAYER_S:
+        return ""
+    return (f"each layer's GPU work is {device * 1e3:.2f} ms a micro-batch, under the {RUNTIME_HOST_LAYER_S * 1e3:.1f} "
+            f"ms or more this runtime's host took to launch one on an H200's host: the step is likely bound by the "
+            f"host and slower than predicted (a larger micro-batch does more work a launch) — `shardwise calibrate` "
+            f"on the GPU measures the host's floor, which the planner then holds")
+
+
 def edge_overhead(job: Job, layout: Layout, rank: int) -> float:
     """Calibrated fixed seconds per micro-batch of the model's edges on pipeline rank `rank`: the embedding on the
     first, the final norm, head and loss beyond the head's FLOPs on the last (`calibrate`'s embedding_overhead_s and
