@@ -195,3 +195,27 @@ def test_estimate_says_when_the_runtime_is_likely_host_bound_on_a_datasheet_gpu(
     assert "host" not in _note(capsys, *gpt2, "--cluster", "dgx-h200", "--framework", "torchtitan")
     assert "host" not in _note(capsys, *gpt2, "--cluster", str(GPU / "h200-calibrated-gpt2-mb1.toml"),
                                "--framework", "shardwise")
+
+
+def test_validate_times_the_hosts_floor_again_beside_its_sweep(tmp_path):
+    """A sweep on a calibration with a host floor (a GPU's; here a CPU calibration's figures with one added) times
+    the calibration's floor workload again after every layout — the model at 16 tokens — and reports its ratio to
+    the calibration's (`host_speed_ratio`), which its drift correction applies to the host's times alone."""
+    import os
+    import subprocess
+    import sys
+
+    from test_validate_drift import _gpu_profile
+
+    profile = tmp_path / "gpu.toml"
+    profile.write_text(_gpu_profile().to_toml())
+    cmd = [sys.executable, "-m", "shardwise", "validate", "--model", "tiny", "--world", "2", "--cluster", str(profile),
+           "--layouts", "dp2", "--global-batch", "4", "--seq-len", "64", "--steps", "2", "--repeats", "1",
+           "--warmup", "1", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads(proc.stdout)["machine"]
+    assert m["host_reference_s"] > 0
+    assert m["calibration_host_reference_s"] == pytest.approx(_gpu_profile().host_floor_points[0])
+    assert m["host_speed_ratio"] == pytest.approx(m["host_reference_s"] / m["calibration_host_reference_s"])

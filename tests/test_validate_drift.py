@@ -43,10 +43,16 @@ def _time(cluster, layout, key=None):
     return est.step_time if key is None else est.time_s[key]
 
 
+def _gpu_profile(host_layer_s: float = 2e-3) -> Profile:
+    """_profile() with a GPU's host floor (its model at 16 tokens 4 x host_layer_s + edges)."""
+    return dataclasses.replace(_profile(), host_layer_s=host_layer_s, host_embedding_s=1e-4, host_head_s=3e-4,
+                               host_floor_points=[4 * host_layer_s + 4e-4, 1e-4, 3e-4])
+
+
 def test_every_profile_key_has_one_speed_class():
     """A new [measured] key must say how it moves with the machine's speed, or the correction silently skips it."""
     classes = [set(SPEED_CLASS), set(COMPUTE_RATES), set(NOT_SECONDS)]
-    assert set(_profile().measured_table()) <= set().union(*classes)
+    assert set(_gpu_profile().measured_table()) <= set().union(*classes)
     assert sum(len(c) for c in classes) == len(set().union(*classes))  # no key in two classes
 
 
@@ -145,3 +151,27 @@ def test_a_malformed_calibration_figure_is_refused_before_the_sweep(tmp_path, ba
         load_cluster(str(path))
     path.write_text(text)
     assert load_cluster(str(path)).measured["sync_points"] == _profile().sync_points  # as calibrate writes them
+
+
+def test_a_gpus_host_drifts_on_its_own():
+    """On a GPU calibration the host's floor is timed again beside the sweep (the model at 16 tokens, "host") and set
+    beside the calibration's (host_floor_points[0]): its ratio scales the host's times only, the compute's the rest.
+    A host-bound layout then moves with its host, not with its GPU; without a host figure the host's times move
+    with the compute (FALLBACK), as before."""
+    from shardwise.validate import machine_speed, speed_ratios_of
+
+    cluster = _gpu_profile(host_layer_s=5e-3).to_cluster()
+    cfg = _cfg(cluster)
+    floor = cluster.measured["host_floor_points"][0]
+    speed = machine_speed(cfg, {"reference": [4e-3], "host": [1.5 * floor]})
+    assert speed["host_speed_ratio"] == pytest.approx(1.5) and speed["speed_ratio"] == pytest.approx(1.0)
+    ratios = speed_ratios_of(speed)
+    lay = Layout(dp=2)
+    bound = _time(cluster, lay, "host_wait")
+    assert bound > 0  # host-bound at 5 ms a layer
+    slower_host = at_speed(cluster, ratios)
+    assert slower_host.measured["host_layer_s"] == pytest.approx(1.5 * 5e-3)
+    assert slower_host.measured["layer_overhead_s"] == pytest.approx(cluster.measured["layer_overhead_s"])
+    assert _time(slower_host, lay, "compute") == pytest.approx(_time(cluster, lay, "compute"))
+    assert _time(slower_host, lay, "host_wait") > bound
+    assert speed_ratios_of(machine_speed(cfg, {"reference": [8e-3]}))["host"] == pytest.approx(2.0)

@@ -298,10 +298,12 @@ class Profile:
 # in context ("calls": a collective after a layer, which the tables and every synchronising collective stand for;
 # "p2p": a send/recv after a layer, for the send_recv table and the pipeline's wake-up; "exchange": the pipeline
 # executor's exchange after a layer, for its cost beyond the table; "fsdp": a ZeRO-3 layer beyond a plain one, for
-# FSDP's per-call cost). The rest are not times the planner reads (ratios, counts, the points behind a figure, labels).
+# FSDP's per-call cost), or of a GPU's host ("host": the model at a handful of tokens, where the GPU waits on it; a
+# host and its GPU drift apart). The rest are not times the planner reads (ratios, counts, the points behind a figure,
+# labels).
 SPEED_CLASS = {
-    **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "host_layer_s", "host_embedding_s",
-                     "host_head_s", "step_overhead_s",
+    **dict.fromkeys(("host_layer_s", "host_embedding_s", "host_head_s"), "host"),
+    **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
     **dict.fromkeys(("sync_overhead_s", "tp_call_s", "tp_sp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
@@ -316,8 +318,8 @@ NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "ed
                "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points", "tp_points",
                "lockstep_spread", "action_scatter", "host_floor_points")  # (shares of the compute: they move with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
-FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute"}
-RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp")  # in FALLBACK's order: each one's fallback comes before it
+FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute", "host": "compute"}
+RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp", "host")  # in FALLBACK's order: each one's fallback comes before it
 
 
 def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int, sp: bool = False) -> float | None:

@@ -166,15 +166,17 @@ def spread(times: list[float]) -> float:
     return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / med if med > 0 else 0.0
 
 
-def reference(t: Timer):
+def reference(t: Timer, tokens: int = 0):
     """The reference workload: the runtime's model (at most MODEL_LAYERS layers and the LM head), forward +
-    backward on micro_batch x seq_len tokens; returns the function that runs it once. measure_model times it as
-    "none <micro_batch>" (Profile.reference_s); validate times it again between its rounds."""
+    backward on micro_batch x seq_len tokens (or one sequence of `tokens`); returns the function that runs it once.
+    measure_model times it as "none <micro_batch>" (Profile.reference_s) and, on a GPU, at HOST_FLOOR_TOKENS as
+    "floor model" (the host's floor); validate times them again between its rounds."""
     from shardwise.model import Transformer
 
     spec = t.cfg.model
     model = Transformer(spec, seed=0, layer_ids=range(min(spec.num_layers, MODEL_LAYERS)), device=t.device)
-    x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
+    shape = (1, tokens) if tokens else (t.cfg.micro_batch, t.cfg.seq_len)
+    x = torch.randint(0, spec.vocab_size, shape, device=t.device)
 
     def run():
         with autocast_for(t):

@@ -197,7 +197,9 @@ def _print(console, result: dict, picture: str | None) -> None:
         r = speed_ratios_of(m)
         console.print(f"at the machine's speed during the sweep (the calibration's own workloads timed again beside "
                       f"it: compute {r['compute']:.2f}x, collectives {r['calls']:.2f}x, send/recv {r['p2p']:.2f}x, "
-                      f"pipeline exchange {r['exchange']:.2f}x, FSDP {r['fsdp']:.2f}x the calibration's time): median |error| {now['median_abs_error']:.1%}, "
+                      f"pipeline exchange {r['exchange']:.2f}x, FSDP {r['fsdp']:.2f}x"
+                      + (f", the GPU's host {r['host']:.2f}x" if m.get("host_speed_ratio") else "")
+                      + f" the calibration's time): median |error| {now['median_abs_error']:.1%}, "
                       f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
                       f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
     for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),

@@ -77,6 +77,12 @@ def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
     same = bool(m.get("model_points")) and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len
     then = m["model_points"][0][1] if same else None
     out = {"reference_s": now, "calibration_reference_s": then, "speed_ratio": _ratio(now, then)}
+    # the host's floor (a GPU's calibration): the model at a handful of tokens, where the GPU waits on the host
+    host = reference_s.get("host", [])
+    host_now = statistics.median(host) if host else None
+    host_then = m["host_floor_points"][0] if host and m.get("model") == cfg.model.name else None
+    out.update(host_reference_s=host_now, calibration_host_reference_s=host_then,
+               host_speed_ratio=_ratio(host_now, host_then))
     for name, call, beside, points, i, j in CALLS:
         pairs = [b - a for a, b in zip(reference_s.get(beside, []), reference_s.get(call, []))]
         call_now = statistics.median(pairs) if pairs else None
@@ -98,7 +104,7 @@ def speed_ratios_of(speed: dict) -> dict:
     the sweep did not time again from its FALLBACK); {} without a compute ratio."""
     from shardwise.calibrate.profile import speed_ratios
 
-    return speed_ratios({"compute": speed.get("speed_ratio"),
+    return speed_ratios({"compute": speed.get("speed_ratio"), "host": speed.get("host_speed_ratio"),
                          **{name: speed.get(f"{_prefix(name)}_speed_ratio") for name, *_ in CALLS}})
 
 

@@ -40,7 +40,8 @@ def _slowest(values: list[float], world: int) -> list[float]:
 
 def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     """calibrate's reference workloads, to time again after every layout's steps in every round of the sweep:
-    its model's forward + backward at one sequence ("reference", calibrate.timer.reference) and, at world > 1,
+    its model's forward + backward at one sequence ("reference", calibrate.timer.reference), at a handful of tokens
+    where the calibration measured its host's floor ("host": a GPU's), and, at world > 1,
     one layer's forward alone, with an all-reduce, with a send/recv and with the pipeline executor's exchange of its
     activation after it ("layer", "both", "p2p", "exchange": calibrate.comm.call_workloads, the calls between layers)
     and a layer plain and under ZeRO-3 ("plain", "sharded": calibrate.comm.fsdp_workloads, FSDP's calls), side by side, every rank at once, each repeat
@@ -55,6 +56,10 @@ def _reference(cfg: ValidateConfig, rank: int, world: int, mesh=None):
     t = Timer(CalibrateConfig(model=cfg.model, world=world, backend=cfg.backend, seq_len=cfg.seq_len, repeats=3,
                               warmup=1, timeout_s=cfg.timeout_s), rank, world, mesh)
     fns = {"reference": reference(t)}
+    if (cfg.cluster.measured or {}).get("host_floor_points"):  # a GPU's calibration: its host's floor too
+        from shardwise.calibrate.compute import HOST_FLOOR_TOKENS
+
+        fns["host"] = reference(t, HOST_FLOOR_TOKENS)
     if world > 1:
         calls, _ = call_workloads(t)
         fsdp, _ = fsdp_workloads(t)
