@@ -78,7 +78,7 @@ def run(model: str, world: int, tmp: Path, extra: list[str], dedicated: bool = F
     return {"model": model, "layouts": len(result["layouts"]), "load_average_1min": loads,
             "other_cpu_cores": others, "dedicated": dedicated, "speed_ratio": machine.get("speed_ratio"),
             **{k: machine.get(k) for k in ("call_speed_ratio", "p2p_speed_ratio", "exchange_speed_ratio",
-                                            "fsdp_speed_ratio")},
+                                            "fsdp_speed_ratio", "host_speed_ratio")},
             "calibration_drift": max(rounds) / min(rounds) if rounds and min(rounds) > 0 else None,
             **{k: s[k] for k in ("median_abs_error", "p90_abs_error", "kendall_tau", "top1_regret",
                                  "memory_median_abs_error", "noisy_layouts")},

@@ -73,6 +73,14 @@ def test_the_rate_fit_leaves_out_the_sizes_the_host_bounds():
     times = [y for _, y in cluster["model_points"]]
     assert compute.device_bound(cluster["host_floor_points"][0], times) == [2, 3]
     assert compute.device_bound(0.0, times) == [0, 1, 2, 3]
+    # a host-bound fit reading a rate above the measured GEMMs': held at their rate, the intercept refitted under it
+    # (the two largest sizes, 4.4 and 4.8 ms beside a 4 ms floor, read 2.5 TFLOP/s; the GEMMs ran at 0.5)
+    flat = [[4.0e-3, 4.1e-3, 4.4e-3, 4.8e-3]] * 3
+    _, fast = compute.fit_model(xs, flat, [0.0] * 4, floor=4e-3)
+    assert 1 / fast == pytest.approx(2.5e12)
+    intercept, held = compute.fit_model(xs, flat, [0.0] * 4, floor=4e-3, max_rate=0.5e12)
+    assert held == pytest.approx(2e-12)
+    assert intercept == pytest.approx(statistics.median([4.4e-3 - 3e9 * 2e-12, 4.8e-3 - 4e9 * 2e-12]))
 
 
 def _h200_gpt2(host_layer_s: float):
@@ -193,6 +201,9 @@ def test_estimate_says_when_the_runtime_is_likely_host_bound_on_a_datasheet_gpu(
             assert x["measured_step_time_s"] == pytest.approx(predicted, rel=0.10), x["name"]
     gpt2 = ["--model", "gpt2", "--global-batch", "16", "--seq-len", "1024", "--micro-batch", "1"]
     assert "host" not in _note(capsys, *gpt2, "--cluster", "dgx-h200", "--framework", "torchtitan")
+    # a GPU calibration from before the host floor prices the GPU only too; a CPU's holds its host in its times
+    assert "likely bound by the host" in _note(capsys, *gpt2, "--cluster", str(GPU / "h200-calibrated-gpt2.toml"),
+                                               "--framework", "shardwise")
     assert "host" not in _note(capsys, *gpt2, "--cluster", str(GPU / "h200-calibrated-gpt2-mb1.toml"),
                                "--framework", "shardwise")
 
@@ -219,3 +230,23 @@ def test_validate_times_the_hosts_floor_again_beside_its_sweep(tmp_path):
     assert m["host_reference_s"] > 0
     assert m["calibration_host_reference_s"] == pytest.approx(_gpu_profile().host_floor_points[0])
     assert m["host_speed_ratio"] == pytest.approx(m["host_reference_s"] / m["calibration_host_reference_s"])
+
+
+def test_the_host_note_counts_what_keeps_the_gpu_busy(capsys):
+    """The note weighs a layer's compute and its exposed TP traffic against the host's launch time: Llama 3 8B at TP
+    8 with sequence parallelism and 4,096 tokens a micro-batch computes 1.7 ms a layer, under the host's 2 ms, but
+    keeps the GPU busy 2.8 ms with its TP traffic: not flagged. A mixture of experts, whose layers' host time the
+    planner prices already, is never flagged; a small dense model is."""
+    from shardwise.planner.job import make_job
+    from shardwise.planner.layer_time import layer_cost
+    from shardwise.planner.step_time import RUNTIME_HOST_LAYER_S, host_bound_note
+
+    job = make_job(load_model("llama3-8b"), load_cluster("dgx-h200"), 8, 4096, framework="shardwise")
+    lay = Layout(tp=8, micro_batch=1, sequence_parallel=True)
+    lc = layer_cost(job, lay)
+    assert lc.fwd + lc.bwd_in + lc.bwd_w < RUNTIME_HOST_LAYER_S <= lc.fwd + lc.bwd_in + lc.bwd_w + lc.tp_fwd + lc.tp_bwd
+    assert host_bound_note(job, lay) == ""
+    moe = make_job(load_model("tiny-moe"), load_cluster("dgx-h200"), 8, 256, framework="shardwise")
+    assert host_bound_note(moe, Layout(micro_batch=1)) == ""
+    dense = make_job(load_model("tiny"), load_cluster("dgx-h200"), 8, 256, framework="shardwise")
+    assert "likely bound by the host" in host_bound_note(dense, Layout(micro_batch=1))

@@ -60,11 +60,13 @@ def _uniform(k):
     return speed_ratios({"compute": k, "calls": k, "p2p": k, "exchange": k, "fsdp": k})
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu-host-bound"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: describe(lay).replace(" ", "-"))
-def test_a_machine_k_times_slower_takes_k_times_every_step(layout):
-    """Every step time is sums and maxima of calibrated times (compute, calls, the pipeline program's waits), so a
-    machine on which all of them take k times as long predicts k times the step: nothing is left unscaled."""
-    cluster = _profile().to_cluster()
+def test_a_machine_k_times_slower_takes_k_times_every_step(layout, gpu):
+    """Every step time is sums and maxima of calibrated times (compute, calls, the pipeline program's waits, a GPU's
+    host floor), so a machine on which all of them take k times as long predicts k times the step: nothing is left
+    unscaled."""
+    cluster = (_gpu_profile(5e-3) if gpu else _profile()).to_cluster()
     assert _time(at_speed(cluster, _uniform(1.7)), layout) == pytest.approx(1.7 * _time(cluster, layout), rel=1e-9)
 
 
@@ -175,3 +177,19 @@ def test_a_gpus_host_drifts_on_its_own():
     assert _time(slower_host, lay, "compute") == pytest.approx(_time(cluster, lay, "compute"))
     assert _time(slower_host, lay, "host_wait") > bound
     assert speed_ratios_of(machine_speed(cfg, {"reference": [8e-3]}))["host"] == pytest.approx(2.0)
+
+
+def test_validate_times_the_calibrations_floor_workload(monkeypatch):
+    """validate's reference workloads (validate.measure._reference): on a calibration with a host floor, calibrate's
+    floor workload too — the same model at HOST_FLOOR_TOKENS tokens, as calibrate timed it ("host"); none without."""
+    from shardwise.calibrate import timer
+    from shardwise.calibrate.compute import HOST_FLOOR_TOKENS
+    from shardwise.validate import measure
+
+    asked = []
+    monkeypatch.setattr(timer, "reference", lambda t, tokens=0: asked.append(tokens) or (lambda: None))
+    assert "host" in measure._reference(_cfg(_gpu_profile().to_cluster()), 0, 1)()
+    assert asked == [0, HOST_FLOOR_TOKENS]
+    asked.clear()
+    assert "host" not in measure._reference(_cfg(_profile().to_cluster()), 0, 1)()
+    assert asked == [0]

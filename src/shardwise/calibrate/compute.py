@@ -62,17 +62,22 @@ def model_elementwise(model, layers: int, batch: int, seq: int, element_bytes: i
     return 3 * layers * calibrated_elementwise(model, batch * seq, element_bytes, copy_gbs * 1e9)
 
 
-def fit_model(xs: list[float], rows: list[list[float]], own: list[float], floor: float = 0.0) -> tuple[float, float]:
+def fit_model(xs: list[float], rows: list[list[float]], own: list[float], floor: float = 0.0,
+              max_rate: float = 0.0) -> tuple[float, float]:
     """(intercept seconds, slope seconds per weighted FLOP) of time = intercept + slope x FLOPs, from repeats
     `rows` (each: the sizes' seconds, run side by side) less `own` (each size's seconds the planner times on its
     own, model_elementwise): a Theil-Sen line per repeat, the median intercept and slope. A non-positive slope
     (noise) leaves the whole time at the largest size as FLOPs. `floor` (a GPU's host floor for the whole measured
-    model, host_floor): sizes within HOST_BOUND of it measured the host, not the device, and are left out while
-    two others remain."""
+    model, host_floor): sizes within HOST_BOUND of it measured the host, not the device, and are left out
+    (device_bound). `max_rate` (FLOP/s; with a floor): a host-bound fit's slope can read a rate no GEMM of the model
+    reaches; it is held at that rate and the intercept fitted again under it."""
     keep = device_bound(floor, [statistics.median(row[i] for row in rows) for i in range(len(xs))])
     xs, own, rows = [xs[i] for i in keep], [own[i] for i in keep], [[row[i] for i in keep] for row in rows]
     fits = [fit_line(xs, [y - o for y, o in zip(row, own)]) for row in rows]
     overhead, slope = statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+    if floor and max_rate and 0 < slope < 1 / max_rate:
+        slope = 1 / max_rate
+        overhead = statistics.median(y - o - slope * x for row in rows for x, y, o in zip(xs, row, own))
     if slope <= 0:
         ys = [statistics.median(row[i] for row in rows) - own[i] for i in range(len(xs))]
         return 0.0, ys[-1] / xs[-1]
@@ -211,9 +216,8 @@ def measure_model(t: Timer, out: dict):
     # One line per repeat (its four sizes ran side by side), the median of their intercepts and slopes.
     out.update(host_floor(reps, layers))
     floor = out["host_floor_points"][0] if "host_floor_points" in out else 0.0
-    overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own, floor)
-    if floor and out.get("matmul_tflops"):  # a host-bound fit's slope can read a rate no GEMM of the model reaches
-        slope = max(slope, 1 / (out["matmul_tflops"] * 1e12))
+    overhead, slope = fit_model(xs, [[reps[n][i] for n in sizes] for i in range(len(reps[sizes[0]]))], own, floor,
+                                out.get("matmul_tflops", 0.0) * 1e12)
     ys = [statistics.median(reps[n]) for n in sizes]
     out["model_tflops"] = 1 / slope / 1e12
     out["edge_points"] = [statistics.median(reps[f"{edge} {batches[0]}"]) for edge in ("first", "last")]

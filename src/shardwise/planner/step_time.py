@@ -262,13 +262,16 @@ RUNTIME_HOST_LAYER_S = 2.0e-3
 
 
 def host_bound_note(job: Job, layout: Layout) -> str:
-    """For this project's runtime (the `shardwise` profile, the one stack whose host was measured) on a datasheet
-    cluster, which prices the device only: a note when one layer's GPU work per micro-batch is under
-    RUNTIME_HOST_LAYER_S; "" otherwise (and on calibrated clusters, whose host floor the step already holds)."""
-    if job.framework != "shardwise" or job.cluster.measured:
+    """For this project's runtime (the `shardwise` profile, the one stack whose host was measured) on a cluster that
+    prices the GPU only (a datasheet's, or a GPU calibration from before the host floor): a note when one dense
+    layer's GPU work per micro-batch (its compute and exposed TP/CP traffic) is under RUNTIME_HOST_LAYER_S; ""
+    otherwise, on a calibration that holds the host's floor, and on a CPU's (its synchronous ops are in its times)."""
+    measured = job.cluster.measured or {}
+    if job.framework != "shardwise" or measured.get("host_layer_s") or measured.get("backend") == "gloo" \
+            or job.model.is_moe:  # a MoE layer's host time is priced already (moe.MOE_LAYER_HOST_S)
         return ""
     lc = layer_cost(job, layout)
-    device = lc.fwd + lc.bwd_in + lc.bwd_w
+    device = lc.fwd + lc.bwd_in + lc.bwd_w + lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd  # all that keeps it busy
     if device >= RUNTIME_HOST_LAYER_S:
         return ""
     return (f"each layer's GPU work is {device * 1e3:.2f} ms a micro-batch, under the {RUNTIME_HOST_LAYER_S * 1e3:.1f} "
