@@ -113,9 +113,9 @@ def measures_host_floor(t: Timer) -> bool:
 
 def host_floor(reps: dict, layers: int) -> dict:
     """The host's seconds per micro-batch forward + backward, from the floor variants' times (measure_model's "floor
-    model", edge_variants' "floor first" and "floor last"): per layer (the model
-    less its edges, over its layers), for the embedding and for the final norm, head and loss. The planner's
-    pipeline stage takes the larger of that and its device time (planner/step_time.host_floor_time)."""
+    model", edge_variants' "floor first" and "floor last"): per layer (the model less its edges, over its layers),
+    for the embedding and for the final norm, head and loss. The planner's pipeline stage takes the larger of that
+    and its device time (planner/step_time.host_floor_time)."""
     if "floor model" not in reps:
         return {}
     model, first, last = (statistics.median(reps[f"floor {k}"]) for k in ("model", "first", "last"))
