@@ -28,10 +28,10 @@ GPU = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu"
 LLAMA_1B = "benchmarks/data/gpu_configs/llama-1.3b-nanotron.json"
 
 
-def _measure_model(monkeypatch, devices) -> dict:
+def _measure_model(monkeypatch, devices, micro_batch: int = 1) -> dict:
     monkeypatch.setattr(compute, "HOST_FLOOR_DEVICES", devices)
     cfg = CalibrateConfig(model=load_model("tiny"), world=1, repeats=1, warmup=0, seq_len=16, sizes=(1024,),
-                          copy_bytes=1 << 20)
+                          copy_bytes=1 << 20, micro_batch=micro_batch)
     out = {"copy_gbs": 5.0}
     for _ in compute.measure_model(Timer(cfg, 0, 1), out):
         pass
@@ -250,3 +250,15 @@ def test_the_host_note_counts_what_keeps_the_gpu_busy(capsys):
     assert host_bound_note(moe, Layout(micro_batch=1)) == ""
     dense = make_job(load_model("tiny"), load_cluster("dgx-h200"), 8, 256, framework="shardwise")
     assert "likely bound by the host" in host_bound_note(dense, Layout(micro_batch=1))
+
+
+def test_calibrate_times_validates_reference_whatever_its_micro_batch(monkeypatch):
+    """validate tells the machine's drift from the model at one sequence timed again beside its sweep. A calibration
+    at micro-batch 2 (as the H200's run 3) had no such figure, so that sweep's drift went uncorrected; calibrate now
+    times it at any micro-batch (`one_sequence_points`, [seq_len, seconds]); at micro-batch 1 it is the smallest
+    model point."""
+    one = _measure_model(monkeypatch, ("cuda",), micro_batch=1)
+    assert one["one_sequence_points"] == [16, one["model_points"][0][1]]
+    two = _measure_model(monkeypatch, ("cuda",), micro_batch=2)
+    seq, seconds = two["one_sequence_points"]
+    assert seq == 16 and 0 < seconds < two["model_points"][-1][1]

@@ -193,3 +193,16 @@ def test_validate_times_the_calibrations_floor_workload(monkeypatch):
     asked.clear()
     assert "host" not in measure._reference(_cfg(_profile().to_cluster()), 0, 1)()
     assert asked == [0]
+
+
+def test_the_reference_is_found_whatever_micro_batch_was_calibrated():
+    """A calibration at micro-batch 2 (tokens 128 of 64-token sequences) states its model at one sequence apart
+    (one_sequence_points): validate's speed ratio reads it, for the same model and sequence length only."""
+    from shardwise.validate import machine_speed
+
+    cluster = dataclasses.replace(_profile(), tokens=128, one_sequence_points=[64, 4e-3]).to_cluster()
+    assert machine_speed(_cfg(cluster), {"reference": [6e-3]})["speed_ratio"] == pytest.approx(1.5)
+    other = dataclasses.replace(_cfg(cluster), seq_len=32)
+    assert machine_speed(other, {"reference": [6e-3]})["speed_ratio"] is None
+    older = dataclasses.replace(_profile(), tokens=128).to_cluster()  # written before the figure: no ratio, no guess
+    assert machine_speed(_cfg(older), {"reference": [6e-3]})["speed_ratio"] is None

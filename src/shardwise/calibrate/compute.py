@@ -196,6 +196,9 @@ def measure_model(t: Timer, out: dict):
     fns = {f"{mode} {b}": variant(b, mode) for b, mode in [(b, "none") for b in batches] +
            [(batches[0], "selective"), (batches[0], "full"), (batches[0], "step")]}
     fns.update(edge_variants(t, batches[0], floor=measures_host_floor(t)))
+    if batches[0] != 1:  # validate's reference workload, the model at one sequence, whatever the calibrated micro-batch
+        one = torch.randint(0, spec.vocab_size, (1, seq), device=t.device)
+        fns["one sequence"] = lambda: (model.set_recompute("none"), step(one))
     if measures_host_floor(t):  # the model where the device waits on the host (host_floor)
         ids = torch.randint(0, spec.vocab_size, (1, HOST_FLOOR_TOKENS), device=t.device)
         fns["floor model"] = lambda: (model.set_recompute("none"), step(ids))
@@ -224,6 +227,8 @@ def measure_model(t: Timer, out: dict):
     head_flops = 3 * 2 * batches[0] * seq * spec.hidden * spec.vocab_size  # the LM head's GEMMs, as model_flops counts them
     out.update(split_edges(overhead, slope, out["edge_points"], head_flops, layers))
     out["model_points"] = [[x, y] for x, y in zip(xs, ys)]
+    # what validate times again to tell the machine's drift (validate.machine_speed): [seq_len, seconds]
+    out["one_sequence_points"] = [seq, statistics.median(reps["one sequence"]) if "one sequence" in reps else ys[0]]
     # The reference workload (the smallest size) in each round — start, middle and end of the calibration:
     # a machine whose speed moves within minutes shows it here (Profile.reference_drift).
     n = len(reps[sizes[0]]) // MODEL_ROUNDS

@@ -34,6 +34,7 @@ class Profile:
     head_overhead_s: float = 0.0  # the last stage's norm, head and loss per micro-batch beyond the head's FLOPs
     edge_points: list = field(default_factory=list)  # [embedding, norm + head + loss] alone at the smallest micro-batch, s
     model_points: list = field(default_factory=list)  # [[weighted FLOPs, seconds], ...] behind the two above
+    one_sequence_points: list = field(default_factory=list)  # [seq_len, seconds]: the model at one sequence (validate's reference)
     # On a GPU, the host's seconds per micro-batch forward + backward (compute.host_floor): per layer, embedding, head
     host_layer_s: float = 0.0
     host_embedding_s: float = 0.0
@@ -258,6 +259,8 @@ class Profile:
                "cp_points": self.cp_points, "tp_points": self.tp_points,
                "concurrent_slowdown": self.concurrent_slowdown, "alone_points": self.alone_points,
                "model_points": self.model_points}
+        if self.one_sequence_points:  # not read by the planner: validate's reference, whatever the micro-batch
+            out["one_sequence_points"] = self.one_sequence_points
         if self.host_floor_points:  # a GPU's: the planner's stage takes max(host, device) (step_time.host_floor_time)
             out.update(host_layer_s=self.host_layer_s, host_embedding_s=self.host_embedding_s,
                        host_head_s=self.host_head_s, host_floor_points=self.host_floor_points)
@@ -316,7 +319,7 @@ COMPUTE_RATES = ("matmul_tflops", "model_tflops")  # FLOP/s: divided by the comp
 NOT_SECONDS = ("world_size", "backend", "dtype", "model", "tokens", "gemms", "edge_points", "sync_points", "loop_points",
                "split_points", "concurrent_slowdown", "alone_points", "model_points", "other_cpu_cores",
                "reference_rounds_s", "comm_overlap", "fsdp_points", "gloo_loop_threads", "cp_points", "tp_points",
-               "lockstep_spread", "action_scatter", "host_floor_points")  # (shares of the compute: they move with the compute itself)
+               "lockstep_spread", "action_scatter", "host_floor_points", "one_sequence_points")  # (shares of the compute: they move with the compute itself)
 # A kind of call not timed again stands in for by "calls", and "calls" by "compute".
 FALLBACK = {"p2p": "calls", "exchange": "p2p", "fsdp": "calls", "calls": "compute", "host": "compute"}
 RATIO_CLASSES = ("calls", "p2p", "exchange", "fsdp", "host")  # in FALLBACK's order: each one's fallback comes before it

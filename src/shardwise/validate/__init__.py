@@ -76,6 +76,9 @@ def machine_speed(cfg: ValidateConfig, reference_s: dict) -> dict:
     m = cfg.cluster.measured or {}
     same = bool(m.get("model_points")) and m.get("model") == cfg.model.name and m.get("tokens") == cfg.seq_len
     then = m["model_points"][0][1] if same else None
+    one = m.get("one_sequence_points") or []  # the model at one sequence, timed whatever micro-batch was calibrated
+    if then is None and m.get("model") == cfg.model.name and len(one) == 2 and one[0] == cfg.seq_len:
+        then = one[1]
     out = {"reference_s": now, "calibration_reference_s": then, "speed_ratio": _ratio(now, then)}
     # the host's floor (a GPU's calibration): the model at a handful of tokens, where the GPU waits on the host
     host = reference_s.get("host", [])
