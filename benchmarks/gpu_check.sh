@@ -63,7 +63,7 @@ fi
 MODEL=${MODEL:-gpt2}
 SEQ=${SEQ:-1024}
 part gpt2 && {
-# micro-batch 1: validate's reference workload is the model at one sequence, so it can tell how far the machine's
+# validate times the model at one sequence and the host's floor again beside its sweep, to tell how far the machine's
 # speed moved since the calibration (gpt2 is host-bound here, and a host's speed moves 20 % within minutes)
 timeout 240 shardwise calibrate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --micro-batch 1 \
     --out "$OUT/gpu-profile.toml" | tee "$OUT/gpu-calibrate.txt"
