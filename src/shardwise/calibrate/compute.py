@@ -100,10 +100,11 @@ def device_bound(floor: float, times: list[float]) -> list[int]:
     floor; the two largest where fewer than two do (a line needs two, and the largest sizes hold the most of the
     device: on the H200's gpt2 calibration at micro-batch 1, 10.2, 10.8, 13.1 and 16.5 ms beside a 10.7 ms floor, the
     two largest read 138 TFLOP/s as the micro-batch 2 calibrations did, all four 212)."""
-    keep = [i for i, y in enumerate(times) if y > HOST_BOUND * floor]
+    every = list(range(len(times)))
     if floor <= 0:
-        return list(range(len(times)))
-    return keep if len(keep) >= 2 else list(range(len(times)))[-2:]
+        return every
+    keep = [i for i in every if times[i] > HOST_BOUND * floor]
+    return keep if len(keep) >= 2 else every[-2:]
 
 
 def measures_host_floor(t: Timer) -> bool:

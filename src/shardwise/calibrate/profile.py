@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
-from shardwise.planner.step_time import OPTIMIZER_BYTES_PER_PARAM
+from shardwise.planner.step_time import HOST_FLOOR_KEYS, OPTIMIZER_BYTES_PER_PARAM
 from shardwise.specs import cluster_from_toml
 
 # (latency steps, bandwidth volume) per (n - 1) ring step, as planner/comm.py models them.
@@ -262,8 +262,7 @@ class Profile:
         if self.one_sequence_points:  # not read by the planner: validate's reference, whatever the micro-batch
             out["one_sequence_points"] = self.one_sequence_points
         if self.host_floor_points:  # a GPU's: the planner's stage takes max(host, device) (step_time.host_floor_time)
-            out.update(host_layer_s=self.host_layer_s, host_embedding_s=self.host_embedding_s,
-                       host_head_s=self.host_head_s, host_floor_points=self.host_floor_points)
+            out.update({k: getattr(self, k) for k in HOST_FLOOR_KEYS}, host_floor_points=self.host_floor_points)
         if self.tp_call_s is not None:  # else the planner charges TP calls sync_overhead_s
             out["tp_call_s"] = self.tp_call_s
         if self.tp_sp_call_s is not None:  # else SP's calls pay tp_call_s
@@ -305,7 +304,7 @@ class Profile:
 # host and its GPU drift apart). The rest are not times the planner reads (ratios, counts, the points behind a figure,
 # labels).
 SPEED_CLASS = {
-    **dict.fromkeys(("host_layer_s", "host_embedding_s", "host_head_s"), "host"),
+    **dict.fromkeys(HOST_FLOOR_KEYS, "host"),
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),

@@ -242,7 +242,6 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
     return own + deep
 
 
-
 def check_runs(job: Job, layout: Layout) -> None:
     """UsageError (one line) when the job's framework cannot run `layout` (frameworks.check, with what the job says of
     the model, its chunks, its micro-batches and its attention)."""
@@ -250,6 +249,7 @@ def check_runs(job: Job, layout: Layout) -> None:
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
           job.model.num_kv_heads)
+
 
 def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
     """`layout` (full recompute, fitting) with the fewest layers per chunk recomputed that its framework runs and

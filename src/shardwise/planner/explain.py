@@ -13,7 +13,7 @@ from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.search import SearchResult
-from shardwise.planner.step_time import host_bound_note
+from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note
 from shardwise.specs import TrainSpec
 from shardwise.units import seconds
 
@@ -281,8 +281,7 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
                      measured={**c.measured, **rates} if c.measured else c.measured)  # a calibration's own rates too
     out = [(f"if {TERM_NAMES[term]} ran at half of {link[0]}'s bandwidth", replace(job, cluster=link[1])),
            ("if the GPUs sustained 15 % less of their matmul and attention rates", replace(job, cluster=slower))]
-    host = {k: v * HOST_SLOWER for k, v in (c.measured or {}).items()
-            if k in ("host_layer_s", "host_embedding_s", "host_head_s")}
+    host = {k: v * HOST_SLOWER for k, v in (c.measured or {}).items() if k in HOST_FLOOR_KEYS}
     if host.get("host_layer_s"):
         out.append((f"if the host launched the GPU's work {HOST_SLOWER - 1:.0%} slower",
                     replace(job, cluster=replace(c, measured={**c.measured, **host}))))

@@ -242,6 +242,10 @@ def module_recompute(job: Job, layout: Layout, tokens: int, layers: int, moe_lay
     return t / kernels.hbm_rate(c)
 
 
+# The [measured] keys of a GPU calibration's host floor (calibrate.compute.host_floor): per layer, embedding, head.
+HOST_FLOOR_KEYS = ("host_layer_s", "host_embedding_s", "host_head_s")
+
+
 def host_floor_time(job: Job, layout: Layout, rank: int, layers: int) -> float:
     """Seconds per micro-batch, forward + backward, that the host of a GPU calibrated by `calibrate` takes to launch
     pipeline rank `rank`'s work (its layers, and the embedding or the head where the rank holds them): a GPU runs its
