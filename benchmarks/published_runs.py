@@ -355,7 +355,8 @@ def stated_tp_comm_overlap(row: dict) -> bool | None:
     notes = row["notes"].lower()
     if "tp comm overlap off" in notes:
         return False
-    return True if "async tp" in row["run"].lower() or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
+    asynchronous = re.search(r"async ?tp", row["run"].lower())  # "Async TP", "AsyncTP"
+    return True if asynchronous or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
 
 
 def stated_fp8_params(row: dict) -> bool:
@@ -409,8 +410,6 @@ def not_modelled(row: dict, as_eager: bool = False) -> str:
     """Why the planner cannot model this row yet ('' if it can). `as_eager`: a compiled run scored as if eager."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
-    if ran_compiled(row) and _precision(row) == "fp8" and not as_eager:
-        return "torchao's FP8 casts under torch.compile are not modelled (the planner charges them as eager kernels)"
     return ""
 
 

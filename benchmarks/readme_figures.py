@@ -160,7 +160,7 @@ def published() -> str:
             f"{len(moe['runs'])} mixtures of "
             f"experts scored apart ({moe['rows']} strong: median |error| {100 * moe['median_abs_error']:.1f} %, max "
             f"{100 * moe['max_abs_error']:.1f} %; see below), {skipped} skipped with the reason the script prints ("
-            f"FP8 under torch.compile, MLA's recompute).\n")
+            f"MLA's recompute, a layout the planner refuses).\n")
 
 
 ARCH_WORDS = {"ampere": "A100", "hopper": "H100 BF16", "hopper-fp8": "H100 FP8"}

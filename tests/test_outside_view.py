@@ -66,11 +66,13 @@ def test_compiled_rows_pass_compile_to_the_command_line(tmp_path):
     assert scored["fits"] and 0 < scored["cli_step_s"] < eager["cli_step_s"]
     assert abs(scored["cli_step_s"] / scored["internal_step_s"] - 1) < 1e-4  # the internal view compiles it too
     # torchtitan's runs on 500 W Grand Teton H100s are scored on their own preset (the power curve, HBM2e); a compiled
-    # FP8 one stays out for its torchao casts
+    # FP8 one with --precision fp8 --compile, as the command line and the internal view agree
     capped = [r for r in view.pr.read_rows(view.pr.DEFAULT_CSV) if "500 W" in r["gpu_type"]]
     bf16 = view.score_row(next(r for r in capped if r["run"] == "torchtitan Llama 3.1 8B FSDP 8xH100"), tmp_path, True)
     assert bf16["argv"][bf16["argv"].index("--cluster") + 1] == "h100-96gb-500w" and bf16["fits"]
-    assert view.score_row(next(r for r in capped if "Float8" in r["run"]), tmp_path, True) is None
+    fp8 = view.score_row(next(r for r in capped if "Float8" in r["run"]), tmp_path, True)
+    assert {"--compile", "fp8", "h100-96gb-500w"} <= set(fp8["argv"]) and fp8["fits"]
+    assert abs(fp8["cli_step_s"] / fp8["internal_step_s"] - 1) < 1e-4
 
 
 def test_a_row_that_states_sp_off_is_estimated_without_it(tmp_path):

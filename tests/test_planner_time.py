@@ -453,6 +453,27 @@ def test_fp8_runs_the_linears_on_the_fp8_tensor_cores():
         make_job(model, h100, 128, 8192, "megatron-2021", precision="fp8")
 
 
+def test_compiled_torchao_casts_take_their_amax_in_the_kernel_that_makes_the_tensor():
+    # torchao's tensor-wise Float8Linear: eager, each cast reads the BF16 tensor for its amax, then again to write the
+    # FP8 copy and its transpose (2 + 2 + 1 + 1 B). Under torch.compile the amax comes from the kernel that produces
+    # the tensor (torchao's float8 roofline, fuse_with_prev): 4 B, unless a library kernel produced it. Llama 3 8B at
+    # TP 1 (h = q = 4096, kv = 1024, f = 14336), per token: the forward casts the QKV and FC1 inputs (norm outputs,
+    # 2 x 4096) and FC2's (silu * up, 14336) fused, the projection's (the attention kernel's output, 4096) not:
+    # 4 x 22528 + 6 x 4096 = 114688 B against 6 x 26624 = 159744 eager. Backward: Q and K's gradients (RoPE's
+    # backward, 5120), the projection's and FC2's output gradients (residual adds, 2 x 4096) and FC1's (gate and up,
+    # 28672) fused, V's (the attention kernel's dV, 1024) not: 4 x 41984 + 6 x 1024 = 174080 against 6 x 43008.
+    from shardwise.planner.layer_time import fp8_casts
+    model, lay = load_model("llama3-8b"), Layout(dp=8, micro_batch=1, zero=3)
+    eager, compiled = (make_job(model, H100, 8, 8192, "torchtitan", precision="fp8", compile=c) for c in (False, True))
+    (ef, eb), (cf, cb) = fp8_casts(eager, lay, 8192), fp8_casts(compiled, lay, 8192)
+    assert cf / ef == pytest.approx(114688 / 159744, rel=1e-3) and cb / eb == pytest.approx(174080 / 258048, rel=1e-3)
+    assert ef == pytest.approx(8192 * 159744 / kernels.hbm_rate(H100), rel=1e-3)  # at the HBM's achieved rate
+    # a step's worth: compiled FP8 is faster, and says how it casts; Transformer Engine's fused casts never change
+    assert estimate(compiled, lay).step_time < estimate(eager, lay).step_time
+    assert "compiled kernel" in estimate(compiled, lay).assumptions["gemm_dtype"]
+    assert "compiled kernel" not in estimate(eager, lay).assumptions["gemm_dtype"]
+
+
 def test_data_parallel_speedup_and_overlap():
     model = load_model("llama3-8b")
     core = make_job(model, H100, 256, 4096, "megatron-core")

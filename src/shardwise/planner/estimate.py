@@ -147,6 +147,7 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "precision": job.precision,
         "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
                                                         "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
+                       + (", each amax taken in the compiled kernel that makes the tensor" if job.compile else "")
                        + "; attention and LM head bf16; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
     }
 

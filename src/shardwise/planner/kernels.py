@@ -45,7 +45,7 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # peak: 0.93), is a cross-check (docs/planner.md).
 # FP8 GEMMs have their own share ("hopper-fp8"): the FP8 tensor cores do twice the work per clock, and a node
 # running them flat out sits deeper in its power limit, so its clocks settle lower than under BF16 work.
-IN_SITU_EFFICIENCY = {"ampere": 0.81, "hopper": 0.79, "hopper-fp8": 0.72}
+IN_SITU_EFFICIENCY = {"ampere": 0.81, "hopper": 0.79, "hopper-fp8": 0.73}
 
 
 def in_situ(cluster: ClusterSpec, precision: str = "bf16") -> float:
@@ -499,12 +499,23 @@ def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: i
 #             first (2), then the cast and its transpose (2 + 1 + 1), as separate eager kernels.
 FP8_CAST_BYTES = {"te": 4, "torchao": 6}
 FP8_CAST_KERNELS = {"te": 1, "torchao": 3}
+# torchao under torch.compile: Inductor takes the amax in the kernel that produces the tensor, so the cast costs its
+# one cast-and-transpose pass (read 2, write 1 + 1), and two launches (the amax's final reduction, the cast) — where
+# the producer is itself an Inductor kernel (a norm, silu(gate) * up, a residual add's gradient, RoPE's backward), not
+# a library call (the attention kernel's output, its dV). torchao's own roofline of compiled float8 training counts
+# the same: torchao/testing/float8/roofline_utils.py (pytorch/ao 042170ff), get_tensor_memory_traffic_ovhd_s,
+# tensorwise "input" / "grad_output" with fuse_with_prev: kernel 1 (max_abs stage 1) 0 bytes, kernel 3 read BF16 and
+# write FP8 twice (row- and column-major); without fuse_with_prev, kernel 1 reads the tensor too (FP8_CAST_BYTES).
+FP8_CAST_FUSED = (4, 2)  # (bytes per element, launches)
 
 
-def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str) -> float:
-    """Seconds to quantize each tensor of `elements` elements to FP8 (one launch each at least)."""
-    per, kernels_each = FP8_CAST_BYTES[recipe], FP8_CAST_KERNELS[recipe]
-    return sum(max(n * per / hbm_rate(cluster), kernels_each * KERNEL_LAUNCH_S) for n in elements)
+def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str, fused: tuple[bool, ...] = ()) -> float:
+    """Seconds to quantize each tensor of `elements` elements to FP8 (one launch each at least); `fused[i]`: tensor
+    i's amax is taken in the compiled kernel that produces it (FP8_CAST_FUSED)."""
+    plain = (FP8_CAST_BYTES[recipe], FP8_CAST_KERNELS[recipe])
+    fused = tuple(fused) + (False,) * (len(elements) - len(fused))
+    return sum(max(n * per / hbm_rate(cluster), launches * KERNEL_LAUNCH_S)
+               for n, (per, launches) in zip(elements, (FP8_CAST_FUSED if f else plain for f in fused)))
 
 
 # --------------------------------------------------------------------------- element-wise work

@@ -278,20 +278,27 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     framework's recipe (kernels.FP8_CAST_BYTES). Forward: each linear's input — Transformer Engine fuses the QKV
     and FC1 inputs' casts into the LayerNorm that produces them (LayerNormLinear), so only the projection's and
     FC2's inputs pay a pass; torchao casts all four. Backward: each linear's output gradient, for its input- and
-    weight-gradient GEMMs. A MoE layer's experts cast their own rows (moe.fp8_cast_elements) in place of the FFN's."""
+    weight-gradient GEMMs. A MoE layer's experts cast their own rows (moe.fp8_cast_elements) in place of the FFN's.
+    torchao under --compile takes each amax in the kernel that makes the tensor (kernels.FP8_CAST_FUSED) except
+    behind the attention kernel: the projection's input (its output) and V's gradient (its dV)."""
     model, tp = job.model, layout.tp
     h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
     recipe = get_framework(job.framework).fp8
     split = tp if layout.sequence_parallel else 1
-    inputs = [tokens * q / tp] + ([] if moe_layer else [tokens * f / tp])
+    compiled = job.compile and recipe == "torchao"
+    # (elements, whether a compiled kernel produces it): the projection's input, FC2's, then the two norms' outputs
+    inputs = [(tokens * q / tp, False)] + ([] if moe_layer else [(tokens * f / tp, True)])
     if recipe != "te":
-        inputs += [tokens * h / split] + ([] if moe_layer else [tokens * h / split])
-    grads = [tokens * (q + 2 * kv) / tp, tokens * h]
-    grads += [] if moe_layer else [tokens * (2 if model.gated_mlp else 1) * f / tp, tokens * h]
-    if moe_layer:
+        inputs += [(tokens * h / split, True)] + ([] if moe_layer else [(tokens * h / split, True)])
+    # Q and K's gradients (from RoPE's backward) and V's (the attention kernel's dV), the projection's, FC1's, FC2's
+    qkv = [(tokens * (q + kv) / tp, True), (tokens * kv / tp, False)] if compiled else [(tokens * (q + 2 * kv) / tp, False)]
+    grads = qkv + [(tokens * h, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
+                                                                (tokens * h, True)])
+    if moe_layer:  # the routed rows follow the permutation (no compiled producer)
         ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
-        inputs, grads = inputs + ffn_in, grads + ffn_grads
-    return kernels.fp8_cast_time(job.cluster, inputs, recipe), kernels.fp8_cast_time(job.cluster, grads, recipe)
+        inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
+    return tuple(kernels.fp8_cast_time(job.cluster, [n for n, _ in cast], recipe, tuple(compiled and f for _, f in cast))
+                 for cast in (inputs, grads))
 
 
 def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
