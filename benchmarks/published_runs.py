@@ -479,13 +479,15 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
         layout = layout.with_(sequence_parallel=True)
     else:
         overlap = None if not fw.tp_comm_overlap_available else overlap
-    compiled = ran_compiled(row) and not as_eager
+    fused_norms = source_names(row, FUSED_NORM_RUNS)
+    # compiled as the run was, or as the command line compiles a stack by default (torchao's Float8, unflagged)
+    compiled = (ran_compiled(row) and not as_eager) or (not fused_norms and fw.compiles_by_default(_precision(row)))
     try:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
                        tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row),
                        compile=compiled, compile_loss=False if compiled and source_names(row, LOSS_LEFT_EAGER) else None,
-                       fused_norms=source_names(row, FUSED_NORM_RUNS))
+                       fused_norms=fused_norms)
         if model.is_moe:  # how the stack moved tokens, as the row says; Megatron runs MoE under TP with SP only
             modules = re.findall(r"[a-z_]+", recompute_cell.lower()) if _recompute(recompute_cell) == "selective" else []
             # Megatron's --recompute-modules; the ModelZoo's tables write "norm, act" for "moe_act layernorm"

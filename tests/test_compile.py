@@ -32,6 +32,27 @@ def test_estimate_json_says_whether_the_model_is_compiled(capsys):
     assert json.loads(capsys.readouterr().out)["best"]["compile"] is True
 
 
+def test_torchaos_float8_is_compiled_unless_told_not_to(capsys):
+    # torchtitan's float8 docs call compile.enable "required for competitive performance", and every published torchtitan
+    # Float8 run compiled: --precision fp8 on torchtitan compiles unless --no-compile says otherwise, and says so. BF16
+    # stays eager by default; --fused-norms (a preset's fused RMSNorm, eager) keeps FP8 eager too; Transformer Engine's
+    # FP8 stacks refuse --compile and are never compiled behind the user's back.
+    def run(*flags):
+        assert main(["estimate", *ARGS, "--micro-batch", "1", "--json", *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["compile"], out["step_time_s"], " ".join(out["assumptions"].get("implied", []))
+
+    fp8 = ("--framework", "torchtitan", "--precision", "fp8")
+    implied, told, eager = run(*fp8), run(*fp8, "--compile"), run(*fp8, "--no-compile")
+    assert implied[0] and "--compile not given" in implied[2] and implied[1] == told[1]
+    assert "--compile not given" not in told[2] and not eager[0] and eager[1] > implied[1]
+    assert not run("--framework", "torchtitan")[0] and not run(*fp8, "--fused-norms")[0]
+    assert not run("--framework", "megatron-core", "--precision", "fp8")[0]
+    assert main(["plan", *ARGS, "--framework", "torchtitan", "--precision", "fp8", "--json", "--top", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["compile"] is True and "--no-compile" in out["compile_note"]
+
+
 def test_compiled_element_wise_bytes_follow_inductors_fusion_rule():
     # Llama 3 8B, one token, one GPU, BF16 activations (2 B), forward. Compiled, counting each fused chain's reads and
     # writes once: norm1 reads x, writes its output (2 + 2 = 4 B per hidden element); the first residual add with norm2

@@ -134,11 +134,13 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")
-    p.add_argument("--compile", action="store_true",
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="the model's blocks and loss run under torch.compile (Inductor), which fuses each chain of "
                         "point-wise ops and reductions between two matmuls/attention calls into one kernel (torchtitan's "
                         "compile.enable, off by default, so torchtitan is eager unless you add this; also composer and "
-                        "fms-fsdp; stacks that already run fused kernels refuse it)")
+                        "fms-fsdp; stacks that already run fused kernels refuse it). Default: eager, except torchtitan "
+                        "with --precision fp8, whose torchao Float8 runs compiled (its casts are fused; the output says "
+                        "so); --no-compile: eager")
     p.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="with --compile: whether the cross-entropy is compiled with the blocks (default: what the "
                         "stack does — torchtitan compiles both, composer and fms-fsdp the model only). "
@@ -249,10 +251,28 @@ def under_framework(args, attempt):
             raise UsageError(f"--framework not given: the default {DEFAULT_FRAMEWORK} cannot run this ({refusal}), nor "
                              f"can {FALLBACK_FRAMEWORK} ({again}) — name a --framework that does, or change the "
                              f"flags") from None
-        args.framework_note = second.framework_note
+        _take_notes(args, second)
         return out
-    args.framework_note = first.framework_note
+    _take_notes(args, first)
     return out
+
+
+def _take_notes(args, attempted) -> None:
+    """The notes (`notes`) of the attempt that ran, onto the caller's args."""
+    for key in ("framework_note", "compile_note"):
+        if getattr(attempted, key, None):
+            setattr(args, key, getattr(attempted, key))
+
+
+# What a command says when it compiled a job the user did not ask to compile (Framework.compiles_by_default).
+COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and casts fused: torchtitan's float8 docs "
+                   "call compile.enable required for competitive performance; --compile not given, --no-compile for eager)")
+
+
+def notes(args) -> list[str]:
+    """What a command filled in about the software the user did not name: the stack (`under_framework`), torch.compile
+    (`job_from_args`)."""
+    return [n for n in (getattr(args, "framework_note", None), getattr(args, "compile_note", None)) if n]
 
 
 def job_from_args(args):
@@ -269,12 +289,16 @@ def job_from_args(args):
     if capacity != 1.0 and not model.is_moe:
         raise UsageError(f"--capacity-factor {capacity:g} is the busiest expert's load over the mean, but {model.name} has "
                          f"no experts — drop it, or plan a mixture-of-experts model")
+    precision = getattr(args, "precision", None) or "bf16"
+    compiled = getattr(args, "compile", None)
+    if compiled is None and not getattr(args, "fused_norms", False) and get(framework).compiles_by_default(precision):
+        compiled, args.compile_note = True, COMPILE_IMPLIED
     job = make_job(model, load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
-                   precision=getattr(args, "precision", None) or "bf16",
+                   precision=precision,
                    fp8_params=bool(getattr(args, "fp8_params", False)),
-                   compile=bool(getattr(args, "compile", False)), compile_loss=getattr(args, "compile_loss", None),
+                   compile=bool(compiled), compile_loss=getattr(args, "compile_loss", None),
                    fused_norms=bool(getattr(args, "fused_norms", False)),
                    attention_backend=getattr(args, "attention_backend", None))
     return replace(job, capacity_factor=capacity)

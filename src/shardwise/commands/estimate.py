@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
-                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, print_json,
-                                       under_framework)
+                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, notes,
+                                       print_json, under_framework)
 from shardwise.errors import UsageError
 
 
@@ -66,8 +66,7 @@ def _run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
-    if getattr(args, "framework_note", None):  # the numbers are one stack's: say which, when the user named none
-        implied = [*implied, args.framework_note]
+    implied = [*implied, *notes(args)]  # the numbers are one stack's, compiled or not: say so where the user named neither
     check_runs(job, layout)
     if host_note := host_bound_note(job, layout):
         implied = [*implied, host_note]

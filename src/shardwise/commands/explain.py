@@ -15,18 +15,17 @@ def register(subparsers, name, help):
 def run(args) -> int:
     from rich.console import Console
 
-    from shardwise.commands.common import print_explanation, print_json
+    from shardwise.commands.common import notes, print_explanation, print_json
     from shardwise.commands.plan import plan
     from shardwise.planner.explain import explain
 
     job, result = plan(args)
     paragraphs = explain(job, args.gpus, result)
-    note = getattr(args, "framework_note", None)  # --framework not given: which stack the numbers are, and why
-    if args.json:
+    if args.json:  # --framework or --compile not given: which stack the numbers are, compiled or not, and why
         print_json({"best": result.ranked[0].to_dict(), "explanation": paragraphs,
-                    **({"framework_note": note} if note else {})})
+                    **{key: getattr(args, key) for key in ("framework_note", "compile_note") if getattr(args, key, None)}})
         return 0
     print_explanation(Console(), paragraphs, f"Where to split {job.model.name} on {args.gpus} x {job.cluster.name}")
-    if note:
+    for note in notes(args):
         Console().print(f"note: {note}", highlight=False)
     return 0

@@ -150,11 +150,13 @@ def run(args) -> int:
             out["thinned"] = result.thinned
         if getattr(args, "framework_note", None):  # --framework not given: which stack the numbers are, and why
             out["framework_note"] = args.framework_note
+        if getattr(args, "compile_note", None):  # --compile not given, yet compiled (Framework.compiles_by_default)
+            out["compile_note"] = args.compile_note
         print_json(out)
         return 0
     from rich.console import Console
 
-    from shardwise.commands.common import layout_table, print_explanation
+    from shardwise.commands.common import layout_table, notes, print_explanation
 
     console = Console()
     only = f"; layouts {emitted['title']} can run" if emitted else ""
@@ -165,8 +167,8 @@ def run(args) -> int:
                                width=console.width))
     if result.thinned:
         console.print(f"note: {result.thinned}", highlight=False)
-    if getattr(args, "framework_note", None):
-        console.print(f"note: {args.framework_note}", highlight=False)
+    for note in notes(args):
+        console.print(f"note: {note}", highlight=False)
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
