@@ -165,7 +165,7 @@ def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = Fa
         return None
     internal = pr._predict(run)
     argv, plan, how = outsider_argv(row, run, folder, certain_only)
-    argv += software_flags(run.job)
+    argv += software_flags(run.job, pr.ran_compiled(row) and not as_eager)
     out = {"run": run.name, "series": run.series, "framework": run.framework, "weak": run.weak,
            "path": "plan" if plan else "estimate", "model_from": how[0], "published_step_s": run.published_step_s,
            "internal_step_s": internal.step_time, "internal_error": run.published_step_s / internal.step_time - 1,
@@ -231,10 +231,11 @@ def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]
     return why
 
 
-def software_flags(job) -> list[str]:
-    """What the row's release ran that the command line states by flag: torch.compile, a loss left out of it, a
-    preset's fused norms, Transformer Engine told to run flash-attn (NVTE_FUSED_ATTN=0)."""
-    return ((["--compile"] if job.compile else []) + (["--no-compile-loss"] if job.compile and not job.compile_loss else [])
+def software_flags(job, compiled: bool) -> list[str]:
+    """What the row's release ran that the command line states by flag: torch.compile where the row says so
+    (`compiled`; the command line compiles torchao's Float8 unasked), a loss left out of it, a preset's fused norms,
+    Transformer Engine told to run flash-attn (NVTE_FUSED_ATTN=0)."""
+    return ((["--compile"] if compiled else []) + (["--no-compile-loss"] if job.compile and not job.compile_loss else [])
             + (["--fused-norms"] if job.fused_norms else [])
             + (["--attention-backend", "flash"] if job.attention == "fa2" else []))
 

@@ -70,7 +70,7 @@ def _calls(spec, rank: int, world: int, repeats: int) -> dict:
 
     t = Timer(CalibrateConfig(model=spec, world=world, seq_len=64, repeats=repeats, warmup=2), rank, world)
     fns, act = call_workloads(t)
-    peer, p2p, inbox = rank ^ 1, BatchP2P(), torch.empty_like(act)
+    peer, p2p = rank ^ 1, BatchP2P()
 
     from shardwise.model import Transformer
 

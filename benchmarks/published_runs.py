@@ -355,7 +355,8 @@ def stated_tp_comm_overlap(row: dict) -> bool | None:
     notes = row["notes"].lower()
     if "tp comm overlap off" in notes:
         return False
-    asynchronous = re.search(r"async ?tp", row["run"].lower())  # "Async TP", "AsyncTP"
+    # "Async TP", "AsyncTP" in the name, or a technique list in the notes ("compile + Float8 + AsyncTP")
+    asynchronous = re.search(r"async ?tp", row["run"].lower()) or re.search(r"\+ ?async ?tp", notes)
     return True if asynchronous or "tp-comm-overlap" in notes or "tp comm overlap" in notes else None
 
 
@@ -406,8 +407,8 @@ def source_names(row: dict, keys) -> bool:
     return any(key in row["source"] for key in keys)
 
 
-def not_modelled(row: dict, as_eager: bool = False) -> str:
-    """Why the planner cannot model this row yet ('' if it can). `as_eager`: a compiled run scored as if eager."""
+def not_modelled(row: dict) -> str:
+    """Why the planner cannot model this row yet ('' if it can)."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
     return ""
@@ -438,7 +439,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     weak = re.search(r"Weak: (.+?)\.(?:\s|$)", row["notes"])  # a figure its own source contradicts
     if weak:
         run.weak, run.weak_reason = True, weak.group(1).strip()
-    run.skip = not_modelled(row, as_eager)
+    run.skip = not_modelled(row)
     if run.skip:
         return run
     profile = _profile(row)

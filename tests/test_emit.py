@@ -25,7 +25,7 @@ import stat
 import subprocess
 import sys
 import warnings
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -365,6 +365,34 @@ def test_megatron_arguments_are_megatron_lm_options(tmp_path):
     assert megatron_parser().parse_known_args(argv + ["--tensor-parallel-size", "2"])[1] == ["--tensor-parallel-size", "2"]
     with pytest.raises((argparse.ArgumentError, SystemExit)):
         megatron_parser().parse_args(["--recompute-granularity", "some"])
+
+
+def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
+    """What the planner scored is what the file runs: torchtitan's torchao Float8 (tensor-wise, the LM head left in
+    BF16) under torch.compile, read back by torchtitan's ConfigManager; Megatron-LM's Transformer Engine FP8 (and FP8
+    parameter gathers) as Megatron-LM options; DeepSpeed, whose config has no FP8 switch, refused in one line."""
+    lay = Layout(dp=8, tp=1, pp=1, micro_batch=1, zero=3, recompute="full")
+    titan = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "torchtitan", precision="fp8",
+                     compile=True)
+    out = tmp_path / "titan.toml"
+    out.write_text(render("torchtitan", Target(job=titan, estimate=estimate(titan, lay), gpus=8, rank=1)))
+    cfg = torchtitan_config_manager(monkeypatch)().parse_args(["--job.config_file", str(out)])
+    assert cfg.model.converters == ["quantize.linear.float8"] and cfg.compile.enable
+    assert cfg.quantize.linear.float8.recipe_name == "tensorwise" and cfg.quantize.linear.float8.filter_fqns == ["output"]
+    assert "fp8, compiled" in out.read_text()
+    mega = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "megatron-core", precision="fp8",
+                    fp8_params=True)
+    lay1 = lay.with_(zero=1, recompute="none")
+    script = tmp_path / "m.sh"
+    script.write_text(render("megatron", Target(job=mega, estimate=estimate(mega, lay1), gpus=8, rank=1)))
+    _, argv = run_megatron_script(script, tmp_path)
+    ns, unknown = megatron_parser().parse_known_args(argv)
+    assert unknown == [] and ns.fp8 == "hybrid" and ns.fp8_param_gather
+    assert "fp8-format" not in render("megatron", Target(job=replace(mega, precision="bf16"), estimate=estimate(mega, lay1),
+                                                         gpus=8, rank=1))
+    from shardwise.emit.deepspeed import problem
+    deep = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "deepspeed-2024", precision="fp8")
+    assert "no FP8 switch" in problem(deep, lay1)
 
 
 @pytest.mark.parametrize("target, narrow, knob", [

@@ -84,6 +84,8 @@ def _run(args) -> int:
     console.print(breakdown_table(est))
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
+    for note in notes(args):  # the stack and torch.compile where the user named neither
+        console.print(f"note: {note}", highlight=False)
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0

@@ -64,7 +64,7 @@ class Target:
         gib = 2**30
         knobs = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
                  lay.recompute_phrase()] + (["sequence parallel"] if lay.sequence_parallel else [])
-        assumes = [f"framework {self.framework}", "bf16",
+        assumes = [f"framework {self.framework}", job.precision + (", compiled" if job.compile else ""),
                    "fused attention" if job.flash_attention else "materialised softmax",
                    "TP overlap on" if job.tp_comm_overlap else "TP overlap off"]
         return [

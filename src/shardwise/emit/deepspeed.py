@@ -24,6 +24,9 @@ import json
 
 
 def problem(job, layout) -> str | None:
+    if job.precision == "fp8":
+        return ("FP8 — DeepSpeed's config has no FP8 switch (Transformer Engine's layers in the model code train in FP8); "
+                "this emitter writes BF16 jobs: plan with --precision bf16")
     if layout.ep > 1 or layout.etp > 1:
         return ("expert parallelism — DeepSpeed sets it in model code (deepspeed.moe.layer.MoE(ep_size=...)), not in "
                 "its config; use --ep 1")

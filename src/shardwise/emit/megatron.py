@@ -18,6 +18,8 @@ megatron-core's config dataclasses from it):
   mixture of experts: --num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq, ...;
   --expert-model-parallel-size / --expert-tensor-parallel-size (ep, etp)
   --overlap-grad-reduce / --overlap-param-gather with data parallelism, --tp-comm-overlap when modelled.
+  --bf16; --precision fp8: --fp8-format hybrid (Transformer Engine's delayed scaling), --fp8-param-gather with FP8
+          parameters.
 Megatron has no GPipe or zero-bubble (ZB-H1) schedule: those layouts are not expressible.
 """
 
@@ -128,6 +130,8 @@ def arguments(target) -> dict[str, list[str]]:
     """The argument groups, as strings: {"MODEL_ARGS": [...], "PARALLEL_ARGS": [...], "BATCH_ARGS": [...]}."""
     job, lay = target.job, target.layout
     batch = ["--micro-batch-size", lay.micro_batch, "--global-batch-size", job.train.global_batch, "--bf16"]
+    if job.precision == "fp8":  # Transformer Engine's delayed scaling, E4M3 forward and E5M2 backward (NeMo's recipe)
+        batch += ["--fp8-format", "hybrid"] + (["--fp8-param-gather"] if job.train.weight_bytes == 1 else [])
     groups = {"MODEL_ARGS": _model_args(job), "PARALLEL_ARGS": _parallel_args(job, lay), "BATCH_ARGS": batch}
     return {k: [str(a) for a in v] for k, v in groups.items()}
 

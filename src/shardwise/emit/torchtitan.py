@@ -15,6 +15,9 @@ ConfigManager, which rejects unknown keys):
       rest is gradient accumulation), seq_len, bf16 parameters with fp32 reductions.
   [activation_checkpoint] mode "none" or "full" (every layer); --recompute-layers N of a c-layer stage:
       mode "selective" with selective_ac_option "k", every k-th block (k = c // N, so that c // k = N).
+  [compile] enable (with the loss among its components unless --no-compile-loss) under --compile, and for async TP;
+      --precision fp8: [model] converters "quantize.linear.float8", [quantize.linear.float8] recipe_name "tensorwise"
+      with the LM head ("output") left out, as the planner prices it.
 torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its per-op selective mode is not the
 attention-core recompute shardwise scores: those layouts are not expressible.
 """
@@ -125,8 +128,11 @@ def sections(target) -> dict[str, dict]:
         "parallelism": par,
         "activation_checkpoint": _checkpointing(job, lay),
     }
-    if lay.tp > 1 and job.tp_comm_overlap:
-        out["compile"] = {"enable": True}  # async TP takes effect under torch.compile only
+    if job.compile or (lay.tp > 1 and job.tp_comm_overlap):  # async TP takes effect under torch.compile only
+        out["compile"] = {"enable": True, "components": ["model", "loss"] if job.compile_loss else ["model"]}
+    if job.precision == "fp8":  # torchao's Float8Linear, tensor-wise, the LM head left in BF16 as the planner prices it
+        out["model"]["converters"] = ["quantize.linear.float8"]
+        out["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
     return out
 
 

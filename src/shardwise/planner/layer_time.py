@@ -290,11 +290,16 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     inputs = [(tokens * q / tp, False)] + ([] if moe_layer else [(tokens * f / tp, True)])
     if recipe != "te":
         inputs += [(tokens * h / split, True)] + ([] if moe_layer else [(tokens * h / split, True)])
-    # Q and K's gradients (from RoPE's backward) and V's (the attention kernel's dV), the projection's, FC1's, FC2's
+    # Q and K's gradients (from RoPE's backward) and V's (the attention kernel's dV; torchtitan before ff0829c10,
+    # 2026-01, expanded GQA's K and V with repeat_kv, whose backward sum Inductor makes: 0.01 point on its Float8 rows),
+    # the projection's, FC1's, FC2's. The projection's and FC2's output gradients arrive split along the sequence under
+    # sequence parallelism; torchao casts them there, before gathering them in FP8 (Float8RowwiseParallel's
+    # cast_to_float8_e5m2_dynamic_bw after the redistribute), Transformer Engine after its gather.
+    out = tokens * h / (split if recipe == "torchao" else 1)
     qkv = [(tokens * (q + kv) / tp, True), (tokens * kv / tp, False)] if compiled else [(tokens * (q + 2 * kv) / tp, False)]
-    grads = qkv + [(tokens * h, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
-                                                                (tokens * h, True)])
-    if moe_layer:  # the routed rows follow the permutation (no compiled producer)
+    grads = qkv + [(out, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
+                                                         (out, True)])
+    if moe_layer:  # priced unfused: no torchao run casts its experts (tensor-wise Float8 converts nn.Linear only)
         ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
     return tuple(kernels.fp8_cast_time(job.cluster, [n for n, _ in cast], recipe, tuple(compiled and f for _, f in cast))
