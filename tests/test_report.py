@@ -101,6 +101,11 @@ def test_page_data_are_the_planners_numbers(planned, tmp_path):
     assert [k for k, *_ in lay["memory_keys"]] == list(result.ranked[0].memory_bytes)
     assert [k for k, *_ in lay["time_keys"]] == list(result.ranked[0].time_s)
     assert data["explanation"] and data["explanation"][0].startswith("Fit: M_model")
+    assert "bf16" in data["assumptions"] and "no torch.compile" in data["assumptions"]  # what the numbers assume
+    # torchtitan's FP8 compiles unless told not to (commands.common.COMPILE_IMPLIED): the page says both
+    assert main(["report", *PLAN, "--precision", "fp8", "--out", str(out)]) == 0
+    said = " ".join(json.loads(parse(out).data_json)["plan"]["assumptions"])
+    assert "torchao" in said and "blocks under torch.compile" in said
 
 
 def test_timeline_is_the_simulated_schedule_and_matches_the_planners_closed_form(planned, tmp_path):

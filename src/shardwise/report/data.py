@@ -101,7 +101,9 @@ def plan_page(job, gpus: int, result, emitted: dict | None = None) -> dict:
                    f"{t.weight_bytes} + {t.grad_bytes} + {t.optimizer_bytes} bytes per parameter (weights, gradients, "
                    f"optimizer states)",
                    "fused attention (FlashAttention)" if job.flash_attention else "materialised softmax (no fused attention)",
-                   "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed"]
+                   "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed",
+                   (win.assumptions or {}).get("gemm_dtype", job.precision),
+                   "blocks under torch.compile" if job.compile else "no torch.compile"]
     return {
         "model": job.model.name, "cluster": cluster.name, "gpus": gpus, "gpus_per_node": cluster.gpus_per_node,
         "global_batch": train.global_batch, "seq_len": train.seq_len, "params": job.model.num_params(),
