@@ -390,9 +390,14 @@ def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
     assert unknown == [] and ns.fp8 == "hybrid" and ns.fp8_param_gather
     assert "fp8-format" not in render("megatron", Target(job=replace(mega, precision="bf16"), estimate=estimate(mega, lay1),
                                                          gpus=8, rank=1))
-    from shardwise.emit.deepspeed import problem
+    from shardwise.emit import deepspeed, megatron, torchtitan
     deep = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "deepspeed-2024", precision="fp8")
-    assert "no FP8 switch" in problem(deep, lay1)
+    assert "no FP8 switch" in deepspeed.problem(deep, lay1)
+    # Megatron-LM refuses --fp8-param-gather without its distributed optimizer or FSDP (arguments.py validate_args);
+    # torchtitan 0.2.x's Float8 TP plans never turn on for its own converter name ("float8" in model.converters)
+    assert "--zero 1,2,3" in megatron.problem(mega, lay1.with_(zero=0))
+    assert megatron.problem(replace(mega, train=replace(mega.train, weight_bytes=2)), lay1.with_(zero=0)) is None
+    assert "--tp 1" in torchtitan.problem(titan, lay.with_(dp=4, tp=2)) and torchtitan.problem(titan, lay) is None
 
 
 @pytest.mark.parametrize("target, narrow, knob", [

@@ -474,20 +474,6 @@ def test_compiled_torchao_casts_take_their_amax_in_the_kernel_that_makes_the_ten
     assert "compiled kernel" not in estimate(eager, lay).assumptions["gemm_dtype"]
 
 
-def test_torchao_casts_row_parallel_gradients_on_their_sequence_shard():
-    # Under TP with sequence parallelism the output gradients of the projection (wo) and FC2 (w2) arrive split along the
-    # sequence. torchao's Float8RowwiseParallel casts them there and gathers FP8 (its backward cast comes after the
-    # redistribute); Transformer Engine gathers first and casts the whole. Llama 3 8B at TP 8, per token, backward:
-    # torchao (6 B each) Q, K, V gradients 6144 / 8, the two row-parallel gradients 4096 / 8 each, FC1's 28672 / 8:
-    # 6 x 5376 = 32256 B; Transformer Engine (4 B each) the same with 4096 for each row-parallel one: 4 x 12544 = 50176.
-    from shardwise.planner.layer_time import fp8_casts
-    model, lay, tokens = load_model("llama3-8b"), Layout(dp=1, tp=8, micro_batch=1, sequence_parallel=True), 65536
-    titan, nemo = (make_job(model, H100, 8, 8192, fw, precision="fp8") for fw in ("torchtitan", "nemo"))
-    hbm = kernels.hbm_rate(H100)
-    assert fp8_casts(titan, lay, tokens)[1] == pytest.approx(tokens * 32256 / hbm, rel=1e-6)
-    assert fp8_casts(nemo, lay, tokens)[1] == pytest.approx(tokens * 50176 / hbm, rel=1e-6)
-
-
 def test_data_parallel_speedup_and_overlap():
     model = load_model("llama3-8b")
     core = make_job(model, H100, 256, 4096, "megatron-core")

@@ -105,7 +105,7 @@ def test_page_data_are_the_planners_numbers(planned, tmp_path):
     # torchtitan's FP8 compiles unless told not to (commands.common.COMPILE_IMPLIED): the page says both
     assert main(["report", *PLAN, "--precision", "fp8", "--out", str(out)]) == 0
     said = " ".join(json.loads(parse(out).data_json)["plan"]["assumptions"])
-    assert "torchao" in said and "blocks under torch.compile" in said
+    assert "torchao" in said and "blocks and loss under torch.compile" in said
 
 
 def test_timeline_is_the_simulated_schedule_and_matches_the_planners_closed_form(planned, tmp_path):

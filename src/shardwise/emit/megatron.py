@@ -34,6 +34,9 @@ SCHEDULES = ("1f1b", "interleaved-1f1b")
 
 
 def problem(job, layout) -> str | None:
+    if job.train.weight_bytes == 1 and layout.zero == 0:  # arguments.py: "--fp8-param-gather only supported with ..."
+        return ("FP8 parameters without ZeRO — Megatron-LM gathers FP8 parameters (--fp8-param-gather) only through its "
+                "distributed optimizer or FSDP; plan with data parallelism and --zero 1,2,3")
     if layout.pp > 1 and layout.schedule not in SCHEDULES:
         return (f"schedule {layout.schedule} — Megatron-LM runs 1F1B, or interleaved 1F1B with virtual stages "
                 f"(narrow the search with --schedules 1f1b,interleaved-1f1b)")

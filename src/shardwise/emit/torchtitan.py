@@ -17,7 +17,8 @@ ConfigManager, which rejects unknown keys):
       mode "selective" with selective_ac_option "k", every k-th block (k = c // N, so that c // k = N).
   [compile] enable (with the loss among its components unless --no-compile-loss) under --compile, and for async TP;
       --precision fp8: [model] converters "quantize.linear.float8", [quantize.linear.float8] recipe_name "tensorwise"
-      with the LM head ("output") left out, as the planner prices it.
+      with the LM head ("output") left out, as the planner prices it; without TP (0.2.x's TP plans look for a converter
+      named "float8" and would run the BF16 ones).
 torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its per-op selective mode is not the
 attention-core recompute shardwise scores: those layouts are not expressible.
 """
@@ -34,6 +35,10 @@ FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 
 
 
 def problem(job, layout) -> str | None:
+    if job.precision == "fp8" and layout.tp > 1:  # models/llama3/infra/parallelize.py: "float8" in model.converters
+        return ("FP8 with TP — torchtitan 0.2.x turns on its Float8 tensor-parallel plans only for a converter named "
+                "'float8', which it no longer registers ('quantize.linear.float8'), so its TP would gather BF16 and cast "
+                "whole, which the planner did not price; plan with --tp 1")
     if job.model.num_experts:
         return ("a mixture-of-experts model — torchtitan's MoE models are model names of their own (deepseek_v3, "
                 "qwen3, llama4); this emitter writes llama3 jobs")

@@ -292,14 +292,15 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
         inputs += [(tokens * h / split, True)] + ([] if moe_layer else [(tokens * h / split, True)])
     # Q and K's gradients (from RoPE's backward) and V's (the attention kernel's dV; torchtitan before ff0829c10,
     # 2026-01, expanded GQA's K and V with repeat_kv, whose backward sum Inductor makes: 0.01 point on its Float8 rows),
-    # the projection's, FC1's, FC2's. The projection's and FC2's output gradients arrive split along the sequence under
-    # sequence parallelism; torchao casts them there, before gathering them in FP8 (Float8RowwiseParallel's
-    # cast_to_float8_e5m2_dynamic_bw after the redistribute), Transformer Engine after its gather.
-    out = tokens * h / (split if recipe == "torchao" else 1)
+    # the projection's, FC1's, FC2's. Not modelled: under sequence parallelism both recipes cast the projection's and
+    # FC2's output gradients on their sequence shard, gather them in FP8 and transpose the gathered tensor
+    # (torchao's Float8RowwiseParallel, Transformer Engine's _grad_output_preprocess); priced here as one whole-size
+    # cast and transpose, a few bytes per element too many on those two tensors (docs/planner.md).
+    out = tokens * h
     qkv = [(tokens * (q + kv) / tp, True), (tokens * kv / tp, False)] if compiled else [(tokens * (q + 2 * kv) / tp, False)]
     grads = qkv + [(out, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
                                                          (out, True)])
-    if moe_layer:  # priced unfused: no torchao run casts its experts (tensor-wise Float8 converts nn.Linear only)
+    if moe_layer:  # the experts' rows, priced unfused (their casts follow the permutation; no published torchao run)
         ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
     return tuple(kernels.fp8_cast_time(job.cluster, [n for n, _ in cast], recipe, tuple(compiled and f for _, f in cast))

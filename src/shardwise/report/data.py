@@ -103,7 +103,8 @@ def plan_page(job, gpus: int, result, emitted: dict | None = None) -> dict:
                    "fused attention (FlashAttention)" if job.flash_attention else "materialised softmax (no fused attention)",
                    "TP communication overlapped" if job.tp_comm_overlap else "TP communication exposed",
                    (win.assumptions or {}).get("gemm_dtype", job.precision),
-                   "blocks under torch.compile" if job.compile else "no torch.compile"]
+                   ("blocks and loss under torch.compile" if job.compile_loss else "blocks under torch.compile, loss eager")
+                   if job.compile else "no torch.compile"]
     return {
         "model": job.model.name, "cluster": cluster.name, "gpus": gpus, "gpus_per_node": cluster.gpus_per_node,
         "global_batch": train.global_batch, "seq_len": train.seq_len, "params": job.model.num_params(),
