@@ -88,7 +88,6 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         out.append(experts_paragraph(job, result))
 
     split = (lay.dp, lay.tp, lay.pp, lay.cp)
-    other = next((e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) != split), None)
     variants = [e for e in result.ranked if (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) == split]
     if len(variants) > 1:
         spread = variants[-1].step_time / win.step_time - 1
@@ -361,7 +360,7 @@ def plausibility(job: Job, win: Estimate) -> str:
     if win.mfu <= mfu:
         return ""
     scale = f" on {floor:,} or more GPUs" if floor > 1 else ""
-    reasons = [f"no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
+    reasons = ["no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
                f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
                f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
                f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"] + \
