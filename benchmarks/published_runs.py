@@ -482,7 +482,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
         overlap = None if not fw.tp_comm_overlap_available else overlap
     fused_norms = source_names(row, FUSED_NORM_RUNS)
     # compiled as the run was, or as the command line compiles a stack by default (torchao's Float8, unflagged)
-    compiled = (ran_compiled(row) and not as_eager) or (not fused_norms and fw.compiles_by_default(_precision(row)))
+    compiled = (ran_compiled(row) and not as_eager) or fw.compiles_by_default(_precision(row), fused_norms)
     try:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
         job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,

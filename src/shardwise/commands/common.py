@@ -259,9 +259,8 @@ def under_framework(args, attempt):
 
 def _take_notes(args, attempted) -> None:
     """The notes (`notes`) of the attempt that ran, onto the caller's args."""
-    for key in ("framework_note", "compile_note"):
-        if getattr(attempted, key, None):
-            setattr(args, key, getattr(attempted, key))
+    for key, note in note_fields(attempted).items():
+        setattr(args, key, note)
 
 
 # What a command says when it compiled a job the user did not ask to compile (Framework.compiles_by_default).
@@ -269,10 +268,19 @@ COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and 
                    "call compile.enable required for competitive performance; --compile not given, --no-compile for eager)")
 
 
+# What a command filled in about the software the user did not name: the stack (`under_framework`), torch.compile
+# (`job_from_args`); each an attribute of the command's args, and a field of plan's and explain's JSON.
+NOTE_KEYS = ("framework_note", "compile_note")
+
+
+def note_fields(args) -> dict[str, str]:
+    """The notes a command filled in, by NOTE_KEYS name."""
+    return {key: getattr(args, key) for key in NOTE_KEYS if getattr(args, key, None)}
+
+
 def notes(args) -> list[str]:
-    """What a command filled in about the software the user did not name: the stack (`under_framework`), torch.compile
-    (`job_from_args`)."""
-    return [n for n in (getattr(args, "framework_note", None), getattr(args, "compile_note", None)) if n]
+    """The notes a command filled in (note_fields), in order, for its text output and estimate's implied list."""
+    return list(note_fields(args).values())
 
 
 def job_from_args(args):
@@ -291,7 +299,7 @@ def job_from_args(args):
                          f"no experts — drop it, or plan a mixture-of-experts model")
     precision = getattr(args, "precision", None) or "bf16"
     compiled = getattr(args, "compile", None)
-    if compiled is None and not getattr(args, "fused_norms", False) and get(framework).compiles_by_default(precision):
+    if compiled is None and get(framework).compiles_by_default(precision, bool(getattr(args, "fused_norms", False))):
         compiled, args.compile_note = True, COMPILE_IMPLIED
     job = make_job(model, load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
-                                       add_software_args, job_from_args, print_json, space_from_args)
+                                       add_software_args, job_from_args, note_fields, print_json, space_from_args)
 
 
 def add_plan_args(p) -> None:
@@ -148,11 +148,7 @@ def run(args) -> int:
             out["html"] = html
         if result.thinned:
             out["thinned"] = result.thinned
-        if getattr(args, "framework_note", None):  # --framework not given: which stack the numbers are, and why
-            out["framework_note"] = args.framework_note
-        if getattr(args, "compile_note", None):  # --compile not given, yet compiled (Framework.compiles_by_default)
-            out["compile_note"] = args.compile_note
-        print_json(out)
+        print_json(out | note_fields(args))  # --framework or --compile not given: which stack, compiled or not, and why
         return 0
     from rich.console import Console
 

@@ -344,11 +344,12 @@ class Framework:
         own `loss`."""
         return "compiled" if compile and self.compile_loss and compile_loss else self.loss
 
-    def compiles_by_default(self, precision: str) -> bool:
+    def compiles_by_default(self, precision: str, fused_norms: bool = False) -> bool:
         """Whether a job on this stack runs under torch.compile unless told otherwise: torchao's Float8 does (its casts
         are meant to be fused: torchtitan's docs/float8.md, "compile.enable (required for competitive performance): use
-        torch.compile to fuse the float8 scaling/casting kernels"; every published torchtitan Float8 run compiled)."""
-        return precision == "fp8" and self.fp8 == "torchao" and self.compile_refusal() is None
+        torch.compile to fuse the float8 scaling/casting kernels"; every published torchtitan Float8 run compiled),
+        except in a release whose preset fused its norms in an otherwise eager model (`fused_norms`)."""
+        return precision == "fp8" and self.fp8 == "torchao" and not fused_norms and self.compile_refusal() is None
 
     def compile_refusal(self) -> str | None:
         """Why `--compile` does not apply to this stack (one clause), or None."""

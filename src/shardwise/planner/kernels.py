@@ -509,13 +509,12 @@ FP8_CAST_KERNELS = {"te": 1, "torchao": 3}
 FP8_CAST_FUSED = (4, 2)  # (bytes per element, launches)
 
 
-def fp8_cast_time(cluster: ClusterSpec, elements: list[float], recipe: str, fused: tuple[bool, ...] = ()) -> float:
-    """Seconds to quantize each tensor of `elements` elements to FP8 (one launch each at least); `fused[i]`: tensor
-    i's amax is taken in the compiled kernel that produces it (FP8_CAST_FUSED)."""
+def fp8_cast_time(cluster: ClusterSpec, tensors: list[tuple[float, bool]], recipe: str) -> float:
+    """Seconds to quantize each of `tensors` (elements, whether its amax is taken in the compiled kernel that produces
+    it: FP8_CAST_FUSED) to FP8, one launch each at least."""
     plain = (FP8_CAST_BYTES[recipe], FP8_CAST_KERNELS[recipe])
-    fused = tuple(fused) + (False,) * (len(elements) - len(fused))
     return sum(max(n * per / hbm_rate(cluster), launches * KERNEL_LAUNCH_S)
-               for n, (per, launches) in zip(elements, (FP8_CAST_FUSED if f else plain for f in fused)))
+               for n, fused in tensors for per, launches in (FP8_CAST_FUSED if fused else plain,))
 
 
 # --------------------------------------------------------------------------- element-wise work

@@ -303,7 +303,7 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     if moe_layer:  # the experts' rows, priced unfused (their casts follow the permutation; no published torchao run)
         ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
-    return tuple(kernels.fp8_cast_time(job.cluster, [n for n, _ in cast], recipe, tuple(compiled and f for _, f in cast))
+    return tuple(kernels.fp8_cast_time(job.cluster, [(n, compiled and f) for n, f in cast], recipe)
                  for cast in (inputs, grads))
 
 
