@@ -53,10 +53,27 @@ def test_a_worker_ends_silently_on_ctrl_c_or_terminate_whatever_handlers_the_par
     def _raise(signum, frame):
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, _raise)
+    # Python's own SIGINT handler, as in a terminal (a suite started in a script's background inherits it ignored)
+    old = signal.signal(signal.SIGTERM, _raise), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         out = map_hands(_signals, [0, 1], [[0], [1]])
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
     assert out[0] == (0, False, False)  # this process keeps its handlers
     assert out[1] == (1, True, True)  # the forked worker's are the defaults
+
+
+def _ignores_sigint(piece: int):
+    return piece, signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_worker_keeps_ignoring_a_signal_the_command_was_started_ignoring():
+    """`shardwise plan ... &` from a script starts with SIGINT ignored: its forked workers ignore it too, so a SIGINT
+    to the group does not end them under a parent that goes on."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        out = map_hands(_ignores_sigint, [0, 1], [[0], [1]])
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert out == [(0, True), (1, True)]

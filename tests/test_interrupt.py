@@ -32,6 +32,13 @@ CASES = {
 }
 
 
+def _as_in_a_terminal() -> None:
+    """In the child, before exec: SIGINT and SIGTERM at their default, as a terminal's foreground job has them, whatever
+    this test process inherited (a suite started in the background of a script ignores SIGINT, and so would the job)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _in_session(sid: int) -> list[tuple[str, str]]:
     """(pid, command line) of the processes of session `sid` that still run (a zombie has ended; init reaps it)."""
     alive = []
@@ -71,7 +78,8 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
         if when == "training":
             argv += ["--metrics-file", str(tmp_path / f"{name}.jsonl")]
         jobs[name] = subprocess.Popen([sys.executable, "-m", "shardwise", *argv], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
+                                      preexec_fn=_as_in_a_terminal)
     try:
         deadline, stopped = time.monotonic() + 300, {}
         while len(stopped) < len(jobs):  # each is stopped as soon as it reaches its moment
@@ -172,3 +180,62 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
         assert signal.getsignal(signal.SIGTERM) is not _raise
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_rank_handlers_keep_a_signal_the_job_was_started_ignoring():
+    """A rank ends at once on SIGINT / SIGTERM, unless the job was started with the signal ignored: then it stays
+    ignored in the ranks too, as in their launcher."""
+    from shardwise.interrupt import rank_handlers
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        rank_handlers()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignoring_sigint() -> None:
+    """In the child, before exec: started as from a script's `&` (SIGINT ignored), SIGTERM at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the job's processes through /proc (Linux)")
+def test_a_job_started_ignoring_sigint_trains_on_through_it_and_stops_on_sigterm(tmp_path):
+    """`shardwise train --dp 2 ... &` from a script: a SIGINT to the job's group ends no process of it (its ranks
+    included: the steps go on being written), and SIGTERM still stops it in one line, nothing left running."""
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "shardwise", *TRAIN, "--metrics-file", str(metrics)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=tmp_path, preexec_fn=_ignoring_sigint)
+
+    def steps() -> int:
+        return metrics.read_text().count("\n") if metrics.exists() else 0
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 240
+        while steps() < n:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"fewer than {n} steps written"
+            time.sleep(0.05)
+    try:
+        wait_for(2)
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_for(steps() + 3)  # still training, every rank alive
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143 and err.strip().startswith("shardwise: interrupted by SIGTERM"), err
+        assert len(err.strip().splitlines()) == 1, err
+        for _ in range(50):
+            if not _in_session(proc.pid):
+                break
+            time.sleep(0.1)
+        assert not _in_session(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -7,7 +7,6 @@ each piece returned (pickled through a pipe). No torch."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -73,9 +72,11 @@ def map_hands(fn: Callable, pieces: Sequence, hands: list[list[int]]) -> list:
 def _worker(send, fn: Callable, pieces: list) -> None:
     """In a forked worker: fn of each piece, sent back in one message (or the traceback that stopped it). Ctrl-C, or
     the parent's terminate() while the worker is still exiting, ends it silently: the handlers it inherited would
-    raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
+    raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output. A signal the
+    command was started with ignored stays ignored (interrupt.default_handlers)."""
+    from shardwise.interrupt import default_handlers
+
+    default_handlers()
     try:
         send.send((True, [fn(piece) for piece in pieces]))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback

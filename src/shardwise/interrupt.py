@@ -5,7 +5,7 @@
   The agent's own log lines about it are silenced (`quiet_agent`).
 - A rank dies at once on SIGINT or SIGTERM (the default action, not Python's KeyboardInterrupt): a rank blocked
   in a collective would otherwise only see the signal when the collective returns, and each would print a
-  traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
+  traceback. A signal the command was started with ignored is ignored by every process of the job. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
   visible only when complete (a half-written one is removed by the next save).
 - Outside a launch (the CLI's own process, one-process training) SIGTERM and Ctrl-C are `Interrupted` too; an error
   a library raises while unwinding one is still that interrupt (`interrupt_behind`).
@@ -83,11 +83,25 @@ def interrupt_behind(exc: BaseException) -> Interrupted | None:
     return Interrupted(_RECEIVED[-1])
 
 
+def default_handlers() -> None:
+    """In a process this command started (a rank, a forked worker): SIGINT and SIGTERM back to the system's default
+    (the process ends at once, silently), except a signal the command itself was started with ignored, which stays
+    ignored."""
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def rank_handlers() -> None:
     """In a rank that a launcher started: SIGINT and SIGTERM end the process at once and silently. The rank was
-    started with SIGINT blocked (`launcher_signals`): one that arrived while it imported torch ends it now."""
-    for sig in SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+    started with SIGINT blocked (`launcher_signals`): one that arrived while it imported torch ends it now.
+
+    A signal the job was started with ignored stays ignored, as the launcher keeps it (`cli_handlers`): a job started
+    in the background of a script (`shardwise train ... &`) ignores SIGINT in every process, not only in the launcher
+    (otherwise a SIGINT to the job's group would end the ranks that run and spare those that start later). A rank
+    inherits the disposition: a fork server's child gets back the server's, which exec kept from the launcher (an
+    ignored signal stays ignored across exec, a handled one does not)."""
+    default_handlers()
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
