@@ -226,7 +226,14 @@ def test_a_job_started_ignoring_sigint_trains_on_through_it_and_stops_on_sigterm
     try:
         wait_for(2)
         os.killpg(proc.pid, signal.SIGINT)
-        wait_for(steps() + 3)  # still training, every rank alive
+        # Still training, every rank alive, past the 3 s the launcher's agent would give ranks it was stopping
+        # (torch's agent installs its own SIGINT handler: the launcher must keep the signal ignored all the same).
+        heard = time.monotonic()
+        wait_for(steps() + 3)
+        while time.monotonic() < heard + 5:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        wait_for(steps() + 1)
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 143 and err.strip().startswith("shardwise: interrupted by SIGTERM"), err

@@ -121,12 +121,16 @@ def launcher_signals():
     Ctrl-C reaches every process of the terminal's group, ranks still importing torch included, where Python
     would print a KeyboardInterrupt traceback. So the ranks start with SIGINT blocked (a child inherits the
     mask of the thread that starts it, here the main thread) until `rank_handlers` unblocks it; this process
-    still hears SIGINT through a thread that leaves it unblocked (Python runs the handler in the main thread)."""
+    still hears SIGINT through a thread that leaves it unblocked (Python runs the handler in the main thread).
+    A signal the command was started with ignored stays ignored in this process too (`_keeping_ignored`), as in its
+    ranks (`rank_handlers`)."""
     import threading
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     quiet_agent()
+    ignored = {sig for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN}  # as the command was started
+    install = signal.signal
     blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     if blocking:
         # multiprocessing's resource tracker, started on first use (the launch's queues and locks), blocks and then
@@ -139,6 +143,8 @@ def launcher_signals():
         listener.start()  # created before the mask changes: it keeps SIGINT deliverable
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        if ignored:
+            signal.signal = _keeping_ignored(install, ignored)
         yield
     except SignalException as exc:
         raise Interrupted(int(exc.sigval)) from None
@@ -147,6 +153,17 @@ def launcher_signals():
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
+        signal.signal = install
         if blocking:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             stop.set()
+
+
+def _keeping_ignored(install, ignored: set):
+    """`signal.signal` as it stands while ranks are launched, except that a signal the command was started with ignored
+    stays ignored: torch's elastic agent installs its own SIGINT/SIGTERM handlers whatever the process inherited
+    (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT the shell
+    meant it not to hear (a script's `shardwise train ... &`), though only once the ranks had started."""
+    def keep(sig, handler):
+        return signal.SIG_IGN if sig in ignored else install(sig, handler)
+    return keep
