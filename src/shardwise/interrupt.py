@@ -5,8 +5,10 @@
   The agent's own log lines about it are silenced (`quiet_agent`).
 - A rank dies at once on SIGINT or SIGTERM (the default action, not Python's KeyboardInterrupt): a rank blocked
   in a collective would otherwise only see the signal when the collective returns, and each would print a
-  traceback. A signal the command was started with ignored is ignored by every process of the job. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
+  traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
   visible only when complete (a half-written one is removed by the next save).
+- A signal the command was started with ignored (SIGINT, for a script's `shardwise train ... &`) is ignored by every
+  process of the job: the launcher (`_keeping_ignored`), the ranks (`rank_handlers`), the planner's forked workers.
 - Outside a launch (the CLI's own process, one-process training) SIGTERM and Ctrl-C are `Interrupted` too; an error
   a library raises while unwinding one is still that interrupt (`interrupt_behind`).
 """
