@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,29 @@ CASES = {
 }
 
 
-def _as_in_a_terminal() -> None:
-    """In the child, before exec: SIGINT and SIGTERM at their default, as a terminal's foreground job has them, whatever
-    this test process inherited (a suite started in the background of a script ignores SIGINT, and so would the job)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
+@contextmanager
+def _started_with(ignored=()):
+    """Processes started inside inherit SIGINT and SIGQUIT as a terminal's foreground job has them (handled, so the
+    program starts with its own handler) or, for those in `ignored`, ignored (a script's `cmd &`), whatever this test
+    process inherited: a suite started in the background of a script ignores SIGINT, and so would the jobs. Set here
+    around the start rather than in the child (preexec_fn is unsafe in a process with threads)."""
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: lambda *_: None}
+    saved = {sig: signal.getsignal(sig) for sig in wanted}
+    try:
+        for sig, handler in wanted.items():
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else handler)
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _kill_session(proc) -> None:
+    """Whatever of a job is left after a failed check: its whole process group, launcher gone or not."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _in_session(sid: int) -> list[tuple[str, str]]:
@@ -77,9 +96,9 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
         argv = [a.format(tmp=tmp_path) for a in argv]
         if when == "training":
             argv += ["--metrics-file", str(tmp_path / f"{name}.jsonl")]
-        jobs[name] = subprocess.Popen([sys.executable, "-m", "shardwise", *argv], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
-                                      preexec_fn=_as_in_a_terminal)
+        with _started_with():
+            jobs[name] = subprocess.Popen([sys.executable, "-m", "shardwise", *argv], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
     try:
         deadline, stopped = time.monotonic() + 300, {}
         while len(stopped) < len(jobs):  # each is stopped as soon as it reaches its moment
@@ -109,8 +128,7 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             assert not left, (name, left)
     finally:
         for proc in jobs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            _kill_session(proc)
 
 
 EXPLAIN = ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
@@ -182,37 +200,38 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def test_rank_handlers_keep_a_signal_the_job_was_started_ignoring():
-    """A rank ends at once on SIGINT / SIGTERM, unless the job was started with the signal ignored: then it stays
-    ignored in the ranks too, as in their launcher."""
+def test_rank_handlers_ignore_what_the_launcher_ignores_and_end_on_the_rest():
+    """A rank ends at once on SIGINT / SIGTERM / SIGQUIT, unless its launcher ignores the group signal (handed over at
+    the launch, whatever the fork server it came from inherited); under torchrun (None) the rank's own. SIGTERM, how
+    the agent stops ranks, is never kept ignored."""
     from shardwise.interrupt import rank_handlers
 
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+    previous = {sig: signal.getsignal(sig) for sig in sigs}
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, lambda *_: None)
-        rank_handlers()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_IGN)
+        rank_handlers()  # torchrun: what this process ignores stays ignored, SIGTERM excepted
+        assert [signal.getsignal(s) for s in sigs] == [signal.SIG_IGN, signal.SIG_DFL, signal.SIG_IGN]
+        rank_handlers(frozenset())  # a server started ignoring them, a launcher that does not
+        assert [signal.getsignal(s) for s in sigs] == [signal.SIG_DFL] * 3
+        rank_handlers(frozenset({signal.SIGINT, signal.SIGTERM}))  # the reverse, SIGTERM named too
+        assert [signal.getsignal(s) for s in sigs] == [signal.SIG_IGN, signal.SIG_DFL, signal.SIG_DFL]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _ignoring_sigint() -> None:
-    """In the child, before exec: started as from a script's `&` (SIGINT ignored), SIGTERM at its default."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the job's processes through /proc (Linux)")
 def test_a_job_started_ignoring_sigint_trains_on_through_it_and_stops_on_sigterm(tmp_path):
-    """`shardwise train --dp 2 ... &` from a script: a SIGINT to the job's group ends no process of it (its ranks
-    included: the steps go on being written), and SIGTERM still stops it in one line, nothing left running."""
+    """`shardwise train --dp 2 ... &` from a script (SIGINT and SIGQUIT ignored): a SIGINT or SIGQUIT to the job's
+    group ends no process of it (its ranks included: the steps go on being written, past the 3 s torch's agent would
+    give ranks it was stopping), and SIGTERM still stops it in one line, nothing left running."""
     metrics = tmp_path / "m.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "shardwise", *TRAIN, "--metrics-file", str(metrics)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=tmp_path, preexec_fn=_ignoring_sigint)
+    with _started_with(ignored=(signal.SIGINT, signal.SIGQUIT)):
+        proc = subprocess.Popen([sys.executable, "-m", "shardwise", *TRAIN, "--metrics-file", str(metrics)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                cwd=tmp_path)
 
     def steps() -> int:
         return metrics.read_text().count("\n") if metrics.exists() else 0
@@ -226,8 +245,7 @@ def test_a_job_started_ignoring_sigint_trains_on_through_it_and_stops_on_sigterm
     try:
         wait_for(2)
         os.killpg(proc.pid, signal.SIGINT)
-        # Still training, every rank alive, past the 3 s the launcher's agent would give ranks it was stopping
-        # (torch's agent installs its own SIGINT handler: the launcher must keep the signal ignored all the same).
+        os.killpg(proc.pid, signal.SIGQUIT)
         heard = time.monotonic()
         wait_for(steps() + 3)
         while time.monotonic() < heard + 5:
@@ -244,5 +262,4 @@ def test_a_job_started_ignoring_sigint_trains_on_through_it_and_stops_on_sigterm
             time.sleep(0.1)
         assert not _in_session(proc.pid)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_session(proc)

@@ -115,3 +115,27 @@ def test_a_launch_leaves_nothing_in_the_temporary_folder_and_still_names_a_ranks
     with pytest.raises(RuntimeError, match="rank one's own error"):
         spawn_ranks(_fail_on_rank_one, 2)
     assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("pytorch-errorfile-")] == []
+
+
+def _signal_probe(rank, world, out):
+    import signal
+
+    Path(out).mkdir(exist_ok=True)
+    Path(out, f"{rank}.json").write_text(json.dumps({"int_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                                                     "term_default": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL}))
+
+
+def test_ranks_ignore_the_group_signals_the_launch_ignores_not_those_of_the_servers_start(tmp_path):
+    """The server is kept across launches and gives its children back the dispositions it started with; the ranks
+    take the launcher's at each launch instead (an in-process caller may launch with SIGINT ignored, then not)."""
+    import signal
+
+    spawn_ranks(_probe, 2, str(tmp_path / "a"))  # the server exists from here on, with whatever SIGINT was then
+    saved = signal.getsignal(signal.SIGINT)
+    try:
+        for ignored, folder in ((True, "ign"), (False, "handled"), (True, "ign-again")):
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+            launch.run_ranks(launch._with_rank, _signal_probe, str(tmp_path / folder), world=2)
+            assert _seen(tmp_path / folder) == [{"int_ignored": ignored, "term_default": True}] * 2, folder
+    finally:
+        signal.signal(signal.SIGINT, saved)

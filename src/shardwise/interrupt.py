@@ -7,8 +7,9 @@
   in a collective would otherwise only see the signal when the collective returns, and each would print a
   traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
   visible only when complete (a half-written one is removed by the next save).
-- A signal the command was started with ignored (SIGINT, for a script's `shardwise train ... &`) is ignored by every
-  process of the job: the launcher (`_keeping_ignored`), the ranks (`rank_handlers`), the planner's forked workers.
+- A group signal the command was started with ignored (SIGINT and SIGQUIT for a script's `shardwise train ... &`,
+  SIGHUP under nohup) is ignored by every process of the job: the launcher (`_keeping_ignored`), the ranks
+  (`rank_handlers`), the planner's forked workers. SIGTERM always stops the ranks and workers.
 - Outside a launch (the CLI's own process, one-process training) SIGTERM and Ctrl-C are `Interrupted` too; an error
   a library raises while unwinding one is still that interrupt (`interrupt_behind`).
 """
@@ -20,6 +21,12 @@ import signal
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What a terminal or a hangup sends a whole process group, and what a shell sets ignored for a job it means not to hear
+# them: SIGINT and SIGQUIT for a script's `cmd &`, SIGHUP under nohup.
+GROUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGQUIT", "SIGHUP") if hasattr(signal, name))
+# What torch's elastic agent installs its handlers for (torch/distributed/elastic/multiprocessing/api.py, PContext.start:
+# TORCHELASTIC_SIGNALS_TO_HANDLE's default).
+AGENT_SIGNALS = SIGNALS + tuple(getattr(signal, name) for name in ("SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -85,25 +92,31 @@ def interrupt_behind(exc: BaseException) -> Interrupted | None:
     return Interrupted(_RECEIVED[-1])
 
 
-def default_handlers() -> None:
-    """In a process this command started (a rank, a forked worker): SIGINT and SIGTERM back to the system's default
-    (the process ends at once, silently), except a signal the command itself was started with ignored, which stays
-    ignored."""
-    for sig in SIGNALS:
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, signal.SIG_DFL)
+def ignored_signals(signals=GROUP_SIGNALS) -> frozenset:
+    """Which of `signals` this process ignores: in the CLI's process, as the command was started (cli_handlers leaves
+    an ignored one ignored)."""
+    return frozenset(sig for sig in signals if signal.getsignal(sig) is signal.SIG_IGN)
 
 
-def rank_handlers() -> None:
-    """In a rank that a launcher started: SIGINT and SIGTERM end the process at once and silently. The rank was
-    started with SIGINT blocked (`launcher_signals`): one that arrived while it imported torch ends it now.
+def default_handlers(ignored=None) -> None:
+    """In a process this command started (a rank, a forked worker): SIGINT, SIGTERM, SIGQUIT and SIGHUP back to the
+    system's default (the process ends at once, silently), except the group signals in `ignored` (None: those this
+    process ignores now), which are ignored: a job started in the background of a script (`shardwise train ... &`) or
+    under nohup ignores them in every process, not only in the launcher (otherwise a SIGINT to the job's group would
+    end the ranks that run and spare those that start later). SIGTERM is never kept ignored: it is how the launcher's
+    agent and forked.map_hands stop what they started."""
+    ignored = ignored_signals() if ignored is None else frozenset(ignored)
+    for sig in dict.fromkeys(SIGNALS + GROUP_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN if sig in ignored and sig in GROUP_SIGNALS else signal.SIG_DFL)
 
-    A signal the job was started with ignored stays ignored, as the launcher keeps it (`cli_handlers`): a job started
-    in the background of a script (`shardwise train ... &`) ignores SIGINT in every process, not only in the launcher
-    (otherwise a SIGINT to the job's group would end the ranks that run and spare those that start later). A rank
-    inherits the disposition: a fork server's child gets back the server's, which exec kept from the launcher (an
-    ignored signal stays ignored across exec, a handled one does not)."""
-    default_handlers()
+
+def rank_handlers(ignored=None) -> None:
+    """In a rank that a launcher started: default_handlers, with the group signals its launcher ignores (`ignored`,
+    handed over at the launch: the fork server a rank comes from is kept across launches and would give back the
+    dispositions of the launch that started it; None under torchrun: the rank's own). The rank was started with SIGINT
+    blocked (`launcher_signals`): one that arrived while it imported torch ends it now, unless ignored (setting a
+    signal ignored discards it pending)."""
+    default_handlers(ignored)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
@@ -124,16 +137,18 @@ def launcher_signals():
     would print a KeyboardInterrupt traceback. So the ranks start with SIGINT blocked (a child inherits the
     mask of the thread that starts it, here the main thread) until `rank_handlers` unblocks it; this process
     still hears SIGINT through a thread that leaves it unblocked (Python runs the handler in the main thread).
-    A signal the command was started with ignored stays ignored in this process too (`_keeping_ignored`), as in its
-    ranks (`rank_handlers`)."""
+    A signal the command was started with ignored stays ignored in this process too (`_keeping_ignored`, in the main
+    thread, where torch's agent installs its handlers), as in its ranks (`rank_handlers`)."""
     import threading
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     quiet_agent()
-    ignored = {sig for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN}  # as the command was started
+    main = threading.current_thread() is threading.main_thread()
+    ignored = ignored_signals(AGENT_SIGNALS)  # as the command was started
     install = signal.signal
-    blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    keep = _keeping_ignored(install, ignored) if ignored and main else None
+    blocking = hasattr(signal, "pthread_sigmask") and main
     if blocking:
         # multiprocessing's resource tracker, started on first use (the launch's queues and locks), blocks and then
         # *unblocks* SIGINT and SIGTERM around its own start: started now, it leaves the mask below in place.
@@ -145,8 +160,8 @@ def launcher_signals():
         listener.start()  # created before the mask changes: it keeps SIGINT deliverable
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        if ignored:
-            signal.signal = _keeping_ignored(install, ignored)
+        if keep is not None:
+            signal.signal = keep
         yield
     except SignalException as exc:
         raise Interrupted(int(exc.sigval)) from None
@@ -155,7 +170,8 @@ def launcher_signals():
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
-        signal.signal = install
+        if keep is not None and signal.signal is keep:
+            signal.signal = install
         if blocking:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             stop.set()
@@ -163,9 +179,11 @@ def launcher_signals():
 
 def _keeping_ignored(install, ignored: set):
     """`signal.signal` as it stands while ranks are launched, except that a signal the command was started with ignored
-    stays ignored: torch's elastic agent installs its own SIGINT/SIGTERM handlers whatever the process inherited
-    (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT the shell
-    meant it not to hear (a script's `shardwise train ... &`), though only once the ranks had started."""
+    stays ignored: torch's elastic agent installs its own handlers for AGENT_SIGNALS whatever the process inherited
+    (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT or SIGQUIT
+    the shell meant it not to hear (a script's `shardwise train ... &`) or a SIGHUP under nohup, though only once the
+    ranks had started. (torch 2.13 would also take TORCHELASTIC_SIGNALS_TO_HANDLE; torch 2.4, which the package
+    allows, has no such setting.)"""
     def keep(sig, handler):
         return signal.SIG_IGN if sig in ignored else install(sig, handler)
     return keep

@@ -14,7 +14,6 @@ their ranks here.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import socket
@@ -83,7 +82,7 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
     if cfg.warmup_steps is not None and not 0 <= cfg.warmup_steps <= cfg.steps:
         raise UsageError(f"--warmup-steps must be between 0 and --steps ({cfg.steps}), got {cfg.warmup_steps}")
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != lay.world_size:
-        cp = f"*cp" if lay.cp > 1 else ""
+        cp = "*cp" if lay.cp > 1 else ""
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes but dp*tp*pp{cp} = {lay.dp}*{lay.tp}*{lay.pp}"
                          f"{f'*{lay.cp}' if lay.cp > 1 else ''} = {lay.world_size} — make nnodes * nproc-per-node equal dp*tp*pp{cp}")
     validate_layout(lay, spec, cfg.global_batch, seq_len=cfg.seq_len)
@@ -165,7 +164,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
 
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    from shardwise.interrupt import launcher_signals
+    from shardwise.interrupt import ignored_signals, launcher_signals
 
     try:
         # Ctrl-C / SIGTERM: the agent stops the ranks, one line. The agent's folder per rank (its error file) goes in
@@ -178,7 +177,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                                   local_addr="127.0.0.1", shutdown_timeout=3, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
-                                                             _env_changes())
+                                                             _env_changes(), ignored_signals())
             except ChildFailedError as exc:
                 raise JobFailed(describe_failures(exc.failures, what), details=_details(exc.failures)) from None
     except KeyboardInterrupt:
@@ -295,9 +294,9 @@ def progress(label: str) -> None:
         _report(label)
 
 
-def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True, env=None):
-    """One rank: take the launcher's environment, join the process group (from torchrun's environment), run entry,
-    leave."""
+def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True, env=None, ignored=None):
+    """One rank: take the launcher's environment and the group signals it ignores (`ignored`; None under torchrun),
+    join the process group (from torchrun's environment), run entry, leave."""
     global _report
     _adopt_env(env)
     import gc
@@ -313,7 +312,7 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
     if join:
         from shardwise.interrupt import rank_handlers
 
-        rank_handlers()  # a rank ends at once on SIGINT / SIGTERM; the launcher says it in one line
+        rank_handlers(ignored)  # a rank ends at once on SIGINT / SIGTERM; the launcher says it in one line
         init_distributed(backend, timeout_s)
     try:
         return entry(*args)
