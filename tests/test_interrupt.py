@@ -35,11 +35,13 @@ CASES = {
 
 @contextmanager
 def _started_with(ignored=()):
-    """Processes started inside inherit SIGINT and SIGQUIT as a terminal's foreground job has them (handled, so the
-    program starts with its own handler) or, for those in `ignored`, ignored (a script's `cmd &`), whatever this test
+    """Processes started inside inherit SIGINT, SIGQUIT and SIGTERM as a terminal's foreground job has them (the
+    program's own handler, the default) or, for those in `ignored`, ignored (a script's `cmd &`), whatever this test
     process inherited: a suite started in the background of a script ignores SIGINT, and so would the jobs. Set here
-    around the start rather than in the child (preexec_fn is unsafe in a process with threads)."""
-    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: lambda *_: None}
+    around the start rather than in the child (preexec_fn is unsafe in a process with threads); signal.signal works
+    in the main thread only, where pytest runs tests."""
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: lambda *_: None,
+              signal.SIGTERM: signal.SIG_DFL}
     saved = {sig: signal.getsignal(sig) for sig in wanted}
     try:
         for sig, handler in wanted.items():
@@ -186,18 +188,20 @@ def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeyp
 
 def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     """`shardwise plan ... &` from a script starts with SIGINT ignored: the command leaves it so (Ctrl-C at the terminal
-    is not for it), and still turns SIGTERM into its one line."""
+    is not for it), and still turns SIGTERM into its one line, even one it inherited ignored (no shell ignores SIGTERM
+    for a job; SIGTERM at any moment stops the command)."""
     from shardwise.interrupt import _raise, cli_handlers
 
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         restore = cli_handlers()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGTERM) is _raise
         restore()
-        assert signal.getsignal(signal.SIGTERM) is not _raise
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
 
 
 def test_rank_handlers_ignore_what_the_launcher_ignores_and_end_on_the_rest():

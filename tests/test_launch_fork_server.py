@@ -132,10 +132,14 @@ def test_ranks_ignore_the_group_signals_the_launch_ignores_not_those_of_the_serv
 
     spawn_ranks(_probe, 2, str(tmp_path / "a"))  # the server exists from here on, with whatever SIGINT was then
     saved = signal.getsignal(signal.SIGINT)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     try:
         for ignored, folder in ((True, "ign"), (False, "handled"), (True, "ign-again")):
             signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
             launch.run_ranks(launch._with_rank, _signal_probe, str(tmp_path / folder), world=2)
             assert _seen(tmp_path / folder) == [{"int_ignored": ignored, "term_default": True}] * 2, folder
+            # torch's agent installed its handlers for the launch; the launcher took them back after it
+            assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if ignored else signal.default_int_handler)
+            assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     finally:
         signal.signal(signal.SIGINT, saved)

@@ -65,6 +65,9 @@ def map_hands(fn: Callable, pieces: Sequence, hands: list[list[int]]) -> list:
         for receive, proc in workers:
             if proc.is_alive() and sys.exc_info()[0] is not None:  # answered workers end by themselves
                 proc.terminate()
+                proc.join(5)  # a worker still starting has this process's dispositions: SIGTERM may be ignored there
+                if proc.is_alive():
+                    proc.kill()
             proc.join()
             receive.close()
 

@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM on a command that runs many processes: one line, exit 128 + signal, no rank left behind.
 
-- The launching process (torch's elastic agent) turns SIGINT/SIGTERM into a SignalException, stops the ranks and
-  re-raises; `launcher_signals()` makes that `Interrupted`, which the CLI prints as one line, exit 130 or 143.
-  The agent's own log lines about it are silenced (`quiet_agent`).
+- The launching process (torch's elastic agent) turns SIGINT/SIGTERM (and SIGHUP/SIGQUIT) into a SignalException,
+  stops the ranks and re-raises; `launcher_signals()` makes that `Interrupted`, which the CLI prints as one line, exit
+  130 or 143 (129 / 131). The agent's own log lines about it are silenced (`quiet_agent`), and its handlers, which it
+  never takes back, are taken back after each launch.
 - A rank dies at once on SIGINT or SIGTERM (the default action, not Python's KeyboardInterrupt): a rank blocked
   in a collective would otherwise only see the signal when the collective returns, and each would print a
   traceback. Nothing a rank writes needs a clean exit: metrics are written line by line, a checkpoint becomes
@@ -24,9 +25,6 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # What a terminal or a hangup sends a whole process group, and what a shell sets ignored for a job it means not to hear
 # them: SIGINT and SIGQUIT for a script's `cmd &`, SIGHUP under nohup.
 GROUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGQUIT", "SIGHUP") if hasattr(signal, name))
-# What torch's elastic agent installs its handlers for (torch/distributed/elastic/multiprocessing/api.py, PContext.start:
-# TORCHELASTIC_SIGNALS_TO_HANDLE's default).
-AGENT_SIGNALS = SIGNALS + tuple(getattr(signal, name) for name in ("SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -52,8 +50,9 @@ def _raise(signum, frame):
 
 def cli_handlers():
     """In the CLI's process, for one command: SIGTERM raises Interrupted, and so does Ctrl-C (a KeyboardInterrupt, as
-    Python's own), unless the process was started with the signal ignored (`shardwise plan ... &` from a script).
-    Returns what puts the previous handlers back (an in-process caller keeps its own once the command returns)."""
+    Python's own), unless the process was started with SIGINT ignored (`shardwise plan ... &` from a script); SIGTERM
+    is taken whatever the process inherited (no shell ignores it for a job). Returns what puts the previous handlers
+    back (an in-process caller keeps its own once the command returns)."""
     import threading
 
     _RECEIVED.clear()
@@ -61,7 +60,7 @@ def cli_handlers():
         return lambda: None
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:
+        if handler is not signal.SIG_IGN or sig not in GROUP_SIGNALS:
             signal.signal(sig, _raise)
 
     def restore():
@@ -100,7 +99,8 @@ def ignored_signals(signals=GROUP_SIGNALS) -> frozenset:
 
 def default_handlers(ignored=None) -> None:
     """In a process this command started (a rank, a forked worker): SIGINT, SIGTERM, SIGQUIT and SIGHUP back to the
-    system's default (the process ends at once, silently), except the group signals in `ignored` (None: those this
+    system's default (the process ends at once, silently; SIGQUIT's default also dumps core where core files are on),
+    except the group signals in `ignored` (None: those this
     process ignores now), which are ignored: a job started in the background of a script (`shardwise train ... &`) or
     under nohup ignores them in every process, not only in the launcher (otherwise a SIGINT to the job's group would
     end the ranks that run and spare those that start later). SIGTERM is never kept ignored: it is how the launcher's
@@ -145,9 +145,9 @@ def launcher_signals():
 
     quiet_agent()
     main = threading.current_thread() is threading.main_thread()
-    ignored = ignored_signals(AGENT_SIGNALS)  # as the command was started
     install = signal.signal
-    keep = _keeping_ignored(install, ignored) if ignored and main else None
+    # the group signals ignored as the command was started (SIGTERM is always the agent's: cli_handlers takes it too)
+    keep = _keeping_ignored(install, ignored_signals()) if main else None
     blocking = hasattr(signal, "pthread_sigmask") and main
     if blocking:
         # multiprocessing's resource tracker, started on first use (the launch's queues and locks), blocks and then
@@ -172,18 +172,35 @@ def launcher_signals():
     finally:
         if keep is not None and signal.signal is keep:
             signal.signal = install
+        if keep is not None:
+            keep.take_back()
         if blocking:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             stop.set()
 
 
-def _keeping_ignored(install, ignored: set):
-    """`signal.signal` as it stands while ranks are launched, except that a signal the command was started with ignored
-    stays ignored: torch's elastic agent installs its own handlers for AGENT_SIGNALS whatever the process inherited
-    (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT or SIGQUIT
-    the shell meant it not to hear (a script's `shardwise train ... &`) or a SIGHUP under nohup, though only once the
-    ranks had started. (torch 2.13 would also take TORCHELASTIC_SIGNALS_TO_HANDLE; torch 2.4, which the package
-    allows, has no such setting.)"""
+def _keeping_ignored(install, ignored: frozenset):
+    """`signal.signal` as it stands while ranks are launched, except that a group signal the command was started with
+    ignored stays ignored: torch's elastic agent installs its own handlers for SIGTERM and the group signals whatever the process
+    inherited (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT or
+    SIGQUIT the shell meant it not to hear (a script's `shardwise train ... &`) or a SIGHUP under nohup, though only
+    once the ranks had started. (torch 2.13 would also take TORCHELASTIC_SIGNALS_TO_HANDLE; torch 2.4, which the
+    package allows, has no such setting.) The agent never puts back what it replaced: `take_back()` does, after the
+    launch, so the command's own handlers (cli_handlers) hold again between launches."""
+    replaced: dict = {}
+
     def keep(sig, handler):
-        return signal.SIG_IGN if sig in ignored else install(sig, handler)
+        if sig in ignored:
+            return signal.SIG_IGN
+        previous = install(sig, handler)
+        replaced.setdefault(sig, previous)
+        return previous
+
+    def take_back():
+        for sig, handler in replaced.items():
+            if handler is not None:  # None: set from outside Python, which signal.signal cannot put back
+                install(sig, handler)
+        replaced.clear()
+
+    keep.take_back = take_back
     return keep
