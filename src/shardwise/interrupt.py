@@ -100,11 +100,10 @@ def ignored_signals(signals=GROUP_SIGNALS) -> frozenset:
 def default_handlers(ignored=None) -> None:
     """In a process this command started (a rank, a forked worker): SIGINT, SIGTERM, SIGQUIT and SIGHUP back to the
     system's default (the process ends at once, silently; SIGQUIT's default also dumps core where core files are on),
-    except the group signals in `ignored` (None: those this
-    process ignores now), which are ignored: a job started in the background of a script (`shardwise train ... &`) or
-    under nohup ignores them in every process, not only in the launcher (otherwise a SIGINT to the job's group would
-    end the ranks that run and spare those that start later). SIGTERM is never kept ignored: it is how the launcher's
-    agent and forked.map_hands stop what they started."""
+    except the group signals in `ignored` (None: those this process ignores now), which are ignored: a job started in
+    the background of a script (`shardwise train ... &`) or under nohup ignores them in every process, not only in the
+    launcher (otherwise a SIGINT to the job's group would end the ranks that run and spare those that start later).
+    SIGTERM is never kept ignored: it is how the launcher's agent and forked.map_hands stop what they started."""
     ignored = ignored_signals() if ignored is None else frozenset(ignored)
     for sig in dict.fromkeys(SIGNALS + GROUP_SIGNALS):
         signal.signal(sig, signal.SIG_IGN if sig in ignored and sig in GROUP_SIGNALS else signal.SIG_DFL)
@@ -170,9 +169,9 @@ def launcher_signals():
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
-        if keep is not None and signal.signal is keep:
-            signal.signal = install
         if keep is not None:
+            if signal.signal is keep:
+                signal.signal = install
             keep.take_back()
         if blocking:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -181,12 +180,12 @@ def launcher_signals():
 
 def _keeping_ignored(install, ignored: frozenset):
     """`signal.signal` as it stands while ranks are launched, except that a group signal the command was started with
-    ignored stays ignored: torch's elastic agent installs its own handlers for SIGTERM and the group signals whatever the process
-    inherited (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on a SIGINT or
-    SIGQUIT the shell meant it not to hear (a script's `shardwise train ... &`) or a SIGHUP under nohup, though only
-    once the ranks had started. (torch 2.13 would also take TORCHELASTIC_SIGNALS_TO_HANDLE; torch 2.4, which the
-    package allows, has no such setting.) The agent never puts back what it replaced: `take_back()` does, after the
-    launch, so the command's own handlers (cli_handlers) hold again between launches."""
+    ignored stays ignored: torch's elastic agent installs its own handlers for SIGTERM and the group signals whatever
+    the process inherited (torch/distributed/elastic/multiprocessing/api.py, PContext.start), and would stop the job on
+    a SIGINT or SIGQUIT the shell meant it not to hear (a script's `shardwise train ... &`) or a SIGHUP under nohup,
+    though only once the ranks had started. (torch 2.13 would also take TORCHELASTIC_SIGNALS_TO_HANDLE; torch 2.4,
+    which the package allows, has no such setting.) The agent never puts back what it replaced: `take_back()` does,
+    after the launch, so the command's own handlers (cli_handlers) hold again between launches."""
     replaced: dict = {}
 
     def keep(sig, handler):
