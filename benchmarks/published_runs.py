@@ -361,8 +361,13 @@ def stated_tp_comm_overlap(row: dict) -> bool | None:
 
 
 def stated_fp8_params(row: dict) -> bool:
-    """FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each."""
-    return _precision(row) == "fp8" and ("FP8_PARAMS=True" in row["notes"] or "fp8_params" in row["notes"].lower())
+    """FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each; or torchao's
+    float8 all-gather for FSDP (torchtitan's enable_fsdp_float8_all_gather, OLMo-core's float8 config), the command
+    line's --fp8-params under torchtitan."""
+    notes = row["notes"].lower()
+    return _precision(row) == "fp8" and ("FP8_PARAMS=True" in row["notes"] or "fp8_params" in notes
+                                         or "float8 all-gather" in notes
+                                         or "enable_fsdp_float8_all_gather = true" in notes)
 
 
 def pre_flash(row: dict) -> bool:

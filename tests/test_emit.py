@@ -380,6 +380,12 @@ def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
     assert cfg.model.converters == ["quantize.linear.float8"] and cfg.compile.enable
     assert cfg.quantize.linear.float8.recipe_name == "tensorwise" and cfg.quantize.linear.float8.filter_fqns == ["output"]
     assert "fp8, compiled" in out.read_text()
+    # --fp8-params under torchtitan: torchao's float8 all-gather, which torchtitan refuses beside a recipe name
+    gather = replace(titan, fp8_all_gather=True)
+    out.write_text(render("torchtitan", Target(job=gather, estimate=estimate(gather, lay), gpus=8, rank=1)))
+    f8 = torchtitan_config_manager(monkeypatch)().parse_args(["--job.config_file", str(out)]).quantize.linear.float8
+    assert f8.enable_fsdp_float8_all_gather and f8.precompute_float8_dynamic_scale_for_fsdp and f8.recipe_name is None
+    assert f8.filter_fqns == ["output"] and not cfg.quantize.linear.float8.enable_fsdp_float8_all_gather
     mega = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "megatron-core", precision="fp8",
                     fp8_params=True)
     lay1 = lay.with_(zero=1, recompute="none")

@@ -824,12 +824,40 @@ def test_fp8_parameters_are_stored_and_gathered_in_one_byte():
     assert e1.time_s["dp_comm"] < 0.8 * e2.time_s["dp_comm"]  # the updated weights' all-gather halves
 
 
-def test_fp8_params_need_fp8_under_transformer_engine():
+def test_fp8_params_need_fp8_training():
     from shardwise.errors import UsageError
 
-    for framework, precision in (("nemo", "bf16"), ("torchtitan", "fp8")):
+    for framework, precision in (("nemo", "bf16"), ("torchtitan", "bf16")):
         with pytest.raises(UsageError, match="--fp8-params"):
             make_job(load_model("gpt3-175b"), H100, 2688, 2048, framework, precision=precision, fp8_params=True)
+    titan = make_job(load_model("gpt3-175b"), H100, 2688, 2048, "torchtitan", precision="fp8", fp8_params=True)
+    assert titan.fp8_all_gather and titan.train.weight_bytes == 2  # torchao gathers FP8 from FP32 shards it keeps
+
+
+def test_torchaos_float8_all_gather_moves_and_holds_a_byte_per_weight():
+    # torchtitan's enable_fsdp_float8_all_gather: each layer's weights are cast to FP8 on the FSDP shard, gathered
+    # and held at one byte (the root unit, embedding and head, stays BF16), and the gathered FP8 weight feeds the
+    # forward as it is: only its transpose is written for the backward. Llama 3 8B, FSDP over 64 H100s (8 nodes).
+    from shardwise.planner import overlap
+    from shardwise.planner.frameworks import FRAMEWORKS
+    from shardwise.planner.layer_time import fp8_weight_cast
+    from shardwise.planner.memory import layer_params
+
+    model, fw = load_model("llama3-8b"), FRAMEWORKS["torchtitan"]
+    plain = make_job(model, H100, 64, 8192, "torchtitan", precision="fp8")
+    gather = make_job(model, H100, 64, 8192, "torchtitan", precision="fp8", fp8_params=True)
+    layout = Layout(dp=64, zero=3, micro_batch=1)
+    layer, root = layer_params(model, 1), 2 * model.vocab_size * model.hidden
+    calls = [overlap._unit_calls(job, layout, fw, layer, root) for job in (plain, gather)]
+    assert calls[1].gather < 0.6 * calls[0].gather  # a 218 M-element unit: bandwidth-bound, so about half
+    assert calls[1].root_gather == calls[0].root_gather and calls[1].scatter == calls[0].scatter
+    e0, e1 = estimate(plain, layout), estimate(gather, layout)
+    held = e0.memory_bytes["weights"] - e1.memory_bytes["weights"]  # the prefetched layer and the one in use
+    assert 1.9 * layer <= held <= 2.1 * layer
+    assert fp8_weight_cast(gather, layout, 1) == pytest.approx(fp8_weight_cast(plain, layout, 1) / 3)  # 2 B of 6
+    assert e1.time_s["dp_comm"] < e0.time_s["dp_comm"] and e1.step_time < e0.step_time
+    assert e1.assumptions["fp8_all_gather"] and e1.assumptions["param_gather_dtype"] == "fp8"
+    assert not e0.assumptions["fp8_all_gather"] and e0.assumptions["param_gather_dtype"] == "bf16"
 
 
 def test_unfused_adamw_moves_a_pass_per_operation():

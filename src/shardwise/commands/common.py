@@ -130,7 +130,9 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp8-params", action="store_true",
                    help="with --precision fp8 (megatron-core, nemo): the weights themselves in FP8 (NeMo fp8_params, "
                         "Megatron-Core --fp8-param-gather): one byte each in memory and in the distributed "
-                        "optimizer's all-gather")
+                        "optimizer's all-gather; with torchtitan: torchao's float8 all-gather "
+                        "(enable_fsdp_float8_all_gather): each layer's weights cast to FP8 on their FSDP shard, "
+                        "gathered and held at one byte")
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")

@@ -18,7 +18,9 @@ ConfigManager, which rejects unknown keys):
   [compile] enable (with the loss among its components unless --no-compile-loss) under --compile, and for async TP;
       --precision fp8: [model] converters "quantize.linear.float8", [quantize.linear.float8] recipe_name "tensorwise"
       with the LM head ("output") left out, as the planner prices it; without TP (0.2.x's TP plans look for a converter
-      named "float8" and would run the BF16 ones).
+      named "float8" and would run the BF16 ones); --fp8-params: its tensor-wise config with
+      enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp (no recipe_name, which it refuses
+      beside them).
 torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its per-op selective mode is not the
 attention-core recompute shardwise scores: those layouts are not expressible.
 """
@@ -137,7 +139,11 @@ def sections(target) -> dict[str, dict]:
         out["compile"] = {"enable": True, "components": ["model", "loss"] if job.compile_loss else ["model"]}
     if job.precision == "fp8":  # torchao's Float8Linear, tensor-wise, the LM head left in BF16 as the planner prices it
         out["model"]["converters"] = ["quantize.linear.float8"]
-        out["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        # torchtitan asserts the float8 all-gather off under a recipe name; without one its config is tensor-wise
+        out["quantize.linear.float8"] = ({"enable_fsdp_float8_all_gather": True,
+                                          "precompute_float8_dynamic_scale_for_fsdp": True} if job.fp8_all_gather
+                                         else {"recipe_name": "tensorwise"})
+        out["quantize.linear.float8"]["filter_fqns"] = ["output"]
     return out
 
 

@@ -154,6 +154,12 @@ class Job:
     # for Transformer Engine under NVTE_FUSED_ATTN=0, which then runs flash-attn's FlashAttention-2 (NVTE_FLASH_ATTN
     # defaults to 1) in place of cuDNN's fused attention. Empty: the framework's.
     attention: str = ""
+    # torchao's float8 all-gather for FSDP (torchtitan's enable_fsdp_float8_all_gather, OLMo-core's float8 config):
+    # each layer's Float8Linear weights are cast to FP8 on their shard before FSDP gathers them, so the gather moves and
+    # holds one byte per element, the gathered weight feeds the forward GEMM as it is, and the backward writes only its
+    # FP8 transpose (layer_time.fp8_weight_cast). The FP32 shard stays the optimizer's; the root unit (embedding,
+    # final norm, head: not Float8Linear) gathers in BF16. overlap.layer_gather_bytes, memory.model_state_bytes.
+    fp8_all_gather: bool = False
 
 
 
@@ -199,7 +205,8 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
-    one byte each, stored and gathered so. `compile`: the blocks and loss under torch.compile (Framework.compiles);
+    one byte each, stored and gathered so; under torchao (torchtitan) the layers' weights gathered in FP8 from their
+    FP32 shards (Job.fp8_all_gather). `compile`: the blocks and loss under torch.compile (Framework.compiles);
     `compile_loss` False: the blocks only (Job.compile_loss; None: what the stack does). `fused_norms`:
     Job.fused_norms. `attention_backend`: ATTENTION_BACKENDS (Transformer Engine stacks)."""
     fw = get_framework(framework)
@@ -218,9 +225,11 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if precision == "fp8" and not fw.fp8:
         raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
                          f"megatron-core, nemo or torchtitan")
-    if fp8_params and (precision != "fp8" or fw.fp8 != "te"):
-        raise UsageError("--fp8-params keeps the weights in FP8 under Transformer Engine — add --precision fp8 "
-                         "with --framework megatron-core or nemo")
+    if fp8_params and (precision != "fp8" or fw.fp8 not in ("te", "torchao")):
+        raise UsageError("--fp8-params keeps the weights in FP8 (Transformer Engine) or gathers them in FP8 (torchao's "
+                         "float8 all-gather) — add --precision fp8 with --framework megatron-core, nemo or torchtitan")
+    fp8_all_gather = fp8_params and fw.fp8 == "torchao"
+    fp8_params = fp8_params and not fp8_all_gather
     fused = fw.flash_attention if flash_attention is None else flash_attention
     refusal = attention_backend_refusal(fw, cluster, attention_backend, fused)
     if refusal:
@@ -240,7 +249,7 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
                precision=precision, recompute_modules=fw.recompute_modules, compile=compile,
-               attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""))
+               attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""), fp8_all_gather=fp8_all_gather)
 
 
 

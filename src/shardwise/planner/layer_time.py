@@ -309,13 +309,16 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
 
 def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     """Seconds to cast `layers` layers' weights (this GPU's shard of each) to FP8 with their transposes: once per
-    step under Transformer Engine (it caches them from the first micro-batch), once per micro-batch under torchao."""
+    step under Transformer Engine (it caches them from the first micro-batch), once per micro-batch under torchao.
+    Weights that arrive in FP8 (FP8 parameters, or torchao's float8 all-gather, whose cast runs on the FSDP shard:
+    overlap.fsdp_copy_time) need only the transpose the backward's input-gradient GEMM reads: torch._scaled_mm takes
+    its second operand column-major, and the gathered weight is row-major (read 1, write 1)."""
     if job.precision != "fp8" or calibrated(job):
         return 0.0
     recipe = get_framework(job.framework).fp8
     params = layers * matmul_params_per_layer(job.model) / layout.tp
     per = kernels.FP8_CAST_BYTES[recipe]
-    if job.train.weight_bytes == 1:  # FP8 parameters: nothing to cast, only the transpose to write (read 1, write 1)
+    if job.train.weight_bytes == 1 or job.fp8_all_gather:  # nothing to cast, only the transpose to write
         per = 2
     return params * per / kernels.hbm_rate(job.cluster)
 

@@ -398,6 +398,9 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
         # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights
         own_shard = not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
         weights = t.weight_bytes * ((params / d if own_shard else 0.0) + gathered)
+        if job.fp8_all_gather and layers is not None:  # the layers' units gathered and held in FP8, one byte each
+            held = min(gathered_layers, layers) if zero >= 3 else layers
+            weights -= (t.weight_bytes - 1) * held * layer_params(job.model, layout.tp)
     # FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce
     # dtype, until its one reduce-scatter after the schedule; it creates a unit's at its first backward, so at the
     # activations' peak only the `grads_held` share of them exists (rank_memory).

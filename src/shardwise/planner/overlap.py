@@ -78,6 +78,13 @@ def param_gather_bytes(job, fw: Framework) -> int:
     return min(fw.param_gather_bytes, job.train.weight_bytes)
 
 
+def layer_gather_bytes(job, fw: Framework) -> int:
+    """Bytes per element a layer's FSDP unit all-gathers: one under torchao's float8 all-gather (Job.fp8_all_gather:
+    its Float8Linear weights cast to FP8 on the shard first; the layer's norm weights, under 0.1 % of it, counted with
+    them), else param_gather_bytes. The root unit (embedding, final norm, head) gathers at param_gather_bytes."""
+    return 1 if job.fp8_all_gather else param_gather_bytes(job, fw)
+
+
 def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window
                ) -> tuple[float, float]:
     """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
@@ -142,8 +149,11 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     reduced = layers * calls.reduce + chunks * calls.root_reduce  # every unit's reduction, once
     after = reduced if passes.deferred else 0.0
     unit = layers * layer_params + chunks * root
-    copies = fsdp_copy_time(job, fw, (passes.forwards * unit + m * passes.regathers * layers * layer_params),
-                            (passes.reducing + (1 if passes.deferred else 0)) * unit, m * unit, layout.shard_group)
+    gathered_layers = (passes.forwards + m * passes.regathers) * layers * layer_params
+    fp8 = gathered_layers if job.fp8_all_gather else 0.0
+    copies = fsdp_copy_time(job, fw, passes.forwards * chunks * root + gathered_layers - fp8,
+                            (passes.reducing + (1 if passes.deferred else 0)) * unit, m * unit, layout.shard_group,
+                            fp8_gathered=fp8)
     if not overlap or not fw.prefetch:
         gathers = (passes.forwards * (layers * calls.gather + chunks * calls.root_gather)
                    + m * layers * calls.gather * passes.regathers)
@@ -170,7 +180,7 @@ def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float) ->
     if fw.gather_per_tensor:
         g, rs, ar = _per_tensor_calls(job, layout, fw, fsdp)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
-        g = collective_time(c, "all_gather", pb * layer_params, d, stride) + fsdp
+        g = collective_time(c, "all_gather", layer_gather_bytes(job, fw) * layer_params, d, stride) + fsdp
         rs = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
         ar = replica_all_reduce(job, layout, gb * layer_params, fsdp)
     g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp if root else 0.0
@@ -247,10 +257,13 @@ def list_copy_time(job, fw: Framework, nbytes: float, launches: int) -> float:
     return launches * KERNEL_LAUNCH_S + 2 * nbytes / hbm_rate(job.cluster)
 
 
-def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backwards: float, shard: int) -> float:
+def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backwards: float, shard: int,
+                   fp8_gathered: float = 0.0) -> float:
     """Seconds of the HBM passes PyTorch FSDP's own kernels make over the units, beside NCCL's: per element gathered,
     per gradient element reduced and per element of a unit's backward, in the step (Framework.torch_fsdp); `shard`
-    ranks share a unit, and the passes over a rank's own shard move 1/shard of the unit.
+    ranks share a unit, and the passes over a rank's own shard move 1/shard of the unit. `fp8_gathered`: elements
+    gathered in FP8 (Job.fp8_all_gather), the same passes at one byte: torchao's fsdp_pre_all_gather casts the FP32
+    shard to FP8 with the step's precomputed scale (read 4, write 1) in place of FSDP's BF16 cast.
       FSDP1 (torch 2.0-2.3, _flat_param.py, _runtime_utils.py):
         before each gather, the local FP32 shard cast to the BF16 gather input (pre_unshard ->
           _use_low_precision_shard: read 4, write 2 per local element; nothing when the shard is BF16 already); the
@@ -284,7 +297,9 @@ def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backward
         per_gathered, per_backward, per_reduced = cast / shard, 2 * p, (p + r if r != p else 0) + 2 * r
     else:
         per_gathered, per_backward, per_reduced = 2 * p + (cast + 2 * p) / shard, 0, p + r
-    return (per_gathered * gathered + per_backward * backwards + per_reduced * reduced) / hbm_rate(job.cluster)
+    per_fp8 = 2 + (master + 1 + 2) / shard  # FSDP2's copy-out of the gathered buffer; the shard's cast and copy-in
+    return (per_gathered * gathered + per_fp8 * fp8_gathered + per_backward * backwards
+            + per_reduced * reduced) / hbm_rate(job.cluster)
 
 
 def replica_all_reduce(job, layout, nbytes: float, call: float) -> float:
