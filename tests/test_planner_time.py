@@ -848,16 +848,28 @@ def test_torchaos_float8_all_gather_moves_and_holds_a_byte_per_weight():
     gather = make_job(model, H100, 64, 8192, "torchtitan", precision="fp8", fp8_params=True)
     layout = Layout(dp=64, zero=3, micro_batch=1)
     layer, root = layer_params(model, 1), 2 * model.vocab_size * model.hidden
-    calls = [overlap._unit_calls(job, layout, fw, layer, root) for job in (plain, gather)]
-    assert calls[1].gather < 0.6 * calls[0].gather  # a 218 M-element unit: bandwidth-bound, so about half
-    assert calls[1].root_gather == calls[0].root_gather and calls[1].scatter == calls[0].scatter
+    bf16, fp8 = overlap._unit_calls(plain, layout, fw, layer, root), overlap._unit_calls(gather, layout, fw, layer, root, layer)
+    assert fp8.gather < 0.6 * bf16.gather  # a 218 M-element unit: bandwidth-bound, so about half
+    assert fp8.root_gather == bf16.root_gather and fp8.scatter == bf16.scatter
     e0, e1 = estimate(plain, layout), estimate(gather, layout)
     held = e0.memory_bytes["weights"] - e1.memory_bytes["weights"]  # the prefetched layer and the one in use
     assert 1.9 * layer <= held <= 2.1 * layer
     assert fp8_weight_cast(gather, layout, 1) == pytest.approx(fp8_weight_cast(plain, layout, 1) / 3)  # 2 B of 6
     assert e1.time_s["dp_comm"] < e0.time_s["dp_comm"] and e1.step_time < e0.step_time
-    assert e1.assumptions["fp8_all_gather"] and e1.assumptions["param_gather_dtype"] == "fp8"
-    assert not e0.assumptions["fp8_all_gather"] and e0.assumptions["param_gather_dtype"] == "bf16"
+    assert e1.assumptions["fp8_all_gather"] and not e0.assumptions["fp8_all_gather"]
+    # torchtitan turns it on only where FSDP shards over data-parallel ranks (dp_shard_enabled): DDP, one rank, a
+    # replicate-only HSDP and FSDP over context-parallel ranks alone run plain Float8, and so does the planner
+    for lay in (Layout(dp=8, zero=0), Layout(dp=1), Layout(dp=8, zero=3, dp_shard=1), Layout(dp=1, cp=8, zero=3)):
+        assert estimate(gather, lay).step_time == estimate(plain, lay).step_time, lay
+        assert estimate(gather, lay).memory_bytes == estimate(plain, lay).memory_bytes, lay
+    # MoE: torchtitan's routed experts (GroupedExperts) are no Float8Linear and gather in BF16, so on Mixtral 8x7B,
+    # whose experts are 96 % of its weights, the FP8 gather saves a few percent of the data-parallel time, not half
+    moe_plain, moe_gather = (make_job(load_model("mixtral-8x7b"), H100, 64, 4096, "torchtitan", precision="fp8",
+                                      fp8_params=flag) for flag in (False, True))
+    for ep in (1, 8):
+        lay = Layout(dp=64, zero=3, ep=ep)
+        before, after = estimate(moe_plain, lay).time_s["dp_comm"], estimate(moe_gather, lay).time_s["dp_comm"]
+        assert 0.9 * before < after < before, ep
 
 
 def test_unfused_adamw_moves_a_pass_per_operation():

@@ -12,7 +12,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
 from shardwise.planner.job import Job
 from shardwise.planner.memory import fits_memory, memory_breakdown
-from shardwise.planner.overlap import layer_gather_bytes
+from shardwise.planner.overlap import param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
 from shardwise.stage_split import max_chunk_layers, max_chunks
@@ -118,9 +118,9 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
     return {
         "attention": attention_kernel(job) or "materialised softmax",
         "gradient_reduce_dtype": dtype.get(fw.grad_reduce_bytes, f"{fw.grad_reduce_bytes} B"),
-        "param_gather_dtype": dtype.get(layer_gather_bytes(job, fw), f"{layer_gather_bytes(job, fw)} B"),
-        # torchao's float8 all-gather (--fp8-params under torchtitan): the layers' weights gathered in FP8, the
-        # embedding and head at their own dtype
+        "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
+        # torchao's float8 all-gather (--fp8-params under torchtitan): where FSDP shards over data-parallel ranks
+        # (overlap.fp8_gathered), the layers' dense weights gathered in FP8, the rest at param_gather_dtype
         "fp8_all_gather": job.fp8_all_gather,
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,

@@ -158,7 +158,8 @@ class Job:
     # each layer's Float8Linear weights are cast to FP8 on their shard before FSDP gathers them, so the gather moves and
     # holds one byte per element, the gathered weight feeds the forward GEMM as it is, and the backward writes only its
     # FP8 transpose (layer_time.fp8_weight_cast). The FP32 shard stays the optimizer's; the root unit (embedding,
-    # final norm, head: not Float8Linear) gathers in BF16. overlap.layer_gather_bytes, memory.model_state_bytes.
+    # final norm, head: not Float8Linear) gathers in BF16, as do MoE's routed experts. Only under FSDP over more than
+    # one data-parallel rank (overlap.fp8_gathered); step_time.dp_comm_time, memory.model_state_bytes.
     fp8_all_gather: bool = False
 
 
@@ -227,7 +228,8 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                          f"megatron-core, nemo or torchtitan")
     if fp8_params and (precision != "fp8" or fw.fp8 not in ("te", "torchao")):
         raise UsageError("--fp8-params keeps the weights in FP8 (Transformer Engine) or gathers them in FP8 (torchao's "
-                         "float8 all-gather) — add --precision fp8 with --framework megatron-core, nemo or torchtitan")
+                         "float8 all-gather) — add --precision fp8, with a framework that trains FP8 (megatron-core, "
+                         "nemo, torchtitan, deepspeed-2024, composer)")
     fp8_all_gather = fp8_params and fw.fp8 == "torchao"
     fp8_params = fp8_params and not fp8_all_gather
     fused = fw.flash_attention if flash_attention is None else flash_attention

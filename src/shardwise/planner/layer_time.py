@@ -20,7 +20,7 @@ from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import local_seq
-from shardwise.planner.overlap import interference
+from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
 # With TP communication overlap (Transformer Engine userbuffers, NeMo's ub_tp_comm_overlap) each TP
@@ -318,7 +318,7 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     recipe = get_framework(job.framework).fp8
     params = layers * matmul_params_per_layer(job.model) / layout.tp
     per = kernels.FP8_CAST_BYTES[recipe]
-    if job.train.weight_bytes == 1 or job.fp8_all_gather:  # nothing to cast, only the transpose to write
+    if job.train.weight_bytes == 1 or fp8_gathered(job, layout):  # nothing to cast, only the transpose to write
         per = 2
     return params * per / kernels.hbm_rate(job.cluster)
 

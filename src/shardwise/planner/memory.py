@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from shardwise.planner import moe
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.overlap import param_gather_bytes
+from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_layers, peak_inflight_microbatches
 from shardwise import stage_split
 from shardwise.planner.job import PAPER, Job, SavedTensors, per_rank_job
@@ -398,7 +398,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
         # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights
         own_shard = not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
         weights = t.weight_bytes * ((params / d if own_shard else 0.0) + gathered)
-        if job.fp8_all_gather and layers is not None:  # the layers' units gathered and held in FP8, one byte each
+        if fp8_gathered(job, layout) and layers is not None:  # the layers' dense weights gathered and held in FP8
             held = min(gathered_layers, layers) if zero >= 3 else layers
             weights -= (t.weight_bytes - 1) * held * layer_params(job.model, layout.tp)
     # FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce

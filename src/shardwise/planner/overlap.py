@@ -78,17 +78,19 @@ def param_gather_bytes(job, fw: Framework) -> int:
     return min(fw.param_gather_bytes, job.train.weight_bytes)
 
 
-def layer_gather_bytes(job, fw: Framework) -> int:
-    """Bytes per element a layer's FSDP unit all-gathers: one under torchao's float8 all-gather (Job.fp8_all_gather:
-    its Float8Linear weights cast to FP8 on the shard first; the layer's norm weights, under 0.1 % of it, counted with
-    them), else param_gather_bytes. The root unit (embedding, final norm, head) gathers at param_gather_bytes."""
-    return 1 if job.fp8_all_gather else param_gather_bytes(job, fw)
+def fp8_gathered(job, layout) -> bool:
+    """Whether torchao's float8 all-gather runs (Job.fp8_all_gather): only where FSDP shards over data-parallel ranks.
+    torchtitan turns it on only with `parallel_dims.dp_shard_enabled` (components/quantization/float8.py): a
+    dp_shard degree above 1, context-parallel ranks not counted; ZeRO-0 is DDP, which gathers nothing."""
+    return job.fp8_all_gather and layout.zero >= 2 and (layout.dp_shard or layout.dp) > 1
 
 
-def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window
-               ) -> tuple[float, float]:
+def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window,
+               fp8_layer: float = 0.0) -> tuple[float, float]:
     """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
-    what delays the end of its last backward's reduction, and what delays its next forward."""
+    what delays the end of its last backward's reduction, and what delays its next forward. `fp8_layer`: elements of
+    each layer unit gathered in FP8 (torchao's float8 all-gather, fp8_gathered: the layer's dense weights, not the
+    routed experts, which are no Float8Linear); the rest at param_gather_bytes."""
     d = layout.dp * layout.cp
     if d <= 1:
         return 0.0, 0.0
@@ -133,10 +135,11 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         if fw.overlap_param_gather and overlap:  # Megatron's updated weights gathered behind the next forward
             return after, hidden(ag, win.forward, pb * params, fw.bucket_bytes)
         return after + ag, 0.0
-    return fsdp_exposed(job, layout, fw, params, layer_params, win, overlap), 0.0
+    return fsdp_exposed(job, layout, fw, params, layer_params, win, overlap, fp8_layer), 0.0
 
 
-def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float, win: Window, overlap: bool) -> float:
+def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float, win: Window, overlap: bool,
+                 fp8_layer: float = 0.0) -> float:
     """FSDP units (each layer, plus a root unit per model chunk: embedding, final norm, head): ZeRO-3
     gathers each unit in every micro-batch's forward and each layer again in its backward; FSDP's
     ZeRO-2 keeps them from forward to backward, gathering once per micro-batch. Reduce-scatter per unit,
@@ -144,13 +147,14 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     m, layers = win.microbatches, win.layers
     chunks = layout.vpp if layout.pp > 1 else 1
     root = max(params - layers * layer_params, 0.0) / chunks
-    calls = _unit_calls(job, layout, fw, layer_params, root)
+    fp8_layer = min(fp8_layer, layer_params)
+    calls = _unit_calls(job, layout, fw, layer_params, root, fp8_layer)
     passes = _fsdp_passes(layout, fw, m)
     reduced = layers * calls.reduce + chunks * calls.root_reduce  # every unit's reduction, once
     after = reduced if passes.deferred else 0.0
     unit = layers * layer_params + chunks * root
     gathered_layers = (passes.forwards + m * passes.regathers) * layers * layer_params
-    fp8 = gathered_layers if job.fp8_all_gather else 0.0
+    fp8 = gathered_layers * fp8_layer / layer_params if layer_params else 0.0
     copies = fsdp_copy_time(job, fw, passes.forwards * chunks * root + gathered_layers - fp8,
                             (passes.reducing + (1 if passes.deferred else 0)) * unit, m * unit, layout.shard_group,
                             fp8_gathered=fp8)
@@ -172,7 +176,7 @@ class _UnitCalls(NamedTuple):
     root_reduce: float
 
 
-def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float) -> _UnitCalls:
+def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float, fp8_layer: float = 0.0) -> _UnitCalls:
     c, stride = job.cluster, layout.tp
     d = layout.shard_group  # HSDP gathers and reduce-scatters inside its shard group
     fsdp = float((c.measured or {}).get("fsdp_call_s", sync_time(c)))
@@ -180,7 +184,7 @@ def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float) ->
     if fw.gather_per_tensor:
         g, rs, ar = _per_tensor_calls(job, layout, fw, fsdp)
     else:  # FSDP: one flat all-gather and reduce-scatter per unit
-        g = collective_time(c, "all_gather", layer_gather_bytes(job, fw) * layer_params, d, stride) + fsdp
+        g = collective_time(c, "all_gather", pb * (layer_params - fp8_layer) + fp8_layer, d, stride) + fsdp
         rs = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
         ar = replica_all_reduce(job, layout, gb * layer_params, fsdp)
     g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp if root else 0.0

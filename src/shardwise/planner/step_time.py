@@ -29,7 +29,7 @@ from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrate
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import (layer_params, local_seq, op_checkpointing, pipeline_ranks, rank_expert_params,
                                       rank_layers, rank_params, rank_recomputed_layers, split_rule)
-from shardwise.planner.overlap import Window, dp_exposed
+from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
 
@@ -381,12 +381,14 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
                  layers=cost.layers, microbatches=m)
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
     edp, split = moe.expert_replicas(layout, layout.cp), layout.ep * layout.etp
+    dense = layer_params(job.model, layout.tp)
+    fp8 = dense if fp8_gathered(job, layout) else 0.0  # torchao's FP8 gather: the dense linears, never the experts
     if experts and split == 1 and fw.experts_in_layer_units:  # the experts in their layers' own calls
-        per_layer = layer_params(job.model, layout.tp) + (experts / cost.layers if cost.layers else 0.0)
-        return dp_exposed(job, layout, fw, params, per_layer, param_tensors(job, layout, rank), win)
+        per_layer = dense + (experts / cost.layers if cost.layers else 0.0)
+        return dp_exposed(job, layout, fw, params, per_layer, param_tensors(job, layout, rank), win, fp8)
     expert_share = _expert_link_share(job, layout, params - experts, experts, edp, split) if experts else 0.0
-    after, before = dp_exposed(job, layout, fw, params - experts, layer_params(job.model, layout.tp),
-                               param_tensors(job, layout, rank), share(win, 1.0 - expert_share))
+    after, before = dp_exposed(job, layout, fw, params - experts, dense, param_tensors(job, layout, rank),
+                               share(win, 1.0 - expert_share), fp8)
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1), fw, experts,
                                        experts / cost.layers if cost.layers else experts, 3,
