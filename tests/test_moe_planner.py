@@ -254,3 +254,17 @@ def test_a_stack_without_expert_parallelism_refuses_ep_and_its_plan_never_splits
     if main(["plan", "--model", "mixtral-8x7b", *JOB, "--framework", framework, "--json", "--top", "100"]) == 0:
         out = json.loads(capsys.readouterr().out)
         assert {c["ep"] for c in [out["best"]] + out["candidates"]} == {1}
+
+
+def test_torchaos_float8_leaves_the_routed_experts_in_bf16():
+    # torchtitan's quantize.linear.float8 swaps nn.Linear for Float8Linear; its GroupedExperts hold plain parameters,
+    # so the routed experts run BF16 grouped GEMMs (and cast nothing), where Transformer Engine's grouped linear runs
+    # them in FP8. Mixtral 8x7B, whose experts are nearly all of a layer's GEMM time: FP8 buys a torchtitan step a
+    # little (attention's projections), a Megatron-Core one a lot.
+    model, layout = load_model("mixtral-8x7b"), Layout(dp=8, ep=8, zero=3)
+    gain = {}
+    for framework in ("torchtitan", "megatron-core"):
+        bf16, fp8 = (estimate(make_job(model, H100, 256, 4096, framework, precision=p), layout.with_(
+            zero=3 if framework == "torchtitan" else 1)).time_s["compute"] for p in ("bf16", "fp8"))
+        gain[framework] = bf16 / fp8
+    assert 1.0 < gain["torchtitan"] < 1.05 and gain["megatron-core"] > 1.25, gain

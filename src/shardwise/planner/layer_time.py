@@ -171,9 +171,11 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         ffn = model.ffn_hidden
         if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
             ffn = moe.active_ffn_width(model, job.capacity_factor)
-            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, fp8) for shape, ob in
+            ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8)]
+            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q) for shape, ob in
                                        (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
-                                 for m_, n_, k_, n in moe.layer_gemms(model, tokens, layout, job.capacity_factor)]
+                                 for (m_, n_, k_, n), q in zip(moe.layer_gemms(model, tokens, layout, job.capacity_factor),
+                                                               ffn_fp8, strict=True)]
         heads, d = model.num_heads // tp, model.attention_width / model.num_heads  # MLA: (qk + v) / 2
         rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
         if model.attention == "mla":  # rotary on the rope part only
@@ -301,7 +303,7 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     grads = qkv + [(out, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
                                                          (out, True)])
     if moe_layer:  # the experts' rows, priced unfused (their casts follow the permutation; no published torchao run)
-        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor)
+        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor, experts=recipe == "te")
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
     return tuple(kernels.fp8_cast_time(job.cluster, [(n, compiled and f) for n, f in cast], recipe)
                  for cast in (inputs, grads))
@@ -316,7 +318,12 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     if job.precision != "fp8" or calibrated(job):
         return 0.0
     recipe = get_framework(job.framework).fp8
-    params = layers * matmul_params_per_layer(job.model) / layout.tp
+    model = job.model
+    per_layer = matmul_params_per_layer(model)
+    if model.is_moe and recipe != "te":  # torchao: no routed expert nor router is a Float8Linear (moe.fp8_gemms)
+        per_layer -= len(model.moe_layers) / model.num_layers * (
+            model.experts_per_token * model.expert_params() + model.num_experts * model.hidden)
+    params = layers * per_layer / layout.tp
     per = kernels.FP8_CAST_BYTES[recipe]
     if job.train.weight_bytes == 1 or fp8_gathered(job, layout):  # nothing to cast, only the transpose to write
         per = 2

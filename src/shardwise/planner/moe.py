@@ -276,6 +276,17 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
     return out + [(routed, model.num_experts, h, 1), (rows, 2 * f, h, local), (rows, h, f, local)]
 
 
+def fp8_gemms(model: ModelSpec, recipe: str) -> list[bool]:
+    """Which of layer_gemms' GEMMs run in FP8 under `recipe` (`--precision fp8`): the shared expert's, as every dense
+    linear; never the router (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; under torchao its
+    hidden x experts linear is left out where a side is not a multiple of 16, and no stack quantizes it); the routed
+    experts' under Transformer Engine (TEGroupedLinear), not under torchao: torchtitan's `quantize.linear.float8`
+    swaps nn.Linear for Float8Linear, and its GroupedExperts hold plain parameters (models/moe/moe.py), so they run
+    BF16 grouped GEMMs unless its prototype `quantize.grouped_mm.float8` converter is named, which no profile does."""
+    shared = [True, True] if model.shared_ffn_hidden else []
+    return shared + [False] + [recipe == "te"] * 2
+
+
 def expert_gemm_time(cluster: ClusterSpec, m: float, n: float, k: float, count: int, streams: int,
                      out_bytes: float = 2, fp8: bool = False) -> float:
     """Seconds of `count` equal GEMMs of one layer's local experts as the stack issues them: one grouped kernel
@@ -301,16 +312,17 @@ def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: 
     return fwd, fwd * (4 * rows + 1) / (3 * rows + 1)
 
 
-def fp8_cast_elements(model: ModelSpec, tokens: float, layout: Layout, capacity: float = 1.0
+def fp8_cast_elements(model: ModelSpec, tokens: float, layout: Layout, capacity: float = 1.0, experts: bool = True
                       ) -> tuple[list[float], list[float]]:
     """Elements a MoE layer's FP8 linears quantize on one GPU, (forward inputs, backward output gradients), one
     entry per tensor: the routed rows it receives (k c per routed token, 1/tp of the tokens) enter FC1 h wide —
     after the permutation, so no norm fuses their cast — and FC2 f_e/etp wide (times etp rows); backward casts
     FC2's output gradient (h) and FC1's (2 f_e/etp gated). The shared expert casts like a dense FFN of its width,
-    its FC1 input included (a plain linear in Megatron-Core's SharedExpertMLP). The router stays in BF16/FP32."""
+    its FC1 input included (a plain linear in Megatron-Core's SharedExpertMLP). The router stays in BF16/FP32.
+    `experts` False: the routed experts run in BF16 (torchao: fp8_gemms), so only the shared expert casts."""
     routed = tokens / layout.tp * model.experts_per_token * capacity * layout.etp
     h, fe, gate = model.hidden, model.moe_ffn_hidden / layout.etp, 2 if model.gated_mlp else 1
-    inputs, grads = [routed * h, routed * fe], [routed * h, routed * gate * fe]
+    inputs, grads = ([routed * h, routed * fe], [routed * h, routed * gate * fe]) if experts else ([], [])
     if model.shared_ffn_hidden:
         fs = model.shared_ffn_hidden / layout.tp
         inputs += [tokens * h / layout.tp, tokens * fs]
