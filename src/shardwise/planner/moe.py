@@ -278,8 +278,9 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
 
 def fp8_gemms(model: ModelSpec, recipe: str) -> list[bool]:
     """Which of layer_gemms' GEMMs run in FP8 under `recipe` (`--precision fp8`): the shared expert's, as every dense
-    linear; never the router (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; under torchao its
-    hidden x experts linear is left out where a side is not a multiple of 16, and no stack quantizes it); the routed
+    linear; the router in BF16 (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; torchtitan's router
+    nn.Linear becomes a Float8Linear where the expert count is a multiple of 16, a GEMM of a few hidden x experts
+    MACs a token whose precision moves no step); the routed
     experts' under Transformer Engine (TEGroupedLinear), not under torchao: torchtitan's `quantize.linear.float8`
     swaps nn.Linear for Float8Linear, and its GroupedExperts hold plain parameters (models/moe/moe.py), so they run
     BF16 grouped GEMMs unless its prototype `quantize.grouped_mm.float8` converter is named, which no profile does."""
