@@ -256,15 +256,19 @@ def test_a_stack_without_expert_parallelism_refuses_ep_and_its_plan_never_splits
         assert {c["ep"] for c in [out["best"]] + out["candidates"]} == {1}
 
 
-def test_torchaos_float8_leaves_the_routed_experts_in_bf16():
-    # torchtitan's quantize.linear.float8 swaps nn.Linear for Float8Linear; its GroupedExperts hold plain parameters,
-    # so the routed experts run BF16 grouped GEMMs (and cast nothing), where Transformer Engine's grouped linear runs
-    # them in FP8. Mixtral 8x7B, whose experts are nearly all of a layer's GEMM time: FP8 buys a torchtitan step a
-    # little (attention's projections), a Megatron-Core one a lot.
-    model, layout = load_model("mixtral-8x7b"), Layout(dp=8, ep=8, zero=3)
+def test_fp8_runs_the_routed_experts_in_fp8_only_where_the_stack_does():
+    # torchtitan's quantize.linear.float8 swaps nn.Linear for Float8Linear and its GroupedExperts hold plain
+    # parameters; DeepSpeed-MoE's experts are no Transformer Engine module either: their routed experts run BF16
+    # grouped GEMMs (at the FP8 job's in-situ share) and cast nothing, where Megatron-Core's TEGroupedLinear runs them
+    # in FP8. Mixtral 8x7B, whose experts are nearly all of a layer's GEMM time: FP8 buys a Megatron-Core step a lot,
+    # the other two nothing.
+    model, layout = load_model("mixtral-8x7b"), Layout(dp=8, ep=8, zero=1)
     gain = {}
-    for framework in ("torchtitan", "megatron-core"):
-        bf16, fp8 = (estimate(make_job(model, H100, 256, 4096, framework, precision=p), layout.with_(
-            zero=3 if framework == "torchtitan" else 1)).time_s["compute"] for p in ("bf16", "fp8"))
+    for framework in ("torchtitan", "deepspeed-2024", "megatron-core"):
+        lay = layout.with_(zero=3) if framework == "torchtitan" else layout
+        bf16, fp8 = (estimate(make_job(model, H100, 256, 4096, framework, precision=p), lay).time_s["compute"]
+                     for p in ("bf16", "fp8"))
         gain[framework] = bf16 / fp8
-    assert 1.0 < gain["torchtitan"] < 1.05 and gain["megatron-core"] > 1.25, gain
+    assert gain["torchtitan"] < 1.05 and gain["deepspeed-2024"] < 1.05 and gain["megatron-core"] > 1.25, gain
+    job = make_job(model, H100, 256, 4096, "torchtitan", precision="fp8")
+    assert "routed experts and router bf16" in estimate(job, layout.with_(zero=3)).assumptions["gemm_dtype"]

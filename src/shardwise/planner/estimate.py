@@ -151,7 +151,10 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
                                                         "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
                        + (", each amax taken in the compiled kernel that makes the tensor" if job.compile else "")
-                       + "; attention and LM head bf16; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
+                       + "; attention and LM head bf16"
+                       + (", routed experts and router bf16" if job.model.is_moe and not fw.fp8_experts
+                          else ", the router bf16" if job.model.is_moe else "")
+                       + "; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
     }
 
 

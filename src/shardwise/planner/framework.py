@@ -226,6 +226,11 @@ class Framework:
     # per-tensor scaling: fused casts, FP8 weight copies cached for the step), "torchao" (torchao Float8Linear,
     # dynamic tensor-wise scaling, eager casts each micro-batch), "" (no FP8 training).
     fp8: str = ""
+    # Whether its MoE routed experts run in FP8 under --precision fp8: Megatron-Core's TEGroupedLinear (and NeMo's,
+    # on it) does; torchtitan's float8 converter swaps nn.Linear only (its GroupedExperts hold plain parameters), and
+    # the other stacks' expert layers are no Transformer Engine module (llm-foundry's megablocks dMoE, DeepSpeed-MoE's
+    # Experts): their experts' GEMMs, casts and weights stay BF16 (moe.fp8_gemms).
+    fp8_experts: bool = False
     # The cross-entropy it runs (step_time.LOSS_BYTES): "megatron" (vocab-parallel, one kernel per op), "fused"
     # (NeMo's cross_entropy_loss_fusion), "eager" (F.cross_entropy on FP32 logits), "composer" (flash-attn's xentropy
     # and Composer's two training metrics on the same logits).

@@ -171,8 +171,10 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
         ffn = model.ffn_hidden
         if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
             ffn = moe.active_ffn_width(model, job.capacity_factor)
-            ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8)]
-            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q) for shape, ob in
+            # a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share (kernels.gemm_time's `precision`)
+            ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8_experts)]
+            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q, job.precision)
+                                       for shape, ob in
                                        (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
                                  for (m_, n_, k_, n), q in zip(moe.layer_gemms(model, tokens, layout, job.capacity_factor),
                                                                ffn_fp8, strict=True)]
@@ -303,7 +305,8 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     grads = qkv + [(out, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
                                                          (out, True)])
     if moe_layer:  # the experts' rows, priced unfused (their casts follow the permutation; no published torchao run)
-        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor, experts=recipe == "te")
+        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor,
+                                                  experts=get_framework(job.framework).fp8_experts)
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
     return tuple(kernels.fp8_cast_time(job.cluster, [(n, compiled and f) for n, f in cast], recipe)
                  for cast in (inputs, grads))
@@ -320,7 +323,8 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     recipe = get_framework(job.framework).fp8
     model = job.model
     per_layer = matmul_params_per_layer(model)
-    if model.is_moe and recipe != "te":  # torchao: no routed expert nor router is a Float8Linear (moe.fp8_gemms)
+    if model.is_moe and not get_framework(job.framework).fp8_experts:  # BF16 routed experts (moe.fp8_gemms); the
+        # router counted out too, though torchtitan converts it where the expert count is a multiple of 16 (negligible)
         per_layer -= len(model.moe_layers) / model.num_layers * (
             model.experts_per_token * model.expert_params() + model.num_experts * model.hidden)
     params = layers * per_layer / layout.tp

@@ -276,29 +276,30 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
     return out + [(routed, model.num_experts, h, 1), (rows, 2 * f, h, local), (rows, h, f, local)]
 
 
-def fp8_gemms(model: ModelSpec, recipe: str) -> list[bool]:
+def fp8_gemms(model: ModelSpec, experts: bool) -> list[bool]:
     """Which of layer_gemms' GEMMs run in FP8 under `recipe` (`--precision fp8`): the shared expert's, as every dense
     linear; the router in BF16 (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; torchtitan's router
     nn.Linear becomes a Float8Linear where the expert count is a multiple of 16, a GEMM of a few hidden x experts
     MACs a token whose precision moves no step); the routed
-    experts' under Transformer Engine (TEGroupedLinear), not under torchao: torchtitan's `quantize.linear.float8`
-    swaps nn.Linear for Float8Linear, and its GroupedExperts hold plain parameters (models/moe/moe.py), so they run
-    BF16 grouped GEMMs unless its prototype `quantize.grouped_mm.float8` converter is named, which no profile does."""
+    experts' where the stack runs them in FP8 (`experts`: Framework.fp8_experts, Megatron-Core's TEGroupedLinear), not
+    under torchao: torchtitan's `quantize.linear.float8` swaps nn.Linear for Float8Linear, and its GroupedExperts hold
+    plain parameters (models/moe/moe.py), so they run BF16 grouped GEMMs unless its prototype
+    `quantize.grouped_mm.float8` converter is named, which no profile does."""
     shared = [True, True] if model.shared_ffn_hidden else []
-    return shared + [False] + [recipe == "te"] * 2
+    return shared + [False] + [experts] * 2
 
 
 def expert_gemm_time(cluster: ClusterSpec, m: float, n: float, k: float, count: int, streams: int,
-                     out_bytes: float = 2, fp8: bool = False) -> float:
+                     out_bytes: float = 2, fp8: bool = False, precision: str = "bf16") -> float:
     """Seconds of `count` equal GEMMs of one layer's local experts as the stack issues them: one grouped kernel
     (`streams` 0: its tiles share the waves), or one GEMM per expert round-robin over `streams` streams, so
     only `streams` of them share the SMs at a time (Transformer Engine's GroupedLinear on Hopper:
     multi_stream_cublas_gemm over 4 compute streams; grouped_gemm's gmm on SM90: cuBLAS over 4 streams)."""
     if streams <= 0 or count <= streams:
-        return kernels.gemm_time(cluster, m, n, k, batch=count, out_bytes=out_bytes, fp8=fp8)
+        return kernels.gemm_time(cluster, m, n, k, batch=count, out_bytes=out_bytes, fp8=fp8, precision=precision)
     full, rest = divmod(count, streams)
-    t = full * kernels.gemm_time(cluster, m, n, k, batch=streams, out_bytes=out_bytes, fp8=fp8)
-    return t + (kernels.gemm_time(cluster, m, n, k, batch=rest, out_bytes=out_bytes, fp8=fp8) if rest else 0.0)
+    one = lambda batch: kernels.gemm_time(cluster, m, n, k, batch=batch, out_bytes=out_bytes, fp8=fp8, precision=precision)
+    return full * one(streams) + (one(rest) if rest else 0.0)
 
 
 def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,

@@ -62,7 +62,7 @@ MEGATRON_CORE = Framework(
     default_zero=1,
     zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
-    fp8="te", expert_gemm_streams=4,
+    fp8="te", fp8_experts=True, expert_gemm_streams=4,
     # --recompute-granularity full --recompute-method block --recompute-num-layers N: the first N layers of each
     # TransformerBlock, one per virtual chunk (megatron/core/transformer/transformer_block.py _checkpointed_forward)
     partial_recompute="block",
@@ -92,7 +92,7 @@ NEMO = Framework(
     tp_comm_overlap_available=True,
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
-    fp8="te", expert_gemm_streams=4,
+    fp8="te", fp8_experts=True, expert_gemm_streams=4,
     loss="fused",
     # Every NeMo recipe with a pipeline interleaves it (nemo/collections/llm/recipes: gpt3_175b pp 8 vpp 6, llama3_70b
     # pp 4 vpp 5, mixtral_8x7b pp 4 vpp 8; Megatron-Bridge nemotron4_340b pp 12 vpp 8; dgxc-benchmarking's NeMo configs
