@@ -1165,3 +1165,24 @@ def test_nanotrons_eager_swiglu_is_priced_by_the_bytes_its_aten_ops_move():
         gate, up = torch.split(merged, f, dim=-1)
         F.silu(gate) * up
     assert Traffic.moved / (tokens * f) == get("nanotron").glu_bytes == 10
+
+
+def test_explain_names_torchaos_float8_all_gather_where_it_would_gather():
+    # torchtitan's config leaves enable_fsdp_float8_all_gather off; where the winner shards its weights with FSDP,
+    # explain says what the option would give, with the two keys to set, and says nothing once it is on or where
+    # nothing is gathered (one data-parallel rank).
+    from shardwise.planner.explain import explain
+    from shardwise.planner.search import SearchSpace, search
+
+    model = load_model("llama3-8b")
+
+    def note(gpus: int, cp: int = 1, **flags):
+        job = make_job(model, H100, 128, 8192, "torchtitan", precision="fp8", **flags)
+        result = search(job, gpus, SearchSpace(tp=(1,), pp=(1,), cp=(cp,), micro_batch=(1,), zero=(3,)))
+        return [p for p in explain(job, gpus, result) if p.startswith("FP8 gathers")], result.ranked[0]
+
+    (said,), win = note(64)
+    with_it = estimate(make_job(model, H100, 128, 8192, "torchtitan", precision="fp8", fp8_params=True), win.layout)
+    assert "enable_fsdp_float8_all_gather = true" in said and f"({with_it.step_time / win.step_time - 1:+.1%})" in said
+    assert with_it.step_time < win.step_time
+    assert note(64, fp8_params=True)[0] == [] and note(8, cp=8)[0] == []  # FSDP over CP ranks alone gathers none

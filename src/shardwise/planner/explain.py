@@ -12,6 +12,7 @@ from dataclasses import replace
 from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
+from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult
 from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note
 from shardwise.specs import TrainSpec
@@ -95,6 +96,9 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
                    f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.0%}; the closest is "
                    f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
     out.append(framework_paragraph(job))
+    gather = fp8_gather_note(job, win)
+    if gather:
+        out.append(gather)
     out += uncertainty(job, result)
     record = plausibility(job, win)
     if record:
@@ -245,6 +249,22 @@ def framework_paragraph(job: Job) -> str:
             f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
             f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter. "
             f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}.")
+
+
+def fp8_gather_note(job: Job, win: Estimate) -> str:
+    """Under torchao's Float8 (torchtitan --precision fp8) without its float8 all-gather, what the winner would take
+    with it (torchtitan's config leaves enable_fsdp_float8_all_gather off; its float8 docs recommend it with
+    tensor-wise scaling), where FSDP shards the winner's weights; "" otherwise."""
+    if job.precision != "fp8" or get_framework(job.framework).fp8 != "torchao" or job.fp8_all_gather:
+        return ""
+    gathered = replace(job, fp8_all_gather=True)
+    if not fp8_gathered(gathered, win.layout):
+        return ""
+    faster = estimate(gathered, win.layout)
+    return (f"FP8 gathers: with --fp8-params (torchao's float8 all-gather, torchtitan's "
+            f"enable_fsdp_float8_all_gather = true and precompute_float8_dynamic_scale_for_fsdp = true) the winner "
+            f"would take {seconds(faster.step_time)}/step ({faster.step_time / win.step_time - 1:+.1%}) and "
+            f"{faster.memory_per_gpu / GIB:.1f} GiB per GPU: each layer's weights gathered and held in FP8.")
 
 
 # The model's typical error: above the median |error| on published runs it was not fitted to (leave-one-source-out,
