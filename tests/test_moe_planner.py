@@ -272,3 +272,19 @@ def test_fp8_runs_the_routed_experts_in_fp8_only_where_the_stack_does():
     assert gain["torchtitan"] < 1.05 and gain["deepspeed-2024"] < 1.05 and gain["megatron-core"] > 1.25, gain
     job = make_job(model, H100, 256, 4096, "torchtitan", precision="fp8")
     assert "routed experts and router bf16" in estimate(job, layout.with_(zero=3)).assumptions["gemm_dtype"]
+
+
+def test_transformer_engine_casts_every_local_experts_weights_once_a_step():
+    # Transformer Engine casts each local expert's weights to FP8 once per step (the k a token uses are not the ones
+    # it holds): Mixtral's 8 experts on one GPU, 2 at ep = 4, 1 at ep = 8, so going from ep = 8 to 1 adds seven
+    # experts' casts and from 8 to 4 one. torchao's experts stay BF16, so ep changes nothing there.
+    from shardwise.planner.layer_time import fp8_weight_cast
+
+    model = load_model("mixtral-8x7b")
+    te = make_job(model, H100, 256, 4096, "megatron-core", precision="fp8")
+    ao = make_job(model, H100, 256, 4096, "torchtitan", precision="fp8")
+    cast = {(name, ep): fp8_weight_cast(job, Layout(dp=8, ep=ep), model.num_layers)
+            for name, job in (("te", te), ("ao", ao)) for ep in (1, 4, 8)}
+    one_expert = cast["te", 4] - cast["te", 8]
+    assert one_expert > 0 and cast["te", 1] - cast["te", 8] == pytest.approx(7 * one_expert)
+    assert cast["ao", 1] == cast["ao", 8] < cast["te", 8]

@@ -320,14 +320,16 @@ def fp8_weight_cast(job: Job, layout: Layout, layers: int) -> float:
     its second operand column-major, and the gathered weight is row-major (read 1, write 1)."""
     if job.precision != "fp8" or calibrated(job):
         return 0.0
-    recipe = get_framework(job.framework).fp8
-    model = job.model
-    per_layer = matmul_params_per_layer(model)
-    if model.is_moe and not get_framework(job.framework).fp8_experts:  # BF16 routed experts (moe.fp8_gemms); the
-        # router counted out too, though torchtitan converts it where the expert count is a multiple of 16 (negligible)
-        per_layer -= len(model.moe_layers) / model.num_layers * (
-            model.experts_per_token * model.expert_params() + model.num_experts * model.hidden)
-    params = layers * per_layer / layout.tp
+    fw = get_framework(job.framework)
+    recipe, model = fw.fp8, job.model
+    per_layer = matmul_params_per_layer(model) / layout.tp
+    if model.is_moe:  # the routed experts and the router out of the mean; the router is priced BF16 (moe.fp8_gemms)
+        moe_share = len(model.moe_layers) / model.num_layers
+        per_layer -= moe_share * (model.experts_per_token * model.expert_params() + model.num_experts * model.hidden) \
+            / layout.tp
+        if fw.fp8_experts:  # Transformer Engine casts every local expert's weights, not the k a token uses
+            per_layer += moe_share * model.num_experts / layout.ep * model.expert_params() / layout.etp
+    params = layers * per_layer
     per = kernels.FP8_CAST_BYTES[recipe]
     if job.train.weight_bytes == 1 or fp8_gathered(job, layout):  # nothing to cast, only the transpose to write
         per = 2
