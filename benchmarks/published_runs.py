@@ -398,7 +398,8 @@ def ran_compiled(row: dict) -> bool:
 # with torch.compile"). The 2024 performance tables (docs/performance.md at 3faaa1a0d; benchmarks/
 # llama3_h100_202412_torchtitan.md, torchtitan 9dec370) and AWS's 2024 SageMaker post ran such releases.
 LOSS_LEFT_EAGER = ("3faaa1a0d", "llama3_h100_202412_torchtitan",
-                   "AWS Machine Learning Blog 'Efficient Pre-training of Llama 3")
+                   "AWS Machine Learning Blog 'Efficient Pre-training of Llama 3",
+                   "pytorch/ao torchao/float8/README.md")  # torchtitan 0.0.2, run from its 2025-03 preset
 
 
 # torchtitan's performance tables of 2024-04 (docs/performance.md, 395a52627 / 1ea476e9f) ran its presets, whose
@@ -416,6 +417,8 @@ def not_modelled(row: dict) -> str:
     """Why the planner cannot model this row yet ('' if it can)."""
     if "mla_up_proj" in row["recompute"]:
         return "recompute of MLA's up-projections (Megatron's mla_up_proj): MLA's activations are not modelled"
+    if "recipe_name=rowwise" in row["notes"]:
+        return "torchao's row-wise FP8 scaling (recipe_name rowwise): the planner prices tensor-wise scaling only"
     return ""
 
 
