@@ -160,7 +160,18 @@ def published() -> str:
             f"{len(moe['runs'])} mixtures of "
             f"experts scored apart ({moe['rows']} strong: median |error| {100 * moe['median_abs_error']:.1f} %, max "
             f"{100 * moe['max_abs_error']:.1f} %; see below), {skipped} skipped with the reason the script prints ("
-            f"MLA's recompute, a layout the planner refuses).\n")
+            f"{_skip_kinds(rows)}).\n")
+
+
+SKIP_KINDS = (("MLA", "MLA's recompute"), ("row-wise", "torchao's row-wise FP8 scaling"),
+              ("not a valid layout", "a layout the planner refuses"), ("profile:", "a layout the stack cannot run"))
+
+
+def _skip_kinds(rows: list[dict]) -> str:
+    """The kinds of reason the skipped rows print, as the README names them."""
+    reasons = [r["skip"] for r in rows if "skip" in r]
+    kinds = [name for key, name in SKIP_KINDS if any(key in why for why in reasons)]
+    return ", ".join(kinds) if kinds else "none"
 
 
 ARCH_WORDS = {"ampere": "A100", "hopper": "H100 BF16", "hopper-fp8": "H100 FP8"}

@@ -386,6 +386,12 @@ def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
     f8 = torchtitan_config_manager(monkeypatch)().parse_args(["--job.config_file", str(out)]).quantize.linear.float8
     assert f8.enable_fsdp_float8_all_gather and f8.precompute_float8_dynamic_scale_for_fsdp and f8.recipe_name is None
     assert f8.filter_fqns == ["output"] and not cfg.quantize.linear.float8.enable_fsdp_float8_all_gather
+    # each stack's FP8 weights are its own: emitted for the other stack they would be dropped, so it refuses
+    from shardwise.emit import megatron as mega_emit, torchtitan as titan_emit
+    assert "--framework megatron-core --fp8-params" in mega_emit.problem(gather, lay.with_(zero=1))
+    te_params = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "megatron-core",
+                         precision="fp8", fp8_params=True)
+    assert "--framework torchtitan --fp8-params" in titan_emit.problem(te_params, lay)
     mega = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 8, 8192, "megatron-core", precision="fp8",
                     fp8_params=True)
     lay1 = lay.with_(zero=1, recompute="none")

@@ -613,3 +613,10 @@ def test_torchtitan_peak_memory_against_its_own_tables():
         published = float(re.search(r"peak memory (\d+(?:\.\d+)?) GiB", notes[run.name]).group(1))
         predicted = sum(memory_breakdown(run.job, run.layout)[1].values()) / 2**30
         assert abs(predicted / published - 1) <= 0.10, (run.name, predicted, published)
+    # torchao's float8 table (torchtitan 0.0.2, batch 1, op-level checkpointing): its "GB" are torchtitan's logged GiB
+    ao = [r for r in bench.load_runs(bench.DEFAULT_CSV) if not r.skip and r.name.startswith("torchao float8 README")]
+    assert len(ao) == 2
+    for run in ao:
+        published = float(re.search(r"peak memory (\d+(?:\.\d+)?) GB", notes[run.name]).group(1))
+        predicted = sum(memory_breakdown(run.job, run.layout)[1].values()) / 2**30
+        assert abs(predicted / published - 1) <= 0.10, (run.name, predicted, published)

@@ -854,14 +854,15 @@ def test_torchaos_float8_all_gather_moves_and_holds_a_byte_per_weight():
     e0, e1 = estimate(plain, layout), estimate(gather, layout)
     held = e0.memory_bytes["weights"] - e1.memory_bytes["weights"]  # the prefetched layer and the one in use
     assert 1.9 * layer <= held <= 2.1 * layer
-    assert fp8_weight_cast(gather, layout, 1) == pytest.approx(fp8_weight_cast(plain, layout, 1) / 3)  # 2 B of 6
+    assert 0 < fp8_weight_cast(gather, layout, 1) < fp8_weight_cast(plain, layout, 1)  # the transpose, not the cast
     assert e1.time_s["dp_comm"] < e0.time_s["dp_comm"] and e1.step_time < e0.step_time
     assert e1.assumptions["fp8_all_gather"] and not e0.assumptions["fp8_all_gather"]
     # torchtitan turns it on only where FSDP shards over data-parallel ranks (dp_shard_enabled): DDP, one rank, a
     # replicate-only HSDP and FSDP over context-parallel ranks alone run plain Float8, and so does the planner
     for lay in (Layout(dp=8, zero=0), Layout(dp=1), Layout(dp=8, zero=3, dp_shard=1), Layout(dp=1, cp=8, zero=3)):
-        assert estimate(gather, lay).step_time == estimate(plain, lay).step_time, lay
-        assert estimate(gather, lay).memory_bytes == estimate(plain, lay).memory_bytes, lay
+        asked = estimate(gather, lay)
+        assert asked.step_time == estimate(plain, lay).step_time, lay
+        assert asked.memory_bytes == estimate(plain, lay).memory_bytes and not asked.assumptions["fp8_all_gather"], lay
     # MoE: torchtitan's routed experts (GroupedExperts) are no Float8Linear and gather in BF16, so on Mixtral 8x7B,
     # whose experts are 96 % of its weights, the FP8 gather saves a few percent of the data-parallel time, not half
     moe_plain, moe_gather = (make_job(load_model("mixtral-8x7b"), H100, 64, 4096, "torchtitan", precision="fp8",
@@ -1183,6 +1184,6 @@ def test_explain_names_torchaos_float8_all_gather_where_it_would_gather():
 
     (said,), win = note(64)
     with_it = estimate(make_job(model, H100, 128, 8192, "torchtitan", precision="fp8", fp8_params=True), win.layout)
-    assert "enable_fsdp_float8_all_gather = true" in said and f"({with_it.step_time / win.step_time - 1:+.1%})" in said
-    assert with_it.step_time < win.step_time
+    assert "enable_fsdp_float8_all_gather = true" in said and "precompute_float8_dynamic_scale_for_fsdp" in said
+    assert with_it.step_time < win.step_time and "(-" in said  # faster, and said so
     assert note(64, fp8_params=True)[0] == [] and note(8, cp=8)[0] == []  # FSDP over CP ranks alone gathers none

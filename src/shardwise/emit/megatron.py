@@ -34,6 +34,9 @@ SCHEDULES = ("1f1b", "interleaved-1f1b")
 
 
 def problem(job, layout) -> str | None:
+    if job.fp8_all_gather:
+        return ("torchao's float8 all-gather (--fp8-params under torchtitan) — Megatron-LM gathers FP8 weights as "
+                "Transformer Engine's FP8 parameters; plan with --framework megatron-core --fp8-params to emit those")
     if job.train.weight_bytes == 1 and layout.zero == 0:  # arguments.py: "--fp8-param-gather only supported with ..."
         return ("FP8 parameters without ZeRO — Megatron-LM gathers FP8 parameters (--fp8-param-gather) only through its "
                 "distributed optimizer or FSDP; plan with data parallelism and --zero 1,2,3")

@@ -37,6 +37,9 @@ FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 
 
 
 def problem(job, layout) -> str | None:
+    if job.train.weight_bytes == 1:
+        return ("Transformer Engine's FP8 parameters (--fp8-params under megatron-core or nemo) — torchtitan gathers "
+                "FP8 weights with torchao's float8 all-gather; plan with --framework torchtitan --fp8-params to emit that")
     if job.precision == "fp8" and layout.tp > 1:  # models/llama3/infra/parallelize.py: "float8" in model.converters
         return ("FP8 with TP — torchtitan 0.2.x turns on its Float8 tensor-parallel plans only for a converter named "
                 "'float8', which it no longer registers ('quantize.linear.float8'), so its TP would gather BF16 and cast "

@@ -12,7 +12,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
 from shardwise.planner.job import Job
 from shardwise.planner.memory import fits_memory, memory_breakdown
-from shardwise.planner.overlap import param_gather_bytes
+from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
 from shardwise.stage_split import max_chunk_layers, max_chunks
@@ -119,8 +119,8 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "attention": attention_kernel(job) or "materialised softmax",
         "gradient_reduce_dtype": dtype.get(fw.grad_reduce_bytes, f"{fw.grad_reduce_bytes} B"),
         "param_gather_dtype": dtype.get(param_gather_bytes(job, fw), f"{param_gather_bytes(job, fw)} B"),
-        # torchao's float8 all-gather (--fp8-params under torchtitan): where FSDP shards over data-parallel ranks
-        # (overlap.fp8_gathered), the layers' dense weights gathered in FP8, the rest at param_gather_dtype
+        # torchao's float8 all-gather (--fp8-params under torchtitan): the layers' dense weights gathered in FP8, the
+        # rest at param_gather_dtype; true only where it runs, FSDP sharding over data-parallel ranks (estimate)
         "fp8_all_gather": job.fp8_all_gather,
         "grad_reduce_overlapped": fw.overlap_grad_reduce,
         "tp_comm_overlap": job.tp_comm_overlap,
@@ -282,6 +282,8 @@ def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Esti
     notes = assumptions(job)
     if implied:
         notes["implied"] = list(implied)
+    if job.fp8_all_gather:  # asked for; in effect only where FSDP shards this layout's weights over dp ranks
+        notes["fp8_all_gather"] = fp8_gathered(job, layout)
     return Estimate(
         layout=layout, num_microbatches=layout.num_microbatches(job.train.global_batch), worst_rank=rank,
         memory_bytes=mem, time_s=step_time(job, layout), model_flops=model_flops, hardware_flops=hw_flops,

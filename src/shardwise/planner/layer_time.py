@@ -173,11 +173,11 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
             ffn = moe.active_ffn_width(model, job.capacity_factor)
             # a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share (kernels.gemm_time's `precision`)
             ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8_experts)]
+            ffn_gemms = moe.layer_gemms(model, tokens, layout, job.capacity_factor)
             gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q, job.precision)
-                                       for shape, ob in
-                                       (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), 2 * job.train.grad_bytes)))
-                                 for (m_, n_, k_, n), q in zip(moe.layer_gemms(model, tokens, layout, job.capacity_factor),
-                                                               ffn_fp8, strict=True)]
+                                       for shape, ob in (((m_, n_, k_), 2), ((m_, k_, n_), 2),
+                                                         ((k_, n_, m_), 2 * job.train.grad_bytes)))
+                                 for (m_, n_, k_, n), q in zip(ffn_gemms, ffn_fp8, strict=True)]
         heads, d = model.num_heads // tp, model.attention_width / model.num_heads  # MLA: (qk + v) / 2
         rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
         if model.attention == "mla":  # rotary on the rope part only

@@ -472,6 +472,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
         whole = layers if layout.zero < 3 or layout.shard_group == 1 else min(gathered, layers)
         out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
+        if experts and get_framework(job.framework).fp8_experts and layers:  # and of its local experts' weights
+            out["weights"] += FP8_WEIGHT_COPY_BYTES * experts * whole / layers
     out["activations"] = stage_activation_bytes(job, layout, layers, held.inflight,
                                                 rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one

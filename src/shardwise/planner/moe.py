@@ -277,14 +277,13 @@ def layer_gemms(model: ModelSpec, tokens: int, layout: Layout, capacity: float =
 
 
 def fp8_gemms(model: ModelSpec, experts: bool) -> list[bool]:
-    """Which of layer_gemms' GEMMs run in FP8 under `recipe` (`--precision fp8`): the shared expert's, as every dense
-    linear; the router in BF16 (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; torchtitan's router
-    nn.Linear becomes a Float8Linear where the expert count is a multiple of 16, a GEMM of a few hidden x experts
-    MACs a token whose precision moves no step); the routed
-    experts' where the stack runs them in FP8 (`experts`: Framework.fp8_experts, Megatron-Core's TEGroupedLinear), not
-    under torchao: torchtitan's `quantize.linear.float8` swaps nn.Linear for Float8Linear, and its GroupedExperts hold
-    plain parameters (models/moe/moe.py), so they run BF16 grouped GEMMs unless its prototype
-    `quantize.grouped_mm.float8` converter is named, which no profile does."""
+    """Which of layer_gemms' GEMMs run in FP8 under `--precision fp8`: the shared expert's, as every dense linear; the
+    router's in BF16 (Megatron-Core's TopKRouter computes its logits in BF16 or FP32; torchtitan's router nn.Linear
+    becomes a Float8Linear where the expert count is a multiple of 16, a GEMM of hidden x experts MACs a token whose
+    precision moves no step); the routed experts' where the stack runs them in FP8 (`experts`: Framework.fp8_experts,
+    Megatron-Core's TEGroupedLinear), not under torchao: torchtitan's `quantize.linear.float8` swaps nn.Linear for
+    Float8Linear, and its GroupedExperts hold plain parameters (models/moe/moe.py), so they run BF16 grouped GEMMs
+    unless its prototype `quantize.grouped_mm.float8` converter is named, which no profile does."""
     shared = [True, True] if model.shared_ffn_hidden else []
     return shared + [False] + [experts] * 2
 
@@ -298,8 +297,10 @@ def expert_gemm_time(cluster: ClusterSpec, m: float, n: float, k: float, count: 
     if streams <= 0 or count <= streams:
         return kernels.gemm_time(cluster, m, n, k, batch=count, out_bytes=out_bytes, fp8=fp8, precision=precision)
     full, rest = divmod(count, streams)
-    one = lambda batch: kernels.gemm_time(cluster, m, n, k, batch=batch, out_bytes=out_bytes, fp8=fp8, precision=precision)
-    return full * one(streams) + (one(rest) if rest else 0.0)
+
+    def batch_of(batch: int) -> float:
+        return kernels.gemm_time(cluster, m, n, k, batch=batch, out_bytes=out_bytes, fp8=fp8, precision=precision)
+    return full * batch_of(streams) + (batch_of(rest) if rest else 0.0)
 
 
 def permute_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,

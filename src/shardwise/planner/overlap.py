@@ -301,7 +301,8 @@ def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backward
         per_gathered, per_backward, per_reduced = cast / shard, 2 * p, (p + r if r != p else 0) + 2 * r
     else:
         per_gathered, per_backward, per_reduced = 2 * p + (cast + 2 * p) / shard, 0, p + r
-    per_fp8 = 2 + (master + 1 + 2) / shard  # FSDP2's copy-out of the gathered buffer; the shard's cast and copy-in
+    # torchao's FP8 gather (FSDP2 only): the copy-out of the gathered buffer; the shard's cast and copy-in, one byte
+    per_fp8 = 2 + (master + 1 + 2) / shard if fw.torch_fsdp == 2 else per_gathered
     return (per_gathered * gathered + per_fp8 * fp8_gathered + per_backward * backwards
             + per_reduced * reduced) / hbm_rate(job.cluster)
 
