@@ -1187,3 +1187,23 @@ def test_explain_names_torchaos_float8_all_gather_where_it_would_gather():
     assert "enable_fsdp_float8_all_gather = true" in said and "precompute_float8_dynamic_scale_for_fsdp" in said
     assert with_it.step_time < win.step_time and "(-" in said  # faster, and said so
     assert note(64, fp8_params=True)[0] == [] and note(8, cp=8)[0] == []  # FSDP over CP ranks alone gathers none
+
+
+def test_estimate_says_when_fp8_params_gather_nothing(capsys):
+    # --fp8-params under torchtitan where FSDP shards nothing (DDP): one note, in the table's output and in the JSON,
+    # instead of a silent no-op; none where it runs.
+    import json
+
+    from shardwise.cli import main
+
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "8192", "--micro-batch", "1", "--framework", "torchtitan", "--precision", "fp8",
+            "--fp8-params", "--recompute", "full"]
+    assert main(argv + ["--zero", "0"]) == 0
+    assert "gathers none" in capsys.readouterr().out.replace("\n", " ")
+    assert main(argv + ["--zero", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert not doc["assumptions"]["fp8_all_gather"] and any("gathers none" in n for n in doc["assumptions"]["implied"])
+    assert main(argv + ["--zero", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["assumptions"]["fp8_all_gather"] and not any("gathers none" in n for n in doc["assumptions"]["implied"])
