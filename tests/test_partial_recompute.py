@@ -126,6 +126,8 @@ def test_estimate_json_carries_recompute_layers_and_implies_full(capsys):
     (("--recompute-layers", "4", "--framework", "deepspeed"), "deepspeed"),
     (("--recompute-layers", "4", "--framework", "composer"), "composer"),
     (("--recompute-layers", "7", "--framework", "torchtitan"), "every k-th block"),
+    # 32 // k for k = 4, 5: the counts beside 7 it can run, and every layer
+    (("--recompute-layers", "7", "--framework", "torchtitan"), "the nearest: 6 or 8, or all 32 with --recompute full"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(capsys, extra, words):
     code, out, err = _estimate(capsys, *extra)

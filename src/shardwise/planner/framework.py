@@ -445,9 +445,13 @@ class Framework:
         n = layout.recompute_layers
         if n is None or n >= chunk_layers or self.partial_recompute != "every" or n in self.partial_counts(chunk_layers):
             return None
-        near = ", ".join(map(str, self.partial_counts(chunk_layers)[-4:]))
+        counts = self.partial_counts(chunk_layers)
+        below = max((c for c in counts if c < n), default=None)
+        above = min((c for c in counts if c > n), default=None)
+        near = " or ".join(str(c) for c in (below, above) if c is not None)
+        near += f", or all {chunk_layers} with --recompute full"
         return (f"{self.name} checkpoints every k-th block, so of {chunk_layers} layers it recomputes "
-                f"{chunk_layers} // k: --recompute-layers {n} is none of them (the largest: {near})")
+                f"{chunk_layers} // k: --recompute-layers {n} is none of them (the nearest: {near})")
 
     def fsdp_once_per_step(self, layout: Layout) -> bool:
         """Whether FSDP's units gather once and reduce-scatter once per step, after a pipeline schedule, holding
