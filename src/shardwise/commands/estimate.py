@@ -71,10 +71,11 @@ def _run(args) -> int:
     check_runs(job, layout)
     if host_note := host_bound_note(job, layout):
         implied = [*implied, host_note]
-    if job.fp8_all_gather and not fp8_gathered(job, layout):  # asked for where torchtitan would not turn it on
-        implied = [*implied, "--fp8-params: torchao's float8 all-gather runs only where FSDP shards the weights over "
-                             "data-parallel ranks (ZeRO-2/3 with more than one data-parallel shard); this layout "
-                             "gathers none, so it changes nothing here"]
+    idle_gather = ("--fp8-params: torchao's float8 all-gather runs only where FSDP shards the weights over "
+                   "data-parallel ranks (ZeRO-2/3 with more than one data-parallel shard); this layout gathers none, "
+                   "so it changes nothing here") if job.fp8_all_gather and not fp8_gathered(job, layout) else ""
+    if idle_gather:  # asked for where torchtitan would not turn it on
+        implied = [*implied, idle_gather]
     est = estimate(job, layout, implied)
     options = [] if est.fits else fit_options(job, layout)
     if args.json:
@@ -91,8 +92,8 @@ def _run(args) -> int:
         console.print(_does_not_fit(est, options), highlight=False)
     for note in notes(args):  # the stack and torch.compile where the user named neither
         console.print(f"note: {note}", highlight=False)
-    if job.fp8_all_gather and not fp8_gathered(job, layout):
-        console.print(f"note: {implied[-1]}", highlight=False)
+    if idle_gather:
+        console.print(f"note: {idle_gather}", highlight=False)
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0

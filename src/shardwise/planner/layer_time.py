@@ -287,7 +287,8 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     behind the attention kernel: the projection's input (its output) and V's gradient (its dV)."""
     model, tp = job.model, layout.tp
     h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
-    recipe = get_framework(job.framework).fp8
+    fw = get_framework(job.framework)
+    recipe = fw.fp8
     split = tp if layout.sequence_parallel else 1
     compiled = job.compile and recipe == "torchao"
     # (elements, whether a compiled kernel produces it): the projection's input, FC2's, then the two norms' outputs
@@ -305,8 +306,7 @@ def fp8_casts(job: Job, layout: Layout, tokens: int, moe_layer: bool = False) ->
     grads = qkv + [(out, True)] + ([] if moe_layer else [(tokens * (2 if model.gated_mlp else 1) * f / tp, True),
                                                          (out, True)])
     if moe_layer:  # the experts' rows, priced unfused (their casts follow the permutation; no published torchao run)
-        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor,
-                                                  experts=get_framework(job.framework).fp8_experts)
+        ffn_in, ffn_grads = moe.fp8_cast_elements(model, tokens, layout, job.capacity_factor, experts=fw.fp8_experts)
         inputs, grads = inputs + [(n, False) for n in ffn_in], grads + [(n, False) for n in ffn_grads]
     return tuple(kernels.fp8_cast_time(job.cluster, [(n, compiled and f) for n, f in cast], recipe)
                  for cast in (inputs, grads))

@@ -153,11 +153,10 @@ def fsdp_exposed(job, layout, fw: Framework, params: float, layer_params: float,
     reduced = layers * calls.reduce + chunks * calls.root_reduce  # every unit's reduction, once
     after = reduced if passes.deferred else 0.0
     unit = layers * layer_params + chunks * root
-    gathered_layers = (passes.forwards + m * passes.regathers) * layers * layer_params
-    fp8 = gathered_layers * fp8_layer / layer_params if layer_params else 0.0
-    copies = fsdp_copy_time(job, fw, passes.forwards * chunks * root + gathered_layers - fp8,
+    layer_gathers = (passes.forwards + m * passes.regathers) * layers
+    copies = fsdp_copy_time(job, fw, passes.forwards * chunks * root + layer_gathers * (layer_params - fp8_layer),
                             (passes.reducing + (1 if passes.deferred else 0)) * unit, m * unit, layout.shard_group,
-                            fp8_gathered=fp8)
+                            fp8_gathered=layer_gathers * fp8_layer)
     if not overlap or not fw.prefetch:
         gathers = (passes.forwards * (layers * calls.gather + chunks * calls.root_gather)
                    + m * layers * calls.gather * passes.regathers)
