@@ -74,6 +74,9 @@ class ClusterSpec:
     arch: str = ""  # "ampere" | "hopper": picks the attention kernels' and NCCL's constants
     fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s per GPU (0: no FP8 tensor cores, e.g. A100)
     power_limit_w: float = 0.0  # board power limit below the rated TDP (0: the rated TDP); POWER_CURVES
+    # Seconds each network crossing of a collective takes beyond NCCL's tuner constants: 0 on a datasheet cluster;
+    # fitted to the cluster's own nccl-tests logs by `shardwise calibrate --nccl-tests` (calibrate/nccl_tests.py).
+    net_step_extra: float = 0.0
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -116,7 +119,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         if not CLUSTER_RANGE[0] <= values[key] <= CLUSTER_RANGE[1]:  # beyond, times overflow or MFU underflows
             raise UsageError(f"{source}: key '{key}' is {table[key]!r}, outside {CLUSTER_RANGE[0]:g} to "
                              f"{CLUSTER_RANGE[1]:g} — check its unit (GiB, TFLOP/s, GB/s) in the presets")
-    for key in ("intra_node_latency_us", "inter_node_latency_us", "num_gpus"):
+    for key in ("intra_node_latency_us", "inter_node_latency_us", "net_step_extra_us", "num_gpus"):
         if key in table and _cluster_number(table, key, int if key == "num_gpus" else float, source) < 0:
             raise UsageError(f"{source}: key '{key}' must not be negative, got {table[key]!r}")
         if key in table and key != "num_gpus" and table[key] > CLUSTER_RANGE[1]:
@@ -148,6 +151,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         arch=arch,
         fp8_flops=values.get("fp8_peak_tflops", 0.0) * 1e12,
         power_limit_w=values.get("power_limit_w", 0.0),
+        net_step_extra=float(table.get("net_step_extra_us", 0.0)) * 1e-6,
     )
 
 
@@ -168,7 +172,7 @@ def _check_power_limit(watts: float, arch: str, measured: bool, source: str) -> 
 
 
 # Every other [cluster] key the loader reads (a key it does not read is a typo: refused, not ignored).
-_OTHER_KEYS = ("name", "arch", "num_gpus", "intra_node_latency_us", "inter_node_latency_us")
+_OTHER_KEYS = ("name", "arch", "num_gpus", "intra_node_latency_us", "inter_node_latency_us", "net_step_extra_us")
 
 
 def _check_cluster_keys(table: dict, source: str) -> None:
@@ -231,6 +235,12 @@ def _check_measured(measured, source: str) -> None:
 
 def load_cluster(ref: str) -> ClusterSpec:
     """A preset name (see `cluster_presets()`) or a path to a cluster TOML file."""
+    data, name, source = cluster_toml(ref)
+    return cluster_from_toml(data, name=name, source=source)
+
+
+def cluster_toml(ref: str) -> tuple[dict, str, str]:
+    """(the TOML's tables, the cluster's default name, where it came from) of a preset name or a .toml path."""
     path = Path(ref)
     if not ref.strip():
         raise UsageError(f"--cluster is empty — give a preset ({', '.join(cluster_presets())}) or a cluster .toml file")
@@ -246,11 +256,11 @@ def load_cluster(ref: str) -> ClusterSpec:
             raise UsageError(f"{ref}: malformed TOML ({exc}) — fix the file or use a preset") from None
         except OSError as exc:
             raise UsageError(f"{ref}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
-        return cluster_from_toml(data, name=path.stem, source=ref)
+        return data, path.stem, ref
     preset = preset_dir("clusters").joinpath(f"{ref}.toml")
     if ref not in cluster_presets() or not preset.is_file():
         raise UsageError(f"unknown cluster '{ref}' — valid presets: {', '.join(cluster_presets())}; or pass a path to a .toml")
-    return cluster_from_toml(tomllib.loads(preset.read_text()), name=ref, source=f"preset {ref}")
+    return tomllib.loads(preset.read_text()), ref, f"preset {ref}"
 
 
 # --------------------------------------------------------------------------- training job

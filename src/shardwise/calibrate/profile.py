@@ -291,8 +291,8 @@ class Profile:
                 "# peak_tflops: the achieved matmul rate on the model's GEMMs, not a datasheet figure;",
                 "# hbm_bandwidth_gbs: a large copy; link bandwidth and latency: fitted to the [measured] tables.",
                 "# One machine: inter_node_* repeat intra_node_* (no network is crossed)."]
-        return "\n".join(head) + "\n\n" + _toml_table("cluster", self.cluster_table()) + "\n" + \
-            _toml_table("measured", self.measured_table())
+        return "\n".join(head) + "\n\n" + toml_table("cluster", self.cluster_table()) + "\n" + \
+            toml_table("measured", self.measured_table())
 
 
 # How each [measured] key of a profile moves with the machine's speed, for at_speed: by the speed of the ranks' own
@@ -444,5 +444,5 @@ def _toml_value(v) -> str:
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 
-def _toml_table(name: str, table: dict) -> str:
+def toml_table(name: str, table: dict) -> str:
     return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())

@@ -21,6 +21,13 @@ def register(subparsers, name, help):
     p.add_argument("--warmup", type=int, default=3, help="untimed repeats before each measurement")
     p.add_argument("--copy-size", default=None, help="bytes of the memory-bandwidth copy (default 64M on CPU, 2G on GPU)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take before the run fails")
+    p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
+                   help="instead of measuring here: fit --cluster's network to these nccl-tests logs "
+                        "(all_reduce_perf, all_gather_perf, ... output; [KIND[@NODESxGPUS]=]PATH where the log "
+                        "does not say) and write that cluster file; no ranks start")
+    p.add_argument("--cluster", default=None,
+                   help="with --nccl-tests: the cluster the logs ran on (a preset or a cluster .toml), whose "
+                        "other numbers the written file keeps")
     p.add_argument("--out", default="profile.toml", help="where to write the cluster profile (TOML)")
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
     p.set_defaults(func=run)
@@ -40,6 +47,8 @@ def _config(args):
 def run(args) -> int:
     import sys
 
+    if args.nccl_tests is not None or args.cluster is not None:
+        return _from_nccl_tests(args)
     from shardwise.calibrate import calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed, under_torchrun
 
@@ -72,6 +81,68 @@ def run(args) -> int:
         return 0
     _print(Console(), profile, args.out, args.model)
     return 0
+
+
+def _from_nccl_tests(args) -> int:
+    """`--nccl-tests`: the logs read, the network fitted, the cluster file written, the fit shown."""
+    from shardwise.calibrate.nccl_tests import cluster_file, fit, read_log
+    from shardwise.commands.common import prepare_output
+    from shardwise.errors import UsageError
+    from shardwise.specs import cluster_from_toml, cluster_toml
+
+    if not args.nccl_tests or not args.cluster:
+        raise UsageError("--nccl-tests and --cluster go together: the logs, and the cluster they ran on "
+                         "(e.g. --nccl-tests all_reduce_perf.log --cluster dgx-h100-80gb)")
+    data, name, source = cluster_toml(args.cluster)
+    base = cluster_from_toml(data, name=name, source=source)
+    result = fit(base, [read_log(arg) for arg in args.nccl_tests])
+    prepare_output(args.out, "--out", "cluster.toml")
+    command = "shardwise calibrate " + " ".join(shlex.quote(a) for a in
+                                                ("--nccl-tests", *args.nccl_tests, "--cluster", args.cluster))
+    Path(args.out).write_text(cluster_file(result, data.get("cluster", data), command))
+    if args.json:
+        print_json({"out": args.out, "cluster": args.cluster, "fitted": result.fitted, "logs": result.rows()})
+        return 0
+    _print_fit(result, args.out)
+    return 0
+
+
+def _print_fit(result, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="the planner's collective times against the logs: median |error| over sizes >= 64 KiB, "
+                        "before (the base's datasheet network) and after the fit")
+    for column in ("log", "kind", "ranks/nodes", "busbw GB/s", "before", "after", ">= 64 MiB", "max"):
+        table.add_column(column, justify="left" if column in ("log", "kind") else "right")
+    for r in result.rows():
+        big = r["median_abs_error_64mib_up"]
+        table.add_row(Path(r["log"]).name, r["kind"], f"{r['ranks']}/{r['nodes']}", f"{r['largest_busbw_gbs']:,.0f}",
+                      f"{100 * r['median_abs_error_before']:.1f} %", f"{100 * r['median_abs_error']:.1f} %",
+                      "—" if big is None else f"{100 * big:.1f} %", f"{100 * r['max_abs_error']:.1f} %")
+    console = Console()
+    console.print(table)
+    for source in result.left_out:
+        console.print(f"[yellow]{source}: more bus bandwidth than a ring can move (its NICs' line rate across nodes, "
+                      f"NVLink's on one node) — an all-reduce reduced inside the switches (NVLink SHARP, SHARP) or a "
+                      f"tree over two nodes, which the model does not time: reported, not fitted; the planner's "
+                      f"all-reduces there are conservative[/]", highlight=False)
+    if result.fitted:
+        fitted = ", ".join(f"{k} = {v:g}" for k, v in result.fitted.items())
+        console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
+    else:
+        console.print("fitted: nothing (no log left to fit): the written file keeps the base's network",
+                      highlight=False)
+    console.print(f"wrote {out} — use it: shardwise plan --model ... --cluster {shlex.quote(out)} --gpus ... "
+                  f"--global-batch ... --seq-len ...", highlight=False)
+
+
+def _before(result) -> str:
+    base = result.base
+    values = {"intra_node_bandwidth_gbs": base.intra_node_bandwidth / 1e9,
+              "inter_node_bandwidth_gbs": base.inter_node_bandwidth / 1e9,
+              "net_step_extra_us": base.net_step_extra * 1e6}
+    return ", ".join(f"{k} = {values[k]:g}" for k in result.fitted)
 
 
 def _cuda_devices() -> int:

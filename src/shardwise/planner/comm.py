@@ -18,6 +18,8 @@ Bandwidth: the bus bandwidth of the ring, then algorithm bandwidth = bus bandwid
     NIC per GPU (DGX) or one or two for all eight: NCCL's rings cross each node boundary once each, one ring
     (channel) per NIC, so a node's network carries the message size per ring crossing whatever its NIC count.
 Sizes: all-gather's B is the gathered (full) size, reduce-scatter's the full input (NCCL's nBytes).
+A cluster fitted to its own nccl-tests logs (calibrate/nccl_tests.py) adds net_step_extra per network crossing a
+chunk makes (ring: nodes - 1, all-reduce 2 (nodes - 1); tree: 2 log2(nodes); send: one); 0 on datasheet presets.
 
 Calibrated clusters (`shardwise calibrate`, ClusterSpec.measured): the tables, interpolated log-log,
 extrapolated linearly in bytes; a collective without a table, or over a group of another size than the
@@ -111,11 +113,14 @@ def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, s
     bus = bus_bandwidth(cluster, n, stride) / 1e9  # GB/s, NCCL's unit
     arch = cluster.arch if cluster.arch in LL_MAX_GBS else "ampere"
     ll_max = LL_MAX_GBS[arch][min(nodes, 3) - 1]
+    # The cluster's own network beyond the tuner's constants, per crossing a chunk makes (0 on a datasheet cluster).
+    extra = cluster.net_step_extra if nodes > 1 else 0.0
     if kind == "send_recv":
         hop = "nvlink" if nodes == 1 else "net"
-        return (BASE_LATENCY["ring"][2] + HOP_LATENCY[(hop, "ring")][2]) * 1e-6 + nbytes / (bus * 1e9)
+        return (BASE_LATENCY["ring"][2] + HOP_LATENCY[(hop, "ring")][2]) * 1e-6 + extra + nbytes / (bus * 1e9)
     steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "broadcast": n}[kind]
     inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if kind == "all_reduce" else nodes - 1)
+    ring_extra = extra * inter_steps
     best = math.inf
     for p, proto in enumerate(PROTOCOLS):
         # Ring.
@@ -134,7 +139,7 @@ def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, s
             lat = BASE_LATENCY["ring"][p] + (steps - inter_steps) * intra + inter_steps * HOP_LATENCY[("net", "ring")][p]
         if proto == "Simple" and nodes > 1 and kind == "all_reduce":
             lat *= RING_PLATEAU
-        best = min(best, lat * 1e-6 + nbytes / (algbw * 1e9))
+        best = min(best, lat * 1e-6 + ring_extra + nbytes / (algbw * 1e9))
         # Tree: all-reduce across nodes only.
         if kind == "all_reduce" and nodes > 1:
             tbw = {"LL": min(bus / 3.8, ll_max), "LL128": bus * 120 / 128, "Simple": bus * 0.92}[proto] * 0.5
@@ -144,7 +149,7 @@ def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, s
             net = HOP_LATENCY[("net", "tree")][p]
             tlat = BASE_LATENCY["tree"][p] + 2 * ((per_node - 1) * HOP_LATENCY[("nvlink", "tree")][p]
                                                   + math.log2(nodes) * net)
-            best = min(best, tlat * 1e-6 + nbytes / (tbw * 1e9))
+            best = min(best, tlat * 1e-6 + 2 * math.log2(nodes) * extra + nbytes / (tbw * 1e9))
     return best
 
 

@@ -1,0 +1,277 @@
+"""A cluster's network from its own nccl-tests logs: read them, fit the two numbers the NCCL model lacks, score it.
+
+`shardwise calibrate --nccl-tests LOG ... --cluster BASE` reads the logs NVIDIA's nccl-tests print
+(all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf, sendrecv_perf) and writes BASE's cluster
+file with its network fitted to them, so that `plan` / `estimate` time every collective, at every group size and
+placement, with the NCCL tuner model of planner/comm.py on this cluster's measured network instead of a datasheet's:
+
+  logs on one node    intra_node_bandwidth_gbs (NVLink as the rings reach it);
+  logs across nodes   inter_node_bandwidth_gbs (per GPU, the node's NICs over its GPUs) and net_step_extra_us,
+                      the time each network crossing of a chunk takes beyond the tuner's own hop latency
+                      (congestion, adaptive routing, rail misalignment: what the datasheet does not say).
+
+The fit minimises the squared log ratio of the model's time to each logged time (the faster of out-of-place and
+in-place), over every size of every log of that kind of placement; the report gives each log's error before (the
+base cluster's datasheet numbers) and after. A log keeps its own rank count, ranks per node and kind, so a fit on
+all_reduce can be checked on all_gather (tests/test_nccl_tests.py does, on published logs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from shardwise.errors import UsageError
+from shardwise.specs import ClusterSpec
+
+KIND_BY_TEST = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+                "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast", "sendrecv_perf": "send_recv"}
+# How a file name may spell each kind (all_gather_perf.log, allgather-16n.txt, ag_2x8.txt is not enough).
+_NAME_PATTERNS = {"all_reduce": r"all_?reduce", "all_gather": r"all_?gather", "reduce_scatter": r"reduce_?scatter",
+                  "broadcast": r"broadcast|bcast", "send_recv": r"send_?recv"}
+_RANK_LINE = re.compile(r"^#?\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
+# What launchers put before every line: mpirun --tag-output's `[1,0]<stdout>:`, srun --label's ` 0: `.
+_LAUNCHER_PREFIX = re.compile(r"^(\[\d+,\d+\]<std\w+>:|\s*\d+:\s)")
+_TEST_LINE = re.compile(r"^#?\s*Collective test starting:\s*(\w+)")
+# Sizes below this carry the launch and the protocol's base latency, not the network: reported, not fitted.
+MIN_FIT_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """One nccl-tests run: what ran where, and (bytes, seconds) per size."""
+
+    source: str
+    kind: str
+    ranks: int
+    nodes: int
+    gpu: str
+    points: tuple[tuple[float, float], ...]
+
+    @property
+    def per_node(self) -> int:
+        return self.ranks // self.nodes
+
+
+def parse_arg(arg: str) -> tuple[str, str | None, tuple[int, int] | None]:
+    """`[KIND[@NODESxGPUS]=]PATH` -> (path, kind or None, (nodes, gpus per node) or None)."""
+    head, sep, path = arg.partition("=")
+    if not sep or "/" in head or "." in head:
+        return arg, None, None
+    kind, _, shape = head.partition("@")
+    if kind not in KIND_BY_TEST.values():
+        raise UsageError(f"--nccl-tests {arg}: unknown collective '{kind}' — use one of "
+                         f"{', '.join(KIND_BY_TEST.values())} before '=', or give just the log's path")
+    if not shape:
+        return path, kind, None
+    m = re.fullmatch(r"(\d+)x(\d+)", shape)
+    if not m or int(m[1]) < 1 or int(m[2]) < 1:
+        raise UsageError(f"--nccl-tests {arg}: '{shape}' is not NODESxGPUS (e.g. {kind}@4x8=log.txt)")
+    return path, kind, (int(m[1]), int(m[2]))
+
+
+def read_log(arg: str) -> NcclLog:
+    path, kind, shape = parse_arg(arg)
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--nccl-tests {path}: cannot read it ({exc.strerror}) — check the path") from None
+    return parse(text, path, kind, shape)
+
+
+def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int] | None = None) -> NcclLog:
+    """One log's kind, ranks, nodes and timings, or one UsageError line saying what it lacks."""
+    hosts, gpus, test = {}, set(), None
+    points = []
+    for line in text.splitlines():
+        line = _LAUNCHER_PREFIX.sub("", line).strip()
+        if m := _RANK_LINE.match(line):
+            hosts[int(m[1])] = m[2]
+            gpus.add(m[3].strip())
+        elif m := _TEST_LINE.match(line):
+            test = m[1]
+        elif line and not line.startswith("#") and (point := _row(line)):
+            points.append(point)
+    kind = kind or KIND_BY_TEST.get(test or "") or _kind_from_name(source)
+    if kind is None:
+        raise UsageError(f"--nccl-tests {source}: cannot tell which collective it measured — name it, e.g. "
+                         f"all_gather={source}")
+    if shape:
+        nodes, ranks = shape[0], shape[0] * shape[1]
+    elif hosts:
+        nodes, ranks = len(set(hosts.values())), len(hosts)
+    else:
+        raise UsageError(f"--nccl-tests {source}: no '#  Rank N Group 0 Pid P on HOST device ...' lines to count ranks "
+                         f"and nodes — keep nccl-tests' header, or give the shape: {kind}@NODESxGPUS={source}")
+    if ranks % nodes:
+        raise UsageError(f"--nccl-tests {source}: {ranks} ranks do not spread evenly over {nodes} nodes — the model "
+                         f"assumes as many ranks on every node")
+    if kind == "send_recv" and ranks != 2:
+        raise UsageError(f"--nccl-tests {source}: sendrecv over {ranks} ranks is a ring of pairs the model does not "
+                         f"time — give a 2-rank sendrecv_perf log")
+    fit = [p for p in points if p[0] >= MIN_FIT_BYTES]
+    if len(fit) < 2:
+        raise UsageError(f"--nccl-tests {source}: {len(fit)} sizes of {MIN_FIT_BYTES // 1024} KiB or more in its table — "
+                         f"run the test over a range of sizes (e.g. -b 8 -e 8G -f 2)")
+    if ranks < 2:
+        raise UsageError(f"--nccl-tests {source}: one rank moves nothing — run the test over 2 or more GPUs")
+    return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(gpus)), tuple(sorted(points)))
+
+
+def _kind_from_name(source: str) -> str | None:
+    name = Path(source).name.lower()
+    found = [k for k, pattern in _NAME_PATTERNS.items() if re.search(pattern, name)]
+    return found[0] if len(found) == 1 else None
+
+
+def _row(line: str) -> tuple[float, float] | None:
+    """(bytes, seconds) of a table row: `size count type [redop] [root] time algbw busbw #wrong time algbw busbw
+    #wrong`, the faster of out-of-place and in-place (the columns counted from the end: releases differ in between)."""
+    tok = line.split()
+    if len(tok) < 10 or not (tok[0].isdigit() and tok[1].isdigit()):
+        return None
+    try:
+        times = [float(tok[-8]), float(tok[-4])] if len(tok) >= 11 else [float(tok[-4])]
+    except ValueError:
+        return None
+    times = [t for t in times if math.isfinite(t) and t > 0]
+    if int(tok[0]) <= 0 or not times:
+        return None
+    return float(tok[0]), min(times) * 1e-6
+
+
+# ----------------------------------------------------------------------------------------------------- the fit
+
+
+def model_time(cluster: ClusterSpec, log: NcclLog, nbytes: float) -> float:
+    """The planner's time for this log's collective, ranks and placement on `cluster`."""
+    from shardwise.planner.comm import nccl_time
+
+    stride = max(1, cluster.gpus_per_node // log.per_node)
+    return nccl_time(cluster, log.kind, nbytes, log.ranks, stride)
+
+
+def errors(cluster: ClusterSpec, log: NcclLog, min_bytes: float = MIN_FIT_BYTES) -> list[float]:
+    """Predicted / logged time - 1 at every size of at least `min_bytes` (+: the model is too slow)."""
+    return [model_time(cluster, log, b) / t - 1 for b, t in log.points if b >= min_bytes]
+
+
+def _loss(cluster: ClusterSpec, logs: list[NcclLog]) -> float:
+    return sum(math.log1p(e) ** 2 for log in logs for e in errors(cluster, log))
+
+
+def _minimise(loss, start: list[float], bounds: list[tuple[float, float]]) -> list[float]:
+    """Pattern search on each coordinate, steps halving (a handful of parameters, a smooth loss: enough)."""
+    x, best = list(start), loss(start)
+    steps = [(hi - lo) / 4 for lo, hi in bounds]
+    while max(s / (hi - lo) for s, (lo, hi) in zip(steps, bounds)) > 1e-4:
+        moved = False
+        for i, (lo, hi) in enumerate(bounds):
+            for sign in (1, -1):
+                trial = list(x)
+                trial[i] = min(hi, max(lo, x[i] + sign * steps[i]))
+                value = loss(trial)
+                if value < best:
+                    x, best, moved = trial, value, True
+                    break
+        if not moved:
+            steps = [s / 2 for s in steps]
+    return x
+
+
+def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
+    if base.measured:
+        raise UsageError("--nccl-tests fits a datasheet cluster's network: give --cluster a preset or a cluster file "
+                         "without [measured] tables")
+    for log in logs:
+        if log.per_node > base.gpus_per_node or base.gpus_per_node % log.per_node:
+            raise UsageError(f"--nccl-tests {log.source}: {log.per_node} ranks per node on a cluster of "
+                             f"{base.gpus_per_node} GPUs per node — give the --cluster it ran on (gpus_per_node)")
+
+
+def beyond_ring(base: ClusterSpec, log: NcclLog) -> bool:
+    """A log whose largest size moved more bus bandwidth than a ring can: more than its ranks' NICs carry (across
+    nodes) or than NVLink's datasheet rate (one node). Such an all-reduce reduced inside the switches (NVLink SHARP,
+    SHARP) or ran a tree over two nodes, which halves what crosses the network; the model times neither, so the log
+    says nothing about the numbers fitted here."""
+    limit = log.per_node * base.inter_node_bandwidth if log.nodes > 1 else base.intra_node_bandwidth
+    return _busbw(log) * 1e9 > limit
+
+
+@dataclass(frozen=True)
+class Fit:
+    cluster: ClusterSpec
+    fitted: dict  # [cluster] key -> value, the keys the logs determined
+    logs: tuple[NcclLog, ...]
+    base: ClusterSpec
+    left_out: tuple[str, ...] = ()  # sources of the logs beyond_ring: reported, not fitted
+
+    def rows(self) -> list[dict]:
+        """Per log: its shape and the model's error before and after the fit (sizes >= MIN_FIT_BYTES)."""
+        out = []
+        for log in self.logs:
+            before, after = errors(self.base, log), errors(self.cluster, log)
+            big = [e for (b, _), e in zip([p for p in log.points if p[0] >= MIN_FIT_BYTES], after) if b >= 1 << 26]
+            out.append({"log": log.source, "kind": log.kind, "ranks": log.ranks, "nodes": log.nodes, "gpu": log.gpu,
+                        "sizes": len(before), "median_abs_error_before": _median_abs(before),
+                        "median_abs_error": _median_abs(after), "max_abs_error": max(abs(e) for e in after),
+                        "median_abs_error_64mib_up": _median_abs(big) if big else None,
+                        "largest_busbw_gbs": _busbw(log), "fitted": log.source not in self.left_out})
+        return out
+
+
+def _median_abs(values: list[float]) -> float:
+    return statistics.median(abs(v) for v in values)
+
+
+def _busbw(log: NcclLog) -> float:
+    """nccl-tests' bus bandwidth of the log's largest size, GB/s (its own factors per collective)."""
+    nbytes, seconds = log.points[-1]
+    n = log.ranks
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(log.kind, 1.0)
+    return nbytes / seconds * factor / 1e9
+
+
+def fit(base: ClusterSpec, logs: list[NcclLog]) -> Fit:
+    """Fit NVLink on the one-node logs, then the network on the multi-node ones (with that NVLink)."""
+    _check_base(base, logs)
+    cluster, fitted = base, {}
+    left_out = tuple(log.source for log in logs if beyond_ring(base, log))
+    one_node = [log for log in logs if log.nodes == 1 and log.source not in left_out]
+    across = [log for log in logs if log.nodes > 1 and log.source not in left_out]
+    if one_node:
+        (gbs,) = _minimise(lambda x: _loss(replace(cluster, intra_node_bandwidth=x[0] * 1e9), one_node),
+                           [cluster.intra_node_bandwidth / 1e9], [(1.0, 10000.0)])
+        cluster = replace(cluster, intra_node_bandwidth=gbs * 1e9)
+        fitted["intra_node_bandwidth_gbs"] = round(gbs, 2)
+    if across:
+        def network(x):
+            return replace(cluster, inter_node_bandwidth=x[0] * 1e9, net_step_extra=x[1] * 1e-6)
+
+        # At most the base's line rate: a log faster than the NICs carry reduced in the network or the switch
+        # (SHARP, NVLink SHARP), which the model does not time; a rate above the NICs' would leak into every group
+        # with fewer ranks per node (a data-parallel ring with one per node), which cannot use it.
+        line_rate = base.inter_node_bandwidth / 1e9
+        gbs, extra = _minimise(lambda x: _loss(network(x), across),
+                               [line_rate, 0.0], [(0.01 * line_rate, line_rate), (0.0, 1000.0)])
+        cluster = network([gbs, extra])
+        fitted["inter_node_bandwidth_gbs"] = round(gbs, 3)
+        fitted["net_step_extra_us"] = round(extra, 2)
+    return Fit(cluster, fitted, tuple(logs), base, left_out)
+
+
+def cluster_file(fit: Fit, table: dict, command: str) -> str:
+    """The base cluster's [cluster] table with the fitted keys, and where they came from."""
+    from shardwise.calibrate.profile import toml_table
+
+    table = {**table, **fit.fitted, "name": f"{table.get('name', fit.base.name)} (network from nccl-tests)"}
+    head = [f"# Written by `{command}`.",
+            "# Fitted to these nccl-tests logs (model error after / before the fit, median over sizes >= 64 KiB):"]
+    head += [f"#   {r['log']}: {r['kind']}, {r['ranks']} ranks on {r['nodes']} node(s), "
+             f"{100 * r['median_abs_error']:.1f} % / {100 * r['median_abs_error_before']:.1f} %"
+             f"{'' if r['fitted'] else ' (not fitted: faster than a ring can run)'}"
+             for r in fit.rows()]
+    return "\n".join(head) + "\n\n" + toml_table("cluster", table)
