@@ -135,3 +135,16 @@ def test_a_calibrated_cluster_is_not_a_base(tmp_path):
                        + "\n[measured]\nall_reduce = [[1024, 0.001]]\nworld_size = 2\n")
     with pytest.raises(UsageError, match="without \\[measured\\]"):
         fit(load_cluster(str(profile)), [read_log(H100_IB[4])])
+
+
+def test_leave_one_log_out_improves_every_ring_log_of_the_infiniband_cluster():
+    """benchmarks/nccl_fit.py: each multi-node ring log scored with the network fitted on its cluster's other logs."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks/nccl_fit.py"), "--json"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    held = [r for r in json.loads(out) if r["fitted_on_the_others"] and not r["faster_than_a_ring"]]
+    assert {r["nodes"] for r in held} == {4, 8}
+    for r in held:
+        assert r["fitted_on_the_others"]["median"] < 0.11 < r["datasheet"]["median"]
