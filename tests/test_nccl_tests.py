@@ -148,3 +148,19 @@ def test_leave_one_log_out_improves_every_ring_log_of_the_infiniband_cluster():
     assert {r["nodes"] for r in held} == {4, 8}
     for r in held:
         assert r["fitted_on_the_others"]["median"] < 0.11 < r["datasheet"]["median"]
+
+
+def test_estimate_and_explain_say_which_network_they_timed(tmp_path, capsys):
+    out = tmp_path / "ib.toml"
+    assert main(["calibrate", "--nccl-tests", H100_IB[4], "--cluster", "dgx-h100-80gb", "--out", str(out)]) == 0
+    job = ["--model", "llama3-8b", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+    networks = {}
+    for cluster in ("dgx-h100-80gb", str(out)):
+        capsys.readouterr()
+        assert main(["estimate", *job, "--cluster", cluster, "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json"]) == 0
+        networks[cluster] = json.loads(capsys.readouterr().out)["assumptions"]["network"]
+    assert networks["dgx-h100-80gb"]["net_step_extra_us"] == 0 and networks["dgx-h100-80gb"]["inter_node_gbs_per_gpu"] == 50
+    assert networks[str(out)]["net_step_extra_us"] > 0 and networks[str(out)]["inter_node_gbs_per_gpu"] < 50
+    capsys.readouterr()
+    assert main(["explain", *job, "--cluster", str(out)]) == 0
+    assert "fitted to nccl-tests logs" in " ".join(capsys.readouterr().out.split())

@@ -202,6 +202,18 @@ def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: 
     return alpha_beta_time(cluster, kind, nbytes, group_size, stride)
 
 
+def network_assumed(cluster: ClusterSpec) -> dict:
+    """What the collectives are timed on (estimate --json assumptions.network): NCCL's tuner model on the cluster's
+    rates, datasheet or fitted to its nccl-tests logs (net_step_extra_us > 0), or a calibration's own tables."""
+    if cluster.measured:
+        return {"model": f"shardwise calibrate's tables (world {cluster.measured.get('world_size', '?')}; "
+                         f"alpha-beta for other group sizes)"}
+    return {"model": "NCCL's tuner (ring/tree, LL/LL128/Simple)",
+            "nvlink_gbs": round(bus_bandwidth(cluster, 2, 1) / 1e9, 1),
+            "inter_node_gbs_per_gpu": round(cluster.inter_node_bandwidth / 1e9, 3),
+            "net_step_extra_us": round(cluster.net_step_extra * 1e6, 2)}
+
+
 def sync_time(cluster: ClusterSpec) -> float:
     """What one synchronising call (a collective or a blocking receive issued between compute) costs
     beyond its back-to-back time: the ranks arrive apart, the first blocks and must be woken. Measured

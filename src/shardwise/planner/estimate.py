@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from shardwise.errors import UsageError
 from shardwise.planner import kernels, moe
+from shardwise.planner.comm import network_assumed
 from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
@@ -138,6 +139,8 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "kept_for_backward": {"gated_mlp_tensors": job.saved.gated_mlp_tensors,
                               "norm_fp32_copies": job.saved.norm_fp32_stats,
                               "loss_bytes_per_logit": job.saved.logits_bytes + job.saved.loss_transient_bytes},
+        # the collectives' timing: NCCL's tuner on datasheet rates, or on rates fitted to the cluster's nccl-tests logs
+        "network": network_assumed(job.cluster),
         "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
         # a cluster below its rated TDP: the share of the rated tensor-core rates its power limit leaves (kernels.power_share)
         **({"power_limit_w": job.cluster.power_limit_w, "tensor_core_power_share": kernels.power_share(job.cluster)}

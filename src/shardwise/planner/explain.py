@@ -95,7 +95,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         out.append(f"Variants of the same {_split(lay)} split (micro-batch, virtual stages, schedule, "
                    f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.0%}; the closest is "
                    f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
-    out.append(framework_paragraph(job))
+    out.append(framework_paragraph(job, gpus))
     gather = fp8_gather_note(job, win)
     if gather:
         out.append(gather)
@@ -241,14 +241,25 @@ def runner_up(result: SearchResult) -> str:
             f"Winner: {_knobs(win)} at {seconds(win.step_time)}/step, {win.tokens_per_s:,.0f} tokens/s, MFU {win.mfu:.1%}.")
 
 
-def framework_paragraph(job: Job) -> str:
+def framework_paragraph(job: Job, gpus: int = 0) -> str:
     fw = get_framework(job.framework)
     a = assumptions(job)
     return (f"Framework {fw.name}: {fw.summary}. Assumed here: attention {a['attention']}, gradients reduced in "
             f"{a['gradient_reduce_dtype']}{' behind the backward' if a['grad_reduce_overlapped'] else ' after the backward'}, "
             f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
-            f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter. "
+            f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter{_network(job, a, gpus)}. "
             f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}.")
+
+
+def _network(job: Job, a: dict, gpus: int) -> str:
+    """Across nodes: the network the collectives were timed on, and how to time them on yours."""
+    net = a["network"]
+    if gpus <= job.cluster.gpus_per_node or "inter_node_gbs_per_gpu" not in net:
+        return ""
+    fitted = net["net_step_extra_us"] > 0
+    return (f", a network of {net['inter_node_gbs_per_gpu']:g} GB/s per GPU across nodes"
+            + (f" + {net['net_step_extra_us']:g} us per crossing (fitted to nccl-tests logs)" if fitted else
+               " (the datasheet's line rate; `shardwise calibrate --nccl-tests` fits yours)"))
 
 
 def fp8_gather_note(job: Job, win: Estimate) -> str:
