@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,6 @@ def test_a_fit_on_four_nodes_predicts_the_same_clusters_eight_node_log():
     before, after = _median_abs(errors(base, held_out)), _median_abs(errors(result.cluster, held_out))
     assert before > 0.2  # the datasheet network: 22 % off on this cluster
     assert after < 0.1 and after < before / 2
-    assert 0 < result.fitted["inter_node_bandwidth_gbs"] <= 50 and result.fitted["net_step_extra_us"] > 0
     # Large messages, where a data-parallel reduction lives: within 10 % too.
     big = [e for (b, _), e in zip([p for p in held_out.points if p[0] >= MIN_FIT_BYTES], errors(result.cluster, held_out))
            if b >= 1 << 26]
@@ -69,8 +69,8 @@ def test_a_fit_on_four_nodes_predicts_the_same_clusters_eight_node_log():
 def test_one_nodes_nvlink_sharp_and_two_nodes_tree_are_reported_not_fitted(tmp_path):
     """An all-reduce faster than any ring (NVLink SHARP on one p5 node at 483 GB/s; A3 Mega's 2-node all-reduce at
     339 GB/s over 200 GB/s of NICs) would drag the fit to numbers the ring-timed collectives cannot use."""
-    p5 = fit(load_cluster("dgx-h100-80gb"), [read_log(P5_ONE_NODE)])
-    assert p5.fitted == {} and len(p5.left_out) == 1 and p5.cluster == load_cluster("dgx-h100-80gb")
+    with pytest.raises(UsageError, match="every log ran faster than a ring"):
+        fit(load_cluster("dgx-h100-80gb"), [read_log(P5_ONE_NODE)])  # nothing left to fit: said, nothing written
     a3 = load_cluster(_a3_mega(tmp_path))
     result = fit(a3, [read_log(A3_MEGA_REDUCE), read_log(A3_MEGA_GATHER)])
     assert result.left_out == (A3_MEGA_REDUCE,)
@@ -164,3 +164,104 @@ def test_estimate_and_explain_say_which_network_they_timed(tmp_path, capsys):
     capsys.readouterr()
     assert main(["explain", *job, "--cluster", str(out)]) == 0
     assert "fitted to nccl-tests logs" in " ".join(capsys.readouterr().out.split())
+
+
+def _rows_rewritten(text: str, change) -> str:
+    """The log with each table row's tokens passed through change(tokens) (rank and header lines kept)."""
+    out = []
+    for line in text.splitlines():
+        tok = line.split()
+        out.append(" ".join(change(tok)) if tok and tok[0].isdigit() else line)
+    return "\n".join(out)
+
+
+def test_a_log_is_read_the_same_whatever_the_release_prints_around_its_columns():
+    text = Path(H100_IB[4]).read_text()
+    clean = parse(text, "all_reduce_perf.log")
+    # nccl-tests -S 1 (2025) appends a timestamp to every row; the 2017-18 releases printed times in milliseconds;
+    # before 2022 the rank lines had no Group.
+    stamped = _rows_rewritten(text, lambda t: [*t, "2025-10-01", "12:00:00"])
+    in_ms = _rows_rewritten(text, lambda t: [*t[:5], f"{float(t[5]) / 1e3:.6f}", *t[6:9], f"{float(t[9]) / 1e3:.6f}",
+                                             *t[10:]])
+    old_ranks = text.replace("Group  0 ", "")
+    for variant in (stamped, in_ms, old_ranks):
+        log = parse(variant, "all_reduce_perf.log")
+        assert (log.ranks, log.nodes) == (32, 4)
+        assert [b for b, _ in log.points] == [b for b, _ in clean.points]
+        assert [t for _, t in log.points] == pytest.approx([t for _, t in clean.points], rel=1e-3)
+
+
+@pytest.mark.parametrize("mangle, words", [
+    (lambda a, b: a + "\n" + b, "holds 2 tests"),  # two runs in one file are refused, not merged
+    (lambda a, b: a.replace(" 256b9d9c ", " 0666a154 "), "ranks on"),  # 16 ranks on one host, 8 on two others
+    (lambda a, b: "\n".join(line.replace("Group  0", "Group  1") if "Rank 3" in line else line
+                            for line in a.splitlines()), "communicators"),  # NCCL_TESTS_SPLIT
+])
+def test_logs_the_model_cannot_read_as_one_communicator_are_refused(mangle, words):
+    with pytest.raises(UsageError, match=words):
+        parse(mangle(Path(H100_IB[4]).read_text(), Path(H100_IB[8]).read_text()), "all_reduce_perf.log")
+
+
+def test_one_slow_row_moves_the_fit_little():
+    """A 128 MiB row 20 times slower (a contended run) moves the fitted line rate by less than 5 %."""
+    text = Path(H100_IB[4]).read_text()
+
+    def slow(t):
+        if t[0] != "134217728":
+            return t
+        times = [float(t[5]) * 20, float(t[9]) * 20]
+        return [*t[:5], f"{times[0]:.1f}", f"{134217728 / times[0] / 1e3:.2f}", *t[7:9], f"{times[1]:.1f}",
+                f"{134217728 / times[1] / 1e3:.2f}", *t[11:]]
+
+    base = load_cluster("dgx-h100-80gb")
+    clean = fit(base, [parse(text, "all_reduce_perf.log")]).fitted["inter_node_bandwidth_gbs"]
+    spoiled = fit(base, [parse(_rows_rewritten(text, slow), "all_reduce_perf.log")]).fitted["inter_node_bandwidth_gbs"]
+    assert spoiled == pytest.approx(clean, rel=0.05)
+
+
+def test_a_fitted_file_is_not_fitted_again(tmp_path):
+    out = tmp_path / "ib.toml"
+    assert main(["calibrate", "--nccl-tests", H100_IB[4], "--cluster", "dgx-h100-80gb", "--out", str(out)]) == 0
+    with pytest.raises(UsageError, match="already fitted"):
+        fit(load_cluster(str(out)), [read_log(H100_IB[8])])
+
+
+def test_the_extra_per_crossing_is_paid_once_per_node_a_ring_crosses():
+    """An all-gather ring over 8 nodes crosses 7 node boundaries; one inside a node crosses none."""
+    base = load_cluster("dgx-h100-80gb")
+    slow = replace(base, net_step_extra=20e-6)
+    assert collective_time(slow, "all_gather", 1e9, 64) - collective_time(base, "all_gather", 1e9, 64) == \
+        pytest.approx(7 * 20e-6)
+    assert collective_time(slow, "all_gather", 1e9, 8) == collective_time(base, "all_gather", 1e9, 8)
+    # An expert-parallel all-to-all posts every pair at once: one crossing, across nodes only.
+    from shardwise.planner.moe import all_to_all_time
+
+    assert all_to_all_time(slow, 1e8, 16, 1) - all_to_all_time(base, 1e8, 16, 1) == pytest.approx(20e-6)
+    assert all_to_all_time(slow, 1e8, 8, 1) == all_to_all_time(base, 1e8, 8, 1)
+
+
+def test_a_cluster_name_or_log_path_with_a_newline_still_writes_a_file_that_loads(tmp_path):
+    log = tmp_path / "all_reduce\n4 nodes.txt"
+    log.write_text(Path(H100_IB[4]).read_text())
+    base = tmp_path / "base.toml"
+    base.write_text((Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-h100-80gb.toml").read_text()
+                    .replace('name = "DGX H100 80GB"', 'name = "DGX\\nH100 \\"80GB\\""'))
+    out = tmp_path / "out.toml"
+    assert main(["calibrate", "--nccl-tests", str(log), "--cluster", str(base), "--out", str(out)]) == 0
+    assert load_cluster(str(out)).name == 'DGX\nH100 "80GB" (network from nccl-tests)'
+
+
+def test_every_row_of_every_published_log_reads_its_two_time_columns():
+    """Each fixture's table has nccl-tests' 13 columns (size count type redop root, then time algbw busbw #wrong out
+    of place and in place): the time read is the smaller of columns 6 and 10, in microseconds, small sizes included
+    (where algbw prints 0.00 and a busbw of 0.01 could pass for a time)."""
+    from shardwise.calibrate.nccl_tests import _LAUNCHER_PREFIX, _row
+
+    rows = 0
+    for path in LOGS.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            tok = _LAUNCHER_PREFIX.sub("", line).split()
+            if len(tok) == 13 and tok[0].isdigit():
+                assert _row(" ".join(tok)) == (float(tok[0]), pytest.approx(min(float(tok[5]), float(tok[9])) * 1e-6))
+                rows += 1
+    assert rows == 147  # every table row of the seven logs

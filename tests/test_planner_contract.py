@@ -694,3 +694,36 @@ def test_the_runtime_splits_the_kv_heads_and_says_so(tmp_path, capsys):
     assert main(["train", "--model", mqa, "--tp", "2", "--steps", "1", "--seq-len", "32"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "shardwise splits them over tp" in err
+
+
+JOB70 = ["--model", "llama2-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+         "--seq-len", "4096"]
+
+
+@pytest.mark.parametrize("framework", ["nemo", "torchtitan"])
+@pytest.mark.parametrize("command", ["plan", "explain", "estimate"])
+def test_plain_tp_on_a_stack_that_always_shards_the_sequence_is_refused_by_every_command(framework, command):
+    """estimate, plan and explain accept and refuse the same flags: --no-sequence-parallel under a stack whose TP
+    always shards the sequence is one line and exit 2 in each, naming the stack, not a filter plan ignores."""
+    layout = ["--tp", "8", "--pp", "2", "--micro-batch", "1"] if command == "estimate" else []
+    code, out, err = cli([command, *JOB70, *layout, "--framework", framework, "--no-sequence-parallel"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "sequence" in err and framework in err
+
+
+def test_plain_tp_without_a_framework_plans_under_megatron_core_and_says_so():
+    code, out, _ = cli(["plan", *JOB70, "--no-sequence-parallel", "--top", "3", "--json"])
+    assert code == 0
+    plan = json.loads(out)
+    assert "megatron-core" in plan["framework_note"]
+    rows = plan["candidates"]
+    assert rows and all(r["framework"] == "megatron-core" for r in rows)
+    assert all(not r["sequence_parallel"] for r in rows if r["tp"] > 1)
+
+
+def test_an_interleaved_pipeline_whose_micro_batches_pp_does_not_divide_is_refused_with_a_batch_that_works():
+    code, _, err = cli(["estimate", *JOB70[:-4], "--global-batch", "20", "--seq-len", "4096", "--framework",
+                        "megatron-core", "--tp", "8", "--pp", "4", "--vpp", "5", "--micro-batch", "1"])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "multiple of dp*mb*pp = 8 (e.g. 24)" in err and "--schedule 1f1b" in err
+    assert cli(["estimate", *JOB70[:-4], "--global-batch", "24", "--seq-len", "4096", "--framework", "megatron-core",
+                "--tp", "8", "--pp", "4", "--vpp", "5", "--micro-batch", "1", "--json"])[0] == 0

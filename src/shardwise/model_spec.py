@@ -351,7 +351,8 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config dict: Llama- or GPT-2-family keys, or an architecture's own
     (hf_architectures.READERS)."""
     if not isinstance(cfg, dict):
-        raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__}")
+        raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__} — give a "
+                         f"Hugging Face config.json or use a preset")
     family = model_family(cfg, source)
     model_type = str(cfg.get("model_type") or "")
     if model_type in READERS:

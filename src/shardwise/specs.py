@@ -426,8 +426,11 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         )
     m = layout.num_microbatches(global_batch)
     if layout.schedule == "interleaved-1f1b" and m % layout.pp:
+        step = layout.dp * layout.micro_batch * layout.pp
         raise UsageError(
-            f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's rule)"
+            f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's "
+            f"rule with its default micro-batch group of pp) — use a global batch that is a multiple of dp*mb*pp = "
+            f"{step} (e.g. {max(step, -(-global_batch // step) * step)}), or --schedule 1f1b"
         )
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardwise.errors import UsageError
@@ -32,12 +33,17 @@ KIND_BY_TEST = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather"
 # How a file name may spell each kind (all_gather_perf.log, allgather-16n.txt, ag_2x8.txt is not enough).
 _NAME_PATTERNS = {"all_reduce": r"all_?reduce", "all_gather": r"all_?gather", "reduce_scatter": r"reduce_?scatter",
                   "broadcast": r"broadcast|bcast", "send_recv": r"send_?recv"}
-_RANK_LINE = re.compile(r"^#?\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
-# What launchers put before every line: mpirun --tag-output's `[1,0]<stdout>:`, srun --label's ` 0: `.
-_LAUNCHER_PREFIX = re.compile(r"^(\[\d+,\d+\]<std\w+>:|\s*\d+:\s)")
+# `#  Rank  0 Group  0 Pid  123 on HOST device  0 [0x1b] GPU` (2022 on); before, no Group; in 2017, no Pid either.
+_RANK_LINE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+\d+"
+                        r"\s+\[[^\]]*\]\s*(.*)$")
+# What launchers put before every line: mpirun --tag-output's `[1,0]<stdout>:`, srun --label's ` 0: `, Intel MPI's `[0] `.
+_LAUNCHER_PREFIX = re.compile(r"^(\[\d+,\d+\]<std\w+>:|\s*\d+:\s|\[\d+\]\s)")
 _TEST_LINE = re.compile(r"^#?\s*Collective test starting:\s*(\w+)")
+# Lines that open a test's output: a log holding several tests is refused, not merged.
+_SECTION_START = re.compile(r"^#?\s*(Collective test starting:|nThread\s|Using devices)")
 # Sizes below this carry the launch and the protocol's base latency, not the network: reported, not fitted.
 MIN_FIT_BYTES = 1 << 16
+MAX_BYTES = 1 << 50
 
 
 @dataclass(frozen=True)
@@ -82,43 +88,84 @@ def read_log(arg: str) -> NcclLog:
     return parse(text, path, kind, shape)
 
 
-def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int] | None = None) -> NcclLog:
-    """One log's kind, ranks, nodes and timings, or one UsageError line saying what it lacks."""
-    hosts, gpus, test = {}, set(), None
-    points = []
+@dataclass
+class _Section:
+    test: str | None = None
+    hosts: dict = field(default_factory=dict)  # rank -> host
+    groups: set = field(default_factory=set)
+    gpus: set = field(default_factory=set)
+    points: list = field(default_factory=list)
+
+
+def _sections(text: str) -> list[_Section]:
+    """The log's tests, in order: a header line after a test's rows opens the next."""
+    sections = [_Section()]
     for line in text.splitlines():
         line = _LAUNCHER_PREFIX.sub("", line).strip()
+        if _SECTION_START.match(line) and sections[-1].points:
+            sections.append(_Section())
+        sec = sections[-1]
         if m := _RANK_LINE.match(line):
-            hosts[int(m[1])] = m[2]
-            gpus.add(m[3].strip())
+            sec.hosts[int(m[1])] = m[3]
+            sec.groups.add(int(m[2] or 0))
+            sec.gpus.add(m[4].strip())
         elif m := _TEST_LINE.match(line):
-            test = m[1]
+            sec.test = re.sub(r"_mpi$", "", m[1])
         elif line and not line.startswith("#") and (point := _row(line)):
-            points.append(point)
-    kind = kind or KIND_BY_TEST.get(test or "") or _kind_from_name(source)
+            sec.points.append(point)
+    return sections
+
+
+def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int] | None = None) -> NcclLog:
+    """One log's kind, ranks, nodes and timings, or one UsageError line saying what it lacks."""
+    found = [s for s in _sections(text) if s.points]
+    if len(found) > 1:
+        tests = ", ".join(s.test or "?" for s in found)
+        raise UsageError(f"--nccl-tests {source}: holds {len(found)} tests ({tests}) — give each its own file")
+    sec = found[0] if found else _Section()
+    sizes = [b for b, _ in sec.points]
+    if len(set(sizes)) < len(sizes):
+        raise UsageError(f"--nccl-tests {source}: repeats sizes (-d all, -o all or several runs in one table) — "
+                         f"give one data type and operation per log")
+    if sec.test and sec.test not in KIND_BY_TEST:
+        raise UsageError(f"--nccl-tests {source}: {sec.test} is not a collective the planner times — give "
+                         f"{', '.join(KIND_BY_TEST)} logs")
+    kind = kind or KIND_BY_TEST.get(sec.test or "") or _kind_from_name(source)
     if kind is None:
         raise UsageError(f"--nccl-tests {source}: cannot tell which collective it measured — name it, e.g. "
                          f"all_gather={source}")
-    if shape:
-        nodes, ranks = shape[0], shape[0] * shape[1]
-    elif hosts:
-        nodes, ranks = len(set(hosts.values())), len(hosts)
-    else:
-        raise UsageError(f"--nccl-tests {source}: no '#  Rank N Group 0 Pid P on HOST device ...' lines to count ranks "
-                         f"and nodes — keep nccl-tests' header, or give the shape: {kind}@NODESxGPUS={source}")
-    if ranks % nodes:
-        raise UsageError(f"--nccl-tests {source}: {ranks} ranks do not spread evenly over {nodes} nodes — the model "
-                         f"assumes as many ranks on every node")
+    nodes, ranks = _shape(sec, source, kind, shape)
     if kind == "send_recv" and ranks != 2:
         raise UsageError(f"--nccl-tests {source}: sendrecv over {ranks} ranks is a ring of pairs the model does not "
                          f"time — give a 2-rank sendrecv_perf log")
-    fit = [p for p in points if p[0] >= MIN_FIT_BYTES]
+    fit = [b for b in sizes if b >= MIN_FIT_BYTES]
     if len(fit) < 2:
-        raise UsageError(f"--nccl-tests {source}: {len(fit)} sizes of {MIN_FIT_BYTES // 1024} KiB or more in its table — "
-                         f"run the test over a range of sizes (e.g. -b 8 -e 8G -f 2)")
+        raise UsageError(f"--nccl-tests {source}: {len(fit)} sizes of {MIN_FIT_BYTES // 1024} KiB or more whose "
+                         f"time and algbw agree (size / time) — run the test over a range of sizes (e.g. -b 8 -e 8G "
+                         f"-f 2) and keep its table as printed")
+    return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(sec.gpus)), tuple(sorted(sec.points)))
+
+
+def _shape(sec: _Section, source: str, kind: str, shape: tuple[int, int] | None) -> tuple[int, int]:
+    """(nodes, ranks): given, or counted from the rank lines (one communicator, as many ranks on every node)."""
+    if shape:
+        nodes, ranks = shape[0], shape[0] * shape[1]
+    elif sec.hosts:
+        if len(sec.groups) > 1:
+            raise UsageError(f"--nccl-tests {source}: its ranks form {len(sec.groups)} communicators "
+                             f"(NCCL_TESTS_SPLIT) — give a log of one communicator, or its shape: "
+                             f"{kind}@NODESxGPUS={source}")
+        per_host = Counter(sec.hosts.values())
+        if len(set(per_host.values())) > 1:
+            raise UsageError(f"--nccl-tests {source}: {', '.join(f'{n} ranks on {h}' for h, n in per_host.items())} — "
+                             f"the model assumes as many ranks on every node")
+        nodes, ranks = len(per_host), len(sec.hosts)
+    else:
+        raise UsageError(f"--nccl-tests {source}: no '#  Rank N Group 0 Pid P on HOST device ...' lines to count ranks "
+                         f"and nodes — keep nccl-tests' header, or give the shape: {kind}@NODESxGPUS={source}")
     if ranks < 2:
         raise UsageError(f"--nccl-tests {source}: one rank moves nothing — run the test over 2 or more GPUs")
-    return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(gpus)), tuple(sorted(points)))
+    return nodes, ranks
 
 
 def _kind_from_name(source: str) -> str | None:
@@ -127,20 +174,33 @@ def _kind_from_name(source: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _row(line: str) -> tuple[float, float] | None:
-    """(bytes, seconds) of a table row: `size count type [redop] [root] time algbw busbw #wrong time algbw busbw
-    #wrong`, the faster of out-of-place and in-place (the columns counted from the end: releases differ in between)."""
-    tok = line.split()
-    if len(tok) < 10 or not (tok[0].isdigit() and tok[1].isdigit()):
-        return None
+def _float(token: str) -> float | None:
     try:
-        times = [float(tok[-8]), float(tok[-4])] if len(tok) >= 11 else [float(tok[-4])]
+        value = float(token)
     except ValueError:
         return None
-    times = [t for t in times if math.isfinite(t) and t > 0]
-    if int(tok[0]) <= 0 or not times:
+    return value if math.isfinite(value) else None
+
+
+def _row(line: str) -> tuple[float, float] | None:
+    """(bytes, seconds) of a table row `size count type [redop] [root] time algbw busbw #wrong time algbw ...`: the
+    faster of out-of-place and in-place. A time is a column whose next one is its algbw (size / time, GB/s): that
+    finds the columns whatever a release puts between or after them (timestamps, per-iteration columns), and tells
+    microseconds from the milliseconds of the 2017-18 releases."""
+    tok = line.split()
+    if len(tok) < 6 or not (tok[0].isdigit() and tok[1].isdigit()) or not 0 < int(tok[0]) <= MAX_BYTES:
         return None
-    return float(tok[0]), min(times) * 1e-6
+    size, times, units, i = int(tok[0]), [], (1e-6, 1e-3), 3
+    while i < len(tok) - 1 and len(times) < 2:
+        t, algbw = _float(tok[i]), _float(tok[i + 1])
+        unit = next((u for u in units if t and t > 0 and algbw is not None
+                     and abs(size / (t * u) / 1e9 - algbw) <= max(0.011, 0.03 * algbw)), 0)
+        if unit:  # a time: its algbw, busbw and #wrong follow; the in-place time is in the same unit
+            times.append(t * unit)
+            units, i = (unit,), i + 4
+        else:
+            i += 1
+    return (float(size), min(times)) if times else None
 
 
 # ----------------------------------------------------------------------------------------------------- the fit
@@ -159,8 +219,14 @@ def errors(cluster: ClusterSpec, log: NcclLog, min_bytes: float = MIN_FIT_BYTES)
     return [model_time(cluster, log, b) / t - 1 for b, t in log.points if b >= min_bytes]
 
 
+# The loss's scale: a log ratio beyond it counts linearly, not squared (soft L1), so one bad row (a glitch, a
+# contended run) moves the fit little.
+ROBUST_SCALE = 0.1
+
+
 def _loss(cluster: ClusterSpec, logs: list[NcclLog]) -> float:
-    return sum(math.log1p(e) ** 2 for log in logs for e in errors(cluster, log))
+    d = ROBUST_SCALE
+    return sum(math.sqrt(1 + (math.log1p(e) / d) ** 2) - 1 for log in logs for e in errors(cluster, log))
 
 
 def _minimise(loss, start: list[float], bounds: list[tuple[float, float]]) -> list[float]:
@@ -186,6 +252,9 @@ def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
     if base.measured:
         raise UsageError("--nccl-tests fits a datasheet cluster's network: give --cluster a preset or a cluster file "
                          "without [measured] tables")
+    if base.net_step_extra:  # its line rate is a fit, no longer the NICs' bound
+        raise UsageError("--cluster is already fitted to nccl-tests logs (net_step_extra_us) — give the preset or "
+                         "datasheet file it came from, with all the logs at once")
     for log in logs:
         if log.per_node > base.gpus_per_node or base.gpus_per_node % log.per_node:
             raise UsageError(f"--nccl-tests {log.source}: {log.per_node} ranks per node on a cluster of "
@@ -193,10 +262,10 @@ def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
 
 
 def beyond_ring(base: ClusterSpec, log: NcclLog) -> bool:
-    """A log whose largest size moved more bus bandwidth than a ring can: more than its ranks' NICs carry (across
+    """A log whose largest sizes moved more bus bandwidth than a ring can: more than its ranks' NICs carry (across
     nodes) or than NVLink's datasheet rate (one node). Such an all-reduce reduced inside the switches (NVLink SHARP,
     SHARP) or ran a tree over two nodes, which halves what crosses the network; the model times neither, so the log
-    says nothing about the numbers fitted here."""
+    says nothing about the numbers fitted here. Judged on the median of the largest three sizes (one glitch aside)."""
     limit = log.per_node * base.inter_node_bandwidth if log.nodes > 1 else base.intra_node_bandwidth
     return _busbw(log) * 1e9 > limit
 
@@ -208,6 +277,11 @@ class Fit:
     logs: tuple[NcclLog, ...]
     base: ClusterSpec
     left_out: tuple[str, ...] = ()  # sources of the logs beyond_ring: reported, not fitted
+
+    def at_bound(self) -> list[str]:
+        """Fitted keys that ended on a bound of the search (the line rate's cap): the logs ask for more than it allows."""
+        return [k for k in ("inter_node_bandwidth_gbs",)
+                if k in self.fitted and self.fitted[k] >= round(self.base.inter_node_bandwidth / 1e9, 3)]
 
     def rows(self) -> list[dict]:
         """Per log: its shape and the model's error before and after the fit (sizes >= MIN_FIT_BYTES)."""
@@ -228,11 +302,11 @@ def _median_abs(values: list[float]) -> float:
 
 
 def _busbw(log: NcclLog) -> float:
-    """nccl-tests' bus bandwidth of the log's largest size, GB/s (its own factors per collective)."""
-    nbytes, seconds = log.points[-1]
+    """nccl-tests' bus bandwidth at the log's largest sizes (the median of the top three), GB/s, with its own factors
+    per collective."""
     n = log.ranks
     factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(log.kind, 1.0)
-    return nbytes / seconds * factor / 1e9
+    return statistics.median(b / t for b, t in log.points[-3:]) * factor / 1e9
 
 
 def fit(base: ClusterSpec, logs: list[NcclLog]) -> Fit:
@@ -260,6 +334,10 @@ def fit(base: ClusterSpec, logs: list[NcclLog]) -> Fit:
         cluster = network([gbs, extra])
         fitted["inter_node_bandwidth_gbs"] = round(gbs, 3)
         fitted["net_step_extra_us"] = round(extra, 2)
+    if not fitted:
+        raise UsageError(f"--nccl-tests: every log ran faster than a ring can ({', '.join(left_out)}: NVLink SHARP or "
+                         f"a two-node tree), so none says what the model's rings take — add all_gather or "
+                         f"reduce_scatter logs, or all_reduce over 4 or more nodes (or with NCCL_ALGO=Ring)")
     return Fit(cluster, fitted, tuple(logs), base, left_out)
 
 
@@ -268,10 +346,15 @@ def cluster_file(fit: Fit, table: dict, command: str) -> str:
     from shardwise.calibrate.profile import toml_table
 
     table = {**table, **fit.fitted, "name": f"{table.get('name', fit.base.name)} (network from nccl-tests)"}
-    head = [f"# Written by `{command}`.",
+    head = [f"# Written by `{_comment(command)}`.",
             "# Fitted to these nccl-tests logs (model error after / before the fit, median over sizes >= 64 KiB):"]
-    head += [f"#   {r['log']}: {r['kind']}, {r['ranks']} ranks on {r['nodes']} node(s), "
+    head += [f"#   {_comment(r['log'])}: {r['kind']}, {r['ranks']} ranks on {r['nodes']} node(s), "
              f"{100 * r['median_abs_error']:.1f} % / {100 * r['median_abs_error_before']:.1f} %"
              f"{'' if r['fitted'] else ' (not fitted: faster than a ring can run)'}"
              for r in fit.rows()]
     return "\n".join(head) + "\n\n" + toml_table("cluster", table)
+
+
+def _comment(text: str) -> str:
+    """Text for one TOML comment line: control characters (a newline in a path) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import socket
 import statistics
 from dataclasses import dataclass, field
@@ -439,8 +440,8 @@ def _toml_value(v) -> str:
         return str(v)
     if isinstance(v, float):
         return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # JSON's escapes are TOML's basic-string escapes (control characters included)
+        return json.dumps(v, ensure_ascii=False)
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 

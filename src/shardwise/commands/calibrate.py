@@ -28,7 +28,8 @@ def register(subparsers, name, help):
     p.add_argument("--cluster", default=None,
                    help="with --nccl-tests: the cluster the logs ran on (a preset or a cluster .toml), whose "
                         "other numbers the written file keeps")
-    p.add_argument("--out", default="profile.toml", help="where to write the cluster profile (TOML)")
+    p.add_argument("--out", default=None,
+                   help="where to write the cluster profile (TOML; default profile.toml, with --nccl-tests cluster.toml)")
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
     p.set_defaults(func=run)
 
@@ -49,6 +50,7 @@ def run(args) -> int:
 
     if args.nccl_tests is not None or args.cluster is not None:
         return _from_nccl_tests(args)
+    args.out = args.out or "profile.toml"
     from shardwise.calibrate import calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed, under_torchrun
 
@@ -96,12 +98,14 @@ def _from_nccl_tests(args) -> int:
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)
     result = fit(base, [read_log(arg) for arg in args.nccl_tests])
+    args.out = args.out or "cluster.toml"
     prepare_output(args.out, "--out", "cluster.toml")
     command = "shardwise calibrate " + " ".join(shlex.quote(a) for a in
                                                 ("--nccl-tests", *args.nccl_tests, "--cluster", args.cluster))
     Path(args.out).write_text(cluster_file(result, data.get("cluster", data), command))
     if args.json:
-        print_json({"out": args.out, "cluster": args.cluster, "fitted": result.fitted, "logs": result.rows()})
+        print_json({"out": args.out, "cluster": args.cluster, "fitted": result.fitted, "at_bound": result.at_bound(),
+                    "logs": result.rows()})
         return 0
     _print_fit(result, args.out)
     return 0
@@ -127,11 +131,11 @@ def _print_fit(result, out: str) -> None:
                       f"NVLink's on one node) — an all-reduce reduced inside the switches (NVLink SHARP, SHARP) or a "
                       f"tree over two nodes, which the model does not time: reported, not fitted; the planner's "
                       f"all-reduces there are conservative[/]", highlight=False)
-    if result.fitted:
-        fitted = ", ".join(f"{k} = {v:g}" for k, v in result.fitted.items())
-        console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
-    else:
-        console.print("fitted: nothing (no log left to fit): the written file keeps the base's network",
+    fitted = ", ".join(f"{k} = {v:g}" for k, v in result.fitted.items())
+    console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
+    if result.at_bound():
+        console.print("[yellow]inter_node_bandwidth_gbs stayed at the base's line rate, the fit's bound: the logs ask for "
+                      "more than the NICs carry, and the extra latency per crossing took up the rest[/]",
                       highlight=False)
     console.print(f"wrote {out} — use it: shardwise plan --model ... --cluster {shlex.quote(out)} --gpus ... "
                   f"--global-batch ... --seq-len ...", highlight=False)

@@ -200,9 +200,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                         "its 2021-22 Megatron-DeepSpeed, unless listed)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="only layouts with Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: only "
-                        "plain TP where the stack has it (nemo and torchtitan always shard the sequence with TP, as "
-                        "estimate implies). Default: both where the stack runs it as an option (megatron-2021: off "
-                        "unless given), on where it always does")
+                        "plain TP, refused (as estimate refuses it) where the stack always shards the sequence with "
+                        "TP (nemo, torchtitan, or under --tp-comm-overlap). Default: both where the stack runs it as "
+                        "an option (megatron-2021: off unless given), on where it always does")
     g.add_argument("--schedules", type=_choice_list(PLANNED_SCHEDULES), default=PLANNED_SCHEDULES, metavar="S,...",
                    help="pipeline schedules to try")
     g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")

@@ -148,7 +148,8 @@ def all_to_all_time(cluster: ClusterSpec, nbytes: float, n: int, stride: int) ->
     remote = nbytes * (n - per_node) / n
     local = out - remote
     nvlink = bus_bandwidth(cluster, min(per_node, n), stride) if per_node > 1 else float("inf")
-    latency = cluster.inter_node_latency if nodes > 1 else cluster.intra_node_latency
+    # across nodes every pair crosses the network once, at once: one crossing's extra (a nccl-tests fit; 0 on presets)
+    latency = cluster.inter_node_latency + cluster.net_step_extra if nodes > 1 else cluster.intra_node_latency
     return latency + max(local / nvlink if local else 0.0, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
 
 
@@ -204,7 +205,7 @@ def deepep_time(cluster: ClusterSpec, model: ModelSpec, routed: float, row_bytes
     rdma = routed * row_bytes * nodes_hit * (nodes - 1) / nodes  # the own node's share stays on NVLink
     nvlink = routed * row_bytes * ranks_hit * (per_node - 1) / per_node
     nv_bw = bus_bandwidth(cluster, per_node, stride) if per_node > 1 else float("inf")
-    latency = cluster.inter_node_latency if nodes > 1 else cluster.intra_node_latency
+    latency = cluster.inter_node_latency + cluster.net_step_extra if nodes > 1 else cluster.intra_node_latency
     return latency + max(nvlink / nv_bw, rdma / (cluster.inter_node_bandwidth * NET_EFFICIENCY) if nodes > 1 else 0.0)
 
 

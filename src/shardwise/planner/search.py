@@ -289,6 +289,11 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
                          f"pick from those or another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
+    required = _sp_required(job, get_framework(job.framework))
+    if space.sequence_parallel == (False,) and required and any(t > 1 for t in (space.tp or divisors(gpus))):
+        # as estimate refuses it (planner/framework.py), not a filter the stack would quietly ignore
+        raise UsageError(f"--no-sequence-parallel: {required} — drop --no-sequence-parallel, allow only --tp 1, or "
+                         f"pick a --framework with plain TP (megatron-core)")
     n = count_candidates(job, gpus, space)
     if n == 0:
         raise UsageError(no_layout_message(job, gpus, space))
@@ -675,4 +680,4 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
         hint += "--compile (the leanest layout fits compiled: its loss and blocks keep less), "
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
-            f"{widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
+            f"to make it fit: {widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
