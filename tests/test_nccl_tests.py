@@ -120,9 +120,12 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys):
 
 
 def test_logs_that_say_too_little_are_refused():
+    rows = "\n".join(f"{2 ** k} {2 ** k // 4} float sum -1 10.0 {2 ** k / 1e4:.2f} 0 0 10.0 {2 ** k / 1e4:.2f} 0 0"
+                     for k in range(20, 23))
     with pytest.raises(UsageError, match="which collective"):
-        parse("#  Rank  0 Group  0 Pid 1 on a device  0 [0x1] GPU\n", "log.txt")
-    rows = "\n".join(f"{2 ** k} {2 ** k // 4} float sum -1 10.0 0 0 0 10.0 0 0 0" for k in range(20, 23))
+        parse("#  Rank  0 Group  0 Pid 1 on a device  0 [0x1] GPU\n" + rows, "log.txt")
+    with pytest.raises(UsageError, match="0 sizes"):  # rank lines but no table: the table is what is missing
+        parse("#  Rank  0 Group  0 Pid 1 on a device  0 [0x1] GPU\n", "all_reduce_perf.log")
     with pytest.raises(UsageError, match="one rank"):
         parse(rows, "all_reduce_perf.log", shape=(1, 1))
     with pytest.raises(UsageError, match="range of sizes"):
@@ -160,7 +163,9 @@ def test_estimate_and_explain_say_which_network_they_timed(tmp_path, capsys):
         assert main(["estimate", *job, "--cluster", cluster, "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json"]) == 0
         networks[cluster] = json.loads(capsys.readouterr().out)["assumptions"]["network"]
     assert networks["dgx-h100-80gb"]["net_step_extra_us"] == 0 and networks["dgx-h100-80gb"]["inter_node_gbs_per_gpu"] == 50
+    assert networks["dgx-h100-80gb"]["rates"] == "datasheet"
     assert networks[str(out)]["net_step_extra_us"] > 0 and networks[str(out)]["inter_node_gbs_per_gpu"] < 50
+    assert networks[str(out)]["rates"] == "fitted to nccl-tests logs"
     capsys.readouterr()
     assert main(["explain", *job, "--cluster", str(out)]) == 0
     assert "fitted to nccl-tests logs" in " ".join(capsys.readouterr().out.split())
@@ -181,14 +186,16 @@ def test_a_log_is_read_the_same_whatever_the_release_prints_around_its_columns()
     # nccl-tests -S 1 (2025) appends a timestamp to every row; the 2017-18 releases printed times in milliseconds;
     # before 2022 the rank lines had no Group.
     stamped = _rows_rewritten(text, lambda t: [*t, "2025-10-01", "12:00:00"])
-    in_ms = _rows_rewritten(text, lambda t: [*t[:5], f"{float(t[5]) / 1e3:.6f}", *t[6:9], f"{float(t[9]) / 1e3:.6f}",
-                                             *t[10:]])
+    # milliseconds as %7.3f, the `res` column after busbw, no unit line (a page that kept only the rows)
+    in_ms = _rows_rewritten(text.replace("(us)", ""), lambda t: [
+        *t[:5], f"{float(t[5]) / 1e3:7.3f}", *t[6:8], "0e+00", f"{float(t[9]) / 1e3:7.3f}", *t[10:12], "0e+00"])
+    headerless = "\n".join(line for line in text.splitlines() if "size" not in line and "(B)" not in line)
     old_ranks = text.replace("Group  0 ", "")
-    for variant in (stamped, in_ms, old_ranks):
+    for variant, rel in ((stamped, 1e-3), (in_ms, 6e-3), (headerless, 1e-3), (old_ranks, 1e-3)):
         log = parse(variant, "all_reduce_perf.log")
         assert (log.ranks, log.nodes) == (32, 4)
         assert [b for b, _ in log.points] == [b for b, _ in clean.points]
-        assert [t for _, t in log.points] == pytest.approx([t for _, t in clean.points], rel=1e-3)
+        assert [t for _, t in log.points] == pytest.approx([t for _, t in clean.points], rel=rel)
 
 
 @pytest.mark.parametrize("mangle, words", [
@@ -255,13 +262,39 @@ def test_every_row_of_every_published_log_reads_its_two_time_columns():
     """Each fixture's table has nccl-tests' 13 columns (size count type redop root, then time algbw busbw #wrong out
     of place and in place): the time read is the smaller of columns 6 and 10, in microseconds, small sizes included
     (where algbw prints 0.00 and a busbw of 0.01 could pass for a time)."""
-    from shardwise.calibrate.nccl_tests import _LAUNCHER_PREFIX, _row
+    from shardwise.calibrate.nccl_tests import _LAUNCHER_PREFIX
 
     rows = 0
     for path in LOGS.glob("*.txt"):
+        name = path.name
+        log = read_log(f"all_reduce@1x8={path}" if "awsome" in name else f"all_gather@2x8={path}" if "dstack" in name
+                       else str(path))
+        expected = []
         for line in path.read_text().splitlines():
             tok = _LAUNCHER_PREFIX.sub("", line).split()
             if len(tok) == 13 and tok[0].isdigit():
-                assert _row(" ".join(tok)) == (float(tok[0]), pytest.approx(min(float(tok[5]), float(tok[9])) * 1e-6))
-                rows += 1
+                expected.append((float(tok[0]), pytest.approx(min(float(tok[5]), float(tok[9])) * 1e-6)))
+        assert list(log.points) == sorted(expected, key=lambda p: p[0])
+        rows += len(expected)
     assert rows == 147  # every table row of the seven logs
+
+
+def test_a_run_that_died_after_its_header_does_not_lend_its_ranks_to_the_retry():
+    """The 8-node run's header and rank lines, no table, then the 4-node log: the 4-node test's 32 ranks on 4 nodes."""
+    died = "\n".join(line for line in Path(H100_IB[8]).read_text().splitlines() if line.startswith(("#", "mpirun")))
+    log = parse(died + "\n" + Path(H100_IB[4]).read_text(), "all_reduce_perf.log")
+    assert (log.ranks, log.nodes, len(log.points)) == (32, 4, 14)
+
+
+def test_rows_nccl_tests_found_wrong_are_left_out():
+    text = Path(H100_IB[4]).read_text()
+    flagged = _rows_rewritten(text, lambda t: [*t[:8], "3", *t[9:]] if t[0] == "134217728" else t)
+    sizes = [b for b, _ in parse(flagged, "all_reduce_perf.log").points]
+    assert 134217728 not in sizes and len(sizes) == 13
+
+
+def test_times_their_own_algbw_contradicts_are_not_read_as_the_collectives():
+    """nccl-tests -C prints the CPU's time beside the GPU's algbw: no large row agrees, so nothing is fitted."""
+    cpu = _rows_rewritten(Path(H100_IB[4]).read_text(), lambda t: [*t[:5], "21.30", *t[6:9], "20.10", *t[10:]])
+    with pytest.raises(UsageError, match="0 sizes"):
+        parse(cpu, "all_reduce_perf.log")

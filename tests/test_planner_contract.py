@@ -724,6 +724,11 @@ def test_an_interleaved_pipeline_whose_micro_batches_pp_does_not_divide_is_refus
     code, _, err = cli(["estimate", *JOB70[:-4], "--global-batch", "20", "--seq-len", "4096", "--framework",
                         "megatron-core", "--tp", "8", "--pp", "4", "--vpp", "5", "--micro-batch", "1"])
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "multiple of dp*mb*pp = 8 (e.g. 24)" in err and "--schedule 1f1b" in err
+    assert "multiple of dp*mb*pp = 8 (e.g. 24)" in err and "--schedule 1f1b without --vpp" in err
     assert cli(["estimate", *JOB70[:-4], "--global-batch", "24", "--seq-len", "4096", "--framework", "megatron-core",
                 "--tp", "8", "--pp", "4", "--vpp", "5", "--micro-batch", "1", "--json"])[0] == 0
+
+
+def test_plain_tp_under_tp_comm_overlap_names_the_flag_to_drop():
+    code, _, err = cli(["plan", *JOB70, "--framework", "megatron-core", "--tp-comm-overlap", "--no-sequence-parallel"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--no-tp-comm-overlap" in err

@@ -77,6 +77,7 @@ class ClusterSpec:
     # Seconds each network crossing of a collective takes beyond NCCL's tuner constants: 0 on a datasheet cluster;
     # fitted to the cluster's own nccl-tests logs by `shardwise calibrate --nccl-tests` (calibrate/nccl_tests.py).
     net_step_extra: float = 0.0
+    network_fit: str = ""  # what the network keys were fitted to ("nccl-tests"); "" for a datasheet's
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -152,6 +153,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         fp8_flops=values.get("fp8_peak_tflops", 0.0) * 1e12,
         power_limit_w=values.get("power_limit_w", 0.0),
         net_step_extra=float(table.get("net_step_extra_us", 0.0)) * 1e-6,
+        network_fit=str(table.get("network_fit", "")),
     )
 
 
@@ -172,7 +174,8 @@ def _check_power_limit(watts: float, arch: str, measured: bool, source: str) -> 
 
 
 # Every other [cluster] key the loader reads (a key it does not read is a typo: refused, not ignored).
-_OTHER_KEYS = ("name", "arch", "num_gpus", "intra_node_latency_us", "inter_node_latency_us", "net_step_extra_us")
+_OTHER_KEYS = ("name", "arch", "num_gpus", "intra_node_latency_us", "inter_node_latency_us", "net_step_extra_us",
+               "network_fit")
 
 
 def _check_cluster_keys(table: dict, source: str) -> None:
@@ -430,7 +433,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(
             f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of pp={layout.pp} (Megatron's "
             f"rule with its default micro-batch group of pp) — use a global batch that is a multiple of dp*mb*pp = "
-            f"{step} (e.g. {max(step, -(-global_batch // step) * step)}), or --schedule 1f1b"
+            f"{step} (e.g. {max(step, -(-global_batch // step) * step)}), or --schedule 1f1b without --vpp"
         )
 
 

@@ -44,6 +44,7 @@ _SECTION_START = re.compile(r"^#?\s*(Collective test starting:|nThread\s|Using d
 # Sizes below this carry the launch and the protocol's base latency, not the network: reported, not fitted.
 MIN_FIT_BYTES = 1 << 16
 MAX_BYTES = 1 << 50
+MAX_EXTRA_US = 1000.0  # the extra latency per crossing the fit may reach
 
 
 @dataclass(frozen=True)
@@ -94,36 +95,56 @@ class _Section:
     hosts: dict = field(default_factory=dict)  # rank -> host
     groups: set = field(default_factory=set)
     gpus: set = field(default_factory=set)
-    points: list = field(default_factory=list)
+    header: list = field(default_factory=list)  # the table's column names, `#` stripped
+    unit: float = 0.0  # seconds per printed time unit, from the header's `(us)` / `(ms)` line; 0: not printed
+    rows: list = field(default_factory=list)  # each table row's tokens
+
+    @property
+    def points(self) -> list[tuple[float, float]]:
+        return _points(self)
 
 
 def _sections(text: str) -> list[_Section]:
-    """The log's tests, in order: a header line after a test's rows opens the next."""
+    """The log's tests, in order: a header line after a test's rank lines or rows opens the next (a run that died
+    after its header, then its retry, are two tests, not one with both's ranks)."""
     sections = [_Section()]
     for line in text.splitlines():
         line = _LAUNCHER_PREFIX.sub("", line).strip()
-        if _SECTION_START.match(line) and sections[-1].points:
+        if _SECTION_START.match(line) and (sections[-1].rows or sections[-1].hosts):
             sections.append(_Section())
         sec = sections[-1]
         if m := _RANK_LINE.match(line):
             sec.hosts[int(m[1])] = m[3]
             sec.groups.add(int(m[2] or 0))
             sec.gpus.add(m[4].strip())
-        elif m := _TEST_LINE.match(line):
-            sec.test = re.sub(r"_mpi$", "", m[1])
-        elif line and not line.startswith("#") and (point := _row(line)):
-            sec.points.append(point)
+        elif m := _TEST_LINE.match(line):  # a build's suffix aside (all_reduce_perf_mpi, ..._nccl)
+            sec.test = next((name for name in KIND_BY_TEST if m[1].startswith(name)), m[1])
+        elif line.startswith("#"):
+            names = line.lstrip("#").split()
+            if "time" in names and "algbw" in names:
+                sec.header = names
+            elif "(us)" in names or "(ms)" in names:
+                sec.unit = 1e-6 if "(us)" in names else 1e-3
+        elif len(tok := line.split()) >= 6 and tok[0].isdigit() and tok[1].isdigit() and 0 < int(tok[0]) <= MAX_BYTES:
+            sec.rows.append(tok)
     return sections
 
 
 def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int] | None = None) -> NcclLog:
     """One log's kind, ranks, nodes and timings, or one UsageError line saying what it lacks."""
-    found = [s for s in _sections(text) if s.points]
+    sections = _sections(text)
+    found = [s for s in sections if s.rows]
     if len(found) > 1:
         tests = ", ".join(s.test or "?" for s in found)
         raise UsageError(f"--nccl-tests {source}: holds {len(found)} tests ({tests}) — give each its own file")
-    sec = found[0] if found else _Section()
-    sizes = [b for b, _ in sec.points]
+    sec = found[0] if found else sections[-1]
+    points = sec.points
+    fit = [b for b, _ in points if b >= MIN_FIT_BYTES]
+    if len(fit) < 2:
+        raise UsageError(f"--nccl-tests {source}: {len(fit)} sizes of {MIN_FIT_BYTES // 1024} KiB or more with a "
+                         f"time its table gives (size / time = algbw, #wrong 0) — run the test over a range of sizes "
+                         f"(e.g. -b 8 -e 8G -f 2) without -C, and keep its table as printed")
+    sizes = [b for b, _ in points]
     if len(set(sizes)) < len(sizes):
         raise UsageError(f"--nccl-tests {source}: repeats sizes (-d all, -o all or several runs in one table) — "
                          f"give one data type and operation per log")
@@ -138,12 +159,7 @@ def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int
     if kind == "send_recv" and ranks != 2:
         raise UsageError(f"--nccl-tests {source}: sendrecv over {ranks} ranks is a ring of pairs the model does not "
                          f"time — give a 2-rank sendrecv_perf log")
-    fit = [b for b in sizes if b >= MIN_FIT_BYTES]
-    if len(fit) < 2:
-        raise UsageError(f"--nccl-tests {source}: {len(fit)} sizes of {MIN_FIT_BYTES // 1024} KiB or more whose "
-                         f"time and algbw agree (size / time) — run the test over a range of sizes (e.g. -b 8 -e 8G "
-                         f"-f 2) and keep its table as printed")
-    return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(sec.gpus)), tuple(sorted(sec.points)))
+    return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(sec.gpus)), tuple(sorted(points)))
 
 
 def _shape(sec: _Section, source: str, kind: str, shape: tuple[int, int] | None) -> tuple[int, int]:
@@ -182,25 +198,63 @@ def _float(token: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _row(line: str) -> tuple[float, float] | None:
-    """(bytes, seconds) of a table row `size count type [redop] [root] time algbw busbw #wrong time algbw ...`: the
-    faster of out-of-place and in-place. A time is a column whose next one is its algbw (size / time, GB/s): that
-    finds the columns whatever a release puts between or after them (timestamps, per-iteration columns), and tells
-    microseconds from the milliseconds of the 2017-18 releases."""
-    tok = line.split()
-    if len(tok) < 6 or not (tok[0].isdigit() and tok[1].isdigit()) or not 0 < int(tok[0]) <= MAX_BYTES:
-        return None
-    size, times, units, i = int(tok[0]), [], (1e-6, 1e-3), 3
-    while i < len(tok) - 1 and len(times) < 2:
+def _time_columns(sec: _Section) -> list[int]:
+    """Where the out-of-place and in-place times are: the header's `time` columns; without a header (a page that
+    dropped it), the columns of the largest row whose next column is its algbw (size / time, in us or ms), where
+    algbw is large enough that no other pair of columns passes for it."""
+    if sec.header:
+        return [i for i, name in enumerate(sec.header) if name == "time"][:2]
+    tok = max(sec.rows, key=lambda t: int(t[0]))
+    size, cols, i = int(tok[0]), [], 3
+    while i < len(tok) - 1 and len(cols) < 2:
         t, algbw = _float(tok[i]), _float(tok[i + 1])
-        unit = next((u for u in units if t and t > 0 and algbw is not None
-                     and abs(size / (t * u) / 1e9 - algbw) <= max(0.011, 0.03 * algbw)), 0)
-        if unit:  # a time: its algbw, busbw and #wrong follow; the in-place time is in the same unit
-            times.append(t * unit)
-            units, i = (unit,), i + 4
+        if t and t > 0 and algbw and any(abs(size / (t * u) / 1e9 / algbw - 1) < 0.05 for u in (1e-6, 1e-3)):
+            cols.append(i)
+            i += 4  # its algbw, busbw and #wrong
         else:
             i += 1
-    return (float(size), min(times)) if times else None
+    return cols
+
+
+def _unit(sec: _Section, cols: list[int]) -> float:
+    """Seconds per printed time unit: the header's `(us)` / `(ms)`, else the one under which size / time matches the
+    printed algbw on most rows large enough to tell (the 2017-18 releases printed milliseconds)."""
+    if sec.unit:
+        return sec.unit
+    votes = {1e-6: 0, 1e-3: 0}
+    for tok in sec.rows:
+        if not cols or cols[0] + 1 >= len(tok):
+            continue
+        t, algbw = _float(tok[cols[0]]), _float(tok[cols[0] + 1])
+        if t and t > 0 and algbw and algbw >= 1:
+            best = min(votes, key=lambda u: abs(math.log(int(tok[0]) / (t * u) / 1e9 / algbw)))
+            votes[best] += 1
+    return max(votes, key=lambda u: (votes[u], u == 1e-6))
+
+
+def _points(sec: _Section) -> list[tuple[float, float]]:
+    """(bytes, seconds) per row: the faster of out-of-place and in-place. Left out: a row nccl-tests flagged wrong
+    (#wrong > 0: corrupted results), a time that is not positive, and a time its own algbw contradicts (size / time off
+    the printed algbw by more than 5 % where algbw is large enough to tell: not the collective's time, e.g. -C's CPU
+    time)."""
+    if not sec.rows:
+        return []
+    cols = _time_columns(sec)
+    unit, out = _unit(sec, cols), []
+    wrong = [c + 3 for c in cols if len(sec.header) > c + 3 and sec.header[c + 3] == "#wrong"]
+    for tok in sec.rows:
+        if any(c < len(tok) and tok[c].isdigit() and int(tok[c]) > 0 for c in wrong):
+            continue
+        times = [t * unit for c in cols if c < len(tok) and (t := _float(tok[c])) and t > 0
+                 and _agrees(int(tok[0]), t * unit, _float(tok[c + 1]) if c + 1 < len(tok) else None)]
+        if times:
+            out.append((float(tok[0]), min(times)))
+    return out
+
+
+def _agrees(size: int, seconds: float, algbw: float | None) -> bool:
+    """size / time matches the printed algbw (GB/s), or algbw is too small (two decimals) to tell."""
+    return algbw is None or algbw < 1 or abs(size / seconds / 1e9 / algbw - 1) <= 0.05
 
 
 # ----------------------------------------------------------------------------------------------------- the fit
@@ -252,7 +306,7 @@ def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
     if base.measured:
         raise UsageError("--nccl-tests fits a datasheet cluster's network: give --cluster a preset or a cluster file "
                          "without [measured] tables")
-    if base.net_step_extra:  # its line rate is a fit, no longer the NICs' bound
+    if base.network_fit or base.net_step_extra:  # its line rate is a fit, no longer the NICs' bound
         raise UsageError("--cluster is already fitted to nccl-tests logs (net_step_extra_us) — give the preset or "
                          "datasheet file it came from, with all the logs at once")
     for log in logs:
@@ -279,9 +333,13 @@ class Fit:
     left_out: tuple[str, ...] = ()  # sources of the logs beyond_ring: reported, not fitted
 
     def at_bound(self) -> list[str]:
-        """Fitted keys that ended on a bound of the search (the line rate's cap): the logs ask for more than it allows."""
-        return [k for k in ("inter_node_bandwidth_gbs",)
-                if k in self.fitted and self.fitted[k] >= round(self.base.inter_node_bandwidth / 1e9, 3)]
+        """Fitted keys that ended on a bound of their search (the line rate's cap, 1 % of it, 1000 us): the logs ask
+        for more than the model allows there."""
+        line = self.base.inter_node_bandwidth / 1e9
+        bounds = {"inter_node_bandwidth_gbs": (0.01 * line, line), "net_step_extra_us": (None, MAX_EXTRA_US),
+                  "intra_node_bandwidth_gbs": (1.0, 10000.0)}
+        return [k for k, v in self.fitted.items()
+                if any(b is not None and math.isclose(v, b, rel_tol=1e-3) for b in bounds[k])]
 
     def rows(self) -> list[dict]:
         """Per log: its shape and the model's error before and after the fit (sizes >= MIN_FIT_BYTES)."""
@@ -330,7 +388,7 @@ def fit(base: ClusterSpec, logs: list[NcclLog]) -> Fit:
         # with fewer ranks per node (a data-parallel ring with one per node), which cannot use it.
         line_rate = base.inter_node_bandwidth / 1e9
         gbs, extra = _minimise(lambda x: _loss(network(x), across),
-                               [line_rate, 0.0], [(0.01 * line_rate, line_rate), (0.0, 1000.0)])
+                               [line_rate, 0.0], [(0.01 * line_rate, line_rate), (0.0, MAX_EXTRA_US)])
         cluster = network([gbs, extra])
         fitted["inter_node_bandwidth_gbs"] = round(gbs, 3)
         fitted["net_step_extra_us"] = round(extra, 2)
@@ -345,7 +403,8 @@ def cluster_file(fit: Fit, table: dict, command: str) -> str:
     """The base cluster's [cluster] table with the fitted keys, and where they came from."""
     from shardwise.calibrate.profile import toml_table
 
-    table = {**table, **fit.fitted, "name": f"{table.get('name', fit.base.name)} (network from nccl-tests)"}
+    table = {**table, **fit.fitted, "name": f"{table.get('name', fit.base.name)} (network from nccl-tests)",
+             "network_fit": "nccl-tests"}
     head = [f"# Written by `{_comment(command)}`.",
             "# Fitted to these nccl-tests logs (model error after / before the fit, median over sizes >= 64 KiB):"]
     head += [f"#   {_comment(r['log'])}: {r['kind']}, {r['ranks']} ranks on {r['nodes']} node(s), "

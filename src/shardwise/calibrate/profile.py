@@ -440,8 +440,8 @@ def _toml_value(v) -> str:
         return str(v)
     if isinstance(v, float):
         return repr(v)
-    if isinstance(v, str):  # JSON's escapes are TOML's basic-string escapes (control characters included)
-        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, str):  # JSON's escapes are TOML's basic-string escapes; TOML also forbids a raw DEL
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 

@@ -134,9 +134,9 @@ def _print_fit(result, out: str) -> None:
     fitted = ", ".join(f"{k} = {v:g}" for k, v in result.fitted.items())
     console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
     if result.at_bound():
-        console.print("[yellow]inter_node_bandwidth_gbs stayed at the base's line rate, the fit's bound: the logs ask for "
-                      "more than the NICs carry, and the extra latency per crossing took up the rest[/]",
-                      highlight=False)
+        console.print(f"[yellow]{', '.join(result.at_bound())} ended on the bound of its search (line rate: the "
+                      f"base's NICs; 1 % of them; {1000:g} us per crossing): the logs ask for more than the model allows "
+                      f"there — check the --cluster they ran on and the logs themselves[/]", highlight=False)
     console.print(f"wrote {out} — use it: shardwise plan --model ... --cluster {shlex.quote(out)} --gpus ... "
                   f"--global-batch ... --seq-len ...", highlight=False)
 

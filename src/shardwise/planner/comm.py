@@ -209,6 +209,7 @@ def network_assumed(cluster: ClusterSpec) -> dict:
         return {"model": f"shardwise calibrate's tables (world {cluster.measured.get('world_size', '?')}; "
                          f"alpha-beta for other group sizes)"}
     return {"model": "NCCL's tuner (ring/tree, LL/LL128/Simple)",
+            "rates": f"fitted to {cluster.network_fit} logs" if cluster.network_fit else "datasheet",
             "nvlink_gbs": round(bus_bandwidth(cluster, 2, 1) / 1e9, 1),
             "inter_node_gbs_per_gpu": round(cluster.inter_node_bandwidth / 1e9, 3),
             "net_step_extra_us": round(cluster.net_step_extra * 1e6, 2)}

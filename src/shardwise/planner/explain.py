@@ -256,9 +256,9 @@ def _network(job: Job, a: dict, gpus: int) -> str:
     net = a["network"]
     if gpus <= job.cluster.gpus_per_node or "inter_node_gbs_per_gpu" not in net:
         return ""
-    fitted = net["net_step_extra_us"] > 0
+    fitted = net["rates"] != "datasheet"
     return (f", a network of {net['inter_node_gbs_per_gpu']:g} GB/s per GPU across nodes"
-            + (f" + {net['net_step_extra_us']:g} us per crossing (fitted to nccl-tests logs)" if fitted else
+            + (f" + {net['net_step_extra_us']:g} us per crossing ({net['rates']})" if fitted else
                " (the datasheet's line rate; `shardwise calibrate --nccl-tests` fits yours)"))
 
 

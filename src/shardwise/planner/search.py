@@ -292,8 +292,10 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     required = _sp_required(job, get_framework(job.framework))
     if space.sequence_parallel == (False,) and required and any(t > 1 for t in (space.tp or divisors(gpus))):
         # as estimate refuses it (planner/framework.py), not a filter the stack would quietly ignore
+        fix = ("add --no-tp-comm-overlap" if job.tp_comm_overlap and get_framework(job.framework).sequence_parallel
+               != "always" else "pick a --framework with plain TP (megatron-core)")
         raise UsageError(f"--no-sequence-parallel: {required} — drop --no-sequence-parallel, allow only --tp 1, or "
-                         f"pick a --framework with plain TP (megatron-core)")
+                         f"{fix}")
     n = count_candidates(job, gpus, space)
     if n == 0:
         raise UsageError(no_layout_message(job, gpus, space))
