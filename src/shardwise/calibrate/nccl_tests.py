@@ -10,10 +10,12 @@ placement, with the NCCL tuner model of planner/comm.py on this cluster's measur
                       the time each network crossing of a chunk takes beyond the tuner's own hop latency
                       (congestion, adaptive routing, rail misalignment: what the datasheet does not say).
 
-The fit minimises the squared log ratio of the model's time to each logged time (the faster of out-of-place and
-in-place), over every size of every log of that kind of placement; the report gives each log's error before (the
-base cluster's datasheet numbers) and after. A log keeps its own rank count, ranks per node and kind, so a fit on
-all_reduce can be checked on all_gather (tests/test_nccl_tests.py does, on published logs).
+The fit minimises a soft-L1 loss of the log ratio of the model's time to each logged time (the faster of
+out-of-place and in-place), over every size of 64 KiB and up of every log of that kind of placement; the report gives
+each log's error before (the base cluster's datasheet numbers) and after. A log keeps its own rank count, ranks per
+node and kind, so a fit on one node count can be checked on another (tests/test_nccl_tests.py and
+benchmarks/nccl_fit.py do, on published logs). Logs faster than any ring (NVLink SHARP, a two-node tree) are
+reported, never fitted.
 """
 
 from __future__ import annotations
