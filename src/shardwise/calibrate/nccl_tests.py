@@ -309,8 +309,8 @@ def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
         raise UsageError("--nccl-tests fits a datasheet cluster's network: give --cluster a preset or a cluster file "
                          "without [measured] tables")
     if base.network_fit or base.net_step_extra:  # its line rate is a fit, no longer the NICs' bound
-        raise UsageError("--cluster is already fitted to nccl-tests logs (net_step_extra_us) — give the preset or "
-                         "datasheet file it came from, with all the logs at once")
+        raise UsageError("--cluster is already fitted to nccl-tests logs (network_fit, net_step_extra_us) — give the "
+                         "preset or datasheet file it came from, with all the logs at once")
     for log in logs:
         if log.per_node > base.gpus_per_node or base.gpus_per_node % log.per_node:
             raise UsageError(f"--nccl-tests {log.source}: {log.per_node} ranks per node on a cluster of "

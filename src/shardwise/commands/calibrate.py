@@ -115,6 +115,8 @@ def _print_fit(result, out: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from shardwise.calibrate.nccl_tests import MAX_EXTRA_US
+
     table = Table(title="the planner's collective times against the logs: median |error| over sizes >= 64 KiB, "
                         "before (the base's datasheet network) and after the fit")
     for column in ("log", "kind", "ranks/nodes", "busbw GB/s", "before", "after", ">= 64 MiB", "max"):
@@ -135,7 +137,7 @@ def _print_fit(result, out: str) -> None:
     console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
     if result.at_bound():
         console.print(f"[yellow]{', '.join(result.at_bound())} ended on the bound of its search (line rate: the "
-                      f"base's NICs; 1 % of them; {1000:g} us per crossing): the logs ask for more than the model allows "
+                      f"base's NICs; 1 % of them; {MAX_EXTRA_US:g} us per crossing): the logs ask for more than the model allows "
                       f"there — check the --cluster they ran on and the logs themselves[/]", highlight=False)
     console.print(f"wrote {out} — use it: shardwise plan --model ... --cluster {shlex.quote(out)} --gpus ... "
                   f"--global-batch ... --seq-len ...", highlight=False)

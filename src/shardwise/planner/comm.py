@@ -204,7 +204,7 @@ def collective_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: 
 
 def network_assumed(cluster: ClusterSpec) -> dict:
     """What the collectives are timed on (estimate --json assumptions.network): NCCL's tuner model on the cluster's
-    rates, datasheet or fitted to its nccl-tests logs (net_step_extra_us > 0), or a calibration's own tables."""
+    rates, datasheet or fitted to its nccl-tests logs (the file's network_fit), or a calibration's own tables."""
     if cluster.measured:
         return {"model": f"shardwise calibrate's tables (world {cluster.measured.get('world_size', '?')}; "
                          f"alpha-beta for other group sizes)"}
