@@ -298,3 +298,25 @@ def test_times_their_own_algbw_contradicts_are_not_read_as_the_collectives():
     cpu = _rows_rewritten(Path(H100_IB[4]).read_text(), lambda t: [*t[:5], "21.30", *t[6:9], "20.10", *t[10:]])
     with pytest.raises(UsageError, match="0 sizes"):
         parse(cpu, "all_reduce_perf.log")
+
+
+def test_explains_measured_fabric_is_the_published_clusters_fit():
+    """explain's network what-if (planner/explain.py MEASURED_FABRIC) is the 4-node fit of the published IB cluster, and
+    it is asked of a job across nodes on a datasheet cluster only."""
+    from shardwise.planner.explain import MEASURED_FABRIC
+
+    fitted = fit(load_cluster("dgx-h100-80gb"), [read_log(H100_IB[4])]).fitted
+    assert MEASURED_FABRIC["line_rate_share"] == pytest.approx(fitted["inter_node_bandwidth_gbs"] / 50, abs=1e-3)
+    assert MEASURED_FABRIC["net_step_extra_s"] == pytest.approx(fitted["net_step_extra_us"] * 1e-6, abs=1e-8)
+
+
+@pytest.mark.parametrize("gpus, cluster, asked", [(64, "dgx-h100-80gb", True), (8, "dgx-h100-80gb", False),
+                                                  (64, "fitted", False)])
+def test_explain_asks_the_measured_fabric_what_if_where_it_means_something(gpus, cluster, asked, tmp_path, capsys):
+    if cluster == "fitted":
+        cluster = str(tmp_path / "ib.toml")
+        assert main(["calibrate", "--nccl-tests", H100_IB[4], "--cluster", "dgx-h100-80gb", "--out", cluster]) == 0
+    capsys.readouterr()
+    assert main(["explain", "--model", "llama3-8b", "--cluster", cluster, "--gpus", str(gpus), "--global-batch", "512",
+                 "--seq-len", "4096"]) == 0
+    assert ("measured 400G InfiniBand" in " ".join(capsys.readouterr().out.split())) == asked
