@@ -21,6 +21,7 @@ H100_IB = {n: str(LOGS / f"nccltests309-gjaion_all_reduce_{n}x8.txt") for n in (
 A3_MEGA_GATHER = f"all_gather@2x8={LOGS / 'dstack-a3mega_all_gather_2x8.txt'}"
 A3_MEGA_REDUCE = str(LOGS / "a3mega-ztan_all_reduce_2x8.txt")
 P5_ONE_NODE = f"all_reduce@1x8={LOGS / 'awsome-awsbatch-p5_all_reduce_1x8.txt'}"
+DGX_H100 = Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-h100-80gb.toml"
 
 
 def _median_abs(values):
@@ -29,7 +30,7 @@ def _median_abs(values):
 
 def _a3_mega(tmp_path) -> str:
     """A DGX H100 with A3 Mega's network: 8 NICs of 200 Gb/s for 8 GPUs, 25 GB/s per GPU (Google's instance page)."""
-    text = (Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-h100-80gb.toml").read_text()
+    text = DGX_H100.read_text()
     path = tmp_path / "a3-mega.toml"
     path.write_text(text.replace("inter_node_bandwidth_gbs = 50", "inter_node_bandwidth_gbs = 25"))
     return str(path)
@@ -134,7 +135,7 @@ def test_logs_that_say_too_little_are_refused():
 
 def test_a_calibrated_cluster_is_not_a_base(tmp_path):
     profile = tmp_path / "p.toml"
-    profile.write_text((Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-h100-80gb.toml").read_text()
+    profile.write_text(DGX_H100.read_text()
                        + "\n[measured]\nall_reduce = [[1024, 0.001]]\nworld_size = 2\n")
     with pytest.raises(UsageError, match="without \\[measured\\]"):
         fit(load_cluster(str(profile)), [read_log(H100_IB[4])])
@@ -251,7 +252,7 @@ def test_a_cluster_name_or_log_path_with_a_newline_still_writes_a_file_that_load
     log = tmp_path / "all_reduce\n4 nodes.txt"
     log.write_text(Path(H100_IB[4]).read_text())
     base = tmp_path / "base.toml"
-    base.write_text((Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-h100-80gb.toml").read_text()
+    base.write_text(DGX_H100.read_text()
                     .replace('name = "DGX H100 80GB"', 'name = "DGX\\nH100 \\"80GB\\""'))
     out = tmp_path / "out.toml"
     assert main(["calibrate", "--nccl-tests", str(log), "--cluster", str(base), "--out", str(out)]) == 0

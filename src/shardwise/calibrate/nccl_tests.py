@@ -335,13 +335,15 @@ class Fit:
     left_out: tuple[str, ...] = ()  # sources of the logs beyond_ring: reported, not fitted
 
     def at_bound(self) -> list[str]:
-        """Fitted keys that ended on a bound of their search (the line rate's cap, 1 % of it, 1000 us): the logs ask
-        for more than the model allows there."""
-        line = self.base.inter_node_bandwidth / 1e9
-        bounds = {"inter_node_bandwidth_gbs": (0.01 * line, line), "net_step_extra_us": (None, MAX_EXTRA_US),
-                  "intra_node_bandwidth_gbs": (1.0, 10000.0)}
-        return [k for k, v in self.fitted.items()
-                if any(b is not None and math.isclose(v, b, rel_tol=1e-3) for b in bounds[k])]
+        """Fitted keys that ended on a nonzero bound of their search (`_bounds`: the line rate's cap, 1 % of it,
+        MAX_EXTRA_US): the logs ask for more than the model allows there. No extra latency is a result, not a bound."""
+        bounds = _bounds(self.base)
+        return [k for k, v in self.fitted.items() if any(b and math.isclose(v, b, rel_tol=1e-3) for b in bounds[k])]
+
+    def before(self) -> dict:
+        """The fitted keys as the base cluster had them."""
+        values = network_values(self.base)
+        return {k: values[k] for k in self.fitted}
 
     def rows(self) -> list[dict]:
         """Per log: its shape and the model's error before and after the fit (sizes >= MIN_FIT_BYTES)."""
@@ -355,6 +357,22 @@ class Fit:
                         "median_abs_error_64mib_up": _median_abs(big) if big else None,
                         "largest_busbw_gbs": _busbw(log), "fitted": log.source not in self.left_out})
         return out
+
+
+def network_values(cluster: ClusterSpec) -> dict:
+    """The [cluster] keys the fit sets, as `cluster` has them."""
+    return {"intra_node_bandwidth_gbs": cluster.intra_node_bandwidth / 1e9,
+            "inter_node_bandwidth_gbs": cluster.inter_node_bandwidth / 1e9,
+            "net_step_extra_us": cluster.net_step_extra * 1e6}
+
+
+def _bounds(base: ClusterSpec) -> dict:
+    """Each fitted key's search range. The line rate at most BASE's: a log faster than the NICs carry reduced in the
+    network or the switch (SHARP, NVLink SHARP), which the model does not time, and a rate above the NICs' would leak
+    into every group with fewer ranks per node (a data-parallel ring with one per node), which cannot use it."""
+    line = base.inter_node_bandwidth / 1e9
+    return {"intra_node_bandwidth_gbs": (1.0, 10000.0), "inter_node_bandwidth_gbs": (0.01 * line, line),
+            "net_step_extra_us": (0.0, MAX_EXTRA_US)}
 
 
 def _median_abs(values: list[float]) -> float:
@@ -372,25 +390,21 @@ def _busbw(log: NcclLog) -> float:
 def fit(base: ClusterSpec, logs: list[NcclLog]) -> Fit:
     """Fit NVLink on the one-node logs, then the network on the multi-node ones (with that NVLink)."""
     _check_base(base, logs)
-    cluster, fitted = base, {}
+    cluster, fitted, bounds = base, {}, _bounds(base)
     left_out = tuple(log.source for log in logs if beyond_ring(base, log))
     one_node = [log for log in logs if log.nodes == 1 and log.source not in left_out]
     across = [log for log in logs if log.nodes > 1 and log.source not in left_out]
     if one_node:
         (gbs,) = _minimise(lambda x: _loss(replace(cluster, intra_node_bandwidth=x[0] * 1e9), one_node),
-                           [cluster.intra_node_bandwidth / 1e9], [(1.0, 10000.0)])
+                           [cluster.intra_node_bandwidth / 1e9], [bounds["intra_node_bandwidth_gbs"]])
         cluster = replace(cluster, intra_node_bandwidth=gbs * 1e9)
         fitted["intra_node_bandwidth_gbs"] = round(gbs, 2)
     if across:
         def network(x):
             return replace(cluster, inter_node_bandwidth=x[0] * 1e9, net_step_extra=x[1] * 1e-6)
 
-        # At most the base's line rate: a log faster than the NICs carry reduced in the network or the switch
-        # (SHARP, NVLink SHARP), which the model does not time; a rate above the NICs' would leak into every group
-        # with fewer ranks per node (a data-parallel ring with one per node), which cannot use it.
-        line_rate = base.inter_node_bandwidth / 1e9
-        gbs, extra = _minimise(lambda x: _loss(network(x), across),
-                               [line_rate, 0.0], [(0.01 * line_rate, line_rate), (0.0, MAX_EXTRA_US)])
+        gbs, extra = _minimise(lambda x: _loss(network(x), across), [base.inter_node_bandwidth / 1e9, 0.0],
+                               [bounds["inter_node_bandwidth_gbs"], bounds["net_step_extra_us"]])
         cluster = network([gbs, extra])
         fitted["inter_node_bandwidth_gbs"] = round(gbs, 3)
         fitted["net_step_extra_us"] = round(extra, 2)

@@ -134,21 +134,14 @@ def _print_fit(result, out: str) -> None:
                       f"tree over two nodes, which the model does not time: reported, not fitted; the planner's "
                       f"all-reduces there are conservative[/]", highlight=False)
     fitted = ", ".join(f"{k} = {v:g}" for k, v in result.fitted.items())
-    console.print(f"fitted: {fitted} (before: {_before(result)})", highlight=False)
+    before = ", ".join(f"{k} = {v:g}" for k, v in result.before().items())
+    console.print(f"fitted: {fitted} (before: {before})", highlight=False)
     if result.at_bound():
         console.print(f"[yellow]{', '.join(result.at_bound())} ended on the bound of its search (line rate: the "
                       f"base's NICs; 1 % of them; {MAX_EXTRA_US:g} us per crossing): the logs ask for more than the model allows "
                       f"there — check the --cluster they ran on and the logs themselves[/]", highlight=False)
     console.print(f"wrote {out} — use it: shardwise plan --model ... --cluster {shlex.quote(out)} --gpus ... "
                   f"--global-batch ... --seq-len ...", highlight=False)
-
-
-def _before(result) -> str:
-    base = result.base
-    values = {"intra_node_bandwidth_gbs": base.intra_node_bandwidth / 1e9,
-              "inter_node_bandwidth_gbs": base.inter_node_bandwidth / 1e9,
-              "net_step_extra_us": base.net_step_extra * 1e6}
-    return ", ".join(f"{k} = {values[k]:g}" for k in result.fitted)
 
 
 def _cuda_devices() -> int:
