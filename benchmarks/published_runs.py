@@ -15,9 +15,10 @@ the plain ones.
 Rows the planner cannot model yet (compiled FP8, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
-    python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles]
+    python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles] [--measured-fabric]
 
 --six-profiles scores each row under the nearest of the six profiles most users name (SIX_PROFILES below).
+--measured-fabric is a what-if: every row's network as a measured InfiniBand cluster delivers it (MEASURED_FABRIC).
 """
 
 from __future__ import annotations
@@ -141,12 +142,21 @@ def cluster_preset(gpu_type: str) -> str:
             else "dgx-h100-80gb" if "H100" in gpu_type else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
 
 
+# --measured-fabric (a what-if, never the shipped figure): every row's network at explain.MEASURED_FABRIC, what one
+# measured 400G InfiniBand cluster delivers (docs/accuracy.md, "A measured fabric for every cluster, tried").
+MEASURED_FABRIC: dict | None = None
+
+
 def _cluster(gpu_type: str):
-    """The row's preset with the network and GPU memory the row states."""
+    """The row's preset with the network and GPU memory the row states (and, under --measured-fabric, that network
+    at the measured share of its line rate with the measured extra time per crossing)."""
     cluster = load_cluster(cluster_preset(gpu_type))
     network = stated_network(gpu_type, cluster.gpus_per_node)
     if network:
         cluster = replace(cluster, inter_node_bandwidth=network)
+    if MEASURED_FABRIC:
+        cluster = replace(cluster, inter_node_bandwidth=cluster.inter_node_bandwidth * MEASURED_FABRIC["line_rate_share"],
+                          net_step_extra=MEASURED_FABRIC["net_step_extra_s"])
     if re.search(r"9[46]\s*-?\s*(GB|9[46]GB)", gpu_type):
         cluster = replace(cluster, gpu_memory_bytes=96e9)
     return cluster
@@ -829,10 +839,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--six-profiles", action="store_true",
                     help="score every row under one of " + ", ".join(SIX_PROFILES) + " (each other profile under its "
                          "nearest: composer, llama2/3 and automodel under torchtitan, deepspeed-2024/-bf16 under deepspeed)")
+    ap.add_argument("--measured-fabric", action="store_true",
+                    help="what-if: every row's network at what a measured 400G InfiniBand cluster delivers "
+                         "(explain.MEASURED_FABRIC: a share of the line rate and an extra time per network crossing)")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"published_runs.py: {args.csv} not found — pass --csv PATH", file=sys.stderr)
         return 2
+    if args.measured_fabric:
+        global MEASURED_FABRIC
+        from shardwise.planner.explain import MEASURED_FABRIC as measured
+        MEASURED_FABRIC = measured
     rows, summary = compare(args.csv, args.six_profiles)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
