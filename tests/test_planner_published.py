@@ -488,6 +488,20 @@ def test_the_network_a_row_states_is_read_per_node_or_per_gpu():
     assert read("A100-SXM4-80GB (64 GPUs; network NR)", 8) is None
 
 
+def test_measured_fabric_what_if_scales_the_stated_network_and_leaves_the_shipped_figure(monkeypatch):
+    # --measured-fabric (a what-if for docs/accuracy.md) takes a row's stated line rate to the measured share and adds
+    # the measured time per network crossing; without it the row keeps its datasheet network.
+    from shardwise.planner.explain import MEASURED_FABRIC
+    gpu = "H100-SXM-80GB (DGX H100; 8x400 Gb/s IB per node)"
+    plain = bench._cluster(gpu)
+    assert plain.inter_node_bandwidth == 50e9 and plain.net_step_extra == 0
+    monkeypatch.setattr(bench, "MEASURED_FABRIC", MEASURED_FABRIC)
+    measured = bench._cluster(gpu)
+    assert measured.inter_node_bandwidth == pytest.approx(50e9 * MEASURED_FABRIC["line_rate_share"])
+    assert measured.net_step_extra == MEASURED_FABRIC["net_step_extra_s"] > 0
+    assert measured.intra_node_bandwidth == plain.intra_node_bandwidth
+
+
 def test_an_mlp_cells_parenthesis_is_a_note():
     # GPT-OSS's rows write 'swiglu (clamped)': its config.json has a SwiGLU MLP (clamped, swiglu_limit 7.0), rotary
     # positions and untied embeddings (tie_word_embeddings false), so each row is a Llama-style block with three MLP
