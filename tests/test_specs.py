@@ -152,3 +152,37 @@ def test_a_multi_query_gpt2_spec_writes_a_config_that_reads_back(tmp_path):
     path.write_text(json.dumps(spec.to_hf_config()))
     back = load_model(str(path))
     assert back.num_kv_heads == 1 and back.num_params() == spec.num_params() < load_model("gpt2").num_params()
+
+
+def test_gpt2_config_reads_transformers_generic_key_names(tmp_path):
+    # GPT2Config maps hidden_size / num_hidden_layers / num_attention_heads / max_position_embeddings onto n_embd /
+    # n_layer / n_head / n_positions (its attribute_map), and a config naming no context gets its 1,024.
+    transformers = pytest.importorskip("transformers")
+    generic = {"model_type": "gpt2", "hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "vocab_size": 100}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(generic))
+    spec = load_model(str(path))
+    hf = transformers.GPT2Config.from_dict({k: v for k, v in generic.items() if k != "model_type"})
+    assert (spec.hidden, spec.num_layers, spec.num_heads, spec.max_positions) == (hf.n_embd, hf.n_layer, hf.n_head,
+                                                                                   hf.n_positions)
+    assert spec.family == "gpt2" and spec.ffn_hidden == 4 * 96 and not spec.gated_mlp
+    assert _hf_count(spec) == spec.num_params()
+    path.write_text(json.dumps(dict(generic, max_position_embeddings=512)))
+    assert load_model(str(path)).max_positions == 512
+
+
+@pytest.mark.parametrize("act, gated", [(None, True), ("silu", True), ("gelu", False), ("gelu_new", False),
+                                        ("relu", False)])
+def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act, gated):
+    # A hand-written config (no model_type, Llama's key names) that names a GELU or ReLU activation describes a
+    # GPT-style two-matrix MLP; none, or SiLU, is Llama's SwiGLU. With a model_type, the architecture decides.
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+           "vocab_size": 100} | ({"hidden_act": act} if act else {})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    assert spec.gated_mlp is gated
+    assert spec.dense_ffn_params() == (3 if gated else 2) * 64 * 256
+    path.write_text(json.dumps(dict(cfg, model_type="llama")))
+    assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation

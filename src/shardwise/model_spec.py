@@ -17,7 +17,8 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
-from shardwise.hf_keys import MAX_LAYERS, count, dropout, flag, mlp_of_act, optional, require
+from shardwise.hf_keys import (MAX_LAYERS, MLP_OF_ACT, count, dropout, flag, mlp_of_act, optional, require,
+                               require_any)
 
 
 @cached_hash
@@ -371,13 +372,14 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
 
 
 def _gpt2_spec(cfg: dict, name: str, source: str) -> ModelSpec:
-    hidden = require(cfg, "n_embd", source)
-    heads = require(cfg, "n_head", source)
+    hidden = require_any(cfg, ("n_embd", "hidden_size"), source)
+    heads = require_any(cfg, ("n_head", "num_attention_heads"), source)
     return ModelSpec(
         name=name, family="gpt2", hidden=hidden, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
-        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
-        vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
-        max_positions=require(cfg, "n_positions", source),
+        num_layers=require_any(cfg, ("n_layer", "num_hidden_layers"), source, MAX_LAYERS), num_heads=heads,
+        num_kv_heads=heads, vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
+        # GPT2Config's default context when the config names none
+        max_positions=optional(cfg, "n_positions", optional(cfg, "max_position_embeddings", 1024, source), source),
         # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
         # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
         tie_embeddings=flag(cfg, "tie_word_embeddings", source, default=True),
@@ -413,8 +415,14 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
 
 
 def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
-    """ModelSpec.mlp of a Llama-family config: '' (SwiGLU) except Nemotron's non-gated MLP (hidden_act)."""
-    return mlp_of_act(cfg, "hidden_act", "relu2", source) if model_type == "nemotron" else ""
+    """ModelSpec.mlp of a Llama-family config: '' (SwiGLU) except Nemotron's non-gated MLP (hidden_act), and a
+    hand-written config without a model_type whose hidden_act names a non-gated activation (GELU, ReLU: a GPT-style
+    two-matrix MLP, as such a config means; transformers itself loads no config without a model_type)."""
+    if model_type == "nemotron":
+        return mlp_of_act(cfg, "hidden_act", "relu2", source)
+    if not model_type and cfg.get("hidden_act") in MLP_OF_ACT:
+        return MLP_OF_ACT[cfg["hidden_act"]]
+    return ""
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
