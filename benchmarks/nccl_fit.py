@@ -36,6 +36,10 @@ CLUSTERS = {
     "AWS p5, one node": ("dgx-h100-80gb", None, ["all_reduce@1x8=awsome-awsbatch-p5_all_reduce_1x8.txt"]),
     "OCI BM.GPU4.8 (A100 40GB, 16 x 100 Gb/s RoCE)": ("dgx-a100-40gb", 25.0, [
         "ocihpcoke-BMGPU4.8_all_reduce_2x8.txt"]),
+    "Azure NDm A100 v4 (8 x 200 Gb/s HDR)": ("dgx-a100-80gb", None, [
+        "all_reduce@2x8=azureml-NDm-A100-v4_all_reduce_2x8.txt"]),
+    "AWS p4d (A100 40GB, 4 x 100 Gb/s EFA, NCCL 2.9.9)": ("aws-p4d", None, [
+        "all_reduce@2x8=awsefaeks-p4d_all_reduce_2x8.txt"]),
 }
 
 
