@@ -186,3 +186,45 @@ def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act
     assert spec.dense_ffn_params() == (3 if gated else 2) * 64 * 256
     path.write_text(json.dumps(dict(cfg, model_type="llama")))
     assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation
+
+
+DGX_KEYS = {"name": "mine", "gpus_per_node": 8, "gpu_memory_gib": 80, "hbm_bandwidth_gbs": 3350,
+            "intra_node_bandwidth_gbs": 450, "inter_node_bandwidth_gbs": 50}
+
+
+def _toml(tmp_path, **keys) -> str:
+    path = tmp_path / "mine.toml"
+    path.write_text("[cluster]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
+    return str(path)
+
+
+def test_a_cluster_file_without_arch_takes_the_datasheet_gpu_its_peak_names(tmp_path):
+    # A hand-written DGX H100 file with only the required keys: the H100's kernel-model keys come from the preset,
+    # so it is timed as the preset is, and the cluster says what it took.
+    from shardwise.planner import estimate
+    from shardwise.planner.job import make_job
+
+    preset = load_cluster("dgx-h100-80gb")
+    mine = load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989))
+    assert (mine.arch, mine.sm_count, mine.mamf_tflops, mine.fp8_flops) == (preset.arch, preset.sm_count,
+                                                                           preset.mamf_tflops, preset.fp8_flops)
+    assert "H100 SXM" in mine.inferred and "dgx-h100-80gb" in mine.inferred
+    layout = Layout(tp=4, pp=4, dp=32, micro_batch=1, sequence_parallel=True)
+    times = [estimate(make_job(load_model("llama3-70b"), c, 512, 8192, "megatron-core"), layout).step_time
+             for c in (preset, mine)]
+    assert times[1] == pytest.approx(times[0], rel=1e-9)
+    # What the file states wins; a peak no datasheet GPU has, an arch, or a calibrate profile, infers nothing.
+    assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989, sm_count=114)).sm_count == 114
+    for keys in ({"peak_tflops": 700}, {"peak_tflops": 989, "arch": "hopper"}):
+        spec = load_cluster(_toml(tmp_path, **DGX_KEYS, **keys))
+        assert spec.inferred == "" and spec.sm_count == 0
+
+
+def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, capsys):
+    from shardwise.cli import main
+
+    path = _toml(tmp_path, **DGX_KEYS, peak_tflops=312)
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", path, "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "2048", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json"]) == 0
+    implied = json.loads(capsys.readouterr().out)["assumptions"]["implied"]
+    assert any("A100 SXM" in note and "arch ampere" in note for note in implied)

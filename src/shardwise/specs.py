@@ -78,6 +78,8 @@ class ClusterSpec:
     # fitted to the cluster's own nccl-tests logs by `shardwise calibrate --nccl-tests` (calibrate/nccl_tests.py).
     net_step_extra: float = 0.0
     network_fit: str = ""  # what the network keys were fitted to ("nccl-tests"); "" for a datasheet's
+    # What the cluster file left out and the planner took from the datasheet GPU its peak names (_datasheet_gpu)
+    inferred: str = field(default="", compare=False)
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -133,6 +135,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
+    inferred = "" if arch or data.get("measured") else _datasheet_gpu(values)
+    arch = arch or values.pop("arch", "")
     if "power_limit_w" in values:
         _check_power_limit(values["power_limit_w"], arch, bool(data.get("measured")), source)
     return ClusterSpec(
@@ -154,7 +158,32 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         power_limit_w=values.get("power_limit_w", 0.0),
         net_step_extra=float(table.get("net_step_extra_us", 0.0)) * 1e-6,
         network_fit=str(table.get("network_fit", "")),
+        inferred=inferred,
     )
+
+
+# The datasheet GPUs whose kernel-model keys (arch, sm_count, mamf_tflops, fp8_peak_tflops) a hand-written cluster file
+# may leave out: a file without an arch whose peak_tflops is one of theirs gets them from the preset, so a DGX-like
+# file is timed as the preset is (without them the kernel models fall back to plain rates; docs/planner.md).
+DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 SXM": "dgx-h100-80gb"}
+
+
+def _datasheet_gpu(values: dict) -> str:
+    """Fill `values`' missing kernel-model keys (and its "arch") from the datasheet GPU whose dense BF16 peak the file
+    gives (within 0.5 %); the phrase that says so, or "" where the peak is no datasheet GPU's."""
+    for gpu, preset in DATASHEET_GPUS.items():
+        known = load_cluster(preset)
+        if abs(values["peak_tflops"] * 1e12 / known.peak_flops - 1) > 0.005:
+            continue
+        taken = {"sm_count": known.sm_count, "mamf_tflops": known.mamf_tflops,
+                 "fp8_peak_tflops": known.fp8_flops / 1e12}
+        taken = {k: v for k, v in taken.items() if v and k not in values and not (k == "mamf_tflops" and
+                                                                                  v > values["peak_tflops"])}
+        values.update(taken, arch=known.arch)
+        said = ", ".join(f"{k} {v:g}" for k, v in taken.items())
+        return (f"an {gpu} (peak_tflops {values['peak_tflops']:g}): arch {known.arch}" + (f", {said}" if said else "")
+                + f" taken from the {preset} preset, as the cluster file names no arch")
+    return ""
 
 
 def _check_power_limit(watts: float, arch: str, measured: bool, source: str) -> None:

@@ -270,9 +270,10 @@ COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and 
                    "call compile.enable required for competitive performance; --compile not given, --no-compile for eager)")
 
 
-# What a command filled in about the software the user did not name: the stack (`under_framework`), torch.compile
-# (`job_from_args`); each an attribute of the command's args, and a field of plan's and explain's JSON.
-NOTE_KEYS = ("framework_note", "compile_note")
+# What a command filled in that the user did not name: the stack (`under_framework`), torch.compile and the GPU's
+# kernel-model keys a cluster file left out (`job_from_args`); each an attribute of the command's args, and a field of
+# plan's and explain's JSON.
+NOTE_KEYS = ("framework_note", "compile_note", "cluster_note")
 
 
 def note_fields(args) -> dict[str, str]:
@@ -303,7 +304,10 @@ def job_from_args(args):
     compiled = getattr(args, "compile", None)
     if compiled is None and get(framework).compiles_by_default(precision, bool(getattr(args, "fused_norms", False))):
         compiled, args.compile_note = True, COMPILE_IMPLIED
-    job = make_job(model, load_cluster(args.cluster), args.global_batch, args.seq_len, framework,
+    cluster = load_cluster(args.cluster)
+    if cluster.inferred:
+        args.cluster_note = cluster.inferred
+    job = make_job(model, cluster, args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),
                    precision=precision,
