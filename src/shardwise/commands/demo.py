@@ -66,17 +66,20 @@ def article(console) -> dict:
     from shardwise.commands.common import layout_table, print_explanation
     from shardwise.commands.plan import best_per_split
     from shardwise.planner.explain import explain
-    from shardwise.planner.job import Job
-    from shardwise.specs import TrainSpec, load_cluster, load_model
+    from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, default_note
+    from shardwise.planner.job import make_job
+    from shardwise.specs import load_cluster, load_model
 
     a = ARTICLE
-    job = Job(load_model(a["model"]), load_cluster(a["cluster"]), TrainSpec(a["global_batch"], a["seq_len"]),
-              flash_attention=True)
+    # the stack `shardwise plan` assumes when --framework is not given, so the demo answers as the README's plan does
+    job = make_job(load_model(a["model"]), load_cluster(a["cluster"]), a["global_batch"], a["seq_len"],
+                   DEFAULT_FRAMEWORK)
     console.rule(f"1. Where to split {a['model']} on {a['gpus']} x A100-80GB?")
     result = _plan(job, a["gpus"])
     top = best_per_split(result.ranked)[:5]
     console.print(layout_table(top, title=f"{a['model']}, batch {a['global_batch']} x {a['seq_len']} tokens "
                                           f"({len(result.ranked)} of {result.scored} layouts fit)"))
+    console.print(f"note: {default_note()}")
     print_explanation(console, explain(job, a["gpus"], result), "Why")
     return {"best": top[0].to_dict()}
 
