@@ -1,6 +1,7 @@
 """Model and cluster specs: presets load, parameter counts equal the real models, bad input is one clear line."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -172,8 +173,8 @@ def test_gpt2_config_reads_transformers_generic_key_names(tmp_path):
     assert load_model(str(path)).max_positions == 512
 
 
-@pytest.mark.parametrize("act, gated", [(None, True), ("silu", True), ("gelu", False), ("gelu_new", False),
-                                        ("relu", False)])
+@pytest.mark.parametrize("act, gated", [(None, True), ("silu", True), ("swish", True), ("gelu", False),
+                                        ("gelu_new", False), ("quick_gelu", False), ("relu", False), ("relu2", False)])
 def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act, gated):
     # A hand-written config (no model_type, Llama's key names) that names a GELU or ReLU activation describes a
     # GPT-style two-matrix MLP; none, or SiLU, is Llama's SwiGLU. With a model_type, the architecture decides.
@@ -184,8 +185,34 @@ def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act
     spec = load_model(str(path))
     assert spec.gated_mlp is gated
     assert spec.dense_ffn_params() == (3 if gated else 2) * 64 * 256
+    path.write_text(json.dumps(spec.to_hf_config()))  # a two-matrix MLP: written back without a model_type it never had
+    assert load_model(str(path)) == (replace(spec, model_type="llama") if gated else spec)
     path.write_text(json.dumps(dict(cfg, model_type="llama")))
     assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation
+
+
+@pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}])
+def test_an_activation_shardwise_cannot_count_is_one_line(tmp_path, act):
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+           "vocab_size": 100, "hidden_act": act}
+    path = tmp_path / "config.json"
+    for extra in ({}, {"model_type": "nemotron"}):
+        path.write_text(json.dumps(cfg | extra))
+        with pytest.raises(UsageError, match="hidden_act .* is not an activation shardwise counts"):
+            load_model(str(path))
+
+
+def test_a_gpt2_config_giving_both_spellings_reads_as_transformers_does(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = {"model_type": "gpt2", "vocab_size": 100, "n_embd": 96, "hidden_size": 128, "n_layer": 2,
+           "num_hidden_layers": 3, "n_head": 4, "num_attention_heads": 8, "n_positions": 512,
+           "max_position_embeddings": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    hf = transformers.GPT2Config.from_dict({k: v for k, v in cfg.items() if k != "model_type"})
+    assert (spec.hidden, spec.num_layers, spec.num_heads, spec.max_positions) == (hf.n_embd, hf.n_layer, hf.n_head,
+                                                                                   hf.n_positions)
 
 
 DGX_KEYS = {"name": "mine", "gpus_per_node": 8, "gpu_memory_gib": 80, "hbm_bandwidth_gbs": 3350,
@@ -208,16 +235,21 @@ def test_a_cluster_file_without_arch_takes_the_datasheet_gpu_its_peak_names(tmp_
     mine = load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989))
     assert (mine.arch, mine.sm_count, mine.mamf_tflops, mine.fp8_flops) == (preset.arch, preset.sm_count,
                                                                            preset.mamf_tflops, preset.fp8_flops)
-    assert "H100 SXM" in mine.inferred and "dgx-h100-80gb" in mine.inferred
+    assert "H100 / H200 SXM" in mine.inferred and "dgx-h100-80gb" in mine.inferred
     layout = Layout(tp=4, pp=4, dp=32, micro_batch=1, sequence_parallel=True)
     times = [estimate(make_job(load_model("llama3-70b"), c, 512, 8192, "megatron-core"), layout).step_time
              for c in (preset, mine)]
     assert times[1] == pytest.approx(times[0], rel=1e-9)
-    # What the file states wins; a peak no datasheet GPU has, an arch, or a calibrate profile, infers nothing.
+    # What the file states wins, its arch included: naming the matching arch still takes the rest; a peak no
+    # datasheet GPU has, or another arch, infers nothing; a file that leaves nothing out says nothing.
     assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989, sm_count=114)).sm_count == 114
-    for keys in ({"peak_tflops": 700}, {"peak_tflops": 989, "arch": "hopper"}):
+    named = load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989, arch="hopper"))
+    assert named.sm_count == preset.sm_count and "arch" not in named.inferred
+    for keys in ({"peak_tflops": 700}, {"peak_tflops": 989, "arch": "ampere"}):
         spec = load_cluster(_toml(tmp_path, **DGX_KEYS, **keys))
         assert spec.inferred == "" and spec.sm_count == 0
+    full = dict(peak_tflops=989, arch="hopper", sm_count=132, mamf_tflops=792.1, fp8_peak_tflops=1979)
+    assert load_cluster(_toml(tmp_path, **DGX_KEYS, **full)).inferred == ""
 
 
 def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, capsys):

@@ -83,14 +83,20 @@ def count(cfg: dict, key: str, source: str) -> int:
 
 # Hugging Face activation names of a non-gated MLP -> ModelSpec.mlp (Nemotron's "relu2" is squared ReLU; BLOOM's
 # "bloom_gelu" and the tanh approximations are GELU: the same two matrices, the same element-wise pass).
-MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu",
-              "gelu_fast": "gelu", "gelu_python": "gelu"}
+MLP_OF_ACT = {"relu2": "squared-relu", "relu": "relu", "relu6": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu",
+              "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_python": "gelu", "gelu_accurate": "gelu",
+              "gelu_10": "gelu", "quick_gelu": "gelu"}
+# transformers' names of the SiLU that a Llama-style gated MLP (SwiGLU) runs
+SWIGLU_ACTS = ("silu", "swish")
 
 
-def mlp_of_act(cfg: dict, key: str, default: str, source: str) -> str:
-    """ModelSpec.mlp of a non-gated MLP whose activation the config names in `key`."""
+def mlp_of_act(cfg: dict, key: str, default: str, source: str, gated: tuple[str, ...] = ()) -> str:
+    """ModelSpec.mlp of the MLP whose activation the config names in `key`: a non-gated one (MLP_OF_ACT), or '' (the
+    family's gated MLP) for a name in `gated`; any other value is refused in one line."""
     act = cfg.get(key) or default
-    if act not in MLP_OF_ACT:
-        raise UsageError(f"{source}: {key} {act!r} is not an activation shardwise counts for a non-gated MLP — "
-                         f"use one of {', '.join(MLP_OF_ACT)}")
+    if isinstance(act, str) and act in gated:
+        return ""
+    if not isinstance(act, str) or act not in MLP_OF_ACT:
+        raise UsageError(f"{source}: {key} {act!r} is not an activation shardwise counts for this MLP — "
+                         f"use one of {', '.join((*gated, *MLP_OF_ACT))}")
     return MLP_OF_ACT[act]

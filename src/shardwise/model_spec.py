@@ -17,8 +17,7 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
-from shardwise.hf_keys import (MAX_LAYERS, MLP_OF_ACT, count, dropout, flag, mlp_of_act, optional, require,
-                               require_any)
+from shardwise.hf_keys import MAX_LAYERS, SWIGLU_ACTS, count, dropout, flag, mlp_of_act, optional, require
 
 
 @cached_hash
@@ -267,7 +266,7 @@ class ModelSpec:
             } | ({"resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0} if self.dropout is False else {}) | (
                 {} if self.tie_embeddings else {"tie_word_embeddings": False}) | mqa
         cfg = {
-            "model_type": self.model_type or ("llama" if self.gated_mlp else "nemotron"), "hidden_size": self.hidden,
+            "model_type": self.model_type or "llama", "hidden_size": self.hidden,
             "intermediate_size": self.ffn_hidden,
             "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads, "vocab_size": self.vocab_size,
@@ -275,8 +274,10 @@ class ModelSpec:
             "tie_word_embeddings": self.tie_embeddings, "rms_norm_eps": self.norm_eps,
             "rope_theta": self.rope_theta,
         }
-        if not self.gated_mlp:
+        if not self.gated_mlp:  # a Llama block with a two-matrix MLP: Nemotron's, or a config without model_type
             cfg["hidden_act"] = ACT_OF_MLP.get(self.mlp, "relu2")
+            if not self.model_type:
+                del cfg["model_type"]
         if self.dropout:
             cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
@@ -371,15 +372,21 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     return spec
 
 
+# GPT2Config's attribute_map: transformers' generic names of GPT-2's own keys. Set after them, they win where a config
+# gives both, as GPT2Config.from_dict reads it.
+GPT2_ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+                "max_position_embeddings": "n_positions"}
+
+
 def _gpt2_spec(cfg: dict, name: str, source: str) -> ModelSpec:
-    hidden = require_any(cfg, ("n_embd", "hidden_size"), source)
-    heads = require_any(cfg, ("n_head", "num_attention_heads"), source)
+    cfg = cfg | {own: cfg[generic] for generic, own in GPT2_ALIASES.items() if cfg.get(generic) is not None}
+    hidden = require(cfg, "n_embd", source)
+    heads = require(cfg, "n_head", source)
     return ModelSpec(
         name=name, family="gpt2", hidden=hidden, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
-        num_layers=require_any(cfg, ("n_layer", "num_hidden_layers"), source, MAX_LAYERS), num_heads=heads,
-        num_kv_heads=heads, vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
-        # GPT2Config's default context when the config names none
-        max_positions=optional(cfg, "n_positions", optional(cfg, "max_position_embeddings", 1024, source), source),
+        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
+        vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
+        max_positions=optional(cfg, "n_positions", 1024, source),  # GPT2Config's default context
         # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
         # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
         tie_embeddings=flag(cfg, "tie_word_embeddings", source, default=True),
@@ -420,8 +427,8 @@ def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
     two-matrix MLP, as such a config means; transformers itself loads no config without a model_type)."""
     if model_type == "nemotron":
         return mlp_of_act(cfg, "hidden_act", "relu2", source)
-    if not model_type and cfg.get("hidden_act") in MLP_OF_ACT:
-        return MLP_OF_ACT[cfg["hidden_act"]]
+    if not model_type:  # none named, or SiLU: Llama's SwiGLU
+        return mlp_of_act(cfg, "hidden_act", SWIGLU_ACTS[0], source, gated=SWIGLU_ACTS)
     return ""
 
 

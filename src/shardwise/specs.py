@@ -135,8 +135,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
-    inferred = "" if arch or data.get("measured") else _datasheet_gpu(values)
-    arch = arch or values.pop("arch", "")
+    inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
+    arch = values.pop("arch", arch)
     if "power_limit_w" in values:
         _check_power_limit(values["power_limit_w"], arch, bool(data.get("measured")), source)
     return ClusterSpec(
@@ -165,24 +165,24 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
 # The datasheet GPUs whose kernel-model keys (arch, sm_count, mamf_tflops, fp8_peak_tflops) a hand-written cluster file
 # may leave out: a file without an arch whose peak_tflops is one of theirs gets them from the preset, so a DGX-like
 # file is timed as the preset is (without them the kernel models fall back to plain rates; docs/planner.md).
-DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 SXM": "dgx-h100-80gb"}
+DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 / H200 SXM": "dgx-h100-80gb"}
 
 
-def _datasheet_gpu(values: dict) -> str:
+def _datasheet_gpu(values: dict, arch: str) -> str:
     """Fill `values`' missing kernel-model keys (and its "arch") from the datasheet GPU whose dense BF16 peak the file
-    gives (within 0.5 %); the phrase that says so, or "" where the peak is no datasheet GPU's."""
+    gives (within 0.5 %) and whose arch is the file's, if it names one; the phrase that says so, or "" where the peak
+    is no datasheet GPU's, the file names another arch, or it leaves nothing out. The preset is read as its own TOML
+    table (a preset states every key it has; reading it through load_cluster would infer again)."""
     for gpu, preset in DATASHEET_GPUS.items():
-        known = load_cluster(preset)
-        if abs(values["peak_tflops"] * 1e12 / known.peak_flops - 1) > 0.005:
+        known = cluster_toml(preset)[0]["cluster"]
+        if abs(values["peak_tflops"] / known["peak_tflops"] - 1) > 0.005 or arch not in ("", known["arch"]):
             continue
-        taken = {"sm_count": known.sm_count, "mamf_tflops": known.mamf_tflops,
-                 "fp8_peak_tflops": known.fp8_flops / 1e12}
-        taken = {k: v for k, v in taken.items() if v and k not in values and not (k == "mamf_tflops" and
-                                                                                  v > values["peak_tflops"])}
-        values.update(taken, arch=known.arch)
-        said = ", ".join(f"{k} {v:g}" for k, v in taken.items())
-        return (f"an {gpu} (peak_tflops {values['peak_tflops']:g}): arch {known.arch}" + (f", {said}" if said else "")
-                + f" taken from the {preset} preset, as the cluster file names no arch")
+        taken = {k: known[k] for k in ("sm_count", "mamf_tflops", "fp8_peak_tflops")
+                 if k in known and k not in values and not (k == "mamf_tflops" and known[k] > values["peak_tflops"])}
+        values.update(taken, arch=known["arch"])
+        said = [f"arch {known['arch']}"] * (not arch) + [f"{k} {v:g}" for k, v in taken.items()]
+        return (f"an {gpu} (peak_tflops {values['peak_tflops']:g}): {', '.join(said)} taken from the {preset} preset, "
+                f"as the cluster file leaves {'them' if len(said) > 1 else 'it'} out") if said else ""
     return ""
 
 
