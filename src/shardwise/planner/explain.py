@@ -279,7 +279,8 @@ def fp8_gather_note(job: Job, win: Estimate) -> str:
 
 
 # The model's typical error: above the median |error| on published runs it was not fitted to (leave-one-source-out,
-# benchmarks/published_runs.py: 6.0 %; 3.1 % plain), short of the errors of the stacks it models less well. Closer is a tie.
+# benchmarks/published_runs.py: 5.7 %, 698 rows, 2026-12-05), short of the errors of the stacks it models less well.
+# Closer is a tie.
 MODEL_ERROR = 0.06
 # Layouts re-ranked under each what-if (the fastest ones; a what-if cannot lift a slow layout past all of them).
 SENSITIVITY_TOP = 30
