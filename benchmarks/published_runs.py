@@ -15,7 +15,7 @@ the plain ones.
 Rows the planner cannot model yet (compiled FP8, ...) are printed as skipped
 with the reason; rows marked '?' in the throughput are printed but kept out of the summary.
 
-    python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles] [--measured-fabric]
+    python benchmarks/published_runs.py [--csv PATH] [--json] [--six-profiles] [--measured-fabric] [--write-check]
 
 --six-profiles scores each row under the nearest of the six profiles most users name (SIX_PROFILES below).
 --measured-fabric is a what-if: every row's network as a measured InfiniBand cluster delivers it (MEASURED_FABRIC).
@@ -799,6 +799,22 @@ def summarize(rows: list[dict], entries: list[dict]) -> dict:
             "min_kendall_tau": min((v["kendall_tau"] for v in series.values()), default=None)}
 
 
+def check_table(rows: list[dict]) -> dict:
+    """The strong dense rows' errors by stack and GPU (planner/published_check.py reads it): what `explain` and
+    `estimate --json` say of a prediction's record."""
+    groups: dict = {}
+    for r in rows:
+        if "error" in r and not r["weak"]:
+            groups.setdefault(r["framework"], {}).setdefault(r["arch"], []).append(r["error"])
+    by_stack = {fw: {arch: {"rows": len(errs), "median_abs_error": round(statistics.median(map(abs, errs)), 4),
+                            "signed_median_error": round(statistics.median(errs), 4),
+                            "max_abs_error": round(max(map(abs, errs)), 4)}
+                     for arch, errs in sorted(archs.items())}
+                for fw, archs in sorted(groups.items())}
+    return {"source": "python benchmarks/published_runs.py --write-check: strong dense rows, the shipped constants",
+            "rows": sum(v["rows"] for archs in by_stack.values() for v in archs.values()), "by_stack": by_stack}
+
+
 def discordant_note(gap: float | None) -> str:
     """What the per-series line adds after tau when the prediction orders some pair the other way: how far apart the
     source's own figures for those pairs are (stats.widest_discordant_gap), so a tau lowered by near-ties reads as such."""
@@ -839,6 +855,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--six-profiles", action="store_true",
                     help="score every row under one of " + ", ".join(SIX_PROFILES) + " (each other profile under its "
                          "nearest: composer, llama2/3 and automodel under torchtitan, deepspeed-2024/-bf16 under deepspeed)")
+    ap.add_argument("--write-check", action="store_true",
+                    help="write src/shardwise/planner/published_check.json (each stack's record on each GPU, which "
+                         "explain and estimate --json report)")
     ap.add_argument("--measured-fabric", action="store_true",
                     help="what-if: every row's network at what a measured 400G InfiniBand cluster delivers "
                          "(explain.MEASURED_FABRIC: a share of the line rate and an extra time per network crossing)")
@@ -846,11 +865,21 @@ def main(argv: list[str] | None = None) -> int:
     if not args.csv.is_file():
         print(f"published_runs.py: {args.csv} not found — pass --csv PATH", file=sys.stderr)
         return 2
+    if args.write_check and (args.measured_fabric or args.six_profiles or args.csv != DEFAULT_CSV):
+        print("published_runs.py: --write-check records the shipped set as shipped — drop --csv, --six-profiles and "
+              "--measured-fabric", file=sys.stderr)
+        return 2
     if args.measured_fabric:
         global MEASURED_FABRIC
         from shardwise.planner.explain import MEASURED_FABRIC as measured
         MEASURED_FABRIC = measured
     rows, summary = compare(args.csv, args.six_profiles)
+    if args.write_check:
+        from shardwise.planner.published_check import PATH
+
+        PATH.write_text(json.dumps(check_table(rows), indent=1) + "\n")
+        print(f"wrote {PATH}")
+        return 0
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
         return 0

@@ -634,3 +634,33 @@ def test_torchtitan_peak_memory_against_its_own_tables():
         published = float(re.search(r"peak memory (\d+(?:\.\d+)?) GB", notes[run.name]).group(1))
         predicted = sum(memory_breakdown(run.job, run.layout)[1].values()) / 2**30
         assert abs(predicted / published - 1) <= 0.10, (run.name, predicted, published)
+
+
+def test_the_shipped_published_check_is_what_the_script_computes_now():
+    # planner/published_check.json (what explain and estimate --json report of each stack's record) is written by
+    # `published_runs.py --write-check`; a change to the planner or the set that moves any figure must rewrite it.
+    import json
+
+    from shardwise.planner import published_check
+
+    rows, _ = _compare()
+    assert json.loads(published_check.PATH.read_text()) == bench.check_table(rows)
+
+
+def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
+    from shardwise.planner.estimate import checked_record
+    from shardwise.planner.explain import framework_paragraph
+    from shardwise.planner.job import make_job
+    from shardwise.specs import load_cluster, load_model
+
+    strong = [r for r in _strong() if r["framework"] == "nemo" and r["arch"] == "hopper"]
+    job = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "nemo")
+    record = checked_record(job)
+    assert record["rows"] == len(strong) > 10
+    assert record["median_abs_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in strong), abs=1e-4)
+    assert f"Checked on {len(strong)} published nemo runs on H100/H200 (BF16)" in framework_paragraph(job, 512)
+    # a stack with no published run on this GPU says so; a MoE model (scored apart) has no record here
+    lone = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "deepspeed")
+    assert checked_record(lone) is None and "No published deepspeed run on H100" in framework_paragraph(lone, 512)
+    moe = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 512, 4096, "nemo")
+    assert checked_record(moe) is None and "published" not in framework_paragraph(moe, 512).split("It cannot run")[1]

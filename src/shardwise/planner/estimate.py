@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.errors import UsageError
-from shardwise.planner import kernels, moe
+from shardwise.planner import kernels, moe, published_check
 from shardwise.planner.comm import network_assumed
 from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
@@ -151,6 +151,9 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
             "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,
             "moe_layer_host_time_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_HOST_S} if job.model.is_moe else {}),
         "precision": job.precision,
+        # how this stack's predictions on this GPU compared with its published runs (None: no such run, a MoE model
+        # (scored apart), or a calibrated / unnamed GPU)
+        "checked_on_published_runs": checked_record(job),
         "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
                                                         "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
                        + (", each amax taken in the compiled kernel that makes the tensor" if job.compile else "")
@@ -159,6 +162,20 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
                           else ", the router bf16" if job.model.is_moe else "")
                        + "; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
     }
+
+
+def checked_gpu(job: Job) -> str | None:
+    """The GPU key (kernels.situ_key) under which the job's published-run record is kept: a dense model on a datasheet
+    GPU; None for a MoE model (scored apart) or a calibrated or unnamed GPU."""
+    if job.model.is_moe or not job.cluster.arch or job.cluster.measured:
+        return None
+    return kernels.situ_key(job.cluster.arch, job.precision)
+
+
+def checked_record(job: Job) -> dict | None:
+    """The published-run record of the job's stack on its GPU (planner/published_check.py), or None."""
+    gpu = checked_gpu(job)
+    return published_check.record(job.framework, gpu) if gpu else None
 
 
 def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] = frozenset()) -> tuple[Layout, list[str]]:

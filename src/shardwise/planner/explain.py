@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shardwise.planner.estimate import GIB, Estimate, assumptions, estimate
+from shardwise.planner import published_check
+from shardwise.planner.estimate import GIB, Estimate, assumptions, checked_gpu, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.overlap import fp8_gathered
@@ -248,7 +249,14 @@ def framework_paragraph(job: Job, gpus: int = 0) -> str:
             f"{a['gradient_reduce_dtype']}{' behind the backward' if a['grad_reduce_overlapped'] else ' after the backward'}, "
             f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
             f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter{_network(job, a, gpus)}. "
-            f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}.")
+            f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}."
+            + _record(job))
+
+
+def _record(job: Job) -> str:
+    """The stack's record against its published runs on this GPU (planner/published_check.py), where one is kept."""
+    gpu = checked_gpu(job)
+    return " " + published_check.sentence(job.framework, gpu) if gpu else ""
 
 
 def _network(job: Job, a: dict, gpus: int) -> str:
