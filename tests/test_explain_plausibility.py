@@ -91,8 +91,13 @@ def test_a_cluster_file_without_an_arch_is_held_to_the_a100_record(tmp_path):
     (tmp_path / "mine.toml").write_text(text, encoding="utf-8")
     job, result = _readme_demo()
     mine = make_job(load_model("llama-65b"), load_cluster(str(tmp_path / "mine.toml")), 256, 2048)
-    assert mine.cluster.arch == ""
+    assert mine.cluster.arch == "ampere"  # an A100's peak: the A100 it is (specs.DATASHEET_GPUS)
     assert "62.0 %" in plausibility(mine, _at(result.ranked[0], 0.63))
+    # A peak no datasheet GPU has leaves the arch unnamed: still timed, and held, as Ampere.
+    (tmp_path / "mine.toml").write_text(text.replace("peak_tflops = 312", "peak_tflops = 400"), encoding="utf-8")
+    other = make_job(load_model("llama-65b"), load_cluster(str(tmp_path / "mine.toml")), 256, 2048)
+    assert other.cluster.arch == ""
+    assert "62.0 %" in plausibility(other, _at(result.ranked[0], 0.63))
     # A calibrated cluster (no arch either) measures its own peak: no published GPU record applies to it.
-    calibrated = replace(mine, cluster=replace(mine.cluster, measured={"matmul_tflops": 1.0}))
+    calibrated = replace(other, cluster=replace(other.cluster, measured={"matmul_tflops": 1.0}))
     assert plausibility(calibrated, _at(result.ranked[0], 0.90)) == ""
