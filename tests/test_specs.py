@@ -155,18 +155,24 @@ def test_a_multi_query_gpt2_spec_writes_a_config_that_reads_back(tmp_path):
     assert back.num_kv_heads == 1 and back.num_params() == spec.num_params() < load_model("gpt2").num_params()
 
 
+def _read_as_gpt2config_reads(path, cfg: dict):
+    """The spec load_model reads from `cfg` at `path`, checked against transformers' GPT2Config of the same dict."""
+    transformers = pytest.importorskip("transformers")
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    hf = transformers.GPT2Config.from_dict({k: v for k, v in cfg.items() if k != "model_type"})
+    assert (spec.hidden, spec.num_layers, spec.num_heads, spec.max_positions) == (hf.n_embd, hf.n_layer, hf.n_head,
+                                                                                   hf.n_positions)
+    return spec
+
+
 def test_gpt2_config_reads_transformers_generic_key_names(tmp_path):
     # GPT2Config maps hidden_size / num_hidden_layers / num_attention_heads / max_position_embeddings onto n_embd /
     # n_layer / n_head / n_positions (its attribute_map), and a config naming no context gets its 1,024.
-    transformers = pytest.importorskip("transformers")
     generic = {"model_type": "gpt2", "hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
                "vocab_size": 100}
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(generic))
-    spec = load_model(str(path))
-    hf = transformers.GPT2Config.from_dict({k: v for k, v in generic.items() if k != "model_type"})
-    assert (spec.hidden, spec.num_layers, spec.num_heads, spec.max_positions) == (hf.n_embd, hf.n_layer, hf.n_head,
-                                                                                   hf.n_positions)
+    spec = _read_as_gpt2config_reads(path, generic)
     assert spec.family == "gpt2" and spec.ffn_hidden == 4 * 96 and not spec.gated_mlp
     assert _hf_count(spec) == spec.num_params()
     path.write_text(json.dumps(dict(generic, max_position_embeddings=512)))
@@ -203,16 +209,10 @@ def test_an_activation_shardwise_cannot_count_is_one_line(tmp_path, act):
 
 
 def test_a_gpt2_config_giving_both_spellings_reads_as_transformers_does(tmp_path):
-    transformers = pytest.importorskip("transformers")
     cfg = {"model_type": "gpt2", "vocab_size": 100, "n_embd": 96, "hidden_size": 128, "n_layer": 2,
            "num_hidden_layers": 3, "n_head": 4, "num_attention_heads": 8, "n_positions": 512,
            "max_position_embeddings": 256}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    spec = load_model(str(path))
-    hf = transformers.GPT2Config.from_dict({k: v for k, v in cfg.items() if k != "model_type"})
-    assert (spec.hidden, spec.num_layers, spec.num_heads, spec.max_positions) == (hf.n_embd, hf.n_layer, hf.n_head,
-                                                                                   hf.n_positions)
+    assert _read_as_gpt2config_reads(tmp_path / "config.json", cfg).hidden == 128
 
 
 DGX_KEYS = {"name": "mine", "gpus_per_node": 8, "gpu_memory_gib": 80, "hbm_bandwidth_gbs": 3350,
