@@ -232,6 +232,28 @@ def published_moe() -> str:
         f"contradicts and {len(weak) - contradicted} of weak evidence are printed with the reason but not scored.")
 
 
+def published_stacks() -> str:
+    """Each stack's record on each GPU, as `explain` and `estimate --json` report it (planner/published_check.json,
+    which tests/test_planner_published.py keeps equal to the script's figures)."""
+    from shardwise.planner.published_check import _table
+
+    table = _table()
+    cols = ("ampere", "hopper", "hopper-fp8")
+
+    def cell(rec: dict | None) -> str:
+        if not rec:
+            return "—"
+        return (f"{rec['rows']}: {100 * rec['median_abs_error']:.1f} % ({100 * rec['signed_median_error']:+.1f} %), "
+                f"worst {100 * rec['max_abs_error']:.0f} %")
+
+    lines = ["| stack (`--framework`) | A100 | H100 BF16 | H100 FP8 |", "|---|---|---|---|"]
+    for stack, by_gpu in table["by_stack"].items():
+        lines.append(f"| `{stack}` | " + " | ".join(cell(by_gpu.get(c)) for c in cols) + " |")
+    return _wrap("Each stack's record on each GPU (runs: median |error| (signed median; +: the planner too fast), "
+                 "worst), what `explain` and `estimate --json` (`assumptions.checked_on_published_runs`) report for a "
+                 "plan on that stack and GPU:") + "\n" + "\n".join(lines) + "\n"
+
+
 def published_summary() -> str:
     """The dense published-runs figure the accuracy section quotes."""
     _, _, summary = _comparison()
@@ -289,6 +311,7 @@ def emit() -> str:
 
 FIGURES = {"plan": plan, "explain": explain, "models": models, "limits": limits, "published": published,
            "published-loso": published_loso, "published-moe": published_moe, "published-summary": published_summary,
+           "published-stacks": published_stacks,
            "schedules": schedules, "emit": emit, "long-context": long_context, "constants": constants}
 
 
