@@ -715,7 +715,9 @@ def _score(run: Run) -> tuple[str, dict, dict | None]:
 def _moe_row(run: Run) -> dict:
     est = _predict(run)
     grid = [] if run.weak else [_predict(run, moe=pair).step_time for pair in MOE_GRID]
-    return {"grid": grid, "published": run.published_step_s,"run": run.name, "source": source_key(run), "framework": run.framework, "series": run.series, "moe": True,
+    return {"grid": grid, "published": run.published_step_s, "run": run.name, "source": source_key(run),
+            "framework": run.framework, "series": run.series, "moe": True,
+            "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
             "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
             "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
             "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "time_breakdown_s": {k: round(v, 3) for k, v in est.time_s.items()},
@@ -799,20 +801,30 @@ def summarize(rows: list[dict], entries: list[dict]) -> dict:
             "min_kendall_tau": min((v["kendall_tau"] for v in series.values()), default=None)}
 
 
-def check_table(rows: list[dict]) -> dict:
-    """The strong dense rows' errors by stack and GPU (planner/published_check.py reads it): what `explain` and
-    `estimate --json` say of a prediction's record."""
+def _by_stack(rows: list[dict]) -> dict:
+    """The strong rows' errors by stack and GPU: rows, median |error|, signed median, max |error|."""
     groups: dict = {}
     for r in rows:
         if "error" in r and not r["weak"]:
             groups.setdefault(r["framework"], {}).setdefault(r["arch"], []).append(r["error"])
-    by_stack = {fw: {arch: {"rows": len(errs), "median_abs_error": round(statistics.median(map(abs, errs)), 4),
-                            "signed_median_error": round(statistics.median(errs), 4),
-                            "max_abs_error": round(max(map(abs, errs)), 4)}
-                     for arch, errs in sorted(archs.items())}
-                for fw, archs in sorted(groups.items())}
-    return {"source": "python benchmarks/published_runs.py --write-check: strong dense rows, the shipped constants",
-            "rows": sum(v["rows"] for archs in by_stack.values() for v in archs.values()), "by_stack": by_stack}
+    return {fw: {arch: {"rows": len(errs), "median_abs_error": round(statistics.median(map(abs, errs)), 4),
+                        "signed_median_error": round(statistics.median(errs), 4),
+                        "max_abs_error": round(max(map(abs, errs)), 4)}
+                 for arch, errs in sorted(archs.items())}
+            for fw, archs in sorted(groups.items())}
+
+
+def check_table(rows: list[dict], moe_runs: list[dict]) -> dict:
+    """The strong dense rows' and MoE rows' errors by stack and GPU (planner/published_check.py reads it): what
+    `explain` and `estimate --json` say of a prediction's record."""
+    by_stack, moe_by_stack = _by_stack(rows), _by_stack(moe_runs)
+    return {"source": "python benchmarks/published_runs.py --write-check: strong rows, the shipped constants",
+            "rows": _count(by_stack), "by_stack": by_stack, "moe_rows": _count(moe_by_stack),
+            "moe_by_stack": moe_by_stack}
+
+
+def _count(table: dict) -> int:
+    return sum(v["rows"] for archs in table.values() for v in archs.values())
 
 
 def discordant_note(gap: float | None) -> str:
@@ -877,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_check:
         from shardwise.planner.published_check import PATH
 
-        PATH.write_text(json.dumps(check_table(rows), indent=1) + "\n")
+        PATH.write_text(json.dumps(check_table(rows, summary["moe"]["runs"]), indent=1) + "\n")
         print(f"wrote {PATH}")
         return 0
     if args.json:

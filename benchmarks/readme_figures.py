@@ -247,8 +247,9 @@ def published_stacks() -> str:
                 f"worst {100 * rec['max_abs_error']:.0f} %")
 
     lines = ["| stack (`--framework`) | A100 | H100 BF16 | H100 FP8 |", "|---|---|---|---|"]
-    for stack, by_gpu in table["by_stack"].items():
-        lines.append(f"| `{stack}` | " + " | ".join(cell(by_gpu.get(c)) for c in cols) + " |")
+    for key, kind in (("by_stack", ""), ("moe_by_stack", " (mixtures of experts)")):
+        for stack, by_gpu in table[key].items():
+            lines.append(f"| `{stack}`{kind} | " + " | ".join(cell(by_gpu.get(c)) for c in cols) + " |")
     return _wrap("Each stack's record on each GPU (runs: median |error| (signed median; +: the planner too fast), "
                  "worst), what `explain` and `estimate --json` (`assumptions.checked_on_published_runs`) report for a "
                  "plan on that stack and GPU:") + "\n" + "\n".join(lines) + "\n"

@@ -643,8 +643,8 @@ def test_the_shipped_published_check_is_what_the_script_computes_now():
 
     from shardwise.planner import published_check
 
-    rows, _ = _compare()
-    assert json.loads(published_check.PATH.read_text()) == bench.check_table(rows)
+    rows, summary = _compare()
+    assert json.loads(published_check.PATH.read_text()) == bench.check_table(rows, summary["moe"]["runs"])
 
 
 def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
@@ -662,5 +662,10 @@ def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
     # a stack with no published run on this GPU says so; a MoE model (scored apart) has no record here
     lone = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "deepspeed")
     assert checked_record(lone) is None and "No published deepspeed run on H100" in framework_paragraph(lone, 512)
-    moe = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 512, 4096, "nemo")
-    assert checked_record(moe) is None and "published" not in framework_paragraph(moe, 512).split("It cannot run")[1]
+    # a mixture of experts: the stack's MoE runs on that GPU, scored apart
+    _, summary = _compare()
+    moe_rows = [r for r in summary["moe"]["runs"] if r["framework"] == "megatron-core" and r["arch"] == "hopper"
+                and not r["weak"]]
+    moe = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 512, 4096, "megatron-core")
+    assert checked_record(moe)["rows"] == len(moe_rows) > 5
+    assert f"Checked on {len(moe_rows)} published megatron-core mixture-of-experts runs" in framework_paragraph(moe, 512)

@@ -151,8 +151,8 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
             "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,
             "moe_layer_host_time_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_HOST_S} if job.model.is_moe else {}),
         "precision": job.precision,
-        # how this stack's predictions on this GPU compared with its published runs (None: no such run, a MoE model
-        # (scored apart), or a calibrated / unnamed GPU)
+        # how this stack's predictions on this GPU compared with its published runs, dense or MoE as the model is
+        # (None: no such run, or a calibrated / unnamed GPU)
         "checked_on_published_runs": checked_record(job),
         "gemm_dtype": ("fp8 (the layers' linears, " + {"te": "Transformer Engine delayed scaling",
                                                         "torchao": "torchao dynamic tensor-wise scaling"}[fw.fp8]
@@ -165,17 +165,18 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
 
 
 def checked_gpu(job: Job) -> str | None:
-    """The GPU key (kernels.situ_key) under which the job's published-run record is kept: a dense model on a datasheet
-    GPU; None for a MoE model (scored apart) or a calibrated or unnamed GPU."""
-    if job.model.is_moe or not job.cluster.arch or job.cluster.measured:
+    """The GPU key (kernels.situ_key) under which the job's published-run record is kept: a datasheet GPU; None for a
+    calibrated or unnamed one."""
+    if not job.cluster.arch or job.cluster.measured:
         return None
     return kernels.situ_key(job.cluster.arch, job.precision)
 
 
 def checked_record(job: Job) -> dict | None:
-    """The published-run record of the job's stack on its GPU (planner/published_check.py), or None."""
+    """The published-run record of the job's stack on its GPU (planner/published_check.py; a MoE model's from the MoE
+    runs), or None."""
     gpu = checked_gpu(job)
-    return published_check.record(job.framework, gpu) if gpu else None
+    return published_check.record(job.framework, gpu, job.model.is_moe) if gpu else None
 
 
 def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] = frozenset()) -> tuple[Layout, list[str]]:

@@ -256,7 +256,7 @@ def framework_paragraph(job: Job, gpus: int = 0) -> str:
 def _record(job: Job) -> str:
     """The stack's record against its published runs on this GPU (planner/published_check.py), where one is kept."""
     gpu = checked_gpu(job)
-    return " " + published_check.sentence(job.framework, gpu) if gpu else ""
+    return " " + published_check.sentence(job.framework, gpu, job.model.is_moe) if gpu else ""
 
 
 def _network(job: Job, a: dict, gpus: int) -> str:
