@@ -260,3 +260,11 @@ def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, c
                  "--seq-len", "2048", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json"]) == 0
     implied = json.loads(capsys.readouterr().out)["assumptions"]["implied"]
     assert any("A100 SXM" in note and "arch ampere" in note for note in implied)
+
+
+def test_a_hub_id_whose_config_a_preset_is_reads_the_preset_and_another_says_how_to_get_it():
+    assert load_model("meta-llama/Llama-2-70b-hf") == load_model("llama2-70b")
+    assert load_model("Mistralai/Mixtral-8x7B-v0.1").num_params() == load_model("mixtral-8x7b").num_params()
+    with pytest.raises(UsageError, match="reads no network — download its config .*huggingface-cli download "
+                                         "tiiuae/falcon-180B config.json"):
+        load_model("tiiuae/falcon-180B")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from importlib import resources
@@ -559,10 +560,32 @@ def load_model(ref: str) -> ModelSpec:
             raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
         cfg = read_json_file(path, ref, "fix the file or use a preset")
         return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
+    ref = HUB_PRESETS.get(ref.lower(), ref)  # a Hugging Face hub id whose config a preset is
     preset = preset_dir("models").joinpath(f"{ref}.json")
     if ref not in model_presets() or not preset.is_file():
+        if HUB_ID.fullmatch(ref) and not path.exists():
+            raise UsageError(f"--model {ref}: not found here, and shardwise reads no network — download its config "
+                             f"(`huggingface-cli download {ref} config.json --local-dir {ref.split('/')[1]}`) and pass "
+                             f"that folder, or give a preset ({', '.join(model_presets())})")
         if "/" in ref or os.sep in ref or path.exists():
             raise UsageError(f"--model {ref}: {'not a model folder or a config.json' if path.exists() else 'not found'} — "
                              f"give a Hugging Face model folder, its config.json, or a preset ({', '.join(model_presets())})")
         raise UsageError(f"unknown model '{ref}' — valid presets: {', '.join(model_presets())}; or pass a path to a config.json")
     return model_from_hf_config(json.loads(preset.read_text()), name=ref, source=f"preset {ref}")
+
+
+# Hugging Face hub ids whose config.json a preset is (lower case): `--model meta-llama/Llama-2-70b-hf` reads the
+# preset, as no network is read. Each preset is that repository's config.json (parameter counts tested against
+# transformers and the model cards, tests/test_specs.py).
+HUB_PRESETS = {
+    "openai-community/gpt2": "gpt2", "huggyllama/llama-65b": "llama-65b",
+    **{f"meta-llama/llama-2-{size}{hf}": f"llama2-{size}" for size in ("7b", "13b", "70b") for hf in ("", "-hf")},
+    "meta-llama/meta-llama-3-8b": "llama3-8b", "meta-llama/meta-llama-3-70b": "llama3-70b",
+    **{f"meta-llama/{prefix}llama-3.1-{size}": f"llama3.1-{size}" for prefix in ("", "meta-") for size in
+       ("8b", "70b", "405b")},
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mistralai/mixtral-8x22b-v0.1": "mixtral-8x22b",
+    "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "deepseek-ai/deepseek-v3": "deepseek-v3",
+}
+# ORG/NAME as the hub spells repositories: what a user types for a model they have not downloaded
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
