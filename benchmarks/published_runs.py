@@ -93,6 +93,7 @@ class Run:
     weak: bool = False
     weak_reason: str = ""  # why a row is kept out of the summary, from its notes ("Weak: ...")
     skip: str = ""  # why the row is not modelled
+    stand_in: bool = False  # scored under another stack's profile (stands_in): not that stack's own record
 
 
 def _int(cell: str) -> int | None:
@@ -274,6 +275,13 @@ def _profile(row: dict) -> str:
         return PROFILE_OF.get(fw, fw)
     text = row["run"] + " " + row["source"]
     return next((p for key, p in PROFILE_BY_SOURCE if key.lower() in text.lower()), "deepspeed")
+
+
+def stands_in(row: dict, profile: str) -> bool:
+    """Whether the row's stack has no profile of its own and `profile` stands in for it (PROFILE_OF: an FSDP stack
+    outside torchtitan as torchtitan, an unnamed one as megatron-core): its errors are not that profile's record."""
+    fw = row.get("framework", "").strip()
+    return fw in PROFILE_OF and profile == PROFILE_OF[fw]
 
 
 def _batch(cell: str, dp: int, mb: int) -> int:
@@ -461,6 +469,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     if run.skip:
         return run
     profile = _profile(row)
+    run.stand_in = stands_in(row, profile)
     profile = NEAREST_OF_SIX.get(profile, profile) if six_profiles else profile
     model = _moe(row, _model(row))
     seq = _int(row["seq_len"])
@@ -702,7 +711,8 @@ def _score(run: Run) -> tuple[str, dict, dict | None]:
            "layout": run.layout.describe(), "gpus": est.gpus,
            "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
            "published_step_s": round(run.published_step_s, 4), "predicted_step_s": round(est.step_time, 4),
-           "error": round(err, 4), "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason, "mfu": round(est.mfu, 4),
+           "error": round(err, 4), "fits": est.fits, "weak": run.weak, "weak_reason": run.weak_reason,
+           "stand_in": run.stand_in, "mfu": round(est.mfu, 4),
            "published_tokens_per_s_per_gpu": round(run.job.train.global_batch * run.job.train.seq_len
                                                    / run.published_step_s / est.gpus, 1),
            "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s / est.gpus, 1)}
@@ -716,7 +726,7 @@ def _moe_row(run: Run) -> dict:
     est = _predict(run)
     grid = [] if run.weak else [_predict(run, moe=pair).step_time for pair in MOE_GRID]
     return {"grid": grid, "published": run.published_step_s, "run": run.name, "source": source_key(run),
-            "framework": run.framework, "series": run.series, "moe": True,
+            "framework": run.framework, "series": run.series, "moe": True, "stand_in": run.stand_in,
             "arch": kernels.situ_key(run.job.cluster.arch, run.job.precision),
             "layout": run.layout.describe(), "published_step_s": round(run.published_step_s, 4),
             "predicted_step_s": round(est.step_time, 4), "error": round(run.published_step_s / est.step_time - 1, 4),
@@ -802,10 +812,11 @@ def summarize(rows: list[dict], entries: list[dict]) -> dict:
 
 
 def _by_stack(rows: list[dict]) -> dict:
-    """The strong rows' errors by stack and GPU: rows, median |error|, signed median, max |error|."""
+    """The strong rows' errors by the stack that ran them and GPU: rows, median |error|, signed median, max |error|
+    (a row scored under a stand-in profile, stands_in, is no stack's record)."""
     groups: dict = {}
     for r in rows:
-        if "error" in r and not r["weak"]:
+        if "error" in r and not r["weak"] and not r["stand_in"]:
             groups.setdefault(r["framework"], {}).setdefault(r["arch"], []).append(r["error"])
     return {fw: {arch: {"rows": len(errs), "median_abs_error": round(statistics.median(map(abs, errs)), 4),
                         "signed_median_error": round(statistics.median(errs), 4),
@@ -877,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.csv.is_file():
         print(f"published_runs.py: {args.csv} not found — pass --csv PATH", file=sys.stderr)
         return 2
-    if args.write_check and (args.measured_fabric or args.six_profiles or args.csv != DEFAULT_CSV):
+    if args.write_check and (args.measured_fabric or args.six_profiles or args.csv.resolve() != DEFAULT_CSV):
         print("published_runs.py: --write-check records the shipped set as shipped — drop --csv, --six-profiles and "
               "--measured-fabric", file=sys.stderr)
         return 2

@@ -243,10 +243,11 @@ def published_stacks() -> str:
     def cell(rec: dict | None) -> str:
         if not rec:
             return "—"
-        return (f"{rec['rows']}: {100 * rec['median_abs_error']:.1f} % ({100 * rec['signed_median_error']:+.1f} %), "
-                f"worst {100 * rec['max_abs_error']:.0f} %")
+        signed = 100 * rec["signed_median_error"] + 0.0  # + 0.0: no "-0.0"
+        return (f"{rec['rows']}: {100 * rec['median_abs_error']:.1f} % ({signed:+.1f} %), "
+                f"worst {100 * rec['max_abs_error']:.1f} %").replace("-0.0 %", "+0.0 %")
 
-    lines = ["| stack (`--framework`) | A100 | H100 BF16 | H100 FP8 |", "|---|---|---|---|"]
+    lines = ["| stack (`--framework`) | A100 | H100/H200 BF16 | H100/H200 FP8 |", "|---|---|---|---|"]
     for key, kind in (("by_stack", ""), ("moe_by_stack", " (mixtures of experts)")):
         for stack, by_gpu in table[key].items():
             lines.append(f"| `{stack}`{kind} | " + " | ".join(cell(by_gpu.get(c)) for c in cols) + " |")

@@ -653,19 +653,24 @@ def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
     from shardwise.planner.job import make_job
     from shardwise.specs import load_cluster, load_model
 
-    strong = [r for r in _strong() if r["framework"] == "nemo" and r["arch"] == "hopper"]
+    strong = [r for r in _strong() if r["framework"] == "nemo" and r["arch"] == "hopper" and not r["stand_in"]]
     job = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "nemo")
     record = checked_record(job)
     assert record["rows"] == len(strong) > 10
     assert record["median_abs_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in strong), abs=1e-4)
     assert f"Checked on {len(strong)} published nemo runs on H100/H200 (BF16)" in framework_paragraph(job, 512)
-    # a stack with no published run on this GPU says so; a MoE model (scored apart) has no record here
+    # a stack with no published run on this GPU says so
     lone = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "deepspeed")
     assert checked_record(lone) is None and "No published deepspeed run on H100" in framework_paragraph(lone, 512)
+    # runs of a stack without a profile, scored under a stand-in (BloombergGPT's SageMaker FSDP as torchtitan), are
+    # not the stand-in's record
+    titan = make_job(load_model("llama3-8b"), load_cluster("dgx-a100-80gb"), 512, 8192, "torchtitan")
+    own = [r for r in _strong() if r["framework"] == "torchtitan" and r["arch"] == "ampere"]
+    assert any(r["stand_in"] for r in own) and checked_record(titan)["rows"] == sum(not r["stand_in"] for r in own)
     # a mixture of experts: the stack's MoE runs on that GPU, scored apart
     _, summary = _compare()
     moe_rows = [r for r in summary["moe"]["runs"] if r["framework"] == "megatron-core" and r["arch"] == "hopper"
-                and not r["weak"]]
+                and not r["weak"] and not r["stand_in"]]
     moe = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 512, 4096, "megatron-core")
     assert checked_record(moe)["rows"] == len(moe_rows) > 5
     assert f"Checked on {len(moe_rows)} published megatron-core mixture-of-experts runs" in framework_paragraph(moe, 512)

@@ -265,6 +265,10 @@ def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, c
 def test_a_hub_id_whose_config_a_preset_is_reads_the_preset_and_another_says_how_to_get_it():
     assert load_model("meta-llama/Llama-2-70b-hf") == load_model("llama2-70b")
     assert load_model("Mistralai/Mixtral-8x7B-v0.1").num_params() == load_model("mixtral-8x7b").num_params()
-    with pytest.raises(UsageError, match="reads no network — download its config .*huggingface-cli download "
+    with pytest.raises(UsageError, match="reads no network — download its config .*hf download "
                                          "tiiuae/falcon-180B config.json"):
         load_model("tiiuae/falcon-180B")
+    # a file the user meant to give is not taken for a hub id
+    with pytest.raises(UsageError, match="not found") as refused:
+        load_model("models/my.json")
+    assert "hf download" not in str(refused.value)

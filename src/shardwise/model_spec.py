@@ -565,8 +565,9 @@ def load_model(ref: str) -> ModelSpec:
     if ref not in model_presets() or not preset.is_file():
         if HUB_ID.fullmatch(ref) and not path.exists():
             raise UsageError(f"--model {ref}: not found here, and shardwise reads no network — download its config "
-                             f"(`huggingface-cli download {ref} config.json --local-dir {ref.split('/')[1]}`) and pass "
-                             f"that folder, or give a preset ({', '.join(model_presets())})")
+                             f"(`hf download {ref} config.json --local-dir {ref.split('/')[1]}`; `huggingface-cli "
+                             f"download` before huggingface_hub 0.34) and pass that folder, or give a preset "
+                             f"({', '.join(model_presets())})")
         if "/" in ref or os.sep in ref or path.exists():
             raise UsageError(f"--model {ref}: {'not a model folder or a config.json' if path.exists() else 'not found'} — "
                              f"give a Hugging Face model folder, its config.json, or a preset ({', '.join(model_presets())})")
@@ -579,7 +580,7 @@ def load_model(ref: str) -> ModelSpec:
 # transformers and the model cards, tests/test_specs.py).
 HUB_PRESETS = {
     "openai-community/gpt2": "gpt2", "huggyllama/llama-65b": "llama-65b",
-    **{f"meta-llama/llama-2-{size}{hf}": f"llama2-{size}" for size in ("7b", "13b", "70b") for hf in ("", "-hf")},
+    **{f"meta-llama/llama-2-{size}-hf": f"llama2-{size}" for size in ("7b", "13b", "70b")},
     "meta-llama/meta-llama-3-8b": "llama3-8b", "meta-llama/meta-llama-3-70b": "llama3-70b",
     **{f"meta-llama/{prefix}llama-3.1-{size}": f"llama3.1-{size}" for prefix in ("", "meta-") for size in
        ("8b", "70b", "405b")},
@@ -587,5 +588,7 @@ HUB_PRESETS = {
     "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
     "deepseek-ai/deepseek-v3": "deepseek-v3",
 }
-# ORG/NAME as the hub spells repositories: what a user types for a model they have not downloaded
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# ORG/NAME as the hub spells repositories (no leading or trailing '.' or '-', no '..'), and not a file a user meant
+# to give (a name ending in a file's extension): what a user types for a model they have not downloaded
+HUB_ID = re.compile(r"(?!.*\.\.)(?!.*\.(?:json|toml|safetensors|bin|txt|pt|yaml|yml)$)"
+                    r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?")
