@@ -272,3 +272,10 @@ def test_a_hub_id_whose_config_a_preset_is_reads_the_preset_and_another_says_how
     with pytest.raises(UsageError, match="not found") as refused:
         load_model("models/my.json")
     assert "hf download" not in str(refused.value)
+
+
+@pytest.mark.parametrize("peak, dense", [(1979, 989), (624, 312)])
+def test_a_sparse_datasheet_peak_is_refused_with_the_dense_one(tmp_path, peak, dense):
+    with pytest.raises(UsageError, match=f"peak_tflops {peak} is the .* with 2:4 sparsity.* peak_tflops = {dense}"):
+        load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=peak))
+    assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=2250)).peak_flops == 2250e12  # B200's dense BF16

@@ -135,6 +135,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
+    if not data.get("measured"):
+        _refuse_sparse_peak(values["peak_tflops"], source)
     inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
@@ -166,6 +168,16 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
 # may leave out: a file without an arch whose peak_tflops is one of theirs gets them from the preset, so a DGX-like
 # file is timed as the preset is (without them the kernel models fall back to plain rates; docs/planner.md).
 DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 / H200 SXM": "dgx-h100-80gb"}
+
+
+def _refuse_sparse_peak(peak_tflops: float, source: str) -> None:
+    """A peak twice a datasheet GPU's dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print
+    it first, marked *), which training never runs: planned at it, every step would come out twice as fast."""
+    for gpu, preset in DATASHEET_GPUS.items():
+        dense = cluster_toml(preset)[0]["cluster"]["peak_tflops"]
+        if abs(peak_tflops / (2 * dense) - 1) <= 0.005:
+            raise UsageError(f"{source}: peak_tflops {peak_tflops:g} is the {gpu}'s BF16 peak with 2:4 sparsity, which "
+                             f"training does not run — use its dense peak, peak_tflops = {dense:g}")
 
 
 def _datasheet_gpu(values: dict, arch: str) -> str:
