@@ -279,3 +279,12 @@ def test_a_sparse_datasheet_peak_is_refused_with_the_dense_one(tmp_path, peak, d
     with pytest.raises(UsageError, match=f"peak_tflops {peak} is the .* with 2:4 sparsity.* peak_tflops = {dense}"):
         load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=peak))
     assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=2250)).peak_flops == 2250e12  # B200's dense BF16
+
+
+@pytest.mark.parametrize("peak, both, one", [(989, 900, 450), (312, 600, 300)])
+def test_nvlink_in_both_directions_is_refused_on_the_gpu_it_is(tmp_path, peak, both, one):
+    with pytest.raises(UsageError, match=f"intra_node_bandwidth_gbs {both} is the .*both directions.* = {one}"):
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"intra_node_bandwidth_gbs": both}), peak_tflops=peak))
+    # the same rate on a GPU whose one direction it is (B200's NVLink 5: 1,800 GB/s both ways) is read as given
+    keys = DGX_KEYS | {"intra_node_bandwidth_gbs": 900}
+    assert load_cluster(_toml(tmp_path, **keys, peak_tflops=2250)).intra_node_bandwidth == 900e9

@@ -136,7 +136,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     if not data.get("measured"):
-        _refuse_sparse_peak(values["peak_tflops"], source)
+        _refuse_datasheet_doubles(values, source)
     inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
@@ -170,14 +170,26 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
 DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 / H200 SXM": "dgx-h100-80gb"}
 
 
-def _refuse_sparse_peak(peak_tflops: float, source: str) -> None:
-    """A peak twice a datasheet GPU's dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print
-    it first, marked *), which training never runs: planned at it, every step would come out twice as fast."""
+def _refuse_datasheet_doubles(values: dict, source: str) -> None:
+    """The two datasheet figures that are twice what the planner reads: a peak twice a datasheet GPU's dense BF16 one is
+    that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training never runs; and
+    on that GPU an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), where the key is
+    one direction. Planned at either, every step (or every TP collective) would come out twice as fast."""
     for gpu, preset in DATASHEET_GPUS.items():
-        dense = cluster_toml(preset)[0]["cluster"]["peak_tflops"]
-        if abs(peak_tflops / (2 * dense) - 1) <= 0.005:
-            raise UsageError(f"{source}: peak_tflops {peak_tflops:g} is the {gpu}'s BF16 peak with 2:4 sparsity, which "
-                             f"training does not run — use its dense peak, peak_tflops = {dense:g}")
+        known = cluster_toml(preset)[0]["cluster"]
+        if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
+            raise UsageError(f"{source}: peak_tflops {values['peak_tflops']:g} is the {gpu}'s BF16 peak with 2:4 "
+                             f"sparsity, which training does not run — use its dense peak, peak_tflops = "
+                             f"{known['peak_tflops']:g}")
+        if _near(values["peak_tflops"], known["peak_tflops"]) and _near(values["intra_node_bandwidth_gbs"],
+                                                                          2 * known["intra_node_bandwidth_gbs"]):
+            raise UsageError(f"{source}: intra_node_bandwidth_gbs {values['intra_node_bandwidth_gbs']:g} is the "
+                             f"{gpu}'s NVLink in both directions; the key is one direction — use "
+                             f"intra_node_bandwidth_gbs = {known['intra_node_bandwidth_gbs']:g}")
+
+
+def _near(value: float, datasheet: float) -> bool:
+    return abs(value / datasheet - 1) <= 0.005
 
 
 def _datasheet_gpu(values: dict, arch: str) -> str:
@@ -187,7 +199,7 @@ def _datasheet_gpu(values: dict, arch: str) -> str:
     table (a preset states every key it has; reading it through load_cluster would infer again)."""
     for gpu, preset in DATASHEET_GPUS.items():
         known = cluster_toml(preset)[0]["cluster"]
-        if abs(values["peak_tflops"] / known["peak_tflops"] - 1) > 0.005 or arch not in ("", known["arch"]):
+        if not _near(values["peak_tflops"], known["peak_tflops"]) or arch not in ("", known["arch"]):
             continue
         taken = {k: known[k] for k in ("sm_count", "mamf_tflops", "fp8_peak_tflops")
                  if k in known and k not in values and not (k == "mamf_tflops" and known[k] > values["peak_tflops"])}
