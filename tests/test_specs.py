@@ -255,7 +255,7 @@ def test_a_cluster_file_without_arch_takes_the_datasheet_gpu_its_peak_names(tmp_
 def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, capsys):
     from shardwise.cli import main
 
-    path = _toml(tmp_path, **DGX_KEYS, peak_tflops=312)
+    path = _toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": 25}), peak_tflops=312)
     assert main(["estimate", "--model", "llama3-8b", "--cluster", path, "--gpus", "8", "--global-batch", "8",
                  "--seq-len", "2048", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json"]) == 0
     implied = json.loads(capsys.readouterr().out)["assumptions"]["implied"]
@@ -279,6 +279,16 @@ def test_a_sparse_datasheet_peak_is_refused_with_the_dense_one(tmp_path, peak, d
     with pytest.raises(UsageError, match=f"peak_tflops {peak} is the .* with 2:4 sparsity.* peak_tflops = {dense}"):
         load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=peak))
     assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=2250)).peak_flops == 2250e12  # B200's dense BF16
+
+
+@pytest.mark.parametrize("peak, network", [(989, 400), (989, 3200), (312, 200), (312, 50)])
+def test_a_network_faster_than_the_gpus_pcie_link_is_refused_as_a_unit_slip(tmp_path, peak, network):
+    # 400 (Gb/s of one NIC), 3,200 (Gb/s of a node), 200 / 50 GB/s per A100: none reaches an A100 (PCIe Gen4 x16,
+    # 31.5 GB/s) or an H100 (Gen5 x16, 63) through its NIC
+    with pytest.raises(UsageError, match=f"inter_node_bandwidth_gbs {network} is more than the .* PCIe link"):
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": network}), peak_tflops=peak))
+    assert load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": network}),
+                              peak_tflops=2250)).inter_node_bandwidth == network * 1e9  # no PCIe fact for this GPU
 
 
 @pytest.mark.parametrize("peak, both, one", [(989, 900, 450), (312, 600, 300)])

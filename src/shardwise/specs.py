@@ -136,7 +136,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     if not data.get("measured"):
-        _refuse_datasheet_doubles(values, source)
+        _refuse_datasheet_misreadings(values, source)
     inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
@@ -168,24 +168,33 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
 # may leave out: a file without an arch whose peak_tflops is one of theirs gets them from the preset, so a DGX-like
 # file is timed as the preset is (without them the kernel models fall back to plain rates; docs/planner.md).
 DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 / H200 SXM": "dgx-h100-80gb"}
+# The PCIe link through which each of those GPUs reaches its NIC, GB/s one way: Gen4 x16 (A100) and Gen5 x16 (H100,
+# H200), 16 and 32 GT/s x 16 lanes x 128/130 / 8 (PCI-SIG). No network reaches such a GPU faster.
+PCIE_GBS = {"A100 SXM": 31.5, "H100 / H200 SXM": 63.0}
 
 
-def _refuse_datasheet_doubles(values: dict, source: str) -> None:
-    """The two datasheet figures that are twice what the planner reads: a peak twice a datasheet GPU's dense BF16 one is
-    that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training never runs; and
-    on that GPU an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), where the key is
-    one direction. Planned at either, every step (or every TP collective) would come out twice as fast."""
+def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
+    """Datasheet figures a hand-written file copies that are not what its keys mean: a peak twice a datasheet GPU's
+    dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training
+    never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), and
+    a network rate above the GPU's PCIe link is Gb/s or a whole node's. Planned at any of them, steps (or their
+    collectives) would come out two to eight times too fast."""
     for gpu, preset in DATASHEET_GPUS.items():
         known = cluster_toml(preset)[0]["cluster"]
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
             raise UsageError(f"{source}: peak_tflops {values['peak_tflops']:g} is the {gpu}'s BF16 peak with 2:4 "
                              f"sparsity, which training does not run — use its dense peak, peak_tflops = "
                              f"{known['peak_tflops']:g}")
-        if _near(values["peak_tflops"], known["peak_tflops"]) and _near(values["intra_node_bandwidth_gbs"],
-                                                                          2 * known["intra_node_bandwidth_gbs"]):
+        if not _near(values["peak_tflops"], known["peak_tflops"]):
+            continue
+        if _near(values["intra_node_bandwidth_gbs"], 2 * known["intra_node_bandwidth_gbs"]):
             raise UsageError(f"{source}: intra_node_bandwidth_gbs {values['intra_node_bandwidth_gbs']:g} is the "
                              f"{gpu}'s NVLink in both directions; the key is one direction — use "
                              f"intra_node_bandwidth_gbs = {known['intra_node_bandwidth_gbs']:g}")
+        if values["inter_node_bandwidth_gbs"] > PCIE_GBS[gpu]:
+            raise UsageError(f"{source}: inter_node_bandwidth_gbs {values['inter_node_bandwidth_gbs']:g} is more than "
+                             f"the {PCIE_GBS[gpu]:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
+                             f"GB/s per GPU, one way (eight 400 Gb/s NICs for eight GPUs: 50) — not Gb/s, nor a node's")
 
 
 def _near(value: float, datasheet: float) -> bool:
