@@ -291,6 +291,11 @@ def test_a_network_faster_than_the_gpus_pcie_link_is_refused_as_a_unit_slip(tmp_
                               peak_tflops=2250)).inter_node_bandwidth == network * 1e9  # no PCIe fact for this GPU
 
 
+def test_hbm_in_tb_per_s_is_refused_on_a_datasheet_gpu(tmp_path):
+    with pytest.raises(UsageError, match="hbm_bandwidth_gbs 3.35 is an H100 .* in TB/s; the key is GB/s"):
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"hbm_bandwidth_gbs": 3.35}), peak_tflops=989))
+
+
 @pytest.mark.parametrize("peak, both, one", [(989, 900, 450), (312, 600, 300)])
 def test_nvlink_in_both_directions_is_refused_on_the_gpu_it_is(tmp_path, peak, both, one):
     with pytest.raises(UsageError, match=f"intra_node_bandwidth_gbs {both} is the .*both directions.* = {one}"):

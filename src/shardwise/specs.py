@@ -176,9 +176,9 @@ PCIE_GBS = {"A100 SXM": 31.5, "H100 / H200 SXM": 63.0}
 def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
     """Datasheet figures a hand-written file copies that are not what its keys mean: a peak twice a datasheet GPU's
     dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training
-    never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), and
-    a network rate above the GPU's PCIe link is Gb/s or a whole node's. Planned at any of them, steps (or their
-    collectives) would come out two to eight times too fast."""
+    never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), a
+    network rate above the GPU's PCIe link is Gb/s or a whole node's, and an HBM rate a hundredth of the preset's is the
+    datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
     for gpu, preset in DATASHEET_GPUS.items():
         known = cluster_toml(preset)[0]["cluster"]
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
@@ -191,6 +191,10 @@ def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
             raise UsageError(f"{source}: intra_node_bandwidth_gbs {values['intra_node_bandwidth_gbs']:g} is the "
                              f"{gpu}'s NVLink in both directions; the key is one direction — use "
                              f"intra_node_bandwidth_gbs = {known['intra_node_bandwidth_gbs']:g}")
+        if values["hbm_bandwidth_gbs"] < known["hbm_bandwidth_gbs"] / 100:  # 3.35 for 3,350: the datasheet's TB/s
+            raise UsageError(f"{source}: hbm_bandwidth_gbs {values['hbm_bandwidth_gbs']:g} is an {gpu}'s memory "
+                             f"bandwidth in TB/s; the key is GB/s — e.g. hbm_bandwidth_gbs = "
+                             f"{known['hbm_bandwidth_gbs']:g} for the {preset} preset's GPU")
         if values["inter_node_bandwidth_gbs"] > PCIE_GBS[gpu]:
             raise UsageError(f"{source}: inter_node_bandwidth_gbs {values['inter_node_bandwidth_gbs']:g} is more than "
                              f"the {PCIE_GBS[gpu]:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
