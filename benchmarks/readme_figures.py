@@ -235,9 +235,9 @@ def published_moe() -> str:
 def published_stacks() -> str:
     """Each stack's record on each GPU, as `explain` and `estimate --json` report it (planner/published_check.json,
     which tests/test_planner_published.py keeps equal to the script's figures)."""
-    from shardwise.planner.published_check import _table
+    from shardwise.planner.published_check import table as check_table
 
-    table = _table()
+    table = check_table()
     cols = ("ampere", "hopper", "hopper-fp8")
 
     def cell(rec: dict | None) -> str:

@@ -167,10 +167,17 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
 # The datasheet GPUs whose kernel-model keys (arch, sm_count, mamf_tflops, fp8_peak_tflops) a hand-written cluster file
 # may leave out: a file without an arch whose peak_tflops is one of theirs gets them from the preset, so a DGX-like
 # file is timed as the preset is (without them the kernel models fall back to plain rates; docs/planner.md).
-DATASHEET_GPUS = {"A100 SXM": "dgx-a100-80gb", "H100 / H200 SXM": "dgx-h100-80gb"}
-# The PCIe link through which each of those GPUs reaches its NIC, GB/s one way: Gen4 x16 (A100) and Gen5 x16 (H100,
-# H200), 16 and 32 GT/s x 16 lanes x 128/130 / 8 (PCI-SIG). No network reaches such a GPU faster.
-PCIE_GBS = {"A100 SXM": 31.5, "H100 / H200 SXM": 63.0}
+# Each with the PCIe link through which it reaches its NIC, GB/s one way: Gen4 x16 (A100) and Gen5 x16 (H100, H200),
+# 16 and 32 GT/s x 16 lanes x 128/130 / 8 (PCI-SIG). No network reaches such a GPU faster.
+DATASHEET_GPUS = {"A100 SXM": ("dgx-a100-80gb", 31.5), "H100 / H200 SXM": ("dgx-h100-80gb", 63.0)}
+
+
+@lru_cache(maxsize=1)
+def _datasheet_tables() -> tuple[tuple[str, str, dict, float], ...]:
+    """(GPU, preset, the preset's [cluster] table, PCIe GB/s) of each DATASHEET_GPUS entry, read once. The presets are
+    read as their own TOML tables (a preset states every key it has; through load_cluster it would be checked again)."""
+    return tuple((gpu, preset, cluster_toml(preset)[0]["cluster"], pcie)
+                 for gpu, (preset, pcie) in DATASHEET_GPUS.items())
 
 
 def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
@@ -179,8 +186,7 @@ def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
     never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), a
     network rate above the GPU's PCIe link is Gb/s or a whole node's, and an HBM rate a hundredth of the preset's is the
     datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
-    for gpu, preset in DATASHEET_GPUS.items():
-        known = cluster_toml(preset)[0]["cluster"]
+    for gpu, preset, known, pcie in _datasheet_tables():
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
             raise UsageError(f"{source}: peak_tflops {values['peak_tflops']:g} is the {gpu}'s BF16 peak with 2:4 "
                              f"sparsity, which training does not run — use its dense peak, peak_tflops = "
@@ -195,9 +201,9 @@ def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
             raise UsageError(f"{source}: hbm_bandwidth_gbs {values['hbm_bandwidth_gbs']:g} is an {gpu}'s memory "
                              f"bandwidth in TB/s; the key is GB/s — e.g. hbm_bandwidth_gbs = "
                              f"{known['hbm_bandwidth_gbs']:g} for the {preset} preset's GPU")
-        if values["inter_node_bandwidth_gbs"] > PCIE_GBS[gpu]:
+        if values["inter_node_bandwidth_gbs"] > pcie:
             raise UsageError(f"{source}: inter_node_bandwidth_gbs {values['inter_node_bandwidth_gbs']:g} is more than "
-                             f"the {PCIE_GBS[gpu]:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
+                             f"the {pcie:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
                              f"GB/s per GPU, one way (eight 400 Gb/s NICs for eight GPUs: 50) — not Gb/s, nor a node's")
 
 
@@ -208,10 +214,8 @@ def _near(value: float, datasheet: float) -> bool:
 def _datasheet_gpu(values: dict, arch: str) -> str:
     """Fill `values`' missing kernel-model keys (and its "arch") from the datasheet GPU whose dense BF16 peak the file
     gives (within 0.5 %) and whose arch is the file's, if it names one; the phrase that says so, or "" where the peak
-    is no datasheet GPU's, the file names another arch, or it leaves nothing out. The preset is read as its own TOML
-    table (a preset states every key it has; reading it through load_cluster would infer again)."""
-    for gpu, preset in DATASHEET_GPUS.items():
-        known = cluster_toml(preset)[0]["cluster"]
+    is no datasheet GPU's, the file names another arch, or it leaves nothing out."""
+    for gpu, preset, known, _ in _datasheet_tables():
         if not _near(values["peak_tflops"], known["peak_tflops"]) or arch not in ("", known["arch"]):
             continue
         taken = {k: known[k] for k in ("sm_count", "mamf_tflops", "fp8_peak_tflops")

@@ -17,7 +17,8 @@ GPU_NAMES = {"ampere": "A100", "hopper": "H100/H200 (BF16)", "hopper-fp8": "H100
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict:
+def table() -> dict:
+    """published_check.json as shipped, read once."""
     return json.loads(PATH.read_text())
 
 
@@ -25,7 +26,7 @@ def record(framework: str, arch_key: str, moe: bool = False) -> dict | None:
     """The published-run record of `framework` on `arch_key` (kernels.situ_key), of its dense runs or (`moe`) its
     mixture-of-experts runs: rows, median |error|, signed median (+: the planner faster than published), max |error|;
     None where the set has no such run."""
-    found = _table().get("moe_by_stack" if moe else "by_stack", {}).get(framework, {}).get(arch_key)
+    found = table()["moe_by_stack" if moe else "by_stack"].get(framework, {}).get(arch_key)
     return dict(found) if found else None
 
 
