@@ -197,7 +197,7 @@ def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act
     assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation
 
 
-@pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}])
+@pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}, False, 0, [], {}])
 def test_an_activation_shardwise_cannot_count_is_one_line(tmp_path, act):
     cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
            "vocab_size": 100, "hidden_act": act}
@@ -206,6 +206,18 @@ def test_an_activation_shardwise_cannot_count_is_one_line(tmp_path, act):
         path.write_text(json.dumps(cfg | extra))
         with pytest.raises(UsageError, match="hidden_act .* is not an activation shardwise counts"):
             load_model(str(path))
+
+
+@pytest.mark.parametrize("bad, said", [({"hidden_size": "96"}, "key 'hidden_size' must be a positive integer"),
+                                       ({"num_hidden_layers": 0}, "key 'num_hidden_layers' must be a positive integer"),
+                                       ({"hidden_size": None}, "missing key 'hidden_size' \\(or 'n_embd'\\)")])
+def test_a_bad_gpt2_key_is_named_as_the_config_spells_it(tmp_path, bad, said):
+    cfg = {"model_type": "gpt2", "hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "vocab_size": 100} | bad
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match=said):
+        load_model(str(path))
 
 
 def test_a_gpt2_config_giving_both_spellings_reads_as_transformers_does(tmp_path):
@@ -268,9 +280,14 @@ def test_a_hub_id_whose_config_a_preset_is_reads_the_preset_and_another_says_how
     with pytest.raises(UsageError, match="reads no network — download its config .*hf download "
                                          "tiiuae/falcon-180B config.json"):
         load_model("tiiuae/falcon-180B")
-    # a file the user meant to give is not taken for a hub id
-    with pytest.raises(UsageError, match="not found") as refused:
-        load_model("models/my.json")
+    # a file the user meant to give is not taken for a hub id (a .json path is answered before any hub id is tried)
+    for missing in ("models/my.json", "models/my.safetensors", "models/my.toml"):
+        with pytest.raises(UsageError, match="not found") as refused:
+            load_model(missing)
+        assert "hf download" not in str(refused.value)
+    # Meta's original-format repo of a preset's model has no config.json to download: the preset is named instead
+    with pytest.raises(UsageError, match="no config.json .* pass --model llama2-7b") as refused:
+        load_model("meta-llama/Llama-2-7b")
     assert "hf download" not in str(refused.value)
 
 
@@ -289,6 +306,38 @@ def test_a_network_faster_than_the_gpus_pcie_link_is_refused_as_a_unit_slip(tmp_
         load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": network}), peak_tflops=peak))
     assert load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": network}),
                               peak_tflops=2250)).inter_node_bandwidth == network * 1e9  # no PCIe fact for this GPU
+
+
+@pytest.mark.parametrize("keys", [{"num_gpus": 8, "inter_node_bandwidth_gbs": 100},  # one box: no network crossed
+                                  {"intra_node_bandwidth_gbs": 300, "inter_node_bandwidth_gbs": 300}])  # calibrate's one box
+def test_a_one_machine_file_may_repeat_nvlink_as_its_network(tmp_path, keys):
+    cluster = load_cluster(_toml(tmp_path, **(DGX_KEYS | keys), peak_tflops=312))
+    assert cluster.arch == "ampere" and cluster.inter_node_bandwidth == keys["inter_node_bandwidth_gbs"] * 1e9
+
+
+@pytest.mark.parametrize("peak, example", [(312, "one 200 Gb/s NIC a GPU: 25"), (989, "one 400 Gb/s NIC a GPU: 50")])
+def test_the_network_refusal_suggests_a_rate_that_gpu_takes(tmp_path, peak, example):
+    with pytest.raises(UsageError, match=example) as refused:
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": 400}), peak_tflops=peak))
+    suggested = float(str(refused.value).split(example.split(":")[0] + ": ")[1].split(",")[0])
+    load_cluster(_toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": suggested}), peak_tflops=peak))
+
+
+def test_a_file_named_as_a_preset_in_the_working_directory_changes_no_cluster(tmp_path, monkeypatch):
+    # the datasheet presets are read from the package, not from whatever the working directory holds under their names
+    from shardwise import specs
+
+    h100, a100 = load_cluster("dgx-h100-80gb"), load_cluster("dgx-a100-80gb")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dgx-h100-80gb").mkdir()
+    (tmp_path / "dgx-a100-80gb").write_text("[cluster]\npeak_tflops = 1000\n")
+    specs._datasheet_tables.cache_clear()
+    try:
+        assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989)).sm_count == h100.sm_count
+        mine = _toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": 25}), peak_tflops=312)
+        assert load_cluster(mine).mamf_tflops == a100.mamf_tflops
+    finally:
+        specs._datasheet_tables.cache_clear()
 
 
 def test_hbm_in_tb_per_s_is_refused_on_a_datasheet_gpu(tmp_path):

@@ -18,7 +18,8 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
-from shardwise.hf_keys import MAX_LAYERS, SWIGLU_ACTS, count, dropout, flag, mlp_of_act, optional, require
+from shardwise.hf_keys import (MAX_LAYERS, SWIGLU_ACTS, count, dropout, flag, mlp_of_act, optional, require,
+                               require_any)
 
 
 @cached_hash
@@ -380,14 +381,16 @@ GPT2_ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_at
 
 
 def _gpt2_spec(cfg: dict, name: str, source: str) -> ModelSpec:
-    cfg = cfg | {own: cfg[generic] for generic, own in GPT2_ALIASES.items() if cfg.get(generic) is not None}
-    hidden = require(cfg, "n_embd", source)
-    heads = require(cfg, "n_head", source)
+    # each value checked under the name the file gives it (require_any: the generic name first, as it wins)
+    names = {own: (generic, own) for generic, own in GPT2_ALIASES.items()}
+    hidden = require_any(cfg, names["n_embd"], source)
+    heads = require_any(cfg, names["n_head"], source)
+    positions = next((k for k in names["n_positions"] if cfg.get(k) is not None), "n_positions")
     return ModelSpec(
         name=name, family="gpt2", hidden=hidden, ffn_hidden=optional(cfg, "n_inner", 4 * hidden, source),
-        num_layers=require(cfg, "n_layer", source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
+        num_layers=require_any(cfg, names["n_layer"], source, MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
         vocab_size=require(cfg, "vocab_size", source), head_dim=hidden // heads,
-        max_positions=optional(cfg, "n_positions", 1024, source),  # GPT2Config's default context
+        max_positions=optional(cfg, positions, 1024, source),  # GPT2Config's default context
         # transformers' PretrainedConfig: tie_word_embeddings defaults to true, and GPT2LMHeadModel ties lm_head to
         # wte only then (PreTrainedModel.tie_weights); Megatron's GPTs may untie them
         tie_embeddings=flag(cfg, "tie_word_embeddings", source, default=True),
@@ -563,6 +566,10 @@ def load_model(ref: str) -> ModelSpec:
     ref = HUB_PRESETS.get(ref.lower(), ref)  # a Hugging Face hub id whose config a preset is
     preset = preset_dir("models").joinpath(f"{ref}.json")
     if ref not in model_presets() or not preset.is_file():
+        twin = HUB_PRESETS.get(f"{ref.lower()}-hf")
+        if twin and not path.exists():  # Meta's original-format repos (meta-llama/Llama-2-7b) hold no config.json
+            raise UsageError(f"--model {ref}: Meta's original checkpoint, which has no config.json — its transformers "
+                             f"twin {ref}-hf is the preset {twin}: pass --model {twin}")
         if HUB_ID.fullmatch(ref) and not path.exists():
             raise UsageError(f"--model {ref}: not found here, and shardwise reads no network — download its config "
                              f"(`hf download {ref} config.json --local-dir {ref.split('/')[1]}`; `huggingface-cli "

@@ -136,7 +136,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     if not data.get("measured"):
-        _refuse_datasheet_misreadings(values, source)
+        _refuse_datasheet_misreadings(values, source, int(table.get("num_gpus", 0)))
     inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
@@ -176,21 +176,22 @@ DATASHEET_GPUS = {"A100 SXM": ("dgx-a100-80gb", 31.5), "H100 / H200 SXM": ("dgx-
 def _datasheet_tables() -> tuple[tuple[str, str, dict, float], ...]:
     """(GPU, preset, the preset's [cluster] table, PCIe GB/s) of each DATASHEET_GPUS entry, read once. The presets are
     read as their own TOML tables (a preset states every key it has; through load_cluster it would be checked again)."""
-    return tuple((gpu, preset, cluster_toml(preset)[0]["cluster"], pcie)
-                 for gpu, (preset, pcie) in DATASHEET_GPUS.items())
+    # The shipped file itself: cluster_toml would take a file or folder of the preset's name in the working directory.
+    return tuple((gpu, preset, tomllib.loads(preset_dir("clusters").joinpath(f"{preset}.toml").read_text())["cluster"],
+                  pcie) for gpu, (preset, pcie) in DATASHEET_GPUS.items())
 
 
-def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
+def _refuse_datasheet_misreadings(values: dict, source: str, num_gpus: int) -> None:
     """Datasheet figures a hand-written file copies that are not what its keys mean: a peak twice a datasheet GPU's
     dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training
     never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), a
-    network rate above the GPU's PCIe link is Gb/s or a whole node's, and an HBM rate a hundredth of the preset's is the
+    network rate above the GPU's PCIe link is Gb/s or a whole node's (where the file spans more than one machine), and an HBM rate a hundredth of the preset's is the
     datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
     for gpu, preset, known, pcie in _datasheet_tables():
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
             raise UsageError(f"{source}: peak_tflops {values['peak_tflops']:g} is the {gpu}'s BF16 peak with 2:4 "
                              f"sparsity, which training does not run — use its dense peak, peak_tflops = "
-                             f"{known['peak_tflops']:g}")
+                             f"{known['peak_tflops']:g} (the key is BF16; an FP8 rate goes in fp8_peak_tflops)")
         if not _near(values["peak_tflops"], known["peak_tflops"]):
             continue
         if _near(values["intra_node_bandwidth_gbs"], 2 * known["intra_node_bandwidth_gbs"]):
@@ -201,10 +202,28 @@ def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
             raise UsageError(f"{source}: hbm_bandwidth_gbs {values['hbm_bandwidth_gbs']:g} is an {gpu}'s memory "
                              f"bandwidth in TB/s; the key is GB/s — e.g. hbm_bandwidth_gbs = "
                              f"{known['hbm_bandwidth_gbs']:g} for the {preset} preset's GPU")
-        if values["inter_node_bandwidth_gbs"] > pcie:
+        if values["inter_node_bandwidth_gbs"] > pcie and _crosses_a_network(values, num_gpus):
+            nic = known["inter_node_bandwidth_gbs"]
             raise UsageError(f"{source}: inter_node_bandwidth_gbs {values['inter_node_bandwidth_gbs']:g} is more than "
                              f"the {pcie:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
-                             f"GB/s per GPU, one way (eight 400 Gb/s NICs for eight GPUs: 50) — not Gb/s, nor a node's")
+                             f"GB/s per GPU, one way (one {8 * nic:g} Gb/s NIC a GPU: {nic:g}, as the {preset} preset "
+                             f"says) — not Gb/s, nor a node's. GPUs joined by an NVLink Switch across boxes (GH200 NVL32, "
+                             f"DGX GH200) are one node: gpus_per_node counts them all, intra_node_bandwidth_gbs is their "
+                             f"NVLink")
+
+
+def datasheet_gpu(cluster: ClusterSpec) -> str:
+    """The DATASHEET_GPUS entry a cluster is (its dense BF16 peak within 0.5 % of that GPU's and its arch the same), or
+    "" (another GPU: an H100 PCIe at 756 TFLOP/s names arch hopper but is not the SXM part the presets describe)."""
+    return next((gpu for gpu, _, known, _ in _datasheet_tables()
+                 if _near(cluster.peak_flops / 1e12, known["peak_tflops"]) and cluster.arch == known["arch"]), "")
+
+
+def _crosses_a_network(values: dict, num_gpus: int) -> bool:
+    """Whether the file's inter_node rate can be used: not where it describes one machine, by a num_gpus within a node
+    or by repeating the NVLink rate (what `calibrate` writes for one machine)."""
+    one_box = 0 < num_gpus <= values["gpus_per_node"]
+    return not one_box and values["inter_node_bandwidth_gbs"] != values["intra_node_bandwidth_gbs"]
 
 
 def _near(value: float, datasheet: float) -> bool:

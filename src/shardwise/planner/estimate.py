@@ -15,7 +15,7 @@ from shardwise.planner.job import Job
 from shardwise.planner.memory import fits_memory, memory_breakdown
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
-from shardwise.specs import RECOMPUTE, Layout, splits_over_tp
+from shardwise.specs import RECOMPUTE, Layout, datasheet_gpu, splits_over_tp
 from shardwise.stage_split import max_chunk_layers, max_chunks
 from shardwise.units import GIB
 
@@ -165,9 +165,9 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
 
 
 def checked_gpu(job: Job) -> str | None:
-    """The GPU key (kernels.situ_key) under which the job's published-run record is kept: a datasheet GPU; None for a
-    calibrated or unnamed one."""
-    if not job.cluster.arch or job.cluster.measured:
+    """The GPU key (kernels.situ_key) under which the job's published-run record is kept: a datasheet GPU (the presets'
+    A100 and H100 / H200 SXM: specs.datasheet_gpu); None for a calibrated one or any other GPU."""
+    if job.cluster.measured or not datasheet_gpu(job.cluster):
         return None
     return kernels.situ_key(job.cluster.arch, job.precision)
 
