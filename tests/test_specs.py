@@ -336,6 +336,7 @@ def test_a_file_named_as_a_preset_in_the_working_directory_changes_no_cluster(tm
         assert load_cluster(_toml(tmp_path, **DGX_KEYS, peak_tflops=989)).sm_count == h100.sm_count
         mine = _toml(tmp_path, **(DGX_KEYS | {"inter_node_bandwidth_gbs": 25}), peak_tflops=312)
         assert load_cluster(mine).mamf_tflops == a100.mamf_tflops
+        assert load_cluster("dgx-h100-80gb") == h100  # --cluster naming the preset: a folder of that name is no cluster
     finally:
         specs._datasheet_tables.cache_clear()
 

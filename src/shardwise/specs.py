@@ -336,10 +336,10 @@ def cluster_toml(ref: str) -> tuple[dict, str, str]:
     path = Path(ref)
     if not ref.strip():
         raise UsageError(f"--cluster is empty — give a preset ({', '.join(cluster_presets())}) or a cluster .toml file")
-    if path.is_dir():
+    if path.is_dir() and ref not in cluster_presets():  # a folder is never a cluster; a preset's name still is
         raise UsageError(f"--cluster {ref} is a folder — give a cluster .toml file (e.g. from `shardwise calibrate`) "
                          f"or a preset ({', '.join(cluster_presets())})")
-    if ref.endswith(".toml") or path.is_file():
+    if ref.endswith(".toml") or path.is_file():  # a file of a preset's name here is the user's own: it wins
         if not path.is_file():
             raise UsageError(f"cluster file '{ref}' not found — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
         try:
