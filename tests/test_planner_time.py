@@ -47,6 +47,18 @@ def test_network_bus_bandwidth_matches_nccl_tests():
     assert bus_bandwidth(A100, "all_reduce", 2**30, 16, stride=8) <= 25e9
 
 
+def test_groups_that_do_not_tile_the_nodes_are_priced_by_their_worst_member_across_the_network():
+    # tp 6 on nodes of 8 GPUs: ranks 6-11 are 2 GPUs of one node and 4 of the next, so that group's ring crosses the
+    # network on the 2 GPUs' NICs; the step waits for that group, so tp 6 runs below tp 4's and tp 8's NVLink rate.
+    nbytes = 2**28
+    assert bus_bandwidth(A100, "all_reduce", nbytes, 6) <= 2 * A100.inter_node_bandwidth
+    assert bus_bandwidth(A100, "all_reduce", nbytes, 8) > 5 * bus_bandwidth(A100, "all_reduce", nbytes, 6)
+    assert bus_bandwidth(A100, "all_reduce", nbytes, 4) > 5 * bus_bandwidth(A100, "all_reduce", nbytes, 6)
+    # groups of 3 ranks 8 apart (one member per node) are no worse off than groups of 2 or 4 of them
+    assert bus_bandwidth(A100, "all_reduce", nbytes, 3, stride=8) == pytest.approx(
+        bus_bandwidth(A100, "all_reduce", nbytes, 4, stride=8) * (2 * 2 / 3) / (2 * 3 / 4), rel=0.2)
+
+
 def test_a_node_network_shared_by_its_gpus_runs_rings_at_the_nodes_line_rate():
     # IBM's H100 cluster behind fms-fsdp (PyTorch blog "Maximizing training throughput using PyTorch FSDP", 2024):
     # "an H100 cluster with 96 GPUs and 800Gbps inter-node interconnect", 12.5 GB/s per GPU. An NCCL ring over 12
@@ -1207,3 +1219,20 @@ def test_estimate_says_when_fp8_params_gather_nothing(capsys):
     assert main(argv + ["--zero", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["assumptions"]["fp8_all_gather"] and not any("gathers none" in n for n in doc["assumptions"]["implied"])
+
+
+def test_explain_lists_every_tp_degree_and_says_when_a_group_spans_nodes():
+    # GPT-3's 96 heads on 48 nodes of 8: tp 3, 6, 12 ... are degrees too, and tp 6's groups do not tile the nodes,
+    # so its TP traffic is the network's; the other degrees listed are the fastest ones, the runner-up's among them.
+    from shardwise.planner.explain import tp_paragraph
+    from shardwise.planner.search import SearchSpace, search
+
+    job = make_job(load_model("gpt3-175b"), A100, 1536, 2048, "deepspeed")
+    result = search(job, 384, SearchSpace(tp=(1, 2, 3, 4, 6, 8), pp=(8, 16)))
+    words = tp_paragraph(job, 384, result)
+    assert "(possible here: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96)" in words
+    assert result.ranked[0].layout.tp == 8
+    runner = next(e.layout.tp for e in result.ranked if e.layout.tp != 8)
+    assert f"tp={runner}:" in words.split("Best step at other degrees:")[1]
+    six = search(job, 384, SearchSpace(tp=(6,), pp=(8, 16)))
+    assert "the inter-node network (groups of 6 do not tile nodes of 8" in tp_paragraph(job, 384, six)

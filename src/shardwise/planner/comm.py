@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from functools import lru_cache
 
 from shardwise.specs import ClusterSpec
@@ -75,9 +76,32 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 
 
 def placement(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[int, int]:
-    """(members per node, nodes) of a group of `group_size` ranks `stride` apart (ranks fill nodes in order)."""
-    per_node = max(1, min(group_size, cluster.gpus_per_node // max(stride, 1)))
-    return per_node, math.ceil(group_size / per_node)
+    """(members per node, nodes) of the worst-placed group of `group_size` ranks `stride` apart (ranks fill nodes in
+    order): the fewest members it has on one node (their NICs carry its ring across nodes) and the nodes it spans."""
+    return _placement(cluster.gpus_per_node, group_size, max(stride, 1))
+
+
+def one_node(cluster: ClusterSpec, group_size: int, stride: int = 1) -> bool:
+    """Whether every group of `group_size` ranks `stride` apart stays inside one node (on NVLink)."""
+    return placement(cluster, group_size, stride)[1] == 1
+
+
+@lru_cache(maxsize=1 << 12)
+def _placement(per_node: int, group_size: int, stride: int) -> tuple[int, int]:
+    span = group_size * stride  # the ranks one set of `stride` interleaved groups covers
+    if (per_node % span == 0 if span <= per_node else span % per_node == 0 and
+            (per_node % stride == 0 or stride % per_node == 0)):  # groups that tile the nodes
+        members = max(1, min(group_size, per_node // stride))
+        return members, math.ceil(group_size / members)
+    # Groups that do not tile the nodes (tp 6 on nodes of 8: ranks 6-11 hold 2 GPUs of one node and 4 of the next):
+    # the worst group over one period of the layout, the fewest members on one of its nodes first.
+    period = math.lcm(span, per_node)
+    worst = (group_size, 1)
+    for start in range(0, period, span):
+        for offset in range(stride):
+            counts = Counter((start + offset + i * stride) // per_node for i in range(group_size))
+            worst = min(worst, (min(counts.values()), len(counts)), key=lambda w: (w[0], -w[1]))
+    return worst
 
 
 def bus_bandwidth(cluster: ClusterSpec, group_size: int, stride: int) -> float:

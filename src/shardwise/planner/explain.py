@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shardwise.planner import published_check
+from shardwise.planner.comm import one_node
 from shardwise.planner.estimate import GIB, Estimate, assumptions, checked_gpu, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.overlap import fp8_gathered
-from shardwise.planner.search import SearchResult
+from shardwise.planner.search import SearchResult, tp_fits
 from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note
-from shardwise.specs import TrainSpec
+from shardwise.specs import TrainSpec, divisors
 from shardwise.units import seconds
 
 
@@ -41,11 +42,10 @@ def _best_by(result: SearchResult, key) -> dict:
 
 
 def _compare(best: dict, chosen: int, winner: Estimate, name: str) -> str:
-    others = []
-    for value, e in sorted(best.items()):
-        if value != chosen:
-            others.append(f"{name}={value}: {seconds(e.step_time)} (+{e.step_time / winner.step_time - 1:.0%})")
-    return "; ".join(others[:4]) if others else f"no other {name} degree fits"
+    # the four fastest other degrees (the runner-up's among them), in degree order
+    nearest = sorted(sorted((e.step_time, v) for v, e in best.items() if v != chosen)[:4], key=lambda x: x[1])
+    others = [f"{name}={v}: {seconds(t)} (+{t / winner.step_time - 1:.0%})" for t, v in nearest]
+    return "; ".join(others) if others else f"no other {name} degree fits"
 
 
 def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
@@ -114,16 +114,17 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
     lay, fw = win.layout, get_framework(job.framework)
     if not fw.tensor_parallel:  # the heads rule and other degrees mean nothing to a stack without TP
         return f"TP = 1: {fw.name} has no tensor parallelism; every GPU runs whole layers."
-    allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.num_heads % t == 0 and not fw.kv_refusal(model.num_kv_heads, t)
-               and gpus % t == 0]
+    allowed = [t for t in divisors(gpus) if tp_fits(model, t, fw)]
     kv = " (or a multiple of them: it replicates them)" if fw.replicates_kv_heads else ""
-    link = "NVLink (inside one node)" if lay.tp <= cluster.gpus_per_node else "the inter-node network"
+    link = ("NVLink (inside one node)" if one_node(cluster, lay.tp) else
+            f"the inter-node network (groups of {lay.tp} do not tile nodes of {cluster.gpus_per_node}: some span two)"
+            if lay.tp <= cluster.gpus_per_node else "the inter-node network")
     tp_share = win.time_s["tp_comm"] / win.step_time
     by_tp = _best_by(result, lambda l: l.tp)
     return (
         f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads{kv} "
-        f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so tp <= "
-        f"{cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
+        f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so a tp that "
+        f"divides {cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
         f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "
         f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of the step). "
         f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}."
@@ -208,7 +209,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     states = lambda e: sum(e.memory_bytes[k] for k in ("weights", "gradients", "optimizer"))  # noqa: E731
     whole = estimate(job, lay.with_(ep=1, etp=1))
     group = lay.ep * lay.etp
-    where = ("inside one node (NVLink)" if group <= cluster.gpus_per_node else
+    where = ("inside one node (NVLink)" if one_node(cluster, group) else
              f"across {-(-group // cluster.gpus_per_node)} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
     a2a = win.time_s.get("ep_comm", 0.0)
     by_ep = _best_by(result, lambda l: l.ep)
@@ -315,8 +316,8 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
     c, t = job.cluster, win.time_s
     comm = {"tp_comm": t["tp_comm"], "dp_comm": t["dp_comm"], "pp_p2p": t["pp_p2p"], "cp_comm": t.get("cp_comm", 0.0)}
     term = max(comm, key=comm.get)
-    intra = (term == "tp_comm" and win.layout.tp <= c.gpus_per_node) or \
-        (term == "cp_comm" and win.layout.cp * win.layout.tp <= c.gpus_per_node)
+    intra = (term == "tp_comm" and one_node(c, win.layout.tp)) or \
+        (term == "cp_comm" and one_node(c, win.layout.cp, win.layout.tp))
     link = ("NVLink", replace(c, intra_node_bandwidth=c.intra_node_bandwidth / 2)) if intra else \
         ("the network", replace(c, inter_node_bandwidth=c.inter_node_bandwidth / 2))
     rates = {k: v * 0.85 for k, v in (c.measured or {}).items() if k in ("model_tflops", "matmul_tflops")}
@@ -410,7 +411,7 @@ def plausibility(job: Job, win: Estimate) -> str:
         return ""
     scale = f" on {floor:,} or more GPUs" if floor > 1 else ""
     reasons = ["no activation recompute" if lay.recompute == "none" else lay.recompute_phrase(),
-               f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if lay.tp <= job.cluster.gpus_per_node else ""),
+               f"{t['tp_comm'] / win.step_time:.0%} exposed TP traffic" + (" (inside NVLink)" if one_node(job.cluster, lay.tp) else ""),
                f"a {t['pipeline_bubble'] / win.step_time:.0%} pipeline bubble",
                f"{t['dp_comm'] / win.step_time:.0%} exposed DP traffic"] + \
         ([f"{t['host_wait'] / win.step_time:.0%} waiting on the host"] if "host_wait" in t else [])

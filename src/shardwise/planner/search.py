@@ -172,7 +172,7 @@ def expert_degrees(job: Job, dp: int, tp: int, space: SearchSpace = SearchSpace(
     return [e for e in divisors(model.num_experts) if ranks % e == 0 and (space.ep is None or e in space.ep)]
 
 
-def _tp_fits(model, tp: int, fw) -> bool:
+def tp_fits(model, tp: int, fw) -> bool:
     """tp divides the heads, the KV heads (or the stack replicates them: Framework.kv_refusal), the dense FFN (where
     a layer has one) and a shared expert."""
     dense = len(model.moe_layers) < model.num_layers
@@ -185,7 +185,7 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
     framework without tensor or pipeline parallelism (tp or pp 1 only)."""
     model, batch, fw = job.model, job.train.global_batch, get_framework(job.framework)
     for tp in divisors(gpus):
-        if not _tp_fits(model, tp, fw) or (tp > 1 and not fw.tensor_parallel):
+        if not tp_fits(model, tp, fw) or (tp > 1 and not fw.tensor_parallel):
             continue
         if space.tp is not None and tp not in space.tp:
             continue
@@ -337,7 +337,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
 def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
     """Why no dp x tp x pp split exists for this job and search space: the first knob with no valid value."""
     model, batch = job.model, job.train.global_batch
-    tps = [t for t in divisors(gpus) if _tp_fits(model, t, get_framework(job.framework))]
+    tps = [t for t in divisors(gpus) if tp_fits(model, t, get_framework(job.framework))]
     if space.tp is not None:
         if not [t for t in tps if t in space.tp]:
             return (f"--tp {','.join(map(str, space.tp))}: tp must divide the {gpus} GPUs, the {model.num_heads} attention heads, "
@@ -638,7 +638,7 @@ def fitting_gpu_count(job: Job, gpus: int, space: SearchSpace = SearchSpace(), l
 def usable_gpu_counts(job: Job) -> list[int]:
     """Every GPU count `degrees` yields a split for (tp x pp x cp x dp), ascending: whole nodes above one node."""
     model, fw, per_node = job.model, get_framework(job.framework), job.cluster.gpus_per_node
-    tps = [t for t in divisors(model.num_heads) if _tp_fits(model, t, fw) and (t == 1 or fw.tensor_parallel)]
+    tps = [t for t in divisors(model.num_heads) if tp_fits(model, t, fw) and (t == 1 or fw.tensor_parallel)]
     pps = [p for p in range(1, model.num_layers + 1) if p == 1 or (fw.schedules and fw.cuts(model.num_layers, p))]
     cps = [c for c in divisors(job.train.seq_len) if cp_allowed(job, c)]
     counts = {t * p * c * d for t, p, c in itertools.product(tps, pps, cps) for d in divisors(job.train.global_batch)}
