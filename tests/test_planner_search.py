@@ -388,6 +388,31 @@ def test_deepspeed_2021_22_recomputes_whole_layers_unless_selective_is_named(cap
     assert json.loads(out)["best"]["recompute"] != "selective"
 
 
+def test_an_unnamed_schedule_is_said_and_llama3_weighs_interleaving(capsys):
+    # Llama 3 405B on 8,192 and 16,384 H100 as the paper's Table 4 gives it (tp 8, pp 16, micro-batch 1), no schedule
+    # named: torchtitan runs 1F1B (its default) and says so; Meta's stack (Sec. 3.3.2: interleaved) weighs each depth
+    # and runs the 16,384-GPU job at the paper's 41 % MFU, where plain 1F1B's bubble (16 micro-batches, 16 stages)
+    # would put it near 19 %. A choice that leaves nothing fitting says it is the closest to fitting.
+    llama = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--global-batch", "2048", "--seq-len", "8192",
+             "--tp", "8", "--pp", "16", "--micro-batch", "1", "--json"]
+    code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "16384", "--framework", "torchtitan")
+    assert code == 0, err
+    titan = json.loads(out)
+    assert titan["schedule"] == "1f1b"
+    assert "1f1b (torchtitan's default pipeline schedule; --schedule not given)" in titan["assumptions"]["implied"]
+    code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "16384", "--framework", "llama3")
+    assert code == 0, err
+    meta = json.loads(out)
+    assert meta["schedule"] == "interleaved-1f1b" and meta["fits"] and meta["mfu"] > 1.5 * titan["mfu"]
+    assert any("llama3 runs its pipelines interleaved" in n for n in meta["assumptions"]["implied"])
+    code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "8192", "--framework", "llama3", "--recompute",
+                             "none", "--schedule", "interleaved-1f1b")
+    assert code == 0, err
+    tight = json.loads(out)
+    assert not tight["fits"]
+    assert any("the closest to fitting: none fits; --vpp not given" in n for n in tight["assumptions"]["implied"])
+
+
 def test_unnamed_virtual_stages_under_interleaving_are_chosen(capsys):
     # Llama 3 405B on 16,384 H100 (tp8 . pp16 . dp128: 16 micro-batches per replica), "interleaved" named, its depth
     # not reported (Llama 3 paper, Sec. 3.3.2). One chunk per rank would be plain 1F1B, idle (p-1)/(m+p-1) = 15/31 of

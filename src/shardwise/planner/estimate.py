@@ -230,19 +230,23 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         chosen = min(fits, key=lambda t: estimate(job, t).step_time)
     else:  # nothing fits: the one closest to fitting, so the memory shown is the least the stack needs
         chosen = min(runs, key=memory.get)
+    # what the choice was: the fastest of those that fit, or (nothing fits) the one needing the least memory
+    rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
     if "zero" not in named and lay.dp * lay.cp > 1:
         why = (f"{fw.name}'s default" if chosen.zero == stages[0]
-               else f"the fastest stage that fits, from {fw.name}'s default ZeRO-{stages[0]} up")
+               else f"{rule}, from {fw.name}'s default ZeRO-{stages[0]} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
     if chosen.schedule != lay.schedule:
-        implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name}'s recipes interleave a "
-                       f"pipeline; the fastest depth that fits; --schedule not given)")
+        implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name} runs its pipelines "
+                       f"interleaved; of 1F1B and each depth, {rule}; --schedule not given)")
     elif chosen.vpp != lay.vpp:
-        implied.append(f"{chosen.vpp} virtual stages per rank (the fastest that fits; --vpp not given)")
+        implied.append(f"{chosen.vpp} virtual stages per rank ({rule}; --vpp not given)")
+    elif lay.pp > 1 and not {"schedule", "vpp"} & set(named):
+        implied.append(f"{chosen.schedule} ({fw.name}'s default pipeline schedule; --schedule not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
-        why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else "the fastest that fits"
+        why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     lay = chosen
     return lay, implied

@@ -79,6 +79,9 @@ LLAMA3 = Framework(
     # that the first model chunk on the first stage has only the embedding, and the last model chunk on the last stage
     # has only output projection and loss calculation."
     edge_chunks=True,
+    # Sec. 3.3.2 describes its pipeline as interleaved (Fig. 6): a pipeline named without a schedule is weighed as 1F1B
+    # and each interleaving depth, as NeMo's recipes are
+    interleave_unnamed=True,
     cannot=("ZeRO-3", "ring context parallelism (all-gather only)", "GPipe and ZB-H1 schedules",
             "recompute of only some layers (its paper describes none)"),
 )
