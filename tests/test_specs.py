@@ -96,7 +96,10 @@ def test_unknown_presets_list_valid_ones():
 def test_malformed_cluster_toml(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[cluster]\ngpus_per_node = 8\n")
-    with pytest.raises(UsageError, match="missing key 'gpu_memory_gib'"):
+    # every missing key named at once, and the keys a file gives
+    with pytest.raises(UsageError, match="missing 'gpu_memory_gib', 'peak_tflops', 'hbm_bandwidth_gbs', "
+                                         "'intra_node_bandwidth_gbs', 'inter_node_bandwidth_gbs' in \\[cluster\\] .* gives "
+                                         "gpus_per_node, gpu_memory_gib"):
         load_cluster(str(path))
     path.write_text("[cluster\n")
     with pytest.raises(UsageError, match="malformed TOML"):
@@ -339,6 +342,13 @@ def test_a_file_named_as_a_preset_in_the_working_directory_changes_no_cluster(tm
         assert load_cluster("dgx-h100-80gb") == h100  # --cluster naming the preset: a folder of that name is no cluster
     finally:
         specs._datasheet_tables.cache_clear()
+
+
+def test_gpu_memory_in_mib_is_refused(tmp_path):
+    # nvidia-smi's 81,559 MiB of an H100 80GB, typed as GiB, would fit a 405B model on 8 GPUs
+    with pytest.raises(UsageError, match="gpu_memory_gib 81559 is more than any GPU holds .* = 79.6 GiB"):
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"gpu_memory_gib": 81559}), peak_tflops=989))
+    assert load_cluster(_toml(tmp_path, **(DGX_KEYS | {"gpu_memory_gib": 288}), peak_tflops=2250)).gpu_memory_gib == 288
 
 
 def test_hbm_in_tb_per_s_is_refused_on_a_datasheet_gpu(tmp_path):

@@ -91,6 +91,9 @@ _CLUSTER_KEYS = {
     "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
 }
 # Optional [cluster] keys of the kernel models (each preset cites its source).
+# The most GPU memory a cluster file may give, GiB: past every GPU's (B300 and MI355X hold 288 GB), short of the MiB
+# nvidia-smi prints (an 80 GB card: 81,559 MiB)
+MAX_GPU_MEMORY_GIB = 1024
 _OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float, "power_limit_w": float}
 # What a [cluster] number may be (GiB, TFLOP/s, GB/s, count, us): far beyond any GPU either way, and inside it every
 # predicted time and rate stays a finite positive float.
@@ -110,12 +113,15 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if not isinstance(table, dict):
         raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
     _check_cluster_keys(table, source)
+    missing = [key for key in _CLUSTER_KEYS if key not in table]
+    if missing:  # every one at once, with what the file needs
+        raise UsageError(f"{source}: missing {', '.join(repr(k) for k in missing)} in [cluster] — a cluster file "
+                         f"gives {', '.join(_CLUSTER_KEYS)} (bandwidths per GPU, one way, GB/s; README.md, Plan, "
+                         f"has an example)")
     values = {}
     for key, kind in (*_CLUSTER_KEYS.items(), *_OPTIONAL_KEYS.items()):
         if key not in table:
-            if key in _OPTIONAL_KEYS:
-                continue
-            raise UsageError(f"{source}: missing key '{key}' in [cluster] — see the presets in shardwise/presets/clusters")
+            continue
         values[key] = _cluster_number(table, key, kind, source)
         if values[key] <= 0:
             raise UsageError(f"{source}: key '{key}' must be positive, got {table[key]!r}")
@@ -128,6 +134,10 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         if key in table and key != "num_gpus" and table[key] > CLUSTER_RANGE[1]:
             raise UsageError(f"{source}: key '{key}' is {table[key]!r} microseconds, more than {CLUSTER_RANGE[1]:g} — "
                              f"check its unit (us)")
+    if values["gpu_memory_gib"] > MAX_GPU_MEMORY_GIB:  # nvidia-smi's MiB (81559 on an H100 80GB) or a node's bytes
+        raise UsageError(f"{source}: gpu_memory_gib {table['gpu_memory_gib']:g} is more than any GPU holds — the key is "
+                         f"GiB per GPU (nvidia-smi prints MiB: {table['gpu_memory_gib']:g} MiB = "
+                         f"{values['gpu_memory_gib'] / 1024:.1f} GiB)")
     if values.get("mamf_tflops", 0) > values["peak_tflops"]:
         raise UsageError(f"{source}: mamf_tflops {values['mamf_tflops']:g} exceeds peak_tflops {values['peak_tflops']:g} — "
                          f"the achievable matmul rate is measured below the peak; fix one of them")
