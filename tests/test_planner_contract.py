@@ -732,3 +732,18 @@ def test_an_interleaved_pipeline_whose_micro_batches_pp_does_not_divide_is_refus
 def test_plain_tp_under_tp_comm_overlap_names_the_flag_to_drop():
     code, _, err = cli(["plan", *JOB70, "--framework", "megatron-core", "--tp-comm-overlap", "--no-sequence-parallel"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--no-tp-comm-overlap" in err
+
+
+def test_json_echoes_the_job_it_predicted():
+    # A checker reading a saved JSON needs what it was asked: the model, the cluster and the job's shape; plan also
+    # says how many layouts it scored and how many fit (its table's title).
+    job = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "32",
+           "--seq-len", "2048", "--json"]
+    want = {"model": "llama3-8b", "cluster": "DGX H100 80GB", "gpus": 16, "global_batch": 32, "seq_len": 2048,
+            "precision": "bf16"}
+    for argv in (["estimate", *job, "--tp", "2", "--micro-batch", "1"], ["plan", *job], ["explain", *job]):
+        code, out, err = cli(argv)
+        assert code == 0, err
+        assert json.loads(out)["job"] == want, argv[0]
+    plan = json.loads(cli(["plan", *job])[1])
+    assert plan["scored"] >= plan["fit"] >= len(plan["candidates"]) > 0

@@ -276,6 +276,12 @@ COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and 
 NOTE_KEYS = ("framework_note", "compile_note", "cluster_note")
 
 
+def job_fields(args, job) -> dict:
+    """What the prediction was asked about, echoed in --json: the model, the cluster and the job's shape."""
+    return {"job": {"model": job.model.name, "cluster": job.cluster.name, "gpus": args.gpus,
+                    "global_batch": job.train.global_batch, "seq_len": job.train.seq_len, "precision": job.precision}}
+
+
 def note_fields(args) -> dict[str, str]:
     """The notes a command filled in, by NOTE_KEYS name."""
     return {key: getattr(args, key) for key in NOTE_KEYS if getattr(args, key, None)}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
-                                       add_software_args, dp_from_gpus, job_from_args, layout_from_args, notes,
-                                       print_json, under_framework)
+                                       add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
+                                       notes, print_json, under_framework)
 from shardwise.errors import UsageError
 
 
@@ -79,7 +79,7 @@ def _run(args) -> int:
     est = estimate(job, layout, implied)
     options = [] if est.fits else fit_options(job, layout)
     if args.json:
-        print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}))
+        print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0
     from rich.console import Console
 

@@ -15,7 +15,7 @@ def register(subparsers, name, help):
 def run(args) -> int:
     from rich.console import Console
 
-    from shardwise.commands.common import note_fields, notes, print_explanation, print_json
+    from shardwise.commands.common import job_fields, note_fields, notes, print_explanation, print_json
     from shardwise.commands.plan import plan
     from shardwise.planner.explain import explain
 
@@ -23,7 +23,7 @@ def run(args) -> int:
     paragraphs = explain(job, args.gpus, result)
     if args.json:  # --framework or --compile not given: which stack the numbers are, compiled or not, and why
         print_json({"best": result.ranked[0].to_dict(), "explanation": paragraphs,
-                    **note_fields(args)})
+                    **note_fields(args), **job_fields(args, job)})
         return 0
     print_explanation(Console(), paragraphs, f"Where to split {job.model.name} on {args.gpus} x {job.cluster.name}")
     for note in notes(args):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
-                                       add_software_args, job_from_args, note_fields, print_json, space_from_args)
+                                       add_software_args, job_fields, job_from_args, note_fields, print_json,
+                                       space_from_args)
 
 
 def add_plan_args(p) -> None:
@@ -138,7 +139,8 @@ def run(args) -> int:
     emitted = emit(args, job, rows) if outputs and args.emit else None
     html = write_html(args.html, job, args.gpus, result, emitted) if outputs and args.html else None
     if args.json:
-        out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top]}
+        out = {"best": top[0].to_dict(), "candidates": [e.to_dict() for e in top], "scored": result.scored,
+               "fit": len(result.ranked)} | job_fields(args, job)
         if args.explain:
             from shardwise.planner.explain import explain
             out["explanation"] = explain(job, args.gpus, result)
