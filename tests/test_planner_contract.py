@@ -747,3 +747,14 @@ def test_json_echoes_the_job_it_predicted():
         assert json.loads(out)["job"] == want, argv[0]
     plan = json.loads(cli(["plan", *job])[1])
     assert plan["scored"] >= plan["fit"] >= len(plan["candidates"]) > 0
+
+
+def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
+    code, out, err = cli(["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192",
+                          "--global-batch", "2048", "--seq-len", "8192", "--framework", "megatron-core", "--tp", "8",
+                          "--pp", "16", "--micro-batch", "1"])
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "assumes: megatron-core, attention" in text and "gradients reduced in fp32 behind the backward" in text
+    assert "filled in: ZeRO-1 (megatron-core's default; --zero not given)" in text
+    assert "filled in: 1f1b (megatron-core's default pipeline schedule; --schedule not given)" in text

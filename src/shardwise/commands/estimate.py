@@ -61,6 +61,7 @@ def _run(args) -> int:
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
                     edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
     completed, implied = complete_layout(job, layout, named)
+    filled = list(implied)  # the knobs the stack's defaults set, said under the text table
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
         try:
             check_sequence_split(completed, job.model, job.train.seq_len)
@@ -90,6 +91,9 @@ def _run(args) -> int:
     console.print(breakdown_table(est))
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
+    console.print(_assumed(est), highlight=False)
+    for item in filled:
+        console.print(f"filled in: {item}", highlight=False)
     for note in notes(args):  # the stack and torch.compile where the user named neither
         console.print(f"note: {note}", highlight=False)
     if idle_gather:
@@ -97,6 +101,16 @@ def _run(args) -> int:
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0
+
+
+def _assumed(est) -> str:
+    """One line of what the numbers assume about the software: the stack, its attention, gradient reduction, TP
+    overlap and precision (all of it, and more, in --json's assumptions)."""
+    a = est.assumptions
+    return (f"assumes: {est.framework}{' compiled' if est.compile else ''}, attention {a['attention']}, gradients "
+            f"reduced in {a['gradient_reduce_dtype']} {'behind' if a['grad_reduce_overlapped'] else 'after'} the "
+            f"backward, TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['gemm_dtype'].split(' (')[0]} "
+            f"matmuls")
 
 
 def _does_not_fit(est, options: list[dict]) -> str:
