@@ -40,6 +40,9 @@ def test_train_json_prints_records_and_summary(tmp_path):
 NARROW = [
     ["plan", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "1024",
      "--seq-len", "2048", "--top", "5"],
+    # millions of tokens a second and a long layout: the numbers must not fold
+    ["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "8192",
+     "--seq-len", "8192", "--framework", "shardwise", "--top", "3"],
     ["estimate", "--model", "tiny-moe", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "16",
      "--seq-len", "64", "--ep", "2", "--etp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--vpp", "2", "--micro-batch", "1"],
     ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "64"],
@@ -55,6 +58,9 @@ def test_tables_stay_whole_when_piped_at_80_columns(argv, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 80 and "…" not in out, out
     assert "0.00 s" not in out and "0.0000" not in out, out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    rows = [row for row in rows if len(row) > 1 and row[1].startswith("dp")]  # a layout table's rows
+    assert all(row[-1].endswith("%") for row in rows), out  # each whole on its line: no number folded under it
 
 
 def test_validate_table_stays_whole_at_80_columns():

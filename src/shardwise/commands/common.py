@@ -342,7 +342,7 @@ def layout_table(estimates, title: str, width: int | None = None):
     if narrow:
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0),
                       caption="i-1f1b: interleaved 1F1B; Z: ZeRO stage; rc: recompute (sel: selective; full:N: N layers "
-                              "of each stage)")
+                              "of each stage); M: million")
         headers = ("#", "layout", "sched", "Z", "rc", "SP", "GiB", "fits", "step", "tok/s", "MFU")
     else:
         table = Table(title=title)
@@ -356,8 +356,13 @@ def layout_table(estimates, title: str, width: int | None = None):
                       short(lay.recompute) + (f":{lay.recompute_layers}" if lay.recompute_layers else ""),
                       "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
                       "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),
-                      f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
+                      _tokens(e.tokens_per_s, narrow), f"{e.mfu:.1%}")
     return table
+
+
+def _tokens(per_s: float, narrow: bool) -> str:
+    """Tokens per second; in a narrow table a million or more as millions (a 16,384-GPU job's 2,169,782 would fold)."""
+    return f"{per_s / 1e6:.2f}M" if narrow and per_s >= 1e6 else f"{per_s:,.0f}"
 
 
 def breakdown_table(est):
