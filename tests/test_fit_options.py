@@ -42,7 +42,13 @@ TORCHTITAN = ["--framework", "torchtitan", "--cluster", "dgx-a100-80gb", "--tp",
                                     TORCHTITAN,
                                     ["--model", "llama3.1-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--seq-len",
                                      "8192", "--tp", "4", "--pp", "4", "--vpp", "2", "--micro-batch", "4", "--zero", "1",
-                                     "--recompute", "none"]])
+                                     "--recompute", "none"],
+                                    # no --zero: nothing fits, so the ZeRO stage shown is the closest to fitting;
+                                    # each option is estimate's answer with its flag added (ZeRO filled in again)
+                                    ["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16",
+                                     "--global-batch", "512", "--framework", "nemo", "--precision", "fp8", "--tp", "1",
+                                     "--pp", "2", "--vpp", "24", "--ep", "8", "--micro-batch", "2", "--recompute",
+                                     "none"]])
 def test_every_suggested_change_fits_as_shown(capsys, layout):
     args = [*BASE, *layout]  # a later --model, --seq-len, --cluster, --gpus or --framework replaces BASE's
     est = _estimate(capsys, *args)

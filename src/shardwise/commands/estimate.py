@@ -60,6 +60,7 @@ def _run(args) -> int:
     layout = layout_from_args(args, dp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
                     edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
+    asked = layout  # as the command line gave it: fit_options changes one flag of it
     completed, implied = complete_layout(job, layout, named)
     filled = list(implied)  # the knobs the stack's defaults set, said under the text table
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
@@ -78,7 +79,7 @@ def _run(args) -> int:
     if idle_gather:  # asked for where torchtitan would not turn it on
         implied = [*implied, idle_gather]
     est = estimate(job, layout, implied)
-    options = [] if est.fits else fit_options(job, layout)
+    options = [] if est.fits else fit_options(job, layout, asked, frozenset(named))
     if args.json:
         print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0

@@ -6,47 +6,50 @@ them as `fit_options`), so the user sees the fix and its cost instead of a bare 
 from __future__ import annotations
 
 from shardwise.errors import UsageError
-from shardwise.planner.estimate import Estimate, check_runs, estimate
+from shardwise.planner.estimate import Estimate, check_runs, complete_layout, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, compiled
 from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
 from shardwise.units import GIB
 
 
-def fit_options(job: Job, layout: Layout) -> list[dict]:
+def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: frozenset[str] = frozenset()) -> list[dict]:
     """The single-knob changes of `layout` (which does not fit) that fit, fastest first: {"change": the command-line
-    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is the way)."""
-    fw = get_framework(job.framework)
+    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is the way).
+    Each is what `estimate` answers with that flag added to the same command: the layout as given (`asked`, before
+    estimate.complete_layout filled in what `named` leaves out), the flag's knob named, the rest filled in again."""
+    fw, asked = get_framework(job.framework), asked or layout
     later = RECOMPUTE[RECOMPUTE.index(layout.recompute) + 1:]
-    tries = [(f"--recompute {r}", layout.with_(recompute=r, recompute_layers=None)) for r in later if r in fw.recompute]
+    tries = [(f"--recompute {r}", "recompute", asked.with_(recompute=r, recompute_layers=None))
+             for r in later if r in fw.recompute]
     if layout.dp * layout.cp > 1:
-        tries += [(f"--zero {z}", layout.with_(zero=z)) for z in fw.zero_stages if z > layout.zero]
+        tries += [(f"--zero {z}", "zero", asked.with_(zero=z)) for z in fw.zero_stages if z > layout.zero]
     if layout.tp > 1 and not layout.sequence_parallel:
-        tries.append(("--sequence-parallel", layout.with_(sequence_parallel=True)))
-    runs = [(change, job, lay) for change, lay in tries]
+        tries.append(("--sequence-parallel", "sequence_parallel", asked.with_(sequence_parallel=True)))
+    runs = [(change, job, lay, named | {knob}) for change, knob, lay in tries]
     if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
-        runs.append(("--compile", compiled(job), layout))
-    out = [_option(change, est) for change, est in ((c, _fitting(j, lay)) for c, j, lay in runs) if est is not None]
-    smaller = _largest_fitting_micro_batch(job, layout)
-    if smaller is not None:
-        out.append(_option(f"--micro-batch {smaller.layout.micro_batch}", smaller))
+        runs.append(("--compile", compiled(job), asked, named))
+    runs += [(f"--micro-batch {mb}", job, asked.with_(micro_batch=mb), named)  # the largest smaller one that fits
+             for mb in range(layout.micro_batch - 1, 0, -1)]
+    out, smaller = [], False
+    for change, j, lay, knobs in runs:
+        if smaller and change.startswith("--micro-batch"):
+            continue
+        est = _fitting(j, lay, knobs)
+        if est is not None:
+            out.append(_option(change, est))
+            smaller = smaller or change.startswith("--micro-batch")
     return sorted(out, key=lambda o: o["step_time_s"])
 
 
-def _largest_fitting_micro_batch(job: Job, layout: Layout) -> Estimate | None:
-    for mb in range(layout.micro_batch - 1, 0, -1):
-        est = _fitting(job, layout.with_(micro_batch=mb))
-        if est is not None:
-            return est
-    return None
-
-
-def _fitting(job: Job, layout: Layout) -> Estimate | None:
-    """The estimate of `layout` if the job's framework runs it and it fits, else None."""
+def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None:
+    """The estimate `estimate` gives for `layout` with `named` knobs as given and the rest filled in, if the job's
+    framework runs it and it fits, else None."""
     fw = get_framework(job.framework)
     try:  # the checks `estimate` runs on a layout given on the command line
         validate_layout(layout, job.model, job.train.global_batch, seq_len=job.train.seq_len,
                         edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)
+        layout = complete_layout(job, layout, named)[0]
         check_sequence_split(layout, job.model, job.train.seq_len)
         check_runs(job, layout)
     except UsageError:
