@@ -367,6 +367,19 @@ def test_megatron_arguments_are_megatron_lm_options(tmp_path):
         megatron_parser().parse_args(["--recompute-granularity", "some"])
 
 
+def test_a_megatron_script_overlaps_the_gradient_reduction_only_where_the_plan_priced_it(tmp_path):
+    # megatron-2021 (Narayanan et al.: the all-reduce after the backward) is priced without overlap: its script must
+    # not turn Megatron-Core's --overlap-grad-reduce on; megatron-core's plan is priced with it, and its script has it
+    lay = Layout(8, 8, 8, 1, 1, 1, "full", False, "1f1b")
+    for framework, overlapped in (("megatron-2021", False), ("megatron-core", True)):
+        job = make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb"), 1536, 2048, framework)
+        out = tmp_path / f"{framework}.sh"
+        out.write_text(render("megatron", Target(job=job, estimate=estimate(job, lay.with_(zero=int(overlapped))),
+                                                 gpus=512, rank=1)))
+        _, argv = run_megatron_script(out, tmp_path)
+        assert ("--overlap-grad-reduce" in argv) is overlapped, framework
+
+
 def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
     """What the planner scored is what the file runs: torchtitan's torchao Float8 (tensor-wise, the LM head left in
     BF16) under torch.compile, read back by torchtitan's ConfigManager; Megatron-LM's Transformer Engine FP8 (and FP8

@@ -17,7 +17,8 @@ megatron-core's config dataclasses from it):
   --context-parallel-size with --cp-comm-type p2p (ring) or all_gather
   mixture of experts: --num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq, ...;
   --expert-model-parallel-size / --expert-tensor-parallel-size (ep, etp)
-  --overlap-grad-reduce / --overlap-param-gather with data parallelism, --tp-comm-overlap when modelled.
+  --overlap-grad-reduce / --overlap-param-gather with data parallelism (not for a plan priced on a stack that
+  reduces after the backward: megatron-2021), --tp-comm-overlap when modelled.
   --bf16; --precision fp8: --fp8-format hybrid (Transformer Engine's delayed scaling), --fp8-param-gather with FP8
           parameters.
 Megatron has no GPipe or zero-bubble (ZB-H1) schedule: those layouts are not expressible.
@@ -29,6 +30,7 @@ import itertools
 import shlex
 
 from shardwise.emit import stage_counts
+from shardwise.planner.frameworks import get as get_framework
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 
@@ -118,7 +120,9 @@ def _parallel_args(job, layout) -> list[str]:
     elif layout.zero >= 2:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
                  "optim_grads" if layout.zero == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
-    if layout.dp > 1:
+    # overlapped unless the plan was priced on a stack that reduces after the backward (megatron-2021, the 2021-22
+    # DeepSpeed): the script then runs what was priced
+    if layout.dp > 1 and get_framework(job.framework).overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
         if layout.zero >= 1:
             args.append("--overlap-param-gather")
