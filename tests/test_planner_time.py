@@ -1236,3 +1236,15 @@ def test_explain_lists_every_tp_degree_and_says_when_a_group_spans_nodes():
     assert f"tp={runner}:" in words.split("Best step at other degrees:")[1]
     six = search(job, 384, SearchSpace(tp=(6,), pp=(8, 16)))
     assert "the inter-node network (groups of 6 do not tile nodes of 8" in tp_paragraph(job, 384, six)
+
+
+def test_explain_counts_the_recompute_beside_the_dominant_compute():
+    # plan's summary counts recompute in compute; explain's dominant term names it beside the compute it repeats
+    from shardwise.planner.explain import uncertainty
+    from shardwise.planner.search import SearchSpace, search
+
+    job = make_job(load_model("gpt3-175b"), A100, 1536, 2048, "megatron-2021")
+    result = search(job, 1024, SearchSpace(tp=(8,), pp=(8,), recompute=("full",)))
+    t = result.ranked[0].time_s
+    assert t["recompute"] > 0
+    assert "more recomputing it" in uncertainty(job, result)[0]

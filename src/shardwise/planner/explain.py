@@ -342,8 +342,9 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
     win = result.ranked[0]
     t = win.time_s
     dominant = max(t, key=t.get)
+    again = f" (and {seconds(t['recompute'])} more recomputing it)" if dominant == "compute" and t.get("recompute") else ""
     out = [f"Dominant term: {TERM_NAMES.get(dominant, dominant)}, {seconds(t[dominant])} of the {seconds(win.step_time)} step "
-           f"({t[dominant] / win.step_time:.0%})."]
+           f"({t[dominant] / win.step_time:.0%}){again}."]
     top = result.ranked[:SENSITIVITY_TOP]
     sentences = []
     for what, perturbed in _what_ifs(job, win):
