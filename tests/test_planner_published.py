@@ -665,6 +665,7 @@ def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
     # another Hopper GPU (an H100 PCIe: 756 TFLOP/s) is not the SXM part those runs were on: no record, no sentence
     pcie = replace(job, cluster=replace(job.cluster, peak_flops=756e12))
     assert checked_record(pcie) is None and "published nemo run" not in framework_paragraph(pcie, 512)
+    assert "No published run on this GPU is in shardwise's reference set" in framework_paragraph(pcie, 512)
     # runs of a stack without a profile, scored under a stand-in (BloombergGPT's SageMaker FSDP as torchtitan), are
     # not the stand-in's record
     titan = make_job(load_model("llama3-8b"), load_cluster("dgx-a100-80gb"), 512, 8192, "torchtitan")

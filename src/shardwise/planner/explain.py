@@ -257,7 +257,12 @@ def framework_paragraph(job: Job, gpus: int = 0) -> str:
 def _record(job: Job) -> str:
     """The stack's record against its published runs on this GPU (planner/published_check.py), where one is kept."""
     gpu = checked_gpu(job)
-    return " " + published_check.sentence(job.framework, gpu, job.model.is_moe) if gpu else ""
+    if gpu:
+        return " " + published_check.sentence(job.framework, gpu, job.model.is_moe)
+    if job.cluster.measured:  # a calibrated machine: `shardwise validate` checks the planner on it
+        return ""
+    return (" No published run on this GPU is in shardwise's reference set (its runs are on A100 and H100 / H200 SXM): "
+            "these figures are the model's, unchecked on it.")
 
 
 def _network(job: Job, a: dict, gpus: int) -> str:
