@@ -122,7 +122,7 @@ def test_a_series_ranked_against_its_source_says_how_far_apart_the_source_has_th
     # 2 13B checkpointing trio served here until its layer policy's recompute stopped early, tau +1.)
     view = _outside_view()
     assert view.main(["--only", "GPT-3 175B (NeMo 24.11 recipe)"]) == 0
-    line, = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("dgxc-24.11-gpt-3-175b-dp")]
+    line, = [x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == ["dgxc-24.11-gpt-3-175b-dp"]]
     assert "tau +0.60 / +0.60" in line and "published at most 0.9% apart" in line, line
 
 

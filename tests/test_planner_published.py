@@ -128,7 +128,11 @@ def test_ranking_within_series_that_vary_one_knob():
     # here): Hagemann et al. 2023's micro-batch series under TP 4-8, where the published step falls with a larger
     # micro-batch by more than the planner's per-micro-batch costs, docs/accuracy.md "Aleph Alpha's layout sweep on
     # A100, 2023".
-    known_misses = {"hagemann-13b_32gpu-tp2pp2-mb", "hagemann-30b_256gpu-tp4pp4-mb", "hagemann-30b_64gpu-tp4pp2-sp-mb"}
+    # And dgxc-benchmarking v24.11.1's GPT-3 175B FP8 table, whose published step rises and falls with the GPU count
+    # at one layout (5.92 / 5.96 / 6.44 / 6.72 / 6.24 s on 128-2,048 H100: 2,048 GPUs faster than 512 and 1,024), where
+    # a larger data-parallel group of the same layout can only add time (docs/accuracy.md, "Blind rows, 2026-12-05").
+    known_misses = {"hagemann-13b_32gpu-tp2pp2-mb", "hagemann-30b_256gpu-tp4pp4-mb", "hagemann-30b_64gpu-tp4pp2-sp-mb",
+                    "dgxc-24.11-gpt-3-175b-dp-fp8"}
     rows, s = _compare()
     checked = 0
     for name, v in s["kendall_tau_by_series"].items():
@@ -268,11 +272,13 @@ def test_flash_attn_training_rows_run_lightning_amp():
     # HBM passes, Lambda's A100 rows came out 8-11 % fast and its H100 rows 36 %; under their own stack the A100 rows
     # and the README's are within 5 % of the published throughput, and the H100 rows, which have a further miss of their
     # own (docs/accuracy.md), within 16 %. --six-profiles still scores them as megatron-core.
+    # The README's 125M-760M rows, added blind on 2026-12-05, scored +1 .. +11 % (760M: docs/accuracy.md).
     rows = [r for r in _compare()[0] if r["run"].startswith(("Lambda FA2", "flash-attention GPT3"))]
-    assert len(rows) == 6
+    assert len(rows) == 9
     for row in rows:
+        small = any(f"GPT3-{m}M" in row["run"] for m in (125, 355, 760))
         assert row["framework"] == "flash-attn", row
-        assert abs(row["error"]) <= (0.16 if "H100" in row["run"] else 0.05), row
+        assert abs(row["error"]) <= (0.16 if "H100" in row["run"] else 0.12 if small else 0.05), row
     assert bench.NEAREST_OF_SIX["flash-attn"] == "megatron-core"
 
 

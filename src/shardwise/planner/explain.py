@@ -385,9 +385,9 @@ PUBLISHED_MFU_RECORD = {
                                   "stack, 62.0 % by PaLM's count)"), *_A100_AT_SCALE)),
                (0, ((1, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
                                "70.6 % by PaLM's count)"), *_A100_AT_SCALE))),
-    "hopper": ((100e9, ((1, 0.5765, f"{_DGXC}'s Llama 3.1 405B on 32 H100 (57.65 %)"),
-                        (512, 0.5485, f"{_DGXC}'s Llama 3.1 405B on 576 H100 (54.85 %)"),
-                        (2048, 0.5423, f"{_DGXC}'s Llama 3.1 405B on 2,304 H100 (54.23 %)"),
+    "hopper": ((100e9, ((1, 0.5863, f"{_DGXC}'s Llama 3.1 405B on 32 H100 (NeMo 24.09, 58.63 %)"),
+                        (512, 0.5578, f"{_DGXC}'s Llama 3.1 405B on 576 H100 (NeMo 24.09, 55.78 %)"),
+                        (2048, 0.5445, f"{_DGXC}'s Llama 3.1 405B on 2,304 H100 (NeMo 24.09, 54.45 %)"),
                         _LLAMA3_8K)),
                (0, ((1, 0.6249, f"{_DGXC}'s Nemotron-4 15B on 16 H100 (62.49 %)"),
                     (512, 0.6112, f"{_DGXC}'s Nemotron-4 15B on 512 H100 (61.12 %)"),
