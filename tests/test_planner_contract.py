@@ -758,3 +758,27 @@ def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
     assert "assumes: megatron-core, attention" in text and "gradients reduced in fp32 behind the backward" in text
     assert "filled in: ZeRO-1 (megatron-core's default; --zero not given)" in text
     assert "filled in: 1f1b (megatron-core's default pipeline schedule; --schedule not given)" in text
+
+
+def test_moe_dispatch_and_all_to_all_overlap_are_command_line_knobs():
+    # DeepEP's node-deduplicated dispatch and Megatron-Core's EP all-to-all overlap, modelled for the published MoE
+    # rows, are the user's to state too: each takes time off the exposed all-to-alls; a dense model or a stack that
+    # runs neither refuses the flag in one line.
+    moe = ["--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--gpus", "2048", "--global-batch", "15360",
+           "--seq-len", "4096", "--framework", "megatron-core", "--tp", "1", "--pp", "16", "--ep", "64",
+           "--micro-batch", "1", "--zero", "1", "--json"]
+    runs = [answer(["estimate", *moe, *extra]) for extra in ([], ["--moe-dispatcher", "deepep"],
+                                                            ["--moe-dispatcher", "deepep", "--ep-comm-overlap"])]
+    a2a = [r["time_breakdown_s"]["ep_comm"] for r in runs]
+    assert a2a[0] > a2a[1] > a2a[2] > 0 and runs[0]["step_time_s"] > runs[1]["step_time_s"] > runs[2]["step_time_s"]
+    assert [(r["assumptions"]["moe_dispatcher"], r["assumptions"]["ep_comm_overlapped"]) for r in runs] == [
+        ("alltoall", False), ("deepep", False), ("deepep", True)]
+    assert answer(["plan", *moe[:12], "--moe-dispatcher", "deepep", "--ep-comm-overlap", "--json"]) is not None
+    dense = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+             "--seq-len", "2048", "--micro-batch", "1"]
+    for argv, words in ((dense + ["--ep-comm-overlap"], "has no experts"),
+                        (["estimate", *moe, "--framework", "torchtitan", "--moe-dispatcher", "deepep"],
+                         "dispatches tokens only by"),
+                        (["estimate", *moe, "--framework", "automodel", "--ep-comm-overlap"], "does not overlap")):
+        code, out, err = cli(argv)
+        assert code == 2 and words in err and err.count("\n") == 1, (argv, err)

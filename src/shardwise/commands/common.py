@@ -157,6 +157,14 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="the RMSNorm/LayerNorm layers run as one fused kernel in a stack whose other element-wise "
                         "work is eager (torchtitan's norm_type fused_rmsnorm, its presets' default until 2024-08): "
                         "their time and the tensors they keep are a fused kernel's")
+    p.add_argument("--moe-dispatcher", choices=["alltoall", "deepep"], default=None,
+                   help="mixture of experts: how tokens reach their experts — alltoall (default: NCCL's all-to-all, a "
+                        "token's row sent once per expert it chose) or deepep (DeepEP's kernels: once per node, then "
+                        "NVLink; Megatron-Core's --moe-token-dispatcher-type flex, NeMo, AutoModel)")
+    p.add_argument("--ep-comm-overlap", action="store_true",
+                   help="mixture of experts: one micro-batch's all-to-alls run behind another's compute "
+                        "(Megatron-Core's --overlap-moe-expert-parallel-comm; megatron-core and nemo); without it they "
+                        "are priced exposed")
     p.add_argument("--capacity-factor", type=float, default=1.0, metavar="C",
                    help="mixture of experts: the busiest expert's tokens over the mean (router imbalance: a measured "
                         "skew, or the capacity factor a run pads experts to); default 1.0, balanced routing")
@@ -321,7 +329,23 @@ def job_from_args(args):
                    compile=bool(compiled), compile_loss=getattr(args, "compile_loss", None),
                    fused_norms=bool(getattr(args, "fused_norms", False)),
                    attention_backend=getattr(args, "attention_backend", None))
-    return replace(job, capacity_factor=capacity)
+    return replace(job, capacity_factor=capacity, **_moe_software(args, model, get(framework)))
+
+
+def _moe_software(args, model, fw) -> dict:
+    """--moe-dispatcher and --ep-comm-overlap, checked against the model and the stack (one line each, exit 2)."""
+    dispatcher, overlap = getattr(args, "moe_dispatcher", None), bool(getattr(args, "ep_comm_overlap", False))
+    named = [flag for flag, given in (("--moe-dispatcher", dispatcher), ("--ep-comm-overlap", overlap)) if given]
+    if named and not model.is_moe:
+        raise UsageError(f"{' and '.join(named)}: {model.name} has no experts — drop {'them' if len(named) > 1 else 'it'}, "
+                         f"or plan a mixture-of-experts model")
+    if dispatcher and dispatcher not in fw.moe_dispatchers:
+        raise UsageError(f"--moe-dispatcher {dispatcher}: {fw.name} dispatches tokens only by "
+                         f"{' or '.join(fw.moe_dispatchers)} — drop it, or pick megatron-core, nemo or automodel")
+    if overlap and not fw.ep_comm_overlap_available:
+        raise UsageError(f"--ep-comm-overlap: {fw.name} does not overlap its expert all-to-alls with compute — drop it, "
+                         f"or pick megatron-core or nemo")
+    return {"moe_dispatcher": dispatcher or "alltoall", "ep_comm_overlap": overlap}
 
 
 SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narrow tables: schedule and recompute

@@ -145,7 +145,8 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         # a cluster below its rated TDP: the share of the rated tensor-core rates its power limit leaves (kernels.power_share)
         **({"power_limit_w": job.cluster.power_limit_w, "tensor_core_power_share": kernels.power_share(job.cluster)}
            if job.cluster.power_limit_w else {}),
-        **({"moe_capacity_factor": job.capacity_factor,
+        **({"moe_capacity_factor": job.capacity_factor, "moe_dispatcher": job.moe_dispatcher,
+            "ep_comm_overlapped": job.ep_comm_overlap,
             "mfu_convention": "active parameters (top-k experts, router, shared expert)",
             # fitted on published MoE runs (planner/moe.py; 0 on a calibrated cluster, whose measurements replace them)
             "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,

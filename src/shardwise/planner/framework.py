@@ -280,6 +280,11 @@ class Framework:
     # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
     # expert on every rank, ep 1, if at all)
     expert_parallel: bool = True
+    # How it can move tokens to their experts (Job.moe_dispatcher: "alltoall", NCCL's; "deepep", DeepEP's
+    # node-deduplicated kernels) and whether it can hide one micro-batch's all-to-alls behind another's compute
+    # (Job.ep_comm_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm)
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    ep_comm_overlap_available: bool = False
     # True: its context parallelism runs only inside the fused attention kernel (Megatron-Core: Transformer Engine's
     # DotProductAttention; its own unfused DotProductAttention asserts context_parallel_size == 1): no cp > 1 with
     # the materialised softmax (--no-flash-attention)

@@ -63,6 +63,8 @@ MEGATRON_CORE = Framework(
     zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
+    # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)
+    moe_dispatchers=("alltoall", "deepep"), ep_comm_overlap_available=True,
     # --recompute-granularity full --recompute-method block --recompute-num-layers N: the first N layers of each
     # TransformerBlock, one per virtual chunk (megatron/core/transformer/transformer_block.py _checkpointed_forward)
     partial_recompute="block",
@@ -93,6 +95,8 @@ NEMO = Framework(
     zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_reduce_every_microbatch=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
+    # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)
+    moe_dispatchers=("alltoall", "deepep"), ep_comm_overlap_available=True,
     loss="fused",
     # Every NeMo recipe with a pipeline interleaves it (nemo/collections/llm/recipes: gpt3_175b pp 8 vpp 6, llama3_70b
     # pp 4 vpp 5, mixtral_8x7b pp 4 vpp 8; Megatron-Bridge nemotron4_340b pp 12 vpp 8; dgxc-benchmarking's NeMo configs

@@ -68,6 +68,7 @@ AUTOMODEL = replace(
              "components/moe/layers.py GroupedExpertsDeepEP (grouped_gemm ops.gmm); fanshiqing/grouped_gemm "
              "csrc/grouped_gemm.cu ('Use cuBLAS for SM90', NUM_STREAM 4)"),
     weight_bytes=2, grad_bytes=2, optimizer_bytes=4, attention="te", fused_elementwise=True, fp8="", expert_gemm_streams=4,
+    moe_dispatchers=("alltoall", "deepep"),  # GroupedExpertsDeepEP (its *_te_deepep recipes)
     glu_tensors=3,  # its model path's activations not read here: the default count, not torchtitan's eager one
     eager_loss_memory=False,  # its loss functions' buffers not read here either
     weight_shard_is_master=False,  # BF16 parameters and no FP32 master: the shard is the BF16 parameter itself
