@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
-from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, PRECISIONS
+from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.specs import ClusterSpec, ModelSpec, TrainSpec
 
@@ -223,13 +223,13 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if precision == "fp8" and not cluster.fp8_flops:
         raise UsageError(f"{cluster.name} has no FP8 tensor cores (FP8 training needs Hopper or newer) — use "
                          f"--precision bf16, or a cluster file with fp8_peak_tflops")
+    fp8_stacks = ", ".join(name for name, f in FRAMEWORKS.items() if f.fp8)  # one list for both refusals
     if precision == "fp8" and not fw.fp8:
-        raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or --framework "
-                         f"megatron-core, nemo or torchtitan")
+        raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or a framework that "
+                         f"trains FP8 ({fp8_stacks})")
     if fp8_params and (precision != "fp8" or fw.fp8 not in ("te", "torchao")):
         raise UsageError("--fp8-params keeps the weights in FP8 (Transformer Engine) or gathers them in FP8 (torchao's "
-                         "float8 all-gather) — add --precision fp8, with a framework that trains FP8 (megatron-core, "
-                         "nemo, torchtitan, deepspeed-2024, composer)")
+                         f"float8 all-gather) — add --precision fp8, with a framework that trains FP8 ({fp8_stacks})")
     fp8_all_gather = fp8_params and fw.fp8 == "torchao"
     fp8_params = fp8_params and not fp8_all_gather
     fused = fw.flash_attention if flash_attention is None else flash_attention
