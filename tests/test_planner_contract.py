@@ -641,7 +641,7 @@ def test_stacks_without_an_fp8_recipe_refuse_fp8_in_one_line():
                             "--global-batch", 64, "--seq-len", 2048, "--micro-batch", 1, "--framework", framework,
                             "--precision", "fp8"])
         assert code == 2 and err.count("\n") == 1 and "has no FP8 training" in err, (framework, err)
-        # the stacks it offers instead are every one that trains FP8, and each of them takes the same command
+        # the stacks it offers instead are every one that trains FP8 (one list, FRAMEWORKS)
         offered = err.split("a framework that trains FP8 (")[1].split(")")[0].split(", ")
         assert set(offered) == {n for n, f in FRAMEWORKS.items() if f.fp8} and "deepspeed-2024" in offered
 
