@@ -512,7 +512,8 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     compiled = (ran_compiled(row) and not as_eager) or fw.compiles_by_default(_precision(row), fused_norms)
     try:
         # FP8 parameters (NeMo's FP8_PARAMS / fp8_params): weights stored and gathered in FP8, one byte each.
-        job = make_job(model, _cluster(row["gpu_type"]), batch, seq, profile, flash_attention=flash,
+        cluster = replace(_cluster(row["gpu_type"]), num_gpus=layout.world_size)  # as `--gpus` sets it
+        job = make_job(model, cluster, batch, seq, profile, flash_attention=flash,
                        tp_comm_overlap=overlap, precision=_precision(row), fp8_params=stated_fp8_params(row),
                        compile=compiled, compile_loss=False if compiled and source_names(row, LOSS_LEFT_EAGER) else None,
                        fused_norms=fused_norms)

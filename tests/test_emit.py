@@ -378,6 +378,14 @@ def test_a_megatron_script_overlaps_the_gradient_reduction_only_where_the_plan_p
                                                  gpus=512, rank=1)))
         _, argv = run_megatron_script(out, tmp_path)
         assert ("--overlap-grad-reduce" in argv) is overlapped, framework
+        assert ("--overlap-param-gather" in argv) is overlapped, framework
+    # InternEvo overlaps its reduction but gathers the updated weights after the step: no --overlap-param-gather
+    job = make_job(load_model("llama3-8b"), load_cluster("dgx-a100-80gb"), 64, 4096, "internevo")
+    out = tmp_path / "internevo.sh"
+    small = Layout(16, 1, 1, 1, 1, 1, "none", False, "1f1b")
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, small), gpus=16, rank=1)))
+    _, argv = run_megatron_script(out, tmp_path)
+    assert "--overlap-grad-reduce" in argv and "--overlap-param-gather" not in argv
 
 
 def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):

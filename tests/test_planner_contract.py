@@ -246,7 +246,7 @@ def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, c
         e = answer(["estimate", *common, "--json", *_estimate_argv(c)])
         assert e is not None, c
         e["assumptions"].pop("implied", None)
-        assert e == c
+        assert e.pop("job")["gpus"] == gpus and e == c  # (plan echoes the job once, beside its candidates)
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
@@ -761,6 +761,15 @@ def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
     assert "assumes: megatron-core, attention" in text and "gradients reduced in fp32 behind the backward" in text
     assert "filled in: ZeRO-1 (megatron-core's default; --zero not given)" in text
     assert "filled in: 1f1b (megatron-core's default pipeline schedule; --schedule not given)" in text
+    # the gradient reduction as this layout's is priced: nanotron's ZeRO-1 all-reduces after the backward; one replica
+    # reduces nothing
+    small = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--global-batch", "64", "--seq-len",
+             "4096", "--micro-batch", "1"]
+    for extra, said in ((["--gpus", "16", "--tp", "1", "--framework", "nanotron", "--zero", "1"],
+                         "gradients reduced in fp32 after the backward"),
+                        (["--gpus", "8", "--tp", "8"], "no gradient reduction (one data-parallel replica)")):
+        code, out, err = cli([*small, *extra])
+        assert code == 0 and said in " ".join(out.split()), (extra, err, out)
 
 
 def test_moe_dispatch_and_all_to_all_overlap_are_command_line_knobs():

@@ -47,6 +47,32 @@ def test_network_bus_bandwidth_matches_nccl_tests():
     assert bus_bandwidth(A100, "all_reduce", 2**30, 16, stride=8) <= 25e9
 
 
+def _worst_placed(per_node: int, group: int, stride: int, world: int) -> tuple[int, int]:
+    """Brute force: every group of `group` ranks `stride` apart in a world of `world` ranks filling nodes in order
+    (blocks of group x stride ranks, `stride` interleaved groups in each), the fewest members on one node first."""
+    out = []
+    for start in range(0, world, group * stride):
+        for offset in range(stride):
+            nodes = [(start + offset + i * stride) // per_node for i in range(group)]
+            out.append((min(nodes.count(n) for n in set(nodes)), len(set(nodes))))
+    return min(out, key=lambda w: (w[0], -w[1]))
+
+
+@pytest.mark.parametrize("per_node", [4, 6, 8, 16])
+def test_placement_is_the_worst_group_the_job_has(per_node):
+    # every group size and stride of worlds up to 96 ranks: the job's own groups only (a 6-GPU job on a node of 8 is
+    # one node whatever its groups; 10 GPUs at tp 5 have ranks 5-9 as their worst group, 3 + 2 across two nodes)
+    from shardwise.planner.comm import _placement
+
+    for world in range(1, 97):
+        for group in range(1, world + 1):
+            for stride in range(1, world // group + 1):
+                if world % (group * stride):
+                    continue
+                assert _placement(per_node, group, stride, world) == _worst_placed(per_node, group, stride, world), \
+                    (per_node, group, stride, world)
+
+
 def test_groups_that_do_not_tile_the_nodes_are_priced_by_their_worst_member_across_the_network():
     # tp 6 on nodes of 8 GPUs: ranks 6-11 are 2 GPUs of one node and 4 of the next, so that group's ring crosses the
     # network on the 2 GPUs' NICs; the step waits for that group, so tp 6 runs below tp 4's and tp 8's NVLink rate.

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -200,7 +201,7 @@ def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act
     assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation
 
 
-@pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}, False, 0, [], {}])
+@pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}, False, 0, [], {}, ""])
 def test_an_activation_shardwise_cannot_count_is_one_line(tmp_path, act):
     cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
            "vocab_size": 100, "hidden_act": act}
@@ -311,11 +312,14 @@ def test_a_network_faster_than_the_gpus_pcie_link_is_refused_as_a_unit_slip(tmp_
                               peak_tflops=2250)).inter_node_bandwidth == network * 1e9  # no PCIe fact for this GPU
 
 
-@pytest.mark.parametrize("keys", [{"num_gpus": 8, "inter_node_bandwidth_gbs": 100},  # one box: no network crossed
-                                  {"intra_node_bandwidth_gbs": 300, "inter_node_bandwidth_gbs": 300}])  # calibrate's one box
-def test_a_one_machine_file_may_repeat_nvlink_as_its_network(tmp_path, keys):
+def test_a_one_machine_file_may_repeat_nvlink_as_its_network(tmp_path):
+    # calibrate's convention for one box: the network keys repeat NVLink's
+    keys = {"intra_node_bandwidth_gbs": 300, "inter_node_bandwidth_gbs": 300}
     cluster = load_cluster(_toml(tmp_path, **(DGX_KEYS | keys), peak_tflops=312))
-    assert cluster.arch == "ampere" and cluster.inter_node_bandwidth == keys["inter_node_bandwidth_gbs"] * 1e9
+    assert cluster.arch == "ampere" and cluster.inter_node_bandwidth == 300e9
+    # a num_gpus within a node exempts nothing: --gpus may still span nodes at the rate the file gives
+    with pytest.raises(UsageError, match="inter_node_bandwidth_gbs 100 is more than the 31.5 GB/s PCIe link"):
+        load_cluster(_toml(tmp_path, **(DGX_KEYS | {"num_gpus": 8, "inter_node_bandwidth_gbs": 100}), peak_tflops=312))
 
 
 @pytest.mark.parametrize("peak, example", [(312, "one 200 Gb/s NIC a GPU: 25"), (989, "one 400 Gb/s NIC a GPU: 50")])
@@ -349,6 +353,11 @@ def test_gpu_memory_in_mib_is_refused(tmp_path):
     with pytest.raises(UsageError, match="gpu_memory_gib 81559 is more than any GPU holds .* = 79.6 GiB"):
         load_cluster(_toml(tmp_path, **(DGX_KEYS | {"gpu_memory_gib": 81559}), peak_tflops=989))
     assert load_cluster(_toml(tmp_path, **(DGX_KEYS | {"gpu_memory_gib": 288}), peak_tflops=2250)).gpu_memory_gib == 288
+    # a calibrated file's figure is measured (on CPU, the host's memory over the ranks): never refused as MiB
+    path = tmp_path / "measured.toml"
+    path.write_text(Path(_toml(tmp_path, **(DGX_KEYS | {"gpu_memory_gib": 1536}), peak_tflops=2250)).read_text()
+                    + "[measured]\nmatmul_tflops = 1.0\n")
+    assert load_cluster(str(path)).gpu_memory_gib == 1536
 
 
 def test_hbm_in_tb_per_s_is_refused_on_a_datasheet_gpu(tmp_path):

@@ -94,7 +94,7 @@ def mlp_of_act(cfg: dict, key: str, default: str, source: str, gated: tuple[str,
     """ModelSpec.mlp of the MLP whose activation the config names in `key`: a non-gated one (MLP_OF_ACT), or '' (the
     family's gated MLP) for a name in `gated`; any other value is refused in one line."""
     act = cfg.get(key)
-    act = default if act is None or act == "" else act  # only absent or null means the default: false or 0 is refused
+    act = default if act is None else act  # only absent or null means the default: "", false or 0 is refused
     if isinstance(act, str) and act in gated:
         return ""
     if not isinstance(act, str) or act not in MLP_OF_ACT:

@@ -134,7 +134,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         if key in table and key != "num_gpus" and table[key] > CLUSTER_RANGE[1]:
             raise UsageError(f"{source}: key '{key}' is {table[key]!r} microseconds, more than {CLUSTER_RANGE[1]:g} — "
                              f"check its unit (us)")
-    if values["gpu_memory_gib"] > MAX_GPU_MEMORY_GIB:  # nvidia-smi's MiB (81559 on an H100 80GB) or a node's bytes
+    if values["gpu_memory_gib"] > MAX_GPU_MEMORY_GIB and not data.get("measured"):  # (calibrate on CPU: host RAM)  # nvidia-smi's MiB (81559 on an H100 80GB) or a node's bytes
         raise UsageError(f"{source}: gpu_memory_gib {table['gpu_memory_gib']:g} is more than any GPU holds — the key is "
                          f"GiB per GPU (nvidia-smi prints MiB: {table['gpu_memory_gib']:g} MiB = "
                          f"{values['gpu_memory_gib'] / 1024:.1f} GiB)")
@@ -146,7 +146,7 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     if not data.get("measured"):
-        _refuse_datasheet_misreadings(values, source, int(table.get("num_gpus", 0)))
+        _refuse_datasheet_misreadings(values, source)
     inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
@@ -191,11 +191,11 @@ def _datasheet_tables() -> tuple[tuple[str, str, dict, float], ...]:
                   pcie) for gpu, (preset, pcie) in DATASHEET_GPUS.items())
 
 
-def _refuse_datasheet_misreadings(values: dict, source: str, num_gpus: int) -> None:
+def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
     """Datasheet figures a hand-written file copies that are not what its keys mean: a peak twice a datasheet GPU's
     dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training
     never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), a
-    network rate above the GPU's PCIe link is Gb/s or a whole node's (where the file spans more than one machine), and an HBM rate a hundredth of the preset's is the
+    network rate above the GPU's PCIe link is Gb/s or a whole node's (unless it repeats the NVLink rate: one machine), and an HBM rate a hundredth of the preset's is the
     datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
     for gpu, preset, known, pcie in _datasheet_tables():
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
@@ -212,7 +212,7 @@ def _refuse_datasheet_misreadings(values: dict, source: str, num_gpus: int) -> N
             raise UsageError(f"{source}: hbm_bandwidth_gbs {values['hbm_bandwidth_gbs']:g} is an {gpu}'s memory "
                              f"bandwidth in TB/s; the key is GB/s — e.g. hbm_bandwidth_gbs = "
                              f"{known['hbm_bandwidth_gbs']:g} for the {preset} preset's GPU")
-        if values["inter_node_bandwidth_gbs"] > pcie and _crosses_a_network(values, num_gpus):
+        if values["inter_node_bandwidth_gbs"] > pcie and _crosses_a_network(values):
             nic = known["inter_node_bandwidth_gbs"]
             raise UsageError(f"{source}: inter_node_bandwidth_gbs {values['inter_node_bandwidth_gbs']:g} is more than "
                              f"the {pcie:g} GB/s PCIe link through which an {gpu} reaches its NIC: the key is "
@@ -229,11 +229,10 @@ def datasheet_gpu(cluster: ClusterSpec) -> str:
                  if _near(cluster.peak_flops / 1e12, known["peak_tflops"]) and cluster.arch == known["arch"]), "")
 
 
-def _crosses_a_network(values: dict, num_gpus: int) -> bool:
-    """Whether the file's inter_node rate can be used: not where it describes one machine, by a num_gpus within a node
-    or by repeating the NVLink rate (what `calibrate` writes for one machine)."""
-    one_box = 0 < num_gpus <= values["gpus_per_node"]
-    return not one_box and values["inter_node_bandwidth_gbs"] != values["intra_node_bandwidth_gbs"]
+def _crosses_a_network(values: dict) -> bool:
+    """Whether the file's inter_node rate is a network's: not where it repeats the NVLink rate, as `calibrate` writes
+    for one machine (a num_gpus within a node would not do: --gpus may still span nodes at that rate)."""
+    return values["inter_node_bandwidth_gbs"] != values["intra_node_bandwidth_gbs"]
 
 
 def _near(value: float, datasheet: float) -> bool:

@@ -321,6 +321,8 @@ def job_from_args(args):
     cluster = load_cluster(args.cluster)
     if cluster.inferred:
         args.cluster_note = cluster.inferred
+    if getattr(args, "gpus", None):  # the job's own GPUs: which groups exist, where they sit on nodes (comm.placement)
+        cluster = replace(cluster, num_gpus=args.gpus)
     job = make_job(model, cluster, args.global_batch, args.seq_len, framework,
                    flash_attention=getattr(args, "flash_attention", None),
                    tp_comm_overlap=getattr(args, "tp_comm_overlap", None),

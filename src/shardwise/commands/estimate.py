@@ -92,7 +92,7 @@ def _run(args) -> int:
     console.print(breakdown_table(est))
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
-    console.print(_assumed(est), highlight=False)
+    console.print(_assumed(job, est), highlight=False)
     for item in filled:
         console.print(f"filled in: {item}", highlight=False)
     for note in notes(args):  # the stack and torch.compile where the user named neither
@@ -104,14 +104,16 @@ def _run(args) -> int:
     return 0
 
 
-def _assumed(est) -> str:
-    """One line of what the numbers assume about the software: the stack, its attention, gradient reduction, TP
-    overlap and precision (all of it, and more, in --json's assumptions)."""
-    a = est.assumptions
-    return (f"assumes: {est.framework}{' compiled' if est.compile else ''}, attention {a['attention']}, gradients "
-            f"reduced in {a['gradient_reduce_dtype']} {'behind' if a['grad_reduce_overlapped'] else 'after'} the "
-            f"backward, TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['gemm_dtype'].split(' (')[0]} "
-            f"matmuls")
+def _assumed(job, est) -> str:
+    """One line of what the numbers assume about the software: the stack, its attention, gradient reduction (as this
+    layout's is priced), TP overlap and precision (all of it, and more, in --json's assumptions)."""
+    from shardwise.planner.overlap import grad_reduce_behind
+
+    a, behind = est.assumptions, grad_reduce_behind(job, est.layout)
+    reduced = ("no gradient reduction (one data-parallel replica)" if behind is None else
+               f"gradients reduced in {a['gradient_reduce_dtype']} {'behind' if behind else 'after'} the backward")
+    return (f"assumes: {est.framework}{' compiled' if est.compile else ''}, attention {a['attention']}, {reduced}, "
+            f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['gemm_dtype'].split(' (')[0]} matmuls")
 
 
 def _does_not_fit(est, options: list[dict]) -> str:

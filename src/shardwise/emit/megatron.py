@@ -124,7 +124,7 @@ def _parallel_args(job, layout) -> list[str]:
     # DeepSpeed): the script then runs what was priced
     if layout.dp > 1 and get_framework(job.framework).overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
-        if layout.zero >= 1:
+        if layout.zero >= 2 or layout.zero == 1 and get_framework(job.framework).overlap_param_gather:
             args.append("--overlap-param-gather")
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]

@@ -77,8 +77,10 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 
 def placement(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[int, int]:
     """(members per node, nodes) of the worst-placed group of `group_size` ranks `stride` apart (ranks fill nodes in
-    order): the fewest members it has on one node (their NICs carry its ring across nodes) and the nodes it spans."""
-    return _placement(cluster.gpus_per_node, group_size, max(stride, 1))
+    order): the fewest members it has on one node (their NICs carry its ring across nodes) and the nodes it spans.
+    Only the job's own groups count: the cluster's `num_gpus` is the job's GPU count where the command set it
+    (`--gpus`; 0: a world that repeats the pattern whole)."""
+    return _placement(cluster.gpus_per_node, group_size, max(stride, 1), cluster.num_gpus)
 
 
 def one_node(cluster: ClusterSpec, group_size: int, stride: int = 1) -> bool:
@@ -87,29 +89,36 @@ def one_node(cluster: ClusterSpec, group_size: int, stride: int = 1) -> bool:
 
 
 @lru_cache(maxsize=1 << 12)
-def _placement(per_node: int, group_size: int, stride: int) -> tuple[int, int]:
+def _placement(per_node: int, group_size: int, stride: int, world: int = 0) -> tuple[int, int]:
     span = group_size * stride  # the ranks one set of `stride` interleaved groups covers
+    if 0 < world <= per_node:  # the whole job inside one node
+        return group_size, 1
     if (per_node % span == 0 if span <= per_node else span % per_node == 0 and
             (per_node % stride == 0 or stride % per_node == 0)):  # groups that tile the nodes
         members = max(1, min(group_size, per_node // stride))
         return members, math.ceil(group_size / members)
     # Groups that do not tile the nodes (tp 6 on nodes of 8: ranks 6-11 hold 2 GPUs of one node and 4 of the next):
-    # the worst group over one period of the layout, the fewest members on one of its nodes first.
+    # the worst group the job has, over one period of the layout at most, the fewest members on one node first.
     period = math.lcm(span, per_node)
     worst = (group_size, 1)
-    for start in range(0, period, span):
+    for start in range(0, min(period, world) if world >= span else period, span):
         for offset in range(stride):
             counts = Counter((start + offset + i * stride) // per_node for i in range(group_size))
             worst = min(worst, (min(counts.values()), len(counts)), key=lambda w: (w[0], -w[1]))
     return worst
 
 
+def nvlink_bandwidth(cluster: ClusterSpec) -> float:
+    """Bytes/s of NCCL's bus bandwidth inside one node: NVLink as NCCL counts its links."""
+    links = cluster.intra_node_bandwidth / (NVLINK_LINK_GBS * 1e9)
+    return links * NCCL_NVLINK_GBS.get(cluster.arch, NVLINK_LINK_GBS * LINK_EFFICIENCY) * 1e9
+
+
 def bus_bandwidth(cluster: ClusterSpec, group_size: int, stride: int) -> float:
     """Bytes/s of a ring's bus bandwidth over this group: NVLink as NCCL counts it inside one node;
     across nodes the share of the node's NICs its k members per node hold, at NET_EFFICIENCY, at most NVLink."""
     per_node, nodes = placement(cluster, group_size, stride)
-    links = cluster.intra_node_bandwidth / (NVLINK_LINK_GBS * 1e9)
-    nvlink = links * NCCL_NVLINK_GBS.get(cluster.arch, NVLINK_LINK_GBS * LINK_EFFICIENCY) * 1e9
+    nvlink = nvlink_bandwidth(cluster)
     if nodes == 1:
         return nvlink
     return min(nvlink, per_node * cluster.inter_node_bandwidth * NET_EFFICIENCY)
@@ -179,9 +188,9 @@ def nccl_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, s
 
 def link(cluster: ClusterSpec, group_size: int, stride: int) -> tuple[float, float]:
     """(bandwidth, latency) of the calibrated alpha-beta fallback for a ring over this group."""
-    if group_size * stride <= cluster.gpus_per_node:
+    per_node, nodes = placement(cluster, group_size, stride)
+    if nodes == 1:
         return cluster.intra_node_bandwidth * LINK_EFFICIENCY, cluster.intra_node_latency
-    per_node = max(1, min(group_size, cluster.gpus_per_node // stride))
     bw = min(cluster.intra_node_bandwidth, per_node * cluster.inter_node_bandwidth)
     return bw * LINK_EFFICIENCY, cluster.inter_node_latency
 

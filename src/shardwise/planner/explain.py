@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shardwise.planner import published_check
-from shardwise.planner.comm import one_node
+from shardwise.planner.comm import one_node, placement
 from shardwise.planner.estimate import GIB, Estimate, assumptions, checked_gpu, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
@@ -187,7 +187,9 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
                f"and micro-batch (Llama 3's choice: with GQA the gathered K/V are small next to Q)")
     span = lay.cp * lay.tp
     rule = (f"cp x tp = {span} <= {c.gpus_per_node} GPUs per node keeps this traffic on NVLink"
-            if span <= c.gpus_per_node else
+            if one_node(c, lay.cp, lay.tp) else
+            f"cp x tp = {span} in groups that do not tile nodes of {c.gpus_per_node}: some K/V traffic crosses nodes at "
+            f"{c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU" if span <= c.gpus_per_node else
             f"cp x tp = {span} > {c.gpus_per_node} GPUs per node: the rule of thumb cp x tp <= node breaks, the K/V "
             f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU — affordable while each hop stays "
             f"shorter than the attention it hides behind, which grows with the tokens per rank")
@@ -210,7 +212,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     whole = estimate(job, lay.with_(ep=1, etp=1))
     group = lay.ep * lay.etp
     where = ("inside one node (NVLink)" if one_node(cluster, group) else
-             f"across {-(-group // cluster.gpus_per_node)} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
+             f"across {placement(cluster, group, 1)[1]} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
     a2a = win.time_s.get("ep_comm", 0.0)
     by_ep = _best_by(result, lambda l: l.ep)
     return (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardwise.planner import kernels, moe
-from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
+from shardwise.planner.comm import collective_time, one_node, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import local_seq
@@ -474,7 +474,7 @@ def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: 
         ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
         rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
         return ag, ag + rs
-    crosses = cp * tp > c.gpus_per_node
+    crosses = not one_node(c, cp, tp)  # the ring's slowest hop: between nodes where a cp group spans two
 
     def send(n: float) -> float:
         return collective_time(c, "send_recv", n, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)

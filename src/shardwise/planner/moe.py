@@ -26,7 +26,7 @@ import math
 from functools import lru_cache
 
 from shardwise import stage_split
-from shardwise.planner.comm import NET_EFFICIENCY, bus_bandwidth, collective_time, placement, sync_time
+from shardwise.planner.comm import NET_EFFICIENCY, collective_time, nvlink_bandwidth, placement, sync_time
 from shardwise.planner import kernels
 from shardwise.planner.kernels import hbm_rate
 from shardwise.planner.overlap import interference
@@ -147,7 +147,7 @@ def all_to_all_time(cluster: ClusterSpec, nbytes: float, n: int, stride: int) ->
     per_node, nodes = placement(cluster, n, stride)
     remote = nbytes * (n - per_node) / n
     local = out - remote
-    nvlink = bus_bandwidth(cluster, min(per_node, n), stride) if per_node > 1 else float("inf")
+    nvlink = nvlink_bandwidth(cluster) if per_node > 1 else float("inf")
     # across nodes every pair crosses the network once, at once: one crossing's extra (a nccl-tests fit; 0 on presets)
     latency = cluster.inter_node_latency + cluster.net_step_extra if nodes > 1 else cluster.intra_node_latency
     return latency + max(local / nvlink if local else 0.0, remote / (cluster.inter_node_bandwidth * NET_EFFICIENCY))
@@ -204,7 +204,7 @@ def deepep_time(cluster: ClusterSpec, model: ModelSpec, routed: float, row_bytes
     nodes_hit = units_hit(model, nodes, routing) if nodes > 1 else 1.0
     rdma = routed * row_bytes * nodes_hit * (nodes - 1) / nodes  # the own node's share stays on NVLink
     nvlink = routed * row_bytes * ranks_hit * (per_node - 1) / per_node
-    nv_bw = bus_bandwidth(cluster, per_node, stride) if per_node > 1 else float("inf")
+    nv_bw = nvlink_bandwidth(cluster) if per_node > 1 else float("inf")
     latency = cluster.inter_node_latency + cluster.net_step_extra if nodes > 1 else cluster.intra_node_latency
     return latency + max(nvlink / nv_bw, rdma / (cluster.inter_node_bandwidth * NET_EFFICIENCY) if nodes > 1 else 0.0)
 

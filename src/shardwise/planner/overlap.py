@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardwise.planner.comm import collective_time, sync_time
+from shardwise.planner.comm import collective_time, one_node, sync_time
 from shardwise.planner.frameworks import Framework
+from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.kernels import KERNEL_LAUNCH_S, hbm_rate
 from shardwise.specs import ModelSpec
 
@@ -83,6 +84,18 @@ def fp8_gathered(job, layout) -> bool:
     torchtitan turns it on only with `parallel_dims.dp_shard_enabled` (components/quantization/float8.py): a
     dp_shard degree above 1, context-parallel ranks not counted; ZeRO-0 is DDP, which gathers nothing."""
     return job.fp8_all_gather and layout.zero >= 2 and (layout.dp_shard or layout.dp) > 1
+
+
+def grad_reduce_behind(job, layout) -> bool | None:
+    """Whether this layout's gradient reduction runs behind the backward as dp_exposed prices it (None: one
+    data-parallel replica, nothing reduced): the stack overlaps it, on a backend that overlaps at all, and for ZeRO-1
+    by whole-gradient all-reduce only where that stack overlaps that too."""
+    if layout.dp * layout.cp <= 1:
+        return None
+    fw = get_framework(job.framework)
+    overlap = float((job.cluster.measured or {}).get("comm_overlap", 1.0)) > 0
+    allreduce_zero1 = layout.zero == 1 and fw.zero1 == "allreduce"
+    return fw.overlap_grad_reduce and overlap and (fw.zero1_reduce_overlapped or not allreduce_zero1)
 
 
 def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window,
@@ -237,7 +250,7 @@ def _prefetched(job, layout, calls: _UnitCalls, passes: _Passes, win: Window, ch
     # Backward: per layer the link carries its re-gather (ZeRO-3) and, when reducing, the layer's
     # reduce-scatter (and HSDP's all-reduce: beside them on the network when the shard group is one node's,
     # NVLink's traffic); the last layer's reduction and the root's run after the compute.
-    apart = layout.tp * layout.shard_group <= job.cluster.gpus_per_node
+    apart = one_node(job.cluster, layout.shard_group, layout.tp)
 
     def bwd(reduce: bool) -> float:
         load = g * passes.regathers + (calls.reduce if reduce else 0.0)
