@@ -388,6 +388,20 @@ def test_a_megatron_script_overlaps_the_gradient_reduction_only_where_the_plan_p
     assert "--overlap-grad-reduce" in argv and "--overlap-param-gather" not in argv
 
 
+@pytest.mark.parametrize("cluster, backend, written", [("dgx-h100-80gb", None, "fused"), ("dgx-h100-80gb", "flash", "flash"),
+                                                      ("dgx-a100-80gb", None, "flash")])
+def test_a_megatron_script_runs_the_attention_kernel_the_plan_priced(tmp_path, cluster, backend, written):
+    # megatron-core on Hopper is priced with cuDNN's fused attention (Transformer Engine's pick): at 128K tokens its
+    # step is a third shorter than FlashAttention-2's, so the script must ask for that kernel, not flash
+    job = make_job(load_model("llama3-8b"), load_cluster(cluster), 64, 8192, "megatron-core",
+                   attention_backend=backend)
+    out = tmp_path / "m.sh"
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, Layout(8, 1, 1, 1, 1, 1, "none", False,
+                                                                                      "1f1b")), gpus=8, rank=1)))
+    _, argv = run_megatron_script(out, tmp_path)
+    assert argv[argv.index("--attention-backend") + 1] == written
+
+
 def test_an_fp8_plan_is_emitted_as_the_stack_trains_fp8(tmp_path, monkeypatch):
     """What the planner scored is what the file runs: torchtitan's torchao Float8 (tensor-wise, the LM head left in
     BF16) under torch.compile, read back by torchtitan's ConfigManager; Megatron-LM's Transformer Engine FP8 (and FP8

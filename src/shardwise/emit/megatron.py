@@ -31,8 +31,16 @@ import shlex
 
 from shardwise.emit import stage_counts
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.layer_time import attention_kernel
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def attention_backend(job) -> str:
+    """Megatron-Core's --attention-backend for the kernel the plan priced (layer_time.attention_kernel): cuDNN's
+    fused attention is "fused", FlashAttention "flash", a materialised softmax "unfused"."""
+    kernel = attention_kernel(job)
+    return "unfused" if not kernel else "fused" if kernel == "cudnn" else "flash"
 
 
 def problem(job, layout) -> str | None:
@@ -76,7 +84,7 @@ def _model_args(job) -> list[str]:
                  "--norm-epsilon", m.norm_eps]
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    args += ["--attention-backend", "flash" if job.flash_attention else "unfused"]
+    args += ["--attention-backend", attention_backend(job)]
     if m.num_experts:
         args += _moe_args(m)
     return args
