@@ -794,3 +794,18 @@ def test_moe_dispatch_and_all_to_all_overlap_are_command_line_knobs():
                         (["estimate", *moe, "--framework", "automodel", "--ep-comm-overlap"], "does not overlap")):
         code, out, err = cli(argv)
         assert code == 2 and words in err and err.count("\n") == 1, (argv, err)
+
+
+def test_torchtitan_layouts_are_ones_its_config_runs():
+    # torchtitan shards with FSDP over its cp ranks whenever cp > 1 (parallel_dims.fsdp_enabled): ZeRO-0 with cp is
+    # refused; a shard group of one rank is DDP, not HSDP: --dp-shard 1 is refused, and plan never lists "hsdp1" (on
+    # 1,536 H100s at tp 8 a node's dp ranks are one: it had listed dp24·hsdp1·tp8·pp8, DDP with TP and PP)
+    long = ["estimate", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "8",
+            "--seq-len", "65536", "--tp", "8", "--cp", "8", "--micro-batch", "1", "--framework", "torchtitan"]
+    for extra, words in ((["--zero", "0"], "shards with FSDP over its context-parallel ranks"),
+                         (["--zero", "3", "--dp-shard", "1", "--tp", "1"], "--dp-shard 1 shards nothing")):
+        code, _, err = cli([*long, *extra])
+        assert code == 2 and words in err and err.count("\n") == 1, (extra, err)
+    plan = answer(["plan", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "1536", "--global-batch",
+                   "3000", "--seq-len", "8192", "--zero", "3", "--tp", "8", "--pp", "8", "--json", "--top", "20"])
+    assert plan["candidates"] and all(c["dp_shard"] != 1 for c in plan["candidates"])

@@ -568,6 +568,9 @@ def check_hybrid_shard(layout: Layout) -> None:
     """HSDP's shard groups split dp evenly, and only ZeRO-3 (FSDP's FULL_SHARD) has them."""
     if layout.dp_shard < 0:
         raise UsageError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
+    if layout.dp_shard == 1 and layout.dp * layout.cp > 1:  # one rank a group shards nothing: every state replicated
+        raise UsageError(f"--dp-shard 1 shards nothing (a group of one rank holds every state): that is DDP — use "
+                         f"--zero 0, or --dp-shard 2 or more")
     if layout.dp_shard and layout.dp % layout.dp_shard:
         raise UsageError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
                          f"equal slice of the data-parallel ranks; pick a divisor of {layout.dp}")

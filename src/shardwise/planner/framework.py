@@ -331,7 +331,7 @@ class Framework:
     # the fastest depth that fits, as the stack's recipes set it (estimate.pipeline_shapes; plain 1F1B stays a
     # candidate). False: plain 1F1B, Megatron's own default (no --num-layers-per-virtual-pipeline-stage).
     interleave_unnamed: bool = False
-    zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP
+    zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP, and CP turns FSDP on (torchtitan)
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
     # The step's scalars (gradient norm, loss) in one all-reduce over every rank, waited for only when the norm
@@ -408,6 +408,9 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
+        if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
+            return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
+                    f"layout it runs (use ZeRO-2/3)")
         if lay.replicas > 1 and lay.zero == 1 and not self.zero1_shard_group:
             return f"{self.name} shards ZeRO-1 over every data-parallel rank (drop --dp-shard)"
         if lay.replicas > 1 and lay.zero != 1 and not self.hybrid_shard:

@@ -41,7 +41,7 @@ TORCHTITAN = Framework(
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
-    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP or PP", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
+    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
     fp8="torchao",
     loss="eager",
     cp_attention="torch",
