@@ -107,6 +107,24 @@ def test_plan_layout_and_flags(tmp_path, capsys):
     assert "--tp 1 contradicts tp=2" in capsys.readouterr().err
 
 
+def test_a_plan_brings_its_own_batch_and_sequence(tmp_path, capsys):
+    # the plan's `job` (plan --json echoes it) sets the global batch and sequence length train runs; a flag or model
+    # that contradicts it is one line
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "16",
+                 "--seq-len", "128", "--framework", "shardwise", "--json"]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(capsys.readouterr().out)
+    cfg = _config(["--plan", str(plan)])
+    assert (cfg.global_batch, cfg.seq_len) == (16, 128)
+    assert (cfg.global_batch, cfg.seq_len) == (_config(["--plan", str(plan), "--global-batch", "16"]).global_batch, 128)
+    for argv, words in ((["--global-batch", "8"], "--global-batch 8 contradicts global_batch=16"),
+                        (["--model", "tiny-gpt2"], "is a plan for tiny, and --model tiny-gpt2"),
+                        (["--microbatches", "0"], "--microbatches must be at least 1")):
+        assert main(["train", "--plan", str(plan), *argv]) == 2
+        assert words in capsys.readouterr().err, argv
+    assert (_config([]).global_batch, _config([]).seq_len) == (8, 64)  # no plan: train's own defaults
+
+
 @pytest.mark.slow
 def test_launcher_runs_a_plan_and_matches_one_process(tmp_path):
     plan = tmp_path / "plan.json"

@@ -36,8 +36,9 @@ def register(subparsers, name, help):
                    help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
     p.add_argument("--plan", default=None, help="take the layout from `shardwise plan --json` / `estimate --json` output")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout (default 8)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="sequences per step, the same for every layout (default: the --plan's, else 8)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the --plan's, else 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the data order (default 0)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW (default 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps before the cosine decay (default 10%% of --steps)")
@@ -81,8 +82,8 @@ def register(subparsers, name, help):
     p.set_defaults(func=run)
 
 
-def read_plan(path: str) -> dict:
-    """The layout keys of a plan file: its "best" object, or a bare layout object."""
+def _plan_file(path: str):
+    """The parsed JSON of a plan file (checked to exist and parse: one line otherwise)."""
     file = Path(path)
     if file.is_dir():
         raise UsageError(f"--plan {path} is a folder — give the file `shardwise plan ... --json > plan.json` wrote")
@@ -90,7 +91,29 @@ def read_plan(path: str) -> dict:
         raise UsageError(f"plan file '{path}' not found — write one with `shardwise plan ... --json > {path}`")
     from shardwise.specs import read_json_file
 
-    data = read_json_file(file, path, "write it with `shardwise plan ... --json`")
+    return read_json_file(file, path, "write it with `shardwise plan ... --json`")
+
+
+def apply_plan_job(args, model_name: str) -> None:
+    """--global-batch and --seq-len from the plan's own job (`plan`/`estimate --json` echo it) where the command names
+    neither, else train's defaults (8 and 64); a value that contradicts the plan's, or a plan made for another model, is
+    an error."""
+    data = _plan_file(args.plan) if args.plan else {}
+    job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
+    if job.get("model") and job["model"] != model_name:
+        raise UsageError(f"{args.plan} is a plan for {job['model']}, and --model {args.model} is {model_name} — plan "
+                         f"again for this model, or train the plan's")
+    for key, default in (("global_batch", 8), ("seq_len", 64)):
+        given, planned = getattr(args, key), job.get(key)
+        if given is not None and planned is not None and given != planned:
+            raise UsageError(f"--{key.replace('_', '-')} {given} contradicts {key}={planned} in {args.plan} — drop "
+                             f"one of them")
+        setattr(args, key, given if given is not None else planned if isinstance(planned, int) else default)
+
+
+def read_plan(path: str) -> dict:
+    """The layout keys of a plan file: its "best" object, or a bare layout object."""
+    data = _plan_file(path)
     layout = data.get("best", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
@@ -126,7 +149,9 @@ def layout_from(args):
     if args.microbatches is not None:  # the layout itself is checked once, by launch.check
         if "micro_batch" in flags:
             raise UsageError("give --micro-batch or --microbatches, not both")
-        if args.microbatches < 1 or dp < 1 or args.global_batch % (dp * args.microbatches):
+        if args.microbatches < 1:
+            raise UsageError(f"--microbatches must be at least 1, got {args.microbatches}")
+        if dp < 1 or args.global_batch % (dp * args.microbatches):
             raise UsageError(f"--microbatches {args.microbatches} does not divide the {args.global_batch // max(dp, 1)} "
                              f"sequences per dp rank (global batch {args.global_batch}, dp {dp}) — pick a divisor")
         implied = args.global_batch // (dp * args.microbatches)
@@ -161,6 +186,7 @@ def config_from(args):
     from shardwise.train import TrainConfig
 
     spec = load_model(args.model)
+    apply_plan_job(args, spec.name)
     weights, hf_config = model_source(args.model, args.init, spec)
     return TrainConfig(spec=spec, layout=layout_from(args), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
