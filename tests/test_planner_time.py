@@ -1274,3 +1274,19 @@ def test_explain_counts_the_recompute_beside_the_dominant_compute():
     t = result.ranked[0].time_s
     assert t["recompute"] > 0
     assert "more recomputing it" in uncertainty(job, result)[0]
+
+
+def test_context_parallel_layers_hold_their_k_v_buffers_in_memory():
+    # all-gather CP holds every rank's K/V block of the layer it runs (and their gradients in backward); the ring the
+    # block in use and the one arriving: Llama 3.1 70B at 1M tokens, tp 8 x cp 8 (kv_dim 1,024 / tp 8, 131,072
+    # tokens a rank: blocks of 64 MiB), about 1 GiB more for the all-gather than for the ring, as many blocks apart
+    from shardwise.planner.memory import cp_buffer_bytes, cp_kv_blocks, memory_breakdown
+
+    job = make_job(load_model("llama3.1-70b"), H100, 8, 1 << 20, "megatron-core")
+    ring, gather = (Layout(tp=8, cp=8, dp=1, zero=3, recompute="full", cp_mode=m) for m in ("ring", "allgather"))
+    block = 64 * 2**20  # K and V, 131,072 tokens x 128 channels of this rank, 2 bytes each
+    assert cp_kv_blocks(job, ring, (1 << 20) // 8) == (block, block)
+    assert cp_buffer_bytes(job, gather) - cp_buffer_bytes(job, ring) == (8 - 2) * 2 * block
+    held = {lay.cp_mode: memory_breakdown(job, lay)[1]["activations"] for lay in (ring, gather)}
+    assert held["allgather"] - held["ring"] == pytest.approx(12 * block)
+    assert cp_buffer_bytes(job, ring.with_(cp=1)) == 0

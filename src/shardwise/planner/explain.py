@@ -154,7 +154,7 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     """Context parallelism in the article's terms: why the sequence had to be split (activations per GPU),
     what the split costs (K/V traffic, and whether the compute hides it), the cp x tp <= node rule of thumb.
     Empty when neither the winner nor any ranked layout splits the sequence."""
-    from shardwise.planner.memory import local_seq, memory_breakdown
+    from shardwise.planner.memory import cp_kv_blocks, local_seq, memory_breakdown
     from shardwise.planner.layer_time import layer_cost
 
     win, c, s = result.ranked[0], job.cluster, job.train.seq_len
@@ -173,7 +173,7 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
            + ("" if fits_unsplit else ": it does not fit") + ")")
     tokens = local_seq(job, lay)
     lc = layer_cost(job, lay)
-    block = 2 * lay.micro_batch * tokens * job.model.kv_dim / lay.tp * job.train.activation_bytes
+    block = cp_kv_blocks(job, lay, lay.micro_batch * tokens)[0]
     kv = f"{job.model.num_kv_heads} KV heads for {job.model.num_heads} query heads" if job.model.num_kv_heads < job.model.num_heads \
         else "as many KV heads as query heads"
     if lay.cp_mode == "ring":
@@ -191,8 +191,9 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
             f"cp x tp = {span} in groups that do not tile nodes of {c.gpus_per_node}: some K/V traffic crosses nodes at "
             f"{c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU" if span <= c.gpus_per_node else
             f"cp x tp = {span} > {c.gpus_per_node} GPUs per node: the rule of thumb cp x tp <= node breaks, the K/V "
-            f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU — affordable while each hop stays "
-            f"shorter than the attention it hides behind, which grows with the tokens per rank")
+            f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU" +
+            (" — affordable while each hop stays shorter than the attention it hides behind, which grows with the tokens "
+             "per rank" if lay.cp_mode == "ring" else ", in the open"))
     share = win.time_s.get("cp_comm", 0.0) / win.step_time
     return (f"CP = {lay.cp} ({lay.cp_mode}): {why}. Split over {lay.cp} ranks, each GPU keeps {tokens:,} tokens of every "
             f"sequence — chunks i and 2·cp−1−i of 2·cp, so the causal mask gives every rank the same attention work — "

@@ -19,7 +19,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, one_node, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import local_seq
+from shardwise.planner.memory import cp_kv_blocks, local_seq
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -467,9 +467,7 @@ def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: 
     cp, tp, c = layout.cp, layout.tp, job.cluster
     if cp <= 1:
         return 0.0, 0.0
-    e = job.train.activation_bytes
-    block = 2 * tokens * job.model.kv_dim / tp * e
-    dblock = block * (4 / e if get_framework(job.framework).cp_attention == "torch" else 1)
+    block, dblock = cp_kv_blocks(job, layout, tokens)
     if layout.cp_mode == "allgather":
         ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
         rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)

@@ -170,6 +170,24 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     return held * ckpt + kept * (linear + scores - ckpt) + recompute_working_bytes(job, layout, recomputed * inflight)
 
 
+def cp_buffer_bytes(job: Job, layout: Layout) -> float:
+    """The K/V a context-parallel layer holds beside the saved activations while it runs (one layer at a time, as
+    layer_time.cp_layer_comm moves them): all-gather, every rank's K/V block and, in backward, their gradients before
+    the reduce-scatter; ring, the block in use and the one arriving, and two gradient blocks."""
+    if layout.cp <= 1:
+        return 0.0
+    block, dblock = cp_kv_blocks(job, layout, layout.micro_batch * local_seq(job, layout))
+    return layout.cp * (block + dblock) if layout.cp_mode == "allgather" else 2 * (block + dblock)
+
+
+def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]:
+    """(K/V block, its gradient's block) in bytes of `tokens` tokens on one rank: what a context-parallel layer passes
+    or gathers. torch's context_parallel accumulates and passes dK/dV in FP32 (its convert_to_f32 default)."""
+    e = job.train.activation_bytes
+    block = 2 * tokens * job.model.kv_dim / layout.tp * e
+    return block, block * (4 / e if get_framework(job.framework).cp_attention == "torch" else 1)
+
+
 def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     """Full recompute keeps every layer input; the layer being recomputed in backward holds its full
     set once more (its attention core in a fused kernel) in place of its input, so a stage's total,
@@ -481,7 +499,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
         states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
                                    experts, experts / n_moe)
         out = {k: out[k] + states.get(k, 0.0) for k in out}
-    out["activations"] += moe_activation_delta(job, layout, rank, held.inflight)
+    out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:
         out["activations"] += held.first
     out["activations"] += held.stage_buffers
