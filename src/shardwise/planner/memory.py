@@ -553,7 +553,9 @@ def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[st
         return max((counted_memory(job, layout, r) for r in ranks), key=lambda m: sum(m.values()))
     mem = rank_memory(job, layout, rank)
     out = {k: mem[k] for k in ("weights", "gradients", "optimizer")}
-    # saved tensors only: the loss's backward transient is the allocator's (an H200's peak over a step: these + it)
+    # saved tensors only: the loss's backward transient and a context-parallel layer's K/V buffers are the allocator's
+    # (an H200's peak over a step: these + them)
     transient = loss_transient_bytes(job, layout) if rank == layout.pp - 1 else 0.0
+    transient += cp_buffer_bytes(per_rank_job(job, layout.tp), layout)
     out["activations"] = mem["activations"] + mem["logits"] - transient
     return out
