@@ -467,6 +467,13 @@ def test_problem_names_the_knob_for_each_target():
     assert "zb-h1" in emitter("torchtitan").problem(job, zb)
     assert "zb-h1" in emitter("deepspeed").problem(job, zb)
     assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
+    # torchtitan's own selective recompute (per-op, as its profile prices it) is written, not refused; so is its FSDP
+    # over cp ranks refused as ZeRO-0
+    titan = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, "torchtitan")
+    sel = zb.with_(schedule="1f1b", recompute="selective", zero=2)
+    assert emitter("torchtitan").problem(titan, sel) is None
+    assert emitter("torchtitan")._checkpointing(titan, sel) == {"mode": "selective", "selective_ac_option": "op"}
+    assert "FSDP over its context-parallel ranks" in emitter("torchtitan").problem(titan, Layout(1, 8, 1, 1, 1, 0, cp=8))
     assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
     assert "fp32 gradients" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 0))  # 4-byte gradients scored
     assert "expert parallelism" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 1, ep=8))

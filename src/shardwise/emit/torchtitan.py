@@ -13,7 +13,8 @@ ConfigManager, which rejects unknown keys):
       _rotate_method "alltoall" (ring) or "allgather".
   [training] local_batch_size (per data-parallel rank per accumulation step), global_batch_size (the
       rest is gradient accumulation), seq_len, bf16 parameters with fp32 reductions.
-  [activation_checkpoint] mode "none" or "full" (every layer); --recompute-layers N of a c-layer stage:
+  [activation_checkpoint] mode "none" or "full" (every layer); selective recompute as the torchtitan profile prices
+      it: mode "selective" with selective_ac_option "op" (per-op SAC); --recompute-layers N of a c-layer stage:
       mode "selective" with selective_ac_option "k", every k-th block (k = c // N, so that c // k = N).
   [compile] enable (with the loss among its components unless --no-compile-loss) under --compile, and for async TP;
       --precision fp8: [model] converters "quantize.linear.float8", [quantize.linear.float8] recipe_name "tensorwise"
@@ -21,8 +22,8 @@ ConfigManager, which rejects unknown keys):
       named "float8" and would run the BF16 ones); --fp8-params: its tensor-wise config with
       enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp (no recipe_name, which it refuses
       beside them).
-torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and its per-op selective mode is not the
-attention-core recompute shardwise scores: those layouts are not expressible.
+torchtitan has no ZeRO-1, no ZB-H1 with one stage per rank, and no attention-core selective recompute (a plan scored
+under another stack's selective recompute): those layouts are not expressible.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def problem(job, layout) -> str | None:
     if layout.dp > 1 and layout.zero == 1:
         return ("ZeRO-1 — torchtitan shards data-parallel state only with FSDP2 (ZeRO-2/3) or replicates it with "
                 "DDP (ZeRO-0); narrow the search with --zero 0,2,3")
+    if layout.zero == 0 and layout.cp > 1:  # parallel_dims.fsdp_enabled = dp_shard_enabled or cp_enabled
+        return "ZeRO-0 with CP — torchtitan shards with FSDP over its context-parallel ranks; use --zero 2,3"
     if layout.dp > 1 and layout.zero == 0 and (layout.tp > 1 or layout.pp > 1):
         return ("ZeRO-0 with TP or PP — torchtitan's DDP (data_parallel_replicate_degree) runs only without TP and PP; "
                 "use FSDP (--zero 2,3)")
@@ -58,9 +61,10 @@ def problem(job, layout) -> str | None:
     if layout.pp > 1 and layout.schedule not in SCHEDULE:
         return (f"schedule {layout.schedule} — torchtitan runs GPipe, 1F1B and Interleaved1F1B here (its zero-bubble "
                 f"schedules need several stages per rank); narrow the search with --schedules gpipe,1f1b,interleaved-1f1b")
-    if layout.recompute == "selective":
-        return ("selective recompute — torchtitan's selective modes (per-op, every N-th layer) are not the "
-                "attention-core recompute shardwise scored; narrow the search with --recompute none,full")
+    if layout.recompute == "selective" and job.selective != "op":
+        return ("selective recompute of the attention core — torchtitan's selective modes (per-op, every N-th layer) "
+                "are not what this plan scored; plan with --framework torchtitan (its per-op mode), or narrow the "
+                "search with --recompute none,full")
     chunk = max(stage_counts(job, layout))
     n = layout.recompute_layers
     if n is not None and n < chunk and chunk // every_kth(chunk, layout) != n:
@@ -154,6 +158,8 @@ def _checkpointing(job, lay) -> dict:
     chunk = max(stage_counts(job, lay))
     if lay.recompute == "full" and lay.recompute_layers is not None and lay.recompute_layers < chunk:
         return {"mode": "selective", "selective_ac_option": str(every_kth(chunk, lay))}
+    if lay.recompute == "selective":  # per-op, as the torchtitan profile priced it (problem() refuses the other kind)
+        return {"mode": "selective", "selective_ac_option": "op"}
     return {"mode": "full" if lay.recompute == "full" else "none"}
 
 
