@@ -558,3 +558,13 @@ def test_no_target_is_written_a_tp_above_the_kv_heads(target, tmp_path, capsys):
     text = out.read_text()
     spelled = ("tensor_parallel_degree = {}", "--tensor-model-parallel-size {}", '"autotp_size": {}')
     assert not any(s.format(t) in text for s in spelled for t in (2, 4, 8, 16))
+
+
+def test_a_target_that_runs_no_fitting_layout_says_what_the_fastest_needs_and_who_runs_it(capsys, tmp_path):
+    # Llama 3.1 70B at 128K on 64 H100: every layout that fits splits the sequence over TP (or CP), which DeepSpeed's
+    # AutoTP does not: the one line names the fastest layout, what it needs and the targets that run it
+    code = main(["plan", "--model", "llama3.1-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "8",
+                 "--seq-len", "131072", "--emit", "deepspeed", "--out", str(tmp_path / "ds.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "DeepSpeed cannot run any layout that fits: the fastest, dp" in err and "can run it" in err, err

@@ -119,7 +119,10 @@ def expressible(name: str, job, estimates):
     check_model(name, job)
     kept = [e for e in estimates if problem(name, job, e.layout) is None]
     if not kept and estimates:
-        raise UsageError(f"{TITLE[name]} cannot run any layout that fits: {problem(name, job, estimates[0].layout)}")
+        others = " or ".join(t for t in TARGETS if t != name and problem(t, job, estimates[0].layout) is None)
+        raise UsageError(f"{TITLE[name]} cannot run any layout that fits: the fastest, {estimates[0].layout.describe()}, "
+                         f"needs {problem(name, job, estimates[0].layout)}"
+                         + (f" — --emit {others} can run it" if others else ""))
     return kept
 
 
