@@ -105,3 +105,11 @@ def test_every_command_has_json(command):
     assert leaves, command
     for path, p in leaves:
         assert "--json" in {s for a in p._actions for s in a.option_strings}, " ".join(path)
+
+
+def test_an_unknown_flag_points_to_its_commands_help(capsys):
+    # argparse's top parser reports a subcommand's leftover flags: the line names that command's --help
+    assert main(["simulate", "--pp", "2", "--microbatches", "4", "--cp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --cp 2 — see `shardwise simulate --help`" in err and err.count("\n") == 1
+    assert main(["bogus"]) == 2 and "see `shardwise --help`" in capsys.readouterr().err

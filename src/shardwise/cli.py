@@ -39,8 +39,11 @@ PLANNER_COMMANDS = {"plan", "estimate", "explain"}
 class Parser(argparse.ArgumentParser):
     """argparse, except that a bad flag is one line (the problem, and where the flags are listed), exit 2."""
 
+    chosen: str | None = None  # the command named on the line (the top parser reports a subcommand's unknown flags)
+
     def error(self, message: str):
-        self.exit(2, f"shardwise: error: {message} — see `{self.prog} --help`\n")
+        where = f"{self.prog} {self.chosen}" if self.chosen in COMMANDS else self.prog
+        self.exit(2, f"shardwise: error: {message} — see `{where} --help`\n")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -53,6 +56,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser.chosen = chosen
     for name, text in COMMANDS.items():
         if name == chosen:
             importlib.import_module(f"shardwise.commands.{name.replace('-', '_')}").register(sub, name, text)
