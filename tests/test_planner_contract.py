@@ -752,6 +752,15 @@ def test_json_echoes_the_job_it_predicted():
     assert plan["scored"] >= plan["fit"] >= len(plan["candidates"]) > 0
 
 
+def test_report_json_echoes_the_job_it_planned(tmp_path):
+    job = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "32",
+           "--seq-len", "2048"]
+    code, out, err = cli(["report", *job, "--out", str(tmp_path / "r.html"), "--json"])
+    assert code == 0, err
+    assert json.loads(out)["job"] == {"model": "llama3-8b", "cluster": "DGX H100 80GB", "gpus": 16, "global_batch": 32,
+                                      "seq_len": 2048, "precision": "bf16"}
+
+
 def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
     code, out, err = cli(["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192",
                           "--global-batch", "2048", "--seq-len", "8192", "--framework", "megatron-core", "--tp", "8",

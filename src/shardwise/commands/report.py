@@ -57,18 +57,21 @@ def run(args) -> int:
     prepare_output(args.out, "--out")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
     plan = best = None
+    echo = {}
     if given:
+        from shardwise.commands.common import job_fields
         from shardwise.commands.plan import plan as run_plan
 
         job, result = run_plan(args)
         plan = plan_page(job, args.gpus, result)
         best = result.ranked[0].to_dict()
+        echo = job_fields(args, job)
     html = page(plan=plan, validate=validate)
     write(args.out, html)
     size = len(html.encode())
     if args.json:
         print_json({"path": str(args.out), "bytes": size, "layouts": plan["fit"] if plan else 0, "best": best,
-                    "validate": validate["summary"] if validate else None})
+                    "validate": validate["summary"] if validate else None} | echo)
         return 0
     what = [f"{plan['fit']:,} layouts" if plan else "", f"{len(validate['layouts'])} measured layouts" if validate else ""]
     print(f"wrote {args.out} ({size / 1e6:.2f} MB; {' and '.join(w for w in what if w)}): open it in a browser")
