@@ -818,3 +818,14 @@ def test_torchtitan_layouts_are_ones_its_config_runs():
     plan = answer(["plan", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "1536", "--global-batch",
                    "3000", "--seq-len", "8192", "--zero", "3", "--tp", "8", "--pp", "8", "--json", "--top", "20"])
     assert plan["candidates"] and all(c["dp_shard"] != 1 for c in plan["candidates"])
+
+
+def test_a_flag_that_changes_nothing_is_said():
+    # --cp-mode at cp 1 and --sequence-parallel at tp 1 change nothing: the answer is the same, with a note saying so
+    base = ["estimate", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "64", "--micro-batch", "1", "--json"]
+    plain, flagged = answer(base), answer([*base, "--cp-mode", "allgather", "--sequence-parallel"])
+    said = flagged["assumptions"].pop("implied")
+    assert "--cp-mode allgather changes nothing at --cp 1 (no context-parallel ranks)" in said
+    assert "--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)" in said
+    assert flagged["step_time_s"] == plain["step_time_s"] and flagged["sequence_parallel"] is False

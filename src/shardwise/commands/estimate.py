@@ -49,6 +49,11 @@ def _run(args) -> int:
     if args.dp_shard and args.zero is None:  # shard groups: ZeRO-3's (HSDP), or ZeRO-1's where the stack has them
         args.zero = 1 if get(job.framework).zero1_shard_group else 3
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
+    # a knob that changes nothing here is said, not silently dropped (Megatron-LM likewise turns SP off at tp 1)
+    unused = ([f"--cp-mode {args.cp_mode} changes nothing at --cp {args.cp} (no context-parallel ranks)"]
+              if "cp_mode" in named and args.cp <= 1 else []) + \
+        (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
+         if args.sequence_parallel and args.tp <= 1 else [])
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero
@@ -69,7 +74,7 @@ def _run(args) -> int:
         except UsageError as exc:
             raise UsageError(f"{implied[0]}: {exc}") from None
     layout = completed
-    implied = [*implied, *notes(args)]  # the numbers are one stack's, compiled or not: say so where the user named neither
+    implied = [*implied, *notes(args), *unused]  # the numbers are one stack's, compiled or not: say so where the user named neither
     check_runs(job, layout)
     if host_note := host_bound_note(job, layout):
         implied = [*implied, host_note]
@@ -95,7 +100,7 @@ def _run(args) -> int:
     console.print(_assumed(job, est), highlight=False)
     for item in filled:
         console.print(f"filled in: {item}", highlight=False)
-    for note in notes(args):  # the stack and torch.compile where the user named neither
+    for note in [*notes(args), *unused]:  # the stack and torch.compile where the user named neither; unused flags
         console.print(f"note: {note}", highlight=False)
     if idle_gather:
         console.print(f"note: {idle_gather}", highlight=False)
