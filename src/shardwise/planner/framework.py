@@ -408,9 +408,6 @@ class Framework:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"
-        if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
-            return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
-                    f"layout it runs (use ZeRO-2/3)")
         if lay.replicas > 1 and lay.zero == 1 and not self.zero1_shard_group:
             return f"{self.name} shards ZeRO-1 over every data-parallel rank (drop --dp-shard)"
         if lay.replicas > 1 and lay.zero != 1 and not self.hybrid_shard:
@@ -426,6 +423,9 @@ class Framework:
         if lay.cp > 1 and lay.cp_mode not in self.context_parallel:
             runs = f"it runs {' and '.join(self.context_parallel)}" if self.context_parallel else "drop --cp"
             return f"{self.name} has no {lay.cp_mode} context parallelism ({runs})"
+        if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
+            return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
+                    f"layout it runs (use ZeRO-2/3)")
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
