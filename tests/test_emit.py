@@ -473,6 +473,8 @@ def test_problem_names_the_knob_for_each_target():
     sel = zb.with_(schedule="1f1b", recompute="selective", zero=2)
     assert emitter("torchtitan").problem(titan, sel) is None
     assert emitter("torchtitan")._checkpointing(titan, sel) == {"mode": "selective", "selective_ac_option": "op"}
+    # and Megatron's selective recompute (the attention core) is not the per-op kind that plan priced
+    assert "per-op selective recompute" in emitter("megatron").problem(titan, sel)
     assert "FSDP over its context-parallel ranks" in emitter("torchtitan").problem(titan, Layout(1, 8, 1, 1, 1, 0, cp=8))
     assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
     assert "fp32 gradients" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 0))  # 4-byte gradients scored

@@ -812,12 +812,14 @@ def test_torchtitan_layouts_are_ones_its_config_runs():
     long = ["estimate", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "8",
             "--seq-len", "65536", "--tp", "8", "--cp", "8", "--micro-batch", "1", "--framework", "torchtitan"]
     for extra, words in ((["--zero", "0"], "shards with FSDP over its context-parallel ranks"),
-                         (["--zero", "3", "--dp-shard", "1", "--tp", "1"], "--dp-shard 1 shards nothing")):
+                         (["--zero", "3", "--dp-shard", "1", "--tp", "1", "--cp", "1"], "--dp-shard 1 shards nothing")):
         code, _, err = cli([*long, *extra])
         assert code == 2 and words in err and err.count("\n") == 1, (extra, err)
     plan = answer(["plan", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "1536", "--global-batch",
                    "3000", "--seq-len", "8192", "--zero", "3", "--tp", "8", "--pp", "8", "--json", "--top", "20"])
     assert plan["candidates"] and all(c["dp_shard"] != 1 for c in plan["candidates"])
+    # with cp a group of one dp rank is cp ranks: HSDP that shards over them, which torchtitan runs (and estimate takes)
+    assert answer([*long, "--zero", "3", "--tp", "4", "--cp", "2", "--dp-shard", "1", "--json"])["fits"] is not None
 
 
 def test_a_flag_that_changes_nothing_is_said():

@@ -374,17 +374,24 @@ def test_nvlink_in_both_directions_is_refused_on_the_gpu_it_is(tmp_path, peak, b
     assert load_cluster(_toml(tmp_path, **keys, peak_tflops=2250)).intra_node_bandwidth == 900e9
 
 
-@pytest.mark.parametrize("cfg, said", [
-    ({"hidden_size": 254, "num_attention_heads": 2}, "head dimension 127 is odd, and rotary position embedding"),
-    ({"hidden_size": 255, "num_attention_heads": 2}, "hidden size 255 .* not divisible by the 2 heads"),
-    ({"hidden_size": 256, "num_attention_heads": 2, "head_dim": 127}, "head dimension 127 is odd")])
-def test_a_head_shape_no_rotary_llama_can_build_is_one_line(tmp_path, cfg, said):
-    # train built such a model and crashed in apply_rope; plan and estimate had priced it
+def test_a_llama_config_whose_heads_do_not_divide_its_hidden_size_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    keys = {"model_type": "llama", "intermediate_size": 512, "num_hidden_layers": 2, "vocab_size": 320}
+    path.write_text(json.dumps(keys | {"hidden_size": 255, "num_attention_heads": 2}))
+    with pytest.raises(UsageError, match="hidden size 255 .* not divisible by the 2 heads"):
+        load_model(str(path))
+    path.write_text(json.dumps(keys | {"hidden_size": 3072, "num_attention_heads": 16, "head_dim": 256}))
+    assert load_model(str(path)).head_dim == 256  # Gemma's shape: head_dim given, hidden not heads x head_dim
+
+
+def test_the_runtime_refuses_an_odd_rotary_head_in_one_line(tmp_path, capsys):
+    # train built such a model and crashed in apply_rope; the planner prices it (a GPT-J rotates only rotary_dim)
+    from shardwise.cli import main
+
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "intermediate_size": 512, "num_hidden_layers": 2,
-                                "vocab_size": 320} | cfg))
-    with pytest.raises(UsageError, match=said):
-        load_model(str(path))
-    path.write_text(json.dumps({"model_type": "llama", "intermediate_size": 512, "num_hidden_layers": 2,
-                                "vocab_size": 320, "hidden_size": 3072, "num_attention_heads": 16, "head_dim": 256}))
-    assert load_model(str(path)).head_dim == 256  # Gemma's shape: head_dim given, hidden not heads x head_dim
+                                "vocab_size": 320, "hidden_size": 254, "num_attention_heads": 2}))
+    assert load_model(str(path)).head_dim == 127
+    assert main(["train", "--model", str(path), "--steps", "1", "--global-batch", "2", "--seq-len", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "head dimension 127 is odd" in err and err.count("\n") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -118,11 +119,17 @@ def test_a_plan_brings_its_own_batch_and_sequence(tmp_path, capsys):
     assert (cfg.global_batch, cfg.seq_len) == (16, 128)
     assert (cfg.global_batch, cfg.seq_len) == (_config(["--plan", str(plan), "--global-batch", "16"]).global_batch, 128)
     for argv, words in ((["--global-batch", "8"], "--global-batch 8 contradicts global_batch=16"),
-                        (["--model", "tiny-gpt2"], "is a plan for tiny, and --model tiny-gpt2"),
+                        (["--model", "tiny-gpt2"], "is a plan for tiny .* parameters\\), and --model tiny-gpt2 has"),
                         (["--microbatches", "0"], "--microbatches must be at least 1")):
         assert main(["train", "--plan", str(plan), *argv]) == 2
-        assert words in capsys.readouterr().err, argv
+        assert re.search(words, capsys.readouterr().err), argv
     assert (_config([]).global_batch, _config([]).seq_len) == (8, 64)  # no plan: train's own defaults
+    # the same model from a file of another name is the plan's model (its parameters, not its name, say so)
+    from shardwise.specs import load_model
+
+    copy = tmp_path / "mine.json"
+    copy.write_text(json.dumps(load_model("tiny").to_hf_config()))
+    assert _config(["--plan", str(plan), "--model", str(copy)]).global_batch == 16
 
 
 @pytest.mark.slow

@@ -371,14 +371,11 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     if spec.family == "gpt2" and spec.hidden % spec.num_heads:
         raise UsageError(f"{source}: the hidden size {spec.hidden} (n_embd) is not divisible by the "
                          f"{spec.num_heads} heads (n_head) — fix the config")
-    mla = spec.attention == "mla"
-    if spec.family == "llama" and cfg.get("head_dim") is None and not mla and spec.hidden % spec.num_heads:
+    # Llama's own keys (an architecture's reader checks its own: ChatGLM's kv_channels, DeepSeek's MLA dims)
+    if (model_type not in READERS and spec.family == "llama" and cfg.get("head_dim") is None
+            and spec.attention != "mla" and spec.hidden % spec.num_heads):
         raise UsageError(f"{source}: the hidden size {spec.hidden} (hidden_size) is not divisible by the "
                          f"{spec.num_heads} heads (num_attention_heads) — fix the config, or give head_dim")
-    rope_dim = spec.qk_rope_head_dim if mla else spec.head_dim
-    if spec.rotary and rope_dim % 2:  # rotary embedding rotates the two halves of each head: an even width
-        raise UsageError(f"{source}: head dimension {rope_dim} is odd, and rotary position embedding rotates pairs "
-                         f"of it — fix the config (an even head_dim)")
     return spec
 
 

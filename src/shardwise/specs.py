@@ -568,7 +568,8 @@ def check_hybrid_shard(layout: Layout) -> None:
     """HSDP's shard groups split dp evenly, and only ZeRO-3 (FSDP's FULL_SHARD) has them."""
     if layout.dp_shard < 0:
         raise UsageError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
-    if layout.dp_shard == 1 and layout.dp * layout.cp > 1:  # one rank a group shards nothing: every state replicated
+    # a shard group is dp_shard x cp ranks: one rank alone (no cp) shards nothing, every state replicated
+    if layout.dp_shard == 1 and layout.cp == 1 and layout.dp > 1:
         raise UsageError(f"--dp-shard 1 shards nothing (a group of one rank holds every state): that is DDP — use "
                          f"--zero 0, or --dp-shard 2 or more")
     if layout.dp_shard and layout.dp % layout.dp_shard:

@@ -94,15 +94,17 @@ def _plan_file(path: str):
     return read_json_file(file, path, "write it with `shardwise plan ... --json`")
 
 
-def apply_plan_job(args, model_name: str) -> None:
+def apply_plan_job(args, spec) -> None:
     """--global-batch and --seq-len from the plan's own job (`plan`/`estimate --json` echo it) where the command names
-    neither, else train's defaults (8 and 64); a value that contradicts the plan's, or a plan made for another model, is
-    an error."""
+    neither, else train's defaults (8 and 64); a value that contradicts the plan's is an error, and so is a plan made
+    for another model (its parameter count, which a copy of the same config keeps whatever its file is called)."""
     data = _plan_file(args.plan) if args.plan else {}
-    job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
-    if job.get("model") and job["model"] != model_name:
-        raise UsageError(f"{args.plan} is a plan for {job['model']}, and --model {args.model} is {model_name} — plan "
-                         f"again for this model, or train the plan's")
+    data = data if isinstance(data, dict) else {}
+    job = data.get("job") if isinstance(data.get("job"), dict) else {}
+    planned = data.get("best", data).get("total_params") if isinstance(data.get("best", data), dict) else None
+    if isinstance(planned, int) and planned != spec.num_params():
+        raise UsageError(f"{args.plan} is a plan for {job.get('model', 'another model')} ({planned:,} parameters), and "
+                         f"--model {args.model} has {spec.num_params():,} — plan again for this model, or train the plan's")
     for key, default in (("global_batch", 8), ("seq_len", 64)):
         given, planned = getattr(args, key), job.get(key)
         if given is not None and planned is not None and given != planned:
@@ -186,7 +188,7 @@ def config_from(args):
     from shardwise.train import TrainConfig
 
     spec = load_model(args.model)
-    apply_plan_job(args, spec.name)
+    apply_plan_job(args, spec)
     weights, hf_config = model_source(args.model, args.init, spec)
     return TrainConfig(spec=spec, layout=layout_from(args), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,

@@ -44,6 +44,10 @@ def attention_backend(job) -> str:
 
 
 def problem(job, layout) -> str | None:
+    if layout.recompute == "selective" and job.selective == "op":  # Megatron's selective is the attention core only
+        return ("per-op selective recompute (torchtitan's, as this plan scored it) — Megatron-LM's selective recompute "
+                "is the attention core; plan with --framework megatron-core, or narrow the search with --recompute "
+                "none,full")
     if job.fp8_all_gather:
         return ("torchao's float8 all-gather (--fp8-params under torchtitan) — Megatron-LM gathers FP8 weights as "
                 "Transformer Engine's FP8 parameters; plan with --framework megatron-core --fp8-params to emit those")

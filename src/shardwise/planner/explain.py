@@ -154,7 +154,7 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     """Context parallelism in the article's terms: why the sequence had to be split (activations per GPU),
     what the split costs (K/V traffic, and whether the compute hides it), the cp x tp <= node rule of thumb.
     Empty when neither the winner nor any ranked layout splits the sequence."""
-    from shardwise.planner.memory import cp_kv_blocks, local_seq, memory_breakdown
+    from shardwise.planner.memory import cp_kv_blocks, local_seq, memory_breakdown, torch_dkv_ring
     from shardwise.planner.layer_time import layer_cost
 
     win, c, s = result.ranked[0], job.cluster, job.train.seq_len
@@ -182,8 +182,10 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
                f"({seconds(lc.attn_fwd / lay.cp)} forward): exposed {seconds(lc.cp_fwd)} forward and "
                f"{seconds(lc.cp_bwd)} backward per layer and micro-batch")
     else:
+        back = ("gathers again and passes dK/dV around the ring backward (torch's context parallelism)"
+                if torch_dkv_ring(job) else "gathers again and reduce-scatters dK/dV backward")
         how = (f"all-gather: each layer gathers all {lay.cp} K/V blocks of {block / 1e6:.1f} MB ({kv}) once forward, and "
-               f"gathers again and reduce-scatters dK/dV backward, in the open: {seconds(lc.cp_fwd + lc.cp_bwd)} per layer "
+               f"{back}, in the open: {seconds(lc.cp_fwd + lc.cp_bwd)} per layer "
                f"and micro-batch (Llama 3's choice: with GQA the gathered K/V are small next to Q)")
     span = lay.cp * lay.tp
     rule = (f"cp x tp = {span} <= {c.gpus_per_node} GPUs per node keeps this traffic on NVLink"

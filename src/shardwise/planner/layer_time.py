@@ -19,7 +19,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, one_node, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import cp_kv_blocks, local_seq
+from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -463,20 +463,24 @@ def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: 
     tp apart (Megatron's order): while cp x tp fits a node the traffic is on NVLink; beyond, a ring crosses
     nodes at some hop and moves at the network's pace, a collective by NCCL's inter-node model. A backend
     measured not to overlap communication (calibrated comm_overlap 0: gloo on CPU) hides nothing. torch's
-    context_parallel accumulates and passes dK/dV on in FP32 (its convert_to_f32 default): 4 bytes per element."""
+    context_parallel accumulates and passes dK/dV on in FP32 (its convert_to_f32 default): 4 bytes per element, and
+    around the ring in either rotate method (its backward's dK/dV rotater is all-to-all: memory.torch_dkv_ring)."""
     cp, tp, c = layout.cp, layout.tp, job.cluster
     if cp <= 1:
         return 0.0, 0.0
     block, dblock = cp_kv_blocks(job, layout, tokens)
-    if layout.cp_mode == "allgather":
-        ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
-        rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
-        return ag, ag + rs
     crosses = not one_node(c, cp, tp)  # the ring's slowest hop: between nodes where a cp group spans two
 
     def send(n: float) -> float:
         return collective_time(c, "send_recv", n, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
     hop, dhop = send(block), send(dblock)
-    if float((c.measured or {}).get("comm_overlap", 1.0)) <= 0:
+    blocking = float((c.measured or {}).get("comm_overlap", 1.0)) <= 0
+    if layout.cp_mode == "allgather":
+        ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
+        if torch_dkv_ring(job):  # torch passes dK/dV around the ring whatever gathers K/V
+            return ag, ag + (cp * dhop if blocking else (cp - 1) * max(0.0, dhop - attn_b / cp) + dhop)
+        rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
+        return ag, ag + rs
+    if blocking:
         return (cp - 1) * hop, (cp - 1) * hop + cp * dhop
     return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, hop + dhop - attn_b / cp) + dhop

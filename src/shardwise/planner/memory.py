@@ -173,11 +173,21 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
 def cp_buffer_bytes(job: Job, layout: Layout) -> float:
     """The K/V a context-parallel layer holds beside the saved activations while it runs (one layer at a time, as
     layer_time.cp_layer_comm moves them): all-gather, every rank's K/V block and, in backward, their gradients before
-    the reduce-scatter; ring, the block in use and the one arriving, and two gradient blocks."""
+    the reduce-scatter (torch's, two dK/dV blocks on the ring); ring, the block in use and the one arriving, and two
+    gradient blocks."""
     if layout.cp <= 1:
         return 0.0
     block, dblock = cp_kv_blocks(job, layout, layout.micro_batch * local_seq(job, layout))
-    return layout.cp * (block + dblock) if layout.cp_mode == "allgather" else 2 * (block + dblock)
+    if layout.cp_mode != "allgather":
+        return 2 * (block + dblock)
+    return layout.cp * block + (2 * dblock if torch_dkv_ring(job) else layout.cp * dblock)
+
+
+def torch_dkv_ring(job: Job) -> bool:
+    """Whether the stack's context parallelism is torch's, whose backward passes dK/dV around the ring even when it
+    all-gathers K/V (torch.distributed.tensor.experimental._context_parallel: _templated_ring_attention_backward's
+    dkv rotater is _RotateMethod.ALL_TO_ALL whatever the rotate method)."""
+    return get_framework(job.framework).cp_attention == "torch"
 
 
 def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]:

@@ -433,8 +433,9 @@ def node_shard_groups(job: Job, layout: Layout, fw) -> Layout | None:
     """The HSDP twin of a ZeRO-3 layout on a stack that runs it: one shard group per node (its dp ranks), replicated
     across nodes; None where that is the layout itself or not a layout."""
     group = job.cluster.gpus_per_node // (layout.tp * layout.cp)
-    # (a group of one rank shards nothing: that is DDP, not HSDP)
-    if layout.zero != 3 or not fw.hybrid_shard or group < 2 or layout.dp <= group or layout.dp % group:
+    # (a group of one rank, dp_shard x cp, shards nothing: that is DDP, not HSDP)
+    if layout.zero != 3 or not fw.hybrid_shard or group < 1 or group * layout.cp < 2 or layout.dp <= group \
+            or layout.dp % group:
         return None
     return layout.with_(dp_shard=group)
 
