@@ -90,10 +90,10 @@ _CLUSTER_KEYS = {
     "gpus_per_node": int, "gpu_memory_gib": float, "peak_tflops": float, "hbm_bandwidth_gbs": float,
     "intra_node_bandwidth_gbs": float, "inter_node_bandwidth_gbs": float,
 }
-# Optional [cluster] keys of the kernel models (each preset cites its source).
 # The most GPU memory a cluster file may give, GiB: past every GPU's (B300 and MI355X hold 288 GB), short of the MiB
 # nvidia-smi prints (an 80 GB card: 81,559 MiB)
 MAX_GPU_MEMORY_GIB = 1024
+# Optional [cluster] keys of the kernel models (each preset cites its source).
 _OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float, "power_limit_w": float}
 # What a [cluster] number may be (GiB, TFLOP/s, GB/s, count, us): far beyond any GPU either way, and inside it every
 # predicted time and rate stays a finite positive float.
@@ -134,7 +134,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         if key in table and key != "num_gpus" and table[key] > CLUSTER_RANGE[1]:
             raise UsageError(f"{source}: key '{key}' is {table[key]!r} microseconds, more than {CLUSTER_RANGE[1]:g} — "
                              f"check its unit (us)")
-    if values["gpu_memory_gib"] > MAX_GPU_MEMORY_GIB and not data.get("measured"):  # (calibrate on CPU: host RAM)  # nvidia-smi's MiB (81559 on an H100 80GB) or a node's bytes
+    # nvidia-smi's MiB (81,559 on an H100 80GB); a measured file's figure stands (calibrate on CPU: the host's RAM)
+    if values["gpu_memory_gib"] > MAX_GPU_MEMORY_GIB and not data.get("measured"):
         raise UsageError(f"{source}: gpu_memory_gib {table['gpu_memory_gib']:g} is more than any GPU holds — the key is "
                          f"GiB per GPU (nvidia-smi prints MiB: {table['gpu_memory_gib']:g} MiB = "
                          f"{values['gpu_memory_gib'] / 1024:.1f} GiB)")
@@ -195,8 +196,8 @@ def _refuse_datasheet_misreadings(values: dict, source: str) -> None:
     """Datasheet figures a hand-written file copies that are not what its keys mean: a peak twice a datasheet GPU's
     dense BF16 one is that GPU's figure with 2:4 sparsity (NVIDIA's datasheets print it first, marked *), which training
     never runs; on that GPU, an NVLink rate twice the preset's is both directions added (A100 600, H100 900 GB/s), a
-    network rate above the GPU's PCIe link is Gb/s or a whole node's (unless it repeats the NVLink rate: one machine), and an HBM rate a hundredth of the preset's is the
-    datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
+    network rate above the GPU's PCIe link is Gb/s or a whole node's (unless it repeats the NVLink rate: one machine),
+    and an HBM rate a hundredth of the preset's is the datasheet's TB/s. Planned at any of them, steps (or their parts) would come out two to a thousand times off."""
     for gpu, preset, known, pcie in _datasheet_tables():
         if _near(values["peak_tflops"], 2 * known["peak_tflops"]):
             raise UsageError(f"{source}: peak_tflops {values['peak_tflops']:g} is the {gpu}'s BF16 peak with 2:4 "

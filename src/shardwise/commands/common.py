@@ -341,12 +341,16 @@ def _moe_software(args, model, fw) -> dict:
     if named and not model.is_moe:
         raise UsageError(f"{' and '.join(named)}: {model.name} has no experts — drop {'them' if len(named) > 1 else 'it'}, "
                          f"or plan a mixture-of-experts model")
+    from shardwise.planner.frameworks import FRAMEWORKS
+
     if dispatcher and dispatcher not in fw.moe_dispatchers:
+        runs = ", ".join(n for n, f in FRAMEWORKS.items() if dispatcher in f.moe_dispatchers)
         raise UsageError(f"--moe-dispatcher {dispatcher}: {fw.name} dispatches tokens only by "
-                         f"{' or '.join(fw.moe_dispatchers)} — drop it, or pick megatron-core, nemo or automodel")
+                         f"{' or '.join(fw.moe_dispatchers)} — drop it, or pick a stack that runs it ({runs})")
     if overlap and not fw.ep_comm_overlap_available:
+        runs = ", ".join(n for n, f in FRAMEWORKS.items() if f.ep_comm_overlap_available)
         raise UsageError(f"--ep-comm-overlap: {fw.name} does not overlap its expert all-to-alls with compute — drop it, "
-                         f"or pick megatron-core or nemo")
+                         f"or pick a stack that does ({runs})")
     return {"moe_dispatcher": dispatcher or "alltoall", "ep_comm_overlap": overlap}
 
 

@@ -94,11 +94,11 @@ def _plan_file(path: str):
     return read_json_file(file, path, "write it with `shardwise plan ... --json`")
 
 
-def apply_plan_job(args, spec) -> None:
+def apply_plan_job(args, spec, data=None) -> None:
     """--global-batch and --seq-len from the plan's own job (`plan`/`estimate --json` echo it) where the command names
     neither, else train's defaults (8 and 64); a value that contradicts the plan's is an error, and so is a plan made
-    for another model (its parameter count, which a copy of the same config keeps whatever its file is called)."""
-    data = _plan_file(args.plan) if args.plan else {}
+    for another model (its parameter count, which a copy of the same config keeps whatever its file is called).
+    `data`: the plan file's JSON (read once by config_from)."""
     data = data if isinstance(data, dict) else {}
     job = data.get("job") if isinstance(data.get("job"), dict) else {}
     planned = data.get("best", data).get("total_params") if isinstance(data.get("best", data), dict) else None
@@ -113,9 +113,10 @@ def apply_plan_job(args, spec) -> None:
         setattr(args, key, given if given is not None else planned if isinstance(planned, int) else default)
 
 
-def read_plan(path: str) -> dict:
-    """The layout keys of a plan file: its "best" object, or a bare layout object."""
-    data = _plan_file(path)
+def read_plan(path: str, data=None) -> dict:
+    """The layout keys of a plan file (or of its JSON `data`, read already): its "best" object, or a bare layout
+    object."""
+    data = _plan_file(path) if data is None else data
     layout = data.get("best", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
@@ -132,14 +133,15 @@ def read_plan(path: str) -> dict:
     return out
 
 
-def layout_from(args):
-    """The layout from --plan and/or the flags; a flag that contradicts the plan is an error."""
+def layout_from(args, plan_data=None):
+    """The layout from --plan (its JSON `plan_data`, read already, or its file) and/or the flags; a flag that
+    contradicts the plan is an error."""
     from shardwise.specs import Layout, default_schedule
 
     flags = {k: getattr(args, k) for k in LAYOUT_KEYS if getattr(args, k) is not None}
     values = {}
     if args.plan:
-        values = read_plan(args.plan)
+        values = read_plan(args.plan, plan_data)
         for key, value in flags.items():
             if key in values and values[key] != value:
                 raise UsageError(f"--{key.replace('_', '-')} {value} contradicts {key}={values[key]} in {args.plan} — drop one of them")
@@ -188,9 +190,10 @@ def config_from(args):
     from shardwise.train import TrainConfig
 
     spec = load_model(args.model)
-    apply_plan_job(args, spec)
+    plan = _plan_file(args.plan) if args.plan else None  # read once: the job's batch and sequence, then its layout
+    apply_plan_job(args, spec, plan)
     weights, hf_config = model_source(args.model, args.init, spec)
-    return TrainConfig(spec=spec, layout=layout_from(args), steps=args.steps,
+    return TrainConfig(spec=spec, layout=layout_from(args, plan), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                        backend=resolve_backend(args.backend), timeout_s=args.timeout,

@@ -134,9 +134,10 @@ def _parallel_args(job, layout) -> list[str]:
                  "optim_grads" if layout.zero == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
     # overlapped unless the plan was priced on a stack that reduces after the backward (megatron-2021, the 2021-22
     # DeepSpeed): the script then runs what was priced
-    if layout.dp > 1 and get_framework(job.framework).overlap_grad_reduce:
+    fw = get_framework(job.framework)
+    if layout.dp > 1 and fw.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
-        if layout.zero >= 2 or layout.zero == 1 and get_framework(job.framework).overlap_param_gather:
+        if layout.zero >= 2 or layout.zero == 1 and fw.overlap_param_gather:
             args.append("--overlap-param-gather")
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]

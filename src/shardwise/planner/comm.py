@@ -248,6 +248,12 @@ def network_assumed(cluster: ClusterSpec) -> dict:
             "net_step_extra_us": round(cluster.net_step_extra * 1e6, 2)}
 
 
+def overlaps(cluster: ClusterSpec) -> bool:
+    """Whether the cluster's backend runs communication beside compute at all: not one `calibrate` measured blocking
+    (comm_overlap 0: gloo on CPU), which hides nothing."""
+    return float((cluster.measured or {}).get("comm_overlap", 1.0)) > 0
+
+
 def sync_time(cluster: ClusterSpec) -> float:
     """What one synchronising call (a collective or a blocking receive issued between compute) costs
     beyond its back-to-back time: the ranks arrive apart, the first blocks and must be woken. Measured

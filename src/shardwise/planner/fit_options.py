@@ -29,16 +29,12 @@ def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: fr
     runs = [(change, job, lay, named | {knob}) for change, knob, lay in tries]
     if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
         runs.append(("--compile", compiled(job), asked, named))
-    runs += [(f"--micro-batch {mb}", job, asked.with_(micro_batch=mb), named)  # the largest smaller one that fits
-             for mb in range(layout.micro_batch - 1, 0, -1)]
-    out, smaller = [], False
-    for change, j, lay, knobs in runs:
-        if smaller and change.startswith("--micro-batch"):
-            continue
-        est = _fitting(j, lay, knobs)
-        if est is not None:
-            out.append(_option(change, est))
-            smaller = smaller or change.startswith("--micro-batch")
+    out = [_option(change, est) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
+           if est is not None]
+    smaller = next((est for est in (_fitting(job, asked.with_(micro_batch=mb), named)  # the largest that fits
+                                    for mb in range(layout.micro_batch - 1, 0, -1)) if est is not None), None)
+    if smaller is not None:
+        out.append(_option(f"--micro-batch {smaller.layout.micro_batch}", smaller))
     return sorted(out, key=lambda o: o["step_time_s"])
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardwise.planner import kernels, moe
-from shardwise.planner.comm import collective_time, one_node, p2p_sync_time, sync_time, tp_sync_time
+from shardwise.planner.comm import collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
@@ -474,13 +474,14 @@ def cp_layer_comm(job: Job, layout: Layout, tokens: int, attn_f: float, attn_b: 
     def send(n: float) -> float:
         return collective_time(c, "send_recv", n, 2, c.gpus_per_node if crosses else tp) + p2p_sync_time(c)
     hop, dhop = send(block), send(dblock)
-    blocking = float((c.measured or {}).get("comm_overlap", 1.0)) <= 0
+    blocking = not overlaps(c)
+
+    def ring(load: float, attn: float) -> float:  # cp - 1 steps, each hidden behind 1/cp of the attention if it can be
+        return (cp - 1) * (load if blocking else max(0.0, load - attn / cp))
     if layout.cp_mode == "allgather":
         ag = collective_time(c, "all_gather", cp * block, cp, tp) + sync_time(c)
-        if torch_dkv_ring(job):  # torch passes dK/dV around the ring whatever gathers K/V
-            return ag, ag + (cp * dhop if blocking else (cp - 1) * max(0.0, dhop - attn_b / cp) + dhop)
+        if torch_dkv_ring(job):  # torch passes dK/dV around the ring whatever gathers K/V, the last hop home exposed
+            return ag, ag + ring(dhop, attn_b) + dhop
         rs = collective_time(c, "reduce_scatter", cp * dblock, cp, tp) + sync_time(c)
         return ag, ag + rs
-    if blocking:
-        return (cp - 1) * hop, (cp - 1) * hop + cp * dhop
-    return (cp - 1) * max(0.0, hop - attn_f / cp), (cp - 1) * max(0.0, hop + dhop - attn_b / cp) + dhop
+    return ring(hop, attn_f), ring(hop + dhop, attn_b) + dhop

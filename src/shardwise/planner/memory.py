@@ -192,10 +192,11 @@ def torch_dkv_ring(job: Job) -> bool:
 
 def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]:
     """(K/V block, its gradient's block) in bytes of `tokens` tokens on one rank: what a context-parallel layer passes
-    or gathers. torch's context_parallel accumulates and passes dK/dV in FP32 (its convert_to_f32 default)."""
+    or gathers. torch's context_parallel (torch_dkv_ring) accumulates and passes dK/dV in FP32 (its convert_to_f32
+    default)."""
     e = job.train.activation_bytes
     block = 2 * tokens * job.model.kv_dim / layout.tp * e
-    return block, block * (4 / e if get_framework(job.framework).cp_attention == "torch" else 1)
+    return block, block * (4 / e if torch_dkv_ring(job) else 1)
 
 
 def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardwise.planner.comm import collective_time, one_node, sync_time
+from shardwise.planner.comm import collective_time, one_node, overlaps, sync_time
 from shardwise.planner.frameworks import Framework
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.kernels import KERNEL_LAUNCH_S, hbm_rate
@@ -93,9 +93,8 @@ def grad_reduce_behind(job, layout) -> bool | None:
     if layout.dp * layout.cp <= 1:
         return None
     fw = get_framework(job.framework)
-    overlap = float((job.cluster.measured or {}).get("comm_overlap", 1.0)) > 0
     allreduce_zero1 = layout.zero == 1 and fw.zero1 == "allreduce"
-    return fw.overlap_grad_reduce and overlap and (fw.zero1_reduce_overlapped or not allreduce_zero1)
+    return fw.overlap_grad_reduce and overlaps(job.cluster) and (fw.zero1_reduce_overlapped or not allreduce_zero1)
 
 
 def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window,
@@ -108,9 +107,9 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
     if d <= 1:
         return 0.0, 0.0
     c, stride, m = job.cluster, layout.tp, win.microbatches
-    measured = c.measured or {}
     sync = sync_time(c)
-    overlap = float(measured.get("comm_overlap", 1.0)) > 0  # a blocking backend (gloo) hides nothing
+    overlap = overlaps(c)  # a blocking backend (gloo) hides nothing
+    behind = grad_reduce_behind(job, layout)  # the reduction runs beside the backward
     gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
     chunks = layout.vpp if layout.pp > 1 else 1
 
@@ -122,29 +121,28 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
     gather_copies = list_copy_time(job, fw, pb * params, launches=0)  # into a list (its few calls' launches not counted)
     if layout.zero == 0 or (layout.zero == 1 and broadcast):
         reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
-        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
+        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if behind else reduce
         if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
             after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
         return after, 0.0
     if layout.zero == 1 and fw.zero1 == "owner_broadcast":  # InternEvo: all-reduce over dp, owners broadcast in group
         reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
-        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else reduce
+        after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if behind else reduce
         group = layout.shard_group  # the zero1 group: dp_shard ranks (x cp), or every dp rank
         owners = min(tensors, group)  # whole tensors dealt to the group's ranks: one flat buffer per owner
         return after + owners * collective_time(c, "broadcast", pb * params / owners, group, stride), 0.0
     if layout.zero == 1 and fw.zero1 == "allreduce":  # whole gradients all-reduced, the updated partitions gathered
         reduce = call("all_reduce", params, gb) + reduce_copies
-        behind = fw.overlap_grad_reduce and fw.zero1_reduce_overlapped and overlap
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if behind else reduce
         return after + call("all_gather", params, pb) + gather_copies, 0.0
     if layout.zero == 1:
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
-        after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if fw.overlap_grad_reduce and overlap else rs
+        after = hidden(rs, win.backward, gb * params, fw.bucket_bytes) if behind else rs
         before = hidden(ag, win.forward, pb * params, fw.bucket_bytes) if fw.overlap_param_gather and overlap else ag
         return after, before
     if layout.zero == 2 and fw.zero2_reduce_every_microbatch:  # reduce in every backward, gather after the step
         rs, ag = call("reduce_scatter", params, gb), call("all_gather", params, pb)
-        after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if overlap and fw.overlap_grad_reduce else m * rs
+        after = per_microbatch(rs, win, gb * params, fw.bucket_bytes) if behind else m * rs
         if fw.overlap_param_gather and overlap:  # Megatron's updated weights gathered behind the next forward
             return after, hidden(ag, win.forward, pb * params, fw.bucket_bytes)
         return after + ag, 0.0
