@@ -30,13 +30,13 @@ def test_activations_of_a_partly_recomputed_stage_by_hand():
     # Korthikanti et al. 2022 Eq. (1), s 2048, b 1, h 12288, a 96, tp 1: a layer keeps 34 s b h + 5 a s^2 b
     # = 855,638,016 + 2,013,265,920 = 2,868,903,936 bytes; a fully recomputed one keeps its input, 2 s b h =
     # 50,331,648. 12 layers, the first 3 recomputed, 4 micro-batches in flight: 4 x (3 x 50,331,648 + 9 x
-    # 2,868,903,936) = 103,884,521,472, plus the layer being recomputed in backward holding its s b h terms again
-    # in place of its input, (34 - 2) s b h = 805,306,368: 104,689,827,840 bytes.
+    # 2,868,903,936) = 103,884,521,472, plus the layer being recomputed in backward holding its whole set again
+    # in place of its input, (34 - 2) s b h + 5 a s^2 b = 805,306,368 + 2,013,265,920: 106,703,093,760 bytes.
     job = _paper_job()
     lay = Layout(pp=8, micro_batch=1, recompute="full", recompute_layers=3)
-    assert stage_activation_bytes(job, lay, 12, 4, recomputed=3) == 104_689_827_840
-    # every layer recomputed: 4 x 12 x 50,331,648 + 805,306,368 (what --recompute full alone keeps)
-    assert stage_activation_bytes(job, lay.with_(recompute_layers=None), 12, 4) == 4 * 12 * 50_331_648 + 805_306_368
+    assert stage_activation_bytes(job, lay, 12, 4, recomputed=3) == 106_703_093_760
+    # every layer recomputed: 4 x 12 x 50,331,648 + 2,818,572,288 (what --recompute full alone keeps)
+    assert stage_activation_bytes(job, lay.with_(recompute_layers=None), 12, 4) == 4 * 12 * 50_331_648 + 2_818_572_288
 
 
 def test_the_first_pipeline_stage_holds_p_micro_batches_of_its_kept_layers():
@@ -45,7 +45,9 @@ def test_the_first_pipeline_stage_holds_p_micro_batches_of_its_kept_layers():
     lay = Layout(pp=8, micro_batch=1, recompute="full", recompute_layers=3)
     layers = stage_layer_counts(GPT3, 8, 2048)[0]
     sbh = 2048 * 12288
-    expected = 8 * (3 * 2 * sbh + (layers - 3) * (34 * sbh + 5 * 96 * 2048 * 2048)) + 32 * sbh
+    scores = 5 * 96 * 2048 * 2048
+    # plus the recomputed layer's whole set in place of its input in backward: (34 - 2) s b h and its scores
+    expected = 8 * (3 * 2 * sbh + (layers - 3) * (34 * sbh + scores)) + 32 * sbh + scores
     assert rank_memory(job, lay, 0)["activations"] == expected
 
 

@@ -17,8 +17,9 @@ import torch
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.job import SHARDWISE_RUNTIME, Job, make_job
-from shardwise.planner.memory import (checkpoint_bytes, edge_inflight, layer_activation_terms, loss_transient_bytes,
-                                      memory_breakdown, rank_layers, rank_memory, recompute_working_bytes)
+from shardwise.planner.memory import (activation_parts, checkpoint_bytes, edge_inflight, layer_activation_terms,
+                                      logits_overlap, loss_transient_bytes, memory_breakdown, rank_holdings,
+                                      rank_layers, rank_memory, rank_recomputed_layers, recompute_working_bytes)
 from shardwise.schedules import build, simulate, validate
 from shardwise.schedules.closed_forms import peak_inflight_layers, peak_inflight_microbatches
 from shardwise.specs import Layout, TrainSpec, load_cluster, load_model
@@ -146,6 +147,14 @@ def _job(global_batch=M * MB) -> Job:
                flash_attention=True, saved=SHARDWISE_RUNTIME)
 
 
+def _saved(job, layout, rank, mem) -> float:
+    """The rank's activations without the recomputed layer's backward transient (which the forward's saved-tensor
+    hooks cannot see): on the last rank the breakdown holds the larger of it and the loss's buffers, not both."""
+    held = rank_holdings(job, layout, rank)
+    _, transient = activation_parts(job, layout, held.layers, held.inflight, rank_recomputed_layers(job, layout, rank))
+    return mem["activations"] - transient + logits_overlap(job, layout, rank)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(map(str, c)))
 def test_planner_activations_match_the_measurement(measured, cfg):
     """Planner's activations (+ logits on the last rank) per pipeline rank vs the measured peak.
@@ -158,7 +167,8 @@ def test_planner_activations_match_the_measurement(measured, cfg):
         assert rank_layers(job, layout, r) == sum(got["layers"])  # the same split
         mem = rank_memory(job, layout, r)
         inflight = peak_inflight_microbatches(name, pp, M, v, stage=r) * sum(got["layers"])
-        predicted = mem["activations"] + mem["logits"] - recompute_working_bytes(job, layout, inflight)
+        assert inflight == rank_holdings(job, layout, r).inflight * sum(got["layers"])
+        predicted = _saved(job, layout, r, mem) + mem["logits"]
         predicted -= loss_transient_bytes(job, layout) if r == pp - 1 else 0  # the loss backward's, not saved
         assert predicted == pytest.approx(got["peak"], rel=0.10)
         assert predicted == pytest.approx(got["peak"], rel=0.01)  # in fact, to the byte but scalars
@@ -183,7 +193,7 @@ def test_planner_matches_one_process_pp1(recompute):
     got = _saved_by_forward(model, x[0], y[0])
     job, layout = _job(global_batch=MB), Layout(micro_batch=MB, recompute=recompute)
     mem = rank_memory(job, layout, 0)
-    predicted = mem["activations"] + mem["logits"] - recompute_working_bytes(job, layout, SPEC.num_layers)
+    predicted = _saved(job, layout, 0, mem) + mem["logits"]
     assert predicted - loss_transient_bytes(job, layout) == pytest.approx(got, rel=0.01)  # saved, not the transient
 
 
@@ -198,8 +208,8 @@ def test_recompute_working_set_is_one_layer_forward():
     working = recompute_working_bytes(job, Layout(micro_batch=MB, recompute="full"), 1)
     ckpt = checkpoint_bytes(SPEC, SEQ, MB, 1, False, 4)
     linear, _ = layer_activation_terms(SPEC, SEQ, MB, 1, False, 4, SHARDWISE_RUNTIME)
-    assert working + ckpt == linear
-    assert linear == pytest.approx(got, rel=0.10)  # the fused attention's log-sum-exp (4 B/head/token) aside
+    assert working + ckpt > linear  # the linear terms and the fused attention's log-sum-exp (4 B/head/token)
+    assert working + ckpt == pytest.approx(got, rel=0.01)
 
 
 def test_paper_accounting_undercounts_the_runtime():

@@ -831,3 +831,13 @@ def test_a_flag_that_changes_nothing_is_said():
     assert "--cp-mode allgather changes nothing at --cp 1 (no context-parallel ranks)" in said
     assert "--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)" in said
     assert flagged["step_time_s"] == plain["step_time_s"] and flagged["sequence_parallel"] is False
+
+
+def test_a_zero_stage_the_stack_lacks_is_refused_at_dp_1_with_context_parallelism():
+    """ZeRO shards over every dp x cp rank: at dp 1 x cp 2 a stage the stack has no code for is still that stage
+    (torchtitan has no ZeRO-1; Llama 3's stack no ZeRO-3), refused in one line as at dp 2."""
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+            "--seq-len", 16384, "--tp", 1, "--pp", 4, "--cp", 2, "--micro-batch", 1, "--json"]
+    for framework, zero in (("torchtitan", 1), ("llama3", 3)):
+        code, _, err = cli([*argv, "--framework", framework, "--zero", zero])
+        assert code == 2 and f"{framework} has no ZeRO-{zero}" in err and err.count("\n") == 1, (framework, err)

@@ -199,8 +199,9 @@ def test_stage_activations_full_recompute_is_checkpoints_plus_one_layer():
     job = _job()
     lay = Layout(recompute="full", micro_batch=2)
     ck = checkpoint_bytes(job.model, 64, 2, 1, False)
-    linear, _ = layer_activation_terms(job.model, 64, 2, 1, False)
-    assert stage_activation_bytes(job, lay, 4, 1) == 3 * ck + linear
+    linear, scores = layer_activation_terms(job.model, 64, 2, 1, False)
+    assert not job.flash_attention and scores > 0  # a materialised softmax: the recomputed layer holds its scores too
+    assert stage_activation_bytes(job, lay, 4, 1) == 3 * ck + linear + scores
 
 
 def test_non_gated_mlp_without_dropout_nemotron_style():
@@ -351,3 +352,52 @@ def test_eager_rmsnorm_keeps_what_autograd_keeps():
     for fused in (make_job(llama, cluster, 8, 128, "torchtitan", compile=True).saved,
                   make_job(llama, cluster, 8, 128, "megatron-core").saved):
         assert norm_bytes(llama, 2, fused) == 2 * h
+
+
+def test_a_recomputed_layer_and_the_logits_are_not_held_at_once():
+    # The loss's backward frees its micro-batch's logits before the first layer is recomputed, so the last stage's peak
+    # holds the larger of the two. Megatron-LM 2021 (materialised softmax, dropout; logits 2 + 4 B an element), pp 1:
+    from shardwise.planner.job import make_job
+    cluster = load_cluster("dgx-a100-80gb")
+    # GPT-3 175B, s 2048, b 1: 96 checkpoints of 2 s b h = 4,831,838,208 B, and the recomputed layer's (34 - 2) s b h +
+    # 5 a s^2 b = 805,306,368 + 2,013,265,920 = 2,818,572,288 B, above the logits' 2048 x 50,257 x 6 = 617,558,016 B.
+    gpt3 = rank_memory(make_job(load_model("gpt3-175b"), cluster, 8, 2048, "megatron-2021"),
+                       Layout(dp=8, micro_batch=1, recompute="full"), 0)
+    assert gpt3["activations"] + gpt3["logits"] == 4_831_838_208 + 2_818_572_288
+    # GPT-2 small, s 1024: 12 checkpoints of 2 s b h = 18,874,368 B; the recomputed layer's 32 x 786,432 + 5 x 12 x
+    # 1024^2 = 88,080,384 B is below the logits' 1024 x 50,257 x 6 = 308,779,008 B.
+    gpt2 = rank_memory(make_job(load_model("gpt2"), cluster, 8, 1024, "megatron-2021"),
+                       Layout(dp=8, micro_batch=1, recompute="full"), 0)
+    assert gpt2["activations"] + gpt2["logits"] == 18_874_368 + 308_779_008
+
+
+@pytest.mark.parametrize("name", sorted(__import__("shardwise.planner.frameworks", fromlist=["FRAMEWORKS"]).FRAMEWORKS))
+def test_zero_2_never_holds_more_than_zero_1_under_any_stack(name):
+    # Sharding the gradients too can only take memory away, under a pipeline and with context parallelism as well
+    # (an FSDP2 stack's parameter shard is the optimizer's FP32 master, not a BF16 copy beside it).
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.job import make_job
+    fw, model = get(name), load_model("llama3-8b")
+    job = make_job(model, load_cluster("dgx-h100-80gb"), 32, 4096, name)
+    for pp in (1, 2, 4):
+        for cp in (1, 2):
+            lay = Layout(dp=4, tp=2, pp=pp, cp=cp, micro_batch=1)
+            one, two = lay.with_(zero=1), lay.with_(zero=2)
+            if fw.refusal(one, model.num_layers, 8) or fw.refusal(two, model.num_layers, 8):
+                continue
+            assert _worst(job, two) <= _worst(job, one) * (1 + 1e-9), (pp, cp)
+
+
+def test_deepspeed_zero_3_gathers_one_submodule_at_a_time():
+    # DeepSpeed's ZeRO-3 gathers each linear by its own hook and keeps at most stage3_max_live_parameters (1e9 by
+    # default) gathered; FSDP gathers a layer and prefetches the next. GPT-3 175B over 128 ranks, tp 1: a layer is
+    # 12 h^2 = 1.81e9 parameters, its largest linear (FC1, 4 h^2 = 6.04e8) and the embedding (50,257 x 12,288 = 6.18e8)
+    # below the cap, so DeepSpeed holds 1e9 gathered (2e9 B) beside its own 2-byte shard of the 1.75e11 parameters.
+    from shardwise.planner.job import make_job
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
+    lay = Layout(dp=128, micro_batch=1, zero=3, recompute="full")
+    ds = rank_memory(make_job(model, cluster, 128, 1024, "deepspeed"), lay, 0)
+    params = rank_params(make_job(model, cluster, 128, 1024, "deepspeed"), lay, 0)
+    assert ds["weights"] == pytest.approx(2 * 1e9 + 2 * params / 128)
+    titan = rank_memory(make_job(model, cluster, 128, 1024, "torchtitan"), lay, 0)
+    assert titan["weights"] > 2 * 2 * 12 * 12288**2  # two whole layers and the root

@@ -126,6 +126,10 @@ class Framework:
     torch_fsdp: int = 0
     gather_per_tensor: bool = False  # ZeRO-3 gathers each parameter tensor (DeepSpeed) instead of one flat unit (FSDP)
     prefetch: bool = True  # ZeRO-3 / FSDP gathers run ahead, behind the previous unit's compute
+    # ZeRO-3 gathers each submodule (one linear) and releases it after use, keeping at most this many parameters
+    # gathered (DeepSpeed's stage3_max_live_parameters, default 1e9: deepspeed/runtime/zero/config.py); 0: it
+    # gathers whole units (FSDP: a layer at a time plus the prefetched next, the root kept)
+    zero3_max_live_params: float = 0.0
     # Its gathers (ZeRO-1's updated partitions, ZeRO-3's parameters) and ZeRO-3's reduce-scatters take a list of
     # per-rank tensors, which PyTorch copies out of / into NCCL's flat buffer (overlap.list_copy_time); each ZeRO-3
     # gather into a freshly zero-filled buffer (DeepSpeed 2021 partition_parameters._allgather_param: torch.zeros,
@@ -402,9 +406,10 @@ class Framework:
         if lay.schedule == "interleaved-1f1b" and 1 < lay.pp < self.min_interleaved_pp:
             return (f"{self.name}'s interleaved schedule needs pp >= {self.min_interleaved_pp} (use --schedule 1f1b "
                     f"or a deeper pipeline)")
-        if lay.zero not in self.zero_stages and lay.dp > 1:
+        # ZeRO shards over every dp x cp rank (Layout.shard_group): at dp 1 a cp > 1 layout still runs the stage
+        if lay.zero not in self.zero_stages and lay.dp * lay.cp > 1:
             return f"{self.name} has no ZeRO-{lay.zero} (it runs ZeRO {', '.join(map(str, self.zero_stages))})"
-        if lay.pp > 1 and lay.dp > 1 and lay.zero > self.max_zero_with_pp:
+        if lay.pp > 1 and lay.dp * lay.cp > 1 and lay.zero > self.max_zero_with_pp:
             return f"{self.name} cannot combine a pipeline with ZeRO-{lay.zero} (at most ZeRO-{self.max_zero_with_pp})"
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1):
             return f"{self.name}'s DDP (ZeRO-0) does not combine with tensor or pipeline parallelism (use ZeRO-2/3)"

@@ -101,9 +101,16 @@ def fp8_saved(job: Job) -> bool:
 
 
 # Transformer Engine keeps an FP8 copy of each linear's weight and its transpose between micro-batches (the weight
-# workspace it casts on the step's first micro-batch: transformer_engine/pytorch/module/linear.py), 2 bytes per
-# layer parameter on top of the BF16 weights.
-FP8_WEIGHT_COPY_BYTES = 1
+# workspace it casts on the step's first micro-batch, fp8_cast_transpose_fused into weight_fp8 and weight_t_fp8:
+# transformer_engine/pytorch/module/linear.py; Hopper's FP8 GEMMs take both operands K-major, so the backward's
+# input-gradient GEMM reads the transpose), 2 bytes per layer parameter on top of the BF16 weights.
+FP8_WEIGHT_COPY_BYTES = 2
+
+
+def fp8_weight_copy_bytes(job: Job) -> int:
+    """Bytes per layer parameter Transformer Engine keeps beside the weights: the FP8 copy and its transpose, or, where
+    the weights are FP8 themselves (fp8_model_init: weight_bytes 1), the transpose alone."""
+    return FP8_WEIGHT_COPY_BYTES - (1 if job.train.weight_bytes == 1 else 0)
 
 
 def softmax_stats_bytes(model: ModelSpec, s: int, b: int, tp: int, saved: SavedTensors = PAPER) -> float:
@@ -145,29 +152,38 @@ def stage_activation_bytes(job: Job, layout: Layout, layers: int, inflight: floa
     """Activations of `layers` layers with `inflight` micro-batches held at once: what stays saved
     between forwards and backwards, plus the working set of a layer being recomputed. Under full recompute
     `recomputed` of the layers (None: all) keep only their input and the others everything (--recompute-layers)."""
+    return sum(activation_parts(job, layout, layers, inflight, recomputed))
+
+
+def activation_parts(job: Job, layout: Layout, layers: int, inflight: float, recomputed: int | None = None
+                     ) -> tuple[float, float]:
+    """stage_activation_bytes as (saved, transient): what the layers keep between their forwards and backwards, and
+    what one layer being recomputed in backward holds beyond that (its attention core, or its whole set in place of
+    what it kept). The transient exists only in backward, after the loss's backward has freed its logits."""
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
-    linear, scores = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
-                                            fp8_saved(job))
-    if job.flash_attention:  # the fused kernel never stores the s x s scores, only their statistics
-        scores = softmax_stats_bytes(job.model, s, b, layout.tp, job.saved)
+    linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
+                                       fp8_saved(job))
+    scores = attention_core_bytes(job, layout)  # a fused kernel never stores the s x s scores, only their statistics
     held = layers * inflight
+    one = min(held, 1)
     if layout.recompute == "none":
-        return held * (linear + scores)
+        return held * (linear + scores), 0.0
     if op_checkpointing(job, layout):
         kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
         # the layer being recomputed in backward holds its full set once more in place of what it kept
-        return held * kept + min(held, 1) * max(0.0, linear + scores - kept)
+        return held * kept, one * max(0.0, linear + scores - kept)
     if layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules
-        kept = linear + (0.0 if "core_attn" in job.recompute_modules else scores)
+        core = "core_attn" in job.recompute_modules
+        kept = linear + (0.0 if core else scores)
         if "layernorm" in job.recompute_modules:  # the two norms' outputs (the QKV and FC1 inputs) are recomputed
             kept -= 2 * s * b * e * job.model.hidden / (layout.tp if layout.sequence_parallel else 1)
-        return held * kept
-    if layout.recompute == "selective":
-        return held * linear  # the attention core (the s^2 part) is recomputed
+        return held * kept, (one * scores if core else 0.0)  # one layer's core recomputed at a time
+    if layout.recompute == "selective":  # the attention core (the s^2 part) is recomputed, one layer's at a time
+        return held * linear, one * scores
     ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, residual_bytes(job))
     recomputed = layers if recomputed is None else recomputed
     kept = (layers - recomputed) * inflight  # layers outside the recomputed ones keep their full set
-    return held * ckpt + kept * (linear + scores - ckpt) + recompute_working_bytes(job, layout, recomputed * inflight)
+    return held * ckpt + kept * (linear + scores - ckpt), recompute_working_bytes(job, layout, recomputed * inflight)
 
 
 def cp_buffer_bytes(job: Job, layout: Layout) -> float:
@@ -201,15 +217,31 @@ def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]
 
 def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:
     """Full recompute keeps every layer input; the layer being recomputed in backward holds its full
-    set once more (its attention core in a fused kernel) in place of its input, so a stage's total,
-    (held - 1) * checkpoint + linear, never exceeds selective's. Zero for the other policies."""
+    set once more in place of its input: its linear terms and its attention core's (a fused kernel's
+    softmax statistics, or a materialised softmax's s x s scores). Zero for the other policies."""
     if layout.recompute != "full":
         return 0.0
+    s, b = local_seq(job, layout), layout.micro_batch
+    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, residual_bytes(job))
+    return min(held, 1) * (layer_saved_bytes(job, layout) - ckpt)
+
+
+def attention_core_bytes(job: Job, layout: Layout) -> float:
+    """What one layer's attention core keeps for backward: the s x s scores of a materialised softmax, or a fused
+    kernel's statistics."""
+    s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
+    if job.flash_attention:
+        return softmax_stats_bytes(job.model, s, b, layout.tp, job.saved)
+    return layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
+                                  fp8_saved(job))[1]
+
+
+def layer_saved_bytes(job: Job, layout: Layout) -> float:
+    """Everything one layer keeps for backward without recompute, per micro-batch."""
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     linear, _ = layer_activation_terms(job.model, s, b, layout.tp, layout.sequence_parallel, e, job.saved,
                                        fp8_saved(job))
-    ckpt = checkpoint_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, residual_bytes(job))
-    return min(held, 1) * (linear - ckpt)
+    return linear + attention_core_bytes(job, layout)
 
 
 def residual_bytes(job: Job) -> int:
@@ -351,6 +383,14 @@ def layer_params(model: ModelSpec, tp: int) -> float:
     return (model.params_per_layer() - model.expert_params_per_layer() - replicated) / tp + replicated
 
 
+def largest_module_params(model: ModelSpec, tp: int) -> float:
+    """Parameters of the largest module a ZeRO-3 stack gathers on its own (Framework.zero3_max_live_params) on one TP
+    rank: a layer's QKV, output projection, FC1 (both halves of a gated MLP, one module) or FC2, or the embedding."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    linears = (h * (q + 2 * kv), q * h, h * f * (2 if model.gated_mlp else 1), f * h, model.vocab_size * h)
+    return max(linears) / tp
+
+
 def rank_expert_params(job: Job, layout: Layout, rank: int) -> float:
     """The routed experts' parameters on one GPU of pipeline rank `rank` (split over ep and etp)."""
     return moe.experts_per_gpu(job.model, layout, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job)))
@@ -424,6 +464,8 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             layer = layer_params(job.model, layout.tp)
             root = params - layers * layer if layers is not None else 0.0
             gathered = min(root + gathered_layers * layer, params)
+            if fw.zero3_max_live_params:  # submodules gathered one at a time, up to the cap
+                gathered = min(gathered, max(fw.zero3_max_live_params, largest_module_params(job.model, layout.tp)))
         # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights
         own_shard = not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
         weights = t.weight_bytes * ((params / d if own_shard else 0.0) + gathered)
@@ -492,6 +534,17 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
         stage_buffers=pipeline_buffer_bytes(job, layout, rank))
 
 
+def logits_overlap(job: Job, layout: Layout, rank: int) -> float:
+    """On the last pipeline rank, what its breakdown would count twice: a recomputed layer's backward transient
+    (activation_parts) comes after its micro-batch's loss backward has freed that micro-batch's logits and loss
+    buffers, so the peak holds the larger of the two, not both. `job` as rank_memory has it (per_rank_job)."""
+    if rank != layout.pp - 1:
+        return 0.0
+    held = rank_holdings(job, layout, rank)
+    _, transient = activation_parts(job, layout, held.layers, held.inflight, rank_recomputed_layers(job, layout, rank))
+    return min(transient, last_stage_bytes(job, layout) + loss_transient_bytes(job, layout))
+
+
 def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
     job = per_rank_job(job, layout.tp)
@@ -500,9 +553,10 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out = model_state_bytes(job, layout, held.params, layers, gathered, held.grads_held)
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
         whole = layers if layout.zero < 3 or layout.shard_group == 1 else min(gathered, layers)
-        out["weights"] += FP8_WEIGHT_COPY_BYTES * whole * layer_params(job.model, layout.tp)
+        copy = fp8_weight_copy_bytes(job)
+        out["weights"] += copy * whole * layer_params(job.model, layout.tp)
         if experts and get_framework(job.framework).fp8_experts and layers:  # and of its local experts' weights
-            out["weights"] += FP8_WEIGHT_COPY_BYTES * experts * whole / layers
+            out["weights"] += copy * experts * whole / layers
     out["activations"] = stage_activation_bytes(job, layout, layers, held.inflight,
                                                 rank_recomputed_layers(job, layout, rank))
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
@@ -515,6 +569,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
         out["activations"] += held.first
     out["activations"] += held.stage_buffers
     out["logits"] = held.logits
+    out["activations"] -= logits_overlap(job, layout, rank)
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
 
@@ -568,5 +623,7 @@ def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[st
     # (an H200's peak over a step: these + them)
     transient = loss_transient_bytes(job, layout) if rank == layout.pp - 1 else 0.0
     transient += cp_buffer_bytes(per_rank_job(job, layout.tp), layout)
+    # and the recomputed layer's working set counted beside the logits, as validate adds it to the saved tensors' peak
+    transient -= logits_overlap(per_rank_job(job, layout.tp), layout, rank)
     out["activations"] = mem["activations"] + mem["logits"] - transient
     return out

@@ -424,7 +424,8 @@ def step_comm_time(job: Job, layout: Layout) -> float:
     only when the norm needs it; otherwise the loss's reduction runs behind the next step. Plus a tied embedding's
     gradient all-reduce between the edge stages (tied_embedding_time)."""
     tp, pp, d = layout.tp, layout.pp, layout.dp * layout.cp
-    groups = [(tp, 1), (pp, tp * layout.dp), (pp, tp * layout.dp), (d, tp)]
+    # stages are tp * dp * cp ranks apart (rank order pp, dp, cp, tp), as tied_embedding_time has them
+    groups = [(tp, 1), (pp, tp * d), (pp, tp * d), (d, tp)]
     if layout.zero >= 2:
         groups.append((d, tp))
     if get_framework(job.framework).one_scalar_allreduce:
@@ -637,7 +638,8 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     heavy = max(ranks, key=lambda r: rank_params(job, layout, r))
     params, experts = rank_params(job, layout, heavy), rank_expert_params(job, layout, heavy)
     sharded = params
-    if layout.zero >= 1:  # the experts' optimizer states shard over their own replicas
+    if layout.zero >= 1 and layout.dp * layout.cp > 1:  # the experts' states shard over their own replicas, as
+        # moe.expert_states shards their memory
         sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
     opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the

@@ -55,6 +55,9 @@ DEEPSPEED = Framework(
     # layer is gathered in the forward, the recomputed forward and the backward. Checked by running those releases'
     # hooks and coordinators over a checkpointed Megatron-shaped GPT (docs/accuracy.md).
     zero2_reduce_every_microbatch=True, gather_per_tensor=True, prefetch=False, list_collectives=True,
+    # ZeRO-3's live parameters: each submodule gathered by its pre-forward/backward hook and released after it
+    # (v0.5.5 stage3.py release_sub_module; the reuse check fails as above), the default cap from v0.6 on
+    zero3_max_live_params=1e9,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
     # runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned): the forward rebuilds its received input

@@ -74,6 +74,7 @@ LLAMA3 = Framework(
              "9-13 s of FP32/BF16 traffic per GPU on its 400 Gb/s NIC in a 12.5 s step (8,192 GPUs), 4.5-6.8 s in 6.7 s "
              "(16,384)"),
     attention="fa2", grad_reduce_bytes=4, overlap_grad_reduce=True, pipeline_fsdp_once=True,
+    weight_shard_is_master=True,  # as FSDP2 shards it: the FP32 parameter shard is the optimizer's master
     p2p_overlap=("1f1b", "interleaved-1f1b"), zero_stages=(0, 1, 2), context_parallel=("allgather",),
     # Sec. 3.3.2: "we reduce one Transformer layer each from the first and the last stages, respectively. This means
     # that the first model chunk on the first stage has only the embedding, and the last model chunk on the last stage
