@@ -841,3 +841,26 @@ def test_a_zero_stage_the_stack_lacks_is_refused_at_dp_1_with_context_parallelis
     for framework, zero in (("torchtitan", 1), ("llama3", 3)):
         code, _, err = cli([*argv, "--framework", framework, "--zero", zero])
         assert code == 2 and f"{framework} has no ZeRO-{zero}" in err and err.count("\n") == 1, (framework, err)
+
+
+def test_estimate_without_a_micro_batch_takes_the_fastest_that_fits():
+    """--micro-batch left out: of the micro-batches dividing each replica's share of the batch, the fastest that fits,
+    as if each had been given (and the stack's other unnamed knobs filled in for each); said in `implied`."""
+    base = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64,
+            "--seq-len", 8192, "--tp", 2, "--pp", 2, "--framework", "megatron-core", "--recompute", "none", "--json"]
+    chosen = answer(base)
+    given = {m: answer([*base, "--micro-batch", m]) for m in (1, 2, 4, 8, 16, 32)}  # each replica: 64 / 2 = 32
+    fitting = {m: g["step_time_s"] for m, g in given.items() if g["fits"]}
+    assert fitting and len(fitting) < len(given)  # some micro-batches do not fit without recompute
+    assert chosen["fits"] and chosen["step_time_s"] == min(fitting.values())
+    assert chosen["micro_batch"] == min(fitting, key=fitting.get)
+    assert any(note.startswith(f"micro-batch {chosen['micro_batch']} (the fastest that fits")
+               for note in chosen["assumptions"]["implied"])
+    # nothing fits: the least memory (the smallest micro-batch), said as such
+    tight = answer(["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+                    "--seq-len", 8192, "--framework", "megatron-core", "--recompute", "none", "--json"])
+    assert not tight["fits"] and tight["micro_batch"] == 1
+    assert any("the closest to fitting: none fits" in note for note in tight["assumptions"]["implied"])
+    # a batch the data-parallel degree does not divide: the same one line as with a micro-batch given
+    code, _, err = cli([*base[:8], 63, *base[9:]])
+    assert code == 2 and err.count("\n") == 1 and "63" in err, err

@@ -40,8 +40,13 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     framework runs them (planner.estimate.complete_layout)."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    p.add_argument("--micro-batch", type=int, required=micro_batch_required, default=None if micro_batch_required else 1,
-                   help="sequences per micro-batch")
+    if unnamed:
+        p.add_argument("--micro-batch", type=int, default=None,
+                       help="sequences per micro-batch (default: of those dividing each data-parallel replica's share "
+                            "of the batch, the fastest that fits, said under 'filled in')")
+    else:
+        p.add_argument("--micro-batch", type=int, required=micro_batch_required,
+                       default=None if micro_batch_required else 1, help="sequences per micro-batch")
     if not unnamed:
         p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only")
         p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")

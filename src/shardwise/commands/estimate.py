@@ -13,7 +13,7 @@ def register(subparsers, name, help):
     add_model_arg(p)
     add_cluster_args(p)
     add_job_args(p)
-    add_layout_args(p, micro_batch_required=True, unnamed=True)
+    add_layout_args(p, unnamed=True)
     add_software_args(p)
     p.add_argument("--dp", type=int, default=None,
                    help="data-parallel degree (optional: it follows from --gpus / (tp*pp*cp); given, it must agree)")
@@ -32,12 +32,11 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import check_runs, complete_layout
+    from shardwise.planner.estimate import check_runs
     from shardwise.planner.fit_options import fit_options
     from shardwise.planner.frameworks import get
     from shardwise.planner.overlap import fp8_gathered
     from shardwise.planner.step_time import host_bound_note
-    from shardwise.specs import check_sequence_split, validate_layout
 
     job = job_from_args(args)
     if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
@@ -62,18 +61,11 @@ def _run(args) -> int:
     if args.dp is not None and args.dp != dp:
         raise UsageError(f"--dp {args.dp} disagrees with --gpus {args.gpus} / (tp*pp*cp = {args.gpus // dp}) = {dp} — "
                          "give --gpus as dp*tp*pp*cp, or leave --dp out")
-    layout = layout_from_args(args, dp)
-    validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
-                    edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
-    asked = layout  # as the command line gave it: fit_options changes one flag of it
-    completed, implied = complete_layout(job, layout, named)
+    if args.micro_batch is None:
+        asked, layout, implied = _unnamed_micro_batch(args, job, dp, named)
+    else:
+        asked, layout, implied = _completed(args, job, dp, named)
     filled = list(implied)  # the knobs the stack's defaults set, said under the text table
-    if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
-        try:
-            check_sequence_split(completed, job.model, job.train.seq_len)
-        except UsageError as exc:
-            raise UsageError(f"{implied[0]}: {exc}") from None
-    layout = completed
     implied = [*implied, *notes(args), *unused]  # the numbers are one stack's, compiled or not: say so where the user named neither
     check_runs(job, layout)
     if host_note := host_bound_note(job, layout):
@@ -107,6 +99,52 @@ def _run(args) -> int:
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0
+
+
+def _completed(args, job, dp: int, named: set[str]):
+    """The layout the command line gives, checked, and as the job's stack runs it (complete_layout): (as asked — what
+    fit_options changes one flag of —, completed, what the stack's defaults filled in)."""
+    from shardwise.planner.estimate import complete_layout
+    from shardwise.planner.frameworks import get
+    from shardwise.specs import check_sequence_split, validate_layout
+
+    layout = layout_from_args(args, dp)
+    validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
+                    edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
+    completed, implied = complete_layout(job, layout, named)
+    if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
+        try:
+            check_sequence_split(completed, job.model, job.train.seq_len)
+        except UsageError as exc:
+            raise UsageError(f"{implied[0]}: {exc}") from None
+    return layout, completed, implied
+
+
+def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
+    """--micro-batch not given: of the micro-batches dividing each replica's share of the batch (each completed as
+    the stack runs it), the fastest that fits, else the one needing the least memory. A micro-batch the layout cannot
+    take is skipped; if none can, the smallest one's error is the answer."""
+    from shardwise.planner import estimate
+
+    share = job.train.global_batch // dp if dp and job.train.global_batch % dp == 0 else 1
+    tried, first_error = [], None
+    for m in (m for m in range(1, share + 1) if share % m == 0):
+        args.micro_batch = m
+        try:
+            asked, completed, implied = _completed(args, job, dp, named)
+        except UsageError as exc:
+            first_error = first_error or exc
+            continue
+        tried.append((estimate(job, completed), asked, completed, implied))
+    if not tried:
+        args.micro_batch = None
+        raise first_error
+    fits = [t for t in tried if t[0].fits]
+    est, asked, completed, implied = (min(fits, key=lambda t: t[0].step_time) if fits
+                                      else min(tried, key=lambda t: t[0].memory_per_gpu))
+    rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
+    return asked, completed, [*implied, f"micro-batch {completed.micro_batch} ({rule}, of the {len(tried)} dividing "
+                                        f"each replica's {share} sequences; --micro-batch not given)"]
 
 
 def _assumed(job, est) -> str:
