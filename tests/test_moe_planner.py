@@ -294,3 +294,39 @@ def test_transformer_engine_casts_every_local_experts_weights_once_a_step():
     one_expert = cast["te", 4] - cast["te", 8]
     assert one_expert > 0 and cast["te", 1] - cast["te", 8] == pytest.approx(7 * one_expert)
     assert cast["ao", 1] == cast["ao", 8] < cast["te", 8]
+
+
+def test_a_moe_step_bound_by_the_fitted_host_floor_says_so():
+    # Mixtral 8x7B at tp 8 and one sequence a micro-batch: a MoE layer's GPU work per micro-batch is a few ms, under the
+    # host time fitted on published MoE runs (moe.MOE_LAYER_HOST_S), which then sets the layer's time; the estimate
+    # says so rather than booking it as compute without a word. At tp 1 the GPU work is longer: no note.
+    from shardwise.planner.step_time import host_bound_note
+    model = load_model("mixtral-8x7b")
+    job = make_job(model, H100, 512, 4096, "megatron-core")
+    narrow = Layout(dp=8, tp=8, ep=8, micro_batch=1, zero=1)
+    assert "bound by the host" in host_bound_note(job, narrow)
+    assert host_bound_note(job, Layout(dp=64, ep=8, micro_batch=1, zero=1, recompute="full")) == ""
+
+
+def test_expert_tensor_parallelism_unnamed_is_the_stacks_own(capsys):
+    # Megatron-Core's --expert-tensor-parallel-size defaults to --tensor-model-parallel-size (megatron/training/
+    # arguments.py): megatron-core and nemo split each expert over the dense tp unless told; torchtitan keeps each
+    # expert whole (expert_tensor_parallel_degree 1). Named, --etp is kept.
+    argv = ["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "4096", "--tp", "4", "--ep", "8", "--micro-batch", "1", "--json"]
+
+    def run(*extra):
+        assert main([*argv, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    mega = run("--framework", "megatron-core")
+    assert mega["etp"] == 4 and any(n.startswith("etp 4 (") for n in mega["assumptions"]["implied"])
+    assert run("--framework", "megatron-core", "--etp", "1")["etp"] == 1
+    assert run("--framework", "torchtitan")["etp"] == 1
+    # plan ranks layouts as the stack splits them unasked: a megatron-core candidate with tp > 1 splits its experts
+    # over tp wherever ep x tp folds over its dp x tp x cp ranks (elsewhere Megatron-Core needs --etp 1 said)
+    assert main(["plan", *argv[1:11], "--framework", "megatron-core", "--json", "--top", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    split = [c for c in [out["best"], *out["candidates"]] if c["tp"] > 1]
+    folds = [c for c in split if (c["dp"] * c["cp"]) % c["ep"] == 0]
+    assert folds and all(c["etp"] == c["tp"] for c in folds) and all(c["etp"] == 1 for c in split if c not in folds)

@@ -78,7 +78,11 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "
                         "must divide dp*tp*cp")
-    p.add_argument("--etp", type=int, default=1, help="tensor-parallel degree inside each expert (default 1)")
+    p.add_argument("--etp", type=int, default=None if unnamed else 1,
+                   help="tensor-parallel degree inside each expert (default 1" + (
+                       "; on megatron-core and nemo the dense layers' tp, as Megatron-Core's "
+                       "--expert-tensor-parallel-size defaults, where tp divides the expert FFN and ep*tp folds over "
+                       "dp*tp*cp)" if unnamed else ")"))
     p.add_argument("--cp", type=int, default=1,
                    help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
     p.add_argument("--cp-mode", default=None, choices=list(CP_MODES),
@@ -92,7 +96,7 @@ def layout_from_args(args, dp: int) -> Layout:
     return Layout(dp=dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp, zero=args.zero,
                   recompute=args.recompute, recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sequence_parallel and args.tp > 1, schedule=schedule,
-                  ep=args.ep, etp=args.etp, cp=args.cp, cp_mode=args.cp_mode or "ring",
+                  ep=args.ep, etp=args.etp or 1, cp=args.cp, cp_mode=args.cp_mode or "ring",
                   dp_shard=getattr(args, "dp_shard", 0))
 
 

@@ -108,10 +108,16 @@ def _completed(args, job, dp: int, named: set[str]):
     from shardwise.planner.frameworks import get
     from shardwise.specs import check_sequence_split, validate_layout
 
+    fw = get(job.framework)
     layout = layout_from_args(args, dp)
+    etp = fw.default_etp(job.model, layout.with_(etp=1)) if args.etp is None else args.etp
+    layout = layout.with_(etp=etp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
-                    edge_chunks=get(job.framework).edge_chunks, split_rule=get(job.framework).stage_split)
+                    edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)
     completed, implied = complete_layout(job, layout, named)
+    if args.etp is None and etp > 1:
+        implied = [*implied, f"etp {etp} ({fw.name} splits each expert over the dense layers' tp unless told: "
+                             f"Megatron-Core's --expert-tensor-parallel-size default; --etp not given)"]
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
         try:
             check_sequence_split(completed, job.model, job.train.seq_len)

@@ -284,6 +284,10 @@ class Framework:
     # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
     # expert on every rank, ep 1, if at all)
     expert_parallel: bool = True
+    # Its expert tensor parallelism when the run names none: True, the dense layers' tp (Megatron-Core's
+    # --expert-tensor-parallel-size defaults to --tensor-model-parallel-size: megatron/training/arguments.py); False, 1
+    # (every expert whole on each of its ranks: torchtitan's expert_tensor_parallel_degree default)
+    expert_tp_follows_tp: bool = False
     # How it can move tokens to their experts (Job.moe_dispatcher: "alltoall", NCCL's; "deepep", DeepEP's
     # node-deduplicated kernels) and whether it can hide one micro-batch's all-to-alls behind another's compute
     # (Job.ep_comm_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm)
@@ -381,6 +385,15 @@ class Framework:
                 if tp % num_kv_heads == 0 else "")
         return (f"tp={tp} does not divide the {num_kv_heads} KV heads, and {self.name} splits them over tp{also} — "
                 f"pick a tp dividing {num_kv_heads}")
+
+    def default_etp(self, model, layout: Layout) -> int:
+        """The expert tensor parallelism this stack runs `layout` with when the run names none: its dense tp where the
+        stack follows it (expert_tp_follows_tp) and the experts can take it (tp divides the expert FFN, and ep x tp
+        folds over the dp x tp x cp ranks), else 1."""
+        tp = layout.tp
+        if not (self.expert_tp_follows_tp and model.is_moe and tp > 1) or model.moe_ffn_hidden % tp:
+            return 1
+        return tp if (layout.dp * tp * layout.cp) % (layout.ep * tp) == 0 else 1
 
     def refusal(self, layout: Layout, num_layers: int | None = None, microbatches: int | None = None) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None; with the model's `num_layers`, also

@@ -582,6 +582,7 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
                 continue
             base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
                           ep=ep)
+            base = base.with_(etp=tally.fw.default_etp(job.model, base))  # as the stack splits the experts unasked
             measured, fitted = _search_base(tally, tally.with_cp_mode(base), m)
             if measured and not fitted:
                 too_big.add((schedule, vpp, sp, ep))
@@ -659,6 +660,7 @@ def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
         ep = max(expert_degrees(job, dp, tp, stack, cp), default=1)  # the experts spread their widest
         for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
             layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp, ep=ep)
+            layout = layout.with_(etp=fw.default_etp(job.model, layout))
             if not fw.refusal(layout, job.model.num_layers) and fits_memory(job, layout):
                 return True
     return False

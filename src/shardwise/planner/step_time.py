@@ -271,8 +271,9 @@ def host_bound_note(job: Job, layout: Layout) -> str:
     layer's GPU work per micro-batch (its compute and exposed TP/CP traffic) is under RUNTIME_HOST_LAYER_S; ""
     otherwise, on a calibration that holds the host's floor, and on a CPU's (its synchronous ops are in its times)."""
     measured = job.cluster.measured or {}
-    if job.framework != "shardwise" or measured.get("host_layer_s") or measured.get("backend") == "gloo" \
-            or job.model.is_moe:  # a MoE layer's host time is priced already (moe.MOE_LAYER_HOST_S)
+    if job.model.is_moe:  # a MoE layer's host time is priced already (moe.MOE_LAYER_HOST_S): said where it binds
+        return moe_host_floor_note(job, layout)
+    if job.framework != "shardwise" or measured.get("host_layer_s") or measured.get("backend") == "gloo":
         return ""
     lc = layer_cost(job, layout)
     device = lc.fwd + lc.bwd_in + lc.bwd_w + lc.tp_fwd + lc.tp_bwd + lc.cp_fwd + lc.cp_bwd  # all that keeps it busy
@@ -282,6 +283,19 @@ def host_bound_note(job: Job, layout: Layout) -> str:
             f"ms or more this runtime's host took to launch one on an H200's host: the step is likely bound by the "
             f"host and slower than predicted (a larger micro-batch does more work a launch) — `shardwise calibrate` "
             f"on the GPU measures the host's floor, which the planner then holds")
+
+
+def moe_host_floor_note(job: Job, layout: Layout) -> str:
+    """A note when a MoE layer's time per micro-batch is the host floor fitted on published MoE runs
+    (moe.MOE_LAYER_HOST_S: its GPU work ends before the host has issued the next layer's), not its GPU work; "" where
+    the GPU work is longer, or on a calibrated cluster (layer_time.calibrated: no floor there)."""
+    lc = layer_cost(job, layout, moe_layer=True)
+    floor = moe.MOE_LAYER_HOST_S
+    if calibrated(job) or lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd > floor / 3 * (1 + 1e-9):
+        return ""
+    return (f"each MoE layer takes the host's {floor * 1e3:.1f} ms a micro-batch (the floor fitted on published MoE runs: "
+            f"the layer's GPU work is shorter), so this step is bound by the host — a larger micro-batch, less tp or "
+            f"fewer micro-batches a step do more work a launch")
 
 
 def edge_overhead(job: Job, layout: Layout, rank: int) -> float:

@@ -12,7 +12,7 @@ from shardwise.planner.profiles.megatron import MEGATRON_CORE
 # InternEvo (InternLM's training framework, 2023; doc/en/train_performance.md's A100 tables): Megatron-style TP and
 # pipelines, its Hybrid ZeRO-1, FlashAttention and Apex's fused kernels.
 INTERNEVO = replace(
-    MEGATRON_CORE, name="internevo", fp8_experts=False,
+    MEGATRON_CORE, name="internevo", fp8_experts=False, expert_tp_follows_tp=False,
     summary="InternEvo (InternLM) with its HybridZeroOptimizer: BF16 gradients all-reduced over every data-parallel "
             "rank in buckets during the backward; the optimizer's whole parameters dealt to the ranks of the zero1 "
             "group (all of dp, or --dp-shard ranks: its zero1 size) and each owner's updated BF16 parameters "
@@ -204,7 +204,7 @@ ALEPH_ALPHA = replace(
 
 
 NANOTRON = replace(
-    MEGATRON_CORE, name="nanotron", cp_fused_attention_only=False, fp8_experts=False,
+    MEGATRON_CORE, name="nanotron", cp_fused_attention_only=False, fp8_experts=False, expert_tp_follows_tp=False,
     summary="Hugging Face nanotron v0.5: Llama-style model with FlashAttention-2 and fused RMSNorm, TP with optional "
             "sequence parallelism (tp_mode REDUCE_SCATTER), 1F1B or all-forward-all-backward pipelines with a "
             "compute-balanced stage split, FP32 gradient accumulation (accumulate_grad_in_fp32); ZeRO-0 as DDP, its "

@@ -46,7 +46,7 @@ MEGATRON_P2P_OVERLAP = ("interleaved-1f1b",)
 
 
 MEGATRON_CORE = Framework(
-    name="megatron-core", cp_fused_attention_only=True,
+    name="megatron-core", cp_fused_attention_only=True, expert_tp_follows_tp=True,
     summary="Megatron-LM / Megatron-Core with --use-distributed-optimizer --overlap-grad-reduce "
             "--overlap-param-gather, Transformer Engine fused attention, FP32 gradient reduce, optional SP, "
             "selective recompute, optional TP comm overlap (--tp-comm-overlap); ZeRO-2/3 as Megatron FSDP "
@@ -78,7 +78,7 @@ MEGATRON_CORE = Framework(
 
 
 NEMO = Framework(
-    name="nemo", cp_fused_attention_only=True,
+    name="nemo", cp_fused_attention_only=True, expert_tp_follows_tp=True,
     summary="NeMo's Megatron recipes (megatron-core underneath): distributed_fused_adam with overlapped grad "
             "and param sync in bf16 (grad_sync_dtype), TP comm overlap (ub_tp_comm_overlap), SP with every TP "
             "(the recipes' sequence_parallel; TP comm overlap needs it), overlapped pipeline p2p; ZeRO-2/3 as "
