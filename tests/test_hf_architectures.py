@@ -269,6 +269,11 @@ def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
     ({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128,
       "activation_function": "swish"}, "activation_function 'swish' is not an activation"),
     ({"model_type": "t5", "d_model": 64}, "model_type 't5' is not an architecture shardwise models"),
+    # no model_type, Llama-like keys, but an encoder and a decoder (BART's): not read as a decoder-only Llama
+    ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
+      "is_encoder_decoder": True, "encoder_layers": 2, "decoder_layers": 2}, "an encoder-decoder model"),
+    ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
+      "encoder_layers": 2, "decoder_layers": 2}, "shardwise plans decoder-only transformers"),
 ])
 def test_a_config_shardwise_cannot_count_is_one_line_and_exit_2(cfg, fragment, tmp_path, capsys):
     path = tmp_path / "config.json"

@@ -281,8 +281,8 @@ class Framework:
     # 2 * kv_channels)`, a plain Linear on every TP rank). False: the KV heads are split, so tp must divide them
     # (Megatron-Core: num_query_groups_per_partition = divide(num_query_groups, tp); torchtitan, nanotron alike).
     replicates_kv_heads: bool = False
-    # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model runs with every
-    # expert on every rank, ep 1, if at all)
+    # False: the stack has no expert parallelism (no mixture-of-experts layers of its own: a MoE model is refused in
+    # one line, make_job)
     expert_parallel: bool = True
     # Its expert tensor parallelism when the run names none: True, the dense layers' tp (Megatron-Core's
     # --expert-tensor-parallel-size defaults to --tensor-model-parallel-size: megatron/training/arguments.py); False, 1

@@ -223,6 +223,10 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if precision == "fp8" and not cluster.fp8_flops:
         raise UsageError(f"{cluster.name} has no FP8 tensor cores (FP8 training needs Hopper or newer) — use "
                          f"--precision bf16, or a cluster file with fp8_peak_tflops")
+    if model.is_moe and not fw.expert_parallel:  # its MoE layers, routing and dispatch are no code of that stack's
+        moe_stacks = ", ".join(name for name, f in FRAMEWORKS.items() if f.expert_parallel)
+        raise UsageError(f"--framework {fw.name} has no mixture-of-experts layers, and {model.name} has "
+                         f"{model.num_experts} experts — use a framework that trains them ({moe_stacks})")
     fp8_stacks = ", ".join(name for name, f in FRAMEWORKS.items() if f.fp8)  # one list for both refusals below
     if precision == "fp8" and not fw.fp8:
         raise UsageError(f"--framework {fw.name} has no FP8 training — use --precision bf16, or a framework that "
