@@ -257,6 +257,11 @@ def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
     assert "uses bloom's blocks, which shardwise's runtime does not implement" in err and "\n" not in err
 
 
+TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+                 "num_experts_per_tok": 2, "vocab_size": 128}
+
+
 @pytest.mark.parametrize("cfg, fragment", [
     # facebook/opt-350m: project_in/project_out around a 1024-wide model, post-LayerNorm blocks
     ({"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
@@ -269,6 +274,10 @@ def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
     ({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128,
       "activation_function": "swish"}, "activation_function 'swish' is not an activation"),
     ({"model_type": "t5", "d_model": 64}, "model_type 't5' is not an architecture shardwise models"),
+    # a MoE config whose expert keys place no expert, or routing groups that cannot be
+    ({**TINY_QWEN_MOE, "mlp_only_layers": [-1, 9]}, "mlp_only_layers [-1, 9] are not layers of a 2-layer model"),
+    ({**TINY_QWEN_MOE, "mlp_only_layers": [0, 1]}, "but no layer is a MoE layer"),
+    ({**TINY_QWEN_MOE, "n_group": 3, "topk_group": 5}, "group-limited routing needs n_group dividing the 4 experts"),
     # no model_type, Llama-like keys, but an encoder and a decoder (BART's): not read as a decoder-only Llama
     ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
       "is_encoder_decoder": True, "encoder_layers": 2, "decoder_layers": 2}, "an encoder-decoder model"),

@@ -572,3 +572,14 @@ def test_no_gpu_count_is_suggested_where_more_gpus_cannot_shard_the_weights_enou
     job = make_job(load_model("llama3.1-405b"), load_cluster("dgx-h100-80gb"), 2048, 8192, "llama2")
     result = search(job, 16384)
     assert not result.ranked and "use about" not in nothing_fits_message(job, 16384, result)
+
+
+def test_schedules_a_stack_runs_none_of_is_one_line_not_a_pipeline_free_plan(capsys):
+    # megatron-core has no ZB-H1: --schedules zb-h1 would otherwise leave only pp 1 layouts, a plan that quietly
+    # ignores what was asked. With a schedule it runs beside it, it plans.
+    job = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64", "--seq-len",
+           "4096", "--framework", "megatron-core", "--json"]
+    code, _, err = run_cli(capsys, "plan", *job, "--schedules", "zb-h1")
+    assert code == 2 and "megatron-core runs none of them" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "plan", *job, "--schedules", "zb-h1,1f1b")
+    assert code == 0, err

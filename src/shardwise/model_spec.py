@@ -472,8 +472,20 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     dense_only = cfg.get("mlp_only_layers") or []
     if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
         raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
+    outside = [i for i in dense_only if not 0 <= i < num_layers]
+    if outside:
+        raise UsageError(f"{source}: mlp_only_layers {outside} are not layers of a {num_layers}-layer model (0 to "
+                         f"{num_layers - 1}) — fix the config")
     moe_layers = tuple(i for i in range(num_layers)
                        if i >= first_dense and i % every == 0 and (i + 1) % step == 0 and i not in set(dense_only))
+    if not moe_layers:
+        raise UsageError(f"{source}: {experts} experts ({key}) but no layer is a MoE layer (first_k_dense_replace, "
+                         f"moe_layer_freq, decoder_sparse_step or mlp_only_layers leave none of the {num_layers}) — "
+                         f"fix the config, or drop the expert keys for a dense model")
+    groups, topk_groups = optional(cfg, "n_group", 1, source), optional(cfg, "topk_group", 1, source)
+    if groups < 1 or experts % groups or not 1 <= topk_groups <= groups:
+        raise UsageError(f"{source}: group-limited routing needs n_group dividing the {experts} experts and "
+                         f"1 <= topk_group <= n_group, got n_group {groups}, topk_group {topk_groups} — fix the config")
     scoring = cfg.get("scoring_func") or ("sigmoid" if model_type in DEEPSEEK_V3_KEYS else "softmax")
     if scoring not in ("softmax", "sigmoid"):
         raise UsageError(f"{source}: scoring_func {scoring!r} is not supported — use softmax or sigmoid")
@@ -487,8 +499,7 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     return {"num_experts": experts, "experts_per_token": top_k, "moe_ffn_hidden": width, "shared_ffn_hidden": shared,
             "shared_expert_gate": bool(cfg.get("shared_expert_intermediate_size")), "moe_layers": moe_layers,
             "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
-            "aux_loss_coef": float(coef or 0.0), "router_groups": optional(cfg, "n_group", 1, source),
-            "router_topk_groups": optional(cfg, "topk_group", 1, source)}
+            "aux_loss_coef": float(coef or 0.0), "router_groups": groups, "router_topk_groups": topk_groups}
 
 
 def _rope_theta(cfg: dict) -> float:

@@ -287,6 +287,11 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: {job.framework} has no "
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")
+    fw = get_framework(job.framework)
+    if set(space.schedules) != set(SearchSpace().schedules) and fw.schedules \
+            and not any(k in fw.schedules for k in space.schedules):  # else only pp 1 would be left, no pipeline asked for
+        raise UsageError(f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
+                         f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
     required = _sp_required(job, get_framework(job.framework))
