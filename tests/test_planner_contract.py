@@ -867,3 +867,14 @@ def test_estimate_without_a_micro_batch_takes_the_fastest_that_fits():
     # a batch the data-parallel degree does not divide: the same one line as with a micro-batch given
     code, _, err = cli([*base[:8], 63, *base[9:]])
     assert code == 2 and err.count("\n") == 1 and "63" in err, err
+    # a stack without gradient accumulation runs a replica's whole share as its one micro-batch (as plan scores it)
+    fms = answer([*base[:13], "--pp", 1, "--tp", 1, "--framework", "fms-fsdp", "--json"])
+    assert fms["micro_batch"] == 8  # 64 sequences over dp 8: its one micro-batch a step
+    # a layout that does not fit: each way to make it fit names the micro-batch chosen, so adding both flags gives it
+    tight = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64,
+             "--seq-len", 4096, "--framework", "megatron-core", "--zero", 0, "--recompute", "none", "--json"]
+    loose = answer(tight)
+    assert not loose["fits"] and loose["fit_options"]
+    for option in loose["fit_options"]:
+        again = answer([*tight, *option["change"].split()])
+        assert again["fits"] and again["step_time_s"] == pytest.approx(option["step_time_s"], abs=1e-6), option

@@ -401,3 +401,18 @@ def test_deepspeed_zero_3_gathers_one_submodule_at_a_time():
     assert ds["weights"] == pytest.approx(2 * 1e9 + 2 * params / 128)
     titan = rank_memory(make_job(model, cluster, 128, 1024, "torchtitan"), lay, 0)
     assert titan["weights"] > 2 * 2 * 12 * 12288**2  # two whole layers and the root
+
+
+def test_zb_h1_keeps_the_logits_through_a_recomputed_layer():
+    # ZB-H1's input-gradient pass keeps its micro-batch's graph, the logits with it, until the weight pass
+    # (torch's stage_backward_input), so on the last rank a recomputed layer's working set adds to the logits; only the
+    # loss's scratch has gone. Under 1F1B the same layout holds the larger of the two (GPT-3 175B: the recomputed layer's
+    # working set is above its logits and their scratch, so the overlap is all of those).
+    from shardwise.planner.job import make_job
+    from shardwise.planner.memory import last_stage_bytes, logits_overlap, loss_transient_bytes
+    job = make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb"), 16, 2048, "shardwise")
+    lay = Layout(dp=1, tp=8, pp=2, micro_batch=1, recompute="full")
+    zb, one = logits_overlap(job, lay.with_(schedule="zb-h1"), 1), logits_overlap(job, lay, 1)
+    assert one == last_stage_bytes(job, lay) + loss_transient_bytes(job, lay)
+    assert zb == loss_transient_bytes(job, lay) < one
+    assert logits_overlap(job, lay, 0) == 0.0  # the first rank has no logits

@@ -357,7 +357,8 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__} — give a "
                          f"Hugging Face config.json or use a preset")
-    if cfg.get("is_encoder_decoder") is True or ("encoder_layers" in cfg and "decoder_layers" in cfg):
+    if cfg.get("is_encoder_decoder") is True or ("encoder_layers" in cfg and "decoder_layers" in cfg
+                                                  and cfg.get("is_encoder_decoder") is not False):
         raise UsageError(f"{source}: an encoder-decoder model (is_encoder_decoder / encoder_layers and decoder_layers) "
                          f"— shardwise plans decoder-only transformers; give a decoder's config.json or a preset")
     family = model_family(cfg, source)

@@ -77,6 +77,9 @@ def _run(args) -> int:
         implied = [*implied, idle_gather]
     est = estimate(job, layout, implied)
     options = [] if est.fits else fit_options(job, layout, asked, frozenset(named))
+    if args.micro_batch is None:  # each option at the micro-batch chosen here, as `estimate` answers it with both flags
+        options = [o | {"change": f"{o['change']} --micro-batch {layout.micro_batch}"}
+                   if not o["change"].startswith("--micro-batch") else o for o in options]
     if args.json:
         print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0
@@ -131,13 +134,19 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     the stack runs it), the fastest that fits, else the one needing the least memory. A micro-batch the layout cannot
     take is skipped; if none can, the smallest one's error is the answer."""
     from shardwise.planner import estimate
+    from shardwise.planner.estimate import check_runs
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.search import SearchSpace, micro_batches
 
-    share = job.train.global_batch // dp if dp and job.train.global_batch % dp == 0 else 1
+    whole = job.train.global_batch % dp == 0  # else the batch splits over no dp: micro-batch 1 says why, in one line
+    share = job.train.global_batch // dp
     tried, first_error = [], None
-    for m in (m for m in range(1, share + 1) if share % m == 0):
+    # as plan scores them: the divisors of the share, or the whole share on a stack that does not accumulate
+    for m in micro_batches(job, get(job.framework), dp, args.pp, SearchSpace()) if whole else [1]:
         args.micro_batch = m
         try:
             asked, completed, implied = _completed(args, job, dp, named)
+            check_runs(job, completed)
         except UsageError as exc:
             first_error = first_error or exc
             continue
@@ -149,8 +158,9 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     est, asked, completed, implied = (min(fits, key=lambda t: t[0].step_time) if fits
                                       else min(tried, key=lambda t: t[0].memory_per_gpu))
     rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
-    return asked, completed, [*implied, f"micro-batch {completed.micro_batch} ({rule}, of the {len(tried)} dividing "
-                                        f"each replica's {share} sequences; --micro-batch not given)"]
+    args.micro_batch = None  # still unnamed: fit_options says the micro-batch beside each change
+    return asked, completed, [*implied, f"micro-batch {completed.micro_batch} ({rule}, of the {len(tried)} the stack "
+                                        f"can run with each replica's {share} sequences; --micro-batch not given)"]
 
 
 def _assumed(job, est) -> str:

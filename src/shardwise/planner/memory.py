@@ -542,7 +542,9 @@ def logits_overlap(job: Job, layout: Layout, rank: int) -> float:
         return 0.0
     held = rank_holdings(job, layout, rank)
     _, transient = activation_parts(job, layout, held.layers, held.inflight, rank_recomputed_layers(job, layout, rank))
-    return min(transient, last_stage_bytes(job, layout) + loss_transient_bytes(job, layout))
+    # ZB-H1's input-gradient pass keeps the graph, logits included, until the weight pass: only the loss's scratch goes
+    freed = loss_transient_bytes(job, layout) + (0.0 if layout.schedule == "zb-h1" else last_stage_bytes(job, layout))
+    return min(transient, freed)
 
 
 def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:

@@ -164,7 +164,7 @@ def cp_allowed(job: Job, cp: int, space: SearchSpace = SearchSpace()) -> bool:
 
 def expert_degrees(job: Job, dp: int, tp: int, space: SearchSpace = SearchSpace(), cp: int = 1) -> list[int]:
     """The ep values worth scoring for a dp x tp split: divisors of the experts that fold over dp*tp*cp ranks
-    (etp 1: expert tensor parallelism is a choice the user states with --etp). [1] for a dense model."""
+    (each layout then splits its experts as the stack does unasked: Framework.default_etp). [1] for a dense model."""
     model = job.model
     if not model.is_moe or not get_framework(job.framework).expert_parallel:
         return [1]
@@ -288,10 +288,10 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")
     fw = get_framework(job.framework)
-    if set(space.schedules) != set(SearchSpace().schedules) and fw.schedules \
-            and not any(k in fw.schedules for k in space.schedules):  # else only pp 1 would be left, no pipeline asked for
-        raise UsageError(f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
-                         f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
+    if set(space.schedules) != set(SearchSpace().schedules) and not any(k in fw.schedules for k in space.schedules):
+        runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
+        raise UsageError(f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them ({runs}) — "
+                         f"{'add one of those, or ' if fw.schedules else 'drop --schedules, or '}pick another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
     required = _sp_required(job, get_framework(job.framework))
