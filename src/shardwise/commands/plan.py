@@ -52,12 +52,14 @@ def plan(args):
 
 def _plan(args):
     from shardwise.errors import UsageError
-    from shardwise.planner.search import nothing_fits_message, search
+    from shardwise.planner.search import nothing_fits_message, schedules_refusal, search
 
     if getattr(args, "top", 1) < 1:  # plan and explain show --top rows; report shows them all
         raise UsageError(f"--top must be at least 1, got {args.top}")
     job = job_from_args(args)
     space = space_from_args(args)
+    if refusal := schedules_refusal(job, space):
+        raise UsageError(refusal)
     result = search(job, args.gpus, space)
     if not result.ranked:
         raise UsageError(nothing_fits_message(job, args.gpus, result, space))

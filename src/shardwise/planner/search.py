@@ -265,6 +265,17 @@ def check_gpus(gpus: int, command: str) -> None:
                          f"the cluster (layouts repeat across identical parts)")
 
 
+def schedules_refusal(job: Job, space: SearchSpace) -> str:
+    """For a command line that narrowed --schedules to ones the job's stack runs none of: why, in one line ("" otherwise).
+    `search` itself would answer with pipeline-free layouts only, not what was asked for."""
+    fw = get_framework(job.framework)
+    if set(space.schedules) == set(SearchSpace().schedules) or any(k in fw.schedules for k in space.schedules):
+        return ""
+    runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
+    return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them ({runs}) — "
+            f"{'add one of those, or ' if fw.schedules else 'drop --schedules, or '}pick another --framework")
+
+
 def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
     """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
     that is impossible or too large even then, before any scoring."""
@@ -287,11 +298,6 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: {job.framework} has no "
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")
-    fw = get_framework(job.framework)
-    if set(space.schedules) != set(SearchSpace().schedules) and not any(k in fw.schedules for k in space.schedules):
-        runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
-        raise UsageError(f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them ({runs}) — "
-                         f"{'add one of those, or ' if fw.schedules else 'drop --schedules, or '}pick another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
         raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
     required = _sp_required(job, get_framework(job.framework))
