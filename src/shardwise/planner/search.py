@@ -268,12 +268,12 @@ def check_gpus(gpus: int, command: str) -> None:
 def schedules_refusal(job: Job, space: SearchSpace) -> str:
     """For a command line that narrowed --schedules to ones the job's stack runs none of: why, in one line ("" otherwise).
     `search` itself would answer with pipeline-free layouts only, not what was asked for."""
-    fw = get_framework(job.framework)
-    if set(space.schedules) == set(SearchSpace().schedules) or any(k in fw.schedules for k in space.schedules):
+    fw = get_framework(job.framework)  # (a stack without pipelines runs pp 1 whatever the schedules: nothing to narrow)
+    if set(space.schedules) == set(SearchSpace().schedules) or not fw.schedules \
+            or any(k in fw.schedules for k in space.schedules):
         return ""
-    runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
-    return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them ({runs}) — "
-            f"{'add one of those, or ' if fw.schedules else 'drop --schedules, or '}pick another --framework")
+    return (f"--schedules {','.join(space.schedules)}: --framework {fw.name} runs none of them (it runs "
+            f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
 
 
 def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
