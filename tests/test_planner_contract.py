@@ -878,3 +878,15 @@ def test_estimate_without_a_micro_batch_takes_the_fastest_that_fits():
     for option in loose["fit_options"]:
         again = answer([*tight, *option["change"].split()])
         assert again["fits"] and again["step_time_s"] == pytest.approx(option["step_time_s"], abs=1e-6), option
+
+
+def test_a_sequence_beyond_a_learned_position_table_is_said():
+    """GPT-2 learns 1,024 positions: planning 8,192-token sequences is answered (the planner counts the table as
+    given), with a note that the run needs a longer table; a rotary model has no such limit to state."""
+    argv = ["estimate", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64, "--micro-batch", 1, "--json"]
+    long = answer([*argv, "--model", "gpt2", "--seq-len", 8192])
+    assert any("needs a longer position table" in n for n in long["assumptions"]["implied"])
+    short = answer([*argv, "--model", "gpt2", "--seq-len", 1024])
+    assert not any("position table" in n for n in short["assumptions"].get("implied", []))
+    rotary = answer([*argv, "--model", "llama3-8b", "--seq-len", 262144])
+    assert not any("position table" in n for n in rotary["assumptions"].get("implied", []))

@@ -53,6 +53,10 @@ def _run(args) -> int:
               if "cp_mode" in named and args.cp <= 1 else []) + \
         (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
          if args.sequence_parallel and args.tp <= 1 else [])
+    if job.model.learned_positions and job.train.seq_len > job.model.max_positions:  # runnable only with a longer table
+        unused.append(f"{job.model.name} learns positions for {job.model.max_positions:,} tokens: --seq-len "
+                      f"{job.train.seq_len:,} needs a longer position table (its parameters are counted at "
+                      f"{job.model.max_positions:,}; the rest of the numbers do not depend on it)")
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero
