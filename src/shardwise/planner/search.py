@@ -16,7 +16,10 @@ in this model — docs/planner.md explains each):
     least the exposed communication it could hide), so a level is scored only at ZeRO stages below
     the lowest one a cheaper level fits at (higher stages fit with the cheaper level too). Where full
     recompute fits, and so none did not, it is scored with the fewest layers per chunk recomputed that
-    fit (--recompute-layers: recomputing fewer is faster, by the same rule).
+    fit (--recompute-layers: recomputing fewer is faster, by the same rule). Full recompute of only some
+    layers lies between none and full: on a stack that runs it, it is scored at every stage below the
+    lowest one that fits without recompute, FSDP's ZeRO-3 beside its ZeRO-2 (the memory a higher stage
+    frees buys fewer recomputed layers).
   * context parallelism: cp divides the GPUs left by tp and pp and cuts the sequence into 2*cp equal
     zig-zag chunks; by default only cp that leave every rank at least MIN_CP_TOKENS tokens of each
     sequence: below that a sequence is short enough to split the batch instead (DP), and a ring hop
@@ -609,10 +612,14 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
         tally.refuse(fw.refusal(base.with_(zero=space.zero[0]), tally.job.model.num_layers))
     measured = fitted = False
     best_zero = 4  # lowest ZeRO stage that fit with a cheaper recompute level
+    without = 4  # the same, without recompute: full recompute of only some layers lies between none and full (score)
     for recompute in (r for r in RECOMPUTE_ORDER if r in space.recompute):
         lowest = None
+        # partial full recompute can undercut selective: it answers only to the stages where no recompute fit
+        partial = recompute == "full" and tally.partly
+        limit = without if partial else best_zero
         for zero in stages:
-            if zero >= best_zero:
+            if zero >= limit:
                 break
             layout = base.with_(zero=zero, recompute=recompute)
             why = fw.refusal(layout, tally.job.model.num_layers)
@@ -624,13 +631,15 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
                 continue
             fitted = True
             lowest = zero if lowest is None else lowest
-            if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1):
+            if not fw.gather_per_tensor and (zero == 2 or zero == 1 and m > 1) and not partial:
                 # FSDP's ZeRO-3 is its ZeRO-2 plus a re-gather per layer in backward; past the
                 # distributed optimizer (ZeRO-1: one reduce-scatter and one all-gather a step),
-                # FSDP's ZeRO-2 gathers and reduce-scatters every micro-batch: never faster
+                # FSDP's ZeRO-2 gathers and reduce-scatters every micro-batch: never faster (at the same recompute;
+                # under partial full recompute the memory a higher stage frees buys fewer recomputed layers)
                 break
         if lowest is not None:
-            best_zero = lowest
+            best_zero = min(best_zero, lowest)
+            without = lowest if recompute == "none" else without
     return measured, fitted
 
 
