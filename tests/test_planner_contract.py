@@ -364,6 +364,11 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
     ("inter_node_bandwidth_gbs = 1e-300\n", "'inter_node_bandwidth_gbs' is 1e-300, outside"),
     ("mamf_tflops = 500\n", "mamf_tflops 500 exceeds peak_tflops 150"),  # an MFU above 1
     ("[measured]\nall_reduce = [[0, 0.0]]\n", "[measured] all_reduce must be finite numbers"),  # a ZeroDivisionError
+    # a rate at or below 0, a time below 0, no ranks: negative or endless steps planned
+    ("[measured]\nmatmul_tflops = -100\n", "[measured] matmul_tflops must be finite numbers, rates 0 (not measured)"),
+    ("[measured]\nmatmul_tflops = 1e-30\n", "[measured] matmul_tflops must be"),
+    ("[measured]\nlayer_overhead_s = -0.001\n", "[measured] layer_overhead_s must be"),
+    ("[measured]\nworld_size = 0\n", "[measured] world_size must be"),
     # a power limit needs the sourced curve of its GPU (Hopper: NVIDIA's 400 W and 700 W TDPs), inside its range
     ("power_limit_w = 500\n", "power_limit_w needs arch = 'hopper'"),
     ('arch = "ampere"\npower_limit_w = 300\n', "no sourced power curve for 'ampere'"),

@@ -316,6 +316,14 @@ def _check_measured(measured, source: str) -> None:
     # Scalars the planner reads as numbers (every one but the labels calibrate writes).
     bad += [k for k, v in measured.items() if k not in ("backend", "dtype", "model")
             and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+    # What calibrate measures is a rate (0: not measured, the datasheet's stands; else within the [cluster] keys' range:
+    # the planner divides by it), a count of ranks (>= 1) or a time, a share or a ratio (>= 0): a negative one would
+    # plan negative steps.
+    scalars = {k: v for k, v in measured.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and math.isfinite(v)}
+    bad += [k for k, v in scalars.items()
+            if (v != 0 and not 1e-6 <= v <= 1e7 if k.endswith(("_tflops", "_gbs")) else v < 1 if k == "world_size"
+                else v < 0)]
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
@@ -331,7 +339,8 @@ def _check_measured(measured, source: str) -> None:
         if points is not None and not (isinstance(points, list) and all(isinstance(x, (int, float)) for x in points)):
             bad.append(key)
     if bad:
-        raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers (tables: [[bytes > 0, seconds >= 0], ...]) — "
+        raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers, rates 0 (not "
+                         f"measured) or 1e-6 to 1e7, world_size at least 1, times 0 or more (tables: [[bytes > 0, seconds >= 0], ...]) — "
                          f"rerun `shardwise calibrate` to write it again")
 
 
