@@ -328,3 +328,15 @@ def test_expert_tensor_parallelism_unnamed_is_the_stacks_own(capsys):
     split = [c for c in [out["best"], *out["candidates"]] if c["tp"] > 1]
     folds = [c for c in split if (c["dp"] * c["cp"]) % c["ep"] == 0]
     assert folds and all(c["etp"] == c["tp"] for c in folds) and all(c["etp"] == 1 for c in split if c not in folds)
+
+
+def test_one_shard_group_of_every_dp_rank_is_no_hybrid_sharding():
+    # --dp-shard equal to dp is one shard group of all of them, which estimate --json reports as dp_shard = dp: given
+    # back, it must price the same step (the experts' reduction once divided its ranks into zero replicas).
+    model = load_model("mixtral-8x7b")
+    job = make_job(model, H100, 256, 4096, "torchtitan")
+    lay = Layout(dp=16, pp=4, micro_batch=1, vpp=8, schedule="interleaved-1f1b", zero=2, ep=8)
+    assert estimate(job, lay.with_(dp_shard=16)).step_time == estimate(job, lay).step_time
+    qwen = make_job(load_model("qwen3-30b-a3b"), H100, 128, 4096, "megatron-core")
+    lay = Layout(dp=32, micro_batch=2, zero=3, ep=8)
+    assert estimate(qwen, lay.with_(dp_shard=32)).step_time == estimate(qwen, lay).step_time

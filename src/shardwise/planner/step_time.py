@@ -404,7 +404,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     after, before = dp_exposed(job, layout, fw, params - experts, dense, param_tensors(job, layout, rank),
                                share(win, 1.0 - expert_share), fp8)
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
-        e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1), fw, experts,
+        e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1, dp_shard=0), fw, experts,
                                        experts / cost.layers if cost.layers else experts, 3,
                                        share(win, expert_share))
         after, before = after + e_after, before + e_before
