@@ -909,3 +909,17 @@ def test_a_schedule_at_pp_1_changes_nothing_and_is_said():
         assert named["schedule"] == plain["schedule"] == "1f1b"
         assert (named["memory_gib_per_gpu"], named["step_time_s"]) == (plain["memory_gib_per_gpu"], plain["step_time_s"])
         assert any(f"--schedule {schedule} changes nothing at --pp 1" in n for n in named["assumptions"]["implied"])
+
+
+def test_flags_that_change_nothing_or_turn_something_off_are_said():
+    """--cp-mode at --cp 1 and --tp-comm-overlap at --tp 1 change nothing (the layout is reported as plan reports it);
+    --fused-norms with torchtitan's FP8 means an eager release, so the compile FP8 otherwise implies is off: said."""
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64,
+            "--seq-len", 4096, "--micro-batch", 1, "--json"]
+    idle = answer([*argv, "--cp", 1, "--cp-mode", "allgather", "--framework", "megatron-core", "--tp-comm-overlap"])
+    assert idle["cp_mode"] == "ring"
+    notes = " | ".join(idle["assumptions"]["implied"])
+    assert "--cp-mode allgather changes nothing at --cp 1" in notes and "--tp-comm-overlap changes nothing" in notes
+    eager = answer([*argv, "--framework", "torchtitan", "--precision", "fp8", "--fused-norms"])
+    assert not eager["compile"] and any(n.startswith("eager, not torch.compile") for n in eager["assumptions"]["implied"])
+    assert answer([*argv, "--framework", "torchtitan", "--precision", "fp8"])["compile"]

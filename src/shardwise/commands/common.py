@@ -325,8 +325,12 @@ def job_from_args(args):
                          f"no experts — drop it, or plan a mixture-of-experts model")
     precision = getattr(args, "precision", None) or "bf16"
     compiled = getattr(args, "compile", None)
-    if compiled is None and get(framework).compiles_by_default(precision, bool(getattr(args, "fused_norms", False))):
+    fused_norms = bool(getattr(args, "fused_norms", False))
+    if compiled is None and get(framework).compiles_by_default(precision, fused_norms):
         compiled, args.compile_note = True, COMPILE_IMPLIED
+    elif compiled is None and fused_norms and get(framework).compiles_by_default(precision):
+        args.compile_note = ("eager, not torch.compile (--fused-norms describes a release that ran its model eager with "
+                             "fused norm kernels; torchao's Float8 otherwise runs compiled)")
     cluster = load_cluster(args.cluster)
     if cluster.inferred:
         args.cluster_note = cluster.inferred

@@ -59,7 +59,12 @@ def _run(args) -> int:
         (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
          if args.sequence_parallel and args.tp <= 1 else []) + \
         ([f"--schedule {idle_schedule} changes nothing at --pp 1 (no pipeline stages to order: micro-batches run one "
-          f"after another)"] if idle_schedule else [])
+          f"after another)"] if idle_schedule else []) + \
+        (["--tp-comm-overlap changes nothing at --tp 1 (no tensor-parallel collectives to overlap)"]
+         if getattr(args, "tp_comm_overlap", None) and args.tp <= 1 else [])
+    if "cp_mode" in named and args.cp <= 1:  # the layout as plan reports one without cp
+        args.cp_mode = None
+        named.discard("cp_mode")
     if job.model.learned_positions and job.train.seq_len > job.model.max_positions:  # runnable only with a longer table
         unused.append(f"{job.model.name} learns positions for {job.model.max_positions:,} tokens: --seq-len "
                       f"{job.train.seq_len:,} needs a longer position table (its parameters are counted at "

@@ -55,4 +55,4 @@ def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None
 
 
 def _option(change: str, est: Estimate) -> dict:
-    return {"change": change, "memory_gib": round(est.memory_per_gpu / GIB, 2), "step_time_s": round(est.step_time, 6)}
+    return {"change": change, "memory_gib": round(est.memory_per_gpu / GIB, 3), "step_time_s": round(est.step_time, 6)}
