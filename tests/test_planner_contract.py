@@ -923,3 +923,10 @@ def test_flags_that_change_nothing_or_turn_something_off_are_said():
     eager = answer([*argv, "--framework", "torchtitan", "--precision", "fp8", "--fused-norms"])
     assert not eager["compile"] and any(n.startswith("eager, not torch.compile") for n in eager["assumptions"]["implied"])
     assert answer([*argv, "--framework", "torchtitan", "--precision", "fp8"])["compile"]
+
+
+def test_explain_says_a_layout_without_tp_has_no_tp_traffic():
+    out = answer(["explain", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64,
+                  "--seq-len", 2048, "--tp", 1, "--json"])
+    tp = next(p for p in out["explanation"] if p.startswith("TP = 1"))
+    assert "no TP traffic" in tp and "TP traffic runs on" not in tp

@@ -82,7 +82,7 @@ def test_a_ring_that_leaves_the_node_moves_at_the_networks_pace():
      "llama3 has no ring context parallelism"),
     # Megatron-Core's context parallelism lives in Transformer Engine's attention (its own asserts cp == 1)
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "megatron-core"],
-     "only in Transformer Engine's fused attention"),
+     "only in its fused attention kernel"),
     (["--gpus", "16", "--tp", "8", "--cp", "2", "--no-flash-attention", "--framework", "nemo"], "drop --no-flash-attention"),
 ])
 def test_bad_cp_input_is_one_line_exit_2(argv, expected, capsys):

@@ -45,7 +45,7 @@ def _compare(best: dict, chosen: int, winner: Estimate, name: str) -> str:
     # the four fastest other degrees (the runner-up's among them), in degree order
     nearest = sorted(sorted((e.step_time, v) for v, e in best.items() if v != chosen)[:4], key=lambda x: x[1])
     others = [f"{name}={v}: {seconds(t)} (+{t / winner.step_time - 1:.0%})" for t, v in nearest]
-    return "; ".join(others) if others else f"no other {name} degree fits"
+    return "; ".join(others) if others else f"no other {name} degree in the search fits"
 
 
 def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
@@ -79,7 +79,8 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     mem = win.memory_bytes
     out.append(
         f"DP = {lay.dp}: {f'{lay.dp} replicas each take' if lay.dp > 1 else 'one replica takes'} {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
-        f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic costs "
+        f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic"
+        f"{f' (over the {lay.dp * lay.cp} data- and context-parallel ranks)' if lay.cp > 1 else ''} costs "
         f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()}). Total {win.memory_per_gpu / GIB:.1f} of "
@@ -121,13 +122,17 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
             if lay.tp <= cluster.gpus_per_node else "the inter-node network")
     tp_share = win.time_s["tp_comm"] / win.step_time
     by_tp = _best_by(result, lambda l: l.tp)
+    nodes = (f"a node has {cluster.gpus_per_node} GPUs, so a tp that divides {cluster.gpus_per_node} keeps its per-layer "
+             f"collectives on NVLink ({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs "
+             f"{cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes)" if cluster.gpus_per_node > 1 else
+             "a node has one GPU, so any tp > 1 runs its per-layer collectives over the network")
+    traffic = (f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of "
+               f"the step)" if lay.tp > 1 else "This layout has no TP traffic: every GPU runs whole layers")
+    others = ("No other tp degree is possible here" if len(allowed) <= 1 else
+              f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}")
     return (
         f"TP = {lay.tp}: tp must divide the {model.num_heads} attention heads and {model.num_kv_heads} KV heads{kv} "
-        f"(possible here: {', '.join(map(str, allowed))}); a node has {cluster.gpus_per_node} GPUs, so a tp that "
-        f"divides {cluster.gpus_per_node} keeps its per-layer collectives on NVLink "
-        f"({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes). "
-        f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of the step). "
-        f"Best step at other degrees: {_compare(by_tp, lay.tp, win, 'tp')}."
+        f"(possible here: {', '.join(map(str, allowed))}); {nodes}. {traffic}. {others}."
     )
 
 

@@ -451,9 +451,10 @@ class Framework:
     def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
         """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""
         if layout.cp > 1 and not flash_attention and self.cp_fused_attention_only:
-            return (f"{self.name} runs context parallelism only in Transformer Engine's fused attention (Megatron-Core's "
-                    f"unfused DotProductAttention asserts context_parallel_size == 1) — drop --no-flash-attention or "
-                    f"use --cp 1")
+            why = (" (Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1)"
+                   if self.name in ("megatron-core", "nemo") else "")
+            return (f"{self.name} runs context parallelism only in its fused attention kernel{why} — drop "
+                    f"--no-flash-attention or use --cp 1")
         return None
 
     def cuts(self, num_layers: int, chunks: int) -> bool:
