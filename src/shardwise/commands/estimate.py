@@ -47,28 +47,7 @@ def _run(args) -> int:
     args.dp_shard = args.dp_shard or 0
     if args.dp_shard and args.zero is None:  # shard groups: ZeRO-3's (HSDP), or ZeRO-1's where the stack has them
         args.zero = 1 if get(job.framework).zero1_shard_group else 3
-    # a pipeline schedule orders the stages' micro-batches: at pp 1 there are none to order (every stack accumulates
-    # one micro-batch after another), so a named one changes nothing and is said, as --cp-mode at cp 1 is
-    idle_schedule = args.pp == 1 and args.schedule not in (None, "1f1b") and args.vpp in (None, 1)
-    if idle_schedule:
-        idle_schedule, args.schedule = args.schedule, None
-    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
-    # a knob that changes nothing here is said, not silently dropped (Megatron-LM likewise turns SP off at tp 1)
-    unused = ([f"--cp-mode {args.cp_mode} changes nothing at --cp {args.cp} (no context-parallel ranks)"]
-              if "cp_mode" in named and args.cp <= 1 else []) + \
-        (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
-         if args.sequence_parallel and args.tp <= 1 else []) + \
-        ([f"--schedule {idle_schedule} changes nothing at --pp 1 (no pipeline stages to order: micro-batches run one "
-          f"after another)"] if idle_schedule else []) + \
-        (["--tp-comm-overlap changes nothing at --tp 1 (no tensor-parallel collectives to overlap)"]
-         if getattr(args, "tp_comm_overlap", None) and args.tp <= 1 else [])
-    if "cp_mode" in named and args.cp <= 1:  # the layout as plan reports one without cp
-        args.cp_mode = None
-        named.discard("cp_mode")
-    if job.model.learned_positions and job.train.seq_len > job.model.max_positions:  # runnable only with a longer table
-        unused.append(f"{job.model.name} learns positions for {job.model.max_positions:,} tokens: --seq-len "
-                      f"{job.train.seq_len:,} needs a longer position table (its parameters are counted at "
-                      f"{job.model.max_positions:,}; the rest of the numbers do not depend on it)")
+    named, unused = _idle_flags(args, job)
     args.vpp = 1 if args.vpp is None else args.vpp
     args.sequence_parallel = bool(args.sequence_parallel)
     args.zero = 0 if args.zero is None else args.zero
@@ -118,6 +97,34 @@ def _run(args) -> int:
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     return 0
+
+
+def _idle_flags(args, job) -> tuple[set[str], list[str]]:
+    """The layout knobs the command line named, and a note for each flag that changes nothing here (said, not silently
+    dropped: Megatron-LM likewise turns SP off at tp 1), with the knob set back to what plan reports: a pipeline
+    schedule at pp 1 (no stages to order: every stack accumulates one micro-batch after another), a CP mode at cp 1,
+    SP or TP comm overlap at tp 1; and a sequence beyond a learned position table."""
+    idle_schedule = args.pp == 1 and args.schedule not in (None, "1f1b") and args.vpp in (None, 1)
+    if idle_schedule:
+        idle_schedule, args.schedule = args.schedule, None
+    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
+    unused = ([f"--cp-mode {args.cp_mode} changes nothing at --cp {args.cp} (no context-parallel ranks)"]
+              if "cp_mode" in named and args.cp <= 1 else []) + \
+        (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
+         if args.sequence_parallel and args.tp <= 1 else []) + \
+        ([f"--schedule {idle_schedule} changes nothing at --pp 1 (no pipeline stages to order: micro-batches run one "
+          f"after another)"] if idle_schedule else []) + \
+        (["--tp-comm-overlap changes nothing at --tp 1 (no tensor-parallel collectives to overlap)"]
+         if getattr(args, "tp_comm_overlap", None) and args.tp <= 1 else [])
+    if "cp_mode" in named and args.cp <= 1:  # the layout as plan reports one without cp
+        args.cp_mode = None
+        named.discard("cp_mode")
+    model, seq = job.model, job.train.seq_len
+    if model.learned_positions and seq > model.max_positions:  # runnable only with a longer table
+        unused.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq:,} needs a "
+                      f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
+                      f"numbers do not depend on it)")
+    return named, unused
 
 
 def _completed(args, job, dp: int, named: set[str]):
