@@ -321,6 +321,13 @@ def test_expert_tensor_parallelism_unnamed_is_the_stacks_own(capsys):
     assert mega["etp"] == 4 and any(n.startswith("etp 4 (") for n in mega["assumptions"]["implied"])
     assert run("--framework", "megatron-core", "--etp", "1")["etp"] == 1
     assert run("--framework", "torchtitan")["etp"] == 1
+    # where ep x tp (64) does not fold over the dp x tp ranks (32 GPUs): etp 1, said
+    folded = main(["estimate", *argv[1:5], "--gpus", "32", *argv[7:11], "--tp", "8", "--ep", "8", "--micro-batch", "1",
+                   "--framework", "megatron-core", "--json"])
+    assert folded == 0
+    unfolded = json.loads(capsys.readouterr().out)
+    assert unfolded["etp"] == 1 and any(n.startswith("etp 1 (ep x tp = 64 does not fold")
+                                         for n in unfolded["assumptions"]["implied"])
     # plan ranks layouts as the stack splits them unasked: a megatron-core candidate with tp > 1 splits its experts
     # over tp wherever ep x tp folds over its dp x tp x cp ranks (elsewhere Megatron-Core needs --etp 1 said)
     assert main(["plan", *argv[1:11], "--framework", "megatron-core", "--json", "--top", "20"]) == 0

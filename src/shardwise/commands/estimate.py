@@ -144,6 +144,10 @@ def _completed(args, job, dp: int, named: set[str]):
     if args.etp is None and etp > 1:
         implied = [*implied, f"etp {etp} ({fw.name} splits each expert over the dense layers' tp unless told: "
                              f"Megatron-Core's --expert-tensor-parallel-size default; --etp not given)"]
+    elif args.etp is None and fw.expert_tp_follows_tp and job.model.is_moe and layout.tp > 1:
+        implied = [*implied, f"etp 1 (ep x tp = {layout.ep * layout.tp} does not fold over the dp x tp x cp = "
+                             f"{layout.dp * layout.tp * layout.cp} ranks, or tp does not divide the expert FFN: "
+                             f"{fw.name} needs --etp 1 said there; --etp not given)"]
     if completed.sequence_parallel and not layout.sequence_parallel:  # implied: the sequence must split over tp too
         try:
             check_sequence_split(completed, job.model, job.train.seq_len)

@@ -55,4 +55,5 @@ def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None
 
 
 def _option(change: str, est: Estimate) -> dict:
-    return {"change": change, "memory_gib": round(est.memory_per_gpu / GIB, 3), "step_time_s": round(est.step_time, 6)}
+    memory = round(est.memory_per_gpu / GIB, 3)  # as estimate --json reports it (both names: the second is estimate's)
+    return {"change": change, "memory_gib": memory, "memory_gib_per_gpu": memory, "step_time_s": round(est.step_time, 6)}
