@@ -200,3 +200,24 @@ def test_a_hybrid_sharded_plan_is_refused_by_the_runtime(tmp_path):
         read_plan(str(plan))
     plan.write_text(json.dumps({"dp": 96, "tp": 1, "pp": 1, "zero": 3, "dp_shard": 96}))  # every plan's JSON: all of dp
     assert read_plan(str(plan))["dp"] == 96
+
+
+def test_every_rank_may_check_the_same_output_file_at_once(tmp_path, monkeypatch):
+    """Under torchrun every rank checks --metrics-file before training: two probing one path at once must not trip
+    over each other's probe (one removed it first: a FileNotFoundError traceback, and the other rank waiting for it
+    until its collective timeout)."""
+    import builtins
+    from pathlib import Path
+
+    from shardwise import paths
+
+    target, real_open = tmp_path / "m.jsonl", builtins.open
+
+    def open_then_the_other_rank_cleans_up(path, *args, **kwargs):  # the other rank's probe removal lands in between
+        handle = real_open(path, *args, **kwargs)
+        Path(path).unlink()
+        return handle
+
+    monkeypatch.setattr(paths, "open", open_then_the_other_rank_cleans_up, raising=False)
+    paths.output_file(target, "--metrics-file", "metrics.jsonl")  # no error
+    assert not target.exists()

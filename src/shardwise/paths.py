@@ -44,8 +44,8 @@ def output_file(path, flag: str, example: str = "out") -> None:
             pass
     except OSError as exc:
         raise UsageError(f"{flag} {text}: cannot write this file ({exc.strerror or exc}) — pick another path") from None
-    if not existed:
-        file.unlink()
+    if not existed:  # (under torchrun every rank checks the same path: another may have removed its probe already)
+        file.unlink(missing_ok=True)
 
 
 def output_dir(path, flag: str) -> None:
