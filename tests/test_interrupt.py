@@ -99,7 +99,9 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
         if when == "training":
             argv += ["--metrics-file", str(tmp_path / f"{name}.jsonl")]
         with _started_with():
-            jobs[name] = subprocess.Popen([sys.executable, "-m", "shardwise", *argv], stdout=subprocess.PIPE,
+            # -X faulthandler: a job still running after its signal dumps every thread's stack on SIGABRT (below)
+            jobs[name] = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "shardwise", *argv],
+                                          stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
     try:
         deadline, stopped = time.monotonic() + 300, {}
@@ -115,7 +117,7 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             time.sleep(0.05)
         for name, proc in jobs.items():
             sig, _, code, _ = CASES[name][1:]
-            _, err = proc.communicate(timeout=60)
+            err = _communicate_or_dump(name, proc)
             took = time.monotonic() - stopped[name]
             lines = err.strip().splitlines()
             # Stopped, not timed out: far below the jobs' collective timeouts.
@@ -131,6 +133,27 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
     finally:
         for proc in jobs.values():
             _kill_session(proc)
+
+
+def _communicate_or_dump(name: str, proc, timeout: float = 60) -> str:
+    """The job's stderr once it has ended; if it has not within 60 s of its signal, fail with what each of its
+    processes was doing (their states, and every Python thread's stack, which SIGABRT makes faulthandler print)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        left = _in_session(proc.pid)
+        states = [f"{pid} {Path(f'/proc/{pid}/stat').read_text().split()[2] if Path(f'/proc/{pid}/stat').exists() else '?'}"
+                  f" {cmd[:120]}" for pid, cmd in left]
+        for pid, _ in left:
+            try:
+                os.kill(int(pid), signal.SIGABRT)
+            except OSError:
+                pass
+        try:
+            err = proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            err = "(no stderr: still running after SIGABRT)"
+        pytest.fail(f"{name}: still running {timeout:g} s after its signal; processes: {states}\n{err[-20000:]}")
 
 
 EXPLAIN = ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
