@@ -136,7 +136,7 @@ def _completed(args, job, dp: int, named: set[str]):
 
     fw = get(job.framework)
     layout = layout_from_args(args, dp)
-    etp = fw.default_etp(job.model, layout.with_(etp=1)) if args.etp is None else args.etp
+    etp = fw.default_etp(job.model, layout) if args.etp is None else args.etp  # (layout_from_args: etp 1 unnamed)
     layout = layout.with_(etp=etp)
     validate_layout(layout, job.model, job.train.global_batch, args.gpus, seq_len=job.train.seq_len,
                     edge_chunks=fw.edge_chunks, split_rule=fw.stage_split)

@@ -534,14 +534,17 @@ def _rank_holdings(job: Job, layout: Layout, rank: int) -> RankHoldings:
         stage_buffers=pipeline_buffer_bytes(job, layout, rank))
 
 
-def logits_overlap(job: Job, layout: Layout, rank: int) -> float:
+def logits_overlap(job: Job, layout: Layout, rank: int, transient: float | None = None) -> float:
     """On the last pipeline rank, what its breakdown would count twice: a recomputed layer's backward transient
-    (activation_parts) comes after its micro-batch's loss backward has freed that micro-batch's logits and loss
-    buffers, so the peak holds the larger of the two, not both. `job` as rank_memory has it (per_rank_job)."""
+    (activation_parts; given, or worked out here) comes after its micro-batch's loss backward has freed that
+    micro-batch's logits and loss buffers, so the peak holds the larger of the two, not both. `job` as rank_memory
+    has it (per_rank_job)."""
     if rank != layout.pp - 1:
         return 0.0
-    held = rank_holdings(job, layout, rank)
-    _, transient = activation_parts(job, layout, held.layers, held.inflight, rank_recomputed_layers(job, layout, rank))
+    if transient is None:
+        held = rank_holdings(job, layout, rank)
+        _, transient = activation_parts(job, layout, held.layers, held.inflight,
+                                        rank_recomputed_layers(job, layout, rank))
     # ZB-H1's input-gradient pass keeps the graph, logits included, until the weight pass: only the loss's scratch goes
     freed = loss_transient_bytes(job, layout) + (0.0 if layout.schedule == "zb-h1" else last_stage_bytes(job, layout))
     return min(transient, freed)
@@ -559,8 +562,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
         out["weights"] += copy * whole * layer_params(job.model, layout.tp)
         if experts and get_framework(job.framework).fp8_experts and layers:  # and of its local experts' weights
             out["weights"] += copy * experts * whole / layers
-    out["activations"] = stage_activation_bytes(job, layout, layers, held.inflight,
-                                                rank_recomputed_layers(job, layout, rank))
+    saved, transient = activation_parts(job, layout, layers, held.inflight, rank_recomputed_layers(job, layout, rank))
+    out["activations"] = saved + transient
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
         states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
@@ -571,7 +574,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
         out["activations"] += held.first
     out["activations"] += held.stage_buffers
     out["logits"] = held.logits
-    out["activations"] -= logits_overlap(job, layout, rank)
+    out["activations"] -= logits_overlap(job, layout, rank, transient)
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
 
