@@ -148,86 +148,20 @@ def cache_key(job: Job) -> tuple:
 
 @lru_cache(maxsize=4096)
 def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measured: str) -> LayerCost:
-    model, tp, c = job.model, layout.tp, job.cluster
+    c = job.cluster
     tokens = layout.micro_batch * local_seq(job, layout)
-    e = job.train.activation_bytes
-    sp = layout.sequence_parallel and tp > 1
     oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
-    redo = 0.0  # what selective recompute runs again beside the attention core
     if calibrated(job):
         fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
-        attn_b = 2 * attn
+        attn_b, el_f, redo = 2 * attn, 0.0, 0.0
     else:
-        fw = get_framework(job.framework)
-        fp8 = job.precision == "fp8"  # the layer's linears (forward, input and weight gradients) in FP8
-        gemms = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
-                  kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
-                 for m_, n_, k_ in layer_gemms(model, tokens, tp)]
-        if model.attention == "mla":  # the latent projections in the q/k/v slot, then the output projection
-            mla = [(kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
-                    kernels.gemm_time(c, k_, n_, m_, out_bytes=2 * job.train.grad_bytes, fp8=fp8))
-                   for m_, n_, k_ in mla_gemms(model, tokens, tp)]
-            gemms[:2] = [tuple(map(sum, zip(*mla[:-1]))), mla[-1]]
-        ffn = model.ffn_hidden
-        if moe_layer:  # the attention's GEMMs, then the shared expert's, the router's and the experts'
-            ffn = moe.active_ffn_width(model, job.capacity_factor)
-            # a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share (kernels.gemm_time's `precision`)
-            ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8_experts)]
-            ffn_gemms = moe.layer_gemms(model, tokens, layout, job.capacity_factor)
-            gemms = gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q, job.precision)
-                                       for shape, ob in (((m_, n_, k_), 2), ((m_, k_, n_), 2),
-                                                         ((k_, n_, m_), 2 * job.train.grad_bytes)))
-                                 for (m_, n_, k_, n), q in zip(ffn_gemms, ffn_fp8, strict=True)]
-        heads, d = model.num_heads // tp, model.attention_width / model.num_heads  # MLA: (qk + v) / 2
-        rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
-        if model.attention == "mla":  # rotary on the rope part only
-            rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * tp
-        kernel = attention_kernel(job)
-        if kernel:
-            if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
-                scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
-                attn, attn_b = kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp,
-                                                         scheme, heads, d, job.precision, model.kv_dim / tp, e,
-                                                         fw.cp_attention)
-            else:
-                attn, attn_b = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
-        else:
-            attn, attn_b = kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout),
-                                                          job.train.seq_len, heads, d, e, model.trains_with_dropout)
-        el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
-                                              tp, sp, model.gated_mlp, model.rotary, e,
-                                              elementwise_mode(job), model.family,
-                                              None if job.compile else fw.glu_bytes,
-                                              GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None,
-                                              job.fused_norms)
-        if kernel and fw.attention_layout_copies:
-            copy_f, copy_b = attention_layout_time(job, layout, tokens)
-            el_f, el_b = el_f + copy_f, el_b + copy_b
-        if moe_layer:  # the routed tokens' permutation and its inverse
-            perm_f, perm_b = moe.permute_time(c, model, tokens, layout, e, job.capacity_factor)
-            el_f, el_b = el_f + perm_f, el_b + perm_b
-        if fp8:
-            cast_f, cast_b = fp8_casts(job, layout, tokens, moe_layer)
-            el_f, el_b = el_f + cast_f, el_b + cast_b
-        fwd = sum(g[0] for g in gemms) + attn + el_f
-        bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
-        bwd_w = sum(g[2] for g in gemms)
-        if fw.selective_recomputes_rope and model.rotary:  # what selective recompute runs again: RoPE too
-            redo = kernels.rotary_time(c, tokens, rope_q, rope_kv, tp, e, elementwise_mode(job))
+        fwd, bwd_in, bwd_w, attn, attn_b, gemms, el_f, redo = _datasheet_layer(job, layout, tokens, moe_layer)
     own = cp_attention_work(c.measured, layout)  # forward a third (recomputed with the attention), backward the rest
     fwd, attn, bwd_in = fwd + own / 3, attn + own / 3, bwd_in + 2 * own / 3
-    # Op-level selective checkpointing keeps every other matmul's output (the 1st, 3rd, ...) and the attention
-    # output; backward runs the other matmuls and every element-wise kernel of the layer again.
-    again = layer_matmuls(model, tp)[1::2]
-    op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
-    if calibrated(job):
-        op_rec = op_flops / achievable_flops(job) + (fwd - attn - 2 * tokens * matmul_params_per_layer(model) / tp
-                                                      / achievable_flops(job))
-    else:
-        op_rec = sum(kernels.gemm_time(c, tokens, n_, k_) for n_, k_ in again) + el_f
-    tp_fwd, tp_bwd, tp_again = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(model.shared_ffn_hidden))
+    op_rec, op_flops = _op_recompute(job, layout, tokens, fwd, attn, el_f)
+    tp_fwd, tp_bwd, tp_again = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(job.model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
-    ep = moe.dispatch_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
+    ep = moe.dispatch_time(c, job.model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
                            job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
     ep_f = ep_b = ep
     mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
@@ -238,12 +172,114 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
         ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
     if moe_layer:
-        ep_f += moe.aux_counts_time(c, model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, model, layout))
+        ep_f += moe.aux_counts_time(c, job.model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, job.model, layout))
     if host_bound:  # the GPU waits for the host where the layer's kernels run out first
         fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
         bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
     return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
                      mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again)
+
+
+def _datasheet_layer(job: Job, layout: Layout, tokens: int, moe_layer: bool) -> tuple:
+    """A layer's compute from the datasheet models: (forward, input-gradient, weight-gradient, attention forward,
+    attention backward, each GEMM's three times, the forward's element-wise time, what selective recompute runs
+    again beside the attention core)."""
+    c, model = job.cluster, job.model
+    gemms = _layer_gemm_times(job, layout, tokens, moe_layer)
+    rope_q, rope_kv = model.q_dim, model.kv_dim  # the rotary embedding's elements per token
+    if model.attention == "mla":  # rotary on the rope part only
+        rope_q, rope_kv = model.num_heads * model.qk_rope_head_dim, model.qk_rope_head_dim * layout.tp
+    attn, attn_b = _attention_times(job, layout, tokens)
+    el_f, el_b = _elementwise_times(job, layout, tokens, moe_layer, rope_q, rope_kv)
+    fwd = sum(g[0] for g in gemms) + attn + el_f
+    bwd_in = sum(g[1] for g in gemms) + attn_b + el_b
+    bwd_w = sum(g[2] for g in gemms)
+    redo = 0.0  # what selective recompute runs again beside the attention core: RoPE too, where the stack does
+    if get_framework(job.framework).selective_recomputes_rope and model.rotary:
+        redo = kernels.rotary_time(c, tokens, rope_q, rope_kv, layout.tp, job.train.activation_bytes,
+                                   elementwise_mode(job))
+    return fwd, bwd_in, bwd_w, attn, attn_b, gemms, el_f, redo
+
+
+def _layer_gemm_times(job: Job, layout: Layout, tokens: int, moe_layer: bool) -> list[tuple[float, float, float]]:
+    """(forward, input-gradient, weight-gradient) time of each of a layer's GEMM groups: QKV (MLA: its latent
+    projections), the output projection, then the FFN's (a MoE layer: the shared expert's, the router's and the
+    experts')."""
+    c, model, fw = job.cluster, job.model, get_framework(job.framework)
+    fp8 = job.precision == "fp8"  # the layer's linears (forward, input and weight gradients) in FP8
+    wgrad_out = 2 * job.train.grad_bytes
+
+    def three(m_: int, n_: int, k_: int) -> tuple[float, float, float]:
+        return (kernels.gemm_time(c, m_, n_, k_, fp8=fp8), kernels.gemm_time(c, m_, k_, n_, fp8=fp8),
+                kernels.gemm_time(c, k_, n_, m_, out_bytes=wgrad_out, fp8=fp8))
+
+    gemms = [three(*shape) for shape in layer_gemms(model, tokens, layout.tp)]
+    if model.attention == "mla":  # the latent projections in the q/k/v slot, then the output projection
+        mla = [three(*shape) for shape in mla_gemms(model, tokens, layout.tp)]
+        gemms[:2] = [tuple(map(sum, zip(*mla[:-1]))), mla[-1]]
+    if not moe_layer:
+        return gemms
+    # a BF16 GEMM of an FP8 job runs at the FP8 job's in-situ share (kernels.gemm_time's `precision`)
+    ffn_fp8 = [fp8 and q for q in moe.fp8_gemms(model, fw.fp8_experts)]
+    ffn_gemms = moe.layer_gemms(model, tokens, layout, job.capacity_factor)
+    return gemms[:2] + [tuple(moe.expert_gemm_time(c, *shape, n, fw.expert_gemm_streams, ob, q, job.precision)
+                              for shape, ob in (((m_, n_, k_), 2), ((m_, k_, n_), 2), ((k_, n_, m_), wgrad_out)))
+                        for (m_, n_, k_, n), q in zip(ffn_gemms, ffn_fp8, strict=True)]
+
+
+def _attention_times(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
+    """(forward, backward) of the attention core: the fused kernel the stack runs (over the context-parallel ring or
+    chunks where cp > 1), or a materialised softmax."""
+    c, model, fw, e = job.cluster, job.model, get_framework(job.framework), job.train.activation_bytes
+    heads, d = model.num_heads // layout.tp, model.attention_width / model.num_heads  # MLA: (qk + v) / 2
+    kernel = attention_kernel(job)
+    if not kernel:
+        return kernels.unfused_attention_time(c, layout.micro_batch, local_seq(job, layout), job.train.seq_len,
+                                              heads, d, e, model.trains_with_dropout)
+    if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
+        scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
+        return kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp, scheme, heads,
+                                         d, job.precision, model.kv_dim / layout.tp, e, fw.cp_attention)
+    return kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
+
+
+def _elementwise_times(job: Job, layout: Layout, tokens: int, moe_layer: bool, rope_q: int, rope_kv: int
+                       ) -> tuple[float, float]:
+    """(forward, backward) of a layer's element-wise and copy kernels at HBM bandwidth: norms, activations, RoPE,
+    residuals, the stack's attention layout copies, a MoE layer's permutation and FP8 casts."""
+    c, model, fw = job.cluster, job.model, get_framework(job.framework)
+    tp = layout.tp
+    sp = layout.sequence_parallel and tp > 1
+    ffn = moe.active_ffn_width(model, job.capacity_factor) if moe_layer else model.ffn_hidden
+    el_f, el_b = kernels.elementwise_time(c, tokens, model.hidden, ffn, rope_q, rope_kv,
+                                          tp, sp, model.gated_mlp, model.rotary, job.train.activation_bytes,
+                                          elementwise_mode(job), model.family,
+                                          None if job.compile else fw.glu_bytes,
+                                          GELU_EPILOGUE_BYTES if c.arch in fw.gelu_epilogue else None,
+                                          job.fused_norms)
+    extras = []
+    if attention_kernel(job) and fw.attention_layout_copies:
+        extras.append(attention_layout_time(job, layout, tokens))
+    if moe_layer:  # the routed tokens' permutation and its inverse
+        extras.append(moe.permute_time(c, model, tokens, layout, job.train.activation_bytes, job.capacity_factor))
+    if job.precision == "fp8":
+        extras.append(fp8_casts(job, layout, tokens, moe_layer))
+    for f_, b_ in extras:
+        el_f, el_b = el_f + f_, el_b + b_
+    return el_f, el_b
+
+
+def _op_recompute(job: Job, layout: Layout, tokens: int, fwd: float, attn: float, el_f: float) -> tuple[float, float]:
+    """(time, FLOPs) of what op-level selective checkpointing runs again in backward: it keeps every other matmul's
+    output (the 1st, 3rd, ...) and the attention output, and runs the other matmuls and every element-wise kernel of
+    the layer again."""
+    model, tp = job.model, layout.tp
+    again = layer_matmuls(model, tp)[1::2]
+    op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
+    if calibrated(job):
+        rate = achievable_flops(job)
+        return op_flops / rate + (fwd - attn - 2 * tokens * matmul_params_per_layer(model) / tp / rate), op_flops
+    return sum(kernels.gemm_time(job.cluster, tokens, n_, k_) for n_, k_ in again) + el_f, op_flops
 
 
 def elementwise_mode(job: Job) -> bool | str:
