@@ -162,13 +162,28 @@ def measure_model(t: Timer, out: dict):
     median of their paired differences. Fitting the medians of separately timed sizes instead let a busy
     moment make a larger micro-batch look faster than a smaller one (27, 34, 26, 23 ms at load 13)."""
     from shardwise.model import Transformer
-    from shardwise.planner.layer_time import FLASH_EFFICIENCY
 
-    spec, seq = t.cfg.model, t.cfg.seq_len
+    spec = t.cfg.model
     layers = min(spec.num_layers, MODEL_LAYERS)
     model = Transformer(spec, seed=0, layer_ids=range(layers), device=t.device)
-    amp = autocast_for(t)
+    batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
+    fns, alone = _model_variants(t, model, batches)
+    reps: dict = {name: [] for name in fns}
+    for r in range(MODEL_ROUNDS):
+        for name, times in t.interleaved(fns, t.cfg.repeats, seed=r, barrier_each=t.world > 1).items():
+            reps[name] += times
+        yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
+    model.set_recompute("none")
+    _fit_model(t, out, reps, layers, batches, alone)
+    out["optimizer_params"] = sum(p.numel() for p in model.parameters())
 
+
+def _model_variants(t: Timer, model, batches: list[int]) -> tuple[dict, str]:
+    """measure_model's timed variants by name (forward + backward at each micro-batch, selective and full recompute, a
+    bare training step, the pipeline's edge stages, validate's one-sequence reference, the host floor's model, rank 0
+    alone), and the name of the one rank 0 runs alone."""
+    spec, seq = t.cfg.model, t.cfg.seq_len
+    amp = autocast_for(t)
     opt = runtime_optimizer(t, Sharded(model, model), None)
 
     def step(x):
@@ -185,7 +200,6 @@ def measure_model(t: Timer, out: dict):
         loss.backward()
         opt.step()
 
-    batches = [t.cfg.micro_batch * k for k in (1, 2, 3, 4)]
     inputs = {b: torch.randint(0, spec.vocab_size, (b, seq), device=t.device) for b in batches}
 
     def variant(b, mode):
@@ -208,12 +222,14 @@ def measure_model(t: Timer, out: dict):
     # the model's recompute itself. Left as the previous one set it, about 2 alone runs in 7 recomputed (selective or
     # full) and the slowdown read 0.97-1.08 where the two timed apart read 1.10 (docs/accuracy.md).
     fns[alone] = variant(batches[0], "none") if t.rank == 0 else (lambda: None)
-    reps: dict = {name: [] for name in fns}
-    for r in range(MODEL_ROUNDS):
-        for name, times in t.interleaved(fns, t.cfg.repeats, seed=r, barrier_each=t.world > 1).items():
-            reps[name] += times
-        yield f"model forward+backward, round {r + 1} of {MODEL_ROUNDS}"
-    model.set_recompute("none")
+    return fns, alone
+
+
+def _fit_model(t: Timer, out: dict, reps: dict, layers: int, batches: list[int], alone: str) -> None:
+    """measure_model's results from its repeats (`reps`: seconds by variant name), into `out`."""
+    from shardwise.planner.layer_time import FLASH_EFFICIENCY
+
+    spec, seq = t.cfg.model, t.cfg.seq_len
     sizes = [f"none {b}" for b in batches]
     xs = [model_flops(spec, layers, b, seq) for b in batches]
     own = [model_elementwise(spec, layers, b, seq, element_size(t.dtype), out["copy_gbs"]) for b in batches]
@@ -248,8 +264,6 @@ def measure_model(t: Timer, out: dict):
     out["alone_points"] = [ys[0], statistics.median(reps[alone])] if t.world > 1 else []
     out["concurrent_slowdown"] = max(statistics.median(x / y for x, y in zip(reps[base], reps[alone]) if y > 0), 1.0) \
         if t.world > 1 else 1.0
-    out["optimizer_params"] = sum(p.numel() for p in model.parameters())
-
 
 def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: float, layer_overhead_s: float,
                              element_bytes: int, copy_gbs: float, full_minus_none: float) -> float:
