@@ -25,7 +25,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
-                                          layer_gemms, matmul_params_per_layer)
+                                          LayerCost, layer_gemms, matmul_params_per_layer)
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import (layer_params, local_seq, op_checkpointing, pipeline_ranks, rank_expert_params,
                                       rank_layers, rank_params, rank_recomputed_layers, split_rule)
@@ -122,22 +122,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     model, tp = job.model, layout.tp
     tokens = layout.micro_batch * local_seq(job, layout)
     layers = rank_layers(job, layout, rank)
-    lc = layer_cost(job, layout)
     moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len, split_rule(job))
-    if moe_layers:  # the mean layer of this rank
-        lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
-        if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
-            share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
-            lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
-                                   ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
-    if get_framework(job.framework).dtensor_sp and not op_checkpointing(job, layout):
-        # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again
-        # (rec_tp): only op-level selective checkpointing, which recomputes the gather, gathers in the backward
-        lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
-    slowest = straggler(job, layout)
-    if slowest != 1.0:  # the job computes at its slowest GPU's pace
-        lc = replaced(lc, dict(fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
-                               attn_fwd=lc.attn_fwd * slowest))
+    lc, slowest = rank_layer_cost(job, layout, layers, moe_layers)
     oh = lc.overhead / 3
     edge_f, edge_b = (a + b for a, b in zip(tp_edge_time(job, layout, rank, tokens),
                                            pipe_regather_time(job, layout, rank, tokens)))
@@ -152,28 +138,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
     attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
     flops_model = layers * 3 * (mm_flops + attn_flops)
-    # Recompute, plus the calibrated cost of each checkpointed region (0 for datasheet clusters).
-    ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
-    rec_tp = rec_cp = 0.0  # recompute runs the forward's TP collectives (full) and K/V traffic again
     redone = rank_recomputed_layers(job, layout, rank)  # full recompute: all layers, or --recompute-layers' share
-    if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
-        ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
-        rec, flops_rec, rec_tp = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops), redone * lc.tp_fwd
-        rec_cp = redone * lc.cp_fwd
-        if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
-            rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
-            fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
-            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
-    elif op_checkpointing(job, layout):
-        rec, flops_rec = layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops
-    elif layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
-        rec, flops_rec = layers * ckpt + module_recompute(job, layout, tokens, layers, moe_layers), 0.0
-        if "core_attn" in job.recompute_modules:
-            rec, flops_rec, rec_cp = rec + layers * lc.attn_fwd, layers * attn_flops, layers * lc.cp_fwd
-    elif layout.recompute == "selective":
-        rec, flops_rec, rec_cp = layers * (lc.attn_fwd + ckpt), layers * attn_flops, layers * lc.cp_fwd
-    else:
-        rec, flops_rec = 0.0, 0.0
+    rec, flops_rec, rec_tp, rec_cp = recompute_terms(job, layout, lc, slowest, tokens, layers, redone, moe_layers)
     if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients, the loss
         hf, hb, hw = (t * slowest for t in head_time(job, layout, tokens))
         f, b_in, w = f + hf, b_in + hb, w + hw
@@ -198,6 +164,55 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
                      layer_b=(lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh) * lift + rec / max(layers, 1),
                      cp_comm=cp_comm, ep_comm=ep_comm, host_wait=host_wait)
 
+
+
+def rank_layer_cost(job: Job, layout: Layout, layers: int, moe_layers: int) -> tuple[LayerCost, float]:
+    """The mean layer of a pipeline rank with `moe_layers` of its `layers` MoE ones, as this stack runs it, and the
+    straggler factor its compute terms carry (the job computes at its slowest GPU's pace)."""
+    lc = layer_cost(job, layout)
+    if moe_layers:
+        lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
+        if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
+            share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
+            lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
+                                   ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
+    if get_framework(job.framework).dtensor_sp and not op_checkpointing(job, layout):
+        # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again
+        # (rec_tp): only op-level selective checkpointing, which recomputes the gather, gathers in the backward
+        lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
+    slowest = straggler(job, layout)
+    if slowest != 1.0:
+        lc = replaced(lc, dict(fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
+                               attn_fwd=lc.attn_fwd * slowest))
+    return lc, slowest
+
+
+def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tokens: int, layers: int, redone: int,
+                    moe_layers: int) -> tuple[float, float, float, float]:
+    """(time, FLOPs, TP traffic, K/V traffic) a stage runs again in backward for its recompute, with the calibrated
+    cost of each checkpointed region (0 on datasheet clusters)."""
+    model, tp, oh = job.model, layout.tp, lc.overhead / 3
+    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
+    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
+    ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
+    if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
+        ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
+        rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
+        if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
+            rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
+            fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
+            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
+        return rec, flops_rec, redone * lc.tp_fwd, redone * lc.cp_fwd  # its TP collectives and K/V traffic again
+    if op_checkpointing(job, layout):
+        return layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops, 0.0, 0.0
+    if layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules, each run again
+        rec = layers * ckpt + module_recompute(job, layout, tokens, layers, moe_layers)
+        if "core_attn" in job.recompute_modules:
+            return rec + layers * lc.attn_fwd, layers * attn_flops, 0.0, layers * lc.cp_fwd
+        return rec, 0.0, 0.0, 0.0
+    if layout.recompute == "selective":
+        return layers * (lc.attn_fwd + ckpt), layers * attn_flops, 0.0, layers * lc.cp_fwd
+    return 0.0, 0.0, 0.0, 0.0
 
 def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
     """Seconds per micro-batch of the forward's casts of this rank's FP32 weights to the compute type, where the stack
