@@ -188,21 +188,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     the stack runs with a recompute policy it runs: the fastest pair that fits. An explicit request is kept as given
     (the framework's refusal then names what it cannot run)."""
     fw = get_framework(job.framework)
-    implied: list[str] = []
-    lay = layout
-    if ("sequence_parallel" in named and lay.tp > 1 and not lay.sequence_parallel and job.tp_comm_overlap
-            and fw.sequence_parallel != "always"):  # (a stack that always shards it: its refusal says so)
-        raise UsageError("--no-sequence-parallel with TP comm overlap: the overlap runs TP's collectives as the "
-                         "sequence-parallel all-gather and reduce-scatter — drop --no-sequence-parallel, or add "
-                         "--no-tp-comm-overlap")
-    if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel
-            and (fw.sequence_parallel == "always" or job.tp_comm_overlap)):
-        lay = lay.with_(sequence_parallel=True)
-        why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
-        implied.append(f"sequence parallelism ({why})")
-    if "cp_mode" not in named and lay.cp > 1 and fw.context_parallel and lay.cp_mode not in fw.context_parallel:
-        lay = lay.with_(cp_mode=fw.context_parallel[0])
-        implied.append(f"{lay.cp_mode} context parallelism ({fw.name} runs only that; --cp-mode not given)")
+    lay, implied = stack_implied(job, layout, named)
     sp = [lay.sequence_parallel]
     if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel and fw.unnamed_sequence_parallel
             and fw.sequence_parallel == "optional" and splits_over_tp(job.train.seq_len, lay.tp, lay.cp)):
@@ -217,25 +203,61 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if "recompute" not in named:
         policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
         policies = policies or [lay.recompute]
-    # Of the stages from the framework's own upward and the recompute policies it runs, the fastest that fits
-    # (sharding the optimizer usually costs less than recomputing every layer), else the one closest to fitting.
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
+    chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
+    return chosen, implied + choice_phrases(job, lay, chosen, named, stages[0], fits)
+
+
+def stack_implied(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> tuple[Layout, list[str]]:
+    """The knobs the stack always sets with the layout's others: sequence parallelism where its TP always shards the
+    sequence or TP comm overlap needs it, the one context-parallel mode it runs. An explicit request is kept (the
+    framework's refusal then names what it cannot run), but --no-sequence-parallel with TP comm overlap is refused
+    here."""
+    fw = get_framework(job.framework)
+    implied: list[str] = []
+    if ("sequence_parallel" in named and lay.tp > 1 and not lay.sequence_parallel and job.tp_comm_overlap
+            and fw.sequence_parallel != "always"):  # (a stack that always shards it: its refusal says so)
+        raise UsageError("--no-sequence-parallel with TP comm overlap: the overlap runs TP's collectives as the "
+                         "sequence-parallel all-gather and reduce-scatter — drop --no-sequence-parallel, or add "
+                         "--no-tp-comm-overlap")
+    if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel
+            and (fw.sequence_parallel == "always" or job.tp_comm_overlap)):
+        lay = lay.with_(sequence_parallel=True)
+        why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
+        implied.append(f"sequence parallelism ({why})")
+    if "cp_mode" not in named and lay.cp > 1 and fw.context_parallel and lay.cp_mode not in fw.context_parallel:
+        lay = lay.with_(cp_mode=fw.context_parallel[0])
+        implied.append(f"{lay.cp_mode} context parallelism ({fw.name} runs only that; --cp-mode not given)")
+    return lay, implied
+
+
+def fastest_fitting(job: Job, tries: list[Layout], partial: bool) -> tuple[Layout, bool]:
+    """Of the candidate layouts the stack runs, the fastest that fits (sharding the optimizer usually costs less than
+    recomputing every layer), else the one closest to fitting (so the memory shown is the least the stack needs);
+    with `partial`, full recompute of the fewest layers that fits also weighs where none does not fit. And whether
+    any fits."""
+    fw = get_framework(job.framework)
     runs = [t for t in tries if not fw.refusal(t, job.model.num_layers)] or tries[:1]
     memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
     fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
-    if "recompute" not in named and not fw.unnamed_recompute:  # full recompute of fewer layers, where none does not fit
-        partial = [fewest_recomputed(job, t) for t in fits if t.recompute == "full" and t.with_(recompute="none") not in fits]
-        fits += [t for t in partial if t is not None]
+    if partial:
+        fewer = [fewest_recomputed(job, t) for t in fits if t.recompute == "full" and t.with_(recompute="none") not in fits]
+        fits += [t for t in fewer if t is not None]
     if fits and len(set(runs) | set(fits)) > 1:
-        chosen = min(fits, key=lambda t: estimate(job, t).step_time)
-    else:  # nothing fits: the one closest to fitting, so the memory shown is the least the stack needs
-        chosen = min(runs, key=memory.get)
-    # what the choice was: the fastest of those that fit, or (nothing fits) the one needing the least memory
+        return min(fits, key=lambda t: estimate(job, t).step_time), True
+    return min(runs, key=memory.get), bool(fits)
+
+
+def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] | set[str], default_zero: int,
+                   fits: bool) -> list[str]:
+    """One phrase for each knob complete_layout chose where the user named none: what it chose and why."""
+    fw = get_framework(job.framework)
+    implied: list[str] = []
     rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
     if "zero" not in named and lay.dp * lay.cp > 1:
-        why = (f"{fw.name}'s default" if chosen.zero == stages[0]
-               else f"{rule}, from {fw.name}'s default ZeRO-{stages[0]} up")
+        why = (f"{fw.name}'s default" if chosen.zero == default_zero
+               else f"{rule}, from {fw.name}'s default ZeRO-{default_zero} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
     if chosen.schedule != lay.schedule:
         implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name} runs its pipelines "
@@ -249,9 +271,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
         why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
-    lay = chosen
-    return lay, implied
-
+    return implied
 
 def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> list[tuple[str, int]]:
     """The (schedule, virtual stages per rank) pairs complete_layout weighs. Interleaving named with no depth: from two
