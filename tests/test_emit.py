@@ -570,3 +570,58 @@ def test_a_target_that_runs_no_fitting_layout_says_what_the_fastest_needs_and_wh
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "DeepSpeed cannot run any layout that fits: the fastest, dp" in err and "can run it" in err, err
+
+
+# Small Hugging Face configs with one block feature each beyond Llama's, and the TransformerConfig fields megatron-core
+# must get from the script for the same blocks (what the planner counted: model_spec reads these keys).
+_LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 2048}
+_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128}
+BLOCK_FEATURES = {
+    "qwen2_moe": (_LLAMA | _MOE | {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 256},
+                  {"add_qkv_bias": True, "add_bias_linear": False, "moe_shared_expert_gate": True,
+                   "gated_linear_unit": True}),
+    "qwen3_moe": (_LLAMA | _MOE | {"model_type": "qwen3_moe", "head_dim": 64},
+                  {"qk_layernorm": True, "add_bias_linear": False, "add_qkv_bias": None, "kv_channels": 64}),
+    "deepseek_v3": (_LLAMA | {"model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 128, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                              "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+                              "v_head_dim": 32, "n_group": 1, "topk_group": 1},
+                    {"multi_latent_attention": True, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_head_dim": 32,
+                     "qk_pos_emb_head_dim": 16, "v_head_dim": 32}),
+    "gelu, no model_type": (_LLAMA | {"hidden_act": "gelu"}, {"gated_linear_unit": False, "add_bias_linear": False}),
+}
+
+
+@pytest.mark.parametrize("name", BLOCK_FEATURES)
+def test_a_megatron_script_builds_the_planned_blocks(name, tmp_path):
+    """A model's block features reach Megatron-LM's arguments (QKV biases, the shared expert's gate, q/k norms,
+    multi-head latent attention, a non-gated MLP), with the dropouts the planner priced (none)."""
+    config, expected = BLOCK_FEATURES[name]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    job = make_job(load_model(str(tmp_path / "config.json")), load_cluster("dgx-h100-80gb"), 64, 1024, "megatron-core")
+    out = tmp_path / "m.sh"
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, Layout(dp=8)), gpus=8, rank=1)))
+    _, argv = run_megatron_script(out, tmp_path)
+    ns, unknown = megatron_parser().parse_known_args(argv)
+    assert unknown == []
+    # core_transformer_config_from_args: --swiglu is the gated linear unit
+    read = {k: getattr(ns, k) for k in expected if k != "gated_linear_unit"} | {"gated_linear_unit": bool(ns.swiglu)}
+    assert read == {"gated_linear_unit": True} | expected
+    assert (ns.attention_dropout, ns.hidden_dropout) == (0.0, 0.0)  # Megatron-LM's default is 0.1
+
+
+@pytest.mark.parametrize("config, target, words", [
+    (_LLAMA | {"attention_bias": True}, "megatron", "biases on the attention's matrices but not on the MLP's"),
+    (_LLAMA | {"attention_bias": True}, "torchtitan", "biases"),
+    (_LLAMA | {"hidden_act": "gelu"}, "torchtitan", "a gelu MLP"),
+    (_LLAMA | {"model_type": "nemotron", "hidden_act": "relu2"}, "megatron", "LayerNorm1P"),
+    (BLOCK_FEATURES["deepseek_v3"][0], "torchtitan", "multi-head latent attention"),
+])
+def test_emit_refuses_a_model_its_file_would_build_differently(config, target, words, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["plan", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",
+            "--global-batch", "64", "--seq-len", "1024", "--emit", target, "--out", str(tmp_path / "f")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and not (tmp_path / "f").exists()

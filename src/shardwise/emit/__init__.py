@@ -5,6 +5,8 @@
     emitter("deepspeed").problem(job, layout)         # None, or why DeepSpeed cannot run this layout
 
 Each target is one module (megatron.py, torchtitan.py, deepspeed.py) with
+    model_problem(model) -> str | None    what of the planned model's blocks the file cannot say (it would build
+                                          another model)
     problem(job, layout) -> str | None    what in the layout the target's configuration cannot express
     render(target) -> str                 the file, in the target's own format
     launch(target, path) -> str           the command that starts it
@@ -86,6 +88,16 @@ def stage_counts(job, layout) -> tuple[int, ...]:
                               get_framework(job.framework).stage_split)
 
 
+def block_kinds(m) -> dict:
+    """A planned model's MLP, norms, positions and biases (model_spec.ModelSpec), its family's own where its config
+    named none: what an emitter must write for the target to build the same blocks."""
+    llama = m.family == "llama"
+    return {"mlp": m.mlp or ("swiglu" if llama else "gelu"), "norm": m.norm or ("rmsnorm" if llama else "layernorm"),
+            "positions": m.positions or ("rotary" if llama else "learned"),
+            "attn_bias": m.attn_bias if m.attn_bias is not None else not llama,
+            "mlp_bias": m.mlp_bias if m.mlp_bias is not None else not llama}
+
+
 def profile(job) -> str:
     """The framework profile a planner Job was scored with (planners without profiles: shardwise's own model)."""
     return getattr(job, "framework", None) or "shardwise default"
@@ -99,11 +111,16 @@ def emitter(name: str):
 
 
 def check_model(name: str, job) -> None:
-    """UsageError where no emitter writes this model's arguments: they spell Llama- and GPT-2-style blocks, so an
-    architecture planned from keys of its own (hf_architectures.PLANNER_ONLY) would be written as another model."""
+    """UsageError where the target's file would build another model than the one planned: an architecture planned
+    from keys of its own (hf_architectures.PLANNER_ONLY), or a block feature the emitter has no argument for
+    (its model_problem)."""
     if job.model.model_type in PLANNER_ONLY:
         raise UsageError(f"--emit {name}: shardwise writes {TITLE[name]} model arguments for Llama- and GPT-2-style "
                          f"blocks, not {job.model.model_type}'s — plan without --emit and set the layout in your own launch")
+    why = emitter(name).model_problem(job.model)
+    if why:
+        raise UsageError(f"--emit {name}: the planned model has {why}, which the {TITLE[name]} file shardwise writes "
+                         f"cannot say — plan without --emit and set the layout in your own launch")
 
 
 def problem(name: str, job, layout) -> str | None:

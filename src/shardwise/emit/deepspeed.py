@@ -23,6 +23,11 @@ from __future__ import annotations
 import json
 
 
+def model_problem(m) -> str | None:
+    """None: DeepSpeed's config holds no model (the training script builds it)."""
+    return None
+
+
 def problem(job, layout) -> str | None:
     if job.precision == "fp8":
         return ("FP8 — DeepSpeed's config has no FP8 switch (Transformer Engine's layers in the model code train in FP8); "

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from shardwise.emit import stage_counts
+from shardwise.emit import block_kinds, stage_counts
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel
 
@@ -71,21 +71,59 @@ def pipeline_layout(counts) -> str:
     return first + "|" + ",".join([f"({stage}|)*{k}" if k > 1 else f"{stage}|" for stage, k in runs] + [last])
 
 
+def model_problem(m) -> str | None:
+    """What of the planned model the arguments written here would not build (the script would train another model):
+    a block feature without a Megatron-LM argument below."""
+    kind = block_kinds(m)
+    unwritten = [
+        (kind["attn_bias"] and not kind["mlp_bias"], "biases on the attention's matrices but not on the MLP's"),
+        (kind["mlp_bias"] and not kind["attn_bias"], "biases on the MLP's matrices but not on the attention's"),
+        (m.qk_norm not in ("", "head"), "a norm on q and k over all heads (OLMo 2's)"),
+        (kind["mlp"] not in MLP_ARGS, f"a {kind['mlp']} MLP"),
+        (kind["norm"] not in NORMS, f"{kind['norm']} norms"),
+        (kind["positions"] not in POSITIONS, f"{kind['positions']} positions"),
+        (m.head_bias, "a bias on the LM head"),
+        (m.attention_sinks, "attention sinks"),
+        (m.layer_norms != 2, f"{m.layer_norms} norms per layer"),
+        (m.embed_norm, "a norm after the embedding"),
+        (m.position_offset != 0, "a learned position table with extra rows"),
+        (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
+        (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
+    ]
+    return next((why for bad, why in unwritten if bad), None)
+
+
+# The block parts Megatron-LM's arguments spell, by the planner's names (model_spec.ModelSpec).
+MLP_ARGS = {"swiglu": ["--swiglu"], "gelu": [], "squared-relu": ["--squared-relu"]}  # Megatron's default is GELU
+NORMS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+POSITIONS = {"rotary": "rope", "learned": "learned_absolute", "none": "none"}
+
+
 def _model_args(job) -> list[str]:
     m, s = job.model, job.train.seq_len
+    kind = block_kinds(m)
     args = ["--num-layers", m.num_layers, "--hidden-size", m.hidden, "--ffn-hidden-size", m.ffn_hidden,
             "--num-attention-heads", m.num_heads]
-    if m.head_dim * m.num_heads != m.hidden:
-        args += ["--kv-channels", m.head_dim]
-    if m.num_kv_heads != m.num_heads:
-        args += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
-    args += ["--seq-length", s, "--max-position-embeddings", max(s, m.max_positions)]
-    if m.family == "llama":
-        args += ["--position-embedding-type", "rope", "--rotary-base", int(m.rope_theta), "--normalization", "RMSNorm",
-                 "--norm-epsilon", m.norm_eps, "--swiglu", "--disable-bias-linear"]
+    if m.attention == "mla":  # DeepSeek's multi-head latent attention: its ranks and head dims
+        args += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_head_dim,
+                 "--qk-pos-emb-head-dim", m.qk_rope_head_dim, "--v-head-dim", m.v_head_dim]
+        args += ["--q-lora-rank", m.q_lora_rank] if m.q_lora_rank else []
     else:
-        args += ["--position-embedding-type", "learned_absolute", "--normalization", "LayerNorm",
-                 "--norm-epsilon", m.norm_eps]
+        if m.head_dim * m.num_heads != m.hidden:
+            args += ["--kv-channels", m.head_dim]
+        if m.num_kv_heads != m.num_heads:
+            args += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
+    args += ["--seq-length", s, "--max-position-embeddings", max(s, m.max_positions)]
+    args += ["--position-embedding-type", POSITIONS[kind["positions"]]]
+    if kind["positions"] == "rotary":
+        args += ["--rotary-base", int(m.rope_theta)]
+    args += ["--normalization", NORMS[kind["norm"]], "--norm-epsilon", m.norm_eps] + MLP_ARGS[kind["mlp"]]
+    if not kind["attn_bias"]:  # Megatron adds a bias to every linear layer unless told not to
+        args += ["--disable-bias-linear"] + (["--add-qkv-bias"] if m.qkv_bias else [])
+    if m.qk_norm == "head":
+        args.append("--qk-layernorm")
+    if not m.trains_with_dropout:  # Megatron's dropouts default to 0.1
+        args += ["--attention-dropout", 0.0, "--hidden-dropout", 0.0]
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--attention-backend", attention_backend(job)]
@@ -99,6 +137,7 @@ def _moe_args(m) -> list:
     args = ["--num-experts", m.num_experts, "--moe-router-topk", m.experts_per_token, "--moe-ffn-hidden-size", m.moe_ffn_hidden]
     if m.shared_ffn_hidden:
         args += ["--moe-shared-expert-intermediate-size", m.shared_ffn_hidden]
+        args += ["--moe-shared-expert-gate"] if m.shared_expert_gate else []
     if len(m.moe_layers) < m.num_layers:  # which layers are MoE (1) or dense (0), as a Python list
         args += ["--moe-layer-freq", "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"]
     if m.router_scoring != "softmax":

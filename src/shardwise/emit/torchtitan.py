@@ -30,11 +30,31 @@ from __future__ import annotations
 
 import json
 
-from shardwise.emit import stage_counts
+from shardwise.emit import block_kinds, stage_counts
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads) -> name.
 FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 8): "405B"}
+
+
+def model_problem(m) -> str | None:
+    """What of the planned model torchtitan's llama3 model (the one this file names) would not build: it is Llama 3's
+    block only — RMSNorm, rotary positions, a SwiGLU MLP, no biases, grouped-query attention."""
+    kind = block_kinds(m)
+    unwritten = [
+        (m.family != "llama", f"{m.family} blocks"),
+        (m.attention == "mla", "multi-head latent attention"),
+        (kind["mlp"] != "swiglu", f"a {kind['mlp']} MLP"),
+        (kind["norm"] != "rmsnorm", f"{kind['norm']} norms"),
+        (kind["positions"] != "rotary", f"{kind['positions']} positions"),
+        (kind["attn_bias"] or kind["mlp_bias"] or m.qkv_bias or m.head_bias, "biases"),
+        (bool(m.qk_norm), "norms on q and k"),
+        (m.attention_sinks, "attention sinks"),
+        (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
+        (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
+        (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding"),
+    ]
+    return next((why for bad, why in unwritten if bad), None)
 
 
 def problem(job, layout) -> str | None:
