@@ -278,6 +278,11 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
     ({**TINY_QWEN_MOE, "mlp_only_layers": [-1, 9]}, "mlp_only_layers [-1, 9] are not layers of a 2-layer model"),
     ({**TINY_QWEN_MOE, "mlp_only_layers": [0, 1]}, "but no layer is a MoE layer"),
     ({**TINY_QWEN_MOE, "n_group": 3, "topk_group": 5}, "group-limited routing needs n_group dividing the 4 experts"),
+    # values of the wrong JSON type, read as something else before
+    ({**TINY_QWEN_MOE, "mlp_only_layers": [True, False]}, "must be a list of layer indices, got [true, false]"),
+    ({**TINY_QWEN_MOE, "norm_topk_prob": "false"}, "'norm_topk_prob' must be true or false, got \"false\""),
+    ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 128, "attn_config": []},
+     "'attn_config' must be an object, got []"),
     # no model_type, Llama-like keys, but an encoder and a decoder (BART's): not read as a decoder-only Llama
     ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
       "is_encoder_decoder": True, "encoder_layers": 2, "decoder_layers": 2}, "an encoder-decoder model"),

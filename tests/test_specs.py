@@ -78,7 +78,9 @@ def test_nemotron_config_is_a_non_gated_llama_block(tmp_path):
     ("{not json", "malformed JSON"),
     ('{"hidden_size": 64, "num_attention_heads": 4}', "missing key 'intermediate_size'"),
     ('{"n_embd": 64, "n_layer": 2, "n_head": 4}', "missing key 'vocab_size'"),
-    ('[1, 2]', "expected a JSON object"),
+    ('[1, 2]', "expected a JSON object with model keys, got a list"),
+    ('null', "got null"),
+    ('{"hidden_size": ' + "9" * 5000 + '}', "malformed JSON"),  # past Python's int digit limit: ValueError
 ])
 def test_malformed_config_names_the_problem(tmp_path, content, fragment):
     path = tmp_path / "config.json"
@@ -395,3 +397,11 @@ def test_the_runtime_refuses_an_odd_rotary_head_in_one_line(tmp_path, capsys):
     assert main(["train", "--model", str(path), "--steps", "1", "--global-batch", "2", "--seq-len", "32"]) == 2
     err = capsys.readouterr().err
     assert "head dimension 127 is odd" in err and err.count("\n") == 1
+
+
+def test_a_config_json_named_without_its_folder_takes_the_folders_name(tmp_path, monkeypatch):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(load_model("llama3-8b").to_hf_config()))
+    monkeypatch.chdir(folder)
+    assert load_model("config.json").name == load_model("./config.json").name == "my-llama"

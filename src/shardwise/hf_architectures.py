@@ -19,6 +19,8 @@ None of these is trained by `shardwise train` (the runtime builds Llama and GPT-
 
 from __future__ import annotations
 
+import json
+
 from shardwise.errors import UsageError
 from shardwise.hf_keys import MAX_LAYERS, dropout_on, flag, mlp_of_act, optional, require, require_any
 
@@ -69,10 +71,12 @@ def mpt(cfg: dict, source: str) -> dict:
     """MPT (mosaicml/mpt-*, llm-foundry): ALiBi, GELU MLP of width expansion_ratio * d_model (transformers' port fixes
     it at 4), tied head, and with no_bias (its default) neither linear biases nor LayerNorm biases (llm-foundry's
     norms take bias=not no_bias; transformers' MptBlock drops the norms' biases as well)."""
-    attn = cfg.get("attn_config") or {}
+    attn = cfg.get("attn_config", {})
+    attn = {} if attn is None else attn
     if not isinstance(attn, dict):
-        raise UsageError(f"{source}: key 'attn_config' must be an object, got {attn!r}")
-    ffn = cfg.get("ffn_config") or {}
+        raise UsageError(f"{source}: key 'attn_config' must be an object, got {json.dumps(attn)} — fix it or leave it out")
+    ffn = cfg.get("ffn_config", {})
+    ffn = {} if ffn is None else ffn
     if not isinstance(ffn, dict) or ffn.get("ffn_type", "mptmlp") != "mptmlp":
         raise UsageError(f"{source}: ffn_config {ffn!r} is not MPT's GELU MLP (ffn_type mptmlp), the one shardwise counts")
     hidden, heads = require(cfg, "d_model", source), require(cfg, "n_heads", source)

@@ -3,6 +3,7 @@ what it must be and the fix. Shared by model_spec (Llama, GPT-2 and MoE keys) an
 
 from __future__ import annotations
 
+import json
 import math
 
 from shardwise.errors import UsageError
@@ -11,12 +12,20 @@ MAX_LAYERS = 10_000  # far beyond any model built; bounds the planner's work (pi
 MAX_DIM = 2**31  # any width, head count or vocabulary
 
 
+def _shown(value) -> str:
+    """A config value as the user wrote it in JSON (null, "4096", true)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def require(cfg: dict, key: str, source: str, limit: int = MAX_DIM):
     if key not in cfg:
         raise UsageError(f"{source}: missing key '{key}' — add it to the config (see the Hugging Face config of the model)")
     value = cfg[key]
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UsageError(f"{source}: key '{key}' must be a positive integer, got {value!r}")
+        raise UsageError(f"{source}: key '{key}' must be a positive integer, got {_shown(value)} — fix it in the config")
     if value > limit:
         raise UsageError(f"{source}: key '{key}' is {value:,}, above the {limit:,} shardwise accepts — check the config")
     return value
@@ -48,7 +57,7 @@ def optional(cfg: dict, key: str, default, source: str):
 def flag(cfg: dict, key: str, source: str, default: bool = False) -> bool:
     value = cfg.get(key, default)
     if not isinstance(value, bool) and value is not None:
-        raise UsageError(f"{source}: key '{key}' must be true or false, got {value!r}")
+        raise UsageError(f"{source}: key '{key}' must be true or false, got {_shown(value)} — fix it or leave it out")
     return default if value is None else value
 
 

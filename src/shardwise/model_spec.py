@@ -355,7 +355,7 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config dict: Llama- or GPT-2-family keys, or an architecture's own
     (hf_architectures.READERS)."""
     if not isinstance(cfg, dict):
-        raise UsageError(f"{source}: expected a JSON object with model keys, got {type(cfg).__name__} — give a "
+        raise UsageError(f"{source}: expected a JSON object with model keys, got {JSON_TYPES.get(type(cfg), type(cfg).__name__)} — give a "
                          f"Hugging Face config.json or use a preset")
     if cfg.get("is_encoder_decoder") is True or ("encoder_layers" in cfg and "decoder_layers" in cfg
                                                   and cfg.get("is_encoder_decoder") is not False):
@@ -471,8 +471,9 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     first_dense = count(cfg, "first_k_dense_replace", source)
     every, step = optional(cfg, "moe_layer_freq", 1, source), optional(cfg, "decoder_sparse_step", 1, source)
     dense_only = cfg.get("mlp_only_layers") or []
-    if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
-        raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}")
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense_only):
+        raise UsageError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {json.dumps(dense_only)} — fix it "
+                         f"or leave it out")
     outside = [i for i in dense_only if not 0 <= i < num_layers]
     if outside:
         raise UsageError(f"{source}: mlp_only_layers {outside} are not layers of a {num_layers}-layer model (0 to "
@@ -491,12 +492,12 @@ def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> di
     if scoring not in ("softmax", "sigmoid"):
         raise UsageError(f"{source}: scoring_func {scoring!r} is not supported — use softmax or sigmoid")
     # Mixtral always renormalises the top-k weights (it has no key for it); the others say so in norm_topk_prob.
-    norm = cfg.get("norm_topk_prob", model_type in ("mixtral", *DEEPSEEK_V3_KEYS) or key == "num_local_experts")
+    norm = flag(cfg, "norm_topk_prob", source, model_type in ("mixtral", *DEEPSEEK_V3_KEYS) or key == "num_local_experts")
     coef = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", 0.001))
     scaling = cfg.get("routed_scaling_factor", 1.0)
     for name, value in (("router_aux_loss_coef", coef), ("routed_scaling_factor", scaling)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6):
-            raise UsageError(f"{source}: key '{name}' must be a non-negative number, got {value!r}")
+            raise UsageError(f"{source}: key '{name}' must be a non-negative number, got {value!r} — fix it or leave it out")
     return {"num_experts": experts, "experts_per_token": top_k, "moe_ffn_hidden": width, "shared_ffn_hidden": shared,
             "shared_expert_gate": bool(cfg.get("shared_expert_intermediate_size")), "moe_layers": moe_layers,
             "router_scoring": scoring, "norm_topk": bool(norm), "routed_scaling": float(scaling or 1.0),
@@ -555,11 +556,17 @@ def attention_hf_keys(spec: ModelSpec) -> dict:
     return {k: v for k, v in biases.items() if v is not None} | ({"qkv_bias": True} if spec.qkv_bias else {})
 
 
+# What a JSON document's top level was, in JSON's words.
+JSON_TYPES = {type(None): "null", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+
+
 def read_json_file(path: Path, source: str, fix: str):
     """A user's JSON file, or one UsageError line naming it and the fix."""
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{source}: malformed JSON ({exc}) — {fix}") from None
+    except ValueError as exc:  # an integer past Python's digit limit for str -> int (sys.set_int_max_str_digits)
         raise UsageError(f"{source}: malformed JSON ({exc}) — {fix}") from None
     except OSError as exc:
         raise UsageError(f"{source}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
@@ -582,7 +589,8 @@ def load_model(ref: str) -> ModelSpec:
         if not path.is_file():
             raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
         cfg = read_json_file(path, ref, "fix the file or use a preset")
-        return model_from_hf_config(cfg, name=path.stem if path.stem != "config" else path.parent.name, source=ref)
+        name = path.stem if path.stem != "config" else path.resolve().parent.name  # config.json: its folder's name
+        return model_from_hf_config(cfg, name=name, source=ref)
     ref = HUB_PRESETS.get(ref.lower(), ref)  # a Hugging Face hub id whose config a preset is
     preset = preset_dir("models").joinpath(f"{ref}.json")
     if ref not in model_presets() or not preset.is_file():
