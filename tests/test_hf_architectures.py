@@ -332,3 +332,26 @@ def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tm
     err = capsys.readouterr().err.strip()
     assert f"--emit {target}: shardwise writes" in err and "not mistral's" in err and "\n" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("changes, seq, said", [
+    ({}, 8192, "4,096-token sliding window on every layer"),
+    ({}, 4096, None),  # within the window: the full causal attention priced is the model's
+    ({"use_sliding_window": False}, 8192, None),  # Qwen2's configs: a window key that is off
+    ({"layer_types": ["sliding_attention", "full_attention"] * 16}, 8192, "on 16 of its 32 layers"),
+    ({"num_nextn_predict_layers": 1}, 4096, "1 multi-token-prediction module(s)"),
+])
+def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, said, tmp_path, capsys):
+    """A sliding window shorter than the sequence (priced as full causal attention) and DeepSeek's multi-token
+    prediction (not counted) are notes of estimate, plan and explain, never silent."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(ARCHITECTURES["mistral-7b"][0] | changes))
+    shape = ["--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64",
+             "--seq-len", str(seq), "--json"]
+    assert main(["estimate", *shape, "--tp", "8", "--micro-batch", "1"]) == 0
+    implied = json.loads(capsys.readouterr().out)["assumptions"]["implied"]
+    for command in ("plan", "explain"):
+        assert main([command, *shape]) == 0
+        note = json.loads(capsys.readouterr().out).get("model_note")
+        assert (note is None) if said is None else (said in note and note in implied)
+    assert said is None or sum(said in line for line in implied) == 1

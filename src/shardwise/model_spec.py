@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -91,6 +91,12 @@ class ModelSpec:
     # Falcon, PaLM): the same matrices and FLOPs, but tensor parallelism reduces the summed outputs once per layer
     # forward (planner/layer_time.tp_layer_comm).
     parallel_residual: bool = False
+    # Read so that the planner can say what it leaves out (commands.common.model_note), never counted, and outside
+    # the spec's equality: a sliding attention window (tokens; 0 none) and how many layers attend through it;
+    # DeepSeek's multi-token-prediction modules (num_nextn_predict_layers).
+    sliding_window: int = field(default=0, compare=False)
+    window_layers: int = field(default=0, compare=False)
+    mtp_layers: int = field(default=0, compare=False)
 
     @property
     def gated_mlp(self) -> bool:
@@ -380,7 +386,26 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             and spec.attention != "mla" and spec.hidden % spec.num_heads):
         raise UsageError(f"{source}: the hidden size {spec.hidden} (hidden_size) is not divisible by the "
                          f"{spec.num_heads} heads (num_attention_heads) — fix the config, or give head_dim")
-    return spec
+    return replace(spec, **unpriced_keys(cfg, spec.num_layers, model_type))
+
+
+def unpriced_keys(cfg: dict, num_layers: int, model_type: str) -> dict:
+    """What a config says the planner does not price: its sliding attention window and the layers that use it
+    (layer_types' "sliding_attention", Gemma 2's every other layer, else all; none where use_sliding_window is
+    false, as Qwen2's configs set it), and its multi-token-prediction modules."""
+    def count(key: str) -> int:
+        value = cfg.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    window = 0 if cfg.get("use_sliding_window") is False else count("sliding_window")
+    types = cfg.get("layer_types")
+    if not window:
+        layers = 0
+    elif isinstance(types, list) and types:
+        layers = sum(t == "sliding_attention" for t in types)
+    else:
+        layers = num_layers // 2 if model_type in ("gemma2", "gemma3_text", "gemma3") else num_layers
+    return {"sliding_window": window, "window_layers": layers, "mtp_layers": count("num_nextn_predict_layers")}
 
 
 # GPT2Config's attribute_map: transformers' generic names of GPT-2's own keys. Set after them, they win where a config

@@ -290,7 +290,7 @@ COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and 
 # What a command filled in that the user did not name: the stack (`under_framework`), torch.compile and the GPU's
 # kernel-model keys a cluster file left out (`job_from_args`); each an attribute of the command's args, and a field of
 # plan's and explain's JSON.
-NOTE_KEYS = ("framework_note", "compile_note", "cluster_note")
+NOTE_KEYS = ("framework_note", "compile_note", "cluster_note", "model_note")
 
 
 def job_fields(args, job) -> dict:
@@ -309,6 +309,22 @@ def notes(args) -> list[str]:
     return list(note_fields(args).values())
 
 
+def model_note(model, seq_len: int) -> str:
+    """What of the model the planner does not price, said where it matters: attention through a sliding window shorter
+    than the sequence (priced as full causal attention), DeepSeek's multi-token-prediction modules (not counted)."""
+    parts = []
+    if model.sliding_window and seq_len > model.sliding_window:
+        which = ("every layer" if model.window_layers == model.num_layers
+                 else f"{model.window_layers} of its {model.num_layers} layers")
+        parts.append(f"{model.name} attends through a {model.sliding_window:,}-token sliding window on {which}, priced "
+                     f"as full causal attention over --seq-len {seq_len:,}: an over-count of those layers' attention "
+                     f"core (time and model FLOPs), not of their memory")
+    if model.mtp_layers:
+        parts.append(f"{model.name}'s {model.mtp_layers} multi-token-prediction module(s) (num_nextn_predict_layers) "
+                     f"are not counted: each adds about one layer and one LM-head pass to the last pipeline stage")
+    return "; ".join(parts)
+
+
 def job_from_args(args):
     """The planner's Job from --model/--cluster/--global-batch/--seq-len and the framework (+ software flags)."""
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, get
@@ -320,6 +336,7 @@ def job_from_args(args):
     if not 1.0 <= capacity <= 1e3:
         raise UsageError(f"--capacity-factor {capacity} must be between 1 (balanced routing) and 1000, e.g. 1.25")
     model = load_model(args.model)
+    args.model_note = model_note(model, args.seq_len)
     if capacity != 1.0 and not model.is_moe:
         raise UsageError(f"--capacity-factor {capacity:g} is the busiest expert's load over the mean, but {model.name} has "
                          f"no experts — drop it, or plan a mixture-of-experts model")
