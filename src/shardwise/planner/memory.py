@@ -417,8 +417,9 @@ def _moe_rank_layer_params(model, pp: int, vpp: int, rank: int, seq_len: int, tp
 
 def rank_params(job: Job, layout: Layout, rank: int) -> float:
     """Parameters held by one GPU of pipeline rank `rank`: its layers (`layer_params`), the embedding and
-    the LM head split by vocabulary rows (padded to a multiple of tp, as Megatron and the runtime pad);
-    learned positions and the final norm replicated."""
+    the LM head split by vocabulary rows (padded to a multiple of tp, as the runtime pads; Megatron-LM pads to a
+    multiple of 128·tp, --make-vocab-size-divisible-by 128: fewer than 128 rows more per rank, left out); learned
+    positions and the final norm replicated."""
     model, tp = job.model, layout.tp
     rows = -(-model.vocab_size // tp) * model.hidden  # this rank's vocabulary rows
     table = model.vocab_size * model.hidden
