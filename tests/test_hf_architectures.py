@@ -340,6 +340,7 @@ def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tm
     ({"use_sliding_window": False}, 8192, None),  # Qwen2's configs: a window key that is off
     ({"layer_types": ["sliding_attention", "full_attention"] * 16}, 8192, "on 16 of its 32 layers"),
     ({"num_nextn_predict_layers": 1}, 4096, "1 multi-token-prediction module(s)"),
+    ({"model_type": "llama"}, 8192, None),  # Llama's modelling code ignores a sliding_window key
 ])
 def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, said, tmp_path, capsys):
     """A sliding window shorter than the sequence (priced as full causal attention) and DeepSeek's multi-token

@@ -389,6 +389,11 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     return replace(spec, **unpriced_keys(cfg, spec.num_layers, model_type))
 
 
+# The architectures whose transformers modelling code attends through config.sliding_window (Llama's ignores the key).
+WINDOWED_TYPES = frozenset({"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+                            "gemma3_text", "starcoder2", "phi3", "gpt_oss"})
+
+
 def unpriced_keys(cfg: dict, num_layers: int, model_type: str) -> dict:
     """What a config says the planner does not price: its sliding attention window and the layers that use it
     (layer_types' "sliding_attention", Gemma 2's every other layer, else all; none where use_sliding_window is
@@ -397,7 +402,8 @@ def unpriced_keys(cfg: dict, num_layers: int, model_type: str) -> dict:
         value = cfg.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
-    window = 0 if cfg.get("use_sliding_window") is False else count("sliding_window")
+    windowed = model_type in WINDOWED_TYPES
+    window = 0 if cfg.get("use_sliding_window") is False or not windowed else count("sliding_window")
     types = cfg.get("layer_types")
     if not window:
         layers = 0
