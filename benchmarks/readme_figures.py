@@ -79,8 +79,9 @@ def limits() -> str:
 
     text = (f"- Bounded answers: `plan`, `estimate`, `explain` and `simulate` answer within seconds or refuse in one "
             f"line: at most {MAX_GPUS:,} GPUs, {TrainSpec.MAX:,} sequences of {TrainSpec.MAX:,} tokens and "
-            f"{MAX_LAYERS:,} layers; a search scores at most {MAX_CANDIDATES:,} layouts ({MAX_CANDIDATES // MOE_COST:,} "
-            f"for mixture-of-experts models). Beyond, it narrows itself step by step (virtual stages that split the "
+            f"{MAX_LAYERS:,} layers; a search takes at most {MAX_CANDIDATES:,} candidate layouts ({MAX_CANDIDATES // MOE_COST:,} "
+            f"for mixture-of-experts models), each a split, micro-batch, schedule, virtual-stage count and SP setting "
+            f"whose ZeRO stages and recompute policies it then scores (plan's `scored` counts those). Beyond, it narrows itself step by step (virtual stages that split the "
             f"layers evenly, at most 4 of them, micro-batches of 1-8 sequences, expert parallelism of 8 or more, then "
             f"1-2 sequences and 2 virtual stages, then power-of-two tp and pp) and says so under the table, or refuses "
             f"with the flags that narrow it; `simulate` answers with the closed forms beyond {MAX_SIMULATED:,} actions (equal to the simulator for uniform costs).")

@@ -394,7 +394,7 @@ def test_a_moe_preset_on_a_thousand_gpus_gets_a_plan(model):
     more on 1,024 GPUs, so that step is passed over) and says how, instead of refusing."""
     out = answer(["plan", "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", 1024, "--global-batch", 2048,
                   "--seq-len", 8192, "--json", "--top", "2"])
-    assert out is not None and "were scored" in out["thinned"]
+    assert out is not None and "were searched" in out["thinned"]
     check_layout(out["best"], DEFAULT_FRAMEWORK)
     assert out["best"]["ep"] >= 1 and out["best"]["fits"]
 
@@ -930,3 +930,69 @@ def test_explain_says_a_layout_without_tp_has_no_tp_traffic():
                   "--seq-len", 2048, "--tp", 1, "--json"])
     tp = next(p for p in out["explanation"] if p.startswith("TP = 1"))
     assert "no TP traffic" in tp and "TP traffic runs on" not in tp
+
+
+SMALL = ["--model", "llama3.1-8b", "--cluster", "dgx-a100-80gb", "--gpus", 64, "--global-batch", 512, "--seq-len", 8192]
+
+
+def test_plan_names_the_reason_its_own_schedules_cannot_run():
+    """DeepSpeed's pipeline refuses ZeRO-2/3: that is the reason plan gives, not a schedule nobody asked for."""
+    for zero in (2, 3):
+        code, _, err = cli(["plan", *SMALL, "--framework", "deepspeed", "--zero", zero, "--pp", 2])
+        assert code == 2 and "cannot combine a pipeline with ZeRO" in err and "gpipe" not in err, err
+
+
+def test_plan_sequence_parallel_means_only_layouts_that_run_it():
+    """--sequence-parallel keeps its meaning in plan: only tp > 1 layouts with sequence parallelism, and a stack
+    without it is refused in one line, as estimate refuses it."""
+    for framework in ("megatron-core", "megatron-2021", "torchtitan"):
+        out = answer(["plan", *SMALL, "--framework", framework, "--sequence-parallel", "--json", "--top", 5])
+        assert all(c["tp"] > 1 and c["sequence_parallel"] for c in out["candidates"]), framework
+    code, _, err = cli(["plan", *SMALL, "--framework", "deepspeed", "--sequence-parallel"])
+    assert code == 2 and "deepspeed has no sequence parallelism" in err
+    code, _, err = cli(["plan", *SMALL, "--framework", "megatron-core", "--sequence-parallel", "--tp", 1])
+    assert code == 2 and "allow a tp above 1" in err
+
+
+def test_plan_says_when_its_winner_has_no_use_for_a_flag():
+    """--schedules where the winner has no pipeline, --tp-comm-overlap where it has no TP, and GPT-2's learned
+    positions short of the sequence are said by plan and explain as estimate says them."""
+    out = answer(["plan", *SMALL, "--framework", "megatron-core", "--schedules", "interleaved-1f1b",
+                  "--tp-comm-overlap", "--tp", 1, "--pp", 1, "--json"])
+    assert "--schedules interleaved-1f1b orders pipeline stages" in out["winner_note"]
+    assert "--tp-comm-overlap changes nothing for the winner" in out["winner_note"]
+    assert "winner_note" not in answer(["plan", *SMALL, "--framework", "megatron-core", "--json"])
+    for command in ("plan", "explain"):
+        gpt = answer([command, "--model", "gpt2", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 64,
+                      "--seq-len", 8192, "--json"])
+        assert "needs a longer position table" in gpt["model_note"]
+
+
+def test_a_search_too_large_names_flags_that_bring_it_within_the_limit():
+    """The example flags of the refusal are ones this job can run (ep values dividing its 60 experts), and the search
+    they give is answered."""
+    argv = ["plan", "--model", "qwen1.5-moe-a2.7b", "--cluster", "dgx-h100-80gb", "--gpus", 256, "--global-batch", 512,
+            "--seq-len", 32768, "--framework", "shardwise", "--json", "--top", 1]
+    code, _, err = cli(argv)
+    assert code == 2 and "narrow it, e.g. " in err
+    flags = err.split("narrow it, e.g. ")[1].split()
+    assert "--ep" in flags and all(60 % int(e) == 0 for e in flags[flags.index("--ep") + 1].split(","))
+    assert answer([*argv, *flags]) is not None
+
+
+def test_mfu_says_what_it_counts_and_explain_says_what_runs_at_long_sequences():
+    """MFU follows PaLM's count (attention unmasked at every length): the JSON says so, and where attention is most of
+    the counted FLOPs explain gives the MFU of what a causal kernel runs."""
+    argv = ["--model", "llama3-8b", "--cluster", "aws-p4de", "--gpus", 96, "--global-batch", 48, "--seq-len", 131072,
+            "--framework", "nemo", "--json"]
+    out = answer(["explain", *argv])
+    assert "attention counted unmasked" in out["best"]["assumptions"]["flop_count"]
+    text = " ".join(out["explanation"])
+    runs = float(text.split("counting only what runs, this plan's MFU is ")[1].split("%")[0]) / 100
+    assert out["best"]["mfu"] > 0.75 and runs < out["best"]["mfu"] / 1.5
+
+
+def test_torch_context_parallelism_runs_only_fused_attention():
+    code, _, err = cli(["estimate", *SMALL, "--framework", "torchtitan", "--cp", 2, "--no-flash-attention", "--tp", 2,
+                        "--micro-batch", 1])
+    assert code == 2 and "torch's context_parallel dispatches only" in err

@@ -290,7 +290,7 @@ COMPILE_IMPLIED = ("torch.compile (torchao's Float8 runs compiled, its amax and 
 # What a command filled in that the user did not name: the stack (`under_framework`), torch.compile and the GPU's
 # kernel-model keys a cluster file left out (`job_from_args`); each an attribute of the command's args, and a field of
 # plan's and explain's JSON.
-NOTE_KEYS = ("framework_note", "compile_note", "cluster_note", "model_note")
+NOTE_KEYS = ("framework_note", "compile_note", "cluster_note", "model_note", "winner_note")
 
 
 def job_fields(args, job) -> dict:
@@ -310,9 +310,14 @@ def notes(args) -> list[str]:
 
 
 def model_note(model, seq_len: int) -> str:
-    """What of the model the planner does not price, said where it matters: attention through a sliding window shorter
-    than the sequence (priced as full causal attention), DeepSeek's multi-token-prediction modules (not counted)."""
+    """What of the model the planner does not price, said where it matters: a sequence beyond a learned position table
+    (the table counted as given), attention through a sliding window shorter than the sequence (priced as full causal
+    attention), DeepSeek's multi-token-prediction modules (not counted)."""
     parts = []
+    if model.learned_positions and seq_len > model.max_positions:  # runnable only with a longer table
+        parts.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq_len:,} needs a "
+                     f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
+                     f"numbers do not depend on it)")
     if model.sliding_window and seq_len > model.sliding_window:
         which = ("every layer" if model.window_layers == model.num_layers
                  else f"{model.window_layers} of its {model.num_layers} layers")
@@ -322,6 +327,21 @@ def model_note(model, seq_len: int) -> str:
     if model.mtp_layers:
         parts.append(f"{model.name}'s {model.mtp_layers} multi-token-prediction module(s) (num_nextn_predict_layers) "
                      f"are not counted: each adds about one layer and one LM-head pass to the last pipeline stage")
+    return "; ".join(parts)
+
+
+def winner_note(args, job, layout) -> str:
+    """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
+    idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism."""
+    from shardwise.planner.search import PLANNED_SCHEDULES
+
+    parts = []
+    schedules = getattr(args, "schedules", None)
+    if schedules and set(schedules) != set(PLANNED_SCHEDULES) and layout.pp == 1:
+        parts.append(f"--schedules {','.join(schedules)} orders pipeline stages, and the winner has none (pp 1): its "
+                     f"micro-batches run one after another whatever the schedule")
+    if getattr(args, "tp_comm_overlap", None) and layout.tp == 1:
+        parts.append("--tp-comm-overlap changes nothing for the winner (tp 1: no tensor-parallel collectives to overlap)")
     return "; ".join(parts)
 
 

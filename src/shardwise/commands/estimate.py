@@ -103,7 +103,7 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     """The layout knobs the command line named, and a note for each flag that changes nothing here (said, not silently
     dropped: Megatron-LM likewise turns SP off at tp 1), with the knob set back to what plan reports: a pipeline
     schedule at pp 1 (no stages to order: every stack accumulates one micro-batch after another), a CP mode at cp 1,
-    SP or TP comm overlap at tp 1; and a sequence beyond a learned position table."""
+    SP or TP comm overlap at tp 1 (a sequence beyond a learned position table: common.model_note)."""
     idle_schedule = args.pp == 1 and args.schedule not in (None, "1f1b") and args.vpp in (None, 1)
     if idle_schedule:
         idle_schedule, args.schedule = args.schedule, None
@@ -119,11 +119,6 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     if "cp_mode" in named and args.cp <= 1:  # the layout as plan reports one without cp
         args.cp_mode = None
         named.discard("cp_mode")
-    model, seq = job.model, job.train.seq_len
-    if model.learned_positions and seq > model.max_positions:  # runnable only with a longer table
-        unused.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq:,} needs a "
-                      f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
-                      f"numbers do not depend on it)")
     return named, unused
 
 

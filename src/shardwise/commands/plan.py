@@ -6,7 +6,7 @@ from pathlib import Path
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
                                        add_software_args, job_fields, job_from_args, note_fields, print_json,
-                                       space_from_args)
+                                       space_from_args, winner_note)
 
 
 def add_plan_args(p) -> None:
@@ -22,11 +22,13 @@ def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
     add_plan_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
-    p.add_argument("--json", action="store_true", help='print {"best": {...}, "candidates": [...]}')
+    p.add_argument("--json", action="store_true",
+                   help='print {"best": {...}, "candidates": [...], "scored": variants checked, "fit": those that fit}')
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
     p.add_argument("--all-variants", action="store_true",
-                   help="list every fitting variant (micro-batch, vpp, schedule, ZeRO, recompute) instead of the "
-                        "best one of each dp x tp x pp x cp split")
+                   help="list every scored variant that fits (micro-batch, vpp, schedule, ZeRO, recompute) instead of "
+                        "the best one of each dp x tp x pp x cp split; a heavier ZeRO stage or recompute policy is not "
+                        "scored where a lighter one fits the same layout, as it is never faster")
     from shardwise.emit import TARGETS
 
     g = p.add_argument_group("outputs")
@@ -63,6 +65,7 @@ def _plan(args):
     result = search(job, args.gpus, space)
     if not result.ranked:
         raise UsageError(nothing_fits_message(job, args.gpus, result, space))
+    args.winner_note = winner_note(args, job, result.ranked[0].layout)
     return job, result
 
 

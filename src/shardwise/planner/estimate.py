@@ -105,6 +105,12 @@ def _round(x: float, digits: int) -> float:
     return r if r or not x else float(f"{x:.3g}")
 
 
+# What mfu and hfu count (step_time.model_flops_per_step; hardware_flops adds what recompute runs again).
+FLOP_COUNT = ("PaLM's: per token 6 x the matmul parameters (LM head included, input embedding not) + 12 x layers x "
+              "attention width x sequence; attention counted unmasked at every length, where a causal kernel runs half "
+              "of it; hfu adds the recomputed FLOPs")
+
+
 def assumptions(job: Job) -> dict:
     """What a prediction assumes about the software (planner/frameworks.py) and the precision: the same for every
     layout of a job, so built once (per job and module constants, layer_time.cache_key) and copied for each."""
@@ -152,6 +158,7 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
             "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,
             "moe_layer_host_time_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_HOST_S} if job.model.is_moe else {}),
         "precision": job.precision,
+        "flop_count": FLOP_COUNT,
         # how this stack's predictions on this GPU compared with its published runs, dense or MoE as the model is
         # (None: no such run, or a calibrated / unnamed GPU)
         "checked_on_published_runs": checked_record(job),

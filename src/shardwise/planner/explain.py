@@ -16,7 +16,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult, tp_fits
-from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note
+from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note, model_flops_per_step
 from shardwise.specs import TrainSpec, divisors
 from shardwise.units import seconds
 
@@ -436,7 +436,21 @@ def plausibility(job: Job, win: Estimate) -> str:
             f"spends {1 - t['compute'] / win.step_time:.0%} of its step outside the layers' compute ({', '.join(reasons)}); "
             f"its compute runs at the rates the kernel benchmarks and the published runs support "
             f"(in-situ efficiency {assumptions(job)['in_situ_efficiency']:.2f}). Treat the margin over {mfu:.1%} as "
-            f"the part of the estimate to verify first: measure a few steps before committing to it.")
+            f"the part of the estimate to verify first: measure a few steps before committing to it."
+            + _unmasked_attention(job, win))
+
+
+def _unmasked_attention(job: Job, win: Estimate) -> str:
+    """Where attention is a large share of the FLOPs MFU counts (long sequences): that PaLM's count takes it unmasked,
+    twice what a causal kernel runs, so the MFU is above the GPU's own rate, and what it is with the masked half."""
+    m, s = job.model, job.train.seq_len
+    attention = 12 * m.num_layers * m.attention_width * s * s * job.train.global_batch
+    share = attention / model_flops_per_step(job)
+    if share < 0.1:
+        return ""
+    return (f" At {s:,} tokens {share:.0%} of the FLOPs MFU counts are attention, which PaLM's count (the records' "
+            f"too, at their shorter sequences) takes unmasked where a causal kernel runs half: counting only what runs, "
+            f"this plan's MFU is {win.mfu * (1 - share / 2):.1%}.")
 
 
 def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:

@@ -450,9 +450,12 @@ class Framework:
 
     def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
         """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""
-        if layout.cp > 1 and not flash_attention and self.cp_fused_attention_only:
+        if layout.cp > 1 and not flash_attention and (self.cp_fused_attention_only or self.cp_attention == "torch"):
             why = (" (Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1)"
-                   if self.name in ("megatron-core", "nemo") else "")
+                   if self.name in ("megatron-core", "nemo") else
+                   " (torch's context_parallel dispatches only SDPA's flash, memory-efficient and cuDNN kernels: "
+                   "torch/distributed/tensor/experimental/_context_parallel/_attention.py)"
+                   if self.cp_attention == "torch" else "")
             return (f"{self.name} runs context parallelism only in its fused attention kernel{why} — drop "
                     f"--no-flash-attention or use --cp 1")
         return None

@@ -126,15 +126,18 @@ class SearchResult:
 def _schedules(pp: int, num_layers: int, m: int, space: SearchSpace, fw):
     """(schedule, vpp) pairs worth scoring for a pp-stage pipeline of m micro-batches under stack `fw`: the
     space's schedules; interleaving where m is a multiple of pp and the stack interleaves this deep a pipeline
-    (Framework.min_interleaved_pp), at each depth `_vpps` allows. A schedule the stack lacks is yielded too: its
-    refusal names it when nothing fits."""
+    (Framework.min_interleaved_pp), at each depth `_vpps` allows. The schedules the stack lacks are left out where it
+    runs one of the space's (their refusals would hide the reason its own schedules cannot run: "nothing fits" names
+    the first), else yielded so that their refusal names them."""
     if pp == 1:
         yield "1f1b", 1
         return
+    runs_one = any(s in fw.schedules for s in space.schedules)
+    wanted = [s for s in space.schedules if s in fw.schedules or not runs_one]
     for s in SEARCH_SCHEDULES:
-        if s in space.schedules:
+        if s in wanted:
             yield s, 1
-    if m % pp == 0 and "interleaved-1f1b" in space.schedules and pp >= fw.min_interleaved_pp:
+    if m % pp == 0 and "interleaved-1f1b" in wanted and pp >= fw.min_interleaved_pp:
         for v in _vpps(num_layers, pp, space, fw):
             yield "interleaved-1f1b", v
 
@@ -216,8 +219,8 @@ def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -
 def _sp_options(job: Job, fw, tp: int, cp: int, space: SearchSpace = SearchSpace()) -> tuple[bool, ...]:
     """Sequence parallelism off and/or on, as the framework allows and the space asks; on only where tp divides each
     rank's tokens."""
-    if tp == 1:
-        return (False,)
+    if tp == 1:  # no sequence to shard: none where the space asks for sequence parallelism only
+        return () if space.sequence_parallel == (True,) else (False,)
     sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
     asked = space.sequence_parallel_for(fw)
     sps = tuple(sp for sp in sps if asked is None or sp in asked or _sp_required(job, fw))
@@ -341,11 +344,31 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
             continue
         narrower, taken = trial, taken + [text]
         if k <= most:
-            return narrower, (f"{n:,} layouts are more than the {most:,} scored in one go, so only {'; '.join(taken)} "
-                              f"were scored ({k:,}); --tp/--pp/--max-vpp/--micro-batch narrow it your way")
-    raise UsageError(f"this search spans {n:,} layouts, more than the {most:,} shardwise scores in one go — "
-                     f"narrow it, e.g. --tp 1,2,4,8 --pp 1,2,4,8,16 --max-vpp 4 --micro-batch 1,2,4"
-                     + (" --ep 8,16" if job.model.is_moe else ""))
+            return narrower, (f"{n:,} candidate layouts are more than the {most:,} searched in one go, so only "
+                              f"{'; '.join(taken)} were searched ({k:,} candidates, each scored at its ZeRO stages and "
+                              f"recompute policies); --tp/--pp/--max-vpp/--micro-batch narrow it your way")
+    raise UsageError(f"this search spans {n:,} candidate layouts, more than the {most:,} shardwise searches in one go — "
+                     f"narrow it, e.g. {_narrowing_example(job, gpus, space, most)}")
+
+
+def _narrowing_example(job: Job, gpus: int, space: SearchSpace, most: int) -> str:
+    """Flags that bring this search within `most` layouts (the first of a ladder of narrower ones that does, else
+    the narrowest), with expert-parallel degrees this MoE job can run (8 and 16 where it can)."""
+    ladder = [dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), max_vpp=4, micro_batch=(1, 2, 4)),
+              dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), max_vpp=2, micro_batch=(1, 2)),
+              dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8), max_vpp=2, micro_batch=(1,)),
+              dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8), max_vpp=1, micro_batch=(1,))]
+    if job.model.is_moe and space.ep is None:
+        eps = sorted({e for tp, _, dp, cp in degrees(job, gpus, space) for e in expert_degrees(job, dp, tp, space, cp)
+                      if e > 1})
+        pick = tuple(e for e in eps if e in (8, 16)) or tuple(eps[-2:])
+        ladder = [step | dict(ep=pick) for step in ladder] + ([dict(ladder[-1], ep=pick[-1:])] if pick else [])
+    for step in ladder:
+        if 0 < count_candidates(job, gpus, replace(space, **step)) <= most:
+            break
+    flags = {"tp": "--tp", "pp": "--pp", "max_vpp": "--max-vpp", "micro_batch": "--micro-batch", "ep": "--ep"}
+    return " ".join(f"{flags[k]} {','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in step.items()
+                    if v != ())
 
 
 def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> str:
@@ -426,10 +449,15 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
                     f"sequence into 2*cp equal chunks (--seq-len {seq}) and leave a dp that divides the global batch — "
                     f"possible here: {', '.join(map(str, [1, *possible]))}")
     tps = ', '.join(sorted({str(t) for t, _ in pairs}, key=int))
-    if all(t > 1 and not _sp_options(job, fw, t, 1, space) for t, _ in pairs) and space.sequence_parallel == (True,):
-        why = (f"--framework {fw.name} has no sequence parallelism" if fw.sequence_parallel == "never" else
-               f"it splits each sequence over tp, but --seq-len {seq} is not divisible by tp {tps}")
-        return f"--sequence-parallel: {why} — drop --sequence-parallel, or allow tp 1"
+    if space.sequence_parallel == (True,) and not any(_sp_options(job, fw, t, 1, space) for t, _ in pairs):
+        if fw.sequence_parallel == "never":
+            return (f"--sequence-parallel: --framework {fw.name} has no sequence parallelism — drop --sequence-parallel, "
+                    f"or pick a --framework that runs it")
+        if all(t == 1 for t, _ in pairs):
+            return "--sequence-parallel shards the sequence over tp ranks, but --tp allows only 1 — allow a tp above 1"
+        return (f"--sequence-parallel: it splits each sequence over tp, but --seq-len {seq} is not divisible by tp "
+                f"{', '.join(sorted({str(t) for t, _ in pairs if t > 1}, key=int))} — use a multiple of tp, or drop "
+                f"--sequence-parallel")
     if all(t > 1 and not _sp_options(job, fw, t, 1) for t, _ in pairs):
         return (f"{_sp_required(job, fw)}, which splits each sequence over tp, but --seq-len {seq} is not divisible by "
                 f"tp {tps} — use a multiple of tp, or allow tp 1")
