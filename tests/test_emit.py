@@ -580,15 +580,24 @@ _MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128
 BLOCK_FEATURES = {
     "qwen2_moe": (_LLAMA | _MOE | {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 256},
                   {"add_qkv_bias": True, "add_bias_linear": False, "moe_shared_expert_gate": True,
-                   "gated_linear_unit": True}),
+                   "gated_linear_unit": True, "moe_router_pre_softmax": True}),  # norm_topk_prob false: no renorm
     "qwen3_moe": (_LLAMA | _MOE | {"model_type": "qwen3_moe", "head_dim": 64},
                   {"qk_layernorm": True, "add_bias_linear": False, "add_qkv_bias": None, "kv_channels": 64}),
     "deepseek_v3": (_LLAMA | {"model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 2,
                               "moe_intermediate_size": 128, "n_shared_experts": 1, "first_k_dense_replace": 1,
                               "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
-                              "v_head_dim": 32, "n_group": 1, "topk_group": 1},
+                              "v_head_dim": 32, "n_group": 1, "topk_group": 1,
+                              "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                               "original_max_position_embeddings": 4096, "beta_fast": 32,
+                                               "beta_slow": 1}},
                     {"multi_latent_attention": True, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_head_dim": 32,
-                     "qk_pos_emb_head_dim": 16, "v_head_dim": 32}),
+                     "qk_pos_emb_head_dim": 16, "v_head_dim": 32,
+                     "qk_layernorm": True,  # MLA's norms on the q and kv latents are built only with it
+                     "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                     "rotary_scaling_factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "llama 3.1 rope scaling": (_LLAMA | {"model_type": "llama", "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}}, {"use_rope_scaling": True, "rope_scaling_factor": 8.0}),
     "gelu, no model_type": (_LLAMA | {"hidden_act": "gelu"}, {"gated_linear_unit": False, "add_bias_linear": False}),
 }
 
@@ -611,12 +620,32 @@ def test_a_megatron_script_builds_the_planned_blocks(name, tmp_path):
     assert (ns.attention_dropout, ns.hidden_dropout) == (0.0, 0.0)  # Megatron-LM's default is 0.1
 
 
+def test_a_torchtitan_flavor_is_named_only_for_its_whole_shape(tmp_path):
+    """torchtitan's llama3 "8B" fixes the FFN width, rope_theta and an untied head besides the four widths: a model
+    with Llama 3 8B's widths but Llama 2's FFN, base and tied head gets the register-a-flavor comment instead."""
+    titan = emitter("torchtitan")
+    assert titan.flavor(load_model("llama3-8b")) == "8B" and titan.flavor(load_model("llama3.1-405b")) == "405B"
+    (tmp_path / "config.json").write_text(json.dumps(load_model("llama3-8b").to_hf_config() | {
+        "intermediate_size": 11008, "rope_theta": 10000.0, "tie_word_embeddings": True}))
+    job = make_job(load_model(str(tmp_path / "config.json")), load_cluster("dgx-h100-80gb"), 64, 1024, "torchtitan")
+    text = render("torchtitan", Target(job=job, estimate=estimate(job, Layout(dp=8, zero=3)), gpus=8, rank=1))
+    assert 'flavor = "8B"' not in text and "ffn hidden 11008, rope_theta=10000, no rope scaling, tied" in text
+
+
 @pytest.mark.parametrize("config, target, words", [
     (_LLAMA | {"attention_bias": True}, "megatron", "biases on the attention's matrices but not on the MLP's"),
     (_LLAMA | {"attention_bias": True}, "torchtitan", "biases"),
     (_LLAMA | {"hidden_act": "gelu"}, "torchtitan", "a gelu MLP"),
     (_LLAMA | {"model_type": "nemotron", "hidden_act": "relu2"}, "megatron", "LayerNorm1P"),
     (BLOCK_FEATURES["deepseek_v3"][0], "torchtitan", "multi-head latent attention"),
+    (_LLAMA | _MOE | {"model_type": "mixtral", "sliding_window": 512}, "megatron", "512-token sliding attention window"),
+    (_LLAMA | {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "megatron", "linear RoPE scaling"),
+    (_LLAMA | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 4096}},
+     "megatron", "llama3 RoPE scaling"),  # Megatron-Core fixes Llama 3.1's 8192
+    ({**BLOCK_FEATURES["deepseek_v3"][0], "norm_topk_prob": False}, "megatron", "sigmoid routing without renormalising"),
+    (_LLAMA | _MOE | {"model_type": "qwen2_moe", "num_experts_per_tok": 1, "norm_topk_prob": True}, "megatron",
+     "top-1 routing renormalised"),
+    (_LLAMA | {"attention_dropout": 0.1}, "torchtitan", "dropout"),
 ])
 def test_emit_refuses_a_model_its_file_would_build_differently(config, target, words, tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(config))

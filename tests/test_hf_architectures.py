@@ -337,10 +337,14 @@ def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tm
 @pytest.mark.parametrize("changes, seq, said", [
     ({}, 8192, "4,096-token sliding window on every layer"),
     ({}, 4096, None),  # within the window: the full causal attention priced is the model's
-    ({"use_sliding_window": False}, 8192, None),  # Qwen2's configs: a window key that is off
+    ({"sliding_window": None}, 8192, None),  # Mistral v0.2 on: no window
     ({"layer_types": ["sliding_attention", "full_attention"] * 16}, 8192, "on 16 of its 32 layers"),
     ({"num_nextn_predict_layers": 1}, 4096, "1 multi-token-prediction module(s)"),
     ({"model_type": "llama"}, 8192, None),  # Llama's modelling code ignores a sliding_window key
+    # Qwen2's config class: off unless use_sliding_window says true, then the layers from max_window_layers on
+    ({"model_type": "qwen2"}, 8192, None),
+    ({"model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}, 8192, "on 4 of its 32 layers"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "layer_types": ["full_attention"] * 32}, 8192, None),
 ])
 def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, said, tmp_path, capsys):
     """A sliding window shorter than the sequence (priced as full causal attention) and DeepSeek's multi-token

@@ -405,3 +405,11 @@ def test_a_config_json_named_without_its_folder_takes_the_folders_name(tmp_path,
     (folder / "config.json").write_text(json.dumps(load_model("llama3-8b").to_hf_config()))
     monkeypatch.chdir(folder)
     assert load_model("config.json").name == load_model("./config.json").name == "my-llama"
+    # a Hugging Face cache: snapshots/<revision>/config.json links into blobs/, and the revision names it
+    blob = tmp_path / "blobs" / "0123abcd"
+    blob.parent.mkdir()
+    blob.write_text((folder / "config.json").read_text())
+    snapshot = tmp_path / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(blob)
+    assert load_model(str(snapshot / "config.json")).name == "abc123"

@@ -96,6 +96,7 @@ class ModelSpec:
     # DeepSeek's multi-token-prediction modules (num_nextn_predict_layers).
     sliding_window: int = field(default=0, compare=False)
     window_layers: int = field(default=0, compare=False)
+    rope_scaling: tuple = field(default=(), compare=False)  # (key, value) pairs, "rope_type" among them
     mtp_layers: int = field(default=0, compare=False)
 
     @property
@@ -389,29 +390,48 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     return replace(spec, **unpriced_keys(cfg, spec.num_layers, model_type))
 
 
-# The architectures whose transformers modelling code attends through config.sliding_window (Llama's ignores the key).
-WINDOWED_TYPES = frozenset({"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
-                            "gemma3_text", "starcoder2", "phi3", "gpt_oss"})
+# The architectures whose transformers modelling code attends through a sliding window (Llama's ignores the key):
+# (the window its config class defaults to, which layers use it without layer_types: "all", "even" (Gemma 2 and GPT-OSS
+# alternate, the first local), "from_max" (Qwen2/3: layers from max_window_layers on), "even_below_max" (Qwen2-MoE:
+# every other layer below it), whether use_sliding_window must say true (the Qwen configs default it to false)).
+WINDOWED_TYPES = {"mistral": (4096, "all", False), "mixtral": (0, "all", False), "starcoder2": (0, "all", False),
+                  "phi3": (0, "all", False), "gemma2": (4096, "even", False), "gpt_oss": (128, "even", False),
+                  "qwen2": (0, "from_max", True), "qwen3": (0, "from_max", True),
+                  "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True)}
 
 
 def unpriced_keys(cfg: dict, num_layers: int, model_type: str) -> dict:
-    """What a config says the planner does not price: its sliding attention window and the layers that use it
-    (layer_types' "sliding_attention", Gemma 2's every other layer, else all; none where use_sliding_window is
-    false, as Qwen2's configs set it), and its multi-token-prediction modules."""
-    def count(key: str) -> int:
-        value = cfg.get(key)
+    """What a config says the planner does not price: its sliding attention window and how many layers use it (as
+    its transformers config class lays them out: WINDOWED_TYPES, or the config's layer_types), its RoPE scaling, and
+    its multi-token-prediction modules."""
+    def count(key: str, default: int = 0) -> int:
+        value = cfg.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
-    windowed = model_type in WINDOWED_TYPES
-    window = 0 if cfg.get("use_sliding_window") is False or not windowed else count("sliding_window")
-    types = cfg.get("layer_types")
-    if not window:
-        layers = 0
-    elif isinstance(types, list) and types:
+    default, rule, switched = WINDOWED_TYPES.get(model_type, (0, "", False))
+    window = count("sliding_window", default) if rule and (cfg.get("use_sliding_window") is True or not switched) else 0
+    types, first = cfg.get("layer_types"), count("max_window_layers", 28)
+    if window and isinstance(types, list) and types:
         layers = sum(t == "sliding_attention" for t in types)
     else:
-        layers = num_layers // 2 if model_type in ("gemma2", "gemma3_text", "gemma3") else num_layers
-    return {"sliding_window": window, "window_layers": layers, "mtp_layers": count("num_nextn_predict_layers")}
+        local = {"all": lambda i: True, "even": lambda i: i % 2 == 0, "from_max": lambda i: i >= first,
+                 "even_below_max": lambda i: i % 2 == 0 and i < first}.get(rule, lambda i: False)
+        layers = sum(local(i) for i in range(num_layers)) if window else 0
+    return {"sliding_window": window if layers else 0, "window_layers": layers, "rope_scaling": rope_scaling(cfg),
+            "mtp_layers": count("num_nextn_predict_layers")}
+
+
+def rope_scaling(cfg: dict) -> tuple:
+    """The config's RoPE scaling as sorted (key, value) pairs, its type under "rope_type" (() for none, or
+    transformers 5's "default"); read to be written to a launch file, not priced."""
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        return ()
+    kind = params.get("rope_type", params.get("type"))
+    if kind in (None, "default"):
+        return ()
+    keep = {k: v for k, v in params.items() if k not in ("type", "rope_theta") and isinstance(v, (int, float, str))}
+    return tuple(sorted((keep | {"rope_type": str(kind)}).items()))
 
 
 # GPT2Config's attribute_map: transformers' generic names of GPT-2's own keys. Set after them, they win where a config
@@ -620,7 +640,8 @@ def load_model(ref: str) -> ModelSpec:
         if not path.is_file():
             raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
         cfg = read_json_file(path, ref, "fix the file or use a preset")
-        name = path.stem if path.stem != "config" else path.resolve().parent.name  # config.json: its folder's name
+        # config.json: its folder's name (absolute, not resolved: a Hugging Face cache links it into blobs/)
+        name = path.stem if path.stem != "config" else path.absolute().parent.name
         return model_from_hf_config(cfg, name=name, source=ref)
     ref = HUB_PRESETS.get(ref.lower(), ref)  # a Hugging Face hub id whose config a preset is
     preset = preset_dir("models").joinpath(f"{ref}.json")

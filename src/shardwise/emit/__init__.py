@@ -5,7 +5,7 @@
     emitter("deepspeed").problem(job, layout)         # None, or why DeepSpeed cannot run this layout
 
 Each target is one module (megatron.py, torchtitan.py, deepspeed.py) with
-    model_problem(model) -> str | None    what of the planned model's blocks the file cannot say (it would build
+    model_problem(job) -> str | None      what of the planned model the file cannot say (it would build
                                           another model)
     problem(job, layout) -> str | None    what in the layout the target's configuration cannot express
     render(target) -> str                 the file, in the target's own format
@@ -117,7 +117,7 @@ def check_model(name: str, job) -> None:
     if job.model.model_type in PLANNER_ONLY:
         raise UsageError(f"--emit {name}: shardwise writes {TITLE[name]} model arguments for Llama- and GPT-2-style "
                          f"blocks, not {job.model.model_type}'s — plan without --emit and set the layout in your own launch")
-    why = emitter(name).model_problem(job.model)
+    why = emitter(name).model_problem(job)
     if why:
         raise UsageError(f"--emit {name}: the planned model has {why}, which the {TITLE[name]} file shardwise writes "
                          f"cannot say — plan without --emit and set the layout in your own launch")

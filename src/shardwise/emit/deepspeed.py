@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 
 
-def model_problem(m) -> str | None:
+def model_problem(job) -> str | None:
     """None: DeepSpeed's config holds no model (the training script builds it)."""
     return None
 

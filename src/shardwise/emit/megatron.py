@@ -71,10 +71,10 @@ def pipeline_layout(counts) -> str:
     return first + "|" + ",".join([f"({stage}|)*{k}" if k > 1 else f"{stage}|" for stage, k in runs] + [last])
 
 
-def model_problem(m) -> str | None:
+def model_problem(job) -> str | None:
     """What of the planned model the arguments written here would not build (the script would train another model):
-    a block feature without a Megatron-LM argument below."""
-    kind = block_kinds(m)
+    a block feature, a routing rule, an attention window or a RoPE scaling without a Megatron-LM argument below."""
+    m, kind = job.model, block_kinds(job.model)
     unwritten = [
         (kind["attn_bias"] and not kind["mlp_bias"], "biases on the attention's matrices but not on the MLP's"),
         (kind["mlp_bias"] and not kind["attn_bias"], "biases on the MLP's matrices but not on the attention's"),
@@ -89,8 +89,46 @@ def model_problem(m) -> str | None:
         (m.position_offset != 0, "a learned position table with extra rows"),
         (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
         (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
+        (bool(m.window_layers) and job.train.seq_len > m.sliding_window,
+         f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len"),
     ]
-    return next((why for bad, why in unwritten if bad), None)
+    why = next((why for bad, why in unwritten if bad), None)
+    return why or _routing_problem(m) or _rope_args(m)[1]
+
+
+def _routing_problem(m) -> str | None:
+    """A router Megatron-Core cannot run as the config routes: its softmax router renormalises the top k unless it
+    takes the softmax first (--moe-router-pre-softmax), which top-1 needs (TransformerConfig refuses top-1 without it,
+    whose weight is then the probability, not 1); its sigmoid router renormalises every top k above 1."""
+    if not m.num_experts:
+        return None
+    if m.router_scoring == "softmax" and m.experts_per_token == 1 and m.norm_topk:
+        return "top-1 routing renormalised to weight 1 (Megatron-Core routes top-1 only with the softmax first)"
+    if m.router_scoring == "sigmoid" and m.experts_per_token > 1 and not m.norm_topk:
+        return "sigmoid routing without renormalising the top k (Megatron-Core's sigmoid router renormalises it)"
+    return None
+
+
+# Megatron-Core's Llama 3.1 RoPE scaling keeps these (rotary_pos_embedding._apply_scaling): only the factor is an argument.
+LLAMA3_ROPE = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
+# MLATransformerConfig's YaRN constants with no argument that reaches it.
+MLA_YARN = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+
+
+def _rope_args(m) -> tuple[list, str | None]:
+    """(Megatron-LM's arguments for the config's RoPE scaling, or why it has none): Llama 3.1's (--use-rope-scaling
+    --rope-scaling-factor), DeepSeek's YaRN under latent attention (--rotary-scaling-factor --mscale --mscale-all-dim;
+    with MLA and no --rope-type, Megatron-Core runs YaRN, at factor 1 plain RoPE)."""
+    scaling = dict(m.rope_scaling)
+    kind = scaling.get("rope_type")
+    if not kind:
+        return [], None
+    if kind == "llama3" and all(scaling.get(k, v) == v for k, v in LLAMA3_ROPE.items()):
+        return ["--use-rope-scaling", "--rope-scaling-factor", scaling.get("factor", 8.0)], None
+    if kind == "yarn" and m.attention == "mla" and all(scaling.get(k, v) == v for k, v in MLA_YARN.items()):
+        return ["--rotary-scaling-factor", scaling.get("factor", 1.0), "--mscale", scaling.get("mscale", 1.0),
+                "--mscale-all-dim", scaling.get("mscale_all_dim", 0.0)], None
+    return [], f"{kind} RoPE scaling with {', '.join(f'{k} {v}' for k, v in sorted(scaling.items()) if k != 'rope_type')}"
 
 
 # The block parts Megatron-LM's arguments spell, by the planner's names (model_spec.ModelSpec).
@@ -108,6 +146,7 @@ def _model_args(job) -> list[str]:
         args += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_head_dim,
                  "--qk-pos-emb-head-dim", m.qk_rope_head_dim, "--v-head-dim", m.v_head_dim]
         args += ["--q-lora-rank", m.q_lora_rank] if m.q_lora_rank else []
+        args.append("--qk-layernorm")  # MLA: the norms on the compressed q and kv latents (the planner counts them)
     else:
         if m.head_dim * m.num_heads != m.hidden:
             args += ["--kv-channels", m.head_dim]
@@ -116,11 +155,11 @@ def _model_args(job) -> list[str]:
     args += ["--seq-length", s, "--max-position-embeddings", max(s, m.max_positions)]
     args += ["--position-embedding-type", POSITIONS[kind["positions"]]]
     if kind["positions"] == "rotary":
-        args += ["--rotary-base", int(m.rope_theta)]
+        args += ["--rotary-base", int(m.rope_theta)] + _rope_args(m)[0]
     args += ["--normalization", NORMS[kind["norm"]], "--norm-epsilon", m.norm_eps] + MLP_ARGS[kind["mlp"]]
     if not kind["attn_bias"]:  # Megatron adds a bias to every linear layer unless told not to
         args += ["--disable-bias-linear"] + (["--add-qkv-bias"] if m.qkv_bias else [])
-    if m.qk_norm == "head":
+    if m.qk_norm == "head" and m.attention != "mla":
         args.append("--qk-layernorm")
     if not m.trains_with_dropout:  # Megatron's dropouts default to 0.1
         args += ["--attention-dropout", 0.0, "--hidden-dropout", 0.0]
@@ -140,8 +179,10 @@ def _moe_args(m) -> list:
         args += ["--moe-shared-expert-gate"] if m.shared_expert_gate else []
     if len(m.moe_layers) < m.num_layers:  # which layers are MoE (1) or dense (0), as a Python list
         args += ["--moe-layer-freq", "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"]
-    if m.router_scoring != "softmax":
-        args += ["--moe-router-score-function", m.router_scoring]
+    if m.router_scoring != "softmax":  # DeepSeek-V3's sigmoid router balances by a per-expert bias, not by a loss alone
+        args += ["--moe-router-score-function", m.router_scoring, "--moe-router-enable-expert-bias"]
+    elif not m.norm_topk:  # the top-k weights as the softmax over all experts gave them (Mixtral renormalises)
+        args.append("--moe-router-pre-softmax")
     if m.routed_scaling != 1.0:
         args += ["--moe-router-topk-scaling-factor", m.routed_scaling]
     if m.router_groups > 1:
@@ -217,6 +258,8 @@ def render(target) -> str:
               % (target.nodes - 1),
               "# (or set MEGATRON_LM); add your data, tokenizer and optimizer arguments after the script's name.",
               f"# The vocabulary comes from your tokenizer ({target.job.model.vocab_size} in the planned model).",
+              *(["# The model trains with dropout: Megatron-LM's rates are 0.1 (--attention-dropout, --hidden-dropout); "
+                 "add your config's if they differ."] if target.job.model.trains_with_dropout else []),
               "set -euo pipefail"]
     if lay.tp > 1 and lay.zero < 2:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron orders TP communication before compute with it")

@@ -33,14 +33,25 @@ import json
 from shardwise.emit import block_kinds, stage_counts
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
-# torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads) -> name.
-FLAVORS = {(4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B", (16384, 126, 128, 8): "405B"}
+# torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads, FFN width from
+# its ffn_dim_multiplier and multiple_of, rope_theta, untied head) -> name; the vocabulary comes from the tokenizer.
+FLAVORS = {(4096, 32, 32, 8, 14336, 500000.0, False): "8B", (8192, 80, 64, 8, 28672, 500000.0, False): "70B",
+           (16384, 126, 128, 8, 53248, 500000.0, False): "405B"}
 
 
-def model_problem(m) -> str | None:
+def flavor(m) -> str | None:
+    """The torchtitan llama3 flavor of this model's shape, or None."""
+    if m.family != "llama":
+        return None
+    return FLAVORS.get((m.hidden, m.num_layers, m.num_heads, m.num_kv_heads, m.ffn_hidden, float(m.rope_theta),
+                        m.tie_embeddings))
+
+
+def model_problem(job) -> str | None:
     """What of the planned model torchtitan's llama3 model (the one this file names) would not build: it is Llama 3's
-    block only — RMSNorm, rotary positions, a SwiGLU MLP, no biases, grouped-query attention."""
-    kind = block_kinds(m)
+    block only — RMSNorm, rotary positions, a SwiGLU MLP, no biases, no dropout, grouped-query attention over the
+    whole sequence."""
+    m, kind = job.model, block_kinds(job.model)
     unwritten = [
         (m.family != "llama", f"{m.family} blocks"),
         (m.attention == "mla", "multi-head latent attention"),
@@ -53,6 +64,8 @@ def model_problem(m) -> str | None:
         (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
         (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
         (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding"),
+        (m.trains_with_dropout, "dropout"),
+        (bool(m.window_layers) and job.train.seq_len > m.sliding_window, "a sliding attention window shorter than --seq-len"),
     ]
     return next((why for bad, why in unwritten if bad), None)
 
@@ -135,7 +148,7 @@ def _split(job, layout) -> dict:
 def sections(target) -> dict[str, dict]:
     job, lay = target.job, target.layout
     m = job.model
-    flavor = FLAVORS.get((m.hidden, m.num_layers, m.num_heads, m.num_kv_heads)) if m.family == "llama" else None
+    named = flavor(m)
     par = {"data_parallel_replicate_degree": lay.dp if lay.zero == 0 else lay.replicas,
            "data_parallel_shard_degree": lay.dp // lay.replicas if lay.zero >= 2 else 1}
     if lay.zero >= 2:
@@ -153,7 +166,7 @@ def sections(target) -> dict[str, dict]:
         par |= _split(job, lay)
     out = {
         "job": {"dump_folder": "./outputs", "description": f"{m.name} {lay.describe()} (shardwise plan #{target.rank})"},
-        "model": {"name": "llama3", "flavor": flavor or m.name},
+        "model": {"name": "llama3", "flavor": named or m.name},
         # With a pipeline the whole per-rank batch goes through it as micro-batches; without one, each
         # micro-batch is an accumulation step.
         "training": {"local_batch_size": per_rank if lay.pp > 1 else lay.micro_batch,
@@ -187,10 +200,14 @@ def render(target) -> str:
     m = target.job.model
     head = ["# torchtitan job config written by `shardwise plan --emit torchtitan`."]
     head += [f"# {line}" for line in target.summary()]
-    if (m.hidden, m.num_layers, m.num_heads, m.num_kv_heads) not in FLAVORS or m.family != "llama":
+    if flavor(m) is None:
+        scaling = dict(m.rope_scaling)
+        rope = (f", rope scaling {', '.join(f'{k}={v}' for k, v in sorted(scaling.items()))}" if scaling
+                else ", no rope scaling")
         head.append(f"# torchtitan has no flavor of {m.name}: register one named {m.name!r} in torchtitan/models/llama3 "
                     f"with dim={m.hidden}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
-                    f"ffn hidden {m.ffn_hidden}, vocab_size={m.vocab_size}.")
+                    f"ffn hidden {m.ffn_hidden}, rope_theta={m.rope_theta:g}{rope}, "
+                    f"{'tied' if m.tie_embeddings else 'untied'} embeddings, vocab_size={m.vocab_size}.")
     head.append("# Run on every node: torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
                 "--rdzv-endpoint HOST:29500 -m torchtitan.train --job.config_file THIS_FILE")
     return "\n".join(head) + "\n\n" + toml(sections(target))

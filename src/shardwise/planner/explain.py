@@ -105,6 +105,8 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     record = plausibility(job, win)
     if record:
         out.append(record)
+    elif counted := _unmasked_attention(job, win):  # not above a record: said on its own
+        out.append(f"MFU's count: {counted}")
     out.append(runner_up(result))
     return out
 
@@ -437,7 +439,7 @@ def plausibility(job: Job, win: Estimate) -> str:
             f"its compute runs at the rates the kernel benchmarks and the published runs support "
             f"(in-situ efficiency {assumptions(job)['in_situ_efficiency']:.2f}). Treat the margin over {mfu:.1%} as "
             f"the part of the estimate to verify first: measure a few steps before committing to it."
-            + _unmasked_attention(job, win))
+            + (f" {counted[0].upper()}{counted[1:]}" if (counted := _unmasked_attention(job, win)) else ""))
 
 
 def _unmasked_attention(job: Job, win: Estimate) -> str:
@@ -448,7 +450,7 @@ def _unmasked_attention(job: Job, win: Estimate) -> str:
     share = attention / model_flops_per_step(job)
     if share < 0.1:
         return ""
-    return (f" At {s:,} tokens {share:.0%} of the FLOPs MFU counts are attention, which PaLM's count (the records' "
+    return (f"at {s:,} tokens {share:.0%} of the FLOPs MFU counts are attention, which PaLM's count (the records' "
             f"too, at their shorter sequences) takes unmasked where a causal kernel runs half: counting only what runs, "
             f"this plan's MFU is {win.mfu * (1 - share / 2):.1%}.")
 
