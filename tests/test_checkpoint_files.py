@@ -111,7 +111,8 @@ DAMAGE = {"truncated": _truncate, "missing-shard": _missing, "random-shard": _ra
           "random-manifest": _random_manifest, "code-in-index": _code_in_index,
           "dp-zero": _edit_manifest(lambda m: m["layout"].update(dp=0) or "'layout.dp' is 0, but must be 1 or more"),
           "negative-step": _edit_manifest(lambda m: m.update(step=-3) or "'step' is -3"),
-          "no-model-name": _edit_manifest(lambda m: m["model"].pop("name") and "'model.name' is None")}
+          "no-model-name": _edit_manifest(lambda m: m["model"].pop("name") and "'model.name' is None"),
+          "hf-config-list": _edit_manifest(lambda m: m.update(hf_config=[1]) or "'hf_config' is [1]")}
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
@@ -206,3 +207,14 @@ def test_keep_k_and_crash_leftovers(tmp_path):
     (root / "step_000001.tmp").mkdir()  # a save that crashed
     assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--save-every", "1", "--keep", "2"]) == 0
     assert sorted(p.name for p in root.iterdir()) == ["step_000003", "step_000004"]
+
+
+def test_export_never_writes_into_the_checkpoint_it_reads(good, tmp_path, capsys):
+    """--to inside the checkpoint folder (over one of its shards, say) is refused before anything is written."""
+    root, ckpt = _copy(good, tmp_path)
+    before = _snapshot(root)
+    for fmt, to in (("safetensors", ckpt / "__0_0.distcp"), ("hf", ckpt / "hf")):
+        assert main(["checkpoint", "export", str(root), "--format", fmt, "--to", str(to)]) == 2
+        err = capsys.readouterr().err
+        assert "inside the folder the checkpoint names" in err and err.count("\n") == 1
+    assert _snapshot(root) == before

@@ -200,7 +200,12 @@ def test_a_config_without_model_type_takes_its_mlp_from_hidden_act(tmp_path, act
     path.write_text(json.dumps(spec.to_hf_config()))  # a two-matrix MLP: written back without a model_type it never had
     assert load_model(str(path)) == (replace(spec, model_type="llama") if gated else spec)
     path.write_text(json.dumps(dict(cfg, model_type="llama")))
-    assert load_model(str(path)).gated_mlp  # LlamaMLP is gated whatever its activation
+    if act in ("relu", "relu2"):  # LlamaMLP gates with any activation: a ReLU gate has no name here, refused
+        with pytest.raises(UsageError, match="counts only as SiLU"):
+            load_model(str(path))
+        return
+    llama = load_model(str(path))
+    assert llama.gated_mlp and llama.mlp == ("" if gated else "geglu")  # a GELU gate is GeGLU, not SwiGLU
 
 
 @pytest.mark.parametrize("act", ["tanh", "GELU", 1, ["gelu"], {"name": "gelu"}, False, 0, [], {}, ""])

@@ -493,7 +493,16 @@ def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
         return mlp_of_act(cfg, "hidden_act", "relu2", source)
     if not model_type:  # none named, or SiLU: Llama's SwiGLU
         return mlp_of_act(cfg, "hidden_act", SWIGLU_ACTS[0], source, gated=SWIGLU_ACTS)
-    return ""
+    # Llama's, Mixtral's, Qwen's and DeepSeek's MLPs gate with ACT2FN[hidden_act]: SiLU is SwiGLU, a GELU GeGLU (the
+    # same matrices, counted alike, but another model to train or to write a launch file for)
+    act = mlp_of_act(cfg, "hidden_act", SWIGLU_ACTS[0], source, gated=SWIGLU_ACTS)
+    return "geglu" if act == "gelu" else act and _gated_only(act, source)
+
+
+def _gated_only(act: str, source: str) -> str:
+    """A gated Llama-style MLP whose activation is neither SiLU nor GELU: refused (no name for it here)."""
+    raise UsageError(f"{source}: hidden_act gates this MLP with {act}, which shardwise counts only as SiLU (SwiGLU) or "
+                     f"GELU (GeGLU) — use silu or gelu")
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek

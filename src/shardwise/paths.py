@@ -48,6 +48,29 @@ def output_file(path, flag: str, example: str = "out") -> None:
         file.unlink(missing_ok=True)
 
 
+def distinct_outputs(outputs: dict, inputs: dict | None = None) -> None:
+    """No output path (by flag) is another output's, an input file's, or inside an input folder: writing it would
+    destroy what the command reads or writes beside it. One UsageError naming both flags; None paths are skipped."""
+    def where(path) -> Path:
+        return Path(os.path.realpath(str(path)))  # writing through a link writes its target
+
+    read = {where(p): f for f, p in (inputs or {}).items() if p is not None}
+    taken = dict(read)
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        out = where(path)
+        same = taken.get(out)
+        inside = next((f for p, f in read.items() if p.is_dir() and p in out.parents), None)
+        if same or inside:
+            other = same or inside
+            what = "the file" if same else "a file inside the folder"
+            role = "reads" if other in (inputs or {}) else "also writes"
+            raise UsageError(f"{flag} {path} is {what} {other} names, which the command {role}: writing it would "
+                             f"destroy that — give {flag} another path")
+        taken[out] = flag
+
+
 def output_dir(path, flag: str) -> None:
     """`path` is a folder we can write in (created now if missing)."""
     if path is None:

@@ -67,8 +67,9 @@ def export_safetensors(path, out) -> dict:
     """The model's parameters (full, unpadded, layout-free names) as one .safetensors file."""
     from safetensors.torch import save_file
 
-    from shardwise.paths import output_file
+    from shardwise.paths import distinct_outputs, output_file
 
+    distinct_outputs({"--to": out}, {"the checkpoint": path})  # never written over what it reads
     output_file(out, "--to", "model.safetensors")  # before reading gigabytes
     tensors, manifest = load_tensors(path)
     out = Path(out)

@@ -157,6 +157,7 @@ def _check_values(file: Path, manifest: dict) -> None:
                ("run.steps", _whole(run.get("steps")) and _whole(step) and run["steps"] >= step, f"at least the step ({step})")]
     checks += [(f"run.{k}", isinstance(run.get(k), (int, float)) and not isinstance(run.get(k), bool), "a number")
                for k in ("lr", "weight_decay", "grad_clip", "warmup_steps")]
+    checks += [("hf_config", isinstance(manifest.get("hf_config", {}), dict | None), "an object (the model's config.json)")]
     checks += [(f"tensors.{k}", isinstance(t, dict) and isinstance(t.get("shape"), list)
                 and all(_whole(d, 0) for d in t["shape"]), "a shape of whole numbers")
                for k, t in manifest["tensors"].items()]

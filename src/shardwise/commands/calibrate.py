@@ -95,10 +95,15 @@ def _from_nccl_tests(args) -> int:
     if not args.nccl_tests or not args.cluster:
         raise UsageError("--nccl-tests and --cluster go together: the logs, and the cluster they ran on "
                          "(e.g. --nccl-tests all_reduce_perf.log --cluster dgx-h100-80gb)")
+    from shardwise.calibrate.nccl_tests import parse_arg
+    from shardwise.paths import distinct_outputs
+
+    args.out = args.out or "cluster.toml"
+    distinct_outputs({"--out": args.out}, {"--cluster": args.cluster if Path(args.cluster).is_file() else None,
+                                           **{f"--nccl-tests {arg}": parse_arg(arg)[0] for arg in args.nccl_tests}})
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)
     result = fit(base, [read_log(arg) for arg in args.nccl_tests])
-    args.out = args.out or "cluster.toml"
     prepare_output(args.out, "--out", "cluster.toml")
     command = "shardwise calibrate " + " ".join(shlex.quote(a) for a in
                                                 ("--nccl-tests", *args.nccl_tests, "--cluster", args.cluster))

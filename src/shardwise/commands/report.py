@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from shardwise.errors import UsageError
@@ -41,7 +43,20 @@ def _validate_result(path: Path) -> dict:
         missing = [k for k in need if k not in x] if isinstance(x, dict) else list(need)
         if missing:
             raise UsageError(f"--validate {path}: a layout lacks {', '.join(missing)} — give the output of `shardwise validate --json`")
+        bad = [k for k in need[1:] if not _positive(x[k])] + (["name"] if not isinstance(x["name"], str) else [])
+        if bad:
+            raise UsageError(f"--validate {path}: layout {json.dumps(x['name'])}'s {bad[0]} is {json.dumps(x[bad[0]])}, "
+                             f"not a positive number — give the output of `shardwise validate --json`")
+    summary = data.get("summary", {})
+    if not isinstance(summary, dict) or any(isinstance(v, float) and not math.isfinite(v) for v in summary.values()):
+        raise UsageError(f"--validate {path}: its summary is not an object of finite figures — give the output of "
+                         f"`shardwise validate --json`")
     return data
+
+
+def _positive(value) -> bool:
+    """A measured or predicted figure: a finite number above 0 (JSON's NaN and Infinity, strings, lists are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def run(args) -> int:
@@ -54,6 +69,9 @@ def run(args) -> int:
         raise UsageError(f"a plan needs {', '.join(missing)} too (or leave out {', '.join(given)} for a validate-only report)")
     if not given and args.validate is None:
         raise UsageError(f"nothing to report — give the plan's {', '.join(PLAN_FLAGS)} and/or --validate RESULT.json")
+    from shardwise.paths import distinct_outputs
+
+    distinct_outputs({"--out": args.out}, {"--validate": args.validate})
     prepare_output(args.out, "--out")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
     plan = best = None

@@ -82,7 +82,9 @@ def _check(args) -> None:
     if args.out is not None and args.out.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--out must end in .png or .svg, got '{args.out}'")
     from shardwise.commands.common import prepare_output
+    from shardwise.paths import distinct_outputs
 
+    distinct_outputs({"--out": args.out, "--trace": args.trace}, {"--model": getattr(args, "model", None)})
     prepare_output(args.out, "--out", "timeline.png")
     prepare_output(args.trace, "--trace", "trace.json")
     if args.seq_len is not None and args.model is None:

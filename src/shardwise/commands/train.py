@@ -7,6 +7,7 @@ or from `shardwise estimate --json`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -107,6 +108,9 @@ def apply_plan_job(args, spec, data=None) -> None:
                          f"--model {args.model} has {spec.num_params():,} — plan again for this model, or train the plan's")
     for key, default in (("global_batch", 8), ("seq_len", 64)):
         given, planned = getattr(args, key), job.get(key)
+        if planned is not None and (not isinstance(planned, int) or isinstance(planned, bool) or planned < 1):
+            raise UsageError(f"{args.plan}: job.{key} is {json.dumps(planned)}, not a whole number of 1 or more — "
+                             f"write the plan again with `shardwise plan ... --json`, or drop its job")
         if given is not None and planned is not None and given != planned:
             raise UsageError(f"--{key.replace('_', '-')} {given} contradicts {key}={planned} in {args.plan} — drop "
                              f"one of them")
@@ -147,6 +151,7 @@ def layout_from(args, plan_data=None):
                 raise UsageError(f"--{key.replace('_', '-')} {value} contradicts {key}={values[key]} in {args.plan} — drop one of them")
     values = {**values, **flags}
     values.setdefault("schedule", default_schedule(values.get("vpp", 1)))
+    _idle_knobs(values, named=set(flags))
     if "recompute_layers" in values:  # recomputing whole layers is full recompute
         values.setdefault("recompute", "full")
     dp, pp = values.get("dp", 1), values.get("pp", 1)
@@ -167,6 +172,32 @@ def layout_from(args, plan_data=None):
         # Without a pipeline one micro-batch per step is fastest; a pipeline needs several.
         values["micro_batch"] = max(1, args.global_batch // max(dp, 1)) if pp == 1 else 1
     return Layout(**values)
+
+
+def _idle_knobs(values: dict, named: set[str]) -> None:
+    """A knob that changes nothing in this layout is set back to what runs and said (on stderr), as estimate says
+    it, so the run's recorded layout is the one that ran: a schedule at pp 1, sequence parallelism at tp 1, a CP mode
+    at cp 1. Interleaved 1F1B named without --vpp runs 2 virtual stages per rank (one chunk per rank interleaves
+    nothing); named with --vpp 1 it is refused."""
+    tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
+    said = []
+    if pp == 1 and values["schedule"] != "1f1b" and values.get("vpp", 1) == 1:
+        said.append(f"--schedule {values['schedule']} changes nothing at --pp 1 (micro-batches run one after another)")
+        values["schedule"] = "1f1b"
+    if tp == 1 and values.get("sequence_parallel"):
+        said.append("--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)")
+        values["sequence_parallel"] = False
+    if cp == 1 and values.get("cp_mode", "ring") != "ring":
+        said.append(f"--cp-mode {values['cp_mode']} changes nothing at --cp 1 (no context-parallel ranks)")
+        values["cp_mode"] = "ring"
+    if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
+        if "vpp" in named:
+            raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
+                             "--vpp 2 or more, or --schedule 1f1b")
+        values["vpp"] = 2
+        said.append("2 virtual stages per rank (interleaved 1F1B interleaves at least 2; --vpp not given)")
+    for note in said:
+        print(f"note: {note}", file=sys.stderr)
 
 
 # A flag that only means something beside another: (flag, attribute, what it needs, attributes of the partner).
@@ -213,6 +244,7 @@ def run(args) -> int:
 
     from shardwise.checkpoint import check as check_checkpoints
 
+    _distinct_paths(args)
     cfg = config_from(args)
     check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
     # Then the data (tokenized once, then cached): a resume checks it is the run's data.
@@ -227,6 +259,19 @@ def run(args) -> int:
         print(f"shardwise: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _distinct_paths(args) -> None:
+    """The files train writes are none of the files it reads (--plan, --data, --val-data, --tokenizer, a config.json
+    --model): a metrics file over the corpus would destroy it."""
+    from pathlib import Path
+
+    from shardwise.paths import distinct_outputs
+
+    reads = {"--plan": args.plan, "--tokenizer": args.tokenizer, "--model": args.model}
+    reads |= {f"--data {p}": p for p in args.data or []} | {f"--val-data {p}": p for p in args.val_data or []}
+    distinct_outputs({"--metrics-file": args.metrics_file, "--trace": args.trace, "--checkpoint-dir": args.checkpoint_dir},
+                     {flag: path for flag, path in reads.items() if path is not None and Path(path).is_file()})
 
 
 def _note_vocab_padding(cfg) -> None:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -97,8 +97,11 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
     if tf is None:
         with _locked(root / f"{key}.lock"):
             tf = _cached(meta) or _tokenize(sources, tok, field, root / f"{key}.bin", meta, key, progress)
+    # The cache is keyed by the files' contents: a hit may have been tokenized from copies under other names, so the
+    # run names (and records) the files it was given.
+    tf = replace(tf, sources=tuple(str(s.path) for s in sources))
     if tf.documents == 0 or tf.tokens == 0:
-        raise UsageError(f"{flag} {tf.describe()}: no text — the corpus is empty")
+        raise UsageError(f"{flag} {tf.describe()}: no text — the corpus is empty; give files that hold text")
     return tf
 
 

@@ -83,13 +83,14 @@ def export_hf(path, out, max_shard_size: str = "5GB") -> dict:
     from shardwise.checkpoint.export import read_tensors
     from shardwise.checkpoint.store import resolve
 
-    from shardwise.paths import output_dir
+    from shardwise.paths import distinct_outputs, output_dir
 
     limit = parse_size(max_shard_size)
     ckpt = resolve(path)
     out = Path(out)
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"--to {out} exists and is not an empty folder — give a new folder for the Hugging Face model")
+    distinct_outputs({"--to": out}, {"the checkpoint": path})
     output_dir(out, "--to")  # before reading gigabytes
     manifest = validate(ckpt)
     spec = spec_of(manifest)

@@ -1,0 +1,103 @@
+"""A command never writes over what it reads or over another of its own outputs, and a malformed input beside it
+is one line: the overwrites and tracebacks an outside fuzz of report, simulate, calibrate, train and checkpoint found."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardwise.cli import build_parser, main
+from shardwise.commands.train import config_from
+from test_report import validate_result
+
+NCCL = Path(__file__).parent / "data" / "nccl_tests"
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("shardwise: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_report_refuses_to_write_over_its_validate_result(tmp_path, capsys):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(validate_result()))
+    before = run.read_text()
+    assert main(["report", "--validate", str(run), "--out", str(run)]) == 2
+    assert "--out" in one_line(capsys) and run.read_text() == before
+
+
+@pytest.mark.parametrize("field, value", [("predicted_memory_bytes", [1]), ("measured_step_time_s", float("nan")),
+                                          ("measured_step_time_s", "fast"), ("measured_step_time_s", None),
+                                          ("measured_step_time_s", -1), ("predicted_step_time_s", True)])
+def test_report_refuses_a_validate_figure_that_is_not_a_positive_number(field, value, tmp_path, capsys):
+    result = validate_result()
+    result["layouts"][2][field] = value
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(result))  # NaN is written as JSON's NaN, which Python's reader takes
+    assert main(["report", "--validate", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    assert f"{field} is" in one_line(capsys) and not (tmp_path / "r.html").exists()
+
+
+def test_simulate_refuses_one_file_for_its_picture_and_its_trace(tmp_path, capsys):
+    same = tmp_path / "same.svg"
+    assert main(["simulate", "--pp", "4", "--microbatches", "8", "--out", str(same), "--trace", str(same)]) == 2
+    assert "--trace" in one_line(capsys) and not same.exists()
+
+
+def test_calibrate_refuses_to_write_its_cluster_file_over_a_log_it_reads(tmp_path, capsys):
+    log = tmp_path / "log.txt"
+    shutil.copy(NCCL / "awsefaeks-p4d_all_reduce_2x8.txt", log)
+    before = log.read_text()
+    argv = ["calibrate", "--nccl-tests", f"all_reduce@2x8={log}", "--cluster", "aws-p4d", "--out", str(log)]
+    assert main(argv) == 2
+    assert "--nccl-tests" in one_line(capsys) and log.read_text() == before
+
+
+def test_train_refuses_a_metrics_file_over_its_data_before_starting(tmp_path, capsys):
+    data = tmp_path / "t.txt"
+    data.write_text("some text to train on\n" * 50)
+    assert main(["train", "--model", "tiny", "--steps", "1", "--data", str(data), "--metrics-file", str(data)]) == 2
+    assert "--metrics-file" in one_line(capsys) and data.read_text().startswith("some text")
+
+
+def _layout(argv, capsys):
+    argv = ["train", "--model", "tiny", *argv]
+    layout = config_from(build_parser(argv).parse_args(argv)).layout
+    return layout, capsys.readouterr().err
+
+
+def test_train_records_the_layout_that_runs_and_says_what_changes_nothing(capsys):
+    lay, err = _layout(["--sequence-parallel", "--schedule", "zb-h1", "--cp-mode", "allgather"], capsys)
+    assert (lay.sequence_parallel, lay.schedule, lay.cp_mode) == (False, "1f1b", "ring")
+    for said in ("--schedule zb-h1 changes nothing at --pp 1", "--sequence-parallel changes nothing at --tp 1",
+                 "--cp-mode allgather changes nothing at --cp 1"):
+        assert said in err
+    lay, err = _layout(["--pp", "2", "--schedule", "interleaved-1f1b", "--global-batch", "8"], capsys)
+    assert (lay.vpp, lay.schedule) == (2, "interleaved-1f1b") and "2 virtual stages per rank" in err
+    argv = ["train", "--model", "tiny", "--pp", "2", "--schedule", "interleaved-1f1b", "--vpp", "1"]
+    assert main(argv) == 2
+    assert "interleaves nothing" in one_line(capsys)
+
+
+@pytest.mark.parametrize("job, shown", [({"seq_len": 64.5}, "64.5"), ({"global_batch": "x"}, '"x"'),
+                                        ({"global_batch": True}, "true")])
+def test_a_plan_files_job_values_are_checked_not_replaced(job, shown, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 1, "tp": 1, "pp": 1}, "job": job}))
+    assert main(["train", "--model", "tiny", "--steps", "1", "--plan", str(plan)]) == 2
+    assert f"is {shown}, not a whole number" in one_line(capsys)
+
+
+def test_a_cached_corpus_is_named_by_the_files_given(tmp_path, capsys):
+    """The token cache is keyed by content: an empty file cached under one name is reported under the name given."""
+    for name in ("first.txt", "second.txt"):
+        (tmp_path / name).write_text("")
+        argv = ["train", "--model", "tiny", "--steps", "1", "--data", str(tmp_path / name),
+                "--data-cache", str(tmp_path / "cache")]
+        assert main(argv) == 2
+        err = one_line(capsys)
+        assert f"{tmp_path / name}: no text" in err
