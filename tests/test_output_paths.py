@@ -101,3 +101,27 @@ def test_a_cached_corpus_is_named_by_the_files_given(tmp_path, capsys):
         assert main(argv) == 2
         err = one_line(capsys)
         assert f"{tmp_path / name}: no text" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["calibrate", "--nccl-tests", str(NCCL / "awsefaeks-p4d_all_reduce_2x8.txt"), "--cluster", "aws-p4d", "--world", "7"],
+     "--world set how this machine is measured, and --nccl-tests reads logs instead"),
+    (["calibrate", "--sizes", "0"], "--sizes '0' must be between 1 byte"),
+    (["calibrate", "--copy-size", "0"], "--copy-size '0' must be between 1 byte"),
+    (["validate", "--layouts", ""], "--layouts: an empty layout"),
+    (["demo", "--steps", "0"], "--steps must be at least 3, got 0"),
+    (["simulate", "--pp", "2", "--microbatches", "4", "--costs", "1e308,1,1"], "each from 0 to 1e12"),
+])
+def test_flags_that_would_be_ignored_or_misnamed_are_one_line(argv, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert said in one_line(capsys)
+    assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
+
+
+def test_resume_from_a_step_folder_names_the_runs_folder(tmp_path, capsys):
+    step = tmp_path / "run" / "step_000002"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("{}")
+    assert main(["train", "--model", "tiny", "--steps", "4", "--checkpoint-dir", str(step), "--resume"]) == 2
+    assert f"--checkpoint-dir {tmp_path / 'run'}" in one_line(capsys)

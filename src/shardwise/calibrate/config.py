@@ -99,16 +99,16 @@ def check_memory(cfg: CalibrateConfig) -> None:
 MAX_BYTES = 2**34  # 16 GiB: the largest collective or copy one rank measures
 
 
-def parse_size(text: str) -> int:
-    """'4096', '64K', '1M', '1G' (binary units; a trailing B or iB is fine) -> bytes."""
+def parse_size(text: str, flag: str = "size") -> int:
+    """'4096', '64K', '1M', '1G' (binary units; a trailing B or iB is fine) -> bytes; `flag` names it in a refusal."""
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
-        raise UsageError(f"size '{text}' is not a number of bytes — write it like 4096, 64K, 1M or 1G") from None
+        raise UsageError(f"{flag} '{text}' is not a number of bytes — write it like 4096, 64K, 1M or 1G") from None
     if not 1 <= value <= MAX_BYTES:
-        raise UsageError(f"size '{text}' must be between 1 byte and {human(MAX_BYTES)}")
+        raise UsageError(f"{flag} '{text}' must be between 1 byte and {human(MAX_BYTES)} — e.g. 64K or 1G")
     return int(value)
 
 

@@ -201,7 +201,9 @@ def check(cfg) -> None:
     latest = store.newest(root)
     if latest is None:
         if cfg.resume:
-            raise UsageError(f"--resume: {root} holds no complete checkpoint — drop --resume to start the run")
+            inside = (Path(root) / store.MANIFEST).is_file()  # a step_NNNNNN folder given: its run's is the parent
+            fix = f"give the run's folder, --checkpoint-dir {Path(root).parent}" if inside else "drop --resume to start the run"
+            raise UsageError(f"--resume: {root} holds no complete checkpoint — {fix}")
         return
     if not (cfg.resume or restart_count() > 0):
         raise UsageError(f"{root} already holds checkpoints of a run (newest {latest.name}) — add --resume to continue it, "

@@ -38,10 +38,10 @@ def _config(args):
     from shardwise.calibrate import CalibrateConfig, parse_size
     from shardwise.specs import load_model
 
-    sizes = tuple(parse_size(s) for arg in (args.sizes or []) for s in arg.split(",") if s)
+    sizes = tuple(parse_size(s, "--sizes") for arg in (args.sizes or []) for s in arg.split(",") if s)
     return CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, sizes=sizes, repeats=args.repeats,
                            warmup=args.warmup, micro_batch=args.micro_batch,
-                           seq_len=args.seq_len, copy_bytes=parse_size(args.copy_size) if args.copy_size else 0,
+                           seq_len=args.seq_len, copy_bytes=parse_size(args.copy_size, "--copy-size") if args.copy_size else 0,
                            timeout_s=args.timeout)
 
 
@@ -85,6 +85,11 @@ def run(args) -> int:
     return 0
 
 
+# What measuring this machine reads, at its defaults (register): none of it applies to --nccl-tests' logs.
+MEASURE_DEFAULTS = {"world": 2, "backend": "gloo", "sizes": None, "micro_batch": 1, "seq_len": 64, "repeats": 10,
+                    "warmup": 3, "copy_size": None, "timeout": 120.0, "model": "tiny"}
+
+
 def _from_nccl_tests(args) -> int:
     """`--nccl-tests`: the logs read, the network fitted, the cluster file written, the fit shown."""
     from shardwise.calibrate.nccl_tests import cluster_file, fit, read_log
@@ -92,6 +97,10 @@ def _from_nccl_tests(args) -> int:
     from shardwise.errors import UsageError
     from shardwise.specs import cluster_from_toml, cluster_toml
 
+    measuring = [f"--{k.replace('_', '-')}" for k, default in MEASURE_DEFAULTS.items() if getattr(args, k, default) != default]
+    if measuring:
+        raise UsageError(f"{', '.join(measuring)} set how this machine is measured, and --nccl-tests reads logs instead "
+                         f"— drop {'it' if len(measuring) == 1 else 'them'}, or calibrate without --nccl-tests")
     if not args.nccl_tests or not args.cluster:
         raise UsageError("--nccl-tests and --cluster go together: the logs, and the cluster they ran on "
                          "(e.g. --nccl-tests all_reduce_perf.log --cluster dgx-h100-80gb)")

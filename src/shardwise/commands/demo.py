@@ -25,8 +25,10 @@ def run(args) -> int:
 
     from shardwise.errors import UsageError
 
-    if args.world < 1 or args.steps < 3:
-        raise UsageError("--world must be at least 1 and --steps at least 3")
+    if args.world < 1:
+        raise UsageError(f"--world must be at least 1, got {args.world}")
+    if args.steps < 3:  # the demo trains a few steps to show the loss falling
+        raise UsageError(f"--steps must be at least 3, got {args.steps}")
     if not args.no_train:
         from shardwise.preflight import check_cores
 

@@ -55,6 +55,9 @@ def _config(args, cluster):
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be between 0 and 2^63 - 1, got {args.seed}")
     model = load_model(args.model)
+    if any(not t.strip(": ") for t in args.layouts or []):
+        raise UsageError("--layouts: an empty layout — give each like dp2, tp2:sp or pp2:gpipe (or leave --layouts out "
+                         "for every split)")
     layouts = tuple(parse_layout(t, args.world) for t in args.layouts or [])
     for i, lay in enumerate(layouts):
         if lay in layouts[:i]:

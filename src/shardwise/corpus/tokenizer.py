@@ -91,7 +91,8 @@ def _open(file: str):
     try:
         return Tokenizer.from_file(file)
     except Exception as exc:  # tokenizers raises a bare Exception for malformed files
-        raise UsageError(f"{file}: not a tokenizer.json that `tokenizers` can read ({str(exc).splitlines()[0][:120]})") from None
+        raise UsageError(f"{file}: not a tokenizer.json that `tokenizers` can read ({str(exc).splitlines()[0][:120]}) "
+                         f"— give a Hugging Face model's tokenizer.json with --tokenizer, or none to train on bytes") from None
 
 
 def encoder(spec: TokenizerSpec) -> Callable[[list[str]], list[np.ndarray]]:
