@@ -25,6 +25,8 @@ def run(args) -> int:
 
     from shardwise.errors import UsageError
 
+    if args.no_train and (args.world, args.steps) != (4, 30):  # register's defaults
+        raise UsageError("--world and --steps set the local run, which --no-train skips — drop them, or drop --no-train")
     if args.world < 1:
         raise UsageError(f"--world must be at least 1, got {args.world}")
     if args.steps < 3:  # the demo trains a few steps to show the loss falling
