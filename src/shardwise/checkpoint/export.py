@@ -69,8 +69,8 @@ def export_safetensors(path, out) -> dict:
 
     from shardwise.paths import distinct_outputs, output_file
 
-    distinct_outputs({"--to": out}, {"the checkpoint": path})  # never written over what it reads
     output_file(out, "--to", "model.safetensors")  # before reading gigabytes
+    distinct_outputs({"--to": out}, {"the checkpoint": path})  # never written over what it reads
     tensors, manifest = load_tensors(path)
     out = Path(out)
     meta = {"format": "pt", "shardwise_step": str(manifest["step"]), "shardwise_model": json.dumps(manifest["model"])}

@@ -71,9 +71,9 @@ def run(args) -> int:
         raise UsageError(f"nothing to report — give the plan's {', '.join(PLAN_FLAGS)} and/or --validate RESULT.json")
     from shardwise.paths import distinct_outputs
 
-    distinct_outputs({"--out": args.out}, {"--validate": args.validate})
     prepare_output(args.out, "--out")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
+    distinct_outputs({"--out": args.out}, {"--validate": args.validate})  # (a bad --validate is named first)
     plan = best = None
     echo = {}
     if given:

@@ -56,7 +56,7 @@ def parse_costs(text: str) -> tuple[float, float, float]:
     except ValueError:
         values = ()
     if len(values) != 3 or not all(math.isfinite(x) and 0 <= x <= 1e12 for x in values):
-        raise UsageError(f"--costs must be three numbers F,B,W, each from 0 to 1e12 (e.g. 1,1,1), got '{text}'")
+        raise UsageError(f"--costs must be three finite numbers F,B,W, each from 0 to 1e12 (e.g. 1,1,1), got '{text}'")
     if sum(values) <= 0:
         raise UsageError(f"--costs {text}: every pass costs nothing, so there is no step to simulate — make F, B or W "
                          f"positive (e.g. 1,1,1)")
