@@ -126,3 +126,12 @@ def test_resume_from_a_step_folder_names_the_runs_folder(tmp_path, capsys):
     (step / "manifest.json").write_text("{}")
     assert main(["train", "--model", "tiny", "--steps", "4", "--checkpoint-dir", str(step), "--resume"]) == 2
     assert f"--checkpoint-dir {tmp_path / 'run'}" in one_line(capsys)
+
+
+def test_a_refused_train_creates_no_folder(tmp_path, capsys):
+    """The checkpoint flags are checked before --checkpoint-dir (or any other output folder) is created."""
+    ckpt = tmp_path / "runs" / "a" / "b"
+    assert main(["train", "--model", "tiny", "--steps", "1", "--checkpoint-dir", str(ckpt), "--keep", "0",
+                 "--metrics-file", str(tmp_path / "m" / "metrics.jsonl")]) == 2
+    assert "--keep must be at least 1" in one_line(capsys)
+    assert list(tmp_path.iterdir()) == []

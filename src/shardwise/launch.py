@@ -103,8 +103,10 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
                          f"divisible by tp={lay.tp} — use a multiple of {lay.tp * lay.cp}")
     if cfg.backend == "nccl":
         _check_gpus(lay.world_size)
+    from shardwise.checkpoint import check_flags
     from shardwise.paths import output_dir, output_file
 
+    check_flags(cfg)  # a bad --keep or --save-every is named before any folder is created
     output_file(cfg.metrics_file, "--metrics-file", "metrics.jsonl")
     output_dir(cfg.trace_dir, "--trace")
     output_dir(cfg.checkpoint_dir, "--checkpoint-dir")

@@ -178,12 +178,20 @@ def resume_path(cfg) -> Path | None:
 
 def check(cfg) -> None:
     """Every problem with the checkpoint options, as one UsageError, before any process group exists."""
+    if check_flags(cfg):
+        root = Path(cfg.checkpoint_dir)
+        _check_contents(cfg, root, store.newest(root))
+
+
+def check_flags(cfg) -> bool:
+    """The checkpoint flags alone (no folder read, nothing created): one UsageError for the first problem; whether
+    checkpoints are on (--checkpoint-dir given)."""
     if not cfg.checkpoint_dir:
         for flag, value in (("--save-every", cfg.save_every), ("--stop-after", cfg.stop_after), ("--resume", cfg.resume or None),
                             ("--max-restarts", cfg.max_restarts or None)):
             if value is not None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are written and resumed from)")
-        return
+        return False
     root = Path(cfg.checkpoint_dir)
     if root.exists() and not root.is_dir():
         raise UsageError(f"--checkpoint-dir {root} is a file — give a directory")
@@ -198,7 +206,10 @@ def check(cfg) -> None:
     if cfg.max_restarts and cfg.layout.world_size == 1:
         raise UsageError("--max-restarts restarts the ranks of a multi-process job, and dp*tp*pp = 1 runs in this process — "
                          "drop it, or resume by hand with --resume")
-    latest = store.newest(root)
+    return True
+
+
+def _check_contents(cfg, root: Path, latest) -> None:
     if latest is None:
         if cfg.resume:
             inside = (Path(root) / store.MANIFEST).is_file()  # a step_NNNNNN folder given: its run's is the parent
