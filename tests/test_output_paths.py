@@ -135,3 +135,10 @@ def test_a_refused_train_creates_no_folder(tmp_path, capsys):
                  "--metrics-file", str(tmp_path / "m" / "metrics.jsonl")]) == 2
     assert "--keep must be at least 1" in one_line(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_field_for_plain_text_is_refused(tmp_path, capsys):
+    data = tmp_path / "t.txt"
+    data.write_text("some text to train on\n" * 50)
+    assert main(["train", "--model", "tiny", "--steps", "1", "--data", str(data), "--data-field", "body"]) == 2
+    assert "is plain text — drop --data-field" in one_line(capsys)

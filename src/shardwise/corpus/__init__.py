@@ -44,6 +44,13 @@ def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, 
     for flag, value in (("--eval-every", cfg.eval_every), ("--eval-batches", cfg.eval_batches)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if field != "text":  # --data-field given: it names a field of JSON-lines or Parquet records, which plain text has not
+        from shardwise.corpus.sources import expand
+
+        paths = [*(data or []), *(val_data or [])]
+        if paths and all(src.kind == "text" for src in expand(paths, "--data")):
+            raise UsageError(f"--data-field {field} names a field of JSON-lines or Parquet records, and "
+                             f"{', '.join(paths)} {'is' if len(paths) == 1 else 'are'} plain text — drop --data-field")
     tok = choose_tokenizer(tokenizer, model, data or val_data)
     check_vocab(tok, cfg.spec.vocab_size, cfg.spec.name)
     out = {}
