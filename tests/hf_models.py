@@ -31,7 +31,7 @@ def make_tokenizer(folder: Path) -> Path:
 
 
 def make_model(folder: Path, family: str, *, vocab: int = VOCAB, layers: int = 4, shard_size: str | None = None,
-               tokenizer: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32):
+               tokenizer: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, rope_scaling: dict | None = None):
     """A random tiny Llama (GQA, untied) or GPT-2 (tied, biases) saved as a Hugging Face folder."""
     import transformers
 
@@ -39,7 +39,8 @@ def make_model(folder: Path, family: str, *, vocab: int = VOCAB, layers: int = 4
     if family == "llama":
         cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                                        num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=64,
-                                       bos_token_id=0, eos_token_id=0, rms_norm_eps=1e-5)
+                                       bos_token_id=0, eos_token_id=0, rms_norm_eps=1e-5,
+                                       **({"rope_scaling": rope_scaling} if rope_scaling else {}))
         model = transformers.LlamaForCausalLM(cfg)
     else:
         cfg = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=vocab, n_positions=64,

@@ -47,6 +47,25 @@ def test_loaded_model_has_transformers_logits(folders, family):
         torch.testing.assert_close(model(_tokens()), hf_logits(folder, _tokens()), rtol=0, atol=ATOL)
 
 
+# Llama 3.1's RoPE scaling at a context short enough for a 64-position model to cross every band of it: the highest
+# frequency blended, the others slowed (model.llama3_inv_freq).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+
+
+def test_llama3_rope_scaling_loads_with_transformers_logits(tmp_path):
+    make_model(tmp_path / "l31", "llama", tokenizer=False, rope_scaling=LLAMA3_ROPE)
+    spec = load_model(str(tmp_path / "l31"))
+    assert dict(spec.rope_scaling)["rope_type"] == "llama3"
+    with torch.no_grad():
+        ours = _load(tmp_path / "l31").eval()(_tokens())
+        torch.testing.assert_close(ours, hf_logits(tmp_path / "l31", _tokens()), rtol=0, atol=ATOL)
+        plain = dict(json.loads((tmp_path / "l31" / "config.json").read_text()))
+        plain.pop("rope_scaling", None), plain.pop("rope_parameters", None)
+        (tmp_path / "l31" / "config.json").write_text(json.dumps(plain))
+        assert not torch.allclose(_load(tmp_path / "l31").eval()(_tokens()), ours, atol=1e-3)  # the scaling matters here
+
+
 def test_gpt2_names_without_the_transformer_prefix_load_too(folders, tmp_path):
     """GPT-2 checkpoints on the Hub name tensors 'h.0.attn.c_attn.weight' (no 'transformer.'), as the original release did."""
     from safetensors.torch import load_file, save_file
@@ -158,7 +177,7 @@ def _damage(kind, folder):
         return f"{shards[2].name}: truncated", "download it again"
     if kind == "rope-scaling":
         cfg = json.loads((folder / "config.json").read_text())
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # Llama 3.1's (llama3) runs: test above
         (folder / "config.json").write_text(json.dumps(cfg))
         return "rope_scaling", "not supported"
     raise ValueError(kind)

@@ -49,9 +49,26 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 def rope_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape (max_positions, head_dim), Hugging Face's rotate-half convention."""
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim))
+    scaling = dict(spec.rope_scaling)
+    if scaling.get("rope_type") == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(spec.max_positions, dtype=torch.float32), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling (transformers' _compute_llama3_parameters, Meta's apply_scaling): wavelengths
+    above the original context's / low_freq_factor slowed by `factor`, those below its / high_freq_factor kept, the
+    ones between blended."""
+    factor, low, high = scaling.get("factor", 8.0), scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old = scaling.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -246,6 +263,8 @@ def unsupported(spec: ModelSpec) -> str | None:
         features.append("q/k/v biases (Qwen2)")
     if spec.mlp and spec.gated_mlp != (spec.family == "llama") or spec.mlp not in ("", "swiglu", "gelu"):
         features.append(f"a {spec.mlp} MLP with {spec.family}-style blocks")
+    if dict(spec.rope_scaling).get("rope_type", "llama3") != "llama3":
+        features.append(f"{dict(spec.rope_scaling)['rope_type']} RoPE scaling")
     if spec.router_topk_groups < spec.router_groups:
         features.append("group-limited routing (n_group/topk_group)")
     return " and ".join(filter(None, [", ".join(features[:-1]), features[-1]])) if features else None

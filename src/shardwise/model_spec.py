@@ -289,6 +289,8 @@ class ModelSpec:
                 del cfg["model_type"]
         if self.dropout:
             cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+        if self.rope_scaling:  # Llama 3.1's, as its config.json writes it (read back by rope_scaling)
+            cfg["rope_scaling"] = dict(self.rope_scaling)
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
     def _gpt_neox_config(self) -> dict:

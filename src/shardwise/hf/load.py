@@ -71,11 +71,11 @@ def check_config(cfg: dict, source_name: str) -> None:
     problems = []
     if cfg.get("model_type", "gpt2" if "n_embd" in cfg else "llama") != "gpt2":  # llama and mixtral
         kind = "llama"
-        if cfg.get("rope_scaling"):
-            problems.append(f"rope_scaling {cfg['rope_scaling']}")
-        rope = cfg.get("rope_parameters") or {}
-        if isinstance(rope, dict) and rope.get("rope_type", "default") != "default":
-            problems.append(f"rope_parameters {rope}")
+        for key in ("rope_scaling", "rope_parameters"):  # Llama 3.1's scaling the model runs (model.llama3_inv_freq)
+            rope = cfg.get(key) or {}
+            kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+            if kind not in ("default", "llama3"):
+                problems.append(f"{key} {rope}")
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 problems.append(f"{key} true")
