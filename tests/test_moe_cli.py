@@ -31,7 +31,7 @@ def _mixtral_config(tmp_path, **changes):
     (["--model", "tiny-moe", "--dp", "2", "--ep", "2", "--etp", "2"], "ep*etp = 2*2 = 4 does not divide dp*tp*cp = 2"),
     (["--model", "tiny", "--dp", "2", "--ep", "2"], "tiny has no experts"),
     (["--model", "tiny-moe", "--ep", "0"], "--ep must be at least 1"),
-    (["--model", "deepseek-v3", "--seq-len", "64"], "uses multi-head latent attention (MLA) and group-limited routing (n_group/topk_group), which shardwise's runtime does not implement"),
+    (["--model", "deepseek-v3", "--seq-len", "64"], "uses multi-head latent attention (MLA), yarn RoPE scaling and group-limited routing (n_group/topk_group), which shardwise's runtime does not implement"),
     (["--model", "tiny-moe", "--tp", "2", "--seq-len", "63"], "--seq-len 63 is not divisible by tp=2"),
 ])
 def test_bad_expert_layouts_are_one_line_and_exit_2(argv, expected, capsys):
