@@ -330,6 +330,25 @@ def model_note(model, seq_len: int) -> str:
     return "; ".join(parts)
 
 
+def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_parallel=None, cp_mode=None,
+               tp_comm_overlap=None) -> dict[str, str]:
+    """The named layout knobs that change nothing in this layout, each with the note that says so (said, not silently
+    dropped: Megatron-LM likewise turns SP off at tp 1): a pipeline schedule at pp 1 (no stages to order: every stack
+    accumulates one micro-batch after another), a CP mode at cp 1, SP or TP comm overlap at tp 1. estimate and train
+    set each back to what runs."""
+    idle = {}
+    if cp_mode is not None and cp <= 1:
+        idle["cp_mode"] = f"--cp-mode {cp_mode} changes nothing at --cp {cp} (no context-parallel ranks)"
+    if sequence_parallel and tp <= 1:
+        idle["sequence_parallel"] = "--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"
+    if pp == 1 and schedule not in (None, "1f1b") and vpp in (None, 1):
+        idle["schedule"] = (f"--schedule {schedule} changes nothing at --pp 1 (no pipeline stages to order: micro-batches "
+                            f"run one after another)")
+    if tp_comm_overlap and tp <= 1:
+        idle["tp_comm_overlap"] = "--tp-comm-overlap changes nothing at --tp 1 (no tensor-parallel collectives to overlap)"
+    return idle
+
+
 def winner_note(args, job, layout) -> str:
     """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
     idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism."""

@@ -100,26 +100,19 @@ def _run(args) -> int:
 
 
 def _idle_flags(args, job) -> tuple[set[str], list[str]]:
-    """The layout knobs the command line named, and a note for each flag that changes nothing here (said, not silently
-    dropped: Megatron-LM likewise turns SP off at tp 1), with the knob set back to what plan reports: a pipeline
-    schedule at pp 1 (no stages to order: every stack accumulates one micro-batch after another), a CP mode at cp 1,
-    SP or TP comm overlap at tp 1 (a sequence beyond a learned position table: common.model_note)."""
-    idle_schedule = args.pp == 1 and args.schedule not in (None, "1f1b") and args.vpp in (None, 1)
-    if idle_schedule:
-        idle_schedule, args.schedule = args.schedule, None
-    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
-    unused = ([f"--cp-mode {args.cp_mode} changes nothing at --cp {args.cp} (no context-parallel ranks)"]
-              if "cp_mode" in named and args.cp <= 1 else []) + \
-        (["--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)"]
-         if args.sequence_parallel and args.tp <= 1 else []) + \
-        ([f"--schedule {idle_schedule} changes nothing at --pp 1 (no pipeline stages to order: micro-batches run one "
-          f"after another)"] if idle_schedule else []) + \
-        (["--tp-comm-overlap changes nothing at --tp 1 (no tensor-parallel collectives to overlap)"]
-         if getattr(args, "tp_comm_overlap", None) and args.tp <= 1 else [])
-    if "cp_mode" in named and args.cp <= 1:  # the layout as plan reports one without cp
+    """The layout knobs the command line named, and a note for each flag that changes nothing here (common.idle_knobs),
+    with the knob set back to what plan reports (a sequence beyond a learned position table: common.model_note)."""
+    from shardwise.commands.common import idle_knobs
+
+    idle = idle_knobs(args.tp, args.pp, args.cp, schedule=args.schedule, vpp=args.vpp,
+                      sequence_parallel=args.sequence_parallel, cp_mode=args.cp_mode,
+                      tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
+    if "schedule" in idle:
+        args.schedule = None
+    if "cp_mode" in idle:  # the layout as plan reports one without cp
         args.cp_mode = None
-        named.discard("cp_mode")
-    return named, unused
+    named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
+    return named, list(idle.values())
 
 
 def _completed(args, job, dp: int, named: set[str]):

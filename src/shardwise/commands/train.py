@@ -179,17 +179,14 @@ def _idle_knobs(values: dict, named: set[str]) -> None:
     it, so the run's recorded layout is the one that ran: a schedule at pp 1, sequence parallelism at tp 1, a CP mode
     at cp 1. Interleaved 1F1B named without --vpp runs 2 virtual stages per rank (one chunk per rank interleaves
     nothing); named with --vpp 1 it is refused."""
+    from shardwise.commands.common import idle_knobs
+
     tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
-    said = []
-    if pp == 1 and values["schedule"] != "1f1b" and values.get("vpp", 1) == 1:
-        said.append(f"--schedule {values['schedule']} changes nothing at --pp 1 (micro-batches run one after another)")
-        values["schedule"] = "1f1b"
-    if tp == 1 and values.get("sequence_parallel"):
-        said.append("--sequence-parallel changes nothing at --tp 1 (no tensor-parallel ranks)")
-        values["sequence_parallel"] = False
-    if cp == 1 and values.get("cp_mode", "ring") != "ring":
-        said.append(f"--cp-mode {values['cp_mode']} changes nothing at --cp 1 (no context-parallel ranks)")
-        values["cp_mode"] = "ring"
+    mode = values.get("cp_mode", "ring")
+    idle = idle_knobs(tp, pp, cp, schedule=values["schedule"], vpp=values.get("vpp", 1),
+                      sequence_parallel=values.get("sequence_parallel"), cp_mode=None if mode == "ring" else mode)
+    values.update({k: {"schedule": "1f1b", "sequence_parallel": False, "cp_mode": "ring"}[k] for k in idle})
+    said = list(idle.values())
     if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
         if "vpp" in named:
             raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "

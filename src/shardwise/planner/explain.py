@@ -16,7 +16,7 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
 from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult, tp_fits
-from shardwise.planner.step_time import HOST_FLOOR_KEYS, host_bound_note, model_flops_per_step
+from shardwise.planner.step_time import HOST_FLOOR_KEYS, attention_flops_per_step, host_bound_note, model_flops_per_step
 from shardwise.specs import TrainSpec, divisors
 from shardwise.units import seconds
 
@@ -445,9 +445,8 @@ def plausibility(job: Job, win: Estimate) -> str:
 def _unmasked_attention(job: Job, win: Estimate) -> str:
     """Where attention is a large share of the FLOPs MFU counts (long sequences): that PaLM's count takes it unmasked,
     twice what a causal kernel runs, so the MFU is above the GPU's own rate, and what it is with the masked half."""
-    m, s = job.model, job.train.seq_len
-    attention = 12 * m.num_layers * m.attention_width * s * s * job.train.global_batch
-    share = attention / model_flops_per_step(job)
+    s = job.train.seq_len
+    share = attention_flops_per_step(job) / model_flops_per_step(job)
     if share < 0.1:
         return ""
     return (f"at {s:,} tokens {share:.0%} of the FLOPs MFU counts are attention, which PaLM's count (the records' "

@@ -68,8 +68,21 @@ LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "compos
 def model_flops_per_step(job: Job) -> float:
     """PaLM model FLOPs of one step over the whole job (forward + backward, no recompute)."""
     m, s = job.model, job.train.seq_len
-    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size) + 12 * m.num_layers * m.attention_width * s
-    return per_token * s * job.train.global_batch
+    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size)
+    return per_token * s * job.train.global_batch + attention_flops_per_step(job)
+
+
+def attention_flops_per_step(job: Job) -> float:
+    """The attention cores' share of model_flops_per_step: PaLM's 12 x layers x width x sequence per token, unmasked."""
+    m, s = job.model, job.train.seq_len
+    return 12 * m.num_layers * m.attention_width * s * s * job.train.global_batch
+
+
+def layer_flops(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
+    """(matmul, attention core) forward FLOPs of one layer, one micro-batch, one GPU (PaLM's count, as above)."""
+    model = job.model
+    return (2 * tokens * matmul_params_per_layer(model) / layout.tp,
+            4 * tokens * job.train.seq_len * model.attention_width / layout.tp)
 
 
 # Identical GPUs do not run at one speed: Sinha et al. 2022 ("Not All GPUs Are Created Equal", SC'22) measured an
@@ -135,8 +148,7 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     w = layers * (lc.bwd_w + oh) + accumulation_time(job, layout, rank) * slowest
     if layout.schedule == "zb-h1" and layout.pp > 1 and rank > 0:  # I and W walk the graph apart (calibrated)
         w += layers * float((job.cluster.measured or {}).get("split_backward_s", 0.0))
-    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
-    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
+    mm_flops, attn_flops = layer_flops(job, layout, tokens)
     flops_model = layers * 3 * (mm_flops + attn_flops)
     redone = rank_recomputed_layers(job, layout, rank)  # full recompute: all layers, or --recompute-layers' share
     rec, flops_rec, rec_tp, rec_cp = recompute_terms(job, layout, lc, slowest, tokens, layers, redone, moe_layers)
@@ -192,8 +204,7 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
     """(time, FLOPs, TP traffic, K/V traffic) a stage runs again in backward for its recompute, with the calibrated
     cost of each checkpointed region (0 on datasheet clusters)."""
     model, tp, oh = job.model, layout.tp, lc.overhead / 3
-    mm_flops = 2 * tokens * matmul_params_per_layer(model) / tp
-    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
+    mm_flops, attn_flops = layer_flops(job, layout, tokens)
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
