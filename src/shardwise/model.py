@@ -263,8 +263,9 @@ def unsupported(spec: ModelSpec) -> str | None:
         features.append("q/k/v biases (Qwen2)")
     if spec.mlp and spec.gated_mlp != (spec.family == "llama") or spec.mlp not in ("", "swiglu", "gelu"):
         features.append(f"a {spec.mlp} MLP with {spec.family}-style blocks")
-    if dict(spec.rope_scaling).get("rope_type", "llama3") != "llama3":
-        features.append(f"{dict(spec.rope_scaling)['rope_type']} RoPE scaling")
+    rope = dict(spec.rope_scaling).get("rope_type")
+    if rope not in (None, "llama3"):  # rope_tables runs Llama 3.1's scaling only
+        features.append(f"{rope} RoPE scaling")
     if spec.router_topk_groups < spec.router_groups:
         features.append("group-limited routing (n_group/topk_group)")
     return " and ".join(filter(None, [", ".join(features[:-1]), features[-1]])) if features else None

@@ -91,9 +91,11 @@ class ModelSpec:
     # Falcon, PaLM): the same matrices and FLOPs, but tensor parallelism reduces the summed outputs once per layer
     # forward (planner/layer_time.tp_layer_comm).
     parallel_residual: bool = False
-    # Read so that the planner can say what it leaves out (commands.common.model_note), never counted, and outside
-    # the spec's equality: a sliding attention window (tokens; 0 none) and how many layers attend through it;
-    # DeepSeek's multi-token-prediction modules (num_nextn_predict_layers).
+    # Outside the spec's equality, as no planner number depends on them: a sliding attention window (tokens; 0 none)
+    # and how many layers attend through it, DeepSeek's multi-token-prediction modules (num_nextn_predict_layers) —
+    # read so that the planner can say it leaves them out (commands.common.model_note) —, and the RoPE scaling, which
+    # the runtime runs (model.rope_tables: Llama 3.1's) and the emitters write (a resume compares it through the
+    # checkpoint manifest's copy of every field).
     sliding_window: int = field(default=0, compare=False)
     window_layers: int = field(default=0, compare=False)
     rope_scaling: tuple = field(default=(), compare=False)  # (key, value) pairs, "rope_type" among them
@@ -498,13 +500,12 @@ def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
     # Llama's, Mixtral's, Qwen's and DeepSeek's MLPs gate with ACT2FN[hidden_act]: SiLU is SwiGLU, a GELU GeGLU (the
     # same matrices, counted alike, but another model to train or to write a launch file for)
     act = mlp_of_act(cfg, "hidden_act", SWIGLU_ACTS[0], source, gated=SWIGLU_ACTS)
-    return "geglu" if act == "gelu" else act and _gated_only(act, source)
-
-
-def _gated_only(act: str, source: str) -> str:
-    """A gated Llama-style MLP whose activation is neither SiLU nor GELU: refused (no name for it here)."""
-    raise UsageError(f"{source}: hidden_act gates this MLP with {act}, which shardwise counts only as SiLU (SwiGLU) or "
-                     f"GELU (GeGLU) — use silu or gelu")
+    if act == "gelu":
+        return "geglu"
+    if act:  # a ReLU gate, say: no name for it here
+        raise UsageError(f"{source}: hidden_act gates this MLP with {act}, which shardwise counts only as SiLU (SwiGLU) "
+                         f"or GELU (GeGLU) — use silu or gelu")
+    return ""
 
 
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek

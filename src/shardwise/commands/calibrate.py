@@ -8,19 +8,25 @@ from pathlib import Path
 from shardwise.commands.common import add_model_arg, print_json
 
 
+# What measuring this machine reads, and its defaults: none of it applies to --nccl-tests' logs.
+MEASURE_DEFAULTS = {"world": 2, "backend": "gloo", "sizes": None, "micro_batch": 1, "seq_len": 64, "repeats": 10,
+                    "warmup": 3, "copy_size": None, "timeout": 120.0, "model": "tiny"}
+
+
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--world", type=int, default=2, help="ranks to measure with (spawned here; under torchrun its world)")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU, fp32) or nccl (GPU, bf16)")
+    p.add_argument("--world", type=int, default=MEASURE_DEFAULTS["world"],
+                   help="ranks to measure with (spawned here; under torchrun its world)")
+    p.add_argument("--backend", default=MEASURE_DEFAULTS["backend"], help="gloo (CPU, fp32) or nccl (GPU, bf16)")
     p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
                    help="collective message sizes, e.g. 1K 64K 1M 16M (default 1 KiB..16 MiB on CPU, ..1 GiB on GPU)")
-    add_model_arg(p, default="tiny")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (sets the GEMM shapes)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (sets the GEMM shapes; default 64, as train)")
-    p.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (the median is kept)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed repeats before each measurement")
+    add_model_arg(p, default=MEASURE_DEFAULTS["model"])
+    p.add_argument("--micro-batch", type=int, default=MEASURE_DEFAULTS["micro_batch"], help="sequences per micro-batch (sets the GEMM shapes)")
+    p.add_argument("--seq-len", type=int, default=MEASURE_DEFAULTS["seq_len"], help="tokens per sequence (sets the GEMM shapes; default 64, as train)")
+    p.add_argument("--repeats", type=int, default=MEASURE_DEFAULTS["repeats"], help="timed repeats per measurement (the median is kept)")
+    p.add_argument("--warmup", type=int, default=MEASURE_DEFAULTS["warmup"], help="untimed repeats before each measurement")
     p.add_argument("--copy-size", default=None, help="bytes of the memory-bandwidth copy (default 64M on CPU, 2G on GPU)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take before the run fails")
+    p.add_argument("--timeout", type=float, default=MEASURE_DEFAULTS["timeout"], help="seconds any collective may take before the run fails")
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="instead of measuring here: fit --cluster's network to these nccl-tests logs "
                         "(all_reduce_perf, all_gather_perf, ... output; [KIND[@NODESxGPUS]=]PATH where the log "
@@ -83,11 +89,6 @@ def run(args) -> int:
         return 0
     _print(Console(), profile, args.out, args.model)
     return 0
-
-
-# What measuring this machine reads, at its defaults (register): none of it applies to --nccl-tests' logs.
-MEASURE_DEFAULTS = {"world": 2, "backend": "gloo", "sizes": None, "micro_batch": 1, "seq_len": 64, "repeats": 10,
-                    "warmup": 3, "copy_size": None, "timeout": 120.0, "model": "tiny"}
 
 
 def _from_nccl_tests(args) -> int:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 ARTICLE = dict(model="llama-65b", cluster="dgx-a100-80gb", gpus=64, global_batch=1024, seq_len=2048)
 LOCAL = dict(model="tiny", global_batch=16, seq_len=64)
+WORLD, STEPS = 4, 30  # the local run's processes and steps, unless told
 
 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--world", type=int, default=4, help="CPU processes for the local part (default 4)")
-    p.add_argument("--steps", type=int, default=30, help="training steps of the local run (default 30)")
+    p.add_argument("--world", type=int, default=WORLD, help="CPU processes for the local part (default 4)")
+    p.add_argument("--steps", type=int, default=STEPS, help="training steps of the local run (default 30)")
     p.add_argument("--no-train", action="store_true", help="only plan (skip calibrating and training)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
@@ -25,7 +26,7 @@ def run(args) -> int:
 
     from shardwise.errors import UsageError
 
-    if args.no_train and (args.world, args.steps) != (4, 30):  # register's defaults
+    if args.no_train and (args.world, args.steps) != (WORLD, STEPS):
         raise UsageError("--world and --steps set the local run, which --no-train skips — drop them, or drop --no-train")
     if args.world < 1:
         raise UsageError(f"--world must be at least 1, got {args.world}")

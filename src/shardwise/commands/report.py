@@ -43,7 +43,10 @@ def _validate_result(path: Path) -> dict:
         missing = [k for k in need if k not in x] if isinstance(x, dict) else list(need)
         if missing:
             raise UsageError(f"--validate {path}: a layout lacks {', '.join(missing)} — give the output of `shardwise validate --json`")
-        bad = [k for k in need[1:] if not _positive(x[k])] + (["name"] if not isinstance(x["name"], str) else [])
+        if not isinstance(x["name"], str):
+            raise UsageError(f"--validate {path}: a layout's name is {json.dumps(x['name'])}, not a string — give the "
+                             f"output of `shardwise validate --json`")
+        bad = [k for k in need[1:] if not _positive(x[k])]
         if bad:
             raise UsageError(f"--validate {path}: layout {json.dumps(x['name'])}'s {bad[0]} is {json.dumps(x[bad[0]])}, "
                              f"not a positive number — give the output of `shardwise validate --json`")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from shardwise.errors import UsageError
 from shardwise.hf.mapping import BASE_PREFIX, IGNORED, hf_tensors, source, table_key
+from shardwise.model_spec import rope_scaling
 from shardwise.specs import ModelSpec
 
 CONFIG = "config.json"
@@ -71,11 +72,9 @@ def check_config(cfg: dict, source_name: str) -> None:
     problems = []
     if cfg.get("model_type", "gpt2" if "n_embd" in cfg else "llama") != "gpt2":  # llama and mixtral
         kind = "llama"
-        for key in ("rope_scaling", "rope_parameters"):  # Llama 3.1's scaling the model runs (model.llama3_inv_freq)
-            rope = cfg.get(key) or {}
-            kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
-            if kind not in ("default", "llama3"):
-                problems.append(f"{key} {rope}")
+        scaling = dict(rope_scaling(cfg))  # Llama 3.1's the model runs (model.llama3_inv_freq)
+        if scaling.get("rope_type", "llama3") != "llama3":
+            problems.append(f"rope_scaling {scaling}")
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 problems.append(f"{key} true")

@@ -280,6 +280,7 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     return implied
 
+
 def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> list[tuple[str, int]]:
     """The (schedule, virtual stages per rank) pairs complete_layout weighs. Interleaving named with no depth: from two
     chunks per rank (one would be plain 1F1B) up to one layer per chunk (Megatron's
