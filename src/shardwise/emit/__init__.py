@@ -98,6 +98,21 @@ def block_kinds(m) -> dict:
             "mlp_bias": m.mlp_bias if m.mlp_bias is not None else not llama}
 
 
+def unwritable(job) -> list[tuple[bool, str]]:
+    """(whether, what) for the model features no emitter's file says, which each target's model_problem checks
+    before its own: blocks of their own (a bias on the LM head, attention sinks, norms beyond two per layer, a
+    parallel residual, Nemotron's LayerNorm1P and partial rotary embedding) and a sliding window shorter than the
+    sequence."""
+    m = job.model
+    return [(m.head_bias, "a bias on the LM head"),
+            (m.attention_sinks, "attention sinks"),
+            (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
+            (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
+            (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
+            (bool(m.window_layers) and job.train.seq_len > m.sliding_window,
+             f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len")]
+
+
 def profile(job) -> str:
     """The framework profile a planner Job was scored with (planners without profiles: shardwise's own model)."""
     return getattr(job, "framework", None) or "shardwise default"

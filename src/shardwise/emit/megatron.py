@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from shardwise.emit import block_kinds, stage_counts
+from shardwise.emit import block_kinds, stage_counts, unwritable
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel
 
@@ -82,15 +82,8 @@ def model_problem(job) -> str | None:
         (kind["mlp"] not in MLP_ARGS, f"a {kind['mlp']} MLP"),
         (kind["norm"] not in NORMS, f"{kind['norm']} norms"),
         (kind["positions"] not in POSITIONS, f"{kind['positions']} positions"),
-        (m.head_bias, "a bias on the LM head"),
-        (m.attention_sinks, "attention sinks"),
-        (m.layer_norms != 2, f"{m.layer_norms} norms per layer"),
-        (m.embed_norm, "a norm after the embedding"),
         (m.position_offset != 0, "a learned position table with extra rows"),
-        (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
-        (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
-        (bool(m.window_layers) and job.train.seq_len > m.sliding_window,
-         f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len"),
+        *unwritable(job),
     ]
     why = next((why for bad, why in unwritten if bad), None)
     return why or _routing_problem(m) or _rope_args(m)[1]

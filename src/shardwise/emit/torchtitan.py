@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 
-from shardwise.emit import block_kinds, stage_counts
+from shardwise.emit import block_kinds, stage_counts, unwritable
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads, FFN width from
@@ -58,14 +58,10 @@ def model_problem(job) -> str | None:
         (kind["mlp"] != "swiglu", f"a {kind['mlp']} MLP"),
         (kind["norm"] != "rmsnorm", f"{kind['norm']} norms"),
         (kind["positions"] != "rotary", f"{kind['positions']} positions"),
-        (kind["attn_bias"] or kind["mlp_bias"] or m.qkv_bias or m.head_bias, "biases"),
+        (kind["attn_bias"] or kind["mlp_bias"] or m.qkv_bias, "biases"),
         (bool(m.qk_norm), "norms on q and k"),
-        (m.attention_sinks, "attention sinks"),
-        (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
-        (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
-        (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding"),
         (m.trains_with_dropout, "dropout"),
-        (bool(m.window_layers) and job.train.seq_len > m.sliding_window, "a sliding attention window shorter than --seq-len"),
+        *unwritable(job),
     ]
     return next((why for bad, why in unwritten if bad), None)
 
