@@ -336,7 +336,7 @@ def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tm
 
 @pytest.mark.parametrize("changes, seq, said", [
     ({}, 8192, "4,096-token sliding window on every layer"),
-    ({}, 4096, None),  # within the window: the full causal attention priced is the model's
+    ({}, 4096, None),  # within the window: every query sees every earlier key, nothing to say
     ({"sliding_window": None}, 8192, None),  # Mistral v0.2 on: no window
     ({"layer_types": ["sliding_attention", "full_attention"] * 16}, 8192, "on 16 of its 32 layers"),
     ({"num_nextn_predict_layers": 1}, 4096, "1 multi-token-prediction module(s)"),
@@ -347,8 +347,8 @@ def test_plan_emit_refuses_an_architecture_its_arguments_cannot_spell(target, tm
     ({"model_type": "qwen2", "use_sliding_window": True, "layer_types": ["full_attention"] * 32}, 8192, None),
 ])
 def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, said, tmp_path, capsys):
-    """A sliding window shorter than the sequence (priced as full causal attention) and DeepSeek's multi-token
-    prediction (not counted) are notes of estimate, plan and explain, never silent."""
+    """A sliding window shorter than the sequence (how it is priced: tests/test_planner_windows.py) and DeepSeek's
+    multi-token prediction (not counted) are notes of estimate, plan and explain, never silent."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(ARCHITECTURES["mistral-7b"][0] | changes))
     shape = ["--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64",

@@ -12,8 +12,8 @@ blocks (ModelSpec.parallel_residual: the same matrices and FLOPs, one tensor-par
 per layer forward instead of two). What it does not model changes neither materially:
 ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
 (GPT-NeoX's rotary_pct, GPT-J's rotary_dim), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
-scale and logit soft-capping, OLMo's clip_qkv. Sliding-window attention (Mistral, Gemma 2's local layers) is counted
-as full causal attention: exact while --seq-len is at most the window, an over-count of attention beyond it.
+scale and logit soft-capping, OLMo's clip_qkv. Sliding-window attention (Mistral, Gemma 2's local layers) is read
+(model_spec.config_extras) and priced by the planner (docs/planner.md "Sliding windows").
 None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
 """
 

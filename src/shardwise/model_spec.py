@@ -91,13 +91,14 @@ class ModelSpec:
     # Falcon, PaLM): the same matrices and FLOPs, but tensor parallelism reduces the summed outputs once per layer
     # forward (planner/layer_time.tp_layer_comm).
     parallel_residual: bool = False
-    # Outside the spec's equality, as no planner number depends on them: a sliding attention window (tokens; 0 none)
-    # and how many layers attend through it, DeepSeek's multi-token-prediction modules (num_nextn_predict_layers) —
-    # read so that the planner can say it leaves them out (commands.common.model_note) —, and the RoPE scaling, which
-    # the runtime runs (model.rope_tables: Llama 3.1's) and the emitters write (a resume compares it through the
-    # checkpoint manifest's copy of every field).
-    sliding_window: int = field(default=0, compare=False)
-    window_layers: int = field(default=0, compare=False)
+    # A sliding attention window (tokens; 0 none) and how many layers attend through it: the planner counts those
+    # layers' attention over the window (attended_keys), so they are part of the spec's equality.
+    sliding_window: int = 0
+    window_layers: int = 0
+    # Outside the spec's equality, as no planner number depends on them: DeepSeek's multi-token-prediction modules
+    # (num_nextn_predict_layers) — read so that the planner can say it leaves them out (commands.common.model_note) —,
+    # and the RoPE scaling, which the runtime runs (model.rope_tables: Llama 3.1's) and the emitters write (a resume
+    # compares it through the checkpoint manifest's copy of every field).
     rope_scaling: tuple = field(default=(), compare=False)  # (key, value) pairs, "rope_type" among them
     mtp_layers: int = field(default=0, compare=False)
 
@@ -162,6 +163,20 @@ class ModelSpec:
         if self.attention == "mla":
             return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) / 2
         return self.q_dim
+
+    def windowed(self, seq_len: int) -> bool:
+        """Whether some layers attend through a sliding window shorter than the sequence (the others globally)."""
+        return bool(self.window_layers) and 0 < self.sliding_window < seq_len
+
+    def attended_keys(self, seq_len: int) -> float:
+        """Keys per query token in the attention cores' unmasked count (PaLM's), mean over the layers: the sequence
+        on a global layer, the window on a windowed one where it is shorter — MaxText's count for Gemma 2's local
+        layers (AI-Hypercomputer/maxtext maxtext_utils.calculate_gemma2_tflops_training_per_device:
+        min(sliding_window_size, max_target_length) keys where the global layers have the sequence)."""
+        if not self.windowed(seq_len):
+            return float(seq_len)
+        share = self.window_layers / self.num_layers
+        return (1 - share) * seq_len + share * self.sliding_window
 
     @property
     def is_moe(self) -> bool:
@@ -391,7 +406,7 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
             and spec.attention != "mla" and spec.hidden % spec.num_heads):
         raise UsageError(f"{source}: the hidden size {spec.hidden} (hidden_size) is not divisible by the "
                          f"{spec.num_heads} heads (num_attention_heads) — fix the config, or give head_dim")
-    return replace(spec, **unpriced_keys(cfg, spec.num_layers, model_type))
+    return replace(spec, **config_extras(cfg, spec.num_layers, model_type))
 
 
 # The architectures whose transformers modelling code attends through a sliding window (Llama's ignores the key):
@@ -404,10 +419,10 @@ WINDOWED_TYPES = {"mistral": (4096, "all", False), "mixtral": (0, "all", False),
                   "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True)}
 
 
-def unpriced_keys(cfg: dict, num_layers: int, model_type: str) -> dict:
-    """What a config says the planner does not price: its sliding attention window and how many layers use it (as
-    its transformers config class lays them out: WINDOWED_TYPES, or the config's layer_types), its RoPE scaling, and
-    its multi-token-prediction modules."""
+def config_extras(cfg: dict, num_layers: int, model_type: str) -> dict:
+    """What a config says beyond the model's shape: its sliding attention window and how many layers use it (as its
+    transformers config class lays them out: WINDOWED_TYPES, or the config's layer_types), which the planner prices
+    (ModelSpec.attended_keys); its RoPE scaling, and its multi-token-prediction modules, which it does not."""
     def count(key: str, default: int = 0) -> int:
         value = cfg.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

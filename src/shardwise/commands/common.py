@@ -309,25 +309,45 @@ def notes(args) -> list[str]:
     return list(note_fields(args).values())
 
 
-def model_note(model, seq_len: int) -> str:
-    """What of the model the planner does not price, said where it matters: a sequence beyond a learned position table
-    (the table counted as given), attention through a sliding window shorter than the sequence (priced as full causal
-    attention), DeepSeek's multi-token-prediction modules (not counted)."""
+def model_note(job) -> str:
+    """What of the model the planner does not price, or prices in a way worth saying, where it matters: a sequence
+    beyond a learned position table (the table counted as given), attention through a sliding window shorter than the
+    sequence (model FLOPs over the window; time over it where the stack's kernel skips the rest: window_note),
+    DeepSeek's multi-token-prediction modules (not counted)."""
+    model, seq_len = job.model, job.train.seq_len
     parts = []
     if model.learned_positions and seq_len > model.max_positions:  # runnable only with a longer table
         parts.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq_len:,} needs a "
                      f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
                      f"numbers do not depend on it)")
-    if model.sliding_window and seq_len > model.sliding_window:
-        which = ("every layer" if model.window_layers == model.num_layers
-                 else f"{model.window_layers} of its {model.num_layers} layers")
-        parts.append(f"{model.name} attends through a {model.sliding_window:,}-token sliding window on {which}, priced "
-                     f"as full causal attention over --seq-len {seq_len:,}: an over-count of those layers' attention "
-                     f"core (time and model FLOPs), not of their memory")
+    if model.windowed(seq_len):
+        parts.append(window_note(job))
     if model.mtp_layers:
         parts.append(f"{model.name}'s {model.mtp_layers} multi-token-prediction module(s) (num_nextn_predict_layers) "
                      f"are not counted: each adds about one layer and one LM-head pass to the last pipeline stage")
     return "; ".join(parts)
+
+
+def window_note(job) -> str:
+    """How the layers that attend through a sliding window shorter than the sequence are priced: their model FLOPs
+    over the window (ModelSpec.attended_keys, MaxText's count), their time over it where the stack's kernel skips the
+    keys outside it (layer_time.window_skipped), over the whole causal sequence where it does not."""
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.layer_time import attention_kernel, window_skipped
+
+    model = job.model
+    which = ("every layer" if model.window_layers == model.num_layers
+             else f"{model.window_layers} of its {model.num_layers} layers")
+    head = (f"{model.name} attends through a {model.sliding_window:,}-token sliding window on {which}: their model "
+            f"FLOPs count the window's keys, not --seq-len {job.train.seq_len:,} (MaxText's count)")
+    if window_skipped(job):
+        return (f"{head}, and their attention time the band alone, as {job.framework}'s kernel skips the keys outside "
+                f"it (with --cp above 1, priced as full causal attention over the ring)")
+    family = job.attention or get(job.framework).attention
+    kernel = {"fa1": "FlashAttention-1", "sdpa": "torch's SDPA"}.get(family, family) if attention_kernel(job) \
+        else "a materialised softmax"
+    return (f"{head}, but their attention time is full causal attention: {job.framework}'s attention here ({kernel}) "
+            f"takes no window and computes every block")
 
 
 def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_parallel=None, cp_mode=None,
@@ -375,7 +395,6 @@ def job_from_args(args):
     if not 1.0 <= capacity <= 1e3:
         raise UsageError(f"--capacity-factor {capacity} must be between 1 (balanced routing) and 1000, e.g. 1.25")
     model = load_model(args.model)
-    args.model_note = model_note(model, args.seq_len)
     if capacity != 1.0 and not model.is_moe:
         raise UsageError(f"--capacity-factor {capacity:g} is the busiest expert's load over the mean, but {model.name} has "
                          f"no experts — drop it, or plan a mixture-of-experts model")
@@ -400,7 +419,9 @@ def job_from_args(args):
                    compile=bool(compiled), compile_loss=getattr(args, "compile_loss", None),
                    fused_norms=bool(getattr(args, "fused_norms", False)),
                    attention_backend=getattr(args, "attention_backend", None))
-    return replace(job, capacity_factor=capacity, **_moe_software(args, model, get(framework)))
+    job = replace(job, capacity_factor=capacity, **_moe_software(args, model, get(framework)))
+    args.model_note = model_note(job)
+    return job
 
 
 def _moe_software(args, model, fw) -> dict:

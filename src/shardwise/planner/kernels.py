@@ -339,6 +339,15 @@ ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper"
                     # torch's SDPA as of 2.11: cuDNN first on sm90 (PyTorch sdp_utils.cpp check_prefer_cudnn_attention,
                     # gated on the bundled cuDNN > 9.15), FlashAttention-2 on Ampere
                     "sdpa": {"hopper": "cudnn", "ampere": "fa2"}}
+# The attention families whose kernels take a sliding window and skip the key blocks outside it: flash-attn from 2.3
+# (window_size=(left, right), "local (sliding window) attention": Dao-AILab/flash-attention v2.3.0, 2023-10), and so
+# FlashAttention-3, Transformer Engine's DotProductAttention(window_size=...) (Megatron-Core's --window-size; its
+# flash-attn and cuDNN backends) and xformers' local-attention biases; "fa2" also stands for torchtitan, whose windowed
+# models (GPT-OSS) attend through FlexAttention's sliding-window block mask, which skips the blocks outside it too.
+# Not: FlashAttention-1 (no window), torch's SDPA (no window argument: a windowed boolean mask sends it from its flash
+# and cuDNN kernels to the memory-efficient one, which visits every block) or a materialised softmax (the masked
+# s x s scores, whole).
+WINDOW_FAMILIES = frozenset({"te", "fa2", "fa3", "xformers"})
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
@@ -398,6 +407,18 @@ def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv:
     eff_f, eff_b = attention_efficiency(kernel, cluster.arch or "ampere", tokens, loop or seq_kv, tile, causal)
     peak = cluster.peak_flops * in_situ(cluster, precision) * power_share(cluster)
     return max(flops / (peak * eff_f), KERNEL_LAUNCH_S), max(2.5 * flops / (peak * eff_b), KERNEL_LAUNCH_S)
+
+
+def band_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq: int, window: int, heads: int,
+                        head_dim: int, precision: str = "bf16") -> tuple[float, float]:
+    """(forward, backward) seconds of causal attention inside a sliding window of `window` keys over sequences of
+    `seq` (> window) tokens, by a kernel that skips the blocks outside it: query i attends to keys i - window + 1 .. i,
+    w s - w (w - 1) / 2 pairs a sequence where causal attention has s^2 / 2. Timed as causal attention over
+    2w - w^2 / s keys (the same pairs) at the rate of a causal kernel over w keys: each query block's loop visits about
+    w keys with a partly masked block at each end of the band, as a causal loop over w keys visits w / 2 on average
+    with one."""
+    keys = 2 * window - window * window / seq
+    return fused_attention_time(cluster, kernel, tokens, keys, heads, head_dim, precision, loop=window)
 
 
 # A ring merges each step's partial result outside the attention kernel, in HBM passes over the step's rows; bytes

@@ -240,7 +240,14 @@ def _attention_times(job: Job, layout: Layout, tokens: int) -> tuple[float, floa
         scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
         return kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp, scheme, heads,
                                          d, job.precision, model.kv_dim / layout.tp, e, fw.cp_attention)
-    return kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
+    full = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
+    if not window_skipped(job):
+        return full
+    # the mean layer: its windowed share in the band, the rest over the whole causal sequence
+    band = kernels.band_attention_time(c, kernel, tokens, job.train.seq_len, model.sliding_window, heads, d,
+                                       job.precision)
+    share = model.window_layers / model.num_layers
+    return (1 - share) * full[0] + share * band[0], (1 - share) * full[1] + share * band[1]
 
 
 def _elementwise_times(job: Job, layout: Layout, tokens: int, moe_layer: bool, rope_q: int, rope_kv: int
@@ -297,6 +304,15 @@ def attention_kernel(job: Job) -> str:
     if not job.flash_attention or family == "unfused":
         return ""
     return kernels.ATTENTION_KERNEL[family].get(job.cluster.arch or "ampere", "fa2")
+
+
+def window_skipped(job: Job) -> bool:
+    """Whether the job's windowed layers (a sliding window shorter than the sequence) attend in the band alone: the
+    stack's fused kernel takes the window (kernels.WINDOW_FAMILIES) and skips the blocks outside it. Under context
+    parallelism _attention_times times the ring and the chunks as full causal attention all the same."""
+    family = job.attention or get_framework(job.framework).attention
+    return (job.model.windowed(job.train.seq_len) and bool(attention_kernel(job))
+            and family in kernels.WINDOW_FAMILIES)
 
 
 def attention_layout_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:

@@ -9,7 +9,8 @@ and per-call costs replace the datasheet models (docs/accuracy.md).
 
 FLOPs follow the PaLM paper (Chowdhery et al. 2022, App. B): model FLOPs per token are
 6 N_matmul + 12 L w s (attention scores and their product with V, forward + backward, causal masking not
-discounted; w the attention core's width, ModelSpec.attention_width: q_dim, or heads x (qk + v) / 2 under MLA)
+discounted; w the attention core's width, ModelSpec.attention_width: q_dim, or heads x (qk + v) / 2 under MLA;
+s the window instead on the layers that attend through one shorter than the sequence, as MaxText counts them)
 plus the LM head. Hardware FLOPs add what recompute runs again.
 Constants and their sources: docs/planner.md.
 """
@@ -73,16 +74,17 @@ def model_flops_per_step(job: Job) -> float:
 
 
 def attention_flops_per_step(job: Job) -> float:
-    """The attention cores' share of model_flops_per_step: PaLM's 12 x layers x width x sequence per token, unmasked."""
+    """The attention cores' share of model_flops_per_step: PaLM's 12 x layers x width x keys per token, unmasked, the
+    keys the sequence or, on a layer that attends through a shorter sliding window, the window (ModelSpec.attended_keys)."""
     m, s = job.model, job.train.seq_len
-    return 12 * m.num_layers * m.attention_width * s * s * job.train.global_batch
+    return 12 * m.num_layers * m.attention_width * m.attended_keys(s) * s * job.train.global_batch
 
 
 def layer_flops(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
     """(matmul, attention core) forward FLOPs of one layer, one micro-batch, one GPU (PaLM's count, as above)."""
     model = job.model
     return (2 * tokens * matmul_params_per_layer(model) / layout.tp,
-            4 * tokens * job.train.seq_len * model.attention_width / layout.tp)
+            4 * tokens * model.attended_keys(job.train.seq_len) * model.attention_width / layout.tp)
 
 
 # Identical GPUs do not run at one speed: Sinha et al. 2022 ("Not All GPUs Are Created Equal", SC'22) measured an
