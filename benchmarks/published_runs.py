@@ -490,6 +490,8 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
         zero = fw.default_zero_with_pp
     if zero not in fw.zero_stages and dp > 1:  # the stack's nearest stage (Llama 3's FSDP without reshard: 2)
         zero = min(fw.zero_stages, key=lambda z: abs(z - zero))
+    if dp * cp == 1:  # nothing to shard over: ZeRO-0's step, as plan and estimate report it
+        zero = 0
     chunk = max_chunk_layers(model, pp, vpp, seq, fw.stage_split) if pp * vpp <= model.num_layers else 1
     partial = _recompute_layers(recompute_cell, chunk)
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, vpp=vpp, zero=zero,

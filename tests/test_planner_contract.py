@@ -207,8 +207,10 @@ def test_estimate_answers_with_every_field_or_refuses_in_one_line(files, data):
     if not model.is_moe:
         assert d["active_params"] == d["total_params"]
     for flag, key in (("--zero", "zero"), ("--recompute", "recompute"), ("--schedule", "schedule")):
-        if flag in knobs and (key != "schedule" or pp > 1):
+        if flag in knobs and (key != "schedule" or pp > 1) and (key != "zero" or dp * cp > 1):
             assert d[key] == knobs[flag]  # a named knob is kept as given (or refused), never silently changed
+    if knobs.get("--zero") and dp * cp == 1:  # nothing to shard over: ZeRO-0's step, and a note saying so
+        assert d["zero"] == 0 and any("changes nothing" in n for n in d["assumptions"]["implied"])
 
 
 def _estimate_argv(c: dict) -> list:

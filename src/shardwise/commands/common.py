@@ -260,6 +260,7 @@ def under_framework(args, attempt):
     except UsageError as refusal:
         second = copy(args)
         second.framework, second.framework_note = FALLBACK_FRAMEWORK, default_note(str(refusal))
+        second.framework_fallback = True  # what the command suggests must name it (estimate's fit_options)
         try:
             out = attempt(second)
         except UsageError as again:  # the same words: the input itself; else each stack's own reason, in one line
@@ -351,12 +352,15 @@ def window_note(job) -> str:
 
 
 def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_parallel=None, cp_mode=None,
-               tp_comm_overlap=None) -> dict[str, str]:
+               tp_comm_overlap=None, dp: int | None = None, zero=None) -> dict[str, str]:
     """The named layout knobs that change nothing in this layout, each with the note that says so (said, not silently
     dropped: Megatron-LM likewise turns SP off at tp 1): a pipeline schedule at pp 1 (no stages to order: every stack
-    accumulates one micro-batch after another), a CP mode at cp 1, SP or TP comm overlap at tp 1. estimate and train
-    set each back to what runs."""
+    accumulates one micro-batch after another), a CP mode at cp 1, SP or TP comm overlap at tp 1, a ZeRO stage where
+    dp x cp is 1 (no ranks to shard over: plan scores such layouts as ZeRO-0). estimate and train set each back to
+    what runs."""
     idle = {}
+    if zero and dp is not None and dp * cp <= 1:
+        idle["zero"] = f"--zero {zero} changes nothing at dp {dp}, cp {cp} (no data-parallel ranks to shard over)"
     if cp_mode is not None and cp <= 1:
         idle["cp_mode"] = f"--cp-mode {cp_mode} changes nothing at --cp {cp} (no context-parallel ranks)"
     if sequence_parallel and tp <= 1:

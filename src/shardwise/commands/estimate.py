@@ -75,6 +75,8 @@ def _run(args) -> int:
     if args.micro_batch is None:  # each option at the micro-batch chosen here, as `estimate` answers it with both flags
         options = [o | {"change": f"{o['change']} --micro-batch {layout.micro_batch}"}
                    if not o["change"].startswith("--micro-batch") else o for o in options]
+    if getattr(args, "framework_fallback", False):  # priced under the fallback stack, which the flag alone might not pick
+        options = [o | {"change": f"{o['change']} --framework {job.framework}"} for o in options]
     if args.json:
         print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0
@@ -104,9 +106,13 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     with the knob set back to what plan reports (a sequence beyond a learned position table: common.model_note)."""
     from shardwise.commands.common import idle_knobs
 
+    split = args.tp * args.pp * args.cp  # dp where the GPUs divide (else dp_from_gpus says why, in one line)
+    dp = args.gpus // split if split > 0 and args.gpus % split == 0 and not args.dp_shard else None
     idle = idle_knobs(args.tp, args.pp, args.cp, schedule=args.schedule, vpp=args.vpp,
                       sequence_parallel=args.sequence_parallel, cp_mode=args.cp_mode,
-                      tp_comm_overlap=getattr(args, "tp_comm_overlap", None))
+                      tp_comm_overlap=getattr(args, "tp_comm_overlap", None), dp=dp, zero=args.zero)
+    if "zero" in idle:
+        args.zero = 0
     if "schedule" in idle:
         args.schedule = None
     if "cp_mode" in idle:  # the layout as plan reports one without cp

@@ -19,7 +19,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
+from shardwise.planner.memory import cp_kv_blocks, local_seq, op_sac_matmuls, torch_dkv_ring
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -277,16 +277,17 @@ def _elementwise_times(job: Job, layout: Layout, tokens: int, moe_layer: bool, r
 
 
 def _op_recompute(job: Job, layout: Layout, tokens: int, fwd: float, attn: float, el_f: float) -> tuple[float, float]:
-    """(time, FLOPs) of what op-level selective checkpointing runs again in backward: it keeps every other matmul's
-    output (the 1st, 3rd, ...) and the attention output, and runs the other matmuls and every element-wise kernel of
-    the layer again."""
+    """(time, FLOPs) of what op-level selective checkpointing runs again in backward: it keeps the saved matmuls'
+    outputs (memory.op_sac_matmuls: every other one, none under torchao's Float8) and the attention output, and runs
+    the other matmuls and every element-wise kernel of the layer again."""
     model, tp = job.model, layout.tp
-    again = layer_matmuls(model, tp)[1::2]
+    again = layer_matmuls(model, tp)[op_sac_matmuls(job)[1]]
     op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
     if calibrated(job):
         rate = achievable_flops(job)
         return op_flops / rate + (fwd - attn - 2 * tokens * matmul_params_per_layer(model) / tp / rate), op_flops
-    return sum(kernels.gemm_time(job.cluster, tokens, n_, k_) for n_, k_ in again) + el_f, op_flops
+    fp8 = job.precision == "fp8"  # run again as the forward ran them (_layer_gemm_times)
+    return sum(kernels.gemm_time(job.cluster, tokens, n_, k_, fp8=fp8) for n_, k_ in again) + el_f, op_flops
 
 
 def elementwise_mode(job: Job) -> bool | str:

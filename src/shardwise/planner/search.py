@@ -196,7 +196,8 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
         if space.tp is not None and tp not in space.tp:
             continue
         for pp in divisors(gpus // tp):
-            if pp > model.num_layers or (space.pp is not None and pp not in space.pp) or (pp > 1 and not fw.schedules):
+            if pp > max_chunks(model.num_layers, fw.edge_chunks) or (space.pp is not None and pp not in space.pp) \
+                    or (pp > 1 and not fw.schedules):
                 continue
             if pp > 1 and not fw.cuts(model.num_layers, pp):  # a stack that cuts equal stages only
                 continue
@@ -282,6 +283,15 @@ def schedules_refusal(job: Job, space: SearchSpace) -> str:
             f"{', '.join(fw.schedules)}) — add one of those, or pick another --framework")
 
 
+def _no_data_parallelism(space: SearchSpace, gpus: int) -> bool:
+    """Whether every split the space allows runs without data or context parallelism (tp x pp = the GPUs, cp 1):
+    ZeRO shards over nothing, and every stack runs such a layout as ZeRO-0."""
+    if gpus == 1:
+        return True
+    return (space.tp is not None and space.pp is not None and set(space.cp or (1,)) == {1}
+            and all(t * p == gpus for t in space.tp for p in space.pp))
+
+
 def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
     """The space to score and, when it had to be narrowed to fit MAX_CANDIDATES, how; UsageError for a search
     that is impossible or too large even then, before any scoring."""
@@ -300,7 +310,8 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if bad or not space.zero:
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
     runs = get_framework(job.framework).zero_stages
-    if not set(space.zero) & set(runs):  # else only layouts without data parallelism would be left, named ZeRO-0
+    # else only layouts without data parallelism would be left, named ZeRO-0 — unless those are all the job has
+    if not set(space.zero) & set(runs) and not (0 in space.zero and _no_data_parallelism(space, gpus)):
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: {job.framework} has no "
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")
@@ -385,20 +396,27 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
     if not fw.tensor_parallel and 1 not in tps:
         return f"--framework {fw.name} has no tensor parallelism — allow tp 1, or pick another --framework"
     tps = [t for t in tps if t == 1 or fw.tensor_parallel]
-    pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= model.num_layers and fw.cuts(model.num_layers, p)]
+    most = max_chunks(model.num_layers, fw.edge_chunks)  # stages, as estimate allows them (specs.check_chunks)
+    pairs = [(t, p) for t in tps for p in divisors(gpus // t) if p <= most and fw.cuts(model.num_layers, p)]
     if space.pp is not None:
         allowed = sorted({p for _, p in pairs})
         pairs = [(t, p) for t, p in pairs if p in space.pp]
         if not pairs:
             cut = (f"divide the {model.num_layers} layers of {model.name} ({fw.name} cuts equal stages only)"
-                   if fw.even_stages_only else f"be at most the {model.num_layers} layers of {model.name}")
+                   if fw.even_stages_only else f"be at most the {model.num_layers} layers of {model.name}"
+                   + (" + 2 (the embedding's and the loss's own stages)" if fw.edge_chunks else ""))
             return (f"--pp {','.join(map(str, space.pp))}: pp must divide the GPUs left by tp and {cut} — possible "
                     f"here: {', '.join(map(str, allowed))}")
     if not fw.schedules and all(p > 1 for _, p in pairs):
         return f"--framework {fw.name} has no pipeline parallelism — allow pp 1, or pick another --framework"
     pairs = [(t, p) for t, p in pairs if p == 1 or fw.schedules]  # what the stack can split: its dp follows
-    # the cp degrees the user listed leave their own dp (a cp that divides nothing is named below)
-    dps = sorted({gpus // (t * p * c) for t, p in pairs for c in space.cp or (1,) if (gpus // (t * p)) % c == 0})
+    # the cp degrees the user listed leave their own dp (a cp that divides nothing is named below); a cp the stack or
+    # the sequence cannot run leaves none, and is the first cause where every one is such
+    cps = [c for c in space.cp or (1,) if cp_allowed(job, c, space)]
+    if not cps:
+        return _cp_or_schedule_cause(job, gpus, space, pairs) or (
+            f"--cp {','.join(map(str, space.cp))}: none of these context-parallel degrees runs here — drop --cp")
+    dps = sorted({gpus // (t * p * c) for t, p in pairs for c in cps if (gpus // (t * p)) % c == 0})
     if dps and not any(batch % dp == 0 for dp in dps):
         per = "tp*pp*cp" if space.cp else "tp*pp"
         return (f"global batch {batch} is not divisible by any data-parallel degree dp = gpus/({per}) possible here "
@@ -690,7 +708,8 @@ def usable_gpu_counts(job: Job) -> list[int]:
     """Every GPU count `degrees` yields a split for (tp x pp x cp x dp), ascending: whole nodes above one node."""
     model, fw, per_node = job.model, get_framework(job.framework), job.cluster.gpus_per_node
     tps = [t for t in divisors(model.num_heads) if tp_fits(model, t, fw) and (t == 1 or fw.tensor_parallel)]
-    pps = [p for p in range(1, model.num_layers + 1) if p == 1 or (fw.schedules and fw.cuts(model.num_layers, p))]
+    pps = [p for p in range(1, max_chunks(model.num_layers, fw.edge_chunks) + 1)
+           if p == 1 or (fw.schedules and fw.cuts(model.num_layers, p))]
     cps = [c for c in divisors(job.train.seq_len) if cp_allowed(job, c)]
     counts = {t * p * c * d for t, p, c in itertools.product(tps, pps, cps) for d in divisors(job.train.global_batch)}
     return sorted(n for n in counts if n <= per_node or n % per_node == 0)

@@ -247,7 +247,7 @@ def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
     if calibrated(job):
         return 0.0
     added = 0.0
-    if fw.grad_accumulation_bytes and (layout.zero < 2 or fw.fsdp_no_sync):
+    if fw.grad_accumulation_bytes and (layout.zero < 2 or layout.shard_group <= 1 or fw.fsdp_no_sync):
         m = layout.num_microbatches(job.train.global_batch)
         added = ((m - 1) / m if fw.grad_accumulation_first_free else 1.0) * fw.grad_accumulation_bytes
     return (fw.grad_cast_bytes + added) * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
