@@ -5,9 +5,11 @@ kernel skips the rest, full causal attention where it takes no window; memory do
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+import shardwise
 from shardwise.cli import main
 from shardwise.planner import kernels
 from shardwise.specs import load_cluster
@@ -19,12 +21,14 @@ WINDOW, LAYERS, Q_DIM = MISTRAL["sliding_window"], MISTRAL["num_hidden_layers"],
 GPUS, BATCH = 8, 8
 
 
-def estimate(tmp_path, capsys, changes: dict, seq: int, framework: str) -> dict:
+def estimate(tmp_path, capsys, changes: dict, seq: int, framework: str, more: list[str] = (),
+             cluster: str = "dgx-h100-80gb") -> dict:
     path = tmp_path / f"{abs(hash(json.dumps(changes, sort_keys=True))):x}.json"
     path.write_text(json.dumps(MISTRAL | changes))
-    assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", str(GPUS),
+    gpus = GPUS * (int(more[more.index("--pp") + 1]) if "--pp" in more else 1)
+    assert main(["estimate", "--model", str(path), "--cluster", cluster, "--gpus", str(gpus),
                  "--global-batch", str(BATCH), "--seq-len", str(seq), "--tp", "8", "--micro-batch", "1",
-                 "--framework", framework, "--json"]) == 0
+                 "--framework", framework, *more, "--json"]) == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out)
 
 
@@ -59,16 +63,72 @@ def test_model_flops_count_the_window_as_maxtext_does(framework, tmp_path, capsy
 
 @pytest.mark.parametrize("framework, skips", [("megatron-core", True), ("nemo", True), ("torchtitan", True),
                                               ("shardwise", False), ("megatron-2021", False)])
-def test_attention_time_is_the_band_where_the_kernel_skips_the_rest(framework, skips, tmp_path, capsys):
+@pytest.mark.parametrize("pp", [1, 4])
+def test_attention_time_is_the_band_where_the_kernel_skips_the_rest(framework, skips, pp, tmp_path, capsys):
     """Transformer Engine's window_size and FlexAttention's block masks skip the keys outside the window: every layer
-    windowed is faster than half of them, which is faster than none. torch's SDPA and a materialised softmax take no
-    window: the same time as no window at all."""
+    windowed is faster than half of them, which is faster than none. torch's SDPA (the shardwise runtime's) and a
+    materialised softmax take no window: every number as without one, a pipeline's stage split included."""
     seq = 8 * WINDOW
-    steps = [estimate(tmp_path, capsys, changes, seq, framework)["step_time_s"] for changes in ({}, HALF, NO_WINDOW)]
+    outs = [estimate(tmp_path, capsys, changes, seq, framework, ["--pp", str(pp)] if pp > 1 else [])
+            for changes in ({}, HALF, NO_WINDOW)]
+    steps = [o["step_time_s"] for o in outs]
     if skips:
         assert steps[0] < steps[1] < steps[2]
     else:
         assert steps[0] == steps[1] == steps[2]
+        assert outs[0]["memory_gib_per_gpu"] == outs[2]["memory_gib_per_gpu"]
+
+
+def test_a_stack_on_sdpa_of_the_fa2_family_takes_no_window(tmp_path, capsys):
+    """fms-fsdp attends through torch's SDPA (FlashAttention-2 underneath): no window argument, so a windowed model
+    runs as long as one without, and the note names SDPA."""
+    outs = []
+    for changes in ({}, NO_WINDOW):
+        path = tmp_path / f"{len(outs)}.json"
+        path.write_text(json.dumps(MISTRAL | changes))
+        assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch",
+                     "8", "--seq-len", str(8 * WINDOW), "--micro-batch", "1", "--framework", "fms-fsdp", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["step_time_s"] == outs[1]["step_time_s"]
+    assert any("(torch's SDPA) takes no window" in n for n in outs[0]["assumptions"]["implied"])
+
+
+def test_the_stage_split_of_a_stack_without_windows_is_the_unwindowed_one(tmp_path, capsys):
+    """A pipeline's split balances the layers' costs against the head's (stage_split): where the attention runs whole,
+    as under the shardwise runtime's SDPA, a windowed model is split, and so timed and sized, as it would be without the
+    window (at 128K tokens and a 256K vocabulary the head weighs enough for the split to notice)."""
+    outs = []
+    for changes in ({}, NO_WINDOW):
+        path = tmp_path / f"{len(outs)}.json"
+        path.write_text(json.dumps(MISTRAL | {"vocab_size": 256000} | changes))
+        assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "4", "--global-batch",
+                     "4", "--seq-len", "131072", "--pp", "4", "--micro-batch", "1", "--framework", "shardwise",
+                     "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert (outs[0]["step_time_s"], outs[0]["memory_gib_per_gpu"]) == (outs[1]["step_time_s"], outs[1]["memory_gib_per_gpu"])
+
+
+def test_a_calibrated_cluster_times_the_band_too(tmp_path, capsys):
+    """A cluster with measured rates ([measured]: its matmul and model rates) prices the windowed layers' attention
+    over the band where the stack's kernel skips the rest, as the datasheet path does."""
+    preset = Path(shardwise.__file__).parent / "presets" / "clusters" / "dgx-h100-80gb.toml"
+    cluster = tmp_path / "measured.toml"
+    cluster.write_text(preset.read_text() + "\n[measured]\nmatmul_tflops = 600\nmodel_tflops = 450\ncopy_gbs = 2500\n")
+    seq = 8 * WINDOW
+    steps = [estimate(tmp_path, capsys, changes, seq, "megatron-core", cluster=str(cluster))["step_time_s"]
+             for changes in ({}, HALF, NO_WINDOW)]
+    assert steps[0] < steps[1] < steps[2]
+
+
+def test_layer_types_must_name_every_layer(tmp_path, capsys):
+    """A layer_types list of another length than the layers is refused, as transformers refuses it (counted as it
+    stood, 64 windowed layers of 32 gave a negative HFU)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MISTRAL | {"layer_types": ["sliding_attention"] * 2 * LAYERS}))
+    assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "32768", "--tp", "8", "--micro-batch", "1", "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "layer_types names 64 layers, but the model has 32" in err and "\n" not in err
 
 
 @pytest.mark.parametrize("framework, said", [("megatron-core", "skips the keys outside it"),
@@ -87,9 +147,7 @@ def h100():
 
 @pytest.mark.parametrize("kernel", ["cudnn", "fa2", "fa3"])
 def test_the_band_meets_causal_attention_at_the_window(kernel, h100):
-    """At a sequence as long as the window the band is the causal triangle; just beyond it, about as long."""
-    full = kernels.fused_attention_time(h100, kernel, WINDOW, WINDOW, 8, 128)
-    assert kernels.band_attention_time(h100, kernel, WINDOW, WINDOW, WINDOW, 8, 128) == full
+    """Just beyond the window the band is about the causal triangle: the time is continuous where windows begin."""
     near = kernels.band_attention_time(h100, kernel, WINDOW + 64, WINDOW + 64, WINDOW, 8, 128)
     assert near == pytest.approx(kernels.fused_attention_time(h100, kernel, WINDOW + 64, WINDOW + 64, 8, 128), rel=0.05)
 

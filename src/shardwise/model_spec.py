@@ -168,15 +168,17 @@ class ModelSpec:
         """Whether some layers attend through a sliding window shorter than the sequence (the others globally)."""
         return bool(self.window_layers) and 0 < self.sliding_window < seq_len
 
+    def window_share(self, seq_len: int) -> float:
+        """The share of the layers that attend through a window shorter than the sequence (0 where none does)."""
+        return self.window_layers / self.num_layers if self.windowed(seq_len) else 0.0
+
     def attended_keys(self, seq_len: int) -> float:
         """Keys per query token in the attention cores' unmasked count (PaLM's), mean over the layers: the sequence
         on a global layer, the window on a windowed one where it is shorter — MaxText's count for Gemma 2's local
         layers (AI-Hypercomputer/maxtext maxtext_utils.calculate_gemma2_tflops_training_per_device:
         min(sliding_window_size, max_target_length) keys where the global layers have the sequence)."""
-        if not self.windowed(seq_len):
-            return float(seq_len)
-        share = self.window_layers / self.num_layers
-        return (1 - share) * seq_len + share * self.sliding_window
+        share = self.window_share(seq_len)
+        return (1 - share) * seq_len + share * self.sliding_window if share else float(seq_len)
 
     @property
     def is_moe(self) -> bool:
@@ -308,6 +310,12 @@ class ModelSpec:
             cfg |= {"hidden_dropout": 0.1, "attention_dropout": 0.1}
         if self.rope_scaling:  # Llama 3.1's, as its config.json writes it (read back by rope_scaling)
             cfg["rope_scaling"] = dict(self.rope_scaling)
+        if cfg.get("model_type") in WINDOWED_TYPES:  # the window as config_extras reads it back: how many layers attend
+            cfg["sliding_window"] = self.sliding_window or None  # through it (what the planner prices), not which
+            if self.window_layers:
+                cfg["use_sliding_window"] = True
+                cfg["layer_types"] = (["sliding_attention"] * self.window_layers
+                                      + ["full_attention"] * (self.num_layers - self.window_layers))
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
     def _gpt_neox_config(self) -> dict:
@@ -431,6 +439,9 @@ def config_extras(cfg: dict, num_layers: int, model_type: str) -> dict:
     window = count("sliding_window", default) if rule and (cfg.get("use_sliding_window") is True or not switched) else 0
     types, first = cfg.get("layer_types"), count("max_window_layers", 28)
     if window and isinstance(types, list) and types:
+        if len(types) != num_layers:  # as transformers' layer_type_validation refuses it
+            raise UsageError(f"layer_types names {len(types)} layers, but the model has {num_layers} "
+                             f"(num_hidden_layers) — fix the config")
         layers = sum(t == "sliding_attention" for t in types)
     else:
         local = {"all": lambda i: True, "even": lambda i: i % 2 == 0, "from_max": lambda i: i >= first,

@@ -55,7 +55,7 @@ def max_chunks(num_layers: int, edge_chunks: bool) -> int:
 
 def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
     """(per layer, embedding, LM head + loss) forward FLOPs per token."""
-    layer = 2 * spec.params_per_layer() + 4 * spec.attended_keys(seq_len) * spec.attention_width  # matmuls + attention
+    layer = 2 * spec.params_per_layer() + 4 * seq_len * spec.attention_width  # matmuls + attention scores/values
     embedding = 2 * spec.hidden  # a lookup (and its scatter-add in backward): memory, not FLOPs
     head = 2 * spec.hidden * spec.vocab_size + 5 * spec.vocab_size  # logits matmul + softmax/loss
     return float(layer), float(embedding), float(head)

@@ -333,8 +333,7 @@ def window_note(job) -> str:
     """How the layers that attend through a sliding window shorter than the sequence are priced: their model FLOPs
     over the window (ModelSpec.attended_keys, MaxText's count), their time over it where the stack's kernel skips the
     keys outside it (layer_time.window_skipped), over the whole causal sequence where it does not."""
-    from shardwise.planner.frameworks import get
-    from shardwise.planner.layer_time import attention_kernel, window_skipped
+    from shardwise.planner.layer_time import attention_family, attention_kernel, window_skipped
 
     model = job.model
     which = ("every layer" if model.window_layers == model.num_layers
@@ -344,23 +343,25 @@ def window_note(job) -> str:
     if window_skipped(job):
         return (f"{head}, and their attention time the band alone, as {job.framework}'s kernel skips the keys outside "
                 f"it (with --cp above 1, priced as full causal attention over the ring)")
-    family = job.attention or get(job.framework).attention
-    kernel = {"fa1": "FlashAttention-1", "sdpa": "torch's SDPA"}.get(family, family) if attention_kernel(job) \
-        else "a materialised softmax"
+    family = attention_family(job)
+    kernel = ("a materialised softmax" if not attention_kernel(job) else "FlashAttention-1" if family == "fa1"
+              else "torch's SDPA")  # the families that take no window, and the stacks that call SDPA with a mask
     return (f"{head}, but their attention time is full causal attention: {job.framework}'s attention here ({kernel}) "
             f"takes no window and computes every block")
 
 
 def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_parallel=None, cp_mode=None,
-               tp_comm_overlap=None, dp: int | None = None, zero=None) -> dict[str, str]:
+               tp_comm_overlap=None, dp: int | None = None, zero=None, dp_shard=None) -> dict[str, str]:
     """The named layout knobs that change nothing in this layout, each with the note that says so (said, not silently
     dropped: Megatron-LM likewise turns SP off at tp 1): a pipeline schedule at pp 1 (no stages to order: every stack
     accumulates one micro-batch after another), a CP mode at cp 1, SP or TP comm overlap at tp 1, a ZeRO stage where
     dp x cp is 1 (no ranks to shard over: plan scores such layouts as ZeRO-0). estimate and train set each back to
     what runs."""
     idle = {}
-    if zero and dp is not None and dp * cp <= 1:
-        idle["zero"] = f"--zero {zero} changes nothing at dp {dp}, cp {cp} (no data-parallel ranks to shard over)"
+    for flag, value in (("zero", zero), ("dp_shard", dp_shard)):
+        if value and dp is not None and dp * cp <= 1:
+            idle[flag] = (f"--{flag.replace('_', '-')} {value} changes nothing at dp {dp}, cp {cp} (no data-parallel "
+                          f"ranks to shard over)")
     if cp_mode is not None and cp <= 1:
         idle["cp_mode"] = f"--cp-mode {cp_mode} changes nothing at --cp {cp} (no context-parallel ranks)"
     if sequence_parallel and tp <= 1:
@@ -385,6 +386,10 @@ def winner_note(args, job, layout) -> str:
                      f"micro-batches run one after another whatever the schedule")
     if getattr(args, "tp_comm_overlap", None) and layout.tp == 1:
         parts.append("--tp-comm-overlap changes nothing for the winner (tp 1: no tensor-parallel collectives to overlap)")
+    zero = getattr(args, "zero", None)
+    if zero and layout.dp * layout.cp == 1 and layout.zero not in zero:
+        parts.append(f"--zero {','.join(map(str, zero))} changes nothing for the winner (dp {layout.dp}, cp {layout.cp}: "
+                     f"no data-parallel ranks to shard over; it runs as ZeRO-0)")
     return "; ".join(parts)
 
 

@@ -107,12 +107,15 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     from shardwise.commands.common import idle_knobs
 
     split = args.tp * args.pp * args.cp  # dp where the GPUs divide (else dp_from_gpus says why, in one line)
-    dp = args.gpus // split if split > 0 and args.gpus % split == 0 and not args.dp_shard else None
+    dp = args.gpus // split if split > 0 and args.gpus % split == 0 else None
     idle = idle_knobs(args.tp, args.pp, args.cp, schedule=args.schedule, vpp=args.vpp,
                       sequence_parallel=args.sequence_parallel, cp_mode=args.cp_mode,
-                      tp_comm_overlap=getattr(args, "tp_comm_overlap", None), dp=dp, zero=args.zero)
+                      tp_comm_overlap=getattr(args, "tp_comm_overlap", None), dp=dp, zero=args.zero,
+                      dp_shard=args.dp_shard)
     if "zero" in idle:
         args.zero = 0
+    if "dp_shard" in idle:
+        args.dp_shard = 0
     if "schedule" in idle:
         args.schedule = None
     if "cp_mode" in idle:  # the layout as plan reports one without cp

@@ -109,8 +109,7 @@ def unwritable(job) -> list[tuple[bool, str]]:
             (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
             (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
             (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
-            (bool(m.window_layers) and job.train.seq_len > m.sliding_window,
-             f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len")]
+            (m.windowed(job.train.seq_len), f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len")]
 
 
 def profile(job) -> str:

@@ -107,7 +107,8 @@ def _round(x: float, digits: int) -> float:
 
 # What mfu and hfu count (step_time.model_flops_per_step; hardware_flops adds what recompute runs again).
 FLOP_COUNT = ("PaLM's: per token 6 x the matmul parameters (LM head included, input embedding not) + 12 x layers x "
-              "attention width x sequence; attention counted unmasked at every length, where a causal kernel runs half "
+              "attention width x sequence (the window, on layers that attend through one shorter than the sequence, "
+              "as MaxText counts them); attention counted unmasked at every length, where a causal kernel runs half "
               "of it; hfu adds the recomputed FLOPs")
 
 

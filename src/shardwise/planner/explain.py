@@ -445,13 +445,16 @@ def plausibility(job: Job, win: Estimate) -> str:
 def _unmasked_attention(job: Job, win: Estimate) -> str:
     """Where attention is a large share of the FLOPs MFU counts (long sequences): that PaLM's count takes it unmasked,
     twice what a causal kernel runs, so the MFU is above the GPU's own rate, and what it is with the masked half."""
-    s = job.train.seq_len
+    m, s = job.model, job.train.seq_len
     share = attention_flops_per_step(job) / model_flops_per_step(job)
     if share < 0.1:
         return ""
+    # the global layers' part is the one counted unmasked; a windowed layer's count is its window's keys, about what runs
+    halved = share * (1 - m.window_share(s)) * s / m.attended_keys(s)
+    windows = " on its global layers (its windowed ones counted over the window)" if m.window_share(s) else ""
     return (f"at {s:,} tokens {share:.0%} of the FLOPs MFU counts are attention, which PaLM's count (the records' "
-            f"too, at their shorter sequences) takes unmasked where a causal kernel runs half: counting only what runs, "
-            f"this plan's MFU is {win.mfu * (1 - share / 2):.1%}.")
+            f"too, at their shorter sequences) takes unmasked where a causal kernel runs half{windows}: counting only "
+            f"what runs, this plan's MFU is {win.mfu * (1 - halved / 2):.1%}.")
 
 
 def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:

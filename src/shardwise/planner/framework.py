@@ -45,6 +45,9 @@ class Framework:
     # stack); "unfused" (materialised softmax) for a stack with none.
     # Whether it is fused by default is `flash_attention` (--flash-attention / --no-flash-attention).
     attention: str = "te"
+    # Whether its fused attention takes a sliding window where its family's kernel can (kernels.WINDOW_FAMILIES):
+    # False where the stack attends through torch's SDPA, which takes none (a windowed mask computes every block).
+    window_kernel: bool = True
     fused_elementwise: bool = True  # norms, activations, rotary as fused kernels (False: eager PyTorch ops)
     # A gated MLP's activation in bytes per f-element (2-byte activations) where the stack runs it its own way;
     # None: as the element-wise table says (planner/kernels.py ELEMENTWISE).

@@ -19,7 +19,7 @@ from shardwise.planner import kernels, moe
 from shardwise.planner.comm import collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import cp_kv_blocks, local_seq, op_sac_matmuls, torch_dkv_ring
+from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -246,7 +246,7 @@ def _attention_times(job: Job, layout: Layout, tokens: int) -> tuple[float, floa
     # the mean layer: its windowed share in the band, the rest over the whole causal sequence
     band = kernels.band_attention_time(c, kernel, tokens, job.train.seq_len, model.sliding_window, heads, d,
                                        job.precision)
-    share = model.window_layers / model.num_layers
+    share = model.window_share(job.train.seq_len)
     return (1 - share) * full[0] + share * band[0], (1 - share) * full[1] + share * band[1]
 
 
@@ -277,11 +277,11 @@ def _elementwise_times(job: Job, layout: Layout, tokens: int, moe_layer: bool, r
 
 
 def _op_recompute(job: Job, layout: Layout, tokens: int, fwd: float, attn: float, el_f: float) -> tuple[float, float]:
-    """(time, FLOPs) of what op-level selective checkpointing runs again in backward: it keeps the saved matmuls'
-    outputs (memory.op_sac_matmuls: every other one, none under torchao's Float8) and the attention output, and runs
-    the other matmuls and every element-wise kernel of the layer again."""
+    """(time, FLOPs) of what op-level selective checkpointing runs again in backward: it keeps every other matmul's
+    output (the 1st, 3rd, ...: memory.op_sac_bytes) and the attention output, and runs the other matmuls — in FP8
+    under an FP8 job, as its forward ran them — and every element-wise kernel of the layer again."""
     model, tp = job.model, layout.tp
-    again = layer_matmuls(model, tp)[op_sac_matmuls(job)[1]]
+    again = layer_matmuls(model, tp)[1::2]
     op_flops = sum(2 * tokens * n_ * k_ for n_, k_ in again)
     if calibrated(job):
         rate = achievable_flops(job)
@@ -301,19 +301,35 @@ def elementwise_mode(job: Job) -> bool | str:
 def attention_kernel(job: Job) -> str:
     """The fused attention kernel the job's layers run (kernels.ATTENTION_KERNEL), or "" for a materialised softmax:
     the run's own choice (Job.attention) where it makes one, else its framework's."""
-    family = job.attention or get_framework(job.framework).attention
+    family = attention_family(job)
     if not job.flash_attention or family == "unfused":
         return ""
     return kernels.ATTENTION_KERNEL[family].get(job.cluster.arch or "ampere", "fa2")
+
+
+def attention_family(job: Job) -> str:
+    """The attention family the job's layers run (kernels.ATTENTION_KERNEL's key): the run's own choice (Job.attention)
+    where it makes one, else its framework's."""
+    return job.attention or get_framework(job.framework).attention
 
 
 def window_skipped(job: Job) -> bool:
     """Whether the job's windowed layers (a sliding window shorter than the sequence) attend in the band alone: the
     stack's fused kernel takes the window (kernels.WINDOW_FAMILIES) and skips the blocks outside it. Under context
     parallelism _attention_times times the ring and the chunks as full causal attention all the same."""
-    family = job.attention or get_framework(job.framework).attention
     return (job.model.windowed(job.train.seq_len) and bool(attention_kernel(job))
-            and family in kernels.WINDOW_FAMILIES)
+            and attention_family(job) in kernels.WINDOW_FAMILIES and get_framework(job.framework).window_kernel)
+
+
+def timed_keys(job: Job) -> float:
+    """Keys per query of the mean layer as a causal kernel over the whole sequence would count them: the sequence,
+    or where the windowed layers attend in the band alone (window_skipped), their band's 2W - W^2/s in their share
+    (kernels.band_attention_time: the same pairs)."""
+    s, model = job.train.seq_len, job.model
+    if not window_skipped(job):
+        return float(s)
+    share, w = model.window_share(s), model.sliding_window
+    return (1 - share) * s + share * (2 * w - w * w / s)
 
 
 def attention_layout_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float]:
@@ -405,8 +421,9 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     rate, hbm, e = achievable_flops(job), job.cluster.hbm_bandwidth, job.train.activation_bytes
     mm = 2 * tokens * matmul_params_per_layer(model) / tp / rate
     attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
-    if job.flash_attention:
-        attn = attn_flops / (rate * FLASH_EFFICIENCY)
+    if job.flash_attention:  # the band alone on the windowed layers where the kernel skips the rest (not under CP)
+        keys = timed_keys(job) if layout.cp == 1 else job.train.seq_len
+        attn = 4 * tokens * keys * model.attention_width / tp / (rate * FLASH_EFFICIENCY)
     else:
         attn = attn_flops / rate + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm
     sp = tp if layout.sequence_parallel else 1

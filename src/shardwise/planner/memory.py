@@ -126,23 +126,16 @@ def layer_matmul_outputs(model: ModelSpec, tp: int) -> list[float]:
     return [q / tp, kv / tp, kv / tp, h] + ([f / tp, f / tp, h] if model.gated_mlp else [f / tp, h])
 
 
-def op_sac_matmuls(job: Job) -> tuple[slice, slice]:
-    """(saved, run again) of a layer's matmuls (layer_matmul_outputs' order) under torchtitan's op-level selective
-    checkpointing: its save list holds aten.mm, whose every second call (a counter per block forward) it recomputes —
-    the 1st, 3rd, ... saved. torchao's Float8 linears call aten.mm too (on Float8 tensor subclasses, which run
-    _scaled_mm beneath the checkpoint's dispatch mode): the same rule, which the torchao README's peak memory under
-    it (47.77 GB, Llama 3 8B) bears out where saving none would give 34 GiB."""
-    return slice(0, None, 2), slice(1, None, 2)
-
-
-def op_sac_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2,
-                 saved: slice = slice(0, None, 2)) -> float:
+def op_sac_bytes(model: ModelSpec, s: int, b: int, tp: int, sp: bool, e: int = 2) -> float:
     """Bytes one layer keeps under torchtitan's op-level selective checkpointing (`selective_ac_option = "op"`,
     torchtitan distributed/activation_checkpoint.py): the block's input (the checkpoint's argument), the outputs
-    of the ops in its save list — the `saved` matmuls (op_sac_matmuls), the attention kernel's output and its FP32
-    log-sum-exp — and nothing else."""
+    of the ops in its save list — every matmul but every second one (a counter per block forward: the 1st, 3rd,
+    ... are saved), the attention kernel's output and its FP32 log-sum-exp — and nothing else. torchao's Float8
+    linears count the same: they call aten.mm on Float8 tensor subclasses, which run _scaled_mm beneath the
+    checkpoint's dispatch mode (the torchao README's peak memory under it, 47.77 GB for Llama 3 8B, bears that out
+    where keeping none would give 34 GiB)."""
     outs = layer_matmul_outputs(model, tp)
-    saved_mm = sum(outs[saved])
+    saved_mm = sum(outs[0::2])
     attention = model.q_dim / tp * e + 4 * model.num_heads / tp
     return s * b * (model.hidden / (tp if sp else 1) * e + saved_mm * e + attention)
 
@@ -179,7 +172,7 @@ def activation_parts(job: Job, layout: Layout, layers: int, inflight: float, rec
     if layout.recompute == "none":
         return held * (linear + scores), 0.0
     if op_checkpointing(job, layout):
-        kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e, op_sac_matmuls(job)[0])
+        kept = op_sac_bytes(job.model, s, b, layout.tp, layout.sequence_parallel, e)
         # the layer being recomputed in backward holds its full set once more in place of what it kept
         return held * kept, one * max(0.0, linear + scores - kept)
     if layout.recompute == "selective" and job.recompute_modules:  # Megatron's named modules
@@ -587,22 +580,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["logits"] = held.logits
     out["activations"] -= logits_overlap(job, layout, rank, transient)
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
-    return max(out, schedule_end(job, layout, held, out), key=total_bytes)
-
-
-def schedule_end(job: Job, layout: Layout, held: RankHoldings, peak: dict[str, float]) -> dict[str, float]:
-    """The rank's state after its last backward, where the stack holds every unsharded gradient until one
-    reduce-scatter after the schedule (Framework.fsdp_once_per_step): the chunks whose gradients did not exist yet at
-    the activations' peak (RankHoldings.grads_held) have them now, and the activations are gone. With few
-    micro-batches and many chunks this is the rank's peak (rank_memory takes the larger)."""
-    if held.grads_held >= 1 or layout.zero < 2 or layout.shard_group <= 1 \
-            or not get_framework(job.framework).fsdp_once_per_step(layout):
-        return peak
-    grads = [model_state_bytes(job, layout, held.params, held.layers, held.gathered, share)["gradients"]
-             for share in (held.grads_held, 1.0)]
-    end = peak | {"gradients": peak["gradients"] + grads[1] - grads[0], "activations": 0.0, "logits": 0.0,
-                  "workspace": 0.0}
-    return end | {"workspace": WORKSPACE_BYTES + allocator_slack(job) * sum(end.values())}
+    return out
 
 
 def allocator_slack(job: Job) -> float:

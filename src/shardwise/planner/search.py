@@ -286,10 +286,10 @@ def schedules_refusal(job: Job, space: SearchSpace) -> str:
 def _no_data_parallelism(space: SearchSpace, gpus: int) -> bool:
     """Whether every split the space allows runs without data or context parallelism (tp x pp = the GPUs, cp 1):
     ZeRO shards over nothing, and every stack runs such a layout as ZeRO-0."""
-    if gpus == 1:
-        return True
-    return (space.tp is not None and space.pp is not None and set(space.cp or (1,)) == {1}
-            and all(t * p == gpus for t in space.tp for p in space.pp))
+    if set(space.cp or (1,)) != {1} and gpus > 1:
+        return False
+    return all(t * p == gpus for t in space.tp or divisors(gpus) for p in space.pp or divisors(gpus)
+               if gpus % (t * p) == 0)
 
 
 def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tuple[SearchSpace, str]:
@@ -310,8 +310,9 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     if bad or not space.zero:
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: ZeRO stages are 0, 1, 2 and 3 — pick from those")
     runs = get_framework(job.framework).zero_stages
-    # else only layouts without data parallelism would be left, named ZeRO-0 — unless those are all the job has
-    if not set(space.zero) & set(runs) and not (0 in space.zero and _no_data_parallelism(space, gpus)):
+    # else only layouts without data parallelism would be left, named ZeRO-0 — unless those are all the job has, where
+    # every stack runs ZeRO-0's step whatever stage is named (estimate says so; plan's winner_note too)
+    if not set(space.zero) & set(runs) and not _no_data_parallelism(space, gpus):
         raise UsageError(f"--zero {','.join(map(str, space.zero))}: {job.framework} has no "
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")

@@ -135,6 +135,7 @@ COMPOSER_PURE = replace(
 # precision bf16-mixed, FlashAttention-2 and flash-attn's / xformers' fused kernels.
 LIT_GPT = replace(
     COMPOSER, name="lit-gpt", expert_parallel=False,
+    window_kernel=False,  # litgpt's CausalSelfAttention: F.scaled_dot_product_attention with a sliding-window mask
     summary="Lit-GPT's pretraining (TinyLlama) on Lightning Fabric's FSDPStrategy (PyTorch FSDP1, FULL_SHARD, "
             "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, gradient "
             "accumulation under no_backward_sync (FP32 gradients held unsharded, one BF16 reduce-scatter per optimizer "
@@ -186,6 +187,7 @@ LIT_GPT = replace(
 # foundation-model-stack's eager LLaMA, mixed precision bfSixteen.
 FMS_FSDP = replace(
     TORCHTITAN, name="fms-fsdp", expert_parallel=False,
+    window_kernel=False,  # foundation-model-stack's attention: torch's SDPA
     summary="IBM's fms-fsdp: PyTorch FSDP1 (FULL_SHARD, HYBRID_SHARD within a node, or NO_SHARD; limit_all_gathers) "
             "around foundation-model-stack's eager LLaMA with SDPA (FlashAttention-2), mixed precision bfSixteen "
             "(FP32 sharded parameters, BF16 gathers and BF16 gradient reduce-scatter every step), activation "
