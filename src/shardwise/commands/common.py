@@ -54,11 +54,14 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
         p.add_argument("--recompute-layers", type=int, default=None, metavar="N", help=RECOMPUTE_LAYERS_HELP)
         p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     else:
+        from shardwise.planner.frameworks import FRAMEWORKS
+
+        edge = ", ".join(n for n, f in FRAMEWORKS.items() if f.edge_chunks and f.schedules)
         p.add_argument("--vpp", type=int, default=None,
                        help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only (default 1; with "
                             "--schedule interleaved-1f1b, the fastest that fits). pp*vpp may exceed the layers by two "
-                            "where the framework gives the embedding and the loss a chunk each (megatron-core and nemo "
-                            "with Megatron-Core's --account-for-embedding/loss-in-pipeline-split, torchtitan, llama3)")
+                            f"where the framework gives the embedding and the loss a chunk each ({edge}; Megatron-Core's "
+                            "--account-for-embedding/loss-in-pipeline-split)")
         p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3],
                        help="ZeRO stage (default: the framework's own — megatron-core and nemo the distributed "
                             "optimizer, ZeRO-1; torchtitan FSDP2, ZeRO-3, or 2 with a pipeline — or the next stage "
