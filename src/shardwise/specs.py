@@ -453,6 +453,12 @@ class Layout:
         return (self.dp_shard or self.dp) * self.cp
 
     @property
+    def zero_in_effect(self) -> int:
+        """The ZeRO stage as it acts: 0 where the shard group is one rank (no data or context parallelism to shard
+        over), whatever stage the layout names."""
+        return self.zero if self.shard_group > 1 else 0
+
+    @property
     def replicas(self) -> int:
         """Shard groups holding the same shards (HSDP; 1 otherwise): a gradient shard is all-reduced across them."""
         return self.dp // (self.dp_shard or self.dp)

@@ -420,12 +420,12 @@ def _calibrated_layer(job: Job, layout: Layout, tokens: int):
     model, tp = job.model, layout.tp
     rate, hbm, e = achievable_flops(job), job.cluster.hbm_bandwidth, job.train.activation_bytes
     mm = 2 * tokens * matmul_params_per_layer(model) / tp / rate
-    attn_flops = 4 * tokens * job.train.seq_len * model.attention_width / tp
     if job.flash_attention:  # the band alone on the windowed layers where the kernel skips the rest (not under CP)
         keys = timed_keys(job) if layout.cp == 1 else job.train.seq_len
         attn = 4 * tokens * keys * model.attention_width / tp / (rate * FLASH_EFFICIENCY)
-    else:
-        attn = attn_flops / rate + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm
+    else:  # the masked scores whole
+        attn = (4 * tokens * job.train.seq_len * model.attention_width / tp / rate
+                + SCORE_PASSES * e * model.num_heads * tokens * job.train.seq_len / tp / hbm)
     sp = tp if layout.sequence_parallel else 1
     elem = calibrated_elementwise(model, tokens, e, hbm, tp, sp)
     gemms = [(mm / 4, mm / 4, mm / 4)] * 4

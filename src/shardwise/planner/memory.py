@@ -454,7 +454,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     backward (FSDP never reshards the root after forward).
     """
     t, d = job.train, layout.shard_group  # HSDP: the shard group's ranks, not every dp rank
-    zero = layout.zero if d > 1 else 0
+    zero = layout.zero_in_effect
     weights = t.weight_bytes * params
     grads = t.grad_bytes * params
     optim = t.optimizer_bytes * params
@@ -561,7 +561,7 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     layers, gathered, experts = held.layers, held.gathered, held.experts
     out = model_state_bytes(job, layout, held.params, layers, gathered, held.grads_held)
     if fp8_saved(job):  # the FP8 weight copies of the layers this GPU holds whole at once
-        whole = layers if layout.zero < 3 or layout.shard_group == 1 else min(gathered, layers)
+        whole = layers if layout.zero_in_effect < 3 else min(gathered, layers)
         copy = fp8_weight_copy_bytes(job)
         out["weights"] += copy * whole * layer_params(job.model, layout.tp)
         if experts and get_framework(job.framework).fp8_experts and layers:  # and of its local experts' weights

@@ -190,14 +190,14 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
     """(tp, pp, dp, cp) that respect the model's shape, the sequence, the global batch, the search space and a
     framework without tensor or pipeline parallelism (tp or pp 1 only)."""
     model, batch, fw = job.model, job.train.global_batch, get_framework(job.framework)
+    most = max_chunks(model.num_layers, fw.edge_chunks)  # stages, as estimate allows them (specs.check_chunks)
     for tp in divisors(gpus):
         if not tp_fits(model, tp, fw) or (tp > 1 and not fw.tensor_parallel):
             continue
         if space.tp is not None and tp not in space.tp:
             continue
         for pp in divisors(gpus // tp):
-            if pp > max_chunks(model.num_layers, fw.edge_chunks) or (space.pp is not None and pp not in space.pp) \
-                    or (pp > 1 and not fw.schedules):
+            if pp > most or (space.pp is not None and pp not in space.pp) or (pp > 1 and not fw.schedules):
                 continue
             if pp > 1 and not fw.cuts(model.num_layers, pp):  # a stack that cuts equal stages only
                 continue

@@ -247,7 +247,7 @@ def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
     if calibrated(job):
         return 0.0
     added = 0.0
-    if fw.grad_accumulation_bytes and (layout.zero < 2 or layout.shard_group <= 1 or fw.fsdp_no_sync):
+    if fw.grad_accumulation_bytes and (layout.zero_in_effect < 2 or fw.fsdp_no_sync):
         m = layout.num_microbatches(job.train.global_batch)
         added = ((m - 1) / m if fw.grad_accumulation_first_free else 1.0) * fw.grad_accumulation_bytes
     return (fw.grad_cast_bytes + added) * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
@@ -691,7 +691,7 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     opt += float(measured.get("step_overhead_s", 0.0))
     if fw.calibrated_step_overhead:
         opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
-    if layout.zero >= 2 and layout.shard_group > 1:
+    if layout.zero_in_effect >= 2:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     return opt
 
