@@ -414,10 +414,12 @@ def ran_compiled(row: dict) -> bool:
 # Compiled torchtitan runs of releases that compiled the blocks only: its train.py kept the loss eager ("TODO: compiling
 # loss function causes CUDA errors, turning off for now") until bbb1b616e (2025-04-02, "Compiling the loss function
 # with torch.compile"). The 2024 performance tables (docs/performance.md at 3faaa1a0d; benchmarks/
-# llama3_h100_202412_torchtitan.md, torchtitan 9dec370) and AWS's 2024 SageMaker post ran such releases.
+# llama3_h100_202412_torchtitan.md, torchtitan 9dec370), AWS's 2024 SageMaker post and IBM and Meta's float8 + FSDP2 post
+# (2024-11-25) ran such releases.
 LOSS_LEFT_EAGER = ("3faaa1a0d", "llama3_h100_202412_torchtitan",
                    "AWS Machine Learning Blog 'Efficient Pre-training of Llama 3",
-                   "pytorch/ao torchao/float8/README.md")  # torchtitan 0.0.2, run from its 2025-03 preset
+                   "pytorch/ao torchao/float8/README.md",  # torchtitan 0.0.2, run from its 2025-03 preset
+                   "Supercharging Training using float8 and FSDP2")  # torchtitan of 2024-11: blocks compiled, not the loss
 
 
 # torchtitan's performance tables of 2024-04 (docs/performance.md, 395a52627 / 1ea476e9f) ran its presets, whose
