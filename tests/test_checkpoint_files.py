@@ -218,3 +218,23 @@ def test_export_never_writes_into_the_checkpoint_it_reads(good, tmp_path, capsys
         err = capsys.readouterr().err
         assert "inside the folder the checkpoint names" in err and err.count("\n") == 1
     assert _snapshot(root) == before
+
+
+def test_export_replaces_an_earlier_export_and_nothing_else(good, tmp_path, capsys):
+    """--to an existing file that is not an export of this command (a model's own weights, a text) is refused, as
+    --format hf refuses a folder that is not empty; an earlier export is replaced."""
+    theirs = tmp_path / "model.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(theirs))  # another tool's weights
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for path in (theirs, notes):
+        before = path.read_bytes()
+        assert main(["checkpoint", "export", str(good), "--to", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "exists and is not a model this command exported" in err and err.count("\n") == 1
+        assert path.read_bytes() == before
+    mine = tmp_path / "mine.safetensors"
+    assert main(["checkpoint", "export", str(good), "--to", str(mine)]) == 0
+    assert main(["checkpoint", "export", str(good), "--to", str(mine)]) == 0  # an earlier export: replaced

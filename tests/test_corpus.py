@@ -83,6 +83,22 @@ def test_the_cache_is_reused_and_keyed_by_data_and_tokenizer(env, tmp_path, monk
     assert third.dtype == "uint16" and _tokens(third) == list(("another document " * 50).encode()) + [0]
 
 
+def test_a_cache_hit_records_the_runs_own_files_and_tokenizer(env, tmp_path):
+    """The cache is keyed by contents: a hit made from copies elsewhere names this run's corpus and tokenizer, so a
+    checkpoint's export copies the tokenizer this run read, not the one that first filled the cache."""
+    import shutil
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "a.txt").write_text("one document " * 50)
+        shutil.copy(env["tokenizer"], folder / "tokenizer.json")
+    one = prepare([first / "a.txt"], load_tokenizer(first / "tokenizer.json"), cache=env["cache"])
+    two = prepare([second / "a.txt"], load_tokenizer(second / "tokenizer.json"), cache=env["cache"])
+    assert two.key == one.key and two.path == one.path  # the same cached tokens
+    assert two.sources == (str(second / "a.txt"),) and two.tokenizer == str((second / "tokenizer.json").resolve())
+
+
 def test_global_batches_do_not_depend_on_the_layout_and_resume_anywhere(env):
     """Every dp split of a step's batch is the same global batch, over epoch boundaries, and a position
     restored under another dp continues with the same next batch."""

@@ -64,6 +64,34 @@ def test_train_refuses_a_metrics_file_over_its_data_before_starting(tmp_path, ca
     assert "--metrics-file" in one_line(capsys) and data.read_text().startswith("some text")
 
 
+@pytest.mark.parametrize("out_flag, inside", [("--metrics-file", "a.txt"), ("--metrics-file", "m.jsonl"),
+                                               ("--trace", ""), ("--trace", "trace"), ("--checkpoint-dir", "ck")])
+def test_train_refuses_an_output_inside_a_data_folder_it_reads(out_flag, inside, tmp_path, capsys):
+    """A --data folder is read whole: a metrics file over one of its texts, or a trace or checkpoint written among
+    them (the next run would read the pictures as text), destroys the corpus."""
+    data = tmp_path / "texts"
+    data.mkdir()
+    (data / "a.txt").write_text("some text to train on\n" * 50)
+    target = data / inside if inside else data
+    argv = ["train", "--model", "tiny", "--steps", "1", "--data", str(data), out_flag, str(target)]
+    assert main(argv) == 2
+    err = one_line(capsys)
+    assert out_flag in err and "--data" in err
+    assert sorted(p.name for p in data.iterdir()) == ["a.txt"] and (data / "a.txt").read_text().startswith("some text")
+
+
+def test_train_refuses_a_metrics_file_inside_the_model_folder_it_reads(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                                   "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                   "num_key_value_heads": 4, "vocab_size": 256}))
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"not really weights, but the user's file")
+    assert main(["train", "--model", str(model), "--steps", "1", "--metrics-file", str(weights)]) == 2
+    assert "--model" in one_line(capsys) and weights.read_bytes().startswith(b"not really")
+
+
 def _layout(argv, capsys):
     argv = ["train", "--model", "tiny", *argv]
     layout = config_from(build_parser(argv).parse_args(argv)).layout

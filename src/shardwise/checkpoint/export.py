@@ -63,6 +63,18 @@ def read_tensors(ckpt: Path, manifest: dict, keys) -> dict[str, torch.Tensor]:
     return wanted
 
 
+def _earlier_export(file: Path) -> bool:
+    """Whether `file` is a .safetensors that export_safetensors wrote (its metadata says so): the one kind of file --to
+    may replace; anything else (a model's own weights, a text) is the user's."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), "pt") as f:
+            return "shardwise_step" in (f.metadata() or {})
+    except Exception:  # not a safetensors file at all (safetensors raises its own error types)
+        return False
+
+
 def export_safetensors(path, out) -> dict:
     """The model's parameters (full, unpadded, layout-free names) as one .safetensors file."""
     from safetensors.torch import save_file
@@ -71,6 +83,9 @@ def export_safetensors(path, out) -> dict:
 
     output_file(out, "--to", "model.safetensors")  # before reading gigabytes
     distinct_outputs({"--to": out}, {"the checkpoint": path})  # never written over what it reads
+    if Path(out).is_file() and not _earlier_export(Path(out)):
+        raise UsageError(f"--to {out} exists and is not a model this command exported — give a new file path "
+                         "(an earlier export is replaced)")
     tensors, manifest = load_tensors(path)
     out = Path(out)
     meta = {"format": "pt", "shardwise_step": str(manifest["step"]), "shardwise_model": json.dumps(manifest["model"])}

@@ -31,7 +31,9 @@ def register(subparsers, name, help):
                          epilog="load it anywhere: safetensors.torch.load_file('model.safetensors'), or "
                                 "transformers.AutoModelForCausalLM.from_pretrained('FOLDER') after --format hf")
     exp.add_argument("path", metavar="DIR", help="a --checkpoint-dir (newest checkpoint) or one step_NNNNNN directory")
-    exp.add_argument("--to", required=True, metavar="FILE|FOLDER", help="output file (e.g. model.safetensors), or a new folder with --format hf")
+    exp.add_argument("--to", required=True, metavar="FILE|FOLDER",
+                     help="output file (e.g. model.safetensors; an existing file only if an earlier export wrote it), "
+                          "or a new folder with --format hf")
     exp.add_argument("--format", default="safetensors", choices=["safetensors", "hf"],
                      help="safetensors: one file under shardwise's names (default); hf: a folder transformers loads")
     exp.add_argument("--max-shard-size", default=None, metavar="SIZE", help="--format hf: the largest safetensors file (default 5GB)")

@@ -97,9 +97,9 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
     if tf is None:
         with _locked(root / f"{key}.lock"):
             tf = _cached(meta) or _tokenize(sources, tok, field, root / f"{key}.bin", meta, key, progress)
-    # The cache is keyed by the files' contents: a hit may have been tokenized from copies under other names, so the
-    # run names (and records) the files it was given.
-    tf = replace(tf, sources=tuple(str(s.path) for s in sources))
+    # The cache is keyed by the files' contents: a hit may have been tokenized from copies under other names (the
+    # corpus and the tokenizer alike), so the run names (and records) the files it was given.
+    tf = replace(tf, sources=tuple(str(s.path) for s in sources), tokenizer=tok.path)
     if tf.documents == 0 or tf.tokens == 0:
         raise UsageError(f"{flag} {tf.describe()}: no text — the corpus is empty; give files that hold text")
     return tf
