@@ -160,6 +160,26 @@ def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_hung_rank_is_named_and_the_job_ends_soon_after_the_timeout(tmp_path):
+    """A rank that stops answering (here SIGSTOPped: no signal but SIGKILL reaches it) fails no collective itself:
+    its peers time out after --timeout, and the job names it, not them. The launch then gives the stopped rank a few
+    seconds, not torch's default 30, before SIGKILL."""
+    stopped = tmp_path / "stopped"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--pp", "2", "--microbatches", "4", "--steps",
+                           "50", "--seq-len", "32", "--no-progress", "--timeout", "5"],
+                          env={**ENV, "SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "2",
+                               "SHARDWISE_TEST_HANG": str(stopped)},
+                          capture_output=True, text=True, timeout=120)
+    ended = time.time()
+    assert proc.returncode == 1
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("shardwise: error: training stopped: rank 1 stopped answering (hung or stopped): rank 0 "
+                          "waited --timeout 5 s for it and failed:"), err
+    assert ".cc:" not in err  # gloo's source location is not the user's business
+    assert ended - float(stopped.read_text()) < 28  # 5 s timeout + 2 x 3 s grace; torch's default grace alone is 30
+
+
+@pytest.mark.slow
 def test_two_torchrun_nodes_train_and_match(tmp_path):
     """Two torchrun agents (--nnodes 2, one rank each) meet at a loopback c10d rendezvous: dp=2 across "nodes"."""
     args = ["--model", "tiny-gpt2", "--steps", "3", "--global-batch", "4", "--seq-len", "32", "--seed", "5"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import tempfile
 import uuid
@@ -166,6 +167,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
 
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    _stop_ranks_within_shutdown()
     from shardwise.interrupt import ignored_signals, launcher_signals
 
     try:
@@ -176,16 +178,38 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                                   rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
                                   max_restarts=max_restarts, monitor_interval=0.1, start_method=_fork_server(),
-                                  local_addr="127.0.0.1", shutdown_timeout=3, logs_specs=DefaultLogsSpecs(log_dir=logs))
+                                  local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_S, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
                                                              _env_changes(), ignored_signals())
             except ChildFailedError as exc:
-                raise JobFailed(describe_failures(exc.failures, what), details=_details(exc.failures)) from None
+                raise JobFailed(describe_failures(exc.failures, what, world, timeout_s),
+                                details=_details(exc.failures)) from None
     except KeyboardInterrupt:
         _stop_fork_server()
         raise
     return [results[r] for r in sorted(results)]
+
+
+SHUTDOWN_S = 3  # how long the ranks left after a failure get to end by themselves, then again after SIGTERM
+
+
+def _stop_ranks_within_shutdown() -> None:
+    """When a rank fails, torch's process context (torch.multiprocessing.spawn.ProcessContext.join, which torch elastic
+    polls without a grace period) SIGTERMs the others and waits 30 s before it SIGKILLs them: a rank that hangs where
+    SIGTERM cannot reach it (stopped, or stuck in a kernel) held the job 30 s past its peers' --timeout. The launch
+    gives them SHUTDOWN_S to end by themselves and SHUTDOWN_S after SIGTERM, as its LaunchConfig.shutdown_timeout."""
+    from torch.multiprocessing.spawn import ProcessContext
+
+    if getattr(ProcessContext.join, "shardwise", False):
+        return
+    join = ProcessContext.join
+
+    def join_quickly(self, timeout=None, grace_period=None):
+        return join(self, timeout, SHUTDOWN_S if grace_period is None else grace_period)
+
+    join_quickly.shardwise = True
+    ProcessContext.join = join_quickly
 
 
 # Ranks are forks of a server that imported torch and shardwise once (multiprocessing's "forkserver", started on the
@@ -356,9 +380,12 @@ class _ProgressRelay:
         return False
 
 
-def describe_failures(failures: dict, what: str = "training") -> str:
+def describe_failures(failures: dict, what: str = "training", world: int | None = None,
+                      timeout_s: float | None = None) -> str:
     """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
-    is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence."""
+    is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence. Where every
+    failure is a collective's timeout, the cause is a rank that stopped answering without failing (hung, or
+    stopped): the ranks of the `world` that reported nothing are named first."""
     def vanished(f) -> bool:
         return not (f.error_file and os.path.isfile(f.error_file))
 
@@ -368,8 +395,22 @@ def describe_failures(failures: dict, what: str = "training") -> str:
         how = f"died (exit code {f.exitcode}{', ' + f.signal_name() if f.exitcode < 0 else ''})" if vanished(f) \
             else f"failed: {_last_line(f.message)}"
         parts.append(f"rank {rank} {how}")
+    silent = [r for r in range(world or 0) if r not in failures]
+    if silent and all(not vanished(f) and _timed_out(f.message) for f in failures.values()):
+        who = f"rank {silent[0]}" if len(silent) == 1 else "ranks " + ", ".join(map(str, silent))
+        waited = f" --timeout {timeout_s:g} s" if timeout_s else ""
+        first, f = ordered[0]
+        parts = [f"{who} stopped answering (hung or stopped): rank {first} waited{waited} for "
+                 f"{'it' if len(silent) == 1 else 'them'} and failed: {_last_line(f.message)}", *parts[1:]]
     others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
     return f"{what} stopped: {parts[0]}{others} — the other ranks were stopped"
+
+
+def _timed_out(message) -> bool:
+    """A collective's timeout, as gloo ('Timed out waiting 5000ms for recv') or NCCL's watchdog ('ran for 600000
+    milliseconds before timing out') words it."""
+    text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
+    return re.search(r"timed out|timing out|timeout", text, re.IGNORECASE) is not None
 
 
 def _details(failures: dict) -> str:
@@ -383,6 +424,7 @@ def _details(failures: dict) -> str:
 
 
 def _last_line(message) -> str:
+    """The error's last line, without the C++ source location gloo puts in front ('[.../unbound_buffer.cc:78] ')."""
     text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "unknown error"
+    return re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[-1]) if lines else "unknown error"

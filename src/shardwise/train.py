@@ -325,11 +325,18 @@ def _is_rank0() -> bool:
 
 def _maybe_die(step: int) -> None:
     """Fault injection for the tests: SHARDWISE_TEST_KILL_RANK dies at SHARDWISE_TEST_KILL_AT_STEP
-    (on the first attempt only: a job restarted by torchrun's agent then runs to the end)."""
+    (on the first attempt only: a job restarted by torchrun's agent then runs to the end); with
+    SHARDWISE_TEST_HANG set it stops itself instead (SIGSTOP: a hang no signal but SIGKILL ends), after writing
+    the time it stopped to that file."""
     rank = os.environ.get("SHARDWISE_TEST_KILL_RANK")
     if rank is not None and dist.is_initialized() and dist.get_rank() == int(rank) \
             and step == int(os.environ.get("SHARDWISE_TEST_KILL_AT_STEP", "1")) \
             and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        if os.environ.get("SHARDWISE_TEST_HANG"):
+            import signal
+
+            Path(os.environ["SHARDWISE_TEST_HANG"]).write_text(str(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(13)
 
 
