@@ -64,8 +64,8 @@ def test_nemotron_config_is_a_non_gated_llama_block(tmp_path):
     path.write_text(json.dumps(cfg))
     spec = load_model(str(path))
     assert spec.mlp == "squared-relu" and not spec.gated_mlp and not spec.trains_with_dropout
-    assert spec.dense_ffn_params() == 2 * 64 * 256
-    assert "squared-relu MLP" in unsupported(spec)
+    assert spec.dense_ffn_params() == 2 * 64 * 256 and spec.norm_kind == "layernorm"  # LayerNorm1P has a bias
+    assert "nemotron's blocks" in unsupported(spec)
     path.write_text(json.dumps(spec.to_hf_config()))
     assert load_model(str(path)) == spec
     gpt = load_model("gpt2")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 from shardwise.errors import UsageError
-from shardwise.hf_keys import MAX_LAYERS, dropout_on, flag, mlp_of_act, optional, require, require_any
+from shardwise.hf_keys import MAX_LAYERS, MLP_OF_ACT, dropout_on, flag, mlp_of_act, optional, require, require_any
 
 
 def _gpt2_blocks(hidden: int, heads: int, **fields) -> dict:
@@ -190,6 +190,12 @@ READERS = {"opt": opt, "bloom": bloom, "mpt": mpt, "gpt_neox": gpt_neox, "falcon
 def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
     """Gemma: GeGLU (gelu_pytorch_tanh, named by hidden_activation or hidden_act), head_dim 256 in its configs,
     tied head; Gemma 2 adds a norm after attention and one after the MLP (four per block)."""
+    key = next((k for k in ("hidden_activation", "hidden_act") if cfg.get(k) is not None), None)  # GemmaMLP's order
+    if key is not None:
+        act = cfg[key]
+        if not isinstance(act, str) or MLP_OF_ACT.get(act) != "gelu":
+            raise UsageError(f"{source}: key '{key}' is {cfg[key]!r}, but Gemma's MLP gates with a GELU, which "
+                             f"shardwise counts as GeGLU — use gelu_pytorch_tanh (Gemma's own) or leave it out")
     return {"mlp": "geglu", "layer_norms": norms, "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True)}
 
 
@@ -227,6 +233,8 @@ LLAMA_VARIANTS = {
     # OLMo: LayerNorm without weight or bias (OlmoLayerNorm); OLMo 2: RMSNorm after attention and after the MLP
     # (none before), and RMSNorm on q and k over all heads (q_norm: num_heads * head_dim)
     "olmo": lambda cfg, source: {"norm": "nonparametric"},
+    # Nemotron: LayerNorm1P, a LayerNorm with weight and bias (zero-centred weight), its epsilon as norm_eps
+    "nemotron": lambda cfg, source: {"norm": "layernorm", "norm_eps": optional(cfg, "norm_eps", 1e-5, source)},
     "olmo2": lambda cfg, source: {"qk_norm": "full"},
     # StarCoder2: LayerNorm with bias, biases on every linear layer (use_bias), a GELU MLP, tied head
     "starcoder2": lambda cfg, source: {

@@ -199,7 +199,9 @@ class ModelSpec:
             q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
                 + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv + heads * self.v_head_dim * h
+            # attention_bias: on q_a_proj, kv_a_proj_with_mqa and o_proj (the up-projections never have one)
+            bias = self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim + h if self.attention_bias else 0
+            return q + kv + heads * self.v_head_dim * h + bias
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.attention_bias:
             attn += self.q_dim + 2 * self.kv_dim + h
@@ -411,10 +413,10 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
                          f"{spec.num_heads} heads (n_head) — fix the config")
     # Llama's own keys (an architecture's reader checks its own: ChatGLM's kv_channels, DeepSeek's MLA dims)
     if (model_type not in READERS and spec.family == "llama" and cfg.get("head_dim") is None
-            and spec.attention != "mla" and spec.hidden % spec.num_heads):
+            and model_type not in HEAD_DIM_DEFAULT and spec.attention != "mla" and spec.hidden % spec.num_heads):
         raise UsageError(f"{source}: the hidden size {spec.hidden} (hidden_size) is not divisible by the "
                          f"{spec.num_heads} heads (num_attention_heads) — fix the config, or give head_dim")
-    return replace(spec, **config_extras(cfg, spec.num_layers, model_type))
+    return replace(spec, **config_extras(cfg, spec.num_layers, model_type, source))
 
 
 # The architectures whose transformers modelling code attends through a sliding window (Llama's ignores the key):
@@ -427,17 +429,19 @@ WINDOWED_TYPES = {"mistral": (4096, "all", False), "mixtral": (0, "all", False),
                   "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True)}
 
 
-def config_extras(cfg: dict, num_layers: int, model_type: str) -> dict:
+def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "config") -> dict:
     """What a config says beyond the model's shape: its sliding attention window and how many layers use it (as its
     transformers config class lays them out: WINDOWED_TYPES, or the config's layer_types), which the planner prices
-    (ModelSpec.attended_keys); its RoPE scaling, and its multi-token-prediction modules, which it does not."""
-    def count(key: str, default: int = 0) -> int:
-        value = cfg.get(key, default)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    (ModelSpec.attended_keys); its RoPE scaling, and its multi-token-prediction modules, which it does not. Each value
+    is checked (a window of "1024" or -1 is one line, not a model without a window); null is none."""
+    def given(key: str, default: int = 0) -> int:
+        return count(cfg, key, source) if key in cfg else default
 
     default, rule, switched = WINDOWED_TYPES.get(model_type, (0, "", False))
-    window = count("sliding_window", default) if rule and (cfg.get("use_sliding_window") is True or not switched) else 0
-    types, first = cfg.get("layer_types"), count("max_window_layers", 28)
+    window = given("sliding_window", default)
+    on = flag(cfg, "use_sliding_window", source) or not switched
+    window = window if rule and on else 0
+    types, first = cfg.get("layer_types"), given("max_window_layers", 28)
     if window and isinstance(types, list) and types:
         if len(types) != num_layers:  # as transformers' layer_type_validation refuses it
             raise UsageError(f"layer_types names {len(types)} layers, but the model has {num_layers} "
@@ -448,7 +452,7 @@ def config_extras(cfg: dict, num_layers: int, model_type: str) -> dict:
                  "even_below_max": lambda i: i % 2 == 0 and i < first}.get(rule, lambda i: False)
         layers = sum(local(i) for i in range(num_layers)) if window else 0
     return {"sliding_window": window if layers else 0, "window_layers": layers, "rope_scaling": rope_scaling(cfg),
-            "mtp_layers": count("num_nextn_predict_layers")}
+            "mtp_layers": given("num_nextn_predict_layers")}
 
 
 def rope_scaling(cfg: dict) -> tuple:
@@ -497,22 +501,52 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
     ffn = require(cfg, "intermediate_size", source)
     layers = require(cfg, "num_hidden_layers", source, MAX_LAYERS)
     attention = _attention_from_hf(cfg, source, model_type)
-    head_dim = attention.pop("head_dim", 0) or optional(cfg, "head_dim", max(1, hidden // heads), source)
+    head_dim = attention.pop("head_dim", 0) or optional(cfg, "head_dim", HEAD_DIM_DEFAULT.get(model_type, max(1, hidden // heads)),
+                                                        source)
+    # MLA's keys and values are per head (kv_b_proj): num_key_value_heads, which DeepSeek's configs carry, is unused
+    kv = heads if attention.get("attention") == "mla" else _kv_heads(cfg, heads, model_type, source)
+    biases = LLAMA_BIAS_KEYS.get(model_type, ("attention_bias", "mlp_bias"))
     fields = dict(
         name=name, family="llama", hidden=hidden, ffn_hidden=ffn,
-        num_layers=layers, num_heads=heads, num_kv_heads=optional(cfg, "num_key_value_heads", heads, source),
+        num_layers=layers, num_heads=heads, num_kv_heads=kv,
         vocab_size=require(cfg, "vocab_size", source), head_dim=head_dim,
         max_positions=optional(cfg, "max_position_embeddings", 2048, source),
         tie_embeddings=flag(cfg, "tie_word_embeddings", source),
         norm_eps=optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=optional(cfg, "rope_theta", _rope_theta(cfg), source),
         model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
         dropout=dropout(cfg, ("hidden_dropout", "attention_dropout"), source, default=0.0),
-        # LlamaConfig's attention_bias (q, k, v, o) and mlp_bias (gate, up, down); None when off, the family's own
-        attn_bias=flag(cfg, "attention_bias", source) or None, mlp_bias=flag(cfg, "mlp_bias", source) or None,
+        # LlamaConfig's attention_bias (q, k, v, o) and mlp_bias (gate, up, down), where the architecture reads them
+        # (LLAMA_BIAS_KEYS); None when off, the family's own
+        attn_bias=("attention_bias" in biases and flag(cfg, "attention_bias", source)) or None,
+        mlp_bias=("mlp_bias" in biases and flag(cfg, "mlp_bias", source)) or None,
         **_moe_from_hf(cfg, source, layers, model_type), **attention,
     )
     variant = LLAMA_VARIANTS.get(model_type)
     return ModelSpec(**(fields | (variant(cfg, source) if variant else {})))
+
+
+# num_key_value_heads where a config leaves it out: the default of the architecture's transformers config class (None in
+# LlamaConfig and the others not named: the attention heads, multi-head attention). A null key is the heads everywhere.
+# head_dim where a config leaves it out: the config class's default where it has one (else hidden / heads)
+HEAD_DIM_DEFAULT = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gpt_oss": 64}
+KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "gpt_oss": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4,
+                    "gemma": 16, "gemma2": 4, "starcoder2": 2}
+
+# Which of LlamaConfig's bias keys each architecture's transformers code reads (absent: both, as Llama's): Mistral,
+# Mixtral, Qwen2 (its q/k/v biases are fixed: qkv_bias), Phi-3 build their linears without biases whatever the config
+# says; Qwen3, Gemma, OLMo and DeepSeek-V3 (MLA's q_a, kv_a and o) read attention_bias only; GPT-OSS and StarCoder2
+# set theirs (hf_architectures.LLAMA_VARIANTS); the remote-code architectures read their own keys there.
+LLAMA_BIAS_KEYS = {"mistral": (), "mixtral": (), "qwen2": (), "qwen2_moe": (), "phi3": (), "starcoder2": (), "gpt_oss": (),
+                   "qwen3": ("attention_bias",), "qwen3_moe": ("attention_bias",), "gemma": ("attention_bias",),
+                   "gemma2": ("attention_bias",), "olmo": ("attention_bias",), "olmo2": ("attention_bias",),
+                   "deepseek_v3": ("attention_bias",), "kimi_k2": ("attention_bias",),
+                   "internlm": (), "internlm2": (), "baichuan": (), "qwen": ()}
+
+
+def _kv_heads(cfg: dict, heads: int, model_type: str, source: str) -> int:
+    if "num_key_value_heads" not in cfg:
+        return KV_HEADS_DEFAULT.get(model_type, heads)
+    return optional(cfg, "num_key_value_heads", heads, source)
 
 
 def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
@@ -537,7 +571,8 @@ def _mlp_from_hf(cfg: dict, source: str, model_type: str) -> str:
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
 # The model types that are mixtures of experts whatever their keys, and the key each names its expert count with.
 _MOE_TYPES = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
-              "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "kimi_k2": "n_routed_experts"}
+              "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "kimi_k2": "n_routed_experts",
+              "gpt_oss": "num_local_experts"}
 
 
 def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> dict:
@@ -676,7 +711,8 @@ def load_model(ref: str) -> ModelSpec:
         return model_from_hf_config(cfg, name=path.resolve().name, source=str(path / "config.json"))
     if ref.endswith(".json") or path.is_file():
         if not path.is_file():
-            raise UsageError(f"model config '{ref}' not found — give a preset ({', '.join(model_presets())}) or an existing config.json")
+            what = "is not a regular file" if path.exists() else "not found"  # a pipe, a device
+            raise UsageError(f"model config '{ref}' {what} — give a preset ({', '.join(model_presets())}) or an existing config.json")
         cfg = read_json_file(path, ref, "fix the file or use a preset")
         # config.json: its folder's name (absolute, not resolved: a Hugging Face cache links it into blobs/)
         name = path.stem if path.stem != "config" else path.absolute().parent.name

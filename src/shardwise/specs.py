@@ -360,7 +360,8 @@ def cluster_toml(ref: str) -> tuple[dict, str, str]:
                          f"or a preset ({', '.join(cluster_presets())})")
     if ref.endswith(".toml") or path.is_file():  # a file of a preset's name here is the user's own: it wins
         if not path.is_file():
-            raise UsageError(f"cluster file '{ref}' not found — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
+            what = "is not a regular file" if path.exists() else "not found"  # a pipe, a device
+            raise UsageError(f"cluster file '{ref}' {what} — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
         try:
             data = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -124,27 +124,35 @@ def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> No
                    help=(help or DEFAULT_HELP) + " (docs/planner.md describes each)")
 
 
+def _stacks(fits) -> str:
+    """The framework names whose profile `fits(profile)`, as a list in words (help texts read them from the profiles)."""
+    from shardwise.planner.frameworks import FRAMEWORKS
+
+    names = [name for name, fw in FRAMEWORKS.items() if fits(fw)]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
     from shardwise.planner.job import ATTENTION_BACKENDS
 
     add_framework_arg(p)
+    te, torchao = _stacks(lambda fw: fw.fp8 == "te"), _stacks(lambda fw: fw.fp8 == "torchao")
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the attention core is a fused kernel (FlashAttention/SDPA/cuDNN) that stores no s x s scores "
-                        "(the default of every framework but megatron-2021 and deepspeed, the 2021-22 stacks, which run "
-                        "FlashAttention-1 on A100 when given it); "
-                        "--no-flash-attention models the "
-                        "materialised softmax of Korthikanti et al. 2022")
+                        f"(the default of every framework but {_stacks(lambda fw: not fw.flash_attention)}, the "
+                        "2021-22 stacks, which run FlashAttention-1 on A100 when given it); --no-flash-attention models "
+                        "the materialised softmax of Korthikanti et al. 2022")
     p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
                    help="GEMM precision: bf16 (default), or fp8 — the layers' linears in FP8 on Hopper with the "
-                        "framework's scaling recipe (Transformer Engine for megatron-core, nemo, deepspeed-2024 and composer, "
-                        "torchao for torchtitan), attention and the LM head in bf16")
+                        f"framework's scaling recipe (Transformer Engine for {te}, torchao for {torchao}), attention "
+                        "and the LM head in bf16")
     p.add_argument("--fp8-params", action="store_true",
-                   help="with --precision fp8 (megatron-core, nemo): the weights themselves in FP8 (NeMo fp8_params, "
-                        "Megatron-Core --fp8-param-gather): one byte each in memory and in the distributed "
-                        "optimizer's all-gather; with torchtitan: torchao's float8 all-gather "
-                        "(enable_fsdp_float8_all_gather): each layer's weights cast to FP8 on their FSDP shard, "
-                        "gathered and held at one byte")
+                   help=f"with --precision fp8 on a Transformer Engine stack ({te}): the weights themselves in FP8 "
+                        "(NeMo fp8_params, Megatron-Core --fp8-param-gather, Transformer Engine's fp8_model_init): one "
+                        "byte each in memory and in the distributed optimizer's all-gather; with torchao's float8 "
+                        f"({torchao}): torchao's float8 all-gather (enable_fsdp_float8_all_gather): each layer's "
+                        "weights cast to FP8 on their FSDP shard, gathered and held at one byte")
     p.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="TP collectives overlap their GEMMs (Transformer Engine userbuffers; on by default for nemo, "
                         "available for megatron-core and torchtitan's async TP)")

@@ -145,7 +145,7 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
         "loss": fw.loss_run(job.compile, job.compile_loss),
         "kept_for_backward": {"gated_mlp_tensors": job.saved.gated_mlp_tensors,
                               "norm_fp32_copies": job.saved.norm_fp32_stats,
-                              "loss_bytes_per_logit": job.saved.logits_bytes + job.saved.loss_transient_bytes},
+                              "loss_bytes_per_logit": float(job.saved.logits_bytes + job.saved.loss_transient_bytes)},
         # the collectives' timing: NCCL's tuner on datasheet rates, or on rates fitted to the cluster's nccl-tests logs
         "network": network_assumed(job.cluster),
         "in_situ_efficiency": kernels.in_situ(job.cluster, job.precision),  # an FP8 job's share covers all its tensor work
