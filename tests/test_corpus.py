@@ -175,7 +175,7 @@ def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch
                     "not a tokenizer.json")
 
 
-def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_path, capsys):
+def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_path, capsys, monkeypatch):
     """Through the CLI: stop after step 2, resume to step 4 = the uninterrupted run; other data is refused."""
     base = ["train", "--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "32", "--no-progress",
             "--data", str(env["corpus"]["jsonl"]), "--data-field", "body", "--data-cache", env["cache"]]
@@ -190,4 +190,11 @@ def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_pa
     other = [a if a != str(env["corpus"]["jsonl"]) else str(env["corpus"]["text"]) for a in base]
     capsys.readouterr()
     assert main([a for a in other if a not in ("--data-field", "body")] + ck + ["--resume"]) == 2
-    assert "that run trained on" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"that run trained on {env['corpus']['jsonl']}" in err and "tokenized as None" not in err
+    built_in = [a for a in base if a not in ("--data", str(env["corpus"]["jsonl"]), "--data-field", "body")]
+    assert main(built_in + ck + ["--resume"]) == 2  # the built-in corpus is other data too
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "1000")  # the table's resume line on one line
+    assert main(["checkpoint", "inspect", str(tmp_path / "ck")]) == 0  # its resume line names the data
+    assert f"--data {env['corpus']['jsonl']} --tokenizer " in capsys.readouterr().out

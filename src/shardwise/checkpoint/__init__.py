@@ -253,9 +253,13 @@ def _check_model(ckpt: Path, manifest: dict, spec) -> None:
 def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
     theirs, mine = manifest["run"], run_settings(cfg)
     if theirs.get("data") != mine["data"]:
-        was = ", ".join(manifest.get("data", {}).get("files", [])[:2]) or "the built-in corpus"
-        raise UsageError(f"{ckpt}: that run trained on {was} (tokenized as {theirs.get('data')}) — resume with the same "
-                         f"--data and --tokenizer")
+        files = manifest.get("data", {}).get("files", [])
+        if not files:
+            raise UsageError(f"{ckpt}: that run trained on the built-in corpus — resume it without --data")
+        more = f" and {len(files) - 2} more" if len(files) > 2 else ""
+        tok = f" tokenized with {manifest['tokenizer']}" if manifest.get("tokenizer") else ""
+        raise UsageError(f"{ckpt}: that run trained on {', '.join(files[:2])}{more}{tok} — resume with the same --data "
+                         f"and --tokenizer (`shardwise checkpoint inspect {ckpt.parent}` prints them)")
     diff = [k for k in RUN_KEYS if theirs.get(k) != mine[k]]
     if diff:
         what = ", ".join(f"--{k.replace('_', '-')} {theirs.get(k)} (now {mine[k]})" for k in diff)

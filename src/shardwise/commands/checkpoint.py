@@ -85,6 +85,8 @@ def run_inspect(args) -> int:
     parent = Path(info["checkpoint"]).parent
     flags = " ".join(f"--{key.replace('_', '-')} {run[key]}" for key in
                      ("steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "weight_decay", "grad_clip"))
+    if info["data"]:  # the corpus it trained on: a resume checks it is the same
+        flags += " --data " + " ".join(info["data"]) + (f" --tokenizer {info['tokenizer']}" if info["tokenizer"] else "")
     table.add_row("resume", f"shardwise train --model {model['name']} {flags} --checkpoint-dir {parent} --resume "
                   f"(with any --dp/--tp/--pp)")
     console.print(table)
