@@ -1,10 +1,11 @@
-"""`shardwise train` end to end: bad input, the launcher, --plan, a dying rank, two torchrun "nodes"."""
+"""`shardwise train` end to end: bad input, the launcher, --plan, a dying rank, a hung rank, a killed launcher, two
+torchrun "nodes"."""
 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -177,6 +178,35 @@ def test_a_hung_rank_is_named_and_the_job_ends_soon_after_the_timeout(tmp_path):
                           "waited --timeout 5 s for it and failed:"), err
     assert ".cc:" not in err  # gloo's source location is not the user's business
     assert ended - float(stopped.read_text()) < 28  # 5 s timeout + 2 x 3 s grace; torch's default grace alone is 30
+
+
+@pytest.mark.slow
+def test_ranks_end_when_their_launcher_is_killed_outright(tmp_path):
+    """SIGKILL (or the OOM killer) gives the launcher no chance to stop its ranks, and their fork server stays up while
+    they run: each rank watches the launcher and ends when it has gone, leaving nothing of the job behind."""
+    import signal
+
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "shardwise", "train", "--dp", "2", "--steps", "100000", "--seq-len",
+                             "32", "--no-progress", "--metrics-file", str(metrics)], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def session() -> list[str]:
+        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.5)  # training: both ranks are up
+    assert metrics.exists(), "the job did not start"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while session() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = session()
+    for pid in left:  # (clean up before failing)
+        os.kill(int(pid), signal.SIGKILL)
+    assert not left, f"still running after the launcher was killed: {left}"
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from contextlib import contextmanager
 
@@ -118,6 +119,29 @@ def rank_handlers(ignored=None) -> None:
     default_handlers(ignored)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def end_with(launcher: int | None) -> None:
+    """In a rank: end it (exit 1) once its launcher process `launcher` has gone. A launcher killed outright (SIGKILL, an
+    OOM kill) runs no handler to stop its ranks, and their parent, its fork server, stays up while they hold its
+    liveness pipe (multiprocessing hands every fork one). A daemon thread looks once a second. None: nothing to watch
+    (under torchrun the agent is the parent)."""
+    if launcher is None:
+        return
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # alive, under another user (a reused pid would be too: then it waits for that)
+                pass
+
+    threading.Thread(target=watch, name="shardwise-launcher-watch", daemon=True).start()
 
 
 def quiet_agent() -> None:

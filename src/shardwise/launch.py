@@ -181,7 +181,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                                   local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_S, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
-                                                             _env_changes(), ignored_signals())
+                                                             _env_changes(), ignored_signals(), os.getpid())
             except ChildFailedError as exc:
                 raise JobFailed(describe_failures(exc.failures, what, world, timeout_s),
                                 details=_details(exc.failures)) from None
@@ -320,9 +320,11 @@ def progress(label: str) -> None:
         _report(label)
 
 
-def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True, env=None, ignored=None):
+def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True, env=None, ignored=None,
+               launcher: int | None = None):
     """One rank: take the launcher's environment and the group signals it ignores (`ignored`; None under torchrun),
-    join the process group (from torchrun's environment), run entry, leave."""
+    end with the launcher process (`launcher`: its pid), join the process group (from torchrun's environment), run
+    entry, leave."""
     global _report
     _adopt_env(env)
     import gc
@@ -336,9 +338,10 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
     rank = int(os.environ.get("RANK", 0))
     _report = (queue.put if queue is not None else report) if rank == 0 else None
     if join:
-        from shardwise.interrupt import rank_handlers
+        from shardwise.interrupt import end_with, rank_handlers
 
         rank_handlers(ignored)  # a rank ends at once on SIGINT / SIGTERM; the launcher says it in one line
+        end_with(launcher)  # and when the launcher was killed outright
         init_distributed(backend, timeout_s)
     try:
         return entry(*args)
