@@ -164,6 +164,8 @@ def test_resume_refuses_another_model_or_run(argv, expected, good, tmp_path, cap
     (["--checkpoint-dir", "{empty}", "--keep", "0"], "--keep must be at least 1"),
     (["--checkpoint-dir", "{empty}", "--max-restarts", "1"], "--max-restarts restarts the ranks of a multi-process job"),
     (["--max-restarts", "1", "--dp", "2"], "--max-restarts needs --checkpoint-dir"),
+    (["--max-restarts", "-1", "--dp", "2"], "--max-restarts must be at least 0"),  # the value first: no folder fixes it
+    (["--save-every", "0"], "--save-every must be at least 1"),
 ])
 def test_checkpoint_flags(argv, expected, good, tmp_path, capsys):
     argv = [a.format(empty=tmp_path / "empty", good=good) for a in argv]

@@ -185,7 +185,11 @@ def check(cfg) -> None:
 
 def check_flags(cfg) -> bool:
     """The checkpoint flags alone (no folder read, nothing created): one UsageError for the first problem; whether
-    checkpoints are on (--checkpoint-dir given)."""
+    checkpoints are on (--checkpoint-dir given). A value no folder makes right is named first."""
+    for flag, value, low in (("--save-every", cfg.save_every, 1), ("--keep", cfg.keep, 1),
+                             ("--max-restarts", cfg.max_restarts, 0)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
     if not cfg.checkpoint_dir:
         for flag, value in (("--save-every", cfg.save_every), ("--stop-after", cfg.stop_after), ("--resume", cfg.resume or None),
                             ("--max-restarts", cfg.max_restarts or None)):
@@ -195,14 +199,8 @@ def check_flags(cfg) -> bool:
     root = Path(cfg.checkpoint_dir)
     if root.exists() and not root.is_dir():
         raise UsageError(f"--checkpoint-dir {root} is a file — give a directory")
-    if cfg.save_every is not None and cfg.save_every < 1:
-        raise UsageError(f"--save-every must be at least 1, got {cfg.save_every}")
-    if cfg.keep < 1:
-        raise UsageError(f"--keep must be at least 1, got {cfg.keep}")
     if cfg.stop_after is not None and not 1 <= cfg.stop_after <= cfg.steps:
         raise UsageError(f"--stop-after must be between 1 and --steps ({cfg.steps}), got {cfg.stop_after}")
-    if cfg.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be at least 0, got {cfg.max_restarts}")
     if cfg.max_restarts and cfg.layout.world_size == 1:
         raise UsageError("--max-restarts restarts the ranks of a multi-process job, and dp*tp*pp = 1 runs in this process — "
                          "drop it, or resume by hand with --resume")
