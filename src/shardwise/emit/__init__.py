@@ -101,14 +101,13 @@ def block_kinds(m) -> dict:
 def unwritable(job) -> list[tuple[bool, str]]:
     """(whether, what) for the model features no emitter's file says, which each target's model_problem checks
     before its own: blocks of their own (a bias on the LM head, attention sinks, norms beyond two per layer, a
-    parallel residual, Nemotron's LayerNorm1P and partial rotary embedding) and a sliding window shorter than the
-    sequence."""
+    parallel residual) and a sliding window shorter than the sequence. (Architectures read from keys of their own,
+    Nemotron's LayerNorm1P among them, are refused before: check_model.)"""
     m = job.model
     return [(m.head_bias, "a bias on the LM head"),
             (m.attention_sinks, "attention sinks"),
             (m.layer_norms != 2 or m.embed_norm, "norms other than two per layer"),
             (m.parallel_residual, "attention and MLP side by side (a parallel residual)"),
-            (m.model_type == "nemotron", "Nemotron's LayerNorm1P and partial rotary embedding (not read from its config)"),
             (m.windowed(job.train.seq_len), f"a {m.sliding_window:,}-token sliding attention window shorter than --seq-len")]
 
 
