@@ -621,10 +621,17 @@ def test_a_megatron_script_builds_the_planned_blocks(name, tmp_path):
 
 
 def test_a_torchtitan_flavor_is_named_only_for_its_whole_shape(tmp_path):
-    """torchtitan's llama3 "8B" fixes the FFN width, rope_theta and an untied head besides the four widths: a model
-    with Llama 3 8B's widths but Llama 2's FFN, base and tied head gets the register-a-flavor comment instead."""
+    """torchtitan's llama3 "8B" fixes the FFN width, rope_theta and an untied head besides the four widths, and every
+    flavor applies Llama 3.1's RoPE scaling (RoPEScalingArgs' defaults) with norm_eps 1e-5: Llama 3 8B (no scaling), a
+    model with another scaling or epsilon, or Llama 3 8B's widths with Llama 2's FFN, base and tied head gets the
+    register-a-flavor comment instead."""
     titan = emitter("torchtitan")
-    assert titan.flavor(load_model("llama3-8b")) == "8B" and titan.flavor(load_model("llama3.1-405b")) == "405B"
+    assert titan.flavor(load_model("llama3.1-8b")) == "8B" and titan.flavor(load_model("llama3.1-405b")) == "405B"
+    assert titan.flavor(load_model("llama3-8b")) is None  # the same shape, no RoPE scaling
+    config = load_model("llama3.1-8b").to_hf_config()
+    for other in ({"rms_norm_eps": 1e-6}, {"rope_scaling": {**config["rope_scaling"], "factor": 32.0}}):
+        (tmp_path / "c.json").write_text(json.dumps(config | other))
+        assert titan.flavor(load_model(str(tmp_path / "c.json"))) is None, other
     (tmp_path / "config.json").write_text(json.dumps(load_model("llama3-8b").to_hf_config() | {
         "intermediate_size": 11008, "rope_theta": 10000.0, "tie_word_embeddings": True}))
     job = make_job(load_model(str(tmp_path / "config.json")), load_cluster("dgx-h100-80gb"), 64, 1024, "torchtitan")
@@ -654,3 +661,88 @@ def test_emit_refuses_a_model_its_file_would_build_differently(config, target, w
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1 and not (tmp_path / "f").exists()
+
+
+# --------------------------------------------------------------------------- found by an outside fuzz of the emitters
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_gpus_that_are_not_whole_nodes_are_refused(target, tmp_path, capsys):
+    """Every launch file starts as many processes on each node: 12 GPUs on 8-GPU nodes would start 16."""
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "12", "--global-batch", "192",
+            "--seq-len", "4096", "--emit", target, "--out", str(tmp_path / "f")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "12 GPUs are not whole 8-GPU nodes" in err and err.count("\n") == 1 and not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_out_never_overwrites_the_config_it_plans_from(command, tmp_path, capsys):
+    config = tmp_path / "m.json"
+    config.write_text(json.dumps(load_model("llama3-8b").to_hf_config()))
+    before = config.read_text()
+    argv = [command, "--model", str(config), "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "8192", "--out", str(config)] + (["--emit", "deepspeed"] if command == "plan" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is the file --model names" in err and err.count("\n") == 1 and config.read_text() == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_a_write_that_fails_is_one_line(capsys):
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "8192", "--emit", "deepspeed", "--out", "/dev/full"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot write it" in err and err.count("\n") == 1
+
+
+def test_a_name_with_a_newline_stays_in_its_comment(tmp_path):
+    folder = tmp_path / "inj\necho PWNED;x"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(load_model("llama3.1-8b").to_hf_config()))
+    job = make_job(load_model(str(folder)), load_cluster("dgx-h100-80gb"), 64, 1024, "megatron-core")
+    for target in ("megatron", "torchtitan"):
+        text = render(target, Target(job=job, estimate=estimate(job, Layout(dp=8, zero=1 if target == "megatron" else 3)),
+                                     gpus=8, rank=1))
+        assert not any(line.startswith("echo PWNED") for line in text.splitlines()), target
+        assert "inj\\x0aecho PWNED" in text
+
+
+def _job(model="llama3.1-8b", framework="torchtitan", **kw):
+    return make_job(load_model(model), load_cluster("dgx-h100-80gb"), 256, 4096, framework, **kw)
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+def test_hybrid_sharding_is_refused_where_the_file_cannot_say_it(target):
+    job = _job()
+    assert "hybrid sharding" in emitter(target).problem(job, Layout(dp=16, dp_shard=8, zero=3 if target == "megatron" else 2))
+    assert emitter("torchtitan").problem(job, Layout(dp=16, dp_shard=8, zero=3)) is None  # its replicate x shard degrees
+
+
+def test_torchtitan_refuses_what_its_release_runs_otherwise():
+    job = _job()
+    # FSDP over the cp ranks whenever cp > 1 (parallel_dims.fsdp_enabled): no ZeRO-1, even at dp 1
+    assert "ZeRO-1" in emitter("torchtitan").problem(job, Layout(dp=1, cp=2, zero=1))
+    # 0.2's llama3 runs nn.RMSNorm: fused norms were priced, not runnable
+    assert "fused norms" in emitter("torchtitan").problem(_job(fused_norms=True), Layout(dp=8, zero=3))
+    # one selective_ac counter per process over all its chunks: chunks of 3 and 4 layers cannot all recompute 1
+    odd = _job("llama3-70b")  # 80 layers on pp 4 x vpp 6 = 24 chunks: 3 or 4 layers each
+    lay = Layout(dp=2, pp=4, vpp=6, zero=2, schedule="interleaved-1f1b", recompute="full", recompute_layers=1)
+    assert len(set(stage_layer_counts(odd.model, 24, 4096, FRAMEWORKS["torchtitan"].stage_split))) > 1
+    assert "counted over all of a rank's chunks" in emitter("torchtitan").problem(odd, lay)
+
+
+@pytest.mark.parametrize("dispatcher, overlap, expected", [
+    ("alltoall", False, ["--moe-token-dispatcher-type", "alltoall"]),
+    ("deepep", False, ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]),
+    ("alltoall", True, ["--moe-token-dispatcher-type", "alltoall", "--overlap-moe-expert-parallel-comm"]),
+])
+def test_megatron_moe_runs_the_dispatcher_the_plan_priced(dispatcher, overlap, expected):
+    """Megatron-Core's default dispatcher is allgather (TransformerConfig.moe_token_dispatcher_type): the file names the
+    one the plan priced."""
+    job = replace(_job("mixtral-8x7b", "megatron-core"), moe_dispatcher=dispatcher, ep_comm_overlap=overlap)
+    lay = Layout(dp=32, tp=1, pp=1, ep=8, zero=1)
+    target = Target(job=job, estimate=estimate(job, lay), gpus=32, rank=1)
+    text = " ".join(str(a) for a in emitter("megatron").arguments(target)["PARALLEL_ARGS"])
+    assert " ".join(expected) in text and (("--overlap-moe-expert-parallel-comm" in text) == overlap)

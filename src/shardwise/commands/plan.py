@@ -100,6 +100,13 @@ def check_outputs(args) -> None:
     if args.out is not None and args.html is not None and args.out.resolve() == args.html.resolve():
         raise UsageError(f"--out and --html both name {args.out}: the report page would overwrite the {args.emit} "
                          f"file — give them different paths")
+    from pathlib import Path
+
+    from shardwise.paths import distinct_outputs
+
+    reads = {flag: path for flag, path in (("--model", args.model), ("--cluster", args.cluster))
+             if path and Path(path).exists()}  # a preset's name is no path
+    distinct_outputs({"--out": args.out, "--html": args.html}, reads)  # never over the config it plans from
     prepare_output(args.out, "--out")
     prepare_output(args.html, "--html")
 
@@ -113,7 +120,10 @@ def emit(args, job, rows) -> dict:
     if rank > len(rows):
         raise UsageError(f"--rank {rank}: the table has {len(rows)} layouts {TITLE[args.emit]} can run — pick 1 to {len(rows)}")
     target = Target(job=job, estimate=rows[rank - 1], gpus=args.gpus, rank=rank)
-    args.out.write_text(render(args.emit, target))
+    try:
+        args.out.write_text(render(args.emit, target))
+    except OSError as exc:  # a full disk, /dev/full: checked writable, yet the write failed
+        raise UsageError(f"--out {args.out}: cannot write it ({exc.strerror or exc}) — pick another path") from None
     return {"target": args.emit, "title": TITLE[args.emit], "path": str(args.out), "rank": rank,
             "framework": target.framework, "launch": emitter(args.emit).launch(target, args.out),
             "layout": target.estimate.to_dict()}
@@ -138,7 +148,7 @@ def run(args) -> int:
 
         from shardwise.emit import expressible
 
-        result = replace(result, ranked=expressible(args.emit, job, result.ranked))
+        result = replace(result, ranked=expressible(args.emit, job, result.ranked, args.gpus))
     rows = result.ranked if args.all_variants else best_per_split(result.ranked)
     top = rows[: args.top]
     emitted = emit(args, job, rows) if outputs and args.emit else None

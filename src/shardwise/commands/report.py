@@ -76,7 +76,11 @@ def run(args) -> int:
 
     prepare_output(args.out, "--out")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
-    distinct_outputs({"--out": args.out}, {"--validate": args.validate})  # (a bad --validate is named first)
+    from pathlib import Path
+
+    reads = {flag: getattr(args, flag[2:], None) for flag in ("--validate", "--model", "--cluster")}
+    distinct_outputs({"--out": args.out}, {flag: path for flag, path in reads.items()  # (a bad --validate is named first)
+                                           if path and (flag == "--validate" or Path(path).exists())})
     plan = best = None
     echo = {}
     if given:

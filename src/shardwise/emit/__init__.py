@@ -69,13 +69,19 @@ class Target:
         assumes = [f"framework {self.framework}", job.precision + (", compiled" if job.compile else ""),
                    "fused attention" if job.flash_attention else "materialised softmax",
                    "TP overlap on" if job.tp_comm_overlap else "TP overlap off"]
-        return [
+        return [printable(line) for line in [
             f"{job.model.name} on {self.gpus} x {job.cluster.name} ({self.nodes} nodes x {self.gpus_per_node} GPUs), "
             f"global batch {job.train.global_batch} x {job.train.seq_len} tokens",
             f"layout #{self.rank} of `shardwise plan`: {', '.join(knobs)}",
             f"predicted {est.memory_per_gpu / gib:.1f} of {est.gpu_memory_bytes / gib:.0f} GiB per GPU, "
             f"{seconds(est.step_time)} per step, MFU {est.mfu:.1%} ({', '.join(assumes)})",
-        ]
+        ]]
+
+
+def printable(text: str) -> str:
+    """`text` on one line of printable characters: names from the user's files (a config's folder, a cluster's name) go
+    into comment lines of a shell script or TOML file, where a newline would start a command."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def stage_counts(job, layout) -> tuple[int, ...]:
@@ -144,8 +150,13 @@ def problem(name: str, job, layout) -> str | None:
     return get_framework(FRAMEWORK[name]).kv_refusal(job.model.num_kv_heads, layout.tp) or emitter(name).problem(job, layout)
 
 
-def expressible(name: str, job, estimates):
-    """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can."""
+def expressible(name: str, job, estimates, gpus: int | None = None):
+    """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can, or
+    when `gpus` are not whole nodes (every launch file starts the same number of processes on each node)."""
+    per_node = job.cluster.gpus_per_node
+    if gpus is not None and gpus > per_node and gpus % per_node:
+        raise UsageError(f"--emit {name}: {gpus} GPUs are not whole {per_node}-GPU nodes of {job.cluster.name}, and the "
+                         f"launch file starts as many processes on every node — plan for a multiple of {per_node} GPUs")
     check_model(name, job)
     kept = [e for e in estimates if problem(name, job, e.layout) is None]
     if not kept and estimates:

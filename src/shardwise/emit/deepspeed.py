@@ -38,6 +38,9 @@ def problem(job, layout) -> str | None:
     if layout.cp > 1:
         return ("context parallelism — DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
                 "ring or all-gather attention")
+    if layout.replicas > 1:
+        return (f"hybrid sharding (ZeRO over shard groups of {layout.dp_shard}, replicated across them) — DeepSpeed's "
+                "hybrid ZeRO (MiCS) is gone from its releases, and its config shards over every data-parallel rank")
     if layout.pp > 1 and layout.schedule != "1f1b":
         return (f"schedule {layout.schedule} — DeepSpeed's pipeline engine runs 1F1B only; narrow the search with "
                 f"--schedules 1f1b")

@@ -59,6 +59,16 @@ def problem(job, layout) -> str | None:
                 f"(narrow the search with --schedules 1f1b,interleaved-1f1b)")
     if job.tp_comm_overlap and layout.tp > 1 and not layout.sequence_parallel:
         return "--tp-comm-overlap needs sequence parallelism in Megatron-LM (--sequence-parallel)"
+    if layout.replicas > 1:  # the file's --use-megatron-fsdp / --use-distributed-optimizer shard over every dp rank
+        return (f"hybrid sharding (ZeRO over shard groups of {layout.dp_shard}, replicated across them) — the "
+                "arguments written here shard over every data-parallel rank; plan without --dp-shard")
+    if job.ep_comm_overlap and layout.ep > 1:  # TransformerConfig.__post_init__'s overlap_moe_expert_parallel_comm checks
+        if layout.recompute == "full":
+            return "--ep-comm-overlap with full recompute — Megatron-Core's EP overlap refuses recomputation"
+        if layout.pp > 1 and layout.vpp == 1:
+            return "--ep-comm-overlap under a pipeline without virtual stages — Megatron-Core's EP overlap needs them"
+        if job.precision == "fp8":
+            return "--ep-comm-overlap with FP8 — Megatron-Core's EP overlap runs on a bf16 or fp16 model only"
     return None
 
 
@@ -193,6 +203,11 @@ def _parallel_args(job, layout) -> list[str]:
         args.append("--tp-comm-overlap")
     if job.model.num_experts:  # experts folded over the dp x tp ranks (Megatron's MoE parallel folding)
         args += ["--expert-model-parallel-size", layout.ep, "--expert-tensor-parallel-size", layout.etp]
+        # the dispatcher the plan priced (TransformerConfig's default is allgather): NCCL's all-to-all, or DeepEP's
+        args += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+                 if job.moe_dispatcher == "deepep" else ["--moe-token-dispatcher-type", "alltoall"])
+        if job.ep_comm_overlap and layout.ep > 1:
+            args.append("--overlap-moe-expert-parallel-comm")
     if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
         args += ["--context-parallel-size", layout.cp, "--cp-comm-type", "p2p" if layout.cp_mode == "ring" else "all_gather"]
     counts = stage_counts(job, layout)  # Megatron's own cut, or another named as a layout

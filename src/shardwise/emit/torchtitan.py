@@ -30,18 +30,23 @@ from __future__ import annotations
 
 import json
 
-from shardwise.emit import block_kinds, stage_counts, unwritable
+from shardwise.emit import block_kinds, printable, stage_counts, unwritable
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads, FFN width from
 # its ffn_dim_multiplier and multiple_of, rope_theta, untied head) -> name; the vocabulary comes from the tokenizer.
 FLAVORS = {(4096, 32, 32, 8, 14336, 500000.0, False): "8B", (8192, 80, 64, 8, 28672, 500000.0, False): "70B",
            (16384, 126, 128, 8, 53248, 500000.0, False): "405B"}
+# What every flavor also sets (models/llama3/model/args.py at 0.2.2): RoPEScalingArgs' defaults, Llama 3.1's scaling,
+# which precompute_freqs_cis applies whatever the flavor, and norm_eps 1e-5. Llama 3 (no scaling) is no flavor there.
+FLAVOR_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+FLAVOR_NORM_EPS = 1e-5
 
 
 def flavor(m) -> str | None:
-    """The torchtitan llama3 flavor of this model's shape, or None."""
-    if m.family != "llama":
+    """The torchtitan llama3 flavor of this model (shape, RoPE scaling and norm epsilon), or None."""
+    if m.family != "llama" or dict(m.rope_scaling) != FLAVOR_ROPE or m.norm_eps != FLAVOR_NORM_EPS:
         return None
     return FLAVORS.get((m.hidden, m.num_layers, m.num_heads, m.num_kv_heads, m.ffn_hidden, float(m.rope_theta),
                         m.tie_embeddings))
@@ -77,7 +82,10 @@ def problem(job, layout) -> str | None:
     if job.model.num_experts:
         return ("a mixture-of-experts model — torchtitan's MoE models are model names of their own (deepseek_v3, "
                 "qwen3, llama4); this emitter writes llama3 jobs")
-    if layout.dp > 1 and layout.zero == 1:
+    if job.fused_norms:
+        return ("fused norms (--fused-norms: torchtitan's fused_rmsnorm, gone since 2024-08) — torchtitan 0.2's llama3 "
+                "runs nn.RMSNorm; plan without --fused-norms")
+    if layout.zero == 1 and layout.dp * layout.cp > 1:  # FSDP over the cp ranks too (fsdp_enabled: dp_shard or cp)
         return ("ZeRO-1 — torchtitan shards data-parallel state only with FSDP2 (ZeRO-2/3) or replicates it with "
                 "DDP (ZeRO-0); narrow the search with --zero 0,2,3")
     if layout.zero == 0 and layout.cp > 1:  # parallel_dims.fsdp_enabled = dp_shard_enabled or cp_enabled
@@ -94,10 +102,15 @@ def problem(job, layout) -> str | None:
         return ("selective recompute of the attention core — torchtitan's selective modes (per-op, every N-th layer) "
                 "are not what this plan scored; plan with --framework torchtitan (its per-op mode), or narrow the "
                 "search with --recompute none,full")
-    chunk = max(stage_counts(job, layout))
-    n = layout.recompute_layers
-    if n is not None and n < chunk and chunk // every_kth(chunk, layout) != n:
-        return f"{n} of {chunk} layers recomputed — torchtitan checkpoints every k-th block ({chunk} // k of them)"
+    counts = stage_counts(job, layout)
+    chunk, n = max(counts), layout.recompute_layers
+    if n is not None and n < chunk:
+        k = every_kth(chunk, layout)
+        # one counter per process runs over its chunks' blocks (_layer_sac_count): N in every chunk only where the
+        # chunks are alike and, with several a rank, k divides them
+        if len(set(counts)) > 1 or chunk // k != n or (layout.vpp > 1 and chunk % k):
+            return (f"{n} layers recomputed in each of stages of {min(counts)}-{chunk} layers — torchtitan checkpoints "
+                    f"every k-th block, counted over all of a rank's chunks")
     return None
 
 
@@ -200,10 +213,11 @@ def render(target) -> str:
         scaling = dict(m.rope_scaling)
         rope = (f", rope scaling {', '.join(f'{k}={v}' for k, v in sorted(scaling.items()))}" if scaling
                 else ", no rope scaling")
-        head.append(f"# torchtitan has no flavor of {m.name}: register one named {m.name!r} in torchtitan/models/llama3 "
-                    f"with dim={m.hidden}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
-                    f"ffn hidden {m.ffn_hidden}, rope_theta={m.rope_theta:g}{rope}, "
-                    f"{'tied' if m.tie_embeddings else 'untied'} embeddings, vocab_size={m.vocab_size}.")
+        head.append(printable(
+            f"# torchtitan has no flavor of {m.name}: register one named {m.name!r} in torchtitan/models/llama3 "
+            f"with dim={m.hidden}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
+            f"ffn hidden {m.ffn_hidden}, rope_theta={m.rope_theta:g}{rope}, "
+            f"{'tied' if m.tie_embeddings else 'untied'} embeddings, vocab_size={m.vocab_size}."))
     head.append("# Run on every node: torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
                 "--rdzv-endpoint HOST:29500 -m torchtitan.train --job.config_file THIS_FILE")
     return "\n".join(head) + "\n\n" + toml(sections(target))
