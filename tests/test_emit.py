@@ -746,3 +746,11 @@ def test_megatron_moe_runs_the_dispatcher_the_plan_priced(dispatcher, overlap, e
     target = Target(job=job, estimate=estimate(job, lay), gpus=32, rank=1)
     text = " ".join(str(a) for a in emitter("megatron").arguments(target)["PARALLEL_ARGS"])
     assert " ".join(expected) in text and (("--overlap-moe-expert-parallel-comm" in text) == overlap)
+
+
+def test_megatron_refuses_a_longer_sequence_than_a_learned_position_table(tmp_path, capsys):
+    """GPT-2's 1,024 learned positions at --seq-len 2048: Megatron-LM would build a 2,048-row table, another model."""
+    argv = ["plan", "--model", "gpt2", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64",
+            "--seq-len", "2048", "--emit", "megatron", "--out", str(tmp_path / "g.sh")]
+    assert main(argv) == 2
+    assert "1024 learned positions, fewer than the --seq-len 2048" in capsys.readouterr().err

@@ -93,6 +93,8 @@ def model_problem(job) -> str | None:
         (kind["norm"] not in NORMS, f"{kind['norm']} norms"),
         (kind["positions"] not in POSITIONS, f"{kind['positions']} positions"),
         (m.position_offset != 0, "a learned position table with extra rows"),
+        (kind["positions"] == "learned" and job.train.seq_len > m.max_positions,  # a longer table: another model
+         f"{m.max_positions} learned positions, fewer than the --seq-len {job.train.seq_len} planned"),
         *unwritable(job),
     ]
     why = next((why for bad, why in unwritten if bad), None)
