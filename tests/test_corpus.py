@@ -197,4 +197,13 @@ def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_pa
     capsys.readouterr()
     monkeypatch.setenv("COLUMNS", "1000")  # the table's resume line on one line
     assert main(["checkpoint", "inspect", str(tmp_path / "ck")]) == 0  # its resume line names the data
-    assert f"--data {env['corpus']['jsonl']} --tokenizer " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"--data {env['corpus']['jsonl']} --data-field body --checkpoint-dir" in out  # bytes: no --tokenizer
+    # the printed command resumes the run (the field is part of what the data is)
+    import shlex
+
+    line = next(ln for ln in out.splitlines() if "shardwise train" in ln)
+    argv = shlex.split(line[line.index("shardwise train"):].split(" (with any")[0].strip(" │"))[1:]
+    assert argv[:3] == ["train", "--model", "tiny"]
+    assert main(argv + ["--data-cache", env["cache"], "--no-progress", "--steps", "4"]) == 2  # 4 of 4: nothing left
+    assert "is the end of the run" in capsys.readouterr().err

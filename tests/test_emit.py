@@ -688,6 +688,20 @@ def test_out_never_overwrites_the_config_it_plans_from(command, tmp_path, capsys
     assert "is the file --model names" in err and err.count("\n") == 1 and config.read_text() == before
 
 
+def test_a_new_file_beside_a_model_folders_own_is_written(tmp_path, capsys):
+    """A model folder is read for its own files (config.json, weights, tokenizer): a launch file written into it is
+    fine, as `cd model && shardwise plan --model . --emit ... --out train.sh` writes it."""
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(load_model("llama3.1-8b").to_hf_config()))
+    argv = ["plan", "--model", str(folder), "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "8192", "--emit", "deepspeed"]
+    assert main(argv + ["--out", str(folder / "ds.json")]) == 0 and (folder / "ds.json").is_file()
+    capsys.readouterr()
+    assert main(argv + ["--out", str(folder / "config.json")]) == 2  # its own file: never
+    assert "is the file --model" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
 def test_a_write_that_fails_is_one_line(capsys):
     argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512",
@@ -737,12 +751,15 @@ def test_torchtitan_refuses_what_its_release_runs_otherwise():
     ("alltoall", False, ["--moe-token-dispatcher-type", "alltoall"]),
     ("deepep", False, ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]),
     ("alltoall", True, ["--moe-token-dispatcher-type", "alltoall", "--overlap-moe-expert-parallel-comm"]),
+    ("deepep-ep1", False, ["--moe-token-dispatcher-type", "alltoall"]),  # flex refuses DeepEP over one expert rank
 ])
 def test_megatron_moe_runs_the_dispatcher_the_plan_priced(dispatcher, overlap, expected):
     """Megatron-Core's default dispatcher is allgather (TransformerConfig.moe_token_dispatcher_type): the file names the
     one the plan priced."""
-    job = replace(_job("mixtral-8x7b", "megatron-core"), moe_dispatcher=dispatcher, ep_comm_overlap=overlap)
-    lay = Layout(dp=32, tp=1, pp=1, ep=8, zero=1)
+    ep = 1 if dispatcher.endswith("-ep1") else 8
+    job = replace(_job("mixtral-8x7b", "megatron-core"), moe_dispatcher=dispatcher.removesuffix("-ep1"),
+                  ep_comm_overlap=overlap)
+    lay = Layout(dp=32, tp=1, pp=1, ep=ep, zero=1)
     target = Target(job=job, estimate=estimate(job, lay), gpus=32, rank=1)
     text = " ".join(str(a) for a in emitter("megatron").arguments(target)["PARALLEL_ARGS"])
     assert " ".join(expected) in text and (("--overlap-moe-expert-parallel-comm" in text) == overlap)
@@ -754,3 +771,12 @@ def test_megatron_refuses_a_longer_sequence_than_a_learned_position_table(tmp_pa
             "--seq-len", "2048", "--emit", "megatron", "--out", str(tmp_path / "g.sh")]
     assert main(argv) == 2
     assert "1024 learned positions, fewer than the --seq-len 2048" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lay, words", [
+    (Layout(dp=32, ep=8, zero=1, recompute="full"), "full recompute"),
+    (Layout(dp=8, pp=4, ep=8, zero=1), "pipeline without virtual stages"),
+])
+def test_megatron_refuses_ep_overlap_where_megatron_core_does(lay, words):
+    job = replace(_job("mixtral-8x7b", "megatron-core"), ep_comm_overlap=True)
+    assert words in emitter("megatron").problem(job, lay)

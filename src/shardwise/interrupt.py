@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import threading
+import time
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -122,26 +125,39 @@ def rank_handlers(ignored=None) -> None:
 
 
 def end_with(launcher: int | None) -> None:
-    """In a rank: end it (exit 1) once its launcher process `launcher` has gone. A launcher killed outright (SIGKILL, an
-    OOM kill) runs no handler to stop its ranks, and their parent, its fork server, stays up while they hold its
-    liveness pipe (multiprocessing hands every fork one). A daemon thread looks once a second. None: nothing to watch
-    (under torchrun the agent is the parent)."""
+    """In a rank: end it (exit 1) once its launcher process `launcher` has gone. A launcher killed outright (SIGKILL, the
+    OOM killer) runs no handler to stop its ranks, and their parent, its fork server, stays up while they hold its
+    liveness pipe (multiprocessing hands every fork one). A daemon thread waits on the launcher's pidfd, readable once
+    it has exited (a zombie not yet reaped included; a reused pid never matches); where there is none (not Linux 5.3+),
+    it looks once a second. None: nothing to watch (under torchrun the agent is the parent)."""
     if launcher is None:
         return
-    import threading
-    import time
+    try:
+        fd = os.pidfd_open(launcher)
+    except (AttributeError, OSError):  # no pidfd here: poll the pid
+        fd = None
+    if fd is None and not _alive(launcher):
+        os._exit(1)
+    threading.Thread(target=_watch, args=(launcher, fd), name="shardwise-launcher-watch", daemon=True).start()
 
-    def watch() -> None:
-        while True:
+
+def _watch(launcher: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # blocks until the launcher has exited
+    else:
+        while _alive(launcher):
             time.sleep(1.0)
-            try:
-                os.kill(launcher, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # alive, under another user (a reused pid would be too: then it waits for that)
-                pass
+    os._exit(1)
 
-    threading.Thread(target=watch, name="shardwise-launcher-watch", daemon=True).start()
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        pass
+    return True
 
 
 def quiet_agent() -> None:

@@ -20,6 +20,7 @@ import re
 import socket
 import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from shardwise.errors import UsageError
@@ -167,13 +168,13 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
 
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    _stop_ranks_within_shutdown()
     from shardwise.interrupt import ignored_signals, launcher_signals
 
     try:
         # Ctrl-C / SIGTERM: the agent stops the ranks, one line. The agent's folder per rank (its error file) goes in
         # a temporary folder removed with the launch: left to torch elastic, each launch leaves one in the system's.
-        with launcher_signals(), _ProgressRelay(report) as queue, tempfile.TemporaryDirectory(prefix="shardwise-") as logs:
+        with launcher_signals(), _ProgressRelay(report) as queue, tempfile.TemporaryDirectory(prefix="shardwise-") as logs, \
+                _stopping_within(SHUTDOWN_S) as hung:
             # started here, with SIGINT blocked, the fork server and its forks ignore Ctrl-C until rank_handlers
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                                   rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
@@ -183,7 +184,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
                                                              _env_changes(), ignored_signals(), os.getpid())
             except ChildFailedError as exc:
-                raise JobFailed(describe_failures(exc.failures, what, world, timeout_s),
+                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s),
                                 details=_details(exc.failures)) from None
     except KeyboardInterrupt:
         _stop_fork_server()
@@ -194,22 +195,37 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
 SHUTDOWN_S = 3  # how long the ranks left after a failure get to end by themselves, then again after SIGTERM
 
 
-def _stop_ranks_within_shutdown() -> None:
-    """When a rank fails, torch's process context (torch.multiprocessing.spawn.ProcessContext.join, which torch elastic
-    polls without a grace period) SIGTERMs the others and waits 30 s before it SIGKILLs them: a rank that hangs where
-    SIGTERM cannot reach it (stopped, or stuck in a kernel) held the job 30 s past its peers' --timeout. The launch
-    gives them SHUTDOWN_S to end by themselves and SHUTDOWN_S after SIGTERM, as its LaunchConfig.shutdown_timeout."""
+@contextmanager
+def _stopping_within(grace: float):
+    """Around a launch: when a rank fails, the others get `grace` seconds to end, then `grace` after SIGTERM, then
+    SIGKILL — torch's process context (torch.multiprocessing.spawn.ProcessContext.join, which torch elastic polls
+    without a grace period) waits 30 s there, so a rank that hangs where SIGTERM cannot reach it (stopped, or stuck in
+    a kernel) held the job 30 s past its peers' --timeout. Yields the ranks (local = global on one machine) that needed
+    SIGKILL: the ones that hung, as a rank waiting in a collective ends at SIGTERM. torch is restored after."""
     from torch.multiprocessing.spawn import ProcessContext
 
-    if getattr(ProcessContext.join, "shardwise", False):
-        return
-    join = ProcessContext.join
+    join, hung = ProcessContext.join, []
 
     def join_quickly(self, timeout=None, grace_period=None):
-        return join(self, timeout, SHUTDOWN_S if grace_period is None else grace_period)
+        for index, process in enumerate(self.processes):
+            if not getattr(process.kill, "shardwise", False):  # once per process: join is polled every 0.1 s
+                process.kill = _recording_kill(process.kill, index, hung)
+        return join(self, timeout, grace if grace_period is None else grace_period)
 
-    join_quickly.shardwise = True
     ProcessContext.join = join_quickly
+    try:
+        yield hung
+    finally:
+        ProcessContext.join = join
+
+
+def _recording_kill(kill, index: int, killed: list):
+    def recorded():
+        killed.append(index)
+        kill()
+
+    recorded.shardwise = True
+    return recorded
 
 
 # Ranks are forks of a server that imported torch and shardwise once (multiprocessing's "forkserver", started on the
@@ -383,12 +399,12 @@ class _ProgressRelay:
         return False
 
 
-def describe_failures(failures: dict, what: str = "training", world: int | None = None,
+def describe_failures(failures: dict, what: str = "training", hung: list | None = None,
                       timeout_s: float | None = None) -> str:
     """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
-    is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence. Where every
-    failure is a collective's timeout, the cause is a rank that stopped answering without failing (hung, or
-    stopped): the ranks of the `world` that reported nothing are named first."""
+    is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence. Where the
+    failures are collectives' timeouts and ranks had to be SIGKILLed after them (`hung`: alive after SIGTERM), those
+    ranks stopped answering and are named first."""
     def vanished(f) -> bool:
         return not (f.error_file and os.path.isfile(f.error_file))
 
@@ -398,22 +414,26 @@ def describe_failures(failures: dict, what: str = "training", world: int | None 
         how = f"died (exit code {f.exitcode}{', ' + f.signal_name() if f.exitcode < 0 else ''})" if vanished(f) \
             else f"failed: {_last_line(f.message)}"
         parts.append(f"rank {rank} {how}")
-    silent = [r for r in range(world or 0) if r not in failures]
-    if silent and all(not vanished(f) and _timed_out(f.message) for f in failures.values()):
-        who = f"rank {silent[0]}" if len(silent) == 1 else "ranks " + ", ".join(map(str, silent))
-        waited = f" --timeout {timeout_s:g} s" if timeout_s else ""
-        first, f = ordered[0]
-        parts = [f"{who} stopped answering (hung or stopped): rank {first} waited{waited} for "
-                 f"{'it' if len(silent) == 1 else 'them'} and failed: {_last_line(f.message)}", *parts[1:]]
+    stuck = sorted(set(hung or ()) - set(failures))
+    if stuck and all(not vanished(f) and _timed_out(f.message) for f in failures.values()):
+        parts[0] = _hung_first(stuck, ordered[0], timeout_s)
     others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
     return f"{what} stopped: {parts[0]}{others} — the other ranks were stopped"
 
 
+def _hung_first(stuck: list[int], first: tuple, timeout_s: float | None) -> str:
+    who = f"rank {stuck[0]}" if len(stuck) == 1 else "ranks " + ", ".join(map(str, stuck))
+    waited = f" --timeout {timeout_s:g} s" if timeout_s else ""
+    rank, f = first
+    return (f"{who} stopped answering (hung or stopped): rank {rank} waited{waited} for "
+            f"{'it' if len(stuck) == 1 else 'them'} and failed: {_last_line(f.message)}")
+
+
 def _timed_out(message) -> bool:
-    """A collective's timeout, as gloo ('Timed out waiting 5000ms for recv') or NCCL's watchdog ('ran for 600000
-    milliseconds before timing out') words it."""
+    """A collective's timeout, as gloo ('Timed out waiting 5000ms for recv') or NCCL's watchdog ('Watchdog caught
+    collective operation timeout', 'ran for 600000 milliseconds before timing out') words it."""
     text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
-    return re.search(r"timed out|timing out|timeout", text, re.IGNORECASE) is not None
+    return re.search(r"Timed out waiting|before timing out|Watchdog caught collective", text) is not None
 
 
 def _details(failures: dict) -> str:

@@ -49,12 +49,14 @@ def output_file(path, flag: str, example: str = "out") -> None:
 
 
 def distinct_outputs(outputs: dict, inputs: dict | None = None) -> None:
-    """No output path (by flag) is another output's, an input file's, or inside an input folder: writing it would
-    destroy what the command reads or writes beside it. One UsageError naming both flags; None paths are skipped."""
+    """No output path (by flag) is another output's, an input file's, or inside an input folder (one read whole, as
+    a --data folder is: see folder_files for the folders read in part): writing it would destroy what the command
+    reads or writes beside it. One UsageError naming both flags; None paths, and inputs that are no path (a preset's
+    name), are skipped."""
     def where(path) -> Path:
         return Path(os.path.realpath(str(path)))  # writing through a link writes its target
 
-    read = {where(p): f for f, p in (inputs or {}).items() if p is not None}
+    read = {where(p): f for f, p in (inputs or {}).items() if p is not None and Path(str(p)).exists()}
     taken = dict(read)
     for flag, path in outputs.items():
         if path is None:
@@ -69,6 +71,16 @@ def distinct_outputs(outputs: dict, inputs: dict | None = None) -> None:
             raise UsageError(f"{flag} {path} is {what} {other} names, which the command {role}: writing it would "
                              f"destroy that — give {flag} another path")
         taken[out] = flag
+
+
+def folder_files(flag: str, path) -> dict:
+    """An input of `flag` for distinct_outputs: a folder the command reads only some files of (a model folder's
+    config.json, weights and tokenizer) as each file in it, so that a new file written beside them is allowed and an
+    existing one is not overwritten; anything else as itself."""
+    folder = Path(str(path)) if path is not None else None
+    if folder is None or not folder.is_dir():
+        return {flag: path}
+    return {f"{flag} {folder} ({file.name})": file for file in sorted(folder.iterdir()) if file.is_file()}
 
 
 def output_dir(path, flag: str) -> None:

@@ -126,7 +126,8 @@ def _sources(cfg) -> dict:
     back and copies the tokenizer; a resume checks it trains on the same data."""
     out = {"hf_config": cfg.hf_config}
     if cfg.data is not None:
-        out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key}
+        out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key,
+                       "given": list(cfg.data.given), "field": cfg.data.field}
         out["tokenizer"] = cfg.data.tokenizer
     return out
 
@@ -256,8 +257,10 @@ def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
             raise UsageError(f"{ckpt}: that run trained on the built-in corpus — resume it without --data")
         more = f" and {len(files) - 2} more" if len(files) > 2 else ""
         tok = f" tokenized with {manifest['tokenizer']}" if manifest.get("tokenizer") else ""
-        raise UsageError(f"{ckpt}: that run trained on {', '.join(files[:2])}{more}{tok} — resume with the same --data "
-                         f"and --tokenizer (`shardwise checkpoint inspect {ckpt.parent}` prints them)")
+        field = manifest["data"].get("field", "text")
+        field = f" (field {field})" if field != "text" else ""
+        raise UsageError(f"{ckpt}: that run trained on {', '.join(files[:2])}{more}{field}{tok} — resume with the same "
+                         f"--data, --data-field and --tokenizer (`shardwise checkpoint inspect {ckpt.parent}` prints them)")
     diff = [k for k in RUN_KEYS if theirs.get(k) != mine[k]]
     if diff:
         what = ", ".join(f"--{k.replace('_', '-')} {theirs.get(k)} (now {mine[k]})" for k in diff)

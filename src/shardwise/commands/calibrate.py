@@ -109,7 +109,7 @@ def _from_nccl_tests(args) -> int:
     from shardwise.paths import distinct_outputs
 
     args.out = args.out or "cluster.toml"
-    distinct_outputs({"--out": args.out}, {"--cluster": args.cluster if Path(args.cluster).is_file() else None,
+    distinct_outputs({"--out": args.out}, {"--cluster": args.cluster,
                                            **{f"--nccl-tests {arg}": parse_arg(arg)[0] for arg in args.nccl_tests}})
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)

@@ -83,12 +83,7 @@ def run_inspect(args) -> int:
         table.add_row(f"{kind}.*", f"{_count(g['tensors'], 'tensor')}, {_count(g['elements'], 'element')}")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
-    flags = " ".join(f"--{key.replace('_', '-')} {run[key]}" for key in
-                     ("steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "weight_decay", "grad_clip"))
-    if info["data"]:  # the corpus it trained on: a resume checks it is the same
-        flags += " --data " + " ".join(info["data"]) + (f" --tokenizer {info['tokenizer']}" if info["tokenizer"] else "")
-    table.add_row("resume", f"shardwise train --model {model['name']} {flags} --checkpoint-dir {parent} --resume "
-                  f"(with any --dp/--tp/--pp)")
+    table.add_row("resume", f"{resume_command(info, model['name'], parent)} (with any --dp/--tp/--pp)")
     console.print(table)
     if args.tensors:
         t = Table("tensor", "shape", "dtype")
@@ -96,6 +91,27 @@ def run_inspect(args) -> int:
             t.add_row(key, "×".join(map(str, v["shape"])) or "scalar", v["dtype"])
         console.print(t)
     return 0
+
+
+def resume_command(info: dict, model: str, parent) -> str:
+    """The train command that resumes this checkpoint's run: its settings, and the corpus it trained on as it was
+    given (a resume checks the data is the same), quoted for a shell."""
+    import shlex
+
+    from shardwise.corpus.tokenizer import BYTES
+
+    run = info["run"]
+    argv = ["shardwise", "train", "--model", model]
+    for key in ("steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "weight_decay", "grad_clip"):
+        if run.get(key) is not None:
+            argv += [f"--{key.replace('_', '-')}", str(run[key])]
+    data = info["data"]
+    if data:  # older checkpoints recorded the files only
+        argv += ["--data", *(data.get("given") or data.get("files", []))]
+        argv += ["--data-field", data["field"]] if data.get("field", "text") != "text" else []
+        if info.get("tokenizer") not in (None, BYTES):  # bytes: what --data gets with no tokenizer named
+            argv += ["--tokenizer", info["tokenizer"]]
+    return shlex.join(argv + ["--checkpoint-dir", str(parent), "--resume"])
 
 
 def run_export(args) -> int:

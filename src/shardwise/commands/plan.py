@@ -100,12 +100,9 @@ def check_outputs(args) -> None:
     if args.out is not None and args.html is not None and args.out.resolve() == args.html.resolve():
         raise UsageError(f"--out and --html both name {args.out}: the report page would overwrite the {args.emit} "
                          f"file — give them different paths")
-    from pathlib import Path
+    from shardwise.paths import distinct_outputs, folder_files
 
-    from shardwise.paths import distinct_outputs
-
-    reads = {flag: path for flag, path in (("--model", args.model), ("--cluster", args.cluster))
-             if path and Path(path).exists()}  # a preset's name is no path
+    reads = folder_files("--model", args.model) | {"--cluster": args.cluster}
     distinct_outputs({"--out": args.out, "--html": args.html}, reads)  # never over the config it plans from
     prepare_output(args.out, "--out")
     prepare_output(args.html, "--html")

@@ -76,11 +76,10 @@ def run(args) -> int:
 
     prepare_output(args.out, "--out")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
-    from pathlib import Path
+    from shardwise.paths import folder_files
 
-    reads = {flag: getattr(args, flag[2:], None) for flag in ("--validate", "--model", "--cluster")}
-    distinct_outputs({"--out": args.out}, {flag: path for flag, path in reads.items()  # (a bad --validate is named first)
-                                           if path and (flag == "--validate" or Path(path).exists())})
+    reads = {"--validate": args.validate, "--cluster": getattr(args, "cluster", None)}  # (a bad --validate: named first)
+    distinct_outputs({"--out": args.out}, reads | folder_files("--model", getattr(args, "model", None)))
     plan = best = None
     echo = {}
     if given:

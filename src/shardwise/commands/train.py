@@ -259,18 +259,15 @@ def run(args) -> int:
 
 
 def _distinct_paths(args) -> None:
-    """The files train writes are none of the files it reads (--plan, --data, --val-data, --tokenizer, a config.json
-    or a model folder as --model) and lie inside none of the folders it reads (a --data folder, a model folder): a
-    metrics file over the corpus, or a trace written among the data, would destroy them. A --model that is a preset
-    name is no path and is left out."""
-    from pathlib import Path
+    """The files train writes are none of the files it reads (--plan, --data, --val-data, --tokenizer, --model) and lie
+    inside none of the --data folders it reads whole: a metrics file over the corpus, or a trace written among the
+    data, would destroy them. In a model folder only its files are kept from being overwritten."""
+    from shardwise.paths import distinct_outputs, folder_files
 
-    from shardwise.paths import distinct_outputs
-
-    reads = {"--plan": args.plan, "--tokenizer": args.tokenizer, "--model": args.model}
+    reads = {"--plan": args.plan} | folder_files("--tokenizer", args.tokenizer) | folder_files("--model", args.model)
     reads |= {f"--data {p}": p for p in args.data or []} | {f"--val-data {p}": p for p in args.val_data or []}
     distinct_outputs({"--metrics-file": args.metrics_file, "--trace": args.trace, "--checkpoint-dir": args.checkpoint_dir},
-                     {flag: path for flag, path in reads.items() if path is not None and Path(path).exists()})
+                     reads)
 
 
 def _note_vocab_padding(cfg) -> None:

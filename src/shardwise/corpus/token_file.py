@@ -40,6 +40,8 @@ class TokenFile:
     sources: tuple[str, ...]
     tokenizer: str  # "bytes" or the tokenizer.json
     eos_id: int
+    given: tuple[str, ...] = ()  # the --data arguments as given (files or folders), for a resume line
+    field: str = "text"  # --data-field: the records' field read (JSON lines, Parquet)
 
     def describe(self) -> str:
         first = self.sources[0] + (f" and {len(self.sources) - 1} more" if len(self.sources) > 1 else "")
@@ -99,7 +101,8 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
             tf = _cached(meta) or _tokenize(sources, tok, field, root / f"{key}.bin", meta, key, progress)
     # The cache is keyed by the files' contents: a hit may have been tokenized from copies under other names (the
     # corpus and the tokenizer alike), so the run names (and records) the files it was given.
-    tf = replace(tf, sources=tuple(str(s.path) for s in sources), tokenizer=tok.path)
+    tf = replace(tf, sources=tuple(str(s.path) for s in sources), tokenizer=tok.path, given=tuple(map(str, paths)),
+                 field=field)
     if tf.documents == 0 or tf.tokens == 0:
         raise UsageError(f"{flag} {tf.describe()}: no text — the corpus is empty; give files that hold text")
     return tf

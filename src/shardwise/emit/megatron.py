@@ -205,9 +205,12 @@ def _parallel_args(job, layout) -> list[str]:
         args.append("--tp-comm-overlap")
     if job.model.num_experts:  # experts folded over the dp x tp ranks (Megatron's MoE parallel folding)
         args += ["--expert-model-parallel-size", layout.ep, "--expert-tensor-parallel-size", layout.etp]
-        # the dispatcher the plan priced (TransformerConfig's default is allgather): NCCL's all-to-all, or DeepEP's
+        # the dispatcher the plan priced (TransformerConfig's default is allgather): NCCL's all-to-all, or DeepEP's,
+        # which Megatron's flex dispatcher runs only over more than one expert rank ("DeepEP dispatcher requires
+        # TPxEP > 1", MoEFlexTokenDispatcher): with none, nothing moves and all-to-all is the same step
+        deepep = job.moe_dispatcher == "deepep" and layout.ep * layout.etp > 1
         args += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
-                 if job.moe_dispatcher == "deepep" else ["--moe-token-dispatcher-type", "alltoall"])
+                 if deepep else ["--moe-token-dispatcher-type", "alltoall"])
         if job.ep_comm_overlap and layout.ep > 1:
             args.append("--overlap-moe-expert-parallel-comm")
     if layout.cp > 1:  # ring attention passes K/V point to point (p2p); all-gather gathers them once
