@@ -271,3 +271,25 @@ def test_every_rank_may_check_the_same_output_file_at_once(tmp_path, monkeypatch
     monkeypatch.setattr(paths, "open", open_then_the_other_rank_cleans_up, raising=False)
     paths.output_file(target, "--metrics-file", "metrics.jsonl")  # no error
     assert not target.exists()
+
+
+def test_a_hung_rank_is_named_only_when_it_had_to_be_killed(tmp_path):
+    """torch elastic reports the first failed rank only: the ranks it does not report are not all hung. The hung ones
+    are those still alive after SIGTERM (a rank waiting in a collective ends there), which the launch records."""
+    from types import SimpleNamespace
+
+    from shardwise.launch import describe_failures
+
+    error = tmp_path / "error.json"
+    error.write_text("{}")
+    timeout = SimpleNamespace(error_file=str(error), timestamp=1, exitcode=1,
+                              message={"message": "RuntimeError: [../gloo/unbound_buffer.cc:78] Timed out waiting "
+                                                  "5000ms for recv operation to complete"})
+    hung = describe_failures({2: timeout}, "training", hung=[3], timeout_s=5)
+    assert hung.startswith("training stopped: rank 3 stopped answering (hung or stopped): rank 2 waited --timeout 5 s")
+    assert "ranks 0" not in hung and ".cc:" not in hung
+    plain = describe_failures({2: timeout}, "training", hung=[], timeout_s=5)
+    assert plain.startswith("training stopped: rank 2 failed: RuntimeError: Timed out waiting")
+    other = SimpleNamespace(error_file=str(error), timestamp=1, exitcode=1,
+                            message={"message": "ValueError: --timeout must be positive"})  # no collective's timeout
+    assert "stopped answering" not in describe_failures({0: other}, "training", hung=[1], timeout_s=5)

@@ -188,10 +188,11 @@ READERS = {"opt": opt, "bloom": bloom, "mpt": mpt, "gpt_neox": gpt_neox, "falcon
 
 
 def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
-    """Gemma: GeGLU (gelu_pytorch_tanh, named by hidden_activation or hidden_act), head_dim 256 in its configs,
-    tied head; Gemma 2 adds a norm after attention and one after the MLP (four per block)."""
-    key = next((k for k in ("hidden_activation", "hidden_act") if cfg.get(k) is not None), None)  # GemmaMLP's order
-    if key is not None:
+    """Gemma: GeGLU (gelu_pytorch_tanh, named by hidden_act; Gemma 2's by hidden_activation, the key each MLP reads in
+    transformers 5), head_dim 256 in its configs, tied head; Gemma 2 adds a norm after attention and one after the MLP
+    (four per block)."""
+    key = "hidden_activation" if norms == 4 else "hidden_act"
+    if cfg.get(key) is not None:
         act = cfg[key]
         if not isinstance(act, str) or MLP_OF_ACT.get(act) != "gelu":
             raise UsageError(f"{source}: key '{key}' is {cfg[key]!r}, but Gemma's MLP gates with a GELU, which "

@@ -406,8 +406,10 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     else:
         spec = _llama_spec(cfg, name, source, model_type)
     if spec.num_heads % spec.num_kv_heads:
+        default = (f", {model_type}'s default where the config leaves it out" if "num_key_value_heads" not in cfg
+                   and model_type in KV_HEADS_DEFAULT else "")
         raise UsageError(f"{source}: {spec.num_heads} attention heads are not a multiple of the {spec.num_kv_heads} "
-                         "key/value heads (num_key_value_heads) — fix the config")
+                         f"key/value heads (num_key_value_heads{default}) — fix the config")
     if spec.family == "gpt2" and spec.hidden % spec.num_heads:
         raise UsageError(f"{source}: the hidden size {spec.hidden} (n_embd) is not divisible by the "
                          f"{spec.num_heads} heads (n_head) — fix the config")

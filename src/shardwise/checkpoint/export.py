@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -90,6 +91,8 @@ def export_safetensors(path, out) -> dict:
     tensors, manifest = load_tensors(path)
     out = Path(out)
     meta = {"format": "pt", "shardwise_step": str(manifest["step"]), "shardwise_model": json.dumps(manifest["model"])}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
+    partial = out.with_name(f".{out.name}.partial")  # an interrupted export leaves no truncated file under the name
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial), metadata=meta)
+    os.replace(partial, out)
     return {"file": str(out), "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
             "bytes": out.stat().st_size, "step": manifest["step"]}

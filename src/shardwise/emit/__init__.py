@@ -129,6 +129,14 @@ def emitter(name: str):
     return importlib.import_module(f"shardwise.emit.{name}")
 
 
+def check_nodes(name: str, job, gpus: int) -> None:
+    """UsageError where `gpus` are not whole nodes: every launch file starts as many processes on each node."""
+    per_node = job.cluster.gpus_per_node
+    if gpus > per_node and gpus % per_node:
+        raise UsageError(f"--emit {name}: {gpus} GPUs are not whole {per_node}-GPU nodes of {job.cluster.name}, and the "
+                         f"launch file starts as many processes on every node — plan for a multiple of {per_node} GPUs")
+
+
 def check_model(name: str, job) -> None:
     """UsageError where the target's file would build another model than the one planned: an architecture planned
     from keys of its own (hf_architectures.PLANNER_ONLY), or a block feature the emitter has no argument for
@@ -153,10 +161,8 @@ def problem(name: str, job, layout) -> str | None:
 def expressible(name: str, job, estimates, gpus: int | None = None):
     """The estimates whose layouts target `name` can run, in order; UsageError naming the knob when none can, or
     when `gpus` are not whole nodes (every launch file starts the same number of processes on each node)."""
-    per_node = job.cluster.gpus_per_node
-    if gpus is not None and gpus > per_node and gpus % per_node:
-        raise UsageError(f"--emit {name}: {gpus} GPUs are not whole {per_node}-GPU nodes of {job.cluster.name}, and the "
-                         f"launch file starts as many processes on every node — plan for a multiple of {per_node} GPUs")
+    if gpus is not None:
+        check_nodes(name, job, gpus)
     check_model(name, job)
     kept = [e for e in estimates if problem(name, job, e.layout) is None]
     if not kept and estimates:
@@ -170,6 +176,7 @@ def expressible(name: str, job, estimates, gpus: int | None = None):
 def render(name: str, target: Target) -> str:
     """The file for target `name`, or UsageError naming what the target cannot express."""
     mod = emitter(name)
+    check_nodes(name, target.job, target.gpus)
     check_model(name, target.job)
     why = problem(name, target.job, target.layout)
     if why is not None:

@@ -109,8 +109,9 @@ def problem(job, layout) -> str | None:
         # one counter per process runs over its chunks' blocks (_layer_sac_count): N in every chunk only where the
         # chunks are alike and, with several a rank, k divides them
         if len(set(counts)) > 1 or chunk // k != n or (layout.vpp > 1 and chunk % k):
-            return (f"{n} layers recomputed in each of stages of {min(counts)}-{chunk} layers — torchtitan checkpoints "
-                    f"every k-th block, counted over all of a rank's chunks")
+            sizes = f"{chunk}" if len(set(counts)) == 1 else f"{min(counts)}-{chunk}"
+            return (f"{n} layers recomputed in each of stages of {sizes} layers — torchtitan checkpoints every k-th "
+                    f"block, counted over all of a rank's chunks")
     return None
 
 
