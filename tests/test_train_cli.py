@@ -152,11 +152,12 @@ def test_launcher_runs_a_plan_and_matches_one_process(tmp_path):
 def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--dp", "2", "--steps", "50", "--seq-len", "32",
-                           "--no-progress", "--timeout", "60"],
+                           "--no-progress", "--timeout", "60", "--json"],
                           env={**ENV, "SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "2"},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "shardwise: error: training stopped: rank 1 died (exit code 13)" in proc.stderr
+    assert json.loads(proc.stdout)["error"].startswith("training stopped: rank 1 died")  # --json: stdout still parses
     assert time.monotonic() - start < 60  # the agent noticed; nobody waited for the collective timeout
 
 

@@ -254,6 +254,10 @@ def run(args) -> int:
         launch(cfg)
     except JobFailed as exc:
         print(f"shardwise: error: {exc}", file=sys.stderr)
+        if args.json:  # stdout stays parseable: what ended the job (the steps done are in --metrics-file)
+            from shardwise.commands.common import print_json
+
+            print_json({"error": str(exc), "exit_code": 1, "metrics_file": args.metrics_file})
         return 1
     return 0
 
