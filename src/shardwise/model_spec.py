@@ -527,10 +527,10 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
     return ModelSpec(**(fields | (variant(cfg, source) if variant else {})))
 
 
-# num_key_value_heads where a config leaves it out: the default of the architecture's transformers config class (None in
-# LlamaConfig and the others not named: the attention heads, multi-head attention). A null key is the heads everywhere.
 # head_dim where a config leaves it out: the config class's default where it has one (else hidden / heads)
 HEAD_DIM_DEFAULT = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gpt_oss": 64}
+# num_key_value_heads where a config leaves it out: the default of the architecture's transformers config class (None in
+# LlamaConfig and the others not named: the attention heads, multi-head attention). A null key is the heads everywhere.
 KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "gpt_oss": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4,
                     "gemma": 16, "gemma2": 4, "starcoder2": 2}
 

@@ -54,9 +54,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
         p.add_argument("--recompute-layers", type=int, default=None, metavar="N", help=RECOMPUTE_LAYERS_HELP)
         p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     else:
-        from shardwise.planner.frameworks import FRAMEWORKS
-
-        edge = ", ".join(n for n, f in FRAMEWORKS.items() if f.edge_chunks and f.schedules)
+        edge = _stacks(lambda fw: fw.edge_chunks and fw.schedules)
         p.add_argument("--vpp", type=int, default=None,
                        help="virtual pipeline stages (model chunks) per rank, interleaved-1f1b only (default 1; with "
                             "--schedule interleaved-1f1b, the fastest that fits). pp*vpp may exceed the layers by two "
