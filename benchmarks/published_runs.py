@@ -351,8 +351,11 @@ def published_step_time(row: dict, job, gpus: int) -> float | None:
 
 
 def _precision(row: dict) -> str:
-    """fp8 when the row's GEMMs ran in FP8 (Transformer Engine, torchao Float8), else bf16 (FP16 counts as bf16)."""
-    fp8 = "fp8" in row.get("precision", "").lower() or "Float8" in row["run"] or "FP8" in row["run"]
+    """fp8 when the row's GEMMs ran in FP8 (Transformer Engine, torchao Float8), else bf16 (FP16 counts as bf16). A
+    filled `precision` cell decides; only a row without one is read from its name (a "... BF16" row of a paper titled
+    FP8-something stays BF16)."""
+    stated = row.get("precision", "").strip().lower()
+    fp8 = "fp8" in stated if stated else ("Float8" in row["run"] or "FP8" in row["run"])
     return "fp8" if fp8 else "bf16"
 
 

@@ -112,6 +112,15 @@ def test_fp8_rows_are_scored_with_their_own_in_situ_share():
     assert statistics.median(abs(r["error"]) for r in fp8) <= 0.10
 
 
+def test_a_rows_precision_cell_outranks_its_name():
+    # A paper named for FP8 prints BF16 baselines too ("FP8-LM GPT-7B ... BF16"): the cell says what ran; only a row
+    # with the cell empty is read from its name.
+    assert bench._precision({"run": "FP8-LM GPT-7B 32xH100 BF16", "precision": "bf16"}) == "bf16"
+    assert bench._precision({"run": "GPT-7B 32xH100", "precision": "fp8"}) == "fp8"
+    assert bench._precision({"run": "Llama 3 8B Float8 8xH100", "precision": ""}) == "fp8"
+    assert bench._precision({"run": "Llama 3 8B 8xH100", "precision": ""}) == "bf16"
+
+
 def _two_knobs(name: str, rows: list[dict]) -> bool:
     """A GPU-count or sequence-length series whose micro-batch was re-tuned along with it (MosaicML's sweeps: MPT-30B
     on 8-32 H100 at micro-batch 3 / 10 / 14; MosaicGPT on 8 A100 from 512 to 65,536 tokens at 128 down to 1)."""
