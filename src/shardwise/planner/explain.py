@@ -398,12 +398,12 @@ PUBLISHED_MFU_RECORD = {
                (0, ((1, 0.706, "Hagemann et al. 2023's LLaMA 13B on 64 A100 (Aleph Alpha's Megatron-based stack, "
                                "70.6 % by PaLM's count)"), *_A100_AT_SCALE))),
     "hopper": ((100e9, ((1, 0.5863, f"{_DGXC}'s Llama 3.1 405B on 32 H100 (NeMo 24.09, 58.63 %)"),
-                        (512, 0.5578, f"{_DGXC}'s Llama 3.1 405B on 576 H100 (NeMo 24.09, 55.78 %)"),
-                        (2048, 0.5445, f"{_DGXC}'s Llama 3.1 405B on 2,304 H100 (NeMo 24.09, 54.45 %)"),
+                        (512, 0.5816, f"{_DGXC}'s Nemotron-4 340B on 512 H100 (NeMo 25.02, 58.16 %)"),
+                        (2048, 0.5763, f"{_DGXC}'s Nemotron-4 340B on 2,048 H100 (NeMo 25.02, 57.63 %)"),
                         _LLAMA3_8K)),
-               (0, ((1, 0.6249, f"{_DGXC}'s Nemotron-4 15B on 16 H100 (62.49 %)"),
-                    (512, 0.6112, f"{_DGXC}'s Nemotron-4 15B on 512 H100 (61.12 %)"),
-                    (2048, 0.6087, f"{_DGXC}'s Nemotron-4 15B on 2,048 H100 (60.87 %)"),
+               (0, ((1, 0.6607, f"{_DGXC}'s Nemotron-4 15B on 16 H100 (NeMo 25.02, 66.07 %)"),
+                    (512, 0.6485, f"{_DGXC}'s Nemotron-4 15B on 512 H100 (NeMo 25.02, 64.85 %)"),
+                    (2048, 0.6321, f"{_DGXC}'s Nemotron-4 15B on 2,048 H100 (NeMo 25.02, 63.21 %)"),
                     _LLAMA3_8K))),
 }
 
