@@ -199,6 +199,27 @@ def test_warns_when_other_processes_shared_the_machine():
     assert "1.40x its calibrated time" in slower and "slower" in slower and "other processes" not in slower
 
 
+def test_json_keeps_stdout_the_json_and_says_the_warnings_on_stderr(monkeypatch, capsys):
+    """`validate --json > run.json` on a busy machine: the warnings the table prints go to stderr, the JSON alone to
+    stdout (they were printed in table mode only, so a sweep at 1.3 other cores passed silently)."""
+    import shardwise.validate as sweep
+
+    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": 0.03,
+              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": True, "step_time_spread": 0.4}
+    summary = {"median_abs_error": 0.3, "p90_abs_error": 0.3, "spearman": 1.0, "kendall_tau": 1.0, "top1_regret": 0.0,
+               "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0, "noisy_layouts": 1}
+    result = {"model": "tiny", "world": 2, "backend": "gloo", "cluster": "dgx-h100-80gb", "global_batch": 8,
+              "seq_len": 64, "layouts": [layout], "summary": summary,
+              "machine": {"cores": 2, "other_cpu_cores": 1.3, "calibration_other_cpu_cores": None, "speed_ratio": None}}
+    monkeypatch.setattr(sweep, "validate", lambda cfg, progress: result)
+    code = main(["validate", "--model", "tiny", "--world", "2", "--cluster", "dgx-h100-80gb", "--layouts",
+                 "dp2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out) == result
+    warned = [line for line in err.splitlines() if line.startswith("shardwise: warning:")]
+    assert len(warned) == 2 and "1.3 of this machine's" in warned[0] and "1 layout(s) stayed noisy" in warned[1]
+
+
 def test_machine_speed_compares_the_same_workload_only():
     """The sweep's reference time is set beside the calibration's own figure for it (its smallest model point)
     only when the calibration timed the same model at the same sequence length."""

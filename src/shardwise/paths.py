@@ -93,6 +93,15 @@ def output_dir(path, flag: str) -> None:
     _make_folder(folder, flag, path)
 
 
+def shown(path) -> str:
+    """A recorded absolute path as a user reads it: relative to the working directory when it lies under it."""
+    p = Path(path)
+    try:
+        return str(p.relative_to(Path.cwd())) if p.is_absolute() else str(p)
+    except ValueError:
+        return str(p)
+
+
 def file_sha256(path) -> str:
     """A file's SHA-256 (hex), read in 4 MiB blocks: checkpoint manifests and the token cache's key."""
     h = hashlib.sha256()

@@ -142,7 +142,9 @@ def _export_hf(args) -> int:
     if args.json:
         print_json(out)
         return 0
-    extra = f", tokenizer from {out['tokenizer']}" if out["tokenizer"] else ""
+    from shardwise.paths import shown
+
+    extra = f", tokenizer from {shown(out['tokenizer'])}" if out["tokenizer"] else ""
     print(f"wrote {out['folder']}: config.json, {_count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
           f"{out['parameters']:,} parameters, {_size(out['bytes'])} (step {out['step']}){extra}")
     return 0

@@ -134,7 +134,9 @@ def run(args) -> int:
         return 0
     if args.plot:
         plot(result, args.plot)
-    if args.json:
+    if args.json:  # stdout stays the JSON; what made the figures noisy goes to stderr, as the table says it
+        for warning in warnings(result):
+            print(f"shardwise: warning: {warning}", file=sys.stderr)
         print_json(result)
         return 0
     _print(Console(), result, args.plot)
@@ -150,6 +152,22 @@ def _cuda_devices() -> int:
 # Narrow tables (a pipe, an 80-column terminal): the layout names' long words shortened, explained under the table.
 SHORT_NAMES = {"interleaved-1f1b": "i-1f1b", "selective recompute": "sel-rc", "full recompute": "full-rc",
                "allgather": "ag"}
+
+
+def warnings(result: dict) -> list[str]:
+    """What made the sweep's figures less than a quiet machine's: other processes during the sweep or the
+    calibration, the machine's speed drifting from the calibration's, layouts whose repeats stayed noisy."""
+    from shardwise.contention import neighbours_note, speed_note
+
+    m, s = result.get("machine", {}), result["summary"]
+    notes = [f"{note} — compare predictions and measurements taken on a quiet machine"
+             for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
+                          neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
+                          speed_note(m.get("speed_ratio"))) if note]
+    if s["noisy_layouts"]:
+        notes.append(f"{s['noisy_layouts']} layout(s) stayed noisy (spread > 25 %) after a repeat — the machine is "
+                     f"busy; rerun when it is quiet or with more --repeats")
+    return notes
 
 
 def _print(console, result: dict, picture: str | None) -> None:
@@ -190,8 +208,6 @@ def _print(console, result: dict, picture: str | None) -> None:
                   f"{s['top1_regret']:.1%} slower than the measured best, which is "
                   f"{'' if s['best_in_top3'] else 'not '}in its top 3. Memory: median |error| "
                   f"{s['memory_median_abs_error']:.1%}, p90 {s['memory_p90_abs_error']:.1%}.", highlight=False)
-    from shardwise.contention import neighbours_note, speed_note
-
     m = result.get("machine", {})
     now = s.get("drift_corrected")
     if now:
@@ -205,14 +221,7 @@ def _print(console, result: dict, picture: str | None) -> None:
                       + f" the calibration's time): median |error| {now['median_abs_error']:.1%}, "
                       f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
                       f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
-    for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
-                 neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
-                 speed_note(m.get("speed_ratio"))):
-        if note:
-            console.print(f"[yellow]{note} — compare predictions and measurements taken on a quiet machine[/]",
-                          highlight=False)
-    if s["noisy_layouts"]:
-        console.print(f"[yellow]{s['noisy_layouts']} layout(s) stayed noisy (spread > 25 %) after a repeat — "
-                      f"the machine is busy; rerun when it is quiet or with more --repeats[/]")
+    for warning in warnings(result):
+        console.print(f"[yellow]{warning}[/]", highlight=False)
     if picture:
         console.print(f"wrote {picture}")
