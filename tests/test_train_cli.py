@@ -149,6 +149,24 @@ def test_launcher_runs_a_plan_and_matches_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_diverged_run_stops_at_its_first_nan_step(dp, tmp_path):
+    # a learning rate of 1e4 with clipping off: the gradient norm is nan at step 4. The run stopped there, one line,
+    # exit 1, and the metrics file and --json stay strict JSON (they had carried bare NaN, which JSON does not have,
+    # through to the last step, exit 0)
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--dp", str(dp), "--steps", "8", "--lr", "1e4",
+                           "--grad-clip", "1e30", "--seq-len", "32", "--global-batch", "4", "--no-progress", "--json",
+                           "--metrics-file", str(metrics)], env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert re.search(r"training diverged at step (\d+) \(grad norm nan\): stopped there", proc.stderr)
+    step = int(re.search(r"at step (\d+)", proc.stderr).group(1))
+    assert "JobFailed" not in proc.stderr and json.loads(proc.stdout)["exit_code"] == 1
+    records = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in the metrics")) for line in
+               metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, step))
+
+
 def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--dp", "2", "--steps", "50", "--seq-len", "32",

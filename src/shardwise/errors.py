@@ -9,3 +9,12 @@ class UsageError(ValueError):
     """Bad input from the user: an unknown preset, an impossible layout, a malformed file."""
 
     exit_code = 2
+
+
+class JobFailed(RuntimeError):
+    """A running job failed: a rank died or hung, or training diverged; the message names it (one line), `details`
+    has the tracebacks. The CLI prints it as `shardwise: error: <message>`, exit code 1."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details

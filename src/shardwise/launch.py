@@ -23,16 +23,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from shardwise.errors import UsageError
+from shardwise.errors import JobFailed, UsageError
 from shardwise.train import TrainConfig
-
-
-class JobFailed(RuntimeError):
-    """A rank of a running job failed; the message names it (one line), `details` has the tracebacks."""
-
-    def __init__(self, message: str, details: str = ""):
-        super().__init__(message)
-        self.details = details
 
 
 MAX_STEPS = 10**9  # optimizer steps: far beyond any training run (Llama 3 405B took about a million)
@@ -447,7 +439,9 @@ def _details(failures: dict) -> str:
 
 
 def _last_line(message) -> str:
-    """The error's last line, without the C++ source location gloo puts in front ('[.../unbound_buffer.cc:78] ')."""
+    """The error's last line, without the C++ source location gloo puts in front ('[.../unbound_buffer.cc:78] '), nor
+    the type of an error of this project's own, whose message is already written for the user."""
     text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[-1]) if lines else "unknown error"
+    last = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[-1]) if lines else "unknown error"
+    return re.sub(r"^(?:shardwise\.errors\.)?(?:JobFailed|UsageError): ", "", last)

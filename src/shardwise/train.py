@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardwise import moe, precision
+from shardwise.errors import JobFailed
 from shardwise.corpus.batches import batches, validation_batches
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
@@ -394,6 +395,7 @@ class TrainLoop:
     def _log(self, step: int, scalars: StepScalars, start: float, end: float | None) -> None:
         rt, cfg = self.rt, self.rt.cfg
         values = scalars.read()
+        check_finite(step, values)
         elapsed = (time.perf_counter() if end is None else end) - start
         rec = {"step": step, "loss": values["loss"], "step_time_s": elapsed, "tokens_per_s": cfg.tokens_per_step / elapsed,
                "lr": values["lr"], "grad_norm": values["grad_norm"],
@@ -407,6 +409,17 @@ class TrainLoop:
             self.sink.write(json.dumps(rec) + "\n")
             self.sink.flush()
         self.update(rec)
+
+
+def check_finite(step: int, values: dict) -> None:
+    """Stop the job at the first step whose loss or gradient norm is not a number, as Megatron-LM's default
+    --check-for-nan-in-loss-and-grad does: training on would only spread it through the weights. Every rank reads
+    the same reduced scalars, so every rank stops at the same step; the steps before it are in the metrics file."""
+    bad = {k: v for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad.items())
+        raise JobFailed(f"training diverged at step {step} ({said}): stopped there — lower --lr, keep --grad-clip "
+                        f"finite, or resume from an earlier checkpoint")
 
 
 def train(cfg: TrainConfig, mesh=None) -> TrainResult:
