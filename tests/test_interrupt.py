@@ -9,6 +9,7 @@ be found afterwards) to share their start-up time.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,8 @@ TRAIN = ["train", "--model", "tiny", "--dp", "2", "--steps", "100000", "--global
 CASES = {
     "train ctrl-c": (TRAIN, signal.SIGINT, True, 130, "training"),
     "train sigterm": (TRAIN, signal.SIGTERM, False, 143, "training"),
+    # --json: stdout still one JSON object, what stopped the run and where its steps are
+    "train sigterm --json": (TRAIN + ["--json"], signal.SIGTERM, False, 143, "training"),
     "train ctrl-c at start-up": (TRAIN, signal.SIGINT, True, 130, "ranks"),
     "calibrate sigterm": (["calibrate", "--world", "2", "--out", "{tmp}/profile.toml"], signal.SIGTERM, False, 143, "ranks"),
     "validate ctrl-c": (["validate", "--world", "2", "--cluster", "dgx-h100-80gb", "--steps", "1", "--repeats", "50"],
@@ -117,12 +120,16 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             time.sleep(0.05)
         for name, proc in jobs.items():
             sig, _, code, _ = CASES[name][1:]
-            err = _communicate_or_dump(name, proc)
+            out, err = _communicate_or_dump(name, proc)
             took = time.monotonic() - stopped[name]
             lines = err.strip().splitlines()
             # Stopped, not timed out: far below the jobs' collective timeouts.
             assert proc.returncode == code and took < 30, (name, proc.returncode, took, err)
             assert len(lines) == 1 and lines[0].startswith(f"shardwise: interrupted by {sig.name}"), (name, err)
+            if "--json" in name:
+                said = json.loads(out)
+                assert said["exit_code"] == code and said["error"].startswith(f"interrupted by {sig.name}"), out
+                assert said["metrics_file"].endswith(f"{name}.jsonl")
             left = _in_session(proc.pid)
             for _ in range(50):  # ranks the launcher stopped may take a moment to be gone
                 if not left:
@@ -135,11 +142,11 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             _kill_session(proc)
 
 
-def _communicate_or_dump(name: str, proc, timeout: float = 60) -> str:
-    """The job's stderr once it has ended; if it has not within 60 s of its signal, fail with what each of its
+def _communicate_or_dump(name: str, proc, timeout: float = 60) -> tuple[str, str]:
+    """The job's stdout and stderr once it has ended; if it has not within 60 s of its signal, fail with what each of its
     processes was doing (their states, and every Python thread's stack, which SIGABRT makes faulthandler print)."""
     try:
-        return proc.communicate(timeout=timeout)[1]
+        return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         left = _in_session(proc.pid)
         states = [f"{pid} {Path(f'/proc/{pid}/stat').read_text().split()[2] if Path(f'/proc/{pid}/stat').exists() else '?'}"
