@@ -199,6 +199,27 @@ def test_init_pretrained_needs_a_folder(capsys):
     assert "needs a Hugging Face model folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.pt", "consolidated.safetensors"])
+def test_a_folder_of_weights_it_cannot_read_is_refused_not_trained_from_random(folders, tmp_path, capsys, weights):
+    # a folder whose only weights are another format trained from a random start, exit 0, without a word
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    shutil.copy(folders / "llama" / "config.json", folder / "config.json")
+    (folder / weights).write_bytes(b"weights")
+    assert main(["train", "--model", str(folder), "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"weights in {weights}" in err and "--init random" in err, err
+
+
+def test_a_folder_without_weights_says_it_starts_from_random(folders, tmp_path, capsys):
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    shutil.copy(folders / "llama" / "config.json", folder / "config.json")
+    assert main(["train", "--model", str(folder), "--steps", "1", "--global-batch", "2", "--seq-len", "8",
+                 "--no-progress"]) == 0
+    assert "holds no weights: training starts from a seeded initialisation" in capsys.readouterr().err
+
+
 def test_export_refuses_a_folder_in_use(folders, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     assert main(["train", "--model", "tiny", "--steps", "1", "--global-batch", "2", "--seq-len", "8",

@@ -221,6 +221,9 @@ def config_from(args):
     plan = _plan_file(args.plan) if args.plan else None  # read once: the job's batch and sequence, then its layout
     apply_plan_job(args, spec, plan)
     weights, hf_config = model_source(args.model, args.init, spec)
+    if weights is None and hf_config is not None and args.init is None and os.environ.get("RANK", "0") == "0":
+        print(f"note: {args.model} holds no weights: training starts from a seeded initialisation (--init random "
+              f"says so; --init pretrained refuses a folder without weights)", file=sys.stderr)
     return TrainConfig(spec=spec, layout=layout_from(args, plan), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,

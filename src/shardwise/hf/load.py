@@ -306,6 +306,22 @@ def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolde
                              f"{'a config file' if folder.is_file() else 'a preset'} — give the folder, or drop --init")
         return None, None
     config = read_config(folder)
+    if init is None and not has_weights(folder):
+        other = other_weights(folder)
+        if other:  # weights it cannot read: never a silent random start
+            raise UsageError(f"{folder}: weights in {', '.join(other)}, which shardwise does not read (no {SINGLE} or "
+                             f"{INDEX}) — convert with transformers' save_pretrained(..., safe_serialization=True), or "
+                             f"give --init random to train from a seeded initialisation")
     if init == "random" or (init is None and not has_weights(folder)):
         return None, config
     return inspect_folder(folder, spec), config
+
+
+# Weight files of other formats a model folder may hold (PyTorch pickles, TensorFlow, Flax, safetensors under another
+# name), which `train` cannot start from.
+OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.safetensors")
+
+
+def other_weights(folder: Path) -> list[str]:
+    """The folder's weight files besides the ones shardwise reads (SINGLE, INDEX and the shards it lists)."""
+    return sorted({p.name for pattern in OTHER_WEIGHTS for p in folder.glob(pattern)} - {SINGLE})
