@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import shardwise
 from hf_models import make_tokenizer, shipped_texts, write_corpus
 from shardwise.cli import main
 from shardwise.corpus import token_file
@@ -207,3 +209,25 @@ def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_pa
     assert argv[:3] == ["train", "--model", "tiny"]
     assert main(argv + ["--data-cache", env["cache"], "--no-progress", "--steps", "4"]) == 2  # 4 of 4: nothing left
     assert "is the end of the run" in capsys.readouterr().err
+
+
+def test_inspects_resume_line_names_the_model_as_given_and_the_expert_split(tmp_path, monkeypatch, capsys):
+    # a run started from a config file (and with its experts over 2 ranks): the printed resume named the file's stem,
+    # "--model moe", which is no preset, and "written by" left the experts' split out
+    import shlex
+
+    config = tmp_path / "moe.json"
+    config.write_text((Path(shardwise.__file__).parent / "presets" / "models" / "tiny-moe.json").read_text())
+    ck = tmp_path / "ck"
+    base = ["train", "--model", str(config), "--steps", "2", "--global-batch", "4", "--seq-len", "16", "--no-progress",
+            "--checkpoint-dir", str(ck)]
+    assert main(base + ["--dp", "2", "--ep", "2", "--stop-after", "1"]) == 0
+    monkeypatch.setenv("COLUMNS", "1000")
+    capsys.readouterr()
+    assert main(["checkpoint", "inspect", str(ck)]) == 0
+    out = capsys.readouterr().out
+    assert "dp2·tp1·pp1·ep2 (2 ranks)" in out
+    line = next(ln for ln in out.splitlines() if "shardwise train" in ln)
+    argv = shlex.split(line[line.index("shardwise train"):].split(" (with any")[0].strip(" │"))[1:]
+    assert argv[:3] == ["train", "--model", str(config)]
+    assert main(argv + ["--no-progress"]) == 0  # the printed command resumes (on one process) and finishes

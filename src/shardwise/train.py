@@ -73,6 +73,7 @@ class TrainConfig:
     max_restarts: int = 0  # torchrun's agent restarts the job this often; a restart resumes by itself
     # real models and data: None = weights from the seed / the built-in corpus
     weights: object | None = None  # hf.load.HFFolder (--model DIR): each rank reads only its slices
+    model_given: str | None = None  # --model as named (a preset, a config file, a folder): a resume names it so
     hf_config: dict | None = None  # that folder's config.json, written back by `checkpoint export --format hf`
     data: object | None = None  # corpus.TokenFile: --data, tokenized once into a memory-mapped file
     val_data: object | None = None  # corpus.TokenFile: --val-data

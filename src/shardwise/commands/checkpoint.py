@@ -72,6 +72,8 @@ def run_inspect(args) -> int:
     sched = f", {lay['schedule']}" + (f" v{lay['vpp']}" if lay["vpp"] > 1 else "") if lay["pp"] > 1 else ""
     table.add_row("step", f"{info['step']} of {info['steps']}")
     cp = f"·cp{lay['cp']} ({lay.get('cp_mode', 'ring')})" if lay.get("cp", 1) > 1 else ""
+    cp += f"·ep{lay['ep']}" if lay.get("ep", 1) > 1 else ""
+    cp += f"·etp{lay['etp']}" if lay.get("etp", 1) > 1 else ""
     table.add_row("written by", f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']}{cp} ({info['world_size']} ranks), ZeRO {lay['zero']}"
                   f"{', sequence parallel' if lay['sequence_parallel'] else ''}{sched}")
     params = info["groups"].get("model", {}).get("elements", 0)
@@ -83,7 +85,8 @@ def run_inspect(args) -> int:
         table.add_row(f"{kind}.*", f"{_count(g['tensors'], 'tensor')}, {_count(g['elements'], 'element')}")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
-    table.add_row("resume", f"{resume_command(info, model['name'], parent)} (with any --dp/--tp/--pp)")
+    given = info.get("model_given") or model["name"]  # older checkpoints: the model's name
+    table.add_row("resume", f"{resume_command(info, given, parent)} (with any --dp/--tp/--pp)")
     console.print(table)
     if args.tensors:
         t = Table("tensor", "shape", "dtype")

@@ -233,7 +233,7 @@ def config_from(args):
                        memory_check=not args.no_memory_check,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=3 if args.keep is None else args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts,
-                       weights=weights, hf_config=hf_config, eval_every=args.eval_every,
+                       weights=weights, hf_config=hf_config, model_given=args.model, eval_every=args.eval_every,
                        eval_batches=4 if args.eval_batches is None else args.eval_batches)
 
 
