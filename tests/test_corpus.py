@@ -85,6 +85,32 @@ def test_the_cache_is_reused_and_keyed_by_data_and_tokenizer(env, tmp_path, monk
     assert third.dtype == "uint16" and _tokens(third) == list(("another document " * 50).encode()) + [0]
 
 
+def test_a_cache_filled_from_another_directory_or_copied_reads_its_own_tokens(env, tmp_path, monkeypatch):
+    # the token file's path was recorded relative to the filling run's working directory: a run elsewhere missed the
+    # cache and tokenized again, and a copied cache folder went on reading the original's tokens
+    import shutil
+
+    from shardwise.corpus.tokenizer import BYTE_TOKENIZER
+
+    (tmp_path / "a.txt").write_text("one document " * 50)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    first = prepare([tmp_path / "a.txt"], BYTE_TOKENIZER, cache="cache")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(token_file, "_tokenize", lambda *a, **k: pytest.fail("tokenized again"))
+    hit = prepare([tmp_path / "a.txt"], BYTE_TOKENIZER, cache=str(tmp_path / "here" / "cache"))
+    assert hit.path == first.path == str((tmp_path / "here" / "cache" / f"{first.key}.bin").resolve())
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tmp_path / "here" / "cache", tmp_path / "copy")
+    copied = prepare([tmp_path / "a.txt"], BYTE_TOKENIZER, cache=str(tmp_path / "copy"))
+    assert copied.path == str((tmp_path / "copy" / f"{first.key}.bin").resolve())
+    with open(copied.path, "r+b") as f:  # a damaged copy is the copy's miss, not a silent read of the original
+        f.truncate(10)
+    again = prepare([tmp_path / "a.txt"], BYTE_TOKENIZER, cache=str(tmp_path / "copy"))
+    assert again.path == copied.path and _tokens(again) == _tokens(first)
+
+
 def test_a_cache_hit_records_the_runs_own_files_and_tokenizer(env, tmp_path):
     """The cache is keyed by contents: a hit made from copies elsewhere names this run's corpus and tokenizer, so a
     checkpoint's export copies the tokenizer this run read, not the one that first filled the cache."""

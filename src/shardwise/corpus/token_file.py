@@ -74,15 +74,18 @@ def _locked(path: Path):
 
 
 def _cached(meta: Path) -> TokenFile | None:
+    """The cache entry `meta` describes, if its token file is whole. The tokens are the file beside it (KEY.bin by
+    KEY.json), wherever the entry was written from: a path recorded relative to another run's working directory, or
+    a cache folder copied elsewhere, must not read another folder's file."""
     try:
         info = json.loads(meta.read_text())
         tf = TokenFile(**{**info, "sources": tuple(info["sources"])})
     except (OSError, ValueError, TypeError):
         return None
-    bin_ = Path(tf.path)
+    bin_ = meta.with_suffix(".bin").resolve()
     if not bin_.is_file() or bin_.stat().st_size != tf.tokens * np.dtype(tf.dtype).itemsize:
         return None
-    return tf
+    return replace(tf, path=str(bin_))
 
 
 def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = None, progress: bool = False,
@@ -156,7 +159,7 @@ def _tokenize(sources: list[Source], tok: TokenizerSpec, field: str, out: Path, 
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    tf = TokenFile(str(out), tok.dtype, writer.tokens, writer.documents, key, tuple(s.path for s in sources),
+    tf = TokenFile(str(out.resolve()), tok.dtype, writer.tokens, writer.documents, key, tuple(s.path for s in sources),
                    tok.path, tok.eos_id)
     tmp_meta = meta.with_name(f"{meta.name}.tmp-{os.getpid()}")
     tmp_meta.write_text(json.dumps(asdict(tf), indent=1))
