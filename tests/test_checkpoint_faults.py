@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -80,5 +81,9 @@ def test_elastic_restart_resumes_by_itself(tmp_path, straight):
     proc = _train(["--checkpoint-dir", str(ckpt), "--save-every", "2", "--max-restarts", "1", "--metrics-file", str(m)],
                   env={"SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "6"})
     assert proc.returncode == 0, proc.stderr
+    # said, not silent: the restart, where it resumed, and which steps the last attempt trained
+    assert "restart 1 of 1: a rank had failed, so every rank was started again; resuming from the newest " \
+        "checkpoint" in proc.stdout
     assert f"resumed from {ckpt / 'step_000004'} (step 4" in proc.stdout
+    assert re.search(r"trained \d+ steps \(steps 5-\d+\)", proc.stdout), proc.stdout
     _same(m, straight)

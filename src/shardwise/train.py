@@ -431,6 +431,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     result = TrainResult(runtime=build_runtime(cfg, mesh))
     rt, rank0 = result.runtime, _is_rank0()
     resume_from = checkpoint.resume_path(cfg)
+    restarts = checkpoint.restart_count()
+    if restarts and rank0 and _messages(cfg):  # torchrun's agent started every rank again after one failed
+        print(f"restart {restarts} of {cfg.max_restarts}: a rank had failed, so every rank was started again; "
+              f"{'resuming from the newest checkpoint' if resume_from else 'no checkpoint yet: from step 0'}", flush=True)
     if resume_from is not None:
         manifest = checkpoint.restore(rt, resume_from)
         if rank0 and _messages(cfg):
@@ -450,7 +454,9 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
         print(summary(result.records, cfg), flush=True)
     trace = _write_trace(result.runtime) if cfg.trace_dir and cfg.layout.pp > 1 else None
     if rank0 and cfg.json_output:
-        out = {"records": result.records, "summary": {**summary_dict(result.records, cfg), **memory}, "trace": trace}
+        out = {"records": result.records, "summary": {**summary_dict(result.records, cfg), **memory,
+                                                      "restarts": restarts, "first_step": rt.step - len(result.records) + 1},
+               "trace": trace}
         print(json.dumps(out), flush=True)
     return result
 
@@ -505,7 +511,9 @@ def summary(records: list[dict], cfg: TrainConfig) -> str:
     from shardwise.units import seconds
 
     s = summary_dict(records, cfg)
-    return (f"trained {s['steps']} step{'s' * (s['steps'] != 1)}: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
+    first = records[0]["step"]
+    since = f" (steps {first}-{records[-1]['step']})" if first > 1 else ""
+    return (f"trained {s['steps']} step{'s' * (s['steps'] != 1)}{since}: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
             f"median step {seconds(s['median_step_time_s'])}, {s['tokens_per_s']:,.0f} tokens/s")
 
 
