@@ -113,3 +113,12 @@ def test_an_unknown_flag_points_to_its_commands_help(capsys):
     err = capsys.readouterr().err
     assert "unrecognized arguments: --cp 2 — see `shardwise simulate --help`" in err and err.count("\n") == 1
     assert main(["bogus"]) == 2 and "see `shardwise --help`" in capsys.readouterr().err
+
+
+def test_the_demo_says_which_way_its_prediction_is_off():
+    # "error +44%" read as "predicted faster" beside the published tables' sign; in words it cannot be misread
+    from shardwise.commands.demo import _off
+
+    assert _off(0.144, 0.100) == "44% longer than measured"
+    assert _off(0.090, 0.100) == "10% shorter than measured"
+    assert _off(0.1001, 0.100) == "as measured"

@@ -66,6 +66,12 @@ def _plan(job, gpus: int):
     return result
 
 
+def _off(predicted: float, measured: float) -> str:
+    """How far the predicted step is from the measured one, in words: a signed percentage alone reads either way."""
+    gap = predicted / measured - 1
+    return f"{abs(gap):.0%} {'longer' if gap > 0 else 'shorter'} than measured" if abs(gap) >= 0.005 else "as measured"
+
+
 def article(console) -> dict:
     """Part 1: the article's question, answered with numbers."""
     from shardwise.commands.common import layout_table, print_explanation
@@ -101,7 +107,7 @@ def local(console, world: int, steps: int, progress: bool = True) -> dict:
     measured = _train(est.layout, spec, steps, progress)
     predicted = est.step_time
     console.print(f"step time: predicted [bold]{predicted * 1e3:.1f} ms[/], measured [bold]{measured * 1e3:.1f} ms[/] "
-                  f"(median of steps 3..{steps}; error {100 * (predicted - measured) / measured:+.0f}%)")
+                  f"(median of steps 3..{steps}; the prediction {_off(predicted, measured)})")
     console.print("Check the planner on more layouts: [bold]shardwise validate --model tiny --world 2[/]")
     return {"layout": est.to_dict(), "predicted_step_time_s": predicted, "measured_step_time_s": measured}
 
