@@ -69,6 +69,10 @@ def _plan(args):
     return job, result
 
 
+def _split_words(job) -> str:
+    return "dp x tp x pp x cp" + (" x ep" if job.model.is_moe else "")
+
+
 def best_per_split(ranked):
     """The fastest layout of each dp x tp x pp x cp (x ep) split, in rank order."""
     seen, out = set(), []
@@ -173,7 +177,7 @@ def run(args) -> int:
     console.print(layout_table(top, title=f"{job.model.name} on {args.gpus} x {job.cluster.name}, "
                                          f"batch {job.train.global_batch} x {job.train.seq_len} tokens "
                                          f"({len(result.ranked)} of {result.scored} scored layouts fit"
-                                         f"{'' if args.all_variants else '; best of each dp x tp x pp x cp split'}{only})",
+                                         f"{'' if args.all_variants else '; best of each ' + _split_words(job) + ' split'}{only})",
                                width=console.width))
     if result.thinned:
         console.print(f"note: {result.thinned}", highlight=False)
