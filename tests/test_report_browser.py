@@ -168,8 +168,12 @@ def test_timeline_draws_the_planners_pipeline_span(page, report_405b):
 def test_validate_run_beside_a_plan_without_pipeline(browser, tmp_path):
     from test_report import validate_result
 
+    run = validate_result(7)  # on a busy machine: the page says what `validate` prints beside its table
+    run["summary"] |= {"noisy_layouts": 1, "drift_corrected": {"median_abs_error": 0.032, "p90_abs_error": 0.08,
+                                                               "kendall_tau": 0.97, "top1_regret": 0.0}}
+    run["machine"] = {"cores": 2, "other_cpu_cores": 1.3, "calibration_other_cpu_cores": None, "speed_ratio": None}
     result = tmp_path / "v.json"
-    result.write_text(json.dumps(validate_result(7)))
+    result.write_text(json.dumps(run))
     out = tmp_path / "v.html"
     plan = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256",
             "--seq-len", "4096", "--pp", "1"]
@@ -178,6 +182,9 @@ def test_validate_run_beside_a_plan_without_pipeline(browser, tmp_path):
     points = page.js("window.shardwiseReport.charts.validate.data.datasets.filter(d => d.type !== 'line').reduce((n, d) => n + d.data.length, 0)")
     assert points == 7 and page.js("document.querySelectorAll('#validate-table tbody tr').length") == 7
     assert "no pipeline" in page.js("document.getElementById('timeline-note').textContent")
+    said = page.js("document.getElementById('validate-summary').textContent")
+    assert "At the machine's speed during the sweep: median error 3.2" in said and "Kendall τ 0.97" in said
+    assert "Warning: other processes kept 1.3 of this machine's" in said and "1 layout(s) stayed noisy" in said
     page.quiet()
 
 

@@ -137,3 +137,17 @@ def speed_note(ratio: float | None) -> str | None:
         return None
     return (f"the calibration's reference workload took {ratio:.2f}x its calibrated time during the sweep: the "
             f"machine ran {'slower' if ratio > 1 else 'faster'} than when it was calibrated")
+
+
+def sweep_warnings(result: dict) -> list[str]:
+    """What made the sweep's figures less than a quiet machine's: other processes during the sweep or the
+    calibration, the machine's speed drifting from the calibration's, layouts whose repeats stayed noisy."""
+    m, s = result.get("machine", {}), result["summary"]
+    notes = [f"{note} — compare predictions and measurements taken on a quiet machine"
+             for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
+                          neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
+                          speed_note(m.get("speed_ratio"))) if note]
+    if s["noisy_layouts"]:
+        notes.append(f"{s['noisy_layouts']} layout(s) stayed noisy (spread > 25 %) after a repeat — the machine is "
+                     f"busy; rerun when it is quiet or with more --repeats")
+    return notes

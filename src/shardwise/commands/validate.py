@@ -83,6 +83,8 @@ def _progress(console, what: str, total: int):
 def run(args) -> int:
     from rich.console import Console
 
+    from shardwise.contention import sweep_warnings
+
     from shardwise.calibrate import CalibrateConfig, calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed
     from shardwise.specs import load_cluster, load_model
@@ -135,7 +137,7 @@ def run(args) -> int:
     if args.plot:
         plot(result, args.plot)
     if args.json:  # stdout stays the JSON; what made the figures noisy goes to stderr, as the table says it
-        for warning in warnings(result):
+        for warning in sweep_warnings(result):
             print(f"shardwise: warning: {warning}", file=sys.stderr)
         print_json(result)
         return 0
@@ -152,22 +154,6 @@ def _cuda_devices() -> int:
 # Narrow tables (a pipe, an 80-column terminal): the layout names' long words shortened, explained under the table.
 SHORT_NAMES = {"interleaved-1f1b": "i-1f1b", "selective recompute": "sel-rc", "full recompute": "full-rc",
                "allgather": "ag"}
-
-
-def warnings(result: dict) -> list[str]:
-    """What made the sweep's figures less than a quiet machine's: other processes during the sweep or the
-    calibration, the machine's speed drifting from the calibration's, layouts whose repeats stayed noisy."""
-    from shardwise.contention import neighbours_note, speed_note
-
-    m, s = result.get("machine", {}), result["summary"]
-    notes = [f"{note} — compare predictions and measurements taken on a quiet machine"
-             for note in (neighbours_note("the sweep", m.get("other_cpu_cores")),
-                          neighbours_note("the calibration", m.get("calibration_other_cpu_cores")),
-                          speed_note(m.get("speed_ratio"))) if note]
-    if s["noisy_layouts"]:
-        notes.append(f"{s['noisy_layouts']} layout(s) stayed noisy (spread > 25 %) after a repeat — the machine is "
-                     f"busy; rerun when it is quiet or with more --repeats")
-    return notes
 
 
 def _print(console, result: dict, picture: str | None) -> None:
@@ -221,7 +207,9 @@ def _print(console, result: dict, picture: str | None) -> None:
                       + f" the calibration's time): median |error| {now['median_abs_error']:.1%}, "
                       f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
                       f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
-    for warning in warnings(result):
+    from shardwise.contention import sweep_warnings
+
+    for warning in sweep_warnings(result):
         console.print(f"[yellow]{warning}[/]", highlight=False)
     if picture:
         console.print(f"wrote {picture}")

@@ -121,6 +121,13 @@ def validate_page(result: dict) -> dict:
              "predicted_mib": x["predicted_memory_bytes"] / 2**20, "measured_mib": x["measured_memory_bytes"] / 2**20,
              "noisy": bool(x.get("noisy", False)), "tp": x.get("tp", 1), "pp": x.get("pp", 1)}
             for x in result["layouts"]]
+    from shardwise.contention import sweep_warnings
+
+    summary = result.get("summary", {})
     return {"model": result.get("model"), "world": result.get("world"), "backend": result.get("backend"),
             "cluster": result.get("cluster"), "global_batch": result.get("global_batch"),
-            "seq_len": result.get("seq_len"), "summary": result.get("summary", {}), "layouts": rows}
+            "seq_len": result.get("seq_len"), "summary": summary, "layouts": rows,
+            # what `validate` prints beside its table: the score at the machine's speed during the sweep, and what
+            # made the figures less than a quiet machine's
+            "drift_corrected": summary.get("drift_corrected"),
+            "warnings": sweep_warnings(result) if "noisy_layouts" in summary else []}

@@ -329,7 +329,10 @@
     $("validate-summary").textContent = `${v.model} on ${v.world} ranks (${v.backend}, ${v.cluster}), ${v.layouts.length} layouts, ` +
       `global batch ${v.global_batch} × ${v.seq_len} tokens. Step time: median error ${pct(s.median_abs_error)}, p90 ${pct(s.p90_abs_error)}; ` +
       `Spearman ${num(s.spearman, 2)}, Kendall τ ${num(s.kendall_tau, 2)}; planner's pick ${pct(s.top1_regret)} slower than the measured best. ` +
-      `Memory: median error ${pct(s.memory_median_abs_error)}, p90 ${pct(s.memory_p90_abs_error)}.`;
+      `Memory: median error ${pct(s.memory_median_abs_error)}, p90 ${pct(s.memory_p90_abs_error)}.` +
+      (v.drift_corrected ? ` At the machine's speed during the sweep: median error ${pct(v.drift_corrected.median_abs_error)}, ` +
+        `p90 ${pct(v.drift_corrected.p90_abs_error)}, Kendall τ ${num(v.drift_corrected.kendall_tau, 2)}.` : "") +
+      (v.warnings || []).map((w) => ` Warning: ${w}.`).join("");
     const rows = v.layouts.slice().sort((a, b) => a.measured_s - b.measured_s);
     const err = (p, m) => `${p >= m ? "+" : ""}${num((100 * (p - m)) / m, 1)} %`;
     document.querySelector("#validate-table tbody").innerHTML = rows.map((x) => `<tr><td class="text">${esc(x.name)}${x.noisy ? " (noisy)" : ""}</td>` +
