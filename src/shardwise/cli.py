@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     from shardwise.interrupt import cli_handlers, interrupt_behind
 
+    if from_shell and not sys.stdout.isatty():  # piped (`| tee log`): each line as it is written, not at exit
+        sys.stdout.reconfigure(line_buffering=True)
     restore = cli_handlers()
     try:
         code = args.func(args)
