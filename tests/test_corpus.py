@@ -185,6 +185,11 @@ def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch
     _one_line_error(capsys, ["--data", str(tmp_path / "nope.txt")], "nope.txt: not found")
     _one_line_error(capsys, ["--data", str(env["corpus"]["text"]), "--tokenizer", str(env["tokenizer"]), *cache],
                     str(env["tokenizer"]), "vocabulary of 384 tokens exceeds the 256 of tiny")
+    saved = tmp_path / "saved"  # datasets' save_to_disk: Arrow files, which read as "not UTF-8 text" before
+    saved.mkdir()
+    for name in ("data-00000-of-00001.arrow", "state.json", "dataset_info.json"):
+        (saved / name).write_bytes(b"\xff\xff\xff\xff")
+    _one_line_error(capsys, ["--data", str(saved)], "data-00000-of-00001.arrow is an Arrow file", "to_parquet")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": oops}\n')
     _one_line_error(capsys, ["--data", str(tmp_path / "bad.jsonl"), *cache], "bad.jsonl:2: not valid JSON")
     _one_line_error(capsys, ["--data", str(env["corpus"]["jsonl"]), *cache], "paragraphs.jsonl:1: no text field 'text'",

@@ -52,6 +52,10 @@ def expand(paths, flag: str = "--data") -> list[Source]:
         else:
             raise UsageError(f"{flag} {given}: not found — give text, .jsonl or .parquet files, or folders of them")
         for f in files:
+            if f.suffix.lower() == ".arrow":  # datasets' save_to_disk writes Arrow files beside state.json
+                raise UsageError(f"{flag} {given}: {f.name} is an Arrow file (Hugging Face datasets' save_to_disk) — "
+                                 f"export it with dataset.to_parquet('train.parquet') or dataset.to_json('train.jsonl') "
+                                 f"and give that")
             kind = _kind(f)
             if kind == "parquet":
                 try:
