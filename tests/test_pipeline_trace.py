@@ -33,6 +33,8 @@ def test_trace_files_from_a_real_run(tmp_path):
     # 2 steps x 2 ranks x (4 F + 4 B) compute events, plus the receives
     assert sum(e["cat"] in ("F", "B") for e in spans) == 2 * 2 * 8
     assert {e["pid"] for e in spans} == {0, 1}
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {0: "pipeline rank 0 (rank 0)", 1: "pipeline rank 1 (rank 1)"}  # the stage, and who ran it
     # every exchange a rank waits in is one record: the program the planner times is the one that ran
     from shardwise.schedules.p2p import Exchange, p2p_program
 

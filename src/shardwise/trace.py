@@ -64,7 +64,9 @@ def write_trace(ex, out_dir, title: str) -> dict | None:
     sim = simulate(ex.schedule, measured_costs(ex.schedule, last))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_chrome_trace(events, out / "trace.json")
+    # the events' ranks are pipeline ranks (positions in rank 0's pp group): named with the global rank each one is
+    names = {r: f"pipeline rank {r} (rank {dist.get_global_rank(ex.pp_group, r)})" for r in range(len(gathered))}
+    write_chrome_trace(events, out / "trace.json", names)
     panels = [(f"measured ({ex.schedule.name}, last step)", last), ("simulated with the measured costs", sim.events)]
     for suffix in ("png", "svg"):
         draw_timelines(panels, out / f"timeline.{suffix}", suptitle=title)
