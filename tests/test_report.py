@@ -137,9 +137,12 @@ def test_validate_only_report_and_both(tmp_path, capsys):
     data = json.loads(parse(out).data_json)
     assert data["plan"] is None and len(data["validate"]["layouts"]) == 6
     both = tmp_path / "b.html"
+    capsys.readouterr()
     assert main(["report", *PLAN, "--validate", str(result), "--out", str(both)]) == 0
     data = json.loads(parse(both).data_json)
     assert data["plan"] is not None and data["validate"] is not None
+    # the tiny model's sweep on 2 ranks beside another model's plan: said, not silently combined
+    assert "note: the validate run is tiny on 2 ranks and the plan" in capsys.readouterr().err
 
 
 def test_plan_html_writes_the_same_page(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from shardwise.errors import UsageError
@@ -90,6 +91,9 @@ def run(args) -> int:
         plan = plan_page(job, args.gpus, result)
         best = result.ranked[0].to_dict()
         echo = job_fields(args, job)
+        if validate and (validate["model"], validate["world"]) != (job.model.name, args.gpus):
+            print(f"note: the validate run is {validate['model']} on {validate['world']} ranks and the plan "
+                  f"{job.model.name} on {args.gpus} GPUs: the page's two parts describe different jobs", file=sys.stderr)
     html = page(plan=plan, validate=validate)
     write(args.out, html)
     size = len(html.encode())
