@@ -182,6 +182,8 @@ def test_validate_run_beside_a_plan_without_pipeline(browser, tmp_path):
     points = page.js("window.shardwiseReport.charts.validate.data.datasets.filter(d => d.type !== 'line').reduce((n, d) => n + d.data.length, 0)")
     assert points == 7 and page.js("document.querySelectorAll('#validate-table tbody tr').length") == 7
     assert "no pipeline" in page.js("document.getElementById('timeline-note').textContent")
+    # no blank space where the timeline would be: the hidden canvas takes no room
+    assert page.js("document.getElementById('timeline-canvas').getBoundingClientRect().height") == 0
     said = page.js("document.getElementById('validate-summary').textContent")
     assert "At the machine's speed during the sweep: median error 3.2" in said and "Kendall τ 0.97" in said
     assert "Warning: other processes kept 1.3 of this machine's" in said and "1 layout(s) stayed noisy" in said
