@@ -355,6 +355,7 @@ def _precision(row: dict) -> str:
     filled `precision` cell decides; only a row without one is read from its name (a "... BF16" row of a paper titled
     FP8-something stays BF16)."""
     stated = row.get("precision", "").strip().lower()
+    stated = "" if stated.startswith("nr") else stated  # "not reported" states nothing
     fp8 = "fp8" in stated if stated else ("Float8" in row["run"] or "FP8" in row["run"])
     return "fp8" if fp8 else "bf16"
 

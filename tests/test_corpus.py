@@ -250,9 +250,12 @@ def test_inspects_resume_line_names_the_model_as_given_and_the_expert_split(tmp_
     config = tmp_path / "moe.json"
     config.write_text((Path(shardwise.__file__).parent / "presets" / "models" / "tiny-moe.json").read_text())
     ck = tmp_path / "ck"
-    base = ["train", "--model", str(config), "--steps", "2", "--global-batch", "4", "--seq-len", "16", "--no-progress",
+    monkeypatch.chdir(tmp_path)  # the run names its model relative to where it ran; inspect runs from elsewhere
+    base = ["train", "--model", "moe.json", "--steps", "2", "--global-batch", "4", "--seq-len", "16", "--no-progress",
             "--checkpoint-dir", str(ck)]
     assert main(base + ["--dp", "2", "--ep", "2", "--stop-after", "1"]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.setenv("COLUMNS", "1000")
     capsys.readouterr()
     assert main(["checkpoint", "inspect", str(ck)]) == 0

@@ -33,7 +33,6 @@ def test_each_what_if_names_the_winner_a_whole_search_finds_under_it(model, clus
     for what, perturbed, new, today in what_if_rankings(job, result):
         again = search(perturbed, gpus, SearchSpace()).ranked[0]
         assert new.step_time == pytest.approx(again.step_time, rel=1e-9), (what, new.layout, again.layout)
-        assert today.layout == result.ranked[0].layout
 
 
 def test_slower_gpus_slow_the_fp8_matmuls_too():

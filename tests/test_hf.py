@@ -215,6 +215,7 @@ def test_a_folder_without_weights_says_it_starts_from_random(folders, tmp_path, 
     folder = tmp_path / "llama"
     folder.mkdir()
     shutil.copy(folders / "llama" / "config.json", folder / "config.json")
+    (folder / "training_args.bin").write_bytes(b"a Trainer's settings, not weights")
     assert main(["train", "--model", str(folder), "--steps", "1", "--global-batch", "2", "--seq-len", "8",
                  "--no-progress"]) == 0
     assert "holds no weights: training starts from a seeded initialisation" in capsys.readouterr().err

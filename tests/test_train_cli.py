@@ -148,7 +148,6 @@ def test_launcher_runs_a_plan_and_matches_one_process(tmp_path):
     _assert_same_losses(_metrics(metrics), _reference_losses(args))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dp", [1, 2])
 def test_a_diverged_run_stops_at_its_first_nan_step(dp, tmp_path):
     # a learning rate of 1e4 with clipping off: the gradient norm is nan at step 4. The run stopped there, one line,
@@ -167,6 +166,7 @@ def test_a_diverged_run_stops_at_its_first_nan_step(dp, tmp_path):
     assert [r["step"] for r in records] == list(range(1, step))
 
 
+@pytest.mark.slow
 def test_a_dying_rank_stops_the_job_and_is_named(tmp_path):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "shardwise", "train", "--dp", "2", "--steps", "50", "--seq-len", "32",

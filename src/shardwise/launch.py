@@ -122,12 +122,13 @@ def _check_gpus(world: int) -> None:
                          f"lower dp*tp*pp or run on more machines with torchrun --nnodes")
 
 
-def launch(cfg: TrainConfig) -> None:
-    """Run the (already checked) job to the end; raises JobFailed naming the rank that failed."""
+def launch(cfg: TrainConfig) -> dict | None:
+    """Run the (already checked) job to the end; raises JobFailed naming the rank that failed. Returns global rank
+    0's `--json` object (None under torchrun on another rank, or without --json)."""
     from shardwise.train import train_rank
 
-    run_ranks(train_rank, cfg, world=cfg.layout.world_size, backend=cfg.backend, timeout_s=cfg.timeout_s,
-              max_restarts=cfg.max_restarts, what="training")
+    return run_ranks(train_rank, cfg, world=cfg.layout.world_size, backend=cfg.backend, timeout_s=cfg.timeout_s,
+                     max_restarts=cfg.max_restarts, what="training")[0]
 
 
 def free_port() -> int:

@@ -73,7 +73,8 @@ class TrainConfig:
     max_restarts: int = 0  # torchrun's agent restarts the job this often; a restart resumes by itself
     # real models and data: None = weights from the seed / the built-in corpus
     weights: object | None = None  # hf.load.HFFolder (--model DIR): each rank reads only its slices
-    model_given: str | None = None  # --model as named (a preset, a config file, a folder): a resume names it so
+    model_given: str | None = None  # --model: a preset's name, or a config file's or folder's absolute path
+    init: str | None = None  # --init as given: a resume command repeats it
     hf_config: dict | None = None  # that folder's config.json, written back by `checkpoint export --format hf`
     data: object | None = None  # corpus.TokenFile: --data, tokenized once into a memory-mapped file
     val_data: object | None = None  # corpus.TokenFile: --val-data
@@ -311,6 +312,7 @@ class TrainResult:
     records: list[dict] = field(default_factory=list)
     runtime: Runtime | None = None
     memory: dict | None = None  # this rank's measured memory (cfg.measure_memory), bytes per part
+    json_out: dict | None = None  # rank 0 under --json: the records and summary `train --json` prints
 
     @property
     def losses(self) -> list[float]:
@@ -396,13 +398,21 @@ class TrainLoop:
     def _log(self, step: int, scalars: StepScalars, start: float, end: float | None) -> None:
         rt, cfg = self.rt, self.rt.cfg
         values = scalars.read()
-        check_finite(step, values)
+        try:
+            check_finite(step, values)
+        except JobFailed as exc:  # said beside the checkpoints, so that a restart of this job stops at once
+            marker = diverged_marker(cfg)
+            if marker is not None and _is_rank0():
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(str(exc))
+            raise
         elapsed = (time.perf_counter() if end is None else end) - start
         rec = {"step": step, "loss": values["loss"], "step_time_s": elapsed, "tokens_per_s": cfg.tokens_per_step / elapsed,
                "lr": values["lr"], "grad_norm": values["grad_norm"],
                **({"aux_loss": values["aux_loss"]} if "aux_loss" in values else {})}
         if eval_due(cfg, step):
             rec.update(evaluate(rt))
+            check_finite(step, {k: v for k, v in rec.items() if k.startswith("val_")})  # the metrics stay strict JSON
             if self.messages:
                 print(f"step {step}: validation loss {rec['val_loss']:.4f}, perplexity {rec['val_perplexity']:.2f}", flush=True)
         self.records.append(rec)
@@ -412,6 +422,11 @@ class TrainLoop:
         self.update(rec)
 
 
+def diverged_marker(cfg: TrainConfig) -> Path | None:
+    """The file in the checkpoint folder that says this job diverged (None without a checkpoint folder)."""
+    return Path(cfg.checkpoint_dir) / "diverged.txt" if cfg.checkpoint_dir else None
+
+
 def check_finite(step: int, values: dict) -> None:
     """Stop the job at the first step whose loss or gradient norm is not a number, as Megatron-LM's default
     --check-for-nan-in-loss-and-grad does: training on would only spread it through the weights. Every rank reads
@@ -419,8 +434,8 @@ def check_finite(step: int, values: dict) -> None:
     bad = {k: v for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)}
     if bad:
         said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad.items())
-        raise JobFailed(f"training diverged at step {step} ({said}): stopped there — lower --lr, keep --grad-clip "
-                        f"finite, or resume from an earlier checkpoint")
+        raise JobFailed(f"training diverged at step {step} ({said}): stopped there — start again with a lower --lr or "
+                        f"a finite --grad-clip (a resume replays the same settings)")
 
 
 def train(cfg: TrainConfig, mesh=None) -> TrainResult:
@@ -432,8 +447,16 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     rt, rank0 = result.runtime, _is_rank0()
     resume_from = checkpoint.resume_path(cfg)
     restarts = checkpoint.restart_count()
+    marker = diverged_marker(cfg)
+    if marker is not None and marker.is_file():
+        if restarts:  # this job diverged before its restart: resuming would replay the same steps to the same nan
+            raise JobFailed(f"{marker.read_text().strip()} (restart {restarts} stopped at once: the same steps would "
+                            f"diverge again)")
+        if rank0:  # a new job, with other settings or not: its own run decides
+            marker.unlink(missing_ok=True)
     if restarts and rank0 and _messages(cfg):  # torchrun's agent started every rank again after one failed
-        print(f"restart {restarts} of {cfg.max_restarts}: a rank had failed, so every rank was started again; "
+        allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts))  # torchrun's own, under torchrun
+        print(f"restart {restarts} of {allowed}: a rank had failed, so every rank was started again; "
               f"{'resuming from the newest checkpoint' if resume_from else 'no checkpoint yet: from step 0'}", flush=True)
     if resume_from is not None:
         manifest = checkpoint.restore(rt, resume_from)
@@ -453,11 +476,10 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     if rank0 and _messages(cfg) and result.records:
         print(summary(result.records, cfg), flush=True)
     trace = _write_trace(result.runtime) if cfg.trace_dir and cfg.layout.pp > 1 else None
-    if rank0 and cfg.json_output:
-        out = {"records": result.records, "summary": {**summary_dict(result.records, cfg), **memory,
-                                                      "restarts": restarts, "first_step": rt.step - len(result.records) + 1},
-               "trace": trace}
-        print(json.dumps(out), flush=True)
+    if rank0 and cfg.json_output:  # printed by whoever launched the job, once it has ended (commands/train.py)
+        result.json_out = {"records": result.records, "trace": trace,
+                           "summary": {**summary_dict(result.records, cfg), **memory, "restarts": restarts,
+                                       "first_step": rt.step - len(result.records) + 1}}
     return result
 
 
@@ -563,13 +585,14 @@ class progress_bar:
 # --------------------------------------------------------------------------- one process of a job
 
 
-def train_rank(cfg: TrainConfig) -> list[dict]:
-    """What every rank runs (started by `launch.run_ranks`, in its process group): build the mesh, train.
-    One process without a process group trains alone."""
+def train_rank(cfg: TrainConfig) -> dict | None:
+    """What every rank runs (started by `launch.run_ranks`, in its process group): build the mesh, train. One
+    process without a process group trains alone. Returns rank 0's `--json` object (None elsewhere): the launcher
+    prints it after the job has ended, so a signal during the ranks' teardown cannot follow it with a second one."""
     if not dist.is_initialized():
-        return train(cfg).records
+        return train(cfg).json_out
     lay = cfg.layout
     mesh = build_mesh(lay.pp, lay.dp, lay.tp, cp=lay.cp, backend=cfg.backend, timeout_s=cfg.timeout_s)
-    records = train(cfg, mesh).records
+    out = train(cfg, mesh).json_out
     dist.barrier()
-    return records
+    return out

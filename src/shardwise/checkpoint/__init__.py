@@ -124,7 +124,7 @@ def _manifest(rt, metadata, files: dict, seconds: float) -> dict:
 def _sources(cfg) -> dict:
     """Where the weights and data came from: `checkpoint export --format hf` writes the model folder's config
     back and copies the tokenizer; a resume checks it trains on the same data."""
-    out = {"hf_config": cfg.hf_config, "model_given": cfg.model_given}
+    out = {"hf_config": cfg.hf_config, "model_given": cfg.model_given, "init": cfg.init}
     if cfg.data is not None:
         out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key,
                        "given": list(cfg.data.given), "field": cfg.data.field}

@@ -71,10 +71,10 @@ def run_inspect(args) -> int:
     table.add_column()
     sched = f", {lay['schedule']}" + (f" v{lay['vpp']}" if lay["vpp"] > 1 else "") if lay["pp"] > 1 else ""
     table.add_row("step", f"{info['step']} of {info['steps']}")
-    cp = f"·cp{lay['cp']} ({lay.get('cp_mode', 'ring')})" if lay.get("cp", 1) > 1 else ""
-    cp += f"·ep{lay['ep']}" if lay.get("ep", 1) > 1 else ""
-    cp += f"·etp{lay['etp']}" if lay.get("etp", 1) > 1 else ""
-    table.add_row("written by", f"dp{lay['dp']}·tp{lay['tp']}·pp{lay['pp']}{cp} ({info['world_size']} ranks), ZeRO {lay['zero']}"
+    from shardwise.specs import Layout
+    from shardwise.train import split
+
+    table.add_row("written by", f"{split(Layout(**lay))} ({info['world_size']} ranks), ZeRO {lay['zero']}"
                   f"{', sequence parallel' if lay['sequence_parallel'] else ''}{sched}")
     params = info["groups"].get("model", {}).get("elements", 0)
     table.add_row("model", f"{model['name']} ({model['family']}, {model['num_layers']} layers, hidden {model['hidden']}, "
@@ -103,8 +103,10 @@ def resume_command(info: dict, model: str, parent) -> str:
 
     from shardwise.corpus.tokenizer import BYTES
 
+    from shardwise.paths import shown
+
     run = info["run"]
-    argv = ["shardwise", "train", "--model", model]
+    argv = ["shardwise", "train", "--model", shown(model)] + (["--init", info["init"]] if info.get("init") else [])
     for key in ("steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "weight_decay", "grad_clip"):
         if run.get(key) is not None:
             argv += [f"--{key.replace('_', '-')}", str(run[key])]

@@ -221,7 +221,8 @@ def config_from(args):
     plan = _plan_file(args.plan) if args.plan else None  # read once: the job's batch and sequence, then its layout
     apply_plan_job(args, spec, plan)
     weights, hf_config = model_source(args.model, args.init, spec)
-    if weights is None and hf_config is not None and args.init is None and os.environ.get("RANK", "0") == "0":
+    if weights is None and hf_config is not None and args.init is None and not args.resume \
+            and os.environ.get("RANK", "0") == "0":
         print(f"note: {args.model} holds no weights: training starts from a seeded initialisation (--init random "
               f"says so; --init pretrained refuses a folder without weights)", file=sys.stderr)
     return TrainConfig(spec=spec, layout=layout_from(args, plan), steps=args.steps,
@@ -233,7 +234,8 @@ def config_from(args):
                        memory_check=not args.no_memory_check,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, keep=3 if args.keep is None else args.keep,
                        stop_after=args.stop_after, resume=args.resume, max_restarts=args.max_restarts,
-                       weights=weights, hf_config=hf_config, model_given=args.model, eval_every=args.eval_every,
+                       weights=weights, hf_config=hf_config, model_given=_given(args.model), init=args.init,
+                       eval_every=args.eval_every,
                        eval_batches=4 if args.eval_batches is None else args.eval_batches)
 
 
@@ -253,15 +255,21 @@ def run(args) -> int:
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
     check_checkpoints(cfg)
     _note_vocab_padding(cfg)
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this command: rank 0 speaks
     try:
-        launch(cfg)
+        out = launch(cfg)
     except JobFailed as exc:
-        print(f"shardwise: error: {exc}", file=sys.stderr)
-        if args.json:  # stdout stays parseable: what ended the job (the steps done are in --metrics-file)
-            from shardwise.commands.common import print_json
+        if rank0:
+            print(f"shardwise: error: {exc}", file=sys.stderr)
+            if args.json:  # stdout stays parseable: what ended the job (the steps done are in --metrics-file)
+                from shardwise.commands.common import print_json
 
-            print_json({"error": str(exc), "exit_code": 1, "metrics_file": args.metrics_file})
+                print_json({"error": str(exc), "exit_code": 1, "metrics_file": args.metrics_file})
         return 1
+    if out is not None:
+        import json
+
+        print(json.dumps(out), flush=True)
     return 0
 
 
@@ -275,6 +283,13 @@ def _distinct_paths(args) -> None:
     reads |= {f"--data {p}": p for p in args.data or []} | {f"--val-data {p}": p for p in args.val_data or []}
     distinct_outputs({"--metrics-file": args.metrics_file, "--trace": args.trace, "--checkpoint-dir": args.checkpoint_dir},
                      reads)
+
+
+def _given(model: str) -> str:
+    """--model as a resume can name it from any directory: a file or folder by its absolute path, a preset by name."""
+    from pathlib import Path
+
+    return str(Path(model).resolve()) if Path(model).exists() else model
 
 
 def _note_vocab_padding(cfg) -> None:

@@ -317,11 +317,13 @@ def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolde
     return inspect_folder(folder, spec), config
 
 
-# Weight files of other formats a model folder may hold (PyTorch pickles, TensorFlow, Flax, safetensors under another
-# name), which `train` cannot start from.
-OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.safetensors")
+# Weight files of other formats a model folder may hold, which `train` cannot start from: PyTorch pickles as
+# transformers and Meta's releases name them, TensorFlow and Flax weights, safetensors under other names. A Trainer's
+# own files beside them (training_args.bin, optimizer.pt, rng_state.pth, ...) are not weights.
+OTHER_WEIGHTS = ("pytorch_model*.bin", "model*.bin", "model*.pt", "model*.pth", "consolidated*.pt", "consolidated*.pth",
+                 "*.ckpt", "tf_model*.h5", "flax_model*.msgpack", "*.safetensors")
 
 
 def other_weights(folder: Path) -> list[str]:
-    """The folder's weight files besides the ones shardwise reads (SINGLE, INDEX and the shards it lists)."""
-    return sorted({p.name for pattern in OTHER_WEIGHTS for p in folder.glob(pattern)} - {SINGLE})
+    """The weight files of a folder that has neither SINGLE nor INDEX (has_weights is false): what it holds instead."""
+    return sorted({p.name for pattern in OTHER_WEIGHTS for p in folder.glob(pattern)})
