@@ -87,3 +87,18 @@ def test_elastic_restart_resumes_by_itself(tmp_path, straight):
     assert f"resumed from {ckpt / 'step_000004'} (step 4" in proc.stdout
     assert re.search(r"trained \d+ steps \(steps 5-\d+\)", proc.stdout), proc.stdout
     _same(m, straight)
+
+
+def test_a_diverged_job_is_not_replayed_by_its_restarts(tmp_path):
+    # every restart resumed from the last checkpoint before the nan and diverged again at the same step: each one
+    # now stops at once on the note the first attempt left, and a new run in the folder clears the note
+    ckpt = tmp_path / "ckpt"
+    proc = _train(["--checkpoint-dir", str(ckpt), "--save-every", "2", "--max-restarts", "2", "--lr", "1e4",
+                   "--grad-clip", "1e30"])
+    assert proc.returncode == 1
+    assert "training diverged at step" in proc.stderr and "(restart 2 stopped at once" in proc.stderr, proc.stderr
+    assert (ckpt / "diverged.txt").read_text().startswith("training diverged at step")
+    # a new job (--resume: the same settings, as a resume must be) is not held to the note: it runs, and diverges
+    again = _train(["--checkpoint-dir", str(ckpt), "--save-every", "2", "--lr", "1e4", "--grad-clip", "1e30", "--resume"])
+    assert again.returncode == 1 and "training diverged at step" in again.stderr
+    assert "stopped at once" not in again.stderr, again.stderr
