@@ -126,6 +126,12 @@ def _calibrate(console, spec, world: int):
     cluster = profile.to_cluster()
     console.print(f"this machine: {cluster.peak_flops / 1e9:.0f} GFLOP/s per process for {spec.name}'s matmuls, "
                   f"links {cluster.intra_node_bandwidth / 1e9:.2f} GB/s + {cluster.intra_node_latency * 1e6:.0f} µs")
+    from shardwise.contention import neighbours_note
+
+    busy = neighbours_note("the measurement", profile.other_cpu_cores)
+    if busy:  # the prediction below is only as good as a quiet machine's measurement
+        console.print(f"[yellow]note: {busy} — the prediction below may be far off; run the demo on a quiet machine[/]",
+                      highlight=False)
     return cluster
 
 
