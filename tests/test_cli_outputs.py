@@ -122,3 +122,26 @@ def test_the_demo_says_which_way_its_prediction_is_off():
     assert _off(0.144, 0.100) == "44% longer than measured"
     assert _off(0.090, 0.100) == "10% shorter than measured"
     assert _off(0.1001, 0.100) == "as measured"
+
+
+def test_the_demo_says_a_busy_machine_was_measured(monkeypatch):
+    import shardwise.calibrate as cal
+    from rich.console import Console
+
+    from shardwise.commands.demo import _calibrate
+    from shardwise.specs import load_cluster, load_model
+
+    class Profile:
+        other_cpu_cores = 1.5
+
+        def to_cluster(self):
+            return load_cluster("dgx-h100-80gb")
+
+    monkeypatch.setattr(cal, "calibrate", lambda cfg, progress: Profile())
+    console = Console(record=True, width=200)
+    _calibrate(console, load_model("tiny"), 4)
+    assert "other processes kept 1.5 of this machine's" in console.export_text()
+    Profile.other_cpu_cores = 0.01
+    console = Console(record=True, width=200)
+    _calibrate(console, load_model("tiny"), 4)
+    assert "other processes" not in console.export_text()
