@@ -73,3 +73,20 @@ def test_the_experts_all_to_all_is_a_communication_term_of_its_own():
     win = estimate(job, lay)
     assert win.time_s["ep_comm"] > max(win.time_s[k] for k in ("tp_comm", "dp_comm", "pp_p2p", "cp_comm"))
     assert _what_ifs(job, win)[0][0] == "if the experts' all-to-all traffic ran at half of NVLink's bandwidth"
+
+
+def test_the_cp_paragraphs_unsplit_layout_is_one_the_planner_runs():
+    # llama3.1-405b on 16,384 H100 at 8K: folding cp 2 into dp gives dp 256 and 8 micro-batches, which interleaving
+    # over pp 16 cannot run; the paragraph had described that layout as the one that fits unsplit
+    from shardwise.planner.explain import _unsplit
+    from shardwise.specs import validate_layout
+
+    job = _job("llama3.1-405b", "dgx-h100-80gb", 16384, 2048, 8192, "torchtitan")
+    lay = Layout(dp=128, tp=4, pp=16, cp=2, vpp=8, schedule="interleaved-1f1b", zero=2, micro_batch=1,
+                 recompute="selective", sequence_parallel=True)
+    plain, where = _unsplit(job, lay)
+    validate_layout(plain, job.model, job.train.global_batch, seq_len=job.train.seq_len)
+    assert plain.cp == 1 and plain.dp == 128 and "without its cp ranks, 8,192 GPUs" in where
+    # where the batch and the schedule allow it, the cp ranks become data-parallel ones on the same GPUs
+    folded, where = _unsplit(job, lay.with_(schedule="1f1b", vpp=1))
+    assert folded.dp == 256 and folded.world_size == 16384 and "as data-parallel ones" in where

@@ -178,13 +178,11 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
         return (f"CP = 1: one sequence of {s:,} tokens fits each GPU's activations unsplit "
                 f"({win.memory_bytes['activations'] / GIB:.1f} GiB), so splitting it only adds K/V traffic. "
                 f"Best step with the sequence split: {_compare(by_cp, 1, win, 'cp')}.")
-    # unsplit on the same GPUs: the cp ranks become data-parallel ones (ZeRO shards over the same dp x cp group),
-    # where the global batch divides among them
-    same_gpus = job.train.global_batch % (lay.dp * lay.cp * lay.micro_batch) == 0
-    unsplit = memory_breakdown(job, lay.with_(cp=1, dp=lay.dp * lay.cp if same_gpus else lay.dp))[1]
+    plain, where = _unsplit(job, lay)
+    unsplit = memory_breakdown(job, plain)[1]
     fits_unsplit = sum(unsplit.values()) <= c.gpu_memory_bytes
     why = (f"unsplit, one sequence of {s:,} tokens would keep {unsplit['activations'] / GIB:.1f} GiB of activations on "
-           f"each GPU of this layout ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.0f} GiB in all"
+           f"each GPU {where} ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.0f} GiB in all"
            + ("" if fits_unsplit else ": it does not fit") + ")")
     tokens = local_seq(job, lay)
     lc = layer_cost(job, lay)
@@ -219,6 +217,25 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
             f"({share:.1%} of the step). Best step at other degrees: {_compare(by_cp, lay.cp, win, 'cp')}.")
 
 
+def _unsplit(job: Job, lay) -> tuple:
+    """The winner without its sequence split, and where that layout runs: on the same GPUs with the cp ranks as
+    data-parallel ones (ZeRO shards over the same dp x cp group) where the batch and the stack allow it, else the
+    same dp x tp x pp on the fewer GPUs it takes."""
+    from shardwise.errors import UsageError
+    from shardwise.planner.estimate import check_runs
+    from shardwise.specs import validate_layout
+
+    folded = lay.with_(cp=1, dp=lay.dp * lay.cp)
+    try:  # the layout rules every stack has (the batch over dp, interleaving's micro-batch count), then the stack's
+        validate_layout(folded, job.model, job.train.global_batch, seq_len=job.train.seq_len)
+        check_runs(job, folded)
+        return folded, "of this layout with its cp ranks as data-parallel ones"
+    except UsageError:
+        pass
+    plain = lay.with_(cp=1)
+    return plain, f"of {_split(plain)} (this layout without its cp ranks, {plain.world_size:,} GPUs)"
+
+
 def experts_paragraph(job: Job, result: SearchResult) -> str:
     """Why the experts are split the way they are: what ep buys in memory, what its all-to-all costs and where
     it runs, against the best step at the other ep degrees."""
@@ -233,6 +250,10 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
              f"across {placement(cluster, group, 1)[1]} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
     a2a = win.time_s.get("ep_comm", 0.0)
     by_ep = _best_by(result, lambda l: l.ep)
+    copies = ranks // group
+    replicas = ("each one held once, with no replica to average its gradients with" if copies == 1 else
+                f"and {copies} replicas of each average their gradients")
+    against = f", against {states(whole) / GIB:.1f} GiB with every expert on every GPU (ep = 1)" if group > 1 else ""
     price = ("With every expert on every GPU, tokens never leave their GPU: no all-to-all." if group == 1 else
              f"The price: per MoE layer and micro-batch, four all-to-alls (dispatch and combine, forward and backward) "
              f"of {model.experts_per_token} x {model.hidden} activations per token, over {group} ranks {where}: "
@@ -243,9 +264,8 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
         f"per token, so a token uses {model.active_params() / 1e9:.1f} of the {model.num_params() / 1e9:.1f} B parameters "
         f"(FLOPs and MFU count those active ones). The experts fold over the {ranks} dp x tp{' x cp' if lay.cp > 1 else ''} "
         f"ranks of a stage: each GPU holds {_count(local, 'expert')} per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
-        f"and {_count(ranks // group, 'replica')} of each reduce their gradients. That leaves {states(win) / GIB:.1f} GiB of "
-        f"weights, gradients and optimizer states per GPU, against {states(whole) / GIB:.1f} GiB with every expert on "
-        f"every GPU (ep = 1). {price} Best step at other degrees: {_compare(by_ep, lay.ep, win, 'ep')}."
+        f"{replicas}. That leaves {states(win) / GIB:.1f} GiB of weights, gradients and optimizer states per GPU"
+        f"{against}. {price} Best step at other degrees: {_compare(by_ep, lay.ep, win, 'ep')}."
     )
 
 
@@ -417,8 +437,9 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
         else:
             close = today.step_time / new.step_time - 1
             same = ", the same split with other knobs" if new.layout.split == win.layout.split else ""
+            behind = f"{close:+.1%} behind it" if close >= 0.0005 else "within 0.05 % of it: a tie"
             sentences.append(f"{what}, {_knobs(new)} would win ({seconds(new.step_time)}/step; today's winner "
-                             f"{close:+.1%} behind it{same})")
+                             f"{behind}{same})")
     out.append("Sensitivity: " + "; ".join(sentences) + ".")
     host = host_bound_note(job, win.layout)
     return out + ([f"Host: {host[0].upper()}{host[1:]}."] if host else [])
