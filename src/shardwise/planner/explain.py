@@ -227,7 +227,8 @@ def _unsplit(job: Job, lay) -> tuple:
 
     folded = lay.with_(cp=1, dp=lay.dp * lay.cp)
     try:  # the layout rules every stack has (the batch over dp, interleaving's micro-batch count), then the stack's
-        validate_layout(folded, job.model, job.train.global_batch, seq_len=job.train.seq_len)
+        validate_layout(folded, job.model, job.train.global_batch, seq_len=job.train.seq_len,
+                        edge_chunks=get_framework(job.framework).edge_chunks)
         check_runs(job, folded)
         return folded, "of this layout with its cp ranks as data-parallel ones"
     except UsageError:
