@@ -134,8 +134,9 @@ def _print_fit(result, out: str) -> None:
 
     table = Table(title="the planner's collective times against the logs: median |error| over sizes >= 64 KiB, "
                         "before (the base's datasheet network) and after the fit")
-    for column in ("log", "kind", "ranks/nodes", "busbw GB/s", "before", "after", ">= 64 MiB", "max"):
-        table.add_column(column, justify="left" if column in ("log", "kind") else "right")
+    for column in ("log", "kind", "ranks / nodes", "busbw GB/s", "before", "after", ">= 64 MiB", "max"):
+        text = column in ("log", "kind")  # names fold onto a second line in a narrow terminal rather than lose their end
+        table.add_column(column, justify="left" if text else "right", overflow="fold" if text else "ellipsis")
     for r in result.rows():
         big = r["median_abs_error_64mib_up"]
         table.add_row(Path(r["log"]).name, r["kind"], f"{r['ranks']}/{r['nodes']}", f"{r['largest_busbw_gbs']:,.0f}",
