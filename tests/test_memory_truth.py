@@ -86,11 +86,9 @@ def _worker(rank: int, world: int, layouts: dict, plans: list, out_dir: str, aut
                           autocast=autocast)
         mine = measure_memory(build_runtime(cfg, mesh_of(lay)), train_step)[1]
         out["layouts"][name] = {"worst": worst_over_ranks(mine), "pp_rank": rank // (lay.dp * lay.tp), "mine": mine}
-    for cfg in plans:  # the CLI's config: --json measures the first step and prints the summary
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            train(cfg, mesh_of(cfg.layout))
-        out["plans"].append(json.loads(printed.getvalue())["summary"] if rank == 0 else None)
+    for cfg in plans:  # the CLI's config: --json measures the first step; rank 0's summary is what `train` prints
+        result = train(cfg, mesh_of(cfg.layout))
+        out["plans"].append(result.json_out["summary"] if rank == 0 else None)
     torch.save(out, f"{out_dir}/memory{rank}.pt")
 
 
