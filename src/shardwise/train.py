@@ -57,7 +57,7 @@ class TrainConfig:
     backend: str = "gloo"
     timeout_s: float = 300.0
     metrics_file: str | None = None
-    json_output: bool = False  # rank 0 prints the records and a summary as one JSON object at the end
+    json_output: bool = False  # rank 0 keeps the records and a summary as one JSON object (TrainResult.json_out)
     measure_memory: bool = False  # the first step runs under validate's memory counters (summary: memory_*_gib)
     autocast: str = ""  # precision.CHOICES: "" BF16 autocast on a GPU, FP32 on a CPU; "bfloat16" the GPU's on a CPU
     trace_dir: str | None = None  # pipeline runs: Chrome trace + measured vs simulated timeline here
