@@ -108,7 +108,7 @@ def _json_error(args, message: str, code: int) -> None:
     """Under --json, a command stopped by Ctrl-C or SIGTERM still leaves one JSON object on stdout: what ended it and
     its exit code (and, for a run, where its finished steps are), as a failed run does (commands/train.py). A refusal
     (exit 2) leaves stdout empty: its one line is on stderr, before anything ran."""
-    if not getattr(args, "json", False):
+    if not getattr(args, "json", False) or os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0's alone
         return
     import json
 
