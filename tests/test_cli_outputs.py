@@ -145,3 +145,24 @@ def test_the_demo_says_a_busy_machine_was_measured(monkeypatch):
     console = Console(record=True, width=200)
     _calibrate(console, load_model("tiny"), 4)
     assert "other processes" not in console.export_text()
+
+
+def test_under_torchrun_only_rank_0_says_a_failure_or_an_interrupt(monkeypatch, capsys):
+    # every rank of a torchrun job runs the command: each printed the failure, and under --json its own object
+    import shardwise.launch as launch
+    from shardwise.cli import _json_error
+    from shardwise.errors import JobFailed
+
+    def failed(cfg):
+        raise JobFailed("training diverged at step 4 (grad norm nan): stopped there")
+
+    monkeypatch.setattr(launch, "launch", failed)
+    argv = ["train", "--model", "tiny", "--steps", "2", "--seq-len", "16", "--global-batch", "2", "--no-progress",
+            "--json"]
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert bool(out) == said and ("training diverged" in err) == said, (rank, out, err)
+        _json_error(build_parser(["train"]).parse_args(argv), "interrupted by SIGTERM — stopped", 143)
+        assert bool(capsys.readouterr().out) == said
