@@ -113,9 +113,12 @@ def test_comm_closed_form_zb_h1_exact_for_equal_passes_and_close_otherwise(p, m,
     c = 0.25 * x * f
     equal = simulate(build("zb-h1", p, m), Costs(f, f, f, c)).makespan
     assert cf.pipeline_makespan("zb-h1", p, m, 1, f, f, f, c) == pytest.approx(equal, abs=1e-9)
+    # Unequal passes: within 3.0 %, the worst of an exhaustive scan of this test's space (every p <= 6, m <= 16 and pass
+    # cost it draws, x in {0, 0.5, 1}): 51.5 against 50.0 at p 6, m 7, f 1.5, b = w = 2, x 1. The bound was 2.5 %
+    # until hypothesis drew p 4, m 5 of the same costs (35.3 against 34.4, 2.6 %).
     c = 0.1 * x * min(f, b, w)
     sim = simulate(build("zb-h1", p, m), Costs(f, b, w, c)).makespan
-    assert cf.pipeline_makespan("zb-h1", p, m, 1, f, b, w, c) == pytest.approx(sim, rel=0.025)
+    assert cf.pipeline_makespan("zb-h1", p, m, 1, f, b, w, c) == pytest.approx(sim, rel=0.0301)
 
 
 @pytest.mark.parametrize("name,p,m,v", [(n, 4, 8, 2 if n == "interleaved-1f1b" else 1) for n in SCHEDULES]
