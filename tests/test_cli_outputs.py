@@ -150,7 +150,7 @@ def test_the_demo_says_a_busy_machine_was_measured(monkeypatch):
 def test_under_torchrun_only_rank_0_says_a_failure_or_an_interrupt(monkeypatch, capsys):
     # every rank of a torchrun job runs the command: each printed the failure, and under --json its own object
     import shardwise.launch as launch
-    from shardwise.cli import _json_error
+    from shardwise.commands.common import print_failure_json
     from shardwise.errors import JobFailed
 
     def failed(cfg):
@@ -164,5 +164,5 @@ def test_under_torchrun_only_rank_0_says_a_failure_or_an_interrupt(monkeypatch, 
         assert main(argv) == 1
         out, err = capsys.readouterr()
         assert bool(out) == said and ("training diverged" in err) == said, (rank, out, err)
-        _json_error(build_parser(["train"]).parse_args(argv), "interrupted by SIGTERM — stopped", 143)
+        print_failure_json(build_parser(["train"]).parse_args(argv), "interrupted by SIGTERM — stopped", 143)
         assert bool(capsys.readouterr().out) == said

@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         if stop is None:
             raise
         print(f"shardwise: {stop} — stopped", file=sys.stderr)
-        _json_error(args, f"{stop} — stopped", stop.exit_code)
+        from shardwise.commands.common import print_failure_json
+
+        print_failure_json(args, f"{stop} — stopped", stop.exit_code)
         if from_shell:  # torch's teardown takes seconds
             exit_now(stop.exit_code)
         return stop.exit_code
@@ -102,23 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     if from_shell and args.command in PLANNER_COMMANDS:
         exit_now(code)
     return code
-
-
-def _json_error(args, message: str, code: int) -> None:
-    """Under --json, a command stopped by Ctrl-C or SIGTERM still leaves one JSON object on stdout: what ended it and
-    its exit code (and, for a run, where its finished steps are), as a failed run does (commands/train.py). A refusal
-    (exit 2) leaves stdout empty: its one line is on stderr, before anything ran."""
-    if not getattr(args, "json", False) or os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0's alone
-        return
-    import json
-
-    out = {"error": message, "exit_code": code}
-    if getattr(args, "metrics_file", None):
-        out["metrics_file"] = args.metrics_file
-    try:
-        print(json.dumps(out, indent=2), flush=True)
-    except (BrokenPipeError, ValueError):  # the reader went away, or stdout was closed
-        pass
 
 
 def exit_now(code: int) -> None:

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from shardwise import moe, precision
-from shardwise.errors import JobFailed
 from shardwise.corpus.batches import batches, validation_batches
+from shardwise.errors import JobFailed
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
 from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates, data_dim, data_mesh, expert_names,

@@ -543,6 +543,22 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
+def print_failure_json(args, message: str, code: int) -> None:
+    """Under --json, what ended a command after it had started (a failed or an interrupted run): one JSON object on
+    stdout, with a run's metrics file (where its finished steps are). Under torchrun rank 0 alone prints it. A refusal
+    (exit 2) prints none: its one line is on stderr, before anything ran."""
+    import os
+
+    if not getattr(args, "json", False) or os.environ.get("RANK", "0") != "0":
+        return
+    out = {"error": message, "exit_code": code} | ({"metrics_file": args.metrics_file} if hasattr(args, "metrics_file") else {})
+    try:
+        print_json(out)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # the reader went away, or stdout was closed
+        pass
+
+
 __all__ = ["add_model_arg", "add_cluster_args", "add_job_args", "add_layout_args", "layout_from_args",
-           "dp_from_gpus", "print_json", "add_framework_arg", "add_software_args", "job_from_args", "under_framework",
+           "dp_from_gpus", "print_json", "print_failure_json", "add_framework_arg", "add_software_args", "job_from_args", "under_framework",
            "layout_table", "breakdown_table", "print_explanation", "load_model", "load_cluster"]

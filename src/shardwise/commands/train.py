@@ -261,10 +261,9 @@ def run(args) -> int:
     except JobFailed as exc:
         if rank0:
             print(f"shardwise: error: {exc}", file=sys.stderr)
-            if args.json:  # stdout stays parseable: what ended the job (the steps done are in --metrics-file)
-                from shardwise.commands.common import print_json
+        from shardwise.commands.common import print_failure_json
 
-                print_json({"error": str(exc), "exit_code": 1, "metrics_file": args.metrics_file})
+        print_failure_json(args, str(exc), 1)  # stdout stays parseable under --json
         return 1
     if out is not None:
         import json
