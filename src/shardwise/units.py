@@ -1,5 +1,5 @@
 """Numbers for people: a duration in the unit that fits it (s, ms, µs), so a 0.4 ms step never reads "0.00 s";
-memory in GiB (GIB bytes each)."""
+memory in GiB (GIB bytes each); a count with its noun in the plural it takes."""
 
 from __future__ import annotations
 
@@ -18,3 +18,9 @@ def seconds(t: float) -> str:
     if size >= 1e-3:
         return f"{t * 1e3:.3g} ms"
     return f"{t * 1e6:.3g} µs"
+
+
+def count(n: int, noun: str) -> str:
+    """'1 tensor', '1,024 tensors', '2 batches': thousands separated, the plural by the noun's ending."""
+    plural = "es" if noun.endswith(("ch", "sh", "s", "x")) else "s"
+    return f"{n:,} {noun}{'' if n == 1 else plural}"

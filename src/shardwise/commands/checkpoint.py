@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardwise.commands.common import print_json
+from shardwise.units import count
 
 
 def register(subparsers, name, help):
@@ -48,10 +49,6 @@ def _size(n: float) -> str:
         n /= 1024
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 def run_inspect(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -82,7 +79,7 @@ def run_inspect(args) -> int:
     table.add_row("run", f"global batch {run['global_batch']} x {run['seq_len']} tokens, seed {run['seed']}, lr {run['lr']}, "
                   f"warm-up {run['warmup_steps']}")
     for kind, g in sorted(info["groups"].items()):
-        table.add_row(f"{kind}.*", f"{_count(g['tensors'], 'tensor')}, {_count(g['elements'], 'element')}")
+        table.add_row(f"{kind}.*", f"{count(g['tensors'], 'tensor')}, {count(g['elements'], 'element')}")
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
     given = info.get("model_given") or model["name"]  # older checkpoints: the model's name
@@ -150,6 +147,6 @@ def _export_hf(args) -> int:
     from shardwise.paths import shown
 
     extra = f", tokenizer from {shown(out['tokenizer'])}" if out["tokenizer"] else ""
-    print(f"wrote {out['folder']}: config.json, {_count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
+    print(f"wrote {out['folder']}: config.json, {count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
           f"{out['parameters']:,} parameters, {_size(out['bytes'])} (step {out['step']}){extra}")
     return 0

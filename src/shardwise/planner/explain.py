@@ -18,7 +18,7 @@ from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult, tp_fits
 from shardwise.planner.step_time import HOST_FLOOR_KEYS, attention_flops_per_step, host_bound_note, model_flops_per_step
 from shardwise.specs import TrainSpec, divisors
-from shardwise.units import seconds
+from shardwise.units import count, seconds
 
 
 def _knobs(e: Estimate) -> str:
@@ -33,10 +33,6 @@ def _knobs(e: Estimate) -> str:
 def _split(lay) -> str:
     return (f"dp{lay.dp}·tp{lay.tp}·pp{lay.pp}" + (f"·cp{lay.cp}" if lay.cp > 1 else "")
             + (f"·ep{lay.ep}" if lay.ep > 1 else ""))
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("ch") else "s")
 
 
 def _best_by(result: SearchResult, key) -> dict:
@@ -152,12 +148,12 @@ def pp_paragraph(job: Job, result: SearchResult) -> str:
         return (
             f"PP = {lay.pp} ({lay.schedule}{f', {lay.vpp} virtual stages per rank' if lay.vpp > 1 else ''}): each rank holds "
             f"about {model.num_layers / lay.pp:.1f} of the {model.num_layers} layers; with {m} micro-batches of "
-            f"{_count(lay.micro_batch, 'sequence')} the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
+            f"{count(lay.micro_batch, 'sequence')} the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
             f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
         )
     others = (f"Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}." if fw.schedules
               else f"{fw.name} has no pipeline parallelism.")
-    return (f"PP = 1: no pipeline, so no bubble; {_count(m, 'micro-batch')} of {_count(lay.micro_batch, 'sequence')} "
+    return (f"PP = 1: no pipeline, so no bubble; {count(m, 'micro-batch')} of {count(lay.micro_batch, 'sequence')} "
             f"{'accumulate' if m > 1 else 'makes the step: no accumulation of'} "
             f"gradients. {others}")
 
@@ -264,7 +260,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
         f"EP = {lay.ep}: {model.num_experts} experts in each of {len(model.moe_layers)} MoE layers, {model.experts_per_token} "
         f"per token, so a token uses {model.active_params() / 1e9:.1f} of the {model.num_params() / 1e9:.1f} B parameters "
         f"(FLOPs and MFU count those active ones). The experts fold over the {ranks} dp x tp{' x cp' if lay.cp > 1 else ''} "
-        f"ranks of a stage: each GPU holds {_count(local, 'expert')} per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
+        f"ranks of a stage: each GPU holds {count(local, 'expert')} per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
         f"{replicas}. That leaves {states(win) / GIB:.1f} GiB of weights, gradients and optimizer states per GPU"
         f"{against}. {price} Best step at other degrees: {_compare(by_ep, lay.ep, win, 'ep')}."
     )

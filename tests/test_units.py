@@ -1,0 +1,17 @@
+"""Numbers for people (shardwise.units): durations in the unit that fits, counts with their plural."""
+
+from shardwise.units import count, seconds
+
+
+def test_count_pluralises_by_the_nouns_ending_and_separates_thousands():
+    assert count(1, "micro-batch") == "1 micro-batch"
+    assert count(2, "micro-batch") == "2 micro-batches"
+    assert count(0, "expert") == "0 experts"
+    assert count(1024, "tensor") == "1,024 tensors"
+    assert count(3, "safetensors file") == "3 safetensors files"
+
+
+def test_seconds_picks_the_unit():
+    assert seconds(12.345) == "12.35 s"
+    assert seconds(0.0004) == "400 µs"
+    assert seconds(0.0123) == "12.3 ms"
