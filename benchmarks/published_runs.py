@@ -756,13 +756,16 @@ def moe_summary(rows: list[dict]) -> dict:
     by_source, loso = {}, []
     for src in sorted({r["source"] for r in strong}):
         errs = [abs(r["error"]) for r in strong if r["source"] == src]
-        without = fit_moe([r for r in strong if r["source"] != src])
+        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+        others = [r for r in strong if r["source"] != src]
+        if not others:  # a set of one source (--csv): nothing to fit the constants on without it
+            continue
+        without = fit_moe(others)
         held = [abs(r["published"] / r["grid"][MOE_GRID.index(without)] - 1) for r in strong if r["source"] == src]
         loso += held
-        by_source[src] = {"rows": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
-                          "moe_constants_fitted_without_s": dict(zip(MOE_CONSTANTS, without)),
-                          "leave_one_source_out_median_abs_error": statistics.median(held),
-                          "leave_one_source_out_max_abs_error": max(held)}
+        by_source[src] |= {"moe_constants_fitted_without_s": dict(zip(MOE_CONSTANTS, without)),
+                           "leave_one_source_out_median_abs_error": statistics.median(held),
+                           "leave_one_source_out_max_abs_error": max(held)}
     series = {}
     for name in sorted({r["series"] for r in strong if r["series"]}):
         members = [r for r in strong if r["series"] == name]
@@ -958,12 +961,14 @@ def main(argv: list[str] | None = None) -> int:
         ms = lambda d: f"{d['MOE_LAYER_OVERHEAD_S'] * 1e3:.1f} + host {d['MOE_LAYER_HOST_S'] * 1e3:.1f} ms"  # noqa: E731
         print(f"two constants come from these runs, a MoE layer's fixed cost per micro-batch and the host time below which "
               f"its pass does not go: shipped {ms(o['shipped'])}, fitted on all rows {ms(o['fitted_on_all_rows'])}; "
-              f"leave-one-source-out (each source scored with them fitted without that source): median "
-              f"{lo['median_abs_error']:.1%}, max {lo['max_abs_error']:.1%}")
+              + (f"leave-one-source-out (each source scored with them fitted without that source): median "
+                 f"{lo['median_abs_error']:.1%}, max {lo['max_abs_error']:.1%}" if lo["median_abs_error"] is not None
+                 else "no leave-one-source-out figure: the rows come from one source"))
         for src, v in moe["by_source"].items():
             print(f"  {src[:50]:50} {v['rows']:3} rows  median {v['median_abs_error']:6.1%}  max {v['max_abs_error']:6.1%}"
-                  f"  (without it: {ms(v['moe_constants_fitted_without_s'])}, median "
-                  f"{v['leave_one_source_out_median_abs_error']:6.1%}, max {v['leave_one_source_out_max_abs_error']:6.1%})")
+                  + (f"  (without it: {ms(v['moe_constants_fitted_without_s'])}, median "
+                     f"{v['leave_one_source_out_median_abs_error']:6.1%}, max {v['leave_one_source_out_max_abs_error']:6.1%})"
+                     if "moe_constants_fitted_without_s" in v else ""))
         for name, v in moe["kendall_tau_by_series"].items():
             print(f"  series {name:38} {v['rows']:2} rows  tau {v['kendall_tau']:+.2f}")
     return 0

@@ -393,9 +393,13 @@ def test_attention_dominated_long_context_rows():
 
 
 def test_a_run_that_says_tp_comm_overlap_off_is_scored_without_it():
-    # NeMo's profile overlaps TP communication by default; the Grok-1 proxies' yaml sets ub_tp_comm_overlap: false.
-    grok = [r for r in bench.load_runs(bench.DEFAULT_CSV) if r.name.startswith("Grok-1") and r.job is not None]
-    assert len(grok) == 9 and all(r.framework == "nemo" and not r.job.tp_comm_overlap for r in grok)
+    # NeMo's profile overlaps TP communication by default; the Grok-1 proxies' yaml of dgxc 25.02 sets
+    # ub_tp_comm_overlap: false. Release 25.05's script turns it on (MegatronCommOverlapCallback tp_comm_overlap=True).
+    runs = [r for r in bench.load_runs(bench.DEFAULT_CSV) if r.name.startswith("Grok-1") and r.job is not None]
+    off = [r for r in runs if r.name.startswith("Grok-1 314B MoE (NeMo) ")]
+    on = [r for r in runs if "dgxc 25.05" in r.name]
+    assert len(off) == 9 and all(r.framework == "nemo" and not r.job.tp_comm_overlap for r in off)
+    assert len(on) == 2 and all(r.job.tp_comm_overlap for r in on)
 
 
 def test_mosaicml_large_scale_h100_table_is_scored_as_held_out_rows():
