@@ -704,3 +704,18 @@ def test_estimate_and_explain_report_the_stacks_record_on_its_gpu():
     moe = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 512, 4096, "megatron-core")
     assert checked_record(moe)["rows"] == len(moe_rows) > 5
     assert f"Checked on {len(moe_rows)} published megatron-core mixture-of-experts runs" in framework_paragraph(moe, 512)
+
+
+def test_a_file_whose_moe_rows_come_from_one_source_is_scored_without_a_leave_one_out_pair(tmp_path):
+    # `published_runs.py --csv NEW.csv` on new rows of one source: nothing is left to fit the MoE constants on
+    # without it, which used to crash (statistics.median of nothing).
+    lines = bench.DEFAULT_CSV.read_text().splitlines(keepends=True)
+    grok = [line for line in lines if line.startswith('"Grok-1 314B MoE (NeMo 25.04, dgxc 25.05)')]
+    assert len(grok) == 2
+    path = tmp_path / "one_source.csv"
+    path.write_text(lines[0] + "".join(grok))
+    _, summary = bench.compare(path, workers=1)
+    moe = summary["moe"]
+    assert moe["rows"] == 2 and moe["leave_one_source_out"]["median_abs_error"] is None
+    (source,) = moe["by_source"].values()
+    assert source["rows"] == 2 and "moe_constants_fitted_without_s" not in source
