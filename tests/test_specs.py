@@ -285,6 +285,23 @@ def test_estimate_names_what_it_took_for_a_cluster_file_without_arch(tmp_path, c
     assert any("A100 SXM" in note and "arch ampere" in note for note in implied)
 
 
+def test_a_datasheet_cluster_file_says_its_latencies_price_only_the_all_to_all(tmp_path, capsys):
+    # NCCL's own latencies price a datasheet cluster's collectives (comm.nccl_time): a file that changes
+    # inter_node_latency_us sees the dense step unchanged, so the command says where the key does act.
+    from shardwise.cli import main
+
+    keys = dict(DGX_KEYS, peak_tflops=989, arch="hopper", sm_count=132, mamf_tflops=792.1, fp8_peak_tflops=1979)
+    argv = ["estimate", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "16", "--seq-len", "2048",
+            "--tp", "1", "--pp", "1", "--micro-batch", "1", "--json", "--cluster"]
+    for latency, said in ((10, False), (1000, True)):
+        assert main([*argv, _toml(tmp_path, **keys, inter_node_latency_us=latency)]) == 0
+        out = json.loads(capsys.readouterr().out)
+        notes = out["assumptions"].get("implied", [])
+        assert any("inter_node_latency_us prices only the experts' all-to-all" in n for n in notes) == said, notes
+        assert "net_step_extra_us" in " ".join(notes) or not said
+    assert load_cluster(_toml(tmp_path, **keys, intra_node_latency_us=5, inter_node_latency_us=10)).inferred == ""
+
+
 def test_a_hub_id_whose_config_a_preset_is_reads_the_preset_and_another_says_how_to_get_it():
     assert load_model("meta-llama/Llama-2-70b-hf") == load_model("llama2-70b")
     assert load_model("Mistralai/Mixtral-8x7B-v0.1").num_params() == load_model("mixtral-8x7b").num_params()

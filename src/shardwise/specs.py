@@ -148,7 +148,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
     if not data.get("measured"):
         _refuse_datasheet_misreadings(values, source)
-    inferred = "" if data.get("measured") else _datasheet_gpu(values, arch)
+    inferred = "" if data.get("measured") else "; ".join(filter(None, (_datasheet_gpu(values, arch),
+                                                                        _latency_note(table))))
     arch = values.pop("arch", arch)
     if "power_limit_w" in values:
         _check_power_limit(values["power_limit_w"], arch, bool(data.get("measured")), source)
@@ -160,8 +161,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         hbm_bandwidth=values["hbm_bandwidth_gbs"] * 1e9,
         intra_node_bandwidth=values["intra_node_bandwidth_gbs"] * 1e9,
         inter_node_bandwidth=values["inter_node_bandwidth_gbs"] * 1e9,
-        intra_node_latency=float(table.get("intra_node_latency_us", 5.0)) * 1e-6,
-        inter_node_latency=float(table.get("inter_node_latency_us", 10.0)) * 1e-6,
+        intra_node_latency=float(table.get("intra_node_latency_us", DEFAULT_LATENCY_US["intra_node_latency_us"])) * 1e-6,
+        inter_node_latency=float(table.get("inter_node_latency_us", DEFAULT_LATENCY_US["inter_node_latency_us"])) * 1e-6,
         num_gpus=int(table.get("num_gpus", 0)),
         measured=dict(data.get("measured", {})),
         sm_count=values.get("sm_count", 0),
@@ -254,6 +255,22 @@ def _datasheet_gpu(values: dict, arch: str) -> str:
         return (f"an {gpu} (peak_tflops {values['peak_tflops']:g}): {', '.join(said)} taken from the {preset} preset, "
                 f"as the cluster file leaves {'them' if len(said) > 1 else 'it'} out") if said else ""
     return ""
+
+
+# The latencies a cluster file may leave out (microseconds): ClusterSpec's defaults.
+DEFAULT_LATENCY_US = {"intra_node_latency_us": 5.0, "inter_node_latency_us": 10.0}
+
+
+def _latency_note(table: dict) -> str:
+    """On a datasheet cluster NCCL's own latencies price the collectives (planner/comm.py nccl_time); a file's
+    intra/inter_node_latency_us reach only the experts' all-to-all (and a measured file's fallback). A file that
+    changes them would otherwise see nothing move: one phrase saying so, and which key adds a network's latency."""
+    given = [k for k, v in DEFAULT_LATENCY_US.items() if k in table and float(table[k]) != v]
+    if not given:
+        return ""
+    return (f"{' and '.join(given)} {'price' if len(given) > 1 else 'prices'} only the experts' all-to-all here: "
+            f"NCCL's own latencies price the other collectives; net_step_extra_us adds your network's own latency per "
+            f"step (calibrate --nccl-tests fits it)")
 
 
 def _check_power_limit(watts: float, arch: str, measured: bool, source: str) -> None:
