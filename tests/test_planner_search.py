@@ -1,6 +1,7 @@
 """Search, ranking, explanation and the plan / estimate / explain commands (contract, bad input)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -401,7 +402,22 @@ def test_an_unnamed_schedule_is_said_and_llama3_weighs_interleaving(capsys):
     assert code == 0, err
     titan = json.loads(out)
     assert titan["schedule"] == "1f1b"
-    assert "1f1b (torchtitan's default pipeline schedule; --schedule not given)" in titan["assumptions"]["implied"]
+    # ... and what interleaving, which it also runs, would give: the depth and the step of that estimate
+    (said,) = [n for n in titan["assumptions"]["implied"]
+               if n.startswith("1f1b (torchtitan's default pipeline schedule; --schedule not given); ")]
+    hint = re.search(r"interleaved 1F1B at (\d+) virtual stages per rank would take ([\d.]+) s against ([\d.]+) s: "
+                     r"--schedule interleaved-1f1b$", said)
+    assert hint and float(hint[3]) == pytest.approx(titan["step_time_s"], rel=5e-3), said
+    code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "16384", "--framework", "torchtitan",
+                             "--schedule", "interleaved-1f1b", "--vpp", hint[1])
+    assert code == 0, err
+    assert float(hint[2]) == pytest.approx(json.loads(out)["step_time_s"], rel=5e-3)
+    assert float(hint[2]) < 0.95 * titan["step_time_s"]
+    # a stack without interleaving (DeepSpeed's 1F1B only), or a schedule named, gets no such hint
+    for flags in (["--framework", "deepspeed"], ["--framework", "torchtitan", "--schedule", "1f1b"]):
+        code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "16384", *flags)
+        assert code == 0, err
+        assert not any("would take" in n for n in json.loads(out)["assumptions"]["implied"])
     code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "16384", "--framework", "llama3")
     assert code == 0, err
     meta = json.loads(out)

@@ -75,7 +75,8 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
                        "; on nemo and llama3, whose recipes and paper interleave every pipeline, interleaved-1f1b "
-                       "at the fastest depth that fits, or 1f1b if faster)" if unnamed else ")"))
+                       "at the fastest depth that fits, or 1f1b if faster; elsewhere the output says when "
+                       "interleaving would be 5%% faster)" if unnamed else ")"))
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "
                         "must divide dp*tp*cp")
