@@ -650,7 +650,8 @@ def test_a_torchtitan_flavor_is_named_only_for_its_whole_shape(tmp_path):
     (_LLAMA | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 4096}},
      "megatron", "llama3 RoPE scaling"),  # Megatron-Core fixes Llama 3.1's 8192
     ({**BLOCK_FEATURES["deepseek_v3"][0], "norm_topk_prob": False}, "megatron", "sigmoid routing without renormalising"),
-    (_LLAMA | _MOE | {"model_type": "qwen2_moe", "num_experts_per_tok": 1, "norm_topk_prob": True}, "megatron",
+    (_LLAMA | _MOE | {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 256, "num_experts_per_tok": 1,
+                      "norm_topk_prob": True}, "megatron",
      "top-1 routing renormalised"),
     (_LLAMA | {"attention_dropout": 0.1}, "torchtitan", "dropout"),
 ])

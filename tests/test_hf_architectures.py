@@ -259,7 +259,7 @@ def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
 
 TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
-                 "num_experts_per_tok": 2, "vocab_size": 128}
+                 "num_experts_per_tok": 2, "vocab_size": 128, "shared_expert_intermediate_size": 64}
 
 
 @pytest.mark.parametrize("cfg, fragment", [
@@ -281,6 +281,16 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
     # values of the wrong JSON type, read as something else before
     ({**TINY_QWEN_MOE, "mlp_only_layers": [True, False]}, "must be a list of layer indices, got [true, false]"),
     ({**TINY_QWEN_MOE, "norm_topk_prob": "false"}, "'norm_topk_prob' must be true or false, got \"false\""),
+    # a key the family's config must state, which a trimmed config leaves out: transformers would fill in the full
+    # model's default (Qwen1.5-MoE's 1,408-wide experts, DeepSeek-V3's three dense layers), not what the file meant
+    ({k: v for k, v in TINY_QWEN_MOE.items() if k != "moe_intermediate_size"},
+     "leaves out 'moe_intermediate_size' (transformers would fill in 1408, qwen2_moe's default"),
+    ({k: v for k, v in TINY_QWEN_MOE.items() if k != "shared_expert_intermediate_size"},
+     "leaves out 'shared_expert_intermediate_size' (transformers would fill in 5632"),
+    ({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+      "n_shared_experts": 1, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+      "v_head_dim": 8, "vocab_size": 128}, "leaves out 'first_k_dense_replace' (transformers would fill in 3"),
     ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 128, "attn_config": []},
      "'attn_config' must be an object, got []"),
     # no model_type, Llama-like keys, but an encoder and a decoder (BART's): not read as a decoder-only Llama

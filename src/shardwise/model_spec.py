@@ -502,6 +502,7 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
     heads = require(cfg, "num_attention_heads", source)
     ffn = require(cfg, "intermediate_size", source)
     layers = require(cfg, "num_hidden_layers", source, MAX_LAYERS)
+    check_stated_keys(cfg, source, model_type)
     attention = _attention_from_hf(cfg, source, model_type)
     head_dim = attention.pop("head_dim", 0) or optional(cfg, "head_dim", HEAD_DIM_DEFAULT.get(model_type, max(1, hidden // heads)),
                                                         source)
@@ -575,6 +576,28 @@ _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtr
 _MOE_TYPES = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
               "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "kimi_k2": "n_routed_experts",
               "gpt_oss": "num_local_experts"}
+
+
+# Keys a family's config must state because a missing one would be read otherwise than transformers reads it (its
+# configuration_<type>.py default, in parentheses in the refusal): without moe_intermediate_size the experts would
+# take the dense FFN width, without the shared-expert and dense-layer counts none, without DeepSeek's LoRA ranks no
+# low-rank projection (q_lora_rank null, as DeepSeek-V2-Lite writes it, is stated: none).
+_DEEPSEEK_V3_STATED = {"moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3,
+                       "q_lora_rank": 1536, "kv_lora_rank": 512}
+_STATED_KEYS = {"qwen2_moe": {"moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
+                "qwen3_moe": {"moe_intermediate_size": 768},
+                "deepseek_v2": {"moe_intermediate_size": 1407, "n_shared_experts": 2, "q_lora_rank": 1536,
+                                "kv_lora_rank": 512},
+                **dict.fromkeys(DEEPSEEK_V3_KEYS, _DEEPSEEK_V3_STATED)}
+
+
+def check_stated_keys(cfg: dict, source: str, model_type: str) -> None:
+    """One line naming the first key of _STATED_KEYS[model_type] the config leaves out."""
+    for key, default in _STATED_KEYS.get(model_type, {}).items():
+        if key not in cfg:
+            raise UsageError(f"{source}: model_type {model_type} config leaves out '{key}' (transformers would fill in "
+                             f"{default}, {model_type}'s default, which may not be this model's) — add it from the "
+                             f"model's own config.json")
 
 
 def _moe_from_hf(cfg: dict, source: str, num_layers: int, model_type: str) -> dict:
