@@ -895,8 +895,14 @@ def test_a_sequence_beyond_a_learned_position_table_is_said():
     assert any("needs a longer position table" in n for n in long["assumptions"]["implied"])
     short = answer([*argv, "--model", "gpt2", "--seq-len", 1024])
     assert not any("position table" in n for n in short["assumptions"].get("implied", []))
+    # a rotary model has no table: past the positions it was trained for (Llama 3's 8,192) the length is priced as
+    # given, and the note says training at it needs RoPE scaling; within them nothing is said
     rotary = answer([*argv, "--model", "llama3-8b", "--seq-len", 262144])
-    assert not any("position table" in n for n in rotary["assumptions"].get("implied", []))
+    notes = rotary["assumptions"].get("implied", [])
+    assert not any("position table" in n for n in notes)
+    assert any("trained for 8,192 positions" in n and "needs RoPE scaling" in n for n in notes), notes
+    within = answer([*argv, "--model", "llama3-8b", "--seq-len", 8192])
+    assert not any("positions" in n for n in within["assumptions"].get("implied", []))
 
 
 def test_a_schedule_at_pp_1_changes_nothing_and_is_said():

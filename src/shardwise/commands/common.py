@@ -322,7 +322,8 @@ def notes(args) -> list[str]:
 
 def model_note(job) -> str:
     """What of the model the planner does not price, or prices in a way worth saying, where it matters: a sequence
-    beyond a learned position table (the table counted as given), attention through a sliding window shorter than the
+    beyond a learned position table (the table counted as given) or beyond the positions a rotary model was trained
+    for, attention through a sliding window shorter than the
     sequence (model FLOPs over the window; time over it where the stack's kernel skips the rest: window_note),
     DeepSeek's multi-token-prediction modules (not counted)."""
     model, seq_len = job.model, job.train.seq_len
@@ -331,6 +332,10 @@ def model_note(job) -> str:
         parts.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq_len:,} needs a "
                      f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
                      f"numbers do not depend on it)")
+    elif model.rotary and seq_len > model.max_positions:  # any length runs, but the model was not trained for it
+        parts.append(f"{model.name} was trained for {model.max_positions:,} positions (max_position_embeddings): "
+                     f"--seq-len {seq_len:,} is priced as given; training at it needs RoPE scaling or a context "
+                     f"extension the model's config does not state")
     if model.windowed(seq_len):
         parts.append(window_note(job))
     if model.mtp_layers:
