@@ -293,6 +293,11 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
       "v_head_dim": 8, "vocab_size": 128}, "leaves out 'first_k_dense_replace' (transformers would fill in 3"),
     ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 128, "attn_config": []},
      "'attn_config' must be an object, got []"),
+    # Llama 3.1's scaling written as its name alone: it was dropped, and the rope_parameters beside it with it
+    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 128, "rope_scaling": "llama3",
+      "rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+     "key 'rope_scaling' must be an object such as {\"rope_type\": \"llama3\""),
     # no model_type, Llama-like keys, but an encoder and a decoder (BART's): not read as a decoder-only Llama
     ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
       "is_encoder_decoder": True, "encoder_layers": 2, "decoder_layers": 2}, "an encoder-decoder model"),

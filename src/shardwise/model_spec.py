@@ -453,13 +453,17 @@ def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "co
         local = {"all": lambda i: True, "even": lambda i: i % 2 == 0, "from_max": lambda i: i >= first,
                  "even_below_max": lambda i: i % 2 == 0 and i < first}.get(rule, lambda i: False)
         layers = sum(local(i) for i in range(num_layers)) if window else 0
-    return {"sliding_window": window if layers else 0, "window_layers": layers, "rope_scaling": rope_scaling(cfg),
+    return {"sliding_window": window if layers else 0, "window_layers": layers, "rope_scaling": rope_scaling(cfg, source),
             "mtp_layers": given("num_nextn_predict_layers")}
 
 
-def rope_scaling(cfg: dict) -> tuple:
+def rope_scaling(cfg: dict, source: str = "config") -> tuple:
     """The config's RoPE scaling as sorted (key, value) pairs, its type under "rope_type" (() for none, or
     transformers 5's "default"); read to be written to a launch file, not priced."""
+    for key in ("rope_scaling", "rope_parameters"):  # transformers validates these as dicts; a string is a typo
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise UsageError(f"{source}: key '{key}' must be an object such as {{\"rope_type\": \"llama3\", \"factor\": 8.0, "
+                             f"...}}, got {json.dumps(cfg[key])} — fix it, or leave it out for plain RoPE")
     params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not isinstance(params, dict):
         return ()
