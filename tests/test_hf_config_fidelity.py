@@ -107,3 +107,15 @@ def test_a_pipe_in_place_of_a_file_is_named_as_such(flag, name, tmp_path, capsys
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "is not a regular file" in err and err.count("\n") == 1
+
+
+def test_a_left_out_max_position_embeddings_reads_as_the_config_class_default():
+    # What the runtime refuses past and the long-sequence note quotes: transformers' default for the type, not
+    # LlamaConfig's 2,048 (a Mistral config without the key is a 131,072-position model there).
+    transformers = pytest.importorskip("transformers")
+    for model_type in ("llama", "mistral", "mixtral", "gpt_oss", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma",
+                       "gemma2", "deepseek_v3", "nemotron", "phi3", "starcoder2", "olmo", "olmo2"):
+        cfg = _config(model_type, max_position_embeddings=...) if model_type != "deepseek_v3" else \
+            {k: v for k, v in DEEPSEEK_V3.items() if k != "max_position_embeddings"}
+        want = transformers.AutoConfig.for_model(model_type).max_position_embeddings
+        assert model_from_hf_config(cfg, model_type, "test").max_positions == want, model_type

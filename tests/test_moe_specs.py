@@ -101,3 +101,16 @@ def test_invalid_expert_layouts(layout, fragment):
 def test_ep_needs_experts():
     with pytest.raises(UsageError, match="has no experts"):
         validate_layout(Layout(dp=2, ep=2), load_model("tiny"), global_batch=8)
+
+
+def test_a_qwen2_moe_without_a_shared_expert_round_trips(tmp_path):
+    # Qwen2-MoE's config must state its shared expert's width (model_spec._STATED_KEYS); one with none (0) is written
+    # back with the 0, so the file to_hf_config writes loads again as the same model.
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+           "num_experts_per_tok": 2, "vocab_size": 128, "shared_expert_intermediate_size": 0}
+    spec = model_from_hf_config(cfg, "qwen2-moe-no-shared", "test")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(spec.to_hf_config()))
+    again = load_model(str(path))
+    assert again.shared_ffn_hidden == 0 and again.num_params() == spec.num_params()

@@ -517,7 +517,7 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
         name=name, family="llama", hidden=hidden, ffn_hidden=ffn,
         num_layers=layers, num_heads=heads, num_kv_heads=kv,
         vocab_size=require(cfg, "vocab_size", source), head_dim=head_dim,
-        max_positions=optional(cfg, "max_position_embeddings", 2048, source),
+        max_positions=optional(cfg, "max_position_embeddings", MAX_POSITIONS_DEFAULT.get(model_type, 2048), source),
         tie_embeddings=flag(cfg, "tie_word_embeddings", source),
         norm_eps=optional(cfg, "rms_norm_eps", 1e-5, source), rope_theta=optional(cfg, "rope_theta", _rope_theta(cfg), source),
         model_type=model_type, mlp=_mlp_from_hf(cfg, source, model_type),
@@ -534,6 +534,11 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
 
 # head_dim where a config leaves it out: the config class's default where it has one (else hidden / heads)
 HEAD_DIM_DEFAULT = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gpt_oss": 64}
+# max_position_embeddings where a config leaves it out: its transformers config class's default (LlamaConfig's 2048
+# for the types not named; read for the runtime's refusal and the long-sequence note, never priced).
+MAX_POSITIONS_DEFAULT = {"mistral": 131072, "mixtral": 131072, "gpt_oss": 131072, "qwen2": 32768, "qwen3": 32768,
+                         "qwen2_moe": 32768, "qwen3_moe": 32768, "gemma": 8192, "gemma2": 8192, "deepseek_v3": 4096,
+                         "nemotron": 4096, "phi3": 4096, "starcoder2": 4096}
 # num_key_value_heads where a config leaves it out: the default of the architecture's transformers config class (None in
 # LlamaConfig and the others not named: the attention heads, multi-head attention). A null key is the heads everywhere.
 KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "gpt_oss": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4,
@@ -693,7 +698,7 @@ def moe_hf_keys(spec: ModelSpec) -> dict:
     keys.update({"num_experts" if spec.model_type.startswith("qwen") else "num_local_experts": spec.num_experts,
                  "mlp_only_layers": dense, "decoder_sparse_step": 1, "scoring_func": spec.router_scoring,
                  "routed_scaling_factor": spec.routed_scaling})
-    if spec.shared_expert_gate:
+    if spec.shared_expert_gate or spec.model_type == "qwen2_moe":  # Qwen2-MoE states it, 0 for none (_STATED_KEYS)
         keys["shared_expert_intermediate_size"] = spec.shared_ffn_hidden
     elif spec.shared_ffn_hidden:
         keys["n_shared_experts"] = spec.shared_ffn_hidden // spec.moe_ffn_hidden

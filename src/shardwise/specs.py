@@ -496,7 +496,9 @@ class Layout:
         return (self.dp, self.tp, self.pp, self.cp, self.ep)
 
     def recompute_phrase(self) -> str:
-        """The recompute policy in words ("full recompute", or "full recompute of 4 layers per stage")."""
+        """The recompute policy in words ("no recompute", "full recompute", or "full recompute of 4 layers per stage")."""
+        if self.recompute == "none":
+            return "no recompute"
         if self.recompute_layers is None:
             return f"{self.recompute} recompute"
         n = self.recompute_layers

@@ -332,10 +332,15 @@ def model_note(job) -> str:
         parts.append(f"{model.name} learns positions for {model.max_positions:,} tokens: --seq-len {seq_len:,} needs a "
                      f"longer position table (its parameters are counted at {model.max_positions:,}; the rest of the "
                      f"numbers do not depend on it)")
-    elif model.rotary and seq_len > model.max_positions:  # any length runs, but the model was not trained for it
-        parts.append(f"{model.name} was trained for {model.max_positions:,} positions (max_position_embeddings): "
-                     f"--seq-len {seq_len:,} is priced as given; training at it needs RoPE scaling or a context "
-                     f"extension the model's config does not state")
+    elif model.rotary and seq_len > model.max_positions:  # any length runs, but past what the config is set up for
+        scaling = dict(model.rope_scaling)
+        if scaling:
+            parts.append(f"{model.name}'s config scales RoPE ({scaling['rope_type']}) to {model.max_positions:,} "
+                         f"positions (max_position_embeddings): --seq-len {seq_len:,} is past that, priced as given")
+        else:
+            parts.append(f"{model.name}'s config is set up for {model.max_positions:,} positions "
+                         f"(max_position_embeddings): --seq-len {seq_len:,} is priced as given; training at it needs "
+                         f"RoPE scaling or a context extension the config does not state")
     if model.windowed(seq_len):
         parts.append(window_note(job))
     if model.mtp_layers:

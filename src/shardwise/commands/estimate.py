@@ -60,6 +60,9 @@ def _run(args) -> int:
         asked, layout, implied = _unnamed_micro_batch(args, job, dp, named)
     else:
         asked, layout, implied = _completed(args, job, dp, named)
+    if hint := _interleaved_hint(args, job, dp, named, layout):
+        implied = [f"{i}; {hint}" if i.startswith(f"{layout.schedule} ({job.framework}'s default pipeline schedule")
+                   else i for i in implied]
     filled = list(implied)  # the knobs the stack's defaults set, said under the text table
     implied = [*implied, *notes(args), *unused]  # the numbers are one stack's, compiled or not: say so where the user named neither
     check_runs(job, layout)
@@ -185,6 +188,45 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     args.micro_batch = None  # still unnamed: fit_options says the micro-batch beside each change
     return asked, completed, [*implied, f"micro-batch {completed.micro_batch} ({rule}, of the {len(tried)} the stack "
                                         f"can run with each replica's {share} sequences; --micro-batch not given)"]
+
+
+# How much faster interleaving must be before the stack's default plain 1F1B is said to leave it on the table.
+INTERLEAVED_HINT = 0.05
+
+
+def _interleaved_hint(args, job, dp: int, named: set[str], layout) -> str:
+    """Where the stack runs plain 1F1B unless told to interleave (Megatron-LM without
+    --num-layers-per-virtual-pipeline-stage, torchtitan's default schedule) and the same command with
+    --schedule interleaved-1f1b answers a layout that fits and is INTERLEAVED_HINT faster: what that answer is (its depth,
+    and the knobs this command left to be filled in), for the "default pipeline schedule" line; else "". Computed as
+    that command computes it, so the flag gives these numbers."""
+    from shardwise.planner.estimate import check_runs, estimate
+    from shardwise.planner.frameworks import get
+
+    fw = get(job.framework)
+    if (layout.pp == 1 or layout.schedule != "1f1b" or {"schedule", "vpp"} & named or fw.interleave_unnamed
+            or "interleaved-1f1b" not in fw.schedules):
+        return ""
+    now = estimate(job, layout)
+    if not now.fits:
+        return ""
+    given = (args.schedule, args.micro_batch)
+    args.schedule = "interleaved-1f1b"
+    try:
+        answer = (_unnamed_micro_batch if given[1] is None else _completed)(args, job, dp, named | {"schedule"})[1]
+        check_runs(job, answer)
+    except UsageError:  # the stack cannot interleave this layout (e.g. micro-batches not a multiple of pp)
+        return ""
+    finally:
+        args.schedule, args.micro_batch = given
+    then = estimate(job, answer)
+    if not then.fits or then.step_time > now.step_time * (1 - INTERLEAVED_HINT):
+        return ""
+    knobs = [f"{answer.vpp} virtual stages per rank"]
+    knobs += [f"micro-batch {answer.micro_batch}"] * (given[1] is None)
+    knobs += [f"ZeRO-{answer.zero}"] * ("zero" not in named) + [answer.recompute_phrase()] * ("recompute" not in named)
+    return (f"--schedule interleaved-1f1b would take {then.step_time:.3g} s against {now.step_time:.3g} s "
+            f"({', '.join(knobs)})")
 
 
 def _assumed(job, est) -> str:

@@ -214,12 +214,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
     chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
-    phrases = choice_phrases(job, lay, chosen, named, stages[0], fits)
-    if fits and shapes == [(lay.schedule, lay.vpp)] and lay.pp > 1 and not {"schedule", "vpp"} & set(named):
-        hint = interleaved_hint(job, lay, chosen, tries)
-        phrases = [p + hint if p.startswith(f"{chosen.schedule} ({fw.name}'s default pipeline schedule") else p
-                   for p in phrases]
-    return chosen, implied + phrases
+    return chosen, implied + choice_phrases(job, lay, chosen, named, stages[0], fits)
 
 
 def stack_implied(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> tuple[Layout, list[str]]:
@@ -285,33 +280,6 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
         why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     return implied
-
-
-# How much faster interleaving must be before the stack's default plain 1F1B is said to leave it on the table.
-INTERLEAVED_HINT = 0.05
-
-
-def interleaved_hint(job: Job, lay: Layout, chosen: Layout, tries: list[Layout]) -> str:
-    """Where the stack runs plain 1F1B unless told to interleave (Megatron-LM without
-    --num-layers-per-virtual-pipeline-stage, torchtitan's default schedule) and an interleaved depth it runs, with the
-    other knobs complete_layout weighed (`tries`), fits and is INTERLEAVED_HINT faster: the phrase naming it, for the
-    "default pipeline schedule" line; else ""."""
-    fw = get_framework(job.framework)
-    if chosen.schedule != "1f1b" or "interleaved-1f1b" not in fw.schedules:
-        return ""
-    depths = [v for _, v in pipeline_shapes(job, lay.with_(schedule="interleaved-1f1b", vpp=1), frozenset()) if v > 1]
-    deep = [t.with_(schedule="interleaved-1f1b", vpp=v) for t in tries for v in depths]
-    deep = [t for t in deep if not fw.refusal(t, job.model.num_layers)]
-    if not deep:
-        return ""
-    best, fits = fastest_fitting(job, deep, partial=False)
-    if not fits:
-        return ""
-    now, then = estimate(job, chosen).step_time, estimate(job, best).step_time
-    if then > now * (1 - INTERLEAVED_HINT):
-        return ""
-    return (f"; interleaved 1F1B at {best.vpp} virtual stages per rank would take {then:.3g} s against "
-            f"{now:.3g} s: --schedule interleaved-1f1b")
 
 
 def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> list[tuple[str, int]]:
