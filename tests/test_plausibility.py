@@ -56,7 +56,7 @@ def test_the_default_framework_plans_at_most_15_percent_above_every_tuned_run():
 
 def test_llama2_profile_always_checkpoints():
     fw = frameworks.get("llama2")
-    with pytest.raises(UsageError, match="no none recompute"):
+    with pytest.raises(UsageError, match="llama2 always recomputes"):
         frameworks.check(fw, Layout(dp=2, tp=2, recompute="none", sequence_parallel=True))
     frameworks.check(fw, Layout(dp=2, tp=2, recompute="selective", sequence_parallel=True))
 

@@ -434,7 +434,10 @@ class Framework:
         if lay.replicas > 1 and lay.zero != 1 and not self.hybrid_shard:
             return f"{self.name} has no hybrid sharding (HSDP; drop --dp-shard)"
         if lay.recompute not in self.recompute:
-            return f"{self.name} has no {lay.recompute} recompute (it runs {', '.join(self.recompute)})"
+            runs = ", ".join(self.recompute)
+            if lay.recompute == "none":
+                return f"{self.name} always recomputes (it runs {runs} recompute)"
+            return f"{self.name} has no {lay.recompute} recompute (it runs {runs})"
         if lay.recompute_layers is not None and not self.partial_recompute:
             return f"{self.name} recomputes every layer or none (drop --recompute-layers)"
         if lay.tp > 1 and self.sequence_parallel == "always" and not lay.sequence_parallel:

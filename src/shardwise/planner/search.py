@@ -753,5 +753,5 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     if fw.compiles and not job.compile and not fw.compile_refusal() and estimate(compiled(job), lean.layout).fits:
         hint += "--compile (the leanest layout fits compiled: its loss and blocks keep less), "
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
-            f"{lean.layout.recompute} recompute) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
+            f"{lean.layout.recompute_phrase()}) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
             f"to make it fit: {widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
