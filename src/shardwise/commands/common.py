@@ -323,8 +323,9 @@ def notes(args) -> list[str]:
 def model_note(job) -> str:
     """What of the model the planner does not price, or prices in a way worth saying, where it matters: a sequence
     beyond a learned position table (the table counted as given) or beyond the positions a rotary model's config is
-    set up for, attention through a sliding window shorter than the sequence (model FLOPs over the window; time over it where the stack's kernel skips the rest: window_note),
-    DeepSeek's multi-token-prediction modules (not counted)."""
+    set up for, attention through a sliding window shorter than the sequence (model FLOPs over the window; time over
+    it where the stack's kernel skips the rest: window_note), DeepSeek's multi-token-prediction modules (not
+    counted)."""
     model, seq_len = job.model, job.train.seq_len
     parts = []
     if model.learned_positions and seq_len > model.max_positions:  # runnable only with a longer table
