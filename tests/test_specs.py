@@ -435,3 +435,24 @@ def test_a_config_json_named_without_its_folder_takes_the_folders_name(tmp_path,
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").symlink_to(blob)
     assert load_model(str(snapshot / "config.json")).name == "abc123"
+
+
+@pytest.mark.parametrize("text, said", [
+    # a sparse or impossible FP8 peak: an MFU of 93 % planned where the preset gives 69 %
+    ("[cluster]\n{keys}fp8_peak_tflops = 3958\n", "fp8_peak_tflops 3958 is more than twice peak_tflops 989: the FP8 "
+                                                   "peak with 2:4 sparsity"),
+    ("[cluster]\n{keys}fp8_peak_tflops = 500\n", "fp8_peak_tflops 500 is below peak_tflops 989"),
+    # a key above the [cluster] header, a table nobody reads: dropped before, the numbers the preset's
+    ("power_limit_w = 500\n[cluster]\n{keys}", "'power_limit_w' is outside [cluster]"),
+    ("[cluster]\n{keys}[measure]\nmatmul_tflops = 700\n", "'measure' is outside [cluster]"),
+    # any [measured] table made the file a calibrated one and switched its unit checks off
+    ("[cluster]\n{keys}[measured]\nfoo = 3\n", "[measured] has 'foo', which `shardwise calibrate` never writes"),
+    ("[cluster]\n{keys}[measured]\nbackend = \"nccl\"\n", "[measured] has only labels, no measurement"),
+])
+def test_a_cluster_file_says_what_it_would_otherwise_lose_or_misread(tmp_path, text, said):
+    keys = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (DGX_KEYS | {"peak_tflops": 989, "arch": "hopper"}).items())
+    path = tmp_path / "mine.toml"
+    path.write_text(text.format(keys=keys))
+    with pytest.raises(UsageError) as refused:
+        load_cluster(str(path))
+    assert said in str(refused.value) and "\n" not in str(refused.value)

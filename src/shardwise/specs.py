@@ -112,6 +112,19 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     table = data.get("cluster", {k: v for k, v in data.items() if k != "measured"})
     if not isinstance(table, dict):
         raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
+    stray = [k for k in data if k not in ("cluster", "measured")] if "cluster" in data else []
+    if stray:  # a key above the [cluster] header, or a table nobody reads ([measure], [network]): never silently dropped
+        raise UsageError(f"{source}: '{stray[0]}' is outside [cluster] — a cluster file holds a [cluster] table (and "
+                         f"the [measured] one calibrate writes): move the key under [cluster], or remove it")
+    measured = data.get("measured")
+    unknown = [k for k in measured if k not in MEASURED_KEYS] if isinstance(measured, dict) else []
+    if isinstance(measured, dict) and measured and set(measured) <= {"backend", "dtype", "model"}:
+        unknown = ["no measurement"]
+    if unknown:  # any [measured] table makes the file a calibrated one, whose [cluster] figures go unchecked
+        what = "only labels, no measurement" if unknown == ["no measurement"] else \
+            f"'{unknown[0]}', which `shardwise calibrate` never writes"
+        raise UsageError(f"{source}: [measured] has {what} — remove it (a hand-written cluster has no [measured] "
+                         f"table), or rerun `shardwise calibrate --out`")
     _check_cluster_keys(table, source)
     missing = [key for key in _CLUSTER_KEYS if key not in table]
     if missing:  # every one at once, with what the file needs
@@ -139,6 +152,14 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         raise UsageError(f"{source}: gpu_memory_gib {table['gpu_memory_gib']:g} is more than any GPU holds — the key is "
                          f"GiB per GPU (nvidia-smi prints MiB: {table['gpu_memory_gib']:g} MiB = "
                          f"{values['gpu_memory_gib'] / 1024:.1f} GiB)")
+    fp8 = values.get("fp8_peak_tflops")
+    if fp8 is not None and not values["peak_tflops"] <= fp8 <= 2 * values["peak_tflops"] * 1.01:
+        raise UsageError(f"{source}: fp8_peak_tflops {fp8:g} is "
+                         + (f"more than twice peak_tflops {values['peak_tflops']:g}: the FP8 peak with 2:4 sparsity, "
+                            f"which training does not run — use the dense FP8 peak (twice the BF16 one on Hopper)"
+                            if fp8 > values["peak_tflops"] else
+                            f"below peak_tflops {values['peak_tflops']:g}: FP8 matmuls run at up to twice the BF16 "
+                            f"rate — check the two keys (peak_tflops is dense BF16, fp8_peak_tflops dense FP8)"))
     if values.get("mamf_tflops", 0) > values["peak_tflops"]:
         raise UsageError(f"{source}: mamf_tflops {values['mamf_tflops']:g} exceeds peak_tflops {values['peak_tflops']:g} — "
                          f"the achievable matmul rate is measured below the peak; fix one of them")
@@ -315,6 +336,21 @@ def _cluster_number(table: dict, key: str, kind, source: str):
         what = "a whole number" if kind is int else "a finite number"
         raise UsageError(f"{source}: key '{key}' must be {what}, got {value!r}")
     return kind(value)
+
+
+# What `shardwise calibrate` writes under [measured] (calibrate/profile.py Profile.measured_table; the calibrate tests
+# load every file it writes, so a key added there and not here fails them): labels, rates, per-call times, the
+# collectives' [[bytes, seconds], ...] tables and the points validate compares its sweep with.
+MEASURED_KEYS = frozenset((
+    "world_size", "backend", "dtype", "model", "tokens", "matmul_tflops", "gemms", "model_tflops", "layer_overhead_s",
+    "embedding_overhead_s", "head_overhead_s", "edge_points", "step_overhead_s", "sync_overhead_s", "p2p_sync_s",
+    "pipeline_exchange_s", "lockstep_spread", "wait_penalty_points", "handoff_points", "action_scatter", "sync_points",
+    "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
+    "train_step_overhead_s", "loop_points", "fsdp_points", "split_backward_s", "split_points", "cp_ring_step_s",
+    "cp_allgather_s", "cp_points", "tp_points", "concurrent_slowdown", "alone_points", "model_points",
+    "one_sequence_points", "host_layer_s", "host_embedding_s", "host_head_s", "host_floor_points", "tp_call_s",
+    "tp_sp_call_s", "other_cpu_cores", "gloo_loop_threads", "reference_rounds_s", "comm_overlap",
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"))
 
 
 def _check_measured(measured, source: str) -> None:
