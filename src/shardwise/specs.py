@@ -340,7 +340,8 @@ def _cluster_number(table: dict, key: str, kind, source: str):
 
 # What `shardwise calibrate` writes under [measured] (calibrate/profile.py Profile.measured_table; the calibrate tests
 # load every file it writes, so a key added there and not here fails them): labels, rates, per-call times, the
-# collectives' [[bytes, seconds], ...] tables and the points validate compares its sweep with.
+# collectives' [[bytes, seconds], ...] tables and the points validate compares its sweep with; copy_gbs, the copy rate
+# calibrate's compute pass measures, which hand-made profiles carry.
 MEASURED_KEYS = frozenset((
     "world_size", "backend", "dtype", "model", "tokens", "matmul_tflops", "gemms", "model_tflops", "layer_overhead_s",
     "embedding_overhead_s", "head_overhead_s", "edge_points", "step_overhead_s", "sync_overhead_s", "p2p_sync_s",
@@ -350,7 +351,7 @@ MEASURED_KEYS = frozenset((
     "cp_allgather_s", "cp_points", "tp_points", "concurrent_slowdown", "alone_points", "model_points",
     "one_sequence_points", "host_layer_s", "host_embedding_s", "host_head_s", "host_floor_points", "tp_call_s",
     "tp_sp_call_s", "other_cpu_cores", "gloo_loop_threads", "reference_rounds_s", "comm_overlap",
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"))
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "copy_gbs"))
 
 
 def _check_measured(measured, source: str) -> None:
