@@ -456,3 +456,14 @@ def test_a_cluster_file_says_what_it_would_otherwise_lose_or_misread(tmp_path, t
     with pytest.raises(UsageError) as refused:
         load_cluster(str(path))
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_cluster_file_saved_with_a_byte_order_mark_reads_and_a_count_out_of_range_says_count(tmp_path):
+    # Windows editors save UTF-8 with a BOM, which tomllib calls an invalid statement at line 1; a count out of range
+    # was told to check its unit (GiB, TFLOP/s, GB/s)
+    keys = DGX_KEYS | {"peak_tflops": 989, "arch": "hopper"}
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + ("[cluster]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())).encode())
+    assert load_cluster(str(path)).peak_flops == load_cluster("dgx-h100-80gb").peak_flops
+    with pytest.raises(UsageError, match="key 'gpus_per_node' is 100000000, outside .* — check the count$"):
+        load_cluster(_toml(tmp_path, **(keys | {"gpus_per_node": 100000000})))

@@ -140,7 +140,8 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
             raise UsageError(f"{source}: key '{key}' must be positive, got {table[key]!r}")
         if not CLUSTER_RANGE[0] <= values[key] <= CLUSTER_RANGE[1]:  # beyond, times overflow or MFU underflows
             raise UsageError(f"{source}: key '{key}' is {table[key]!r}, outside {CLUSTER_RANGE[0]:g} to "
-                             f"{CLUSTER_RANGE[1]:g} — check its unit (GiB, TFLOP/s, GB/s) in the presets")
+                             f"{CLUSTER_RANGE[1]:g} — " + ("check the count" if kind is int else
+                                                             "check its unit (GiB, TFLOP/s, GB/s) in the presets"))
     for key in ("intra_node_latency_us", "inter_node_latency_us", "net_step_extra_us", "num_gpus"):
         if key in table and _cluster_number(table, key, int if key == "num_gpus" else float, source) < 0:
             raise UsageError(f"{source}: key '{key}' must not be negative, got {table[key]!r}")
@@ -417,7 +418,7 @@ def cluster_toml(ref: str) -> tuple[dict, str, str]:
             what = "is not a regular file" if path.exists() else "not found"  # a pipe, a device
             raise UsageError(f"cluster file '{ref}' {what} — give a preset ({', '.join(cluster_presets())}) or an existing .toml")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark (Windows editors) is no TOML
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{ref}: malformed TOML ({exc}) — fix the file or use a preset") from None
         except OSError as exc:
