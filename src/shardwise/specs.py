@@ -116,15 +116,6 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     if stray:  # a key above the [cluster] header, or a table nobody reads ([measure], [network]): never silently dropped
         raise UsageError(f"{source}: '{stray[0]}' is outside [cluster] — a cluster file holds a [cluster] table (and "
                          f"the [measured] one calibrate writes): move the key under [cluster], or remove it")
-    measured = data.get("measured")
-    unknown = [k for k in measured if k not in MEASURED_KEYS] if isinstance(measured, dict) else []
-    if isinstance(measured, dict) and measured and set(measured) <= {"backend", "dtype", "model"}:
-        unknown = ["no measurement"]
-    if unknown:  # any [measured] table makes the file a calibrated one, whose [cluster] figures go unchecked
-        what = "only labels, no measurement" if unknown == ["no measurement"] else \
-            f"'{unknown[0]}', which `shardwise calibrate` never writes"
-        raise UsageError(f"{source}: [measured] has {what} — remove it (a hand-written cluster has no [measured] "
-                         f"table), or rerun `shardwise calibrate --out`")
     _check_cluster_keys(table, source)
     missing = [key for key in _CLUSTER_KEYS if key not in table]
     if missing:  # every one at once, with what the file needs
@@ -343,6 +334,7 @@ def _cluster_number(table: dict, key: str, kind, source: str):
 # load every file it writes, so a key added there and not here fails them): labels, rates, per-call times, the
 # collectives' [[bytes, seconds], ...] tables and the points validate compares its sweep with; copy_gbs, the copy rate
 # calibrate's compute pass measures, which hand-made profiles carry.
+MEASURED_LABELS = frozenset(("backend", "dtype", "model"))
 MEASURED_KEYS = frozenset((
     "world_size", "backend", "dtype", "model", "tokens", "matmul_tflops", "gemms", "model_tflops", "layer_overhead_s",
     "embedding_overhead_s", "head_overhead_s", "edge_points", "step_overhead_s", "sync_overhead_s", "p2p_sync_s",
@@ -359,6 +351,13 @@ def _check_measured(measured, source: str) -> None:
     """[measured] (written by `shardwise calibrate`): numbers finite, collective tables [[bytes, seconds], ...]."""
     if not isinstance(measured, dict):
         raise UsageError(f"{source}: [measured] must be a table — rerun `shardwise calibrate` to write it again")
+    # Any [measured] table makes the file a calibrated one, whose [cluster] figures go unchecked: only calibrate's.
+    unknown = [k for k in measured if k not in MEASURED_KEYS]
+    what = (f"'{unknown[0]}', which `shardwise calibrate` never writes" if unknown
+            else "only labels, no measurement" if measured and set(measured) <= MEASURED_LABELS else "")
+    if what:
+        raise UsageError(f"{source}: [measured] has {what} — remove it (a hand-written cluster has no [measured] "
+                         f"table), or rerun `shardwise calibrate --out`")
 
     def numbers(value):
         if isinstance(value, (list, tuple)):
@@ -369,7 +368,7 @@ def _check_measured(measured, source: str) -> None:
 
     bad = [k for k, v in measured.items() if any(not math.isfinite(x) for x in numbers(v))]
     # Scalars the planner reads as numbers (every one but the labels calibrate writes).
-    bad += [k for k, v in measured.items() if k not in ("backend", "dtype", "model")
+    bad += [k for k, v in measured.items() if k not in MEASURED_LABELS
             and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     # What calibrate measures is a rate (0: not measured, the datasheet's stands; else within the [cluster] keys' range:
     # the planner divides by it), a count of ranks (>= 1) or a time, a share or a ratio (>= 0): a negative one would
