@@ -305,6 +305,9 @@ def source_flops_per_step(row: dict, job) -> float:
         return megatron_core_flops(m, B, s)
     if conv == "megatron-model":
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    if conv == "neox-logger":  # GPT-NeoX's logger until 5f364017 (2023-09): 6 x all parameters + 60 s h l per token,
+        # no recompute (EleutherAI/gpt-neox megatron/logging.py get_flops, the same at 2cc9e846, 2022-02, and v1.0)
+        return B * s * (6 * m.num_params() + 60 * s * h * l)
     per_seq = re.search(r"[Mm]odel flops/seq = ([\d.]+e[+]?\d+)", row["notes"])
     proxy = re.search(r"\(([\d/]+) layers\)", row["notes"])  # reduced-depth proxies of the full model
     if conv == "nemo-model" and per_seq and not (proxy and str(l) in proxy.group(1).split("/")):

@@ -1007,3 +1007,29 @@ def test_torch_context_parallelism_runs_only_fused_attention():
     code, _, err = cli(["estimate", *SMALL, "--framework", "torchtitan", "--cp", 2, "--no-flash-attention", "--tp", 2,
                         "--micro-batch", 1])
     assert code == 2 and "torch's context_parallel dispatches only" in err
+
+
+def test_estimate_json_lists_what_it_filled_in_even_when_that_is_nothing():
+    """`assumptions.implied` is always a list: empty where every knob was named (a checker reads it as such)."""
+    named = answer(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+                    "--seq-len", 4096, "--tp", 8, "--pp", 1, "--micro-batch", 1, "--recompute", "selective",
+                    "--sequence-parallel", "--framework", "nemo", "--json"])
+    assert named["assumptions"]["implied"] == []
+    unnamed = answer(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+                      "--seq-len", 4096, "--tp", 8, "--pp", 1, "--framework", "nemo", "--json"])
+    assert any(i.startswith("micro-batch ") and "each replica's 8 sequences;" in i
+               for i in unnamed["assumptions"]["implied"])
+    one = answer(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,
+                  "--seq-len", 4096, "--tp", 1, "--pp", 1, "--framework", "nemo", "--json"])  # one sequence a replica
+    assert any("each replica's 1 sequence;" in i for i in one["assumptions"]["implied"])
+
+
+def test_an_unnamed_zero_stage_is_raised_on_a_stack_that_refuses_the_unnamed_recompute():
+    """llama2 always recomputes, so the command line's unnamed "no recompute" is refused at every ZeRO stage; the
+    stages are weighed with the policies the stack runs, and ZeRO-1 (67.9 GiB) is found where ZeRO-0 needs 145."""
+    out = answer(["estimate", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", 2048, "--global-batch",
+                  2048, "--seq-len", 2048, "--tp", 8, "--framework", "llama2", "--json"])
+    assert out["fits"] and out["zero"] == 1 and out["recompute"] in ("selective", "full")
+    one = answer(["estimate", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", 2048, "--global-batch",
+                  2048, "--seq-len", 2048, "--tp", 8, "--framework", "llama2", "--zero", 0, "--json"])
+    assert not one["fits"] and one["memory_gib_per_gpu"] > 2 * out["memory_gib_per_gpu"]

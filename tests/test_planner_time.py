@@ -265,6 +265,17 @@ def test_flashattention2_runs_a_head_dim_between_its_kernels_in_the_next_one_up(
     assert kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 80) < kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 96)
 
 
+def test_flashattention1_runs_a_head_dim_of_80_in_its_128_kernel():
+    # flash-attn 0.2.2 (GPT-NeoX v1.0's pin) dispatches d <= 32, d <= 64, d <= 128 (csrc/flash_attn/fmha_api.cpp
+    # run_fmha_fwd, run_fmha_bwd): Pythia 2.8B's heads of 80 take as long as heads of 128, where FlashAttention-2 runs
+    # them in its 96 kernel.
+    c = load_cluster("dgx-a100-40gb")
+    t80, t128 = (kernels.fused_attention_time(c, "fa1", 2048, 2048, 32, d) for d in (80, 128))
+    assert t80 == pytest.approx(t128)
+    assert kernels.fused_attention_time(c, "fa1", 2048, 2048, 32, 64) < t80
+    assert kernels.fused_attention_time(c, "fa2", 2048, 2048, 32, 80) < kernels.fused_attention_time(c, "fa2", 2048, 2048, 32, 128)
+
+
 def test_flash_attns_fused_mlp_runs_gelu_in_the_gemm_epilogue_on_a100_only():
     # flash_attn/ops/fused_dense.py FusedMLP, heuristic 'auto': on A100 (CUDA >= 11.8) the GELU runs in the FC1 GEMM's
     # cuBLASLt epilogue, which writes the pre-activation beside the output (2 B per f-element) and the dgrad GEMM's

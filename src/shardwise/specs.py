@@ -78,6 +78,10 @@ class ClusterSpec:
     # fitted to the cluster's own nccl-tests logs by `shardwise calibrate --nccl-tests` (calibrate/nccl_tests.py).
     net_step_extra: float = 0.0
     network_fit: str = ""  # what the network keys were fitted to ("nccl-tests"); "" for a datasheet's
+    # The host, for CPU offload (planner/offload.py); 0 = not stated, and --offload is refused on the cluster:
+    host_link_bandwidth: float = 0.0  # GPU <-> CPU memory, bytes/s per GPU, one direction, with every GPU copying
+    host_memory_bandwidth: float = 0.0  # the node's CPU memory, bytes/s (all its sockets)
+    host_memory_bytes: float = 0.0  # the node's CPU memory
     # What the cluster file left out and the planner took from the datasheet GPU its peak names (_datasheet_gpu)
     inferred: str = field(default="", compare=False)
 
@@ -94,7 +98,8 @@ _CLUSTER_KEYS = {
 # nvidia-smi prints (an 80 GB card: 81,559 MiB)
 MAX_GPU_MEMORY_GIB = 1024
 # Optional [cluster] keys of the kernel models (each preset cites its source).
-_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float, "power_limit_w": float}
+_OPTIONAL_KEYS = {"sm_count": int, "mamf_tflops": float, "fp8_peak_tflops": float, "power_limit_w": float,
+                  "host_link_gbs": float, "host_memory_bandwidth_gbs": float, "host_memory_gib": float}
 # What a [cluster] number may be (GiB, TFLOP/s, GB/s, count, us): far beyond any GPU either way, and inside it every
 # predicted time and rate stays a finite positive float.
 CLUSTER_RANGE = (1e-6, 1e7)
@@ -185,6 +190,9 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         power_limit_w=values.get("power_limit_w", 0.0),
         net_step_extra=float(table.get("net_step_extra_us", 0.0)) * 1e-6,
         network_fit=str(table.get("network_fit", "")),
+        host_link_bandwidth=values.get("host_link_gbs", 0.0) * 1e9,
+        host_memory_bandwidth=values.get("host_memory_bandwidth_gbs", 0.0) * 1e9,
+        host_memory_bytes=values.get("host_memory_gib", 0.0) * 2**30,
         inferred=inferred,
     )
 

@@ -184,6 +184,12 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="mixture of experts: one micro-batch's all-to-alls run behind another's compute "
                         "(Megatron-Core's --overlap-moe-expert-parallel-comm; megatron-core and nemo); without it they "
                         "are priced exposed")
+    p.add_argument("--offload", choices=["optimizer", "params"], default=None,
+                   help="keep states in the host's CPU memory: optimizer — the optimizer states and FP32 master, "
+                        "stepped on the CPU (DeepSpeed's ZeRO-Offload: " + _stacks(lambda fw: "optimizer" in fw.offload)
+                        + "); params — the parameter shards and their gradients too (DeepSpeed's ZeRO-3 offload_param, "
+                        "FSDP's CPU offload: " + _stacks(lambda fw: "params" in fw.offload) + "). Priced with the "
+                        "cluster's host keys (host_link_gbs, host_memory_bandwidth_gbs, host_memory_gib)")
     p.add_argument("--capacity-factor", type=float, default=1.0, metavar="C",
                    help="mixture of experts: the busiest expert's tokens over the mean (router imbalance: a measured "
                         "skew, or the capacity factor a run pads experts to); default 1.0, balanced routing")
@@ -447,7 +453,8 @@ def job_from_args(args):
                    fp8_params=bool(getattr(args, "fp8_params", False)),
                    compile=bool(compiled), compile_loss=getattr(args, "compile_loss", None),
                    fused_norms=bool(getattr(args, "fused_norms", False)),
-                   attention_backend=getattr(args, "attention_backend", None))
+                   attention_backend=getattr(args, "attention_backend", None),
+                   offload=getattr(args, "offload", None) or "")
     job = replace(job, capacity_factor=capacity, **_moe_software(args, model, get(framework)))
     args.model_note = model_note(job)
     return job

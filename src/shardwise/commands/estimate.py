@@ -6,6 +6,7 @@ from shardwise.commands.common import (add_cluster_args, add_job_args, add_layou
                                        add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
                                        notes, print_json, under_framework)
 from shardwise.errors import UsageError
+from shardwise.units import count
 
 
 def register(subparsers, name, help):
@@ -81,7 +82,9 @@ def _run(args) -> int:
     if getattr(args, "framework_fallback", False):  # priced under the fallback stack, which the flag alone might not pick
         options = [o | {"change": f"{o['change']} --framework {job.framework}"} for o in options]
     if args.json:
-        print_json(est.to_dict() | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
+        record = est.to_dict()
+        record["assumptions"].setdefault("implied", [])  # always there: empty where nothing was filled in
+        print_json(record | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0
     from rich.console import Console
 
@@ -187,7 +190,8 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
     args.micro_batch = None  # still unnamed: fit_options says the micro-batch beside each change
     return asked, completed, [*implied, f"micro-batch {completed.micro_batch} ({rule}, of the {len(tried)} the stack "
-                                        f"can run with each replica's {share} sequences; --micro-batch not given)"]
+                                        f"can run with each replica's {count(share, 'sequence')}; --micro-batch not "
+                                        f"given)"]
 
 
 # How much faster interleaving must be before the stack's default plain 1F1B is said to leave it on the table.

@@ -12,7 +12,8 @@ from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
 from shardwise.planner.job import Job
-from shardwise.planner.memory import fits_memory, memory_breakdown
+from shardwise.planner.memory import fits_memory, host_fits, host_memory_bytes, memory_breakdown
+from shardwise.planner.offload import offload_refusal
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, datasheet_gpu, splits_over_tp
@@ -38,6 +39,9 @@ class Estimate:
     assumptions: dict | None = None
     total_params: int = 0
     active_params: int = 0  # what one token uses (MoE: top-k experts); FLOPs and MFU count these
+    offload: str = ""  # --offload (Job.offload)
+    host_bytes: float = 0.0  # under --offload: what a node's CPU memory holds for its GPUs (memory.host_memory_bytes)
+    host_capacity: float = 0.0  # the node's CPU memory (0: not stated)
 
     @property
     def memory_per_gpu(self) -> float:
@@ -45,7 +49,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.memory_per_gpu <= self.gpu_memory_bytes
+        return self.memory_per_gpu <= self.gpu_memory_bytes and (not self.host_capacity
+                                                                   or self.host_bytes <= self.host_capacity)
 
     @property
     def step_time(self) -> float:
@@ -94,6 +99,8 @@ class Estimate:
             "hfu": _round(self.hfu, 4),
             "framework": self.framework,
             "compile": self.compile,
+            "offload": self.offload or "none",
+            **({"host_memory_gib_per_node": _round(self.host_bytes / GIB, 3)} if self.offload else {}),
             "assumptions": self.assumptions or {},
         }
 
@@ -202,15 +209,17 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
             and fw.sequence_parallel == "optional" and splits_over_tp(job.train.seq_len, lay.tp, lay.cp)):
         sp = [False, True]
     shapes = pipeline_shapes(job, lay, named)
-    stages = [lay.zero]
-    if "zero" not in named and lay.dp * lay.cp > 1:
-        first = fw.zero_when_unnamed(lay)
-        stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
-                  and not fw.refusal(lay.with_(zero=z), job.model.num_layers)] or [first]  # all refused: its default names the reason
     policies = [lay.recompute]
     if "recompute" not in named:
         policies = [r for r in RECOMPUTE if r in fw.recompute and (r in fw.unnamed_recompute or not fw.unnamed_recompute)]
         policies = policies or [lay.recompute]
+    stages = [lay.zero]
+    if "zero" not in named and lay.dp * lay.cp > 1:
+        first = fw.zero_when_unnamed(lay)
+        # a stage is weighed where the stack runs it with one of the recompute policies weighed (llama2 refuses the
+        # unnamed "none" whatever the stage: checked alone, every stage would look refused)
+        stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
+                  and any(not stack_refusal(job, lay.with_(zero=z, recompute=r)) for r in policies)] or [first]
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
     chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
@@ -245,10 +254,9 @@ def fastest_fitting(job: Job, tries: list[Layout], partial: bool) -> tuple[Layou
     recomputing every layer), else the one closest to fitting (so the memory shown is the least the stack needs);
     with `partial`, full recompute of the fewest layers that fits also weighs where none does not fit. And whether
     any fits."""
-    fw = get_framework(job.framework)
-    runs = [t for t in tries if not fw.refusal(t, job.model.num_layers)] or tries[:1]
+    runs = [t for t in tries if not stack_refusal(job, t)] or tries[:1]
     memory = {t: sum(memory_breakdown(job, t)[1].values()) for t in runs}
-    fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes]
+    fits = [t for t in runs if memory[t] <= job.cluster.gpu_memory_bytes and host_fits(job, t)]
     if partial:
         fewer = [fewest_recomputed(job, t) for t in fits if t.recompute == "full" and t.with_(recompute="none") not in fits]
         fits += [t for t in fewer if t is not None]
@@ -306,11 +314,22 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
 
 def check_runs(job: Job, layout: Layout) -> None:
     """UsageError (one line) when the job's framework cannot run `layout` (frameworks.check, with what the job says of
-    the model, its chunks, its micro-batches and its attention)."""
+    the model, its chunks, its micro-batches and its attention), or cannot offload at its ZeRO stage (--offload)."""
     fw = get_framework(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
           job.model.num_kv_heads)
+    reason = offload_refusal(fw, job.offload, layout.zero, layout.dp * layout.cp)
+    if reason:
+        raise UsageError(f"--offload {job.offload}: {reason}")
+
+
+def stack_refusal(job: Job, layout: Layout) -> str | None:
+    """Why the job's stack cannot run `layout` (its profile's refusal, or its offload's at the layout's ZeRO stage), or
+    None: what the search and the completion of unnamed knobs skip."""
+    fw = get_framework(job.framework)
+    return fw.refusal(layout, job.model.num_layers) or offload_refusal(fw, job.offload, layout.zero,
+                                                                       layout.dp * layout.cp)
 
 
 def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:
@@ -346,4 +365,5 @@ def estimate(job: Job, layout: Layout, implied: list[str] | None = None) -> Esti
         peak_flops=job.cluster.peak_flops, tokens_per_step=job.train.global_batch * job.train.seq_len,
         framework=job.framework, compile=job.compile, assumptions=notes,
         total_params=job.model.num_params(), active_params=job.model.active_params(),
+        offload=job.offload, host_bytes=host_memory_bytes(job, layout), host_capacity=job.cluster.host_memory_bytes,
     )

@@ -278,6 +278,16 @@ class Framework:
     # (Apex/Transformer Engine FusedAdam, torch's fused=True), step_time.OPTIMIZER_BYTES_PER_PARAM. torch's foreach
     # (multi-tensor) path still makes one pass per operation (TORCHTITAN below).
     optimizer_traffic: int | None = None
+    # CPU offload (--offload, planner/offload.py): what the stack can keep in the host's memory ("optimizer": the
+    # optimizer states and FP32 master, stepped on the CPU; "params": the parameter shards too, with their gradients),
+    # the lowest ZeRO stage each needs (the states it offloads are its shards), whether with "optimizer" the gradient
+    # partitions live on the CPU too (DeepSpeed's ZeRO-Offload) or stay in the GPU's buffer (Megatron-Core), and the
+    # bytes per parameter of the updated weights copied back after the CPU step (None: weight_bytes).
+    offload: tuple[str, ...] = ()
+    offload_zero: int = 1
+    offload_params_zero: int = 3
+    offload_grads: bool = False
+    offload_update_bytes: int | None = None
     tensor_parallel: bool = True  # False: the stack has no tensor (nor sequence) parallelism
     # tp above the KV heads: every rank computes and keeps the K/V heads its query heads read, a replicated copy
     # (BigCode's Megatron-LM fork, attention_head_type multiquery: `self.key_value = get_linear_layer(hidden,

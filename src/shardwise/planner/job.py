@@ -13,6 +13,7 @@ from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.offload import check_offload
 from shardwise.specs import ClusterSpec, ModelSpec, TrainSpec
 
 
@@ -161,6 +162,9 @@ class Job:
     # final norm, head: not Float8Linear) gathers in BF16, as do MoE's routed experts. Only under FSDP over more than
     # one data-parallel rank (overlap.fp8_gathered); step_time.dp_comm_time, memory.model_state_bytes.
     fp8_all_gather: bool = False
+    # CPU offload (--offload, planner/offload.py): "" (none), "optimizer" (optimizer states and master on the host,
+    # stepped there) or "params" (the parameter shards and their gradients too)
+    offload: str = ""
 
 
 
@@ -202,15 +206,16 @@ ATTENTION_BACKENDS = {"auto": "", "fused": "", "flash": "fa2"}
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
              fp8_params: bool = False, compile: bool = False, compile_loss: bool | None = None, fused_norms: bool = False,
-             attention_backend: str | None = None, **train):
+             attention_backend: str | None = None, offload: str = "", **train):
     """The planner's Job for `framework`: its bytes per parameter, its attention kernel and TP overlap
     defaults, unless given. `train` overrides TrainSpec fields (e.g. grad_bytes). `fp8_params`: the weights
     themselves in FP8 (Transformer Engine's fp8_model_init: NeMo's fp8_params, Megatron-Core's --fp8-param-gather),
     one byte each, stored and gathered so; under torchao (torchtitan) the layers' weights gathered in FP8 from their
     FP32 shards (Job.fp8_all_gather). `compile`: the blocks and loss under torch.compile (Framework.compiles);
     `compile_loss` False: the blocks only (Job.compile_loss; None: what the stack does). `fused_norms`:
-    Job.fused_norms. `attention_backend`: ATTENTION_BACKENDS (Transformer Engine stacks)."""
+    Job.fused_norms. `attention_backend`: ATTENTION_BACKENDS (Transformer Engine stacks). `offload`: Job.offload."""
     fw = get_framework(framework)
+    check_offload(fw, cluster, offload)
     if compile and fw.compile_refusal():
         raise UsageError(f"--compile: {fw.compile_refusal()} — drop --compile")
     refusal = software_refusal(fw, compile, compile_loss, fused_norms)
@@ -255,7 +260,8 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
                async_sp_regather=fw.async_sp_regather, framework=fw.name, selective=fw.selective,
                precision=precision, recompute_modules=fw.recompute_modules, compile=compile,
-               attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""), fp8_all_gather=fp8_all_gather)
+               attention=ATTENTION_BACKENDS.get(attention_backend or "auto", ""), fp8_all_gather=fp8_all_gather,
+               offload=offload)
 
 
 

@@ -387,13 +387,18 @@ def attention_efficiency(kernel: str, arch: str, seq_q: int, seq_kv: int, head_d
 # else if (HEADDIM <= 64) ...`; flash_api.cpp rounds the head size up to a multiple of 8 and pads): a head dim of 80 runs
 # the 96 kernel, whose tiles do 96 columns of work for 80 of result.
 FA2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+# FlashAttention-1 (flash-attn 0.2.x, the release GPT-NeoX v1.0 pinned) compiles three: fmha_api.cpp run_fmha_fwd and
+# run_fmha_bwd at v0.2.2 dispatch `d <= 32`, `d <= 64`, `d <= 128` (mha_fwd checks head_size % 8 == 0 and <= 128): a
+# head dim of 80 (Pythia 2.8B's 2,560 / 32) runs the 128 kernel.
+FA1_HEAD_DIMS = (32, 64, 128)
+COMPILED_HEAD_DIMS = {"fa2": FA2_HEAD_DIMS, "fa1": FA1_HEAD_DIMS}
 
 
 def kernel_head_dim(kernel: str, head_dim: float) -> float:
-    """The head dim the kernel's tiles run at for heads of `head_dim` (FlashAttention-2's next compiled size)."""
-    if kernel != "fa2":
-        return head_dim
-    return next((d for d in FA2_HEAD_DIMS if d >= head_dim), head_dim)
+    """The head dim the kernel's tiles run at for heads of `head_dim` (the kernel's next compiled size, for the
+    FlashAttention releases that compile a few: COMPILED_HEAD_DIMS)."""
+    sizes = COMPILED_HEAD_DIMS.get(kernel, ())
+    return next((d for d in sizes if d >= head_dim), head_dim)
 
 
 def fused_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq_kv: int, heads: int, head_dim: int,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardwise.planner import moe
+from shardwise.planner import moe, offload
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_layers, peak_inflight_microbatches
@@ -470,8 +470,10 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
             gathered = min(root + gathered_layers * layer, params)
             if fw.zero3_max_live_params:  # submodules gathered one at a time, up to the cap
                 gathered = min(gathered, max(fw.zero3_max_live_params, largest_module_params(job.model, layout.tp)))
-        # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights
-        own_shard = not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
+        # the shard beside the gathered weights, unless it is the optimizer's master or a view of the whole weights, or
+        # it lives on the host (--offload params)
+        own_shard = (not fw.weight_shard_is_master and not (zero == 2 and fw.zero2_reduce_every_microbatch)
+                     and job.offload != "params")
         weights = t.weight_bytes * ((params / d if own_shard else 0.0) + gathered)
         if fp8_gathered(job, layout) and layers is not None:  # the layers' dense weights gathered and held in FP8
             held = min(gathered_layers, layers) if zero >= 3 else layers
@@ -485,6 +487,10 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     # from the first micro-batch's backward on: through the later ones' activations peaks.
     elif zero >= 2 and fw.fsdp_no_sync and layout.num_microbatches(t.global_batch) > 1:
         grads = param_gather_bytes(job, fw) * params
+    elif zero >= 2 and job.offload and (fw.offload_grads or job.offload == "params"):
+        grads = 0.0  # each reduced partition copied to the host (planner/offload.py)
+    if job.offload:  # the optimizer states and master on the host
+        optim = 0.0
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
@@ -611,11 +617,36 @@ def total_bytes(breakdown: dict[str, float]) -> float:
 def fits_memory(job: Job, layout: Layout) -> bool:
     """Whether the worst pipeline rank of `layout` fits a GPU: `memory_breakdown`'s answer, but the first rank (most
     often the worst: the embedding, the most micro-batches in flight) is checked alone first, since most layouts a
-    search checks do not fit and that answers for them at a third of the work."""
+    search checks do not fit and that answers for them at a third of the work. Under --offload, and what its GPUs
+    offload fits the host (host_fits)."""
     limit = job.cluster.gpu_memory_bytes
     if total_bytes(rank_memory(job, layout, 0)) > limit:  # rank 0 is always a candidate (pipeline_ranks)
         return False
-    return total_bytes(memory_breakdown(job, layout)[1]) <= limit
+    return total_bytes(memory_breakdown(job, layout)[1]) <= limit and host_fits(job, layout)
+
+
+def offload_shard(job: Job, layout: Layout) -> float:
+    """Parameters of the shard one GPU offloads (--offload): the pipeline rank with the most parameters, over the
+    ranks its ZeRO stage shards them over."""
+    params = max(rank_params(job, layout, r) for r in pipeline_ranks(job, layout))
+    return params / (layout.shard_group if layout.zero_in_effect >= 1 else 1)
+
+
+def host_memory_bytes(job: Job, layout: Layout) -> float:
+    """Bytes a node's CPU memory holds for its GPUs under --offload (offload.host_bytes of each GPU's shard); 0 without."""
+    if not job.offload:
+        return 0.0
+    t = job.train
+    per_gpu = offload.host_bytes(get_framework(job.framework), job.offload, offload_shard(job, layout), t.weight_bytes,
+                                 t.optimizer_bytes)
+    return per_gpu * min(job.cluster.gpus_per_node, layout.world_size)
+
+
+def host_fits(job: Job, layout: Layout) -> bool:
+    """Whether what the GPUs of a node offload fits its CPU memory (always, without --offload or where the cluster file
+    does not say how much it has)."""
+    capacity = job.cluster.host_memory_bytes
+    return not (job.offload and capacity) or host_memory_bytes(job, layout) <= capacity
 
 
 def counted_memory(job: Job, layout: Layout, rank: int | None = None) -> dict[str, float]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
 from shardwise.forked import deal, map_hands, worker_count
-from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed
+from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import layer_cost, layer_key
 from shardwise.planner.job import Job, compiled
@@ -669,7 +669,7 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
             if zero >= limit:
                 break
             layout = base.with_(zero=zero, recompute=recompute)
-            why = fw.refusal(layout, tally.job.model.num_layers)
+            why = stack_refusal(tally.job, layout)
             if why:
                 tally.refuse(why)
                 continue
@@ -729,7 +729,7 @@ def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
         for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
             layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp, ep=ep)
             layout = layout.with_(etp=fw.default_etp(job.model, layout))
-            if not fw.refusal(layout, job.model.num_layers) and fits_memory(job, layout):
+            if not stack_refusal(job, layout) and fits_memory(job, layout):
                 return True
     return False
 

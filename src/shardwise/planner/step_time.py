@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.frozen import replaced
-from shardwise.planner import kernels, moe
+from shardwise.planner import kernels, moe, offload
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           LayerCost, layer_gemms, matmul_params_per_layer)
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import (layer_params, local_seq, op_checkpointing, pipeline_ranks, rank_expert_params,
-                                      rank_layers, rank_params, rank_recomputed_layers, split_rule)
+from shardwise.planner.memory import (layer_params, local_seq, offload_shard, op_checkpointing, pipeline_ranks,
+                                      rank_expert_params, rank_layers, rank_params, rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
@@ -622,7 +622,16 @@ def step_time(job: Job, layout: Layout) -> dict:
         "dp_comm": _dp_time(job, layout, costs, slow, runs, m // runs),
         "step_comm": step_comm_time(job, layout),
         "optimizer": _optimizer_time(job, layout, ranks),
+        **({"offload": _offload_time(job, layout)} if job.offload else {}),
     }
+
+
+def _offload_time(job: Job, layout: Layout) -> float:
+    """The host side of the optimizer step under --offload (planner/offload.py step_time): the CPU step moves the
+    bytes per parameter the stack's GPU step would (Framework.optimizer_traffic), through the node's memory."""
+    fw, t = get_framework(job.framework), job.train
+    return offload.step_time(fw, job.cluster, job.offload, offload_shard(job, layout), t.weight_bytes,
+                             fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM)
 
 
 def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: float, runs: int, mr: int
@@ -683,7 +692,8 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     if layout.zero >= 1 and layout.dp * layout.cp > 1:  # the experts' states shard over their own replicas, as
         # moe.expert_states shards their memory
         sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
-    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
+    # (none on the GPU under --offload: the host steps, _offload_time)
+    opt = 0.0 if job.offload else (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.

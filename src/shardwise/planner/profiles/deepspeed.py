@@ -58,6 +58,13 @@ DEEPSPEED = Framework(
     # ZeRO-3's live parameters: each submodule gathered by its pre-forward/backward hook and released after it
     # (v0.5.5 stage3.py release_sub_module; the reuse check fails as above), the default cap from v0.6 on
     zero3_max_live_params=1e9,
+    # ZeRO-Offload (`cpu_offload` under zero_optimization stage 2/3 in v0.3-0.5; `offload_optimizer: {device: cpu}`
+    # later): each gradient partition copied to pinned host memory as FP32 (stage2.py
+    # async_inplace_copy_grad_to_fp32_buffer_from_gpu), DeepSpeedCPUAdam stepping on the host, the FP16/BF16 partition
+    # copied back; ZeRO-3's `offload_param` keeps the parameter partitions on the host too, each copied in before its
+    # gather (partition_parameters.py). Ren et al. 2021, "ZeRO-Offload" (USENIX ATC); Rajbhandari et al. 2021,
+    # "ZeRO-Infinity" (SC'21).
+    offload=("optimizer", "params"), offload_zero=2, offload_params_zero=3, offload_grads=True,
     bucket_bytes=5e8 * 2, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, flash_attention=False,
     sequence_parallel="never", context_parallel=(),
     # runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned): the forward rebuilds its received input
@@ -112,6 +119,7 @@ DEEPSPEED_2024 = replace(
     # stage 1 keeps contiguous gradients since b288cf1b9 (v0.7.2): average_tensor reduces each rank's range to its
     # owner (dist.reduce: a reduce-scatter's bytes)
     zero1="reduce_scatter", reduce_copy_bytes=0,
+    offload_zero=1,  # stage 1 offloads too (stage_1_and_2.py: one optimizer for both, cpu_offload for either)
     glu_bytes=None,  # the element-wise table's (the GLU path of its Megatron-DeepSpeed release not checked)
     glu_tensors=3,  # likewise what that path keeps: the default count
     cannot=("interleaved, GPipe and ZB-H1 schedules", "a pipeline with ZeRO-2/3",
@@ -143,6 +151,7 @@ DEEPSPEED_BF16 = replace(
     grad_accumulation_bytes=18, grad_accumulation_first_free=False,
     # BF16_Optimizer always partitions its FP32 master weights and Adam states over dp: ZeRO-1, nothing else.
     zero_stages=(1,), default_zero=1,
+    offload=(),  # BF16_Optimizer has no offload path
     cannot=("ZeRO-0/2/3 (its BF16_Optimizer always partitions the optimizer states, and only that)",
             "interleaved, GPipe and ZB-H1 schedules", "sequence parallelism", "ring or all-gather context parallelism"),
 )

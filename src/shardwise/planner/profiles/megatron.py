@@ -61,6 +61,11 @@ MEGATRON_CORE = Framework(
     bucket_bytes=40e6 * 4, p2p_overlap=MEGATRON_P2P_OVERLAP, tp_comm_overlap_available=True, zero_stages=(0, 1, 2, 3),
     default_zero=1,
     zero2_reduce_every_microbatch=True,
+    # --optimizer-cpu-offload (with --use-precision-aware-optimizer and the distributed optimizer): HybridDeviceOptimizer
+    # copies each shard's FP32 gradients to pinned host memory, steps torch's fused CPU AdamW on FP32 master copies and
+    # copies the FP32 parameters back after the step (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
+    # param_update_in_fp32=True; --overlap-cpu-optimizer-d2h-h2d off by default); the GPU keeps its gradient buffer.
+    offload=("optimizer",), offload_zero=1, offload_update_bytes=4,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
     # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)

@@ -37,6 +37,11 @@ TORCHTITAN = Framework(
     # add_(eps) (8), params.addcdiv_(exp_avgs, denom) (16) = 80; clip_grad_norm_(foreach=True): a norm per gradient
     # (4) and every gradient times the clip coefficient (8) = 12. 92 in all, as Composer's DecoupledAdamW below.
     optimizer_traffic=92,
+    # training.enable_cpu_offload: fully_shard(..., offload_policy=CPUOffloadPolicy()) (torchtitan parallelize.py
+    # apply_fsdp): the FP32 parameter shards and their gradients live in pinned host memory, each gathered unit's
+    # shard copied in before its all-gather and its reduce-scattered gradient copied out, and the optimizer steps
+    # on the host tensors (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: offload_to_cpu); FSDP (ZeRO-2/3) only.
+    offload=("params",), offload_params_zero=2, offload_grads=True,
     # activation_checkpoint mode "selective" with selective_ac_option "k": every k-th block wrapped in a full
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
@@ -55,6 +60,7 @@ TORCHTITAN = Framework(
 
 AUTOMODEL = replace(
     TORCHTITAN, name="automodel",
+    offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="NeMo AutoModel's own model path (its MoE recipes: BackendConfig attn/linear/rms_norm 'te', DeepEP): "
             "bf16 parameters (from_config's torch_dtype 'auto' is bfloat16) with no FP32 master copy, torch.optim.Adam "
             "states in bf16, FSDP2 with bf16 compute and FP32 gradient reduce-scatter (resharding after forward only "
@@ -87,6 +93,7 @@ AUTOMODEL = replace(
 # (Composer 0.16-0.17, torch 2.0-2.1; llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml at 061f2c7c).
 COMPOSER = replace(
     TORCHTITAN, name="composer",
+    offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="MosaicML Composer's FSDP (PyTorch FSDP1) as llm-foundry's MPT recipes run it: FULL_SHARD (ZeRO-3) or "
             "SHARD_GRAD_OP (ZeRO-2), mixed_precision DEFAULT (BF16 parameters and compute, FP32 gradient "
             "reduce-scatter every micro-batch), eager PyTorch norms and activations, flash-attn's fused cross-entropy and "
@@ -127,6 +134,7 @@ COMPOSER = replace(
 
 COMPOSER_PURE = replace(
     COMPOSER, name="composer-pure", grad_reduce_bytes=2,
+    offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="as composer, with fsdp_config mixed_precision PURE: gradients reduce-scattered in BF16",
 )
 
@@ -135,6 +143,7 @@ COMPOSER_PURE = replace(
 # precision bf16-mixed, FlashAttention-2 and flash-attn's / xformers' fused kernels.
 LIT_GPT = replace(
     COMPOSER, name="lit-gpt", expert_parallel=False,
+    offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     window_kernel=False,  # litgpt's CausalSelfAttention: F.scaled_dot_product_attention with a sliding-window mask
     summary="Lit-GPT's pretraining (TinyLlama) on Lightning Fabric's FSDPStrategy (PyTorch FSDP1, FULL_SHARD, "
             "limit_all_gathers) with precision bf16-mixed: FP32 parameters gathered in FP32 and BF16 autocast, gradient "
@@ -187,6 +196,7 @@ LIT_GPT = replace(
 # foundation-model-stack's eager LLaMA, mixed precision bfSixteen.
 FMS_FSDP = replace(
     TORCHTITAN, name="fms-fsdp", expert_parallel=False,
+    offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     window_kernel=False,  # foundation-model-stack's attention: torch's SDPA
     summary="IBM's fms-fsdp: PyTorch FSDP1 (FULL_SHARD, HYBRID_SHARD within a node, or NO_SHARD; limit_all_gathers) "
             "around foundation-model-stack's eager LLaMA with SDPA (FlashAttention-2), mixed precision bfSixteen "

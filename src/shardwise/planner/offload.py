@@ -1,0 +1,90 @@
+"""CPU offload (`--offload`): states a stack keeps in the host's memory instead of the GPU's, and what moving them costs.
+
+Two kinds, as the stacks name them:
+  * "optimizer": the optimizer states and FP32 master weights of this GPU's shard live in CPU memory and the optimizer
+    steps there (DeepSpeed's ZeRO-Offload, `offload_optimizer: cpu`, whose gradient partitions go to the CPU too;
+    Megatron-Core's --optimizer-cpu-offload, whose FP32 gradients stay in the GPU's buffer and are copied for the step).
+    Each step copies the shard's gradients to the host, steps on the CPU and copies the updated weights back.
+  * "params": the parameter shards too, with their gradients (DeepSpeed's ZeRO-3 `offload_param: cpu`, PyTorch FSDP's
+    CPU offload): every gather of a unit first copies this GPU's shard to it, every reduce-scatter copies its output
+    shard back, and the optimizer steps on the host in place.
+What each stack can offload is its profile's (Framework.offload). The rates are the cluster file's host keys
+(host_link_gbs per GPU, host_memory_bandwidth_gbs and host_memory_gib per node); the CPU step moves the same bytes
+per parameter as the stack's GPU step (Framework.optimizer_traffic), through the node's memory, all its GPUs' shards at
+once. Not modelled: offloading activations (DeepSpeed's cpu_checkpointing, Megatron-Core's --cpu-offloading), NVMe.
+"""
+
+from __future__ import annotations
+
+from shardwise.errors import UsageError
+from shardwise.planner.framework import Framework
+
+OFFLOADS = ("optimizer", "params")
+# Bytes per parameter of the FP32 gradient copied to the host for the CPU step (DeepSpeed casts each partition to FP32
+# on the GPU before the copy, Megatron copies its FP32 main gradients) and of the updated weights copied back: the
+# stack's weight dtype (Megatron's precision-aware path copies the FP32 master back: Framework.offload_update_bytes).
+GRAD_COPY_BYTES = 4
+
+
+def check_offload(fw: Framework, cluster, offload: str) -> None:
+    """One line, exit 2, when the stack cannot offload `offload` or the cluster file does not say what its host is."""
+    if not offload:
+        return
+    if offload not in OFFLOADS:
+        raise UsageError(f"unknown --offload '{offload}' — choose one of {', '.join(OFFLOADS)}")
+    if offload not in fw.offload:
+        does = f"offloads only {' and '.join(fw.offload)}" if fw.offload else "has no CPU offload"
+        raise UsageError(f"--offload {offload}: {fw.name} {does} — " + (f"use --offload {fw.offload[0]}" if fw.offload
+                                                                         else "drop --offload, or pick a stack that offloads"))
+    if not (cluster.host_link_bandwidth and cluster.host_memory_bandwidth):
+        raise UsageError(f"--offload {offload}: the cluster {cluster.name} does not say what its host is — add "
+                         f"host_link_gbs (GPU to CPU memory, per GPU, one way) and host_memory_bandwidth_gbs (per node) "
+                         f"to its [cluster] table (the dgx-* presets have them)")
+
+
+def offload_refusal(fw: Framework, offload: str, zero: int, sharded_over: int) -> str | None:
+    """Why the stack cannot offload at this ZeRO stage (one clause), or None: the states it offloads are its shards,
+    and parameter shards need ranks to shard over (`sharded_over`, dp x cp)."""
+    if not offload:
+        return None
+    if offload == "params" and sharded_over <= 1:
+        return ("--offload params moves the parameter shards ZeRO-3 / FSDP cut over data-parallel ranks, and this "
+                "layout has none (dp x cp = 1): use --offload optimizer, or a layout with dp > 1")
+    need = fw.offload_params_zero if offload == "params" else fw.offload_zero
+    if zero < need and sharded_over > 1:
+        return f"{fw.name} offloads {offload} from ZeRO-{need} up, and this layout runs ZeRO-{zero} (use --zero {need})"
+    return None
+
+
+def host_bytes(fw: Framework, offload: str, shard: float, weight_bytes: int, optimizer_bytes: int) -> float:
+    """Bytes one GPU keeps in CPU memory: its optimizer shard (states and master), with DeepSpeed its FP32 gradient
+    partition, with "params" its parameter shard and that shard's gradient."""
+    if not offload:
+        return 0.0
+    held = optimizer_bytes * shard
+    if fw.offload_grads or offload == "params":
+        held += GRAD_COPY_BYTES * shard
+    if offload == "params" and not fw.weight_shard_is_master:
+        held += weight_bytes * shard
+    return held
+
+
+def step_time(fw: Framework, cluster, offload: str, shard: float, weight_bytes: int, optimizer_traffic: float) -> float:
+    """Seconds one step spends on the host side of the optimizer, exposed after the last reduction: the gradient
+    shard copied to the host (with "params" already there, copied unit by unit: unit_copy_time), the CPU step over
+    the node's shards (all its GPUs step at once, through its memory), and the updated weights copied back (none
+    with "params": the next gathers copy them)."""
+    if not offload:
+        return 0.0
+    link = cluster.host_link_bandwidth
+    cpu = optimizer_traffic * shard * cluster.gpus_per_node / cluster.host_memory_bandwidth
+    if offload == "params":
+        return cpu
+    back = (fw.offload_update_bytes or weight_bytes) * shard
+    return (GRAD_COPY_BYTES * shard + back) / link + cpu
+
+
+def unit_copy_time(cluster, offload: str, nbytes: float) -> float:
+    """With "params": the seconds of one shard's copy between host and GPU beside a unit's gather or reduce-scatter
+    (the shard's `nbytes`), which it precedes or follows on the same stream."""
+    return nbytes / cluster.host_link_bandwidth if offload == "params" else 0.0
