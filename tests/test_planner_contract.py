@@ -1033,3 +1033,14 @@ def test_an_unnamed_zero_stage_is_raised_on_a_stack_that_refuses_the_unnamed_rec
     one = answer(["estimate", "--model", "llama-65b", "--cluster", "dgx-a100-80gb", "--gpus", 2048, "--global-batch",
                   2048, "--seq-len", 2048, "--tp", 8, "--framework", "llama2", "--zero", 0, "--json"])
     assert not one["fits"] and one["memory_gib_per_gpu"] > 2 * out["memory_gib_per_gpu"]
+
+
+def test_megatron_2021_weighs_its_papers_interleaved_schedule_when_none_is_named():
+    """Narayanan et al. 2021's schedule is interleaved 1F1B: estimate under megatron-2021 with a pipeline and no
+    schedule weighs 1F1B and each depth, as plan and explain do, and takes the faster; named, 1F1B is kept."""
+    common = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", 384, "--global-batch", 1536,
+              "--seq-len", 2048, "--tp", 8, "--pp", 12, "--micro-batch", 1, "--framework", "megatron-2021", "--json"]
+    unnamed, plain = answer(["estimate", *common]), answer(["estimate", *common, "--schedule", "1f1b"])
+    assert unnamed["schedule"] == "interleaved-1f1b" and unnamed["vpp"] > 1
+    assert unnamed["step_time_s"] < plain["step_time_s"] and plain["vpp"] == 1
+    assert any("megatron-2021 runs its pipelines interleaved" in i for i in unnamed["assumptions"]["implied"])

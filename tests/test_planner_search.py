@@ -624,3 +624,32 @@ def test_plan_finds_what_estimate_fills_in_with_partial_recompute(capsys):
     code, out, err = run_cli(capsys, "plan", *job, "--tp", "8", "--pp", "2", "--cp", "1", "--top", "1")
     assert code == 0, err
     assert json.loads(out)["best"]["step_time_s"] <= filled["step_time_s"]
+
+
+def test_ring_and_allgather_context_parallelism_are_each_scored_so_the_plan_is_the_faster():
+    """Ring and all-gather CP differ in exposed K/V traffic and in the attention kernel's blocks (and in the K/V they
+    hold): a plan over both modes is never slower than one restricted to either (the mode was once chosen per layer
+    on its K/V traffic alone, and the full plan lost 0.9 % to `--cp 2 --cp-modes allgather`)."""
+    from shardwise.model_spec import load_model
+    from shardwise.planner.job import make_job
+    from shardwise.specs import load_cluster
+    from shardwise.planner.search import SearchSpace, search
+
+    job = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 512, 8192, "megatron-core")
+    full = search(job, 64).ranked[0]
+    for mode in ("ring", "allgather"):
+        only = search(job, 64, SearchSpace(cp=(2,), cp_modes=(mode,))).ranked[0]
+        assert only.layout.cp_mode == mode and full.step_time <= only.step_time
+    assert full.layout.cp == 2 and full.layout.cp_mode == "allgather"  # the faster of the two at 8K here
+
+
+def test_explain_says_when_the_search_was_narrowed():
+    from shardwise.model_spec import load_model
+    from shardwise.planner.explain import explain
+    from shardwise.planner.job import make_job
+    from shardwise.planner.search import search
+    from shardwise.specs import load_cluster
+
+    job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 256, 4096, "megatron-core")
+    result = search(job, 64)
+    assert result.thinned and any(p.startswith("Search narrowed: ") for p in explain(job, 64, result))

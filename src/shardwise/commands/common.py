@@ -74,7 +74,8 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                             "of the two that fits (megatron-2021, shardwise and internevo: off unless named)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
-                       "; on nemo and llama3, whose recipes and paper interleave every pipeline, interleaved-1f1b "
+                       f"; on {_stacks(lambda fw: fw.interleave_unnamed)}, whose papers and recipes interleave "
+                       "their pipelines, interleaved-1f1b "
                        "at the fastest depth that fits, or 1f1b if faster; elsewhere the output says when "
                        "interleaving would be 5%% faster)" if unnamed else ")"))
     p.add_argument("--ep", type=int, default=1,

@@ -108,6 +108,9 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     elif counted := _unmasked_attention(job, win):  # not above a record: said on its own
         out.append(f"MFU's count: {counted}")
     out.append(runner_up(result))
+    if result.thinned:  # the figures above are of the narrowed space: the user may find better by naming a knob
+        out.append(f"Search narrowed: {result.thinned}. The winner and each best step at other degrees above are of "
+                   f"that narrower space.")
     return out
 
 

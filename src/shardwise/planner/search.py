@@ -40,7 +40,6 @@ from shardwise.errors import UsageError
 from shardwise.forked import deal, map_hands, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.layer_time import layer_cost, layer_key
 from shardwise.planner.job import Job, compiled
 from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
@@ -207,14 +206,13 @@ def degrees(job: Job, gpus: int, space: SearchSpace = SearchSpace()):
                     yield tp, pp, dp, cp
 
 
-def best_cp_mode(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -> str:
-    """Ring or all-gather for this layout: the same memory and blocks, so the one with less exposed K/V traffic (a
-    choice made on a layer's costs alone: the same for every layout with the same layer_time.layer_key)."""
-
-    modes = [m for m in space.cp_modes if m in get_framework(job.framework).context_parallel] or list(space.cp_modes)
-    if layout.cp == 1 or len(modes) == 1:
-        return modes[0] if layout.cp > 1 else layout.cp_mode
-    return min(modes, key=lambda m: (lambda c: c.cp_fwd + c.cp_bwd)(layer_cost(job, layout.with_(cp_mode=m))))
+def cp_modes_to_score(job: Job, layout: Layout, space: SearchSpace = SearchSpace()) -> list[str]:
+    """The context-parallel modes a cp > 1 layout is scored in: those the stack runs and the space allows, each a
+    candidate of its own (ring and all-gather differ in exposed K/V traffic, in the attention kernel's blocks and in
+    the K/V they hold: no one term picks the faster that fits); a cp 1 layout keeps its own."""
+    if layout.cp == 1:
+        return [layout.cp_mode]
+    return [m for m in space.cp_modes if m in get_framework(job.framework).context_parallel] or list(space.cp_modes)[:1]
 
 
 def _sp_options(job: Job, fw, tp: int, cp: int, space: SearchSpace = SearchSpace()) -> tuple[bool, ...]:
@@ -559,7 +557,6 @@ class _Tally:
         self.refused = ""
         self.leanest: tuple[float, Layout] | None = None  # of the layouts that fit (any is leaner than one that does not)
         self.unfit: list[Layout] = []  # checked and too large, in order: the leanest of them is named when nothing fits
-        self.cp_modes: dict[Layout, str] = {}  # best_cp_mode per layer_key
         # Full recompute of only some layers lies between none and full: scored where full fits and none did not.
         self.partly = {"none", "full"} <= set(space.recompute) and bool(fw.partial_recompute)
 
@@ -584,13 +581,6 @@ class _Tally:
 
     def refuse(self, why: str | None) -> None:
         self.refused = self.refused or why or ""  # the first reason is the one reported
-
-    def with_cp_mode(self, base: Layout) -> Layout:
-        """The layout with its context-parallel mode, chosen once per layer_key (it depends on nothing else)."""
-        key = layer_key(base)
-        if key not in self.cp_modes:
-            self.cp_modes[key] = best_cp_mode(self.job, base, self.space)
-        return base.with_(cp_mode=self.cp_modes[key])
 
     def score(self, layout: Layout, fits: _FitChecks) -> bool:
         """Check one layout's memory; time it, and its node-sharded twin, when it fits. Whether it fit."""
@@ -644,7 +634,9 @@ def _search_split(tally: _Tally, tp: int, pp: int, dp: int, cp: int) -> None:
             base = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, vpp=vpp, schedule=schedule, sequence_parallel=sp, cp=cp,
                           ep=ep)
             base = base.with_(etp=tally.fw.default_etp(job.model, base))  # as the stack splits the experts unasked
-            measured, fitted = _search_base(tally, tally.with_cp_mode(base), m)
+            tried = [_search_base(tally, base.with_(cp_mode=mode), m)
+                     for mode in cp_modes_to_score(job, base, space)]
+            measured, fitted = any(t[0] for t in tried), any(t[1] for t in tried)
             if measured and not fitted:
                 too_big.add((schedule, vpp, sp, ep))
 

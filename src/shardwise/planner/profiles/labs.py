@@ -111,7 +111,7 @@ LLAMA2 = replace(
              "Sharded Data Parallel with Megatron-LM Tensor Parallelism', no pipeline; LLaMA Sec. 2.4 likewise names "
              "'model and sequence parallelism, as described by Korthikanti et al.' and no pipeline"),
     attention="xformers", sequence_parallel="always", context_parallel=(), recompute=("selective", "full"),
-    recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(), edge_chunks=False,
+    recompute_modules=("layernorm",), zero_stages=(0, 1), schedules=(), edge_chunks=False, interleave_unnamed=False,
     cannot=("ZeRO-2/3 (FSDP: its network collectives are all-reduces)", "context parallelism (none in 2022-23)",
             "pipeline parallelism (its sources name tensor and sequence parallelism only; Llama 3 added a pipeline)",
             "training without activation checkpointing (the paper's stack always checkpoints)"),

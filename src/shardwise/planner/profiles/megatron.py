@@ -35,6 +35,10 @@ MEGATRON_2021 = Framework(
     # // vpp of those a chunk ('num_layers_per_stage must be divisible by virtual_pipeline_model_parallel_size'); the
     # embedding/loss slots and named layouts of the "megatron" rule came later.
     stage_split="megatron", even_stages_only=True, min_interleaved_pp=3,
+    # The paper's schedule is interleaved 1F1B (Sec. 2.2.2, "Schedule with Interleaved Stages"; the issue's profile
+    # semantics): a pipeline named without a schedule is weighed as 1F1B and each interleaving depth, as nemo's and
+    # llama3's are (estimate.pipeline_shapes)
+    interleave_unnamed=True,
 )
 
 
