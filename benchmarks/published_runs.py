@@ -454,6 +454,12 @@ def _depth_unreported(row: dict) -> bool:
     return "NR (inte" in row.get("vpp_interleave", "")
 
 
+def _schedule_unreported(row: dict, fw, pp: int) -> bool:
+    """A pipeline whose schedule the source does not report, on a stack whose pipelines `estimate` weighs interleaved
+    when none is named (Framework.interleave_unnamed): the command line's rule, as for an unreported depth."""
+    return pp > 1 and fw.interleave_unnamed and row.get("vpp_interleave", "").strip() == "NR"
+
+
 def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     """`shardwise estimate`'s own choice for what the row leaves unreported (planner/estimate.py complete_layout):
     the interleaving depth, the ZeRO stage, the recompute policy and sequence parallelism, jointly the fastest that
@@ -554,7 +560,8 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
         return run
     # Not reported: the interleaving depth, or the ZeRO stage: `shardwise estimate`'s own choice for what it is not
     # told (the stack's default stage up, the fastest that fits), as the command line makes it.
-    if _depth_unreported(row) or (row["zero_stage"].strip().startswith("NR") and dp > 1):
+    if (_depth_unreported(row) or _schedule_unreported(row, fw, layout.pp)
+            or (row["zero_stage"].strip().startswith("NR") and dp > 1)):
         layout = _complete_unreported(row, job, layout, layout.sequence_parallel)
     elif recompute_cell.strip().startswith("NR"):  # the cheapest recompute the stack fits the layout with
         layout = next((layout.with_(recompute=r) for r in fw.recompute if estimate(job, layout.with_(recompute=r)).fits),

@@ -781,3 +781,29 @@ def test_megatron_refuses_a_longer_sequence_than_a_learned_position_table(tmp_pa
 def test_megatron_refuses_ep_overlap_where_megatron_core_does(lay, words):
     job = replace(_job("mixtral-8x7b", "megatron-core"), ep_comm_overlap=True)
     assert words in emitter("megatron").problem(job, lay)
+
+
+def test_an_offloaded_plan_is_emitted_with_its_offload(tmp_path, monkeypatch):
+    """--offload is part of what was priced: each file turns its stack's offload on, read back by the stack's own parser
+    (DeepSpeed's config, torchtitan's ConfigManager) or checked against Megatron-LM's options."""
+    model, cluster = load_model("llama2-70b"), load_cluster("dgx-a100-80gb")
+    lay = Layout(8, 1, 1, 1, 1, 3, "full", False, "1f1b")
+    for offload in ("optimizer", "params"):
+        job = replace(make_job(model, cluster, 16, 4096, "deepspeed-2024"), offload=offload)
+        out = tmp_path / f"ds-{offload}.json"
+        out.write_text(render("deepspeed", Target(job=job, estimate=estimate(job, lay), gpus=8, rank=1)))
+        read_deepspeed(out, 8, monkeypatch)  # DeepSpeed's own config class takes it
+        zero = json.loads(out.read_text())["zero_optimization"]
+        assert zero["offload_optimizer"]["device"] == "cpu"
+        assert (zero.get("offload_param", {}).get("device") == "cpu") is (offload == "params")
+    job = replace(make_job(model, cluster, 16, 4096, "torchtitan"), offload="params")
+    out = tmp_path / "tt.toml"
+    out.write_text(render("torchtitan", Target(job=job, estimate=estimate(job, lay), gpus=8, rank=1)))
+    assert "enable_cpu_offload = true" in out.read_text()
+    job = replace(make_job(model, cluster, 16, 4096, "megatron-core"), offload="optimizer")
+    out = tmp_path / "m.sh"
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, lay.with_(zero=1)), gpus=8, rank=1)))
+    _, argv = run_megatron_script(out, tmp_path)
+    known = {f for o in json.loads((DATA / "megatron_lm_arguments.json").read_text())["options"] for f in o["flags"]}
+    assert {"--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--use-distributed-optimizer"} <= set(argv)
+    assert [a for a in argv if a.startswith("--") and a not in known] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,11 +50,17 @@ def test_optimizer_offload_empties_the_gpus_optimizer_and_gradient_partitions_an
 def test_the_host_side_of_the_step_is_the_copies_over_the_host_link_and_the_cpu_step_over_host_memory():
     c = load_cluster("dgx-a100-80gb")
     shard = load_model("llama2-70b").num_params() / 8
-    out = estimate("dgx-a100-80gb", "deepspeed-2024", "--zero", "3", "--offload", "optimizer")
-    copies = (4 + 2) * shard / c.host_link_bandwidth  # FP32 gradients out, FP16 weights back
     cpu = 34 * shard * 8 / c.host_memory_bandwidth  # one fused Adam pass (34 B a parameter) over the node's shards
-    assert out["time_breakdown_s"]["offload"] == pytest.approx(copies + cpu, rel=1e-3)
+    # ZeRO-2 reduces every micro-batch (2 here) into host memory, FP32; the FP16 weights come back once
+    out = estimate("dgx-a100-80gb", "deepspeed-2024", "--zero", "2", "--offload", "optimizer")
+    assert out["num_microbatches"] == 2
+    assert out["time_breakdown_s"]["offload"] == pytest.approx((2 * 4 + 2) * shard / c.host_link_bandwidth + cpu, rel=1e-3)
     assert out["time_breakdown_s"]["optimizer"] == 0  # the GPU does not step
+    # ZeRO-3 copies each layer's gradient shard out after its reduce-scatter (in dp_comm): the weights back, the step
+    three = estimate("dgx-a100-80gb", "deepspeed-2024", "--zero", "3", "--offload", "optimizer")
+    assert three["time_breakdown_s"]["offload"] == pytest.approx(2 * shard / c.host_link_bandwidth + cpu, rel=1e-3)
+    plain3 = estimate("dgx-a100-80gb", "deepspeed-2024", "--zero", "3")
+    assert three["time_breakdown_s"]["dp_comm"] > plain3["time_breakdown_s"]["dp_comm"]
     plain = estimate("dgx-a100-80gb", "deepspeed-2024", "--zero", "3", "--no-flash-attention")
     assert "offload" not in plain["time_breakdown_s"]
 
@@ -112,3 +119,71 @@ def test_plan_with_offload_ranks_only_stages_that_offload():
     assert code == 0, out
     assert out["candidates"] and all(c["zero"] == 3 and c["offload"] == "params" for c in out["candidates"])
     assert out["best"]["fits"]
+
+
+def test_a_mixture_of_experts_offloads_its_experts_states_too():
+    """Mixtral on 16 H100 (ep 8, ZeRO-1): 31.5 GiB of the experts' optimizer states are most of the optimizer; they move
+    to the host with the dense ones, and the host holds them (the experts unsharded across replicas here: edp 1)."""
+    argv = ["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", 16, "--global-batch", 64,
+            "--seq-len", 4096, "--tp", 2, "--pp", 1, "--ep", 8, "--micro-batch", 1, "--zero", 1, "--recompute", "full",
+            "--framework", "megatron-core", "--json"]
+    code, before = run(*argv)
+    code2, after = run(*argv, "--offload", "optimizer")
+    assert code == code2 == 0
+    assert before["memory_breakdown_gib"]["optimizer"] > 30 and after["memory_breakdown_gib"]["optimizer"] == 0
+    # 12 B a parameter of each GPU's states, 8 GPUs a node: the experts' unsharded shards dominate
+    assert after["host_memory_gib_per_node"] == pytest.approx(8 * 12 * before["memory_breakdown_gib"]["optimizer"] / 12,
+                                                              rel=0.02)
+
+
+def test_the_cpu_step_is_the_nodes_whatever_the_gpu_count_within_it():
+    """The host steps the GPUs' shards of one node at once: 1, 2, 4 or 8 GPUs of one node step the whole model, so the
+    CPU's part of the step is the same; only the copies per GPU shrink with the shard."""
+    c, params = load_cluster("dgx-a100-80gb"), load_model("llama2-7b").num_params()
+    for gpus in (1, 2, 4, 8):
+        code, out = run("estimate", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", gpus,
+                        "--global-batch", 16, "--seq-len", 2048, "--tp", 1, "--pp", 1, "--micro-batch", 1, "--zero", 2,
+                        "--recompute", "full", "--framework", "deepspeed", "--offload", "optimizer", "--json")
+        assert code == 0, out
+        shard, m = params / gpus, out["num_microbatches"]
+        copies = ((m * 4 if gpus > 1 else 4) + 2) * shard / c.host_link_bandwidth
+        assert out["time_breakdown_s"]["offload"] == pytest.approx(copies + 34 * params / c.host_memory_bandwidth,
+                                                                   rel=1e-3), gpus
+
+
+def test_gradients_a_gpu_keeps_are_not_also_counted_on_the_host():
+    """One GPU (no ranks to shard over): its gradients stay in the GPU's breakdown, so the host holds only the
+    optimizer states and master, 12 B a parameter."""
+    code, out = run("estimate", "--model", "llama2-13b", "--cluster", "dgx-a100-80gb", "--gpus", 1, "--global-batch", 8,
+                    "--seq-len", 2048, "--tp", 1, "--pp", 1, "--micro-batch", 1, "--recompute", "full",
+                    "--framework", "deepspeed", "--offload", "optimizer", "--json")
+    assert code == 0, out
+    assert out["memory_breakdown_gib"]["gradients"] > 0
+    assert out["host_memory_gib_per_node"] == pytest.approx(12 * load_model("llama2-13b").num_params() / 2**30, rel=1e-3)
+
+
+def test_a_host_too_small_is_named_as_the_limit(tmp_path):
+    small = tmp_path / "small-host.toml"
+    text = (Path(__file__).parents[1] / "src/shardwise/presets/clusters/dgx-a100-80gb.toml").read_text()
+    small.write_text(text.replace("host_memory_gib = 2048", "host_memory_gib = 50"))
+    common = ["--model", "llama2-7b", "--cluster", small, "--gpus", 8, "--global-batch", 16, "--seq-len", 2048,
+              "--framework", "deepspeed", "--offload", "optimizer"]
+    code, err = run("plan", *common)
+    assert code == 2 and "fits the GPUs but its offloaded states need" in err and "host_memory_gib" in err, err
+    out, errs = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
+        assert main([str(a) for a in ["estimate", *common, "--tp", 1, "--pp", 1, "--zero", 2]]) == 0
+    assert "does not fit the host" in " ".join(out.getvalue().split())
+
+
+def test_what_the_command_filled_in_names_the_stacks_own_default_stage():
+    code, out = run("estimate", *JOB, "--cluster", "dgx-a100-80gb", "--framework", "deepspeed", "--offload", "optimizer")
+    assert code == 0, out
+    assert any(i.startswith(f"ZeRO-{out['zero']} (") and "from deepspeed's default ZeRO-0 up" in i
+               for i in out["assumptions"]["implied"]), out["assumptions"]["implied"]
+
+
+def test_a_stack_that_offloads_only_without_a_pipeline_says_so():
+    code, err = run("estimate", *JOB, "--cluster", "dgx-a100-80gb", "--framework", "deepspeed", "--pp", 2, "--zero", 1,
+                    "--offload", "optimizer")
+    assert code == 2 and "cannot combine with a pipeline" in err and err.count("\n") == 1, err

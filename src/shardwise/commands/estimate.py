@@ -241,13 +241,19 @@ def _assumed(job, est) -> str:
     a, behind = est.assumptions, grad_reduce_behind(job, est.layout)
     reduced = ("no gradient reduction (one data-parallel replica)" if behind is None else
                f"gradients reduced in {a['gradient_reduce_dtype']} {'behind' if behind else 'after'} the backward")
+    offloaded = f", in CPU memory: {a['offload']['states']}" if "offload" in a else ""
     return (f"assumes: {est.framework}{' compiled' if est.compile else ''}, attention {a['attention']}, {reduced}, "
-            f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['gemm_dtype'].split(' (')[0]} matmuls")
+            f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['gemm_dtype'].split(' (')[0]} matmuls"
+            f"{offloaded}")
 
 
 def _does_not_fit(est, options: list[dict]) -> str:
     from shardwise.units import GIB
 
+    if est.memory_per_gpu <= est.gpu_memory_bytes:  # the GPUs hold it: the host's memory is what --offload overfills
+        return (f"does not fit the host: the offloaded states need {est.host_bytes / GIB:,.0f} GiB of CPU memory a "
+                f"node, and a node has {est.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "
+                f"{'--offload optimizer, ' if est.offload == 'params' else ''}or a cluster file with more host_memory_gib")
     head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.0f} GiB per GPU"
     if not options:
         return (f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits "

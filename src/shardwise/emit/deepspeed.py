@@ -5,7 +5,7 @@ Keys and meanings are DeepSpeed's `deepspeed/runtime/config.py`, `runtime/zero/c
 tests/test_emit.py builds DeepSpeedConfig from what is written here):
   train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size
       (DeepSpeed checks this); with a pipeline the accumulation steps are the pipeline's micro-batches.
-  zero_optimization.stage 0-3; bf16; data_types.grad_accum_dtype "fp32" when the planner scored 4-byte
+  zero_optimization.stage 0-3 (with --offload, offload_optimizer and offload_param {device: cpu}); bf16; data_types.grad_accum_dtype "fp32" when the planner scored 4-byte
       gradients (DeepSpeed's default, and the deepspeed profile's, is the model's bf16; fp32 needs ZeRO >= 1).
   tensor_parallel.autotp_size: AutoTP training (no sequence parallelism, no pipeline).
   pipeline.stages / partition / activation_checkpoint_interval: the engine reads the last one; the
@@ -70,6 +70,10 @@ def config(target) -> dict:
     zero = {"stage": lay.zero}
     if lay.zero >= 1:
         zero |= {"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True}
+    if job.offload:  # ZeRO-Offload / ZeRO-3's offload_param, as the plan priced them (planner/offload.py)
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if job.offload == "params":
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     out = {
         "train_batch_size": job.train.global_batch,
         "train_micro_batch_size_per_gpu": lay.micro_batch,

@@ -9,7 +9,8 @@ megatron-core's config dataclasses from it):
   --pipeline-model-parallel-layout         that split stage by stage ("Et*26|t*27|t*27L": E embedding,
                                            t a transformer layer, L the loss; stage k = chunk·pp + rank)
   --micro-batch-size, --global-batch-size  Megatron derives the number of micro-batches from them
-  ZeRO-1  --use-distributed-optimizer; ZeRO-2/3 --use-megatron-fsdp with --data-parallel-sharding-strategy
+  ZeRO-1  --use-distributed-optimizer (with --offload optimizer also --optimizer-cpu-offload
+          --use-precision-aware-optimizer); ZeRO-2/3 --use-megatron-fsdp with --data-parallel-sharding-strategy
           optim_grads / optim_grads_params (which also requires --ckpt-format fsdp_dtensor)
   recompute selective: --recompute-granularity selective (the attention core, Korthikanti et al.);
           full: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1;
@@ -225,6 +226,10 @@ def _parallel_args(job, layout) -> list[str]:
     elif layout.zero >= 2:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
                  "optim_grads" if layout.zero == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
+    if job.offload:  # HybridDeviceOptimizer: needs the precision-aware path, which needs the distributed optimizer
+        if layout.zero < 1:
+            args.append("--use-distributed-optimizer")
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     # overlapped unless the plan was priced on a stack that reduces after the backward (megatron-2021, the 2021-22
     # DeepSpeed): the script then runs what was priced
     fw = get_framework(job.framework)

@@ -185,6 +185,8 @@ def sections(target) -> dict[str, dict]:
         "parallelism": par,
         "activation_checkpoint": _checkpointing(job, lay),
     }
+    if job.offload:  # FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer states on the host
+        out["training"]["enable_cpu_offload"] = True
     if job.compile or (lay.tp > 1 and job.tp_comm_overlap):  # async TP takes effect under torch.compile only
         out["compile"] = {"enable": True, "components": ["model", "loss"] if job.compile_loss else ["model"]}
     if job.precision == "fp8":  # torchao's Float8Linear, tensor-wise, the LM head left in BF16 as the planner prices it

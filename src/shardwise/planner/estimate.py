@@ -119,6 +119,12 @@ FLOP_COUNT = ("PaLM's: per token 6 x the matmul parameters (LM head included, in
               "of it; hfu adds the recomputed FLOPs")
 
 
+# What each --offload keeps in the host's memory, in words (planner/offload.py)
+OFFLOADED = {"optimizer": "the optimizer states and FP32 master (the stack's gradient partitions where it offloads them), "
+                          "stepped on the CPU",
+             "params": "the parameter shards, their gradients and the optimizer states, stepped on the CPU"}
+
+
 def assumptions(job: Job) -> dict:
     """What a prediction assumes about the software (planner/frameworks.py) and the precision: the same for every
     layout of a job, so built once (per job and module constants, layer_time.cache_key) and copied for each."""
@@ -165,6 +171,10 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
             # fitted on published MoE runs (planner/moe.py; 0 on a calibrated cluster, whose measurements replace them)
             "moe_layer_fixed_cost_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_OVERHEAD_S,
             "moe_layer_host_time_s": 0.0 if calibrated_cluster(job) else moe.MOE_LAYER_HOST_S} if job.model.is_moe else {}),
+        # --offload: what lives in the host's memory, and the host rates its copies and CPU step are timed at
+        **({"offload": {"states": OFFLOADED[job.offload], "host_link_gbs": job.cluster.host_link_bandwidth / 1e9,
+                        "host_memory_bandwidth_gbs": job.cluster.host_memory_bandwidth / 1e9,
+                        "host_memory_gib": job.cluster.host_memory_bytes / GIB or None}} if job.offload else {}),
         "precision": job.precision,
         "flop_count": FLOP_COUNT,
         # how this stack's predictions on this GPU compared with its published runs, dense or MoE as the model is
@@ -223,7 +233,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
     chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
-    return chosen, implied + choice_phrases(job, lay, chosen, named, stages[0], fits)
+    return chosen, implied + choice_phrases(job, lay, chosen, named, fw.zero_when_unnamed(lay), fits)
 
 
 def stack_implied(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> tuple[Layout, list[str]]:
@@ -319,7 +329,7 @@ def check_runs(job: Job, layout: Layout) -> None:
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
           job.model.num_kv_heads)
-    reason = offload_refusal(fw, job.offload, layout.zero, layout.dp * layout.cp)
+    reason = offload_refusal(fw, job.offload, layout)
     if reason:
         raise UsageError(f"--offload {job.offload}: {reason}")
 
@@ -328,8 +338,7 @@ def stack_refusal(job: Job, layout: Layout) -> str | None:
     """Why the job's stack cannot run `layout` (its profile's refusal, or its offload's at the layout's ZeRO stage), or
     None: what the search and the completion of unnamed knobs skip."""
     fw = get_framework(job.framework)
-    return fw.refusal(layout, job.model.num_layers) or offload_refusal(fw, job.offload, layout.zero,
-                                                                       layout.dp * layout.cp)
+    return fw.refusal(layout, job.model.num_layers) or offload_refusal(fw, job.offload, layout)
 
 
 def fewest_recomputed(job: Job, layout: Layout) -> Layout | None:

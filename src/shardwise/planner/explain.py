@@ -291,7 +291,17 @@ def framework_paragraph(job: Job, gpus: int = 0) -> str:
             f"TP comm overlap {'on' if a['tp_comm_overlap'] else 'off'}, {a['bytes_per_param']['weights']}+"
             f"{a['bytes_per_param']['gradients']}+{a['bytes_per_param']['optimizer']} bytes per parameter{_network(job, a, gpus)}. "
             f"It cannot run: {'; '.join(fw.cannot_run()) or 'nothing the search tries'}."
-            + _record(job))
+            + _offloaded(a) + _record(job))
+
+
+def _offloaded(a: dict) -> str:
+    """Under --offload: what the host holds and the rates its copies and CPU step are timed at."""
+    if "offload" not in a:
+        return ""
+    o = a["offload"]
+    cap = f", {o['host_memory_gib']:,.0f} GiB a node" if o["host_memory_gib"] else ""
+    return (f" Offloaded (--offload): {o['states']}; copies at {o['host_link_gbs']:g} GB/s per GPU, the CPU step "
+            f"through {o['host_memory_bandwidth_gbs']:g} GB/s of host memory{cap} (the `offload` term of the step).")
 
 
 def _record(job: Job) -> str:

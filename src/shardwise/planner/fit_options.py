@@ -1,9 +1,12 @@
 """What would make a layout that does not fit fit: one knob changed at a time — a recompute policy, a higher ZeRO stage,
-sequence parallelism, torch.compile on a stack that compiles, a smaller micro-batch — each as the job's framework runs
+sequence parallelism, torch.compile on a stack that compiles, CPU offload on a stack that offloads, a smaller
+micro-batch — each as the job's framework runs
 it, with the memory and step time it would have. `estimate` prints them beside "does not fit" (and `--json` carries
 them as `fit_options`), so the user sees the fix and its cost instead of a bare no."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from shardwise.errors import UsageError
 from shardwise.planner.estimate import Estimate, check_runs, complete_layout, estimate
@@ -29,6 +32,9 @@ def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: fr
     runs = [(change, job, lay, named | {knob}) for change, knob, lay in tries]
     if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
         runs.append(("--compile", compiled(job), asked, named))
+    host = job.cluster.host_link_bandwidth and job.cluster.host_memory_bandwidth  # (offload.check_offload's keys)
+    for kind in fw.offload if host and not job.offload else ():  # the states to the host's memory
+        runs.append((f"--offload {kind}", replace(job, offload=kind), asked, named))
     out = [_option(change, est) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
            if est is not None]
     smaller = next((est for est in (_fitting(job, asked.with_(micro_batch=mb), named)  # the largest that fits

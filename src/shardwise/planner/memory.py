@@ -487,7 +487,7 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
     # from the first micro-batch's backward on: through the later ones' activations peaks.
     elif zero >= 2 and fw.fsdp_no_sync and layout.num_microbatches(t.global_batch) > 1:
         grads = param_gather_bytes(job, fw) * params
-    elif zero >= 2 and job.offload and (fw.offload_grads or job.offload == "params"):
+    elif offload.gradients_on_host(fw, job.offload, zero):
         grads = 0.0  # each reduced partition copied to the host (planner/offload.py)
     if job.offload:  # the optimizer states and master on the host
         optim = 0.0
@@ -576,8 +576,8 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["activations"] = saved + transient
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
-        states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp,
-                                   experts, experts / n_moe)
+        states = _experts_offloaded(job, layout, experts, moe.expert_states(
+            t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe))
         out = {k: out[k] + states.get(k, 0.0) for k in out}
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:
@@ -587,6 +587,25 @@ def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["activations"] -= logits_overlap(job, layout, rank, transient)
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
+
+
+def _experts_offloaded(job: Job, layout: Layout, experts: float, states: dict[str, float]) -> dict[str, float]:
+    """The experts' states left on the GPU under --offload: as model_state_bytes leaves the dense ones, at the stage
+    that acts on the experts' own replicas (moe.expert_states)."""
+    if not job.offload:
+        return states
+    fw, zero = get_framework(job.framework), _expert_zero(layout)
+    out = dict(states, optimizer=0.0)
+    if offload.gradients_on_host(fw, job.offload, zero):
+        out["gradients"] = 0.0
+    if job.offload == "params" and zero >= 2 and not fw.weight_shard_is_master:
+        out["weights"] -= job.train.weight_bytes * experts / moe.expert_replicas(layout, layout.cp)
+    return out
+
+
+def _expert_zero(layout: Layout) -> int:
+    """The ZeRO stage as it acts on the routed experts: over their edp replicas (moe.expert_states)."""
+    return layout.zero if layout.dp * layout.cp > 1 and moe.expert_replicas(layout, layout.cp) > 1 else 0
 
 
 def allocator_slack(job: Job) -> float:
@@ -625,21 +644,35 @@ def fits_memory(job: Job, layout: Layout) -> bool:
     return total_bytes(memory_breakdown(job, layout)[1]) <= limit and host_fits(job, layout)
 
 
+def offload_shards(job: Job, layout: Layout) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of the shards one GPU of the pipeline rank with the most parameters
+    offloads (--offload): each over the ranks its ZeRO stage shards it over (the experts over their own replicas)."""
+    rank = max(pipeline_ranks(job, layout), key=lambda r: rank_params(job, layout, r))
+    params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
+    dense = (params - experts) / (layout.shard_group if layout.zero_in_effect >= 1 else 1)
+    return dense, experts / (moe.expert_replicas(layout, layout.cp) if _expert_zero(layout) >= 1 else 1)
+
+
 def offload_shard(job: Job, layout: Layout) -> float:
-    """Parameters of the shard one GPU offloads (--offload): the pipeline rank with the most parameters, over the
-    ranks its ZeRO stage shards them over."""
-    params = max(rank_params(job, layout, r) for r in pipeline_ranks(job, layout))
-    return params / (layout.shard_group if layout.zero_in_effect >= 1 else 1)
+    """Parameters one GPU offloads (--offload): its dense and expert shards (offload_shards)."""
+    return sum(offload_shards(job, layout))
+
+
+def node_gpus(job: Job, layout: Layout) -> int:
+    """The job's GPUs on one node: whose offloaded states share a host's memory and its CPU step."""
+    return min(job.cluster.gpus_per_node, layout.world_size)
 
 
 def host_memory_bytes(job: Job, layout: Layout) -> float:
-    """Bytes a node's CPU memory holds for its GPUs under --offload (offload.host_bytes of each GPU's shard); 0 without."""
+    """Bytes a node's CPU memory holds for its GPUs under --offload (offload.host_bytes of each GPU's dense and expert
+    shards, each at the stage that acts on it); 0 without."""
     if not job.offload:
         return 0.0
-    t = job.train
-    per_gpu = offload.host_bytes(get_framework(job.framework), job.offload, offload_shard(job, layout), t.weight_bytes,
-                                 t.optimizer_bytes)
-    return per_gpu * min(job.cluster.gpus_per_node, layout.world_size)
+    t, fw = job.train, get_framework(job.framework)
+    dense, experts = offload_shards(job, layout)
+    per_gpu = sum(offload.host_bytes(fw, job.offload, zero, shard, t.weight_bytes, t.optimizer_bytes)
+                  for zero, shard in ((layout.zero_in_effect, dense), (_expert_zero(layout), experts)))
+    return per_gpu * node_gpus(job, layout)
 
 
 def host_fits(job: Job, layout: Layout) -> bool:

@@ -42,49 +42,76 @@ def check_offload(fw: Framework, cluster, offload: str) -> None:
                          f"to its [cluster] table (the dgx-* presets have them)")
 
 
-def offload_refusal(fw: Framework, offload: str, zero: int, sharded_over: int) -> str | None:
-    """Why the stack cannot offload at this ZeRO stage (one clause), or None: the states it offloads are its shards,
-    and parameter shards need ranks to shard over (`sharded_over`, dp x cp)."""
+def offload_refusal(fw: Framework, offload: str, layout) -> str | None:
+    """Why the stack cannot offload on this layout (one clause naming the fix), or None: the states it offloads are
+    its shards, at the stage it offloads from, which its pipeline must allow; parameter shards need ranks to shard
+    over (dp x cp)."""
     if not offload:
         return None
+    sharded_over = layout.dp * layout.cp
     if offload == "params" and sharded_over <= 1:
         return ("--offload params moves the parameter shards ZeRO-3 / FSDP cut over data-parallel ranks, and this "
                 "layout has none (dp x cp = 1): use --offload optimizer, or a layout with dp > 1")
     need = fw.offload_params_zero if offload == "params" else fw.offload_zero
-    if zero < need and sharded_over > 1:
-        return f"{fw.name} offloads {offload} from ZeRO-{need} up, and this layout runs ZeRO-{zero} (use --zero {need})"
+    if layout.pp > 1 and need > fw.max_zero_with_pp and fw.schedules:
+        return (f"{fw.name} offloads {offload} from ZeRO-{need} up, which it cannot combine with a pipeline (at most "
+                f"ZeRO-{fw.max_zero_with_pp}): use --pp 1, or drop --offload")
+    if layout.zero < need and sharded_over > 1:
+        return f"{fw.name} offloads {offload} from ZeRO-{need} up, and this layout runs ZeRO-{layout.zero} (use --zero {need})"
     return None
 
 
-def host_bytes(fw: Framework, offload: str, shard: float, weight_bytes: int, optimizer_bytes: int) -> float:
-    """Bytes one GPU keeps in CPU memory: its optimizer shard (states and master), with DeepSpeed its FP32 gradient
-    partition, with "params" its parameter shard and that shard's gradient."""
+def gradients_on_host(fw: Framework, offload: str, zero: int) -> bool:
+    """Whether the gradient shard lives on the host (and leaves the GPU's breakdown): DeepSpeed's ZeRO-Offload
+    partitions and FSDP's offloaded shards, where the stage `zero` (as it acts) shards the gradients."""
+    return bool(offload) and (fw.offload_grads or offload == "params") and zero >= 2
+
+
+def copies_per_unit(fw: Framework, offload: str, zero: int) -> tuple[bool, bool]:
+    """(this GPU's shard copied in before each gather, its gradient shard copied out after each reduce-scatter): where
+    the stack gathers and reduce-scatters unit by unit (FSDP's ZeRO-2/3, DeepSpeed's ZeRO-3; overlap.fsdp_exposed)."""
+    unit_by_unit = zero >= 3 or (zero == 2 and not fw.zero2_reduce_every_microbatch)
+    if not (offload and unit_by_unit):
+        return False, False
+    return offload == "params", gradients_on_host(fw, offload, zero)
+
+
+def host_bytes(fw: Framework, offload: str, zero: int, shard: float, weight_bytes: int, optimizer_bytes: int) -> float:
+    """Bytes one GPU keeps in CPU memory for its `shard` parameters: the optimizer states and master, the FP32
+    gradients where they live on the host (gradients_on_host), with "params" the parameter shard (unless it is the
+    master, counted with the optimizer)."""
     if not offload:
         return 0.0
     held = optimizer_bytes * shard
-    if fw.offload_grads or offload == "params":
+    if gradients_on_host(fw, offload, zero):
         held += GRAD_COPY_BYTES * shard
     if offload == "params" and not fw.weight_shard_is_master:
         held += weight_bytes * shard
     return held
 
 
-def step_time(fw: Framework, cluster, offload: str, shard: float, weight_bytes: int, optimizer_traffic: float) -> float:
+def step_time(fw: Framework, cluster, offload: str, zero: int, shard: float, weight_bytes: int,
+              optimizer_traffic: float, node_gpus: int, microbatches: int) -> float:
     """Seconds one step spends on the host side of the optimizer, exposed after the last reduction: the gradient
-    shard copied to the host (with "params" already there, copied unit by unit: unit_copy_time), the CPU step over
-    the node's shards (all its GPUs step at once, through its memory), and the updated weights copied back (none
-    with "params": the next gathers copy them)."""
+    shard copied to the host (already there where it went unit by unit, copies_per_unit; once per micro-batch where
+    DeepSpeed's ZeRO-2 reduces every micro-batch into host memory), the CPU step over the `node_gpus` shards a node
+    holds (they step at once, through its memory), and the updated weights copied back (none with "params": the next
+    gathers copy them in)."""
     if not offload:
         return 0.0
     link = cluster.host_link_bandwidth
-    cpu = optimizer_traffic * shard * cluster.gpus_per_node / cluster.host_memory_bandwidth
-    if offload == "params":
-        return cpu
-    back = (fw.offload_update_bytes or weight_bytes) * shard
-    return (GRAD_COPY_BYTES * shard + back) / link + cpu
+    cpu = optimizer_traffic * shard * node_gpus / cluster.host_memory_bandwidth
+    if copies_per_unit(fw, offload, zero)[1]:
+        grads = 0
+    elif gradients_on_host(fw, offload, zero) and fw.zero2_reduce_every_microbatch:
+        grads = microbatches
+    else:
+        grads = 1
+    back = 0 if offload == "params" else (fw.offload_update_bytes or weight_bytes)
+    return (grads * GRAD_COPY_BYTES + back) * shard / link + cpu
 
 
-def unit_copy_time(cluster, offload: str, nbytes: float) -> float:
-    """With "params": the seconds of one shard's copy between host and GPU beside a unit's gather or reduce-scatter
-    (the shard's `nbytes`), which it precedes or follows on the same stream."""
-    return nbytes / cluster.host_link_bandwidth if offload == "params" else 0.0
+def unit_copy_time(cluster, nbytes: float, copied: bool) -> float:
+    """The seconds of one shard's copy between host and GPU beside a unit's gather or reduce-scatter (`nbytes`), which
+    it precedes or follows on the same stream; 0 where it is not copied (copies_per_unit)."""
+    return nbytes / cluster.host_link_bandwidth if copied else 0.0

@@ -26,7 +26,7 @@ from shardwise.planner.comm import collective_time, one_node, overlaps, sync_tim
 from shardwise.planner.frameworks import Framework
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.kernels import KERNEL_LAUNCH_S, hbm_rate
-from shardwise.planner.offload import unit_copy_time
+from shardwise.planner.offload import GRAD_COPY_BYTES, copies_per_unit, unit_copy_time
 from shardwise.specs import ModelSpec
 
 
@@ -198,11 +198,12 @@ def _unit_calls(job, layout, fw: Framework, layer_params: float, root: float, fp
         g = collective_time(c, "all_gather", pb * (layer_params - fp8_layer) + fp8_layer, d, stride) + fsdp
         rs = collective_time(c, "reduce_scatter", gb * layer_params, d, stride) + fsdp
         ar = replica_all_reduce(job, layout, gb * layer_params, fsdp)
-    # --offload params: this GPU's shard copied in from the host before each gather (in the dtype it is kept in: the
-    # FP32 master where that is the shard), its reduced gradient shard copied out after each reduce-scatter
+    # --offload: this GPU's shard copied in from the host before each gather (in the dtype it is kept in: the FP32
+    # master where that is the shard), its reduced gradient shard copied out (FP32) after each reduce-scatter
     kept = 4 if fw.weight_shard_is_master else job.train.weight_bytes
-    copy_in = lambda n: unit_copy_time(c, job.offload, kept * n / d)
-    copy_out = lambda n: unit_copy_time(c, job.offload, gb * n / d)
+    shard_in, grad_out = copies_per_unit(fw, job.offload, layout.zero_in_effect)
+    copy_in = lambda n: unit_copy_time(c, kept * n / d, shard_in)
+    copy_out = lambda n: unit_copy_time(c, GRAD_COPY_BYTES * n / d, grad_out)
     g, rs = g + copy_in(layer_params), rs + copy_out(layer_params)
     g_root = collective_time(c, "all_gather", pb * root, d, stride) + fsdp + copy_in(root) if root else 0.0
     r_root = (collective_time(c, "reduce_scatter", gb * root, d, stride) + fsdp + copy_out(root)

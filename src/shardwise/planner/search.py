@@ -737,6 +737,11 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
         return no_layout_message(job, gpus, space)
     lean = result.leanest
     need = lean.memory_per_gpu / GIB
+    if need <= limit and job.offload:  # the GPUs hold it: what --offload puts on the hosts overfills them
+        return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}) fits the GPUs "
+                f"but its offloaded states need {lean.host_bytes / GIB:,.0f} GiB of CPU memory a node, and a node has "
+                f"{lean.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "
+                f"{'--offload optimizer, ' if job.offload == 'params' else ''}or a cluster file with more host_memory_gib")
     want = fitting_gpu_count(job, gpus, space)
     hint = f"use about {want} GPUs, " if want else ""
     fw = get_framework(job.framework)

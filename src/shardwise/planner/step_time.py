@@ -28,8 +28,9 @@ from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           LayerCost, layer_gemms, matmul_params_per_layer)
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import (layer_params, local_seq, offload_shard, op_checkpointing, pipeline_ranks,
-                                      rank_expert_params, rank_layers, rank_params, rank_recomputed_layers, split_rule)
+from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
+                                      pipeline_ranks, rank_expert_params, rank_layers, rank_params,
+                                      rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
 from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
 from shardwise.specs import Layout
@@ -630,8 +631,9 @@ def _offload_time(job: Job, layout: Layout) -> float:
     """The host side of the optimizer step under --offload (planner/offload.py step_time): the CPU step moves the
     bytes per parameter the stack's GPU step would (Framework.optimizer_traffic), through the node's memory."""
     fw, t = get_framework(job.framework), job.train
-    return offload.step_time(fw, job.cluster, job.offload, offload_shard(job, layout), t.weight_bytes,
-                             fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM)
+    return offload.step_time(fw, job.cluster, job.offload, layout.zero_in_effect, offload_shard(job, layout),
+                             t.weight_bytes, fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM, node_gpus(job, layout),
+                             layout.num_microbatches(t.global_batch))
 
 
 def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: float, runs: int, mr: int
