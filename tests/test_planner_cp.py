@@ -172,3 +172,26 @@ def test_all_gather_cp_beyond_the_timed_ranks_matches_every_rank_timed():
         finally:
             kernels.CP_RANKS_TIMED = old
         assert all(abs(a / b - 1) < 1e-3 for a, b in zip(sampled, every)), (cp, sampled, every)
+
+
+def test_estimate_without_a_cp_mode_weighs_both_as_plan_does():
+    """A context-parallel layout named without --cp-mode is priced in the faster of the modes the stack runs (as plan
+    scores each), and says which; named, the mode is kept."""
+    import contextlib
+    import io
+
+    def answer(*argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([str(a) for a in argv]) == 0
+        return json.loads(out.getvalue())
+
+    common = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 16, "--global-batch", 16, "--seq-len",
+              32768, "--framework", "megatron-core", "--json"]
+    est = answer("estimate", *common, "--tp", 1, "--pp", 1, "--cp", 4)
+    ring = answer("estimate", *common, "--tp", 1, "--pp", 1, "--cp", 4, "--cp-mode", "ring")
+    best = answer("plan", *common, "--tp", 1, "--pp", 1, "--cp", 4, "--top", 1)["best"]
+    assert est["step_time_s"] == best["step_time_s"] and est["cp_mode"] == best["cp_mode"]
+    assert est["step_time_s"] <= ring["step_time_s"] and ring["cp_mode"] == "ring"
+    if est["cp_mode"] != "ring":
+        assert any("context parallelism (the fastest that fits" in i for i in est["assumptions"]["implied"])
