@@ -653,3 +653,19 @@ def test_explain_says_when_the_search_was_narrowed():
     job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 256, 4096, "megatron-core")
     result = search(job, 64)
     assert result.thinned and any(p.startswith("Search narrowed: ") for p in explain(job, 64, result))
+
+
+def test_plan_says_which_recompute_policies_a_stack_searched_as_its_runs_trained_left_out(capsys):
+    """deepspeed is searched with none and full recompute (its 2021-22 Megatron-DeepSpeed had no selective); plan says
+    how to search selective too, and says nothing once --recompute is named."""
+    import json
+
+    from shardwise.cli import main
+
+    common = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+              "--seq-len", "4096", "--framework", "deepspeed", "--json", "--top", "1"]
+    assert main(common) == 0
+    note = json.loads(capsys.readouterr().out).get("winner_note", "")
+    assert "--recompute none,full,selective searches selective too" in note
+    assert main([*common, "--recompute", "none,full,selective"]) == 0
+    assert "searches selective" not in json.loads(capsys.readouterr().out).get("winner_note", "")

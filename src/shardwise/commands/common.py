@@ -404,7 +404,9 @@ def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_p
 
 def winner_note(args, job, layout) -> str:
     """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
-    idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism."""
+    idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism;
+    and, --recompute not given, the policies a stack searched as its published runs trained left out (deepspeed,
+    megatron-2021)."""
     from shardwise.planner.search import PLANNED_SCHEDULES
 
     parts = []
@@ -418,6 +420,14 @@ def winner_note(args, job, layout) -> str:
     if zero and layout.dp * layout.cp == 1 and layout.zero not in zero:
         parts.append(f"--zero {','.join(map(str, zero))} changes nothing for the winner (dp {layout.dp}, cp {layout.cp}: "
                      f"no data-parallel ranks to shard over; it runs as ZeRO-0)")
+    from shardwise.planner.frameworks import get
+
+    fw = get(job.framework)
+    others = [r for r in fw.recompute if r not in fw.unnamed_recompute]
+    if fw.search_as_unnamed and fw.unnamed_recompute and others and getattr(args, "recompute", None) is None:
+        parts.append(f"{fw.name} is searched with {' and '.join(fw.unnamed_recompute)} recompute, as its published runs "
+                     f"trained; --recompute {','.join([*fw.unnamed_recompute, *others])} searches "
+                     f"{' and '.join(others)} too")
     return "; ".join(parts)
 
 
