@@ -807,3 +807,15 @@ def test_an_offloaded_plan_is_emitted_with_its_offload(tmp_path, monkeypatch):
     known = {f for o in json.loads((DATA / "megatron_lm_arguments.json").read_text())["options"] for f in o["flags"]}
     assert {"--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--use-distributed-optimizer"} <= set(argv)
     assert [a for a in argv if a.startswith("--") and a not in known] == []
+
+
+def test_a_one_rank_deepspeed_offload_is_written_at_the_stage_deepspeed_offloads_from(tmp_path, monkeypatch):
+    """At one data-parallel rank the plan prices ZeRO-0 (nothing to shard over), but DeepSpeed builds its offloading
+    optimizer only from ZeRO-2 (2021-22) or ZeRO-1: the file asks for that stage, as single-GPU ZeRO-Offload does."""
+    job = replace(make_job(load_model("llama3-8b"), load_cluster("aws-p4d"), 1024, 2048, "deepspeed"), offload="optimizer")
+    lay = Layout(1, 8, 1, 4, 1, 0, "full", False, "1f1b")
+    out = tmp_path / "ds.json"
+    out.write_text(render("deepspeed", Target(job=job, estimate=estimate(job, lay), gpus=8, rank=1)))
+    read_deepspeed(out, 1, monkeypatch)
+    zero = json.loads(out.read_text())["zero_optimization"]
+    assert zero["stage"] == 2 and zero["offload_optimizer"]["device"] == "cpu"

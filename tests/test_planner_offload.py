@@ -187,3 +187,22 @@ def test_a_stack_that_offloads_only_without_a_pipeline_says_so():
     code, err = run("estimate", *JOB, "--cluster", "dgx-a100-80gb", "--framework", "deepspeed", "--pp", 2, "--zero", 1,
                     "--offload", "optimizer")
     assert code == 2 and "cannot combine with a pipeline" in err and err.count("\n") == 1, err
+
+
+def test_the_text_outputs_say_what_the_host_holds():
+    common = ["--model", "llama3-8b", "--global-batch", 256, "--seq-len", 4096, "--cluster", "dgx-a100-80gb", "--gpus",
+              16, "--framework", "deepspeed", "--offload", "optimizer"]
+    for argv, words in ((["plan", *common, "--top", 1], "the offloaded optimizer on the host"),
+                        (["estimate", *common, "--tp", 1, "--pp", 1], "host: "),
+                        (["explain", *common], "Offloaded (--offload optimizer): ")):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            assert main([str(a) for a in argv]) == 0, err.getvalue()
+        text = " ".join(out.getvalue().split())
+        assert words in text and "GiB of CPU memory a node" in text, (argv[0], text[-600:])
+
+
+def test_a_refusal_suggests_only_what_the_stack_runs():
+    code, err = run("estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", 8, "--global-batch", 256,
+                    "--seq-len", 4096, "--tp", 8, "--framework", "torchtitan", "--offload", "params")
+    assert code == 2 and "use a layout with dp > 1" in err and "--offload optimizer" not in err, err

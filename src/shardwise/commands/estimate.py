@@ -6,7 +6,7 @@ from shardwise.commands.common import (add_cluster_args, add_job_args, add_layou
                                        add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
                                        notes, print_json, under_framework)
 from shardwise.errors import UsageError
-from shardwise.units import count
+from shardwise.units import GIB, count
 
 
 def register(subparsers, name, help):
@@ -93,6 +93,10 @@ def _run(args) -> int:
     console = Console()
     console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
     console.print(breakdown_table(est))
+    if est.offload:
+        cap = f" of {est.host_capacity / GIB:,.0f}" if est.host_capacity else ""
+        console.print(f"host: {est.host_bytes / GIB:,.1f}{cap} GiB of CPU memory a node hold the offloaded states "
+                      f"(--offload {est.offload})", highlight=False)
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
     console.print(_assumed(job, est), highlight=False)
@@ -248,8 +252,6 @@ def _assumed(job, est) -> str:
 
 
 def _does_not_fit(est, options: list[dict]) -> str:
-    from shardwise.units import GIB
-
     if est.memory_per_gpu <= est.gpu_memory_bytes:  # the GPUs hold it: the host's memory is what --offload overfills
         return (f"does not fit the host: the offloaded states need {est.host_bytes / GIB:,.0f} GiB of CPU memory a "
                 f"node, and a node has {est.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 
+from shardwise.planner.frameworks import get as get_framework
+
 
 def model_problem(job) -> str | None:
     """None: DeepSpeed's config holds no model (the training script builds it)."""
@@ -68,6 +70,10 @@ def config(target) -> dict:
     job, lay = target.job, target.layout
     m = lay.num_microbatches(job.train.global_batch)
     zero = {"stage": lay.zero}
+    if job.offload:  # DeepSpeed offloads only from its ZeRO optimizer's stage up, over one rank too (single-GPU
+        # ZeRO-Offload); below it (ZeRO-0, which a one-rank layout is priced as) it would build no ZeRO optimizer
+        fw = get_framework(job.framework)
+        zero["stage"] = max(lay.zero, fw.offload_params_zero if job.offload == "params" else fw.offload_zero)
     if lay.zero >= 1:
         zero |= {"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True}
     if job.offload:  # ZeRO-Offload / ZeRO-3's offload_param, as the plan priced them (planner/offload.py)

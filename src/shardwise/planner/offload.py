@@ -50,8 +50,9 @@ def offload_refusal(fw: Framework, offload: str, layout) -> str | None:
         return None
     sharded_over = layout.dp * layout.cp
     if offload == "params" and sharded_over <= 1:
+        other = "use --offload optimizer, or " if "optimizer" in fw.offload else "use "
         return ("--offload params moves the parameter shards ZeRO-3 / FSDP cut over data-parallel ranks, and this "
-                "layout has none (dp x cp = 1): use --offload optimizer, or a layout with dp > 1")
+                f"layout has none (dp x cp = 1): {other}a layout with dp > 1")
     need = fw.offload_params_zero if offload == "params" else fw.offload_zero
     if layout.pp > 1 and need > fw.max_zero_with_pp and fw.schedules:
         return (f"{fw.name} offloads {offload} from ZeRO-{need} up, which it cannot combine with a pipeline (at most "
@@ -77,13 +78,14 @@ def copies_per_unit(fw: Framework, offload: str, zero: int) -> tuple[bool, bool]
 
 
 def host_bytes(fw: Framework, offload: str, zero: int, shard: float, weight_bytes: int, optimizer_bytes: int) -> float:
-    """Bytes one GPU keeps in CPU memory for its `shard` parameters: the optimizer states and master, the FP32
-    gradients where they live on the host (gradients_on_host), with "params" the parameter shard (unless it is the
-    master, counted with the optimizer)."""
+    """Bytes one GPU keeps in CPU memory for its `shard` parameters: the optimizer states and master, the FP32 gradient
+    partition where the stack keeps one there (DeepSpeed's from ZeRO-1, whose GPU keeps its whole gradients below
+    ZeRO-2 too; FSDP's offloaded shards), with "params" the parameter shard (unless it is the master, counted with
+    the optimizer)."""
     if not offload:
         return 0.0
     held = optimizer_bytes * shard
-    if gradients_on_host(fw, offload, zero):
+    if gradients_on_host(fw, offload, zero) or (fw.offload_grads and zero >= 1):
         held += GRAD_COPY_BYTES * shard
     if offload == "params" and not fw.weight_shard_is_master:
         held += weight_bytes * shard
