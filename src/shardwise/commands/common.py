@@ -90,9 +90,8 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                    help="context-parallel degree: each sequence split over cp ranks (zig-zag chunks; default 1)")
     p.add_argument("--cp-mode", default=None, choices=list(CP_MODES),
                    help="attention over the sequence shards: ring (K/V passed around the cp ranks, overlapped with "
-                        "compute) or allgather (K/V gathered once per layer, as Llama 3 does). Default: the "
-                        "framework's own where it runs one; where it runs both, estimate weighs both (the faster "
-                        "that fits, as plan scores them) and says which")
+                        "compute) or allgather (K/V gathered once per layer, as Llama 3 does). Default: ring, or the "
+                        "framework's own when it runs only one (plan weighs both where the stack runs both)")
 
 
 def layout_from_args(args, dp: int) -> Layout:

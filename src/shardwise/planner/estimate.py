@@ -230,11 +230,8 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
         # unnamed "none" whatever the stage: checked alone, every stage would look refused)
         stages = [z for z in fw.zero_stages if z >= first and (z in fw.unnamed_zero or not fw.unnamed_zero)
                   and any(not stack_refusal(job, lay.with_(zero=z, recompute=r)) for r in policies)] or [first]
-    modes = [lay.cp_mode]  # ring or all-gather K/V where the stack runs both and none was named: as plan scores them
-    if "cp_mode" not in named and lay.cp > 1 and len(fw.context_parallel) > 1:
-        modes = [lay.cp_mode] + [m for m in fw.context_parallel if m != lay.cp_mode]
-    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v, cp_mode=c)
-             for k, v in shapes for q in sp for z in stages for r in policies for c in modes]
+    tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
+             for k, v in shapes for q in sp for z in stages for r in policies]
     chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
     return chosen, implied + choice_phrases(job, lay, chosen, named, fw.zero_when_unnamed(lay), fits)
 
@@ -297,9 +294,9 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
         implied.append(f"{chosen.schedule} ({fw.name}'s default pipeline schedule; --schedule not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
-    if chosen.cp_mode != lay.cp_mode:
-        implied.append(f"{chosen.cp_mode} context parallelism ({rule}, of {' and '.join(fw.context_parallel)}; "
-                       f"--cp-mode not given)")
+    if "cp_mode" not in named and lay.cp > 1 and len(fw.context_parallel) > 1:  # (one mode: stack_implied says it)
+        implied.append(f"{chosen.cp_mode} context parallelism (the default of {fw.name}, which runs "
+                       f"{' and '.join(fw.context_parallel)}; plan weighs both; --cp-mode not given)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
         why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
