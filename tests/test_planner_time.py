@@ -254,26 +254,21 @@ def test_flashattention1_and_xformers_on_a100_against_flashattention2s_figure():
     assert FRAMEWORKS["llama2"].attention == "xformers"
 
 
-def test_flashattention2_runs_a_head_dim_between_its_kernels_in_the_next_one_up():
-    # flash-attn 2.0 compiles kernels for head dims 32, 64, 96, 128, ... 256 only (csrc/flash_attn/src/static_switch.h
-    # FWD_HEADDIM_SWITCH): heads of 80 (GPT3-2.7B's 2,560 over 32 heads) run in the 96 kernel, so they take as long as
-    # heads of 96, and longer than the rate read between the 64 and 128 curves would give them. cuDNN is not bound to it.
-    c = load_cluster("dgx-h100-80gb")
-    t80, t96 = (kernels.fused_attention_time(c, "fa2", 4096, 1024, 32, d) for d in (80, 96))
-    assert t80 == pytest.approx(t96)
-    assert kernels.fused_attention_time(c, "fa2", 4096, 1024, 32, 64) < t80
-    assert kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 80) < kernels.fused_attention_time(c, "cudnn", 4096, 1024, 32, 96)
-
-
-def test_flashattention1_runs_a_head_dim_of_80_in_its_128_kernel():
-    # flash-attn 0.2.2 (GPT-NeoX v1.0's pin) dispatches d <= 32, d <= 64, d <= 128 (csrc/flash_attn/fmha_api.cpp
-    # run_fmha_fwd, run_fmha_bwd): Pythia 2.8B's heads of 80 take as long as heads of 128, where FlashAttention-2 runs
-    # them in its 96 kernel.
-    c = load_cluster("dgx-a100-40gb")
-    t80, t128 = (kernels.fused_attention_time(c, "fa1", 2048, 2048, 32, d) for d in (80, 128))
-    assert t80 == pytest.approx(t128)
-    assert kernels.fused_attention_time(c, "fa1", 2048, 2048, 32, 64) < t80
-    assert kernels.fused_attention_time(c, "fa2", 2048, 2048, 32, 80) < kernels.fused_attention_time(c, "fa2", 2048, 2048, 32, 128)
+# flash-attn 2.0 compiles kernels for head dims 32, 64, 96, 128, ... 256 only (csrc/flash_attn/src/static_switch.h
+# FWD_HEADDIM_SWITCH): heads of 80 (GPT3-2.7B's 2,560 over 32 heads) run in the 96 kernel, so they take as long as heads
+# of 96, and longer than the rate read between the 64 and 128 curves would give them; cuDNN is not bound to it.
+# flash-attn 0.2.2 (FlashAttention-1, GPT-NeoX v1.0's pin) dispatches d <= 32, d <= 64, d <= 128 (csrc/flash_attn/
+# fmha_api.cpp run_fmha_fwd, run_fmha_bwd): Pythia 2.8B's heads of 80 take as long as heads of 128.
+@pytest.mark.parametrize("kernel, cluster, kernel_dim, unbound", [("fa2", "dgx-h100-80gb", 96, "cudnn"),
+                                                                  ("fa1", "dgx-a100-40gb", 128, "fa2")])
+def test_flashattention_runs_a_head_dim_between_its_kernels_in_the_next_one_up(kernel, cluster, kernel_dim, unbound):
+    c = load_cluster(cluster)
+    t80, t_kernel = (kernels.fused_attention_time(c, kernel, 4096, 1024, 32, d) for d in (80, kernel_dim))
+    assert t80 == pytest.approx(t_kernel)
+    assert kernels.fused_attention_time(c, kernel, 4096, 1024, 32, 64) < t80
+    # a kernel with another set of compiled sizes runs 80 faster than that kernel's next size up
+    assert (kernels.fused_attention_time(c, unbound, 4096, 1024, 32, 80)
+            < kernels.fused_attention_time(c, unbound, 4096, 1024, 32, kernel_dim))
 
 
 def test_flash_attns_fused_mlp_runs_gelu_in_the_gemm_epilogue_on_a100_only():
