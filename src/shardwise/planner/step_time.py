@@ -694,8 +694,9 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     if layout.zero >= 1 and layout.dp * layout.cp > 1:  # the experts' states shard over their own replicas, as
         # moe.expert_states shards their memory
         sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
-    # (none on the GPU under --offload: the host steps, _offload_time)
-    opt = 0.0 if job.offload else (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
+    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
+    if job.offload:  # none on the GPU: the host steps (_offload_time)
+        opt = 0.0
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
