@@ -175,7 +175,7 @@ def test_all_gather_cp_beyond_the_timed_ranks_matches_every_rank_timed():
 
 
 def test_estimate_without_a_cp_mode_says_it_took_the_stacks_default():
-    """A context-parallel layout named without --cp-mode runs the stack's default mode (ring: Megatron-Core's
+    """A context-parallel layout named without --cp-mode runs ring (the command line's default; Megatron-Core's
     --cp-comm-type p2p), and the output says so and that plan weighs both; named, the mode is kept."""
     import contextlib
     import io
@@ -190,8 +190,8 @@ def test_estimate_without_a_cp_mode_says_it_took_the_stacks_default():
               32768, "--framework", "megatron-core", "--tp", 1, "--pp", 1, "--cp", 4, "--json"]
     est = answer("estimate", *common)
     assert est["cp_mode"] == "ring"
-    assert any(i.startswith("ring context parallelism (the default of megatron-core") and "plan weighs both" in i
-               for i in est["assumptions"]["implied"])
+    assert any(i.startswith("ring context parallelism (--cp-mode not given: megatron-core runs")
+               and "plan weighs both" in i for i in est["assumptions"]["implied"])
     gathered = answer("estimate", *common, "--cp-mode", "allgather")
     assert gathered["cp_mode"] == "allgather"
-    assert not any("context parallelism (the default" in i for i in gathered["assumptions"]["implied"])
+    assert not any("context parallelism (--cp-mode not given" in i for i in gathered["assumptions"]["implied"])

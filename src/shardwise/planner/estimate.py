@@ -295,8 +295,8 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
     if chosen.sequence_parallel != lay.sequence_parallel:
         implied.append("sequence parallelism (faster, or fits where plain TP does not; --sequence-parallel not given)")
     if "cp_mode" not in named and lay.cp > 1 and len(fw.context_parallel) > 1:  # (one mode: stack_implied says it)
-        implied.append(f"{chosen.cp_mode} context parallelism (the default of {fw.name}, which runs "
-                       f"{' and '.join(fw.context_parallel)}; plan weighs both; --cp-mode not given)")
+        implied.append(f"{chosen.cp_mode} context parallelism (--cp-mode not given: {fw.name} runs "
+                       f"{' and '.join(fw.context_parallel)}, and plan weighs both)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
         why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
