@@ -168,3 +168,17 @@ def test_report_mistakes_are_one_line_exit_2(argv, words, tmp_path, capsys, monk
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_every_step_term_of_an_offloaded_moe_plan_has_its_own_label_and_colour(tmp_path):
+    """The page names each part of the step: an offloaded mixture of experts has the EP all-to-all and the host side
+    of the optimizer, which once fell to an unlabelled grey."""
+    from shardwise.report.data import TIME_LABELS
+
+    out = tmp_path / "moe.html"
+    assert main(["report", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch",
+                 "64", "--seq-len", "4096", "--framework", "megatron-core", "--offload", "optimizer", "--tp", "2",
+                 "--out", str(out)]) == 0
+    keys = json.loads(parse(out).data_json)["plan"]["layouts"]["time_keys"]
+    assert {"ep_comm", "offload"} <= {k for k, *_ in keys}
+    assert all(k in TIME_LABELS and colour != "#666666" for k, _, colour in keys)

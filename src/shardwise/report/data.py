@@ -16,7 +16,9 @@ TIME_LABELS = {"compute": ("compute", "#0072B2"), "host_wait": ("waiting on the 
                "tp_comm": ("TP traffic", "#009E73"), "cp_comm": ("CP K/V traffic", "#882255"),
                "pp_p2p": ("PP p2p", "#CC79A7"),
                "pipeline_bubble": ("pipeline bubble", "#C9CED6"), "dp_comm": ("DP traffic", "#D55E00"),
-               "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288")}
+               "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288"),
+               "ep_comm": ("EP all-to-all", "#117733"),
+               "offload": ("offloaded optimizer (host copies + CPU step)", "#AA4499")}
 LAYOUT_COLUMNS = ("layout", "dp", "tp", "pp", "cp", "ep", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
                   "tokens_per_s", "mfu", "split_rank")
 
