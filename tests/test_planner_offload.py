@@ -206,3 +206,12 @@ def test_a_refusal_suggests_only_what_the_stack_runs():
     code, err = run("estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", 8, "--global-batch", 256,
                     "--seq-len", 4096, "--tp", 8, "--framework", "torchtitan", "--offload", "params")
     assert code == 2 and "use a layout with dp > 1" in err and "--offload optimizer" not in err, err
+
+
+def test_explain_weighs_the_host_rates_when_the_step_offloads():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["explain", "--model", "llama3-8b", "--global-batch", "256", "--seq-len", "4096", "--cluster",
+                     "aws-p4d", "--gpus", "16", "--framework", "deepspeed", "--offload", "optimizer", "--json"]) == 0
+    sensitivity = next(p for p in json.loads(out.getvalue())["explanation"] if p.startswith("Sensitivity: "))
+    assert "if the host's PCIe link and memory ran at half their rates" in sensitivity

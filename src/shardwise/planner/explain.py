@@ -359,7 +359,8 @@ TERM_NAMES = {"compute": "compute", "host_wait": "the GPU waiting on its host (P
               "cp_comm": "context-parallel K/V traffic",
               "pp_p2p": "pipeline transfers", "pipeline_bubble": "the pipeline bubble",
               "dp_comm": "exposed data-parallel traffic", "step_comm": "per-step collectives", "optimizer": "the optimizer step",
-              "ep_comm": "the experts' all-to-all traffic"}
+              "ep_comm": "the experts' all-to-all traffic",
+              "offload": "the offloaded optimizer's host copies and CPU step"}
 
 
 # How much slower a GPU's host may run than when `calibrate` timed its floor: an H200's host moved 20 % within a minute
@@ -384,8 +385,8 @@ def _comm_links(job: Job, win: Estimate) -> dict[str, bool]:
 def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
     """The uncertain inputs worth perturbing for this winner: the link of its largest communication term at half
     bandwidth (NVLink where that term's groups stay inside a node, else the network; none when nothing is exchanged),
-    the GPU sustaining 15 % less of its benchmark rates (BF16 and FP8 alike) and, on a GPU calibrated with its host's
-    floor, that host HOST_SLOWER times slower."""
+    the GPU sustaining 15 % less of its benchmark rates (BF16 and FP8 alike), under --offload the host's link and
+    memory at half their rates and, on a GPU calibrated with its host's floor, that host HOST_SLOWER times slower."""
     c, t = job.cluster, win.time_s
     links = _comm_links(job, win)
     out = []
@@ -405,6 +406,10 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
                          net_step_extra=MEASURED_FABRIC["net_step_extra_s"])
         out.append(("if the network between nodes reached 88 % of its line rate with 18 us more per crossing, as a "
                     "measured 400G InfiniBand cluster's does (nccl-tests logs)", replace(job, cluster=fabric)))
+    if t.get("offload"):  # the host side of an offloaded optimizer: its link and memory at half their datasheet rates
+        half = replace(c, host_link_bandwidth=c.host_link_bandwidth / 2, host_memory_bandwidth=c.host_memory_bandwidth / 2)
+        out.append(("if the host's PCIe link and memory ran at half their rates (the offloaded optimizer's copies and "
+                    "CPU step)", replace(job, cluster=half)))
     host = {k: v * HOST_SLOWER for k, v in (c.measured or {}).items() if k in HOST_FLOOR_KEYS}
     if host.get("host_layer_s"):
         out.append((f"if the host launched the GPU's work {HOST_SLOWER - 1:.0%} slower",
