@@ -91,6 +91,8 @@ def outsider_argv(row: dict, run: pr.Run, folder: Path, certain_only: bool) -> t
     elif _stated(vpp, certain_only) and lay.pp > 1:  # a stated depth, or plain 1F1B ("no", "1")
         depth = pr._int(vpp.split(" / ")[-1]) or 1
         argv += ["--vpp", str(depth)] if depth > 1 else ["--schedule", "1f1b"]
+    elif vpp.strip().startswith("n/a") and lay.pp > 1:  # no virtual stages in that run (nanotron, a recipe without)
+        argv += ["--schedule", "1f1b"]
     if _stated(row["zero_stage"], certain_only):
         argv += ["--zero", str(pr._zero(row["zero_stage"]))]
     if lay.dp_shard:

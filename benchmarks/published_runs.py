@@ -454,10 +454,16 @@ def _depth_unreported(row: dict) -> bool:
     return "NR (inte" in row.get("vpp_interleave", "")
 
 
+def _schedule_unstated(row: dict) -> bool:
+    """The row names no schedule ("NR"; "n/a" says the run had no virtual stages: plain 1F1B, as outside_view.py's
+    outsider states it)."""
+    return row.get("vpp_interleave", "").strip() == "NR"
+
+
 def _schedule_unreported(row: dict, fw, pp: int) -> bool:
-    """A pipeline whose schedule the source does not report, on a stack whose pipelines `estimate` weighs interleaved
+    """A pipeline whose schedule the row does not state, on a stack whose pipelines `estimate` weighs interleaved
     when none is named (Framework.interleave_unnamed): the command line's rule, as for an unreported depth."""
-    return pp > 1 and fw.interleave_unnamed and row.get("vpp_interleave", "").strip() == "NR"
+    return pp > 1 and fw.interleave_unnamed and _schedule_unstated(row)
 
 
 def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
@@ -468,6 +474,8 @@ def _complete_unreported(row: dict, job, layout: Layout, sp: bool) -> Layout:
     named = {"cp_mode"} | ({"sequence_parallel"} if sp or stated_no_sequence_parallel(row) else set())
     named |= {k for k, cell in (("zero", row["zero_stage"]), ("recompute", row["recompute"]))
               if not cell.strip().startswith("NR")}
+    if not (_depth_unreported(row) or _schedule_unstated(row)):  # a schedule the row states
+        named |= {"schedule", "vpp"}
     return complete_layout(job, layout, named)[0]
 
 

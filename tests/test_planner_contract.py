@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -779,7 +780,9 @@ def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
     text = " ".join(out.split())
     assert "assumes: megatron-core, attention" in text and "gradients reduced in fp32 behind the backward" in text
     assert "filled in: ZeRO-1 (megatron-core's default; --zero not given)" in text
-    assert "filled in: 1f1b (megatron-core's default pipeline schedule; --schedule not given)" in text
+    # megatron-core's published runs and recipes interleave: an unnamed schedule weighs 1F1B and each depth
+    assert re.search(r"filled in: interleaved 1F1B with \d+ virtual stages per rank \(megatron-core runs its pipelines "
+                     r"interleaved; of 1F1B and each depth, the fastest that fits; --schedule not given\)", text), text
     # the gradient reduction as this layout's is priced: nanotron's ZeRO-1 all-reduces after the backward; one replica
     # reduces nothing
     small = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--global-batch", "64", "--seq-len",

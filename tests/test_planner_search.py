@@ -282,7 +282,7 @@ def test_unnamed_sequence_parallelism_is_the_faster_that_fits(capsys):
     # 8 ways (Korthikanti et al. 2022), so it is the one chosen, and it is exactly the layout --sequence-parallel
     # names. megatron-2021 (SP came in 2022, opt-in) and shardwise (`train` runs without it) keep it off.
     llama = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192", "--global-batch", "2048",
-             "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--json"]
+             "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--schedule", "1f1b", "--json"]
     runs = {}
     for flag in ([], ["--sequence-parallel"], ["--no-sequence-parallel"]):
         code, out, err = run_cli(capsys, "estimate", *llama, *flag)

@@ -70,6 +70,11 @@ MEGATRON_CORE = Framework(
     # copies the FP32 parameters back after the step (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
     # param_update_in_fp32=True; --overlap-cpu-optimizer-d2h-h2d off by default); the GPU keeps its gradient buffer.
     offload=("optimizer",), offload_zero=1, offload_update_bytes=4,
+    # Its published runs and recipes interleave their pipelines (the Megatron-LM README's scaling runs: "pipeline-
+    # parallel communication (enabled by default)", which overlaps only under the interleaved schedule; Megatron-Bridge's
+    # and NeMo's recipes set a virtual pipeline for every pp > 1): a pipeline named without a schedule is weighed as
+    # 1F1B and each interleaving depth, the fastest that fits (estimate.pipeline_shapes), as nemo's is
+    interleave_unnamed=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
     # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)
