@@ -14,6 +14,7 @@ from shardwise.planner.profiles.megatron import MEGATRON_CORE
 INTERNEVO = replace(
     MEGATRON_CORE, name="internevo", fp8_experts=False, expert_tp_follows_tp=False,
     offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
+    interleave_unnamed=False,  # its config's num_chunks (virtual stages) defaults to 1: plain 1F1B unless named
     summary="InternEvo (InternLM) with its HybridZeroOptimizer: BF16 gradients all-reduced over every data-parallel "
             "rank in buckets during the backward; the optimizer's whole parameters dealt to the ranks of the zero1 "
             "group (all of dp, or --dp-shard ranks: its zero1 size) and each owner's updated BF16 parameters "
