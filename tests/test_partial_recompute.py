@@ -96,7 +96,7 @@ def test_an_unnamed_recompute_is_the_fewest_layers_that_fit():
     lay = Layout(tp=8, pp=8, micro_batch=4, zero=1, sequence_parallel=True)
     fits = lambda t: sum(memory_breakdown(job, t)[1].values()) <= A100.gpu_memory_bytes  # noqa: E731
     assert not fits(lay) and not fits(lay.with_(recompute="selective"))
-    chosen, implied = complete_layout(job, lay, {"zero", "sequence_parallel"})
+    chosen, implied = complete_layout(job, lay, {"zero", "sequence_parallel", "schedule"})  # (1F1B, as lay names)
     n = chosen.recompute_layers
     assert chosen.recompute == "full" and n is not None and 1 <= n < 12
     assert fits(chosen) and not fits(chosen.with_(recompute_layers=n - 1) if n > 1 else lay)
