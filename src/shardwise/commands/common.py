@@ -185,7 +185,9 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                    help="mixture of experts: one micro-batch's all-to-alls run behind another's compute "
                         "(Megatron-Core's --overlap-moe-expert-parallel-comm; megatron-core and nemo); without it they "
                         "are priced exposed")
-    p.add_argument("--offload", choices=["optimizer", "params"], default=None,
+    from shardwise.planner.offload import OFFLOADS
+
+    p.add_argument("--offload", choices=OFFLOADS, default=None,
                    help="keep states in the host's CPU memory: optimizer — the optimizer states and FP32 master, "
                         "stepped on the CPU (DeepSpeed's ZeRO-Offload: " + _stacks(lambda fw: "optimizer" in fw.offload)
                         + "); params — the parameter shards and their gradients too (DeepSpeed's ZeRO-3 offload_param, "

@@ -94,9 +94,7 @@ def _run(args) -> int:
     console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
     console.print(breakdown_table(est))
     if est.offload:
-        cap = f" of {est.host_capacity / GIB:,.0f}" if est.host_capacity else ""
-        console.print(f"host: {est.host_bytes / GIB:,.1f}{cap} GiB of CPU memory a node hold the offloaded states "
-                      f"(--offload {est.offload})", highlight=False)
+        console.print(f"host: {est.host_held()} hold the offloaded states (--offload {est.offload})", highlight=False)
     if not est.fits:
         console.print(_does_not_fit(est, options), highlight=False)
     console.print(_assumed(job, est), highlight=False)

@@ -52,6 +52,11 @@ class Estimate:
         return self.memory_per_gpu <= self.gpu_memory_bytes and (not self.host_capacity
                                                                    or self.host_bytes <= self.host_capacity)
 
+    def host_held(self) -> str:
+        """Under --offload, what a node's CPU memory holds for its GPUs, and of how much."""
+        cap = f" of {self.host_capacity / GIB:,.0f}" if self.host_capacity else ""
+        return f"{self.host_bytes / GIB:,.1f}{cap} GiB of CPU memory a node"
+
     @property
     def step_time(self) -> float:
         return sum(self.time_s.values())

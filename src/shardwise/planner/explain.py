@@ -86,7 +86,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()}). Total {win.memory_per_gpu / GIB:.1f} of "
         f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
-        + (f" Offloaded (--offload {win.offload}): {_host_held(win)}; the host side of the step costs "
+        + (f" Offloaded (--offload {win.offload}): {win.host_held()}; the host side of the step costs "
            f"{seconds(win.time_s['offload'])}." if win.offload else "")
     )
 
@@ -556,18 +556,12 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
             f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
             f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}"
             + (f", the GPU waiting on its host {share['host_wait']:.0%}" if "host_wait" in share else "")
-            + (f", the offloaded optimizer on the host {share['offload']:.1%} ({_host_held(win)})"
+            + (f", the offloaded optimizer on the host {share['offload']:.1%} ({win.host_held()})"
                if "offload" in share else "")
             + f"; MFU {win.mfu:.1%}.")
     out = [line, runner_up(result)]
     record = plausibility(job, win)
     return out + ([record] if record else [])
-
-
-def _host_held(est) -> str:
-    """What a node's CPU memory holds for its GPUs under --offload, and of how much."""
-    cap = f" of {est.host_capacity / GIB:,.0f}" if est.host_capacity else ""
-    return f"{est.host_bytes / GIB:,.1f}{cap} GiB of CPU memory a node"
 
 
 def _dtype(nbytes: int) -> str:

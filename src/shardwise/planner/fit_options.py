@@ -12,6 +12,7 @@ from shardwise.errors import UsageError
 from shardwise.planner.estimate import Estimate, check_runs, complete_layout, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, compiled
+from shardwise.planner.offload import host_stated
 from shardwise.specs import RECOMPUTE, Layout, check_sequence_split, validate_layout
 from shardwise.units import GIB
 
@@ -32,8 +33,7 @@ def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: fr
     runs = [(change, job, lay, named | {knob}) for change, knob, lay in tries]
     if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
         runs.append(("--compile", compiled(job), asked, named))
-    host = job.cluster.host_link_bandwidth and job.cluster.host_memory_bandwidth  # (offload.check_offload's keys)
-    for kind in fw.offload if host and not job.offload else ():  # the states to the host's memory
+    for kind in fw.offload if host_stated(job.cluster) and not job.offload else ():  # the states to the host's memory
         runs.append((f"--offload {kind}", replace(job, offload=kind), asked, named))
     out = [_option(change, est) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
            if est is not None]

@@ -36,10 +36,15 @@ def check_offload(fw: Framework, cluster, offload: str) -> None:
         does = f"offloads only {' and '.join(fw.offload)}" if fw.offload else "has no CPU offload"
         raise UsageError(f"--offload {offload}: {fw.name} {does} — " + (f"use --offload {fw.offload[0]}" if fw.offload
                                                                          else "drop --offload, or pick a stack that offloads"))
-    if not (cluster.host_link_bandwidth and cluster.host_memory_bandwidth):
+    if not host_stated(cluster):
         raise UsageError(f"--offload {offload}: the cluster {cluster.name} does not say what its host is — add "
                          f"host_link_gbs (GPU to CPU memory, per GPU, one way) and host_memory_bandwidth_gbs (per node) "
                          f"to its [cluster] table (the dgx-* presets have them)")
+
+
+def host_stated(cluster) -> bool:
+    """Whether the cluster file gives the host rates an offload is priced at (its link and its memory's bandwidth)."""
+    return bool(cluster.host_link_bandwidth and cluster.host_memory_bandwidth)
 
 
 def offload_refusal(fw: Framework, offload: str, layout) -> str | None:
