@@ -372,6 +372,9 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
     ("[measured]\nmatmul_tflops = 1e-30\n", "[measured] matmul_tflops must be"),
     ("[measured]\nlayer_overhead_s = -0.001\n", "[measured] layer_overhead_s must be"),
     ("[measured]\nworld_size = 0\n", "[measured] world_size must be"),
+    # a TP call's charge beyond its table may be below 0 (calibrate under load), never below minus every table
+    ("[measured]\nall_reduce = [[1024, 1e-4]]\ntp_call_s = -2e-4\n", "[measured] tp_call_s must be"),
+    ("[measured]\ntp_sp_call_s = -1e-6\n", "[measured] tp_sp_call_s must be"),  # no table: no credit
     # a power limit needs the sourced curve of its GPU (Hopper: NVIDIA's 400 W and 700 W TDPs), inside its range
     ("power_limit_w = 500\n", "power_limit_w needs arch = 'hopper'"),
     ('arch = "ampere"\npower_limit_w = 300\n', "no sourced power curve for 'ampere'"),
@@ -389,6 +392,20 @@ def test_a_cluster_file_the_planner_cannot_use_is_one_line(tmp_path, extra, expe
                 2048, "--json"] + (["--micro-batch", 1] if command == "estimate" else [])
         code, _, err = cli(argv)
         assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
+def test_a_tp_call_charged_below_its_table_time_loads(tmp_path):
+    """calibrate prices a TP call beyond its table time (tp_call_s); on a loaded machine the tables run slower than
+    the calls in the timed step and the charge goes below 0, down to minus the cheapest table. Such a profile is
+    calibrate's own output and plans; the same file one step further below is refused."""
+    tables = ("all_reduce = [[1024, 3e-4], [65536, 9e-4]]\nall_gather = [[1024, 2e-4], [65536, 6e-4]]\n"
+              "reduce_scatter = [[1024, 2e-4], [65536, 7e-4]]\n")
+    for charge, code in ((-5e-4, 0), (-6e-4, 0), (-6.1e-4, 2)):
+        path = tmp_path / "cluster.toml"
+        path.write_text(CLUSTER + f"[measured]\nmatmul_tflops = 100.0\n{tables}tp_call_s = {charge}\n")
+        got, _, err = cli(["estimate", "--model", "llama3-8b", "--cluster", path, "--gpus", 8, "--global-batch", 16,
+                           "--seq-len", 2048, "--micro-batch", 1, "--tp", 2, "--json"])
+        assert got == code, (charge, err)
 
 
 @pytest.mark.parametrize("model", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b"])

@@ -355,6 +355,21 @@ MEASURED_KEYS = frozenset((
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "copy_gbs"))
 
 
+# Per-call charges beyond a collective's table time (calibrate.profile.tp_call_in_step): below 0 where the tables ran
+# slower than the same calls in the timed step (a small collective timed back to back on a shared machine is bimodal),
+# never below minus the cheapest table (calibrate's floor; here the cheapest table's longest time): no call costs
+# less than nothing.
+SIGNED_MEASURED = frozenset(("tp_call_s", "tp_sp_call_s"))
+
+
+def _call_credit(measured: dict) -> float:
+    """The most a SIGNED_MEASURED charge may take off a call: the cheapest TP collective table's longest time."""
+    longest = [max(row[1] for row in table) for table in (measured.get(k) for k in ("all_reduce", "all_gather",
+               "reduce_scatter")) if isinstance(table, list) and table and all(
+               isinstance(row, list) and len(row) == 2 and isinstance(row[1], (int, float)) for row in table)]
+    return min(longest, default=0.0)
+
+
 def _check_measured(measured, source: str) -> None:
     """[measured] (written by `shardwise calibrate`): numbers finite, collective tables [[bytes, seconds], ...]."""
     if not isinstance(measured, dict):
@@ -385,7 +400,7 @@ def _check_measured(measured, source: str) -> None:
                and math.isfinite(v)}
     bad += [k for k, v in scalars.items()
             if (v != 0 and not 1e-6 <= v <= 1e7 if k.endswith(("_tflops", "_gbs")) else v < 1 if k == "world_size"
-                else v < 0)]
+                else v < -_call_credit(measured) if k in SIGNED_MEASURED else v < 0)]
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
@@ -402,7 +417,7 @@ def _check_measured(measured, source: str) -> None:
             bad.append(key)
     if bad:
         raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers, rates 0 (not "
-                         f"measured) or 1e-6 to 1e7, world_size at least 1, times 0 or more (tables: [[bytes > 0, seconds >= 0], ...]) — "
+                         f"measured) or 1e-6 to 1e7, world_size at least 1, times 0 or more (tp_call_s, tp_sp_call_s: no less than minus the cheapest table's longest time; tables: [[bytes > 0, seconds >= 0], ...]) — "
                          f"rerun `shardwise calibrate` to write it again")
 
 
