@@ -139,6 +139,8 @@ def cluster_preset(gpu_type: str) -> str:
     name: their 400 Gb/s EFA per node of eight A100s is a quarter of a DGX A100's network)."""
     if "p4de" in gpu_type or "p4d." in gpu_type:
         return "aws-p4de" if "p4de" in gpu_type else "aws-p4d"
+    if gpu_type.startswith(("H800", "A800")):  # the export variants, where stated: the same dies, NVLink at 400 GB/s
+        return "hgx-h800-80gb" if gpu_type.startswith("H800") else "hgx-a800-80gb"
     return ("h100-96gb-500w" if power_capped(gpu_type) else "dgx-h200" if "H200" in gpu_type
             else "dgx-h100-80gb" if "H100" in gpu_type else "dgx-a100-40gb" if "40GB" in gpu_type else "dgx-a100-80gb")
 

@@ -213,6 +213,22 @@ def test_torchtitans_500w_grand_teton_preset():
     assert "power_limit_w" not in full.assumptions and est.step_time > 1.08 * full.step_time
 
 
+def test_the_export_variants_keep_the_die_and_lose_nvlink():
+    """A800 / H800: the A100's / H100's compute, HBM and memory with NVLink at 400 GB/s (Reuters, 2022-11-08; NVIDIA's
+    H800 specifications). DeepSeek-V3's report (arXiv 2412.19437, Sec 3.2.2) measured its H800s' NVLink at 160 GB/s."""
+    h800, a800 = load_cluster("hgx-h800-80gb"), load_cluster("hgx-a800-80gb")
+    assert bus_bandwidth(h800, "all_gather", 8 * 2**30, 8) == pytest.approx(160e9, rel=0.1)
+    assert bus_bandwidth(a800, "all_reduce", 2**30, 8) < 0.7 * bus_bandwidth(A100, "all_reduce", 2**30, 8)
+    for slow, full in ((a800, A100), (h800, H100)):
+        assert kernels.matmul_rate(slow) == kernels.matmul_rate(full) and slow.gpu_memory_bytes == full.gpu_memory_bytes
+        # a TP8 step: the same GEMMs, slower tensor-parallel collectives inside the node
+        job = make_job(load_model("llama3-70b"), slow, 8, 4096, "megatron-core")
+        lay = Layout(tp=8, pp=1, dp=1, micro_batch=1, sequence_parallel=True, recompute="full")
+        mine, theirs = estimate(job, lay), estimate(dataclasses.replace(job, cluster=full), lay)
+        assert mine.time_s["compute"] == pytest.approx(theirs.time_s["compute"])
+        assert mine.time_s["tp_comm"] > 1.3 * theirs.time_s["tp_comm"]
+
+
 @given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 20000))
 @settings(max_examples=80, deadline=None)
 def test_gemm_never_beats_the_peak_or_the_roofline(m, n, k):
