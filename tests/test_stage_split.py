@@ -209,6 +209,28 @@ def test_megatron_2021_runs_only_a_pipeline_that_cuts_the_layers_evenly():
     assert any(32 % (e.layout.pp * e.layout.vpp) for e in ranked("megatron-core"))  # it names a layout: pp 3 runs
 
 
+def test_a_megatron_core_cut_megatron_does_not_build_itself_is_said():
+    """Megatron-Core builds L / S layers a chunk, or (L + 2) / S with the embedding and the loss a layer's slot
+    (transformer_config.py raises on anything else); another cut runs through --pipeline-model-parallel-layout. estimate
+    prices the balanced cut then and says so; where Megatron cuts by itself, or the stack cuts any way (torchtitan),
+    nothing is said."""
+    from shardwise.cli import main
+
+    def implied(framework, pp, vpp):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["estimate", "--model", "llama2-13b", "--cluster", "dgx-h100-80gb", "--gpus", str(4 * pp),
+                         "--global-batch", "128", "--seq-len", "4096", "--tp", "1", "--pp", str(pp), "--vpp", str(vpp),
+                         "--micro-batch", "1", "--framework", framework, "--json"]) == 0
+        return " ".join(__import__("json").loads(out.getvalue())["assumptions"]["implied"])
+
+    said = implied("nemo", 4, 7)  # 40 layers on 28 chunks
+    assert "28 model chunks do not divide the 40 layers" in said and "1 or 2 layers a chunk" in said, said
+    assert "--pipeline-model-parallel-layout" in implied("megatron-core", 4, 3)  # 12 chunks: neither 40 nor 42
+    for framework, pp, vpp in (("nemo", 4, 5), ("megatron-core", 6, 1), ("torchtitan", 4, 7)):  # 40/20; 42/6; any cut
+        assert "model chunks do not divide" not in implied(framework, pp, vpp), (framework, pp, vpp)
+
+
 def test_megatron_2021_interleaves_only_pipelines_deeper_than_two():
     # Megatron-LM's arguments.py and parallel_state of 2021-23 assert 'pipeline-model-parallel size should be greater
     # than 2 with interleaved schedule'; NeMo's later recipes run pp 2 with virtual stages (the published Grok-1 and

@@ -64,6 +64,14 @@ def layer_costs(spec: ModelSpec, seq_len: int) -> tuple[float, float, float]:
 RULES = ("balanced", "megatron")
 
 
+def megatron_cuts(num_layers: int, num_stages: int) -> bool:
+    """Whether Megatron-LM builds this cut itself: L / S layers a chunk, or (L + 2) / S with the embedding and the loss
+    a layer's slot each (transformer_block.py get_num_layers_to_build, transformer_config.py); any other cut runs
+    only through a named layout (--pipeline-model-parallel-layout)."""
+    L, S = num_layers, num_stages
+    return S <= L and L % S == 0 or 2 < S <= L + 2 and (L + 2) % S == 0
+
+
 @lru_cache(maxsize=4096)
 def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
     """Layers per virtual stage (see the module docstring for the rules). Every stage gets at least one
@@ -74,7 +82,7 @@ def stage_layer_counts(spec: ModelSpec, num_stages: int, seq_len: int, rule: str
         raise ValueError(f"cannot cut {L} layers into {S} stages")
     if rule == "megatron" and S <= L and L % S == 0:  # Megatron's even split
         return (L // S,) * S
-    if rule == "megatron" and 2 < S <= L + 2 and (L + 2) % S == 0:  # embedding and loss a layer's slot each
+    if rule == "megatron" and megatron_cuts(L, S):  # embedding and loss a layer's slot each
         k = (L + 2) // S
         return (k - 1,) + (k,) * (S - 2) + (k - 1,)
     least = 1 if S <= L else 0

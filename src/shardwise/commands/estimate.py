@@ -33,7 +33,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import check_runs
+    from shardwise.planner.estimate import check_runs, split_note
     from shardwise.planner.fit_options import fit_options
     from shardwise.planner.frameworks import get
     from shardwise.planner.overlap import fp8_gathered
@@ -69,6 +69,8 @@ def _run(args) -> int:
     check_runs(job, layout)
     if host_note := host_bound_note(job, layout):
         implied = [*implied, host_note]
+    if uneven := split_note(job, layout):
+        implied = [*implied, uneven]
     idle_gather = ("--fp8-params: torchao's float8 all-gather runs only where FSDP shards the weights over "
                    "data-parallel ranks (ZeRO-2/3 with more than one data-parallel shard); this layout gathers none, "
                    "so it changes nothing here") if job.fp8_all_gather and not fp8_gathered(job, layout) else ""
@@ -106,6 +108,8 @@ def _run(args) -> int:
         console.print(f"note: {idle_gather}", highlight=False)
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
+    if uneven:
+        console.print(f"note: {uneven}", highlight=False)
     return 0
 
 
@@ -166,7 +170,7 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     the stack runs it), the fastest that fits, else the one needing the least memory. A micro-batch the layout cannot
     take is skipped; if none can, the smallest one's error is the answer."""
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import check_runs
+    from shardwise.planner.estimate import check_runs, split_note
     from shardwise.planner.frameworks import get
     from shardwise.planner.search import SearchSpace, micro_batches
 

@@ -17,7 +17,7 @@ from shardwise.planner.offload import offload_refusal
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.planner.step_time import step_flops, step_time
 from shardwise.specs import RECOMPUTE, Layout, datasheet_gpu, splits_over_tp
-from shardwise.stage_split import max_chunk_layers, max_chunks
+from shardwise.stage_split import max_chunk_layers, max_chunks, megatron_cuts, stage_layer_counts
 from shardwise.units import GIB
 
 
@@ -340,6 +340,20 @@ def check_runs(job: Job, layout: Layout) -> None:
     reason = offload_refusal(fw, job.offload, layout)
     if reason:
         raise UsageError(f"--offload {job.offload}: {reason}")
+
+
+def split_note(job: Job, layout: Layout) -> str:
+    """A note where the job's stack cuts its pipeline Megatron's way and this layout's chunks are a cut Megatron does
+    not build itself (stage_split.megatron_cuts): what is priced instead, and how Megatron runs it; else ""."""
+    chunks = layout.pp * layout.vpp
+    if layout.pp == 1 or get_framework(job.framework).stage_split != "megatron" or megatron_cuts(job.model.num_layers,
+                                                                                                   chunks):
+        return ""
+    counts = sorted(set(stage_layer_counts(job.model, chunks, job.train.seq_len, "megatron")))
+    return (f"pp x vpp = {chunks} model chunks do not divide the {job.model.num_layers} layers (nor the layers + 2, with "
+            f"the embedding and the loss a layer's slot each), which is all {job.framework} cuts by itself: priced "
+            f"as the balanced cut of {' or '.join(map(str, counts))} layers a chunk, which it runs only through "
+            f"--pipeline-model-parallel-layout (`plan --emit megatron` writes it)")
 
 
 def stack_refusal(job: Job, layout: Layout) -> str | None:
