@@ -194,6 +194,13 @@ def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch
     _one_line_error(capsys, ["--data", str(tmp_path / "bad.jsonl"), *cache], "bad.jsonl:2: not valid JSON")
     _one_line_error(capsys, ["--data", str(env["corpus"]["jsonl"]), *cache], "paragraphs.jsonl:1: no text field 'text'",
                     "--data-field")
+    (tmp_path / "number.jsonl").write_text('{"text": 5}\n')  # the field is there: it holds no text
+    _one_line_error(capsys, ["--data", str(tmp_path / "number.jsonl"), *cache], "number.jsonl:1: field 'text' holds int 5, not text")
+    # the token cache's folder set by $SHARDWISE_CACHE is named as that, not as --data-cache nobody gave
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SHARDWISE_CACHE", str(tmp_path / "a-file"))
+    _one_line_error(capsys, ["--data", str(tmp_path / "number.jsonl")], "$SHARDWISE_CACHE (the token cache's folder)")
+    monkeypatch.delenv("SHARDWISE_CACHE")
     if "parquet" in env["corpus"]:
         _one_line_error(capsys, ["--data", str(env["corpus"]["parquet"]), "--data-field", "body", *cache],
                         "paragraphs.parquet: no column 'body'")

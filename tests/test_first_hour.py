@@ -117,6 +117,7 @@ BAD = [
     (["train", "--model", "tiny", "--pp", "2", "--steps", "2", "--trace", "{file}"], "--trace {file} is a file"),
     (["train", "--model", "tiny", "--steps", "2", "--checkpoint-dir", "{file}/ck"], "--checkpoint-dir {file}/ck: cannot create"),
     (["calibrate", "--world", "2", "--out", "{dir}"], "--out {dir} is a folder — give a file path, e.g."),
+    (["report", "--validate", "{dir}/v.json", "--out", "{dir}"], "--out {dir} is a folder — give a file path, e.g. {dir}/report.html"),
     (["calibrate", "--sizes", "1e99"], "must be between 1 byte and 16 GiB"),
     (["calibrate", "--sizes", "nan"], "must be between 1 byte and 16 GiB"),
     (["calibrate", "--timeout", "nan"], "--timeout must be a positive number of seconds"),

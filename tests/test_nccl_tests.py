@@ -112,6 +112,13 @@ def test_json_report(tmp_path, capsys):
     (["--nccl-tests", f"alltoall={H100_IB[4]}", "--cluster", "dgx-h100-80gb"], "unknown collective"),
     (["--nccl-tests", f"all_reduce@4by8={H100_IB[4]}", "--cluster", "dgx-h100-80gb"], "NODESxGPUS"),
     (["--nccl-tests", H100_IB[4], "--cluster", "no-such-cluster"], "unknown cluster"),
+    # a shape the log's own rank lines contradict; a measuring flag given at its default value; another GPU's logs
+    (["--nccl-tests", f"all_reduce@3x8={H100_IB[4]}", "--cluster", "dgx-h100-80gb"],
+     "its rank lines count 32 ranks on 4 node(s), and @3x8 says 24 on 3"),
+    (["--nccl-tests", H100_IB[4], "--cluster", "dgx-h100-80gb", "--world", "2"],
+     "--world sets how this machine is measured"),
+    (["--nccl-tests", H100_IB[4], "--cluster", "dgx-a100-40gb"], "ran on NVIDIA H100 80GB HBM3, and --cluster "
+                                                                   "dgx-a100-40gb is DGX A100 40GB"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys):
     assert main(["calibrate", *argv, "--out", str(tmp_path / "c.toml")]) == 2

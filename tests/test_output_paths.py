@@ -133,12 +133,13 @@ def test_a_cached_corpus_is_named_by_the_files_given(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, said", [
     (["calibrate", "--nccl-tests", str(NCCL / "awsefaeks-p4d_all_reduce_2x8.txt"), "--cluster", "aws-p4d", "--world", "7"],
-     "--world set how this machine is measured, and --nccl-tests reads logs instead"),
+     "--world sets how this machine is measured, and --nccl-tests reads logs instead"),
     (["calibrate", "--sizes", "0"], "--sizes '0' must be between 1 byte"),
     (["calibrate", "--copy-size", "0"], "--copy-size '0' must be between 1 byte"),
     (["validate", "--layouts", ""], "--layouts: an empty layout"),
     (["demo", "--steps", "0"], "--steps must be at least 3, got 0"),
-    (["demo", "--no-train", "--world", "1000"], "which --no-train skips"),
+    (["demo", "--no-train", "--world", "1000"], "--world sets the local run, which --no-train skips"),
+    (["demo", "--no-train", "--steps", "5"], "--steps sets the local run, which --no-train skips — drop it"),  # only what was given
     (["simulate", "--pp", "2", "--microbatches", "4", "--costs", "1e308,1,1"], "each from 0 to 1e12"),
 ])
 def test_flags_that_would_be_ignored_or_misnamed_are_one_line(argv, said, tmp_path, capsys, monkeypatch):

@@ -445,6 +445,7 @@ def test_a_config_json_named_without_its_folder_takes_the_folders_name(tmp_path,
     # a key above the [cluster] header, a table nobody reads: dropped before, the numbers the preset's
     ("power_limit_w = 500\n[cluster]\n{keys}", "'power_limit_w' is outside [cluster]"),
     ("[cluster]\n{keys}[measure]\nmatmul_tflops = 700\n", "'measure' is outside [cluster]"),
+    ("[clusterx]\n{keys}", "[clusterx] is not a table a cluster file has — name it [cluster]"),  # a misspelt header
     # any [measured] table made the file a calibrated one and switched its unit checks off
     ("[cluster]\n{keys}[measured]\nfoo = 3\n", "[measured] has 'foo', which `shardwise calibrate` never writes"),
     ("[cluster]\n{keys}[measured]\nbackend = \"nccl\"\n", "[measured] has only labels, no measurement"),

@@ -98,6 +98,14 @@ def test_simulate_compare_draws_and_traces(tmp_path, capsys):
     assert names[0] == "gpipe rank 0" and names[15] == "zb-h1 rank 3"
 
 
+def test_simulate_compare_on_one_rank_leaves_out_the_interleaved_panel(capsys):
+    """One pipeline rank has nothing to interleave (estimate and train refuse it): --compare shows the other panels."""
+    assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8", "--json"]) == 0
+    assert [r["schedule"] for r in json.loads(capsys.readouterr().out)["compare"]] == ["gpipe", "1f1b", "zb-h1"]
+    assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8"]) == 0
+    assert "one pipeline rank has no interleaved-1f1b here: left out" in capsys.readouterr().out
+
+
 def test_simulate_summary_without_json(capsys):
     assert main(["simulate", "--schedule", "zb-h1", "--pp", "2", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out
@@ -108,6 +116,7 @@ def test_simulate_summary_without_json(capsys):
     (["--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"], "multiple of --pp"),
     (["--schedule", "1f1b", "--vpp", "2", "--pp", "4", "--microbatches", "8"], "needs --schedule interleaved-1f1b"),
     (["--pp", "0", "--microbatches", "8"], "--pp must be at least 1"),
+    (["--schedule", "interleaved-1f1b", "--pp", "1", "--microbatches", "8"], "interleaved-1f1b needs pp > 1"),
     (["--pp", "2", "--microbatches", "8", "--costs", "1,x,1"], "--costs must be three"),
     (["--pp", "2", "--microbatches", "8", "--comm", "-1"], "--comm must be non-negative"),
     (["--pp", "2", "--microbatches", "8", "--out", "t.pdf"], "--out must end in .png or .svg"),

@@ -74,7 +74,12 @@ def test_bad_input_is_one_line_and_exit_2_before_any_process_group(argv, expecte
     ("not json", "malformed JSON"),
     ('{"candidates": []}', "no layout found"),
     ('{"best": {"dp": 2, "tp": "x", "pp": 1}}', "'tp' must be int"),
-    ('{"best": {"dp": 2, "tp": 1, "pp": 1, "zero": 7}}', "unknown ZeRO stage 7"),
+    ('{"best": {"dp": 2, "tp": 1, "pp": 1, "zero": 7}}', "'zero' is 7, which no layout has (it must be one of 0, 1, 2, 3)"),
+    # a plan's values are said as the plan's keys (not as flags nobody typed), whatever the layout would ignore
+    ('{"best": {"dp": 1, "tp": 1, "pp": 1, "schedule": "bogus"}}', "'schedule' is 'bogus', which no layout has"),
+    ('{"best": {"dp": 1, "tp": 1, "pp": 1, "micro_batch": 0}}', "'micro_batch' is 0, which no layout has (it must be at least 1)"),
+    ('{"best": {"dp": -1, "tp": 1, "pp": 1, "dp_shard": 2}}', "'dp' is -1, which no layout has"),
+    ('{"best": {"dp": 1, "tp": 1, "pp": 1, "cp_mode": "bogus"}}', "'cp_mode' is 'bogus', which no layout has"),
 ])
 def test_bad_plan_file(content, expected, tmp_path, capsys):
     plan = tmp_path / "plan.json"
@@ -109,6 +114,12 @@ def test_plan_layout_and_flags(tmp_path, capsys):
     assert "--tp 1 contradicts tp=2" in capsys.readouterr().err
 
 
+def load_model_params(name: str) -> int:
+    from shardwise.specs import load_model
+
+    return load_model(name).num_params()
+
+
 def test_a_plan_brings_its_own_batch_and_sequence(tmp_path, capsys):
     # the plan's `job` (plan --json echoes it) sets the global batch and sequence length train runs; a flag or model
     # that contradicts it is one line
@@ -125,6 +136,15 @@ def test_a_plan_brings_its_own_batch_and_sequence(tmp_path, capsys):
         assert main(["train", "--plan", str(plan), *argv]) == 2
         assert re.search(words, capsys.readouterr().err), argv
     assert (_config([]).global_batch, _config([]).seq_len) == (8, 64)  # no plan: train's own defaults
+    # --model not given: the plan's preset; a plan for a model named by a file says to name it
+    assert main(["plan", "--model", "tiny-gpt2", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "16",
+                 "--seq-len", "64", "--framework", "shardwise", "--json"]) == 0
+    other = tmp_path / "other.json"
+    other.write_text(capsys.readouterr().out)
+    assert _config(["--plan", str(other)]).spec.num_params() == load_model_params("tiny-gpt2")
+    other.write_text(other.read_text().replace('"model": "tiny-gpt2"', '"model": "my-config"'))
+    assert main(["train", "--plan", str(other)]) == 2
+    assert "--model tiny (the default: --model not given) has" in capsys.readouterr().err
     # the same model from a file of another name is the plan's model (its parameters, not its name, say so)
     from shardwise.specs import load_model
 

@@ -105,6 +105,7 @@ def test_plot(tmp_path, sweep):
     (["--layouts", "pp2:interleaved-1f1b:v4"], "exceed"),
     (["--backend", "nccl", "--world", "4096"], "nccl"),
     (["--steps", "0"], "--steps"),
+    (["--seq-len", "0"], "--seq-len must be at least 1, got 0"),  # validate has no --micro-batch to name
 ])
 def test_bad_input_exits_2_with_one_line(argv, words, capsys):
     assert main(["validate", "--cluster", "dgx-h100-80gb", *argv]) == 2

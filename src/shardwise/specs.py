@@ -117,6 +117,10 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
     table = data.get("cluster", {k: v for k, v in data.items() if k != "measured"})
     if not isinstance(table, dict):
         raise UsageError(f"{source}: [cluster] must be a table of keys — see the presets in shardwise/presets/clusters")
+    tables = [k for k, v in table.items() if isinstance(v, dict)] if "cluster" not in data else []
+    if tables:  # [clusterx]: a misspelt header, not a key of a headerless file
+        raise UsageError(f"{source}: [{tables[0]}] is not a table a cluster file has — name it [cluster] (a cluster "
+                         f"file holds a [cluster] table, and the [measured] one calibrate writes)")
     stray = [k for k in data if k not in ("cluster", "measured")] if "cluster" in data else []
     if stray:  # a key above the [cluster] header, or a table nobody reads ([measure], [network]): never silently dropped
         raise UsageError(f"{source}: '{stray[0]}' is outside [cluster] — a cluster file holds a [cluster] table (and "
@@ -575,6 +579,15 @@ class Layout:
         return "·".join(parts)
 
 
+def check_pipeline_shape(pp: int, vpp: int, schedule: str) -> None:
+    """UsageError (one line) for a schedule its pipeline cannot take: model chunks outside interleaving, or interleaving
+    over one rank (what validate_layout, simulate and train's --plan all check)."""
+    if vpp > 1 and schedule != "interleaved-1f1b":
+        raise UsageError(f"vpp={vpp} needs --schedule interleaved-1f1b (got {schedule})")
+    if schedule == "interleaved-1f1b" and pp == 1:
+        raise UsageError("interleaved-1f1b needs pp > 1 — use pp>=2 or another schedule")
+
+
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,
                     seq_len: int | None = None, edge_chunks: bool = False, split_rule: str = "balanced") -> None:
     """Raise UsageError naming the first thing that makes `layout` impossible for this job. `edge_chunks`: the
@@ -609,10 +622,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
         raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
     validate_experts(layout, model)
     check_chunks(layout.pp, layout.vpp, model, edge_chunks)
-    if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":
-        raise UsageError(f"vpp={layout.vpp} needs --schedule interleaved-1f1b (got {layout.schedule})")
-    if layout.schedule == "interleaved-1f1b" and layout.pp == 1:
-        raise UsageError("interleaved-1f1b needs pp > 1 — use pp>=2 or another schedule")
+    check_pipeline_shape(layout.pp, layout.vpp, layout.schedule)
     if global_batch % layout.dp:
         raise UsageError(f"--global-batch {global_batch} is not divisible by dp={layout.dp} — each dp rank takes an "
                          f"equal slice; pick a multiple of {layout.dp}")

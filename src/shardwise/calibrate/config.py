@@ -59,8 +59,9 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
         raise UsageError(f"--world {cfg.world} exceeds the {cuda_devices} visible GPUs — lower --world")
     if cfg.repeats < 1 or cfg.warmup < 0:
         raise UsageError(f"--repeats must be at least 1 and --warmup at least 0 (got {cfg.repeats}, {cfg.warmup})")
-    if cfg.micro_batch < 1 or cfg.seq_len < 1:
-        raise UsageError(f"--micro-batch and --seq-len must be positive (got {cfg.micro_batch}, {cfg.seq_len})")
+    for flag, value in (("--micro-batch", cfg.micro_batch), ("--seq-len", cfg.seq_len)):  # (validate has no --micro-batch)
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     if not 0 < cfg.timeout_s <= 10**7:
         raise UsageError(f"--timeout must be a positive number of seconds (at most 10,000,000), got {cfg.timeout_s}")
     biggest = max((*cfg.sizes, cfg.copy_bytes, 0))

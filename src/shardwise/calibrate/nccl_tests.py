@@ -165,9 +165,16 @@ def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int
 
 
 def _shape(sec: _Section, source: str, kind: str, shape: tuple[int, int] | None) -> tuple[int, int]:
-    """(nodes, ranks): given, or counted from the rank lines (one communicator, as many ranks on every node)."""
+    """(nodes, ranks): given, or counted from the rank lines (one communicator, as many ranks on every node); a shape
+    given that the rank lines contradict is refused."""
     if shape:
         nodes, ranks = shape[0], shape[0] * shape[1]
+        per_host = Counter(sec.hosts.values())
+        counted = (len(per_host), len(sec.hosts)) if len(sec.groups) <= 1 and len(set(per_host.values())) == 1 else None
+        if counted and counted != (nodes, ranks):
+            raise UsageError(f"--nccl-tests {source}: its rank lines count {counted[1]} ranks on {counted[0]} node(s), "
+                             f"and @{shape[0]}x{shape[1]} says {ranks} on {nodes} — drop @NODESxGPUS (the log says its "
+                             f"shape), or give the shape it ran")
     elif sec.hosts:
         if len(sec.groups) > 1:
             raise UsageError(f"--nccl-tests {source}: its ranks form {len(sec.groups)} communicators "
@@ -315,6 +322,20 @@ def _check_base(base: ClusterSpec, logs: list[NcclLog]) -> None:
         if log.per_node > base.gpus_per_node or base.gpus_per_node % log.per_node:
             raise UsageError(f"--nccl-tests {log.source}: {log.per_node} ranks per node on a cluster of "
                              f"{base.gpus_per_node} GPUs per node — give the --cluster it ran on (gpus_per_node)")
+
+
+_GPU_MODEL = re.compile(r"\b(GB200|B200|H200|H100|H800|A100|A800|V100)\b")
+
+
+def check_gpus(base: ClusterSpec, logs: list[NcclLog], cluster_ref: str) -> None:
+    """UsageError (one line) where a log names its GPUs (nccl-tests' rank lines) and they are another model than the
+    cluster's: the fit would move the cluster's network to explain another machine's links."""
+    want = _GPU_MODEL.search(base.name.upper())
+    for log in logs:
+        got = _GPU_MODEL.search(log.gpu.upper())
+        if want and got and got.group(1) != want.group(1):
+            raise UsageError(f"--nccl-tests {log.source} ran on {log.gpu}, and --cluster {cluster_ref} is {base.name} "
+                             f"— give the cluster the logs ran on (a preset, or a cluster .toml of yours)")
 
 
 def beyond_ring(base: ClusterSpec, log: NcclLog) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from shardwise.commands.common import add_model_arg, print_json
+from shardwise.commands.common import print_json
 
 
 # What measuring this machine reads, and its defaults: none of it applies to --nccl-tests' logs.
@@ -15,18 +15,27 @@ MEASURE_DEFAULTS = {"world": 2, "backend": "gloo", "sizes": None, "micro_batch":
 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--world", type=int, default=MEASURE_DEFAULTS["world"],
-                   help="ranks to measure with (spawned here; under torchrun its world)")
-    p.add_argument("--backend", default=MEASURE_DEFAULTS["backend"], help="gloo (CPU, fp32) or nccl (GPU, bf16)")
+    # The measuring flags default to None, filled from MEASURE_DEFAULTS when this machine is measured: --nccl-tests
+    # refuses any of them given, its default value included.
+    d = MEASURE_DEFAULTS
+    p.add_argument("--world", type=int, default=None,
+                   help=f"ranks to measure with (spawned here; under torchrun its world; default {d['world']})")
+    p.add_argument("--backend", default=None, help=f"gloo (CPU, fp32) or nccl (GPU, bf16) (default {d['backend']})")
     p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
                    help="collective message sizes, e.g. 1K 64K 1M 16M (default 1 KiB..16 MiB on CPU, ..1 GiB on GPU)")
-    add_model_arg(p, default=MEASURE_DEFAULTS["model"])
-    p.add_argument("--micro-batch", type=int, default=MEASURE_DEFAULTS["micro_batch"], help="sequences per micro-batch (sets the GEMM shapes)")
-    p.add_argument("--seq-len", type=int, default=MEASURE_DEFAULTS["seq_len"], help="tokens per sequence (sets the GEMM shapes; default 64, as train)")
-    p.add_argument("--repeats", type=int, default=MEASURE_DEFAULTS["repeats"], help="timed repeats per measurement (the median is kept)")
-    p.add_argument("--warmup", type=int, default=MEASURE_DEFAULTS["warmup"], help="untimed repeats before each measurement")
+    p.add_argument("--model", default=None,
+                   help=f"model preset (e.g. llama3-8b, tiny) or path to a Hugging Face config.json (default {d['model']})")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help=f"sequences per micro-batch (sets the GEMM shapes; default {d['micro_batch']})")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (sets the GEMM shapes; default {d['seq_len']}, as train)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed repeats per measurement (the median is kept; default {d['repeats']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed repeats before each measurement (default {d['warmup']})")
     p.add_argument("--copy-size", default=None, help="bytes of the memory-bandwidth copy (default 64M on CPU, 2G on GPU)")
-    p.add_argument("--timeout", type=float, default=MEASURE_DEFAULTS["timeout"], help="seconds any collective may take before the run fails")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds any collective may take before the run fails (default {d['timeout']:g})")
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="instead of measuring here: fit --cluster's network to these nccl-tests logs "
                         "(all_reduce_perf, all_gather_perf, ... output; [KIND[@NODESxGPUS]=]PATH where the log "
@@ -56,6 +65,9 @@ def run(args) -> int:
 
     if args.nccl_tests is not None or args.cluster is not None:
         return _from_nccl_tests(args)
+    for key, default in MEASURE_DEFAULTS.items():  # what this machine is measured with, where not given
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     args.out = args.out or "profile.toml"
     from shardwise.calibrate import calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed, under_torchrun
@@ -93,14 +105,14 @@ def run(args) -> int:
 
 def _from_nccl_tests(args) -> int:
     """`--nccl-tests`: the logs read, the network fitted, the cluster file written, the fit shown."""
-    from shardwise.calibrate.nccl_tests import cluster_file, fit, read_log
+    from shardwise.calibrate.nccl_tests import check_gpus, cluster_file, fit, read_log
     from shardwise.commands.common import prepare_output
     from shardwise.errors import UsageError
     from shardwise.specs import cluster_from_toml, cluster_toml
 
-    measuring = [f"--{k.replace('_', '-')}" for k, default in MEASURE_DEFAULTS.items() if getattr(args, k, default) != default]
+    measuring = [f"--{k.replace('_', '-')}" for k in MEASURE_DEFAULTS if getattr(args, k, None) is not None]
     if measuring:
-        raise UsageError(f"{', '.join(measuring)} set how this machine is measured, and --nccl-tests reads logs instead "
+        raise UsageError(f"{', '.join(measuring)} set{'s' if len(measuring) == 1 else ''} how this machine is measured, and --nccl-tests reads logs instead "
                          f"— drop {'it' if len(measuring) == 1 else 'them'}, or calibrate without --nccl-tests")
     if not args.nccl_tests or not args.cluster:
         raise UsageError("--nccl-tests and --cluster go together: the logs, and the cluster they ran on "
@@ -113,7 +125,9 @@ def _from_nccl_tests(args) -> int:
                                            **{f"--nccl-tests {arg}": parse_arg(arg)[0] for arg in args.nccl_tests}})
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)
-    result = fit(base, [read_log(arg) for arg in args.nccl_tests])
+    logs = [read_log(arg) for arg in args.nccl_tests]
+    check_gpus(base, logs, args.cluster)
+    result = fit(base, logs)
     prepare_output(args.out, "--out", "cluster.toml")
     command = "shardwise calibrate " + " ".join(shlex.quote(a) for a in
                                                 ("--nccl-tests", *args.nccl_tests, "--cluster", args.cluster))

@@ -27,7 +27,11 @@ def run(args) -> int:
     from shardwise.errors import UsageError
 
     if args.no_train and (args.world, args.steps) != (WORLD, STEPS):
-        raise UsageError("--world and --steps set the local run, which --no-train skips — drop them, or drop --no-train")
+        given = [flag for flag, value, default in (("--world", args.world, WORLD), ("--steps", args.steps, STEPS))
+                 if value != default]
+        them = "it" if len(given) == 1 else "them"
+        raise UsageError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the local run, which --no-train "
+                         f"skips — drop {them}, or drop --no-train")
     if args.world < 1:
         raise UsageError(f"--world must be at least 1, got {args.world}")
     if args.steps < 3:  # the demo trains a few steps to show the loss falling

@@ -75,7 +75,7 @@ def run(args) -> int:
         raise UsageError(f"nothing to report — give the plan's {', '.join(PLAN_FLAGS)} and/or --validate RESULT.json")
     from shardwise.paths import distinct_outputs
 
-    prepare_output(args.out, "--out")
+    prepare_output(args.out, "--out", "report.html")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
     from shardwise.paths import folder_files
 

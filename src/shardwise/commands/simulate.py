@@ -109,9 +109,14 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
         if args.vpp is not None and args.vpp < 2:
             raise UsageError(f"--compare needs --vpp of at least 2 for the interleaved panel, got {args.vpp}")
         shapes = [(s, (args.vpp or 2) if s == "interleaved-1f1b" else 1) for s in COMPARE]
+        if args.pp == 1:  # one rank has nothing to interleave: the other panels
+            shapes = [(s, v) for s, v in shapes if s != "interleaved-1f1b"]
     else:
+        from shardwise.specs import check_pipeline_shape
+
         schedule = args.schedule or "1f1b"
         shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
+        check_pipeline_shape(args.pp, *shapes[0][::-1])
     if fw is None:
         return shapes
     from shardwise.planner.frameworks import check
@@ -207,7 +212,8 @@ def run(args) -> int:
         print_json({"compare": results} if args.compare else results[0])
     else:
         left = [name for name in COMPARE if args.compare and name not in {n for n, _ in shapes}]
-        _print_summary(sims, args, note=f"--framework {fw.name} runs no {', '.join(left)} here: left out" if left else None)
+        who = f"--framework {fw.name} runs" if fw is not None else "one pipeline rank has"
+        _print_summary(sims, args, note=f"{who} no {', '.join(left)} here: left out" if left else None)
     return 0
 
 

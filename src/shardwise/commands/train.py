@@ -22,9 +22,9 @@ LAYOUT_KEYS = {"dp": int, "tp": int, "pp": int, "micro_batch": int, "vpp": int, 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help,
                               epilog="example: shardwise train --model tiny --dp 2 --tp 2 --steps 50 --metrics-file m.jsonl")
-    p.add_argument("--model", default="tiny",
+    p.add_argument("--model", default=None,
                    help="model preset (e.g. tiny, tiny-gpt2), a Hugging Face config.json, or a Hugging Face model folder "
-                        "(config.json + safetensors: its weights are loaded)")
+                        "(config.json + safetensors: its weights are loaded); default: the --plan's preset, else tiny")
     p.add_argument("--init", default=None, choices=["pretrained", "random"],
                    help="pretrained: the --model folder's weights (the default when it has them); random: seeded "
                         "initialisation, ignoring them")
@@ -104,8 +104,10 @@ def apply_plan_job(args, spec, data=None) -> None:
     job = data.get("job") if isinstance(data.get("job"), dict) else {}
     planned = data.get("best", data).get("total_params") if isinstance(data.get("best", data), dict) else None
     if isinstance(planned, int) and planned != spec.num_params():
+        given = "" if not getattr(args, "model_defaulted", False) else " (the default: --model not given)"
         raise UsageError(f"{args.plan} is a plan for {job.get('model', 'another model')} ({planned:,} parameters), and "
-                         f"--model {args.model} has {spec.num_params():,} — plan again for this model, or train the plan's")
+                         f"--model {args.model}{given} has {spec.num_params():,} — add --model with the preset, "
+                         f"config.json or folder the plan was made for, or plan again for this model")
     for key, default in (("global_batch", 8), ("seq_len", 64)):
         given, planned = getattr(args, key), job.get(key)
         if planned is not None and (not isinstance(planned, int) or isinstance(planned, bool) or planned < 1):
@@ -119,22 +121,36 @@ def apply_plan_job(args, spec, data=None) -> None:
 
 def read_plan(path: str, data=None) -> dict:
     """The layout keys of a plan file (or of its JSON `data`, read already): its "best" object, or a bare layout
-    object."""
+    object, each value of the type and range a layout takes (said as the plan's key, not as a flag)."""
     data = _plan_file(path) if data is None else data
     layout = data.get("best", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict) or not {"dp", "tp", "pp"} <= layout.keys():
         raise UsageError(f"{path}: no layout found (need a \"best\" object or keys dp, tp, pp) — write it with `shardwise plan ... --json`")
-    if layout.get("dp_shard", layout["dp"]) != layout["dp"]:
-        raise UsageError(f"{path}: dp_shard {layout['dp_shard']} of dp {layout['dp']} is hybrid sharding (HSDP), which "
-                         f"shardwise's runtime does not run — plan with --framework shardwise")
     out = {}
     for key, kind in LAYOUT_KEYS.items():
         if key in layout and layout[key] is not None:  # null: the default (recompute_layers: every layer)
             value = layout[key]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise UsageError(f"{path}: '{key}' must be {kind.__name__}, got {value!r}")
+            allowed, least = _plan_values(key)
+            if allowed is not None and value not in allowed or least is not None and value < least:
+                what = f"one of {', '.join(map(str, allowed))}" if allowed else f"at least {least}"
+                raise UsageError(f"{path}: '{key}' is {value!r}, which no layout has (it must be {what}) — write the "
+                                 f"plan again with `shardwise plan ... --json`")
             out[key] = value
+    if layout.get("dp_shard", layout["dp"]) != layout["dp"]:
+        raise UsageError(f"{path}: dp_shard {layout['dp_shard']} of dp {layout['dp']} is hybrid sharding (HSDP), which "
+                         f"shardwise's runtime does not run — plan with --framework shardwise")
     return out
+
+
+def _plan_values(key: str) -> tuple[tuple | None, int | None]:
+    """(the values a plan's `key` may take where they are a list, the least it may be where it is a count)."""
+    from shardwise.specs import CP_MODES, RECOMPUTE, SCHEDULES, ZERO_STAGES
+
+    listed = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "cp_mode": CP_MODES, "zero": ZERO_STAGES}
+    return listed.get(key), (0 if key == "recompute_layers" else 1 if LAYOUT_KEYS[key] is int and key not in listed
+                             else None)
 
 
 def layout_from(args, plan_data=None):
@@ -211,6 +227,7 @@ def _check_partners(args) -> None:
 
 
 def config_from(args):
+    _default_model(args)
     _check_partners(args)
     from shardwise.hf.load import model_source
     from shardwise.launch import resolve_backend
@@ -246,6 +263,7 @@ def run(args) -> int:
 
     from shardwise.checkpoint import check as check_checkpoints
 
+    _default_model(args)
     _distinct_paths(args)
     cfg = config_from(args)
     check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
@@ -270,6 +288,19 @@ def run(args) -> int:
 
         print(json.dumps(out), flush=True)
     return 0
+
+
+def _default_model(args) -> None:
+    """--model not given: the --plan's model where it is a preset (a plan echoes the model's name, which for a config
+    file is not a path to load again), else tiny; `args.model_defaulted` says so for the plan's model check."""
+    from shardwise.specs import model_presets
+
+    if getattr(args, "model_defaulted", None) is None:  # (run resolves it before config_from, which does it again)
+        args.model_defaulted = args.model is None
+    if args.model is None:
+        data = _plan_file(args.plan) if args.plan else None
+        job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
+        args.model = job["model"] if job.get("model") in model_presets() else "tiny"
 
 
 def _distinct_paths(args) -> None:

@@ -121,6 +121,9 @@ def _jsonl(path: str, field: str) -> Iterator[tuple[str, bool, int]]:
             except ValueError:
                 raise UsageError(f"{path}:{n}: not valid JSON — each line of a JSON-lines file is one JSON object") from None
             text = obj.get(field) if isinstance(obj, dict) else None
+            if isinstance(obj, dict) and field in obj and not isinstance(text, str):
+                raise UsageError(f"{path}:{n}: field '{field}' holds {type(text).__name__} {json.dumps(text)[:40]}, not "
+                                 f"text — name the field that holds the text with --data-field")
             if not isinstance(text, str):
                 raise UsageError(f"{path}:{n}: no text field '{field}' — name the field that holds the text with --data-field")
             yield text, True, len(line)

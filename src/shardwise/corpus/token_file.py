@@ -48,6 +48,13 @@ class TokenFile:
         return first
 
 
+def cache_flag(given: str | None = None) -> str:
+    """What set the token cache's folder, for a message about it: --data-cache, else $SHARDWISE_CACHE, else the
+    user's cache folder."""
+    return ("--data-cache" if given else "$SHARDWISE_CACHE (the token cache's folder)" if os.environ.get("SHARDWISE_CACHE")
+            else "the token cache (~/.cache/shardwise/tokens; set --data-cache)")
+
+
 def cache_dir(given: str | None = None) -> Path:
     if given:
         return Path(given)
@@ -95,7 +102,7 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
     from shardwise.paths import output_dir
 
     root = cache_dir(cache)
-    output_dir(root, "--data-cache")
+    output_dir(root, cache_flag(cache))
     key = data_key(sources, tok, field)
     meta = root / f"{key}.json"
     tf = _cached(meta)
