@@ -48,6 +48,9 @@ NARROW = [
     ["estimate", "--model", "tiny-moe", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "16",
      "--seq-len", "64", "--ep", "2", "--etp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--vpp", "2", "--micro-batch", "1"],
     ["explain", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "64"],
+    # layouts too long for 80 columns beside the numbers (an outside review saw "5.95 s" and "19.6 %" folded)
+    ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--gpus", "1048576", "--global-batch", "1048576",
+     "--seq-len", "4096", "--tp", "1,2,4,8", "--pp", "1,2,4,8,16", "--max-vpp", "2", "--micro-batch", "1,2", "--ep", "8,16"],
     ["simulate", "--compare", "--pp", "4", "--microbatches", "8", "--costs", "0.01,0.02,0.01"],
 ]
 

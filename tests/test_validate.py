@@ -173,6 +173,9 @@ def test_summary_regret_and_top3():
     assert s["top1_regret"] == pytest.approx(1.2 / 0.9 - 1)
     assert s["best_in_top3"] is False
     assert s["median_abs_error"] == pytest.approx((0.4 + 1.0) / 2)  # errors 0.17, 1.0, 0.4, 3.4
+    # one layout orders no pair: its rank correlations are undefined, not 0
+    one = summarize([1.0], [1.2])
+    assert one["spearman"] is None and one["kendall_tau"] is None and one["top1_regret"] == 0
 
 
 def test_warns_when_other_processes_shared_the_machine():

@@ -499,7 +499,8 @@ WIDE = 118  # below this many columns the table gets short headers and values, s
 
 def layout_table(estimates, title: str, width: int | None = None):
     """A rich table of ranked layout estimates (plan, estimate). Narrower than WIDE columns (a pipe, an 80-column
-    terminal): short headers and values, no borders; the layout itself is never shortened."""
+    terminal): short headers and values, no borders; no value is ever cut or folded but the layout, which, where even
+    that is too wide (dp16384·tp4·pp16·ep16·v2·mb1), folds onto a second line whole."""
     from rich import box
     from rich.table import Table
 
@@ -518,7 +519,7 @@ def layout_table(estimates, title: str, width: int | None = None):
         headers = ("#", "layout", "schedule", "ZeRO", "recompute", "SP", "mem GiB/GPU", "fits", "step", "tokens/s", "MFU")
     for col, just in zip(headers, ("right", "left", "left", "right", "left", "center", "right", "center", "right",
                                    "right", "right")):
-        table.add_column(col, justify=just, no_wrap=col == "layout", overflow="fold")
+        table.add_column(col, justify=just, no_wrap=col != "layout", overflow="fold")
     for i, e in enumerate(estimates, 1):
         lay = e.layout
         table.add_row(str(i), lay.describe(), short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),

@@ -162,6 +162,7 @@ def _print(console, result: dict, picture: str | None) -> None:
 
     from shardwise.commands.common import WIDE
     from shardwise.units import seconds
+    from shardwise.validate.stats import rank_text
 
     narrow = console.width < WIDE
     title = (f"{result['model']} on {result['world']} ranks ({result['backend']}, {result['cluster']}): "
@@ -190,7 +191,7 @@ def _print(console, result: dict, picture: str | None) -> None:
     console.print(table)
     s = result["summary"]
     console.print(f"step time: median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}; ranking: "
-                  f"Spearman {s['spearman']:.2f}, Kendall tau {s['kendall_tau']:.2f}; planner's pick is "
+                  f"Spearman {rank_text(s['spearman'])}, Kendall tau {rank_text(s['kendall_tau'])}; planner's pick is "
                   f"{s['top1_regret']:.1%} slower than the measured best, which is "
                   f"{'' if s['best_in_top3'] else 'not '}in its top 3. Memory: median |error| "
                   f"{s['memory_median_abs_error']:.1%}, p90 {s['memory_p90_abs_error']:.1%}.", highlight=False)
@@ -205,7 +206,7 @@ def _print(console, result: dict, picture: str | None) -> None:
                       f"pipeline exchange {r['exchange']:.2f}x, FSDP {r['fsdp']:.2f}x"
                       + (f", the GPU's host {r['host']:.2f}x" if m.get("host_speed_ratio") else "")
                       + f" the calibration's time): median |error| {now['median_abs_error']:.1%}, "
-                      f"p90 {now['p90_abs_error']:.1%}, Kendall tau {now['kendall_tau']:.2f}, the pick "
+                      f"p90 {now['p90_abs_error']:.1%}, Kendall tau {rank_text(now['kendall_tau'])}, the pick "
                       f"{now['top1_regret']:.1%} slower than the best.", highlight=False)
     from shardwise.contention import sweep_warnings
 

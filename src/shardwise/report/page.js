@@ -6,7 +6,8 @@
   const DATA = JSON.parse(document.getElementById("report-data").textContent);
   const $ = (id) => document.getElementById(id);
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
-  const num = (x, d) => Number(x).toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
+  // null: a value that has none (a rank correlation over one layout)
+  const num = (x, d) => x == null ? "n/a" : Number(x).toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
   // Okabe-Ito and Tol colours: distinguishable with the common colour-vision deficiencies.
   const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999", "#332288", "#117733"];
   Chart.defaults.animation = false;

@@ -22,6 +22,8 @@ def plot(result: dict, path: str) -> None:
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    from shardwise.validate.stats import rank_text
+
     lays = sorted(result["layouts"], key=lambda x: x["measured_step_time_s"])
     pred = [1e3 * x["predicted_step_time_s"] for x in lays]
     meas = [1e3 * x["measured_step_time_s"] for x in lays]
@@ -39,7 +41,7 @@ def plot(result: dict, path: str) -> None:
             xlabel="measured step time (ms)", ylabel="predicted step time (ms)")
     s = result["summary"]
     ax1.set_title(f"{result['model']}, {result['world']} ranks ({result['backend']}), {len(lays)} layouts\n"
-                  f"step time: median error {100 * s['median_abs_error']:.0f} %, Kendall τ {s['kendall_tau']:.2f}, "
+                  f"step time: median error {100 * s['median_abs_error']:.0f} %, Kendall τ {rank_text(s['kendall_tau'])}, "
                   f"top-1 regret {100 * s['top1_regret']:.0f} %\n"
                   f"memory: median error {100 * s.get('memory_median_abs_error', 0):.2f} %, "
                   f"p90 {100 * s.get('memory_p90_abs_error', 0):.2f} %", fontsize=10)

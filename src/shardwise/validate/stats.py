@@ -81,12 +81,19 @@ def widest_discordant_gap(measured: list[float], predicted: list[float]) -> floa
     return widest
 
 
+def rank_text(value: float | None) -> str:
+    """A rank correlation as validate prints it: two decimals, or "n/a" with one layout."""
+    return "n/a (one layout)" if value is None else f"{value:.2f}"
+
+
 def summarize(predicted: list[float], measured: list[float]) -> dict:
-    """The contract's summary of step times (errors are fractions of the measured time)."""
+    """The contract's summary of step times (errors are fractions of the measured time); the rank correlations are
+    None for a single layout (no pair to order)."""
     errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
     pick = min(range(len(predicted)), key=predicted.__getitem__)
     best = min(range(len(measured)), key=measured.__getitem__)
     top3 = sorted(range(len(predicted)), key=predicted.__getitem__)[:3]
     return {"median_abs_error": statistics.median(errors), "p90_abs_error": quantile(errors, 0.9),
-            "spearman": spearman(predicted, measured), "kendall_tau": kendall_tau(predicted, measured),
+            "spearman": spearman(predicted, measured) if len(predicted) > 1 else None,
+            "kendall_tau": kendall_tau(predicted, measured) if len(predicted) > 1 else None,
             "top1_regret": measured[pick] / measured[best] - 1, "best_in_top3": best in top3}
