@@ -179,7 +179,7 @@ def _damage(kind, folder):
         cfg = json.loads((folder / "config.json").read_text())
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # Llama 3.1's (llama3) runs: test above
         (folder / "config.json").write_text(json.dumps(cfg))
-        return "rope_scaling", "not supported"
+        return "linear RoPE scaling", "which shardwise's runtime does not implement"  # not fixed by --init random
     raise ValueError(kind)
 
 
@@ -197,6 +197,19 @@ def test_bad_folder_is_one_line_naming_the_file(folders, tmp_path, capsys, kind)
 def test_init_pretrained_needs_a_folder(capsys):
     assert main(["train", "--model", "tiny", "--init", "pretrained"]) == 2
     assert "needs a Hugging Face model folder" in capsys.readouterr().err
+
+
+def test_a_folder_of_blocks_the_runtime_lacks_says_that_first(tmp_path, capsys):
+    """A GPT-NeoX folder whose activation the llama check would refuse first: the blocks are what no --init fixes."""
+    (tmp_path / "neox").mkdir()
+    (tmp_path / "neox" / "config.json").write_text(json.dumps({
+        "model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 256, "vocab_size": 256, "max_position_embeddings": 128, "hidden_act": "gelu"}))
+    (tmp_path / "neox" / "model.safetensors").write_bytes(b"")
+    for init in ([], ["--init", "random"]):
+        assert main(["train", "--model", str(tmp_path / "neox"), "--steps", "1", *init]) == 2
+        err = capsys.readouterr().err
+        assert "uses gpt_neox's blocks, which shardwise's runtime does not implement" in err and "hidden_act" not in err
 
 
 @pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.pt", "consolidated.safetensors"])

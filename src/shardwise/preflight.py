@@ -84,6 +84,12 @@ def check_runtime_model(spec, seq_len: int) -> None:
     if spec.rotary and spec.head_dim % 2:  # the runtime's RoPE rotates the two halves of every head
         raise UsageError(f"{spec.name}'s head dimension {spec.head_dim} is odd, and shardwise's runtime rotates each "
                          f"head's two halves (RoPE) — plan and estimate it, or train a model with an even head_dim")
+    check_runtime_blocks(spec)
+
+
+def check_runtime_blocks(spec) -> None:
+    """UsageError if shardwise's runtime has no blocks for this model (the first thing to say of a model folder whose
+    config it cannot train at all, before what of its weights or activation differs)."""
     from shardwise.model import unsupported
 
     missing = unsupported(spec)
