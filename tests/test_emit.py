@@ -465,7 +465,9 @@ def test_problem_names_the_knob_for_each_target():
     zb = Layout(1, 8, 8, 1, 1, 0, "none", True, "zb-h1")
     assert "zb-h1" in emitter("megatron").problem(job, zb)
     assert "zb-h1" in emitter("torchtitan").problem(job, zb)
-    assert "zb-h1" in emitter("deepspeed").problem(job, zb)
+    # DeepSpeed: the split itself first (TP beside a pipeline), which no narrowing of the schedule or ZeRO fixes
+    assert "TP with a pipeline" in emitter("deepspeed").problem(job, zb)
+    assert "zb-h1" in emitter("deepspeed").problem(job, zb.with_(tp=1, sequence_parallel=False))
     assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
     # torchtitan's own selective recompute (per-op, as its profile prices it) is written, not refused; so is its FSDP
     # over cp ranks refused as ZeRO-0
@@ -476,7 +478,7 @@ def test_problem_names_the_knob_for_each_target():
     # and Megatron's selective recompute (the attention core) is not the per-op kind that plan priced
     assert "per-op selective recompute" in emitter("megatron").problem(titan, sel)
     assert "FSDP over its context-parallel ranks" in emitter("torchtitan").problem(titan, Layout(1, 8, 1, 1, 1, 0, cp=8))
-    assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(schedule="1f1b", zero=2))
+    assert "ZeRO-2" in emitter("deepspeed").problem(job, zb.with_(tp=1, sequence_parallel=False, schedule="1f1b", zero=2))
     assert "fp32 gradients" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 0))  # 4-byte gradients scored
     assert "expert parallelism" in emitter("deepspeed").problem(job, Layout(64, 1, 1, 1, 1, 1, ep=8))
     moe = Job(load_model("mixtral-8x7b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048))

@@ -43,6 +43,10 @@ def problem(job, layout) -> str | None:
     if layout.replicas > 1:
         return (f"hybrid sharding (ZeRO over shard groups of {layout.dp_shard}, replicated across them) — DeepSpeed's "
                 "hybrid ZeRO (MiCS) is gone from its releases, and its config shards over every data-parallel rank")
+    # the split itself first: what narrowing the schedule, ZeRO or SP cannot fix
+    if layout.tp > 1 and layout.pp > 1:
+        return ("TP with a pipeline — DeepSpeed's pipeline takes its TP groups from Megatron-DeepSpeed's topology, "
+                "not from AutoTP; use --tp 1 or --pp 1")
     if layout.pp > 1 and layout.schedule != "1f1b":
         return (f"schedule {layout.schedule} — DeepSpeed's pipeline engine runs 1F1B only; narrow the search with "
                 f"--schedules 1f1b")
@@ -51,9 +55,6 @@ def problem(job, layout) -> str | None:
     if layout.tp > 1 and layout.sequence_parallel:
         return ("sequence parallelism — DeepSpeed's AutoTP (tensor_parallel.autotp_size) splits the layers but not "
                 "the sequence")
-    if layout.tp > 1 and layout.pp > 1:
-        return ("TP with a pipeline — DeepSpeed's pipeline takes its TP groups from Megatron-DeepSpeed's topology, "
-                "not from AutoTP; use --tp 1 or --pp 1")
     if layout.recompute == "selective":
         return ("selective recompute — it is model code (Megatron-DeepSpeed), not a DeepSpeed config key; "
                 "narrow the search with --recompute none,full")
