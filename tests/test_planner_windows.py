@@ -129,6 +129,15 @@ def test_layer_types_must_name_every_layer(tmp_path, capsys):
                  "--seq-len", "32768", "--tp", "8", "--micro-batch", "1", "--json"]) == 2
     err = capsys.readouterr().err.strip()
     assert "layer_types names 64 layers, but the model has 32" in err and "\n" not in err
+    # without a window in use too (use_sliding_window unset on a Qwen-style config), and a list of non-strings
+    qwen = MISTRAL | {"model_type": "qwen2", "use_sliding_window": False}
+    for types, said in ((["full_attention"], "layer_types names 1 layers, but the model has 32"),
+                        ([1] * LAYERS, "layer_types must be a list of layer kinds")):
+        path.write_text(json.dumps(qwen | {"layer_types": types}))
+        assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch",
+                     "8", "--seq-len", "4096", "--tp", "8", "--micro-batch", "1", "--json"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
 
 
 @pytest.mark.parametrize("framework, said", [("megatron-core", "skips the keys outside it"),

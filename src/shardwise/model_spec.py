@@ -444,10 +444,13 @@ def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "co
     on = flag(cfg, "use_sliding_window", source) or not switched
     window = window if rule and on else 0
     types, first = cfg.get("layer_types"), given("max_window_layers", 28)
-    if window and isinstance(types, list) and types:
-        if len(types) != num_layers:  # as transformers' layer_type_validation refuses it
-            raise UsageError(f"layer_types names {len(types)} layers, but the model has {num_layers} "
-                             f"(num_hidden_layers) — fix the config")
+    if types is not None and (not isinstance(types, list) or not all(isinstance(t, str) for t in types)):
+        raise UsageError(f"{source}: layer_types must be a list of layer kinds such as \"full_attention\", "
+                         f"\"sliding_attention\", got {json.dumps(types)[:60]} — fix the config")
+    if types and len(types) != num_layers:  # as transformers' layer_type_validation refuses it, window or not
+        raise UsageError(f"{source}: layer_types names {len(types)} layers, but the model has {num_layers} "
+                         f"(num_hidden_layers) — fix the config")
+    if window and types:
         layers = sum(t == "sliding_attention" for t in types)
     else:
         local = {"all": lambda i: True, "even": lambda i: i % 2 == 0, "from_max": lambda i: i >= first,
