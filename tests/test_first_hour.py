@@ -106,6 +106,9 @@ BAD = [
     (["plan", "--model", "tiny", "--cluster", "{cluster_not_table}", *JOB[2:]], "[cluster] must be a table"),
     (["plan", "--model", "tiny", "--cluster", "{measured_nan}", *JOB[2:]], "[measured] all_reduce must be finite"),
     (["simulate", "--pp", "4", "--microbatches", "8", "--comm", "inf"], "--comm must be non-negative and finite"),
+    # a value starting with a minus and a digit is a value, not a flag: the product's own check, not argparse's
+    (["simulate", "--pp", "4", "--microbatches", "8", "--costs", "-1,1,1"], "--costs must be three finite numbers"),
+    (["calibrate", "--sizes", "-1K"], "--sizes '-1K' must be between 1 byte"),
     (["simulate", "--pp", "100", "--microbatches", "2", "--out", "{dir}/t.png"], "too many to see"),
     (["simulate", "--pp", "200", "--microbatches", "400", "--schedule", "zb-h1", "--comm", "0.5"], "only a lower bound"),
     (["simulate", "--pp", "200", "--microbatches", "400", "--trace", "{dir}/t.json"], "draw every action"),

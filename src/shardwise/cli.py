@@ -9,6 +9,7 @@ it must not import torch at module level, so that
 from __future__ import annotations
 
 import argparse
+import re
 import importlib
 import os
 import sys
@@ -40,6 +41,12 @@ class Parser(argparse.ArgumentParser):
     """argparse, except that a bad flag is one line (the problem, and where the flags are listed), exit 2."""
 
     chosen: str | None = None  # the command named on the line (the top parser reports a subcommand's unknown flags)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A value that starts with a minus and a digit is a value, as argparse already reads -1 and -.5: also -1,2 and
+        # -1K, so `--tp -1,2` and `--sizes -1K` reach the product's own range checks instead of "expected one argument".
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str):
         where = f"{self.prog} {self.chosen}" if self.chosen in COMMANDS else self.prog

@@ -14,7 +14,8 @@ from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
     p.add_argument("--model", required=default is None, default=default,
-                   help="model preset (e.g. llama3-8b, tiny) or path to a Hugging Face config.json")
+                   help="model preset (e.g. llama3-8b, tiny) or path to a Hugging Face config.json"
+                        + ("" if default is None else " (default %(default)s)"))
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:

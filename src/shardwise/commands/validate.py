@@ -16,7 +16,7 @@ def register(subparsers, name, help):
                               epilog="example: shardwise calibrate --world 2 --out profile.toml && "
                                      "shardwise validate --model tiny --world 2 --cluster profile.toml --plot accuracy.png")
     add_model_arg(p, default="tiny")
-    p.add_argument("--world", type=int, default=2, help="ranks (processes); every layout uses all of them")
+    p.add_argument("--world", type=int, default=2, help="ranks (processes); every layout uses all of them (default %(default)s)")
     p.add_argument("--layouts", nargs="+", default=None, metavar="LAYOUT",
                    help="layouts to run, e.g. dp2 tp2:sp pp2:gpipe pp2:interleaved-1f1b:v2 dp2:zero3:full dp2:mb2 "
                         "dp2:ep2 tp2:etp2 (default: every split with its ZeRO, recompute, schedule and micro-batch "
@@ -24,14 +24,14 @@ def register(subparsers, name, help):
     p.add_argument("--cluster", default=None,
                    help="profile from `shardwise calibrate` at this --world (default: calibrate this machine first); "
                         "a datasheet cluster (dgx-h100-80gb) predicts its own GPUs, so only the ranking compares")
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per layout and round")
-    p.add_argument("--repeats", type=int, default=5, help="rounds; each runs every layout once, in a new random order")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per layout before the first round")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the round order")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the run fails")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, the same for every layout (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default %(default)s)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per layout and round (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; each runs every layout once, in a new random order (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per layout before the first round (default %(default)s)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU) (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the round order (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait before the run fails (default %(default)s)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the predicted-vs-measured picture here")
     p.add_argument("--json", action="store_true", help="print one JSON object (layouts and summary)")
     p.set_defaults(func=run)
