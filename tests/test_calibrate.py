@@ -488,6 +488,14 @@ def test_the_planner_prices_a_tp_step_as_calibrate_measured_it(extra):
     table = 2e-4 + 64 * tiny.hidden * 4 / 2e9
     assert tp_call_in_step(p, tiny, 1, 64) == pytest.approx(-table)
     assert tp_call_in_step(_cp_profile([]), tiny, 1, 64) is None  # no TP measurement: the planner keeps sync_overhead_s
+    # tables timed only below the layer's activation (--sizes 1K 4K): the floor is what the profile's loader allows,
+    # not the tables extrapolated past their largest size, so calibrate never writes a file it then refuses
+    from shardwise.specs import _check_measured, tp_call_credit
+
+    p.tables = {k: [row for row in v if row[0] <= 4096] for k, v in p.tables.items()}
+    p.tp_call_s = tp_call_in_step(p, tiny, 1, 64)
+    assert p.tp_call_s == pytest.approx(-tp_call_credit(p.monotone_tables()))
+    _check_measured(p.measured_table(), "profile.toml")
 
 
 def test_sequence_parallel_calls_are_priced_from_the_split_with_sequence_parallelism():

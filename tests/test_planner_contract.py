@@ -406,6 +406,13 @@ def test_a_tp_call_charged_below_its_table_time_loads(tmp_path):
         got, _, err = cli(["estimate", "--model", "llama3-8b", "--cluster", path, "--gpus", 8, "--global-batch", 16,
                            "--seq-len", 2048, "--micro-batch", 1, "--tp", 2, "--json"])
         assert got == code, (charge, err)
+    # and no call costs less than nothing: a charge below a small call's table time is not subtracted from the step
+    from shardwise.planner.comm import tp_call_time
+
+    path.write_text(CLUSTER + f"[measured]\nmatmul_tflops = 100.0\n{tables}tp_call_s = -5e-4\n")
+    cluster = load_cluster(str(path))
+    assert tp_call_time(cluster, "all_gather", 1024, 2) == 0.0  # 2e-4 - 5e-4, not -3e-4
+    assert tp_call_time(cluster, "all_gather", 65536, 2) == pytest.approx(6e-4 - 5e-4)
 
 
 @pytest.mark.parametrize("model", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b"])

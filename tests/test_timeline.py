@@ -103,7 +103,12 @@ def test_simulate_compare_on_one_rank_leaves_out_the_interleaved_panel(capsys):
     assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8", "--json"]) == 0
     assert [r["schedule"] for r in json.loads(capsys.readouterr().out)["compare"]] == ["gpipe", "1f1b", "zb-h1"]
     assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8"]) == 0
-    assert "one pipeline rank has no interleaved-1f1b here: left out" in capsys.readouterr().out
+    assert "one pipeline rank (--pp 1) has nothing to interleave: left out" in capsys.readouterr().out
+    assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8", "--framework", "megatron-core"]) == 0
+    out = capsys.readouterr().out  # the reason is the one rank, not the framework
+    assert "nothing to interleave" in out and "megatron-core runs no" not in out
+    assert main(["simulate", "--compare", "--pp", "1", "--microbatches", "8", "--vpp", "3"]) == 2
+    assert "--vpp 3 sets the interleaved panel, which --pp 1 leaves out" in capsys.readouterr().err
 
 
 def test_simulate_summary_without_json(capsys):
@@ -116,7 +121,9 @@ def test_simulate_summary_without_json(capsys):
     (["--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"], "multiple of --pp"),
     (["--schedule", "1f1b", "--vpp", "2", "--pp", "4", "--microbatches", "8"], "needs --schedule interleaved-1f1b"),
     (["--pp", "0", "--microbatches", "8"], "--pp must be at least 1"),
-    (["--schedule", "interleaved-1f1b", "--pp", "1", "--microbatches", "8"], "interleaved-1f1b needs pp > 1"),
+    (["--schedule", "interleaved-1f1b", "--pp", "1", "--microbatches", "8"], "interleaved-1f1b interleaves model chunks over pipeline ranks, and pp=1 has one"),
+    (["--vpp", "2", "--pp", "1", "--microbatches", "8"], "vpp=2 interleaves model chunks over pipeline ranks"),  # not
+    # "needs --schedule interleaved-1f1b", which would then be refused too
     (["--pp", "2", "--microbatches", "8", "--costs", "1,x,1"], "--costs must be three"),
     (["--pp", "2", "--microbatches", "8", "--comm", "-1"], "--comm must be non-negative"),
     (["--pp", "2", "--microbatches", "8", "--out", "t.pdf"], "--out must end in .png or .svg"),

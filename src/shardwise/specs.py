@@ -366,11 +366,12 @@ MEASURED_KEYS = frozenset((
 SIGNED_MEASURED = frozenset(("tp_call_s", "tp_sp_call_s"))
 
 
-def _call_credit(measured: dict) -> float:
-    """The most a SIGNED_MEASURED charge may take off a call: the cheapest TP collective table's longest time."""
+def tp_call_credit(measured: dict) -> float:
+    """The most a SIGNED_MEASURED charge may take off a call: the cheapest TP collective table's longest time (what
+    calibrate.profile.tp_call_in_step caps its floor at, and the loader checks)."""
     longest = [max(row[1] for row in table) for table in (measured.get(k) for k in ("all_reduce", "all_gather",
-               "reduce_scatter")) if isinstance(table, list) and table and all(
-               isinstance(row, list) and len(row) == 2 and isinstance(row[1], (int, float)) for row in table)]
+               "reduce_scatter")) if isinstance(table, (list, tuple)) and table and all(
+               isinstance(row, (list, tuple)) and len(row) == 2 and isinstance(row[1], (int, float)) for row in table)]
     return min(longest, default=0.0)
 
 
@@ -404,7 +405,7 @@ def _check_measured(measured, source: str) -> None:
                and math.isfinite(v)}
     bad += [k for k, v in scalars.items()
             if (v != 0 and not 1e-6 <= v <= 1e7 if k.endswith(("_tflops", "_gbs")) else v < 1 if k == "world_size"
-                else v < -_call_credit(measured) if k in SIGNED_MEASURED else v < 0)]
+                else v < -tp_call_credit(measured) if k in SIGNED_MEASURED else v < 0)]
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
@@ -580,12 +581,21 @@ class Layout:
 
 
 def check_pipeline_shape(pp: int, vpp: int, schedule: str) -> None:
-    """UsageError (one line) for a schedule its pipeline cannot take: model chunks outside interleaving, or interleaving
-    over one rank (what validate_layout, simulate and train's --plan all check)."""
+    """UsageError (one line) for a schedule its pipeline cannot take: interleaving (a schedule or model chunks) over one
+    rank, said first as no other flag fixes it, then model chunks outside interleaving (what validate_layout and the
+    schedule generators, so simulate and train, all check)."""
+    if pp == 1 and (vpp > 1 or schedule == "interleaved-1f1b"):
+        asked = "interleaved-1f1b" if schedule == "interleaved-1f1b" else f"vpp={vpp}"
+        raise UsageError(f"{asked} interleaves model chunks over pipeline ranks, and pp=1 has one — use pp>=2, or drop "
+                         f"the interleaving (--schedule 1f1b, --vpp 1)")
+    check_chunks_interleave(vpp, schedule)
+
+
+def check_chunks_interleave(vpp: int, schedule: str) -> None:
+    """UsageError for model chunks under a schedule that does not interleave them (the schedule generators' rule too,
+    which build an interleaved schedule on one rank as data)."""
     if vpp > 1 and schedule != "interleaved-1f1b":
         raise UsageError(f"vpp={vpp} needs --schedule interleaved-1f1b (got {schedule})")
-    if schedule == "interleaved-1f1b" and pp == 1:
-        raise UsageError("interleaved-1f1b needs pp > 1 — use pp>=2 or another schedule")
 
 
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,

@@ -165,16 +165,15 @@ def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int
 
 
 def _shape(sec: _Section, source: str, kind: str, shape: tuple[int, int] | None) -> tuple[int, int]:
-    """(nodes, ranks): given, or counted from the rank lines (one communicator, as many ranks on every node); a shape
-    given that the rank lines contradict is refused."""
+    """(nodes, ranks): given, or counted from the rank lines (one communicator, as many ranks on every node). A shape
+    given overrides the count of nodes (containers may all print one host name) but not of ranks: a rank total the
+    rank lines contradict is refused."""
     if shape:
         nodes, ranks = shape[0], shape[0] * shape[1]
-        per_host = Counter(sec.hosts.values())
-        counted = (len(per_host), len(sec.hosts)) if len(sec.groups) <= 1 and len(set(per_host.values())) == 1 else None
-        if counted and counted != (nodes, ranks):
-            raise UsageError(f"--nccl-tests {source}: its rank lines count {counted[1]} ranks on {counted[0]} node(s), "
-                             f"and @{shape[0]}x{shape[1]} says {ranks} on {nodes} — drop @NODESxGPUS (the log says its "
-                             f"shape), or give the shape it ran")
+        if sec.hosts and len(sec.groups) <= 1 and len(sec.hosts) != ranks:
+            raise UsageError(f"--nccl-tests {source}: its rank lines count {len(sec.hosts)} ranks, and "
+                             f"@{shape[0]}x{shape[1]} says {ranks} — give the shape it ran (NODESxGPUS multiplying to "
+                             f"{len(sec.hosts)}), or drop @NODESxGPUS to count them from the log")
     elif sec.hosts:
         if len(sec.groups) > 1:
             raise UsageError(f"--nccl-tests {source}: its ranks form {len(sec.groups)} communicators "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
 from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
 from shardwise.planner.step_time import HOST_FLOOR_KEYS, OPTIMIZER_BYTES_PER_PARAM
-from shardwise.specs import cluster_from_toml
+from shardwise.specs import cluster_from_toml, tp_call_credit
 
 # (latency steps, bandwidth volume) per (n - 1) ring step, as planner/comm.py models them.
 _RING = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0)}
@@ -367,6 +367,8 @@ def tp_call_in_step(profile: Profile, model, micro_batch: int, seq_len: int, sp:
     tables = profile.monotone_tables()  # sync_bytes: measure_sync's activation, the layer's at this micro-batch
     floor = min((interpolate(tables[k], profile.sync_bytes) for k in ("all_reduce", "all_gather", "reduce_scatter")
                  if tables.get(k)), default=0.0)
+    # never past what the profile's loader allows (an activation beyond the largest --sizes extrapolates the tables)
+    floor = min(floor, tp_call_credit(tables))
     return max((profile.tp_points[point] - profile.tp_points[0] - at_zero) / calls, -floor)
 
 

@@ -110,13 +110,15 @@ def _from_nccl_tests(args) -> int:
     from shardwise.errors import UsageError
     from shardwise.specs import cluster_from_toml, cluster_toml
 
-    measuring = [f"--{k.replace('_', '-')}" for k in MEASURE_DEFAULTS if getattr(args, k, None) is not None]
-    if measuring:
-        raise UsageError(f"{', '.join(measuring)} set{'s' if len(measuring) == 1 else ''} how this machine is measured, and --nccl-tests reads logs instead "
-                         f"— drop {'it' if len(measuring) == 1 else 'them'}, or calibrate without --nccl-tests")
-    if not args.nccl_tests or not args.cluster:
+    if not args.nccl_tests or not args.cluster:  # first: without both, the measuring flags may be what was meant
         raise UsageError("--nccl-tests and --cluster go together: the logs, and the cluster they ran on "
                          "(e.g. --nccl-tests all_reduce_perf.log --cluster dgx-h100-80gb)")
+    measuring = [f"--{k.replace('_', '-')}" for k in MEASURE_DEFAULTS if getattr(args, k, None) is not None]
+    if measuring:
+        one = len(measuring) == 1
+        raise UsageError(f"{', '.join(measuring)} set{'s' if one else ''} how this machine is measured, and "
+                         f"--nccl-tests reads logs instead — drop {'it' if one else 'them'}, or calibrate without "
+                         f"--nccl-tests")
     from shardwise.calibrate.nccl_tests import parse_arg
     from shardwise.paths import distinct_outputs
 

@@ -498,10 +498,14 @@ SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narro
 WIDE = 118  # below this many columns the table gets short headers and values, so nothing is cut
 
 
+CRAMPED = 70  # columns below which a layout table's numbers fold rather than its layout
+
+
 def layout_table(estimates, title: str, width: int | None = None):
     """A rich table of ranked layout estimates (plan, estimate). Narrower than WIDE columns (a pipe, an 80-column
-    terminal): short headers and values, no borders; no value is ever cut or folded but the layout, which, where even
-    that is too wide (dp16384·tp4·pp16·ep16·v2·mb1), folds onto a second line whole."""
+    terminal): short headers and values, no borders; at 80 columns no value is cut or folded but the layout, which,
+    where even that is too wide (dp16384·tp4·pp16·ep16·v2·mb1), folds onto a second line. Narrower than CRAMPED, the
+    layout stays whole and the numbers fold instead (rich would otherwise drop the one column that may wrap)."""
     from rich import box
     from rich.table import Table
 
@@ -520,7 +524,8 @@ def layout_table(estimates, title: str, width: int | None = None):
         headers = ("#", "layout", "schedule", "ZeRO", "recompute", "SP", "mem GiB/GPU", "fits", "step", "tokens/s", "MFU")
     for col, just in zip(headers, ("right", "left", "left", "right", "left", "center", "right", "center", "right",
                                    "right", "right")):
-        table.add_column(col, justify=just, no_wrap=col != "layout", overflow="fold")
+        whole = col == "layout" if width is not None and width < CRAMPED else col != "layout"
+        table.add_column(col, justify=just, no_wrap=whole, overflow="fold")
     for i, e in enumerate(estimates, 1):
         lay = e.layout
         table.add_row(str(i), lay.describe(), short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),

@@ -14,8 +14,8 @@ WORLD, STEPS = 4, 30  # the local run's processes and steps, unless told
 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--world", type=int, default=WORLD, help="CPU processes for the local part (default 4)")
-    p.add_argument("--steps", type=int, default=STEPS, help="training steps of the local run (default 30)")
+    p.add_argument("--world", type=int, default=None, help=f"CPU processes for the local part (default {WORLD})")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps of the local run (default {STEPS})")
     p.add_argument("--no-train", action="store_true", help="only plan (skip calibrating and training)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
@@ -26,12 +26,13 @@ def run(args) -> int:
 
     from shardwise.errors import UsageError
 
-    if args.no_train and (args.world, args.steps) != (WORLD, STEPS):
-        given = [flag for flag, value, default in (("--world", args.world, WORLD), ("--steps", args.steps, STEPS))
-                 if value != default]
+    given = [flag for flag, value in (("--world", args.world), ("--steps", args.steps)) if value is not None]
+    if args.no_train and given:  # given at all, its default value included
         them = "it" if len(given) == 1 else "them"
         raise UsageError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the local run, which --no-train "
                          f"skips — drop {them}, or drop --no-train")
+    args.world = WORLD if args.world is None else args.world
+    args.steps = STEPS if args.steps is None else args.steps
     if args.world < 1:
         raise UsageError(f"--world must be at least 1, got {args.world}")
     if args.steps < 3:  # the demo trains a few steps to show the loss falling

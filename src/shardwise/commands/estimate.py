@@ -170,7 +170,7 @@ def _unnamed_micro_batch(args, job, dp: int, named: set[str]):
     the stack runs it), the fastest that fits, else the one needing the least memory. A micro-batch the layout cannot
     take is skipped; if none can, the smallest one's error is the answer."""
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import check_runs, split_note
+    from shardwise.planner.estimate import check_runs
     from shardwise.planner.frameworks import get
     from shardwise.planner.search import SearchSpace, micro_batches
 

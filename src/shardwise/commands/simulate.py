@@ -110,13 +110,16 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
             raise UsageError(f"--compare needs --vpp of at least 2 for the interleaved panel, got {args.vpp}")
         shapes = [(s, (args.vpp or 2) if s == "interleaved-1f1b" else 1) for s in COMPARE]
         if args.pp == 1:  # one rank has nothing to interleave: the other panels
+            if args.vpp is not None:
+                raise UsageError(f"--vpp {args.vpp} sets the interleaved panel, which --pp 1 leaves out (one rank has "
+                                 f"nothing to interleave) — drop --vpp, or use --pp 2 or more")
             shapes = [(s, v) for s, v in shapes if s != "interleaved-1f1b"]
     else:
         from shardwise.specs import check_pipeline_shape
 
         schedule = args.schedule or "1f1b"
         shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
-        check_pipeline_shape(args.pp, *shapes[0][::-1])
+        check_pipeline_shape(args.pp, shapes[0][1], schedule)  # before any framework's refusal
     if fw is None:
         return shapes
     from shardwise.planner.frameworks import check
@@ -209,12 +212,22 @@ def run(args) -> int:
         results = [s.to_dict() | _deadlock_free(s.schedule)
                    | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated"}
                    for s in sims]
-        print_json({"compare": results} if args.compare else results[0])
+        left = _left_out(args, shapes, fw)
+        print_json(({"compare": results} | ({"left_out": left} if left else {})) if args.compare else results[0])
     else:
-        left = [name for name in COMPARE if args.compare and name not in {n for n, _ in shapes}]
-        who = f"--framework {fw.name} runs" if fw is not None else "one pipeline rank has"
-        _print_summary(sims, args, note=f"{who} no {', '.join(left)} here: left out" if left else None)
+        _print_summary(sims, args, note=_left_out(args, shapes, fw))
     return 0
+
+
+def _left_out(args, shapes, fw) -> str | None:
+    """What --compare left out and why: interleaving on one pipeline rank, or the schedules --framework does not run."""
+    if not args.compare:
+        return None
+    one_rank = ["interleaved-1f1b"] if args.pp == 1 else []
+    left = [name for name in COMPARE if name not in {n for n, _ in shapes} and name not in one_rank]
+    said = [f"--framework {fw.name} runs no {', '.join(left)} here"] if left and fw is not None else []
+    said += ["one pipeline rank (--pp 1) has nothing to interleave"] if one_rank else []
+    return "; ".join(said) + ": left out" if said else None
 
 
 NARROW = 100  # below this many columns (a pipe, an 80-column terminal) the table drops its borders, so nothing is cut

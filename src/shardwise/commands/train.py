@@ -301,6 +301,9 @@ def _default_model(args) -> None:
         data = _plan_file(args.plan) if args.plan else None
         job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
         args.model = job["model"] if job.get("model") in model_presets() else "tiny"
+        if job.get("model") in model_presets() and os.environ.get("RANK", "0") == "0":
+            print(f"note: --model {args.model}, the plan's (the preset of that name: give --model for a folder or "
+                  f"config.json it was planned from)", file=sys.stderr)
 
 
 def _distinct_paths(args) -> None:

@@ -51,7 +51,11 @@ class TokenFile:
 def cache_flag(given: str | None = None) -> str:
     """What set the token cache's folder, for a message about it: --data-cache, else $SHARDWISE_CACHE, else the
     user's cache folder."""
-    return ("--data-cache" if given else "$SHARDWISE_CACHE (the token cache's folder)" if os.environ.get("SHARDWISE_CACHE")
+    if given:
+        return "--data-cache"
+    if os.environ.get("SHARDWISE_CACHE"):
+        return "$SHARDWISE_CACHE (the token cache's folder)"
+    return ("the token cache ($XDG_CACHE_HOME/shardwise/tokens; set --data-cache)" if os.environ.get("XDG_CACHE_HOME")
             else "the token cache (~/.cache/shardwise/tokens; set --data-cache)")
 
 

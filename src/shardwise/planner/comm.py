@@ -272,6 +272,13 @@ def tp_sync_time(cluster: ClusterSpec, sequence_parallel: bool = False) -> float
     return float(measured.get("tp_call_s", measured.get("sync_overhead_s", 0.0)))
 
 
+def tp_call_time(cluster: ClusterSpec, kind: str, nbytes: float, group_size: int, sequence_parallel: bool = False) -> float:
+    """One tensor-parallel collective: its time (collective_time) and the per-call charge (tp_sync_time), never below
+    nothing: a calibrated charge may be negative, down to minus a table's time at the layer's activation
+    (calibrate.profile.tp_call_in_step), which a smaller call (the loss's statistics) would otherwise overdraw."""
+    return max(collective_time(cluster, kind, nbytes, group_size) + tp_sync_time(cluster, sequence_parallel), 0.0)
+
+
 def p2p_sync_time(cluster: ClusterSpec) -> float:
     """The same for a blocking point-to-point receive after compute (`p2p_sync_s`, else `sync_overhead_s`)."""
     measured = cluster.measured or {}

@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardwise.planner import kernels, moe
-from shardwise.planner.comm import collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_sync_time
+from shardwise.planner.comm import (collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_call_time,
+                                    tp_sync_time)
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
@@ -471,13 +472,13 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     act = tokens * job.model.hidden * job.train.activation_bytes
     sync = tp_sync_time(c, layout.sequence_parallel)
     if not layout.sequence_parallel:
-        one = collective_time(c, "all_reduce", act, tp) + sync
+        one = tp_call_time(c, "all_reduce", act, tp)
         return outputs * one, 2 * one, 0.0
     # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
     gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)
     ag_copy, rs_copy = _sequence_dim_copies(job, layout, act)
-    regather = ag + sync
+    regather = max(ag + sync, 0.0)  # (a calibrated charge may be negative: comm.tp_call_time)
     # q/k/v and gate/up: their input-gradient GEMMs (gemms[i][1]) run beside the re-gather.
     # (what hides runs beside the GEMM and slows it: overlap.interference)
     regathers = sum(_overlapped(regather, gemms[i][1]) if job.async_sp_regather else regather for i in (0, 2))
@@ -492,10 +493,11 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
         pairs_b = [(ag, gemms[3][1]), (rs, gemms[2][1]), (ag, gemms[1][1]), (rs, gemms[0][1])]
         if merged:
             pairs_f, pairs_b = [p for i, p in enumerate(pairs_f) if i != 1], [p for i, p in enumerate(pairs_b) if i != 2]
-        exposed = [sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync for pairs in (pairs_f, pairs_b)]
+        exposed = [max(sum(_overlapped(x, g, x / TP_OVERLAP_SPLITS) for x, g in pairs) + 2 * sync, 0.0)
+                   for pairs in (pairs_f, pairs_b)]
         return exposed[0] + copies_f, exposed[1] + regathers + copies_b, regathers
-    return (2 * ag + outputs * rs + 2 * sync + copies_f,
-            outputs * ag + 2 * rs + 2 * sync + regathers + copies_b, regathers)
+    return (max(2 * ag + outputs * rs + 2 * sync, 0.0) + copies_f,
+            max(outputs * ag + 2 * rs + 2 * sync, 0.0) + regathers + copies_b, regathers)
 
 
 def _sequence_dim_copies(job: Job, layout: Layout, act: float) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe, offload
-from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_sync_time
+from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_call_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
                                           LayerCost, layer_gemms, matmul_params_per_layer)
@@ -351,8 +351,7 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         loss_vocab = model.vocab_size  # the loss runs over all of it
         # an all-gather into a list, each entry copied out of NCCL's buffer (2 + 2), then torch.cat (2 + 2); backward:
         # the rank's slice of the logits' gradient made contiguous (2 + 2 per local element)
-        gather_f = (collective_time(c, "all_gather", 2 * tokens * loss_vocab, tp)
-                    + tp_sync_time(c, layout.sequence_parallel)
+        gather_f = (tp_call_time(c, "all_gather", 2 * tokens * loss_vocab, tp, layout.sequence_parallel)
                     + 8 * tokens * loss_vocab / kernels.hbm_rate(c))
         gather_b = 4 * tokens * vocab / kernels.hbm_rate(c)
     loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
@@ -372,15 +371,14 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     if tp == 1 or 0 < rank < layout.pp - 1:  # no edge on this rank
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
-    sync = tp_sync_time(c, layout.sequence_parallel)
-    ar, ag, rs = (collective_time(c, k, act, tp) + sync for k in ("all_reduce", "all_gather", "reduce_scatter"))
     sp = layout.sequence_parallel
+    ar, ag, rs = (tp_call_time(c, k, act, tp, sp) for k in ("all_reduce", "all_gather", "reduce_scatter"))
     f = b = 0.0
     if rank == 0:
         f, b = (rs, ag) if sp else (ar, 0.0)
     if rank == layout.pp - 1:  # under SP the head's input is gathered again in backward (Megatron)
         stats = 0.0 if get_framework(job.framework).loss_gathers_logits else (  # (head_time gathers the logits)
-            collective_time(c, "all_gather", 8 * tokens * tp, tp) + sync)
+            tp_call_time(c, "all_gather", 8 * tokens * tp, tp, sp))
         f += (ag if sp else 0.0) + stats
         b += rs + ag if sp else ar
     return f, b
@@ -396,8 +394,7 @@ def pipe_regather_time(job: Job, layout: Layout, rank: int, tokens: int) -> tupl
     if layout.pp == 1 or tp == 1 or layout.sequence_parallel or fw.p2p_regathers == (0, 0):
         return 0.0, 0.0
     act = tokens * job.model.hidden * job.train.activation_bytes
-    one = (collective_time(c, "all_gather", act, tp) + tp_sync_time(c)
-           + fw.p2p_regather_copies * act / kernels.hbm_rate(c))
+    one = tp_call_time(c, "all_gather", act, tp) + fw.p2p_regather_copies * act / kernels.hbm_rate(c)
     v = layout.vpp
     receives = (v - (rank == 0), v - (rank == layout.pp - 1))
     return tuple(n * per * one for n, per in zip(receives, fw.p2p_regathers))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from shardwise.errors import UsageError
 from shardwise.schedules.schedule import Action, Schedule
-from shardwise.specs import SCHEDULES
+from shardwise.specs import SCHEDULES, check_chunks_interleave
 
 
 def naive(p: int, m: int) -> Schedule:
@@ -93,8 +93,7 @@ def check_shape(name: str, p: int, m: int, v: int = 1) -> None:
     for flag, value in (("--pp", p), ("--microbatches", m), ("--vpp", v)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    if name != "interleaved-1f1b" and v != 1:
-        raise UsageError(f"--vpp {v} needs --schedule interleaved-1f1b (got {name})")
+    check_chunks_interleave(v, name)
     if name == "interleaved-1f1b" and m % p:
         raise UsageError(f"interleaved-1f1b needs --microbatches ({m}) to be a multiple of --pp ({p}) (Megatron's rule)")
 
