@@ -190,6 +190,8 @@ def test_inspect_and_export(good, tmp_path, capsys):
     assert info["step"] == 2 and info["steps"] == 4 and info["layout"]["dp"] == 1 and info["model"]["name"] == "tiny"
     assert info["groups"]["model"]["elements"] == 180_800  # the tiny preset's parameters, as ModelSpec counts them
     assert info["groups"]["optim"]["tensors"] == 3 * info["groups"]["model"]["tensors"]
+    assert main(["checkpoint", "--json", "inspect", str(good)]) == 0  # --json before the action, too
+    assert json.loads(capsys.readouterr().out) == info
     assert main(["checkpoint", "inspect", str(good / "step_000002"), "--tensors"]) == 0
     out = capsys.readouterr().out
     assert "dp1·tp1·pp1" in out and "model.tok_embeddings.weight" in out and "256×64" in out

@@ -18,6 +18,8 @@ from shardwise.units import count
 
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
+    # `checkpoint --json inspect DIR` as `checkpoint inspect DIR --json` (every command takes --json where a user puts it)
+    p.add_argument("--json", action="store_true", dest="json_first", help="print as JSON (as ACTION's own --json)")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
     ins = sub.add_parser("inspect", help="step, the layout that wrote it, model, run settings, tensors, sizes",
@@ -50,6 +52,7 @@ def _size(n: float) -> str:
 
 
 def run_inspect(args) -> int:
+    args.json = args.json or getattr(args, "json_first", False)
     from rich.console import Console
     from rich.table import Table
 
@@ -117,6 +120,7 @@ def resume_command(info: dict, model: str, parent) -> str:
 
 
 def run_export(args) -> int:
+    args.json = args.json or getattr(args, "json_first", False)
     if args.format == "hf":
         return _export_hf(args)
     if args.max_shard_size is not None:
