@@ -144,7 +144,7 @@ def test_a_plan_brings_its_own_batch_and_sequence(tmp_path, capsys):
     assert _config(["--plan", str(other)]).spec.num_params() == load_model_params("tiny-gpt2")
     other.write_text(other.read_text().replace('"model": "tiny-gpt2"', '"model": "my-config"'))
     assert main(["train", "--plan", str(other)]) == 2
-    assert "--model tiny (the default: --model not given) has" in capsys.readouterr().err
+    assert "--model tiny (--model not given) has" in capsys.readouterr().err
     # the same model from a file of another name is the plan's model (its parameters, not its name, say so)
     from shardwise.specs import load_model
 

@@ -104,7 +104,7 @@ def apply_plan_job(args, spec, data=None) -> None:
     job = data.get("job") if isinstance(data.get("job"), dict) else {}
     planned = data.get("best", data).get("total_params") if isinstance(data.get("best", data), dict) else None
     if isinstance(planned, int) and planned != spec.num_params():
-        given = "" if not getattr(args, "model_defaulted", False) else " (the default: --model not given)"
+        given = "" if not getattr(args, "model_defaulted", False) else " (--model not given)"
         raise UsageError(f"{args.plan} is a plan for {job.get('model', 'another model')} ({planned:,} parameters), and "
                          f"--model {args.model}{given} has {spec.num_params():,} — add --model with the preset, "
                          f"config.json or folder the plan was made for, or plan again for this model")
