@@ -98,12 +98,21 @@ def _layout(argv, capsys):
     return layout, capsys.readouterr().err
 
 
-def test_train_records_the_layout_that_runs_and_says_what_changes_nothing(capsys):
+def test_train_records_the_layout_that_runs_and_says_what_changes_nothing(capsys, tmp_path):
     lay, err = _layout(["--sequence-parallel", "--schedule", "zb-h1", "--cp-mode", "allgather"], capsys)
     assert (lay.sequence_parallel, lay.schedule, lay.cp_mode) == (False, "1f1b", "ring")
     for said in ("--schedule zb-h1 changes nothing at --pp 1", "--sequence-parallel changes nothing at --tp 1",
                  "--cp-mode allgather changes nothing at --cp 1"):
         assert said in err
+    # the same knobs set by a --plan are said as the plan's keys, not as flags nobody typed
+    import json
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 1, "tp": 1, "pp": 1, "sequence_parallel": True, "cp_mode": "allgather"}}))
+    lay, err = _layout(["--plan", str(plan)], capsys)
+    assert (lay.sequence_parallel, lay.cp_mode) == (False, "ring")
+    assert "the plan's sequence_parallel changes nothing at --tp 1" in err and "the plan's cp_mode allgather" in err
+    assert "--sequence-parallel" not in err and "--cp-mode" not in err
     lay, err = _layout(["--pp", "2", "--schedule", "interleaved-1f1b", "--global-batch", "8"], capsys)
     assert (lay.vpp, lay.schedule) == (2, "interleaved-1f1b") and "2 virtual stages per rank" in err
     argv = ["train", "--model", "tiny", "--pp", "2", "--schedule", "interleaved-1f1b", "--vpp", "1"]

@@ -202,7 +202,9 @@ def _idle_knobs(values: dict, named: set[str]) -> None:
     idle = idle_knobs(tp, pp, cp, schedule=values["schedule"], vpp=values.get("vpp", 1),
                       sequence_parallel=values.get("sequence_parallel"), cp_mode=None if mode == "ring" else mode)
     values.update({k: {"schedule": "1f1b", "sequence_parallel": False, "cp_mode": "ring"}[k] for k in idle})
-    said = list(idle.values())
+    # a knob the --plan set, not a flag: said as the plan's key
+    said = [note if k in named else note.replace(f"--{k.replace('_', '-')}", f"the plan's {k}", 1)
+            for k, note in idle.items()]
     if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
         if "vpp" in named:
             raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
