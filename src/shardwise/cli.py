@@ -9,9 +9,9 @@ it must not import torch at module level, so that
 from __future__ import annotations
 
 import argparse
-import re
 import importlib
 import os
+import re
 import sys
 
 from shardwise.errors import UsageError

@@ -108,8 +108,9 @@ def check_outputs(args) -> None:
 
     reads = folder_files("--model", args.model) | {"--cluster": args.cluster}
     distinct_outputs({"--out": args.out, "--html": args.html}, reads)  # never over the config it plans from
-    prepare_output(args.out, "--out", {"megatron": "megatron.sh", "torchtitan": "job.toml", "deepspeed": "ds.json"}.get(
-        args.emit, "out"))
+    from shardwise.emit import OUT_EXAMPLE
+
+    prepare_output(args.out, "--out", OUT_EXAMPLE.get(args.emit, "out"))
     prepare_output(args.html, "--html", "report.html")
 
 

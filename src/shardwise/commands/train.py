@@ -149,8 +149,9 @@ def _plan_values(key: str) -> tuple[tuple | None, int | None]:
     from shardwise.specs import CP_MODES, RECOMPUTE, SCHEDULES, ZERO_STAGES
 
     listed = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "cp_mode": CP_MODES, "zero": ZERO_STAGES}
-    return listed.get(key), (0 if key == "recompute_layers" else 1 if LAYOUT_KEYS[key] is int and key not in listed
-                             else None)
+    if key in listed or LAYOUT_KEYS[key] is not int:
+        return listed.get(key), None
+    return None, 0 if key == "recompute_layers" else 1
 
 
 def layout_from(args, plan_data=None):
@@ -302,8 +303,9 @@ def _default_model(args) -> None:
     if args.model is None:
         data = _plan_file(args.plan) if args.plan else None
         job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
-        args.model = job["model"] if job.get("model") in model_presets() else "tiny"
-        if job.get("model") in model_presets() and os.environ.get("RANK", "0") == "0":
+        planned = job.get("model") in model_presets()
+        args.model = job["model"] if planned else "tiny"
+        if planned and os.environ.get("RANK", "0") == "0":
             print(f"note: --model {args.model}, the plan's (the preset of that name: give --model for a folder or "
                   f"config.json it was planned from)", file=sys.stderr)
 

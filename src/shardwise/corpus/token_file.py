@@ -48,24 +48,15 @@ class TokenFile:
         return first
 
 
-def cache_flag(given: str | None = None) -> str:
-    """What set the token cache's folder, for a message about it: --data-cache, else $SHARDWISE_CACHE, else the
-    user's cache folder."""
+def cache_dir(given: str | None = None) -> tuple[Path, str]:
+    """The token cache's folder, and what set it (for a message about it): --data-cache, else $SHARDWISE_CACHE, else
+    the user's cache folder."""
     if given:
-        return "--data-cache"
+        return Path(given), "--data-cache"
     if os.environ.get("SHARDWISE_CACHE"):
-        return "$SHARDWISE_CACHE (the token cache's folder)"
-    return ("the token cache ($XDG_CACHE_HOME/shardwise/tokens; set --data-cache)" if os.environ.get("XDG_CACHE_HOME")
-            else "the token cache (~/.cache/shardwise/tokens; set --data-cache)")
-
-
-def cache_dir(given: str | None = None) -> Path:
-    if given:
-        return Path(given)
-    if os.environ.get("SHARDWISE_CACHE"):
-        return Path(os.environ["SHARDWISE_CACHE"]) / "tokens"
+        return Path(os.environ["SHARDWISE_CACHE"]) / "tokens", "$SHARDWISE_CACHE (the token cache's folder)"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "shardwise" / "tokens"
+    return Path(base) / "shardwise" / "tokens", "the token cache's folder (set --data-cache)"
 
 
 def data_key(sources: list[Source], tok: TokenizerSpec, field: str) -> str:
@@ -105,8 +96,8 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
     sources = expand(paths, flag)
     from shardwise.paths import output_dir
 
-    root = cache_dir(cache)
-    output_dir(root, cache_flag(cache))
+    root, what = cache_dir(cache)
+    output_dir(root, what)
     key = data_key(sources, tok, field)
     meta = root / f"{key}.json"
     tf = _cached(meta)

@@ -31,6 +31,9 @@ FRAMEWORK = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed
 # What a user sees as the target's name.
 TITLE = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
 
+# A file name for each target's --out, in the examples its messages give (README's too).
+OUT_EXAMPLE = {"megatron": "megatron.sh", "torchtitan": "job.toml", "deepspeed": "ds.json"}
+
 
 @dataclass(frozen=True)
 class Target:

@@ -300,15 +300,14 @@ def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolde
     """What `train --model M [--init I]` starts from: (the checked folder to load, or None for the seeded init;
     the folder's config.json, or None for a preset or a bare config file)."""
     folder = Path(model)
-    if folder.is_dir():  # a folder of a model the runtime cannot build says that first, whatever --init
-        from shardwise.preflight import check_runtime_blocks
-
-        check_runtime_blocks(spec)
     if not folder.is_dir():
         if init == "pretrained":
             raise UsageError(f"--init pretrained needs a Hugging Face model folder with weights, and --model {model} is "
                              f"{'a config file' if folder.is_file() else 'a preset'} — give the folder, or drop --init")
         return None, None
+    from shardwise.preflight import check_runtime_blocks
+
+    check_runtime_blocks(spec)  # a folder of a model the runtime cannot build says that first, whatever --init
     config = read_config(folder)
     if init is None and not has_weights(folder):
         other = other_weights(folder)
