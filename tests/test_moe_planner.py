@@ -217,18 +217,39 @@ def test_a_small_moe_layer_pass_takes_the_host_time_at_least():
     # A MoE layer's pass waits for the host that issues it (moe.MOE_LAYER_HOST_S): halving a big micro-batch halves
     # the layer's time, but once the GPU's work per pass is below the host's, fewer tokens buy nothing.
     from shardwise.planner import moe
-    from shardwise.planner.layer_time import layer_cost
+    from shardwise.planner.layer_time import layer_cost, paced
 
     job = make_job(load_model("qwen3-30b-a3b"), H100, 256, 4096, "megatron-core")
 
-    def per_pass(mb, tp):
-        lc = layer_cost(job, Layout(dp=8 // tp, tp=tp, micro_batch=mb, ep=8, sequence_parallel=tp > 1), moe_layer=True)
+    def per_pass(mb, tp):  # as a pipeline rank runs it (the floor applied), at one GPU's pace
+        lay = Layout(dp=8 // tp, tp=tp, micro_batch=mb, ep=8, sequence_parallel=tp > 1)
+        lc = paced(layer_cost(job, lay, moe_layer=True), 1.0, 1.0)
         return lc.fwd + lc.bwd_in + lc.bwd_w + lc.tp_fwd + lc.tp_bwd + lc.ep_fwd + lc.ep_bwd
 
     for mb in (8, 4):  # 32K and 16K tokens a GPU: GPU-bound, about linear
         assert per_pass(mb, 1) > 1.8 * per_pass(mb // 2, 1) > 1.8 * moe.MOE_LAYER_HOST_S
     for tp in (1, 2, 4, 8):  # 4,096 tokens a GPU down to 512: the host's time, whatever the GPU's
         assert per_pass(1, tp) == pytest.approx(moe.MOE_LAYER_HOST_S)
+
+
+def test_hiding_the_all_to_alls_or_a_faster_link_never_slows_a_moe_step():
+    # Megatron-Core's EP overlap hides a pair of passes' all-to-alls, never exposing more than alone; where a MoE
+    # layer's passes wait for the host, the floor bounds each kind of pass (paired, and the warm-up / cool-down ones
+    # alone) after the slowest GPU's pace, which moves the GPU's work, not the host's. It had priced the floor against
+    # the paired all-to-alls, then added the lone ones' back and scaled the floor by the straggler factor (a step 9 %
+    # slower with --ep-comm-overlap); and a DTensor plan's kept gathers left the pass under the floor (halving NVLink
+    # gave a faster step).
+    for fw, tp, pp, mb, ep in (("nemo", 2, 4, 1, 8), ("megatron-core", 2, 4, 1, 4), ("nemo", 1, 2, 2, 8),
+                               ("megatron-core", 4, 1, 1, 8)):
+        job = make_job(load_model("qwen3-30b-a3b"), H100, 64, 4096, fw)
+        lay = Layout(dp=8, tp=tp, pp=pp, micro_batch=mb, ep=ep, sequence_parallel=tp > 1, zero=1)
+        alone, hidden = estimate(job, lay), estimate(dataclasses.replace(job, ep_comm_overlap=True), lay)
+        assert hidden.step_time <= alone.step_time * (1 + 1e-9), (fw, tp, pp, mb, ep)
+    half = dataclasses.replace(H100, intra_node_bandwidth=H100.intra_node_bandwidth / 2)
+    for fw in ("torchtitan", "nemo"):
+        lay = Layout(dp=4, tp=4, pp=2, micro_batch=2, ep=4, sequence_parallel=True, zero=2 if fw == "torchtitan" else 1)
+        steps = [estimate(make_job(load_model("qwen1.5-moe-a2.7b"), c, 64, 4096, fw), lay).step_time for c in (H100, half)]
+        assert steps[1] >= steps[0] * (1 - 1e-9), fw
 
 
 def test_expert_and_dense_reductions_share_the_window_by_link_time():

@@ -840,6 +840,13 @@ def test_moe_dispatch_and_all_to_all_overlap_are_command_line_knobs():
                         (["estimate", *moe, "--framework", "automodel", "--ep-comm-overlap"], "does not overlap")):
         code, out, err = cli(argv)
         assert code == 2 and words in err and err.count("\n") == 1, (argv, err)
+    # the in-house stacks built on megatron-core's profile run neither (both are Megatron-Core's), and the refusal
+    # names only stacks that do
+    for stack in ("internevo", "nanotron"):
+        for flag, words in ((["--ep-comm-overlap"], "(megatron-core, nemo)"),
+                            (["--moe-dispatcher", "deepep"], "(megatron-core, nemo, automodel)")):
+            code, out, err = cli(["estimate", *moe, "--framework", stack, *flag])
+            assert code == 2 and words in err and err.count("\n") == 1, (stack, flag, err)
 
 
 def test_torchtitan_layouts_are_ones_its_config_runs():

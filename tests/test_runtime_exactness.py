@@ -98,3 +98,25 @@ def test_training_moves_the_weights(references):
     for name, p in params.items():
         if p.dim() == 2:
             assert (p - start[name]).abs().max() > 50 * 1e-5, name
+
+
+def test_the_gradient_norm_of_a_large_tensor_is_the_same_whole_or_split():
+    # An fp32 norm's rounding grows with the tensor (on a CPU about 7e-5 relative at 4M elements), so a layout that
+    # splits a large tensor over TP (a vocabulary's rows) reported another norm than one process, and clipped by
+    # another coefficient: 1.2e-5 apart at vocabulary 6,000, past the 1e-5 above. The norm is summed in fp64.
+    from shardwise.parallel import GlobalGradNorm, Sharded
+
+    torch.manual_seed(0)
+    grad = torch.randn(4096, 1024)
+    exact = grad.double().norm().item()
+
+    def norm(*parts: torch.Tensor) -> float:
+        chunks = []
+        for part in parts:
+            layer = torch.nn.Linear(part.shape[1], part.shape[0], bias=False)
+            layer.weight.grad = part.clone()
+            chunks.append(Sharded(module=layer, model=layer))
+        return GlobalGradNorm(chunks, None).clip_(1e9, torch.device("cpu"))[0].item()
+
+    whole, halves = norm(grad), norm(grad[:2048], grad[2048:])
+    assert abs(whole - exact) / exact < 1e-7 and abs(halves - exact) / exact < 1e-7, (whole, halves, exact)

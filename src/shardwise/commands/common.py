@@ -133,6 +133,17 @@ def _stacks(fits) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
+def _unnamed_recompute() -> str:
+    """Which stacks `plan` searches with only their own recompute policies unless --recompute lists others
+    (Framework.search_as_unnamed: megatron-2021's full recompute, the 2021-22 Megatron-DeepSpeed's none or full), read
+    from the profiles."""
+    from shardwise.planner.frameworks import FRAMEWORKS
+
+    policies = sorted({fw.unnamed_recompute for fw in FRAMEWORKS.values() if fw.search_as_unnamed and fw.unnamed_recompute})
+    return "; ".join(f"{_stacks(lambda fw: fw.search_as_unnamed and fw.unnamed_recompute == r)}: {' or '.join(r)}"
+                     for r in policies)
+
+
 def add_software_args(p: argparse.ArgumentParser) -> None:
     """Facts about the training software the planner models (not searched)."""
     from shardwise.planner.job import ATTENTION_BACKENDS
@@ -233,8 +244,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                         "default, unless listed)")
     g.add_argument("--recompute", type=_choice_list(RECOMPUTE), default=None, metavar="R,...",
                    help="activation recompute policies to try (none, selective, full; default: every policy the "
-                        "framework runs; megatron-2021: full, its 2021 default, and deepspeed: none or full, as "
-                        "its 2021-22 Megatron-DeepSpeed, unless listed)")
+                        "framework runs; " + _unnamed_recompute() + ", their stacks' own, unless listed)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="only layouts with Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: only "
                         "plain TP, refused (as estimate refuses it) where the stack always shards the sequence with "

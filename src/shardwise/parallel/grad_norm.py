@@ -58,24 +58,26 @@ class GlobalGradNorm:
                 self.counted.append(p)
 
     def local_square(self, device: torch.device) -> torch.Tensor:
-        """This rank's part of the squared norm (0-dim fp32)."""
+        """This rank's part of the squared norm (0-dim fp64). Accumulated in fp64: an fp32 norm's rounding grows
+        with the tensor's size (about 1e-5 relative at 4M elements on a CPU), so a layout that splits a large
+        tensor (TP's vocabulary rows) would report another norm, and clip by another coefficient, than one process."""
         grads = [_local(p.grad) for p in self.counted if p.grad is not None]
         if not grads:
-            return torch.zeros((), device=device)
-        return torch.stack(torch._foreach_norm(grads)).float().square().sum()  # one kernel for all the norms
+            return torch.zeros((), device=device, dtype=torch.float64)
+        return torch.stack(torch._foreach_norm(grads, dtype=torch.float64)).square().sum()  # one kernel for all
 
     def clip_(self, max_norm: float, device: torch.device, extra: list[torch.Tensor] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale every gradient by min(1, max_norm / norm); returns (norm, the sum of `extra` over all ranks,
         stacked) — or, when the norm needs no collective, (norm, the `extra` of this rank alone): the caller
         reduces those itself, off the critical path."""
-        values = torch.stack([self.local_square(device), *[e.to(device=device, dtype=torch.float32) for e in extra]])
+        values = torch.stack([self.local_square(device), *[e.to(device=device, dtype=torch.float64) for e in extra]])
         if self.collective:
             dist.all_reduce(values)
         norm = values[0].sqrt()
         grads = [_local(p.grad) for p in self.scaled if p.grad is not None]
         if grads:
-            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm, values[1:]
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0).float())
+        return norm.float(), values[1:].float()
 
 
 def clip_grad_norm_(chunks: list[Sharded], max_norm: float, mesh) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
+from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe
 from shardwise.planner.comm import (collective_time, one_node, overlaps, p2p_sync_time, sync_time, tp_call_time,
                                     tp_sync_time)
@@ -83,6 +84,8 @@ class LayerCost:
     ep_alone: float = 0.0  # a MoE layer's all-to-alls of one pass not paired with another's (EP overlap's warm-up)
     fwd_tail: float = 0.0  # a dense layer's last forward GEMM (FC2), which a recompute that stops early skips
     tp_regather: float = 0.0  # the part of tp_bwd that gathers SP's kept shards again (step_time drops it where kept whole)
+    ep_counts: float = 0.0  # a MoE layer's token-count exchanges (inside ep_fwd; no overlap hides them)
+    host_floor: float = 0.0  # seconds a layer takes a micro-batch at least, its host issuing it (0: the GPU's work); `paced`
 
     def mix(self, other: "LayerCost", share: float) -> "LayerCost":
         """The mean of a rank's layers when `share` of them cost `other` (MoE layers among dense ones)."""
@@ -170,15 +173,31 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if host_bound:  # the layer's untimed small kernels and host stall (moe.MOE_LAYER_OVERHEAD_S)
         fixed = moe.MOE_LAYER_OVERHEAD_S
         fwd, bwd_in, mlp[0] = fwd + fixed / 3, bwd_in + 2 * fixed / 3, mlp[0] + fixed / 3
-    if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back
-        ep_f = ep_b = moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2
+    if ep and job.ep_comm_overlap:  # a forward's all-to-alls run beside another micro-batch's backward, and back,
+        # never exposing more than alone
+        ep_f = ep_b = min(ep, moe.ep_overlap_exposed(fwd - mlp[0], bwd_in - mlp[1], *mlp, ep / 2) / 2)
+    counts = 0.0
     if moe_layer:
-        ep_f += moe.aux_counts_time(c, job.model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, job.model, layout))
-    if host_bound:  # the GPU waits for the host where the layer's kernels run out first
-        fwd += max(0.0, moe.MOE_LAYER_HOST_S / 3 - (fwd + tp_fwd + cp_fwd + ep_f))
-        bwd_in += max(0.0, 2 * moe.MOE_LAYER_HOST_S / 3 - (bwd_in + bwd_w + tp_bwd + cp_bwd + ep_b))
-    return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops, ep_f, ep_b,
-                     mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again)
+        counts = moe.aux_counts_time(c, job.model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, job.model, layout))
+    return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops,
+                     ep_f + counts, ep_b, mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again, counts,
+                     moe.MOE_LAYER_HOST_S if host_bound else 0.0)
+
+
+def paced(lc: LayerCost, paired_share: float, slowest: float) -> LayerCost:
+    """The layer as a pipeline rank runs it: its compute at the slowest GPU's pace (step_time.straggler); under the EP
+    overlap, `paired_share` of its passes paired with another micro-batch's (`ep_fwd`, `ep_bwd`) and the rest alone
+    (`ep_alone`: the warm-up forwards and cool-down backwards, moe.paired_share); and each kind of pass no shorter than
+    the host's floor (`host_floor`, which no GPU's pace moves), where the GPU waits for the host."""
+    fwd, bwd_in, bwd_w, attn = (t * slowest for t in (lc.fwd, lc.bwd_in, lc.bwd_w, lc.attn_fwd))
+    kinds = [(paired_share, lc.ep_bwd), (1 - paired_share, lc.ep_alone)] if lc.ep_alone else [(1.0, lc.ep_bwd)]
+    ep_b = sum(w * t for w, t in kinds)
+    lift_f = lift_b = 0.0
+    if lc.host_floor:
+        lift_f = sum(w * max(0.0, lc.host_floor / 3 - (fwd + lc.tp_fwd + lc.cp_fwd + t + lc.ep_counts)) for w, t in kinds)
+        lift_b = sum(w * max(0.0, 2 * lc.host_floor / 3 - (bwd_in + bwd_w + lc.tp_bwd + lc.cp_bwd + t)) for w, t in kinds)
+    return replaced(lc, dict(fwd=fwd + lift_f, bwd_in=bwd_in + lift_b, bwd_w=bwd_w, attn_fwd=attn,
+                             ep_fwd=ep_b + lc.ep_counts, ep_bwd=ep_b))
 
 
 def _datasheet_layer(job: Job, layout: Layout, tokens: int, moe_layer: bool) -> tuple:

@@ -26,7 +26,7 @@ from shardwise.planner import kernels, moe, offload
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_call_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
-                                          LayerCost, layer_gemms, matmul_params_per_layer)
+                                          LayerCost, layer_gemms, matmul_params_per_layer, paced)
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
@@ -184,21 +184,21 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
 def rank_layer_cost(job: Job, layout: Layout, layers: int, moe_layers: int) -> tuple[LayerCost, float]:
     """The mean layer of a pipeline rank with `moe_layers` of its `layers` MoE ones, as this stack runs it, and the
     straggler factor its compute terms carry (the job computes at its slowest GPU's pace)."""
-    lc = layer_cost(job, layout)
-    if moe_layers:
-        lc = lc.mix(layer_cost(job, layout, moe_layer=True), moe_layers / layers)
-        if job.ep_comm_overlap:  # warm-up forwards and cool-down backwards have no partner to hide behind
-            share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch))
-            lc = replaced(lc, dict(ep_fwd=share * lc.ep_fwd + (1 - share) * lc.ep_alone,
-                                   ep_bwd=share * lc.ep_bwd + (1 - share) * lc.ep_alone))
-    if get_framework(job.framework).dtensor_sp and not op_checkpointing(job, layout):
-        # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again
-        # (rec_tp): only op-level selective checkpointing, which recomputes the gather, gathers in the backward
-        lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
     slowest = straggler(job, layout)
-    if slowest != 1.0:
-        lc = replaced(lc, dict(fwd=lc.fwd * slowest, bwd_in=lc.bwd_in * slowest, bwd_w=lc.bwd_w * slowest,
-                               attn_fwd=lc.attn_fwd * slowest))
+    # a DTensor plan keeps the gathered input (Framework.dtensor_sp), and a full recompute gathers it again (rec_tp):
+    # only op-level selective checkpointing, which recomputes the gather, gathers in the backward
+    kept = get_framework(job.framework).dtensor_sp and not op_checkpointing(job, layout)
+
+    def as_run(lc: LayerCost, paired_share: float) -> LayerCost:  # before the host's floor, which bounds the whole pass
+        if kept:
+            lc = replaced(lc, dict(tp_bwd=lc.tp_bwd - lc.tp_regather, tp_regather=0.0))
+        return paced(lc, paired_share, slowest)
+
+    lc = as_run(layer_cost(job, layout), 1.0)
+    if moe_layers:
+        # under the EP overlap, warm-up forwards and cool-down backwards have no partner to hide behind
+        share = moe.paired_share(layout, layout.num_microbatches(job.train.global_batch)) if job.ep_comm_overlap else 1.0
+        lc = lc.mix(as_run(layer_cost(job, layout, moe_layer=True), share), moe_layers / layers)
     return lc, slowest
 
 
@@ -320,7 +320,7 @@ def moe_host_floor_note(job: Job, layout: Layout) -> str:
     the GPU work is longer, or on a calibrated cluster (layer_time.calibrated: no floor there)."""
     lc = layer_cost(job, layout, moe_layer=True)
     floor = moe.MOE_LAYER_HOST_S
-    if calibrated(job) or lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd > floor / 3 * (1 + 1e-9):
+    if not lc.host_floor or lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd >= floor / 3:
         return ""
     return (f"each MoE layer takes the host's {floor * 1e3:.1f} ms a micro-batch (the floor fitted on published MoE runs: "
             f"the layer's GPU work is shorter), so this step is bound by the host — a larger micro-batch, less tp or "

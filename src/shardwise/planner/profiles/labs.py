@@ -13,6 +13,7 @@ from shardwise.planner.profiles.megatron import MEGATRON_CORE
 # pipelines, its Hybrid ZeRO-1, FlashAttention and Apex's fused kernels.
 INTERNEVO = replace(
     MEGATRON_CORE, name="internevo", fp8_experts=False, expert_tp_follows_tp=False,
+    moe_dispatchers=("alltoall",), ep_comm_overlap_available=False,  # DeepEP and the EP overlap are Megatron-Core's
     offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     interleave_unnamed=False,  # its config's num_chunks (virtual stages) defaults to 1: plain 1F1B unless named
     summary="InternEvo (InternLM) with its HybridZeroOptimizer: BF16 gradients all-reduced over every data-parallel "
@@ -167,6 +168,7 @@ FLASH_ATTN = Framework(
 
 ALEPH_ALPHA = replace(
     MEGATRON_CORE, name="aleph-alpha", expert_parallel=False, fp8_experts=False,
+    moe_dispatchers=("alltoall",), ep_comm_overlap_available=False,  # DeepEP and the EP overlap are Megatron-Core's
     offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="Aleph Alpha's Megatron-style stack (Aleph-Alpha/scaling, the codebase of Hagemann et al. 2023's layout "
             "sweep): Megatron-style TP with optional SP, FlashAttention-2 (flash_attn_varlen_func), DeepSpeed-style "
@@ -208,6 +210,7 @@ ALEPH_ALPHA = replace(
 
 NANOTRON = replace(
     MEGATRON_CORE, name="nanotron", cp_fused_attention_only=False, fp8_experts=False, expert_tp_follows_tp=False,
+    moe_dispatchers=("alltoall",), ep_comm_overlap_available=False,  # DeepEP and the EP overlap are Megatron-Core's
     offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="Hugging Face nanotron v0.5: Llama-style model with FlashAttention-2 and fused RMSNorm, TP with optional "
             "sequence parallelism (tp_mode REDUCE_SCATTER), 1F1B or all-forward-all-backward pipelines with a "
