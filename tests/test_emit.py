@@ -244,12 +244,19 @@ def read_deepspeed(path: Path, dp: int, monkeypatch) -> dict:
             return dp
 
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as if torch.distributed were up
-    cfg = ds_config.DeepSpeedConfig(str(path), mpu=DataParallel())  # asserts the batch arithmetic for this dp
+    raw = json.loads(path.read_text())
+    tp = raw.get("tensor_parallel", {}).get("autotp_size", 1)
+    if tp > 1:  # as deepspeed.initialize reads it, before AutoTP's groups exist: every rank counted, no mpu
+        assert "train_batch_size" not in raw  # which DeepSpeed would check against every rank
+        monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: dp * tp)
+        cfg = ds_config.DeepSpeedConfig(str(path), mpu=None)
+    else:
+        cfg = ds_config.DeepSpeedConfig(str(path), mpu=DataParallel())  # asserts the batch arithmetic for this dp
     assert cfg.bfloat16_config.enabled
     raw = cfg._param_dict
     pp = cfg.pipeline["stages"] if "pipeline" in raw else 1
     full = cfg.pipeline["activation_checkpoint_interval"] > 0 if pp > 1 else "activation_checkpointing" in raw
-    return {"dp": cfg.world_size, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
+    return {"dp": cfg.world_size // tp, "tp": cfg.tensor_parallel_config.autotp_size or 1, "pp": pp, "vpp": 1,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "zero": int(cfg.zero_optimization_stage),
             "recompute": "full" if full else "none", "recompute_layers": None, "sequence_parallel": False, "cp": 1, "cp_mode": "ring", "ep": 1, "etp": 1,
             "grad_bytes": 4 if cfg.grad_accum_dtype == "fp32" else 2,  # None: the model's dtype, bf16
@@ -821,3 +828,35 @@ def test_a_one_rank_deepspeed_offload_is_written_at_the_stage_deepspeed_offloads
     read_deepspeed(out, 1, monkeypatch)
     zero = json.loads(out.read_text())["zero_optimization"]
     assert zero["stage"] == 2 and zero["offload_optimizer"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("lay, overlap, connections", [
+    (Layout(dp=8, tp=2, zero=1), False, "1"),
+    (Layout(dp=8, cp=2, zero=1), False, "1"),  # context parallelism asks for it too (validate_args)
+    (Layout(dp=16, zero=1), False, None),
+    (Layout(dp=4, tp=2, cp=2, zero=3), False, None),  # Megatron FSDP wants more than one
+    (Layout(dp=8, tp=2, ep=8, zero=1, sequence_parallel=True), True, "32"),  # so does the EP overlap the plan priced
+])
+def test_megatron_script_sets_the_connections_megatron_lm_asks_for(lay, overlap, connections):
+    # Megatron-LM's validate_args (before Blackwell) asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP unless
+    # Megatron FSDP or the EP overlap runs; the script had exported it for TP only, so a CP plan failed at launch.
+    model = "mixtral-8x7b" if lay.ep > 1 else "llama3.1-8b"
+    job = replace(_job(model, "megatron-core"), ep_comm_overlap=overlap)
+    target = Target(job=job, estimate=estimate(job, lay), gpus=lay.world_size, rank=1)
+    exported = [line.split()[1].split("=")[1] for line in emitter("megatron").render(target).splitlines()
+                if line.startswith("export CUDA_DEVICE_MAX_CONNECTIONS=")]
+    assert exported == ([connections] if connections else [])
+
+
+def test_an_autotp_deepspeed_config_leaves_the_batch_to_the_data_parallel_ranks(tmp_path, monkeypatch):
+    # deepspeed.initialize reads the config before AutoTP's groups exist: with no mpu it counts every rank as
+    # data-parallel, so a train_batch_size for the real dp failed its batch check at launch; the file leaves it out
+    # and the launch line says what the batch is.
+    job = _job("llama3-8b", "deepspeed-2024")
+    lay = Layout(dp=8, tp=2, zero=1, micro_batch=4)
+    target = Target(job=job, estimate=estimate(job, lay), gpus=16, rank=1)
+    path = tmp_path / "ds.json"
+    path.write_text(emitter("deepspeed").render(target))
+    got = read_deepspeed(path, lay.dp, monkeypatch)
+    assert (got["dp"], got["tp"], got["micro_batch"], got["microbatches"]) == (8, 2, 4, 8)
+    assert "4 x 8 x 8 data-parallel ranks = 256" in emitter("deepspeed").launch(target, path)

@@ -4,7 +4,10 @@ Keys and meanings are DeepSpeed's `deepspeed/runtime/config.py`, `runtime/zero/c
 `runtime/tensor_parallel/config.py` and `runtime/pipe/engine.py` (docs/emit.md gives the version;
 tests/test_emit.py builds DeepSpeedConfig from what is written here):
   train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size
-      (DeepSpeed checks this); with a pipeline the accumulation steps are the pipeline's micro-batches.
+      (DeepSpeed checks this); with a pipeline the accumulation steps are the pipeline's micro-batches. Left out
+      under AutoTP: deepspeed.initialize reads the config before the engine builds AutoTP's groups, so without an
+      mpu from the script it counts every rank as data-parallel (runtime/config.py world_size) and would refuse the
+      batch; DeepSpeed's AutoTP tests leave it out too.
   zero_optimization.stage 0-3 (with --offload, offload_optimizer and offload_param {device: cpu}); bf16; data_types.grad_accum_dtype "fp32" when the planner scored 4-byte
       gradients (DeepSpeed's default, and the deepspeed profile's, is the model's bf16; fp32 needs ZeRO >= 1).
   tensor_parallel.autotp_size: AutoTP training (no sequence parallelism, no pipeline).
@@ -93,6 +96,7 @@ def config(target) -> dict:
         out["data_types"] = {"grad_accum_dtype": "fp32"}
     if lay.tp > 1:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
+        del out["train_batch_size"]  # counted over every rank without an mpu (module docstring)
     if lay.pp > 1:
         out["pipeline"] = {"stages": lay.pp, "partition": "parameters",
                            "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0}
@@ -110,5 +114,8 @@ def launch(target, path) -> str:
     lay = target.layout
     model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters'))"
              if lay.pp > 1 else "")
+    batch = (f" (AutoTP: the global batch is {lay.micro_batch} x {lay.num_microbatches(target.job.train.global_batch)} "
+             f"x {lay.dp} data-parallel ranks = {target.job.train.global_batch}; the file leaves train_batch_size out, "
+             f"which DeepSpeed counts over all {target.gpus} ranks unless the script passes an mpu)" if lay.tp > 1 else "")
     return (f"deepspeed --num_nodes {target.nodes} --num_gpus {target.gpus_per_node} --hostfile HOSTFILE "
-            f"your_train.py --deepspeed --deepspeed_config {path}{model}")
+            f"your_train.py --deepspeed --deepspeed_config {path}{model}{batch}")

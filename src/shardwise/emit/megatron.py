@@ -268,8 +268,19 @@ def _lines(args: list[str]) -> list[str]:
     return out
 
 
+def _connections(target) -> list[str]:
+    """CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM's validate_args wants it before Blackwell: 1 with TP or CP unless
+    Megatron FSDP runs (which wants more) or the EP overlap does (whose all-to-alls want more; arguments.py warns,
+    the plan priced the overlap, so it gets them); unset otherwise."""
+    lay, job = target.layout, target.job
+    if lay.zero >= 2 or (lay.tp == 1 and lay.cp == 1):
+        return []
+    if job.ep_comm_overlap and lay.ep > 1:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=32  # the EP overlap's all-to-alls run beside compute on more streams"]
+    return ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron orders TP / CP communication before compute with it"]
+
+
 def render(target) -> str:
-    lay = target.layout
     lines = ["#!/usr/bin/env bash", "# Megatron-LM launch written by `shardwise plan --emit megatron`."]
     lines += [f"# {line}" for line in target.summary()]
     lines += ["# Run it on every node with NODE_RANK (0..%d) and MASTER_ADDR set, from a Megatron-LM checkout"
@@ -279,8 +290,7 @@ def render(target) -> str:
               *(["# The model trains with dropout: Megatron-LM's rates are 0.1 (--attention-dropout, --hidden-dropout); "
                  "add your config's if they differ."] if target.job.model.trains_with_dropout else []),
               "set -euo pipefail"]
-    if lay.tp > 1 and lay.zero < 2:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron orders TP communication before compute with it")
+    lines += _connections(target)
     for name, args in arguments(target).items():
         lines.append(f"{name}=(")
         lines += [f"    {line}" for line in _lines(args)]
