@@ -860,3 +860,9 @@ def test_an_autotp_deepspeed_config_leaves_the_batch_to_the_data_parallel_ranks(
     got = read_deepspeed(path, lay.dp, monkeypatch)
     assert (got["dp"], got["tp"], got["micro_batch"], got["microbatches"]) == (8, 2, 4, 8)
     assert "4 x 8 x 8 data-parallel ranks = 256" in emitter("deepspeed").launch(target, path)
+    assert json.loads(path.read_text())["zero_optimization"]["overlap_comm"]
+    # under a pipeline DeepSpeed turns the overlap off (engine.py: "Pipeline parallelism does not support overlapped
+    # communication"): the file asks for what runs
+    piped = Layout(dp=4, pp=4, zero=1, micro_batch=1)
+    target = Target(job=job, estimate=estimate(job, piped), gpus=16, rank=1)
+    assert json.loads(emitter("deepspeed").render(target))["zero_optimization"]["overlap_comm"] is False

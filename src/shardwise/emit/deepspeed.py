@@ -78,8 +78,9 @@ def config(target) -> dict:
         # ZeRO-Offload); below it (ZeRO-0, which a one-rank layout is priced as) it would build no ZeRO optimizer
         fw = get_framework(job.framework)
         zero["stage"] = max(lay.zero, fw.offload_params_zero if job.offload == "params" else fw.offload_zero)
-    if lay.zero >= 1:
-        zero |= {"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True}
+    if lay.zero >= 1:  # the pipeline engine turns overlap_comm off ("Pipeline parallelism does not support
+        # overlapped communication", engine.py _configure_zero_optimizer): the file says what runs
+        zero |= {"overlap_comm": lay.pp == 1, "contiguous_gradients": True, "reduce_scatter": True}
     if job.offload:  # ZeRO-Offload / ZeRO-3's offload_param, as the plan priced them (planner/offload.py)
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if job.offload == "params":
