@@ -30,6 +30,9 @@ CASES = {
     # --json: stdout still one JSON object, what stopped the run and where its steps are
     "train sigterm --json": (TRAIN + ["--json"], signal.SIGTERM, False, 143, "training"),
     "train ctrl-c at start-up": (TRAIN, signal.SIGINT, True, 130, "ranks"),
+    # a closed terminal: multiprocessing's resource tracker, in the same group, had died of it and the launch's
+    # cleanup printed a dozen tracebacks from the one it started again
+    "train sighup": (TRAIN, signal.SIGHUP, True, 129, "training"),
     "calibrate sigterm": (["calibrate", "--world", "2", "--out", "{tmp}/profile.toml"], signal.SIGTERM, False, 143, "ranks"),
     "validate ctrl-c": (["validate", "--world", "2", "--cluster", "dgx-h100-80gb", "--steps", "1", "--repeats", "50"],
                         signal.SIGINT, True, 130, "ranks"),

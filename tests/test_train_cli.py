@@ -332,3 +332,32 @@ def test_a_hung_rank_is_named_only_when_it_had_to_be_killed(tmp_path):
     other = SimpleNamespace(error_file=str(error), timestamp=1, exitcode=1,
                             message={"message": "ValueError: --timeout must be positive"})  # no collective's timeout
     assert "stopped answering" not in describe_failures({0: other}, "training", hung=[1], timeout_s=5)
+    # what else a silent peer makes a rank raise: gloo's connect timeout while the group forms, and the connection a
+    # neighbour closed when its own timeout ended it (a ring's rank 0 raised that before rank 2's waiter timed out)
+    for words in ("RuntimeError: Gloo connectFullMesh failed with [../pair.h:311] Connect timeout [none]",
+                  "RuntimeError: Connection closed by peer [127.0.0.1]:14527"):
+        peer = SimpleNamespace(error_file=str(error), timestamp=1, exitcode=1, message={"message": words})
+        said = describe_failures({0: peer}, "training", hung=[2], timeout_s=5)
+        assert said.startswith("training stopped: rank 2 stopped answering (hung or stopped): rank 0 waited"), said
+
+
+def _finish_then_hang(rank, world, hang_rank):
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == hang_rank:
+        time.sleep(600)  # past its last collective: no collective's timeout reaches it
+
+
+def test_a_rank_that_hangs_after_its_last_collective_ends_the_job_and_is_named():
+    # torch elastic waits for every rank without a limit: a rank stopped after train's last barrier held the job for
+    # ever, after its success line. Once one rank has finished, the others get finish_s seconds.
+    # (Without the limit the hung rank's 600 s sleep ends and the job succeeds: no JobFailed.)
+    from shardwise.errors import JobFailed
+    from shardwise.launch import _with_rank, run_ranks
+
+    with pytest.raises(JobFailed) as exc:
+        run_ranks(_with_rank, _finish_then_hang, 1, world=2, timeout_s=30, finish_s=2, what="training")
+    assert str(exc.value).startswith("training stopped: rank 1 had not finished 2 s after the other ranks had")

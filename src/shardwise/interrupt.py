@@ -193,7 +193,16 @@ def launcher_signals():
         # *unblocks* SIGINT and SIGTERM around its own start: started now, it leaves the mask below in place.
         from multiprocessing import resource_tracker
 
-        resource_tracker.ensure_running()
+        # It runs in the job's process group and ignores only SIGINT and SIGTERM: a SIGHUP or SIGQUIT to the group
+        # killed it, and the launch's cleanup then printed a dozen tracebacks from the tracker it started again. An
+        # ignored signal stays ignored in the process started, so it is started with those two ignored.
+        group = [sig for sig in (getattr(signal, "SIGHUP", None), getattr(signal, "SIGQUIT", None)) if sig]
+        before = [signal.signal(sig, signal.SIG_IGN) for sig in group]
+        try:
+            resource_tracker.ensure_running()
+        finally:
+            for sig, handler in zip(group, before):
+                signal.signal(sig, handler)
         stop = threading.Event()
         listener = threading.Thread(target=stop.wait, name="shardwise-signals", daemon=True)
         listener.start()  # created before the mask changes: it keeps SIGINT deliverable

@@ -128,7 +128,7 @@ def launch(cfg: TrainConfig) -> dict | None:
     from shardwise.train import train_rank
 
     return run_ranks(train_rank, cfg, world=cfg.layout.world_size, backend=cfg.backend, timeout_s=cfg.timeout_s,
-                     max_restarts=cfg.max_restarts, what="training")[0]
+                     max_restarts=cfg.max_restarts, what="training", finish_s=cfg.timeout_s)[0]
 
 
 def free_port() -> int:
@@ -141,7 +141,7 @@ def free_port() -> int:
 
 
 def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float = 300.0, max_restarts: int = 0,
-              report=None, what: str = "the job") -> list:
+              report=None, what: str = "the job", finish_s: float | None = None) -> list:
     """Run entry(*args) on `world` ranks, each inside the job's process group (one thread per rank unless
     OMP_NUM_THREADS says otherwise); returns their results in rank order.
 
@@ -150,6 +150,9 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
     - Otherwise the ranks start on this machine with torchrun's own machinery (elastic_launch: c10d
       rendezvous on a free loopback port). If a rank fails, the agent stops the others at once; with
       max_restarts R it starts them all again up to R times; then JobFailed names the rank that died.
+      With `finish_s` (an entry whose last call is a collective: train's barrier), once one rank has finished the
+      others get finish_s seconds to finish too; one still running then hung or stopped past its last collective,
+      where no collective's timeout can reach it: it is stopped and named.
     Rank 0's `progress(label)` calls reach `report(label)` here (a progress bar)."""
     if under_torchrun():
         return [_rank_main(entry, args, backend, timeout_s, None, report)]
@@ -161,13 +164,16 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
 
     # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    # A rank's C++ error logs (gloo's failed connect, NCCL's watchdog) would follow the job's one line on stderr; the
+    # failure's message is in that line. Read as the fork server imports torch, so set before it starts.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from shardwise.interrupt import ignored_signals, launcher_signals
 
     try:
         # Ctrl-C / SIGTERM: the agent stops the ranks, one line. The agent's folder per rank (its error file) goes in
         # a temporary folder removed with the launch: left to torch elastic, each launch leaves one in the system's.
         with launcher_signals(), _ProgressRelay(report) as queue, tempfile.TemporaryDirectory(prefix="shardwise-") as logs, \
-                _stopping_within(SHUTDOWN_S) as hung:
+                _stopping_within(SHUTDOWN_S, Path(logs), finish_s) as (hung, late):
             # started here, with SIGINT blocked, the fork server and its forks ignore Ctrl-C until rank_handlers
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                                   rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
@@ -175,9 +181,10 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                                   local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_S, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
-                                                             _env_changes(), ignored_signals(), os.getpid())
+                                                             _env_changes(), ignored_signals(), os.getpid(),
+                                                             logs if finish_s is not None else None)
             except ChildFailedError as exc:
-                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s),
+                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s),
                                 details=_details(exc.failures)) from None
     except KeyboardInterrupt:
         _stop_fork_server()
@@ -189,25 +196,39 @@ SHUTDOWN_S = 3  # how long the ranks left after a failure get to end by themselv
 
 
 @contextmanager
-def _stopping_within(grace: float):
+def _stopping_within(grace: float, finished: Path | None = None, finish_s: float | None = None):
     """Around a launch: when a rank fails, the others get `grace` seconds to end, then `grace` after SIGTERM, then
     SIGKILL — torch's process context (torch.multiprocessing.spawn.ProcessContext.join, which torch elastic polls
     without a grace period) waits 30 s there, so a rank that hangs where SIGTERM cannot reach it (stopped, or stuck in
-    a kernel) held the job 30 s past its peers' --timeout. Yields the ranks (local = global on one machine) that needed
-    SIGKILL: the ones that hung, as a rank waiting in a collective ends at SIGTERM. torch is restored after."""
+    a kernel) held the job 30 s past its peers' --timeout. And with `finish_s`, a rank still running `finish_s`
+    seconds after another finished (its mark in `finished`, `_rank_main`) is killed: torch elastic waits for every
+    rank without a limit, so one that hung after its last collective held the job for ever. Yields (the ranks, local =
+    global on one machine, that needed SIGKILL after a failure: the ones that hung, as a rank waiting in a collective
+    ends at SIGTERM; the ones killed as not finished). torch is restored after."""
+    import signal
+    import time
+
     from torch.multiprocessing.spawn import ProcessContext
 
-    join, hung = ProcessContext.join, []
+    join, hung, late = ProcessContext.join, [], []
 
     def join_quickly(self, timeout=None, grace_period=None):
         for index, process in enumerate(self.processes):
             if not getattr(process.kill, "shardwise", False):  # once per process: join is polled every 0.1 s
                 process.kill = _recording_kill(process.kill, index, hung)
+        if finish_s is not None:
+            started = self.__dict__.setdefault("shardwise_started", time.time())  # this round's (restarts start more)
+            marks = [m.stat().st_mtime for m in finished.glob("finished-*") if m.stat().st_mtime >= started]
+            if marks and time.time() - min(marks) > finish_s:
+                for index, process in enumerate(self.processes):
+                    if process.is_alive() and not (finished / f"finished-{index}").exists():
+                        late.append(index)
+                        _signal(process.pid, signal.SIGKILL)
         return join(self, timeout, grace if grace_period is None else grace_period)
 
     ProcessContext.join = join_quickly
     try:
-        yield hung
+        yield hung, late
     finally:
         ProcessContext.join = join
 
@@ -330,10 +351,10 @@ def progress(label: str) -> None:
 
 
 def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True, env=None, ignored=None,
-               launcher: int | None = None):
+               launcher: int | None = None, finished: str | None = None):
     """One rank: take the launcher's environment and the group signals it ignores (`ignored`; None under torchrun),
     end with the launcher process (`launcher`: its pid), join the process group (from torchrun's environment), run
-    entry, leave."""
+    entry, leave — and say so in the folder `finished` (a mark the launcher times the other ranks' finish from)."""
     global _report
     _adopt_env(env)
     import gc
@@ -353,7 +374,7 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
         end_with(launcher)  # and when the launcher was killed outright
         init_distributed(backend, timeout_s)
     try:
-        return entry(*args)
+        result = entry(*args)
     finally:
         _report = None
         if dist.is_initialized():
@@ -361,6 +382,9 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
             # interpreter is alive: freed during its shutdown they abort the process (SIGABRT).
             gc.collect()
             dist.destroy_process_group()
+    if finished is not None:
+        Path(finished, f"finished-{rank}").touch()
+    return result
 
 
 class _ProgressRelay:
@@ -393,11 +417,16 @@ class _ProgressRelay:
 
 
 def describe_failures(failures: dict, what: str = "training", hung: list | None = None,
-                      timeout_s: float | None = None) -> str:
+                      timeout_s: float | None = None, late: list | None = None, finish_s: float | None = None) -> str:
     """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
     is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence. Where the
-    failures are collectives' timeouts and ranks had to be SIGKILLed after them (`hung`: alive after SIGTERM), those
-    ranks stopped answering and are named first."""
+    failures are what a silent peer causes (a collective's timeout, a connection it closed) and ranks had to be
+    SIGKILLed after them (`hung`: alive after SIGTERM), those ranks stopped answering and are named first. Ranks
+    killed as not finished `finish_s` after another had (`late`) are named as such."""
+    if late:
+        who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, sorted(late)))
+        return (f"{what} stopped: {who} had not finished {finish_s:g} s after the other ranks had (hung or stopped "
+                f"after its last collective) — it was stopped")
     def vanished(f) -> bool:
         return not (f.error_file and os.path.isfile(f.error_file))
 
@@ -408,7 +437,7 @@ def describe_failures(failures: dict, what: str = "training", hung: list | None 
             else f"failed: {_last_line(f.message)}"
         parts.append(f"rank {rank} {how}")
     stuck = sorted(set(hung or ()) - set(failures))
-    if stuck and all(not vanished(f) and _timed_out(f.message) for f in failures.values()):
+    if stuck and all(not vanished(f) and _left_waiting(f.message) for f in failures.values()):
         parts[0] = _hung_first(stuck, ordered[0], timeout_s)
     others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
     return f"{what} stopped: {parts[0]}{others} — the other ranks were stopped"
@@ -422,11 +451,15 @@ def _hung_first(stuck: list[int], first: tuple, timeout_s: float | None) -> str:
             f"{'it' if len(stuck) == 1 else 'them'} and failed: {_last_line(f.message)}")
 
 
-def _timed_out(message) -> bool:
-    """A collective's timeout, as gloo ('Timed out waiting 5000ms for recv') or NCCL's watchdog ('Watchdog caught
-    collective operation timeout', 'ran for 600000 milliseconds before timing out') words it."""
+def _left_waiting(message) -> bool:
+    """What a rank raises when a peer goes silent: a collective's timeout, as gloo ('Timed out waiting 5000ms for
+    recv') or NCCL's watchdog ('Watchdog caught collective operation timeout', 'ran for 600000 milliseconds before
+    timing out') words it; gloo's connect timeout while the group forms ('Gloo connectFullMesh failed with ... Connect
+    timeout'); or the connection a neighbour closed when its own timeout ended it ('Connection closed by peer',
+    'Connection reset by peer')."""
     text = message.get("message", str(message)) if isinstance(message, dict) else str(message)
-    return re.search(r"Timed out waiting|before timing out|Watchdog caught collective", text) is not None
+    return re.search(r"Timed out waiting|before timing out|Watchdog caught collective|Connect timeout|"
+                     r"Connection (?:closed|reset) by peer", text) is not None
 
 
 def _details(failures: dict) -> str:
