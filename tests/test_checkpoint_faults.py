@@ -97,6 +97,7 @@ def test_a_diverged_job_is_not_replayed_by_its_restarts(tmp_path):
                    "--grad-clip", "1e30"])
     assert proc.returncode == 1
     assert "training diverged at step" in proc.stderr and "(restart 2 stopped at once" in proc.stderr, proc.stderr
+    assert "(the last of 3 attempts: --max-restarts 2 used)" in proc.stderr, proc.stderr  # why no restart followed
     assert (ckpt / "diverged.txt").read_text().startswith("training diverged at step")
     # a new job (--resume: the same settings, as a resume must be) is not held to the note: it runs, and diverges
     again = _train(["--checkpoint-dir", str(ckpt), "--save-every", "2", "--lr", "1e4", "--grad-clip", "1e30", "--resume"])

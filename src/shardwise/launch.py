@@ -184,7 +184,8 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                                                              _env_changes(), ignored_signals(), os.getpid(),
                                                              logs if finish_s is not None else None)
             except ChildFailedError as exc:
-                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s),
+                spent = f" (the last of {max_restarts + 1} attempts: --max-restarts {max_restarts} used)" if max_restarts else ""
+                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s) + spent,
                                 details=_details(exc.failures)) from None
     except KeyboardInterrupt:
         _stop_fork_server()
