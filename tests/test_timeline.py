@@ -34,6 +34,24 @@ def test_chrome_trace_is_perfetto_shaped(tmp_path):
     assert names == {0: "rank 0", 1: "rank 1"}
 
 
+@pytest.mark.parametrize("schedule, vpp", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_complete_events_on_one_track_nest(schedule, vpp):
+    # The Trace Event Format wants "X" events on one thread to nest: a simulated send longer than the actions between
+    # two of them (transfer 2.5, actions 1) had overlapped the previous one on the communication track; each overlapping
+    # transfer now takes another lane. Touching events must not overlap by float noise either.
+    sim = simulate(build(schedule, 4, 8, vpp), Costs(1, 1, 1, c=2.5))
+    trace = chrome_trace(sim.events + sim.transfers)
+    tracks = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        assert all(b1 <= a2 or b2 <= b1 for (a1, b1), (a2, b2) in zip(spans, spans[1:])), spans
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert "communication 2" in lanes  # the transfers in flight at once were that many
+
+
 def test_bubble_fraction_counts_only_compute():
     # Span 13 ms on 2 ranks; compute 2+4 on rank 0 and 2+4 on rank 1.
     assert bubble_fraction(MEASURED) == pytest.approx(1 - 12 / 26)
