@@ -538,7 +538,8 @@ def layout_table(estimates, title: str, width: int | None = None):
         table.add_column(col, justify=just, no_wrap=whole, overflow="fold")
     for i, e in enumerate(estimates, 1):
         lay = e.layout
-        table.add_row(str(i), lay.describe(), short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),
+        table.add_row(str(i), lay.describe() + (f" ({lay.cp_mode})" if lay.cp > 1 else ""),  # ring / allgather CP
+                      short(lay.schedule) if lay.pp > 1 else "-", str(lay.zero),
                       short(lay.recompute) + (f":{lay.recompute_layers}" if lay.recompute_layers else ""),
                       "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
                       "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),

@@ -25,6 +25,8 @@ def _knobs(e: Estimate) -> str:
     lay = e.layout
     parts = [lay.describe(), lay.schedule if lay.pp > 1 else "no pipeline", f"ZeRO-{lay.zero}",
              lay.recompute_phrase()]
+    if lay.cp > 1:  # two layouts may differ by it alone (ring against all-gather attention)
+        parts.append(f"{lay.cp_mode} CP")
     if lay.sequence_parallel:
         parts.append("SP")
     return ", ".join(parts)

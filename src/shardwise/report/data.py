@@ -19,8 +19,8 @@ TIME_LABELS = {"compute": ("compute", "#0072B2"), "host_wait": ("waiting on the 
                "step_comm": ("per-step collectives", "#F0E442"), "optimizer": ("optimizer step", "#332288"),
                "ep_comm": ("EP all-to-all", "#117733"),
                "offload": ("offloaded optimizer (host copies + CPU step)", "#AA4499")}
-LAYOUT_COLUMNS = ("layout", "dp", "tp", "pp", "cp", "ep", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule", "mem_gib", "step_s",
-                  "tokens_per_s", "mfu", "split_rank")
+LAYOUT_COLUMNS = ("layout", "dp", "tp", "pp", "cp", "cp_mode", "ep", "vpp", "mb", "m", "zero", "recompute", "sp", "schedule",
+                  "mem_gib", "step_s", "tokens_per_s", "mfu", "split_rank")
 
 
 def _r(x: float) -> float:
@@ -43,7 +43,9 @@ def layouts(ranked) -> dict:
         lay = e.layout
         split_rank = None if lay.split in seen else len(seen) + 1  # its row in `plan`'s table (best of each split)
         seen.add(lay.split)
-        rows.append([lay.describe(), lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.vpp, lay.micro_batch, e.num_microbatches, lay.zero, lay.recompute,
+        recompute = lay.recompute + (f":{lay.recompute_layers}" if lay.recompute_layers else "")  # full:N, as plan's
+        rows.append([lay.describe(), lay.dp, lay.tp, lay.pp, lay.cp, lay.cp_mode if lay.cp > 1 else "-", lay.ep, lay.vpp,
+                     lay.micro_batch, e.num_microbatches, lay.zero, recompute,
                      lay.sequence_parallel, lay.schedule if lay.pp > 1 else "-", _r(e.memory_per_gpu / GIB),
                      _r(e.step_time), round(e.tokens_per_s), round(e.mfu, 4), split_rank])
         mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])

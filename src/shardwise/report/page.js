@@ -22,9 +22,12 @@
     const w = plan.winner;
     const cards = [
       ["layout", w.describe], ["schedule", w.pp > 1 ? w.schedule : "no pipeline"], ["ZeRO", w.zero],
-      ["recompute", w.recompute], ["sequence parallel", w.sequence_parallel ? "yes" : "no"],
+      ["recompute", w.recompute_layers ? `${w.recompute} (${w.recompute_layers} layers a stage)` : w.recompute],
+      ["sequence parallel", w.sequence_parallel ? "yes" : "no"],
+      ...(w.cp > 1 ? [["context parallelism", w.cp_mode]] : []),
       ["memory per GPU", `${num(w.memory_gib_per_gpu, 1)} of ${num(w.gpu_memory_gib, 0)} GiB`],
-      ["step", `${num(w.step_time_s, 2)} s`], ["tokens/s", num(w.tokens_per_s, 0)], ["MFU", `${num(100 * w.mfu, 1)} %`],
+      ["step", `${num(w.step_time_s, w.step_time_s < 1 ? 4 : 2)} s`], ["tokens/s", num(w.tokens_per_s, 0)],
+      ["MFU", `${num(100 * w.mfu, 1)} %`],
     ];
     $("winner-cards").innerHTML = cards.map(([k, v]) => `<div class="card"><div class="k">${esc(k)}</div><div class="v">${esc(v)}</div></div>`).join("");
     $("assumptions").textContent = "Assumes: " + plan.assumptions.join("; ") + ".";
@@ -39,7 +42,7 @@
   const COLUMNS = [
     { key: "rank", label: "#" }, { key: "layout", label: "layout", text: true }, { key: "dp", label: "dp" },
     { key: "tp", label: "tp" }, { key: "pp", label: "pp" }, { key: "cp", label: "cp" },
-    { key: "ep", label: "ep" }, { key: "vpp", label: "vpp" }, { key: "mb", label: "micro-batch" },
+    { key: "cp_mode", label: "CP mode", text: true }, { key: "ep", label: "ep" }, { key: "vpp", label: "vpp" }, { key: "mb", label: "micro-batch" },
     { key: "m", label: "micro-batches" }, { key: "schedule", label: "schedule", text: true }, { key: "zero", label: "ZeRO" },
     { key: "recompute", label: "recompute", text: true }, { key: "sp", label: "SP", text: true },
     { key: "mem_gib", label: "GiB/GPU" }, { key: "step_s", label: "step s" }, { key: "tokens_per_s", label: "tokens/s" },
