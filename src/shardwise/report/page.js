@@ -338,7 +338,10 @@
         `p90 ${pct(v.drift_corrected.p90_abs_error)}, Kendall τ ${num(v.drift_corrected.kendall_tau, 2)}.` : "") +
       (v.warnings || []).map((w) => ` Warning: ${w}.`).join("");
     const rows = v.layouts.slice().sort((a, b) => a.measured_s - b.measured_s);
-    const err = (p, m) => `${p >= m ? "+" : ""}${num((100 * (p - m)) / m, 1)} %`;
+    const err = (p, m) => {  // to the tenth of a point, a rounded-away difference as 0.0 (not -0.0)
+      const d = Math.round((1000 * (p - m)) / m) / 10;
+      return `${d > 0 ? "+" : ""}${num(d === 0 ? 0 : d, 1)} %`;
+    };
     document.querySelector("#validate-table tbody").innerHTML = rows.map((x) => `<tr><td class="text">${esc(x.name)}${x.noisy ? " (noisy)" : ""}</td>` +
       `<td>${num(1e3 * x.predicted_s, 2)}</td><td>${num(1e3 * x.measured_s, 2)}</td><td>${err(x.predicted_s, x.measured_s)}</td>` +
       `<td>${num(x.predicted_mib, 2)}</td><td>${num(x.measured_mib, 2)}</td><td>${err(x.predicted_mib, x.measured_mib)}</td></tr>`).join("");
