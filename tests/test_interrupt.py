@@ -41,13 +41,14 @@ CASES = {
 
 @contextmanager
 def _started_with(ignored=()):
-    """Processes started inside inherit SIGINT, SIGQUIT and SIGTERM as a terminal's foreground job has them (the
-    program's own handler, the default) or, for those in `ignored`, ignored (a script's `cmd &`), whatever this test
-    process inherited: a suite started in the background of a script ignores SIGINT, and so would the jobs. Set here
+    """Processes started inside inherit SIGINT, SIGQUIT, SIGTERM and SIGHUP as a terminal's foreground job has them
+    (the program's own handler, the default) or, for those in `ignored`, ignored (a script's `cmd &`), whatever this
+    test process inherited: a suite started in the background of a script ignores SIGINT, one under nohup SIGHUP, and
+    so would the jobs. Set here
     around the start rather than in the child (preexec_fn is unsafe in a process with threads); signal.signal works
     in the main thread only, where pytest runs tests."""
     wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: lambda *_: None,
-              signal.SIGTERM: signal.SIG_DFL}
+              signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
     saved = {sig: signal.getsignal(sig) for sig in wanted}
     try:
         for sig, handler in wanted.items():
