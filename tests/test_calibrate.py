@@ -607,3 +607,19 @@ def test_a_gpu_precision_calibration_runs_every_measurement():
     assert profile.dtype == "bfloat16"
     assert len(profile.cp_points) == 3 and len(profile.split_points) == 2 and profile.sync_points
     assert profile.model_tflops > 0 and len(profile.tp_points) == 3 and min(profile.tp_points) > 0
+
+
+def test_estimate_as_shardwise_on_a_calibration_predicts_what_validate_does(calibrated, capsys):
+    # `--framework shardwise` is this runtime: on a CPU calibration, fp32 activations and the tensors its model keeps,
+    # as validate's prediction (planner.job.runtime_job) — it had priced bf16 activations under autocast, 0.2-1.6 %
+    # off validate's step on every layout and off its memory.
+    from shardwise.planner.estimate import estimate
+    from shardwise.planner.job import runtime_job
+
+    path, _ = calibrated
+    said = _estimate(capsys, path, "shardwise")
+    lay = Layout(**{k: said[k] for k in ("tp", "pp", "dp", "vpp", "micro_batch", "zero", "recompute", "recompute_layers",
+                                         "sequence_parallel", "schedule", "cp", "cp_mode")})
+    own = estimate(runtime_job(load_model("tiny"), load_cluster(str(path)), 8, 32, gpu=False), lay)
+    assert said["step_time_s"] == pytest.approx(own.step_time, rel=1e-5)
+    assert said["memory_gib_per_gpu"] == pytest.approx(own.memory_per_gpu / 2**30, abs=1e-3)  # 3 decimals

@@ -188,13 +188,12 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     """The planner's view of shardwise's own runtime (`validate`, `train --json`): fp32 weights,
     gradients and AdamW states (4 + 4 + 8 bytes per parameter), fp32 activations on CPU (bf16 under
     autocast on GPU), SDPA's fused attention, the tensors shardwise.model saves, torch's
-    ZeroRedundancyOptimizer for ZeRO-1 and SP's backward re-gather waited for. Its memory does not
-    depend on the cluster; its time does."""
-    train = TrainSpec(global_batch, seq_len, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
-                      activation_bytes=2 if gpu else 4)
-    saved = replace(SHARDWISE_RUNTIME, autocast_casts=gpu)
-    return Job(model, cluster, train, flash_attention=True, saved=saved,
-               zero1_broadcast_per_tensor=True, async_sp_regather=False, framework="shardwise")
+    ZeroRedundancyOptimizer for ZeRO-1 and SP's backward re-gather waited for — `--framework shardwise`'s job,
+    so `estimate` on a calibration predicts what `validate` does. Its memory does not depend on the cluster; its
+    time does."""
+    job = make_job(model, cluster, global_batch, seq_len, "shardwise", flash_attention=True)
+    return replace(job, train=replace(job.train, activation_bytes=2 if gpu else 4),
+                   saved=replace(SHARDWISE_RUNTIME, autocast_casts=gpu))
 
 
 # Transformer Engine's attention backends as Megatron-Core's --attention-backend names them, and the kernel family
@@ -251,10 +250,15 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
                          f"head sizes up to 128, and this model's is {model.head_dim} — use --no-flash-attention")
     states = {"weight_bytes": 1 if fp8_params else fw.weight_bytes, "grad_bytes": fw.grad_bytes,
               "optimizer_bytes": fw.optimizer_bytes}
-    states.update(train)
     loss_compiled = compile_loss is not False  # None: what the stack does
+    saved = stack_saved_tensors(fw, compile, loss_compiled, fused_norms)
+    if fw.name == "shardwise" and not compile:  # this project's runtime as it runs (runtime_job)
+        cpu = (cluster.measured or {}).get("backend") == "gloo"  # a CPU calibration: fp32, no autocast
+        saved = replace(SHARDWISE_RUNTIME, autocast_casts=not cpu)
+        states["activation_bytes"] = 4 if cpu else 2
+    states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
-               flash_attention=fused, saved=stack_saved_tensors(fw, compile, loss_compiled, fused_norms),
+               flash_attention=fused, saved=saved,
                compile_loss=loss_compiled, fused_norms=fused_norms,
                tp_comm_overlap=fw.tp_comm_overlap if tp_comm_overlap is None else tp_comm_overlap,
                zero1_broadcast_per_tensor=fw.zero1 == "broadcast",
