@@ -623,3 +623,11 @@ def test_estimate_as_shardwise_on_a_calibration_predicts_what_validate_does(cali
     own = estimate(runtime_job(load_model("tiny"), load_cluster(str(path)), 8, 32, gpu=False), lay)
     assert said["step_time_s"] == pytest.approx(own.step_time, rel=1e-5)
     assert said["memory_gib_per_gpu"] == pytest.approx(own.memory_per_gpu / 2**30, abs=1e-3)  # 3 decimals
+
+
+def test_a_table_whose_times_fall_never_prices_a_larger_message_at_nothing():
+    # Beyond the largest size the line through the last two goes on; where their times fell (noise), it went below
+    # zero and a data-parallel reduction was priced free. It goes on at least at the largest size's own rate.
+    points = [[1024, 0.002], [65536, 0.001]]
+    assert interpolate(points, 1 << 20) >= 0.001 * (1 << 20) / 65536 * (1 - 1e-9)
+    assert interpolate([[1024, 1e-4], [65536, 1e-3]], 1 << 20) > 1e-3  # a rising table as before

@@ -149,6 +149,9 @@ BAD = [
     (["calibrate", "--model", "deepseek-v3"], "multi-head latent attention"),
     (["calibrate", "--seq-len", str(10**8)], "exceeds the 256 positions of tiny"),
     (["calibrate", "--repeats", str(10**12)], "more than a median needs"),
+    # a collective's bandwidth is the line through its sizes: one size wrote a table read through the origin
+    (["calibrate", "--sizes", "4K"], "--sizes needs two message sizes or more"),
+    (["calibrate", "--copy-size", "3"], "--copy-size 3 bytes is too small to time a copy"),  # a ZeroDivisionError in a rank
     (["validate", "--model", "llama3.1-405b"], "GiB of memory"),
     (["validate", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),
     (["validate", "--steps", str(10**9)], "more than a comparison needs"),

@@ -387,14 +387,20 @@ def _check_measured(measured, source: str) -> None:
         raise UsageError(f"{source}: [measured] has {what} — remove it (a hand-written cluster has no [measured] "
                          f"table), or rerun `shardwise calibrate --out`")
 
-    def numbers(value):
+    def numbers(value, inside: bool = False):
+        """Every number in a value; what a list or table holds that is no number counts as NaN (calibrate writes
+        only numbers there)."""
         if isinstance(value, (list, tuple)):
-            return [x for v in value for x in numbers(v)]
+            return [x for v in value for x in numbers(v, True)]
         if isinstance(value, dict):
-            return [x for v in value.values() for x in numbers(v)]
-        return [value] if isinstance(value, (int, float)) else []
+            return [x for v in value.values() for x in numbers(v, True)]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return [value]
+        return [math.nan] if inside else []
 
-    bad = [k for k, v in measured.items() if any(not math.isfinite(x) for x in numbers(v))]
+    # Finite, and no larger than a measurement can be (1e18: bytes, FLOPs); a time no longer than an hour.
+    bad = [k for k, v in measured.items() if any(not math.isfinite(x) or abs(x) > 1e18 for x in numbers(v))]
+    bad += [k for k, v in measured.items() if k.endswith("_s") and any(abs(x) > 3600 for x in numbers(v))]
     # Scalars the planner reads as numbers (every one but the labels calibrate writes).
     bad += [k for k, v in measured.items() if k not in MEASURED_LABELS
             and not isinstance(v, (list, tuple, dict)) and (isinstance(v, bool) or not isinstance(v, (int, float)))]
@@ -404,17 +410,23 @@ def _check_measured(measured, source: str) -> None:
     scalars = {k: v for k, v in measured.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and math.isfinite(v)}
     bad += [k for k, v in scalars.items()
-            if (v != 0 and not 1e-6 <= v <= 1e7 if k.endswith(("_tflops", "_gbs")) else v < 1 if k == "world_size"
+            if (v != 0 and not 1e-6 <= v <= 1e7 if k.endswith(("_tflops", "_gbs"))
+                else v < 1 or v != int(v) if k in ("world_size", "tokens")  # counts
+                else v < 1 if k == "concurrent_slowdown"  # all ranks at once / one alone
+                else not 0 <= v <= 1 if k == "comm_overlap"  # a share
+                else v > 3600 if k.endswith("_s") and k not in SIGNED_MEASURED and v >= 0
                 else v < -tp_call_credit(measured) if k in SIGNED_MEASURED else v < 0)]
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
                  "wait_penalty_points", "handoff_points"):
         table = measured.get(kind)
+        collective = kind not in ("model_points", "wait_penalty_points", "handoff_points")
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)
                 and row[0] > 0  # bytes: a rate is read off them
-                for row in table)):
+                and row[1] <= 3600  # seconds
+                for row in table) and (len(table) >= 2 or not collective)):  # a line needs two sizes
             bad.append(kind)
     for key in ("sync_points", "fsdp_points"):  # what validate compares its sweep's calls with: [seconds, ...]
         points = measured.get(key)
@@ -422,7 +434,7 @@ def _check_measured(measured, source: str) -> None:
             bad.append(key)
     if bad:
         raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers, rates 0 (not "
-                         f"measured) or 1e-6 to 1e7, world_size at least 1, times 0 or more (tp_call_s, tp_sp_call_s: no less than minus the cheapest table's longest time; tables: [[bytes > 0, seconds >= 0], ...]) — "
+                         f"measured) or 1e-6 to 1e7, world_size and tokens whole and at least 1, concurrent_slowdown at least 1, comm_overlap 0 to 1, times 0 to 3600 s (tp_call_s, tp_sp_call_s: no less than minus the cheapest table's longest time; tables: [[bytes > 0, seconds 0 to 3600], ...], a collective's at two sizes or more; lists of numbers only) — "
                          f"rerun `shardwise calibrate` to write it again")
 
 

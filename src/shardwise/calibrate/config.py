@@ -64,6 +64,12 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     if not 0 < cfg.timeout_s <= 10**7:
         raise UsageError(f"--timeout must be a positive number of seconds (at most 10,000,000), got {cfg.timeout_s}")
+    if cfg.sizes and len(set(cfg.sizes)) < 2:  # each collective's table is a line through its sizes: a single point has no slope
+        raise UsageError(f"--sizes needs two message sizes or more (got {len(set(cfg.sizes))}): a collective's "
+                         f"bandwidth is read off the line through them — e.g. --sizes 1K,64K,1M")
+    if cfg.copy_bytes and cfg.copy_bytes < 1024:  # float32 elements copied to read the memory bandwidth
+        raise UsageError(f"--copy-size {cfg.copy_bytes} bytes is too small to time a copy — use 1K or more (default "
+                         f"64M on CPU)")
     biggest = max((*cfg.sizes, cfg.copy_bytes, 0))
     if biggest > MAX_BYTES:
         raise UsageError(f"a {human(biggest)} message or copy is above the {human(MAX_BYTES)} calibrate measures — "

@@ -98,6 +98,8 @@ def run(args) -> int:
     Path(args.out).write_text(profile.to_toml())
     if args.json:
         print_json(profile.to_dict())
+        for warning in warnings(profile):  # stdout stays one JSON object
+            print(f"warning: {warning}", file=sys.stderr)
         return 0
     _print(Console(), profile, args.out, args.model)
     return 0
@@ -213,23 +215,30 @@ def _print(console, profile, out: str, model: str | None = None) -> None:
         for i, (nbytes, _) in enumerate(tables["all_reduce"]):
             table.add_row(human(nbytes), *(f"{tables[k][i][1] * 1e3:.3f}" for k in COLLECTIVES))
         console.print(table)
+    for warning in warnings(profile):
+        console.print(f"[yellow]{warning}[/]", highlight=False)
+    console.print(f"wrote {out} — use it: {plan_hint(model or profile.model, out, profile.world)}", highlight=False)
+
+
+def warnings(profile) -> list[str]:
+    """What makes the profile's numbers doubtful (shown under the table; on stderr with --json)."""
     from shardwise.contention import SPEED_TOLERANCE, neighbours_note
 
+    out = []
     note = neighbours_note("the calibration", profile.other_cpu_cores)
     if note:
-        console.print(f"[yellow]{note} — calibrate on a quiet machine: the planner takes these times as the "
-                      f"machine's own[/]", highlight=False)
+        out.append(f"{note} — calibrate on a quiet machine: the planner takes these times as the machine's own")
     drift = profile.reference_drift()
     if drift > 1 + SPEED_TOLERANCE:
-        console.print(f"[yellow]the machine's speed moved while it was measured: the model's smallest micro-batch took "
-                      f"{drift:.2f}x as long in its slowest round as in its fastest "
-                      f"({', '.join(f'{1e3 * x:.2f}' for x in profile.reference_rounds_s)} ms at the start, middle and "
-                      f"end) — calibrate again when the machine is steady[/]", highlight=False)
+        out.append(f"the machine's speed moved while it was measured: the model's smallest micro-batch took "
+                   f"{drift:.2f}x as long in its slowest round as in its fastest "
+                   f"({', '.join(f'{1e3 * x:.2f}' for x in profile.reference_rounds_s)} ms at the start, middle and "
+                   f"end) — calibrate again when the machine is steady")
     noisy = profile.noisy()
     if noisy:
-        console.print(f"[yellow]noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — "
-                      f"rerun on a quiet machine or with more --repeats[/]", highlight=False)
-    console.print(f"wrote {out} — use it: {plan_hint(model or profile.model, out, profile.world)}", highlight=False)
+        out.append(f"noisy (interquartile range > 50 % of the median): {', '.join(noisy)} — rerun on a quiet machine "
+                   f"or with more --repeats")
+    return out
 
 
 def plan_hint(model: str, out, world: int) -> str:

@@ -187,7 +187,7 @@ def _print(console, result: dict, picture: str | None) -> None:
             name = name.replace(long, short)
         table.add_row(name, seconds(p), seconds(m), f"{(p - m) / m:+.0%}",
                       ("[yellow]" if x["noisy"] else "") + f"{x['step_time_spread']:.0%}", f"{pm / mib:.2f}",
-                      f"{mm / mib:.2f}", f"{(pm - mm) / mm:+.1%}")
+                      f"{mm / mib:.2f}", f"{round((pm - mm) / mm, 3) + 0.0:+.1%}")  # + 0.0: no -0.0 %
     console.print(table)
     s = result["summary"]
     console.print(f"step time: median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}; ranking: "

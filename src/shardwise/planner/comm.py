@@ -205,6 +205,8 @@ def interpolate(points: list, nbytes: float) -> float:
     if i >= len(pts):
         (b0, t0), (b1, t1) = pts[-2] if len(pts) > 1 else pts[-1], pts[-1]
         rate = (t1 - t0) / (b1 - b0) if b1 > b0 else t1 / b1
+        if rate <= 0:  # the last two sizes' times fell (noise): beyond them, bytes cost at least the largest's own rate
+            rate = t1 / b1
         return t1 + (nbytes - b1) * rate
     (b0, t0), (b1, t1) = pts[i - 1], pts[i]
     k = math.log(t1 / t0) / math.log(b1 / b0) if t0 > 0 and t1 > 0 and b1 > b0 else 0.0
