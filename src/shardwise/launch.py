@@ -219,10 +219,11 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
                 process.kill = _recording_kill(process.kill, index, hung)
         if finish_s is not None:
             started = self.__dict__.setdefault("shardwise_started", time.time())  # this round's (restarts start more)
-            marks = [m.stat().st_mtime for m in finished.glob("finished-*") if m.stat().st_mtime >= started]
-            if marks and time.time() - min(marks) > finish_s:
+            done = {int(m.name.split("-")[1]): m.stat().st_mtime for m in finished.glob("finished-*")}
+            done = {rank: at for rank, at in done.items() if at >= started}  # not a mark of an earlier round's
+            if done and time.time() - min(done.values()) > finish_s:
                 for index, process in enumerate(self.processes):
-                    if process.is_alive() and not (finished / f"finished-{index}").exists():
+                    if process.is_alive() and index not in done:
                         late.append(index)
                         _signal(process.pid, signal.SIGKILL)
         return join(self, timeout, grace if grace_period is None else grace_period)
