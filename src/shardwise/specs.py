@@ -421,12 +421,11 @@ def _check_measured(measured, source: str) -> None:
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "model_points",
                  "wait_penalty_points", "handoff_points"):
         table = measured.get(kind)
-        collective = kind not in ("model_points", "wait_penalty_points", "handoff_points")
         if table is not None and not (isinstance(table, list) and all(
                 isinstance(row, list) and len(row) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in row)
                 and row[0] > 0  # bytes: a rate is read off them
                 and row[1] <= 3600  # seconds
-                for row in table) and (len(table) >= 2 or not collective)):  # a line needs two sizes
+                for row in table)):
             bad.append(kind)
     for key in ("sync_points", "fsdp_points"):  # what validate compares its sweep's calls with: [seconds, ...]
         points = measured.get(key)
@@ -434,7 +433,7 @@ def _check_measured(measured, source: str) -> None:
             bad.append(key)
     if bad:
         raise UsageError(f"{source}: [measured] {', '.join(dict.fromkeys(bad))} must be finite numbers, rates 0 (not "
-                         f"measured) or 1e-6 to 1e7, world_size and tokens whole and at least 1, concurrent_slowdown at least 1, comm_overlap 0 to 1, times 0 to 3600 s (tp_call_s, tp_sp_call_s: no less than minus the cheapest table's longest time; tables: [[bytes > 0, seconds 0 to 3600], ...], a collective's at two sizes or more; lists of numbers only) — "
+                         f"measured) or 1e-6 to 1e7, world_size and tokens whole and at least 1, concurrent_slowdown at least 1, comm_overlap 0 to 1, times 0 to 3600 s (tp_call_s, tp_sp_call_s: no less than minus the cheapest table's longest time; tables: [[bytes > 0, seconds 0 to 3600], ...]; lists of numbers only) — "
                          f"rerun `shardwise calibrate` to write it again")
 
 
