@@ -414,7 +414,6 @@ def _check_measured(measured, source: str) -> None:
                 else v < 1 or v != int(v) if k in ("world_size", "tokens")  # counts
                 else v < 1 if k == "concurrent_slowdown"  # all ranks at once / one alone
                 else not 0 <= v <= 1 if k == "comm_overlap"  # a share
-                else v > 3600 if k.endswith("_s") and k not in SIGNED_MEASURED and v >= 0
                 else v < -tp_call_credit(measured) if k in SIGNED_MEASURED else v < 0)]
     # The tables, the model's points validate compares its sweep's speed with ([FLOPs, seconds], ...) and the
     # pipeline's wait penalty ([wait seconds, seconds], ...).

@@ -73,33 +73,33 @@ def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None) -> di
     `names` overrides the process name of some ranks (default "rank N")."""
     evs = [as_event(e) for e in events]
     t0 = min((e.start for e in evs), default=0.0)
-    lanes = _comm_lanes(evs)
+    lanes, counts = _comm_lanes(evs)
     out = []
     for rank in sorted({e.rank for e in evs}):
         out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": (names or {}).get(rank, f"rank {rank}")}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute"}})
-        for lane in range(max((n for (r, _), n in lanes.items() if r == rank), default=0) + 1):
+        for lane in range(max(counts.get(rank, 0), 1)):
             label = "communication" if lane == 0 else f"communication {lane + 1}"
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1 + lane, "args": {"name": label}})
     for i, e in enumerate(evs):
         start, end = round((e.start - t0) * 1e6, 3), round((e.end - t0) * 1e6, 3)
         out.append({"name": _name(e), "cat": e.kind, "ph": "X", "pid": e.rank,
-                    "tid": 1 + lanes[(e.rank, i)] if e.kind in COMM else 0, "ts": start, "dur": round(end - start, 3),
+                    "tid": 1 + lanes[i] if e.kind in COMM else 0, "ts": start, "dur": round(end - start, 3),
                     "args": {"microbatch": e.microbatch, "chunk": e.chunk}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def _comm_lanes(evs: list) -> dict:
-    """(rank, index in evs) -> lane of each communication event: the first lane of its rank whose last event has
-    ended by its start (greedy by start time: as few lanes as the most transfers in flight at once)."""
+def _comm_lanes(evs: list) -> tuple[dict, dict]:
+    """(index in evs -> lane of each communication event, rank -> its lanes): the first lane of its rank whose last
+    event has ended by its start (greedy by start time: as few lanes as the most transfers in flight at once)."""
     lanes, ends = {}, {}
     for i in sorted((i for i, e in enumerate(evs) if e.kind in COMM), key=lambda i: (evs[i].start, evs[i].end)):
         e, free = evs[i], ends.setdefault(evs[i].rank, [])
         lane = next((k for k, end in enumerate(free) if end <= e.start + 1e-12), len(free))
         free[lane:lane + 1] = [e.end]
-        lanes[(e.rank, i)] = lane
-    return lanes
+        lanes[i] = lane
+    return lanes, {rank: len(free) for rank, free in ends.items()}
 
 
 def write_chrome_trace(events: Iterable, path: str | Path, names: Mapping[int, str] | None = None) -> Path:

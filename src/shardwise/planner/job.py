@@ -192,8 +192,13 @@ def runtime_job(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_l
     so `estimate` on a calibration predicts what `validate` does. Its memory does not depend on the cluster; its
     time does."""
     job = make_job(model, cluster, global_batch, seq_len, "shardwise", flash_attention=True)
-    return replace(job, train=replace(job.train, activation_bytes=2 if gpu else 4),
-                   saved=replace(SHARDWISE_RUNTIME, autocast_casts=gpu))
+    saved, activation_bytes = runtime_tensors(gpu)
+    return replace(job, train=replace(job.train, activation_bytes=activation_bytes), saved=saved)
+
+
+def runtime_tensors(gpu: bool) -> tuple[SavedTensors, int]:
+    """What shardwise's model keeps for backward, and its activations' bytes: fp32 on CPU, bf16 under autocast on GPU."""
+    return replace(SHARDWISE_RUNTIME, autocast_casts=gpu), 2 if gpu else 4
 
 
 # Transformer Engine's attention backends as Megatron-Core's --attention-backend names them, and the kernel family
@@ -253,9 +258,8 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     loss_compiled = compile_loss is not False  # None: what the stack does
     saved = stack_saved_tensors(fw, compile, loss_compiled, fused_norms)
     if fw.name == "shardwise" and not compile:  # this project's runtime as it runs (runtime_job)
-        cpu = (cluster.measured or {}).get("backend") == "gloo"  # a CPU calibration: fp32, no autocast
-        saved = replace(SHARDWISE_RUNTIME, autocast_casts=not cpu)
-        states["activation_bytes"] = 4 if cpu else 2
+        gpu = (cluster.measured or {}).get("backend") != "gloo"  # a CPU calibration: fp32, no autocast
+        saved, states["activation_bytes"] = runtime_tensors(gpu)
     states.update(train)
     return Job(model, cluster, TrainSpec(global_batch, seq_len, **states),
                flash_attention=fused, saved=saved,
