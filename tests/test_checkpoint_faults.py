@@ -82,7 +82,7 @@ def test_elastic_restart_resumes_by_itself(tmp_path, straight):
                   env={"SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "6"})
     assert proc.returncode == 0, proc.stderr
     # said, not silent: the restart, where it resumed, and which steps the last attempt trained
-    assert "restart 1 of 1: a rank had failed, so every rank was started again; resuming from the newest " \
+    assert "restart 1 of 1: rank 1 died (exit code 13), so every rank was started again; resuming from the newest " \
         "checkpoint" in proc.stdout
     assert f"resumed from {ckpt / 'step_000004'} (step 4" in proc.stdout
     assert re.search(r"trained \d+ steps \(steps 5-\d+\)", proc.stdout), proc.stdout

@@ -209,7 +209,7 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
     import signal
     import time
 
-    from torch.multiprocessing.spawn import ProcessContext
+    from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException
 
     join, hung, late = ProcessContext.join, [], []
 
@@ -226,13 +226,33 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
                     if process.is_alive() and index not in done:
                         late.append(index)
                         _signal(process.pid, signal.SIGKILL)
-        return join(self, timeout, grace if grace_period is None else grace_period)
+        try:
+            return join(self, timeout, grace if grace_period is None else grace_period)
+        except (ProcessExitedException, ProcessRaisedException) as exc:
+            if finished is not None:  # the next round's rank 0 names it when it says the job restarted
+                (finished / f"failed-{time.time_ns()}").write_text(_failed_rank(exc))
+            raise
 
     ProcessContext.join = join_quickly
     try:
         yield hung, late
     finally:
         ProcessContext.join = join
+
+
+def _failed_rank(exc) -> str:
+    """'rank 1 died (exit code 13)', 'rank 1 died (exit code -9, SIGKILL)', 'rank 2 failed: <its error's last line>':
+    the rank torch's process context found failed (local = global on one machine), in describe_failures' words."""
+    if hasattr(exc, "exit_code"):
+        signal = f", {exc.signal_name}" if getattr(exc, "signal_name", None) else ""
+        return f"rank {exc.error_index} died (exit code {exc.exit_code}{signal})"
+    return f"rank {exc.error_index} failed: {_last_line(str(exc))}"
+
+
+def last_failure(finished: str | None) -> str | None:
+    """The newest failure the launcher marked in `finished` (`_stopping_within`): what a restarted round follows."""
+    marks = sorted(Path(finished).glob("failed-*")) if finished else []
+    return marks[-1].read_text() if marks else None
 
 
 def _recording_kill(kill, index: int, killed: list):
@@ -375,6 +395,8 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
         rank_handlers(ignored)  # a rank ends at once on SIGINT / SIGTERM; the launcher says it in one line
         end_with(launcher)  # and when the launcher was killed outright
         init_distributed(backend, timeout_s)
+        if (failure := last_failure(finished)) is not None:  # a restarted round: what ended the one before
+            os.environ["SHARDWISE_RESTARTED_AFTER"] = failure
     try:
         result = entry(*args)
     finally:

@@ -456,7 +456,8 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
             marker.unlink(missing_ok=True)
     if restarts and rank0 and _messages(cfg):  # torchrun's agent started every rank again after one failed
         allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts))  # torchrun's own, under torchrun
-        print(f"restart {restarts} of {allowed}: a rank had failed, so every rank was started again; "
+        why = os.environ.get("SHARDWISE_RESTARTED_AFTER", "a rank had failed")  # the launcher's (not torchrun's)
+        print(f"restart {restarts} of {allowed}: {why}, so every rank was started again; "
               f"{'resuming from the newest checkpoint' if resume_from else 'no checkpoint yet: from step 0'}", flush=True)
     if resume_from is not None:
         manifest = checkpoint.restore(rt, resume_from)
