@@ -341,6 +341,27 @@ def test_a_hung_rank_is_named_only_when_it_had_to_be_killed(tmp_path):
         assert said.startswith("training stopped: rank 2 stopped answering (hung or stopped): rank 0 waited"), said
 
 
+def test_a_restart_names_the_rank_that_died_not_the_peer_it_left_waiting():
+    # torch's process context reports the first dead process it polls: the peer that raised 'Connection closed by
+    # peer' can come first. The restart message names the rank that vanished (exit code other than a Python error's).
+    from types import SimpleNamespace
+
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    from shardwise.launch import _failed_rank
+
+    peer = ProcessRaisedException("Traceback ...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection "
+                                  "closed by peer [127.0.0.1]:4128", 0, 100)
+    procs = [SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=-9)]
+    assert _failed_rank(peer, procs) == "rank 1 died (exit code -9, SIGKILL)"
+    alive = [SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=None)]  # the peer hung: nothing else to name
+    assert _failed_rank(peer, alive) == "rank 0 failed: RuntimeError: Connection closed by peer [127.0.0.1]:4128"
+    own = ProcessRaisedException("Traceback ...\nValueError: bad batch", 2, 100)  # its own error: itself
+    assert _failed_rank(own, procs + [SimpleNamespace(exitcode=1)]) == "rank 2 failed: ValueError: bad batch"
+    gone = ProcessExitedException("exited", 1, 100, 13)
+    assert _failed_rank(gone, procs) == "rank 1 died (exit code 13)"
+
+
 def _finish_then_hang(rank, world, hang_rank):
     import time
 

@@ -230,7 +230,7 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
             return join(self, timeout, grace if grace_period is None else grace_period)
         except (ProcessExitedException, ProcessRaisedException) as exc:
             if finished is not None:  # the next round's rank 0 names it when it says the job restarted
-                (finished / f"failed-{time.time_ns()}").write_text(_failed_rank(exc))
+                (finished / f"failed-{time.time_ns()}").write_text(_failed_rank(exc, self.processes))
             raise
 
     ProcessContext.join = join_quickly
@@ -240,13 +240,25 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
         ProcessContext.join = join
 
 
-def _failed_rank(exc) -> str:
+def _failed_rank(exc, processes) -> str:
     """'rank 1 died (exit code 13)', 'rank 1 died (exit code -9, SIGKILL)', 'rank 2 failed: <its error's last line>':
-    the rank torch's process context found failed (local = global on one machine), in describe_failures' words."""
+    the rank torch's process context found failed (local = global on one machine), in describe_failures' words. A
+    rank that raised because a peer went away (_left_waiting) is the consequence: a peer that exited otherwise than
+    by a Python error (exit code 1) is named instead."""
+    if not hasattr(exc, "exit_code") and _left_waiting(str(exc)):
+        gone = [i for i, p in enumerate(processes) if i != exc.error_index and p.exitcode not in (None, 0, 1)]
+        if gone:
+            return _died(gone[0], processes[gone[0]].exitcode)
     if hasattr(exc, "exit_code"):
-        signal = f", {exc.signal_name}" if getattr(exc, "signal_name", None) else ""
-        return f"rank {exc.error_index} died (exit code {exc.exit_code}{signal})"
+        return _died(exc.error_index, exc.exit_code)
     return f"rank {exc.error_index} failed: {_last_line(str(exc))}"
+
+
+def _died(rank: int, code: int) -> str:
+    import signal
+
+    name = f", {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else ""
+    return f"rank {rank} died (exit code {code}{name})"
 
 
 def last_failure(finished: str | None) -> str | None:
