@@ -32,15 +32,15 @@ def test_trace_files_from_a_real_run(tmp_path):
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     # 2 steps x 2 ranks x (4 F + 4 B) compute events, plus the receives
     assert sum(e["cat"] in ("F", "B") for e in spans) == 2 * 2 * 8
-    assert {e["pid"] for e in spans} == {0, 1}
+    assert {e["pid"] for e in spans} == {1, 2}  # rank + 1
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == {0: "pipeline rank 0 (rank 0)", 1: "pipeline rank 1 (rank 1)"}  # the stage, and who ran it
+    assert names == {1: "pipeline rank 0 (rank 0)", 2: "pipeline rank 1 (rank 1)"}  # the stage, and who ran it
     # every exchange a rank waits in is one record: the program the planner times is the one that ran
     from shardwise.schedules.p2p import Exchange, p2p_program
 
     for rank, program in enumerate(p2p_program(build("1f1b", 2, 4))):
         waited = sum(isinstance(x, Exchange) and x.wait for x in program)
-        assert sum(e["pid"] == rank and e["cat"] in ("recv", "send") for e in spans) == 2 * waited
+        assert sum(e["pid"] == rank + 1 and e["cat"] in ("recv", "send") for e in spans) == 2 * waited
     assert (tmp_path / "timeline.png").stat().st_size > 10_000 and (tmp_path / "timeline.svg").exists()
     assert 0.0 < summary["measured_bubble"] < 1.0 and 0.0 < summary["simulated_bubble"] < 1.0
 

@@ -27,11 +27,11 @@ def test_chrome_trace_is_perfetto_shaped(tmp_path):
     trace = json.loads(path.read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(spans) == len(MEASURED)
-    f0 = next(e for e in spans if e["name"] == "F0" and e["pid"] == 1)
+    f0 = next(e for e in spans if e["name"] == "F0" and e["pid"] == 2)  # rank 1: pid 0 is the kernel's to Perfetto
     assert f0["ts"] == pytest.approx(2500.0) and f0["dur"] == pytest.approx(2000.0)  # microseconds from the first event
     assert {e["tid"] for e in spans if e["cat"] in ("send", "recv")} == {1}  # communication on its own track
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == {0: "rank 0", 1: "rank 1"}
+    assert names == {1: "rank 0", 2: "rank 1"}
 
 
 @pytest.mark.parametrize("schedule, vpp", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
@@ -111,9 +111,9 @@ def test_simulate_compare_draws_and_traces(tmp_path, capsys):
     assert bubbles[3] < bubbles[2] < bubbles[1]  # ZB-H1 < interleaved < 1F1B
     assert png.read_bytes().startswith(b"\x89PNG")
     events = json.loads(trace.read_text())["traceEvents"]
-    assert {e["pid"] for e in events} == set(range(16))  # four schedules x four ranks
+    assert {e["pid"] for e in events} == set(range(1, 17))  # four schedules x four ranks, from pid 1
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert names[0] == "gpipe rank 0" and names[15] == "zb-h1 rank 3"
+    assert names[1] == "gpipe rank 0" and names[16] == "zb-h1 rank 3"
 
 
 def test_simulate_compare_on_one_rank_leaves_out_the_interleaved_panel(capsys):

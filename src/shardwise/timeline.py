@@ -70,21 +70,23 @@ def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None) -> di
     one thread must nest (the Trace Event Format), so each overlapping one takes the first lane free at its start.
     Times in microseconds, rounded to the nanosecond (float noise would make touching events overlap).
 
-    `names` overrides the process name of some ranks (default "rank N")."""
+    `names` overrides the process name of some ranks (default "rank N"). Rank N is pid N + 1: Perfetto handles pid 0
+    as the kernel's idle task (google/perfetto#394: "Please start from pid = 1")."""
     evs = [as_event(e) for e in events]
     t0 = min((e.start for e in evs), default=0.0)
     lanes, counts = _comm_lanes(evs)
     out = []
     for rank in sorted({e.rank for e in evs}):
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": (names or {}).get(rank, f"rank {rank}")}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute"}})
+        pid = rank + 1
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": (names or {}).get(rank, f"rank {rank}")}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "compute"}})
         for lane in range(max(counts.get(rank, 0), 1)):
             label = "communication" if lane == 0 else f"communication {lane + 1}"
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1 + lane, "args": {"name": label}})
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 1 + lane, "args": {"name": label}})
     for i, e in enumerate(evs):
         start, end = round((e.start - t0) * 1e6, 3), round((e.end - t0) * 1e6, 3)
-        out.append({"name": _name(e), "cat": e.kind, "ph": "X", "pid": e.rank,
+        out.append({"name": _name(e), "cat": e.kind, "ph": "X", "pid": e.rank + 1,
                     "tid": 1 + lanes[i] if e.kind in COMM else 0, "ts": start, "dur": round(end - start, 3),
                     "args": {"microbatch": e.microbatch, "chunk": e.chunk}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
