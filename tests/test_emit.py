@@ -123,6 +123,8 @@ def read_megatron(path: Path, tmp_path: Path, num_layers: int) -> dict:
         if ns.moe_layer_freq:
             given["moe_layer_freq"] = ast.literal_eval(ns.moe_layer_freq)
         given["moe_aux_loss_coeff"] = (ns.moe_aux_loss_coeff or [0.0])[0]
+        if ns.moe_router_load_balancing_type and len(ns.moe_router_load_balancing_type) == 1:  # validate_args, too
+            given["moe_router_load_balancing_type"] = ns.moe_router_load_balancing_type[0]
         given["expert_tensor_parallel_size"] = ns.expert_tensor_parallel_size or tp  # validate_args' default
     config = TransformerConfig(**given)
     ddp = DistributedDataParallelConfig(
@@ -603,6 +605,7 @@ BLOCK_FEATURES = {
                      "qk_pos_emb_head_dim": 16, "v_head_dim": 32,
                      "qk_layernorm": True,  # MLA's norms on the q and kv latents are built only with it
                      "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                     "moe_router_load_balancing_type": ["seq_aux_loss"],  # DeepSeek's per-sequence balance loss
                      "rotary_scaling_factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
     "llama 3.1 rope scaling": (_LLAMA | {"model_type": "llama", "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -115,3 +115,35 @@ def test_aux_loss_is_per_sequence_so_micro_batching_does_not_change_it():
     for i in range(4):
         model(tokens[i:i + 1], tokens[i:i + 1])
     assert take_aux_loss([model]).item() == pytest.approx(whole, rel=1e-6)
+
+
+def test_a_deepseek_config_trains_deepseeks_own_balance_loss():
+    """DeepSeek's MoEGate (seq_aux): per sequence, f_i = count_i * E / (K * T) over the top-K picks, P_i the mean of
+    the normalised scores; each MoE layer's alpha * sum_i f_i * P_i is added to the loss (not averaged). Written out
+    here from router logits caught on the way; the Mixtral form (no K, layers averaged) differs by K / layers."""
+    cfg = SHARED | {"model_type": "deepseek_v3", "num_experts_per_tok": 3, "norm_topk_prob": True,
+                    "n_group": 1, "topk_group": 1, "num_hidden_layers": 3,
+                    "q_lora_rank": None, "kv_lora_rank": None}  # no latent attention: the runtime trains GQA
+    spec = model_from_hf_config(cfg, "ds", "test")
+    assert spec.deepseek_balance_loss and spec.moe_layers == (1, 2) and spec.attention == "gqa"
+    model = Transformer(spec, seed=5)
+    logits = []
+    for i in spec.moe_layers:
+        model.layers[str(i)].feed_forward.router.register_forward_hook(lambda m, a, out: logits.append(out.detach()))
+    tokens = torch.randint(0, 256, (3, 10), generator=torch.Generator().manual_seed(2))
+    set_microbatches([model], 1)
+    model(tokens, tokens)
+    got = take_aux_loss([model]).item()
+    e, k, t = 4, 3, 10  # k differs from the 2 MoE layers: the two forms differ
+    want = 0.0
+    for lg in logits:
+        s = lg.float().sigmoid().view(3, t, e)
+        ids = s.topk(k, dim=-1).indices
+        counts = torch.nn.functional.one_hot(ids, e).sum(2).sum(1).float()  # (seq, E) over the top-k picks
+        ce = counts / (t * k / e)
+        want += 0.01 * (ce * (s / s.sum(-1, keepdim=True)).mean(1)).sum(1).mean().item()
+    assert got == pytest.approx(want, rel=1e-5)
+    mixtral_form = Transformer(model_from_hf_config(cfg | {"model_type": None}, "sw", "test"), seed=5)
+    set_microbatches([mixtral_form], 1)
+    mixtral_form(tokens, tokens)
+    assert take_aux_loss([mixtral_form]).item() == pytest.approx(want * k / len(spec.moe_layers), rel=1e-5)

@@ -184,6 +184,13 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def deepseek_balance_loss(self) -> bool:
+        """DeepSeek's MoEGate balance loss (DeepSeek-MoE, -V2, -V3): f_i = E · count_i / (K · T) over the top-K picks
+        and each MoE layer's term added to the loss; Switch/GShard's (Mixtral, Qwen-MoE in transformers) counts
+        f_i = count_i / T and averages the layers."""
+        return self.model_type in DEEPSEEK_KEYS
+
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self._moe_layer_set
 
@@ -360,6 +367,7 @@ ACT_OF_MLP = {"squared-relu": "relu2", "relu": "relu", "gelu": "gelu"}
 # DeepSeek-V3's keys and defaults (sigmoid routing, renormalised top-k): Moonshot's Kimi K2 (model_type kimi_k2) is
 # DeepSeek-V3's architecture under its own name (its config.json names DeepseekV3ForCausalLM).
 DEEPSEEK_V3_KEYS = ("deepseek_v3", "kimi_k2")
+DEEPSEEK_KEYS = ("deepseek_v2", *DEEPSEEK_V3_KEYS)
 MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
                # Nemotron-4: Llama-style blocks with a non-gated squared-ReLU MLP (counted by the planner, not trained)
                "nemotron": "llama",
@@ -691,7 +699,7 @@ def moe_hf_keys(spec: ModelSpec) -> dict:
     dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
     keys = {"num_experts_per_tok": spec.experts_per_token, "moe_intermediate_size": spec.moe_ffn_hidden,
             "norm_topk_prob": spec.norm_topk, "router_aux_loss_coef": spec.aux_loss_coef}
-    if spec.model_type in ("deepseek_v2", *DEEPSEEK_V3_KEYS):
+    if spec.model_type in DEEPSEEK_KEYS:
         if dense != list(range(len(dense))):
             raise ValueError("DeepSeek configs can only make the first layers dense")
         keys.update(n_routed_experts=spec.num_experts, n_shared_experts=spec.shared_ffn_hidden // spec.moe_ffn_hidden,

@@ -151,8 +151,11 @@ class MoE(nn.Module):
         return y if shared is None else y + shared
 
     def _aux_scale(self, batch: int) -> float:
-        """coef / (MoE layers * micro-batches * sequences): the step's loss is the mean over all of them."""
-        return self.spec.aux_loss_coef / (len(self.spec.moe_layers) * self.microbatches * batch)
+        """coef / (MoE layers * micro-batches * sequences): the step's loss is the mean over all of them. DeepSeek's
+        form (ModelSpec.deepseek_balance_loss) sums the layers and counts f over the top-k picks: coef / (k * ...)."""
+        spec = self.spec
+        per = spec.experts_per_token if spec.deepseek_balance_loss else len(spec.moe_layers)
+        return spec.aux_loss_coef / (per * self.microbatches * batch)
 
 
 def moe_layers_of(models) -> list[MoE]:

@@ -195,6 +195,8 @@ def _moe_args(m) -> list:
         args += ["--moe-router-num-groups", m.router_groups, "--moe-router-group-topk", m.router_topk_groups]
     if m.aux_loss_coef:
         args += ["--moe-aux-loss-coeff", m.aux_loss_coef]
+        # DeepSeek's per-sequence loss is Megatron-Core's seq_aux_loss (f over the top-k picks, each layer's added)
+        args += ["--moe-router-load-balancing-type", "seq_aux_loss"] if m.deepseek_balance_loss else []
     return args
 
 
