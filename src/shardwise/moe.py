@@ -119,7 +119,7 @@ class MoE(nn.Module):
         on other tp ranks, add theirs: f is counted over the whole sequence, P summed locally)."""
         spec = self.spec
         counts = F.one_hot(ids, spec.num_experts).sum(1).view(batch, -1, spec.num_experts).sum(1).float()
-        local_tokens = torch.tensor(float(probs.shape[0] // batch))
+        local_tokens = torch.tensor(float(probs.shape[0] // batch), device=probs.device)  # NCCL: a CUDA tensor
         if self.seq_group is not None:  # the sequence is split over tp: count its tokens on every rank
             stats = torch.cat([counts.flatten(), local_tokens.view(1)])
             dist.all_reduce(stats, group=self.seq_group)

@@ -36,6 +36,14 @@ def init_distributed(backend: str, timeout_s: float) -> None:
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
+def collective_device() -> torch.device:
+    """Where a tensor for a collective over the default group must live: NCCL moves CUDA tensors only (gloo takes
+    CPU ones: a CPU tensor passes every test here and fails on GPUs)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _restarted_job_store(timeout_s: float):
     """torchrun's agent keeps one TCPStore for every attempt of a job, without a per-attempt prefix; the ranks of
     a restarted job would read the addresses the dead attempt published there and gloo would connect to closed

@@ -31,9 +31,11 @@ def _slowest(values: list[float], world: int) -> list[float]:
     import torch
     import torch.distributed as dist
 
+    from shardwise.parallel.mesh import collective_device
+
     if world == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 

@@ -202,8 +202,11 @@ def worst_over_ranks(mem: dict) -> dict:
     Collective over the default group when one exists."""
     import torch.distributed as dist
 
+    from shardwise.parallel.mesh import collective_device
+
     parts = [float(mem[k]) for k in STATE_KEYS]
-    values = torch.tensor(parts + [sum(parts), float(mem.get("allocator_peak", 0))], dtype=torch.float64)
+    values = torch.tensor(parts + [sum(parts), float(mem.get("allocator_peak", 0))], dtype=torch.float64,
+                          device=collective_device())
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     out = dict(zip(STATE_KEYS, values.tolist()))
