@@ -138,6 +138,24 @@ def test_math_blocks_equal_the_fused_kernel(causal):
         assert fused.shape == math.shape and torch.allclose(fused, math, atol=1e-12)
 
 
+def test_math_blocks_keep_fp32_inside_the_models_autocast():
+    """On a GPU the ring's forward runs inside the model's bf16 autocast and its backward outside it: a bf16 score
+    matrix in the forward gave a log-sum-exp the fp32 backward's softmax does not sum to 1 with (dq 4 % off). CPU
+    autocast stands in for CUDA's: the blocks compute the same under it as without it."""
+    from shardwise.parallel.context_parallel import math_block_backward, math_block_forward
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, 16, 32, generator=g).bfloat16() for h in (4, 2, 2))
+    dout = torch.randn(1, 4, 16, 32, generator=g).bfloat16()
+    out, lse = math_block_forward(q, k, v, True)
+    grads = math_block_backward(dout, q, k, v, out, lse, True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_a, lse_a = math_block_forward(q, k, v, True)
+        grads_a = math_block_backward(dout, q, k, v, out_a, lse_a, True)
+    assert lse_a.dtype == torch.float32 and torch.equal(lse, lse_a) and torch.equal(out, out_a)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_a))
+
+
 def test_plan_files_carry_cp_into_train(tmp_path, capsys):
     """`plan --json` layouts carry cp and cp_mode; `train --plan` reads them (and a contradicting --cp is an error)."""
     from shardwise.cli import main

@@ -75,19 +75,23 @@ def _block_backward(dout, q, k, v, out, lse, causal: bool):
 
 
 def math_block_forward(q, k, v, causal: bool):
-    s, k, v = _math_scores(q, k, v, causal)
-    lse = torch.logsumexp(s, dim=-1)
-    return (torch.exp(s - lse.unsqueeze(-1)) @ v).to(q.dtype), lse
+    # Autocast off: the forward runs inside the model's bf16 autocast, the backward outside it; bf16 scores here would
+    # give a log-sum-exp the fp32 backward's softmax does not sum to 1 with (gradients a few % off).
+    with torch.autocast(q.device.type, enabled=False):
+        s, k, v = _math_scores(q, k, v, causal)
+        lse = torch.logsumexp(s, dim=-1)
+        return (torch.exp(s - lse.unsqueeze(-1)) @ v).to(q.dtype), lse
 
 
 def math_block_backward(dout, q, k, v, out, lse, causal: bool):
     kv_heads = k.shape[1]
-    s, k, v = _math_scores(q, k, v, causal)
-    p, dout = torch.exp(s - lse.unsqueeze(-1)), dout.to(s.dtype)
-    dv = p.transpose(-1, -2) @ dout
-    ds = p * (dout @ v.transpose(-1, -2) - (dout * out.to(s.dtype)).sum(-1, keepdim=True))
-    scale = q.shape[-1] ** -0.5
-    dq, dk = ds @ k * scale, ds.transpose(-1, -2) @ q.to(s.dtype) * scale
+    with torch.autocast(q.device.type, enabled=False):  # the forward's precision (above)
+        s, k, v = _math_scores(q, k, v, causal)
+        p, dout = torch.exp(s - lse.unsqueeze(-1)), dout.to(s.dtype)
+        dv = p.transpose(-1, -2) @ dout
+        ds = p * (dout @ v.transpose(-1, -2) - (dout * out.to(s.dtype)).sum(-1, keepdim=True))
+        scale = q.shape[-1] ** -0.5
+        dq, dk = ds @ k * scale, ds.transpose(-1, -2) @ q.to(s.dtype) * scale
     fold = lambda t: t.unflatten(1, (kv_heads, -1)).sum(2)  # noqa: E731  (GQA: sum over the heads sharing a KV head)
     return dq.to(q.dtype), fold(dk).to(q.dtype), fold(dv).to(q.dtype)
 
