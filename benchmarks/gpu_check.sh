@@ -45,7 +45,8 @@ elif [ "$GPUS" -ge 2 ]; then
     for SCHED in 1f1b interleaved-1f1b; do
         VPP=$([ "$SCHED" = interleaved-1f1b ] && echo 2 || echo 1)
         timeout 900 shardwise train --model gpt2 --pp 2 --schedule "$SCHED" --vpp "$VPP" --global-batch 8 \
-            --microbatches 8 --seq-len 1024 --steps 3 --backend nccl --timeout 120 --json > "$OUT/gpu-pp2-$SCHED.json"
+            --microbatches 8 --seq-len 1024 --steps 3 --backend nccl --timeout 120 --json --trace "$OUT/trace-$SCHED" \
+            > "$OUT/gpu-pp2-$SCHED.json"
         python3 - "$OUT/gpu-pp2-$SCHED.json" "$SCHED" <<'PY'
 import json, math, sys
 r = json.load(open(sys.argv[1]))
@@ -53,6 +54,8 @@ s = r["summary"]
 msg = s["layout"]["micro_batch"] * 1024 * 768 * 2  # values per message x 2 bytes (bf16; fp32 is twice)
 assert s["layout"]["pp"] == 2 and s["num_microbatches"] >= 4 and msg >= 2**20, s
 assert all(math.isfinite(x["loss"]) for x in r["records"]), r["records"]
+t = r["trace"]  # synchronised records: the measured bubble is work, not kernel launches
+assert t and 0.0 < t["measured_bubble"] < 0.9, t
 print(f"pp 2 {sys.argv[2]} on NCCL: {s['num_microbatches']} micro-batches, messages >= {msg / 2**20:.1f} MiB, "
       f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, median step {s['median_step_time_s'] * 1e3:.0f} ms: ok")
 PY

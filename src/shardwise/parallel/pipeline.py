@@ -80,6 +80,7 @@ class PipelineExecutor:
     amp: Callable = nullcontext  # autocast context for forwards (bf16 on GPU)
     program: list | None = None
     p2p: object = None
+    synchronize: bool = False  # a GPU traced: each record waits for the device (else it times launches, not work)
 
     def __post_init__(self):
         assert self.schedule.p > 1, "the executor runs pipelines; pp == 1 trains without it"
@@ -110,6 +111,13 @@ class PipelineExecutor:
             recvs.append((inbox[t], self._peer(t.src_rank), self._tag(t)))
         return [(w, sends) for w in self.p2p.post(sends, recvs, self.pp_group)]
 
+    def _now(self, t0: float) -> float:
+        """Seconds since t0. On a GPU, NCCL's wait and the kernels return before the work is done: a traced run
+        synchronises first, so an action's record spans its work (a cost only --trace pays)."""
+        if self.synchronize:
+            torch.cuda.synchronize(self.device)
+        return time.time() - t0
+
     # -- one step
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
         """Run this rank's program for one optimizer step over m micro-batches. Returns the mean
@@ -118,7 +126,7 @@ class PipelineExecutor:
         held: dict[tuple[int, int], _Held] = {}
         outbox, inbox, in_flight, loss = {}, {}, [], None
         for item in self.program:
-            start = time.time() - t0
+            start = self._now(t0)
             if isinstance(item, Exchange):
                 works = self._post(item, outbox, inbox)
                 if not item.wait:
@@ -129,7 +137,7 @@ class PipelineExecutor:
                 t = (item.recvs or item.sends)[0]
                 chunk = (t.dst_stage if item.recvs else t.src_stage) // self.schedule.p
                 self.records.append(Event(self.pp_rank, "recv" if item.recvs else "send", t.microbatch, chunk,
-                                          start, time.time() - t0))
+                                          start, self._now(t0)))
                 continue
             a = item
             received = {kind: inbox.pop(t) for kind, t in self.inputs[a].items()}
@@ -146,7 +154,7 @@ class PipelineExecutor:
                     out = self._backward(a, h, received.get("grad"))
                 if h.output is None:
                     del held[(a.microbatch, a.chunk)]
-            self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, time.time() - t0))
+            self.records.append(Event(self.pp_rank, a.kind, a.microbatch, a.chunk, start, self._now(t0)))
             for t in self.sends[a]:
                 outbox[t] = out.detach().contiguous()
         for work, _ in in_flight:

@@ -129,5 +129,6 @@ def build_pipeline(cfg, mesh, device) -> tuple[list, PipelineStep]:
     amp = partial(precision.autocast, torch.device(device).type, cfg.autocast)
     executor = PipelineExecutor(schedule, pp_rank, [c.module for c in chunks], group(mesh, "pp"),
                                 (lay.micro_batch, seq, spec.hidden), device=device, amp=amp,
-                                grad_sync=lambda c, last: grad_sync(chunks[c], enabled=last))
+                                grad_sync=lambda c, last: grad_sync(chunks[c], enabled=last),
+                                synchronize=bool(cfg.trace_dir) and torch.device(device).type == "cuda")
     return chunks, PipelineStep(executor, group(mesh, data_dim(mesh)), lay.zero, tied, keep_records=bool(cfg.trace_dir))
