@@ -94,3 +94,25 @@ def test_a_moe_shape_without_a_table_is_one_line(tmp_path, capsys):
     assert main(["train", "--model", str(folder), "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no Hugging Face mapping" in err and "--init random" in err, err
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_refused(tmp_path, capsys):
+    """transformers' Mixtral attends through sliding_window; the runtime attends over the whole sequence: at a
+    longer --seq-len the logits would not be the model's (0.5 apart at a window of 4 and 16 tokens). One line, before
+    any rank starts; at a sequence inside the window it trains and matches transformers."""
+    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=256,
+                                     max_position_embeddings=64, sliding_window=8)
+    folder = tmp_path / "windowed"
+    torch.manual_seed(0)
+    transformers.MixtralForCausalLM(cfg).eval().save_pretrained(folder)
+    capsys.readouterr()  # transformers' own progress bar
+    args = ["train", "--model", str(folder), "--steps", "1", "--global-batch", "2", "--no-progress"]
+    assert main([*args, "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "sliding window of 8 tokens" in err and "--seq-len 8 or less" in err, err
+    model = _load(folder).model.eval()
+    tokens = TOKENS[:, :8]
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf_logits(folder, tokens), rtol=1e-4, atol=1e-4)
+

@@ -81,6 +81,11 @@ def check_runtime_model(spec, seq_len: int) -> None:
                  else " (max_position_embeddings), which shardwise's runtime builds its RoPE tables for")
         raise UsageError(f"--seq-len {seq_len} exceeds the {n} positions of {spec.name}{table} — use at most {n} "
                          f"tokens, or raise n_positions / max_position_embeddings in the config.json to train longer")
+    if spec.windowed(seq_len):  # a Mixtral config's sliding_window: its layers see fewer keys than the sequence
+        raise UsageError(f"{spec.name} attends through a sliding window of {spec.sliding_window} tokens "
+                         f"(sliding_window), shorter than --seq-len {seq_len}, and shardwise's runtime attends over the "
+                         f"whole sequence (its logits would not be the model's) — train at --seq-len "
+                         f"{spec.sliding_window} or less, or plan and estimate it (the planner prices the window)")
     if spec.rotary and spec.head_dim % 2:  # the runtime's RoPE rotates the two halves of every head
         raise UsageError(f"{spec.name}'s head dimension {spec.head_dim} is odd, and shardwise's runtime rotates each "
                          f"head's two halves (RoPE) — plan and estimate it, or train a model with an even head_dim")
