@@ -154,6 +154,29 @@ def test_resume_refuses_another_model_or_run(argv, expected, good, tmp_path, cap
     assert _snapshot(root) == before
 
 
+def test_resume_names_the_model_folder_it_was_trained_with(good, tmp_path, capsys):
+    """Two folders both named 'llama' (the name is the folder's): the refusal says another model of that name and
+    suggests the --model the checkpoint was trained with, its path, not a preset that does not exist."""
+    import json
+
+    root, _ = _copy(good, tmp_path)
+    trained, other = tmp_path / "a" / "llama", tmp_path / "b" / "llama"
+    for folder, layers in ((trained, 2), (other, 3)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({
+            "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
+            "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64}))
+    manifest = next(root.glob("step_*/manifest.json"))
+    m = json.loads(manifest.read_text())
+    m["model"]["name"], m["model_given"] = "llama", str(trained)
+    manifest.write_text(json.dumps(m))
+    args = [a for a in ARGS]
+    args[args.index("--model") + 1] = str(other)
+    assert main(["train", *args, "--init", "random", "--checkpoint-dir", str(root), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "written for another model named 'llama'" in err and f"use --model {trained} or" in err, err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--save-every", "2"], "--save-every needs --checkpoint-dir"),
     (["--resume"], "--resume needs --checkpoint-dir"),

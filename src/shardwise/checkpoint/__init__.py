@@ -244,9 +244,14 @@ def _check_model(ckpt: Path, manifest: dict, spec) -> None:
     mine, theirs = json.loads(json.dumps(asdict(spec))), manifest["model"]  # as the manifest stored it (tuples: lists)
     diff = [k for k in mine if k != "name" and mine[k] != theirs.get(k)]
     if diff:
+        import shlex
+
         what = ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in diff[:3])
-        raise UsageError(f"{Path(ckpt) / MANIFEST}: written for model '{theirs.get('name')}', not '{spec.name}' ({what}) — "
-                         f"use --model {theirs.get('name')} or another --checkpoint-dir")
+        name = theirs.get("name")
+        which = f"another model named '{name}'" if name == spec.name else f"model '{name}', not '{spec.name}'"
+        given = manifest.get("model_given") or name  # the --model it was trained with (a folder's path, not its name)
+        raise UsageError(f"{Path(ckpt) / MANIFEST}: written for {which} ({what}) — use --model {shlex.quote(given)} or "
+                         f"another --checkpoint-dir")
 
 
 def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
