@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -272,3 +273,27 @@ def test_inspects_resume_line_names_the_model_as_given_and_the_expert_split(tmp_
     argv = shlex.split(line[line.index("shardwise train"):].split(" (with any")[0].strip(" │"))[1:]
     assert argv[:3] == ["train", "--model", str(config)]
     assert main(argv + ["--no-progress"]) == 0  # the printed command resumes (on one process) and finishes
+
+
+def test_export_leaves_out_a_tokenizer_that_changed_since_the_run(env, tmp_path, capsys):
+    """The checkpoint records the tokenizer's sha256: an export copies the tokenizer while it is the file the run
+    trained with, and leaves out (and says so) one edited or retrained since — its ids would not be the weights'."""
+    tok = tmp_path / "tok" / "tokenizer.json"
+    tok.parent.mkdir()
+    shutil.copy(env["tokenizer"], tok)
+    config = tmp_path / "m.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 512,
+                                  "max_position_embeddings": 64}))
+    ck = tmp_path / "ck"
+    assert main(["train", "--model", str(config), "--steps", "1", "--global-batch", "2", "--seq-len", "16",
+                 "--no-progress", "--data", str(env["corpus"]["text"]), "--tokenizer", str(tok), "--data-cache",
+                 env["cache"], "--checkpoint-dir", str(ck)]) == 0
+    assert main(["checkpoint", "export", str(ck), "--format", "hf", "--to", str(tmp_path / "same")]) == 0
+    assert (tmp_path / "same" / "tokenizer.json").read_bytes() == tok.read_bytes()
+    tok.write_text(tok.read_text() + "\n")  # another file at the same path
+    capsys.readouterr()
+    assert main(["checkpoint", "export", str(ck), "--format", "hf", "--to", str(tmp_path / "changed")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "changed" / "tokenizer.json").exists()
+    assert "it changed since the run (another sha256)" in out and "tokenizer from" not in out, out

@@ -151,6 +151,9 @@ def _export_hf(args) -> int:
     from shardwise.paths import shown
 
     extra = f", tokenizer from {shown(out['tokenizer'])}" if out["tokenizer"] else ""
+    if out["tokenizer_changed"]:
+        extra += (f"; not the tokenizer at {shown(out['tokenizer_changed'])}: it changed since the run (another "
+                  f"sha256), so its ids are not the weights' — copy the one the run trained with by hand")
     print(f"wrote {out['folder']}: config.json, {count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
           f"{out['parameters']:,} parameters, {_size(out['bytes'])} (step {out['step']}){extra}")
     return 0

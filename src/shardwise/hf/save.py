@@ -11,6 +11,7 @@ so exporting needs memory for one shard, not the whole model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import fields
@@ -108,18 +109,22 @@ def export_hf(path, out, max_shard_size: str = "5GB") -> dict:
         del ours, block
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(hf_config(spec, manifest.get("hf_config")), indent=2) + "\n")
-    copied = _copy_tokenizer(manifest.get("tokenizer"), out)
+    copied, changed = _copy_tokenizer(manifest.get("tokenizer"), out, manifest.get("tokenizer_sha256"))
     return {"folder": str(out), "files": len(shards), "tensors": len(tensors), "bytes": total,
-            "parameters": total // 4, "step": manifest["step"], "tokenizer": copied}
+            "parameters": total // 4, "step": manifest["step"], "tokenizer": copied, "tokenizer_changed": changed}
 
 
-def _copy_tokenizer(tokenizer: str | None, out: Path) -> str | None:
-    """The run's tokenizer.json and its config files beside the weights, when the run used one that still exists."""
+def _copy_tokenizer(tokenizer: str | None, out: Path, sha256: str | None) -> tuple[str | None, str | None]:
+    """(copied, changed): the run's tokenizer.json and its config files beside the weights, when the run used one
+    that still exists and is still the file it trained with (its sha256, in checkpoints since it was recorded); else
+    the path of one that changed since (left out: its token ids would not be the weights')."""
     if not tokenizer or not Path(tokenizer).is_file():
-        return None
+        return None, None
     src = Path(tokenizer)
+    if sha256 and hashlib.sha256(src.read_bytes()).hexdigest() != sha256:
+        return None, str(src)
     shutil.copyfile(src, out / "tokenizer.json")
     for name in TOKENIZER_FILES[1:]:
         if (src.parent / name).is_file():
             shutil.copyfile(src.parent / name, out / name)
-    return str(src)
+    return str(src), None
