@@ -92,3 +92,23 @@ def test_plans_nothing_fits_names_compile_only_where_it_fits(capsys, model, args
     if offered:
         est = _estimate(capsys, "estimate", "--model", model, "--framework", "torchtitan", *args, "--compile")
         assert est["fits"]
+
+
+def test_an_option_names_what_the_stacks_defaults_filled_in_beside_it(capsys):
+    """A change can move more than its own knob: with full recompute the freed memory takes llama3's interleaved
+    schedule, whose smaller bubble is why that option's step is faster than the layout that did not fit. The option says
+    so (filled_in) and the text too; adding those flags reproduces it, pinning the schedule as it was does not."""
+    args = ["estimate", "--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--gpus", "8192", "--global-batch",
+            "2048", "--seq-len", "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--recompute", "none",
+            "--framework", "llama3"]
+    est = _estimate(capsys, *args)
+    full = next(o for o in est["fit_options"] if o["change"] == "--recompute full")
+    assert full["filled_in"] == ["--schedule interleaved-1f1b", "--vpp 8"] and full["step_time_s"] < est["step_time_s"]
+    again = _estimate(capsys, *_applied(args, "--recompute full"), "--schedule", "interleaved-1f1b", "--vpp", "8")
+    assert again["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+    pinned = _estimate(capsys, *_applied(args, "--recompute full"), "--schedule", "1f1b")
+    assert pinned["step_time_s"] > est["step_time_s"]  # recompute alone costs time
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--recompute full (25.4 GiB, step 16,004 ms; the stack's defaults then fill in --schedule interleaved-1f1b " \
+           "--vpp 8)" in out

@@ -258,9 +258,11 @@ def _does_not_fit(est, options: list[dict]) -> str:
         return (f"does not fit the host: the offloaded states need {est.host_bytes / GIB:,.0f} GiB of CPU memory a "
                 f"node, and a node has {est.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "
                 f"{'--offload optimizer, ' if est.offload == 'params' else ''}or a cluster file with more host_memory_gib")
-    head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.0f} GiB per GPU"
+    head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.3g} GiB per GPU"
     if not options:
         return (f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits "
                 "it: more GPUs, or another split")
     return head + "; it fits with " + "; or ".join(
-        f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms)" for o in options)
+        f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms"
+        + (f"; the stack's defaults then fill in {' '.join(o['filled_in'])}" if o["filled_in"] else "") + ")"
+        for o in options)

@@ -66,7 +66,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"Fit: M_model = {f'{n / 1e9:.2f} B' if n >= 1e8 else f'{n / 1e6:.2f} M'} parameters x {train.bytes_per_param} B ({_dtype(train.weight_bytes)} weights "
         f"{train.weight_bytes}, {_dtype(train.grad_bytes)} gradients {train.grad_bytes}, {_optimizer_states(train)} "
         f"{train.optimizer_bytes}) = "
-        f"{states / GIB:.{1 if states >= GIB else 4}f} GiB {'<=' if fits_one else '>'} M_GPU = {m_gpu / GIB:.0f} GiB. "
+        f"{states / GIB:.{1 if states >= GIB else 4}f} GiB {'<=' if fits_one else '>'} M_GPU = {m_gpu / GIB:.3g} GiB. "
         + ("The model states fit one GPU, so plain data parallelism is possible; any split below is chosen for speed or for activations."
            if fits_one else
            f"It does not fit one GPU: the model must be split (TP, PP) or its states sharded (ZeRO) over at least "
@@ -87,7 +87,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()}). Total {win.memory_per_gpu / GIB:.1f} of "
-        f"{m_gpu / GIB:.0f} GiB on pipeline rank {win.worst_rank}."
+        f"{m_gpu / GIB:.3g} GiB on pipeline rank {win.worst_rank}."
         + (f" Offloaded (--offload {win.offload}): {win.host_held()}; the host side of the step costs "
            f"{seconds(win.time_s['offload'])}." if win.offload else "")
     )
@@ -185,7 +185,7 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     unsplit = memory_breakdown(job, plain)[1]
     fits_unsplit = sum(unsplit.values()) <= c.gpu_memory_bytes
     why = (f"unsplit, one sequence of {s:,} tokens would keep {unsplit['activations'] / GIB:.1f} GiB of activations on "
-           f"each GPU {where} ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.0f} GiB in all"
+           f"each GPU {where} ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.3g} GiB in all"
            + ("" if fits_unsplit else ": it does not fit") + ")")
     tokens = local_seq(job, lay)
     lc = layer_cost(job, lay)
@@ -553,7 +553,7 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     win = result.ranked[0]
     t = win.time_s
     share = {k: v / win.step_time for k, v in t.items()}
-    line = (f"{_knobs(win)} ({job.framework}): {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.0f} GiB "
+    line = (f"{_knobs(win)} ({job.framework}): {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.3g} GiB "
             f"per GPU; of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
             f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
             f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}"

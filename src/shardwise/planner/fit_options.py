@@ -35,13 +35,32 @@ def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: fr
         runs.append(("--compile", compiled(job), asked, named))
     for kind in fw.offload if host_stated(job.cluster) and not job.offload else ():  # the states to the host's memory
         runs.append((f"--offload {kind}", replace(job, offload=kind), asked, named))
-    out = [_option(change, est) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
+    out = [_option(change, est, layout) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
            if est is not None]
     smaller = next((est for est in (_fitting(job, asked.with_(micro_batch=mb), named)  # the largest that fits
                                     for mb in range(layout.micro_batch - 1, 0, -1)) if est is not None), None)
     if smaller is not None:
-        out.append(_option(f"--micro-batch {smaller.layout.micro_batch}", smaller))
+        out.append(_option(f"--micro-batch {smaller.layout.micro_batch}", smaller, layout))
     return sorted(out, key=lambda o: o["step_time_s"])
+
+
+# The knobs estimate fills in when the command leaves them out, as flags: what a change's new fill-in also moved.
+_FILLED = (("schedule", lambda v: f"--schedule {v}"), ("vpp", lambda v: f"--vpp {v}"),
+           ("micro_batch", lambda v: f"--micro-batch {v}"), ("zero", lambda v: f"--zero {v}"),
+           ("recompute", lambda v: f"--recompute {v}"),
+           ("sequence_parallel", lambda v: "--sequence-parallel" if v else "--no-sequence-parallel"))
+
+
+def filled_in(before: Layout, after: Layout, change: str) -> list[str]:
+    """The flags beside `change` on which `after` differs from `before` (the stack's defaults filled in again, e.g. an
+    interleaved schedule once recompute frees the memory for it); a schedule only where there is a pipeline."""
+    out = []
+    for field, flag in _FILLED:
+        value = getattr(after, field)
+        if value != getattr(before, field) and not change.startswith(flag(value).split()[0]) \
+                and (after.pp > 1 or field not in ("schedule", "vpp")):
+            out.append(flag(value))
+    return out
 
 
 def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None:
@@ -60,6 +79,7 @@ def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None
     return est if est.fits else None
 
 
-def _option(change: str, est: Estimate) -> dict:
+def _option(change: str, est: Estimate, before: Layout) -> dict:
     memory = round(est.memory_per_gpu / GIB, 3)  # as estimate --json reports it (both names: the second is estimate's)
-    return {"change": change, "memory_gib": memory, "memory_gib_per_gpu": memory, "step_time_s": round(est.step_time, 6)}
+    return {"change": change, "memory_gib": memory, "memory_gib_per_gpu": memory, "step_time_s": round(est.step_time, 6),
+            "filled_in": filled_in(before, est.layout, change)}
