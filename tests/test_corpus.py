@@ -195,6 +195,9 @@ def test_bad_data_is_one_line_naming_the_file(env, tmp_path, capsys, monkeypatch
     _one_line_error(capsys, ["--data", str(tmp_path / "bad.jsonl"), *cache], "bad.jsonl:2: not valid JSON")
     _one_line_error(capsys, ["--data", str(env["corpus"]["jsonl"]), *cache], "paragraphs.jsonl:1: no text field 'text'",
                     "--data-field")
+    (tmp_path / "nul.txt").write_bytes(b"abc\x00def " * 100)  # NUL is the byte tokenizer's end-of-text token
+    _one_line_error(capsys, ["--data", str(tmp_path / "nul.txt"), *cache], "nul.txt: holds a NUL character",
+                    "--tokenizer")
     (tmp_path / "number.jsonl").write_text('{"text": 5}\n')  # the field is there: it holds no text
     _one_line_error(capsys, ["--data", str(tmp_path / "number.jsonl"), *cache], "number.jsonl:1: field 'text' holds int 5, not text")
     # the token cache's folder set by $SHARDWISE_CACHE is named as that, not as --data-cache nobody gave

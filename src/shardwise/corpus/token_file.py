@@ -23,7 +23,7 @@ import numpy as np
 
 from shardwise.corpus.sources import Source, expand, pieces
 from shardwise.paths import file_sha256
-from shardwise.corpus.tokenizer import TokenizerSpec, encoder
+from shardwise.corpus.tokenizer import BYTES, TokenizerSpec, encoder
 from shardwise.errors import UsageError
 
 FORMAT = 1
@@ -155,6 +155,9 @@ def _tokenize(sources: list[Source], tok: TokenizerSpec, field: str, out: Path, 
             writer = _Writer(sink, tok)
             for src in sources:
                 for text, end, consumed in pieces(src, field):
+                    if tok.path == BYTES and "\x00" in text:  # it would read as a document's end
+                        raise UsageError(f"{src.path}: holds a NUL character (\\x00), the byte tokenizer's end-of-text "
+                                         f"token — remove it from the data, or tokenize with --tokenizer")
                     writer.add(text, end)
                     advance(consumed)
             writer.flush()

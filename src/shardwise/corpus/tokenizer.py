@@ -3,7 +3,7 @@
 Documents are encoded without special tokens and each is followed by the end-of-text token, as nanoGPT
 and Megatron prepare pretraining data. The end-of-text token comes from tokenizer_config.json's
 eos_token, else the model folder's config.json eos_token_id, else the first known end-of-text token in
-the vocabulary. The byte tokenizer ends documents with byte 0 (NUL), which text does not contain.
+the vocabulary. The byte tokenizer ends documents with byte 0 (NUL): data holding a NUL is refused (token_file).
 """
 
 from __future__ import annotations
