@@ -8,18 +8,19 @@ import sys
 from dataclasses import replace
 
 from shardwise.errors import UsageError
-from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, default_schedule, load_cluster,
-                             load_model)
+from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, cluster_presets, default_schedule,
+                             load_cluster, load_model, model_presets)
 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
     p.add_argument("--model", required=default is None, default=default,
-                   help="model preset (e.g. llama3-8b, tiny) or path to a Hugging Face config.json"
-                        + ("" if default is None else " (default %(default)s)"))
+                   help=f"model preset ({', '.join(model_presets())}) or path to a Hugging Face config.json or model "
+                        "folder" + ("" if default is None else " (default %(default)s)"))
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", required=True, help="cluster preset (e.g. dgx-h100-80gb) or path to a cluster .toml")
+    p.add_argument("--cluster", required=True,
+                   help=f"cluster preset ({', '.join(cluster_presets())}) or path to a cluster .toml")
     p.add_argument("--gpus", type=int, required=True, help="total number of GPUs")
 
 
