@@ -508,7 +508,7 @@ def parse(row: dict, six_profiles: bool = False, as_eager: bool = False) -> Run:
     sp = stated_sequence_parallel(row) or "dgxc-benchmarking" in row["source"]
     flash = False if pre_flash(row) else (True if stated_flash(row) else None)
     fw = FRAMEWORKS[profile]
-    if fw.sequence_parallel == "always":
+    if fw.sequence_parallel == "always" or (fw.sequence_parallel == "default" and not stated_no_sequence_parallel(row)):
         sp = True
     zero = _zero(row["zero_stage"])
     if profile == "automodel" and pp > 1 and zero == 3:  # its FSDP2 reshards after forward only without PP

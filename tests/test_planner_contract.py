@@ -343,7 +343,7 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
     if spec.num_heads % tp or spec.num_kv_heads % tp or spec.ffn_hidden % tp or spec.shared_ffn_hidden % tp:
         return
     cluster = load_cluster("dgx-h100-80gb")
-    sp = tp > 1 and fw.sequence_parallel == "always"
+    sp = tp > 1 and fw.sequence_parallel in ("always", "default")
     schedule = next((s for s in fw.schedules if s != "interleaved-1f1b"), "1f1b") if pp > 1 else "1f1b"
 
     def memory(dp, micro=mb):
@@ -608,7 +608,7 @@ def test_a_longer_sequence_never_shortens_a_moe_step():
     assert long >= short
 
 
-@pytest.mark.parametrize("extra, why", [(["--framework", "nemo"], "nemo always shards the sequence with TP"),
+@pytest.mark.parametrize("extra, why", [(["--framework", "nemo"], "nemo's recipes shard the sequence with TP"),
                                         (["--tp-comm-overlap"], "TP comm overlap needs it")])
 def test_implied_sequence_parallelism_is_checked_like_a_named_one(extra, why):
     """Named, --sequence-parallel with a sequence tp does not divide is refused; implied by the stack it was scored."""
@@ -622,7 +622,7 @@ def test_implied_sequence_parallelism_is_checked_like_a_named_one(extra, why):
 
 @pytest.mark.parametrize("extra, why", [
     (["--framework", "torchtitan"], "torchtitan's tensor parallelism always shards the sequence"),
-    (["--framework", "nemo"], "nemo's tensor parallelism always shards the sequence"),
+    (["--framework", "nemo"], "--no-sequence-parallel with TP comm overlap"),  # its recipes' overlap needs SP
     (["--tp-comm-overlap"], "--no-sequence-parallel with TP comm overlap")])
 def test_an_explicit_no_sequence_parallel_is_refused_where_the_stack_would_shard_it_anyway(extra, why):
     """Unnamed, sequence parallelism is implied where the stack always runs it with TP (or TP comm overlap needs it);
@@ -633,6 +633,17 @@ def test_an_explicit_no_sequence_parallel_is_refused_where_the_stack_would_shard
     assert code == 2 and why in err and err.count("\n") == 1, err
     implied = answer(argv)
     assert implied["sequence_parallel"] and any("sequence parallelism" in i for i in implied["assumptions"]["implied"])
+
+
+def test_nemo_runs_plain_tensor_parallelism_when_told():
+    """NeMo's recipes set sequence_parallel with every TP, but it is a switch: named off (with the TP comm overlap its
+    recipes run, which needs it, off too) the layout is priced as plain TP, more activation memory than with SP."""
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 16, "--global-batch", 16,
+            "--seq-len", 8192, "--tp", 2, "--micro-batch", 1, "--zero", 1, "--recompute", "none", "--framework", "nemo",
+            "--no-tp-comm-overlap", "--json"]
+    plain, sp = answer([*argv, "--no-sequence-parallel"]), answer(argv)
+    assert plain["framework"] == "nemo" and not plain["sequence_parallel"] and sp["sequence_parallel"]
+    assert plain["memory_gib_per_gpu"] > sp["memory_gib_per_gpu"]
 
 
 @pytest.mark.parametrize("name, total, active", [
@@ -749,7 +760,8 @@ JOB70 = ["--model", "llama2-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", 
 @pytest.mark.parametrize("command", ["plan", "explain", "estimate"])
 def test_plain_tp_on_a_stack_that_always_shards_the_sequence_is_refused_by_every_command(framework, command):
     """estimate, plan and explain accept and refuse the same flags: --no-sequence-parallel under a stack whose TP
-    always shards the sequence is one line and exit 2 in each, naming the stack, not a filter plan ignores."""
+    always shards the sequence (torchtitan), or whose TP comm overlap needs it (nemo's, on by default), is one line and
+    exit 2 in each, naming the stack, not a filter plan ignores."""
     layout = ["--tp", "8", "--pp", "2", "--micro-batch", "1"] if command == "estimate" else []
     code, out, err = cli([command, *JOB70, *layout, "--framework", framework, "--no-sequence-parallel"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "sequence" in err and framework in err

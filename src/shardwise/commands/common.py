@@ -249,8 +249,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="only layouts with Megatron sequence parallelism (with tp > 1); --no-sequence-parallel: only "
                         "plain TP, refused (as estimate refuses it) where the stack always shards the sequence with "
-                        "TP (nemo, torchtitan, or under --tp-comm-overlap). Default: both where the stack runs it as "
-                        "an option (megatron-2021: off unless given), on where it always does")
+                        "TP (torchtitan, or under --tp-comm-overlap: nemo's default). Default: both where the stack runs "
+                        "it as an option (megatron-2021: off unless given), on where it always does or its recipes do "
+                        "(nemo)")
     g.add_argument("--schedules", type=_choice_list(PLANNED_SCHEDULES), default=PLANNED_SCHEDULES, metavar="S,...",
                    help="pipeline schedules to try")
     g.add_argument("--max-vpp", type=int, default=None, metavar="V", help="at most V virtual stages per rank")

@@ -250,13 +250,15 @@ def stack_implied(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> tu
     implied: list[str] = []
     if ("sequence_parallel" in named and lay.tp > 1 and not lay.sequence_parallel and job.tp_comm_overlap
             and fw.sequence_parallel != "always"):  # (a stack that always shards it: its refusal says so)
-        raise UsageError("--no-sequence-parallel with TP comm overlap: the overlap runs TP's collectives as the "
-                         "sequence-parallel all-gather and reduce-scatter — drop --no-sequence-parallel, or add "
-                         "--no-tp-comm-overlap")
+        raise UsageError(f"--no-sequence-parallel with TP comm overlap ({fw.name}'s, on unless --no-tp-comm-overlap): "
+                         "the overlap runs TP's collectives as the sequence-parallel all-gather and reduce-scatter — "
+                         "drop --no-sequence-parallel, or add --no-tp-comm-overlap")
     if ("sequence_parallel" not in named and lay.tp > 1 and not lay.sequence_parallel
-            and (fw.sequence_parallel == "always" or job.tp_comm_overlap)):
+            and (fw.sequence_parallel in ("always", "default") or job.tp_comm_overlap)):
         lay = lay.with_(sequence_parallel=True)
-        why = "TP comm overlap needs it" if fw.sequence_parallel != "always" else f"{fw.name} always shards the sequence with TP"
+        why = {"always": f"{fw.name} always shards the sequence with TP",
+               "default": f"{fw.name}'s recipes shard the sequence with TP; --no-sequence-parallel not given"}.get(
+            fw.sequence_parallel, "TP comm overlap needs it")
         implied.append(f"sequence parallelism ({why})")
     if "cp_mode" not in named and lay.cp > 1 and fw.context_parallel and lay.cp_mode not in fw.context_parallel:
         lay = lay.with_(cp_mode=fw.context_parallel[0])

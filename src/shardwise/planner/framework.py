@@ -203,7 +203,9 @@ class Framework:
     # The profile of the same stack's later releases (deepspeed: deepspeed-2024; megatron-2021: megatron-core): named in
     # the one-line refusal of a layout this release cannot run and that one can (frameworks.check).
     later_release: str = ""
-    sequence_parallel: str = "optional"  # "optional" | "always" (implied with tp > 1) | "never"
+    # "optional" | "always" (implied with tp > 1) | "never" | "default" (implied with tp > 1 unless named off: a
+    # switch its recipes always set, e.g. NeMo's)
+    sequence_parallel: str = "optional"
     context_parallel: tuple[str, ...] = ("ring", "allgather")  # attention over sequence shards it runs
     # How its context parallelism runs the attention (planner/kernels.py cp_attention_time, ring_merge_bytes): "te"
     # (Transformer Engine: the p2p ring's steps merged in the activation dtype; all-gather: each local query chunk

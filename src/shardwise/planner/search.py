@@ -220,8 +220,9 @@ def _sp_options(job: Job, fw, tp: int, cp: int, space: SearchSpace = SearchSpace
     rank's tokens."""
     if tp == 1:  # no sequence to shard: none where the space asks for sequence parallelism only
         return () if space.sequence_parallel == (True,) else (False,)
-    sps = (True,) if _sp_required(job, fw) else {"never": (False,)}.get(fw.sequence_parallel, (True, False))
     asked = space.sequence_parallel_for(fw)
+    sps = (True,) if _sp_required(job, fw) or (fw.sequence_parallel == "default" and asked is None) else \
+        {"never": (False,)}.get(fw.sequence_parallel, (True, False))
     sps = tuple(sp for sp in sps if asked is None or sp in asked or _sp_required(job, fw))
     return tuple(sp for sp in sps if not sp or splits_over_tp(job.train.seq_len, tp, cp))  # none where SP is a must but cannot split
 
@@ -231,7 +232,7 @@ def _sp_required(job: Job, fw) -> str:
     TP comm overlap runs on sequence-parallel activations (estimate.complete_layout implies SP for both)."""
     if fw.sequence_parallel == "always":
         return f"--framework {fw.name} always shards the sequence with TP"
-    return "--tp-comm-overlap runs on sequence-parallel activations" if job.tp_comm_overlap else ""
+    return f"{fw.name}'s TP comm overlap runs on sequence-parallel activations" if job.tp_comm_overlap else ""
 
 
 def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> int:

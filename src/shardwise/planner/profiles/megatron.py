@@ -106,7 +106,10 @@ NEMO = Framework(
     grad_bytes=2, optimizer_bytes=10, attention="te", grad_reduce_bytes=2, overlap_grad_reduce=True,
     overlap_param_gather=True, bucket_bytes=220 * 2**20, p2p_overlap=MEGATRON_P2P_OVERLAP, tp_comm_overlap=True,
     tp_comm_overlap_available=True,
-    zero_stages=(0, 1, 2, 3), default_zero=1, sequence_parallel="always", zero2_reduce_every_microbatch=True,
+    zero_stages=(0, 1, 2, 3), default_zero=1, zero2_reduce_every_microbatch=True,
+    # SP with every TP in the recipes, but a switch (MegatronStrategy(sequence_parallel=...)): named off, it runs (TP
+    # comm overlap, on in the recipes, needs it: --no-tp-comm-overlap too)
+    sequence_parallel="default",
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
     # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)
