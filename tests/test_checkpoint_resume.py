@@ -172,7 +172,7 @@ def test_single_process_resume_is_bitwise(tmp_path, references):
 def test_dropping_the_optimizer_state_is_caught(tmp_path, references, monkeypatch):
     """The control: the same resume with fresh AdamW moments misses the reference by >> rtol 1e-5."""
     train(_cfg("tiny", L(), checkpoint_dir=str(tmp_path), stop_after=STOP))
-    fresh = lambda p, moments, step: {"step": step.clone(), **{m: torch.zeros_like(p) for m in moments}}  # noqa: E731
+    fresh = lambda p, moments, step, opt: {"step": step.clone(), **{m: torch.zeros_like(p) for m in moments}}  # noqa: E731
     monkeypatch.setattr(ckpt_state, "_adam_state", fresh)
     resumed = train(_cfg("tiny", L(), checkpoint_dir=str(tmp_path), resume=True)).records
     ref = _field(references["tiny"], "loss")[STOP:]
@@ -218,3 +218,23 @@ def test_expert_parallel_checkpoint_exports_the_single_process_model(runs, tmp_p
             assert got["layers.0.feed_forward.experts.w1"].shape == (4, 64, 64)
         for name, t in ref.items():
             assert (got[name] - t).abs().max() <= 1e-5, (kind, name)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_restored_adamw_step_is_where_torch_would_put_it(fused):
+    """Optimizer.load_state_dict puts a fused (or capturable) AdamW's step count on the parameter's device, where the
+    fused CUDA kernel reads it; the checkpoint's own restore (state._adam_state) does the same. The meta device stands
+    in for a GPU: a CPU step beside GPU parameters was a host pointer inside the kernel after every --resume."""
+    from torch import nn
+
+    from shardwise.checkpoint.state import _adam_state
+
+    p = nn.Parameter(torch.empty(4, 4, device="meta"))
+    opt = torch.optim.AdamW([p], fused=fused)
+    moments = {m: torch.zeros(4, 4, device="meta") for m in ("exp_avg", "exp_avg_sq")}
+    ours = _adam_state(p, moments, torch.tensor(3.0), opt)
+    opt.load_state_dict({"state": {0: {"step": torch.tensor(3.0), **moments}},
+                         "param_groups": opt.state_dict()["param_groups"]})
+    theirs = opt.state[p]["step"]
+    assert (ours["step"].device, ours["step"].dtype) == (theirs.device, theirs.dtype)
+    assert ours["step"].device.type == ("meta" if fused else "cpu")

@@ -173,7 +173,7 @@ def targets(rt) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
             moments = {m: want(f"optim.{e.key}.{m}", e.param, e.shard) for m in MOMENTS}
             step = wanted[f"optim.{e.key}.step"] = torch.zeros((), dtype=torch.get_default_dtype())
             opt = home[id(e.param)]
-            moves.append(lambda p=e.param, ms=moments, s=step, o=opt: o.state.__setitem__(p, _adam_state(p, ms, s)))
+            moves.append(lambda p=e.param, ms=moments, s=step, o=opt: o.state.__setitem__(p, _adam_state(p, ms, s, o)))
     wanted["rng.cpu"] = torch.get_rng_state()
     wanted["train.step"] = torch.zeros((), dtype=torch.int64)
 
@@ -186,9 +186,13 @@ def targets(rt) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     return wanted, finish
 
 
-def _adam_state(p: torch.Tensor, moments: dict[str, torch.Tensor], step: torch.Tensor) -> dict:
-    """AdamW's per-parameter state as AdamW itself would have built it (moments shaped and placed like p)."""
-    state = {"step": step.clone()}
+def _adam_state(p: torch.Tensor, moments: dict[str, torch.Tensor], step: torch.Tensor, opt) -> dict:
+    """AdamW's per-parameter state as AdamW itself would have built it (moments shaped and placed like p; the step
+    count on p's device where the optimizer is fused or capturable, as Optimizer.load_state_dict places it: the fused
+    CUDA kernel reads it on the GPU, and a CPU step there is a host pointer in a kernel)."""
+    group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+    on_device = group.get("fused") or group.get("capturable")
+    state = {"step": step.to(device=p.device if on_device else "cpu", dtype=step.dtype, copy=True)}
     for m, value in moments.items():
         state[m] = torch.zeros_like(p, memory_format=torch.preserve_format)
         _assign(state[m], value)
