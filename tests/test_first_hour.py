@@ -335,6 +335,34 @@ def test_a_run_that_cannot_fit_this_machine_is_refused_before_launch(argv, expec
     assert expected in err and "available" in err and "--no-memory-check" in err, err
 
 
+def test_a_gpu_runs_memory_check_leaves_no_cuda_context_behind(monkeypatch):
+    """mem_get_info opens a CUDA context on each GPU it asks, kept for the asking process's life. Under torchrun a rank
+    asks its own GPU only (every rank had asked all eight: seven foreign contexts on each GPU); the launcher asks from
+    a short-lived process of its own. torch.cuda and subprocess are stand-ins here (no GPU)."""
+    import subprocess
+
+    import torch
+
+    from shardwise import preflight
+    from shardwise.specs import Layout, load_model
+    from shardwise.train import TrainConfig
+
+    asked, spawned = [], []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (80 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: spawned.append(argv) or
+                        subprocess.CompletedProcess(argv, 0, stdout=f"{80 * 2**30}\n", stderr=""))
+    monkeypatch.setattr(preflight, "available_host_memory", lambda: None)
+    cfg = TrainConfig(spec=load_model("tiny"), layout=Layout(dp=8), steps=1, backend="nccl", global_batch=8, seq_len=16)
+    for key, value in (("LOCAL_RANK", "3"), ("LOCAL_WORLD_SIZE", "8")):
+        monkeypatch.setenv(key, value)
+    preflight.check_memory(cfg)
+    assert asked == [3] and spawned == []
+    for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key)
+    preflight.check_memory(cfg)
+    assert asked == [3] and len(spawned) == 1 and spawned[0][-1] == "8"  # its 8 ranks' GPUs, asked elsewhere
+
+
 def test_far_more_ranks_than_cores_is_refused_and_more_is_noted(monkeypatch, capsys):
     import os
 

@@ -113,9 +113,7 @@ def check_memory(cfg, fix: str = TRAIN_FIX, override: str = "--no-memory-check")
     device, host = rank_memory(cfg)
     anyway = f" (or {override} to try anyway)" if override else ""
     if cfg.device_type == "cuda":
-        import torch
-
-        free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(ranks, torch.cuda.device_count())))
+        free = free_gpu_bytes(ranks)
         if device > free:
             raise UsageError(f"each rank needs about {device / GIB:,.1f} GiB of GPU memory (planner: states and "
                              f"activations of this layout), but a GPU has {free / GIB:,.1f} GiB free — {fix}{anyway}")
@@ -124,6 +122,29 @@ def check_memory(cfg, fix: str = TRAIN_FIX, override: str = "--no-memory-check")
         raise UsageError(f"this run needs about {ranks * host / GIB:,.1f} GiB of memory ({ranks} rank{'s' * (ranks > 1)} x "
                          f"{host / GIB:,.1f} GiB: weights, gradients, optimizer states, activations, the process) but "
                          f"this machine has {have / GIB:,.1f} GiB available — {fix}{anyway}")
+
+
+# The least free memory of the first `ranks` GPUs, read in a process of its own: mem_get_info opens a CUDA context on
+# each GPU it asks, which the asking process keeps for its life (a few hundred MiB a GPU).
+_FREE_GPU = ("import sys, torch; n = min(int(sys.argv[1]), torch.cuda.device_count()); "
+             "print(min(torch.cuda.mem_get_info(i)[0] for i in range(n)))")
+
+
+def free_gpu_bytes(ranks: int) -> int:
+    """Free memory of the GPUs this machine's ranks will train on, without leaving a CUDA context behind: under
+    torchrun, a rank asks its own GPU only (where it trains anyway); the launcher asks from a short-lived process,
+    not from itself (it would hold a context on every GPU while the ranks train)."""
+    if "LOCAL_RANK" in os.environ:
+        import torch
+
+        return torch.cuda.mem_get_info(int(os.environ["LOCAL_RANK"]))[0]
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _FREE_GPU, str(ranks)], capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise UsageError(f"could not read the GPUs' free memory ({(out.stderr.strip().splitlines() or ['?'])[-1]}) — "
+                         "check the GPUs with nvidia-smi")
+    return int(out.stdout)
 
 
 def check_cores(ranks: int, gpu: bool = False, cores: int | None = None) -> None:
