@@ -66,6 +66,8 @@ CHANGES = [
     ("moe-dp4-ep2-zero1-to-1x1x1", "tiny-moe", L(dp=4, ep=2, zero=1, mb=1), L()),
     ("moe-dp4-etp2-fsdp-zero3-to-pp2-tp2-ep2", "tiny-moe", L(dp=4, etp=2, zero=3, mb=1),
      L(pp=2, tp=2, ep=2, sequence_parallel=True, mb=2)),
+    # FSDP's shards saved and loaded as they are (nothing gathered): dp 4 -> 2, the padded vocabulary's 259 rows uneven
+    ("padded-dp4-zero3-to-dp2-zero2", "padded", L(dp=4, zero=3, mb=1), L(dp=2, zero=2, mb=2)),
 ]
 # Same layout before and after: bitwise (dp <= 2 keeps every all-reduce a two-term sum, so bucketing cannot reorder it)
 SAME = [("same-2x2x1-zero1-sp", "tiny", L(dp=2, tp=2, zero=1, sequence_parallel=True, mb=2)),
@@ -159,6 +161,19 @@ def test_resume_under_the_same_layout_is_bitwise(runs):
         split = _records(runs, f"{name}-save") + _records(runs, f"{name}-resume")
         for field in ("loss", "grad_norm"):
             assert _field(split, field) == _field(straight, field), f"{name}: {field}"
+
+
+@pytest.mark.slow
+def test_fsdp_saves_its_own_shards_without_gathering(runs):
+    """ZeRO-3 is chosen where the whole model does not fit one GPU: its checkpoint holds each dp rank's chunk of a
+    tensor nothing else splits (four pieces at dp 4), not one whole gathered copy, and resumes exactly (above)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(runs / "padded-dp4-zero3-to-dp2-zero2" / "step_000005")).read_metadata()
+    for key, rows in (("model.tok_embeddings.weight", 65), ("optim.tok_embeddings.weight.exp_avg", 65),
+                      ("model.norm.weight", 16)):  # torch.chunk's pieces of 259 and 64 rows over 4 ranks
+        chunks = meta.state_dict_metadata[key].chunks
+        assert sorted(c.offsets[0] for c in chunks) == [0, rows, 2 * rows, 3 * rows], (key, chunks)
 
 
 def test_single_process_resume_is_bitwise(tmp_path, references):

@@ -12,9 +12,11 @@ How each rank's piece is expressed so that DCP records where it sits in the logi
   which gives exactly the real rows of each rank's padded vocabulary shard (Megatron pads V to a multiple of
   tp and rank r holds rows [r*c, (r+1)*c) with c = ceil(V/tp); chunk gives rank r rows [r*c, min((r+1)*c, V))).
 - anything not split over tp: a plain tensor; DCP keeps one copy of identical replicas (dp, tp).
-- FSDP (ZeRO 2/3): parameters and AdamW moments are DTensors over dp of the TP-local tensor; they are
-  gathered to the TP-local tensor for the save (one all-gather each) and this rank's dp chunk is taken
-  back on load.
+- FSDP (ZeRO 2/3): parameters and AdamW moments are DTensors over dp of the TP-local tensor. One that nothing
+  splits over tp or the experts is already a piece of the logical tensor: saved and loaded as that DTensor, each rank
+  its own dp chunk (ZeRO-3 is chosen where the whole does not fit one GPU: gathering every tensor for the save, and
+  allocating them whole for the load, would not fit either). One split over tp too is gathered to the TP-local
+  tensor for the save (one all-gather each) and this rank's dp chunk is taken back on load.
 - ZeRO-1: each parameter's AdamW state exists on the one dp rank that owns it; that rank saves it, and on
   load each rank reads the state of the parameters it owns under the new layout.
 - pipeline stages hold different parameters, so they simply save different keys. A tied LM head on the
@@ -93,6 +95,11 @@ def entries(rt) -> list[Entry]:
 # --------------------------------------------------------------------------- TP-local <-> logical
 
 
+def _dp_sharded(t: torch.Tensor, shard) -> bool:
+    """FSDP's shard of a tensor nothing else splits: a piece of the logical tensor as it is (saved, loaded as is)."""
+    return isinstance(t, DTensor) and shard is None
+
+
 def _tp_local(t: torch.Tensor) -> torch.Tensor:
     """The tensor-parallel shard whole (FSDP: all-gathered over dp, a collective)."""
     return t.full_tensor() if isinstance(t, DTensor) else t.detach()
@@ -119,9 +126,12 @@ def _logical(local: torch.Tensor, shard, mesh) -> torch.Tensor:
 
 
 def _assign(target: torch.Tensor, tp_local: torch.Tensor) -> None:
-    """Copy a whole TP shard into a parameter or moment: FSDP keeps only this dp rank's dim-0 chunk."""
+    """Copy a whole TP shard into a parameter or moment: FSDP keeps only this dp rank's dim-0 chunk (or, loaded as
+    FSDP's own shard, the chunk itself)."""
     with torch.no_grad():
-        if isinstance(target, DTensor):
+        if isinstance(tp_local, DTensor):
+            target.to_local().copy_(tp_local.to_local())
+        elif isinstance(target, DTensor):
             mesh = target.device_mesh
             chunks = tp_local.chunk(mesh.size(), dim=0)
             rank = mesh.get_local_rank()
@@ -141,15 +151,19 @@ def collect(rt) -> dict[str, torch.Tensor]:
     for e in entries(rt):
         if e.replica:
             continue
-        out[f"model.{e.key}"] = _logical(_tp_local(e.param), e.shard, rt.mesh)
+        out[f"model.{e.key}"] = _saved(e.param, e.shard, rt.mesh)
         state = home[id(e.param)].state.get(e.param) if e.owned else None
         if state:
             for m in MOMENTS:
-                out[f"optim.{e.key}.{m}"] = _logical(_tp_local(state[m]), e.shard, rt.mesh)
+                out[f"optim.{e.key}.{m}"] = _saved(state[m], e.shard, rt.mesh)
             out[f"optim.{e.key}.step"] = state["step"].detach().cpu()
     out["rng.cpu"] = torch.get_rng_state()
     out["train.step"] = torch.tensor(rt.step, dtype=torch.int64)
     return out
+
+
+def _saved(t: torch.Tensor, shard, mesh) -> torch.Tensor:
+    return t.detach() if _dp_sharded(t, shard) else _logical(_tp_local(t), shard, mesh)
 
 
 # --------------------------------------------------------------------------- load
@@ -162,6 +176,9 @@ def targets(rt) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     wanted, moves = {}, []
 
     def want(key: str, like: torch.Tensor, shard) -> torch.Tensor:
+        if _dp_sharded(like, shard):  # this rank's dp chunk, read as it was saved
+            wanted[key] = piece = torch.zeros_like(like)
+            return piece
         whole = torch.zeros(like.shape, dtype=like.dtype, device=like.device)  # TP-local shape, padding stays zero
         wanted[key] = _logical(whole, shard, rt.mesh)
         return whole
