@@ -348,6 +348,7 @@ def test_a_gpu_runs_memory_check_leaves_no_cuda_context_behind(monkeypatch):
     from shardwise.train import TrainConfig
 
     asked, spawned = [], []
+    preflight._free_gpu_bytes_elsewhere.cache_clear()
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (80 * 2**30, 80 * 2**30))
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: spawned.append(argv) or
                         subprocess.CompletedProcess(argv, 0, stdout=f"{80 * 2**30}\n", stderr=""))

@@ -240,3 +240,16 @@ def test_machine_speed_compares_the_same_workload_only():
     assert speed["speed_ratio"] == pytest.approx(1.5)
     assert machine_speed(replace(cfg, seq_len=32), {"reference": [0.005]})["speed_ratio"] is None  # another workload
     assert machine_speed(replace(cfg, cluster=base), {"reference": [0.005]})["calibration_reference_s"] is None  # a datasheet
+
+
+def test_a_gpu_sweeps_layouts_are_checked_as_gpu_jobs():
+    """validate --backend nccl checks each layout as the GPU job it is (the GPUs' count and free memory), not as a
+    CPU job against this machine's RAM; with no GPU here every layout of 2 ranks is refused for that."""
+    from shardwise.errors import UsageError
+    from shardwise.validate import check_layout
+
+    assert default_layouts(load_model("tiny"), 2, 8, 64)
+    assert default_layouts(load_model("tiny"), 2, 8, 64, backend="nccl") == []
+    with pytest.raises(UsageError, match="need 2 GPUs, found 0"):
+        check_layout(Layout(dp=2), load_model("tiny"), 2, 8, 64, backend="nccl")
+

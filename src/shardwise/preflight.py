@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -138,6 +139,11 @@ def free_gpu_bytes(ranks: int) -> int:
         import torch
 
         return torch.cuda.mem_get_info(int(os.environ["LOCAL_RANK"]))[0]
+    return _free_gpu_bytes_elsewhere(ranks)
+
+
+@functools.lru_cache(maxsize=None)  # validate checks dozens of layouts before any rank starts: one read
+def _free_gpu_bytes_elsewhere(ranks: int) -> int:
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", _FREE_GPU, str(ranks)], capture_output=True, text=True, timeout=300)

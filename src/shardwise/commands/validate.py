@@ -64,7 +64,7 @@ def _config(args, cluster):
             first = args.layouts[layouts.index(lay)]
             raise UsageError(f"--layouts {first} and {args.layouts[i]} are the same layout — give each layout once")
     for lay in layouts:
-        check_layout(lay, model, args.world, args.global_batch, args.seq_len)
+        check_layout(lay, model, args.world, args.global_batch, args.seq_len, args.backend)
     return ValidateConfig(model=model, cluster=cluster, world=args.world, layouts=layouts,
                           global_batch=args.global_batch, seq_len=args.seq_len, steps=args.steps,
                           repeats=args.repeats, warmup=args.warmup, backend=args.backend, seed=args.seed,
@@ -103,12 +103,12 @@ def run(args) -> int:
     if not cfg.layouts:
         from dataclasses import replace
 
-        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
+        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len, cfg.backend)))
         if not cfg.layouts:  # say why the simplest one cannot run
             from shardwise.specs import Layout
             from shardwise.validate import check_layout
 
-            check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len)
+            check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len, cfg.backend)
             raise UsageError(f"no layout of {cfg.model.name} runs on {args.world} ranks with global batch "
                              f"{args.global_batch} x {args.seq_len} tokens — give --layouts")
     measured = cfg.cluster.measured if cfg.cluster is not None else None

@@ -128,7 +128,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     from shardwise.launch import run_ranks, under_torchrun
 
     if not cfg.layouts:
-        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len)))
+        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len, cfg.backend)))
     with OtherCpu(enabled=not under_torchrun()) as other:  # under torchrun the other ranks are not our children
         out = run_ranks(run_rank, cfg, world=cfg.world, backend=cfg.backend, timeout_s=cfg.timeout_s, report=report,
                         what="validation")[0]

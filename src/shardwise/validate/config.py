@@ -56,10 +56,10 @@ def parse_layout(text: str, world: int) -> Layout:
     return Layout(**fields)
 
 
-def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> list[Layout]:
+def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int, backend: str = "gloo") -> list[Layout]:
     """Every dp x tp x pp split of the world, and around each: ZeRO stages, recompute, sequence
     parallelism, every pipeline schedule, a bigger micro-batch and a MoE model's expert splits; and the
-    context-parallel splits (ring and all-gather) — those this job can run."""
+    context-parallel splits (ring and all-gather) — those this job can run on `backend`'s devices."""
     from shardwise.specs import divisors
 
     out = []
@@ -67,7 +67,7 @@ def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: in
         for pp in divisors(world // tp):
             for cp in divisors(world // (tp * pp))[1:]:  # the sequence split too: ring and all-gather
                 base = Layout(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
-                out += [v for v in (base, base.with_(cp_mode="allgather")) if _runnable(v, model, world, global_batch, seq_len)]
+                out += [v for v in (base, base.with_(cp_mode="allgather")) if _runnable(v, model, world, global_batch, seq_len, backend)]
             base = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
             variants = [base, base.with_(micro_batch=2)] + [base.with_(recompute=r) for r in RECOMPUTE[1:]]
             if base.dp > 1:
@@ -78,7 +78,7 @@ def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: in
                 variants += [base.with_(schedule=s, vpp=2 if s == "interleaved-1f1b" else 1)
                              for s in SCHEDULES if s != base.schedule]
             variants += _expert_variants(base, model)
-            out += [v for v in variants if _runnable(v, model, world, global_batch, seq_len)]
+            out += [v for v in variants if _runnable(v, model, world, global_batch, seq_len, backend)]
     return list(dict.fromkeys(out))
 
 
@@ -94,23 +94,26 @@ def _expert_variants(base: Layout, model: ModelSpec) -> list[Layout]:
     return out + ([base.with_(etp=base.tp)] if base.tp > 1 else [])
 
 
-def _runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> bool:
+def _runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int, backend: str) -> bool:
     try:
-        check_layout(layout, model, world, global_batch, seq_len)
+        check_layout(layout, model, world, global_batch, seq_len, backend)
     except UsageError:
         return False
     return True
 
 
-def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> None:
-    """The planner's and the runtime's checks (UsageError naming the layout)."""
+def check_layout(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int,
+                 backend: str = "gloo") -> None:
+    """The planner's and the runtime's checks (UsageError naming the layout), on `backend`'s devices (NCCL: the GPUs'
+    count and free memory; gloo: this machine's memory)."""
     from shardwise import preflight
     from shardwise.launch import check
     from shardwise.train import TrainConfig
 
     try:
         validate_layout(layout, model, global_batch, world)
-        cfg = TrainConfig(spec=model, layout=layout, steps=1, global_batch=global_batch, seq_len=seq_len, memory_check=False)
+        cfg = TrainConfig(spec=model, layout=layout, steps=1, global_batch=global_batch, seq_len=seq_len, memory_check=False,
+                          backend=backend)
         check(cfg)
         # validate has no flag to skip the memory check: name only the fixes it has
         preflight.check_memory(cfg, fix="use a smaller --model, --global-batch or --seq-len, or leave this layout out",
