@@ -44,9 +44,10 @@ if ! part pipeline; then
 elif [ "$GPUS" -ge 2 ]; then
     for SCHED in 1f1b interleaved-1f1b; do
         VPP=$([ "$SCHED" = interleaved-1f1b ] && echo 2 || echo 1)
+        {  # a failure here is noted, and the later parts still run (set -e is off inside an || list)
         timeout 900 shardwise train --model gpt2 --pp 2 --schedule "$SCHED" --vpp "$VPP" --global-batch 8 \
             --microbatches 8 --seq-len 1024 --steps 3 --backend nccl --timeout 120 --json --trace "$OUT/trace-$SCHED" \
-            > "$OUT/gpu-pp2-$SCHED.json"
+            > "$OUT/gpu-pp2-$SCHED.json" &&
         python3 - "$OUT/gpu-pp2-$SCHED.json" "$SCHED" <<'PY'
 import json, math, sys
 r = json.load(open(sys.argv[1]))
@@ -59,6 +60,7 @@ assert t and 0.0 < t["measured_bubble"] < 0.9, t
 print(f"pp 2 {sys.argv[2]} on NCCL: {s['num_microbatches']} micro-batches, messages >= {msg / 2**20:.1f} MiB, "
       f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, median step {s['median_step_time_s'] * 1e3:.0f} ms: ok")
 PY
+        } || FAILED="$FAILED pipeline-$SCHED"
     done
 else
     echo "gpu_check: pipeline check skipped — pp 2 on NCCL needs 2 GPUs (one rank per GPU), found $GPUS"
