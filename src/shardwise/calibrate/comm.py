@@ -174,7 +174,9 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     x = torch.randint(0, spec.vocab_size, (t.cfg.micro_batch, t.cfg.seq_len), device=t.device)
 
     def step(chunk):
-        chunk.module(x, x).backward()
+        with autocast_for(t):  # the training loop's precision (BF16 autocast on a GPU)
+            loss = chunk.module(x, x)
+        loss.backward()
 
     updates = {"plain": (GlobalGradNorm([plain], None), runtime_optimizer(t, plain, None)),
                "sharded": (GlobalGradNorm([sharded], mesh), runtime_optimizer(t, sharded, mesh))}
@@ -217,7 +219,7 @@ def measure_fsdp(t: Timer, out: dict):
     sharded_u = plain_u + paired(reps, "sharded update", "plain update")
     out["ddp_microbatch_s"] = max(ddp_s - plain_s, 0.0)
     out["fsdp_tensors"] = len(list(sharded.parameters()))
-    esize = element_size(t.dtype)
+    esize = next(sharded.parameters()).dtype.itemsize  # FSDP moves the FP32 parameters (no mixed-precision policy)
     layer_bytes = spec.params_per_layer() * esize
     root = (spec.num_params() - spec.num_layers * spec.params_per_layer()) * esize
     tables = out["tables"]

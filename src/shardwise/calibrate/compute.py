@@ -389,7 +389,7 @@ def _train_config(t: Timer, layout, global_batch: int, spec=None):
     from shardwise.train import TrainConfig
 
     return TrainConfig(spec or t.cfg.model, layout, steps=10**6, global_batch=global_batch, seq_len=t.cfg.seq_len,
-                       backend=t.cfg.backend, timeout_s=t.cfg.timeout_s, progress=False)
+                       backend=t.cfg.backend, timeout_s=t.cfg.timeout_s, progress=False, autocast=t.cfg.dtype)
 
 
 def runtime_optimizer(t: Timer, chunk, mesh):
