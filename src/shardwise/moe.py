@@ -13,7 +13,8 @@ tokens sent to expert i (summing to k, as transformers counts) and P_i the mean 
 i (the softmax; a sigmoid router's scores normalised per token, as DeepSeek-V3 does). It is computed per
 sequence and averaged over sequences and MoE layers (DeepSeek-V3's sequence-wise form), so the training
 objective does not depend on the micro-batch size or the data-parallel degree — a per-micro-batch loss
-would. The loss adds `aux_loss_coef` times it. Its gradient is attached to the layer output (identity
+would. The loss adds `aux_loss_coef` times it. A DeepSeek config (ModelSpec.deepseek_balance_loss) takes
+DeepSeek's own MoEGate form: f_i over the top-k picks (summing to 1), each MoE layer's term added. Its gradient is attached to the layer output (identity
 forward, gradient 1 for the aux term backward: Megatron-Core's MoEAuxLossAutoScaler), so it trains the
 router without travelling to the last pipeline stage.
 
