@@ -1,4 +1,5 @@
-"""The executor under NCCL's rules, on gloo: rendezvous sends, one FIFO per pair of ranks (tests/rendezvous.py).
+"""The executor under NCCL's rules, on gloo: rendezvous sends, one FIFO per pair of ranks, tags ignored
+(tests/rendezvous.py; at pp 2 and pp 4).
 
 The order the executor used before (each send left in flight, each receive alone before its action)
 hangs under those rules — 1F1B with p = 2, m = 2 — and the emulation names the messages each rank is
@@ -112,3 +113,57 @@ def test_a_gloo_send_completes_only_once_its_receive_is_posted(tmp_path):
     spawn_ranks(_send_then_receive, 2, str(tmp_path))
     sent, posted = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert sent >= posted
+
+
+RUNS4 = [("gpipe", 4, 1), ("1f1b", 4, 1), ("1f1b", 8, 1), ("interleaved-1f1b", 8, 2), ("zb-h1", 4, 1)]
+SPEC8 = dataclasses.replace(SPEC, num_layers=8)
+
+
+def _worker4(rank, world, out_dir):
+    """pp 4 under the emulation (NCCL's rendezvous, one tagless FIFO per pair): every rank's program meets its
+    neighbours' in the same order, so each schedule finishes with plain gloo's gradients."""
+    from shardwise.parallel.pipeline import PipelineExecutor
+    from shardwise.parallel.pipeline_step import build_stage_chunks
+    from shardwise.schedules import build
+
+    out = {}
+    for name, m, v in RUNS4:
+        grads = []
+        for p2p in (None, RendezvousP2P(timeout_s=60)):
+            schedule = build(name, world, m, v)
+            chunks = build_stage_chunks(SPEC8, world, v, rank, seed=3, seq_len=SEQ)
+            ex = PipelineExecutor(schedule, rank, chunks, dist.group.WORLD, (MB, SEQ, SPEC8.hidden), p2p=p2p)
+            tokens = torch.randint(0, SPEC8.vocab_size, (m * MB, SEQ + 1), generator=torch.Generator().manual_seed(0))
+            ex.step(list(tokens[:, :-1].chunk(m)), list(tokens[:, 1:].chunk(m)), 0.0)
+            grads.append({n: p.grad.clone() for c in chunks for n, p in c.named_parameters()})
+        out[f"{name}-m{m}-v{v}"] = max((grads[1][n] - grads[0][n]).abs().max().item() for n in grads[0])
+    with open(os.path.join(out_dir, f"pp4-{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def test_four_stages_run_every_schedule_under_nccls_rules(tmp_path):
+    spawn_ranks(_worker4, 4, str(tmp_path), timeout_s=120)
+    for rank in range(4):
+        got = json.loads((tmp_path / f"pp4-{rank}.json").read_text())
+        assert got == {f"{n}-m{m}-v{v}": 0.0 for n, m, v in RUNS4}, (rank, got)
+
+
+def _swapped(rank, world, out_dir):
+    """Two messages to one peer, received in the other order than sent, each named by its own tag."""
+    p2p = RendezvousP2P(timeout_s=30)
+    if rank == 0:
+        for w in p2p.post([(torch.full((4,), 1.0), 1, 11), (torch.full((4,), 2.0), 1, 22)], [], dist.group.WORLD):
+            w.wait()
+    else:
+        first, second = torch.zeros(4), torch.zeros(4)
+        for w in p2p.post([], [(second, 0, 22), (first, 0, 11)], dist.group.WORLD):
+            w.wait()
+        with open(os.path.join(out_dir, "got.json"), "w") as f:
+            json.dump([first[0].item(), second[0].item()], f)
+
+
+def test_the_emulation_ignores_tags_as_nccl_does(tmp_path):
+    # gloo would match tag 22 to the second send; NCCL matches the first send to the first receive posted. The
+    # emulation does what NCCL does, so an executor relying on tags to reorder its messages fails here.
+    spawn_ranks(_swapped, 2, str(tmp_path), timeout_s=60)
+    assert json.loads((tmp_path / "got.json").read_text()) == [2.0, 1.0]  # the tag-11 receive got the second send
