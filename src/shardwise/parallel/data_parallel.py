@@ -50,6 +50,9 @@ def data_parallel(model: nn.Module, dp_mesh, zero: int = 0, experts=None) -> nn.
     accepts = inspect.signature(DistributedDataParallel.__init__).parameters
     # No buffer broadcast each forward: the only buffers are RoPE tables, identical everywhere by construction.
     options = {"forward_sync_buffers": False} if "forward_sync_buffers" in accepts else {"broadcast_buffers": False}
+    # The gradients are views into DDP's all-reduce buckets: no second copy of every gradient held beside them, none
+    # copied in and out each step (the planner counts one FP32 gradient per parameter, and no copies)
+    options["gradient_as_bucket_view"] = True
     if "batched_grad_copy" in accepts:  # torch >= 2.13: one copy + one divide per bucket, not per parameter
         options["batched_grad_copy"] = True
     if experts is not None:  # expert_parallel.sync_expert_grads reduces them once per step (added to what CP ignores)
