@@ -81,3 +81,29 @@ def test_torchtitan_full_recompute_charges_what_torch_runs_again():
     # and its seconds: less than the layers' forwards it used to repeat whole (Megatron's still do)
     assert titan.recompute < model.num_layers * titan.layer_f
     assert whole.recompute == pytest.approx(model.num_layers * whole.layer_f)
+
+
+def test_shardwise_full_recompute_charges_what_its_own_model_runs_again():
+    """This project's runtime checkpoints each block with torch's non-reentrant checkpoint too (shardwise.model
+    Block): the FLOPs its backward runs again, counted on its own model, are the shardwise profile's recompute FLOPs
+    (its w2 does not run again; the profile had charged the whole forward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from shardwise.model import Transformer
+
+    model = load_model("tiny")
+
+    def backward_flops(recompute):
+        net = Transformer(model, seed=0, recompute=recompute)
+        x = torch.randint(0, model.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0))
+        with sdpa_kernel(SDPBackend.MATH):  # the attention's matmuls, for the counter
+            loss = net(x, x)
+            with FlopCounterMode(display=False) as counter:
+                loss.backward()
+        return counter.get_total_flops()
+
+    again = backward_flops("full") - backward_flops("none")
+    layout = Layout(dp=1, tp=1, pp=1, micro_batch=1, recompute="full")
+    ours = stage_cost(make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "shardwise"), layout, 0)
+    whole = stage_cost(make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "megatron-core"), layout, 0)
+    assert ours.flops_recompute == pytest.approx(again) and again < whole.flops_recompute

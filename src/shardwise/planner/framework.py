@@ -117,6 +117,17 @@ class Framework:
     # waited for): weights gathered once per step, unsharded gradients accumulated in the reduce dtype, one exposed
     # reduce-scatter (torch/distributed/pipelining/stage.py backward_maybe_with_nosync, perform_reduce_grad).
     pipeline_fsdp_once: bool = False
+    # ZeRO 0/1 under a pipeline: the data-parallel gradients reduced once after the schedule, one flat all-reduce per
+    # model chunk, waited for (shardwise's PipelineStep: its executor runs the chunks' backwards itself, so no DDP hook
+    # fires behind them), where the stack's own overlap would hide it behind the last backward.
+    pipeline_reduce_after_schedule: bool = False
+    # ZeRO 0/1 with the experts split (ep x etp > 1): their gradients all-reduced over the edp replicas once after the
+    # backward, waited for (shardwise's expert_parallel.sync_expert_grads), not behind it.
+    expert_reduce_after_backward: bool = False
+    # Experts left whole on every tp rank (ep = etp = 1, tp > 1), each rank serving its 1/tp of the tokens: their
+    # gradients summed over tp once a step after the backward, one flat all-reduce waited for (shardwise's
+    # tensor_parallel.sync_sequence_parallel_grads over expert_parallel's list), apart from the dp reduction.
+    tp_sums_whole_experts: bool = False
     # Its training loop runs several micro-batches per optimizer step outside a pipeline (gradient accumulation). False:
     # one forward and backward per step, so without a pipeline the micro-batch is every sequence of a data-parallel rank.
     accumulates: bool = True

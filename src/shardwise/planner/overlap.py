@@ -87,19 +87,23 @@ def fp8_gathered(job, layout) -> bool:
     return job.fp8_all_gather and layout.zero >= 2 and (layout.dp_shard or layout.dp) > 1
 
 
-def grad_reduce_behind(job, layout) -> bool | None:
+def grad_reduce_behind(job, layout, experts: bool = False) -> bool | None:
     """Whether this layout's gradient reduction runs behind the backward as dp_exposed prices it (None: one
     data-parallel replica, nothing reduced): the stack overlaps it, on a backend that overlaps at all, and for ZeRO-1
-    by whole-gradient all-reduce only where that stack overlaps that too."""
+    by whole-gradient all-reduce only where that stack overlaps that too; not where the stack reduces ZeRO 0/1
+    gradients after a pipeline's schedule, or split experts' after the backward (`experts`: their reduction)."""
     if layout.dp * layout.cp <= 1:
         return None
     fw = get_framework(job.framework)
+    if layout.zero < 2 and ((layout.pp > 1 and fw.pipeline_reduce_after_schedule)
+                            or (experts and fw.expert_reduce_after_backward)):
+        return False
     allreduce_zero1 = layout.zero == 1 and fw.zero1 == "allreduce"
     return fw.overlap_grad_reduce and overlaps(job.cluster) and (fw.zero1_reduce_overlapped or not allreduce_zero1)
 
 
 def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, tensors: int, win: Window,
-               fp8_layer: float = 0.0) -> tuple[float, float]:
+               fp8_layer: float = 0.0, experts: bool = False) -> tuple[float, float]:
     """(after-backward, before-forward) exposed data-parallel seconds of one step on one pipeline rank:
     what delays the end of its last backward's reduction, and what delays its next forward. `fp8_layer`: elements of
     each layer unit gathered in FP8 (torchao's float8 all-gather, fp8_gathered: the layer's dense weights, not the
@@ -110,7 +114,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
     c, stride, m = job.cluster, layout.tp, win.microbatches
     sync = sync_time(c)
     overlap = overlaps(c)  # a blocking backend (gloo) hides nothing
-    behind = grad_reduce_behind(job, layout)  # the reduction runs beside the backward
+    behind = grad_reduce_behind(job, layout, experts)  # the reduction runs beside the backward
     gb, pb = fw.grad_reduce_bytes, param_gather_bytes(job, fw)
     chunks = layout.vpp if layout.pp > 1 else 1
 

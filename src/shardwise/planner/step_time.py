@@ -210,10 +210,12 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
     mm_flops, attn_flops = layer_flops(job, layout, tokens)
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
+        measured = "full_checkpoint_overhead_s" in (job.cluster.measured or {})
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
-            rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
+            if not measured:  # a calibration's full-checkpoint cost is what the checkpoint ran, early stop and all
+                rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
             fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
             flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
         return rec, flops_rec, redone * lc.tp_fwd, redone * lc.cp_fwd  # its TP collectives and K/V traffic again
@@ -432,7 +434,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1, dp_shard=0), fw, experts,
                                        experts / cost.layers if cost.layers else experts, 3,
-                                       share(win, expert_share))
+                                       share(win, expert_share), experts=True)
         after, before = after + e_after, before + e_before
     return after, before
 
@@ -475,7 +477,17 @@ def step_comm_time(job: Job, layout: Layout) -> float:
         groups.append((tp, 1))
     c = job.cluster
     scalars = sum(collective_time(c, "all_reduce", 4, n, stride) + sync_time(c) for n, stride in groups if n > 1)
-    return scalars + tied_embedding_time(job, layout)
+    return scalars + tied_embedding_time(job, layout) + whole_experts_time(job, layout)
+
+
+def whole_experts_time(job: Job, layout: Layout) -> float:
+    """Seconds of the all-reduce that sums whole experts' gradients over tp (Framework.tp_sums_whole_experts: ep = etp
+    = 1 under tp > 1), once a step, waited for: the busiest pipeline rank's experts in the stack's reduce dtype."""
+    fw = get_framework(job.framework)
+    if not (fw.tp_sums_whole_experts and job.model.is_moe and layout.tp > 1 and layout.ep * layout.etp == 1):
+        return 0.0
+    experts = max(rank_expert_params(job, layout, r) for r in pipeline_ranks(job, layout))
+    return collective_time(job.cluster, "all_reduce", fw.grad_reduce_bytes * experts, layout.tp, 1) + sync_time(job.cluster)
 
 
 def tied_embedding_time(job: Job, layout: Layout) -> float:

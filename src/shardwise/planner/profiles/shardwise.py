@@ -23,6 +23,11 @@ SHARDWISE = Framework(
     autocast_cast_bytes=6, grad_cast_bytes=6, grad_accumulation_bytes=12,
     param_gather_bytes=4, async_sp_regather=False,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
+    # parallel/pipeline_step.py PipelineStep: average_gradients after the schedule; expert_parallel.sync_expert_grads
+    pipeline_reduce_after_schedule=True, expert_reduce_after_backward=True, tp_sums_whole_experts=True,
+    # model.Block / Attention: torch.utils.checkpoint(use_reentrant=False), early stop on (torch's default): w2 is not
+    # run again in backward (checked with a forward hook on every linear)
+    recompute_early_stop=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
