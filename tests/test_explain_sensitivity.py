@@ -56,7 +56,7 @@ def test_slower_gpus_slow_the_fp8_matmuls_too():
 def test_the_halved_link_is_the_one_the_largest_term_runs_on(gpus, layout, link):
     job = _job("llama3-8b", "dgx-h100-80gb", gpus, 4 * gpus, 4096, "megatron-core")
     first = _what_ifs(job, estimate(job, layout))[0][0]
-    assert first == f"if exposed data-parallel traffic ran at half of {link}'s bandwidth"
+    assert first == f"if {link} ran at half its bandwidth (the link of exposed data-parallel traffic, the largest transfer term)"
 
 
 def test_nothing_exchanged_no_link_to_halve():
@@ -72,7 +72,8 @@ def test_the_experts_all_to_all_is_a_communication_term_of_its_own():
     lay = Layout(dp=64, tp=1, pp=1, ep=8, zero=1, micro_batch=1, recompute="full")
     win = estimate(job, lay)
     assert win.time_s["ep_comm"] > max(win.time_s[k] for k in ("tp_comm", "dp_comm", "pp_p2p", "cp_comm"))
-    assert _what_ifs(job, win)[0][0] == "if the experts' all-to-all traffic ran at half of NVLink's bandwidth"
+    assert _what_ifs(job, win)[0][0] == ("if NVLink ran at half its bandwidth (the link of the experts' all-to-all "
+                                         "traffic, the largest transfer term)")
 
 
 def test_the_cp_paragraphs_unsplit_layout_is_one_the_planner_runs():

@@ -48,7 +48,9 @@ def _compare(best: dict, chosen: int, winner: Estimate, name: str) -> str:
     # the four fastest other degrees (the runner-up's among them), in degree order
     nearest = sorted(sorted((e.step_time, v) for v, e in best.items() if v != chosen)[:4], key=lambda x: x[1])
     others = [f"{name}={v}: {seconds(t)} (+{t / winner.step_time - 1:.1%})" for t, v in nearest]
-    return "; ".join(others) if others else f"no other {name} degree in the search fits"
+    if others:
+        return "; ".join(others)
+    return f"no other {name} degree in the search both runs on this stack and fits (estimate --{name} N says why for one)"
 
 
 def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
@@ -67,7 +69,8 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{train.weight_bytes}, {_dtype(train.grad_bytes)} gradients {train.grad_bytes}, {_optimizer_states(train)} "
         f"{train.optimizer_bytes}) = "
         f"{states / GIB:.{1 if states >= GIB else 4}f} GiB {'<=' if fits_one else '>'} M_GPU = {m_gpu / GIB:.3g} GiB. "
-        + ("The model states fit one GPU, so plain data parallelism is possible; any split below is chosen for speed or for activations."
+        + ("The model states fit one GPU before activations, logits and workspace, so plain data parallelism is "
+           "possible where those fit beside them; any split below is chosen for speed or for activations."
            if fits_one else
            f"It does not fit one GPU: the model must be split (TP, PP) or its states sharded (ZeRO) over at least "
            f"{-(-states // m_gpu):.0f} GPUs' memory before activations.")
@@ -86,7 +89,10 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
         f"{f' (over the {lay.dp * lay.cp} data- and context-parallel ranks)' if lay.cp > 1 else ''} costs "
         f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
-        f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()}). Total {win.memory_per_gpu / GIB:.1f} of "
+        f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()})"
+        + "".join(f", {key} {mem[key] / GIB:.1f} GiB" for key in mem  # what else the total holds: logits, workspace
+                  if key not in ("weights", "gradients", "optimizer", "activations") and mem[key])
+        + f". Total {win.memory_per_gpu / GIB:.1f} of "
         f"{m_gpu / GIB:.3g} GiB on pipeline rank {win.worst_rank}."
         + (f" Offloaded (--offload {win.offload}): {win.host_held()}; the host side of the step costs "
            f"{seconds(win.time_s['offload'])}." if win.offload else "")
@@ -184,7 +190,9 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     plain, where = _unsplit(job, lay)
     unsplit = memory_breakdown(job, plain)[1]
     fits_unsplit = sum(unsplit.values()) <= c.gpu_memory_bytes
-    why = (f"unsplit, one sequence of {s:,} tokens would keep {unsplit['activations'] / GIB:.1f} GiB of activations on "
+    held = f"one sequence of {s:,} tokens" if plain.micro_batch == 1 else \
+        f"its micro-batch of {plain.micro_batch} sequences of {s:,} tokens"
+    why = (f"unsplit, {held} would keep {unsplit['activations'] / GIB:.1f} GiB of activations on "
            f"each GPU {where} ({sum(unsplit.values()) / GIB:.1f} of {c.gpu_memory_gib:.3g} GiB in all"
            + ("" if fits_unsplit else ": it does not fit") + ")")
     tokens = local_seq(job, lay)
@@ -396,7 +404,9 @@ def _what_ifs(job: Job, win: Estimate) -> list[tuple[str, Job]]:
         term = max(links, key=lambda k: t[k])
         link = ("NVLink", replace(c, intra_node_bandwidth=c.intra_node_bandwidth / 2)) if links[term] else \
             ("the network", replace(c, inter_node_bandwidth=c.inter_node_bandwidth / 2))
-        out.append((f"if {TERM_NAMES[term]} ran at half of {link[0]}'s bandwidth", replace(job, cluster=link[1])))
+        # the whole link halved (every transfer on it slows), named by the largest traffic it carries
+        out.append((f"if {link[0]} ran at half its bandwidth (the link of {TERM_NAMES[term]}, the largest transfer "
+                    f"term)", replace(job, cluster=link[1])))
     rates = {k: v * 0.85 for k, v in (c.measured or {}).items() if k in ("model_tflops", "matmul_tflops")}
     # the FP8 rate is the FP8 peak at the BF16 matmuls' share of theirs (kernels.fp8_rate): slowed with its own peak
     slower = replace(c, peak_flops=c.peak_flops * 0.85, mamf_tflops=(c.mamf_tflops or 0) * 0.85,
@@ -555,8 +565,10 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     share = {k: v / win.step_time for k, v in t.items()}
     line = (f"{_knobs(win)} ({job.framework}): {win.memory_per_gpu / GIB:.1f} of {job.cluster.gpu_memory_gib:.3g} GiB "
             f"per GPU; of its {seconds(win.step_time)} step, compute {share['compute'] + share['recompute']:.0%}, "
-            f"TP traffic {share['tp_comm']:.1%}, pipeline bubble + transfers "
-            f"{share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}"
+            f"TP traffic {share['tp_comm']:.1%}"
+            + "".join(f", {name} {share[k]:.1%}" for k, name in (("cp_comm", "CP traffic"), ("ep_comm", "expert all-to-all"))
+                      if share.get(k))
+            + f", pipeline bubble + transfers {share['pipeline_bubble'] + share['pp_p2p']:.1%}, DP traffic {share['dp_comm']:.1%}"
             + (f", the GPU waiting on its host {share['host_wait']:.0%}" if "host_wait" in share else "")
             + (f", the offloaded optimizer on the host {share['offload']:.1%} ({win.host_held()})"
                if "offload" in share else "")
@@ -577,4 +589,7 @@ def _optimizer_states(train: TrainSpec) -> str:
     moments); 4 B beside 16-bit weights are BF16 moments and no master (NeMo AutoModel's bf16 states)."""
     if train.weight_bytes >= 4:
         return "fp32 Adam moments"
-    return "fp32 master + Adam moments" if train.master_bytes == 4 else "bf16 Adam moments"
+    if train.master_bytes != 4:
+        return "bf16 Adam moments"
+    # 10 B: NeMo's distributed Adam keeps the FP32 master as the 16-bit remainder beside the BF16 weight
+    return "fp32 master (its 16-bit remainder) + Adam moments" if train.optimizer_bytes == 10 else "fp32 master + Adam moments"
