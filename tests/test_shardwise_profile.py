@@ -25,14 +25,16 @@ def _runtime_facts(rank, world, out_dir):
     facts = {}
     for name, model, lay in (("pp2-dp2", "tiny", Layout(dp=2, pp=2, micro_batch=2)),
                              ("tp2-ep1", "tiny-moe", Layout(dp=2, tp=2, micro_batch=2)),
-                             ("dp4-ep2", "tiny-moe", Layout(dp=4, ep=2, micro_batch=1))):
+                             ("dp4-ep2", "tiny-moe", Layout(dp=4, ep=2, micro_batch=1)),
+                             ("dp4-zero3", "tiny", Layout(dp=4, zero=3, micro_batch=1))):
         if lay.world_size != world:
             continue
         cfg = TrainConfig(load_model(model), lay, steps=1, global_batch=8, seq_len=16, progress=False)
         rt = build_runtime(cfg, build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60))
         facts[name] = {"ddp": any(isinstance(c.module, DistributedDataParallel) for c in rt.chunks),
                        "tp_summed_experts": [n for c in rt.chunks for n in c.sp_partial_grads if ".experts." in n],
-                       "split_experts": any(c.experts is not None for c in rt.chunks)}
+                       "split_experts": any(c.experts is not None for c in rt.chunks),
+                       "fsdp2": any(type(m).__name__.startswith("FSDP") for c in rt.chunks for m in c.module.modules())}
     if rank == 0:
         with open(os.path.join(out_dir, f"facts-{world}.json"), "w") as f:
             json.dump(facts, f)
@@ -59,6 +61,14 @@ def test_the_profile_reduces_where_the_runtime_does(tmp_path):
     assert whole_experts_time(job, whole) > 0 and whole_experts_time(job, whole.with_(ep=2)) == 0
     assert whole_experts_time(make_job(moe, h100, 256, 4096, "megatron-core"), whole) == 0
     assert estimate(job, whole).time_s["step_comm"] > estimate(job, whole.with_(ep=2)).time_s["step_comm"]
+
+    # ZeRO-3 is FSDP2's fully_shard: its copies into and out of the collectives' buffers are priced on a datasheet
+    # cluster (a calibration measured them with the calls).
+    from shardwise.planner.frameworks import get
+    from shardwise.planner.overlap import fsdp_copy_time
+
+    assert facts["dp4-zero3"]["fsdp2"] and get("shardwise").torch_fsdp == 2
+    assert fsdp_copy_time(make_job(dense, h100, 64, 4096, "shardwise"), get("shardwise"), 1e9, 1e9, 1e9, 8) > 0
 
     # Split experts: reduced over their replicas by sync_expert_grads after the backward, not by DDP's hooks.
     assert facts["dp4-ep2"]["split_experts"] and not facts["dp4-ep2"]["tp_summed_experts"]

@@ -29,6 +29,7 @@ SHARDWISE = Framework(
     # run again in backward (checked with a forward hook on every linear)
     recompute_early_stop=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
+    torch_fsdp=2,  # parallel/data_parallel.py: fully_shard (FSDP2), its copies into and out of the collectives' buffers
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
     experts_in_layer_units=True,  # parallel/data_parallel.py: experts apart only under an expert placement
