@@ -26,12 +26,15 @@ def _runtime_facts(rank, world, out_dir):
     for name, model, lay in (("pp2-dp2", "tiny", Layout(dp=2, pp=2, micro_batch=2)),
                              ("tp2-ep1", "tiny-moe", Layout(dp=2, tp=2, micro_batch=2)),
                              ("dp4-ep2", "tiny-moe", Layout(dp=4, ep=2, micro_batch=1)),
-                             ("dp4-zero3", "tiny", Layout(dp=4, zero=3, micro_batch=1))):
+                             ("dp4-zero3", "tiny", Layout(dp=4, zero=3, micro_batch=1)),
+                             ("pp2-tp2", "tiny", Layout(pp=2, tp=2, micro_batch=2))):
         if lay.world_size != world:
             continue
         cfg = TrainConfig(load_model(model), lay, steps=1, global_batch=8, seq_len=16, progress=False)
         rt = build_runtime(cfg, build_mesh(lay.pp, lay.dp, lay.tp, backend="gloo", timeout_s=60))
-        facts[name] = {"ddp": any(isinstance(c.module, DistributedDataParallel) for c in rt.chunks),
+        executor = getattr(rt.forward_backward, "executor", None)
+        facts[name] = {"sent": [list(executor.activation_shape), str(executor.dtype)] if executor else None,
+                       "ddp": any(isinstance(c.module, DistributedDataParallel) for c in rt.chunks),
                        "tp_summed_experts": [n for c in rt.chunks for n in c.sp_partial_grads if ".experts." in n],
                        "split_experts": any(c.experts is not None for c in rt.chunks),
                        "fsdp2": any(type(m).__name__.startswith("FSDP") for c in rt.chunks for m in c.module.modules())}
@@ -69,6 +72,16 @@ def test_the_profile_reduces_where_the_runtime_does(tmp_path):
 
     assert facts["dp4-zero3"]["fsdp2"] and get("shardwise").torch_fsdp == 2
     assert fsdp_copy_time(make_job(dense, h100, 64, 4096, "shardwise"), get("shardwise"), 1e9, 1e9, 1e9, 8) > 0
+
+    # A stage sends the next its whole FP32 activation from every TP rank without SP (no scatter-gather): the pipeline
+    # term's transfer is that message (hidden 64 of tiny, micro-batch 2 x 16 tokens).
+    from shardwise.planner.step_time import pipeline_costs
+
+    assert facts["pp2-tp2"]["sent"] == [[2, 16, load_model("tiny").hidden], "torch.float32"]
+    lay = Layout(pp=2, tp=2, dp=2, micro_batch=1)
+    ours = pipeline_costs(make_job(dense, h100, 64, 4096, "shardwise"), lay)[1]
+    split = pipeline_costs(make_job(dense, h100, 64, 4096, "megatron-core"), lay)[1]  # 1/tp, in BF16
+    assert ours > 2 * split
 
     # Split experts: reduced over their replicas by sync_expert_grads after the backward, not by DDP's hooks.
     assert facts["dp4-ep2"]["split_experts"] and not facts["dp4-ep2"]["tp_summed_experts"]

@@ -190,6 +190,9 @@ class Framework:
     # scatter-gather, DeepSpeed's PartitionedTensor, or the sequence shard under SP). False: every TP rank sends the
     # whole activation, replicated over TP without SP, to the same TP rank of the next stage.
     p2p_split_over_tp: bool = True
+    # Bytes per element of what a stage sends the next (0: the activations' dtype). shardwise's executor sends its FP32
+    # residual stream whatever the autocast (PipelineExecutor.dtype): 4.
+    p2p_bytes: int = 0
     # Its pipeline is torch.distributed.pipelining's PipelineStage, which holds beyond the layers' saved tensors, per
     # model chunk: a receive buffer for the activation (every stage but the first) and one for the gradient (every stage
     # but the last) for each micro-batch of the schedule, allocated at its first step and kept (stage.py

@@ -590,7 +590,7 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     fw = get_framework(job.framework)
     split = layout.tp if fw.p2p_split_over_tp or layout.sequence_parallel else 1
-    act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * job.train.activation_bytes / split
+    act = layout.micro_batch * local_seq(job, layout) * job.model.hidden * (fw.p2p_bytes or job.train.activation_bytes) / split
     c = 0.0
     if layout.pp > 1:
         stride = neighbour_stride(job, layout)

@@ -29,6 +29,9 @@ SHARDWISE = Framework(
     # run again in backward (checked with a forward hook on every linear)
     recompute_early_stop=True,
     schedules=SCHEDULES, zero_stages=(0, 1, 2, 3),
+    # parallel/pipeline_step.py build_pipeline: each TP rank sends the whole (mb, seq, hidden) activation without SP
+    # (its sequence shard with SP), as FP32 (the executor's dtype: the residual stream stays FP32 under autocast)
+    p2p_split_over_tp=False, p2p_bytes=4,
     torch_fsdp=2,  # parallel/data_parallel.py: fully_shard (FSDP2), its copies into and out of the collectives' buffers
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
