@@ -27,7 +27,8 @@ def _runtime_facts(rank, world, out_dir):
                              ("tp2-ep1", "tiny-moe", Layout(dp=2, tp=2, micro_batch=2)),
                              ("dp4-ep2", "tiny-moe", Layout(dp=4, ep=2, micro_batch=1)),
                              ("dp4-zero3", "tiny", Layout(dp=4, zero=3, micro_batch=1)),
-                             ("pp2-tp2", "tiny", Layout(pp=2, tp=2, micro_batch=2))):
+                             ("pp2-tp2", "tiny", Layout(pp=2, tp=2, micro_batch=2)),
+                             ("tp2-ep1-zero3", "tiny-moe", Layout(dp=2, tp=2, zero=3, micro_batch=2))):
         if lay.world_size != world:
             continue
         cfg = TrainConfig(load_model(model), lay, steps=1, global_batch=8, seq_len=16, progress=False)
@@ -37,6 +38,8 @@ def _runtime_facts(rank, world, out_dir):
                        "ddp": any(isinstance(c.module, DistributedDataParallel) for c in rt.chunks),
                        "tp_summed_experts": [n for c in rt.chunks for n in c.sp_partial_grads if ".experts." in n],
                        "split_experts": any(c.experts is not None for c in rt.chunks),
+                       "sharded_experts": any(type(p).__name__ == "DTensor" for c in rt.chunks
+                                              for n, p in c.model.named_parameters() if ".experts." in n),
                        "fsdp2": any(type(m).__name__.startswith("FSDP") for c in rt.chunks for m in c.module.modules())}
     if rank == 0:
         with open(os.path.join(out_dir, f"facts-{world}.json"), "w") as f:
@@ -64,6 +67,9 @@ def test_the_profile_reduces_where_the_runtime_does(tmp_path):
     assert whole_experts_time(job, whole) > 0 and whole_experts_time(job, whole.with_(ep=2)) == 0
     assert whole_experts_time(make_job(moe, h100, 256, 4096, "megatron-core"), whole) == 0
     assert estimate(job, whole).time_s["step_comm"] > estimate(job, whole.with_(ep=2)).time_s["step_comm"]
+    # under ZeRO-3 FSDP shards them with their blocks: each tp rank sums its 1/dp shard, a smaller all-reduce
+    assert facts["tp2-ep1-zero3"]["tp_summed_experts"] and facts["tp2-ep1-zero3"]["sharded_experts"]
+    assert whole_experts_time(job, whole.with_(zero=3)) < whole_experts_time(job, whole) / 4
 
     # ZeRO-3 is FSDP2's fully_shard: its copies into and out of the collectives' buffers are priced on a datasheet
     # cluster (a calibration measured them with the calls).
@@ -87,3 +93,33 @@ def test_the_profile_reduces_where_the_runtime_does(tmp_path):
     assert facts["dp4-ep2"]["split_experts"] and not facts["dp4-ep2"]["tp_summed_experts"]
     split = Layout(dp=32, pp=1, ep=8, micro_batch=1, zero=1)
     assert grad_reduce_behind(job, split, experts=True) is False and grad_reduce_behind(job, split) is True
+
+
+def _ddp_grads_across_microbatches(rank, world, out_dir):
+    from shardwise.parallel import build_mesh
+    from shardwise.train import TrainConfig, build_runtime, launch_step
+
+    lay = Layout(dp=2, micro_batch=1)  # 4 micro-batches a step: three under no_sync, then the synchronising one
+    rt = build_runtime(TrainConfig(load_model("tiny"), lay, steps=3, global_batch=8, seq_len=16, progress=False),
+                       build_mesh(1, 2, 1, backend="gloo", timeout_s=60))
+    ddp = next(c.module for c in rt.chunks)
+    seen = []  # before each micro-batch's forward: where the gradients the earlier ones made live
+    ddp.module.register_forward_pre_hook(lambda m, a: seen.append(
+        sorted({p.grad.untyped_storage().data_ptr() for p in m.parameters() if p.grad is not None})))
+    for _ in range(2):  # DDP points the gradients at its buckets from its first synchronised backward on
+        launch_step(rt).read()
+    seen.clear()
+    launch_step(rt).read()
+    if rank == 0:
+        with open(os.path.join(out_dir, "ddp.json"), "w") as f:
+            json.dump({"seen": seen}, f)
+
+
+def test_ddp_gradients_stay_in_its_buckets_through_accumulation(tmp_path):
+    """The planner counts one FP32 gradient per parameter under DDP: the runtime's gradients are views into DDP's
+    buckets (gradient_as_bucket_view), zeroed in place each step so the no_sync micro-batches accumulate into the
+    buckets too (set to None, they had made fresh gradients beside the buckets: every gradient held twice)."""
+    spawn_ranks(_ddp_grads_across_microbatches, 2, str(tmp_path), timeout_s=120)
+    seen = json.loads((tmp_path / "ddp.json").read_text())["seen"]
+    assert len(seen) == 4 and seen[0], seen  # the step starts with the gradients in place, zeroed
+    assert all(s == seen[0] for s in seen), seen  # and every micro-batch accumulates into the same storage

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from shardwise import moe, precision
 from shardwise.corpus.batches import batches, validation_batches
@@ -126,6 +127,7 @@ class Runtime:
 
     def __post_init__(self):
         self.where = coordinates(self.mesh)
+        self.ddp = any(isinstance(c.module, DistributedDataParallel) for c in self.chunks)
         self.grad_norm = GlobalGradNorm(self.chunks, self.mesh)
         self.moe_layers = moe.moe_layers_of(self.models)
 
@@ -280,7 +282,9 @@ def launch_step(rt: Runtime) -> StepScalars:
     cfg, lay = rt.cfg, rt.cfg.layout
     rt.step += 1
     mbs = _cp_shards(rt, rt.data.local_microbatches(rt.step, lay.dp, rt.where["dp"], lay.micro_batch, rt.device))
-    rt.optimizer.zero_grad(set_to_none=True)
+    # DDP's gradients are views into its buckets: zeroed in place, they stay there (set to None, a step's no_sync
+    # micro-batches would make fresh gradients beside the buckets, every gradient twice until the last one)
+    rt.optimizer.zero_grad(set_to_none=not rt.ddp)
     moe.set_microbatches(rt.moe_layers, len(mbs))
     loss = rt.forward_backward(rt.chunks, mbs)
     for chunk in rt.chunks:

@@ -312,8 +312,8 @@ def fsdp_copy_time(job, fw: Framework, gathered: float, reduced: float, backward
     on the compute stream. FSDP1's casts and division run on its pre-unshard and post-backward streams, which the
     compute stream does not wait for (record_stream): there they take HBM and SMs from the layers beside them, and
     counting them in full is an upper bound."""
-    if not fw.torch_fsdp or (fw.name == "shardwise" and job.cluster.measured):
-        return 0.0  # a calibration measured this runtime's own FSDP calls, copies and all (fsdp_call_s)
+    if not fw.torch_fsdp:
+        return 0.0
     p, r = param_gather_bytes(job, fw), fw.grad_reduce_bytes
     # The shard is what the optimizer updates (TrainSpec.master_bytes); casting it to the gather dtype reads it and
     # writes the gather dtype.

@@ -487,6 +487,8 @@ def whole_experts_time(job: Job, layout: Layout) -> float:
     if not (fw.tp_sums_whole_experts and job.model.is_moe and layout.tp > 1 and layout.ep * layout.etp == 1):
         return 0.0
     experts = max(rank_expert_params(job, layout, r) for r in pipeline_ranks(job, layout))
+    if layout.zero >= 2:  # FSDP shards them with their blocks: each rank sums its own 1/(dp x cp) of them
+        experts /= layout.dp * layout.cp
     return collective_time(job.cluster, "all_reduce", fw.grad_reduce_bytes * experts, layout.tp, 1) + sync_time(job.cluster)
 
 
