@@ -257,7 +257,10 @@ def _failed_rank(exc, processes) -> str:
 def _died(rank: int, code: int) -> str:
     import signal
 
-    name = f", {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else ""
+    try:
+        name = f", {signal.Signals(-code).name}" if code < 0 else ""
+    except ValueError:  # no signal of that number
+        name = ""
     return f"rank {rank} died (exit code {code}{name})"
 
 

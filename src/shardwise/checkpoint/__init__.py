@@ -12,7 +12,6 @@ RNG state. The run's settings are in the manifest, so a resume can refuse to con
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -130,8 +129,7 @@ def _sources(cfg) -> dict:
         out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key,
                        "given": list(cfg.data.given), "field": cfg.data.field}
         out["tokenizer"] = cfg.data.tokenizer
-        if Path(cfg.data.tokenizer).is_file():  # export copies it only while it is still this file
-            out["tokenizer_sha256"] = hashlib.sha256(Path(cfg.data.tokenizer).read_bytes()).hexdigest()
+        out["tokenizer_sha256"] = cfg.data.tokenizer_sha256  # export copies it only while it is still this file
     return out
 
 

@@ -42,6 +42,7 @@ class TokenFile:
     eos_id: int
     given: tuple[str, ...] = ()  # the --data arguments as given (files or folders), for a resume line
     field: str = "text"  # --data-field: the records' field read (JSON lines, Parquet)
+    tokenizer_sha256: str = ""  # the tokenizer's hash (TokenizerSpec.sha256): a checkpoint records what it trained with
 
     def describe(self) -> str:
         first = self.sources[0] + (f" and {len(self.sources) - 1} more" if len(self.sources) > 1 else "")
@@ -107,7 +108,7 @@ def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = 
     # The cache is keyed by the files' contents: a hit may have been tokenized from copies under other names (the
     # corpus and the tokenizer alike), so the run names (and records) the files it was given.
     tf = replace(tf, sources=tuple(str(s.path) for s in sources), tokenizer=tok.path, given=tuple(map(str, paths)),
-                 field=field)
+                 field=field, tokenizer_sha256=tok.sha256)
     if tf.documents == 0 or tf.tokens == 0:
         raise UsageError(f"{flag} {tf.describe()}: no text — the corpus is empty; give files that hold text")
     return tf

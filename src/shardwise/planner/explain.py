@@ -591,5 +591,6 @@ def _optimizer_states(train: TrainSpec) -> str:
         return "fp32 Adam moments"
     if train.master_bytes != 4:
         return "bf16 Adam moments"
-    # 10 B: NeMo's distributed Adam keeps the FP32 master as the 16-bit remainder beside the BF16 weight
-    return "fp32 master (its 16-bit remainder) + Adam moments" if train.optimizer_bytes == 10 else "fp32 master + Adam moments"
+    # beyond the two FP32 moments: 4 B of FP32 master, or 2 B (NeMo's distributed Adam keeps the 16-bit remainder
+    # beside the BF16 weight)
+    return "fp32 master (its 16-bit remainder) + Adam moments" if train.optimizer_bytes - 8 == 2 else "fp32 master + Adam moments"
