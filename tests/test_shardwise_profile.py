@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.job import make_job
+from shardwise.planner.layer_time import tp_element_bytes, tp_layer_comm
 from shardwise.planner.overlap import grad_reduce_behind
 from shardwise.planner import estimate
 from shardwise.planner.step_time import whole_experts_time
@@ -20,7 +21,7 @@ from shardwise.specs import Layout, load_cluster, load_model
 
 def _runtime_facts(rank, world, out_dir):
     from shardwise.parallel import build_mesh
-    from shardwise.train import TrainConfig, build_runtime
+    from shardwise.train import TrainConfig, build_runtime, launch_step
 
     facts = {}
     for name, model, lay in (("pp2-dp2", "tiny", Layout(dp=2, pp=2, micro_batch=2)),
@@ -28,7 +29,8 @@ def _runtime_facts(rank, world, out_dir):
                              ("dp4-ep2", "tiny-moe", Layout(dp=4, ep=2, micro_batch=1)),
                              ("dp4-zero3", "tiny", Layout(dp=4, zero=3, micro_batch=1)),
                              ("pp2-tp2", "tiny", Layout(pp=2, tp=2, micro_batch=2)),
-                             ("tp2-ep1-zero3", "tiny-moe", Layout(dp=2, tp=2, zero=3, micro_batch=2))):
+                             ("tp2-ep1-zero3", "tiny-moe", Layout(dp=2, tp=2, zero=3, micro_batch=2)),
+                             ("dp4-zero1", "tiny", Layout(dp=4, zero=1, micro_batch=1))):
         if lay.world_size != world:
             continue
         cfg = TrainConfig(load_model(model), lay, steps=1, global_batch=8, seq_len=16, progress=False)
@@ -40,7 +42,14 @@ def _runtime_facts(rank, world, out_dir):
                        "split_experts": any(c.experts is not None for c in rt.chunks),
                        "sharded_experts": any(type(p).__name__ == "DTensor" for c in rt.chunks
                                               for n, p in c.model.named_parameters() if ".experts." in n),
-                       "fsdp2": any(type(m).__name__.startswith("FSDP") for c in rt.chunks for m in c.module.modules())}
+                       "fsdp2": any(type(m).__name__.startswith("FSDP") for c in rt.chunks for m in c.module.modules()),
+                       "fused_adamw": [type(getattr(o, "optim", o)).__name__ + str(getattr(o, "optim", o).defaults["fused"])
+                                       for o in getattr(rt.optimizer, "parts", [rt.optimizer])],
+                       "clipped": len(rt.grad_norm.scaled),
+                       "params": sum(1 for c in rt.chunks for _ in c.module.parameters())}
+        if name == "dp4-zero1":  # after a step, a ZeroRedundancyOptimizer holds its shard's states
+            launch_step(rt).read()
+            facts[name]["stepped"] = len(rt.optimizer.optim.state)
     if rank == 0:
         with open(os.path.join(out_dir, f"facts-{world}.json"), "w") as f:
             json.dump(facts, f)
@@ -78,6 +87,16 @@ def test_the_profile_reduces_where_the_runtime_does(tmp_path):
 
     assert facts["dp4-zero3"]["fsdp2"] and get("shardwise").torch_fsdp == 2
     assert fsdp_copy_time(make_job(dense, h100, 64, 4096, "shardwise"), get("shardwise"), 1e9, 1e9, 1e9, 8) > 0
+
+    # The optimizer: torch's fused AdamW on the FP32 parameters (no master copy: optimizer_traffic 28), the clip over
+    # every gradient the rank holds — under ZeRO-1 all of them, while AdamW steps its shard — so the step's HBM
+    # traffic is not 1/dp of ZeRO-0's.
+    zero1 = facts["dp4-zero1"]
+    assert zero1["fused_adamw"] == ["AdamWTrue"] and facts["pp2-dp2"]["fused_adamw"] == ["AdamWTrue"]
+    assert zero1["clipped"] == zero1["params"] and 0 < zero1["stepped"] < zero1["params"]
+    job = make_job(dense, h100, 64, 4096, "shardwise")
+    step = lambda lay: estimate(job, lay).time_s["optimizer"]
+    assert step(Layout(dp=8, micro_batch=1, zero=1)) > step(Layout(dp=8, micro_batch=1, zero=0)) / 8 * 1.5
 
     # A stage sends the next its whole FP32 activation from every TP rank without SP (no scatter-gather): the pipeline
     # term's transfer is that message (hidden 64 of tiny, micro-batch 2 x 16 tokens).
@@ -123,3 +142,74 @@ def test_ddp_gradients_stay_in_its_buckets_through_accumulation(tmp_path):
     seen = json.loads((tmp_path / "ddp.json").read_text())["seen"]
     assert len(seen) == 4 and seen[0], seen  # the step starts with the gradients in place, zeroed
     assert all(s == seen[0] for s in seen), seen  # and every micro-batch accumulates into the same storage
+
+
+def _tp_collective_dtypes(rank, world, out_dir):
+    """Every tensor-parallel collective of one forward and backward under the GPU's precision (FP32 weights under BF16
+    autocast, here CPU autocast): (phase, kind, dtype) in call order."""
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.parallel import build_mesh
+
+    tensor_parallel = importlib.import_module("shardwise.parallel.tensor_parallel")  # the package exports a function
+    from shardwise.train import TrainConfig, build_runtime, forward_backward
+
+    calls, phase = [], ["forward"]
+    record = lambda kind, t: calls.append([phase[0], kind, str(t.dtype).removeprefix("torch.")])
+    all_reduce, gather, scatter = dist.all_reduce, tensor_parallel._all_gather_single, tensor_parallel._reduce_scatter_single
+    backward = torch.Tensor.backward
+
+    def run_backward(self, *a, **k):
+        phase[0] = "backward"
+        return backward(self, *a, **k)
+
+    dist.all_reduce = lambda t, *a, **k: (record("all_reduce", t), all_reduce(t, *a, **k))[1]
+    tensor_parallel._all_gather_single = lambda out, t, *a, **k: (record("all_gather", t), gather(out, t, *a, **k))[1]
+    tensor_parallel._reduce_scatter_single = lambda out, t, *a, **k: (record("reduce_scatter", t), scatter(out, t, *a, **k))[1]
+    torch.Tensor.backward = run_backward
+    facts = {}
+    for sp in (False, True):
+        lay = Layout(tp=2, micro_batch=2, sequence_parallel=sp)
+        cfg = TrainConfig(load_model("tiny"), lay, steps=1, global_batch=2, seq_len=16, progress=False,
+                          autocast="bfloat16")
+        rt = build_runtime(cfg, build_mesh(1, 1, 2, backend="gloo", timeout_s=60))
+        tokens = torch.randint(0, cfg.spec.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
+        calls.clear()
+        phase[0] = "forward"
+        forward_backward(rt.chunks, [(tokens[:, :-1], tokens[:, 1:])], amp=cfg.autocast)
+        facts["sp" if sp else "tp"] = list(calls)
+    if rank == 0:
+        with open(os.path.join(out_dir, "tp-dtypes.json"), "w") as f:
+            json.dump(facts, f)
+
+
+def test_tp_collectives_are_priced_in_the_dtypes_the_runtime_sends(tmp_path):
+    """Under autocast the runtime's residual stream is FP32: the embedding's output and each column-parallel group's
+    input (a norm's FP32 output, whose gradient f all-reduces backward) move 4 bytes an element, the row-parallel
+    outputs and everything sequence parallelism gathers (cast first) 2. The profile prices what the runtime sends."""
+    spawn_ranks(_tp_collective_dtypes, 2, str(tmp_path), timeout_s=120)
+    facts = json.loads((tmp_path / "tp-dtypes.json").read_text())
+    size = {"float32": 4, "bfloat16": 2}
+    layers = load_model("tiny").num_layers
+    job = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 64, 4096, "shardwise")
+    priced = tp_element_bytes(job)
+    assert priced == (2, 4)
+    stats = ["forward", "all_gather", "float32"]  # the loss's two statistics a token (step_time.tp_edge_time)
+    plain = facts["tp"]
+    assert plain.pop(1 + 2 * layers) == stats
+    # forward: the embedding's sum, two row-parallel outputs a layer; backward: f's sum for each column group, and
+    # for the head's input
+    assert [(p, size[d]) for p, k, d in plain] == ([("forward", priced.residual)] + [("forward", priced.outputs)] * 2 * layers
+                                                   + [("backward", priced.residual)] * (2 * layers + 1)), plain
+    assert {k for _, k, _ in plain} == {"all_reduce"}
+    sp = facts["sp"]
+    assert sp.pop(2 + 4 * layers) == stats
+    # the embedding's reduce-scatter and its gradient's gather move the stream; everything else SP moves is cast first
+    assert sp[0] == ["forward", "reduce_scatter", "float32"] and sp[-1] == ["backward", "all_gather", "float32"], sp
+    assert size[sp[0][2]] == priced.residual and {size[d] for _, _, d in sp[1:-1]} == {priced.outputs}, sp
+    # and the planner charges them: without SP the backward's FP32 sums take longer than the forward's BF16 ones
+    f, b, _ = tp_layer_comm(job, Layout(dp=8, tp=8, micro_batch=1), 4096, [(0.0, 0.0)] * 4)
+    assert b > 1.5 * f

@@ -107,3 +107,49 @@ def test_shardwise_full_recompute_charges_what_its_own_model_runs_again():
     ours = stage_cost(make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "shardwise"), layout, 0)
     whole = stage_cost(make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "megatron-core"), layout, 0)
     assert ours.flops_recompute == pytest.approx(again) and again < whole.flops_recompute
+
+
+def test_shardwise_full_recompute_casts_again_the_weights_it_runs_again():
+    """Under autocast (a GPU's precision; a CPU's autocast runs the same dtype flow) the recomputed forward is an
+    autocast region of its own (torch.utils.checkpoint re-enters the forward's), whose weight cache starts empty:
+    every linear it runs again casts its FP32 weight again. Counted on the runtime's own model, as the elements of the
+    parameters cast to BF16 in backward; the shardwise profile charges those (FC2's too: early stop stops after
+    its cast, a saved tensor)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardwise.model import Transformer
+    from shardwise.planner.step_time import recompute_cast_params
+
+    model = load_model("tiny")
+
+    class _Casts(TorchDispatchMode):
+        def __init__(self, params):
+            super().__init__()
+            self.params, self.elements = params, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+                    and args[0].data_ptr() in self.params):
+                self.elements += args[0].numel()
+            return func(*args, **kwargs)
+
+    def cast_in_backward(recompute):
+        net = Transformer(model, seed=0, recompute=recompute)
+        x = torch.randint(0, model.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = net(x, x)
+        with _Casts({p.data_ptr() for p in net.parameters()}) as casts:
+            loss.backward()
+        return casts.elements
+
+    again = cast_in_backward("full") - cast_in_backward("none")
+    assert again > 0
+    job = make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "shardwise")
+    layout = Layout(dp=1, tp=1, pp=1, micro_batch=1, recompute="full")
+    assert model.num_layers * recompute_cast_params(job, layout) == pytest.approx(again)
+    # Megatron's BF16 weights are not cast at all
+    assert recompute_cast_params(make_job(model, load_cluster("dgx-a100-80gb"), 1, SEQ, "megatron-core"), layout) == 0
+    # and the seconds are in the recompute
+    costs = stage_cost(job, layout, 0)
+    assert costs.recompute > stage_cost(job, layout.with_(recompute="none"), 0).recompute

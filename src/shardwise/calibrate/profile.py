@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from shardwise.planner.comm import LINK_EFFICIENCY, interpolate
-from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD
-from shardwise.planner.step_time import HOST_FLOOR_KEYS, OPTIMIZER_BYTES_PER_PARAM
+from shardwise.planner.frameworks import CALIBRATED_STEP_OVERHEAD, get as get_framework
+from shardwise.planner.step_time import HOST_FLOOR_KEYS
 from shardwise.specs import cluster_from_toml, tp_call_credit
 
 # (latency steps, bandwidth volume) per (n - 1) ring step, as planner/comm.py models them.
@@ -101,7 +101,9 @@ class Profile:
         """What a training step runs around the layers (the batch, zero_grad, clipping, AdamW, the loss)
         beyond the planner's bandwidth term for the optimizer (the fixed per-tensor cost that dominates
         small models)."""
-        bandwidth_term = OPTIMIZER_BYTES_PER_PARAM * self.optimizer_params / (self.copy_gbs * 1e9)
+        # the runtime's own AdamW ran (the `shardwise` profile's traffic, as the planner prices it for that profile)
+        per_param = get_framework("shardwise").optimizer_traffic
+        bandwidth_term = per_param * self.optimizer_params / (self.copy_gbs * 1e9)
         return max(self.optimizer_s - bandwidth_term, 0.0)
 
     def train_step_overhead_s(self) -> float:

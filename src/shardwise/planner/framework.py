@@ -294,6 +294,11 @@ class Framework:
     # (Apex/Transformer Engine FusedAdam, torch's fused=True), step_time.OPTIMIZER_BYTES_PER_PARAM. torch's foreach
     # (multi-tensor) path still makes one pass per operation (TORCHTITAN below).
     optimizer_traffic: int | None = None
+    # Bytes per gradient the rank holds that the step moves outside the optimizer (0: counted in optimizer_traffic): the
+    # global norm's read and the clip's multiply over every local gradient (under ZeRO 0/1 the whole model's, not the
+    # optimizer's shard), and, where the stack zeroes DDP's gradient views in place each step, that write (ddp_zero_bytes).
+    grad_pass_bytes: int = 0
+    ddp_zero_bytes: int = 0
     # CPU offload (--offload, planner/offload.py): what the stack can keep in the host's memory ("optimizer": the
     # optimizer states and FP32 master, stepped on the CPU; "params": the parameter shards too, with their gradients),
     # the lowest ZeRO stage each needs (the states it offloads are its shards), whether with "optimizer" the gradient

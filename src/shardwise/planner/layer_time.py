@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import NamedTuple
 
 from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe
@@ -21,7 +22,7 @@ from shardwise.planner.comm import (collective_time, one_node, overlaps, p2p_syn
                                     tp_sync_time)
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import cp_kv_blocks, local_seq, torch_dkv_ring
+from shardwise.planner.memory import cp_kv_blocks, local_seq, residual_bytes, torch_dkv_ring
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -484,6 +485,21 @@ def tp_layer_comm(job: Job, layout: Layout, tokens: int, gemms: list, ffn_tp: bo
     return _tp_comm(job, layout, tokens, gemms, merged=job.model.parallel_residual)
 
 
+class TPBytes(NamedTuple):
+    """Bytes per element the tensor-parallel collectives move."""
+
+    outputs: int  # the row-parallel linears' outputs, and everything sequence parallelism gathers or scatters
+    residual: int  # the residual stream's tensors: the embedding's output; without SP, a column group's input, whose
+    # gradient f sums in backward
+
+
+def tp_element_bytes(job: Job) -> TPBytes:
+    """TPBytes of this job: the linears' outputs in the activations' dtype; the residual stream's tensors in theirs,
+    FP32 under autocast (memory.residual_bytes: shardwise's runtime on a GPU, whose norms return the FP32 stream and
+    whose linears cast their inputs themselves; under SP its gathered groups cast before they gather)."""
+    return TPBytes(job.train.activation_bytes, residual_bytes(job))
+
+
 def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -> tuple[float, float, float]:
     """tp_layer_comm of a layer with a tensor-parallel FFN; `merged`: one output reduction (parallel residual)."""
     tp, c = layout.tp, job.cluster
@@ -491,8 +507,8 @@ def _tp_comm(job: Job, layout: Layout, tokens: int, gemms: list, merged: bool) -
     act = tokens * job.model.hidden * job.train.activation_bytes
     sync = tp_sync_time(c, layout.sequence_parallel)
     if not layout.sequence_parallel:
-        one = tp_call_time(c, "all_reduce", act, tp)
-        return outputs * one, 2 * one, 0.0
+        stream = tokens * job.model.hidden * tp_element_bytes(job).residual  # the column groups' input gradients
+        return (outputs * tp_call_time(c, "all_reduce", act, tp), 2 * tp_call_time(c, "all_reduce", stream, tp), 0.0)
     # Transformer Engine gathers the FP8 copy of a sequence-parallel input (the cast runs on the shard).
     gathered = act / job.train.activation_bytes if job.precision == "fp8" and get_framework(job.framework).fp8 == "te" else act
     ag, rs = collective_time(c, "all_gather", gathered, tp), collective_time(c, "reduce_scatter", act, tp)

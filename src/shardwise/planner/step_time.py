@@ -26,7 +26,7 @@ from shardwise.planner import kernels, moe, offload
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_call_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
-                                          LayerCost, layer_gemms, matmul_params_per_layer, paced)
+                                          LayerCost, layer_gemms, matmul_params_per_layer, paced, tp_element_bytes)
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
@@ -213,6 +213,7 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
         measured = "full_checkpoint_overhead_s" in (job.cluster.measured or {})
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
+        rec += redone * recompute_cast_time(job, layout) * slowest
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
             if not measured:  # a calibration's full-checkpoint cost is what the checkpoint ran, early stop and all
                 rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
@@ -237,6 +238,25 @@ def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
     if not per or calibrated(job):
         return 0.0
     return per * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
+
+
+def recompute_cast_params(job: Job, layout: Layout) -> float:
+    """Parameters of one fully recomputed layer whose FP32 weights the recompute casts again, where the stack keeps
+    them FP32 under autocast (Framework.autocast_cast_bytes): torch.utils.checkpoint re-enters the forward's autocast
+    for the recompute, a region of its own whose weight cache starts empty. Every linear's weight and bias, FC2's too
+    under early stop (its BF16 weight is a tensor its backward saved, so the recompute runs the cast and stops before
+    the GEMM); not the norms' (applied in FP32), nor the routed experts' (counted apart, moe)."""
+    if not get_framework(job.framework).autocast_cast_bytes:
+        return 0.0
+    return layer_params(job.model, layout.tp) - job.model.layer_norm_params
+
+
+def recompute_cast_time(job: Job, layout: Layout) -> float:
+    """Seconds of recompute_cast_params' casts (read FP32, write the compute type), at HBM bandwidth; 0 on a calibrated
+    cluster, whose measured layer costs hold the casts its precision makes."""
+    if calibrated(job):
+        return 0.0
+    return get_framework(job.framework).autocast_cast_bytes * recompute_cast_params(job, layout) / kernels.hbm_rate(job.cluster)
 
 
 def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
@@ -372,17 +392,20 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     tp, c = layout.tp, job.cluster
     if tp == 1 or 0 < rank < layout.pp - 1:  # no edge on this rank
         return 0.0, 0.0
-    act = tokens * job.model.hidden * job.train.activation_bytes
-    sp = layout.sequence_parallel
-    ar, ag, rs = (tp_call_time(c, k, act, tp, sp) for k in ("all_reduce", "all_gather", "reduce_scatter"))
+    sp, per = layout.sequence_parallel, tp_element_bytes(job)
+    # the embedding's output and, without SP, the head's input are the residual stream's (FP32 under autocast)
+    act, stream = (tokens * job.model.hidden * n for n in per)
+    ag, rs = (tp_call_time(c, k, act, tp, sp) for k in ("all_gather", "reduce_scatter"))
+    stream_ar, stream_ag, stream_rs = (tp_call_time(c, k, stream, tp, sp) for k in ("all_reduce", "all_gather",
+                                                                                     "reduce_scatter"))
     f = b = 0.0
     if rank == 0:
-        f, b = (rs, ag) if sp else (ar, 0.0)
+        f, b = (stream_rs, stream_ag) if sp else (stream_ar, 0.0)
     if rank == layout.pp - 1:  # under SP the head's input is gathered again in backward (Megatron)
         stats = 0.0 if get_framework(job.framework).loss_gathers_logits else (  # (head_time gathers the logits)
             tp_call_time(c, "all_gather", 8 * tokens * tp, tp, sp))
         f += (ag if sp else 0.0) + stats
-        b += rs + ag if sp else ar
+        b += rs + ag if sp else stream_ar
     return f, b
 
 
@@ -705,16 +728,21 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     if layout.zero >= 1 and layout.dp * layout.cp > 1:  # the experts' states shard over their own replicas, as
         # moe.expert_states shards their memory
         sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
-    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded / kernels.hbm_rate(job.cluster)
-    if job.offload:  # none on the GPU: the host steps (_offload_time)
-        opt = 0.0
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
     measured = job.cluster.measured or {}
-    opt += float(measured.get("step_overhead_s", 0.0))
-    if fw.calibrated_step_overhead:
-        opt += float(measured.get(fw.calibrated_step_overhead, 0.0))
+    loop = float(measured.get(fw.calibrated_step_overhead, 0.0)) if fw.calibrated_step_overhead else 0.0
+    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded
+    if fw.calibrated_step_overhead not in measured:  # else the loop's measured cost holds the gradient passes
+        held = params if layout.zero_in_effect < 2 else sharded  # ZeRO 0/1 keep every gradient whole
+        # DDP (no pipeline: its chunks are averaged after the schedule) zeroes its bucket views in place (Framework)
+        ddp = layout.zero_in_effect < 2 and layout.pp == 1 and layout.dp * layout.cp > 1
+        opt += (fw.grad_pass_bytes + (fw.ddp_zero_bytes if ddp else 0)) * held
+    opt /= kernels.hbm_rate(job.cluster)
+    if job.offload:  # none on the GPU: the host steps (_offload_time)
+        opt = 0.0
+    opt += float(measured.get("step_overhead_s", 0.0)) + loop
     if layout.zero_in_effect >= 2:
         opt += param_tensors(job, layout, heavy) * float(measured.get("fsdp_tensor_s", 0.0))
     return opt

@@ -22,6 +22,11 @@ SHARDWISE = Framework(
     # (grad_cast_bytes 2 + 4) and AccumulateGrad adds it into the FP32 gradient after the first micro-batch (4 + 4 + 4).
     autocast_cast_bytes=6, grad_cast_bytes=6, grad_accumulation_bytes=12,
     param_gather_bytes=4, async_sp_regather=False,
+    # data_parallel.make_optimizer: torch's fused AdamW on the FP32 parameters, one pass reading p, g, m, v and writing
+    # p, m, v (28 B; no master copy, no 16-bit weight to write); grad_norm.GlobalGradNorm: torch._foreach_norm over
+    # every gradient the rank holds (4) and _foreach_mul_ by the clip coefficient (8); train.py zeroes DDP's bucket
+    # views in place (4), other gradients are set to None.
+    optimizer_traffic=28, grad_pass_bytes=12, ddp_zero_bytes=4,
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     # parallel/pipeline_step.py PipelineStep: average_gradients after the schedule; expert_parallel.sync_expert_grads
     pipeline_reduce_after_schedule=True, expert_reduce_after_backward=True, tp_sums_whole_experts=True,
