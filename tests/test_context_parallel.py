@@ -156,6 +156,42 @@ def test_math_blocks_keep_fp32_inside_the_models_autocast():
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_a))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_shardwise_profile_prices_the_math_blocks_a_gpu_runs(causal):
+    """Off CPU the runtime's blocks are the FP32 math above: their matmul FLOPs, counted on the runtime's own functions,
+    are what the `shardwise` profile prices on a GPU (the whole block, a causal one masked after its product, not
+    skipped), at FP32 rates; and it holds their scores in memory, which a fused kernel never does."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from shardwise.parallel.context_parallel import math_block_backward, math_block_forward
+    from shardwise.planner import estimate
+    from shardwise.planner.job import make_job, runtime_job
+    from shardwise.planner.kernels import math_attention_flops
+    from shardwise.planner.layer_time import layer_cost
+    from shardwise.planner.memory import cp_buffer_bytes
+    from shardwise.specs import load_cluster
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g).bfloat16() for h, n in ((4, 24), (2, 24), (2, 24)))
+    dout = torch.randn(1, 4, 24, 16, generator=g).bfloat16()
+    with FlopCounterMode(display=False) as forward:
+        out, lse = math_block_forward(q, k, v, causal)
+    with FlopCounterMode(display=False) as backward:
+        math_block_backward(dout, q, k, v, out, lse, causal)
+    assert (forward.get_total_flops(), backward.get_total_flops()) == math_attention_flops(24, 24, 4, 16)
+
+    h100, model = load_cluster("dgx-h100-80gb"), load_model("llama3-8b")
+    lay = Layout(dp=4, cp=2, micro_batch=1, zero=3, recompute="full")
+    ours, titan = make_job(model, h100, 8, 32768, "shardwise"), make_job(model, h100, 8, 32768, "torchtitan")
+    assert layer_cost(ours, lay).attn_fwd > 5 * layer_cost(titan, lay).attn_fwd  # FP32 on CUDA cores, not tensor cores
+    assert cp_buffer_bytes(ours, lay) > 10 * cp_buffer_bytes(titan, lay)
+    held = lambda job: sum(estimate(job, lay).memory_bytes.values())  # noqa: E731
+    assert held(ours) - held(titan) > 0.5 * cp_buffer_bytes(ours, lay)  # in the breakdown the plan checks
+    # on a CPU (validate's job) the blocks are SDPA's fused CPU kernel: no scores held
+    cpu = runtime_job(load_model("tiny"), load_cluster("dgx-h100-80gb"), 8, 64, gpu=False)
+    assert cp_buffer_bytes(cpu, Layout(cp=2, micro_batch=1)) < 1e6
+
+
 def test_plan_files_carry_cp_into_train(tmp_path, capsys):
     """`plan --json` layouts carry cp and cp_mode; `train --plan` reads them (and a contradicting --cp is an error)."""
     from shardwise.cli import main

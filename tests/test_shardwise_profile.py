@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.job import make_job
+from shardwise.planner.frameworks import get
 from shardwise.planner.layer_time import tp_element_bytes, tp_layer_comm
 from shardwise.planner.overlap import grad_reduce_behind
 from shardwise.planner import estimate
@@ -158,7 +159,7 @@ def _tp_collective_dtypes(rank, world, out_dir):
     from shardwise.train import TrainConfig, build_runtime, forward_backward
 
     calls, phase = [], ["forward"]
-    record = lambda kind, t: calls.append([phase[0], kind, str(t.dtype).removeprefix("torch.")])
+    record = lambda kind, t: calls.append([phase[0], kind, str(t.dtype).removeprefix("torch."), t.numel()])
     all_reduce, gather, scatter = dist.all_reduce, tensor_parallel._all_gather_single, tensor_parallel._reduce_scatter_single
     backward = torch.Tensor.backward
 
@@ -171,16 +172,17 @@ def _tp_collective_dtypes(rank, world, out_dir):
     tensor_parallel._reduce_scatter_single = lambda out, t, *a, **k: (record("reduce_scatter", t), scatter(out, t, *a, **k))[1]
     torch.Tensor.backward = run_backward
     facts = {}
-    for sp in (False, True):
+    for name, model, sp in (("tp", "tiny", False), ("sp", "tiny", True), ("gpt2-sp", "tiny-gpt2", True),
+                            ("moe-tp", "tiny-moe", False)):
         lay = Layout(tp=2, micro_batch=2, sequence_parallel=sp)
-        cfg = TrainConfig(load_model("tiny"), lay, steps=1, global_batch=2, seq_len=16, progress=False,
+        cfg = TrainConfig(load_model(model), lay, steps=1, global_batch=2, seq_len=16, progress=False,
                           autocast="bfloat16")
         rt = build_runtime(cfg, build_mesh(1, 1, 2, backend="gloo", timeout_s=60))
         tokens = torch.randint(0, cfg.spec.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
         calls.clear()
         phase[0] = "forward"
         forward_backward(rt.chunks, [(tokens[:, :-1], tokens[:, 1:])], amp=cfg.autocast)
-        facts["sp" if sp else "tp"] = list(calls)
+        facts[name] = list(calls)
     if rank == 0:
         with open(os.path.join(out_dir, "tp-dtypes.json"), "w") as f:
             json.dump(facts, f)
@@ -197,19 +199,32 @@ def test_tp_collectives_are_priced_in_the_dtypes_the_runtime_sends(tmp_path):
     job = make_job(load_model("llama3-8b"), load_cluster("dgx-h100-80gb"), 64, 4096, "shardwise")
     priced = tp_element_bytes(job)
     assert priced == (2, 4)
-    stats = ["forward", "all_gather", "float32"]  # the loss's two statistics a token (step_time.tp_edge_time)
+    for name in facts:
+        facts[name] = [c[:3] + [c[3] // (2 * 16)] for c in facts[name]]  # elements per token of the micro-batch
+    stats = ["forward", "all_gather", "float32", 2]  # the loss's two statistics a token (step_time.tp_edge_time)
     plain = facts["tp"]
     assert plain.pop(1 + 2 * layers) == stats
     # forward: the embedding's sum, two row-parallel outputs a layer; backward: f's sum for each column group, and
     # for the head's input
-    assert [(p, size[d]) for p, k, d in plain] == ([("forward", priced.residual)] + [("forward", priced.outputs)] * 2 * layers
+    assert [(p, size[d]) for p, k, d, _ in plain] == ([("forward", priced.residual)] + [("forward", priced.outputs)] * 2 * layers
                                                    + [("backward", priced.residual)] * (2 * layers + 1)), plain
-    assert {k for _, k, _ in plain} == {"all_reduce"}
+    assert {k for _, k, _, _ in plain} == {"all_reduce"}
     sp = facts["sp"]
     assert sp.pop(2 + 4 * layers) == stats
     # the embedding's reduce-scatter and its gradient's gather move the stream; everything else SP moves is cast first
-    assert sp[0] == ["forward", "reduce_scatter", "float32"] and sp[-1] == ["backward", "all_gather", "float32"], sp
-    assert size[sp[0][2]] == priced.residual and {size[d] for _, _, d in sp[1:-1]} == {priced.outputs}, sp
+    assert sp[0][:3] == ["forward", "reduce_scatter", "float32"] and sp[-1][:3] == ["backward", "all_gather", "float32"]
+    assert size[sp[0][2]] == priced.residual and {size[d] for _, _, d, _ in sp[1:-1]} == {priced.outputs}, sp
+    # GPT-2's learned positions enter the sequence split by their own scatter: its backward gathers one sequence's
+    # position gradient (no batch dimension) in FP32 — priced (sp_scatters_positions)
+    hidden = load_model("tiny-gpt2").hidden
+    assert ["backward", "all_gather", "float32", (16 // 2) * hidden // (2 * 16)] in facts["gpt2-sp"], facts["gpt2-sp"]
+    assert get("shardwise").sp_scatters_positions
+    # a MoE layer's routed output leaves the experts FP32 (weighted by FP32 routing probabilities) and is gathered
+    # over tp so: the dispatch path is priced at the stream's bytes (moe.dispatch_time `stream`)
+    moe_h = load_model("tiny-moe").hidden
+    moe_layers = len(load_model("tiny-moe").moe_layers)
+    gathers = [c for c in facts["moe-tp"] if c[:2] == ["forward", "all_gather"] and c[3] == moe_h // 2]  # 1/tp
+    assert len(gathers) == moe_layers and {size[c[2]] for c in gathers} == {priced.residual}, facts["moe-tp"]
     # and the planner charges them: without SP the backward's FP32 sums take longer than the forward's BF16 ones
     f, b, _ = tp_layer_comm(job, Layout(dp=8, tp=8, micro_batch=1), 4096, [(0.0, 0.0)] * 4)
     assert b > 1.5 * f

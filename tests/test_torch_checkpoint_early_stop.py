@@ -109,18 +109,20 @@ def test_shardwise_full_recompute_charges_what_its_own_model_runs_again():
     assert ours.flops_recompute == pytest.approx(again) and again < whole.flops_recompute
 
 
-def test_shardwise_full_recompute_casts_again_the_weights_it_runs_again():
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+def test_shardwise_full_recompute_casts_again_the_weights_it_runs_again(name):
     """Under autocast (a GPU's precision; a CPU's autocast runs the same dtype flow) the recomputed forward is an
     autocast region of its own (torch.utils.checkpoint re-enters the forward's), whose weight cache starts empty:
     every linear it runs again casts its FP32 weight again. Counted on the runtime's own model, as the elements of the
     parameters cast to BF16 in backward; the shardwise profile charges those (FC2's too: early stop stops after
-    its cast, a saved tensor)."""
+    its cast, a saved tensor; in MoE layers every local expert's, each a view sliced out of a stacked parameter,
+    which autocast does not cache)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from shardwise.model import Transformer
     from shardwise.planner.step_time import recompute_cast_params
 
-    model = load_model("tiny")
+    model = load_model(name)
 
     class _Casts(TorchDispatchMode):
         def __init__(self, params):
@@ -130,7 +132,7 @@ def test_shardwise_full_recompute_casts_again_the_weights_it_runs_again():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
-                    and args[0].data_ptr() in self.params):
+                    and args[0].untyped_storage().data_ptr() in self.params):  # a parameter, or a view of one
                 self.elements += args[0].numel()
             return func(*args, **kwargs)
 
@@ -139,7 +141,7 @@ def test_shardwise_full_recompute_casts_again_the_weights_it_runs_again():
         x = torch.randint(0, model.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = net(x, x)
-        with _Casts({p.data_ptr() for p in net.parameters()}) as casts:
+        with _Casts({p.untyped_storage().data_ptr() for p in net.parameters()}) as casts:
             loss.backward()
         return casts.elements
 

@@ -112,7 +112,12 @@ class Profile:
         `shardwise` profile adds it to every step (planner/framework.py, CALIBRATED_STEP_OVERHEAD)."""
         if len(self.loop_points) < 2:
             return 0.0
-        return max(self.loop_points[1] - self.loop_points[0], 0.0)
+        # less the gradient passes the planner prices by their bytes, as step_overhead_s takes out AdamW's: the clip over
+        # every gradient of the loop's model (measure_model's, optimizer_params) and, with more than one rank, DDP's
+        # in-place zeroing of its buckets (the bare step sets them to None)
+        fw = get_framework("shardwise")
+        passes = (fw.grad_pass_bytes + (fw.ddp_zero_bytes if self.world > 1 else 0)) * self.optimizer_params
+        return max(self.loop_points[1] - self.loop_points[0] - passes / (self.copy_gbs * 1e9), 0.0)
 
     def split_backward_s(self) -> float:
         """What splitting a layer's backward into ZB-H1's input- and weight-gradient passes adds to it, per

@@ -224,7 +224,9 @@ class Framework:
     # How its context parallelism runs the attention (planner/kernels.py cp_attention_time, ring_merge_bytes): "te"
     # (Transformer Engine: the p2p ring's steps merged in the activation dtype; all-gather: each local query chunk
     # against the gathered keys before it, as Llama 3 does too) or "torch" (torch's context_parallel: the ring's steps
-    # whatever its rotate method, merged and dK/dV accumulated and passed on in FP32).
+    # whatever its rotate method, merged and dK/dV accumulated and passed on in FP32) or "shardwise" (this project's
+    # runtime: on a GPU FP32 math blocks, merged and dK/dV accumulated and passed on in FP32, memory.cp_math_blocks;
+    # on a CPU SDPA's fused CPU kernel, priced as "te").
     cp_attention: str = "te"
     async_sp_regather: bool = True  # SP's backward re-gather runs behind the input-gradient GEMM
     # What the stack runs at all.
@@ -299,6 +301,9 @@ class Framework:
     # optimizer's shard), and, where the stack zeroes DDP's gradient views in place each step, that write (ddp_zero_bytes).
     grad_pass_bytes: int = 0
     ddp_zero_bytes: int = 0
+    # Under sequence parallelism learned positions enter the sequence-split region by a scatter of their own (added
+    # after the word embedding's reduce-scatter), whose backward gathers their gradient over tp (step_time.tp_edge_time).
+    sp_scatters_positions: bool = False
     # CPU offload (--offload, planner/offload.py): what the stack can keep in the host's memory ("optimizer": the
     # optimizer states and FP32 master, stepped on the CPU; "params": the parameter shards too, with their gradients),
     # the lowest ZeRO stage each needs (the states it offloads are its shards), whether with "optimizer" the gradient

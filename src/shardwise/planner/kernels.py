@@ -442,6 +442,10 @@ def ring_merge_bytes(stack: str, e: float) -> dict:
     slice per element copied out of a half block; kv_send per K or V element."""
     if stack == "torch":
         return {"out": e + 4 + 32, "dq": e + 8, "dkv": e + 8 + 8, "slice": 0, "kv_send": 2 * e}
+    if stack == "shardwise":  # parallel/context_parallel.py RingAttention: an FP32 output, dQ and dK/dV; K/V stacked once
+        # _merge: out.mul_ (8), block * exp (e + 4), add_ (12); dq += (e + 8); dK/dV: zeros (4), += the block's
+        # (e + 8), += the received (12)
+        return {"out": e + 24, "dq": e + 8, "dkv": e + 24, "slice": 0, "kv_send": 0}
     return {"out": 3 * e, "dq": 3 * e, "dkv": 5 * e, "slice": 2 * e, "kv_send": 0}
 
 
@@ -466,6 +470,8 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
     attends to the j chunks before it without a mask and to itself with it, as one kernel; the slowest rank sets
     the pace."""
     def f(q: float, kv: float, causal: bool, loop: float | None = None) -> tuple[float, float]:
+        if kernel == "math":  # shardwise's runtime on a GPU (math_attention_time)
+            return math_attention_time(cluster, batch * q, kv, heads, head_dim, causal)
         return fused_attention_time(cluster, kernel, batch * q, kv, heads, head_dim, precision, causal, loop)
 
     if scheme == "ring":
@@ -493,6 +499,41 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
                                                             for i in range(CP_RANKS_TIMED)})
     ranks = [tuple(a + b for a, b in zip(chunk(r), chunk(2 * cp - 1 - r))) for r in timed]
     return tuple(max(x[i] for x in ranks) for i in (0, 1))
+
+
+# FP32 FLOP/s of a GPU's CUDA cores (torch's default FP32 matmul: TF32 off, no tensor cores) as a share of its dense
+# BF16 tensor-core peak at the same clock: per SM, GA100's 64 FP32 lanes (2 FLOP each a clock) against 2,048 dense BF16
+# tensor FLOP a clock, GH100's 128 against 4,096 (NVIDIA A100 and H100 whitepapers): 1/16 on both.
+FP32_SIMT_SHARE = 1 / 16
+# HBM bytes per FP32 score of shardwise's context-parallel math blocks (parallel/context_parallel.math_block_forward /
+# math_block_backward), each op reading its inputs and writing its output once. Forward: QK^T written (4), scaled (read
+# and write, 8), the log-sum-exp (two reads, 8), s - lse (8) and its exp (8), read by P.V (4) = 40. Backward: the
+# scores again (4 + 8), s - lse and exp (16), P read by dV (4), dP written (4), dP - D (8), P * (dP - D) (12), dS read by
+# dQ and dK (8) = 64. A causal block (the diagonal) masks its scores first: a boolean mask read and the scores read and
+# written (9), in each pass.
+MATH_SCORE_BYTES = (40, 64)
+MATH_MASK_BYTES = 9
+# Scores-sized FP32 tensors alive at once in math_block_backward (s, P, dP, dP - D and dS), the peak of either pass.
+MATH_SCORE_TENSORS = 5
+
+
+def math_attention_flops(tokens: float, seq_kv: float, heads: int, head_dim: float) -> tuple[float, float]:
+    """(forward, backward) matmul FLOPs of one math block: QK^T and P.V forward; backward the scores again, dV, dP, dQ
+    and dK, the whole tokens x seq_kv block (a causal one is masked after its product, not skipped)."""
+    one = 2 * tokens * seq_kv * head_dim * heads
+    return 2 * one, 5 * one
+
+
+def math_attention_time(cluster: ClusterSpec, tokens: float, seq_kv: float, heads: int, head_dim: float,
+                        causal: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of one context-parallel block of shardwise's runtime on a GPU: its matmuls in FP32
+    on the CUDA cores (FP32_SIMT_SHARE of the peak, at the share of it the BF16 GEMMs keep in a step) and its FP32
+    passes over the scores at HBM bandwidth (MATH_SCORE_BYTES)."""
+    rate = matmul_rate(cluster) * FP32_SIMT_SHARE
+    scores = tokens * seq_kv * heads
+    extra = MATH_MASK_BYTES if causal else 0
+    return tuple(flops / rate + scores * (per + extra) / hbm_rate(cluster)
+                 for flops, per in zip(math_attention_flops(tokens, seq_kv, heads, head_dim), MATH_SCORE_BYTES))
 
 
 def unfused_attention_time(cluster: ClusterSpec, batch: int, seq: int, seq_kv: int, heads: int, head_dim: int,

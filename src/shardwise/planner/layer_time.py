@@ -22,7 +22,7 @@ from shardwise.planner.comm import (collective_time, one_node, overlaps, p2p_syn
                                     tp_sync_time)
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import cp_kv_blocks, local_seq, residual_bytes, torch_dkv_ring
+from shardwise.planner.memory import cp_kv_blocks, cp_math_blocks, local_seq, residual_bytes, torch_dkv_ring
 from shardwise.planner.overlap import fp8_gathered, interference
 from shardwise.specs import Layout, ModelSpec
 
@@ -167,7 +167,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     tp_fwd, tp_bwd, tp_again = tp_layer_comm(job, layout, tokens, gemms, ffn_tp=not moe_layer or bool(job.model.shared_ffn_hidden))
     cp_fwd, cp_bwd = cp_layer_comm(job, layout, tokens, attn, attn_b)
     ep = moe.dispatch_time(c, job.model, tokens, layout, job.train.activation_bytes, job.capacity_factor,
-                           job.moe_dispatcher, job.moe_routing) if moe_layer else 0.0
+                           job.moe_dispatcher, job.moe_routing, tp_element_bytes(job).residual) if moe_layer else 0.0
     ep_f = ep_b = ep
     mlp = [sum(g[i] for g in gemms[2:]) for i in range(3)]  # the FFN's forward, input- and weight-gradient GEMMs
     host_bound = moe_layer and not calibrated(job)  # datasheet clusters: the MoE terms fitted on published runs
@@ -259,8 +259,12 @@ def _attention_times(job: Job, layout: Layout, tokens: int) -> tuple[float, floa
                                               heads, d, e, model.trains_with_dropout)
     if layout.cp > 1:  # the kernels the stack's context parallelism runs (kernels.cp_attention_time)
         scheme = "ring" if layout.cp_mode == "ring" or fw.cp_attention == "torch" else "chunks"
+        # shardwise's runtime on a GPU: FP32 math blocks, merged in FP32; on a CPU SDPA's kernel, its merges as TE's
+        # (where the calibration measured the ring's own work: cp_attention_work)
+        kernel, stack = ("math", "shardwise") if cp_math_blocks(job) else (
+            kernel, "te" if fw.cp_attention == "shardwise" else fw.cp_attention)
         return kernels.cp_attention_time(c, kernel, layout.micro_batch, job.train.seq_len, layout.cp, scheme, heads,
-                                         d, job.precision, model.kv_dim / layout.tp, e, fw.cp_attention)
+                                         d, job.precision, model.kv_dim / layout.tp, e, stack)
     full = kernels.fused_attention_time(c, kernel, tokens, job.train.seq_len, heads, d, job.precision)
     if not window_skipped(job):
         return full

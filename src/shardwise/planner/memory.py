@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.planner import moe, offload
+from shardwise.planner.kernels import MATH_SCORE_TENSORS
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
 from shardwise.schedules.closed_forms import chunks_with_gradients_at_peak, peak_inflight_layers, peak_inflight_microbatches
@@ -197,9 +198,28 @@ def cp_buffer_bytes(job: Job, layout: Layout) -> float:
     if layout.cp <= 1:
         return 0.0
     block, dblock = cp_kv_blocks(job, layout, layout.micro_batch * local_seq(job, layout))
+    # shardwise's FP32 math blocks hold their largest block's scores several times over (kernels.MATH_SCORE_TENSORS)
+    scores = MATH_SCORE_TENSORS * 4 * cp_math_scores(job, layout) if cp_math_blocks(job) else 0.0
     if layout.cp_mode != "allgather":
-        return 2 * (block + dblock)
-    return layout.cp * block + (2 * dblock if torch_dkv_ring(job) else layout.cp * dblock)
+        return 2 * (block + dblock) + scores
+    return layout.cp * block + (2 * dblock if torch_dkv_ring(job) else layout.cp * dblock) + scores
+
+
+def cp_math_blocks(job: Job) -> bool:
+    """Whether the stack's context-parallel blocks are shardwise's FP32 math (Framework.cp_attention "shardwise" on a
+    GPU, its autocast job: parallel/context_parallel.math_block_forward / backward), which materialise each block's
+    scores and accumulate and pass dK/dV in FP32. On a CPU the runtime's blocks are SDPA's fused CPU kernel."""
+    return get_framework(job.framework).cp_attention == "shardwise" and job.saved.autocast_casts
+
+
+def cp_math_scores(job: Job, layout: Layout) -> float:
+    """Scores of the largest block a rank's math blocks compute (batch x heads on this GPU x queries x keys): the ring's
+    own block (its 2c local tokens against themselves, the causal one computed whole), or in the all-gather scheme a
+    chunk of c queries against the 2cp - 2 chunks before the last one (rank 0's second chunk)."""
+    c = local_seq(job, layout) / 2
+    keys = 2 * c if layout.cp_mode != "allgather" else max(2, 2 * layout.cp - 2) * c
+    rows = 2 * c if layout.cp_mode != "allgather" else c
+    return layout.micro_batch * job.model.num_heads / layout.tp * rows * keys
 
 
 def torch_dkv_ring(job: Job) -> bool:
@@ -215,7 +235,7 @@ def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]
     default)."""
     e = job.train.activation_bytes
     block = 2 * tokens * job.model.kv_dim / layout.tp * e
-    return block, block * (4 / e if torch_dkv_ring(job) else 1)
+    return block, block * (4 / e if torch_dkv_ring(job) or cp_math_blocks(job) else 1)
 
 
 def recompute_working_bytes(job: Job, layout: Layout, held: float) -> float:

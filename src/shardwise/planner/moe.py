@@ -210,26 +210,33 @@ def deepep_time(cluster: ClusterSpec, model: ModelSpec, routed: float, row_bytes
 
 
 def dispatch_time(cluster: ClusterSpec, model: ModelSpec, tokens: float, layout: Layout, e: int,
-                  capacity: float = 1.0, dispatcher: str = "alltoall", routing: str = "random") -> float:
+                  capacity: float = 1.0, dispatcher: str = "alltoall", routing: str = "random",
+                  stream: int | None = None) -> float:
     """One direction of one MoE layer's traffic (forward, or backward: the same bytes): dispatch and combine
     all-to-alls over ep (NCCL's all-to-all, k copies of a token's row; or DeepEP's node-deduplicated one);
     with etp the all-gather and reduce-scatter of the rows over etp; without sequence parallelism under tp
     the all-gather of the routed output over tp. Each of these calls also pays the calibrated synchronisation
     cost of a calibrated cluster (comm.sync_time, one all-reduce after a layer; 0 on datasheet ones); the dense TP
     calls pay comm.tp_sync_time instead (layer_time.tp_layer_comm). The exchange of the counts before the dispatch
-    is count_exchange_time."""
+    is count_exchange_time. `stream`: bytes per element of what enters and leaves the experts by the residual stream
+    (the dispatched rows and their gradients, the gathered output; default `e`): FP32 in shardwise's runtime under
+    autocast (its routing weights and norms are FP32: layer_time.tp_element_bytes), where the combine's rows are the
+    experts' BF16 output."""
+    stream = stream or e
     routed = tokens / layout.tp
-    rows = routed * model.experts_per_token * capacity * model.hidden * e
+    rows = routed * model.experts_per_token * capacity * model.hidden
     if dispatcher == "deepep":
         t = 2 * deepep_time(cluster, model, routed * capacity, model.hidden * e, layout.ep, layout.etp, routing)
     else:
-        t = 2 * all_to_all_time(cluster, rows, layout.ep, layout.etp)
+        t = all_to_all_time(cluster, rows * stream, layout.ep, layout.etp) + all_to_all_time(cluster, rows * e, layout.ep,
+                                                                                             layout.etp)
     calls = 2 if layout.ep > 1 else 0  # dispatch and combine
     if layout.etp > 1:
-        t += sum(collective_time(cluster, kind, layout.etp * rows, layout.etp) for kind in ("all_gather", "reduce_scatter"))
+        t += (collective_time(cluster, "all_gather", layout.etp * rows * stream, layout.etp)
+              + collective_time(cluster, "reduce_scatter", layout.etp * rows * e, layout.etp))
         calls += 2
     if layout.tp > 1 and not layout.sequence_parallel:
-        t += collective_time(cluster, "all_gather", tokens * model.hidden * e, layout.tp)
+        t += collective_time(cluster, "all_gather", tokens * model.hidden * stream, layout.tp)
         calls += 1
     return t + calls * sync_time(cluster)
 

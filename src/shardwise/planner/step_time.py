@@ -155,6 +155,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     flops_model = layers * 3 * (mm_flops + attn_flops)
     redone = rank_recomputed_layers(job, layout, rank)  # full recompute: all layers, or --recompute-layers' share
     rec, flops_rec, rec_tp, rec_cp = recompute_terms(job, layout, lc, slowest, tokens, layers, redone, moe_layers)
+    if layout.recompute == "full":  # each recomputed layer's weights cast again under autocast
+        rec += redone * recompute_cast_time(job, layout, rank) * slowest
     if rank == layout.pp - 1:  # LM head: logits forward, their input and weight gradients, the loss
         hf, hb, hw = (t * slowest for t in head_time(job, layout, tokens))
         f, b_in, w = f + hf, b_in + hb, w + hw
@@ -213,7 +215,6 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
         measured = "full_checkpoint_overhead_s" in (job.cluster.measured or {})
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
-        rec += redone * recompute_cast_time(job, layout) * slowest
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
             if not measured:  # a calibration's full-checkpoint cost is what the checkpoint ran, early stop and all
                 rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
@@ -240,23 +241,27 @@ def autocast_cast_time(job: Job, layout: Layout, rank: int) -> float:
     return per * rank_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
 
 
-def recompute_cast_params(job: Job, layout: Layout) -> float:
-    """Parameters of one fully recomputed layer whose FP32 weights the recompute casts again, where the stack keeps
-    them FP32 under autocast (Framework.autocast_cast_bytes): torch.utils.checkpoint re-enters the forward's autocast
-    for the recompute, a region of its own whose weight cache starts empty. Every linear's weight and bias, FC2's too
-    under early stop (its BF16 weight is a tensor its backward saved, so the recompute runs the cast and stops before
-    the GEMM); not the norms' (applied in FP32), nor the routed experts' (counted apart, moe)."""
+def recompute_cast_params(job: Job, layout: Layout, rank: int = 0) -> float:
+    """Parameters of the mean fully recomputed layer of pipeline rank `rank` whose FP32 weights the recompute casts
+    again, where the stack keeps them FP32 under autocast (Framework.autocast_cast_bytes): torch.utils.checkpoint
+    re-enters the forward's autocast for the recompute, a region of its own whose weight cache starts empty. Every
+    linear's weight and bias, FC2's too under early stop (its BF16 weight is a tensor its backward saved, so the
+    recompute runs the cast and stops before the GEMM); not the norms' (applied in FP32). In MoE layers every local
+    routed expert's too: the runtime slices each expert's matrices out of its stacked parameter, a view autocast never
+    caches, cast again whether or not the expert got tokens (shardwise.moe.Experts)."""
     if not get_framework(job.framework).autocast_cast_bytes:
         return 0.0
-    return layer_params(job.model, layout.tp) - job.model.layer_norm_params
+    experts = rank_expert_params(job, layout, rank) / max(rank_layers(job, layout, rank), 1)
+    return layer_params(job.model, layout.tp) - job.model.layer_norm_params + experts
 
 
-def recompute_cast_time(job: Job, layout: Layout) -> float:
+def recompute_cast_time(job: Job, layout: Layout, rank: int = 0) -> float:
     """Seconds of recompute_cast_params' casts (read FP32, write the compute type), at HBM bandwidth; 0 on a calibrated
     cluster, whose measured layer costs hold the casts its precision makes."""
     if calibrated(job):
         return 0.0
-    return get_framework(job.framework).autocast_cast_bytes * recompute_cast_params(job, layout) / kernels.hbm_rate(job.cluster)
+    per = get_framework(job.framework).autocast_cast_bytes
+    return per * recompute_cast_params(job, layout, rank) / kernels.hbm_rate(job.cluster)
 
 
 def accumulation_time(job: Job, layout: Layout, rank: int) -> float:
@@ -401,6 +406,9 @@ def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[floa
     f = b = 0.0
     if rank == 0:
         f, b = (stream_rs, stream_ag) if sp else (stream_ar, 0.0)
+        if sp and job.model.learned_positions and get_framework(job.framework).sp_scatters_positions:
+            # one sequence's positions (no batch dimension), in the stream's dtype
+            b += tp_call_time(c, "all_gather", local_seq(job, layout) * job.model.hidden * per.residual, tp, sp)
     if rank == layout.pp - 1:  # under SP the head's input is gathered again in backward (Megatron)
         stats = 0.0 if get_framework(job.framework).loss_gathers_logits else (  # (head_time gathers the logits)
             tp_call_time(c, "all_gather", 8 * tokens * tp, tp, sp))
@@ -733,13 +741,11 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
     measured = job.cluster.measured or {}
     loop = float(measured.get(fw.calibrated_step_overhead, 0.0)) if fw.calibrated_step_overhead else 0.0
-    opt = (fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded
-    if fw.calibrated_step_overhead not in measured:  # else the loop's measured cost holds the gradient passes
-        held = params if layout.zero_in_effect < 2 else sharded  # ZeRO 0/1 keep every gradient whole
-        # DDP (no pipeline: its chunks are averaged after the schedule) zeroes its bucket views in place (Framework)
-        ddp = layout.zero_in_effect < 2 and layout.pp == 1 and layout.dp * layout.cp > 1
-        opt += (fw.grad_pass_bytes + (fw.ddp_zero_bytes if ddp else 0)) * held
-    opt /= kernels.hbm_rate(job.cluster)
+    held = params if layout.zero_in_effect < 2 else sharded  # ZeRO 0/1 keep every gradient whole
+    # DDP (no pipeline: its chunks are averaged after the schedule) zeroes its bucket views in place (Framework)
+    ddp = layout.zero_in_effect < 2 and layout.pp == 1 and layout.dp * layout.cp > 1
+    opt = ((fw.optimizer_traffic or OPTIMIZER_BYTES_PER_PARAM) * sharded
+           + (fw.grad_pass_bytes + (fw.ddp_zero_bytes if ddp else 0)) * held) / kernels.hbm_rate(job.cluster)
     if job.offload:  # none on the GPU: the host steps (_offload_time)
         opt = 0.0
     opt += float(measured.get("step_overhead_s", 0.0)) + loop

@@ -27,6 +27,7 @@ SHARDWISE = Framework(
     # every gradient the rank holds (4) and _foreach_mul_ by the clip coefficient (8); train.py zeroes DDP's bucket
     # views in place (4), other gradients are set to None.
     optimizer_traffic=28, grad_pass_bytes=12, ddp_zero_bytes=4,
+    sp_scatters_positions=True,  # parallel/tensor_parallel.py: a SCATTER_SEQ hook on the position embedding's output
     overlap_grad_reduce=True, zero1="broadcast", fsdp_reduce_every_microbatch=True,
     # parallel/pipeline_step.py PipelineStep: average_gradients after the schedule; expert_parallel.sync_expert_grads
     pipeline_reduce_after_schedule=True, expert_reduce_after_backward=True, tp_sums_whole_experts=True,
@@ -37,6 +38,8 @@ SHARDWISE = Framework(
     # parallel/pipeline_step.py build_pipeline: each TP rank sends the whole (mb, seq, hidden) activation without SP
     # (its sequence shard with SP), as FP32 (the executor's dtype: the residual stream stays FP32 under autocast)
     p2p_split_over_tp=False, p2p_bytes=4,
+    # parallel/context_parallel.py: off CPU each block is FP32 math (no fused GPU kernel returning its log-sum-exp yet)
+    cp_attention="shardwise",
     torch_fsdp=2,  # parallel/data_parallel.py: fully_shard (FSDP2), its copies into and out of the collectives' buffers
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
