@@ -166,9 +166,9 @@ def test_the_shardwise_profile_prices_the_math_blocks_a_gpu_runs(causal):
     from shardwise.parallel.context_parallel import math_block_backward, math_block_forward
     from shardwise.planner import estimate
     from shardwise.planner.job import make_job, runtime_job
-    from shardwise.planner.kernels import math_attention_flops
+    from shardwise.planner.kernels import MATH_SCORE_BYTES, math_attention_flops
     from shardwise.planner.layer_time import layer_cost
-    from shardwise.planner.memory import cp_buffer_bytes
+    from shardwise.planner.memory import cp_buffer_bytes, cp_kv_blocks, cp_math_blocks, cp_math_scores
     from shardwise.specs import load_cluster
 
     g = torch.Generator().manual_seed(2)
@@ -187,9 +187,17 @@ def test_the_shardwise_profile_prices_the_math_blocks_a_gpu_runs(causal):
     assert cp_buffer_bytes(ours, lay) > 10 * cp_buffer_bytes(titan, lay)
     held = lambda job: sum(estimate(job, lay).memory_bytes.values())  # noqa: E731
     assert held(ours) - held(titan) > 0.5 * cp_buffer_bytes(ours, lay)  # in the breakdown the plan checks
-    # on a CPU (validate's job) the blocks are SDPA's fused CPU kernel: no scores held
+    # the scores held: five FP32 tensors of the largest block, the ring's 2c x 2c, the all-gather's c x (2cp - 1) c
+    # (rank 0's last chunk against every chunk before it: _allgather_blocks)
+    c, heads = 32768 // 2 // 2, model.num_heads
+    assert cp_math_scores(ours, lay) == 2 * c * 2 * c * heads
+    assert cp_math_scores(ours, lay.with_(cp_mode="allgather", cp=4, dp=2)) == c / 2 * 7 * c / 2 * heads
+    # and the passes over them: torch.logsumexp alone reads the scores twice and writes them twice
+    assert MATH_SCORE_BYTES[0] >= 56
+    # on a CPU (validate's job) the blocks are SDPA's fused CPU kernel: no scores held, merges as before
     cpu = runtime_job(load_model("tiny"), load_cluster("dgx-h100-80gb"), 8, 64, gpu=False)
-    assert cp_buffer_bytes(cpu, Layout(cp=2, micro_batch=1)) < 1e6
+    assert not cp_math_blocks(cpu)
+    assert cp_buffer_bytes(cpu, Layout(cp=2, micro_batch=1)) == 2 * sum(cp_kv_blocks(cpu, Layout(cp=2), 32))
 
 
 def test_plan_files_carry_cp_into_train(tmp_path, capsys):

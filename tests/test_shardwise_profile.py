@@ -5,6 +5,7 @@ gradients summed over tp."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -12,8 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.launch import spawn_ranks
 from shardwise.planner.job import make_job
-from shardwise.planner.frameworks import get
-from shardwise.planner.layer_time import tp_element_bytes, tp_layer_comm
+from shardwise.planner.layer_time import layer_cost, tp_element_bytes, tp_layer_comm
+from shardwise.planner.step_time import tp_edge_time
 from shardwise.planner.overlap import grad_reduce_behind
 from shardwise.planner import estimate
 from shardwise.planner.step_time import whole_experts_time
@@ -218,13 +219,20 @@ def test_tp_collectives_are_priced_in_the_dtypes_the_runtime_sends(tmp_path):
     # position gradient (no batch dimension) in FP32 — priced (sp_scatters_positions)
     hidden = load_model("tiny-gpt2").hidden
     assert ["backward", "all_gather", "float32", (16 // 2) * hidden // (2 * 16)] in facts["gpt2-sp"], facts["gpt2-sp"]
-    assert get("shardwise").sp_scatters_positions
+    gpt2 = load_model("gpt2")
+    edge = lambda m: tp_edge_time(make_job(m, load_cluster("dgx-h100-80gb"), 64, 1024, "shardwise"),  # noqa: E731
+                                  Layout(dp=8, tp=8, micro_batch=1, sequence_parallel=True), 0, 1024)[1]
+    assert edge(gpt2) > edge(dataclasses.replace(gpt2, positions="rotary"))
     # a MoE layer's routed output leaves the experts FP32 (weighted by FP32 routing probabilities) and is gathered
     # over tp so: the dispatch path is priced at the stream's bytes (moe.dispatch_time `stream`)
     moe_h = load_model("tiny-moe").hidden
     moe_layers = len(load_model("tiny-moe").moe_layers)
     gathers = [c for c in facts["moe-tp"] if c[:2] == ["forward", "all_gather"] and c[3] == moe_h // 2]  # 1/tp
     assert len(gathers) == moe_layers and {size[c[2]] for c in gathers} == {priced.residual}, facts["moe-tp"]
+    moe_job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb"), 64, 4096, "shardwise")
+    bf16_stream = dataclasses.replace(moe_job, saved=dataclasses.replace(moe_job.saved, autocast_casts=False))
+    routed = lambda job: layer_cost(job, Layout(dp=2, tp=4, ep=2, micro_batch=1), moe_layer=True).ep_fwd  # noqa: E731
+    assert routed(moe_job) > routed(bf16_stream)
     # and the planner charges them: without SP the backward's FP32 sums take longer than the forward's BF16 ones
     f, b, _ = tp_layer_comm(job, Layout(dp=8, tp=8, micro_batch=1), 4096, [(0.0, 0.0)] * 4)
     assert b > 1.5 * f

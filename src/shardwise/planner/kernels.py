@@ -443,9 +443,9 @@ def ring_merge_bytes(stack: str, e: float) -> dict:
     if stack == "torch":
         return {"out": e + 4 + 32, "dq": e + 8, "dkv": e + 8 + 8, "slice": 0, "kv_send": 2 * e}
     if stack == "shardwise":  # parallel/context_parallel.py RingAttention: an FP32 output, dQ and dK/dV; K/V stacked once
-        # _merge: out.mul_ (8), block * exp (e + 4), add_ (12); dq += (e + 8); dK/dV: zeros (4), += the block's
-        # (e + 8), += the received (12)
-        return {"out": e + 24, "dq": e + 8, "dkv": e + 24, "slice": 0, "kv_send": 0}
+        # _merge: out.mul_ (8), block * exp (e + 4), add_ (12); dq += (e + 8); dK/dV += the block's on its keys (e + 8),
+        # and on the whole local block each step: zeros (4), += the received (12)
+        return {"out": e + 24, "dq": e + 8, "dkv": e + 8, "slice": 0, "kv_send": 0, "dkv_block": 16}
     return {"out": 3 * e, "dq": 3 * e, "dkv": 5 * e, "slice": 2 * e, "kv_send": 0}
 
 
@@ -481,7 +481,8 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
             m, qw, kw = ring_merge_bytes(stack, e), q * heads * head_dim, kv * 2 * kv_width
             half = kw if kv < q else qw if q < kv else 0  # the half block copied out, if any
             merge_f = m["out"] * qw + m["slice"] * half + m["kv_send"] * local * 2 * kv_width  # the whole block sent on
-            merge_b = m["dq"] * qw + m["dkv"] * kw + m["slice"] * (3 * half if q < kv else half)
+            merge_b = (m["dq"] * qw + m["dkv"] * kw + m["slice"] * (3 * half if q < kv else half)
+                       + m.get("dkv_block", 0) * local * 2 * kv_width)
             return tuple(t + batch * x / hbm_rate(cluster) for t, x in zip(f(q, kv, causal), (merge_f, merge_b)))
 
         steps = [max(a, b) for a, b in zip(step(local, local / 2, False), step(local / 2, local, False))]
@@ -507,11 +508,12 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
 FP32_SIMT_SHARE = 1 / 16
 # HBM bytes per FP32 score of shardwise's context-parallel math blocks (parallel/context_parallel.math_block_forward /
 # math_block_backward), each op reading its inputs and writing its output once. Forward: QK^T written (4), scaled (read
-# and write, 8), the log-sum-exp (two reads, 8), s - lse (8) and its exp (8), read by P.V (4) = 40. Backward: the
+# and write, 8), torch.logsumexp (its amax read 4, s - max read and written 8, exp_ 8, sum read 4: 24), s - lse (8) and
+# its exp (8), read by P.V (4) = 56. Backward: the
 # scores again (4 + 8), s - lse and exp (16), P read by dV (4), dP written (4), dP - D (8), P * (dP - D) (12), dS read by
 # dQ and dK (8) = 64. A causal block (the diagonal) masks its scores first: a boolean mask read and the scores read and
 # written (9), in each pass.
-MATH_SCORE_BYTES = (40, 64)
+MATH_SCORE_BYTES = (56, 64)
 MATH_MASK_BYTES = 9
 # Scores-sized FP32 tensors alive at once in math_block_backward (s, P, dP, dP - D and dS), the peak of either pass.
 MATH_SCORE_TENSORS = 5
@@ -527,8 +529,10 @@ def math_attention_flops(tokens: float, seq_kv: float, heads: int, head_dim: flo
 def math_attention_time(cluster: ClusterSpec, tokens: float, seq_kv: float, heads: int, head_dim: float,
                         causal: bool) -> tuple[float, float]:
     """(forward, backward) seconds of one context-parallel block of shardwise's runtime on a GPU: its matmuls in FP32
-    on the CUDA cores (FP32_SIMT_SHARE of the peak, at the share of it the BF16 GEMMs keep in a step) and its FP32
-    passes over the scores at HBM bandwidth (MATH_SCORE_BYTES)."""
+    on the CUDA cores (FP32_SIMT_SHARE of the peak, at the share of it the BF16 GEMMs keep in a step: cuBLAS's SGEMM
+    may keep more of its own, so this errs slow) and its FP32 passes over the scores at HBM bandwidth
+    (MATH_SCORE_BYTES). Not counted: the per-step FP32 casts of q, k, v (and GQA's repeated K/V), under 1 % of the
+    score passes for blocks of 8K keys or more."""
     rate = matmul_rate(cluster) * FP32_SIMT_SHARE
     scores = tokens * seq_kv * heads
     extra = MATH_MASK_BYTES if causal else 0

@@ -215,9 +215,9 @@ def cp_math_blocks(job: Job) -> bool:
 def cp_math_scores(job: Job, layout: Layout) -> float:
     """Scores of the largest block a rank's math blocks compute (batch x heads on this GPU x queries x keys): the ring's
     own block (its 2c local tokens against themselves, the causal one computed whole), or in the all-gather scheme a
-    chunk of c queries against the 2cp - 2 chunks before the last one (rank 0's second chunk)."""
+    chunk of c queries against the 2cp - 1 chunks before it (rank 0's second chunk, the last of the sequence)."""
     c = local_seq(job, layout) / 2
-    keys = 2 * c if layout.cp_mode != "allgather" else max(2, 2 * layout.cp - 2) * c
+    keys = 2 * c if layout.cp_mode != "allgather" else (2 * layout.cp - 1) * c
     rows = 2 * c if layout.cp_mode != "allgather" else c
     return layout.micro_batch * job.model.num_heads / layout.tp * rows * keys
 
