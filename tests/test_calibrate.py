@@ -284,6 +284,29 @@ def test_full_recompute_costs_the_calibrated_model_what_calibrate_measured(model
     assert full_checkpoint_overhead(model, layers, 1, seq, 1 / rate, 0.6e-3, 4, copy_gbs, forward) == pytest.approx(0, abs=1e-12)
 
 
+def test_a_calibrations_early_stop_saving_scales_with_the_model_planned():
+    """torch's checkpoint stops the recomputed forward before FC2 (the runtime's early stop): calibrate measures that on
+    its own model, and the planner takes out each planned model's own FC2, so a model with a 4x wider FFN recomputes
+    less than its 4x wider forward (a calibration's constant had carried the small model's saving)."""
+    import dataclasses
+
+    from shardwise.planner.job import runtime_job
+    from shardwise.planner.step_time import stage_cost
+
+    model, layers, seq, rate, copy_gbs = load_model("tiny"), 4, 64, 30e9, 10.0
+    profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model="tiny", tokens=seq,
+                      memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=copy_gbs, model_tflops=rate / 1e12,
+                      layer_overhead_s=0.6e-3, checkpoint_overhead_s=0.4e-3)
+    profile.full_checkpoint_overhead_s = full_checkpoint_overhead(model, layers, 1, seq, 1 / rate, 0.6e-3, 4, copy_gbs, 9e-3)
+    cluster = profile.to_cluster()
+    wide = dataclasses.replace(model, ffn_hidden=4 * model.ffn_hidden)
+    job = lambda m: runtime_job(m, cluster, 1, seq, gpu=False)  # noqa: E731
+    recompute = lambda m: stage_cost(job(m), Layout(recompute="full"), 0).recompute  # noqa: E731
+    forward = lambda m: model.num_layers * stage_cost(job(m), Layout(), 0).layer_f  # noqa: E731
+    fc2 = 2 * seq * model.hidden * 3 * model.ffn_hidden / rate  # the wider FC2's extra seconds a layer
+    assert recompute(wide) - recompute(model) == pytest.approx(forward(wide) - forward(model) - model.num_layers * fc2)
+
+
 def test_warns_when_the_machine_changed_speed_during_the_calibration():
     from rich.console import Console
 

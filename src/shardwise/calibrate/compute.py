@@ -272,10 +272,14 @@ def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: flo
     third of its fixed cost — from the model measured with every layer checkpointed against without
     (`full_minus_none`, seconds, its `layers` layers at `batch` sequences): the non-reentrant checkpoint's saved-tensor
     hooks and bookkeeping, and whatever the recomputed forward runs beyond the planner's forward (on tiny 1.5 ms a
-    layer against selective recompute's 0.7 ms)."""
+    layer against selective recompute's 0.7 ms). The planner's forward is the runtime's: torch's checkpoint stops early,
+    before the dense layers' FC2 (step_time.recompute_terms takes that GEMM out at the planned model's own size), so it
+    is taken out here too, at the fitted rate, in the share of the measured layers that are dense."""
     forward = (model_flops(spec, 1, batch, seq) - model_flops(spec, 0, batch, seq)) / 3 * slope \
         + model_elementwise(spec, 1, batch, seq, element_bytes, copy_gbs) / 3 + layer_overhead_s / 3
-    return max(full_minus_none / layers - forward, 0.0)
+    dense = sum(1 for i in range(layers) if i not in spec.moe_layers) / layers
+    fc2 = 2 * batch * seq * spec.hidden * spec.ffn_hidden * slope
+    return max(full_minus_none / layers - (forward - dense * fc2), 0.0)
 
 
 def edge_variants(t: Timer, batch: int, floor: bool = False) -> dict:

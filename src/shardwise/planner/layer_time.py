@@ -12,6 +12,7 @@ Constants and their sources: docs/planner.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import NamedTuple
@@ -156,9 +157,11 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     c = job.cluster
     tokens = layout.micro_batch * local_seq(job, layout)
     oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
+    tail = None  # the forward's last GEMM (FC2): gemms[-1][0], or on a calibrated cluster its FLOPs at the fitted rate
     if calibrated(job):
         fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
         attn_b, el_f, redo = 2 * attn, 0.0, 0.0
+        tail = 2 * math.prod(layer_gemms(job.model, tokens, layout.tp)[-1]) / achievable_flops(job)
     else:
         fwd, bwd_in, bwd_w, attn, attn_b, gemms, el_f, redo = _datasheet_layer(job, layout, tokens, moe_layer)
     own = cp_attention_work(c.measured, layout)  # forward a third (recomputed with the attention), backward the rest
@@ -181,7 +184,8 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if moe_layer:
         counts = moe.aux_counts_time(c, job.model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, job.model, layout))
     return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops,
-                     ep_f + counts, ep_b, mlp[0], ep, 0.0 if moe_layer else gemms[-1][0], tp_again, counts,
+                     ep_f + counts, ep_b, mlp[0], ep, 0.0 if moe_layer else gemms[-1][0] if tail is None else tail,
+                     tp_again, counts,
                      moe.MOE_LAYER_HOST_S if host_bound else 0.0)
 
 

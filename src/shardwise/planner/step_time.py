@@ -212,12 +212,12 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
     mm_flops, attn_flops = layer_flops(job, layout, tokens)
     ckpt = float((job.cluster.measured or {}).get("checkpoint_overhead_s", 0.0))
     if layout.recompute == "full":  # a layer checkpointed whole: its own measured cost, where calibrate timed it
-        measured = "full_checkpoint_overhead_s" in (job.cluster.measured or {})
+        # (calibrate.compute.full_checkpoint_overhead: beyond the forward less the FC2 an early stop skips, so the saving
+        # scales with the model planned, not the calibration's)
         ckpt = float((job.cluster.measured or {}).get("full_checkpoint_overhead_s", ckpt))
         rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
-            if not measured:  # a calibration's full-checkpoint cost is what the checkpoint ran, early stop and all
-                rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
+            rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
             fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
             flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
         return rec, flops_rec, redone * lc.tp_fwd, redone * lc.cp_fwd  # its TP collectives and K/V traffic again
