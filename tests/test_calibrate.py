@@ -263,14 +263,19 @@ def test_the_calibrated_planner_reproduces_the_model_times_it_was_fitted_on(mode
     assert last - first == pytest.approx(extra * layer + 0.9e-3 - 0.15e-3, rel=1e-9)
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "tiny-gpt2"])
+@pytest.mark.parametrize("model_name", ["tiny", "tiny-gpt2", "tiny-moe", "tiny-moe dense first"])
 def test_full_recompute_costs_the_calibrated_model_what_calibrate_measured(model_name):
     """The 4-layer model measured with every layer checkpointed whole, 9 ms above without at one sequence: the planner's
     recompute term for that model and micro-batch (dp 1, pp 1, one micro-batch) is those 9 ms, whatever the rate and
     per-layer cost; a calibration that did not measure it keeps selective recompute's per-layer cost."""
     from shardwise.planner.job import runtime_job
 
-    model, layers, seq, rate, copy_gbs = load_model(model_name), 4, 64, 30e9, 10.0
+    import dataclasses
+
+    model, layers, seq, rate, copy_gbs = load_model(model_name.split()[0]), 4, 64, 30e9, 10.0
+    if model_name.endswith("dense first"):  # a dense first layer (DeepSeek's first_k_dense_replace): FC2 there only
+        model = dataclasses.replace(model, moe_layers=(1, 2, 3))
+        model_name = "tiny-moe"
     profile = Profile(world=1, backend="gloo", device="cpu", dtype="float32", model=model_name, tokens=seq,
                       memory_gib=1.0, matmul_tflops=0.05, gemms=[], copy_gbs=copy_gbs, model_tflops=rate / 1e12,
                       layer_overhead_s=0.6e-3, checkpoint_overhead_s=0.4e-3)

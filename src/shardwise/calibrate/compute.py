@@ -274,10 +274,11 @@ def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: flo
     hooks and bookkeeping, and whatever the recomputed forward runs beyond the planner's forward (on tiny 1.5 ms a
     layer against selective recompute's 0.7 ms). The planner's forward is the runtime's: torch's checkpoint stops early,
     before the dense layers' FC2 (step_time.recompute_terms takes that GEMM out at the planned model's own size), so it
-    is taken out here too, at the fitted rate, in the share of the measured layers that are dense."""
+    is taken out here too, at the fitted rate, in the whole model's share of dense layers (the planner's mean layer, as
+    model_flops counts the layer's FLOPs)."""
     forward = (model_flops(spec, 1, batch, seq) - model_flops(spec, 0, batch, seq)) / 3 * slope \
         + model_elementwise(spec, 1, batch, seq, element_bytes, copy_gbs) / 3 + layer_overhead_s / 3
-    dense = sum(1 for i in range(layers) if i not in spec.moe_layers) / layers
+    dense = 1 - len(spec.moe_layers) / spec.num_layers
     fc2 = 2 * batch * seq * spec.hidden * spec.ffn_hidden * slope
     return max(full_minus_none / layers - (forward - dense * fc2), 0.0)
 
