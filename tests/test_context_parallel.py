@@ -192,7 +192,7 @@ def test_the_shardwise_profile_prices_the_math_blocks_a_gpu_runs(causal):
     c, heads = 32768 // 2 // 2, model.num_heads
     assert cp_math_scores(ours, lay) == 2 * c * 2 * c * heads
     assert cp_math_scores(ours, lay.with_(cp_mode="allgather", cp=4, dp=2)) == c / 2 * 7 * c / 2 * heads
-    # and the passes over them: torch.logsumexp alone reads the scores twice and writes them twice
+    # and the passes over them: torch.logsumexp alone reads the scores four times and writes them twice (24 B)
     assert MATH_SCORE_BYTES[0] >= 56
     # on a CPU (validate's job) the blocks are SDPA's fused CPU kernel: no scores held, merges as before
     cpu = runtime_job(load_model("tiny"), load_cluster("dgx-h100-80gb"), 8, 64, gpu=False)

@@ -437,9 +437,13 @@ def band_attention_time(cluster: ClusterSpec, kernel: str, tokens: int, seq: int
 #           FP32: the step's output cast (e + 4), `out - sigmoid(lse diff) * (out - block)` as eager ops (12 + 8 +
 #           12); dQ and dK/dV accumulated in FP32 (e + 4 + 4 each), the dK/dV send buffer concatenated (4 + 4), the
 #           K/V send buffer concatenated each forward step (2e); halves are views.
+#   "shardwise" this project's RingAttention in FP32: _merge (out.mul_ 8, the block times its weight e + 4, add_ 12),
+#           dQ accumulated (e + 8), dK/dV added on the step's keys (e + 8) and, over the whole local block each step,
+#           zeroed (4) and added to the received (12: `dkv_block`, per element of the local K/V); K/V stacked once.
 def ring_merge_bytes(stack: str, e: float) -> dict:
     """Bytes per element of a ring step's merge passes (see above): out, dq per query element; dkv per K or V element;
-    slice per element copied out of a half block; kv_send per K or V element."""
+    slice per element copied out of a half block; kv_send per K or V element; dkv_block ("shardwise") per element of
+    the rank's whole local K/V."""
     if stack == "torch":
         return {"out": e + 4 + 32, "dq": e + 8, "dkv": e + 8 + 8, "slice": 0, "kv_send": 2 * e}
     if stack == "shardwise":  # parallel/context_parallel.py RingAttention: an FP32 output, dQ and dK/dV; K/V stacked once
@@ -468,7 +472,8 @@ def cp_attention_time(cluster: ClusterSpec, kernel: str, batch: int, seq: int, c
     a step lasts as long as its slower kind.
     "chunks": the all-gather of Transformer Engine (AttnFuncWithCPAndKVAllGather) and Llama 3: each local chunk j
     attends to the j chunks before it without a mask and to itself with it, as one kernel; the slowest rank sets
-    the pace."""
+    the pace.
+    `kernel` "math": shardwise's FP32 math blocks on a GPU (math_attention_time), each block computed whole."""
     def f(q: float, kv: float, causal: bool, loop: float | None = None) -> tuple[float, float]:
         if kernel == "math":  # shardwise's runtime on a GPU (math_attention_time)
             return math_attention_time(cluster, batch * q, kv, heads, head_dim, causal)

@@ -194,7 +194,7 @@ def cp_buffer_bytes(job: Job, layout: Layout) -> float:
     """The K/V a context-parallel layer holds beside the saved activations while it runs (one layer at a time, as
     layer_time.cp_layer_comm moves them): all-gather, every rank's K/V block and, in backward, their gradients before
     the reduce-scatter (torch's, two dK/dV blocks on the ring); ring, the block in use and the one arriving, and two
-    gradient blocks."""
+    gradient blocks; with shardwise's FP32 math blocks (cp_math_blocks) also their largest block's scores."""
     if layout.cp <= 1:
         return 0.0
     block, dblock = cp_kv_blocks(job, layout, layout.micro_batch * local_seq(job, layout))
@@ -231,8 +231,8 @@ def torch_dkv_ring(job: Job) -> bool:
 
 def cp_kv_blocks(job: Job, layout: Layout, tokens: float) -> tuple[float, float]:
     """(K/V block, its gradient's block) in bytes of `tokens` tokens on one rank: what a context-parallel layer passes
-    or gathers. torch's context_parallel (torch_dkv_ring) accumulates and passes dK/dV in FP32 (its convert_to_f32
-    default)."""
+    or gathers. torch's context_parallel (torch_dkv_ring; its convert_to_f32 default) and shardwise's runtime on a
+    GPU (cp_math_blocks) accumulate and pass dK/dV in FP32."""
     e = job.train.activation_bytes
     block = 2 * tokens * job.model.kv_dim / layout.tp * e
     return block, block * (4 / e if torch_dkv_ring(job) or cp_math_blocks(job) else 1)

@@ -738,7 +738,8 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
         sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(layout, layout.cp)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
-    # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its clip, scalars and records); 0 for datasheet clusters.
+    # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its scalars and records; calibrate takes the clip's and DDP's
+    # zeroing's bytes out of it, priced here per parameter, `grad_pass_bytes`); 0 for datasheet clusters.
     measured = job.cluster.measured or {}
     loop = float(measured.get(fw.calibrated_step_overhead, 0.0)) if fw.calibrated_step_overhead else 0.0
     held = params if layout.zero_in_effect < 2 else sharded  # ZeRO 0/1 keep every gradient whole
