@@ -276,11 +276,12 @@ def full_checkpoint_overhead(spec, layers: int, batch: int, seq: int, slope: flo
     before the dense layers' FC2 (step_time.recompute_terms takes that GEMM out at the planned model's own size), so it
     is taken out here too, at the fitted rate, in the whole model's share of dense layers (the planner's mean layer, as
     model_flops counts the layer's FLOPs)."""
+    from shardwise.planner.layer_time import fc2_flops
+
     forward = (model_flops(spec, 1, batch, seq) - model_flops(spec, 0, batch, seq)) / 3 * slope \
         + model_elementwise(spec, 1, batch, seq, element_bytes, copy_gbs) / 3 + layer_overhead_s / 3
     dense = 1 - len(spec.moe_layers) / spec.num_layers
-    fc2 = 2 * batch * seq * spec.hidden * spec.ffn_hidden * slope
-    return max(full_minus_none / layers - (forward - dense * fc2), 0.0)
+    return max(full_minus_none / layers - (forward - dense * fc2_flops(spec, batch * seq, 1) * slope), 0.0)
 
 
 def edge_variants(t: Timer, batch: int, floor: bool = False) -> dict:

@@ -117,6 +117,11 @@ def layer_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, 
             (tokens, (2 if model.gated_mlp else 1) * f // tp, h), (tokens, h, f // tp)]
 
 
+def fc2_flops(model: ModelSpec, tokens: float, tp: int) -> float:
+    """Forward FLOPs of a dense layer's last GEMM (FC2), the one a recompute that stops early does not run again."""
+    return 2 * math.prod(layer_gemms(model, tokens, tp)[-1])
+
+
 def mla_gemms(model: ModelSpec, tokens: int, tp: int) -> list[tuple[int, int, int]]:
     """(M, N, K) of DeepSeek's multi-head latent attention projections, forward, after the TP split: the
     low-rank query and key/value down-projections (whole on every tp rank: Megatron-Core's MLA builds them
@@ -157,13 +162,13 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     c = job.cluster
     tokens = layout.micro_batch * local_seq(job, layout)
     oh = float((c.measured or {}).get("layer_overhead_s", 0.0))
-    tail = None  # the forward's last GEMM (FC2): gemms[-1][0], or on a calibrated cluster its FLOPs at the fitted rate
     if calibrated(job):
         fwd, bwd_in, bwd_w, attn, gemms = _calibrated_layer(job, layout, tokens)
         attn_b, el_f, redo = 2 * attn, 0.0, 0.0
-        tail = 2 * math.prod(layer_gemms(job.model, tokens, layout.tp)[-1]) / achievable_flops(job)
+        tail = fc2_flops(job.model, tokens, layout.tp) / achievable_flops(job)  # the forward's FC2, at the fitted rate
     else:
         fwd, bwd_in, bwd_w, attn, attn_b, gemms, el_f, redo = _datasheet_layer(job, layout, tokens, moe_layer)
+        tail = gemms[-1][0]  # the forward's FC2 (layer_gemms' order)
     own = cp_attention_work(c.measured, layout)  # forward a third (recomputed with the attention), backward the rest
     fwd, attn, bwd_in = fwd + own / 3, attn + own / 3, bwd_in + 2 * own / 3
     op_rec, op_flops = _op_recompute(job, layout, tokens, fwd, attn, el_f)
@@ -184,8 +189,7 @@ def _layer_cost(job: Job, layout: Layout, moe_layer: bool, in_situ: float, measu
     if moe_layer:
         counts = moe.aux_counts_time(c, job.model, layout) + (0.0 if host_bound else moe.count_exchange_time(c, job.model, layout))
     return LayerCost(fwd, bwd_in, bwd_w, attn + redo, tp_fwd, tp_bwd, oh, cp_fwd, cp_bwd, op_rec, op_flops,
-                     ep_f + counts, ep_b, mlp[0], ep, 0.0 if moe_layer else gemms[-1][0] if tail is None else tail,
-                     tp_again, counts,
+                     ep_f + counts, ep_b, mlp[0], ep, 0.0 if moe_layer else tail, tp_again, counts,
                      moe.MOE_LAYER_HOST_S if host_bound else 0.0)
 
 

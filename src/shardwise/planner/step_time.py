@@ -26,7 +26,8 @@ from shardwise.planner import kernels, moe, offload
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_call_time
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrated, elementwise_mode, fp8_weight_cast, layer_cost,
-                                          LayerCost, layer_gemms, matmul_params_per_layer, paced, tp_element_bytes)
+                                          LayerCost, fc2_flops, matmul_params_per_layer, paced,
+                                          tp_element_bytes)
 from shardwise.planner.job import Job, per_rank_job
 from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
@@ -218,8 +219,7 @@ def recompute_terms(job: Job, layout: Layout, lc: LayerCost, slowest: float, tok
         rec, flops_rec = redone * (lc.fwd + oh + ckpt), redone * (mm_flops + attn_flops)
         if get_framework(job.framework).recompute_early_stop and lc.fwd_tail:  # FC2 not run again (Framework)
             rec -= redone * lc.fwd_tail * slowest  # the mean layer's: 0 for the MoE ones
-            fc2 = 2 * math.prod(layer_gemms(model, tokens, tp)[-1])  # the GEMM fwd_tail times
-            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2
+            flops_rec -= redone * (1 - moe_layers / max(layers, 1)) * fc2_flops(model, tokens, tp)
         return rec, flops_rec, redone * lc.tp_fwd, redone * lc.cp_fwd  # its TP collectives and K/V traffic again
     if op_checkpointing(job, layout):
         return layers * (lc.op_recompute * slowest + ckpt), layers * lc.op_recompute_flops, 0.0, 0.0
