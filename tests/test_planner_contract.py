@@ -964,15 +964,19 @@ def test_a_sequence_beyond_a_learned_position_table_is_said():
 def test_a_schedule_at_pp_1_changes_nothing_and_is_said():
     """A pipeline schedule orders the stages' micro-batches: at --pp 1 a named one (GPipe's all-forwards-first
     included) changes nothing — every stack accumulates one micro-batch after another — and is said, as --cp-mode at
-    --cp 1 is; plan ranks the same layout as 1F1B."""
+    --cp 1 is; plan ranks the same layout as 1F1B. A schedule the stack never runs is refused in one line, as at --pp 2
+    and as plan's --schedules refuses it (torchtitan has no ZB-H1, DeepSpeed no interleaving)."""
     argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 16, "--global-batch", 64,
             "--seq-len", 8192, "--tp", 1, "--pp", 1, "--micro-batch", 1, "--recompute", "none", "--zero", 3, "--json"]
-    plain = answer(argv)
-    for schedule in ("gpipe", "zb-h1", "interleaved-1f1b"):
-        named = answer([*argv, "--schedule", schedule])
+    plain = answer([*argv, "--framework", "torchtitan"])
+    for schedule in ("gpipe", "interleaved-1f1b"):
+        named = answer([*argv, "--framework", "torchtitan", "--schedule", schedule])
         assert named["schedule"] == plain["schedule"] == "1f1b"
         assert (named["memory_gib_per_gpu"], named["step_time_s"]) == (plain["memory_gib_per_gpu"], plain["step_time_s"])
         assert any(f"--schedule {schedule} changes nothing at --pp 1" in n for n in named["assumptions"]["implied"])
+    for framework, schedule in (("torchtitan", "zb-h1"), ("deepspeed", "interleaved-1f1b"), ("megatron-core", "gpipe")):
+        code, _, err = cli([*argv, "--framework", framework, "--schedule", schedule])
+        assert code == 2 and err.count("\n") == 1 and f"{framework} has no {schedule} pipeline schedule" in err, err
 
 
 def test_flags_that_change_nothing_or_turn_something_off_are_said():

@@ -129,11 +129,24 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     if "dp_shard" in idle:
         args.dp_shard = 0
     if "schedule" in idle:
+        _check_schedule_named(args.schedule, job)
         args.schedule = None
     if "cp_mode" in idle:  # the layout as plan reports one without cp
         args.cp_mode = None
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
     return named, list(idle.values())
+
+
+def _check_schedule_named(schedule: str, job) -> None:
+    """A schedule named at --pp 1 changes nothing, but one the stack never runs is refused as at --pp 2 (and as plan's
+    --schedules refuses it): the command line names a stack that cannot run what it was asked for."""
+    from shardwise.planner.frameworks import get
+
+    fw = get(job.framework)
+    if schedule not in fw.schedules:
+        runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
+        raise UsageError(f"--framework {fw.name} cannot run this layout: {fw.name} has no {schedule} pipeline schedule "
+                         f"({runs}) — drop --schedule, or pick another --framework")
 
 
 def _completed(args, job, dp: int, named: set[str]):
