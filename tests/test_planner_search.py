@@ -320,7 +320,15 @@ def test_megatron_2021_plans_only_what_the_2021_stack_ran_unless_listed(capsys):
     code, out, err = run_cli(capsys, "estimate", *gpt, "--tp", "8", "--pp", str(best["pp"]), "--micro-batch", "1",
                              "--vpp", str(best["vpp"]), "--schedule", best["schedule"], "--json")
     assert code == 0, err
-    assert json.loads(out)["step_time_s"] == best["step_time_s"]
+    paper = json.loads(out)
+    assert paper["step_time_s"] == best["step_time_s"]
+    assert not any("Megatron-LM v3.0" in n for n in paper["assumptions"]["implied"])
+    # named, each 2022 flag is said to be that release's (the megatron-2021 has none of them)
+    code, out, err = run_cli(capsys, "estimate", *gpt, "--tp", "8", "--pp", "2", "--micro-batch", "1", "--zero", "1",
+                             "--recompute", "selective", "--sequence-parallel", "--json")
+    assert code == 0, err
+    said = [n for n in json.loads(out)["assumptions"]["implied"] if "Megatron-LM v3.0" in n]
+    assert len(said) == 1 and all(f in said[0] for f in ("--sequence-parallel", "--zero 1", "--recompute selective"))
     # listed, the 2022 flags are searched: sequence parallelism and selective recompute hold less and run faster
     code, out, err = run_cli(capsys, "plan", *gpt, "--tp", "8", "--micro-batch", "1", "--max-vpp", "2", "--zero", "0,1",
                              "--recompute", "selective,full", "--sequence-parallel", "--json")

@@ -33,7 +33,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from shardwise.planner import estimate
-    from shardwise.planner.estimate import check_runs, split_note
+    from shardwise.planner.estimate import check_runs, release_note, split_note
     from shardwise.planner.fit_options import fit_options
     from shardwise.planner.frameworks import get
     from shardwise.planner.overlap import fp8_gathered
@@ -71,6 +71,8 @@ def _run(args) -> int:
         implied = [*implied, host_note]
     if uneven := split_note(job, layout):
         implied = [*implied, uneven]
+    if later := release_note(job, layout):
+        implied = [*implied, later]
     idle_gather = ("--fp8-params: torchao's float8 all-gather runs only where FSDP shards the weights over "
                    "data-parallel ranks (ZeRO-2/3 with more than one data-parallel shard); this layout gathers none, "
                    "so it changes nothing here") if job.fp8_all_gather and not fp8_gathered(job, layout) else ""
@@ -108,8 +110,9 @@ def _run(args) -> int:
         console.print(f"note: {idle_gather}", highlight=False)
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
-    if uneven:
-        console.print(f"note: {uneven}", highlight=False)
+    for note in (uneven, later):
+        if note:
+            console.print(f"note: {note}", highlight=False)
     return 0
 
 

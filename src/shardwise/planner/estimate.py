@@ -358,6 +358,24 @@ def split_note(job: Job, layout: Layout) -> str:
             f"--pipeline-model-parallel-layout (`plan --emit megatron` writes it)")
 
 
+def release_note(job: Job, layout: Layout) -> str:
+    """Where the job's stack has opt-in options of a later release (Framework.named_release) and this layout uses one
+    that changes something here (SP at tp > 1, a ZeRO stage over dp x cp > 1, selective recompute): which, and whose
+    code prices them; else ""."""
+    fw = get_framework(job.framework)
+    if not fw.named_release:
+        return ""
+    later = [flag for flag, used in (
+        ("--sequence-parallel", layout.sequence_parallel and layout.tp > 1 and not fw.unnamed_sequence_parallel),
+        (f"--zero {layout.zero}", layout.zero not in fw.unnamed_zero and layout.dp * layout.cp > 1),
+        ("--recompute selective", layout.recompute == "selective" and "selective" not in fw.unnamed_recompute),
+    ) if used]
+    if not later:
+        return ""
+    return (f"{', '.join(later)}: not in the code {job.framework} stands for; priced as {fw.named_release} runs "
+            f"{'it' if len(later) == 1 else 'them'}, with that release's overlap (none)")
+
+
 def stack_refusal(job: Job, layout: Layout) -> str | None:
     """Why the job's stack cannot run `layout` (its profile's refusal, or its offload's at the layout's ZeRO stage), or
     None: what the search and the completion of unnamed knobs skip."""

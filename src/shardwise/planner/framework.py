@@ -374,6 +374,10 @@ class Framework:
     # opt-in flags (megatron-2021: the 2021 code had none of them). False: every option the stack runs is searched, the
     # plan naming what it picks (shardwise's `train` runs sequence parallelism when the plan says --sequence-parallel).
     search_as_unnamed: bool = False
+    # The release whose opt-in flags the options beyond those defaults are (megatron-2021: SP, selective recompute and
+    # the distributed optimizer are Megatron-LM v3.0's, 2022): said beside every estimate that names one
+    # (estimate.release_note). "": the stack's options are all its own.
+    named_release: str = ""
     # Whether a pipeline whose schedule the user does not name (neither --schedule nor --vpp) runs interleaved 1F1B at
     # the fastest depth that fits, as the stack's recipes set it (estimate.pipeline_shapes; plain 1F1B stays a
     # candidate). False: plain 1F1B, Megatron's own default (no --num-layers-per-virtual-pipeline-stage).

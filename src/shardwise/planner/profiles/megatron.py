@@ -21,6 +21,7 @@ MEGATRON_2021 = Framework(
     replicates_kv_heads=True,  # multi-query attention came to this code line in BigCode's fork (StarCoder: MQA at TP 4)
     context_parallel=(), unnamed_zero=(0,), unnamed_recompute=("full",), unnamed_sequence_parallel=False,
     search_as_unnamed=True,
+    named_release="Megatron-LM v3.0 (2022-06; Korthikanti et al. 2022)",
     # --checkpoint-activations --activations-checkpoint-method block --activations-checkpoint-num-layers N
     # (NVIDIA/Megatron-LM c1e0689d9, 2021-08-10: after the paper's runs, before v3.0), only when named.
     partial_recompute="block",
