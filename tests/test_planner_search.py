@@ -335,6 +335,7 @@ def test_megatron_2021_plans_only_what_the_2021_stack_ran_unless_listed(capsys):
     assert code == 0, err
     listed = json.loads(out)["best"]
     assert listed["sequence_parallel"] and listed["step_time_s"] < best["step_time_s"]
+    assert "Megatron-LM v3.0" in json.loads(out)["winner_note"]  # the winner's 2022 flags, said as estimate says them
 
 
 def test_nemo_interleaves_a_pipeline_unless_a_schedule_is_named(capsys):

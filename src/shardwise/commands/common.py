@@ -420,7 +420,7 @@ def winner_note(args, job, layout) -> str:
     """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
     idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism;
     and, --recompute not given, the policies a stack searched as its published runs trained left out (deepspeed,
-    megatron-2021)."""
+    megatron-2021); and a later release's opt-in flag the winner uses (estimate.release_note)."""
     from shardwise.planner.search import PLANNED_SCHEDULES
 
     parts = []
@@ -442,6 +442,10 @@ def winner_note(args, job, layout) -> str:
         parts.append(f"{fw.name} is searched with {' and '.join(fw.unnamed_recompute)} recompute, as its published runs "
                      f"trained; --recompute {','.join([*fw.unnamed_recompute, *others])} searches "
                      f"{' and '.join(others)} too")
+    from shardwise.planner.estimate import release_note
+
+    if later := release_note(job, layout):  # the winner uses a later release's opt-in flag, listed
+        parts.append(f"the winner's {later}")
     return "; ".join(parts)
 
 
