@@ -311,7 +311,7 @@ def test_published_style_runs_answer_sensibly(files, tmp_path, name, argv):
 
 
 @pytest.mark.parametrize("framework,runs", [("llama3", True), ("megatron-core", True), ("nemo", True), ("torchtitan", True),
-                                            ("shardwise", False), ("deepspeed", False), ("megatron-2021", False)])
+                                            ("shardwise", False), ("megatron-2021", False)])
 def test_a_chunk_for_the_embedding_and_one_for_the_loss_only_where_the_stack_cuts_them(framework, runs):
     """Llama 3.1 405B's 126 layers on pp 16 x vpp 8 = 128 chunks: the first holds only the embedding and the last
     only the loss (Llama 3 paper Sec. 3.3.2; Megatron-Core >= 0.11 --account-for-embedding/loss-in-pipeline-split,
@@ -326,6 +326,25 @@ def test_a_chunk_for_the_embedding_and_one_for_the_loss_only_where_the_stack_cut
         return
     d = answer(argv)
     assert d is not None and d["vpp"] == 8 and d["worst_pipeline_rank"] in (1, 15), d  # rank 0 holds 7 layers
+
+
+@pytest.mark.parametrize("framework,runs", [("deepspeed", True), ("deepspeed-bf16", True), ("shardwise", False),
+                                            ("megatron-2021", False)])
+def test_deepspeed_gives_each_embedding_a_stage_of_its_own(framework, runs):
+    """DeepSpeed's PipelineModule partitions by layer type when told ('type:transformer|embedding'): BLOOM ran its 70
+    layers on 72 stages, an embedding alone on the first and the last (bigscience tr11 reshaping-log.md, TP=1/PP=72).
+    GPT-3's 96 layers on 98 stages: runs there, its first and last stage holding no layer; refused where every stage
+    needs one."""
+    argv = ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", 784, "--global-batch", 196,
+            "--seq-len", 2048, "--tp", 8, "--pp", 98, "--micro-batch", 1, "--zero", 0, "--recompute", "full",
+            "--framework", framework, "--json"]
+    if not runs:
+        code, _, err = cli(argv)
+        assert code == 2 and "pp*vpp = 98 model chunks exceed the 96 layers of gpt3-175b" in err, err
+        return
+    d = answer(argv)
+    assert d is not None and d["pp"] == 98 and d["fits"], d
+    assert d["worst_pipeline_rank"] not in (0,), d  # the embedding's stage is the lightest
 
 
 @settings(max_examples=60, deadline=None)

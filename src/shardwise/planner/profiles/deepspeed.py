@@ -71,6 +71,11 @@ DEEPSPEED = Framework(
     # with PartitionedTensor.full(), the backward its own output (cleared after the send) and the received
     # gradient; full() = zeros, copy of the local part, all_gather, clone (runtime/utils.py): 3 passes.
     p2p_lockstep=True, p2p_messages=2, p2p_regathers=(1, 2), p2p_regather_copies=3,
+    # PipelineModule's partition_method "type:<regex>" balances the layer specs whose class matches: BLOOM's
+    # --pp-partition-method 'type:transformer|embedding' (bigscience tr11-176B-ml.slurm) counts its two EmbeddingPipe
+    # specs as layers, so 70 layers ran on 72 stages, the first and the last holding an embedding alone
+    # (reshaping-log.md, TP=1/PP=72; v0.6.5 runtime/pipe/module.py _partition_layers).
+    edge_chunks=True,
     # Megatron-DeepSpeed runs a GLU as eager ops after the FC1 bias it cannot fuse (arguments.py: "if glu-activation
     # is used, please set --no-bias-gelu-fusion"; model/glu_activations.py x1 * act(x2); ParallelMLP:
     # act(intermediate + bias)): the bias add over both halves (read 2f, write 2f: 8 B per f), the activation on
