@@ -169,3 +169,51 @@ def test_under_torchrun_only_rank_0_says_a_failure_or_an_interrupt(monkeypatch, 
         assert bool(out) == said and ("training diverged" in err) == said, (rank, out, err)
         print_failure_json(build_parser(["train"]).parse_args(argv), "interrupted by SIGTERM — stopped", 143)
         assert bool(capsys.readouterr().out) == said
+
+
+PLAN = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64",
+        "--seq-len", "4096"]
+
+
+def _shell(argv, env=None, **kwargs):
+    """The command as a shell runs it (cli.main's own stream handling applies only there)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "shardwise", *argv], env={**os.environ, **(env or {})},
+                          timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"}, {"PYTHONIOENCODING": "latin-1"}, {"COLUMNS": "0"},
+                                 {"COLUMNS": "1"}])
+def test_the_table_prints_in_any_locale_and_width(env):
+    """The table's ·, — and µ under a stream that cannot encode them become ?, and a width too narrow to hold a table
+    is ignored: the table is printed (COLUMNS=0 printed nothing, 1 a column of characters), no traceback."""
+    out = _shell(PLAN, env=env, capture_output=True)
+    text = out.stdout.decode("latin-1")
+    assert out.returncode == 0 and out.stderr == b"", out.stderr.decode("latin-1")
+    assert "dp8" in text and any(len(line) >= 40 for line in text.splitlines()), text[:500]
+
+
+def test_output_that_cannot_be_written_is_one_line_or_nothing():
+    """stdout closed (`>&-`): nothing to say, exit 0; a full disk (`> /dev/full`): one line, exit 1; a reader gone
+    before the table is written (`| head -0`): exit 0, as with --json (rich alone exits 1, which fails a script
+    under `set -o pipefail`)."""
+    import os
+    import subprocess
+
+    closed = _shell(PLAN, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 0 and closed.stderr == b"", closed.stderr
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            out = _shell(PLAN, stdout=full, stderr=subprocess.PIPE)
+        err = out.stderr.decode()
+        assert out.returncode == 1 and err.count("\n") == 1 and "cannot write the output" in err, err
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        gone = _shell(PLAN, stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert gone.returncode == 0 and b"Traceback" not in gone.stderr, gone.stderr

@@ -75,6 +75,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from_shell = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
+    if from_shell:
+        from shardwise.console import prepare_streams
+
+        prepare_streams()
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -88,11 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except UsageError as exc:
-        print(f"shardwise: error: {exc}", file=sys.stderr)
+        _say(f"shardwise: error: {exc}")
         code = exc.exit_code
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the output could not be written (a full disk: `> /dev/full`)
+        if exc.filename is not None or exc.errno not in WRITE_ERRORS:
+            raise
+        _say(f"shardwise: error: cannot write the output: {os.strerror(exc.errno)} — write it somewhere with room")
+        return 1
     except BaseException as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped
         stop = interrupt_behind(exc)
         if stop is None:
@@ -111,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     if from_shell and args.command in PLANNER_COMMANDS:
         exit_now(code)
     return code
+
+
+# errno of a write to stdout that failed for want of room or a working device (a file's own errors name the file)
+WRITE_ERRORS = {28, 5, 122}  # ENOSPC, EIO, EDQUOT
+
+
+def _say(line: str) -> None:
+    """One line on stderr, if stderr can take it (the exit code says the rest)."""
+    try:
+        print(line, file=sys.stderr)
+    except OSError:
+        pass
 
 
 def exit_now(code: int) -> None:

@@ -78,7 +78,7 @@ def run(args) -> int:
 
     prepare_output(args.out, "--out", "profile.toml")
 
-    from rich.console import Console
+    from shardwise.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
@@ -145,7 +145,7 @@ def _from_nccl_tests(args) -> int:
 
 
 def _print_fit(result, out: str) -> None:
-    from rich.console import Console
+    from shardwise.console import Console
     from rich.table import Table
 
     from shardwise.calibrate.nccl_tests import MAX_EXTRA_US

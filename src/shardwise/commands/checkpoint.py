@@ -53,7 +53,7 @@ def _size(n: float) -> str:
 
 def run_inspect(args) -> int:
     args.json = args.json or getattr(args, "json_first", False)
-    from rich.console import Console
+    from shardwise.console import Console
     from rich.table import Table
 
     from shardwise.checkpoint.export import summary

@@ -22,7 +22,7 @@ def register(subparsers, name, help):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from shardwise.console import Console
 
     from shardwise.errors import UsageError
 

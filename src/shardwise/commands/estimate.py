@@ -90,7 +90,7 @@ def _run(args) -> int:
         record["assumptions"].setdefault("implied", [])  # always there: empty where nothing was filled in
         print_json(record | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
         return 0
-    from rich.console import Console
+    from shardwise.console import Console
 
     from shardwise.commands.common import breakdown_table, layout_table
 

@@ -13,7 +13,7 @@ def register(subparsers, name, help):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from shardwise.console import Console
 
     from shardwise.commands.common import job_fields, note_fields, notes, print_explanation, print_json
     from shardwise.commands.plan import plan

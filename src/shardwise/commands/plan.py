@@ -170,7 +170,7 @@ def run(args) -> int:
             out["thinned"] = result.thinned
         print_json(out | note_fields(args))  # --framework or --compile not given: which stack, compiled or not, and why
         return 0
-    from rich.console import Console
+    from shardwise.console import Console
 
     from shardwise.commands.common import layout_table, notes, print_explanation
 

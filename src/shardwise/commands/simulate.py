@@ -235,7 +235,7 @@ NARROW = 100  # below this many columns (a pipe, an 80-column terminal) the tabl
 
 def _print_summary(sims, args, note: str | None = None) -> None:
     from rich import box
-    from rich.console import Console
+    from shardwise.console import Console
     from rich.table import Table
 
     from shardwise.commands.common import SHORT

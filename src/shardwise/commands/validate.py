@@ -81,7 +81,7 @@ def _progress(console, what: str, total: int):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from shardwise.console import Console
 
     from shardwise.contention import sweep_warnings
 
