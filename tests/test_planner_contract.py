@@ -385,6 +385,7 @@ def test_per_gpu_memory_moves_only_as_the_physics_says(model, framework, tp, pp,
     ("peak_tflops = 1e300\n", "'peak_tflops' is 1e+300, outside"),  # an MFU of 0
     ("inter_node_bandwidth_gbs = 1e-300\n", "'inter_node_bandwidth_gbs' is 1e-300, outside"),
     ("mamf_tflops = 500\n", "mamf_tflops 500 exceeds peak_tflops 150"),  # an MFU above 1
+    ("[measured]\nmatmul_tflops = 1500\n", "[measured] matmul_tflops 1500 exceeds peak_tflops 150"),  # MFU 124 %
     ("[measured]\nall_reduce = [[0, 0.0]]\n", "[measured] all_reduce must be finite numbers"),  # a ZeroDivisionError
     # a rate at or below 0, a time below 0, no ranks: negative or endless steps planned
     ("[measured]\nmatmul_tflops = -100\n", "[measured] matmul_tflops must be finite numbers, rates 0 (not measured)"),

@@ -165,6 +165,11 @@ def cluster_from_toml(data: dict, name: str, source: str) -> ClusterSpec:
         raise UsageError(f"{source}: mamf_tflops {values['mamf_tflops']:g} exceeds peak_tflops {values['peak_tflops']:g} — "
                          f"the achievable matmul rate is measured below the peak; fix one of them")
     _check_measured(data.get("measured", {}), source)
+    matmul = (data.get("measured") or {}).get("matmul_tflops", 0)
+    if isinstance(matmul, (int, float)) and matmul > values["peak_tflops"]:  # calibrate writes its matmul rate as both
+        raise UsageError(f"{source}: [measured] matmul_tflops {matmul:g} exceeds peak_tflops {values['peak_tflops']:g} — "
+                         f"`shardwise calibrate` writes its measured matmul rate as the peak; fix one of them, or "
+                         f"rerun calibrate")
     arch = str(table.get("arch", ""))
     if arch and arch not in ARCHS:
         raise UsageError(f"{source}: unknown arch '{arch}' — use one of {', '.join(ARCHS)}, or leave it out")
