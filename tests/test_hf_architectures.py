@@ -217,6 +217,16 @@ def test_llama_attention_and_mlp_biases_are_counted():
     assert both == _transformers_count(cfg | {"attention_bias": True, "mlp_bias": True})
 
 
+def test_falcons_first_key_spellings_read_as_the_later_ones():
+    """Falcon's first configs (RefinedWeb, 2023) wrote n_head, n_layer and n_head_kv, which FalconConfig.attribute_map
+    reads as num_attention_heads, num_hidden_layers and num_kv_heads: the same model either way."""
+    later = ARCHITECTURES["falcon-40b"][0]
+    renamed = {"num_attention_heads": "n_head", "num_hidden_layers": "n_layer", "num_kv_heads": "n_head_kv"}
+    first = {renamed.get(k, k): v for k, v in later.items()}
+    spec = model_from_hf_config(first, "falcon-40b", "test")
+    assert spec.num_params() == ARCHITECTURES["falcon-40b"][1] and spec.num_kv_heads == 8 and spec.num_layers == 60
+
+
 def test_what_each_architecture_holds():
     spec = {name: model_from_hf_config(cfg, name, "test") for name, (cfg, _) in ARCHITECTURES.items()}
     assert spec["starcoder"].num_kv_heads == 1 and spec["falcon-7b"].num_kv_heads == 1  # multi-query
@@ -303,6 +313,21 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
       "is_encoder_decoder": True, "encoder_layers": 2, "decoder_layers": 2}, "an encoder-decoder model"),
     ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
       "encoder_layers": 2, "decoder_layers": 2}, "shardwise plans decoder-only transformers"),
+    # no model_type, Llama's keys, but an encoder's head or BERT's token types: not read as a decoder
+    ({"architectures": ["BertForMaskedLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 128}, "an encoder model (architectures: BertForMaskedLM)"),
+    ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128,
+      "type_vocab_size": 2}, "an encoder model (type_vocab_size"),
+    # MLA without a latent rank (transformers' modules would have no width), read as plain attention before
+    ({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+      "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": None, "kv_lora_rank": 0,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "vocab_size": 128},
+     "key 'kv_lora_rank' must be a positive integer, got 0"),
+    # a RoPE factor that is no number (written to a launch file as it stood)
+    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 128, "rope_scaling": {"rope_type": "linear", "factor": "NaN"}},
+     "RoPE scaling's 'factor' must be a finite number"),
 ])
 def test_a_config_shardwise_cannot_count_is_one_line_and_exit_2(cfg, fragment, tmp_path, capsys):
     path = tmp_path / "config.json"

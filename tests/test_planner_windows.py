@@ -132,7 +132,8 @@ def test_layer_types_must_name_every_layer(tmp_path, capsys):
     # without a window in use too (use_sliding_window unset on a Qwen-style config), and a list of non-strings
     qwen = MISTRAL | {"model_type": "qwen2", "use_sliding_window": False}
     for types, said in ((["full_attention"], "layer_types names 1 layers, but the model has 32"),
-                        ([1] * LAYERS, "layer_types must be a list of layer kinds")):
+                        ([1] * LAYERS, "layer_types must be a list of layer kinds"),
+                        (["foo"] * LAYERS, "layer_types names 'foo', which shardwise does not model")):
         path.write_text(json.dumps(qwen | {"layer_types": types}))
         assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch",
                      "8", "--seq-len", "4096", "--tp", "8", "--micro-batch", "1", "--json"]) == 2

@@ -118,16 +118,18 @@ def falcon(cfg: dict, source: str) -> dict:
     multi_query (7B), else all. Norms per block: two unless parallel_attn shares one (num_ln_in_parallel_attn,
     2 for the new architecture), as FalconDecoderLayer builds them."""
     hidden = require_any(cfg, ("n_embed", "hidden_size"), source)
-    heads = require(cfg, "num_attention_heads", source)
+    # FalconConfig.attribute_map reads the first configs' n_head, n_layer and n_head_kv as these names
+    heads = require_any(cfg, ("num_attention_heads", "n_head"), source)
     new = flag(cfg, "new_decoder_architecture", source)
-    kv = optional(cfg, "num_kv_heads", heads, source) if new or not flag(cfg, "multi_query", source, True) else 1
+    kv_key = "num_kv_heads" if cfg.get("num_kv_heads") is not None else "n_head_kv"
+    kv = optional(cfg, kv_key, heads, source) if new or not flag(cfg, "multi_query", source, True) else 1
     parallel = flag(cfg, "parallel_attn", source, True)
     norms = optional(cfg, "num_ln_in_parallel_attn", 2 if new else 1, source) if parallel else 2
     bias = flag(cfg, "bias", source)
     return _gpt2_blocks(
         hidden, heads, num_kv_heads=kv, ffn_hidden=optional(cfg, "ffn_hidden_size", 4 * hidden, source),
-        num_layers=require(cfg, "num_hidden_layers", source, MAX_LAYERS), vocab_size=require(cfg, "vocab_size", source),
-        max_positions=optional(cfg, "max_position_embeddings", 2048, source),
+        num_layers=require_any(cfg, ("num_hidden_layers", "n_layer"), source, MAX_LAYERS),
+        vocab_size=require(cfg, "vocab_size", source), max_positions=optional(cfg, "max_position_embeddings", 2048, source),
         positions="alibi" if flag(cfg, "alibi", source) else "rotary", layer_norms=2 if norms == 2 else 1,
         parallel_residual=parallel,
         tie_embeddings=flag(cfg, "tie_word_embeddings", source, True), attn_bias=bias, mlp_bias=bias,

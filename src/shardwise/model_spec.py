@@ -8,6 +8,7 @@ names the problem and the fix. `shardwise.specs` re-exports what callers use (lo
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -378,6 +379,21 @@ MODEL_TYPES = {"llama": "llama", "gpt2": "gpt2",
                **dict.fromkeys(READERS, "gpt2"), **dict.fromkeys(LLAMA_VARIANTS, "llama")}
 
 
+# What names a config an encoder's where its model_type does not (an unknown model_type is refused by name anyway):
+# a masked-language-model or pre-training head in `architectures` (BertForMaskedLM, RobertaForMaskedLM,
+# ElectraForPreTraining; a decoder's heads are ...ForCausalLM), or BERT's token-type embeddings (type_vocab_size).
+ENCODER_HEADS = ("ForMaskedLM", "ForPreTraining")
+
+
+def encoder_sign(cfg: dict) -> str:
+    """What in the config says it is an encoder's ("architectures: BertForMaskedLM", "type_vocab_size"), or ""."""
+    names = cfg.get("architectures")
+    heads = [n for n in names if isinstance(n, str) and n.endswith(ENCODER_HEADS)] if isinstance(names, list) else []
+    if heads:
+        return f"architectures: {heads[0]}"
+    return "type_vocab_size: BERT's token-type embeddings" if "type_vocab_size" in cfg else ""
+
+
 def model_family(cfg: dict, source: str) -> str:
     """The family of a config: by its model_type (which must be in MODEL_TYPES), else by its keys."""
     model_type = cfg.get("model_type")
@@ -405,6 +421,10 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
                                                   and cfg.get("is_encoder_decoder") is not False):
         raise UsageError(f"{source}: an encoder-decoder model (is_encoder_decoder / encoder_layers and decoder_layers) "
                          f"— shardwise plans decoder-only transformers; give a decoder's config.json or a preset")
+    encoder = encoder_sign(cfg)
+    if encoder:
+        raise UsageError(f"{source}: an encoder model ({encoder}) — shardwise plans decoder-only transformers; give a "
+                         f"decoder's config.json or a preset")
     family = model_family(cfg, source)
     model_type = str(cfg.get("model_type") or "")
     if model_type in READERS:
@@ -439,6 +459,11 @@ WINDOWED_TYPES = {"mistral": (4096, "all", False), "mixtral": (0, "all", False),
                   "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True)}
 
 
+# The layer kinds a config's layer_types may name for the architectures modelled here (transformers' Mistral, Qwen2,
+# Gemma 2, GPT-OSS configs): attention over the whole sequence, or through the sliding window.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "config") -> dict:
     """What a config says beyond the model's shape: its sliding attention window and how many layers use it (as its
     transformers config class lays them out: WINDOWED_TYPES, or the config's layer_types), which the planner prices
@@ -455,6 +480,10 @@ def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "co
     if types is not None and (not isinstance(types, list) or not all(isinstance(t, str) for t in types)):
         raise UsageError(f"{source}: layer_types must be a list of layer kinds such as \"full_attention\", "
                          f"\"sliding_attention\", got {json.dumps(types)[:60]} — fix the config")
+    unknown = sorted({t for t in types or () if t not in LAYER_TYPES})
+    if unknown:  # transformers' layer_type_validation refuses a kind outside its list; these models use these two
+        raise UsageError(f"{source}: layer_types names {unknown[0]!r}, which shardwise does not model (it prices "
+                         f"{' and '.join(repr(t) for t in LAYER_TYPES)} layers) — fix the config")
     if types and len(types) != num_layers:  # as transformers' layer_type_validation refuses it, window or not
         raise UsageError(f"{source}: layer_types names {len(types)} layers, but the model has {num_layers} "
                          f"(num_hidden_layers) — fix the config")
@@ -481,6 +510,13 @@ def rope_scaling(cfg: dict, source: str = "config") -> tuple:
     kind = params.get("rope_type", params.get("type"))
     if kind in (None, "default"):
         return ()
+    for key, value in params.items():  # its factors are numbers (longrope's short/long factors lists of them; yarn's
+        # truncate, GPT-OSS's, a flag)
+        values = value if isinstance(value, list) else [value]
+        if key not in ("rope_type", "type") and value is not None and not isinstance(value, bool) and not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            raise UsageError(f"{source}: RoPE scaling's '{key}' must be a finite number, got {json.dumps(value)[:40]} — "
+                             f"fix it, or leave the key out")
     keep = {k: v for k, v in params.items() if k not in ("type", "rope_theta") and isinstance(v, (int, float, str))}
     return tuple(sorted((keep | {"rope_type": str(kind)}).items()))
 
@@ -684,7 +720,8 @@ def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
     """Attention variants beyond plain GQA: DeepSeek's MLA (kv_lora_rank), Qwen3's QK-norm, Qwen2's q/k/v biases."""
     out = {"qk_norm": "head" if model_type in ("qwen3", "qwen3_moe") else "",
            "qkv_bias": bool(cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))}
-    if cfg.get("kv_lora_rank"):
+    if cfg.get("kv_lora_rank") is not None or model_type in DEEPSEEK_KEYS:  # 0 is no rank, refused as transformers'
+        # modules would have no width
         out.update(attention="mla", q_lora_rank=count(cfg, "q_lora_rank", source), kv_lora_rank=require(cfg, "kv_lora_rank", source),
                    qk_nope_head_dim=require(cfg, "qk_nope_head_dim", source),
                    qk_rope_head_dim=require(cfg, "qk_rope_head_dim", source), v_head_dim=require(cfg, "v_head_dim", source))
