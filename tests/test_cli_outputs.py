@@ -217,3 +217,10 @@ def test_output_that_cannot_be_written_is_one_line_or_nothing():
     finally:
         os.close(write)
     assert gone.returncode == 0 and b"Traceback" not in gone.stderr, gone.stderr
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"shardwise {version('shardwise')}"

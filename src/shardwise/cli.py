@@ -53,6 +53,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"shardwise: error: {message} — see `{where} --help`\n")
 
 
+def _version() -> str:
+    """The installed package's version (the source tree's, run without installing: unknown)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardwise")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Only the chosen command's module is imported, so each command starts fast."""
     parser = Parser(
@@ -60,6 +70,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         description=("Where to split a training job (data, tensor, pipeline, context or expert parallel), how to run "
                      "it, and proof it is right."),
     )
+    parser.add_argument("--version", action="version", version=f"shardwise {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     chosen = next((a for a in argv if not a.startswith("-")), None)
