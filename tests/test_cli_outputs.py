@@ -219,6 +219,22 @@ def test_output_that_cannot_be_written_is_one_line_or_nothing():
     assert gone.returncode == 0 and b"Traceback" not in gone.stderr, gone.stderr
 
 
+def test_training_goes_on_when_its_reader_goes():
+    """`shardwise train ... | true`: the progress display goes quiet and the run finishes, exit 0 (rich's own
+    console ended it with exit 1)."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = _shell(["train", "--model", "tiny", "--steps", "2", "--global-batch", "4", "--seq-len", "16"],
+                     stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
+
+
 def test_version_is_the_installed_packages(capsys):
     from importlib.metadata import version
 

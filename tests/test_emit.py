@@ -869,3 +869,15 @@ def test_an_autotp_deepspeed_config_leaves_the_batch_to_the_data_parallel_ranks(
     piped = Layout(dp=4, pp=4, zero=1, micro_batch=1)
     target = Target(job=job, estimate=estimate(job, piped), gpus=16, rank=1)
     assert json.loads(emitter("deepspeed").render(target))["zero_optimization"]["overlap_comm"] is False
+
+
+def test_a_deepspeed_pipeline_with_more_stages_than_layers_names_its_partition(tmp_path):
+    """More stages than layers run only where PipelineModule counts the embeddings as layers
+    ('type:transformer|embedding', as BLOOM ran 70 layers on 72 stages); the file and the launch line say so, and
+    keep 'parameters' otherwise."""
+    job = _job("llama2-7b", "deepspeed-2024")  # 32 layers
+    for pp, method in ((34, "type:transformer|embedding"), (8, "parameters")):
+        lay = Layout(dp=1, pp=pp, micro_batch=1)
+        target = Target(job=job, estimate=estimate(job, lay), gpus=pp, rank=0)
+        assert json.loads(emitter("deepspeed").render(target))["pipeline"]["partition"] == method
+        assert f"partition_method='{method}'" in emitter("deepspeed").launch(target, tmp_path / "ds.json")

@@ -218,8 +218,8 @@ def test_llama_attention_and_mlp_biases_are_counted():
 
 
 def test_falcons_first_key_spellings_read_as_the_later_ones():
-    """Falcon's first configs (RefinedWeb, 2023) wrote n_head, n_layer and n_head_kv, which FalconConfig.attribute_map
-    reads as num_attention_heads, num_hidden_layers and num_kv_heads: the same model either way."""
+    """Falcon's first configs (RWConfig, 2023, the checkpoints' remote-code configuration_RW.py) wrote n_head, n_layer
+    and n_head_kv for num_attention_heads, num_hidden_layers and num_kv_heads: the same model either way."""
     later = ARCHITECTURES["falcon-40b"][0]
     renamed = {"num_attention_heads": "n_head", "num_hidden_layers": "n_layer", "num_kv_heads": "n_head_kv"}
     first = {renamed.get(k, k): v for k, v in later.items()}

@@ -997,6 +997,9 @@ def test_a_schedule_at_pp_1_changes_nothing_and_is_said():
     for framework, schedule in (("torchtitan", "zb-h1"), ("deepspeed", "interleaved-1f1b"), ("megatron-core", "gpipe")):
         code, _, err = cli([*argv, "--framework", framework, "--schedule", schedule])
         assert code == 2 and err.count("\n") == 1 and f"{framework} has no {schedule} pipeline schedule" in err, err
+    # a stack with no pipeline at all runs no schedule: the flag changes nothing, as plan's --schedules says too
+    none = answer([*argv, "--framework", "composer", "--schedule", "gpipe"])
+    assert any("--schedule gpipe changes nothing at --pp 1" in n for n in none["assumptions"]["implied"])
 
 
 def test_flags_that_change_nothing_or_turn_something_off_are_said():

@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stderr.close()
         return 0
-    except OSError as exc:  # the output could not be written (a full disk: `> /dev/full`)
-        if exc.filename is not None or exc.errno not in WRITE_ERRORS:
+    except OSError as exc:  # the output could not be written (a full disk: `> /dev/full`); any other OSError says itself
+        if getattr(sys.stdout, "failed", None) is not exc:
             raise
         _say(f"shardwise: error: cannot write the output: {os.strerror(exc.errno)} — write it somewhere with room")
         return 1
@@ -133,10 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-# errno of a write to stdout that failed for want of room or a working device (a file's own errors name the file)
-WRITE_ERRORS = {28, 5, 122}  # ENOSPC, EIO, EDQUOT
-
-
 def _say(line: str) -> None:
     """One line on stderr, if stderr can take it (the exit code says the rest)."""
     try:
@@ -153,7 +149,7 @@ def exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (BrokenPipeError, ValueError):  # the reader went away, or the stream was closed
+        except (OSError, ValueError):  # the reader went away, the disk is full, or the stream was closed
             pass
     os._exit(code)
 

@@ -19,24 +19,59 @@ MIN_COLUMNS = 40
 
 
 class Console(_RichConsole):
+    """rich's Console; `keep_going`: a progress display of long work (training, tokenizing), which goes quiet when
+    its reader goes away and lets the work finish rather than end it."""
+
+    def __init__(self, *args, keep_going: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keep_going = keep_going
+
     def on_broken_pipe(self) -> None:
-        """The reader went away: write nothing more (stdout onto /dev/null, so Python's flush at exit is quiet too), and
-        let cli.main end the command with exit 0."""
+        """The reader went away: write nothing more (its stream onto /dev/null, so Python's flush at exit is quiet
+        too), and let cli.main end the command with exit 0 — or, for a progress display, carry on."""
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise BrokenPipeError
+        os.dup2(devnull, (sys.stderr if self.stderr else sys.stdout).fileno())
+        if not self.keep_going:
+            raise BrokenPipeError
+
+
+class WatchedStream:
+    """stdout, remembering the error a write to it raised (`failed`): cli.main reports that one as the output's (a full
+    disk), and lets any other OSError (a data file's, a checkpoint's) say what it is."""
+
+    def __init__(self, stream):
+        self._stream, self.failed = stream, None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def prepare_streams() -> None:
     """For a command run from the shell: a closed stdout or stderr (`>&-`) becomes /dev/null; characters an ASCII or
-    Latin-1 stream cannot encode are written as `?`; a COLUMNS below MIN_COLUMNS is dropped."""
+    Latin-1 stream cannot encode are written as `?`; a COLUMNS below MIN_COLUMNS is dropped; stdout is watched
+    (WatchedStream)."""
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
         stream = getattr(sys, name)
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    sys.stdout = WatchedStream(sys.stdout)
     columns = os.environ.get("COLUMNS", "")
     if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
         del os.environ["COLUMNS"]

@@ -118,7 +118,8 @@ def falcon(cfg: dict, source: str) -> dict:
     multi_query (7B), else all. Norms per block: two unless parallel_attn shares one (num_ln_in_parallel_attn,
     2 for the new architecture), as FalconDecoderLayer builds them."""
     hidden = require_any(cfg, ("n_embed", "hidden_size"), source)
-    # FalconConfig.attribute_map reads the first configs' n_head, n_layer and n_head_kv as these names
+    # the first Falcon configs (RWConfig, the checkpoints' remote-code configuration_RW.py) spell them n_head, n_layer
+    # and n_head_kv
     heads = require_any(cfg, ("num_attention_heads", "n_head"), source)
     new = flag(cfg, "new_decoder_architecture", source)
     kv_key = "num_kv_heads" if cfg.get("num_kv_heads") is not None else "n_head_kv"

@@ -566,13 +566,14 @@ class progress_bar:
             return lambda rec: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from shardwise.console import Console
         from shardwise.units import seconds
 
         lay = self.cfg.layout
-        self.progress = Progress(
-            TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"), BarColumn(),
-            MofNCompleteColumn(), TextColumn("loss [cyan]{task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[dt]}/step"), TimeElapsedColumn())
+        columns = (TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                   TextColumn("{task.fields[dt]}/step"), TimeElapsedColumn())
+        self.progress = Progress(*columns, console=Console(keep_going=True))  # the run goes on if its reader goes
         self.progress.start()
         self.task = self.progress.add_task("train", total=self.cfg.steps, completed=self.start, loss="-", tps="-", dt="-")
 

@@ -81,7 +81,7 @@ def run(args) -> int:
     from shardwise.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     total = rank_steps(cfg.resolved())
     columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn())

@@ -142,14 +142,14 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
 
 def _check_schedule_named(schedule: str, job) -> None:
     """A schedule named at --pp 1 changes nothing, but one the stack never runs is refused as at --pp 2 (and as plan's
-    --schedules refuses it): the command line names a stack that cannot run what it was asked for."""
+    --schedules refuses it): the command line names a stack that cannot run what it was asked for. A stack with no
+    pipeline at all runs no schedule: the note says the flag changes nothing, as plan's does."""
     from shardwise.planner.frameworks import get
 
     fw = get(job.framework)
-    if schedule not in fw.schedules:
-        runs = f"it runs {', '.join(fw.schedules)}" if fw.schedules else "it has no pipeline parallelism"
+    if fw.schedules and schedule not in fw.schedules:  # a stack without pipelines: said to change nothing, as plan says
         raise UsageError(f"--framework {fw.name} cannot run this layout: {fw.name} has no {schedule} pipeline schedule "
-                         f"({runs}) — drop --schedule, or pick another --framework")
+                         f"(it runs {', '.join(fw.schedules)}) — drop --schedule, or pick another --framework")
 
 
 def _completed(args, job, dp: int, named: set[str]):

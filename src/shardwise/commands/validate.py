@@ -117,7 +117,7 @@ def run(args) -> int:
         raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
                          f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
                          f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
-    err = Console(stderr=True)
+    err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     try:
         if cfg.cluster is None:
             bar, task = _progress(err, "calibrating", rank_steps(cal))

@@ -182,7 +182,10 @@ def _progress(sources: list[Source], enabled: bool):
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
+    from shardwise.console import Console
+
     with Progress(TextColumn(f"tokenizing {len(sources)} file{'s' if len(sources) > 1 else ''}"), BarColumn(),
-                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True) as bar:
+                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
+                  console=Console(keep_going=True)) as bar:
         task = bar.add_task("tokenize", total=sum(s.bytes for s in sources))
         yield lambda n: bar.advance(task, n)

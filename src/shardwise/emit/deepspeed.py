@@ -14,7 +14,10 @@ tests/test_emit.py builds DeepSpeedConfig from what is written here):
   pipeline.stages / partition / activation_checkpoint_interval: the engine reads the last one; the
       stages are the `PipelineModule(num_stages=..., partition_method=...)` the training script builds.
       DeepSpeed cuts the layers itself: "parameters" balances parameters, which, like shardwise's
-      cost-balanced split, takes layers off the stages that hold the embedding and the LM head.
+      cost-balanced split, takes layers off the stages that hold the embedding and the LM head. More stages than
+      layers (up to the layers + 2) run with "type:transformer|embedding", which counts the embedding specs as
+      layers and gives each a stage of its own, as BLOOM ran 70 layers on 72 stages (bigscience tr11
+      --pp-partition-method; the script's layer classes named so, as Megatron-DeepSpeed's are).
       DeepSpeed's pipeline runs 1F1B (its TrainSchedule) and refuses ZeRO-2/3.
   activation_checkpointing: present when every layer is recomputed (the model calls
       deepspeed.checkpointing.checkpoint per layer, as Megatron-DeepSpeed does).
@@ -99,12 +102,18 @@ def config(target) -> dict:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
         del out["train_batch_size"]  # counted over every rank without an mpu (module docstring)
     if lay.pp > 1:
-        out["pipeline"] = {"stages": lay.pp, "partition": "parameters",
+        out["pipeline"] = {"stages": lay.pp, "partition": partition_method(job, lay),
                            "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0}
     if lay.recompute == "full":
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
     return out
+
+
+def partition_method(job, layout) -> str:
+    """PipelineModule's partition_method for this layout (module docstring): by parameters, or, with more stages than
+    layers, by layer type with the embeddings counted as layers."""
+    return "type:transformer|embedding" if layout.pp * layout.vpp > job.model.num_layers else "parameters"
 
 
 def render(target) -> str:
@@ -113,8 +122,8 @@ def render(target) -> str:
 
 def launch(target, path) -> str:
     lay = target.layout
-    model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, partition_method='parameters'))"
-             if lay.pp > 1 else "")
+    model = (f" (the script builds deepspeed.pipe.PipelineModule(layers, num_stages={lay.pp}, "
+             f"partition_method='{partition_method(target.job, lay)}'))" if lay.pp > 1 else "")
     batch = (f" (AutoTP: the global batch is {lay.micro_batch} x {lay.num_microbatches(target.job.train.global_batch)} "
              f"x {lay.dp} data-parallel ranks = {target.job.train.global_batch}; the file leaves train_batch_size out, "
              f"which DeepSpeed counts over all {target.gpus} ranks unless the script passes an mpu)" if lay.tp > 1 else "")
