@@ -720,8 +720,9 @@ def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
     """Attention variants beyond plain GQA: DeepSeek's MLA (kv_lora_rank), Qwen3's QK-norm, Qwen2's q/k/v biases."""
     out = {"qk_norm": "head" if model_type in ("qwen3", "qwen3_moe") else "",
            "qkv_bias": bool(cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))}
-    if cfg.get("kv_lora_rank") is not None or model_type in DEEPSEEK_KEYS:  # 0 is no rank, refused as transformers'
-        # modules would have no width
+    # MLA where the config gives a latent rank (0 is no rank: refused, transformers' modules would have no width); null
+    # is none, which the runtime trains as plain attention under DeepSeek's routing (tests/test_moe_model.py)
+    if cfg.get("kv_lora_rank") is not None:
         out.update(attention="mla", q_lora_rank=count(cfg, "q_lora_rank", source), kv_lora_rank=require(cfg, "kv_lora_rank", source),
                    qk_nope_head_dim=require(cfg, "qk_nope_head_dim", source),
                    qk_rope_head_dim=require(cfg, "qk_rope_head_dim", source), v_head_dim=require(cfg, "v_head_dim", source))
