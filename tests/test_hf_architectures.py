@@ -324,6 +324,11 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
       "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": None, "kv_lora_rank": 0,
       "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "vocab_size": 128},
      "key 'kv_lora_rank' must be a positive integer, got 0"),
+    ({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+      "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": 0, "kv_lora_rank": 16,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "vocab_size": 128},
+     "key 'q_lora_rank' must be a positive integer, got 0"),
     # a RoPE factor that is no number (written to a launch file as it stood)
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
       "intermediate_size": 128, "vocab_size": 128, "rope_scaling": {"rope_type": "linear", "factor": "NaN"}},

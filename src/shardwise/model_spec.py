@@ -723,7 +723,9 @@ def _attention_from_hf(cfg: dict, source: str, model_type: str) -> dict:
     # MLA where the config gives a latent rank (0 is no rank: refused, transformers' modules would have no width); null
     # is none, which the runtime trains as plain attention under DeepSeek's routing (tests/test_moe_model.py)
     if cfg.get("kv_lora_rank") is not None:
-        out.update(attention="mla", q_lora_rank=count(cfg, "q_lora_rank", source), kv_lora_rank=require(cfg, "kv_lora_rank", source),
+        # q_lora_rank null: q projected at full rank (DeepSeek-V2-Lite); 0 is no rank, refused as kv_lora_rank's is
+        q_rank = 0 if cfg.get("q_lora_rank") is None else require(cfg, "q_lora_rank", source)
+        out.update(attention="mla", q_lora_rank=q_rank, kv_lora_rank=require(cfg, "kv_lora_rank", source),
                    qk_nope_head_dim=require(cfg, "qk_nope_head_dim", source),
                    qk_rope_head_dim=require(cfg, "qk_rope_head_dim", source), v_head_dim=require(cfg, "v_head_dim", source))
         out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # what q and k carry per head
