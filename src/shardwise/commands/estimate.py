@@ -144,12 +144,12 @@ def _check_schedule_named(schedule: str, job) -> None:
     """A schedule named at --pp 1 changes nothing, but one the stack never runs is refused as at --pp 2 (and as plan's
     --schedules refuses it): the command line names a stack that cannot run what it was asked for. A stack with no
     pipeline at all runs no schedule: the note says the flag changes nothing, as plan's does."""
-    from shardwise.planner.frameworks import get
+    from shardwise.planner.frameworks import check, get
+    from shardwise.specs import Layout
 
     fw = get(job.framework)
     if fw.schedules and schedule not in fw.schedules:  # a stack without pipelines: said to change nothing, as plan says
-        raise UsageError(f"--framework {fw.name} cannot run this layout: {fw.name} has no {schedule} pipeline schedule "
-                         f"(it runs {', '.join(fw.schedules)}) — drop --schedule, or pick another --framework")
+        check(fw, Layout(dp=1, tp=1, pp=2, micro_batch=1, schedule=schedule))  # its refusal of that schedule at pp 2
 
 
 def _completed(args, job, dp: int, named: set[str]):
