@@ -113,7 +113,8 @@ def test_page_data_are_the_planners_numbers(planned, tmp_path):
 
 
 def test_timeline_is_the_simulated_schedule_and_matches_the_planners_closed_form(planned, tmp_path):
-    """The winner's timeline is simulated (schedules.simulate); its span equals the closed form the planner times."""
+    """The winner's timeline is simulated (schedules.simulate) with each rank's own costs; the closed form the planner
+    times (closed_forms.uneven_makespan) bounds its span from above, within 2 % (the head's stage costs more)."""
     job, result = planned
     out = tmp_path / "r.html"
     assert main(["report", *PLAN, "--pp", "4", "--out", str(out)]) == 0
@@ -121,7 +122,8 @@ def test_timeline_is_the_simulated_schedule_and_matches_the_planners_closed_form
     t, win = plan["timeline"], plan["winner"]
     assert (t["pp"], t["vpp"], t["m"], t["schedule"]) == (win["pp"], win["vpp"], win["num_microbatches"], win["schedule"])
     span = sum(win["time_breakdown_s"][k] for k in ("compute", "recompute", "tp_comm", "pp_p2p", "pipeline_bubble"))
-    assert t["makespan_s"] == pytest.approx(span, rel=1e-5)
+    assert span * 0.98 <= t["makespan_s"] <= span * (1 + 1e-6)
+    assert len(set(t["duration_s"]["F"])) > 1  # the ranks' own costs, not the slowest's everywhere
     # Every rank runs every micro-batch's forward once per chunk; ends follow from the encoded gaps and durations.
     for r, rank in enumerate(t["ranks"]):
         assert rank["kind"].count("F") == t["m"] * t["vpp"]

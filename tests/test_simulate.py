@@ -46,6 +46,39 @@ def test_closed_forms_equal_the_simulator_for_any_costs(name, p, v, m, fbw):
     assert cf.pipeline_makespan(name, p, m, v, f, b, w) == pytest.approx(sim.makespan, abs=1e-9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(SCHEDULES), st.integers(2, 6), st.integers(1, 3), st.integers(1, 12),
+       st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(0, 8)).map(lambda t: tuple(x / 4 for x in t)),
+       st.lists(st.integers(1, 16).map(lambda x: x / 8), min_size=6, max_size=6))
+def test_uneven_stages_closed_form_bounds_the_simulator(name, p, v, m, fbw, scale):
+    """Stages at different costs (each splitting its cost among F, B and W alike, as a layer stack does): the uneven
+    form is exact for naive and GPipe, never below the simulator and never above the even form at the slowest
+    stage's cost elsewhere."""
+    v = v if name == "interleaved-1f1b" else 1
+    m = m * p if name == "interleaved-1f1b" else m
+    k = scale[:p]
+    costs = Costs(*([x * fbw[i] for x in k] for i in range(3)))
+    sim = simulate(build(name, p, m, v), costs).makespan
+    slow = max(k)
+    f, b, w = (slow * x for x in fbw)
+    uneven = cf.uneven_makespan(name, p, m, v, f, b, w, (sum(k) - slow) * sum(fbw))
+    if name in ("naive", "gpipe"):
+        assert uneven == pytest.approx(sim, abs=1e-9)
+    assert sim - 1e-9 <= uneven <= cf.pipeline_makespan(name, p, m, v, f, b, w) + 1e-9
+
+
+def test_uneven_stages_closed_form_is_close_where_only_the_edges_differ():
+    """A head's stage 1.5x a layer stage's, an embedding-only first stage (DeepSpeed's type:transformer|embedding
+    split): the uneven form equals the simulator where the even form at the slowest stage is 8-25 % over."""
+    for name, p, m, v in (("1f1b", 8, 8, 1), ("1f1b", 16, 32, 1), ("interleaved-1f1b", 8, 16, 2), ("zb-h1", 8, 8, 1),
+                          ("gpipe", 8, 8, 1)):
+        k = [0.05] + [1.0] * (p - 2) + [1.5]
+        sim = simulate(build(name, p, m, v), Costs(k, [2 * x for x in k], [0.0] * p)).makespan
+        even = cf.pipeline_makespan(name, p, m, v, 1.5, 3.0, 0.0)
+        uneven = cf.uneven_makespan(name, p, m, v, 1.5, 3.0, 0.0, 3 * (sum(k) - 1.5))
+        assert uneven == pytest.approx(sim, rel=1e-9) and even >= sim * 1.08, (name, sim, uneven, even)
+
+
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
 def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(name, p, m):

@@ -131,23 +131,31 @@ def rank_layers(spec: ModelSpec, pp: int, vpp: int, rank: int, seq_len: int, rul
 
 
 def distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> list[int]:
+    """One pipeline rank per kind (first, last, and each set of chunk sizes in between), the lowest of each:
+    ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
+    as many micro-batches of each chunk in flight (a longer warm-up). The planner evaluates these instead of
+    every rank."""
     return list(_distinct_ranks(spec, pp, vpp, seq_len, rule))
 
 
 @lru_cache(maxsize=4096)
 def _distinct_ranks(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
-    """One pipeline rank per kind (first, last, and each set of chunk sizes in between), the lowest of each:
-    ranks of one kind hold the same parameters and cost the same time, and a lower rank holds at least
-    as many micro-batches of each chunk in flight (a longer warm-up). The planner evaluates these instead of
-    every rank."""
+    return tuple(sorted(set(rank_kinds(spec, pp, vpp, seq_len, rule))))
+
+
+@lru_cache(maxsize=4096)
+def rank_kind_counts(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> tuple[tuple[int, int], ...]:
+    """(distinct rank, how many pipeline ranks are of its kind) for each kind."""
+    kinds = rank_kinds(spec, pp, vpp, seq_len, rule)
+    return tuple((r, kinds.count(r)) for r in sorted(set(kinds)))
+
+
+@lru_cache(maxsize=4096)
+def rank_kinds(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
+    """For each pipeline rank, the distinct rank (distinct_ranks) of its kind: what it holds and costs."""
     counts = stage_layer_counts(spec, pp * vpp, seq_len, rule)
-    seen, out = set(), []
-    for r in range(pp):
-        kind = (r == 0, r == pp - 1, counts[r::pp])
-        if kind not in seen:
-            seen.add(kind)
-            out.append(r)
-    return tuple(out)
+    first: dict = {}
+    return tuple(first.setdefault((r == 0, r == pp - 1, counts[r::pp]), r) for r in range(pp))
 
 
 def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> list[float]:

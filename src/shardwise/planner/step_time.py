@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardwise import stage_split
 from shardwise.frozen import replaced
 from shardwise.planner import kernels, moe, offload
 from shardwise.planner.comm import collective_time, p2p_sync_time, sync_time, tp_call_time
@@ -33,7 +34,7 @@ from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offloa
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
-from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan
+from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan, uneven_makespan
 from shardwise.specs import Layout
 
 # Bytes per parameter moved by the optimizer step, bound by HBM bandwidth: Adam reads FP32 master, m,
@@ -632,6 +633,12 @@ def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple
     return slow, c
 
 
+def rank_costs(job: Job, layout: Layout, costs: dict) -> list[StageCost]:
+    """Every pipeline rank's per micro-batch costs, from `costs` (those of the distinct ranks, pipeline_ranks)."""
+    kinds = stage_split.rank_kinds(job.model, layout.pp, layout.vpp, job.train.seq_len, split_rule(job))
+    return [costs[k] for k in kinds]
+
+
 # DeepSpeed's PartitionedTensor.to_meta: a LongTensor of the shape's rank and sizes, the part count, this rank and
 # the tp + 1 partition offsets (runtime/utils.py), sent ahead of its data: a few dozen bytes, a message's latency.
 META_BYTES = 8 * 12
@@ -682,12 +689,15 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
                     ) -> tuple[float, float]:
     """(the step's pipeline makespan without transfers, with them) over `runs` schedules of `mr` micro-batches."""
     p, v = layout.pp, layout.vpp
-    span0 = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, 0.0)
+    # The fill and drain cross each rank at its own cost; the steady state runs at the slowest rank's.
+    kinds = stage_split.rank_kind_counts(job.model, p, v, job.train.seq_len, split_rule(job))
+    others = sum(n * (costs[r].f + costs[r].b + costs[r].w) for r, n in kinds) - (slow.f + slow.b + slow.w)
+    span0 = runs * uneven_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, others)
     # Transfers on the critical path. A calibrated machine runs the executor's own program, timed: its sends
     # wait for their receives and a rank that waits for a message pays the calibrated wake-up; beyond
     # MAX_PROGRAM_ACTIONS, each receiving exchange of the busiest rank pays it. Datasheet clusters: the
     # closed form (their search never builds the program).
-    span = runs * pipeline_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, c)
+    span = runs * uneven_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, others, c)
     if get_framework(job.framework).p2p_lockstep:  # DeepSpeed's TrainSchedule: every exchange on the critical path
         span = span0 + runs * lockstep_transfers(p, mr) * c
     p2p_sync = p2p_sync_time(job.cluster)
@@ -707,7 +717,7 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
     scatter = float(measured.get("action_scatter", 0.0))
     handoff = tuple(tuple(float(x) for x in point) for point in measured.get("handoff_points", ()))
     if p2p_sync + exchange > 0 and p * mr * v <= MAX_PROGRAM_ACTIONS:  # the executor's own program, timed
-        per_rank = tuple((x.f, x.b, x.w) for x in (costs.get(r, slow) for r in range(p)))
+        per_rank = tuple((x.f, x.b, x.w) for x in rank_costs(job, layout, costs))
         span = span0 + runs * _program_wait(layout.schedule, p, mr, v, per_rank, c, wake, exchange, spread, waits,
                                             scatter, handoff)
     elif p2p_sync + exchange > 0:  # each waited exchange of the busiest rank, after one action

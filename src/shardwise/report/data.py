@@ -59,7 +59,9 @@ def timeline(job, est) -> dict | None:
     """The winner's pipeline step: its schedule simulated with the per-stage costs the planner used (DeepSpeed's
     lockstep 1F1B as its engine runs it, every exchange blocking: schedules/lockstep.py)."""
     from shardwise.planner.frameworks import get as get_framework
-    from shardwise.planner.step_time import pipeline_costs
+    from shardwise.planner.job import per_rank_job
+    from shardwise.planner.memory import pipeline_ranks
+    from shardwise.planner.step_time import pipeline_costs, rank_costs, stage_cost
     from shardwise.schedules import Costs, build, simulate
     from shardwise.schedules.lockstep import simulate_lockstep
     from shardwise.timeline import COLORS, LABELS
@@ -67,8 +69,11 @@ def timeline(job, est) -> dict | None:
     lay = est.layout
     if lay.pp == 1:
         return None
-    slow, c = pipeline_costs(job, lay)
-    costs = Costs(slow.f, slow.b, slow.w, c)
+    job = per_rank_job(job, lay.tp)
+    distinct = {r: stage_cost(job, lay, r) for r in pipeline_ranks(job, lay)}
+    slow, c = pipeline_costs(job, lay, distinct)
+    per_rank = rank_costs(job, lay, distinct)  # each rank at its own cost: the head's stage is slower
+    costs = Costs([x.f for x in per_rank], [x.b for x in per_rank], [x.w for x in per_rank], c)
     lockstep = get_framework(job.framework).p2p_lockstep
     sim = (simulate_lockstep(lay.pp, est.num_microbatches, costs) if lockstep
            else simulate(build(lay.schedule, lay.pp, est.num_microbatches, lay.vpp), costs))

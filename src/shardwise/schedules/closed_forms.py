@@ -49,6 +49,28 @@ def pipeline_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float,
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
+def uneven_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, others: float,
+                    c: float = 0.0) -> float:
+    """pipeline_makespan when the stages cost different times: f, b, w are the slowest rank's (by f + b + w) and
+    `others` the sum of f + b + w over the other p - 1 ranks. The steady state runs at the slowest rank's pace (m
+    times its cost, as with even stages), but the fill and drain cross every other rank at that rank's own cost, so
+    the even form's (p - 1) x the slowest cost there becomes `others`: the fill-and-drain part of the even makespan
+    is scaled by others / ((p - 1)(f + b + w)). Exact for naive and GPipe (where a micro-batch's pass is the sum of
+    the stages' costs and the steady state the slowest's); for 1F1B, interleaved 1F1B and ZB-H1 an upper bound on
+    the simulator where every stage splits its cost among F, B and W alike, and far closer to it than the even form
+    (tests/test_simulate.py; docs/pipeline.md). Transfers are added as in the even form."""
+    even = pipeline_makespan(schedule, p, m, v, f, b, w, 0.0)
+    transfers = pipeline_makespan(schedule, p, m, v, f, b, w, c) - even if c else 0.0
+    stage = f + b + w
+    if p <= 1 or stage <= 0:
+        return even + transfers
+    work = m * stage
+    # ZB-H1 with fewer micro-batches than stages: the warm-up's missing micro-batches wait on the slowest rank too
+    unfilled = max(p - m, 0) * min(f, b, w) if schedule == "zb-h1" else 0.0
+    share = min(max(others / ((p - 1) * stage), 0.0), 1.0)
+    return work + (even - work - unfilled) * share + unfilled + transfers
+
+
 def lockstep_transfers(p: int, m: int) -> int:
     """Transfers on the critical path of one step of DeepSpeed's pipeline (`TrainSchedule`, its only training
     schedule): 1F1B, but run as 2(m + p - 1) lockstep steps in which every stage exchanges with one neighbour
