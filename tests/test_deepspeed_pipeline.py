@@ -59,7 +59,8 @@ def test_lockstep_transfers_match_a_simulation_of_trainschedule(p, m, f, b, w):
 
 def test_report_timeline_draws_deepspeeds_lockstep_span():
     # The report's timeline of a DeepSpeed pipeline is the lockstep schedule, so it ends where the step time's
-    # pipeline terms do (the compute, the bubble and the 4m + 2p - 8 exposed transfers), not at plain 1F1B's.
+    # pipeline terms do (the compute, the bubble and the 4m + 2p - 8 exposed transfers), not at plain 1F1B's. It runs
+    # each stage at its own cost, which the closed form bounds from above (closed_forms.uneven_makespan).
     from shardwise.planner.estimate import estimate
     from shardwise.report.data import timeline
 
@@ -69,8 +70,9 @@ def test_report_timeline_draws_deepspeeds_lockstep_span():
     t = est.time_s
     span = sum(t[k] for k in ("compute", "recompute", "tp_comm", "pp_p2p", "pipeline_bubble"))
     drawn = timeline(job, est)
-    assert drawn["lockstep"] and drawn["makespan_s"] == pytest.approx(span, rel=1e-6)
-    plain = simulate(build("1f1b", 35, 240, 1), Costs(*(drawn["costs_s"][k] for k in ("f", "b", "w", "transfer"))))
+    assert drawn["lockstep"] and span * 0.99 <= drawn["makespan_s"] <= span * (1 + 1e-6)
+    per_stage = [drawn["duration_s"][k] for k in ("F", "B")]
+    plain = simulate(build("1f1b", 35, 240, 1), Costs(per_stage[0], per_stage[1], 0.0, drawn["costs_s"]["transfer"]))
     assert plain.makespan < drawn["makespan_s"]
 
 

@@ -124,6 +124,9 @@ def test_timeline_is_the_simulated_schedule_and_matches_the_planners_closed_form
     span = sum(win["time_breakdown_s"][k] for k in ("compute", "recompute", "tp_comm", "pp_p2p", "pipeline_bubble"))
     assert span * 0.98 <= t["makespan_s"] <= span * (1 + 1e-6)
     assert len(set(t["duration_s"]["F"])) > 1  # the ranks' own costs, not the slowest's everywhere
+    # the page's bubble is the busiest rank's idle share, the planner's pipeline_bubble over its span (within the
+    # closed form's bound)
+    assert t["bubble_fraction"] == pytest.approx(win["time_breakdown_s"]["pipeline_bubble"] / span, abs=0.02)
     # Every rank runs every micro-batch's forward once per chunk; ends follow from the encoded gaps and durations.
     for r, rank in enumerate(t["ranks"]):
         assert rank["kind"].count("F") == t["m"] * t["vpp"]

@@ -50,32 +50,43 @@ def test_closed_forms_equal_the_simulator_for_any_costs(name, p, v, m, fbw):
 @given(st.sampled_from(SCHEDULES), st.integers(2, 6), st.integers(1, 3), st.integers(1, 12),
        st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(0, 8)).map(lambda t: tuple(x / 4 for x in t)),
        st.lists(st.integers(1, 16).map(lambda x: x / 8), min_size=6, max_size=6))
-def test_uneven_stages_closed_form_bounds_the_simulator(name, p, v, m, fbw, scale):
-    """Stages at different costs (each splitting its cost among F, B and W alike, as a layer stack does): the uneven
-    form is exact for naive and GPipe, never below the simulator and never above the even form at the slowest
-    stage's cost elsewhere."""
+def test_uneven_ranks_closed_form_bounds_the_simulator(name, p, v, m, fbw, scale):
+    """Ranks at different costs, each splitting its time among F, B and W alike (a stack of layers): the uneven form
+    is exact for naive and GPipe, never above the even form at the slowest rank's cost, and never below the
+    simulator but for ZB-H1 with fewer micro-batches than ranks (3 % at most)."""
     v = v if name == "interleaved-1f1b" else 1
     m = m * p if name == "interleaved-1f1b" else m
     k = scale[:p]
-    costs = Costs(*([x * fbw[i] for x in k] for i in range(3)))
-    sim = simulate(build(name, p, m, v), costs).makespan
-    slow = max(k)
-    f, b, w = (slow * x for x in fbw)
-    uneven = cf.uneven_makespan(name, p, m, v, f, b, w, (sum(k) - slow) * sum(fbw))
+    sim = simulate(build(name, p, m, v), Costs(*([x * fbw[i] for x in k] for i in range(3)))).makespan
+    uneven = cf.uneven_makespan(name, p, m, v, tuple((tuple(x * y for y in fbw), 1) for x in k))
+    f, b, w = (max(k) * x for x in fbw)
     if name in ("naive", "gpipe"):
         assert uneven == pytest.approx(sim, abs=1e-9)
-    assert sim - 1e-9 <= uneven <= cf.pipeline_makespan(name, p, m, v, f, b, w) + 1e-9
+    assert sim * (0.97 if name == "zb-h1" and m < p else 1) - 1e-9 <= uneven
+    assert uneven <= cf.pipeline_makespan(name, p, m, v, f, b, w) + 1e-9
 
 
-def test_uneven_stages_closed_form_is_close_where_only_the_edges_differ():
-    """A head's stage 1.5x a layer stage's, an embedding-only first stage (DeepSpeed's type:transformer|embedding
-    split): the uneven form equals the simulator where the even form at the slowest stage is 8-25 % over."""
-    for name, p, m, v in (("1f1b", 8, 8, 1), ("1f1b", 16, 32, 1), ("interleaved-1f1b", 8, 16, 2), ("zb-h1", 8, 8, 1),
-                          ("gpipe", 8, 8, 1)):
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["naive", "gpipe"]), st.integers(2, 6), st.integers(1, 12), st.floats(0, 0.5),
+       st.lists(st.tuples(*[st.integers(0, 8).map(lambda x: x / 4)] * 3).filter(lambda t: sum(t) > 0),
+                min_size=6, max_size=6))
+def test_uneven_naive_and_gpipe_are_exact_for_any_costs(name, p, m, c, per_rank):
+    """Naive and GPipe in closed form for any per-rank f, b, w and transfer: a head whose forward is the slowest
+    beside a layer stage whose backward is (recompute runs on the layers, not on the head)."""
+    ranks = per_rank[:p]
+    sim = simulate(build(name, p, m), Costs(*([x[i] for x in ranks] for i in range(3)), c=c)).makespan
+    assert cf.uneven_makespan(name, p, m, 1, tuple((x, 1) for x in ranks), c) == pytest.approx(sim, abs=1e-9)
+
+
+def test_uneven_ranks_closed_form_is_exact_where_only_the_last_rank_is_slower():
+    """A head's rank 1.5x a layer rank's, an embedding-only first rank (DeepSpeed's type:transformer|embedding
+    split), every rank splitting its time alike: the uneven form equals the simulator for 1F1B, interleaved 1F1B
+    and GPipe, where the even form at the slowest rank's cost is 8-25 % over."""
+    for name, p, m, v in (("1f1b", 8, 8, 1), ("1f1b", 16, 32, 1), ("interleaved-1f1b", 8, 16, 2), ("gpipe", 8, 8, 1)):
         k = [0.05] + [1.0] * (p - 2) + [1.5]
         sim = simulate(build(name, p, m, v), Costs(k, [2 * x for x in k], [0.0] * p)).makespan
         even = cf.pipeline_makespan(name, p, m, v, 1.5, 3.0, 0.0)
-        uneven = cf.uneven_makespan(name, p, m, v, 1.5, 3.0, 0.0, 3 * (sum(k) - 1.5))
+        uneven = cf.uneven_makespan(name, p, m, v, tuple(((x, 2 * x, 0.0), 1) for x in k))
         assert uneven == pytest.approx(sim, rel=1e-9) and even >= sim * 1.08, (name, sim, uneven, even)
 
 

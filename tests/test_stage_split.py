@@ -77,6 +77,19 @@ def test_distinct_ranks_cover_every_kind_of_rank():
     assert kinds == {(r == 0, r == 15, rank_layers(spec, 16, 1, r, 4096)) for r in ranks}
 
 
+def test_a_rank_holding_dense_layers_of_a_mixture_of_experts_is_a_kind_of_its_own():
+    # DeepSeek-V3's first three layers are dense; at pp 16 x vpp 2 rank 2's first chunk holds one of them, its
+    # chunk sizes equal to the ranks after it. It costs less and holds fewer parameters, so it is not their stand-in.
+    from shardwise.stage_split import rank_kind_counts, rank_kinds
+
+    spec = load_model("deepseek-v3")
+    kinds = rank_kinds(spec, 16, 2, 4096)
+    counts = stage_layer_counts(spec, 32, 4096)
+    assert counts[2::16] == counts[3::16] and kinds[2] == 2 and kinds[3] == 3
+    assert distinct_ranks(spec, 16, 2, 4096) == [0, 1, 2, 3, 15]
+    assert dict(rank_kind_counts(spec, 16, 2, 4096)) == {0: 1, 1: 1, 2: 1, 3: 12, 15: 1}
+
+
 @pytest.mark.parametrize("model,pp,vpp,seq", [("gpt2", 4, 1, 1024), ("gpt2", 4, 3, 1024), ("llama3-8b", 8, 2, 2048),
                                               ("tiny", 2, 2, 64), ("llama3.1-405b", 16, 1, 4096)])
 def test_runtime_planner_and_simulator_cut_alike(model, pp, vpp, seq):

@@ -152,10 +152,22 @@ def rank_kind_counts(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str
 
 @lru_cache(maxsize=4096)
 def rank_kinds(spec: ModelSpec, pp: int, vpp: int, seq_len: int, rule: str = "balanced") -> tuple[int, ...]:
-    """For each pipeline rank, the distinct rank (distinct_ranks) of its kind: what it holds and costs."""
+    """For each pipeline rank, the distinct rank (distinct_ranks) of its kind: what it holds and costs. A kind is
+    first or not, last or not, its chunks' layer counts and, for a mixture of experts, how many of each chunk's
+    layers are MoE layers (DeepSeek-V3's first three are dense: the rank holding them costs less than the next)."""
     counts = stage_layer_counts(spec, pp * vpp, seq_len, rule)
+    moe = _chunk_moe_layers(spec, counts) if spec.moe_layers else (0,) * len(counts)
     first: dict = {}
-    return tuple(first.setdefault((r == 0, r == pp - 1, counts[r::pp]), r) for r in range(pp))
+    return tuple(first.setdefault((r == 0, r == pp - 1, counts[r::pp], moe[r::pp]), r) for r in range(pp))
+
+
+def _chunk_moe_layers(spec: ModelSpec, counts: tuple[int, ...]) -> tuple[int, ...]:
+    """MoE layers in each virtual stage of the cut `counts` (layers in order, stage by stage)."""
+    out, start = [], 0
+    for n in counts:
+        out.append(sum(spec.is_moe_layer(i) for i in range(start, start + n)))
+        start += n
+    return tuple(out)
 
 
 def stage_flops(spec: ModelSpec, num_stages: int, seq_len: int, rule: str = "balanced") -> list[float]:

@@ -45,7 +45,7 @@ DEFAULT_MATMUL_EFFICIENCY = 0.826
 # peak: 0.93), is a cross-check (docs/planner.md).
 # FP8 GEMMs have their own share ("hopper-fp8"): the FP8 tensor cores do twice the work per clock, and a node
 # running them flat out sits deeper in its power limit, so its clocks settle lower than under BF16 work.
-IN_SITU_EFFICIENCY = {"ampere": 0.81, "hopper": 0.79, "hopper-fp8": 0.72}
+IN_SITU_EFFICIENCY = {"ampere": 0.81, "hopper": 0.78, "hopper-fp8": 0.71}
 
 
 def in_situ(cluster: ClusterSpec, precision: str = "bf16") -> float:

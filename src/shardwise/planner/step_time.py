@@ -2,8 +2,8 @@
 
 Per pipeline rank and micro-batch: its layers (planner/layer_time.py), the embedding and the head with
 its loss, recompute and the TP edges. The pipeline's makespan comes from
-`shardwise.schedules.closed_forms.pipeline_makespan`, the closed form the schedule simulator is tested
-against (DeepSpeed's lockstep schedule: plus `closed_forms.lockstep_transfers`); data-parallel traffic is scheduled against the compute beside it (planner/overlap.py); the
+`shardwise.schedules.closed_forms.uneven_makespan` (the closed form the schedule simulator is tested against, with
+each rank's fill and drain at its own cost; DeepSpeed's lockstep schedule: plus `closed_forms.lockstep_transfers`); data-parallel traffic is scheduled against the compute beside it (planner/overlap.py); the
 optimizer step runs at HBM bandwidth. On a calibrated cluster (`shardwise calibrate`) the measured rates
 and per-call costs replace the datasheet models (docs/accuracy.md).
 
@@ -669,7 +669,7 @@ def step_time(job: Job, layout: Layout) -> dict:
         **({"ep_comm": m * slow.ep_comm} if job.model.is_moe else {}),
         "pp_p2p": span - span0,
         "pipeline_bubble": (span0 - work) * solo,
-        "dp_comm": _dp_time(job, layout, costs, slow, runs, m // runs),
+        "dp_comm": _dp_time(job, layout, costs, runs, m // runs),
         "step_comm": step_comm_time(job, layout),
         "optimizer": _optimizer_time(job, layout, ranks),
         **({"offload": _offload_time(job, layout)} if job.offload else {}),
@@ -691,13 +691,13 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
     p, v = layout.pp, layout.vpp
     # The fill and drain cross each rank at its own cost; the steady state runs at the slowest rank's.
     kinds = stage_split.rank_kind_counts(job.model, p, v, job.train.seq_len, split_rule(job))
-    others = sum(n * (costs[r].f + costs[r].b + costs[r].w) for r, n in kinds) - (slow.f + slow.b + slow.w)
-    span0 = runs * uneven_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, others)
+    ranks = tuple(((costs[r].f, costs[r].b, costs[r].w), n) for r, n in kinds)
+    span0 = runs * uneven_makespan(layout.schedule, p, mr, v, ranks)
     # Transfers on the critical path. A calibrated machine runs the executor's own program, timed: its sends
     # wait for their receives and a rank that waits for a message pays the calibrated wake-up; beyond
     # MAX_PROGRAM_ACTIONS, each receiving exchange of the busiest rank pays it. Datasheet clusters: the
     # closed form (their search never builds the program).
-    span = runs * uneven_makespan(layout.schedule, p, mr, v, slow.f, slow.b, slow.w, others, c)
+    span = runs * uneven_makespan(layout.schedule, p, mr, v, ranks, c)
     if get_framework(job.framework).p2p_lockstep:  # DeepSpeed's TrainSchedule: every exchange on the critical path
         span = span0 + runs * lockstep_transfers(p, mr) * c
     p2p_sync = p2p_sync_time(job.cluster)
@@ -726,14 +726,17 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
     return span0, span
 
 
-def _dp_time(job: Job, layout: Layout, costs: dict, slow: StageCost, runs: int, mr: int) -> float:
+def _dp_time(job: Job, layout: Layout, costs: dict, runs: int, mr: int) -> float:
     """Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
-    last micro-batch's backward ends r stage-backwards earlier on rank r, and its next forward starts
-    r stage-forwards later. The slowest rank's."""
+    last micro-batch's backward ends on rank r the backwards of ranks 0..r-1 earlier than on rank 0, and its next
+    forward starts their forwards later (each at its own cost). The slowest rank's."""
+    per_rank = rank_costs(job, layout, costs)
     dp = 0.0
     for r, cost in costs.items():
         after, before = dp_comm_time(job, layout, r, mr, cost)
-        dp = max(dp, runs * (max(0.0, after - r * (slow.b + slow.w)) + max(0.0, before - r * slow.f)))
+        drain = sum(x.b + x.w for x in per_rank[:r])
+        fill = sum(x.f for x in per_rank[:r])
+        dp = max(dp, runs * (max(0.0, after - drain) + max(0.0, before - fill)))
     return dp
 
 

@@ -92,7 +92,8 @@ def timeline(job, est) -> dict | None:
     stages = lay.pp * lay.vpp
     duration = {k: [costs.of(k, s, lay.pp, lay.vpp) for s in range(stages)] for k in kinds}
     return {"schedule": lay.schedule, "lockstep": lockstep, "pp": lay.pp, "vpp": lay.vpp, "m": est.num_microbatches,
-            "makespan_s": sim.makespan, "bubble_fraction": sim.bubble_fraction,
+            # the busiest rank's idle share, as the step time's pipeline_bubble counts it (cheaper ranks idle more)
+            "makespan_s": sim.makespan, "bubble_fraction": min(sim.bubble_fraction_per_rank),
             "costs_s": {"f": slow.f, "b": slow.b, "w": slow.w, "transfer": c},
             "duration_s": duration, "ranks": ranks,
             "colors": {k: COLORS[k] for k in kinds}, "labels": {k: LABELS[k] for k in kinds}}

@@ -49,26 +49,35 @@ def pipeline_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float,
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def uneven_makespan(schedule: str, p: int, m: int, v: int, f: float, b: float, w: float, others: float,
-                    c: float = 0.0) -> float:
-    """pipeline_makespan when the stages cost different times: f, b, w are the slowest rank's (by f + b + w) and
-    `others` the sum of f + b + w over the other p - 1 ranks. The steady state runs at the slowest rank's pace (m
-    times its cost, as with even stages), but the fill and drain cross every other rank at that rank's own cost, so
-    the even form's (p - 1) x the slowest cost there becomes `others`: the fill-and-drain part of the even makespan
-    is scaled by others / ((p - 1)(f + b + w)). Exact for naive and GPipe (where a micro-batch's pass is the sum of
-    the stages' costs and the steady state the slowest's); for 1F1B, interleaved 1F1B and ZB-H1 an upper bound on
-    the simulator where every stage splits its cost among F, B and W alike, and far closer to it than the even form
-    (tests/test_simulate.py; docs/pipeline.md). Transfers are added as in the even form."""
+def uneven_makespan(schedule: str, p: int, m: int, v: int, ranks: tuple, c: float = 0.0) -> float:
+    """pipeline_makespan when the ranks cost different times. `ranks`: ((f, b, w), count) for each kind of rank,
+    the counts adding up to p. Naive and GPipe in closed form, exactly: a micro-batch's pass is the sum of the
+    ranks' costs, and GPipe's forward and backward waves each run at their slowest rank's pace (m - 1 more of its
+    forwards, of its backwards). 1F1B, interleaved 1F1B and ZB-H1: the steady state runs at the slowest rank's pace
+    (by f + b + w: m times its cost, as with even ranks), the fill and drain cross every other rank at that rank's
+    own cost, so the even form's fill-and-drain part, (p - 1) x the slowest cost, is scaled to the others' sum.
+    Where every rank splits its time among F, B and W alike (a stack of layers) that bounds the simulator from above,
+    but for ZB-H1 with fewer micro-batches than ranks (up to 3 % below); where the splits differ (a head beside
+    layers under recompute), 1F1B stays above it and the others can fall a few per cent below (docs/pipeline.md
+    gives the tested bounds). Transfers are added as in the even form, at the slowest rank's costs."""
+    (f, b, w), _ = max(ranks, key=lambda x: sum(x[0]))
     even = pipeline_makespan(schedule, p, m, v, f, b, w, 0.0)
     transfers = pipeline_makespan(schedule, p, m, v, f, b, w, c) - even if c else 0.0
-    stage = f + b + w
-    if p <= 1 or stage <= 0:
+    if p <= 1:
         return even + transfers
+    if schedule == "naive":
+        return m * sum(n * sum(x) for x, n in ranks) + transfers
+    if schedule == "gpipe":
+        # (B and W run together in GPipe's backward wave: its pace is the slowest rank's b + w)
+        return (sum(n * x[0] for x, n in ranks) + (m - 1) * max(x[0] for x, _ in ranks)
+                + sum(n * (x[1] + x[2]) for x, n in ranks) + (m - 1) * max(x[1] + x[2] for x, _ in ranks) + transfers)
+    stage = f + b + w
+    if stage <= 0:
+        return even + transfers
+    others = sum(n * sum(x) for x, n in ranks) - stage
     work = m * stage
-    # ZB-H1 with fewer micro-batches than stages: the warm-up's missing micro-batches wait on the slowest rank too
-    unfilled = max(p - m, 0) * min(f, b, w) if schedule == "zb-h1" else 0.0
     share = min(max(others / ((p - 1) * stage), 0.0), 1.0)
-    return work + (even - work - unfilled) * share + unfilled + transfers
+    return work + (even - work) * share + transfers
 
 
 def lockstep_transfers(p: int, m: int) -> int:
