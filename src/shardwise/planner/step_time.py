@@ -34,7 +34,7 @@ from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offloa
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
-from shardwise.schedules.closed_forms import lockstep_transfers, pipeline_makespan, uneven_makespan
+from shardwise.schedules.closed_forms import lockstep_transfers, uneven_makespan
 from shardwise.specs import Layout
 
 # Bytes per parameter moved by the optimizer step, bound by HBM bandwidth: Adam reads FP32 master, m,
@@ -613,14 +613,20 @@ def neighbour_stride(job: Job, layout: Layout) -> int:
     return stride if layout.pp * stride <= per_node else max(stride, per_node)
 
 
+def distinct_costs(job: Job, layout: Layout) -> dict[int, StageCost]:
+    """Per micro-batch costs of one pipeline rank of each kind (pipeline_ranks), by rank; `job` as one TP rank
+    computes it (per_rank_job)."""
+    return {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
+
+
 def pipeline_costs(job: Job, layout: Layout, costs: dict | None = None) -> tuple[StageCost, float]:
-    """What the pipeline term is evaluated with: the slower edge rank's per micro-batch costs (every
-    stage is timed at them) and one exposed activation transfer between the slowest neighbouring ranks
-    (seconds: split over TP, the scatter-gather / SP layout, unless the framework sends it whole
+    """What the pipeline term is evaluated with beside every rank's own costs (rank_costs): the slowest rank's per
+    micro-batch costs (its pace is the steady state's) and one exposed activation transfer between the slowest
+    neighbouring ranks (seconds: split over TP, the scatter-gather / SP layout, unless the framework sends it whole
     (Framework.p2p_split_over_tp)), whole whether or not the framework posts it behind compute: the closed form's
     sends are already asynchronous, and the transfers it charges are the ones a dependency waits for. The report's
     timeline simulates the schedule with the same numbers."""
-    costs = costs or {r: stage_cost(job, layout, r) for r in pipeline_ranks(job, layout)}
+    costs = costs or distinct_costs(job, layout)
     slow = max(costs.values(), key=lambda c: c.f + c.b + c.w)
     fw = get_framework(job.framework)
     split = layout.tp if fw.p2p_split_over_tp or layout.sequence_parallel else 1
@@ -648,8 +654,8 @@ def step_time(job: Job, layout: Layout) -> dict:
     """Breakdown (seconds) of one step on the slowest pipeline rank."""
     job = per_rank_job(job, layout.tp)
     m = layout.num_microbatches(job.train.global_batch)
-    ranks = pipeline_ranks(job, layout)  # first, last, and the most-layered between (stage_split)
-    costs = {r: stage_cost(job, layout, r) for r in ranks}
+    costs = distinct_costs(job, layout)  # first, last, and each other kind between (stage_split.rank_kinds)
+    ranks = list(costs)
     slow, c = pipeline_costs(job, layout, costs)
     # A stack that runs each local batch as its own pipeline schedule (NeMo AutoModel) fills and drains the
     # pipeline, and syncs the data-parallel gradients, once per run.

@@ -60,8 +60,7 @@ def timeline(job, est) -> dict | None:
     lockstep 1F1B as its engine runs it, every exchange blocking: schedules/lockstep.py)."""
     from shardwise.planner.frameworks import get as get_framework
     from shardwise.planner.job import per_rank_job
-    from shardwise.planner.memory import pipeline_ranks
-    from shardwise.planner.step_time import pipeline_costs, rank_costs, stage_cost
+    from shardwise.planner.step_time import distinct_costs, pipeline_costs, rank_costs
     from shardwise.schedules import Costs, build, simulate
     from shardwise.schedules.lockstep import simulate_lockstep
     from shardwise.timeline import COLORS, LABELS
@@ -70,7 +69,7 @@ def timeline(job, est) -> dict | None:
     if lay.pp == 1:
         return None
     job = per_rank_job(job, lay.tp)
-    distinct = {r: stage_cost(job, lay, r) for r in pipeline_ranks(job, lay)}
+    distinct = distinct_costs(job, lay)
     slow, c = pipeline_costs(job, lay, distinct)
     per_rank = rank_costs(job, lay, distinct)  # each rank at its own cost: the head's stage is slower
     costs = Costs([x.f for x in per_rank], [x.b for x in per_rank], [x.w for x in per_rank], c)
