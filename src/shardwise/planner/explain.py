@@ -104,9 +104,12 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
     variants = [e for e in result.ranked if e.layout.split == lay.split]
     if len(variants) > 1:
         spread = variants[-1].step_time / win.step_time - 1
+        near = sum(e.step_time / win.step_time - 1 < MODEL_ERROR for e in variants[1:])
+        ties = (f"; {'it is' if near == 1 else f'{near} of them are'} within the model's error (±{MODEL_ERROR:.0%}) "
+                f"of the winner, which the model cannot tell apart from it: a tie, not a win" if near else "")
         out.append(f"Variants of the same {_split(lay)} split (micro-batch, virtual stages, schedule, "
                    f"ZeRO, recompute): {len(variants)} fit, the slowest {spread:+.1%}; the closest is "
-                   f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}).")
+                   f"{_knobs(variants[1])} (+{variants[1].step_time / win.step_time - 1:.2%}){ties}.")
     out.append(framework_paragraph(job, gpus))
     gather = fp8_gather_note(job, win)
     if gather:
@@ -466,7 +469,9 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
         else:
             close = today.step_time / new.step_time - 1
             same = ", the same split with other knobs" if new.layout.split == win.layout.split else ""
-            behind = f"{close:+.1%} behind it" if close >= 0.0005 else "within 0.05 % of it: a tie"
+            # a flip inside the model's error is no verdict, as runner_up says of two splits
+            behind = (f"{close:+.1%} behind it, within the model's error (±{MODEL_ERROR:.0%}): either would do"
+                      if close < MODEL_ERROR else f"{close:+.1%} behind it")
             sentences.append(f"{what}, {_knobs(new)} would win ({seconds(new.step_time)}/step; today's winner "
                              f"{behind}{same})")
     out.append("Sensitivity: " + "; ".join(sentences) + ".")
