@@ -358,6 +358,19 @@ def test_expert_tensor_parallelism_unnamed_is_the_stacks_own(capsys):
     assert folds and all(c["etp"] == c["tp"] for c in folds) and all(c["etp"] == 1 for c in split if c not in folds)
 
 
+def test_torchtitan_refuses_an_expert_split_other_than_the_dense_tp_or_none(capsys):
+    # torchtitan's ParallelDims asserts etp == tp or etp == 1 ("Currently we only support ETP=TP or ETP=1"); an
+    # outside check found --etp 4 at tp 2 priced as if it ran. Megatron-Core takes any etp that folds.
+    argv = ["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+            "--seq-len", "4096", "--tp", "2", "--ep", "2"]
+    for etp, code in (("4", 2), ("2", 0), ("1", 0)):
+        assert main([*argv, "--etp", etp, "--framework", "torchtitan"]) == code, etp
+        err = capsys.readouterr().err
+        assert (err.count("\n") == 1 and "use --etp 1 or --etp 2" in err) if code else not err
+    assert main([*argv, "--etp", "4", "--framework", "megatron-core"]) == 0
+    capsys.readouterr()
+
+
 def test_one_shard_group_of_every_dp_rank_is_no_hybrid_sharding():
     # --dp-shard equal to dp is one shard group of all of them, which estimate --json reports as dp_shard = dp: given
     # back, it must price the same step (the experts' reduction once divided its ranks into zero replicas).

@@ -394,10 +394,18 @@ def test_deepspeed_2021_22_recomputes_whole_layers_unless_selective_is_named(cap
         runs[" ".join(flags)] = json.loads(out)
     assert not runs["--recompute none"]["fits"]
     assert runs[""]["recompute"] == "full" and runs[""]["step_time_s"] == runs["--recompute full"]["step_time_s"]
-    assert "full recompute (the fastest that fits; --recompute not given)" in runs[""]["assumptions"]["implied"]
+    # the choice is among the two policies the code runs, and says so (selective, faster here, is no candidate)
+    assert ("full recompute (of none and full, the policies deepspeed's code runs, the fastest that fits; --recompute "
+            "not given)") in runs[""]["assumptions"]["implied"]
     code, out, err = run_cli(capsys, "plan", *gpt, "--micro-batch", "1,2", "--framework", "deepspeed")
     assert code == 0, err
     assert json.loads(out)["best"]["recompute"] != "selective"
+    # named, selective is priced, and the note says whose code it is (an outside check found it said nothing)
+    code, out, err = run_cli(capsys, "estimate", *gpt, "--micro-batch", "2", "--framework", "deepspeed",
+                             "--recompute", "selective")
+    assert code == 0, err
+    assert any(n.startswith("--recompute selective: not in the code deepspeed stands for")
+               for n in json.loads(out)["assumptions"]["implied"])
 
 
 def test_an_unnamed_schedule_is_said_and_llama3_weighs_interleaving(capsys):

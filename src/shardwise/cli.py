@@ -50,7 +50,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         where = f"{self.prog} {self.chosen}" if self.chosen in COMMANDS else self.prog
-        self.exit(2, f"shardwise: error: {message} — see `{where} --help`\n")
+        self.exit(2, f"{_one_line(f'shardwise: error: {message}')} — see `{where} --help`\n")
 
 
 def _version() -> str:
@@ -133,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _one_line(text: str) -> str:
+    """`text` on one line: a line break inside a value the user gave (a path, a flag's value) shown escaped."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _say(line: str) -> None:
     """One line on stderr, if stderr can take it (the exit code says the rest)."""
     try:
-        print(line, file=sys.stderr)
+        print(_one_line(line), file=sys.stderr)
     except OSError:
         pass
 

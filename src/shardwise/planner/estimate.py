@@ -305,7 +305,8 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
         implied.append(f"{chosen.cp_mode} context parallelism (--cp-mode not given: {fw.name} runs "
                        f"{' and '.join(fw.context_parallel)}, and plan weighs both)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
-        why = f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule
+        why = (f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule if not fw.unnamed_recompute else
+               f"of {' and '.join(fw.unnamed_recompute)}, the policies {fw.name}'s code runs, {rule}")
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     return implied
 
@@ -364,6 +365,11 @@ def release_note(job: Job, layout: Layout) -> str:
     code prices them; else ""."""
     fw = get_framework(job.framework)
     if not fw.named_release:
+        if layout.recompute == "selective" and fw.unnamed_recompute and "selective" not in fw.unnamed_recompute:
+            # a stack whose code recomputes whole layers or none (deepspeed's Megatron-DeepSpeed of 2021-22)
+            return (f"--recompute selective: not in the code {job.framework} stands for, which recomputes every "
+                    f"layer or none; priced as Megatron-LM's selective recompute (Korthikanti et al. 2022), which "
+                    f"later releases of the stack took")
         return ""
     later = [flag for flag, used in (
         ("--sequence-parallel", layout.sequence_parallel and layout.tp > 1 and not fw.unnamed_sequence_parallel),

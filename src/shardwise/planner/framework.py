@@ -327,6 +327,9 @@ class Framework:
     # --expert-tensor-parallel-size defaults to --tensor-model-parallel-size: megatron/training/arguments.py); False, 1
     # (every expert whole on each of its ranks: torchtitan's expert_tensor_parallel_degree default)
     expert_tp_follows_tp: bool = False
+    # True: the experts' tensor parallelism is the dense layers' tp or none (torchtitan's ParallelDims._validate:
+    # `assert etp == tp or etp == 1, "Currently we only support ETP=TP or ETP=1"`, in every release that has etp)
+    expert_tp_is_tp_or_one: bool = False
     # How it can move tokens to their experts (Job.moe_dispatcher: "alltoall", NCCL's; "deepep", DeepEP's
     # node-deduplicated kernels) and whether it can hide one micro-batch's all-to-alls behind another's compute
     # (Job.ep_comm_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm)
@@ -457,6 +460,9 @@ class Framework:
             return f"{self.name} has no tensor parallelism (use --tp 1)"
         if (lay.ep > 1 or lay.etp > 1) and not self.expert_parallel:
             return f"{self.name} has no expert parallelism (use --ep 1)"
+        if self.expert_tp_is_tp_or_one and lay.etp not in (1, lay.tp):
+            use = "--etp 1" + (f" or --etp {lay.tp}" if lay.tp > 1 else "")
+            return f"{self.name} splits each expert by the dense tp or not at all (use {use})"
         if lay.pp > 1 and lay.schedule not in self.schedules:
             return f"{self.name} has no {lay.schedule} pipeline schedule (it runs {', '.join(self.schedules)})"
         if lay.schedule == "interleaved-1f1b" and 1 < lay.pp < self.min_interleaved_pp:

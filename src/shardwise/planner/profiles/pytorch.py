@@ -25,6 +25,7 @@ TORCHTITAN = Framework(
     grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2, experts_in_layer_units=True,
+    expert_tp_is_tp_or_one=True,
     torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
     weight_shard_is_master=True,  # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), FP32 parameters
     # activation_checkpoint mode "full": ptd_checkpoint_wrapper(block, use_reentrant=False, preserve_rng_state=False)
@@ -46,7 +47,8 @@ TORCHTITAN = Framework(
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
-    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)"),
+    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
+            "experts split by a tp other than the dense tp or none (ParallelDims: etp == tp or etp == 1)"),
     fp8="torchao",
     loss="eager",
     cp_attention="torch",
