@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardwise.checkpoint import store
 from shardwise.paths import file_sha256
 from shardwise.cli import main
 

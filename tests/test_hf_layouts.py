@@ -15,7 +15,6 @@ pads) made here with transformers, and a corpus tokenized with a BPE tokenizer t
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import pytest
 import torch

@@ -701,8 +701,8 @@ def check_hybrid_shard(layout: Layout) -> None:
         raise UsageError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
     # a shard group is dp_shard x cp ranks: one rank alone (no cp) shards nothing, every state replicated
     if layout.dp_shard == 1 and layout.cp == 1 and layout.dp > 1:
-        raise UsageError(f"--dp-shard 1 shards nothing (a group of one rank holds every state): that is DDP — use "
-                         f"--zero 0, or --dp-shard 2 or more")
+        raise UsageError("--dp-shard 1 shards nothing (a group of one rank holds every state): that is DDP — use "
+                         "--zero 0, or --dp-shard 2 or more")
     if layout.dp_shard and layout.dp % layout.dp_shard:
         raise UsageError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
                          f"equal slice of the data-parallel ranks; pick a divisor of {layout.dp}")

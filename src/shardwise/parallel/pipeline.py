@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardwise.schedules.p2p import Exchange, p2p_program
-from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan, virtual_stage
+from shardwise.schedules.schedule import Schedule, Transfer, p2p_plan, virtual_stage
 from shardwise.timeline import Event
 
 try:  # torch's split of one backward into input- and weight-gradient passes (private; torch >= 2.5)

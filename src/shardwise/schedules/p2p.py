@@ -35,7 +35,7 @@ import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from shardwise.schedules.schedule import Action, Schedule, Transfer, p2p_plan
+from shardwise.schedules.schedule import Schedule, Transfer, p2p_plan
 
 SEMANTICS = ("buffered", "rendezvous")
 
