@@ -69,3 +69,14 @@ def test_checkpoints_and_the_training_loop_do_not_import_each_other():
     graph = import_graph()
     checkpoint = [m for m in graph if m == "shardwise.checkpoint" or m.startswith("shardwise.checkpoint.")]
     assert checkpoint and not any("shardwise.train" in graph[m] for m in checkpoint)
+
+
+def test_training_loads_no_validate_package():
+    # train's memory counters live in validate/memory.py; imported at train's module level they pulled in the whole
+    # validate package (its sweep, its plot) into every training run, a package whose measure.py imports train back
+    import subprocess
+    import sys
+
+    code = "import sys, shardwise.train; print(sorted(m for m in sys.modules if m.startswith('shardwise.validate')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

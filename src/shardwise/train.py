@@ -39,7 +39,6 @@ from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates
 from shardwise.parallel.data_parallel import Optimizers
 from shardwise.specs import Layout, ModelSpec
 from shardwise.units import GIB
-from shardwise.validate.memory import STATE_KEYS, measure_memory, worst_over_ranks
 
 
 @dataclass(frozen=True)
@@ -377,7 +376,9 @@ class TrainLoop:
         rt, cfg = self.rt, self.rt.cfg
         _maybe_die(rt.step + 1)
         start = time.perf_counter()
-        if self.measure_next:
+        if self.measure_next:  # (imported here: the validate package stays out of every plain training run)
+            from shardwise.validate.memory import measure_memory
+
             scalars, self.memory = measure_memory(rt, launch_step)
             self.measure_next = False
         else:
@@ -494,6 +495,7 @@ def memory_summary(cfg: TrainConfig, measured: dict) -> dict:
     from shardwise.planner.job import runtime_job
     from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
+    from shardwise.validate.memory import STATE_KEYS, worst_over_ranks
 
     worst = worst_over_ranks(measured)
     # The planner's memory does not depend on the cluster (only its time does): any preset will do.
