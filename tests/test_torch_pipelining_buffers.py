@@ -93,10 +93,12 @@ def test_the_buffers_are_in_the_memory_and_only_for_torch_pipelining(monkeypatch
     with_buffers = [rank_memory(job, layout, r)["activations"] for r in range(RANKS)]
     monkeypatch.setattr(memory, "pipeline_buffer_bytes", lambda *a: 0.0)
     memory._rank_holdings.cache_clear()
+    memory._rank_memory.cache_clear()
     try:
         without = [rank_memory(job, layout, r)["activations"] for r in range(RANKS)]
     finally:
         memory._rank_holdings.cache_clear()
+        memory._rank_memory.cache_clear()
     assert [a - b for a, b in zip(with_buffers, without)] == pytest.approx(charged)
     # Megatron frees a stage's output once sent and receives into fresh buffers; Meta's Llama 3 stack deallocates
     # "the input and output tensors of each pipeline stage" (Sec. 3.3.2): neither runs torch's PipelineStage.

@@ -582,7 +582,12 @@ def logits_overlap(job: Job, layout: Layout, rank: int, transient: float | None 
 
 def rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     """Breakdown (bytes) for one GPU of pipeline rank `rank`."""
-    job = per_rank_job(job, layout.tp)
+    return dict(_rank_memory(per_rank_job(job, layout.tp), layout, rank))
+
+
+@lru_cache(maxsize=8192)
+def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
+    # Cached: fits_memory checks rank 0 alone, then memory_breakdown weighs it beside the other candidate ranks.
     held = rank_holdings(job, layout, rank)
     layers, gathered, experts = held.layers, held.gathered, held.experts
     out = model_state_bytes(job, layout, held.params, layers, gathered, held.grads_held)
@@ -646,7 +651,7 @@ def memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
 def _memory_breakdown(job: Job, layout: Layout) -> tuple[int, dict[str, float]]:
     # Cached: the search checks a layout's memory, then its estimate asks again (memory never reads the
     # calibrated tables, which the job's hash leaves out).
-    return max(((r, rank_memory(job, layout, r)) for r in pipeline_ranks(job, layout)), key=lambda x: sum(x[1].values()))
+    return max(((r, _rank_memory(job, layout, r)) for r in pipeline_ranks(job, layout)), key=lambda x: sum(x[1].values()))
 
 
 def total_bytes(breakdown: dict[str, float]) -> float:
