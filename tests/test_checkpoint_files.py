@@ -264,3 +264,27 @@ def test_export_replaces_an_earlier_export_and_nothing_else(good, tmp_path, caps
     mine = tmp_path / "mine.safetensors"
     assert main(["checkpoint", "export", str(good), "--to", str(mine)]) == 0
     assert main(["checkpoint", "export", str(good), "--to", str(mine)]) == 0  # an earlier export: replaced
+
+
+def test_a_tied_export_loads_as_the_docs_say(tmp_path):
+    # docs/checkpoints.md and the README: a tied LM head is stored once, as the embedding; strict=False then tie()
+    # gives the trained model (a plain load_state_dict misses output.weight, which an outside check hit)
+    from safetensors.torch import load_file
+
+    from shardwise.checkpoint.export import load_tensors
+    from shardwise.model import Transformer
+    from shardwise.specs import load_model
+
+    root = tmp_path / "ckpt"
+    assert main(["train", "--model", "tiny-gpt2", "--steps", "1", "--global-batch", "2", "--seq-len", "16",
+                 "--no-progress", "--checkpoint-dir", str(root)]) == 0
+    assert main(["checkpoint", "export", str(root), "--to", str(tmp_path / "m.safetensors")]) == 0
+    model = Transformer(load_model("tiny-gpt2"))
+    missing, _ = model.load_state_dict(load_file(tmp_path / "m.safetensors"), strict=False)
+    assert missing == ["output.weight"]
+    model.tie()
+    trained, _ = load_tensors(root)  # the checkpoint's own tensors
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in trained.items())
+    assert torch.equal(state["output.weight"], trained["tok_embeddings.weight"])  # the head is the trained embedding
+    assert not torch.equal(trained["tok_embeddings.weight"], Transformer(load_model("tiny-gpt2")).tok_embeddings.weight)

@@ -240,3 +240,29 @@ def test_version_is_the_installed_packages(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"shardwise {version('shardwise')}"
+
+
+def test_the_summary_names_the_steps_a_resumed_run_trained():
+    # a resume that trained one step said "(steps 4-4)" (an outside check)
+    from shardwise.specs import Layout, load_model
+    from shardwise.train import TrainConfig, summary
+
+    cfg = TrainConfig(load_model("tiny"), Layout(), steps=6, global_batch=2, seq_len=16)
+    rec = [{"step": s, "loss": 5.0, "step_time_s": 0.1} for s in (4, 5, 6)]
+    assert "trained 1 step (step 4):" in summary(rec[:1], cfg)
+    assert "trained 3 steps (steps 4-6):" in summary(rec, cfg)
+    assert summary([dict(rec[0], step=1)], cfg).startswith("trained 1 step: ")
+
+
+def test_tokenizing_into_a_pipe_writes_no_blank_lines(tmp_path):
+    # the tokenizer's progress bar, drawn on a pipe, left an empty line at the top of stdout (an outside check)
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "a.txt").write_text("some words to tokenize for a test of the output.\n" * 200)
+    env = dict(os.environ, SHARDWISE_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "shardwise", "train", "--model", "tiny", "--data", str(tmp_path / "a.txt"),
+                          "--steps", "2", "--global-batch", "2", "--seq-len", "16"], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    assert out.startswith("tiny "), out[:80]

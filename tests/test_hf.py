@@ -122,9 +122,11 @@ def test_one_rank_keeps_gpt2_weights_mapped_and_replicas_get_contiguous_copies(f
         assert torch.equal(p, mapped[name]), name
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16"])
 def test_train_export_reload_in_transformers(folders, tmp_path, family):
-    """train --model DIR (1 process, 3 steps) -> checkpoint export --format hf -> transformers: the trained logits."""
+    """train --model DIR (1 process, 3 steps) -> checkpoint export --format hf -> transformers: the trained logits.
+    From a bf16 folder (its config.json says "dtype": "bfloat16", as transformers >= 4.56 writes it) the export still
+    loads as the fp32 weights it holds, with no dtype asked: an outside check found them rounded to bf16."""
     from shardwise.checkpoint.export import load_tensors
 
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
@@ -141,6 +143,9 @@ def test_train_export_reload_in_transformers(folders, tmp_path, family):
     with torch.no_grad():
         assert (ours(_tokens()) - start(_tokens())).abs().max() > 1e-3  # training moved the weights
         torch.testing.assert_close(hf_logits(out, _tokens()), ours(_tokens()), rtol=0, atol=ATOL)
+    import transformers
+
+    assert transformers.AutoModelForCausalLM.from_pretrained(out).dtype == torch.float32
 
 
 def test_random_init_ignores_the_weights(folders):
@@ -210,6 +215,18 @@ def test_a_folder_of_blocks_the_runtime_lacks_says_that_first(tmp_path, capsys):
         assert main(["train", "--model", str(tmp_path / "neox"), "--steps", "1", *init]) == 2
         err = capsys.readouterr().err
         assert "uses gpt_neox's blocks, which shardwise's runtime does not implement" in err and "hidden_act" not in err
+
+
+def test_blocks_the_runtime_lacks_are_said_before_a_sequence_limit_that_would_not_help(tmp_path, capsys):
+    # A Mistral config with a 16-token window at --seq-len 32 was told "train at --seq-len 16 or less", which then
+    # refused its blocks (an outside check): the blocks come first, since no flag changes them.
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+        "sliding_window": 16}))
+    assert main(["train", "--model", str(tmp_path / "config.json"), "--seq-len", "32", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "uses mistral's blocks" in err and "sliding window" not in err
 
 
 @pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.pt", "consolidated.safetensors"])

@@ -74,6 +74,7 @@ def runtime_kv_refusal(spec, tp: int) -> str | None:
 def check_runtime_model(spec, seq_len: int) -> None:
     """UsageError if shardwise's runtime cannot build this model at this sequence length (train, calibrate and
     validate all run it)."""
+    check_runtime_blocks(spec)  # first: no --seq-len or other flag makes blocks the runtime lacks trainable
     # At any cp: context parallelism splits the tokens, each keeping its global position (specs.check_sequence_split).
     # Rotary positions are a function of the index, but shardwise.model builds its cos/sin tables for n of them.
     n = spec.max_positions
@@ -90,7 +91,6 @@ def check_runtime_model(spec, seq_len: int) -> None:
     if spec.rotary and spec.head_dim % 2:  # the runtime's RoPE rotates the two halves of every head
         raise UsageError(f"{spec.name}'s head dimension {spec.head_dim} is odd, and shardwise's runtime rotates each "
                          f"head's two halves (RoPE) — plan and estimate it, or train a model with an even head_dim")
-    check_runtime_blocks(spec)
 
 
 def check_runtime_blocks(spec) -> None:
@@ -101,7 +101,8 @@ def check_runtime_blocks(spec) -> None:
     missing = unsupported(spec)
     if missing:
         raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
-                         "it (counted exactly), or train a model with plain GQA attention and top-k routing")
+                         "it (counted exactly), or train a model of the blocks the runtime builds (Llama's, GPT-2's, "
+                         "Mixtral's) without it")
 
 
 TRAIN_FIX = "use a smaller model, --global-batch or --seq-len, more --tp/--pp/--zero to shard it, or a bigger machine"

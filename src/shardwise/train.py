@@ -540,8 +540,8 @@ def summary(records: list[dict], cfg: TrainConfig) -> str:
     from shardwise.units import seconds
 
     s = summary_dict(records, cfg)
-    first = records[0]["step"]
-    since = f" (steps {first}-{records[-1]['step']})" if first > 1 else ""
+    first, last = records[0]["step"], records[-1]["step"]
+    since = "" if first <= 1 else f" (step {first})" if first == last else f" (steps {first}-{last})"
     return (f"trained {s['steps']} step{'s' * (s['steps'] != 1)}{since}: loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
             f"median step {seconds(s['median_step_time_s'])}, {s['tokens_per_s']:,.0f} tokens/s")
 

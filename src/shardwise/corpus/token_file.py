@@ -184,8 +184,9 @@ def _progress(sources: list[Source], enabled: bool):
 
     from shardwise.console import Console
 
+    console = Console(keep_going=True)
     with Progress(TextColumn(f"tokenizing {len(sources)} file{'s' if len(sources) > 1 else ''}"), BarColumn(),
-                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
-                  console=Console(keep_going=True)) as bar:
+                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True, console=console,
+                  disable=not console.is_terminal) as bar:  # a pipe or a log: nothing to redraw (it left a blank line)
         task = bar.add_task("tokenize", total=sum(s.bytes for s in sources))
         yield lambda n: bar.advance(task, n)

@@ -197,7 +197,9 @@ def hf_config(spec: ModelSpec, base: dict | None = None) -> dict:
     its extra keys), else the spec's; always fp32 weights and this architecture."""
     cfg = dict(base) if base else spec.to_hf_config()
     key = table_key(spec)
-    cfg.update(architectures=[ARCHITECTURES[key]], model_type=key, torch_dtype="float32")
+    # both spellings: transformers >= 4.56 writes and reads `dtype` first, so a bf16 source folder's `dtype` left
+    # beside our `torch_dtype` would load the fp32 weights rounded to bf16
+    cfg.update(architectures=[ARCHITECTURES[key]], model_type=key, torch_dtype="float32", dtype="float32")
     if spec.family == "gpt2":
         cfg.setdefault("activation_function", "gelu_new")
     else:
