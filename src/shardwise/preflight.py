@@ -102,7 +102,7 @@ def check_runtime_blocks(spec) -> None:
     if missing:
         raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
                          "it (counted exactly), or train a model of the blocks the runtime builds (Llama's, GPT-2's, "
-                         "Mixtral's) without it")
+                         "Mixtral's)")
 
 
 TRAIN_FIX = "use a smaller model, --global-batch or --seq-len, more --tp/--pp/--zero to shard it, or a bigger machine"

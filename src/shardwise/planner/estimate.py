@@ -368,8 +368,7 @@ def release_note(job: Job, layout: Layout) -> str:
         if layout.recompute == "selective" and fw.unnamed_recompute and "selective" not in fw.unnamed_recompute:
             # a stack whose code recomputes whole layers or none (deepspeed's Megatron-DeepSpeed of 2021-22)
             return (f"--recompute selective: not in the code {job.framework} stands for, which recomputes every "
-                    f"layer or none; priced as Megatron-LM's selective recompute (Korthikanti et al. 2022), which "
-                    f"later releases of the stack took")
+                    f"layer or none; priced as Megatron-LM's selective recompute (Korthikanti et al. 2022)")
         return ""
     later = [flag for flag, used in (
         ("--sequence-parallel", layout.sequence_parallel and layout.tp > 1 and not fw.unnamed_sequence_parallel),

@@ -470,10 +470,9 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
             close = today.step_time / new.step_time - 1
             same = ", the same split with other knobs" if new.layout.split == win.layout.split else ""
             # a flip inside the model's error is no verdict, as runner_up says of two splits
-            behind = (f"{close:+.1%} behind it, within the model's error (±{MODEL_ERROR:.0%}): either would do"
-                      if close < MODEL_ERROR else f"{close:+.1%} behind it")
+            tie = f", within the model's error (±{MODEL_ERROR:.0%}): either would do" if close < MODEL_ERROR else ""
             sentences.append(f"{what}, {_knobs(new)} would win ({seconds(new.step_time)}/step; today's winner "
-                             f"{behind}{same})")
+                             f"{close:+.1%} behind it{same}{tie})")
     out.append("Sensitivity: " + "; ".join(sentences) + ".")
     host = host_bound_note(job, win.layout)
     return out + ([f"Host: {host[0].upper()}{host[1:]}."] if host else [])
