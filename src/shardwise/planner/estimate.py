@@ -305,8 +305,11 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
         implied.append(f"{chosen.cp_mode} context parallelism (--cp-mode not given: {fw.name} runs "
                        f"{' and '.join(fw.context_parallel)}, and plan weighs both)")
     if (chosen.recompute, chosen.recompute_layers) != (lay.recompute, lay.recompute_layers):
-        why = (f"{fw.name}'s own" if len(fw.unnamed_recompute) == 1 else rule if not fw.unnamed_recompute else
-               f"of {' and '.join(fw.unnamed_recompute)}, the policies {fw.name}'s code runs, {rule}")
+        why = rule
+        if len(fw.unnamed_recompute) == 1:
+            why = f"{fw.name}'s own"
+        elif fw.unnamed_recompute:
+            why = f"of {' and '.join(fw.unnamed_recompute)}, the policies {fw.name}'s code runs, {rule}"
         implied.append(f"{chosen.recompute_phrase()} ({why}; --recompute not given)")
     return implied
 

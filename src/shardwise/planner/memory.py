@@ -664,7 +664,8 @@ def fits_memory(job: Job, layout: Layout) -> bool:
     search checks do not fit and that answers for them at a third of the work. Under --offload, and what its GPUs
     offload fits the host (host_fits)."""
     limit = job.cluster.gpu_memory_bytes
-    if total_bytes(rank_memory(job, layout, 0)) > limit:  # rank 0 is always a candidate (pipeline_ranks)
+    # rank 0 is always a candidate (pipeline_ranks); the cached breakdown read as it is, no copy to sum
+    if total_bytes(_rank_memory(per_rank_job(job, layout.tp), layout, 0)) > limit:
         return False
     return total_bytes(memory_breakdown(job, layout)[1]) <= limit and host_fits(job, layout)
 
