@@ -34,7 +34,7 @@ from pathlib import Path
 import published_runs as pr
 
 from shardwise.errors import UsageError
-from shardwise.forked import deal, map_hands, worker_count
+from shardwise.forked import map_pieces, worker_count
 from shardwise.model_spec import load_model, model_presets
 from shardwise.specs import load_cluster
 from shardwise.validate.stats import kendall_tau, widest_discordant_gap
@@ -204,8 +204,8 @@ def score_rows(csv_rows: list[dict], folder: Path, in_process: bool, certain_onl
             return {"run": row["run"], "cli_error": str(exc), "weak": False, "path": "", "framework": ""}
 
     pieces = list(enumerate(csv_rows, 1))
-    hands = deal([1] * len(pieces), worker_count(workers, len(pieces), PARALLEL_ROWS))
-    scored = [r for r in map_hands(one, pieces, hands) if r]
+    n = worker_count(workers, len(pieces), PARALLEL_ROWS)
+    scored = [r for r in map_pieces(one, pieces, [1] * len(pieces), n) if r]
     if progress:
         print(file=sys.stderr)
     return scored

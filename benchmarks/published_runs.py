@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shardwise.errors import UsageError
-from shardwise.forked import deal, map_hands, worker_count
+from shardwise.forked import map_pieces, worker_count
 from shardwise.planner import estimate, kernels
 from shardwise.planner import moe as moe_terms
 from shardwise.planner.estimate import complete_layout, fewest_recomputed
@@ -705,7 +705,7 @@ def compare(path: Path, six_profiles: bool = False, workers: int | None = None) 
     processes (None: one per core where it pays, forked.worker_count); the answer is the one process's."""
     runs = load_runs(path, six_profiles)
     costs = [_estimates(run) for run in runs]
-    scored = map_hands(_score, runs, deal(costs, worker_count(workers, sum(costs), PARALLEL_ESTIMATES)))
+    scored = map_pieces(_score, runs, costs, worker_count(workers, sum(costs), PARALLEL_ESTIMATES))
     rows = [row for kind, row, _ in scored if kind != "moe"]
     entries = [entry for kind, _, entry in scored if entry is not None]
     summary = summarize(rows, entries)

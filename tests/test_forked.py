@@ -1,14 +1,17 @@
-"""forked.map_hands: pieces spread over forked processes come back in the pieces' order, as one process gives them,
-and a worker's failure is raised in the parent with the worker's traceback (no hang, no partial answer)."""
+"""forked.map_pieces: pieces spread over forked processes come back in the pieces' order, as one process gives them;
+each process takes the costliest piece left when it is free (so one long piece does not hold back cheap ones dealt
+beside it); and a worker's failure is raised in the parent with the worker's traceback (no hang, no partial answer)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
-from shardwise.forked import deal, map_hands, worker_count
+from shardwise.forked import map_pieces, worker_count
 
 
 def _where(piece: int) -> tuple[int, int]:
@@ -17,12 +20,27 @@ def _where(piece: int) -> tuple[int, int]:
 
 def test_pieces_come_back_in_order_from_several_processes():
     pieces = list(range(23))
-    hands = deal([1 + (p % 5) for p in pieces], 3)
-    out = map_hands(_where, pieces, hands)
+    out = map_pieces(_where, pieces, [1 + (p % 5) for p in pieces], 3)
     assert [v for v, _ in out] == [p * p for p in pieces]
-    pids = {pid for _, pid in out}
-    assert os.getpid() in pids and len(pids) == 3  # the first hand here, the other two forked
-    assert map_hands(_where, pieces, [pieces])[5] == (25, os.getpid())  # one hand: all here
+    assert map_pieces(_where, pieces, [1] * 23, 1) == [(p * p, os.getpid()) for p in pieces]  # one process: all here
+
+
+def test_a_process_busy_with_a_long_piece_leaves_the_rest_to_the_others(tmp_path: Path):
+    """The first piece waits until every other piece is done, though its guessed cost is theirs. Pieces dealt out up
+    front by that guess would have put some cheap ones behind it in the same process, and it would wait for them
+    forever (here: fail after 60 s); taken as each process frees up, the other process takes them all."""
+    def piece(i: int) -> int:
+        if i == 0:
+            deadline = time.monotonic() + 60
+            while len(list(tmp_path.iterdir())) < 9:
+                assert time.monotonic() < deadline, "the long piece's process was given cheap pieces too"
+                time.sleep(0.01)
+        else:
+            (tmp_path / str(i)).touch()
+        return os.getpid()
+
+    pids = map_pieces(piece, list(range(10)), [1] * 10, 2)
+    assert len(set(pids[1:])) == 1 and pids[0] != pids[1]
 
 
 def _fails_on_seven(piece: int) -> int:
@@ -33,9 +51,25 @@ def _fails_on_seven(piece: int) -> int:
 
 def test_a_workers_failure_is_raised_here_with_its_traceback():
     pieces = list(range(12))
-    hands = [[i for i in pieces if i % 2 == 0], [i for i in pieces if i % 2]]  # 7 is in the forked hand
-    with pytest.raises(RuntimeError, match="piece seven is bad"):
-        map_hands(_fails_on_seven, pieces, hands)
+    # 7 first (the costliest) in whichever process takes it: raised here, or sent back from a forked worker
+    for n in (1, 2, 3):
+        with pytest.raises((RuntimeError, ValueError), match="piece seven is bad"):
+            map_pieces(_fails_on_seven, pieces, [10 if p == 7 else 1 for p in pieces], n)
+
+
+def test_a_forked_workers_failure_comes_back_with_its_traceback():
+    """Every piece fails in a forked worker; the first piece taken is slow, so the other process takes the rest."""
+    here = os.getpid()
+
+    def piece(i: int) -> int:
+        if i == 0:
+            time.sleep(1)
+        if os.getpid() != here:
+            raise ValueError(f"piece {i} failed in a forked worker")
+        return i
+
+    with pytest.raises(RuntimeError, match="(?s)a forked worker failed.*failed in a forked worker"):
+        map_pieces(piece, list(range(12)), [100] + [1] * 11, 2)
 
 
 def test_small_work_stays_in_one_process():
@@ -44,7 +78,9 @@ def test_small_work_stays_in_one_process():
 
 
 def _signals(piece: int):
-    return piece, signal.getsignal(signal.SIGINT) is signal.SIG_DFL, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if piece == 0:
+        time.sleep(0.5)  # the other process takes piece 1 meanwhile
+    return os.getpid(), signal.getsignal(signal.SIGINT) is signal.SIG_DFL, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_worker_ends_silently_on_ctrl_c_or_terminate_whatever_handlers_the_parent_has():
@@ -56,12 +92,14 @@ def test_a_worker_ends_silently_on_ctrl_c_or_terminate_whatever_handlers_the_par
     # Python's own SIGINT handler, as in a terminal (a suite started in a script's background inherits it ignored)
     old = signal.signal(signal.SIGTERM, _raise), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        out = map_hands(_signals, [0, 1], [[0], [1]])
+        out = map_pieces(_signals, [0, 1], [2, 1], 2)
     finally:
         signal.signal(signal.SIGTERM, old[0])
         signal.signal(signal.SIGINT, old[1])
-    assert out[0] == (0, False, False)  # this process keeps its handlers
-    assert out[1] == (1, True, True)  # the forked worker's are the defaults
+    assert sorted(pid == os.getpid() for pid, _, _ in out) == [False, True]  # one piece here, one in the worker
+    for pid, sigint_default, sigterm_default in out:
+        assert sigint_default is sigterm_default is (pid != os.getpid())  # this process keeps its handlers; the
+        # forked worker's are the defaults
 
 
 def _ignores_sigint(piece: int):
@@ -73,7 +111,7 @@ def test_a_worker_keeps_ignoring_a_signal_the_command_was_started_ignoring():
     to the group does not end them under a parent that goes on."""
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        out = map_hands(_ignores_sigint, [0, 1], [[0], [1]])
+        out = map_pieces(_ignores_sigint, [0, 1], [1, 1], 2)
     finally:
         signal.signal(signal.SIGINT, old)
     assert out == [(0, True), (1, True)]

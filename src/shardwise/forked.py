@@ -27,39 +27,33 @@ def worker_count(workers: int | None, cost: float, worth: float) -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
-def deal(costs: Sequence[float], n: int) -> list[list[int]]:
-    """The pieces' indices dealt into n hands of about equal cost: the costliest piece first, each to the hand with
-    the least so far (a few pieces often hold most of the work, so runs of neighbouring pieces would leave one
-    process the bulk); each hand in piece order."""
-    hands, loads = [[] for _ in range(max(1, n))], [0] * max(1, n)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        k = loads.index(min(loads))
-        hands[k].append(i)
-        loads[k] += costs[i]
-    return [sorted(h) for h in hands if h] or [[]]
-
-
-def map_hands(fn: Callable, pieces: Sequence, hands: list[list[int]]) -> list:
-    """[fn(piece) for piece in pieces]: the first hand's here, every other hand's in a forked worker. A worker's
-    exception is raised here, with its traceback."""
-    if len(hands) <= 1:
+def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -> list:
+    """[fn(piece) for piece in pieces] over n processes: this one and n - 1 forked workers. Each process, when free,
+    takes the costliest piece no process has taken yet (a shared counter over the pieces by falling cost): a few
+    pieces often hold most of the work, and a cost guessed before the work is often off (a pipeline's candidate layout
+    takes twice a flat one's time), so hands dealt up front left one process with 1.8x the other's share; taking
+    pieces as each frees up leaves at most about one piece's work between them. The answer is in piece order,
+    whoever computed each. A worker's exception is raised here, with its traceback."""
+    if n <= 1 or len(pieces) <= 1:
         return [fn(piece) for piece in pieces]
     import multiprocessing
 
+    order = sorted(range(len(pieces)), key=lambda i: (-costs[i], i))
     ctx, workers = multiprocessing.get_context("fork"), []
+    taken = ctx.Value("i", 0)  # how many of `order` some process has taken (its own lock)
     try:
-        for hand in hands[1:]:
+        for _ in range(min(n, len(pieces)) - 1):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(send, fn, [pieces[i] for i in hand]), daemon=True)
+            proc = ctx.Process(target=_worker, args=(send, fn, pieces, order, taken), daemon=True)
             proc.start()
             send.close()
             workers.append((receive, proc))
-        found = {i: fn(pieces[i]) for i in hands[0]}
-        for hand, (receive, proc) in zip(hands[1:], workers):
+        found = _take(fn, pieces, order, taken)
+        for receive, proc in workers:
             ok, parts = receive.recv()
             if not ok:
                 raise RuntimeError(f"a forked worker failed:\n{parts}")
-            found.update(zip(hand, parts))
+            found.update(parts)
         return [found[i] for i in range(len(pieces))]
     finally:
         for receive, proc in workers:
@@ -72,8 +66,20 @@ def map_hands(fn: Callable, pieces: Sequence, hands: list[list[int]]) -> list:
             receive.close()
 
 
-def _worker(send, fn: Callable, pieces: list) -> None:
-    """In a forked worker: fn of each piece, sent back in one message (or the traceback that stopped it). Ctrl-C, or
+def _take(fn: Callable, pieces: Sequence, order: list[int], taken) -> dict:
+    """{index: fn(piece)} of the pieces this process takes, one at a time, until none is left."""
+    done = {}
+    while True:
+        with taken.get_lock():
+            k = taken.value
+            taken.value = k + 1
+        if k >= len(order):
+            return done
+        done[order[k]] = fn(pieces[order[k]])
+
+
+def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken) -> None:
+    """In a forked worker: fn of each piece it takes, sent back in one message (or the traceback that stopped it). Ctrl-C, or
     the parent's terminate() while the worker is still exiting, ends it silently: the handlers it inherited would
     raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output. A signal the
     command was started with ignored stays ignored (interrupt.default_handlers)."""
@@ -81,8 +87,10 @@ def _worker(send, fn: Callable, pieces: list) -> None:
 
     default_handlers()
     try:
-        send.send((True, [fn(piece) for piece in pieces]))
+        send.send((True, _take(fn, pieces, order, taken)))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
+        with taken.get_lock():  # the others take no more: the answer is lost already
+            taken.value = len(order)
         send.send((False, traceback.format_exc()))
     finally:
         send.close()

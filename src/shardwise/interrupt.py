@@ -107,7 +107,7 @@ def default_handlers(ignored=None) -> None:
     except the group signals in `ignored` (None: those this process ignores now), which are ignored: a job started in
     the background of a script (`shardwise train ... &`) or under nohup ignores them in every process, not only in the
     launcher (otherwise a SIGINT to the job's group would end the ranks that run and spare those that start later).
-    SIGTERM is never kept ignored: it is how the launcher's agent and forked.map_hands stop what they started."""
+    SIGTERM is never kept ignored: it is how the launcher's agent and forked.map_pieces stop what they started."""
     ignored = ignored_signals() if ignored is None else frozenset(ignored)
     for sig in dict.fromkeys(SIGNALS + GROUP_SIGNALS):
         signal.signal(sig, signal.SIG_IGN if sig in ignored and sig in GROUP_SIGNALS else signal.SIG_DFL)

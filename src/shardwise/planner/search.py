@@ -37,7 +37,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from shardwise.errors import UsageError
-from shardwise.forked import deal, map_hands, worker_count
+from shardwise.forked import map_pieces, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, compiled
@@ -529,23 +529,23 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int
     fw = get_framework(job.framework)
     splits = list(degrees(job, gpus, space))
     costs = [_split_candidates(job, fw, space, *split) for split in splits]
-    hands = deal(costs, worker_count(workers, sum(costs), PARALLEL_CANDIDATES))
+    n = worker_count(workers, sum(costs), PARALLEL_CANDIDATES)
     tally = _Tally(job, fw, space)
-    for parts in _tallies(tally, splits, hands):
+    for parts in _tallies(tally, splits, costs, n):
         tally.absorb(parts)
     return tally.result(thinned)
 
 
-# A search this large is split over processes (forked.map_hands): each worker scores its hand of splits, one split at
-# a time, and sends back what each found; the parent absorbs them in split order — ranked, counted and refused
-# exactly as one process would. Below it, a fork costs more than it saves (a candidate base layout takes ~1.5 ms to
-# score on one core); 405B on 16,384 H100s is ~1,300.
+# A search this large is split over processes (forked.map_pieces): each process scores one split at a time, the
+# costliest left (by its count of candidate base layouts), and sends back what each found; the parent absorbs them in
+# split order — ranked, counted and refused exactly as one process would. Below it, a fork costs more than it saves (a
+# candidate base layout takes ~1.5 ms to score on one core); 405B on 16,384 H100s is ~930.
 PARALLEL_CANDIDATES = 400
 
 
-def _tallies(tally: "_Tally", splits: list, hands: list[list[int]]) -> list[tuple]:
-    """What each split found (tally.run per split), in split order, each hand of splits in its own process."""
-    return map_hands(lambda split: tally.run([split]), splits, hands)
+def _tallies(tally: "_Tally", splits: list, costs: list[int], n: int) -> list[tuple]:
+    """What each split found (tally.run per split), in split order, over n processes."""
+    return map_pieces(lambda split: tally.run([split]), splits, costs, n)
 
 
 class _Tally:
