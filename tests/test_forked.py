@@ -115,3 +115,15 @@ def test_a_worker_keeps_ignoring_a_signal_the_command_was_started_ignoring():
     finally:
         signal.signal(signal.SIGINT, old)
     assert out == [(0, True), (1, True)]
+
+
+def test_without_shared_semaphores_one_process_answers(monkeypatch):
+    """A sandbox without /dev/shm cannot make the shared counter: the work runs here, the answer the same."""
+    import multiprocessing.context
+
+    def no_semaphores(*args, **kwargs):
+        raise OSError("[Errno 38] Function not implemented")
+
+    monkeypatch.setattr(multiprocessing.context.BaseContext, "Value", no_semaphores)
+    pieces = list(range(9))
+    assert map_pieces(_where, pieces, [1] * 9, 3) == [(p * p, os.getpid()) for p in pieces]
