@@ -127,3 +127,25 @@ def test_without_shared_semaphores_one_process_answers(monkeypatch):
     monkeypatch.setattr(multiprocessing.context.BaseContext, "Value", no_semaphores)
     pieces = list(range(9))
     assert map_pieces(_where, pieces, [1] * 9, 3) == [(p * p, os.getpid()) for p in pieces]
+
+
+def test_a_worker_killed_while_holding_the_counter_ends_the_wait(monkeypatch):
+    """A worker killed inside the few instructions it holds the shared counter's lock leaves it held: the others wait
+    for it a few seconds at a time, and between waits find the dead worker and say so, instead of waiting forever."""
+    import multiprocessing
+
+    from shardwise import forked
+
+    monkeypatch.setattr(forked, "LOCK_CHECK_S", 0.1)
+    ctx = multiprocessing.get_context("fork")
+    taken = ctx.Value("i", 0)
+
+    def die_holding_it():
+        taken.get_lock().acquire()
+        os._exit(9)
+
+    proc = ctx.Process(target=die_holding_it)
+    proc.start()
+    proc.join()
+    with pytest.raises(RuntimeError, match=r"a forked worker ended before answering \(exit code 9\)"):
+        forked._take(_where, [1, 2], [0, 1], taken, lambda: forked._dead_worker([proc]))

@@ -47,11 +47,11 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
     try:
         for _ in range(min(n, len(pieces)) - 1):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(send, fn, pieces, order, taken), daemon=True)
+            proc = ctx.Process(target=_worker, args=(send, fn, pieces, order, taken, os.getpid()), daemon=True)
             proc.start()
             send.close()
             workers.append((receive, proc))
-        found = _take(fn, pieces, order, taken)
+        found = _take(fn, pieces, order, taken, lambda: _dead_worker([proc for _, proc in workers]))
         for receive, proc in workers:
             ok, parts = receive.recv()
             if not ok:
@@ -69,19 +69,41 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
             receive.close()
 
 
-def _take(fn: Callable, pieces: Sequence, order: list[int], taken) -> dict:
-    """{index: fn(piece)} of the pieces this process takes, one at a time, until none is left."""
-    done = {}
+def _take(fn: Callable, pieces: Sequence, order: list[int], taken, dead: Callable[[], str | None]) -> dict:
+    """{index: fn(piece)} of the pieces this process takes, one at a time, until none is left. `dead` says which
+    process that could hold the counter's lock has ended (or None): one killed while holding it (a window of a few
+    instructions) would otherwise leave the others waiting for it forever."""
+    done, lock = {}, taken.get_lock()
     while True:
-        with taken.get_lock():
+        while not lock.acquire(timeout=LOCK_CHECK_S):
+            if why := dead():
+                raise RuntimeError(f"a forked worker ended before answering ({why})")
+        try:
             k = taken.value
             taken.value = k + 1
+        finally:
+            lock.release()
         if k >= len(order):
             return done
         done[order[k]] = fn(pieces[order[k]])
 
 
-def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken) -> None:
+LOCK_CHECK_S = 5.0  # how long a process waits for the counter before it checks that the others still run
+
+
+def _dead_worker(procs) -> str | None:
+    """How the first forked worker that ended without its answer ended, or None while every one runs or answered."""
+    for proc in procs:
+        if proc.exitcode not in (None, 0):
+            return f"exit code {proc.exitcode}"
+    return None
+
+
+def _parent_gone(parent: int) -> str | None:
+    return "its parent ended" if os.getppid() != parent else None
+
+
+def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken, parent: int) -> None:
     """In a forked worker: fn of each piece it takes, sent back in one message (or the traceback that stopped it). Ctrl-C, or
     the parent's terminate() while the worker is still exiting, ends it silently: the handlers it inherited would
     raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output. A signal the
@@ -90,10 +112,15 @@ def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken) -> No
 
     default_handlers()
     try:
-        send.send((True, _take(fn, pieces, order, taken)))
+        send.send((True, _take(fn, pieces, order, taken, lambda: _parent_gone(parent))))
     except BaseException:  # noqa: BLE001 — the parent raises it, with this traceback
-        with taken.get_lock():  # the others take no more: the answer is lost already
+        lock = taken.get_lock()
+        if lock.acquire(timeout=LOCK_CHECK_S):  # the others take no more: the answer is lost already
             taken.value = len(order)
-        send.send((False, traceback.format_exc()))
+            lock.release()
+        try:
+            send.send((False, traceback.format_exc()))
+        except OSError:  # the parent has ended: nobody to tell
+            pass
     finally:
         send.close()
