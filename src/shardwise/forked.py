@@ -7,6 +7,7 @@ each piece returned (pickled through a pipe). No torch."""
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -33,12 +34,13 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
     pieces often hold most of the work, and a cost guessed before the work is often off (a pipeline's candidate layout
     takes twice a flat one's time), so hands dealt up front left one process with 1.8x the other's share; taking
     pieces as each frees up leaves at most about one piece's work between them. The answer is in piece order,
-    whoever computed each. A worker's exception is raised here, with its traceback."""
+    whoever computed each. A piece's exception is raised here whichever process ran it (a worker's with its traceback
+    as the cause); a worker that ends without answering is named, never waited for."""
     if n <= 1 or len(pieces) <= 1:
         return [fn(piece) for piece in pieces]
     import multiprocessing
 
-    order = sorted(range(len(pieces)), key=lambda i: (-costs[i], i))
+    order = claim_order(costs)
     ctx, workers = multiprocessing.get_context("fork"), []
     try:
         taken = ctx.Value("i", 0)  # how many of `order` some process has taken (its own lock)
@@ -51,12 +53,12 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
             proc.start()
             send.close()
             workers.append((receive, proc))
-        found = _take(fn, pieces, order, taken, lambda: _dead_worker([proc for _, proc in workers]))
+        def dead() -> str | None:
+            return _dead_worker([proc for _, proc in workers])
+
+        found = _take(fn, pieces, order, taken, dead)
         for receive, proc in workers:
-            ok, parts = receive.recv()
-            if not ok:
-                raise RuntimeError(f"a forked worker failed:\n{parts}")
-            found.update(parts)
+            found.update(_answer(receive, proc, dead))
         return [found[i] for i in range(len(pieces))]
     finally:
         for receive, proc in workers:
@@ -67,6 +69,35 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
                     proc.kill()
             proc.join()
             receive.close()
+
+
+def claim_order(costs: Sequence[float]) -> list[int]:
+    """The pieces' indices in the order the processes take them: costliest first, ties in piece order."""
+    return sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+
+
+def _answer(receive, proc, dead: Callable[[], str | None]) -> dict:
+    """One worker's {index: result}, waited for a few seconds at a time: another worker killed while holding the
+    counter's lock leaves this one waiting on it, and this one's answer never comes. A piece's exception is raised
+    again here (its traceback the cause)."""
+    while not receive.poll(LOCK_CHECK_S):
+        if why := dead():
+            raise RuntimeError(f"a forked worker ended before answering ({why})")
+    try:
+        ok, parts = receive.recv()
+    except EOFError:  # it ended without a word
+        proc.join(LOCK_CHECK_S)
+        raise RuntimeError(f"a forked worker ended before answering (exit code {proc.exitcode})") from None
+    if ok:
+        return parts
+    exc, tb = parts
+    try:
+        exc = pickle.loads(exc) if exc is not None else None
+    except Exception:  # noqa: BLE001 — an exception that cannot be rebuilt here: its traceback says what it was
+        exc = None
+    if exc is None:
+        raise RuntimeError(f"a forked worker failed:\n{tb}")
+    raise exc from RuntimeError(f"in a forked worker:\n{tb}")
 
 
 def _take(fn: Callable, pieces: Sequence, order: list[int], taken, dead: Callable[[], str | None]) -> dict:
@@ -119,8 +150,19 @@ def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken, paren
             taken.value = len(order)
             lock.release()
         try:
-            send.send((False, traceback.format_exc()))
+            send.send((False, (_pickled(sys.exc_info()[1]), traceback.format_exc())))
         except OSError:  # the parent has ended: nobody to tell
             pass
     finally:
         send.close()
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """The exception as bytes the parent can raise again, or None where it does not pickle (its traceback then says
+    what it was)."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)  # some pickle but cannot be rebuilt (a required argument lost): the parent would fail there
+        return data
+    except Exception:  # noqa: BLE001
+        return None
