@@ -43,6 +43,6 @@ def test_a_small_search_stays_in_one_process(monkeypatch):
     assert search(job, 2).ranked
 
 
-def _single(tally, splits, costs, n):
+def _single(tally, splits, costs, n, progress=None):
     assert n == 1
     yield tally.run(splits)

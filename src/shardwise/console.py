@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from rich.console import Console as _RichConsole
 
@@ -75,3 +76,36 @@ def prepare_streams() -> None:
     columns = os.environ.get("COLUMNS", "")
     if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
         del os.environ["COLUMNS"]
+
+
+class SearchProgress:
+    """A one-line count of a search's dp x tp x pp x cp splits on stderr while it runs (planner.search's `progress`),
+    where stderr is a terminal and the search has run DELAY_S already, so a quick plan draws nothing; the line is
+    erased when the search ends. No thread: the search calls it between splits, and a second thread would keep the
+    search in one process (forked.worker_count)."""
+
+    DELAY_S = 0.5
+
+    def __init__(self, stream=None, clock=time.monotonic):
+        self.stream, self.clock = stream or sys.stderr, clock
+        self.start, self.drawn = clock(), False
+        self.on = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __call__(self, taken: int, total: int) -> None:
+        if self.on and self.clock() - self.start >= self.DELAY_S:
+            self._write(f"\r\x1b[Ksearching: {taken} of {total} dp x tp x pp x cp splits taken")
+            self.drawn = True
+
+    def __enter__(self) -> "SearchProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.drawn:
+            self._write("\r\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:  # a terminal gone: the answer matters, not the count
+            self.on = False

@@ -28,16 +28,19 @@ def worker_count(workers: int | None, cost: float, worth: float) -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
-def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -> list:
+def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int,
+               on_piece: Callable[[int, int], None] | None = None) -> list:
     """[fn(piece) for piece in pieces] over n processes: this one and n - 1 forked workers. Each process, when free,
     takes the costliest piece no process has taken yet (a shared counter over the pieces by falling cost): a few
     pieces often hold most of the work, and a cost guessed before the work is often off (a pipeline's candidate layout
     takes twice a flat one's time), so hands dealt up front left one process with 1.8x the other's share; taking
     pieces as each frees up leaves at most about one piece's work between them. The answer is in piece order,
     whoever computed each. A piece's exception is raised here whichever process ran it (a worker's with its traceback
-    as the cause); a worker that ends without answering is named, never waited for."""
+    as the cause); a worker that ends without answering is named, never waited for. `on_piece(taken, total)`: called
+    here after each piece this process finishes, with how many pieces the processes have taken so far (a progress
+    display; no thread, which would keep the work in one process: worker_count)."""
     if n <= 1 or len(pieces) <= 1:
-        return [fn(piece) for piece in pieces]
+        return [_told(fn(piece), on_piece, i + 1, len(pieces)) for i, piece in enumerate(pieces)]
     import multiprocessing
 
     order = claim_order(costs)
@@ -45,7 +48,7 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
     try:
         taken = ctx.Value("i", 0)  # how many of `order` some process has taken (its own lock)
     except (OSError, ImportError):  # no shared semaphores here (a sandbox without /dev/shm): one process answers
-        return [fn(piece) for piece in pieces]
+        return [_told(fn(piece), on_piece, i + 1, len(pieces)) for i, piece in enumerate(pieces)]
     try:
         for _ in range(min(n, len(pieces)) - 1):
             receive, send = ctx.Pipe(duplex=False)
@@ -56,7 +59,7 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int) -
         def dead() -> str | None:
             return _dead_worker([proc for _, proc in workers])
 
-        found = _take(fn, pieces, order, taken, dead)
+        found = _take(fn, pieces, order, taken, dead, on_piece)
         for receive, proc in workers:
             found.update(_answer(receive, proc, dead))
         return [found[i] for i in range(len(pieces))]
@@ -100,7 +103,14 @@ def _answer(receive, proc, dead: Callable[[], str | None]) -> dict:
     raise exc from RuntimeError(f"in a forked worker:\n{tb}")
 
 
-def _take(fn: Callable, pieces: Sequence, order: list[int], taken, dead: Callable[[], str | None]) -> dict:
+def _told(result, on_piece: Callable[[int, int], None] | None, taken: int, total: int):
+    if on_piece is not None:
+        on_piece(taken, total)
+    return result
+
+
+def _take(fn: Callable, pieces: Sequence, order: list[int], taken, dead: Callable[[], str | None],
+          on_piece: Callable[[int, int], None] | None = None) -> dict:
     """{index: fn(piece)} of the pieces this process takes, one at a time, until none is left. `dead` says which
     process that could hold the counter's lock has ended (or None): one killed while holding it (a window of a few
     instructions) would otherwise leave the others waiting for it forever."""
@@ -116,7 +126,8 @@ def _take(fn: Callable, pieces: Sequence, order: list[int], taken, dead: Callabl
             lock.release()
         if k >= len(order):
             return done
-        done[order[k]] = fn(pieces[order[k]])
+        # the count read without the lock: a display's figure, never a decision's
+        done[order[k]] = _told(fn(pieces[order[k]]), on_piece, min(taken.get_obj().value, len(order)), len(order))
 
 
 LOCK_CHECK_S = 5.0  # how long a process waits for the counter before it checks that the others still run

@@ -62,7 +62,10 @@ def _plan(args):
     space = space_from_args(args)
     if refusal := schedules_refusal(job, space):
         raise UsageError(refusal)
-    result = search(job, args.gpus, space)
+    from shardwise.console import SearchProgress
+
+    with SearchProgress() as progress:
+        result = search(job, args.gpus, space, progress=progress)
     if not result.ranked:
         raise UsageError(nothing_fits_message(job, args.gpus, result, space))
     args.winner_note = winner_note(args, job, result.ranked[0].layout)

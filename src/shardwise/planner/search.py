@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from shardwise.errors import UsageError
 from shardwise.forked import map_pieces, worker_count
@@ -522,16 +523,18 @@ class _FitChecks:
         return self.known[key]
 
 
-def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int | None = None) -> SearchResult:
+def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int | None = None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Every layout the job's framework can run (frameworks.py), scored as the module docstring says; over
-    `workers` processes (None: as many as pay, forked.worker_count), with the same result as one."""
+    `workers` processes (None: as many as pay, forked.worker_count), with the same result as one. `progress(taken,
+    total)`: told as the dp x tp x pp x cp splits are taken (forked.map_pieces' on_piece)."""
     space, thinned = check_search(job, gpus, space)
     fw = get_framework(job.framework)
     splits = list(degrees(job, gpus, space))
     costs = [_split_candidates(job, fw, space, *split) for split in splits]
     n = worker_count(workers, sum(costs), PARALLEL_CANDIDATES)
     tally = _Tally(job, fw, space)
-    for parts in _tallies(tally, splits, costs, n):
+    for parts in _tallies(tally, splits, costs, n, progress):
         tally.absorb(parts)
     return tally.result(thinned)
 
@@ -544,9 +547,9 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int
 PARALLEL_CANDIDATES = 400
 
 
-def _tallies(tally: "_Tally", splits: list, costs: list[int], n: int) -> list[tuple]:
+def _tallies(tally: "_Tally", splits: list, costs: list[int], n: int, progress=None) -> list[tuple]:
     """What each split found (tally.run per split), in split order, over n processes."""
-    return map_pieces(lambda split: tally.run([split]), splits, costs, n)
+    return map_pieces(lambda split: tally.run([split]), splits, costs, n, progress)
 
 
 class _Tally:
