@@ -202,7 +202,8 @@ def test_the_parent_names_a_worker_killed_holding_the_lock_after_its_own_share(m
         meet.wait(60)  # one piece each
         if os.getpid() == here:
             return i
-        workers = sorted(tuple(map(int, p.name[1:].split("-"))) for p in tmp_path.iterdir() if p.name.startswith("w") and p.name[1:])
+        workers = sorted(tuple(map(int, p.name[1:].split("-"))) for p in tmp_path.iterdir()
+                         if p.name.startswith("w") and p.name[1:])
         taken, second = values[0], workers[-1] == me
         deadline = time.monotonic() + 60
         if second:  # once the parent has taken its last piece (the counter past the end), die holding the lock

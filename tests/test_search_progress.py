@@ -28,7 +28,8 @@ def test_each_finished_piece_is_told_with_how_many_are_taken():
     assert map_pieces(_square, list(range(5)), [1] * 5, 1, lambda k, n: told.append((k, n))) == [0, 1, 4, 9, 16]
     assert told == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
     told.clear()
-    assert map_pieces(_square, list(range(40)), [1] * 40, 2, lambda k, n: told.append((k, n))) == [p * p for p in range(40)]
+    out = map_pieces(_square, list(range(40)), [1] * 40, 2, lambda k, n: told.append((k, n)))
+    assert out == [p * p for p in range(40)]
     counts = [k for k, _ in told]  # this process's pieces only; the count is everyone's
     assert told and {n for _, n in told} == {40} and counts == sorted(counts) and 1 <= counts[0] and counts[-1] <= 40
 

@@ -56,6 +56,7 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int,
             proc.start()
             send.close()
             workers.append((receive, proc))
+
         def dead() -> str | None:
             return _dead_worker([proc for _, proc in workers])
 
@@ -146,10 +147,10 @@ def _parent_gone(parent: int) -> str | None:
 
 
 def _worker(send, fn: Callable, pieces: Sequence, order: list[int], taken, parent: int) -> None:
-    """In a forked worker: fn of each piece it takes, sent back in one message (or the traceback that stopped it). Ctrl-C, or
-    the parent's terminate() while the worker is still exiting, ends it silently: the handlers it inherited would
-    raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the command's output. A signal the
-    command was started with ignored stays ignored (interrupt.default_handlers)."""
+    """In a forked worker: fn of each piece it takes, sent back in one message (or the exception that stopped it, with
+    its traceback). Ctrl-C, or the parent's terminate() while the worker is still exiting, ends it silently: the
+    handlers it inherited would raise there (the CLI's SIGTERM raises Interrupted) and print a traceback after the
+    command's output. A signal the command was started with ignored stays ignored (interrupt.default_handlers)."""
     from shardwise.interrupt import default_handlers
 
     default_handlers()
