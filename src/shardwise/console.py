@@ -86,14 +86,15 @@ class SearchProgress:
 
     DELAY_S = 0.5
 
-    def __init__(self, stream=None, clock=time.monotonic):
+    def __init__(self, stream=None, clock=time.monotonic, on: bool | None = None):
         self.stream, self.clock = stream or sys.stderr, clock
         self.start, self.drawn = clock(), False
-        self.on = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.on = _foreground_terminal(self.stream) if on is None else on
 
     def __call__(self, taken: int, total: int) -> None:
         if self.on and self.clock() - self.start >= self.DELAY_S:
-            self._write(f"\r\x1b[Ksearching: {taken} of {total} dp x tp x pp x cp splits taken")
+            text = f"searching: {taken} of {total} dp x tp x pp x cp splits taken"
+            self._write("\r\x1b[K" + text[: max(_columns(self.stream) - 1, 0)])  # one row: a wrapped one stays drawn
             self.drawn = True
 
     def __enter__(self) -> "SearchProgress":
@@ -109,3 +110,26 @@ class SearchProgress:
             self.stream.flush()
         except OSError:  # a terminal gone: the answer matters, not the count
             self.on = False
+
+
+def _foreground_terminal(stream) -> bool:
+    """Whether `stream` is a terminal that takes the line: not a pipe or file, not a dumb terminal (no erase), and this
+    process in its foreground (a job in the background would draw over the prompt, or stop on SIGTTOU)."""
+    try:
+        if not stream.isatty() or os.environ.get("TERM") == "dumb":
+            return False
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor, or a closed one: no line
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:  # a terminal, but not this process's controlling one: no job control there to stop it
+        return True
+
+
+def _columns(stream) -> int:
+    """The terminal's width, or 80 where it says none (a new pseudo-terminal reports 0)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
