@@ -40,7 +40,7 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int,
     here after each piece this process finishes, with how many pieces the processes have taken so far (a progress
     display; no thread, which would keep the work in one process: worker_count)."""
     if n <= 1 or len(pieces) <= 1:
-        return [_told(fn(piece), on_piece, i + 1, len(pieces)) for i, piece in enumerate(pieces)]
+        return _here(fn, pieces, on_piece)
     import multiprocessing
 
     order = claim_order(costs)
@@ -48,7 +48,7 @@ def map_pieces(fn: Callable, pieces: Sequence, costs: Sequence[float], n: int,
     try:
         taken = ctx.Value("i", 0)  # how many of `order` some process has taken (its own lock)
     except (OSError, ImportError):  # no shared semaphores here (a sandbox without /dev/shm): one process answers
-        return [_told(fn(piece), on_piece, i + 1, len(pieces)) for i, piece in enumerate(pieces)]
+        return _here(fn, pieces, on_piece)
     try:
         for _ in range(min(n, len(pieces)) - 1):
             receive, send = ctx.Pipe(duplex=False)
@@ -102,6 +102,11 @@ def _answer(receive, proc, dead: Callable[[], str | None]) -> dict:
     if exc is None:
         raise RuntimeError(f"a forked worker failed:\n{tb}")
     raise exc from RuntimeError(f"in a forked worker:\n{tb}")
+
+
+def _here(fn: Callable, pieces: Sequence, on_piece: Callable[[int, int], None] | None) -> list:
+    """Every piece in this process, in order, each told as it finishes."""
+    return [_told(fn(piece), on_piece, i + 1, len(pieces)) for i, piece in enumerate(pieces)]
 
 
 def _told(result, on_piece: Callable[[int, int], None] | None, taken: int, total: int):

@@ -547,7 +547,8 @@ def search(job: Job, gpus: int, space: SearchSpace = SearchSpace(), workers: int
 PARALLEL_CANDIDATES = 400
 
 
-def _tallies(tally: "_Tally", splits: list, costs: list[int], n: int, progress=None) -> list[tuple]:
+def _tallies(tally: "_Tally", splits: list, costs: list[int], n: int,
+             progress: Callable[[int, int], None] | None = None) -> list[tuple]:
     """What each split found (tally.run per split), in split order, over n processes."""
     return map_pieces(lambda split: tally.run([split]), splits, costs, n, progress)
 
