@@ -1,4 +1,4 @@
-"""Ranks are forks of a fork server that imported torch and shardwise once (launch.py): they start in about a second
+"""Ranks are forks of a fork server that imported torch and shardwise once (fork_server.py): they start in about a second
 instead of importing torch each, yet each sees this process's environment as it is at the launch, not as it was
 when the server started — and keeps the variables torch elastic sets for it."""
 
@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from shardwise import launch
+from shardwise import fork_server, launch
 from shardwise.launch import spawn_ranks
 
 KEYS = ("SHARDWISE_PROBE", "SHARDWISE_GONE", "RANK", "WORLD_SIZE")
@@ -26,8 +26,8 @@ def _seen(folder: Path) -> list[dict]:
 def test_ranks_see_the_environment_of_the_launch_not_of_the_servers_start(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDWISE_GONE", "1")
     spawn_ranks(_probe, 2, str(tmp_path / "a"))  # the server exists from here on (started now or earlier)
-    assert launch._server_env is not None
-    monkeypatch.setitem(launch._server_env, "SHARDWISE_GONE", "1")  # as if the server had started with it
+    assert fork_server._server_env is not None
+    monkeypatch.setitem(fork_server._server_env, "SHARDWISE_GONE", "1")  # as if the server had started with it
     monkeypatch.delenv("SHARDWISE_GONE")
     monkeypatch.setenv("SHARDWISE_PROBE", "set after the server started")
     monkeypatch.setenv("RANK", "7")  # torch elastic's per-rank variables are never taken from the launcher
@@ -54,7 +54,7 @@ def test_the_servers_imports_never_ask_the_cuda_driver(tmp_path):
         "    setattr(torch.cuda, name, lambda *a, _n=name, **k: asked.append(_n))\n"
         "if hasattr(torch._C, '_cuda_getDeviceCount'):\n"
         "    torch._C._cuda_getDeviceCount = lambda *a: asked.append('_cuda_getDeviceCount')\n"
-        "from shardwise.launch import PRELOAD\n"
+        "from shardwise.fork_server import PRELOAD\n"
         "for module in PRELOAD: __import__(module)\n"
         "print(asked, torch.cuda.is_initialized())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -79,18 +79,18 @@ def test_an_interrupt_ends_the_server_with_the_ranks_it_was_still_forking():
 
     if not Path("/proc").is_dir():
         pytest.skip("finds the server's forks through /proc (Linux)")
-    launch._fork_server()
+    fork_server.start(2)
     fork = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(120,))
     fork.start()
     server = multiprocessing.forkserver._forkserver._forkserver_pid
-    launch._stop_fork_server()
+    fork_server.stop()
     fork.join(30)
     for _ in range(50):  # a killed process takes a moment to end; init reaps the orphan
         if not _running(fork.pid) and not _running(server):
             break
         time.sleep(0.1)
     assert not _running(fork.pid) and not _running(server)
-    assert launch._server_env is None
+    assert fork_server._server_env is None
 
 
 def _fail_on_rank_one(rank, world):
@@ -143,3 +143,72 @@ def test_ranks_ignore_the_group_signals_the_launch_ignores_not_those_of_the_serv
             assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+def test_train_starts_its_ranks_server_before_importing_torch_and_ends_it_on_a_bad_flag():
+    """`train` starts the server its ranks fork from before it imports torch itself, so the two imports run side by
+    side; stopped by a bad flag (exit 2) before any launch, it ends the server with it, which would otherwise finish
+    its imports behind the command's exit while holding the command's output open."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from shardwise import fork_server\n"
+        "from shardwise.cli import main\n"
+        "seen, start = [], fork_server.start\n"
+        "fork_server.start = lambda world: (seen.append(('torch' in sys.modules, world)), start(world))[1]\n"
+        "code = main(['train', '--model', 'tiny', '--dp', '2', '--tp', '2', '--steps', '0'])\n"
+        "print(code, seen, fork_server.started())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "2 [(False, 4)] False", out.stderr
+    assert "--steps must be at least 1" in out.stderr
+
+
+def test_a_command_stopped_before_its_launch_ends_the_server_it_started_early():
+    import pytest
+
+    from shardwise.errors import UsageError
+
+    fork_server.stop()  # one a test before started
+    with pytest.raises(UsageError):
+        with fork_server.early(2):
+            server = multiprocessing_server_pid()
+            assert _running(server)
+            raise UsageError("a bad flag")
+    _wait_gone(server)
+    assert not fork_server.started()
+    with fork_server.early(1):  # one rank runs in this process: no server
+        assert not fork_server.started()
+
+
+def multiprocessing_server_pid() -> int:
+    import multiprocessing.forkserver
+
+    return multiprocessing.forkserver._forkserver._forkserver_pid
+
+
+def _wait_gone(pid: int) -> None:
+    import time
+
+    for _ in range(50):  # a killed process takes a moment to end
+        if not _running(pid):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def test_asked_ranks_are_read_from_the_flags_over_the_plan_file(tmp_path):
+    from argparse import Namespace
+
+    from shardwise.commands.train import _ranks_asked
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 2, "tp": 2, "pp": 2, "cp": 1}}))
+    flags = dict(dp=None, tp=None, pp=None, cp=None, plan=None)
+    assert _ranks_asked(Namespace(**flags)) == 1
+    assert _ranks_asked(Namespace(**{**flags, "tp": 2, "cp": 2})) == 4
+    assert _ranks_asked(Namespace(**{**flags, "plan": str(plan)})) == 8
+    assert _ranks_asked(Namespace(**{**flags, "plan": str(plan), "pp": 1})) == 4  # a contradiction, said later
+    assert _ranks_asked(Namespace(**{**flags, "plan": str(tmp_path / "missing.json"), "dp": 4})) == 1
+    assert _ranks_asked(Namespace(**{**flags, "dp": -2})) == 0

@@ -189,20 +189,7 @@ def launcher_signals():
     keep = _keeping_ignored(install, ignored_signals()) if main else None
     blocking = hasattr(signal, "pthread_sigmask") and main
     if blocking:
-        # multiprocessing's resource tracker, started on first use (the launch's queues and locks), blocks and then
-        # *unblocks* SIGINT and SIGTERM around its own start: started now, it leaves the mask below in place.
-        from multiprocessing import resource_tracker
-
-        # It runs in the job's process group and ignores only SIGINT and SIGTERM: a SIGHUP or SIGQUIT to the group
-        # killed it, and the launch's cleanup then printed a dozen tracebacks from the tracker it started again. An
-        # ignored signal stays ignored in the process started, so it is started with those two ignored.
-        group = [sig for sig in (getattr(signal, "SIGHUP", None), getattr(signal, "SIGQUIT", None)) if sig]
-        before = [signal.signal(sig, signal.SIG_IGN) for sig in group]
-        try:
-            resource_tracker.ensure_running()
-        finally:
-            for sig, handler in zip(group, before):
-                signal.signal(sig, handler)
+        start_resource_tracker()  # started now, it leaves the mask below in place
         stop = threading.Event()
         listener = threading.Thread(target=stop.wait, name="shardwise-signals", daemon=True)
         listener.start()  # created before the mask changes: it keeps SIGINT deliverable
@@ -225,6 +212,23 @@ def launcher_signals():
         if blocking:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             stop.set()
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running. Started on first use (a launch's queues and
+    locks, the fork server), it blocks and then *unblocks* SIGINT and SIGTERM around its own start: so it is started
+    before SIGINT is blocked for a launch. It runs in the job's process group and ignores only SIGINT and SIGTERM: a
+    SIGHUP or SIGQUIT to the group killed it, and the launch's cleanup then printed a dozen tracebacks from the tracker
+    it started again. An ignored signal stays ignored in the process started, so it is started with those two ignored."""
+    from multiprocessing import resource_tracker
+
+    group = [sig for sig in (getattr(signal, "SIGHUP", None), getattr(signal, "SIGQUIT", None)) if sig]
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in group]
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        for sig, handler in zip(group, before):
+            signal.signal(sig, handler)
 
 
 def _keeping_ignored(install, ignored: frozenset):

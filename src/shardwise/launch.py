@@ -3,7 +3,7 @@
 `run_ranks(entry, *args, world=W)` runs entry on W ranks: in place under torchrun (RANK and WORLD_SIZE
 in the environment), in this process for one rank, else with torchrun's own machinery
 (torch.distributed.launcher.api.elastic_launch: c10d rendezvous on a free loopback port), each rank a fork of a
-server that imported torch and shardwise once (see PRELOAD). If a rank
+server that imported torch and shardwise once (fork_server.py). If a rank
 dies, the agent stops the others at once; with --max-restarts R it starts them all again (training
 resumes from the newest checkpoint) up to R times, then JobFailed names the rank that died.
 Training (`launch`: dp*tp*pp*cp ranks), calibrate, validate, the tests and the benchmarks all start
@@ -23,6 +23,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from shardwise import fork_server
 from shardwise.errors import JobFailed, UsageError
 from shardwise.train import TrainConfig
 
@@ -162,11 +163,6 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # Like torchrun: one thread per rank unless told otherwise (ranks share this machine's cores).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    # A rank's C++ error logs (gloo's failed connect, NCCL's watchdog) would follow the job's one line on stderr; the
-    # failure's message is in that line. Read as the fork server imports torch, so set before it starts.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from shardwise.interrupt import ignored_signals, launcher_signals
 
     try:
@@ -174,21 +170,20 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
         # a temporary folder removed with the launch: left to torch elastic, each launch leaves one in the system's.
         with launcher_signals(), _ProgressRelay(report) as queue, tempfile.TemporaryDirectory(prefix="shardwise-") as logs, \
                 _stopping_within(SHUTDOWN_S, Path(logs), finish_s) as (hung, late):
-            # started here, with SIGINT blocked, the fork server and its forks ignore Ctrl-C until rank_handlers
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"shardwise-{uuid.uuid4().hex[:8]}",
                                   rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                                  max_restarts=max_restarts, monitor_interval=0.1, start_method=_fork_server(),
+                                  max_restarts=max_restarts, monitor_interval=0.1, start_method=fork_server.start(world),
                                   local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_S, logs_specs=DefaultLogsSpecs(log_dir=logs))
             try:
                 results = elastic_launch(config, _rank_main)(entry, args, backend, timeout_s, queue, None, True,
-                                                             _env_changes(), ignored_signals(), os.getpid(),
+                                                             fork_server.env_changes(), ignored_signals(), os.getpid(),
                                                              logs if finish_s is not None else None)
             except ChildFailedError as exc:
                 spent = f" (the last of {max_restarts + 1} attempts: --max-restarts {max_restarts} used)" if max_restarts else ""
                 raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s) + spent,
                                 details=_details(exc.failures)) from None
     except KeyboardInterrupt:
-        _stop_fork_server()
+        fork_server.stop()
         raise
     return [results[r] for r in sorted(results)]
 
@@ -225,7 +220,7 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
                 for index, process in enumerate(self.processes):
                     if process.is_alive() and index not in done:
                         late.append(index)
-                        _signal(process.pid, signal.SIGKILL)
+                        fork_server.signal_quietly(process.pid, signal.SIGKILL)
         try:
             return join(self, timeout, grace if grace_period is None else grace_period)
         except (ProcessExitedException, ProcessRaisedException) as exc:
@@ -279,90 +274,6 @@ def _recording_kill(kill, index: int, killed: list):
     return recorded
 
 
-# Ranks are forks of a server that imported torch and shardwise once (multiprocessing's "forkserver", started on the
-# first launch and kept for the next): a spawned rank imports them afresh, 3-5 s of CPU each, so four ranks on two
-# cores took 11 s to start and now take about 1. Importing never touches CUDA, so forking the server is as safe for
-# NCCL ranks as spawning a fresh interpreter. The server keeps the environment it started with: each rank is handed
-# what has changed in this process since (_env_changes), except the variables torch elastic sets per rank.
-PRELOAD = ["torch", "torch.distributed", "shardwise.train", "shardwise.parallel", "shardwise.checkpoint",
-           "shardwise.launch"]
-_RANK_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-              "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-_server_env: dict[str, str] | None = None  # this process's environment when its fork server started
-
-
-def _fork_server() -> str:
-    """Start the fork server once (preloaded with PRELOAD); the start method elastic_launch then uses."""
-    global _server_env
-    if _server_env is None:
-        import multiprocessing
-        import multiprocessing.forkserver
-
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        _server_env = dict(os.environ)
-        multiprocessing.forkserver.ensure_running()
-    return "forkserver"
-
-
-def _stop_fork_server() -> None:
-    """After an interrupt: end the fork server now (it would end by itself once this process has gone and it has
-    finished its imports), and the ranks it forked with it; the next launch starts another.
-
-    A rank forked just as the interrupt came is still reading its launch from this process, which is about to
-    exit: left alone it fails there and prints a traceback after the command's one line. So the server is stopped
-    first (it forks no more), its forks are killed while they are still its children, then the server."""
-    global _server_env
-    import multiprocessing.forkserver
-    import signal
-
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)  # CPython's, since 3.4
-    if pid:
-        _signal(pid, signal.SIGSTOP)
-        for child in _children(pid):
-            _signal(child, signal.SIGKILL)
-        _signal(pid, signal.SIGKILL)
-    _server_env = None
-
-
-def _signal(pid: int, sig) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:  # gone already
-        pass
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`, from /proc (Linux; elsewhere none are found: the agent has stopped the
-    ranks it knew of)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
-        try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(proc.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def _env_changes() -> tuple[dict[str, str], list[str]]:
-    """What this process's environment set and removed since the fork server started."""
-    now = os.environ
-    return ({k: v for k, v in now.items() if _server_env.get(k) != v}, [k for k in _server_env if k not in now])
-
-
-def _adopt_env(changes: tuple[dict[str, str], list[str]] | None) -> None:
-    """In a forked rank: the launcher's environment as of the launch, over the server's older one (None: a rank
-    torchrun started, or the launcher's own process)."""
-    if changes is None:
-        return
-    changed, removed = changes
-    mine = lambda k: k in _RANK_KEYS or k.startswith("TORCHELASTIC_")  # noqa: E731 — torch elastic's, per rank
-    os.environ.update({k: v for k, v in changed.items() if not mine(k)})
-    for k in removed:
-        if not mine(k):
-            os.environ.pop(k, None)
-
-
 def spawn_ranks(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 60.0) -> None:
     """fn(rank, world, *args) on `world` ranks (tests and benchmarks); a failing rank raises here with
     its traceback."""
@@ -393,7 +304,7 @@ def _rank_main(entry, args, backend, timeout_s, queue, report, join: bool = True
     end with the launcher process (`launcher`: its pid), join the process group (from torchrun's environment), run
     entry, leave — and say so in the folder `finished` (a mark the launcher times the other ranks' finish from)."""
     global _report
-    _adopt_env(env)
+    fork_server.adopt_env(env)
     import gc
 
     import torch

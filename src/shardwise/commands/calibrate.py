@@ -61,10 +61,17 @@ def _config(args):
 
 
 def run(args) -> int:
-    import sys
-
     if args.nccl_tests is not None or args.cluster is not None:
         return _from_nccl_tests(args)
+    from shardwise import fork_server
+
+    with fork_server.early(MEASURE_DEFAULTS["world"] if args.world is None else args.world):
+        return _measure_here(args)
+
+
+def _measure_here(args) -> int:
+    import sys
+
     for key, default in MEASURE_DEFAULTS.items():  # what this machine is measured with, where not given
         if getattr(args, key) is None:
             setattr(args, key, default)

@@ -22,8 +22,6 @@ def register(subparsers, name, help):
 
 
 def run(args) -> int:
-    from shardwise.console import Console
-
     from shardwise.errors import UsageError
 
     given = [flag for flag, value in (("--world", args.world), ("--steps", args.steps)) if value is not None]
@@ -41,6 +39,15 @@ def run(args) -> int:
         from shardwise.preflight import check_cores
 
         check_cores(args.world)  # the local part runs --world CPU processes
+    from shardwise import fork_server
+
+    with fork_server.early(0 if args.no_train else args.world):  # the ranks' server imports torch during the article
+        return _run(args)
+
+
+def _run(args) -> int:
+    from shardwise.console import Console
+
     console = Console(quiet=args.json)
     console.width = max(console.width, 120)  # the layout tables need the room, even in a narrow pipe
     out = {"article": article(console)}

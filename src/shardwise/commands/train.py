@@ -260,14 +260,35 @@ def config_from(args):
 
 
 def run(args) -> int:
+    from shardwise import fork_server
+
+    _default_model(args)
+    _distinct_paths(args)
+    with fork_server.early(_ranks_asked(args)):  # its ranks' server imports torch while this process does
+        return _run(args)
+
+
+def _ranks_asked(args) -> int:
+    """dp x tp x pp x cp as the flags and the plan file ask, read before anything is checked (1 where unsure: the
+    checks then say what is wrong)."""
+    try:
+        values = read_plan(args.plan) if args.plan else {}
+    except UsageError:
+        return 1
+    values.update({key: getattr(args, key) for key in ("dp", "tp", "pp", "cp") if getattr(args, key) is not None})
+    world = 1
+    for key in ("dp", "tp", "pp", "cp"):
+        world *= max(values.get(key, 1), 0)
+    return world
+
+
+def _run(args) -> int:
     from shardwise.launch import JobFailed, check, launch
 
     from shardwise.corpus import prepare_run
 
     from shardwise.checkpoint import check as check_checkpoints
 
-    _default_model(args)
-    _distinct_paths(args)
     cfg = config_from(args)
     check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
     # Then the data (tokenized once, then cached): a resume checks it is the run's data.

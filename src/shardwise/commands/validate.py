@@ -81,6 +81,13 @@ def _progress(console, what: str, total: int):
 
 
 def run(args) -> int:
+    from shardwise import fork_server
+
+    with fork_server.early(args.world):  # the ranks' server imports torch while the sweep is planned
+        return _run(args)
+
+
+def _run(args) -> int:
     from shardwise.console import Console
 
     from shardwise.contention import sweep_warnings
