@@ -159,9 +159,15 @@ def test_train_starts_its_ranks_server_before_importing_torch_and_ends_it_on_a_b
         "seen, start = [], fork_server.start\n"
         "fork_server.start = lambda world: (seen.append(('torch' in sys.modules, world)), start(world))[1]\n"
         "code = main(['train', '--model', 'tiny', '--dp', '2', '--tp', '2', '--steps', '0'])\n"
-        "print(code, seen, fork_server.started())\n")
+        "import multiprocessing.forkserver, os, time\n"
+        "server = multiprocessing.forkserver._forkserver._forkserver_pid\n"
+        "for _ in range(50):  # killed, it is a zombie of this process until reaped\n"
+        "    if os.waitpid(server, os.WNOHANG)[0] == server: break\n"
+        "    time.sleep(0.1)\n"
+        "else: server = 'still running'\n"
+        "print(code, seen, fork_server.started(), server != 'still running')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "2 [(False, 4)] False", out.stderr
+    assert out.stdout.strip() == "2 [(False, 4)] False True", out.stderr
     assert "--steps must be at least 1" in out.stderr
 
 
@@ -170,11 +176,14 @@ def test_a_command_stopped_before_its_launch_ends_the_server_it_started_early():
 
     from shardwise.errors import UsageError
 
-    fork_server.stop()  # one a test before started
+    earlier = multiprocessing_server_pid() if fork_server.started() else None
+    if earlier:  # one a test before started: gone before this test starts its own
+        fork_server.stop()
+        _wait_gone(earlier)
     with pytest.raises(UsageError):
         with fork_server.early(2):
             server = multiprocessing_server_pid()
-            assert _running(server)
+            assert _running(server) and server != earlier
             raise UsageError("a bad flag")
     _wait_gone(server)
     assert not fork_server.started()

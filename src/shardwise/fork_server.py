@@ -72,9 +72,9 @@ def early(world: int):
     ends before its launch (a bad flag, Ctrl-C), the server it started ends with it, instead of finishing its
     imports behind the command's exit while holding its output open."""
     starting = world > 1 and "RANK" not in os.environ and _server_env is None
-    if starting:
-        start(world)
     try:
+        if starting:
+            start(world)  # inside: a Ctrl-C held while the server starts is raised as it returns
         yield
     except BaseException:
         if starting:
@@ -94,12 +94,20 @@ def stop() -> None:
     import multiprocessing.forkserver
 
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)  # CPython's, since 3.4
-    if pid:
-        signal_quietly(pid, signal.SIGSTOP)
-        for child in _children(pid):
-            signal_quietly(child, signal.SIGKILL)
-        signal_quietly(pid, signal.SIGKILL)
-    _server_env = None
+    # A second Ctrl-C between the SIGSTOP and the SIGKILL would leave the server stopped for ever, holding the
+    # command's output open: the signals wait until it is dead.
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        if pid:
+            signal_quietly(pid, signal.SIGSTOP)
+            for child in _children(pid):
+                signal_quietly(child, signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
+        _server_env = None
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def signal_quietly(pid: int, sig) -> None:
