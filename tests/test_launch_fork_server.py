@@ -156,8 +156,8 @@ def test_train_starts_its_ranks_server_before_importing_torch_and_ends_it_on_a_b
         "import sys\n"
         "from shardwise import fork_server\n"
         "from shardwise.cli import main\n"
-        "seen, start = [], fork_server.start\n"
-        "fork_server.start = lambda world: (seen.append(('torch' in sys.modules, world)), start(world))[1]\n"
+        "seen, env = [], fork_server._launch_env\n"
+        "fork_server._launch_env = lambda world: (seen.append(('torch' in sys.modules, world)), env(world))[1]\n"
         "code = main(['train', '--model', 'tiny', '--dp', '2', '--tp', '2', '--steps', '0'])\n"
         "import multiprocessing.forkserver, os, time\n"
         "server = multiprocessing.forkserver._forkserver._forkserver_pid\n"
@@ -221,3 +221,32 @@ def test_asked_ranks_are_read_from_the_flags_over_the_plan_file(tmp_path):
     assert _ranks_asked(Namespace(**{**flags, "plan": str(plan), "pp": 1})) == 4  # a contradiction, said later
     assert _ranks_asked(Namespace(**{**flags, "plan": str(tmp_path / "missing.json"), "dp": 4})) == 1
     assert _ranks_asked(Namespace(**{**flags, "dp": -2})) == 0
+
+
+def _env_probe(rank, world, out):
+    import torch
+
+    Path(out).mkdir(exist_ok=True)
+    Path(out, f"{rank}.json").write_text(json.dumps({"omp": os.environ.get("OMP_NUM_THREADS"),
+                                                     "log": os.environ.get("TORCH_CPP_LOG_LEVEL"),
+                                                     "threads": torch.get_num_threads()}))
+
+
+def test_a_server_started_early_leaves_this_process_environment_and_ranks_get_the_launchs(tmp_path, monkeypatch):
+    """The launcher's own torch is imported after the early start: its threads and logs stay as the user's
+    environment sets them; the ranks get one thread per core share and quiet C++ logs, as from a server started at
+    the launch."""
+    earlier = multiprocessing_server_pid() if fork_server.started() else None
+    if earlier:
+        fork_server.stop()
+        _wait_gone(earlier)
+    for key in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL"):
+        monkeypatch.setenv(key, "recorded, to be put back")
+        monkeypatch.delenv(key)
+    with fork_server.early(2):
+        assert fork_server.started()
+        assert "OMP_NUM_THREADS" not in os.environ and "TORCH_CPP_LOG_LEVEL" not in os.environ
+        launch.run_ranks(launch._with_rank, _env_probe, str(tmp_path), world=2)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    assert seen == [{"omp": str(share), "log": "FATAL", "threads": share}] * 2

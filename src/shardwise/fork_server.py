@@ -30,35 +30,52 @@ _server_env: dict[str, str] | None = None  # this process's environment when its
 
 
 def start(world: int) -> str:
-    """Start the fork server, once, for ranks of a `world`-rank launch; the start method elastic_launch then uses.
+    """Start the fork server, once, for ranks of a `world`-rank launch, and set this process's environment for the
+    launch; the start method elastic_launch then uses.
 
-    Its environment first: one thread per rank unless told otherwise (ranks share this machine's cores), like
-    torchrun, and torch's C++ error logs off (gloo's failed connect, NCCL's watchdog would follow the job's one line on
-    stderr; the failure's message is in that line) — both read as the server imports torch. It starts with SIGINT
+    The environment: one thread per rank unless told otherwise (ranks share this machine's cores), like torchrun,
+    and torch's C++ error logs off (gloo's failed connect, NCCL's watchdog would follow the job's one line on stderr;
+    the failure's message is in that line) — both read as the server imports torch."""
+    defaults = _launch_env(world)
+    _start(defaults)
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    return "forkserver"
+
+
+def _launch_env(world: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(world, 1))), "TORCH_CPP_LOG_LEVEL": "FATAL"}
+
+
+def _start(defaults: dict[str, str]) -> None:
+    """The server, if none runs, with this process's environment and `defaults` where it sets nothing; this process's
+    own environment is left as it was (its torch, imported later, keeps its threads and logs). It starts with SIGINT
     blocked, so it and its forks ignore Ctrl-C until `interrupt.rank_handlers` in each rank."""
     global _server_env
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(world, 1))))
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    if _server_env is None:
-        import multiprocessing
-        import multiprocessing.forkserver
-        import threading
+    if _server_env is not None:
+        return
+    import multiprocessing
+    import multiprocessing.forkserver
+    import threading
 
-        from shardwise.interrupt import start_resource_tracker
+    from shardwise.interrupt import start_resource_tracker
 
-        multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    added = [key for key in defaults if key not in os.environ]
+    # a child inherits the signal mask of the thread that starts it; signal handlers are the main thread's
+    blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blocking:
+        start_resource_tracker()  # which would unblock SIGINT around its own start
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
+    try:
+        os.environ.update({key: defaults[key] for key in added})
         _server_env = dict(os.environ)
-        # a child inherits the signal mask of the thread that starts it; signal handlers are the main thread's
-        blocking = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
         if blocking:
-            start_resource_tracker()  # which would unblock SIGINT around its own start
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            if blocking:
-                signal.pthread_sigmask(signal.SIG_SETMASK, before)
-    return "forkserver"
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def started() -> bool:
@@ -73,8 +90,8 @@ def early(world: int):
     imports behind the command's exit while holding its output open."""
     starting = world > 1 and "RANK" not in os.environ and _server_env is None
     try:
-        if starting:
-            start(world)  # inside: a Ctrl-C held while the server starts is raised as it returns
+        if starting:  # inside the try: a Ctrl-C held while the server starts is raised as it returns
+            _start(_launch_env(world))  # the launch (run_ranks) sets this process's environment, as without
         yield
     except BaseException:
         if starting:
