@@ -220,6 +220,26 @@ def test_an_error_raised_while_unwinding_a_signal_is_still_the_interrupt(monkeyp
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers, command.__name__
 
 
+def test_ctrl_c_while_the_command_loads_is_its_one_line_too():
+    """A Ctrl-C in the command's first moments, while its modules load and before its own handlers are in place,
+    raised Python's KeyboardInterrupt with a traceback; it is the interrupt's one line and exit 130 as later, with the
+    JSON object under --json."""
+    code = ("import os, signal, sys\n"
+            "from shardwise import cli\n"
+            "build = cli.build_parser\n"
+            "def interrupted(argv):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)  # raised at the next instruction, inside the parser's build\n"
+            "    return build(argv)\n"
+            "cli.build_parser = interrupted\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    for extra in ([], ["--json"]):
+        out = subprocess.run([sys.executable, "-c", code, *EXPLAIN, *extra], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 130, out.stderr
+        assert out.stderr.strip().splitlines() == ["shardwise: interrupted by SIGINT — stopped"], out.stderr
+        assert (json.loads(out.stdout) if extra else out.stdout) == (
+            {"error": "interrupted by SIGINT — stopped", "exit_code": 130} if extra else "")
+
+
 def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     """`shardwise plan ... &` from a script starts with SIGINT ignored: the command leaves it so (Ctrl-C at the terminal
     is not for it), and still turns SIGTERM into its one line, even one it inherited ignored (no shell ignores SIGTERM

@@ -90,11 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         from shardwise.console import prepare_streams
 
         prepare_streams()
-    parser = build_parser(argv)
     try:
-        args = parser.parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # --help, or a bad flag (already reported in one line)
         return exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:  # Ctrl-C while the command's modules load, before its handlers (below) are in place
+        return _interrupted_early(argv)
     from shardwise.interrupt import cli_handlers, interrupt_behind
 
     if from_shell and not sys.stdout.isatty():  # piped (`| tee log`): each line as it is written, not at exit
@@ -131,6 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     if from_shell and args.command in PLANNER_COMMANDS:
         exit_now(code)
     return code
+
+
+def _interrupted_early(argv: list[str]) -> int:
+    """Ctrl-C before the command started: its one line (and under --json its JSON), exit 130, as for one later."""
+    import signal
+    from argparse import Namespace
+
+    from shardwise.commands.common import print_failure_json
+    from shardwise.interrupt import Interrupted
+
+    stop = Interrupted(signal.SIGINT)
+    _say(f"shardwise: {stop} — stopped")
+    print_failure_json(Namespace(json="--json" in argv), f"{stop} — stopped", stop.exit_code)
+    return stop.exit_code
 
 
 def _one_line(text: str) -> str:
