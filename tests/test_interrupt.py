@@ -233,7 +233,9 @@ def test_ctrl_c_while_the_command_loads_is_its_one_line_too():
             "cli.build_parser = interrupted\n"
             "sys.exit(cli.main(sys.argv[1:]))\n")
     for extra in ([], ["--json"]):
-        out = subprocess.run([sys.executable, "-c", code, *EXPLAIN, *extra], capture_output=True, text=True, timeout=120)
+        with _started_with():  # SIGINT as a terminal's job has it, even in a suite started in the background
+            out = subprocess.run([sys.executable, "-c", code, *EXPLAIN, *extra], capture_output=True, text=True,
+                                 timeout=120)
         assert out.returncode == 130, out.stderr
         assert out.stderr.strip().splitlines() == ["shardwise: interrupted by SIGINT — stopped"], out.stderr
         assert (json.loads(out.stdout) if extra else out.stdout) == (
