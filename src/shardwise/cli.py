@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = interrupt_behind(exc)
         if stop is None:
             raise
-        print(f"shardwise: {stop} — stopped", file=sys.stderr)
-        from shardwise.commands.common import print_failure_json
-
-        print_failure_json(args, f"{stop} — stopped", stop.exit_code)
+        _report_stop(args, stop)
         if from_shell:  # torch's teardown takes seconds
             exit_now(stop.exit_code)
         return stop.exit_code
@@ -135,17 +132,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted_early(argv: list[str]) -> int:
-    """Ctrl-C before the command started: its one line (and under --json its JSON), exit 130, as for one later."""
+    """Ctrl-C before the command started: said as one later is, exit 130."""
     import signal
     from argparse import Namespace
 
-    from shardwise.commands.common import print_failure_json
     from shardwise.interrupt import Interrupted
 
     stop = Interrupted(signal.SIGINT)
-    _say(f"shardwise: {stop} — stopped")
-    print_failure_json(Namespace(json="--json" in argv), f"{stop} — stopped", stop.exit_code)
+    _report_stop(Namespace(json="--json" in argv), stop)
     return stop.exit_code
+
+
+def _report_stop(args, stop) -> None:
+    """An interrupted command's one line on stderr, and under --json its JSON object on stdout."""
+    from shardwise.commands.common import print_failure_json
+
+    _say(f"shardwise: {stop} — stopped")
+    print_failure_json(args, f"{stop} — stopped", stop.exit_code)
 
 
 def _one_line(text: str) -> str:

@@ -63,18 +63,18 @@ def _config(args):
 def run(args) -> int:
     if args.nccl_tests is not None or args.cluster is not None:
         return _from_nccl_tests(args)
+    for key, default in MEASURE_DEFAULTS.items():  # what this machine is measured with, where not given
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     from shardwise import fork_server
 
-    with fork_server.early(MEASURE_DEFAULTS["world"] if args.world is None else args.world):
+    with fork_server.early(args.world):  # the ranks' server imports torch while this process does
         return _measure_here(args)
 
 
 def _measure_here(args) -> int:
     import sys
 
-    for key, default in MEASURE_DEFAULTS.items():  # what this machine is measured with, where not given
-        if getattr(args, key) is None:
-            setattr(args, key, default)
     args.out = args.out or "profile.toml"
     from shardwise.calibrate import calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed, under_torchrun

@@ -275,11 +275,10 @@ def _ranks_asked(args) -> int:
         values = read_plan(args.plan) if args.plan else {}
     except UsageError:
         return 1
+    from shardwise.specs import Layout
+
     values.update({key: getattr(args, key) for key in ("dp", "tp", "pp", "cp") if getattr(args, key) is not None})
-    world = 1
-    for key in ("dp", "tp", "pp", "cp"):
-        world *= max(values.get(key, 1), 0)
-    return world
+    return Layout(**{key: max(values.get(key, 1), 0) for key in ("dp", "tp", "pp", "cp")}).world_size
 
 
 def _run(args) -> int:
