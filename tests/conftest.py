@@ -20,3 +20,11 @@ from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# The package's bytecode, written once for the session: where PYTHONDONTWRITEBYTECODE is set (as on some CI images),
+# every `python -m shardwise` a test starts, and every fork server a launch starts, would otherwise compile the whole
+# package again (0.2-0.5 s each); an installed package has its bytecode from pip. Already-current files are skipped.
+import compileall
+import pathlib
+
+compileall.compile_dir(pathlib.Path(__file__).resolve().parents[1] / "src" / "shardwise", quiet=2)

@@ -561,6 +561,22 @@ def test_planner_commands_do_not_import_torch():
     assert r.returncode == 0, r.stderr
 
 
+def test_json_answers_load_neither_the_terminal_library_nor_package_metadata():
+    # rich (40-60 ms to import) draws tables, and the installed package's metadata (30-60 ms) answers --version: a
+    # --json answer needs neither before it starts its search (the 405B plan's 2 s budget includes Python's start)
+    code = ("import sys; from shardwise.cli import main; "
+            "main(['plan','--model','tiny','--cluster','dgx-h100-80gb','--gpus','2','--global-batch','4',"
+            "'--seq-len','16','--json','--explain']); "
+            "main(['estimate','--model','tiny','--cluster','dgx-h100-80gb','--gpus','2','--global-batch','4',"
+            "'--seq-len','16','--micro-batch','1','--json']); "
+            "print(sorted(m for m in ('rich', 'importlib.metadata') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", (r.stdout[-300:], r.stderr)
+    table = subprocess.run([sys.executable, "-m", "shardwise", "plan", "--model", "tiny", "--cluster", "dgx-h100-80gb",
+                            "--gpus", "2", "--global-batch", "4", "--seq-len", "16"], capture_output=True, text=True)
+    assert table.returncode == 0 and "dp2" in table.stdout, table.stderr  # the table still draws, rich loaded on use
+
+
 def test_plan_lists_one_layout_per_split_unless_all_variants(capsys):
     _, out, _ = run_cli(capsys, "plan", *ARTICLE, *NARROW, "--top", "6", "--json")
     splits = [(c["dp"], c["tp"], c["pp"]) for c in json.loads(out)["candidates"]]

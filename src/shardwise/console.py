@@ -12,29 +12,43 @@ import os
 import sys
 import time
 
-from rich.console import Console as _RichConsole
-
 # Below this many columns a table is unreadable (a width of 0 prints nothing, 1 a column of characters): such a
 # COLUMNS is ignored, and rich falls back to the terminal's width, or 80 when there is none.
 MIN_COLUMNS = 40
 
 
-class Console(_RichConsole):
-    """rich's Console; `keep_going`: a progress display of long work (training, tokenizing), which goes quiet when
-    its reader goes away and lets the work finish rather than end it."""
+def __getattr__(name: str):
+    """`Console`, made on first use: rich takes 40-60 ms to import, which a command that never draws with it (`plan
+    --json`, `estimate --json`) should not pay before its answer; the streams and the search's progress line below
+    need none of it."""
+    if name != "Console":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()["Console"] = console = _console_class()
+    return console
 
-    def __init__(self, *args, keep_going: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.keep_going = keep_going
 
-    def on_broken_pipe(self) -> None:
-        """The reader went away: write nothing more (its stream onto /dev/null, so Python's flush at exit is quiet
-        too), and let cli.main end the command with exit 0 — or, for a progress display, carry on."""
-        self.quiet = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, (sys.stderr if self.stderr else sys.stdout).fileno())
-        if not self.keep_going:
-            raise BrokenPipeError
+def _console_class() -> type:
+    from rich.console import Console as RichConsole
+
+    class Console(RichConsole):
+        """rich's Console; `keep_going`: a progress display of long work (training, tokenizing), which goes quiet when
+        its reader goes away and lets the work finish rather than end it."""
+
+        def __init__(self, *args, keep_going: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.keep_going = keep_going
+
+        def on_broken_pipe(self) -> None:
+            """The reader went away: write nothing more (its stream onto /dev/null, so Python's flush at exit is quiet
+            too), and let cli.main end the command with exit 0 — or, for a progress display, carry on."""
+            self.quiet = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, (sys.stderr if self.stderr else sys.stdout).fileno())
+            if not self.keep_going:
+                raise BrokenPipeError
+
+    Console.__module__, Console.__qualname__ = __name__, "Console"
+    return Console
 
 
 class WatchedStream:
