@@ -263,4 +263,6 @@ def test_calibrate_times_validates_reference_whatever_its_micro_batch(monkeypatc
     assert one["one_sequence_points"] == [16, one["model_points"][0][1]]
     two = _measure_model(monkeypatch, ("cuda",), micro_batch=2)
     seq, seconds = two["one_sequence_points"]
-    assert seq == 16 and 0 < seconds < two["model_points"][-1][1]
+    # a measurement of its own (not one of the micro-batch-2 points reused); its size against theirs is a timing, left
+    # unasserted: at 16 tokens both are the host's fixed cost, and a busy machine once ordered them the other way
+    assert seq == 16 and seconds > 0 and seconds not in [s for _, s in two["model_points"]]

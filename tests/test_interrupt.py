@@ -122,13 +122,16 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
                     assert proc.poll() is None, (name, proc.communicate())
             assert time.monotonic() < deadline, f"not started: {sorted(jobs.keys() - stopped.keys())}"
             time.sleep(0.05)
+        ended = _end_times(jobs)
         for name, proc in jobs.items():
             sig, _, code, _ = CASES[name][1:]
             out, err = _communicate_or_dump(name, proc)
-            took = time.monotonic() - stopped[name]
+            took = ended.get(name, time.monotonic()) - stopped[name]
             lines = err.strip().splitlines()
-            # Stopped, not timed out: far below the jobs' collective timeouts.
-            assert proc.returncode == code and took < 30, (name, proc.returncode, took, err)
+            # Stopped, not timed out: far below the jobs' collective timeouts (train's default: 300 s). Seven jobs start
+            # at once on two cores, beside whatever else the machine runs: one stopped while it imports torch acts on
+            # the signal only once the import is back in Python, seconds later on a busy machine.
+            assert proc.returncode == code and took < 60, (name, proc.returncode, took, err)
             assert len(lines) == 1 and lines[0].startswith(f"shardwise: interrupted by {sig.name}"), (name, err)
             if "--json" in name:
                 said = json.loads(out)
@@ -144,6 +147,18 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
     finally:
         for proc in jobs.values():
             _kill_session(proc)
+
+
+def _end_times(jobs: dict, timeout: float = 120) -> dict:
+    """When each job was seen to end (time.monotonic), all watched together for up to `timeout` seconds: a job's time
+    is its own, not the time it waited for the jobs before it to be read."""
+    ended, deadline = {}, time.monotonic() + timeout
+    while len(ended) < len(jobs) and time.monotonic() < deadline:
+        for name, proc in jobs.items():
+            if name not in ended and proc.poll() is not None:
+                ended[name] = time.monotonic()
+        time.sleep(0.05)
+    return ended
 
 
 def _communicate_or_dump(name: str, proc, timeout: float = 60) -> tuple[str, str]:
