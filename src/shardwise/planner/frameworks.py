@@ -17,6 +17,7 @@ from shardwise.specs import Layout
 __all__ = ["CALIBRATED_STEP_OVERHEAD", "DEFAULT_FRAMEWORK", "FALLBACK_FRAMEWORK", "FRAMEWORKS", "Framework", "PRECISIONS",
            "check", "default_note", "get"]
 
+
 class _Profiles(dict):
     """The profiles by name; an unknown name is the one-line error that lists them."""
 
@@ -29,7 +30,7 @@ FRAMEWORKS = _Profiles({f.name: f for f in (MEGATRON_2021, MEGATRON_CORE, NEMO, 
                                         DEEPSPEED_2024, DEEPSPEED_BF16, AUTOMODEL, COMPOSER, COMPOSER_PURE, LIT_GPT, FMS_FSDP,
                                         INTERNEVO, ALEPH_ALPHA, FLASH_ATTN, GPT_NEOX, NANOTRON)})
 # The profile of a name (UsageError for an unknown one): the planner asks it hundreds of thousands of times a search,
-# so it is the dict's own lookup, not a Python function around it (3 % of a 405B plan).
+# so it is the dict's own lookup, not a Python function around it (a few per cent of a 405B plan's search).
 get = FRAMEWORKS.__getitem__
 # --framework not given: torchtitan, PyTorch's own stack (FSDP2, torch.distributed.pipelining, SDPA) on the
 # torch.distributed this project's runtime uses; where it cannot run what the other flags ask (ZeRO-1, DDP with TP or
@@ -57,8 +58,6 @@ def default_note(fallback_reason: str | None = None) -> str:
     reason = fallback_reason.split(" — ")[0].split("cannot run this layout: ", 1)[-1]  # the refusal's own words
     return (f"framework {FALLBACK_FRAMEWORK} (--framework not given, and the default {DEFAULT_FRAMEWORK} cannot run "
             f"this: {reason})")
-
-
 
 
 def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,
