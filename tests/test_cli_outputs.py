@@ -242,6 +242,26 @@ def test_version_is_the_installed_packages(capsys):
     assert capsys.readouterr().out.strip() == f"shardwise {version('shardwise')}"
 
 
+def test_a_version_that_cannot_be_written_is_no_traceback():
+    """`--version > /dev/full` or `--version | true` (unbuffered, as PYTHONUNBUFFERED makes it): exit 0 and nothing on
+    stderr, as argparse's own version action answers (the lazy lookup first wrote with print: a traceback, exit 1)."""
+    import os
+    import subprocess
+
+    unbuffered = {"PYTHONUNBUFFERED": "1"}
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            out = _shell(["--version"], env=unbuffered, stdout=full, stderr=subprocess.PIPE)
+        assert out.returncode == 0 and out.stderr == b"", out.stderr
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        gone = _shell(["--version"], env=unbuffered, stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert gone.returncode == 0 and gone.stderr == b"", gone.stderr
+
+
 def test_the_summary_names_the_steps_a_resumed_run_trained():
     # a resume that trained one step said "(steps 4-4)" (an outside check)
     from shardwise.specs import Layout, load_model

@@ -111,7 +111,7 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
                                           stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
     try:
-        deadline, stopped = time.monotonic() + 300, {}
+        deadline, stopped, ended = time.monotonic() + 300, {}, {}
         while len(stopped) < len(jobs):  # each is stopped as soon as it reaches its moment
             for name, proc in jobs.items():
                 if name not in stopped and _ready(name, proc, tmp_path):
@@ -120,9 +120,10 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
                     stopped[name] = time.monotonic()
                 elif name not in stopped:
                     assert proc.poll() is None, (name, proc.communicate())
+            _note_ends(jobs, stopped, ended)  # a job stopped early ends while the others still start
             assert time.monotonic() < deadline, f"not started: {sorted(jobs.keys() - stopped.keys())}"
             time.sleep(0.05)
-        ended = _end_times(jobs)
+        _end_times(jobs, ended)
         for name, proc in jobs.items():
             sig, _, code, _ = CASES[name][1:]
             out, err = _communicate_or_dump(name, proc)
@@ -149,16 +150,21 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             _kill_session(proc)
 
 
-def _end_times(jobs: dict, timeout: float = 120) -> dict:
-    """When each job was seen to end (time.monotonic), all watched together for up to `timeout` seconds: a job's time
-    is its own, not the time it waited for the jobs before it to be read."""
-    ended, deadline = {}, time.monotonic() + timeout
+def _note_ends(jobs: dict, stopped: dict, ended: dict) -> None:
+    """Record in `ended` (time.monotonic) each stopped job seen to have ended since the last look."""
+    for name in stopped.keys() - ended.keys():
+        if jobs[name].poll() is not None:
+            ended[name] = time.monotonic()
+
+
+def _end_times(jobs: dict, ended: dict, timeout: float = 120) -> None:
+    """Watch every stopped job together, from the moment the last was stopped, until all have ended or `timeout`
+    seconds pass, adding each end to `ended`: with the ends seen while the others were still being stopped, a job's
+    time is its own, neither the wait for the jobs stopped after it nor for those read before it."""
+    deadline = time.monotonic() + timeout
     while len(ended) < len(jobs) and time.monotonic() < deadline:
-        for name, proc in jobs.items():
-            if name not in ended and proc.poll() is not None:
-                ended[name] = time.monotonic()
+        _note_ends(jobs, jobs, ended)
         time.sleep(0.05)
-    return ended
 
 
 def _communicate_or_dump(name: str, proc, timeout: float = 60) -> tuple[str, str]:

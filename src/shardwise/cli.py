@@ -72,7 +72,9 @@ class _VersionAction(argparse.Action):
                          help=help or "show program's version number and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"shardwise {_version()}")  # on stdout, as argparse's own version action writes it
+        # as argparse's own version action writes it: on stdout, a write that fails (a reader gone, a full disk) left
+        # unsaid rather than a traceback
+        parser._print_message(f"shardwise {_version()}\n", sys.stdout)
         parser.exit()
 
 
