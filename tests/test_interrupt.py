@@ -129,10 +129,9 @@ def test_ctrl_c_and_sigterm_stop_multi_process_commands_in_one_line(tmp_path):
             out, err = _communicate_or_dump(name, proc)
             took = ended.get(name, time.monotonic()) - stopped[name]
             lines = err.strip().splitlines()
-            # Stopped, not timed out: far below the jobs' collective timeouts (train's default: 300 s). Seven jobs start
-            # at once on two cores, beside whatever else the machine runs: one stopped while it imports torch acts on
-            # the signal only once the import is back in Python, seconds later on a busy machine.
-            assert proc.returncode == code and took < 60, (name, proc.returncode, took, err)
+            # Stopped, not timed out: far below the jobs' collective timeouts (train's default: 300 s). Each job's own
+            # time (0.3-1.7 s at load average 7): the 36 s that once failed here was the wait for the jobs stopped after it.
+            assert proc.returncode == code and took < 30, (name, proc.returncode, took, err)
             assert len(lines) == 1 and lines[0].startswith(f"shardwise: interrupted by {sig.name}"), (name, err)
             if "--json" in name:
                 said = json.loads(out)
