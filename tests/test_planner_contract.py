@@ -846,8 +846,9 @@ def test_estimates_text_says_what_it_assumes_and_what_it_filled_in():
     assert "assumes: megatron-core, attention" in text and "gradients reduced in fp32 behind the backward" in text
     assert "filled in: ZeRO-1 (megatron-core's default; --zero not given)" in text
     # megatron-core's published runs and recipes interleave: an unnamed schedule weighs 1F1B and each depth
-    assert re.search(r"filled in: interleaved 1F1B with \d+ virtual stages per rank \(megatron-core runs its pipelines "
-                     r"interleaved; of 1F1B and each depth, the fastest that fits; --schedule not given\)", text), text
+    assert re.search(r"filled in: interleaved 1F1B with \d+ virtual stages per rank \(megatron-core's published "
+                     r"pipeline runs interleave; of plain 1F1B and each depth, the fastest that fits; --schedule not "
+                     r"given, --schedule 1f1b prices plain 1F1B\)", text), text
     # the gradient reduction as this layout's is priced: nanotron's ZeRO-1 all-reduces after the backward; one replica
     # reduces nothing
     small = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--global-batch", "64", "--seq-len",
@@ -1125,4 +1126,4 @@ def test_megatron_2021_weighs_its_papers_interleaved_schedule_when_none_is_named
     unnamed, plain = answer(["estimate", *common]), answer(["estimate", *common, "--schedule", "1f1b"])
     assert unnamed["schedule"] == "interleaved-1f1b" and unnamed["vpp"] > 1
     assert unnamed["step_time_s"] < plain["step_time_s"] and plain["vpp"] == 1
-    assert any("megatron-2021 runs its pipelines interleaved" in i for i in unnamed["assumptions"]["implied"])
+    assert any("megatron-2021's published pipeline runs interleave" in i for i in unnamed["assumptions"]["implied"])

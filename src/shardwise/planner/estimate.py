@@ -293,8 +293,9 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
                else f"{rule}, from {fw.name}'s default ZeRO-{default_zero} up")
         implied.append(f"ZeRO-{chosen.zero} ({why}; --zero not given)")
     if chosen.schedule != lay.schedule:
-        implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name} runs its pipelines "
-                       f"interleaved; of 1F1B and each depth, {rule}; --schedule not given)")
+        implied.append(f"interleaved 1F1B with {chosen.vpp} virtual stages per rank ({fw.name}'s published pipeline "
+                       f"runs interleave; of plain 1F1B and each depth, {rule}; --schedule not given, --schedule 1f1b "
+                       f"prices plain 1F1B)")
     elif chosen.vpp != lay.vpp:
         implied.append(f"{chosen.vpp} virtual stages per rank ({rule}; --vpp not given)")
     elif lay.pp > 1 and not {"schedule", "vpp"} & set(named):
