@@ -789,6 +789,39 @@ def test_plain_tp_on_a_stack_that_always_shards_the_sequence_is_refused_by_every
     assert code == 2 and len(err.strip().splitlines()) == 1 and "sequence" in err and framework in err
 
 
+LLAMA405 = ["--model", "llama3.1-405b", "--cluster", "dgx-h100-80gb", "--global-batch", "2048", "--seq-len", "8192",
+            "--tp", "8", "--pp", "16", "--micro-batch", "1", "--recompute", "none"]
+
+
+def test_a_layout_the_default_stack_cannot_hold_is_estimated_under_the_fallback_and_says_so():
+    """Llama 3 405B at tp 8 . pp 16 without activation checkpointing (the paper, Sec. 3.3.2) and no --framework:
+    torchtitan's eager blocks keep about twice Megatron-Core's fused ones, so it does not fit there; megatron-core holds
+    it, and estimate answers under it as plan does where nothing fits, saying why. Where neither holds the layout (the
+    same on 8,192 GPUs with interleaving and ZeRO-2 named), the answer is the default's, fits false, with its changes
+    that fit; a named stack is never swapped."""
+    code, out, err = cli(["estimate", *LLAMA405, "--gpus", "16384", "--json"])
+    assert code == 0, err
+    fallback = json.loads(out)
+    assert fallback["framework"] == "megatron-core" and fallback["fits"] and "fit_options" not in fallback
+    (note,) = [n for n in fallback["assumptions"]["implied"] if n.startswith("framework megatron-core")]
+    assert "the default torchtitan cannot run this: the layout needs" in note and "of its 79.6 GiB per GPU" in note
+    code, out, _ = cli(["estimate", *LLAMA405, "--gpus", "16384", "--framework", "megatron-core", "--json"])
+    assert json.loads(out)["step_time_s"] == fallback["step_time_s"]
+    code, out, _ = cli(["estimate", *LLAMA405, "--gpus", "16384", "--framework", "torchtitan", "--json"])
+    named = json.loads(out)
+    assert code == 0 and named["framework"] == "torchtitan" and not named["fits"] and named["fit_options"]
+    code, out, err = cli(["estimate", *LLAMA405, "--gpus", "16384"])  # the table says it too
+    assert code == 0 and "framework megatron-core" in " ".join(out.split()), err
+    tight = [*LLAMA405, "--gpus", "8192", "--zero", "2", "--schedule", "interleaved-1f1b", "--json"]
+    code, out, err = cli(["estimate", *tight])
+    assert code == 0, err
+    neither = json.loads(out)
+    assert neither["framework"] == "torchtitan" and not neither["fits"] and neither["fit_options"]
+    assert not any(n.startswith("framework megatron-core") for n in neither["assumptions"]["implied"])
+    code, out, _ = cli(["estimate", *tight, "--framework", "megatron-core"])
+    assert code == 0 and not json.loads(out)["fits"]
+
+
 def test_plain_tp_without_a_framework_plans_under_megatron_core_and_says_so():
     code, out, _ = cli(["plan", *JOB70, "--no-sequence-parallel", "--top", "3", "--json"])
     assert code == 0

@@ -11,6 +11,11 @@ class UsageError(ValueError):
     exit_code = 2
 
 
+class DoesNotFit(UsageError):
+    """`estimate` under the default stack (no --framework): the layout does not fit its memory, so the fallback stack
+    is tried (commands/common.py under_framework); never reaches the user as an error."""
+
+
 class JobFailed(RuntimeError):
     """A running job failed: a rank died or hung, or training diverged; the message names it (one line), `details`
     has the tracebacks. The CLI prints it as `shardwise: error: <message>`, exit code 1."""

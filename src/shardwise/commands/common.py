@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import replace
 
-from shardwise.errors import UsageError
+from shardwise.errors import DoesNotFit, UsageError
 from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, cluster_presets, default_schedule,
                              load_cluster, load_model, model_presets)
 
@@ -277,8 +277,10 @@ def space_from_args(args):
 
 def under_framework(args, attempt):
     """attempt(args) under the --framework the user named. Unnamed: under the default (planner/frameworks.py
-    DEFAULT_FRAMEWORK), or, where that stack refuses what the other flags ask (its one-line UsageError), under
-    FALLBACK_FRAMEWORK; `args.framework_note` then says which and why (`assumptions.implied`, plan's note)."""
+    DEFAULT_FRAMEWORK), or, where that stack refuses what the other flags ask (its one-line UsageError) or, for
+    `estimate`, cannot hold the layout where the fallback can (DoesNotFit), under FALLBACK_FRAMEWORK;
+    `args.framework_note` then says which and why (`assumptions.implied`, plan's note). A layout neither holds is the
+    default's answer, fits false."""
     from copy import copy
 
     from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FALLBACK_FRAMEWORK, default_note
@@ -287,15 +289,23 @@ def under_framework(args, attempt):
         return attempt(args)
     first = copy(args)
     first.framework, first.framework_note = DEFAULT_FRAMEWORK, default_note()
+    first.fallback_if_unfit = True  # estimate: a layout the default cannot hold is tried under the fallback too
     try:
         out = attempt(first)
     except UsageError as refusal:
         second = copy(args)
         second.framework, second.framework_note = FALLBACK_FRAMEWORK, default_note(str(refusal))
         second.framework_fallback = True  # what the command suggests must name it (estimate's fit_options)
+        second.fallback_if_unfit = isinstance(refusal, DoesNotFit)
         try:
             out = attempt(second)
         except UsageError as again:  # the same words: the input itself; else each stack's own reason, in one line
+            if isinstance(refusal, DoesNotFit):  # neither stack holds it: the default's own answer, fits false
+                first = copy(args)
+                first.framework, first.framework_note = DEFAULT_FRAMEWORK, default_note()
+                out = attempt(first)
+                _take_notes(args, first)
+                return out
             if str(again) == str(refusal):
                 raise
             if all(str(e).startswith("nothing fits") for e in (refusal, again)):

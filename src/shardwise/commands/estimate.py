@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
                                        add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
                                        notes, print_json, under_framework)
-from shardwise.errors import UsageError
+from shardwise.errors import DoesNotFit, UsageError
 from shardwise.units import GIB, count
 
 
@@ -79,6 +79,9 @@ def _run(args) -> int:
     if idle_gather:  # asked for where torchtitan would not turn it on
         implied = [*implied, idle_gather]
     est = estimate(job, layout, implied)
+    if not est.fits and getattr(args, "fallback_if_unfit", False):  # the default stack's miss: the fallback is tried
+        raise DoesNotFit(f"the layout needs {est.memory_per_gpu / GIB:.1f} of its {est.gpu_memory_bytes / GIB:.1f} GiB "
+                         f"per GPU")
     options = [] if est.fits else fit_options(job, layout, asked, frozenset(named))
     if args.micro_batch is None:  # each option at the micro-batch chosen here, as `estimate` answers it with both flags
         options = [o | {"change": f"{o['change']} --micro-batch {layout.micro_batch}"}
