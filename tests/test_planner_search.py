@@ -468,6 +468,15 @@ def test_an_unnamed_schedule_is_said_and_llama3_weighs_interleaving(capsys):
     tight = json.loads(out)
     assert not tight["fits"]
     assert any("the closest to fitting: none fits; --vpp not given" in n for n in tight["assumptions"]["implied"])
+    # megatron-core weighs interleaving there too: at 32 micro-batches a replica no depth holds the first stage's
+    # warm-up without checkpoints, so plain 1F1B wins, and is said to be the fastest that fits, not a default
+    code, out, err = run_cli(capsys, "estimate", *llama, "--gpus", "8192", "--framework", "megatron-core",
+                             "--recompute", "none")
+    assert code == 0, err
+    weighed = json.loads(out)
+    assert weighed["schedule"] == "1f1b" and weighed["fits"]
+    assert ("plain 1F1B (of it and each interleaved depth, the fastest that fits; --schedule not given)"
+            in weighed["assumptions"]["implied"])
 
 
 def test_unnamed_virtual_stages_under_interleaving_are_chosen(capsys):

@@ -298,6 +298,8 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
                        f"prices plain 1F1B)")
     elif chosen.vpp != lay.vpp:
         implied.append(f"{chosen.vpp} virtual stages per rank ({rule}; --vpp not given)")
+    elif lay.pp > 1 and not {"schedule", "vpp"} & set(named) and len(pipeline_shapes(job, lay, named)) > 1:
+        implied.append(f"plain 1F1B (of it and each interleaved depth, {rule}; --schedule not given)")
     elif lay.pp > 1 and not {"schedule", "vpp"} & set(named):
         implied.append(f"{chosen.schedule} ({fw.name}'s default pipeline schedule; --schedule not given)")
     if chosen.sequence_parallel != lay.sequence_parallel:
