@@ -529,6 +529,21 @@ def test_help_names_the_default_framework_and_why(capsys):
     assert "--zero 1" in out and "megatron-core" in out  # what the default cannot run, and what runs it then
 
 
+def test_estimate_help_names_the_stacks_that_weigh_interleaving(capsys):
+    # only stacks that run interleaved 1F1B can weigh it: nanotron and aleph-alpha (1F1B only) and the FSDP-only
+    # stacks are not listed, though their profiles inherit the weighing from a stack that interleaves
+    try:
+        main(["estimate", "--help"])
+    except SystemExit:
+        pass
+    out = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"vpp > 1; on (.*?), whose papers and recipes interleave", out)
+    assert listed, out
+    names = set(re.split(r", | and ", listed[1]))
+    assert {"megatron-core", "nemo", "torchtitan", "llama3"} <= names
+    assert not names & {"nanotron", "aleph-alpha", "composer", "lit-gpt", "fms-fsdp", "deepspeed", "shardwise"}
+
+
 def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_need_it(capsys):
     # plan and explain without --framework: torchtitan, or megatron-core (named with torchtitan's refusal) where the
     # flags ask what torchtitan cannot run; a named framework is never swapped (its refusal stays one line, exit 2).

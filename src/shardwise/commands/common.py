@@ -76,9 +76,9 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                             "of the two that fits (megatron-2021, shardwise and internevo: off unless named)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
-                       f"; on {_stacks(lambda fw: fw.interleave_unnamed)}, whose papers and recipes interleave "
-                       "their pipelines, interleaved-1f1b "
-                       "at the fastest depth that fits, or 1f1b if faster; elsewhere the output says when "
+                       f"; on {_stacks(_weighs_interleaving)}, whose papers and recipes interleave their "
+                       "pipelines, interleaved-1f1b at the fastest depth that fits, or 1f1b if faster; elsewhere the "
+                       "output says when "
                        "interleaving would be 5%% faster)" if unnamed else ")"))
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE models): experts split over ep of the same dp x tp x cp ranks; ep*etp "
@@ -124,6 +124,11 @@ def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> No
 
     p.add_argument("--framework", default=None, metavar="{" + ",".join(FRAMEWORKS) + "}",
                    help=(help or DEFAULT_HELP) + " (docs/planner.md describes each)")
+
+
+def _weighs_interleaving(fw) -> bool:
+    """Whether a pipeline named without a schedule weighs interleaving on this stack (estimate.pipeline_shapes)."""
+    return fw.interleave_unnamed and "interleaved-1f1b" in fw.schedules
 
 
 def _stacks(fits) -> str:

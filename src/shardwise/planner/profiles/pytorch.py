@@ -92,6 +92,8 @@ AUTOMODEL = replace(
     # its splitter (components/distributed/pipelining/functional.py generate_hf_model_fqn_per_model_part) deals the
     # layers over the stages and adds the embedding and the head to the edge ones: a layer in every stage
     edge_chunks=False,
+    # interleave_unnamed as torchtitan's: its benchmark configs and docs set AutoPipeline's pp_schedule to
+    # interleaved1f1b (examples/benchmark configs, docs/guides: "pp_schedule: interleaved1f1b")
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)", "recompute of only some layers"),
 )
 
