@@ -804,12 +804,17 @@ def test_a_layout_the_default_stack_cannot_hold_is_estimated_under_the_fallback_
     fallback = json.loads(out)
     assert fallback["framework"] == "megatron-core" and fallback["fits"] and "fit_options" not in fallback
     (note,) = [n for n in fallback["assumptions"]["implied"] if n.startswith("framework megatron-core")]
-    assert "the default torchtitan cannot run this: the layout needs" in note and "of its 79.6 GiB per GPU" in note
+    assert "the default torchtitan cannot hold this: the layout needs" in note and "of its 79.6 GiB per GPU" in note
+    # ... and the fastest change that keeps it on torchtitan, as `--framework torchtitan` lists it
+    stay = re.search(r"; under torchtitan, (.+) fits \(([\d.]+) GiB, step ([\d.]+) s\)\)$", note)
+    assert stay, note
     code, out, _ = cli(["estimate", *LLAMA405, "--gpus", "16384", "--framework", "megatron-core", "--json"])
     assert json.loads(out)["step_time_s"] == fallback["step_time_s"]
     code, out, _ = cli(["estimate", *LLAMA405, "--gpus", "16384", "--framework", "torchtitan", "--json"])
     named = json.loads(out)
     assert code == 0 and named["framework"] == "torchtitan" and not named["fits"] and named["fit_options"]
+    fastest = min(named["fit_options"], key=lambda o: o["step_time_s"])
+    assert stay[1] == fastest["change"] and float(stay[3]) == pytest.approx(fastest["step_time_s"], rel=5e-3)
     code, out, err = cli(["estimate", *LLAMA405, "--gpus", "16384"])  # the table says it too
     assert code == 0 and "framework megatron-core" in " ".join(out.split()), err
     tight = [*LLAMA405, "--gpus", "8192", "--zero", "2", "--schedule", "interleaved-1f1b", "--json"]
@@ -818,6 +823,10 @@ def test_a_layout_the_default_stack_cannot_hold_is_estimated_under_the_fallback_
     neither = json.loads(out)
     assert neither["framework"] == "torchtitan" and not neither["fits"] and neither["fit_options"]
     assert not any(n.startswith("framework megatron-core") for n in neither["assumptions"]["implied"])
+    assert not any("--framework" in o["change"] for o in neither["fit_options"])  # torchtitan's own changes
+    code, out, _ = cli(["estimate", *tight, "--framework", "torchtitan"])
+    titan = json.loads(out)
+    assert (titan["step_time_s"], titan["memory_gib_per_gpu"]) == (neither["step_time_s"], neither["memory_gib_per_gpu"])
     code, out, _ = cli(["estimate", *tight, "--framework", "megatron-core"])
     assert code == 0 and not json.loads(out)["fits"]
 

@@ -299,7 +299,8 @@ def under_framework(args, attempt):
         out = attempt(first)
     except UsageError as refusal:
         second = copy(args)
-        second.framework, second.framework_note = FALLBACK_FRAMEWORK, default_note(str(refusal))
+        second.framework = FALLBACK_FRAMEWORK
+        second.framework_note = default_note(str(refusal), held=isinstance(refusal, DoesNotFit))
         second.framework_fallback = True  # what the command suggests must name it (estimate's fit_options)
         second.fallback_if_unfit = isinstance(refusal, DoesNotFit)
         try:

@@ -79,13 +79,12 @@ def _run(args) -> int:
     if idle_gather:  # asked for where torchtitan would not turn it on
         implied = [*implied, idle_gather]
     est = estimate(job, layout, implied)
-    if not est.fits and getattr(args, "fallback_if_unfit", False):  # the default stack's miss: the fallback is tried
-        raise DoesNotFit(f"the layout needs {est.memory_per_gpu / GIB:.1f} of its {est.gpu_memory_bytes / GIB:.1f} GiB "
-                         f"per GPU")
     options = [] if est.fits else fit_options(job, layout, asked, frozenset(named))
     if args.micro_batch is None:  # each option at the micro-batch chosen here, as `estimate` answers it with both flags
         options = [o | {"change": f"{o['change']} --micro-batch {layout.micro_batch}"}
                    if not o["change"].startswith("--micro-batch") else o for o in options]
+    if est.memory_per_gpu > est.gpu_memory_bytes and getattr(args, "fallback_if_unfit", False):
+        raise DoesNotFit(_unheld(job, est, options))  # the default stack's GPU-memory miss: the fallback is tried
     if getattr(args, "framework_fallback", False):  # priced under the fallback stack, which the flag alone might not pick
         options = [o | {"change": f"{o['change']} --framework {job.framework}"} for o in options]
     if args.json:
@@ -117,6 +116,17 @@ def _run(args) -> int:
         if note:
             console.print(f"note: {note}", highlight=False)
     return 0
+
+
+def _unheld(job, est, options: list[dict]) -> str:
+    """Why the default stack cannot hold the layout, for the fallback's note: its memory against the GPU's, and the
+    fastest change that keeps it on that stack (fit_options, fastest first), if any."""
+    why = f"the layout needs {est.memory_per_gpu / GIB:.1f} of its {est.gpu_memory_bytes / GIB:.1f} GiB per GPU"
+    if not options:
+        return why
+    best = min(options, key=lambda o: o["step_time_s"])
+    return (f"{why}; under {job.framework}, {best['change']} fits ({best['memory_gib_per_gpu']:.1f} GiB, step "
+            f"{best['step_time_s']:.3g} s)")
 
 
 def _idle_flags(args, job) -> tuple[set[str], list[str]]:

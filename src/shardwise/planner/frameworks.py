@@ -51,14 +51,15 @@ DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRA
                 "which layouts can run at all")
 
 
-def default_note(fallback_reason: str | None = None) -> str:
-    """What `assumptions.implied` (and plan's note) say of the framework when --framework was not given."""
+def default_note(fallback_reason: str | None = None, held: bool = False) -> str:
+    """What `assumptions.implied` (and plan's note) say of the framework when --framework was not given; `held`: the
+    default runs the layout but cannot hold it in memory (estimate's DoesNotFit), where the fallback can."""
     if fallback_reason is None:
         return (f"framework {DEFAULT_FRAMEWORK} (the default, --framework not given; a faster stack plans faster "
                 f"steps: name the stack you run)")
     reason = fallback_reason.split(" — ")[0].split("cannot run this layout: ", 1)[-1]  # the refusal's own words
-    return (f"framework {FALLBACK_FRAMEWORK} (--framework not given, and the default {DEFAULT_FRAMEWORK} cannot run "
-            f"this: {reason})")
+    return (f"framework {FALLBACK_FRAMEWORK} (--framework not given, and the default {DEFAULT_FRAMEWORK} cannot "
+            f"{'hold' if held else 'run'} this: {reason})")
 
 
 def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,

@@ -47,11 +47,6 @@ TORCHTITAN = Framework(
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
-    # Its config's default schedule is 1F1B (job_config.py pipeline_parallel_schedule), but its own pipeline runs at
-    # scale interleave: benchmarks/llama3_h100_202412_torchtitan.md Table 5 (Llama 3.1 405B, PP 8 on 512 H100:
-    # Interleaved 1F1B 128 TPS/GPU against 1F1B's 100; the same runs in the TorchTitan paper, Liang et al. 2024). A pipeline named without a schedule is weighed as plain 1F1B and each interleaving depth, the
-    # fastest that fits (estimate.pipeline_shapes), as Megatron's stacks are; --schedule 1f1b prices the default.
-    interleave_unnamed=True,
     cannot=("ZeRO-1", "DDP (ZeRO-0) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
             "experts split by a tp other than the dense tp or none (ParallelDims: etp == tp or etp == 1)"),
     fp8="torchao",
@@ -92,8 +87,10 @@ AUTOMODEL = replace(
     # its splitter (components/distributed/pipelining/functional.py generate_hf_model_fqn_per_model_part) deals the
     # layers over the stages and adds the embedding and the head to the edge ones: a layer in every stage
     edge_chunks=False,
-    # interleave_unnamed as torchtitan's: its benchmark configs and docs set AutoPipeline's pp_schedule to
-    # interleaved1f1b (examples/benchmark configs, docs/guides: "pp_schedule: interleaved1f1b")
+    # A pipeline named without a schedule weighs plain 1F1B and each interleaving depth (estimate.pipeline_shapes), where
+    # torchtitan, its parent, keeps its config's 1F1B: AutoModel's benchmark configs and guides set AutoPipeline's
+    # pp_schedule to interleaved1f1b, and its published pipeline rows ran virtual stages (DeepSeek-V3 vpp 8, Kimi K2 4)
+    interleave_unnamed=True,
     cannot=TORCHTITAN.cannot + ("FP8 training (not in its published runs)", "recompute of only some layers"),
 )
 
