@@ -55,7 +55,7 @@ def test_profile_loads_with_positive_monotone_tables(calibrated):
     assert m["model_tflops"] > 0 and m["layer_overhead_s"] >= 0 and len(m["model_points"]) == 4
     assert m["step_overhead_s"] >= 0
     for key in ("sync_overhead_s", "p2p_sync_s", "checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
-                "train_step_overhead_s", "split_backward_s", "pipeline_exchange_s", "lockstep_spread"):
+                "zero1_call_s", "train_step_overhead_s", "split_backward_s", "pipeline_exchange_s", "lockstep_spread"):
         assert m[key] >= 0, key
     assert len(m["sync_points"]) == 10 and m["sync_points"][6] > m["sync_points"][0]  # a stage is longer than a layer
     assert [w for w, _ in m["wait_penalty_points"]] == [m["sync_points"][0], m["sync_points"][6]]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.planner import Job, estimate, kernels
-from shardwise.planner.comm import collective_time, interpolate, nccl_time
+from shardwise.planner.comm import collective_time, interpolate, nccl_time, zero1_call_time
 from shardwise.planner.frameworks import FRAMEWORKS
 from shardwise.planner.job import make_job
 from shardwise.planner.overlap import hidden
@@ -730,6 +730,19 @@ def test_fsdp_calls_are_counted_per_unit():
     assert _delta("dp_comm", Layout(dp=2, zero=2), fsdp_call_s=y, comm_overlap=0.0) == pytest.approx(4 * 10 * y)
     # ZeRO-0: one all-reduce
     assert _delta("dp_comm", Layout(dp=2), sync_overhead_s=y, comm_overlap=0.0) == pytest.approx(y)
+
+
+def test_each_zero1_broadcast_pays_its_calibrated_cost():
+    # torch's ZeroRedundancyOptimizer broadcasts every parameter tensor of the runtime's model once per step, each
+    # paying calibrate's zero1_call_s beyond its table time; ZeRO-0 and the datasheet clusters pay nothing of it
+    from shardwise.model import Transformer
+
+    tensors = len(list(Transformer(load_model("tiny"), seed=0, device="meta").parameters()))
+    y = 1e-3
+    assert _delta("dp_comm", Layout(dp=2, zero=1), zero1_call_s=y, comm_overlap=0.0) == pytest.approx(tensors * y)
+    assert _delta("dp_comm", Layout(dp=2), zero1_call_s=y, comm_overlap=0.0) == 0
+    datasheet = Job(load_model("tiny"), A100, TrainSpec(8, 64), flash_attention=True, framework="shardwise")
+    assert zero1_call_time(datasheet.cluster) == 0
 
 
 def test_lit_gpt_reduce_scatters_once_per_optimizer_step():

@@ -357,7 +357,7 @@ MEASURED_KEYS = frozenset((
     "embedding_overhead_s", "head_overhead_s", "edge_points", "step_overhead_s", "sync_overhead_s", "p2p_sync_s",
     "pipeline_exchange_s", "lockstep_spread", "wait_penalty_points", "handoff_points", "action_scatter", "sync_points",
     "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_call_s", "fsdp_tensor_s", "ddp_microbatch_s",
-    "train_step_overhead_s", "loop_points", "fsdp_points", "split_backward_s", "split_points", "cp_ring_step_s",
+    "zero1_call_s", "train_step_overhead_s", "loop_points", "fsdp_points", "split_backward_s", "split_points", "cp_ring_step_s",
     "cp_allgather_s", "cp_points", "tp_points", "concurrent_slowdown", "alone_points", "model_points",
     "one_sequence_points", "host_layer_s", "host_embedding_s", "host_head_s", "host_floor_points", "tp_call_s",
     "tp_sp_call_s", "other_cpu_cores", "gloo_loop_threads", "reference_rounds_s", "comm_overlap",

@@ -155,9 +155,9 @@ def action_scatter(t: Timer, stage) -> float:
 def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     """One layer with the embedding and head (world > 1): ({"plain": its forward + backward, "sharded": the same as
     the runtime shards it under ZeRO-3, "plain update" / "sharded update": the runtime's clip + AdamW on each,
-    "ddp": as the runtime wraps it in DDP, under no_sync}, the sharded chunk). measure_fsdp times them for the
+    "zero1 update": the plain one's under ZeRO-1, "ddp": as the runtime wraps it in DDP, under no_sync}, the sharded
+    chunk). measure_fsdp times them for the
     profile; validate times "plain" and "sharded" again beside its sweep (FSDP's calls' speed now)."""
-    from shardwise.model import Transformer
     from shardwise.parallel import GlobalGradNorm, grad_sync, parallelize
     from shardwise.specs import Layout
 
@@ -165,7 +165,7 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     mesh = t.mesh()
 
     def layer():
-        return Transformer(spec, seed=0, layer_ids=range(1))
+        return _plain_layer(spec)
 
     model = layer().to(t.device)
     plain = Sharded(model, model)
@@ -179,7 +179,9 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
         loss.backward()
 
     updates = {"plain": (GlobalGradNorm([plain], None), runtime_optimizer(t, plain, None)),
-               "sharded": (GlobalGradNorm([sharded], mesh), runtime_optimizer(t, sharded, mesh))}
+               "sharded": (GlobalGradNorm([sharded], mesh), runtime_optimizer(t, sharded, mesh)),
+               # ZeRO-1: the plain parameters, each rank's AdamW over its partition, then every tensor broadcast
+               "zero1": (GlobalGradNorm([plain], None), runtime_optimizer(t, plain, mesh, zero=1))}
 
     def update(name):
         norm, opt = updates[name]
@@ -191,7 +193,15 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
             step(replicated)
 
     return {"plain": lambda: step(plain), "sharded": lambda: step(sharded), "plain update": lambda: update("plain"),
-            "sharded update": lambda: update("sharded"), "ddp": ddp_step}, sharded
+            "sharded update": lambda: update("sharded"), "zero1 update": lambda: update("zero1"),
+            "ddp": ddp_step}, sharded
+
+
+def _plain_layer(spec, device="cpu"):
+    """One layer with the embedding and head, as fsdp_workloads times it (on `device`: "meta" for its shapes alone)."""
+    from shardwise.model import Transformer
+
+    return Transformer(spec, seed=0, layer_ids=range(1), device=device)
 
 
 def measure_fsdp(t: Timer, out: dict):
@@ -204,9 +214,14 @@ def measure_fsdp(t: Timer, out: dict):
     out["fsdp_points"][2:4]: the runtime's clip + AdamW over the plain and the sharded parameters (each a
     DTensor, whose every op pays a dispatch; Profile.fsdp_tensor_s takes the difference per tensor).
     out["ddp_microbatch_s"]: the same model as the runtime wraps it in DistributedDataParallel (ZeRO-0),
-    under its no_sync, against plain: what DDP's wrapper and per-parameter hooks cost per micro-batch."""
+    under its no_sync, against plain: what DDP's wrapper and per-parameter hooks cost per micro-batch.
+    out["zero1_call_s"]: the update as the runtime runs it under ZeRO-1 (torch's ZeroRedundancyOptimizer: each
+    rank's AdamW over its partition, then one broadcast per parameter tensor from its owner, issued back to back)
+    against the plain update, less the broadcast table's time for each tensor, per tensor: what each of those
+    broadcasts costs beyond its table time (the owners alternating, the queue of asynchronous calls). The partition's
+    smaller AdamW is left in it (a few percent of it on the tiny model)."""
     if t.world == 1:
-        out["fsdp_call_s"] = out["ddp_microbatch_s"] = 0.0
+        out["fsdp_call_s"] = out["ddp_microbatch_s"] = out["zero1_call_s"] = 0.0
         return
     from shardwise.planner.comm import interpolate
 
@@ -227,7 +242,11 @@ def measure_fsdp(t: Timer, out: dict):
                (("all_gather", layer_bytes), ("all_gather", layer_bytes), ("reduce_scatter", layer_bytes),
                 ("all_gather", root), ("reduce_scatter", root)))
     out["fsdp_call_s"] = max((sharded_s - plain_s - wire) / 5, 0.0)
-    out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s]
+    zero1_u = plain_u + paired(reps, "zero1 update", "plain update")
+    tensors = [p.numel() * p.element_size() for p in _plain_layer(spec, "meta").parameters()]  # as "plain" holds them
+    broadcasts = sum(interpolate(tables["broadcast"], nbytes) for nbytes in tensors)
+    out["zero1_call_s"] = max((zero1_u - plain_u - broadcasts) / len(tensors), 0.0)
+    out["fsdp_points"] = [plain_s, sharded_s, plain_u, sharded_u, ddp_s, zero1_u]
 
 
 def cp_workloads(t: Timer) -> dict:

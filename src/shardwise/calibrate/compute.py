@@ -398,10 +398,12 @@ def _train_config(t: Timer, layout, global_batch: int, spec=None):
                        backend=t.cfg.backend, timeout_s=t.cfg.timeout_s, progress=False, autocast=t.cfg.dtype)
 
 
-def runtime_optimizer(t: Timer, chunk, mesh):
+def runtime_optimizer(t: Timer, chunk, mesh, zero: int = 0):
     """The runtime's AdamW (train.build_optimizer: its groups, hyper-parameters and kernel) for `chunk` (also the
-    optimizer comm.py's FSDP measurement steps)."""
+    optimizer comm.py's FSDP measurement steps); `zero` 1: as the runtime builds it under ZeRO-1 over every rank
+    (torch's ZeroRedundancyOptimizer on the mesh's dp group)."""
     from shardwise.specs import Layout
     from shardwise.train import build_optimizer
 
-    return build_optimizer([chunk], _train_config(t, Layout(), t.cfg.micro_batch), mesh)
+    layout = Layout(dp=t.world, zero=zero) if zero else Layout()
+    return build_optimizer([chunk], _train_config(t, layout, t.cfg.micro_batch), mesh)

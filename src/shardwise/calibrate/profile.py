@@ -55,6 +55,7 @@ class Profile:
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
+    zero1_call_s: float = 0.0  # each ZeRO-1 broadcast of a parameter tensor after the step, beyond its table time
     fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
     loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
     split_points: list = field(default_factory=list)  # [one backward, split I + W] of a middle chunk, seconds
@@ -260,6 +261,7 @@ class Profile:
                "checkpoint_overhead_s": self.checkpoint_overhead_s,
                "full_checkpoint_overhead_s": self.full_checkpoint_overhead_s, "fsdp_call_s": self.fsdp_call_s,
                "fsdp_tensor_s": self.fsdp_tensor_s(), "ddp_microbatch_s": self.ddp_microbatch_s,
+               "zero1_call_s": self.zero1_call_s,
                CALIBRATED_STEP_OVERHEAD: self.train_step_overhead_s(), "loop_points": self.loop_points,
                "fsdp_points": self.fsdp_points,
                "split_backward_s": self.split_backward_s(), "split_points": self.split_points,
@@ -316,7 +318,8 @@ SPEED_CLASS = {
     **dict.fromkeys(("layer_overhead_s", "embedding_overhead_s", "head_overhead_s", "step_overhead_s",
                      "checkpoint_overhead_s", "full_checkpoint_overhead_s", "fsdp_tensor_s", "ddp_microbatch_s", CALIBRATED_STEP_OVERHEAD,
                      "split_backward_s", "cp_ring_step_s", "cp_allgather_s"), "compute"),
-    **dict.fromkeys(("sync_overhead_s", "tp_call_s", "tp_sp_call_s", "all_reduce", "all_gather", "reduce_scatter", "broadcast"), "calls"),
+    **dict.fromkeys(("sync_overhead_s", "tp_call_s", "tp_sp_call_s", "zero1_call_s", "all_reduce", "all_gather",
+                     "reduce_scatter", "broadcast"), "calls"),
     **dict.fromkeys(("p2p_sync_s", "send_recv"), "p2p"),
     "pipeline_exchange_s": "exchange",
     **dict.fromkeys(("wait_penalty_points", "handoff_points"), "exchange"),  # [[wait, seconds], ...]: as a table's

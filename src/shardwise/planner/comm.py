@@ -264,6 +264,13 @@ def sync_time(cluster: ClusterSpec) -> float:
     return float((cluster.measured or {}).get("sync_overhead_s", 0.0))
 
 
+def zero1_call_time(cluster: ClusterSpec) -> float:
+    """What each of torch ZeroRedundancyOptimizer's per-tensor broadcasts costs beyond its table time on a cluster
+    calibrated by `shardwise calibrate` (`zero1_call_s`: owners alternating, the calls queued back to back); 0 for
+    datasheet clusters, whose NCCL broadcasts the table model prices."""
+    return float((cluster.measured or {}).get("zero1_call_s", 0.0))
+
+
 def tp_sync_time(cluster: ClusterSpec, sequence_parallel: bool = False) -> float:
     """The same for a tensor-parallel layer's collective, where `calibrate` timed a TP forward + backward of its
     model (`tp_call_s`: each TP call in that step beyond its table time, the work around it included; under sequence

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardwise.planner.comm import collective_time, one_node, overlaps, sync_time
+from shardwise.planner.comm import collective_time, one_node, overlaps, sync_time, zero1_call_time
 from shardwise.planner.frameworks import Framework
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.kernels import KERNEL_LAUNCH_S, hbm_rate
@@ -128,7 +128,7 @@ def dp_exposed(job, layout, fw: Framework, params: float, layer_params: float, t
         reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
         after = hidden(reduce, win.backward, gb * params, fw.bucket_bytes) if behind else reduce
         if layout.zero == 1:  # torch ZeroRedundancyOptimizer: every tensor broadcast by its owner after the step
-            after += tensors * collective_time(c, "broadcast", pb * params / tensors, d, stride)
+            after += tensors * (collective_time(c, "broadcast", pb * params / tensors, d, stride) + zero1_call_time(c))
         return after, 0.0
     if layout.zero == 1 and fw.zero1 == "owner_broadcast":  # InternEvo: all-reduce over dp, owners broadcast in group
         reduce = chunks * call("all_reduce", params / chunks, gb) + reduce_copies
