@@ -659,3 +659,35 @@ def test_a_table_whose_times_fall_never_prices_a_larger_message_at_nothing():
     points = [[1024, 0.002], [65536, 0.001]]
     assert interpolate(points, 1 << 20) >= 0.001 * (1 << 20) / 65536 * (1 - 1e-9)
     assert interpolate([[1024, 1e-4], [65536, 1e-3]], 1 << 20) > 1e-3  # a rising table as before
+
+
+ZERO1_SCRIPT = """
+import collections, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+from shardwise.calibrate.comm import _plain_layer, fsdp_workloads
+from shardwise.calibrate.config import CalibrateConfig
+from shardwise.calibrate.timer import Timer
+from shardwise.specs import load_model
+mesh = init_device_mesh("cpu", (1, 2, 1, 1), mesh_dim_names=("pp", "dp", "cp", "tp"))
+t = Timer(CalibrateConfig(model=load_model("tiny"), world=2).resolved(), 0, 2, mesh)
+fns, _ = fsdp_workloads(t)
+fns["plain"]()
+def broadcasts(name):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fns[name]()
+    return sum(e.name == "c10d::broadcast_" for e in prof.events())
+print(broadcasts("plain update"), broadcasts("zero1 update"), len(list(_plain_layer(t.cfg.model, "meta").parameters())))
+"""
+
+
+def test_the_zero1_update_calibrate_times_broadcasts_every_tensor_as_the_runtime_does():
+    # zero1_call_s is (the "zero1 update" - the plain one - the broadcast tables) per tensor: the update must be the
+    # runtime's ZeRO-1 (torch's ZeroRedundancyOptimizer, one broadcast per parameter tensor after the step), on a fake
+    # process group of two ranks in a process of its own
+    done = subprocess.run([sys.executable, "-c", ZERO1_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain, zero1, tensors = map(int, done.stdout.split()[-3:])
+    assert (plain, zero1) == (0, tensors) and tensors > 3

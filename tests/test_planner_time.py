@@ -745,6 +745,29 @@ def test_each_zero1_broadcast_pays_its_calibrated_cost():
     assert zero1_call_time(datasheet.cluster) == 0
 
 
+@pytest.mark.parametrize("lay", [dict(dp=2, zero=1), dict(dp=4, ep=2, zero=1), dict(dp=2, ep=2, zero=1)])
+def test_zero1_broadcasts_are_the_runtime_optimizers_tensors_on_a_mixture_of_experts(lay):
+    # train.build_optimizer: one ZeroRedundancyOptimizer over dp for the dense tensors (each MoE layer's router in
+    # place of its FFN), and the experts split over ep in a second one over their edp replicas, which broadcasts
+    # their stacked w1 / w3 / w2 only where edp > 1
+    from shardwise.model import Transformer
+    from shardwise.planner import moe
+
+    spec, layout = load_model("tiny-moe"), Layout(**lay)
+    names = [n for n, _ in Transformer(spec, seed=0, device="meta").named_parameters()]
+    experts = [n for n in names if ".experts." in n]
+    split = layout.ep > 1
+    runtime = len(names) - len(experts) * split + len(experts) * (split and moe.expert_replicas(layout, 1) > 1)
+    y = 1e-3
+
+    def job(**measured):
+        cluster = dataclasses.replace(A100, measured={"world_size": 0, "comm_overlap": 0.0, **measured})
+        return Job(spec, cluster, TrainSpec(16, 64), flash_attention=True, framework="shardwise")
+
+    charged = step_time(job(zero1_call_s=y), layout)["dp_comm"] - step_time(job(), layout)["dp_comm"]
+    assert charged == pytest.approx(runtime * y)
+
+
 def test_lit_gpt_reduce_scatters_once_per_optimizer_step():
     # TinyLlama's pretrain/tinyllama.py (01c9c77) runs every micro-batch but the step's last under
     # fabric.no_backward_sync, which Lightning 2.1.2's FSDPStrategy turns into FSDP1's no_sync(): FULL_SHARD still

@@ -56,7 +56,8 @@ class Profile:
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
     ddp_microbatch_s: float = 0.0  # DDP's wrapper and hooks per micro-batch (no_sync), beyond a plain model
     zero1_call_s: float = 0.0  # each ZeRO-1 broadcast of a parameter tensor after the step, beyond its table time
-    fsdp_points: list = field(default_factory=list)  # [plain, fully_shard] forward + backward, then clip + AdamW, seconds
+    # [plain, fully_shard] forward + backward, their clip + AdamW, DDP's no_sync step, the plain one's ZeRO-1 update, s
+    fsdp_points: list = field(default_factory=list)
     loop_points: list = field(default_factory=list)  # [bare, train's loop] data-parallel step over all ranks, seconds
     split_points: list = field(default_factory=list)  # [one backward, split I + W] of a middle chunk, seconds
     split_layers: int = 0  # layers of that chunk

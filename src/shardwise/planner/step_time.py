@@ -434,17 +434,30 @@ def pipe_regather_time(job: Job, layout: Layout, rank: int, tokens: int) -> tupl
     return tuple(n * per * one for n, per in zip(receives, fw.p2p_regathers))
 
 
-def param_tensors(job: Job, layout: Layout, rank: int) -> int:
-    """Parameter tensors on one GPU of pipeline rank `rank` (what per-tensor collectives count)."""
+def param_tensors(job: Job, layout: Layout, rank: int, routed: bool = True) -> int:
+    """Parameter tensors on one GPU of pipeline rank `rank` (what per-tensor collectives count; without the routed
+    experts' stacked tensors unless `routed`). A MoE layer holds the router and its experts' stacked w1 / w3 / w2 (and
+    a shared expert's FFN and gate) in place of the dense FFN."""
     model = job.model
     mlp = 3 if model.gated_mlp else 2
     per_layer = model.layer_norms * model.norm_vectors + (4 * (1 + model.attention_bias) + mlp * (1 + model.ffn_bias))
     n = rank_layers(job, layout, rank) * per_layer
+    if model.is_moe:
+        moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len, split_rule(job))
+        shared = (mlp + model.shared_expert_gate) if model.shared_ffn_hidden else 0
+        n += moe_layers * (1 + shared - mlp * (1 + model.ffn_bias)) + (moe_expert_tensors(job, layout, rank) if routed else 0)
     if rank == 0:
         n += 1 + model.learned_positions + model.embed_norm * model.norm_vectors
     if rank == layout.pp - 1:
         n += model.norm_vectors + (0 if model.tie_embeddings and layout.pp == 1 else 1) + model.head_bias
     return n
+
+
+def moe_expert_tensors(job: Job, layout: Layout, rank: int) -> int:
+    """The routed experts' parameter tensors on one GPU of pipeline rank `rank`: each MoE layer's experts stacked into
+    w1, w3 and w2 (w1 and w2 without a gated FFN)."""
+    model = job.model
+    return moe.rank_moe_layers(model, layout, rank, job.train.seq_len, split_rule(job)) * (3 if model.gated_mlp else 2)
 
 
 def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -> tuple[float, float]:
@@ -461,12 +474,13 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
         per_layer = dense + (experts / cost.layers if cost.layers else 0.0)
         return dp_exposed(job, layout, fw, params, per_layer, param_tensors(job, layout, rank), win, fp8)
     expert_share = _expert_link_share(job, layout, params - experts, experts, edp, split) if experts else 0.0
-    after, before = dp_exposed(job, layout, fw, params - experts, dense, param_tensors(job, layout, rank),
-                               share(win, 1.0 - expert_share), fp8)
+    after, before = dp_exposed(job, layout, fw, params - experts, dense,
+                               param_tensors(job, layout, rank, routed=not experts), share(win, 1.0 - expert_share), fp8)
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1, dp_shard=0), fw, experts,
-                                       experts / cost.layers if cost.layers else experts, 3,
-                                       share(win, expert_share), experts=True)
+                                       experts / cost.layers if cost.layers else experts,
+                                       max(moe_expert_tensors(job, layout, rank), 1), share(win, expert_share),
+                                       experts=True)
         after, before = after + e_after, before + e_before
     return after, before
 
