@@ -156,8 +156,7 @@ def fsdp_workloads(t: Timer) -> tuple[dict, object]:
     """One layer with the embedding and head (world > 1): ({"plain": its forward + backward, "sharded": the same as
     the runtime shards it under ZeRO-3, "plain update" / "sharded update": the runtime's clip + AdamW on each,
     "zero1 update": the plain one's under ZeRO-1, "ddp": as the runtime wraps it in DDP, under no_sync}, the sharded
-    chunk). measure_fsdp times them for the
-    profile; validate times "plain" and "sharded" again beside its sweep (FSDP's calls' speed now)."""
+    chunk). measure_fsdp times them for the profile; validate times "plain" and "sharded" again beside its sweep (FSDP's calls' speed now)."""
     from shardwise.parallel import GlobalGradNorm, grad_sync, parallelize
     from shardwise.specs import Layout
 

@@ -76,7 +76,7 @@ def add_layout_args(p: argparse.ArgumentParser, *, micro_batch_required: bool = 
                             "of the two that fits (megatron-2021, shardwise and internevo: off unless named)")
     p.add_argument("--schedule", default=None, choices=list(SCHEDULES),
                    help="pipeline schedule (default 1f1b; interleaved-1f1b when vpp > 1" + (
-                       f"; on {_stacks(_weighs_interleaving)}, whose papers and recipes interleave their "
+                       f"; on {_stacks(lambda fw: fw.weighs_interleaving)}, whose papers and recipes interleave their "
                        "pipelines, interleaved-1f1b at the fastest depth that fits, or 1f1b if faster; elsewhere the "
                        "output says when "
                        "interleaving would be 5%% faster)" if unnamed else ")"))
@@ -124,11 +124,6 @@ def add_framework_arg(p: argparse.ArgumentParser, help: str | None = None) -> No
 
     p.add_argument("--framework", default=None, metavar="{" + ",".join(FRAMEWORKS) + "}",
                    help=(help or DEFAULT_HELP) + " (docs/planner.md describes each)")
-
-
-def _weighs_interleaving(fw) -> bool:
-    """Whether a pipeline named without a schedule weighs interleaving on this stack (estimate.pipeline_shapes)."""
-    return fw.interleave_unnamed and "interleaved-1f1b" in fw.schedules
 
 
 def _stacks(fits) -> str:
@@ -292,23 +287,27 @@ def under_framework(args, attempt):
 
     if not hasattr(args, "framework") or args.framework is not None:
         return attempt(args)
-    first = copy(args)
-    first.framework, first.framework_note = DEFAULT_FRAMEWORK, default_note()
-    first.fallback_if_unfit = True  # estimate: a layout the default cannot hold is tried under the fallback too
+
+    def under(framework: str, note: str, **flags):
+        one = copy(args)
+        one.framework, one.framework_note = framework, note
+        vars(one).update(flags)
+        return one
+
+    # estimate: a layout the default cannot hold is tried under the fallback too (fallback_if_unfit)
+    first = under(DEFAULT_FRAMEWORK, default_note(), fallback_if_unfit=True)
     try:
         out = attempt(first)
     except UsageError as refusal:
-        second = copy(args)
-        second.framework = FALLBACK_FRAMEWORK
-        second.framework_note = default_note(str(refusal), held=isinstance(refusal, DoesNotFit))
-        second.framework_fallback = True  # what the command suggests must name it (estimate's fit_options)
-        second.fallback_if_unfit = isinstance(refusal, DoesNotFit)
+        unheld = isinstance(refusal, DoesNotFit)
+        # framework_fallback: what the command suggests must name the stack (estimate's fit_options)
+        second = under(FALLBACK_FRAMEWORK, default_note(str(refusal), held=unheld), framework_fallback=True,
+                       fallback_if_unfit=unheld)
         try:
             out = attempt(second)
         except UsageError as again:  # the same words: the input itself; else each stack's own reason, in one line
-            if isinstance(refusal, DoesNotFit):  # neither stack holds it: the default's own answer, fits false
-                first = copy(args)
-                first.framework, first.framework_note = DEFAULT_FRAMEWORK, default_note()
+            if unheld:  # neither stack holds it: the default's own answer, fits false
+                first = under(DEFAULT_FRAMEWORK, default_note())
                 out = attempt(first)
                 _take_notes(args, first)
                 return out

@@ -120,7 +120,7 @@ def _run(args) -> int:
 
 def _unheld(job, est, options: list[dict]) -> str:
     """Why the default stack cannot hold the layout, for the fallback's note: its memory against the GPU's, and the
-    fastest change that keeps it on that stack (fit_options, fastest first), if any."""
+    fastest of its fit_options, the change that keeps it on that stack, if any."""
     why = f"the layout needs {est.memory_per_gpu / GIB:.1f} of its {est.gpu_memory_bytes / GIB:.1f} GiB per GPU"
     if not options:
         return why

@@ -238,7 +238,7 @@ def complete_layout(job: Job, layout: Layout, named: frozenset[str] | set[str] =
     tries = [lay.with_(zero=z, recompute=r, sequence_parallel=q, schedule=k, vpp=v)
              for k, v in shapes for q in sp for z in stages for r in policies]
     chosen, fits = fastest_fitting(job, tries, partial="recompute" not in named and not fw.unnamed_recompute)
-    return chosen, implied + choice_phrases(job, lay, chosen, named, fw.zero_when_unnamed(lay), fits)
+    return chosen, implied + choice_phrases(job, lay, chosen, named, fw.zero_when_unnamed(lay), fits, len(shapes) > 1)
 
 
 def stack_implied(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> tuple[Layout, list[str]]:
@@ -283,8 +283,9 @@ def fastest_fitting(job: Job, tries: list[Layout], partial: bool) -> tuple[Layou
 
 
 def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] | set[str], default_zero: int,
-                   fits: bool) -> list[str]:
-    """One phrase for each knob complete_layout chose where the user named none: what it chose and why."""
+                   fits: bool, weighed_shapes: bool = False) -> list[str]:
+    """One phrase for each knob complete_layout chose where the user named none: what it chose and why
+    (`weighed_shapes`: it weighed plain 1F1B against interleaving, pipeline_shapes)."""
     fw = get_framework(job.framework)
     implied: list[str] = []
     rule = "the fastest that fits" if fits else "the closest to fitting: none fits"
@@ -298,7 +299,7 @@ def choice_phrases(job: Job, lay: Layout, chosen: Layout, named: frozenset[str] 
                        f"prices plain 1F1B)")
     elif chosen.vpp != lay.vpp:
         implied.append(f"{chosen.vpp} virtual stages per rank ({rule}; --vpp not given)")
-    elif lay.pp > 1 and not {"schedule", "vpp"} & set(named) and len(pipeline_shapes(job, lay, named)) > 1:
+    elif lay.pp > 1 and not {"schedule", "vpp"} & set(named) and weighed_shapes:
         implied.append(f"plain 1F1B (of it and each interleaved depth, {rule}; --schedule not given)")
     elif lay.pp > 1 and not {"schedule", "vpp"} & set(named):
         implied.append(f"{chosen.schedule} ({fw.name}'s default pipeline schedule; --schedule not given)")
@@ -333,8 +334,8 @@ def pipeline_shapes(job: Job, lay: Layout, named: frozenset[str] | set[str]) -> 
     deep = [(k, v) for k, v in deep if n is None or n <= max_chunk_layers(job.model, lay.pp, v, job.train.seq_len, fw.stage_split)]
     if "vpp" not in named and lay.schedule == "interleaved-1f1b" and lay.vpp == 1:
         return deep or own
-    if ({"vpp", "schedule"} & set(named) or not fw.interleave_unnamed or lay.schedule != "1f1b"
-            or "interleaved-1f1b" not in fw.schedules or lay.num_microbatches(job.train.global_batch) % max(lay.pp, 1)):
+    if ({"vpp", "schedule"} & set(named) or not fw.weighs_interleaving or lay.schedule != "1f1b"
+            or lay.num_microbatches(job.train.global_batch) % max(lay.pp, 1)):
         return own
     return own + deep
 

@@ -398,6 +398,12 @@ class Framework:
     expandable_segments: bool = False
     cannot: tuple[str, ...] = field(default=())  # plain-words list for docs and --help
 
+    @property
+    def weighs_interleaving(self) -> bool:
+        """Whether a pipeline named without a schedule weighs interleaving (interleave_unnamed, on a stack that runs
+        it; estimate.pipeline_shapes)."""
+        return self.interleave_unnamed and "interleaved-1f1b" in self.schedules
+
     def cannot_run(self) -> tuple[str, ...]:
         """`cannot`, with the capabilities its flags deny (expert parallelism)."""
         return self.cannot + (() if self.expert_parallel else ("expert parallelism (no mixture-of-experts layers of its own)",))

@@ -442,10 +442,10 @@ def param_tensors(job: Job, layout: Layout, rank: int, routed: bool = True) -> i
     mlp = 3 if model.gated_mlp else 2
     per_layer = model.layer_norms * model.norm_vectors + (4 * (1 + model.attention_bias) + mlp * (1 + model.ffn_bias))
     n = rank_layers(job, layout, rank) * per_layer
-    if model.is_moe:
+    if model.is_moe:  # the router, a shared expert's FFN and gate, the routed experts' stacked FFN (moe_expert_tensors)
         moe_layers = moe.rank_moe_layers(model, layout, rank, job.train.seq_len, split_rule(job))
         shared = (mlp + model.shared_expert_gate) if model.shared_ffn_hidden else 0
-        n += moe_layers * (1 + shared - mlp * (1 + model.ffn_bias)) + (moe_expert_tensors(job, layout, rank) if routed else 0)
+        n += moe_layers * (1 + shared - mlp * (1 + model.ffn_bias) + mlp * routed)
     if rank == 0:
         n += 1 + model.learned_positions + model.embed_norm * model.norm_vectors
     if rank == layout.pp - 1:
@@ -479,8 +479,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     if experts:  # the experts' gradients over their edp replicas, ep * etp ranks apart (the same overlap rules)
         e_after, e_before = dp_exposed(job, layout.with_(dp=edp, tp=split, cp=1, dp_shard=0), fw, experts,
                                        experts / cost.layers if cost.layers else experts,
-                                       max(moe_expert_tensors(job, layout, rank), 1), share(win, expert_share),
-                                       experts=True)
+                                       moe_expert_tensors(job, layout, rank), share(win, expert_share), experts=True)
         after, before = after + e_after, before + e_before
     return after, before
 
