@@ -182,7 +182,8 @@ def score_row(row: dict, folder: Path, in_process: bool, certain_only: bool = Fa
     est = json.loads(stdout)["best"] if plan else json.loads(stdout)
     out |= {"cli_step_s": est["step_time_s"], "cli_error_pct": None, "fits": est["fits"],
             "cli_tokens_per_s_per_gpu": est["tokens_per_s"] / pr._int(row["gpus"]),
-            "cli_layout": {k: est[k] for k in KNOBS}}
+            "cli_layout": {k: est[k] for k in KNOBS},
+            "memory_share": est["memory_gib_per_gpu"] / est["gpu_memory_gib"]}
     out["cli_error_pct"] = run.published_step_s / est["step_time_s"] - 1
     out["difference"] = out["cli_error_pct"] - out["internal_error"]
     out["why"] = differences(row, run, est, argv) + [f"stated, but plan has no flag for it: {d}" for d in dropped]
@@ -246,6 +247,24 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+# Bins of the predicted memory per GPU over the GPU's usable memory (by_memory_share); from 1.0 on, it does not fit.
+MEMORY_SHARE_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def by_memory_share(rows: list[dict]) -> list[dict]:
+    """The signed and absolute median error of the rows by how full the planner says each one's GPUs are: whether
+    layouts near the memory limit run slower than predicted (the caching allocator's cudaMalloc retries, which a
+    run at the limit pays and the planner does not price) shows as a signed median that grows in the top bins."""
+    out = []
+    for lo, hi in zip(MEMORY_SHARE_BINS, (*MEMORY_SHARE_BINS[1:], float("inf"))):
+        errors = [r["cli_error_pct"] for r in rows if lo <= r["memory_share"] < hi]
+        if errors:
+            out.append({"from": lo, "to": hi if hi != float("inf") else None, "rows": len(errors),
+                        "median_error": statistics.median(errors),
+                        "median_abs_error": statistics.median(abs(e) for e in errors)})
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
     """Median / max |error| of the strong rows both ways, which do not fit, and Kendall tau per one-knob series."""
     strong = [r for r in rows if not r["weak"]]
@@ -268,7 +287,7 @@ def summary(rows: list[dict]) -> dict:
             "not_fitting": [r["run"] for r in cli if not r["fits"]],
             "micro_batch_from_plan": [r["run"] for r in strong if r["path"] == "plan"],
             "apart": [r["run"] for r in cli if abs(r["difference"]) > DIFF_POINTS],
-            "kendall_tau_by_series": series}
+            "kendall_tau_by_series": series, "by_memory_share": by_memory_share(cli)}
 
 
 def print_table(rows: list[dict], s: dict) -> None:
@@ -296,6 +315,10 @@ def print_table(rows: list[dict], s: dict) -> None:
     print(f"micro-batch not stated, so `shardwise plan`'s best over the row's degrees and stated knobs: "
           f"{len(s['micro_batch_from_plan'])} rows")
     print(f"command line and internal view more than {DIFF_POINTS:.0%} apart: {len(s['apart'])} rows")
+    print("by predicted memory over the GPU's (+: the planner too fast):")
+    for b in s["by_memory_share"]:
+        span = f"{b['from']:.2f}-{b['to']:.2f}" if b["to"] is not None else f">= {b['from']:.2f} (does not fit)"
+        print(f"  {span:22} {b['rows']:4} rows  median {b['median_error']:+.1%}, median |error| {b['median_abs_error']:.1%}")
     taus = s["kendall_tau_by_series"].values()
     print(f"Kendall tau >= 0.8 on {sum(v['cli'] >= 0.8 for v in taus)} of {len(taus)} one-knob series through the command "
           f"line, {sum(v['internal'] >= 0.8 for v in taus)} internal; per series (command line / internal):")

@@ -136,3 +136,15 @@ def test_widest_discordant_gap_is_read_from_the_measured_values():
     assert abs(widest_discordant_gap(published, [5, 4, 3, 2, 1]) - 4.0 / 450.6) < 1e-9
     assert widest_discordant_gap(published, published) is None
     assert widest_discordant_gap([1.0, 2.0], [2.0, 2.0]) is None  # a tie in the prediction is not a swap
+
+
+def test_rows_are_binned_by_how_full_the_planner_says_their_gpus_are():
+    # Five rows: two at half memory (errors +10 % and -20 %), one at 0.96, one that does not fit (1.3), one at 0.1.
+    view = _outside_view()
+    rows = [{"memory_share": s, "cli_error_pct": e} for s, e in
+            [(0.55, 0.10), (0.6, -0.20), (0.96, 0.30), (1.3, -0.05), (0.1, 0.02)]]
+    bins = {(b["from"], b["to"]): b for b in view.by_memory_share(rows)}
+    assert set(bins) == {(0.0, 0.5), (0.5, 0.7), (0.95, 1.0), (1.0, None)}  # empty bins are left out
+    half = bins[(0.5, 0.7)]
+    assert half["rows"] == 2 and abs(half["median_error"] + 0.05) < 1e-12 and abs(half["median_abs_error"] - 0.15) < 1e-12
+    assert bins[(1.0, None)]["rows"] == 1 and bins[(1.0, None)]["median_error"] == -0.05
