@@ -190,7 +190,8 @@ def published_loso() -> str:
     series = {name: s["kendall_tau"] for name, s in summary["kendall_tau_by_series"].items() if s["rows"] >= 3}
     low = sorted((tau, name) for name, tau in series.items() if tau < 0.8)
     exceptions = ("" if not low else "; below it: " + ", ".join(f"`{name}` ({tau:+.2f})" for tau, name in low))
-    relation = "above" if loso > plain else "at or below"
+    # compared as printed: two medians that print alike are the same figure to the reader
+    relation = ("the same as" if f"{loso:.3f}" == f"{plain:.3f}" else "above" if loso > plain else "below")
     return _wrap(
         f"The leave-one-source-out median ({100 * loso:.1f} %) is {relation} the plain one ({100 * plain:.1f} %): the "
         f"share is fitted with every source weighing the same, whatever its rows, so no one source sets it; the one that "
