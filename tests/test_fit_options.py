@@ -40,6 +40,9 @@ TORCHTITAN = ["--framework", "torchtitan", "--cluster", "dgx-a100-80gb", "--tp",
                                     ["--tp", "8", "--recompute", "none", "--micro-batch", "4", "--zero", "0",
                                      "--no-sequence-parallel", "--seq-len", "8192"],
                                     TORCHTITAN,
+                                    # a release that fused its norms: --compile is offered with --fused-norms dropped
+                                    # (Inductor fuses them; the command line refuses the two together)
+                                    [*TORCHTITAN, "--fused-norms", "--seq-len", "5120"],
                                     ["--model", "llama3.1-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--seq-len",
                                      "8192", "--tp", "4", "--pp", "4", "--vpp", "2", "--micro-batch", "4", "--zero", "1",
                                      "--recompute", "none"],
@@ -57,7 +60,8 @@ def test_every_suggested_change_fits_as_shown(capsys, layout):
     assert options, "a layout a recompute policy, ZeRO stage or smaller micro-batch makes fit names them"
     assert [o["step_time_s"] for o in options] == sorted(o["step_time_s"] for o in options)
     for option in options:
-        after = _estimate(capsys, *_applied(args, option["change"]))
+        kept = [a for a in args if a not in option["dropped"]]
+        after = _estimate(capsys, *_applied(kept, option["change"]))
         assert after["fits"] and "fit_options" not in after
         assert after["memory_gib_per_gpu"] == pytest.approx(option["memory_gib"], abs=0.01)
         assert after["step_time_s"] == pytest.approx(option["step_time_s"], rel=1e-5)
@@ -76,6 +80,11 @@ def test_no_single_change_is_said_in_one_line(capsys):
 def test_a_stack_that_compiles_is_offered_compile(capsys):
     changes = [o["change"] for o in _estimate(capsys, *BASE, *TORCHTITAN)["fit_options"]]
     assert "--compile" in changes and changes.index("--compile") == 0  # the fastest of them here
+    fused_norms = [*BASE, *TORCHTITAN, "--fused-norms", "--seq-len", "5120"]  # fused norms keep less: a longer one
+    fused = {o["change"]: o["dropped"] for o in _estimate(capsys, *fused_norms)["fit_options"]}
+    assert fused["--compile"] == ["--fused-norms"] and all(not d for c, d in fused.items() if c != "--compile")
+    assert main(fused_norms) == 0
+    assert "--compile (drop --fused-norms)" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("model, args, offered", [

@@ -1134,6 +1134,18 @@ def test_torch_context_parallelism_runs_only_fused_attention():
     assert code == 2 and "torch's context_parallel dispatches only" in err
 
 
+def test_shardwise_context_parallelism_has_no_unfused_attention_to_price():
+    """The runtime's context-parallel blocks are its own (SDPA's on a CPU, FP32 math on a GPU) whatever the flag says:
+    --no-flash-attention at cp > 1 is refused in one line, as on the stacks whose CP needs a fused kernel, and plan
+    leaves CP out (it had priced the blocks as a cheap unfused softmax, 1.3-4.5x faster than with the flag off)."""
+    code, _, err = cli(["estimate", *SMALL, "--framework", "shardwise", "--cp", 2, "--no-flash-attention", "--tp", 2,
+                        "--micro-batch", 1])
+    assert code == 2 and "own attention blocks" in err and len(err.strip().splitlines()) == 1
+    best = answer(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 64, "--global-batch", 64,
+                   "--seq-len", 32768, "--framework", "shardwise", "--no-flash-attention", "--top", 1, "--json"])["best"]
+    assert best["cp"] == 1
+
+
 def test_estimate_json_lists_what_it_filled_in_even_when_that_is_nothing():
     """`assumptions.implied` is always a list: empty where every knob was named (a checker reads it as such)."""
     named = answer(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", 8, "--global-batch", 8,

@@ -125,8 +125,13 @@ def _unheld(job, est, options: list[dict]) -> str:
     if not options:
         return why
     best = min(options, key=lambda o: o["step_time_s"])
-    return (f"{why}; under {job.framework}, {best['change']} fits ({best['memory_gib_per_gpu']:.1f} GiB, step "
+    return (f"{why}; under {job.framework}, {_change_text(best)} fits ({best['memory_gib_per_gpu']:.1f} GiB, step "
             f"{best['step_time_s']:.3g} s)")
+
+
+def _change_text(option: dict) -> str:
+    """A fit option's flags as the user types them, and those of the command it needs taken out."""
+    return option["change"] + "".join(f" (drop {flag})" for flag in option["dropped"])
 
 
 def _idle_flags(args, job) -> tuple[set[str], list[str]]:
@@ -292,6 +297,6 @@ def _does_not_fit(est, options: list[dict]) -> str:
         return (f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits "
                 "it: more GPUs, or another split")
     return head + "; it fits with " + "; or ".join(
-        f"{o['change']} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms"
+        f"{_change_text(o)} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms"
         + (f"; the stack's defaults then fill in {' '.join(o['filled_in'])}" if o["filled_in"] else "") + ")"
         for o in options)

@@ -19,7 +19,7 @@ from shardwise.units import GIB
 
 def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: frozenset[str] = frozenset()) -> list[dict]:
     """The single-knob changes of `layout` (which does not fit) that fit, fastest first: {"change": the command-line
-    flag and its value, "memory_gib", "step_time_s"}. Empty when none does (more GPUs, or another split, is the way).
+    flag and its value, "memory_gib", "step_time_s", "filled_in", "dropped": flags of the command it needs removed}. Empty when none does (more GPUs, or another split, is the way).
     Each is what `estimate` answers with that flag added to the same command: the layout as given (`asked`, before
     estimate.complete_layout filled in what `named` leaves out), the flag's knob named, the rest filled in again."""
     fw, asked = get_framework(job.framework), asked or layout
@@ -31,12 +31,15 @@ def fit_options(job: Job, layout: Layout, asked: Layout | None = None, named: fr
     if layout.tp > 1 and not layout.sequence_parallel:
         tries.append(("--sequence-parallel", "sequence_parallel", asked.with_(sequence_parallel=True)))
     runs = [(change, job, lay, named | {knob}) for change, knob, lay in tries]
-    if fw.compiles and not job.compile and not fw.compile_refusal():  # a compiled loss and blocks keep less
-        runs.append(("--compile", compiled(job), asked, named))
+    # a compiled loss and blocks keep less; Inductor fuses the norms itself, so a --fused-norms release's job is
+    # compiled without them (the command line refuses the two together: the option says to drop it)
+    dropped = {"--compile": ["--fused-norms"]} if job.fused_norms else {}
+    if fw.compiles and not job.compile and not fw.compile_refusal():
+        runs.append(("--compile", compiled(replace(job, fused_norms=False)), asked, named))
     for kind in fw.offload if host_stated(job.cluster) and not job.offload else ():  # the states to the host's memory
         runs.append((f"--offload {kind}", replace(job, offload=kind), asked, named))
-    out = [_option(change, est, layout) for change, est in ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs)
-           if est is not None]
+    out = [_option(change, est, layout, dropped.get(change, [])) for change, est in
+           ((c, _fitting(j, lay, knobs)) for c, j, lay, knobs in runs) if est is not None]
     smaller = next((est for est in (_fitting(job, asked.with_(micro_batch=mb), named)  # the largest that fits
                                     for mb in range(layout.micro_batch - 1, 0, -1)) if est is not None), None)
     if smaller is not None:
@@ -79,7 +82,8 @@ def _fitting(job: Job, layout: Layout, named: frozenset[str]) -> Estimate | None
     return est if est.fits else None
 
 
-def _option(change: str, est: Estimate, before: Layout) -> dict:
+def _option(change: str, est: Estimate, before: Layout, dropped: list[str] = ()) -> dict:
+    """One fit option as `estimate` reports it; `dropped`: the command's flags the change needs taken out."""
     memory = round(est.memory_per_gpu / GIB, 3)  # as estimate --json reports it (both names: the second is estimate's)
     return {"change": change, "memory_gib": memory, "memory_gib_per_gpu": memory, "step_time_s": round(est.step_time, 6),
-            "filled_in": filled_in(before, est.layout, change)}
+            "filled_in": filled_in(before, est.layout, change), "dropped": list(dropped)}

@@ -508,7 +508,12 @@ class Framework:
 
     def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
         """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""
-        if layout.cp > 1 and not flash_attention and (self.cp_fused_attention_only or self.cp_attention == "torch"):
+        if layout.cp > 1 and not flash_attention and (self.cp_fused_attention_only
+                                                          or self.cp_attention in ("torch", "shardwise")):
+            if self.cp_attention == "shardwise":  # no unfused softmax to turn to: its blocks are its own
+                return (f"{self.name} runs context parallelism in its own attention blocks (parallel/context_parallel.py: "
+                        f"SDPA's fused kernel on a CPU, FP32 math blocks on a GPU), never an unfused softmax — drop "
+                        f"--no-flash-attention or use --cp 1")
             why = (" (Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1)"
                    if self.name in ("megatron-core", "nemo") else
                    " (torch's context_parallel dispatches only SDPA's flash, memory-efficient and cuDNN kernels: "
