@@ -288,3 +288,17 @@ def test_a_tied_export_loads_as_the_docs_say(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in trained.items())
     assert torch.equal(state["output.weight"], trained["tok_embeddings.weight"])  # the head is the trained embedding
     assert not torch.equal(trained["tok_embeddings.weight"], Transformer(load_model("tiny-gpt2")).tok_embeddings.weight)
+
+
+def test_export_never_puts_a_file_where_a_device_or_pipe_was(good, tmp_path, capsys):
+    """The export is renamed onto --to when finished: onto a device (a link to /dev/null here, so a fault could only
+    ever replace the link) it would put a regular file where the device was, so --to must be a regular file or new;
+    a named pipe is refused too, before anything blocks on it."""
+    null, pipe = tmp_path / "null", tmp_path / "pipe"
+    null.symlink_to(os.devnull)
+    os.mkfifo(pipe)
+    for to, what in ((null, "a device"), (pipe, "a named pipe")):
+        assert main(["checkpoint", "export", str(good), "--to", str(to)]) == 2
+        err = capsys.readouterr().err
+        assert f"is {what}, not a regular file" in err and err.count("\n") == 1, err
+    assert null.is_symlink() and null.is_char_device() and pipe.is_fifo()

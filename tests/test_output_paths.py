@@ -180,3 +180,27 @@ def test_a_data_field_for_plain_text_is_refused(tmp_path, capsys):
     data.write_text("some text to train on\n" * 50)
     assert main(["train", "--model", "tiny", "--steps", "1", "--data", str(data), "--data-field", "body"]) == 2
     assert "is plain text — drop --data-field" in one_line(capsys)
+
+
+def test_an_output_path_that_is_a_named_pipe_is_one_line_not_a_hang(tmp_path, capsys):
+    """Opening a pipe nobody reads blocks: every output flag refuses one at once (an alarm turns a block into a
+    failure here); a character device such as /dev/null is still written through."""
+    import os
+    import signal
+
+    for name in ("pipe.svg", "pipe.json", "pipe.jsonl"):
+        os.mkfifo(tmp_path / name)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("blocked on the pipe"))
+    signal.alarm(20)
+    try:
+        for argv in (["simulate", "--pp", "4", "--microbatches", "8", "--out", str(tmp_path / "pipe.svg")],
+                     ["simulate", "--pp", "4", "--microbatches", "8", "--trace", str(tmp_path / "pipe.json")],
+                     ["train", "--model", "tiny", "--steps", "1", "--metrics-file", str(tmp_path / "pipe.jsonl")]):
+            assert main(argv) == 2
+            assert "is a named pipe, not a regular file" in one_line(capsys)
+    finally:
+        signal.alarm(0)
+    null = tmp_path / "null.svg"
+    null.symlink_to(os.devnull)
+    assert main(["simulate", "--pp", "4", "--microbatches", "8", "--out", str(null)]) == 0
+    assert null.is_char_device()

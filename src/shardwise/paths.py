@@ -28,15 +28,22 @@ def _make_folder(folder: Path, flag: str, shown) -> None:
         raise UsageError(f"{flag} {shown}: {what} ({exc.strerror or exc}) — pick a writable path") from None
 
 
-def output_file(path, flag: str, example: str = "out") -> None:
+def output_file(path, flag: str, example: str = "out", replaced: bool = False) -> None:
     """`path` can be written as a file: not a folder, its folder exists (created now if missing), and the
-    file can be opened for writing (an existing one is left as it is). `example` names a file for the hint."""
+    file can be opened for writing (an existing one is left as it is). `example` names a file for the hint.
+    An existing path that is not a regular file is refused — a named pipe would block the probe (and the command's
+    write) until something reads it — except a character device such as /dev/null, written through, unless the
+    command `replaced` the path by renaming a finished file onto it (which would put a file where the device was)."""
     if path is None:
         return
     text = str(path)
     file = Path(text)
     if file.is_dir() or text.endswith(("/", os.sep)):
         raise UsageError(f"{flag} {text} is a folder — give a file path, e.g. {file / example}")
+    if file.exists() and not file.is_file() and (replaced or not file.is_char_device()):
+        what = ("a named pipe" if file.is_fifo() else "a socket" if file.is_socket() else "a device")
+        raise UsageError(f"{flag} {text} is {what}, not a regular file — give a file path, e.g. "
+                         f"{file.parent / example}")
     _make_folder(file.parent, flag, text)
     existed = file.exists()
     try:

@@ -83,7 +83,7 @@ def export_safetensors(path, out) -> dict:
 
     from shardwise.paths import distinct_outputs, output_file
 
-    output_file(out, "--to", "model.safetensors")  # before reading gigabytes
+    output_file(out, "--to", "model.safetensors", replaced=True)  # before reading gigabytes; renamed onto at the end
     distinct_outputs({"--to": out}, {"the checkpoint": path})  # never written over what it reads
     if Path(out).is_file() and not _earlier_export(Path(out)):
         raise UsageError(f"--to {out} exists and is not a model this command exported — give a new file path "
