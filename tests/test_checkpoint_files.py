@@ -302,3 +302,26 @@ def test_export_never_puts_a_file_where_a_device_or_pipe_was(good, tmp_path, cap
         err = capsys.readouterr().err
         assert f"is {what}, not a regular file" in err and err.count("\n") == 1, err
     assert null.is_symlink() and null.is_char_device() and pipe.is_fifo()
+
+
+def test_a_damaged_index_leaves_nothing_on_stderr_as_its_bytes_are_freed(tmp_path, monkeypatch):
+    """Random bytes that read as a large pickled bytearray (these seeds' 4 KiB) make the unpickler export a buffer of
+    a bytearray it then frees: CPython prints "deallocated bytearray object has exported buffers" through
+    sys.excepthook when that happens, a second stderr line after the one-line refusal (seen once in a suite run)."""
+    import gc
+    import random
+    import sys
+
+    from shardwise.checkpoint.store import read_index
+    from shardwise.errors import UsageError
+
+    printed = []
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: printed.append(exc[1]))
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: printed.append(unraisable.exc_value))
+    for seed in (454, 622, 1546, 1851, 2743, 3163, 3561, 4242, 4311, 5022, 5954, 6659, 6853, 7006, 7270, 7785, 7964,
+                 8628, 9368, 9837, 9859, 10649, 10935, 11006, 12236):
+        (tmp_path / ".metadata").write_bytes(random.Random(seed).randbytes(4096))
+        with pytest.raises(UsageError, match="not a DCP checkpoint index"):
+            read_index(tmp_path)
+    gc.collect()
+    assert not printed, printed

@@ -13,11 +13,13 @@ disk (fsynced), so a crash while saving can never leave a checkpoint that looks 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader
@@ -214,16 +216,29 @@ def read_index(ckpt: Path):
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
     file = Path(ckpt) / ".metadata"
+    problem, hooks = None, (sys.unraisablehook, sys.excepthook)
+    # A malformed pickle can leave half-built objects that complain on stderr as they are freed (CPython's
+    # bytearray_dealloc prints "deallocated bytearray object has exported buffers" through sys.excepthook): quiet
+    # while they go, so the refusal stays one line.
+    sys.unraisablehook, sys.excepthook = (lambda unraisable: None), (lambda *exc: None)
     try:
-        with open(file, "rb") as f:
-            metadata = _IndexUnpickler(f).load()
-    except FileNotFoundError:
-        raise _bad(file, "missing") from None
-    except Exception as exc:  # noqa: BLE001 — whatever the bytes are, the answer is "not a DCP index"
-        raise _bad(file, f"not a DCP checkpoint index ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})") from None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
-            or not isinstance(metadata.storage_data, dict):
-        raise _bad(file, "not a DCP checkpoint index")
+        try:
+            with open(file, "rb") as f:
+                metadata = _IndexUnpickler(f).load()
+        except FileNotFoundError:
+            raise _bad(file, "missing") from None
+        except Exception as exc:  # noqa: BLE001 — whatever the bytes are, the answer is "not a DCP index"
+            problem = f"not a DCP checkpoint index ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+        else:
+            if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
+                    or not isinstance(metadata.storage_data, dict):
+                problem, metadata = "not a DCP checkpoint index", None
+        if problem:  # what the failed load built, freed now, while its complaints are quiet
+            gc.collect()
+    finally:
+        sys.unraisablehook, sys.excepthook = hooks
+    if problem:
+        raise _bad(file, problem) from None
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     return metadata
