@@ -204,3 +204,12 @@ def test_an_output_path_that_is_a_named_pipe_is_one_line_not_a_hang(tmp_path, ca
     null.symlink_to(os.devnull)
     assert main(["simulate", "--pp", "4", "--microbatches", "8", "--out", str(null)]) == 0
     assert null.is_char_device()
+
+
+def test_a_timeout_torch_would_round_to_zero_and_an_interleaving_of_one_chunk_are_one_line(capsys):
+    """Found by an outside review: --timeout 1e-9 passed the checks and failed at rendezvous ("timed out after 0ms");
+    simulate drew interleaved 1F1B with one chunk a rank, which train refuses."""
+    assert main(["train", "--model", "tiny", "--dp", "2", "--steps", "1", "--timeout", "1e-9"]) == 2
+    assert "below a millisecond" in one_line(capsys)
+    assert main(["simulate", "--pp", "4", "--microbatches", "8", "--schedule", "interleaved-1f1b", "--vpp", "1"]) == 2
+    assert "interleaves nothing" in one_line(capsys)

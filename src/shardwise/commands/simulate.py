@@ -118,6 +118,9 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
         from shardwise.specs import check_pipeline_shape
 
         schedule = args.schedule or "1f1b"
+        if schedule == "interleaved-1f1b" and args.vpp == 1 and args.pp > 1:  # as train refuses it
+            raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
+                             "--vpp 2 or more, or --schedule 1f1b")
         shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
         check_pipeline_shape(args.pp, shapes[0][1], schedule)  # before any framework's refusal
     if fw is None:
