@@ -606,6 +606,14 @@ def check_pipeline_shape(pp: int, vpp: int, schedule: str) -> None:
     check_chunks_interleave(vpp, schedule)
 
 
+def check_named_interleaving(pp: int, vpp: int, schedule: str) -> None:
+    """UsageError for interleaved 1F1B named with one model chunk a rank: the runtime's schedules (train, simulate)
+    interleave at least two (the planner prices Megatron's one-chunk warm-up instead, so validate_layout allows it)."""
+    if pp > 1 and schedule == "interleaved-1f1b" and vpp == 1:
+        raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
+                         "--vpp 2 or more, or --schedule 1f1b")
+
+
 def check_chunks_interleave(vpp: int, schedule: str) -> None:
     """UsageError for model chunks under a schedule that does not interleave them (the schedule generators' rule too,
     which build an interleaved schedule on one rank as data)."""

@@ -115,12 +115,11 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
                                  f"nothing to interleave) — drop --vpp, or use --pp 2 or more")
             shapes = [(s, v) for s, v in shapes if s != "interleaved-1f1b"]
     else:
-        from shardwise.specs import check_pipeline_shape
+        from shardwise.specs import check_named_interleaving, check_pipeline_shape
 
         schedule = args.schedule or "1f1b"
-        if schedule == "interleaved-1f1b" and args.vpp == 1 and args.pp > 1:  # as train refuses it
-            raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
-                             "--vpp 2 or more, or --schedule 1f1b")
+        if args.vpp is not None:  # as train refuses it
+            check_named_interleaving(args.pp, args.vpp, schedule)
         shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
         check_pipeline_shape(args.pp, shapes[0][1], schedule)  # before any framework's refusal
     if fw is None:

@@ -197,6 +197,7 @@ def _idle_knobs(values: dict, named: set[str]) -> None:
     at cp 1. Interleaved 1F1B named without --vpp runs 2 virtual stages per rank (one chunk per rank interleaves
     nothing); named with --vpp 1 it is refused."""
     from shardwise.commands.common import idle_knobs
+    from shardwise.specs import check_named_interleaving
 
     tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
     mode = values.get("cp_mode", "ring")
@@ -208,8 +209,7 @@ def _idle_knobs(values: dict, named: set[str]) -> None:
             for k, note in idle.items()]
     if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
         if "vpp" in named:
-            raise UsageError("--schedule interleaved-1f1b with --vpp 1 interleaves nothing (one chunk per rank) — give "
-                             "--vpp 2 or more, or --schedule 1f1b")
+            check_named_interleaving(pp, 1, values["schedule"])
         values["vpp"] = 2
         said.append("2 virtual stages per rank (interleaved 1F1B interleaves at least 2; --vpp not given)")
     for note in said:
