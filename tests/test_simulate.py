@@ -53,7 +53,9 @@ def test_closed_forms_equal_the_simulator_for_any_costs(name, p, v, m, fbw):
 def test_uneven_ranks_closed_form_bounds_the_simulator(name, p, v, m, fbw, scale):
     """Ranks at different costs, each splitting its time among F, B and W alike (a stack of layers): the uneven form
     is exact for naive and GPipe, never above the even form at the slowest rank's cost, and never below the
-    simulator but for ZB-H1 with fewer micro-batches than ranks (3 % at most)."""
+    simulator but for ZB-H1 with fewer micro-batches than ranks (3 % at most) and for interleaved 1F1B with ranks
+    more than 2x apart or a forward under a quarter of the backward (two slow ranks each waiting on the other:
+    8.3 % at most, two ranks 16x the other four)."""
     v = v if name == "interleaved-1f1b" else 1
     m = m * p if name == "interleaved-1f1b" else m
     k = scale[:p]
@@ -62,7 +64,9 @@ def test_uneven_ranks_closed_form_bounds_the_simulator(name, p, v, m, fbw, scale
     f, b, w = (max(k) * x for x in fbw)
     if name in ("naive", "gpipe"):
         assert uneven == pytest.approx(sim, abs=1e-9)
-    assert sim * (0.97 if name == "zb-h1" and m < p else 1) - 1e-9 <= uneven
+    slack = 0.97 if name == "zb-h1" and m < p else 0.91 if name == "interleaved-1f1b" and (
+        max(k) > 2 * min(k) or 4 * fbw[0] < fbw[1] + fbw[2]) else 1
+    assert sim * slack - 1e-9 <= uneven
     assert uneven <= cf.pipeline_makespan(name, p, m, v, f, b, w) + 1e-9
 
 
@@ -250,3 +254,18 @@ def test_llama3_405b_splits_hold_their_gradients_as_the_schedule_says():
     assert cf.chunks_with_gradients_at_peak("interleaved-1f1b", 16, 16, 7, 1) == 1
     assert cf.chunks_with_gradients_at_peak("interleaved-1f1b", 16, 32, 7, 1) == 7
     assert _chunks_with_gradients_at_peak(build("interleaved-1f1b", 16, 16, 7), 1) == 1
+
+
+def test_uneven_interleaved_with_two_slow_ranks_falls_below_the_simulator_by_at_most_9_percent():
+    """Where the slack above comes from: the first and last ranks 16x the four between them, interleaved 1F1B with
+    two chunks a rank and a forward a sixteenth of the backward. Each slow rank waits on the other's chunks across
+    the cheap ones, which the closed form's single slowest pace does not see: 8.3 % below the simulator, 2.3 % at
+    2x. With the forward a quarter of the backward or more (a forward is a third to a half of it, with or without
+    recompute) and the ranks within 2x (the planner's own: a layer more from an uneven cut, a head of up to ~1.7
+    layers), it stays above."""
+    def ratio(k, fbw):
+        sim = simulate(build("interleaved-1f1b", 6, 12, 2), Costs(*([x * fbw[i] for x in k] for i in range(3))))
+        return cf.uneven_makespan("interleaved-1f1b", 6, 12, 2, tuple((tuple(x * y for y in fbw), 1) for x in k)) / sim.makespan
+    assert 0.91 <= ratio([16, 1, 1, 1, 1, 16], (0.25, 2.0, 2.0)) < 0.92
+    assert 0.97 <= ratio([2, 1, 1, 1, 1, 2], (0.25, 2.0, 2.0)) < 0.98
+    assert ratio([2, 1, 1, 1, 1, 2], (0.5, 1.0, 1.0)) >= 1 - 1e-12

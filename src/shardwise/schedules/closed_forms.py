@@ -57,7 +57,9 @@ def uneven_makespan(schedule: str, p: int, m: int, v: int, ranks: tuple, c: floa
     (by f + b + w: m times its cost, as with even ranks), the fill and drain cross every other rank at that rank's
     own cost, so the even form's fill-and-drain part, (p - 1) x the slowest cost, is scaled to the others' sum.
     Where every rank splits its time among F, B and W alike (a stack of layers) that bounds the simulator from above,
-    but for ZB-H1 with fewer micro-batches than ranks (up to 3 % below); where the splits differ (a head beside
+    but for ZB-H1 with fewer micro-batches than ranks (up to 3 % below) and for interleaved 1F1B with two slow ranks
+    more than 2x the others or a forward under a quarter of the backward (each slow rank waits on the other's
+    chunks, which one slowest pace does not see: up to 8.3 % below); where the splits differ (a head beside
     layers under recompute), 1F1B stays above it and the others can fall a few per cent below (docs/pipeline.md
     gives the tested bounds). Transfers are added as in the even form, at the slowest rank's costs."""
     (f, b, w), _ = max(ranks, key=lambda x: sum(x[0]))
