@@ -300,3 +300,22 @@ def test_export_leaves_out_a_tokenizer_that_changed_since_the_run(env, tmp_path,
     out = " ".join(capsys.readouterr().out.split())
     assert not (tmp_path / "changed" / "tokenizer.json").exists()
     assert "it changed since the run (another sha256)" in out and "tokenizer from" not in out, out
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_damaged_cache_entry_of_the_right_size_names_its_file_in_one_line(dp, tmp_path, capsys):
+    """A token cache entry whose bytes changed after it was written (its size still right, so it is taken): the
+    first batch that reads a token the model has no row for names the file and how to recover, in one line, at
+    world 1 as at world 2 — before, an embedding's IndexError (a traceback at world 1)."""
+    (tmp_path / "a.txt").write_text("one document of plain words " * 200)
+    argv = ["train", "--model", "tiny", "--steps", "1", "--dp", str(dp), "--data", str(tmp_path / "a.txt"),
+            "--data-cache", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (entry,) = (tmp_path / "cache").glob("*.bin")
+    entry.write_bytes(b"\xff" * entry.stat().st_size)
+    assert main(argv) == (2 if dp == 1 else 1)  # a refusal in this process; a rank's failure at world 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    said = "token file" if dp == 1 else "training stopped: rank 0 failed: token file"
+    assert len(err) == 1 and err[0].startswith(f"shardwise: error: {said}"), err
+    assert str(entry) in err[0] and "outside the model's vocabulary" in err[0] and "delete it" in err[0]

@@ -382,3 +382,18 @@ def test_a_rank_that_hangs_after_its_last_collective_ends_the_job_and_is_named()
     with pytest.raises(JobFailed) as exc:
         run_ranks(_with_rank, _finish_then_hang, 1, world=2, timeout_s=30, finish_s=2, what="training")
     assert str(exc.value).startswith("training stopped: rank 1 had not finished 2 s after the other ranks had")
+
+
+def test_an_error_inside_a_one_rank_run_is_said_as_a_ranks_failure_in_one_line(monkeypatch, capsys):
+    """World 1 runs in this process: an unexpected error inside training is 'training stopped: rank 0 failed: ...'
+    (exit 1, stdout still one JSON object under --json), as at world 2 and more — before, a raw traceback."""
+    import shardwise.train
+
+    def fail(step):
+        raise RuntimeError("an error no check foresaw")
+
+    monkeypatch.setattr(shardwise.train, "_maybe_die", fail)
+    assert main(["train", "--model", "tiny", "--steps", "2", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert err.strip() == "shardwise: error: training stopped: rank 0 failed: RuntimeError: an error no check foresaw"
+    assert json.loads(out)["error"].endswith("an error no check foresaw")

@@ -161,7 +161,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
     if under_torchrun():
         return [_rank_main(entry, args, backend, timeout_s, None, report)]
     if world == 1:
-        return [_rank_main(entry, args, backend, timeout_s, None, report, join=False)]
+        return [_one_rank(entry, args, backend, timeout_s, report, what)]
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -191,6 +191,21 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
     return [results[r] for r in sorted(results)]
 
 
+def _one_rank(entry, args, backend, timeout_s, report, what: str):
+    """World 1, in this process: a rank's error is said as a launch says it ('training stopped: rank 0 failed:
+    <its last line>', the traceback in `details`), not as a traceback; the project's own refusals and divergence
+    pass as they are."""
+    import traceback
+
+    try:
+        return _rank_main(entry, args, backend, timeout_s, None, report, join=False)
+    except (JobFailed, UsageError):
+        raise
+    except Exception as exc:
+        said = _last_line("".join(traceback.format_exception_only(exc)))
+        raise JobFailed(f"{what} stopped: rank 0 failed: {said}", details=traceback.format_exc()) from None
+
+
 SHUTDOWN_S = 3  # how long the ranks left after a failure get to end by themselves, then again after SIGTERM
 
 
@@ -203,15 +218,18 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
     seconds after another finished (its mark in `finished`, `_rank_main`) is killed: torch elastic waits for every
     rank without a limit, so one that hung after its last collective held the job for ever. Yields (the ranks, local =
     global on one machine, that needed SIGKILL after a failure: the ones that hung, as a rank waiting in a collective
-    ends at SIGTERM; the ones killed as not finished). torch is restored after."""
+    ends at SIGTERM; the ones killed as not finished). torch is restored after, and each failed rank's copy of its
+    error that torch.multiprocessing wrote in the system's temporary folder (read at the join, never removed by torch:
+    a failed launch left one file there per failed rank) is removed."""
     import signal
     import time
 
     from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException
 
-    join, hung, late = ProcessContext.join, [], []
+    join, hung, late, contexts = ProcessContext.join, [], [], {}
 
     def join_quickly(self, timeout=None, grace_period=None):
+        contexts[id(self)] = self
         for index, process in enumerate(self.processes):
             if not getattr(process.kill, "shardwise", False):  # once per process: join is polled every 0.1 s
                 process.kill = _recording_kill(process.kill, index, hung)
@@ -236,6 +254,9 @@ def _stopping_within(grace: float, finished: Path | None = None, finish_s: float
         yield hung, late
     finally:
         ProcessContext.join = join
+        for context in contexts.values():
+            for name in filter(None, context.error_files):
+                Path(name).unlink(missing_ok=True)
 
 
 def _failed_rank(exc, processes) -> str:

@@ -28,9 +28,9 @@ from shardwise.errors import UsageError
 class TokenSequences:
     """Fixed-length sequences of a memory-mapped token file."""
 
-    def __init__(self, tf: TokenFile, seq_len: int):
+    def __init__(self, tf: TokenFile, seq_len: int, vocab: int | None = None):
         self.tokens = np.memmap(tf.path, dtype=tf.dtype, mode="r", shape=(tf.tokens,))
-        self.seq_len = seq_len
+        self.seq_len, self.path, self.vocab = seq_len, tf.path, vocab
         self.count = (tf.tokens - 1) // seq_len
 
     def rows(self, ids) -> torch.Tensor:
@@ -39,7 +39,19 @@ class TokenSequences:
         out = np.empty((len(ids), s + 1), dtype=np.int64)
         for k, i in enumerate(ids):
             out[k] = self.tokens[i * s : i * s + s + 1]
+        self._check(out, ids)
         return torch.from_numpy(out)
+
+    def _check(self, out: np.ndarray, ids) -> None:
+        """A token the model has no row for: the tokenizer's ids were checked against the model's vocabulary before
+        the run, so the token file changed after it was written (a damaged cache entry of the right size). Named
+        here, on the few rows read, rather than as an embedding's IndexError."""
+        if self.vocab is None or not out.size or (top := int(out.max())) < self.vocab:
+            return
+        row = int(np.argmax(out.max(axis=1)))
+        raise UsageError(f"token file {self.path}: token id {top:,} in sequence {list(ids)[row]:,} is outside the model's "
+                         f"vocabulary of {self.vocab:,} — the cached token file is damaged: delete it and its .json, "
+                         f"and the data is tokenized again")
 
 
 def check_size(tf: TokenFile, seq_len: int, global_batch: int, flag: str) -> None:
@@ -79,9 +91,9 @@ class BuiltinBatches:
 class CorpusBatches:
     """A token file's sequences in a seeded order, one global batch per step, from a saved position."""
 
-    def __init__(self, tf: TokenFile, seed: int, global_batch: int, seq_len: int):
+    def __init__(self, tf: TokenFile, seed: int, global_batch: int, seq_len: int, vocab: int | None = None):
         self.tf, self.seed, self.global_batch = tf, seed, global_batch
-        self.sequences = TokenSequences(tf, seq_len)
+        self.sequences = TokenSequences(tf, seq_len, vocab)
         self.position = 0  # sequences consumed
         self._order: tuple[int, np.ndarray] | None = None
 
@@ -115,12 +127,12 @@ def batches(cfg):
     """The data of a run: the token file of --data, else the built-in corpus."""
     if cfg.data is None:
         return BuiltinBatches(cfg.seed, cfg.global_batch, cfg.seq_len)
-    return CorpusBatches(cfg.data, cfg.seed, cfg.global_batch, cfg.seq_len)
+    return CorpusBatches(cfg.data, cfg.seed, cfg.global_batch, cfg.seq_len, cfg.spec.vocab_size)
 
 
 def validation_batches(cfg, dp: int, dp_rank: int, micro_batch: int, device):
     """Per evaluated global batch, this dp rank's micro-batches (the same sequences for every layout)."""
-    seqs = TokenSequences(cfg.val_data, cfg.seq_len)
+    seqs = TokenSequences(cfg.val_data, cfg.seq_len, cfg.spec.vocab_size)
     b = cfg.global_batch
     for k in range(min(seqs.count // b, cfg.eval_batches)):
         lo, hi = k * b + dp_rank * b // dp, k * b + (dp_rank + 1) * b // dp
