@@ -397,3 +397,26 @@ def test_an_error_inside_a_one_rank_run_is_said_as_a_ranks_failure_in_one_line(m
     out, err = capsys.readouterr()
     assert err.strip() == "shardwise: error: training stopped: rank 0 failed: RuntimeError: an error no check foresaw"
     assert json.loads(out)["error"].endswith("an error no check foresaw")
+
+
+@pytest.mark.parametrize("argv, refusal", [
+    (["--model", "tiny", "--schedule", "gpipe", "--dp", "2", "--global-batch", "3"], "--global-batch 3 is not divisible"),
+    (["--plan", "PLAN", "--steps", "0"], "--steps must be at least 1, got 0"),
+])
+def test_a_refused_run_is_one_line_without_the_notes_it_would_have_said(argv, refusal, tmp_path, capsys):
+    """The notes about what would have run (a knob set back, the plan's model) wait for the checks: a refusal is one
+    line. The same layout that passes says them."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 1, "tp": 1, "pp": 1}, "job": {"model": "tiny", "global_batch": 8, "seq_len": 64}}))
+    argv = [str(plan) if a == "PLAN" else a for a in argv]
+    assert main(["train", "--steps", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardwise: error: {refusal}"), err
+
+
+def test_the_notes_of_a_run_that_passes_its_checks_are_said(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"best": {"dp": 1, "tp": 1, "pp": 1}, "job": {"model": "tiny", "global_batch": 8, "seq_len": 64}}))
+    assert main(["train", "--plan", str(plan), "--schedule", "gpipe", "--steps", "1", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --model tiny, the plan's" in err and "note: --schedule gpipe changes nothing at --pp 1" in err

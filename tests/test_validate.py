@@ -106,6 +106,11 @@ def test_plot(tmp_path, sweep):
     (["--backend", "nccl", "--world", "4096"], "nccl"),
     (["--steps", "0"], "--steps"),
     (["--seq-len", "0"], "--seq-len must be at least 1, got 0"),  # validate has no --micro-batch to name
+    # as train runs them: interleaving named with one chunk a rank is refused; a knob that changes nothing is set back
+    # (pp1:gpipe runs as pp1), so the two are one layout — refused without the note that said it
+    (["--layouts", "pp2:interleaved-1f1b:v1"], "layout 'pp2:interleaved-1f1b:v1': --schedule interleaved-1f1b with --vpp 1"),
+    (["--layouts", "pp1:gpipe", "dp2"], "--layouts pp1:gpipe and dp2 are the same layout"),
+    (["--layouts", "dp2:sp", "dp2"], "--layouts dp2:sp and dp2 are the same layout"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, words, capsys):
     assert main(["validate", "--cluster", "dgx-h100-80gb", *argv]) == 2

@@ -12,6 +12,42 @@ import os
 import sys
 import time
 
+_held: list[str] | None = None  # notes waiting for the command's checks (held_notes)
+
+
+def note(text: str) -> None:
+    """'note: <text>' on stderr, or, inside held_notes, once the command's checks have passed: a refused command is one
+    line, without the notes about the layout it would have run."""
+    if _held is not None:
+        _held.append(text)
+    else:
+        print(f"note: {text}", file=sys.stderr)
+
+
+class held_notes:
+    """Hold note() lines while a command checks its input: said at release() (or at the end of the block), dropped
+    where a check refuses it (an exception leaves the block)."""
+
+    def __enter__(self):
+        global _held
+        self.outer, _held = _held, []
+        return self
+
+    def release(self) -> None:
+        global _held
+        held, _held = _held, self.outer
+        for text in held or ():
+            note(text)
+        self.outer = _held
+
+    def __exit__(self, kind, value, tb):
+        global _held
+        if kind is None and _held is not self.outer:
+            self.release()
+        _held = self.outer
+        return False
+
+
 # Below this many columns a table is unreadable (a width of 0 prints nothing, 1 a column of characters): such a
 # COLUMNS is ignored, and rich falls back to the terminal's width, or 80 when there is none.
 MIN_COLUMNS = 40

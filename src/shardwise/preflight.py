@@ -164,8 +164,9 @@ def check_cores(ranks: int, gpu: bool = False, cores: int | None = None) -> None
                          f"and every collective for the slowest one, until the job times out — use at most "
                          f"{OVERSUBSCRIBED * cores} ranks here, or run under torchrun on more machines")
     if ranks > CROWDED * cores and os.environ.get("RANK", "0") == "0":
-        print(f"note: {ranks} ranks share {cores} CPU core{'s' * (cores > 1)}: steps will be slow and their times "
-              f"noisy", file=sys.stderr)
+        from shardwise.console import note
+
+        note(f"{ranks} ranks share {cores} CPU core{'s' * (cores > 1)}: steps will be slow and their times noisy")
 
 
 def check(cfg, memory: bool = True) -> None:

@@ -431,6 +431,28 @@ def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_p
     return idle
 
 
+def settle_idle_knobs(values: dict, vpp_named: bool, said=lambda key, note: note) -> list[str]:
+    """Set a layout's knobs that change nothing back to what runs (a schedule at pp 1, sequence parallelism at tp 1, a
+    CP mode at cp 1: idle_knobs), in `values` (Layout's fields, "schedule" set), and return the notes that say so
+    (`said(key, note)` words each). Interleaved 1F1B without a depth runs 2 virtual stages per rank (one chunk per
+    rank interleaves nothing); with a depth of 1 named (`vpp_named`) it is refused. train and validate run layouts
+    through it, so a layout is recorded, compared and deduplicated as it ran."""
+    from shardwise.specs import check_named_interleaving
+
+    tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
+    mode = values.get("cp_mode", "ring")
+    idle = idle_knobs(tp, pp, cp, schedule=values["schedule"], vpp=values.get("vpp", 1),
+                      sequence_parallel=values.get("sequence_parallel"), cp_mode=None if mode == "ring" else mode)
+    values.update({k: {"schedule": "1f1b", "sequence_parallel": False, "cp_mode": "ring"}[k] for k in idle})
+    notes = [said(k, note) for k, note in idle.items()]
+    if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
+        if vpp_named:
+            check_named_interleaving(pp, 1, values["schedule"])
+        values["vpp"] = 2
+        notes.append("2 virtual stages per rank (interleaved 1F1B interleaves at least 2; --vpp not given)")
+    return notes
+
+
 def winner_note(args, job, layout) -> str:
     """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
     idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism;

@@ -193,27 +193,17 @@ def layout_from(args, plan_data=None):
 
 def _idle_knobs(values: dict, named: set[str]) -> None:
     """A knob that changes nothing in this layout is set back to what runs and said (on stderr), as estimate says
-    it, so the run's recorded layout is the one that ran: a schedule at pp 1, sequence parallelism at tp 1, a CP mode
-    at cp 1. Interleaved 1F1B named without --vpp runs 2 virtual stages per rank (one chunk per rank interleaves
-    nothing); named with --vpp 1 it is refused."""
-    from shardwise.commands.common import idle_knobs
-    from shardwise.specs import check_named_interleaving
+    it, so the run's recorded layout is the one that ran (commands.common.settle_idle_knobs); a knob the --plan set,
+    not a flag, is said as the plan's key."""
+    from shardwise.commands.common import settle_idle_knobs
 
-    tp, pp, cp = values.get("tp", 1), values.get("pp", 1), values.get("cp", 1)
-    mode = values.get("cp_mode", "ring")
-    idle = idle_knobs(tp, pp, cp, schedule=values["schedule"], vpp=values.get("vpp", 1),
-                      sequence_parallel=values.get("sequence_parallel"), cp_mode=None if mode == "ring" else mode)
-    values.update({k: {"schedule": "1f1b", "sequence_parallel": False, "cp_mode": "ring"}[k] for k in idle})
-    # a knob the --plan set, not a flag: said as the plan's key
-    said = [note if k in named else note.replace(f"--{k.replace('_', '-')}", f"the plan's {k}", 1)
-            for k, note in idle.items()]
-    if pp > 1 and values["schedule"] == "interleaved-1f1b" and values.get("vpp", 1) == 1:
-        if "vpp" in named:
-            check_named_interleaving(pp, 1, values["schedule"])
-        values["vpp"] = 2
-        said.append("2 virtual stages per rank (interleaved 1F1B interleaves at least 2; --vpp not given)")
-    for note in said:
-        print(f"note: {note}", file=sys.stderr)
+    def said(key: str, note: str) -> str:
+        return note if key in named else note.replace(f"--{key.replace('_', '-')}", f"the plan's {key}", 1)
+
+    from shardwise.console import note
+
+    for text in settle_idle_knobs(values, vpp_named="vpp" in named, said=said):
+        note(text)
 
 
 # A flag that only means something beside another: (flag, attribute, what it needs, attributes of the partner).
@@ -243,8 +233,10 @@ def config_from(args):
     weights, hf_config = model_source(args.model, args.init, spec)
     if weights is None and hf_config is not None and args.init is None and not args.resume \
             and os.environ.get("RANK", "0") == "0":
-        print(f"note: {args.model} holds no weights: training starts from a seeded initialisation (--init random "
-              f"says so; --init pretrained refuses a folder without weights)", file=sys.stderr)
+        from shardwise.console import note
+
+        note(f"{args.model} holds no weights: training starts from a seeded initialisation (--init random says so; "
+             f"--init pretrained refuses a folder without weights)")
     return TrainConfig(spec=spec, layout=layout_from(args, plan), steps=args.steps,
                        global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed, lr=args.lr,
                        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
@@ -261,11 +253,13 @@ def config_from(args):
 
 def run(args) -> int:
     from shardwise import fork_server
+    from shardwise.console import held_notes
 
-    _default_model(args)
-    _distinct_paths(args)
-    with fork_server.early(_ranks_asked(args)):  # its ranks' server imports torch while this process does
-        return _run(args)
+    with held_notes() as notes:  # said once every check has passed: a refusal is one line
+        _default_model(args)
+        _distinct_paths(args)
+        with fork_server.early(_ranks_asked(args)):  # its ranks' server imports torch while this process does
+            return _run(args, notes)
 
 
 def _ranks_asked(args) -> int:
@@ -281,7 +275,7 @@ def _ranks_asked(args) -> int:
     return Layout(**{key: max(values.get(key, 1), 0) for key in ("dp", "tp", "pp", "cp")}).world_size
 
 
-def _run(args) -> int:
+def _run(args, notes) -> int:
     from shardwise.launch import JobFailed, check, launch
 
     from shardwise.corpus import prepare_run
@@ -295,6 +289,7 @@ def _run(args) -> int:
                       field=args.data_field or "text", cache=args.data_cache,
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
     check_checkpoints(cfg)
+    notes.release()
     _note_vocab_padding(cfg)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this command: rank 0 speaks
     try:
@@ -326,8 +321,10 @@ def _default_model(args) -> None:
         planned = job.get("model") in model_presets()
         args.model = job["model"] if planned else "tiny"
         if planned and os.environ.get("RANK", "0") == "0":
-            print(f"note: --model {args.model}, the plan's (the preset of that name: give --model for a folder or "
-                  f"config.json it was planned from)", file=sys.stderr)
+            from shardwise.console import note
+
+            note(f"--model {args.model}, the plan's (the preset of that name: give --model for a folder or "
+                 f"config.json it was planned from)")
 
 
 def _distinct_paths(args) -> None:
@@ -354,5 +351,7 @@ def _note_vocab_padding(cfg) -> None:
 
     vocab, tp = cfg.spec.vocab_size, cfg.layout.tp
     if vocab % tp and os.environ.get("RANK", "0") == "0":
-        print(f"note: vocabulary {vocab} padded to {padded_vocab(vocab, tp)} rows for tp={tp} (as Megatron does); "
-              "padded logits are masked, so training equals the unpadded model", file=sys.stderr)
+        from shardwise.console import note
+
+        note(f"vocabulary {vocab} padded to {padded_vocab(vocab, tp)} rows for tp={tp} (as Megatron does); padded "
+             "logits are masked, so training equals the unpadded model")

@@ -39,7 +39,7 @@ def register(subparsers, name, help):
 
 def _config(args, cluster):
     from shardwise.specs import load_model
-    from shardwise.validate import ValidateConfig, check_layout, parse_layout
+    from shardwise.validate import ValidateConfig, check_layout
 
     for flag, value in (("--world", args.world), ("--steps", args.steps), ("--repeats", args.repeats),
                         ("--global-batch", args.global_batch), ("--seq-len", args.seq_len)):
@@ -58,7 +58,7 @@ def _config(args, cluster):
     if any(not t.strip(": ") for t in args.layouts or []):
         raise UsageError("--layouts: an empty layout — give each like dp2, tp2:sp or pp2:gpipe (or leave --layouts out "
                          "for every split)")
-    layouts = tuple(parse_layout(t, args.world) for t in args.layouts or [])
+    layouts = tuple(_settled(t, args.world) for t in args.layouts or [])
     for i, lay in enumerate(layouts):
         if lay in layouts[:i]:
             first = args.layouts[layouts.index(lay)]
@@ -69,6 +69,26 @@ def _config(args, cluster):
                           global_batch=args.global_batch, seq_len=args.seq_len, steps=args.steps,
                           repeats=args.repeats, warmup=args.warmup, backend=args.backend, seed=args.seed,
                           timeout_s=args.timeout)
+
+
+def _settled(text: str, world: int):
+    """A --layouts entry as it runs, as train runs the same flags: a knob that changes nothing there set back and said
+    (so 'pp1:gpipe' and 'pp1' are one layout), interleaving without a depth at 2 chunks a rank, with a depth of 1
+    refused."""
+    from shardwise.commands.common import settle_idle_knobs
+    from shardwise.specs import Layout
+    from shardwise.validate.config import layout_fields
+
+    fields = layout_fields(text, world)
+    try:
+        notes = settle_idle_knobs(fields, vpp_named="vpp" in fields)
+    except UsageError as exc:
+        raise UsageError(f"layout '{text}': {exc}") from None
+    from shardwise.console import note
+
+    for said in notes:
+        note(f"layout '{text}': {said}")
+    return Layout(**fields)
 
 
 def _progress(console, what: str, total: int):
@@ -106,24 +126,27 @@ def _run(args) -> int:
     if args.plot is not None and not str(args.plot).lower().endswith(PICTURES):
         raise UsageError(f"--plot {args.plot}: the picture's name must end in {', '.join(PICTURES)} — e.g. accuracy.png")
     prepare_output(args.plot, "--plot", "accuracy.png")
-    cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
-    if not cfg.layouts:
-        from dataclasses import replace
+    from shardwise.console import held_notes
 
-        cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len, cfg.backend)))
-        if not cfg.layouts:  # say why the simplest one cannot run
-            from shardwise.specs import Layout
-            from shardwise.validate import check_layout
+    with held_notes():  # a layout's notes, once every layout has passed its checks: a refusal is one line
+        cfg = _config(args, load_cluster(args.cluster) if args.cluster else None)
+        if not cfg.layouts:
+            from dataclasses import replace
 
-            check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len, cfg.backend)
-            raise UsageError(f"no layout of {cfg.model.name} runs on {args.world} ranks with global batch "
-                             f"{args.global_batch} x {args.seq_len} tokens — give --layouts")
-    measured = cfg.cluster.measured if cfg.cluster is not None else None
-    calibrated_world = int(measured.get("world_size", args.world)) if measured else args.world
-    if calibrated_world != args.world:
-        raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
-                         f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
-                         f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
+            cfg = replace(cfg, layouts=tuple(default_layouts(cfg.model, cfg.world, cfg.global_batch, cfg.seq_len, cfg.backend)))
+            if not cfg.layouts:  # say why the simplest one cannot run
+                from shardwise.specs import Layout
+                from shardwise.validate import check_layout
+
+                check_layout(Layout(dp=args.world), cfg.model, args.world, args.global_batch, args.seq_len, cfg.backend)
+                raise UsageError(f"no layout of {cfg.model.name} runs on {args.world} ranks with global batch "
+                                 f"{args.global_batch} x {args.seq_len} tokens — give --layouts")
+        measured = cfg.cluster.measured if cfg.cluster is not None else None
+        calibrated_world = int(measured.get("world_size", args.world)) if measured else args.world
+        if calibrated_world != args.world:
+            raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
+                             f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
+                             f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
     err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     try:
         if cfg.cluster is None:

@@ -26,7 +26,12 @@ class ValidateConfig:
 
 
 def parse_layout(text: str, world: int) -> Layout:
-    """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full', 'cp2:allgather' -> Layout.
+    """'dp2', 'tp2:sp', 'pp2:gpipe:mb2', 'pp2:interleaved-1f1b:v2', 'dp2:zero3:full', 'cp2:allgather' -> Layout."""
+    return Layout(**layout_fields(text, world))
+
+
+def layout_fields(text: str, world: int) -> dict:
+    """The Layout fields a layout's text names, "schedule" always set ("vpp" only where named).
 
     Parts (':'-separated): dpN tpN ppN cpN epN etpN mbN vN zeroN, sp, a recompute policy (none, selective, full),
     a schedule name, a context-parallel mode (ring, allgather). dp defaults to world / (tp * pp * cp)."""
@@ -53,7 +58,7 @@ def parse_layout(text: str, world: int) -> Layout:
             raise UsageError(f"layout '{text}': tp*pp*cp = {tp * pp * cp} does not divide the world of {world}")
         fields["dp"] = world // (tp * pp * cp)
     fields.setdefault("schedule", default_schedule(fields.get("vpp", 1)))
-    return Layout(**fields)
+    return fields
 
 
 def default_layouts(model: ModelSpec, world: int, global_batch: int, seq_len: int, backend: str = "gloo") -> list[Layout]:

@@ -71,7 +71,7 @@ LLAMA3 = Framework(
             "public while the 405B model trained; FlashAttention-3 followed in July 2024)",
     sources=("Llama Team, AI @ Meta 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783) Sec. 3.3.2 ('for model shards "
              "we do not reshard after forward computation to avoid an extra all-gather communication during backward "
-             "passes'; all-gather context parallelism; interleaved schedule) and Sec. 3.3.4 ('FP32 gradient accumulation "
+             "passes'; all-gather context parallelism; interleaved schedule) and its 'Numerical stability' paragraph ('FP32 gradient accumulation "
              "during backward computation over multiple micro-batches and also reduce-scatter gradients in FP32')",
              "docs/planner.md 'Llama 3's data parallelism': reduce-scattering (or gathering) every micro-batch would put "
              "9-13 s of FP32/BF16 traffic per GPU on its 400 Gb/s NIC in a 12.5 s step (8,192 GPUs), 4.5-6.8 s in 6.7 s "
