@@ -325,3 +325,28 @@ def test_a_damaged_index_leaves_nothing_on_stderr_as_its_bytes_are_freed(tmp_pat
             read_index(tmp_path)
     gc.collect()
     assert not printed, printed
+
+
+def test_a_resume_appends_only_to_its_own_runs_metrics_file(tmp_path, capsys):
+    """A resumed run keeps its metrics file's records up to its step and appends: to a file another run wrote since
+    (the same --metrics-file given to a second run), or one that is not train's records, that would mix two runs or
+    fail inside a rank. Refused in one line, the file untouched; the run's own file resumes, every record its run's."""
+    metrics = tmp_path / "m.jsonl"
+    run = ["train", *ARGS, "--metrics-file", str(metrics), "--save-every", "2", "--stop-after", "2"]
+    assert main([*run, "--checkpoint-dir", str(tmp_path / "a")]) == 0
+    own = metrics.read_text()
+    assert main([*run, "--checkpoint-dir", str(tmp_path / "b")]) == 0  # another run, the same metrics file
+    other = metrics.read_text()
+    capsys.readouterr()
+    resume = [*run[:-2], "--checkpoint-dir", str(tmp_path / "a"), "--resume"]
+    for text, said in ((other, "holds the records of another run"), ("not json\n", "line 1 is not a record")):
+        metrics.write_text(text)
+        assert main(resume) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+        assert metrics.read_text() == text
+    metrics.write_text(own)
+    assert main(resume) == 0
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and len({r["run"] for r in records}) == 1
+    assert records[0]["run"] != json.loads(other.splitlines()[0])["run"]

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise import moe, precision
 from shardwise.corpus.batches import batches, validation_batches
-from shardwise.errors import JobFailed
+from shardwise.errors import JobFailed, UsageError
 from shardwise.hf.load import loader
 from shardwise.model import Transformer
 from shardwise.parallel import (GlobalGradNorm, Sharded, build_mesh, coordinates, data_dim, data_mesh, expert_names,
@@ -71,6 +71,7 @@ class TrainConfig:
     stop_after: int | None = None  # end this invocation after this step (with a checkpoint); --steps sets the schedule
     resume: bool = False  # start from the newest complete checkpoint in checkpoint_dir, under any layout
     max_restarts: int = 0  # torchrun's agent restarts the job this often; a restart resumes by itself
+    run_id: str = ""  # the run's name in its metrics records and checkpoints: kept across resumes (metrics_records)
     # real models and data: None = weights from the seed / the built-in corpus
     weights: object | None = None  # hf.load.HFFolder (--model DIR): each rank reads only its slices
     model_given: str | None = None  # --model: a preset's name, or a config file's or folder's absolute path
@@ -422,7 +423,7 @@ class TrainLoop:
                 print(f"step {step}: validation loss {rec['val_loss']:.4f}, perplexity {rec['val_perplexity']:.2f}", flush=True)
         self.records.append(rec)
         if self.sink:
-            self.sink.write(json.dumps(rec) + "\n")
+            self.sink.write(json.dumps({**rec, "run": self.rt.cfg.run_id} if self.rt.cfg.run_id else rec) + "\n")
             self.sink.flush()
         self.update(rec)
 
@@ -546,13 +547,34 @@ def summary(records: list[dict], cfg: TrainConfig) -> str:
             f"median step {seconds(s['median_step_time_s'])}, {s['tokens_per_s']:,.0f} tokens/s")
 
 
+def metrics_records(path: str, run_id: str = "") -> list[dict]:
+    """The records of a metrics file a resumed run continues: UsageError for a line that is not one of train's
+    records, or (`run_id`: the checkpoint's run) a record another run wrote — appended to, it would hold two runs."""
+    records = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            rec = json.loads(line) if line.strip() else None
+        except ValueError:
+            rec = False
+        if rec is None:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            raise UsageError(f"--metrics-file {path}: line {number} is not a record of shardwise train — give the resumed "
+                             f"run's own metrics file, or a new path")
+        if run_id and rec.get("run", run_id) != run_id:
+            raise UsageError(f"--metrics-file {path} holds the records of another run ({rec['run']}; the checkpoint's is "
+                             f"{run_id}) — give this run's metrics file, or a new path")
+        records.append(rec)
+    return records
+
+
 def open_metrics(path: str, after_step: int | None = None):
     """A fresh metrics file; when resuming from step s (after_step), keep its records up to s and append."""
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
     if after_step is None or not file.exists():
         return open(file, "w", encoding="utf-8")
-    kept = [ln for ln in file.read_text(encoding="utf-8").splitlines() if ln.strip() and json.loads(ln)["step"] <= after_step]
+    kept = [json.dumps(rec) for rec in metrics_records(path) if rec["step"] <= after_step]
     file.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     return open(file, "a", encoding="utf-8")
 

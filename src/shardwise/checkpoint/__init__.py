@@ -115,7 +115,7 @@ def _manifest(rt, metadata, files: dict, seconds: float) -> dict:
                for k, m in sorted(metadata.state_dict_metadata.items()) if isinstance(m, TensorStorageMetadata)}
     return {"format": store.FORMAT, "version": store.VERSION, "step": rt.step,
             "layout": cfg.layout.to_dict(), "world_size": cfg.layout.world_size, "model": asdict(cfg.spec),
-            "run": run_settings(cfg), "data_position": rt.data.state(rt.step), **_sources(cfg),
+            "run": run_settings(cfg), "run_id": cfg.run_id, "data_position": rt.data.state(rt.step), **_sources(cfg),
             "tensors": tensors, "files": files, "bytes": sum(f["bytes"] for f in files.values()),
             "save_seconds": round(seconds, 3), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "torch": torch.__version__}
@@ -183,6 +183,15 @@ def check(cfg) -> None:
     if check_flags(cfg):
         root = Path(cfg.checkpoint_dir)
         _check_contents(cfg, root, store.newest(root))
+
+
+def run_id(cfg) -> str:
+    """The run's name: a resumed run's is its checkpoint's (none where an older release wrote it), a new run's new."""
+    import uuid
+
+    if cfg.resume and cfg.checkpoint_dir and (latest := store.newest(Path(cfg.checkpoint_dir))) is not None:
+        return str(read_manifest(latest).get("run_id") or "")
+    return uuid.uuid4().hex[:12]
 
 
 def check_flags(cfg) -> bool:

@@ -289,6 +289,7 @@ def _run(args, notes) -> int:
                       field=args.data_field or "text", cache=args.data_cache,
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
     check_checkpoints(cfg)
+    cfg = _named_run(cfg)
     notes.release()
     _note_vocab_padding(cfg)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this command: rank 0 speaks
@@ -306,6 +307,20 @@ def _run(args, notes) -> int:
 
         print(json.dumps(out), flush=True)
     return 0
+
+
+def _named_run(cfg):
+    """The run's name (checkpoint.run_id), and a resumed run's metrics file checked to be its own before it is
+    appended to (train.metrics_records)."""
+    from dataclasses import replace
+
+    from shardwise.checkpoint import run_id
+    from shardwise.train import metrics_records
+
+    cfg = replace(cfg, run_id=run_id(cfg))
+    if cfg.resume and cfg.metrics_file and os.path.isfile(cfg.metrics_file):
+        metrics_records(cfg.metrics_file, cfg.run_id)
+    return cfg
 
 
 def _default_model(args) -> None:
