@@ -319,3 +319,20 @@ def test_a_damaged_cache_entry_of_the_right_size_names_its_file_in_one_line(dp, 
     said = "token file" if dp == 1 else "training stopped: rank 0 failed: token file"
     assert len(err) == 1 and err[0].startswith(f"shardwise: error: {said}"), err
     assert str(entry) in err[0] and "outside the model's vocabulary" in err[0] and "delete it" in err[0]
+
+
+def test_a_resume_whose_data_files_changed_says_so_not_to_give_the_same_data(tmp_path, capsys):
+    """Resumed with the same --data whose contents changed since: the fix is the files, not the flags (it had said
+    'resume with the same --data', which the user had given). Another file still gets that advice."""
+    (tmp_path / "a.txt").write_text("one document of plain words " * 200)
+    (tmp_path / "b.txt").write_text("another document of other words " * 200)
+    run = ["train", "--model", "tiny", "--data-cache", str(tmp_path / "cache"), "--checkpoint-dir", str(tmp_path / "ck"),
+           "--no-progress"]
+    assert main([*run, "--steps", "1", "--data", str(tmp_path / "a.txt")]) == 0
+    (tmp_path / "a.txt").write_text("the same name, other words " * 200)
+    capsys.readouterr()
+    for data, said in (("a.txt", "and the files changed since (the data tokenizes differently now) — restore the files"),
+                       ("b.txt", "resume with the same --data, --data-field and --tokenizer")):
+        assert main([*run, "--steps", "2", "--resume", "--data", str(tmp_path / data)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err

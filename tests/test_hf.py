@@ -276,3 +276,23 @@ def test_a_preset_exports_to_a_folder_transformers_loads(tmp_path):
     ours.load_state_dict(load_tensors(ckpt)[0])
     with torch.no_grad():
         torch.testing.assert_close(hf_logits(tmp_path / "out", _tokens(256)), ours(_tokens(256)), rtol=0, atol=ATOL)
+
+
+def test_weights_that_hold_nan_are_named_not_the_learning_rate(tmp_path, capsys):
+    """A folder whose weights hold NaN: step 1's loss comes before any update, so the stop names the weights the run
+    started from, not a lower --lr (which it had advised: the hint for a run that diverges later). A run that
+    diverges later still gets that hint (tests/test_train_cli.py)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "nan"
+    make_model(folder, "llama", tokenizer=False)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in weights if k.endswith("mlp.down_proj.weight"))
+    weights[name][0, 0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()  # transformers' own progress lines, writing the folder
+    assert main(["train", "--model", str(folder), "--steps", "2", "--global-batch", "2", "--seq-len", "8",
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training stopped at step 1, before any update" in err[0], err
+    assert f"--model {folder}'s" in err[0] and "not the learning rate" in err[0] and "--lr" not in err[0]

@@ -405,7 +405,7 @@ class TrainLoop:
         rt, cfg = self.rt, self.rt.cfg
         values = scalars.read()
         try:
-            check_finite(step, values)
+            check_finite(step, values, first=_starting_weights(cfg) if step == 1 else None)
         except JobFailed as exc:  # said beside the checkpoints, so that a restart of this job stops at once
             marker = diverged_marker(cfg)
             if marker is not None and _is_rank0():
@@ -433,15 +433,27 @@ def diverged_marker(cfg: TrainConfig) -> Path | None:
     return Path(cfg.checkpoint_dir) / "diverged.txt" if cfg.checkpoint_dir else None
 
 
-def check_finite(step: int, values: dict) -> None:
+def check_finite(step: int, values: dict, first: str | None = None) -> None:
     """Stop the job at the first step whose loss or gradient norm is not a number, as Megatron-LM's default
     --check-for-nan-in-loss-and-grad does: training on would only spread it through the weights. Every rank reads
-    the same reduced scalars, so every rank stops at the same step; the steps before it are in the metrics file."""
+    the same reduced scalars, so every rank stops at the same step; the steps before it are in the metrics file.
+    `first`: the step is the run's first, whose loss and gradients come before any update, from the weights it
+    started from (said where they came from): no learning rate made them."""
     bad = {k: v for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad and first:
+        said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad.items())
+        raise JobFailed(f"training stopped at step {step}, before any update ({said}): the weights it started from "
+                        f"({first}) or its data make it, not the learning rate — check them for NaN or inf")
     if bad:
         said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad.items())
         raise JobFailed(f"training diverged at step {step} ({said}): stopped there — start again with a lower --lr or "
                         f"a finite --grad-clip (a resume replays the same settings)")
+
+
+def _starting_weights(cfg: TrainConfig) -> str:
+    """Where a run's step-1 weights came from, for check_finite (a resumed run's first step is not before every
+    update: its checkpoint's weights are the learning rate's work)."""
+    return f"--model {cfg.model_given}'s" if cfg.weights is not None else "the seeded initialisation"
 
 
 def train(cfg: TrainConfig, mesh=None) -> TrainResult:

@@ -273,6 +273,12 @@ def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
         more = f" and {len(files) - 2} more" if len(files) > 2 else ""
         tok = f" tokenized with {manifest['tokenizer']}" if manifest.get("tokenizer") else ""
         field = manifest["data"].get("field", "text")
+        if cfg.data is not None and (list(cfg.data.sources), cfg.data.field, cfg.data.tokenizer) == \
+                (files, field, manifest.get("tokenizer")):  # the same names: what they hold changed
+            what = "tokenizer" if manifest.get("tokenizer_sha256") not in (None, cfg.data.tokenizer_sha256) else "files"
+            raise UsageError(f"{ckpt}: that run trained on {', '.join(files[:2])}{more}{tok}, and the {what} "
+                             f"changed since (the data tokenizes differently now) — restore the {what} it trained on, "
+                             f"or start a new run in another --checkpoint-dir")
         field = f" (field {field})" if field != "text" else ""
         raise UsageError(f"{ckpt}: that run trained on {', '.join(files[:2])}{more}{field}{tok} — resume with the same "
                          f"--data, --data-field and --tokenizer (`shardwise checkpoint inspect {ckpt.parent}` prints them)")
