@@ -881,3 +881,23 @@ def test_a_deepspeed_pipeline_with_more_stages_than_layers_names_its_partition(t
         target = Target(job=job, estimate=estimate(job, lay), gpus=pp, rank=0)
         assert json.loads(emitter("deepspeed").render(target))["pipeline"]["partition"] == method
         assert f"partition_method='{method}'" in emitter("deepspeed").launch(target, tmp_path / "ds.json")
+
+
+def test_a_file_for_one_stack_holds_a_layout_that_stack_can_hold_in_memory(tmp_path, capsys):
+    """Ranked for megatron-core, written for torchtitan: the file runs under torchtitan, whose eager layers keep more
+    than megatron-core's fused ones. Llama 3 8B at 32K on 8 A100-40GB: megatron-core's winner needs 47.4 GiB as
+    torchtitan runs it, and none of its fitting layouts fits there — one line, nothing written (it wrote the winner,
+    an out-of-memory config carrying megatron-core's speed). Where one does fit (the README's plan, for DeepSpeed),
+    the file's layout fits as the target runs it."""
+    out = tmp_path / "tt.toml"
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-a100-40gb", "--gpus", "8", "--global-batch", "64",
+            "--seq-len", "32768", "--framework", "megatron-core", "--emit", "torchtitan", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fits under torchtitan" in err[0] and "drop --framework" in err[0], err
+    assert not out.exists()
+    assert main(README_PLAN + ["--emit", "deepspeed", "--framework", "megatron-core", "--out", os.devnull, "--json"]) == 0
+    emitted = json.loads(capsys.readouterr().out)["emitted"]["layout"]
+    layout = Layout(**{f.name: emitted[f.name] for f in fields(Layout) if f.name in emitted})
+    job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, FRAMEWORK["deepspeed"])
+    assert estimate(job, layout).fits

@@ -35,7 +35,8 @@ def register(subparsers, name, help):
     g.add_argument("--emit", choices=TARGETS, default=None,
                    help="write a layout as a launch configuration for this stack: Megatron-LM arguments (bash), "
                         "torchtitan TOML or DeepSpeed JSON; the table then holds only layouts that stack can run, "
-                        "scored with its framework profile")
+                        "scored with its framework profile (with --framework naming another stack: ranked as that "
+                        "one runs it, keeping only the layouts the target's own profile holds in memory)")
     g.add_argument("--out", type=Path, default=None, metavar="PATH", help="where --emit writes")
     g.add_argument("--rank", type=int, default=None, metavar="N",
                    help="which row of the table --emit writes (default 1, the winner)")
@@ -144,6 +145,35 @@ def write_html(path, job, gpus, result, emitted=None) -> dict:
     return {"path": str(path), "bytes": len(html.encode())}
 
 
+def _fitting_under_target(args, job, ranked: list) -> list:
+    """A plan ranked for another stack than the one --emit writes for (--framework megatron-core --emit torchtitan):
+    only the layouts the target's own release can run and hold in memory, as its profile prices them — the file runs
+    under that stack, whose memory may differ (torchtitan's eager layers keep more than megatron-core's fused ones)."""
+    import copy
+
+    from shardwise.emit import FRAMEWORK, TITLE
+    from shardwise.errors import UsageError
+    from shardwise.planner.estimate import estimate
+    from shardwise.units import GIB
+    from shardwise.planner.frameworks import get
+
+    own = FRAMEWORK[args.emit]
+    if job.framework == own or not ranked:
+        return ranked
+    target = copy.copy(args)  # the same flags under the target's stack (its defaults where a flag was not given)
+    target.framework = own
+    theirs, stack = job_from_args(target), get(own)
+    kept = [e for e in ranked if stack.refusal(e.layout, job.model.num_layers, e.num_microbatches) is None
+            and estimate(theirs, e.layout).fits]
+    if not kept:
+        first = estimate(theirs, ranked[0].layout)
+        named = TITLE[args.emit] + (f" ({own})" if own != TITLE[args.emit] else "")
+        raise UsageError(f"no layout ranked as {job.framework} runs it fits under {named}: the fastest, "
+                         f"{ranked[0].layout.describe()}, needs {first.memory_per_gpu / GIB:.1f} of {first.gpu_memory_bytes / GIB:.1f} "
+                         f"GiB per GPU there — drop --framework to rank as {TITLE[args.emit]} runs it")
+    return kept
+
+
 def run(args) -> int:
     outputs = hasattr(args, "emit")
     if outputs:
@@ -154,7 +184,7 @@ def run(args) -> int:
 
         from shardwise.emit import expressible
 
-        result = replace(result, ranked=expressible(args.emit, job, result.ranked, args.gpus))
+        result = replace(result, ranked=_fitting_under_target(args, job, expressible(args.emit, job, result.ranked, args.gpus)))
     rows = result.ranked if args.all_variants else best_per_split(result.ranked)
     top = rows[: args.top]
     emitted = emit(args, job, rows) if outputs and args.emit else None
