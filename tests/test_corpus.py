@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -316,8 +317,8 @@ def test_a_damaged_cache_entry_of_the_right_size_names_its_file_in_one_line(dp, 
     entry.write_bytes(b"\xff" * entry.stat().st_size)
     assert main(argv) == (2 if dp == 1 else 1)  # a refusal in this process; a rank's failure at world 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    said = "token file" if dp == 1 else "training stopped: rank 0 failed: token file"
-    assert len(err) == 1 and err[0].startswith(f"shardwise: error: {said}"), err
+    said = "token file" if dp == 1 else "training stopped: rank [01] failed: token file"  # both read a batch
+    assert len(err) == 1 and re.match(f"shardwise: error: {said}", err[0]), err
     assert str(entry) in err[0] and "outside the model's vocabulary" in err[0] and "delete it" in err[0]
 
 

@@ -444,14 +444,37 @@ def sensitivity_candidates(result: SearchResult) -> list[Estimate]:
     return out
 
 
-def what_if_rankings(job: Job, result: SearchResult) -> list[tuple[str, Job, Estimate, Estimate]]:
+def what_if_rankings(job: Job, result: SearchResult) -> list[tuple[str, Job, Estimate, Estimate, Estimate | None]]:
     """For each what-if (_what_ifs): its words, the job it changes to, the fastest candidate under it
-    (sensitivity_candidates) and today's winner under it."""
+    (sensitivity_candidates), today's winner under it, and the fastest other split under it (None: no other)."""
     win, top, out = result.ranked[0], sensitivity_candidates(result), []
     for what, perturbed in _what_ifs(job, win):
-        again = {e.layout: estimate(perturbed, e.layout) for e in top}
-        out.append((what, perturbed, min(again.values(), key=lambda e: e.step_time), again[win.layout]))
+        again = sorted((estimate(perturbed, e.layout) for e in top), key=lambda e: e.step_time)
+        today = next(e for e in again if e.layout == win.layout)
+        other = next((e for e in again if e.layout.split != again[0].layout.split), None)
+        out.append((what, perturbed, again[0], today, other))
     return out
+
+
+# Below this share of the compute term that moves with the GPU's matmul and attention rates, explain says how much
+# does not: "compute" then names mostly fixed costs, which a faster GPU would not shorten.
+SCALED_COMPUTE_SHARE = 0.75
+
+
+def _unscaled_compute(job: Job, win: Estimate, rankings: list) -> str:
+    """The part of the winner's compute term that does not move with the GPU's rates, where it is most of it: read
+    off the GPU what-if (rates x 0.85 lengthen the rate-bound part by 1/0.85), so memory-bound kernels, per-kernel
+    launch costs and a MoE layer's fixed overheads (moe.MOE_LAYER_OVERHEAD_S) are told apart from the matmuls."""
+    slow = next((today for _, perturbed, _, today, _ in rankings if perturbed.cluster.peak_flops < job.cluster.peak_flops), None)
+    compute = win.time_s.get("compute", 0.0)
+    if slow is None or compute <= 0:
+        return ""
+    scaled = min(max((slow.time_s.get("compute", 0.0) - compute) * 0.85 / 0.15, 0.0), compute)
+    if scaled >= SCALED_COMPUTE_SHARE * compute:
+        return ""
+    moe = ", a mixture of experts' fixed per-layer overheads" if job.model.is_moe else ""
+    return (f", of which {seconds(compute - scaled)} does not move with the GPU's matmul and attention rates "
+            f"(memory-bound kernels and per-kernel launch costs{moe})")
 
 
 def uncertainty(job: Job, result: SearchResult) -> list[str]:
@@ -460,12 +483,18 @@ def uncertainty(job: Job, result: SearchResult) -> list[str]:
     t = win.time_s
     dominant = max(t, key=t.get)
     again = f" (and {seconds(t['recompute'])} more recomputing it)" if dominant == "compute" and t.get("recompute") else ""
+    rankings = what_if_rankings(job, result)
+    fixed = _unscaled_compute(job, win, rankings) if dominant == "compute" else ""
     out = [f"Dominant term: {TERM_NAMES.get(dominant, dominant)}, {seconds(t[dominant])} of the {seconds(win.step_time)} step "
-           f"({t[dominant] / win.step_time:.0%}){again}."]
+           f"({t[dominant] / win.step_time:.0%}){again}{fixed}."]
     sentences = []
-    for what, _, new, today in what_if_rankings(job, result):
+    for what, _, new, today, other in rankings:
         if new.layout == win.layout:
-            sentences.append(f"{what}, the winner would still be {_knobs(win)} ({seconds(new.step_time)}/step)")
+            gap = other.step_time / new.step_time - 1 if other is not None else None
+            # a verdict inside the model's error is no verdict: the next split is named beside it
+            tie = (f", {gap:.1%} ahead of {other.layout.describe()}: within the model's error (±{MODEL_ERROR:.0%})"
+                   if gap is not None and gap < MODEL_ERROR else "")
+            sentences.append(f"{what}, the winner would still be {_knobs(win)} ({seconds(new.step_time)}/step{tie})")
         else:
             close = today.step_time / new.step_time - 1
             same = ", the same split with other knobs" if new.layout.split == win.layout.split else ""
