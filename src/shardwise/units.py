@@ -20,6 +20,16 @@ def seconds(t: float) -> str:
     return f"{t * 1e6:.3g} µs"
 
 
+def params(n: float) -> str:
+    """A parameter count in billions from 0.1 B up, else in millions: a tiny model never reads "0.0 B"."""
+    return f"{n / 1e9:.1f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def gib(b: float) -> str:
+    """Bytes in GiB from 0.1 GiB up, else in MiB: a tiny model's states never read "0.0 GiB"."""
+    return f"{b / GIB:.1f} GiB" if b >= 0.1 * GIB else f"{b / 2**20:.1f} MiB"
+
+
 def count(n: int, noun: str) -> str:
     """'1 tensor', '1,024 tensors', '2 batches': thousands separated, the plural by the noun's ending."""
     plural = "es" if noun.endswith(("ch", "sh", "s", "x")) else "s"

@@ -18,7 +18,7 @@ from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult, tp_fits
 from shardwise.planner.step_time import HOST_FLOOR_KEYS, attention_flops_per_step, host_bound_note, model_flops_per_step
 from shardwise.specs import TrainSpec, divisors
-from shardwise.units import count, seconds
+from shardwise.units import count, gib, params, seconds
 
 
 def _knobs(e: Estimate) -> str:
@@ -268,7 +268,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     copies = ranks // group
     replicas = ("each one held once, with no replica to average its gradients with" if copies == 1 else
                 f"and {copies} replicas of each average their gradients")
-    against = f", against {states(whole) / GIB:.1f} GiB with every expert on every GPU (ep = 1)" if group > 1 else ""
+    against = f", against {gib(states(whole))} with every expert on every GPU (ep = 1)" if group > 1 else ""
     price = ("With every expert on every GPU, tokens never leave their GPU: no all-to-all." if group == 1 else
              f"The price: per MoE layer and micro-batch, four all-to-alls (dispatch and combine, forward and backward) "
              f"of {model.experts_per_token} x {model.hidden} activations per token, over {group} ranks {where}: "
@@ -276,10 +276,10 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
              f"--capacity-factor).")
     return (
         f"EP = {lay.ep}: {model.num_experts} experts in each of {len(model.moe_layers)} MoE layers, {model.experts_per_token} "
-        f"per token, so a token uses {model.active_params() / 1e9:.1f} of the {model.num_params() / 1e9:.1f} B parameters "
+        f"per token, so a token uses {params(model.active_params())} of the {params(model.num_params())} parameters "
         f"(FLOPs and MFU count those active ones). The experts fold over the {ranks} dp x tp{' x cp' if lay.cp > 1 else ''} "
         f"ranks of a stage: each GPU holds {count(local, 'expert')} per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
-        f"{replicas}. That leaves {states(win) / GIB:.1f} GiB of weights, gradients and optimizer states per GPU"
+        f"{replicas}. That leaves {gib(states(win))} of weights, gradients and optimizer states per GPU"
         f"{against}. {price} Best step at other degrees: {_compare(by_ep, lay.ep, win, 'ep')}."
     )
 
