@@ -749,3 +749,15 @@ def test_plan_says_which_recompute_policies_a_stack_searched_as_its_runs_trained
     assert "--recompute none,full,selective searches selective too" in note
     assert main([*common, "--recompute", "none,full,selective"]) == 0
     assert "searches selective" not in json.loads(capsys.readouterr().out).get("winner_note", "")
+
+
+def test_nothing_fits_offers_fewer_tokens_only_where_fewer_tokens_would_help(capsys):
+    """Llama 3 70B on 8 A100 under megatron-2021 (no ZeRO): its weights, gradients and optimizer states alone are
+    168 GiB a GPU, so a smaller batch or sequence cannot make it fit and is not offered (it was); Llama 3 8B at
+    512K tokens on 8 GPUs is held back by its activations, and is offered it."""
+    code, _, err = run_cli(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-a100-80gb", "--gpus", "8",
+                           "--global-batch", "512", "--seq-len", "8192", "--framework", "megatron-2021")
+    assert code == 2 and "nothing fits" in err and "smaller global batch" not in err, err
+    code, _, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                           "--global-batch", "1", "--seq-len", "524288", "--framework", "megatron-core")
+    assert code == 2 and "nothing fits" in err and "a smaller global batch or sequence length" in err, err

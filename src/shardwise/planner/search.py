@@ -755,6 +755,9 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
         hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
     if fw.compiles and not job.compile and not fw.compile_refusal() and estimate(compiled(job), lean.layout).fits:
         hint += "--compile (the leanest layout fits compiled: its loss and blocks keep less), "
+    # where the weights, gradients and optimizer states alone overfill a GPU, fewer tokens would not make it fit
+    states = sum(lean.memory_bytes.get(k, 0.0) for k in ("weights", "gradients", "optimizer")) / GIB
+    tokens = "a smaller global batch or sequence length, " if states <= limit else ""
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute_phrase()}) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
-            f"to make it fit: {widen}{hint}a smaller global batch or sequence length, or a cluster with more memory per GPU")
+            f"to make it fit: {widen}{hint}{tokens}or a cluster with more memory per GPU")
