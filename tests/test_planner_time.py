@@ -1322,6 +1322,23 @@ def test_explain_lists_every_tp_degree_and_says_when_a_group_spans_nodes():
     assert "the inter-node network (groups of 6 do not tile nodes of 8" in tp_paragraph(job, 384, six)
 
 
+def test_explain_says_no_pipeline_fits_one_gpu_and_when_no_tp_degree_stays_in_a_node(tmp_path):
+    """One GPU: no pipeline to split over (it pointed at estimate --pp N); nodes of 3 GPUs, where none of the tp
+    degrees the heads allow (2, 4) divides the node: the NVLink rule is said with that caveat (a review, 2026-12-07)."""
+    from dataclasses import replace
+
+    from shardwise.planner.explain import pp_paragraph, tp_paragraph
+    from shardwise.planner.search import SearchSpace, search
+
+    one = make_job(load_model("tiny"), load_cluster("dgx-h100-80gb"), 8, 256, "megatron-core")
+    assert pp_paragraph(one, search(one, 1, SearchSpace()), 1).endswith("One GPU has no pipeline to split over.")
+    three = replace(load_cluster("dgx-h100-80gb"), gpus_per_node=3)
+    job = make_job(load_model("llama3-8b"), three, 48, 2048, "megatron-core")
+    words = tp_paragraph(job, 12, search(job, 12, SearchSpace()))
+    assert "(possible here: 1, 2, 4)" in words and "(none of the possible tp > 1 here does)" in words
+    assert "(none of" not in tp_paragraph(one, 8, search(one, 8, SearchSpace()))
+
+
 def test_explain_counts_the_recompute_beside_the_dominant_compute():
     # plan's summary counts recompute in compute; explain's dominant term names it beside the compute it repeats
     from shardwise.planner.explain import uncertainty

@@ -76,7 +76,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
            f"{-(-states // m_gpu):.0f} GPUs' memory before activations.")
     )
 
-    out += [tp_paragraph(job, gpus, result), pp_paragraph(job, result)]
+    out += [tp_paragraph(job, gpus, result), pp_paragraph(job, result, gpus)]
 
     cp_text = cp_paragraph(job, result)
     if cp_text:
@@ -140,9 +140,11 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
             if lay.tp <= cluster.gpus_per_node else "the inter-node network")
     tp_share = win.time_s["tp_comm"] / win.step_time
     by_tp = _best_by(result, lambda l: l.tp)
+    inside = "" if any(t > 1 and cluster.gpus_per_node % t == 0 for t in allowed) else \
+        " (none of the possible tp > 1 here does)" if max(allowed, default=1) > 1 else ""
     nodes = (f"a node has {cluster.gpus_per_node} GPUs, so a tp that divides {cluster.gpus_per_node} keeps its per-layer "
              f"collectives on NVLink ({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs "
-             f"{cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes)" if cluster.gpus_per_node > 1 else
+             f"{cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes){inside}" if cluster.gpus_per_node > 1 else
              "a node has one GPU, so any tp > 1 runs its per-layer collectives over the network")
     traffic = (f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of "
                f"the step)" if lay.tp > 1 else "This layout has no TP traffic: every GPU runs whole layers")
@@ -154,7 +156,7 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
     )
 
 
-def pp_paragraph(job: Job, result: SearchResult) -> str:
+def pp_paragraph(job: Job, result: SearchResult, gpus: int = 0) -> str:
     """The winner's pipeline: its layers per rank and bubble, or why there is none; the best step at other degrees."""
     model, win = job.model, result.ranked[0]
     lay, m, fw = win.layout, win.num_microbatches, get_framework(job.framework)
@@ -167,8 +169,9 @@ def pp_paragraph(job: Job, result: SearchResult) -> str:
             f"{count(lay.micro_batch, 'sequence')} the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
             f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
         )
-    others = (f"Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}." if fw.schedules
-              else f"{fw.name} has no pipeline parallelism.")
+    others = (f"{fw.name} has no pipeline parallelism." if not fw.schedules else
+              "One GPU has no pipeline to split over." if gpus <= 1 else
+              f"Best step with a pipeline: {_compare(by_pp, lay.pp, win, 'pp')}.")
     return (f"PP = 1: no pipeline, so no bubble; {count(m, 'micro-batch')} of {count(lay.micro_batch, 'sequence')} "
             f"{'accumulate' if m > 1 else 'makes the step: no accumulation of'} "
             f"gradients. {others}")
