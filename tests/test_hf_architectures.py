@@ -12,6 +12,7 @@ import json
 import pytest
 
 from shardwise.cli import main
+from shardwise.errors import UsageError
 from shardwise.specs import load_model, model_from_hf_config
 
 # (config.json trimmed, parameters). The count is transformers' own (AutoModelForCausalLM.from_config on the meta
@@ -405,3 +406,18 @@ def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, sai
         note = json.loads(capsys.readouterr().out).get("model_note")
         assert (note is None) if said is None else (said in note and note in implied)
     assert said is None or sum(said in line for line in implied) == 1
+
+
+def test_a_config_without_model_type_is_read_as_the_architecture_it_names():
+    """No model_type: `architectures` names it. An architecture shardwise does not model is refused (Granite's keys
+    are Llama's, so they had read as Llama with its multipliers dropped); one it models is read as that one, not by
+    its keys alone (OLMo 2's QK-norm had been lost as Llama's); without either, the keys decide, as before."""
+    llama_keys = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+    with pytest.raises(UsageError, match="architectures GraniteForCausalLM is not an architecture shardwise models"):
+        model_from_hf_config({**llama_keys, "architectures": ["GraniteForCausalLM"]}, "g", "granite/config.json")
+    named = model_from_hf_config({**llama_keys, "architectures": ["Olmo2ForCausalLM"]}, "o", "olmo2/config.json")
+    typed = model_from_hf_config({**llama_keys, "model_type": "olmo2"}, "o", "olmo2/config.json")
+    assert named == typed and named.model_type == "olmo2"
+    assert named.num_params() != model_from_hf_config(llama_keys, "o", "plain/config.json").num_params()  # QK-norm
+    assert model_from_hf_config({**llama_keys, "architectures": ["LlamaForCausalLM"]}, "l", "l").model_type == "llama"

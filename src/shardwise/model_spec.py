@@ -394,6 +394,28 @@ def encoder_sign(cfg: dict) -> str:
     return "type_vocab_size: BERT's token-type embeddings" if "type_vocab_size" in cfg else ""
 
 
+# The head class names transformers gives a decoder's `architectures` (LlamaForCausalLM, GPT2LMHeadModel): the model
+# type is the rest of the name, as transformers spells its classes after it (GptOssForCausalLM: gpt_oss).
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
+
+
+def type_from_architectures(cfg: dict, source: str) -> str | None:
+    """A config without model_type: the model type its `architectures` names (Qwen2ForCausalLM: qwen2), where that is
+    one shardwise models; UsageError where it names another (its keys alone would read as Llama's, dropping what
+    makes it that architecture: Granite's multipliers, Cohere's parallel block); None where it names no decoder."""
+    names = cfg.get("architectures")
+    heads = [n for n in names if isinstance(n, str) and n.endswith(CAUSAL_HEADS)] if isinstance(names, list) else []
+    if not heads:
+        return None
+    stem = heads[0].removesuffix("ForCausalLM").removesuffix("LMHeadModel").lower()
+    known = {t.replace("_", "").replace("-", ""): t for t in MODEL_TYPES}
+    if stem not in known:
+        raise UsageError(f"{source}: architectures {heads[0]} is not an architecture shardwise models (and the config "
+                         f"names no model_type) — supported: {', '.join(sorted(MODEL_TYPES))}; pick a preset "
+                         f"({', '.join(model_presets())})")
+    return known[stem]
+
+
 def model_family(cfg: dict, source: str) -> str:
     """The family of a config: by its model_type (which must be in MODEL_TYPES), else by its keys."""
     model_type = cfg.get("model_type")
@@ -425,6 +447,8 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
     if encoder:
         raise UsageError(f"{source}: an encoder model ({encoder}) — shardwise plans decoder-only transformers; give a "
                          f"decoder's config.json or a preset")
+    if cfg.get("model_type") is None and (named := type_from_architectures(cfg, source)) is not None:
+        cfg = {**cfg, "model_type": named}  # read as the architecture it names, not by its keys alone
     family = model_family(cfg, source)
     model_type = str(cfg.get("model_type") or "")
     if model_type in READERS:
