@@ -433,8 +433,7 @@ class Framework:
         """Why this stack cannot split `num_kv_heads` KV heads over tp (one line naming the fix), or None."""
         if num_kv_heads % tp == 0 or (self.replicates_kv_heads and tp % num_kv_heads == 0):
             return None
-        also = (" (megatron-2021, as BigCode's Megatron-LM fork trained StarCoder, replicates them)"
-                if tp % num_kv_heads == 0 else "")
+        also = " (--framework megatron-2021 replicates them)" if tp % num_kv_heads == 0 else ""
         return (f"tp={tp} does not divide the {num_kv_heads} KV heads, and {self.name} splits them over tp{also} — "
                 f"pick a tp dividing {num_kv_heads}")
 
