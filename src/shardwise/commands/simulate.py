@@ -181,8 +181,7 @@ def _scaled(events, to_seconds: float, rank_offset: int = 0):
 
 
 def run(args) -> int:
-    from shardwise.schedules.generators import build, check_shape
-    from shardwise.schedules.simulate import simulate
+    from shardwise.schedules.generators import check_shape
     from shardwise.timeline import draw_timelines, write_chrome_trace
 
     _check(args)
@@ -193,12 +192,12 @@ def run(args) -> int:
         check_shape(name, args.pp, args.microbatches, v)
     actions = sum(_actions(name, args.pp, args.microbatches, v) for name, v in shapes)
     if actions > MAX_SIMULATED:
-        return _closed_form(args, shapes, actions, (f, b, w))
+        return _closed_form(args, shapes, actions, (f, b, w), fw)
     if args.out is not None and (actions > MAX_DRAWN * len(shapes) or args.pp > MAX_DRAWN_RANKS):
         raise UsageError(f"--out draws every action of every rank, and {args.pp} ranks with {actions:,} actions are too "
                          f"many to see — draw at most {MAX_DRAWN_RANKS} ranks and {MAX_DRAWN:,} actions per schedule "
                          f"(e.g. --pp 8 --microbatches 32), or write --trace for Perfetto")
-    sims = [simulate(build(name, args.pp, args.microbatches, v), _costs(args, v, f, b, w, fw)) for name, v in shapes]
+    sims = [_simulated(name, args.pp, args.microbatches, v, _costs(args, v, f, b, w, fw), fw) for name, v in shapes]
     ms = 1e-3  # costs are in ms; pictures and traces take seconds
     if args.out is not None:
         panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]
@@ -212,13 +211,35 @@ def run(args) -> int:
         from shardwise.commands.common import print_json
 
         results = [s.to_dict() | _deadlock_free(s.schedule)
-                   | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated"}
+                   | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated",
+                      "lockstep": _lockstep(s.schedule.name, fw)}
                    for s in sims]
         left = _left_out(args, shapes, fw)
         print_json(({"compare": results} | ({"left_out": left} if left else {})) if args.compare else results[0])
     else:
-        _print_summary(sims, args, note=_left_out(args, shapes, fw))
+        _print_summary(sims, args, note="; ".join(filter(None, (_left_out(args, shapes, fw), _lockstep_note(shapes, fw)))) or None)
     return 0
+
+
+def _lockstep(name: str, fw) -> bool:
+    """Whether the stack runs this schedule as DeepSpeed's engine does (Framework.p2p_lockstep): 1F1B in lockstep
+    steps, each exchange blocking both ends (schedules/lockstep.py), as the planner and the report time it."""
+    return fw is not None and fw.p2p_lockstep and name == "1f1b"
+
+
+def _lockstep_note(shapes, fw) -> str | None:
+    if not any(_lockstep(name, fw) for name, _ in shapes):
+        return None
+    return (f"1f1b as {fw.name}'s engine runs it: lockstep steps, each stage exchanging with one neighbour, both ends "
+            f"blocking, before it computes (schedules/lockstep.py), as plan and report time it")
+
+
+def _simulated(name: str, p: int, m: int, v: int, costs, fw):
+    from shardwise.schedules.generators import build
+    from shardwise.schedules.lockstep import simulate_lockstep
+    from shardwise.schedules.simulate import simulate
+
+    return simulate_lockstep(p, m, costs) if _lockstep(name, fw) else simulate(build(name, p, m, v), costs)
 
 
 def _left_out(args, shapes, fw) -> str | None:
@@ -271,7 +292,7 @@ def _print_summary(sims, args, note: str | None = None) -> None:
             console.print(f"{label} written to {path}")
 
 
-def _closed_form(args, shapes, actions: int, fbw) -> int:
+def _closed_form(args, shapes, actions: int, fbw, fw=None) -> int:
     """A pipeline too large to simulate action by action: the closed forms, where they are exact
     (uniform costs; and without transfers, or for naive, GPipe and 1F1B at any transfer time)."""
     from types import SimpleNamespace
@@ -292,7 +313,8 @@ def _closed_form(args, shapes, actions: int, fbw) -> int:
     p, m, (f, b, w), c = args.pp, args.microbatches, fbw, args.comm
     forms = []
     for name, v in shapes:
-        span = cf.pipeline_makespan(name, p, m, v, f, b, w, c)
+        span = (cf.pipeline_makespan(name, p, m, v, f, b, w, 0.0) + cf.lockstep_transfers(p, m) * c
+                if _lockstep(name, fw) else cf.pipeline_makespan(name, p, m, v, f, b, w, c))
         bubble = 1.0 - m * (f + b + w) / span if span > 0 else 0.0  # every rank does the same work
         forms.append(SimpleNamespace(
             schedule=SimpleNamespace(name=name, p=p, m=m, v=v), makespan=span, bubble_fraction=bubble,
@@ -305,10 +327,11 @@ def _closed_form(args, shapes, actions: int, fbw) -> int:
                     "bubble_fraction": s.bubble_fraction, "bubble_fraction_per_rank": s.bubble_fraction_per_rank,
                     "peak_inflight_microbatches_per_rank": s.peak_inflight_per_rank,
                     **_deadlock_free(s.schedule), "costs_ms": {"f": f, "b": b, "w": w, "comm": c},
-                    "method": "closed form"} for s in forms]
+                    "method": "closed form", "lockstep": _lockstep(s.schedule.name, fw)} for s in forms]
         print_json({"compare": results} if args.compare else results[0])
     else:
-        _print_summary(forms, args, note=f"closed forms ({too_many}); equal to the simulator for uniform costs")
+        _print_summary(forms, args, note="; ".join(filter(None, (
+            f"closed forms ({too_many}); equal to the simulator for uniform costs", _lockstep_note(shapes, fw)))))
     return 0
 
 
