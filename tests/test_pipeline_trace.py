@@ -45,12 +45,15 @@ def test_trace_files_from_a_real_run(tmp_path):
     assert 0.0 < summary["measured_bubble"] < 1.0 and 0.0 < summary["simulated_bubble"] < 1.0
 
 
-def test_measured_costs_are_the_mean_durations_per_stage():
+def test_measured_costs_are_the_median_durations_per_stage():
     sched = build("zb-h1", 2, 2)
     evs = [Event(0, "F", 0, 0, 0, 1), Event(0, "F", 1, 0, 1, 4), Event(1, "F", 0, 0, 1, 3), Event(1, "I", 0, 0, 3, 4),
            Event(1, "W", 0, 0, 4, 9), Event(1, "recv", 0, 0, 0.5, 1.0)]
     c = measured_costs(sched, evs)
     assert c.f == [2.0, 2.0] and c.b == [0.0, 1.0] and c.w == [0.0, 5.0] and c.c == 0.5
+    # one stalled forward among three is not charged to every micro-batch of its stage (the mean would say 61)
+    stalled = evs + [Event(0, "F", 0, 0, 10, 11), Event(0, "F", 1, 0, 11, 190)]
+    assert measured_costs(sched, stalled).f[0] == 2.0
 
 
 def test_train_cli_runs_a_pipeline_with_trace(tmp_path):
@@ -67,3 +70,21 @@ def test_train_cli_runs_a_pipeline_with_trace(tmp_path):
     assert len(metrics.read_text().splitlines()) == 2
     assert (tmp_path / "trace" / "timeline.png").exists() and (tmp_path / "trace" / "trace.json").exists()
 
+
+
+def test_a_traced_run_with_data_parallelism_records_every_replicas_pipeline(tmp_path):
+    """dp 2 x pp 2: the trace holds all four ranks on one time axis (it held replica 0's two, and said nothing of the
+    others), each with every step's forwards and backwards of its own micro-batches."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "shardwise", "train", "--model", "tiny", "--pp", "2", "--dp", "2", "--microbatches", "2",
+           "--steps", "2", "--global-batch", "8", "--seq-len", "16", "--no-progress", "--trace", str(tmp_path / "t")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    trace = json.loads((tmp_path / "t" / "trace.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(names.values()) == ["pipeline rank 0 (rank 0)", "pipeline rank 0 (rank 1)",
+                                      "pipeline rank 1 (rank 2)", "pipeline rank 1 (rank 3)"], names
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["cat"] in ("F", "B")]
+    assert all(sum(e["pid"] == pid for e in spans) == 2 * 2 * 2 for pid in names)  # steps x (F + B) x micro-batches

@@ -1,8 +1,8 @@
 """Traces of real pipeline runs: the executor's records of every action, gathered from every stage and
 written as a Chrome trace (Perfetto) and a picture of the last step, measured above simulated.
 
-    epoch = aligned_epoch(pp_group)              # one time zero for every rank (the executor records against it)
-    info = write_trace(executor, out_dir, title)  # collective over the pp group; a summary on global rank 0
+    epoch = aligned_epoch()                       # one time zero for every rank (the executor records against it)
+    info = write_trace(executor, out_dir, title)  # collective over every rank; a summary on global rank 0
 
 Drawing and the trace format live in timeline.py, shared with the simulator.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -21,26 +21,28 @@ from shardwise.schedules import Costs, simulate
 from shardwise.timeline import Event, bubble_fraction, draw_timelines, write_chrome_trace
 
 
-def aligned_epoch(pp_group, device="cpu") -> float:
-    """The ranks' common time zero for traces: pipeline rank 0's wall clock, broadcast (on the job's
-    device: NCCL moves CUDA tensors only). Records use time.time(), one clock for every process of a
-    machine (exact alignment) and NTP-synchronised across machines (alignment to the network's clock
-    skew, typically well under a millisecond)."""
+def aligned_epoch(device="cpu") -> float:
+    """The ranks' common time zero for traces: global rank 0's wall clock, broadcast to every rank (on the job's
+    device: NCCL moves CUDA tensors only), so every data-parallel replica's pipeline lies on one time axis. Records
+    use time.time(), one clock for every process of a machine (exact alignment) and NTP-synchronised across machines
+    (alignment to the network's clock skew, typically well under a millisecond). Collective over every rank."""
     epoch = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    if pp_group is not None:
-        dist.broadcast(epoch, src=dist.get_global_rank(pp_group, 0), group=pp_group)
+    if dist.is_initialized():
+        dist.broadcast(epoch, src=0)
     return float(epoch.item())
 
 
 def measured_costs(schedule, events: list[Event]):
-    """Per-virtual-stage mean F / B (or I and W) durations and the typical transfer time, from one run's
-    records, as simulator Costs: so the simulated timeline is the same run under the schedule's rules."""
+    """Per-virtual-stage median F / B (or I and W) durations and the typical transfer time, from one run's
+    records (every traced step), as simulator Costs: so the simulated timeline is the same run under the schedule's
+    rules — the median, so that one stalled action (a page fault, a neighbour's burst) is not charged to every
+    micro-batch of its stage."""
     def per_stage(kinds) -> list[float]:
         out = []
         for stage in range(schedule.num_stages):
             rank, chunk = stage % schedule.p, stage // schedule.p
             d = [e.end - e.start for e in events if e.rank == rank and e.chunk == chunk and e.kind in kinds]
-            out.append(mean(d) if d else 0.0)
+            out.append(median(d) if d else 0.0)
         return out
 
     split = any(e.kind == "I" for e in events)
@@ -51,25 +53,29 @@ def measured_costs(schedule, events: list[Event]):
 
 
 def write_trace(ex, out_dir, title: str) -> dict | None:
-    """Gather every stage's records of the last optimizer step to global rank 0 and write there:
-    trace.json (Chrome trace, all steps, opens in Perfetto), timeline.png / .svg (measured vs simulated
-    with the measured per-stage costs). Collective over the pp group; returns a summary on rank 0."""
-    gathered = [None] * dist.get_world_size(ex.pp_group)
-    dist.all_gather_object(gathered, ex.records, group=ex.pp_group)
+    """Gather every rank's records to global rank 0 and write there: trace.json (Chrome trace, all steps, every rank
+    — each data-parallel replica's pipeline too — opens in Perfetto), timeline.png / .svg (global rank 0's pipeline:
+    its last step measured vs simulated with its measured per-stage costs). Collective over every rank; returns a
+    summary on rank 0."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (dist.get_rank(ex.pp_group), ex.records))
     if dist.get_rank() != 0:
         return None
-    events = [e for records in gathered for e in records]
+    mine = set(dist.get_process_group_ranks(ex.pp_group))  # global rank 0's pipeline: the picture's
+    events = [e for g, (_, records) in enumerate(gathered) if g in mine for e in records]  # ranks: pipeline ranks
     last_start = max(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
     last = [replace(e, start=e.start - last_start, end=e.end - last_start) for e in events if e.start >= last_start - 1e-9]
-    sim = simulate(ex.schedule, measured_costs(ex.schedule, last))
+    sim = simulate(ex.schedule, measured_costs(ex.schedule, events))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # the events' ranks are pipeline ranks (positions in rank 0's pp group): named with the global rank each one is
-    names = {r: f"pipeline rank {r} (rank {dist.get_global_rank(ex.pp_group, r)})" for r in range(len(gathered))}
-    write_chrome_trace(events, out / "trace.json", names)
+    # one track per global rank (its data-, tensor- and context-parallel peers too), named by its pipeline rank
+    everyone = [replace(e, rank=g) for g, (_, records) in enumerate(gathered) for e in records]
+    names = {g: f"pipeline rank {pp} (rank {g})" for g, (pp, _) in enumerate(gathered)}
+    write_chrome_trace(everyone, out / "trace.json", names)
     panels = [(f"measured ({ex.schedule.name}, last step)", last), ("simulated with the measured costs", sim.events)]
     for suffix in ("png", "svg"):
         draw_timelines(panels, out / f"timeline.{suffix}", suptitle=title)
     return {"measured_bubble": bubble_fraction(last), "simulated_bubble": sim.bubble_fraction,
             "measured_step_s": max(e.end for e in last) - min(e.start for e in last), "simulated_step_s": sim.makespan,
             "files": [str(out / n) for n in ("trace.json", "timeline.png", "timeline.svg")]}
+

@@ -54,7 +54,7 @@ class PipelineStep:
     def __init__(self, executor: PipelineExecutor, dp_group, zero: int, tied=None, keep_records: bool = False):
         self.executor, self.dp_group, self.zero, self.tied = executor, dp_group, zero, tied
         self.keep_records = keep_records  # every step's records (for --trace), else only the last step's
-        self.epoch = aligned_epoch(executor.pp_group, executor.device)
+        self.epoch = aligned_epoch(executor.device)
 
     def __call__(self, chunks, microbatches):
         if not self.keep_records:
