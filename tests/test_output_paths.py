@@ -150,6 +150,11 @@ def test_a_cached_corpus_is_named_by_the_files_given(tmp_path, capsys):
     (["demo", "--no-train", "--world", "1000"], "--world sets the local run, which --no-train skips"),
     (["demo", "--no-train", "--steps", "5"], "--steps sets the local run, which --no-train skips — drop it"),  # only what was given
     (["simulate", "--pp", "2", "--microbatches", "4", "--costs", "1e308,1,1"], "each from 0 to 1e12"),
+    # a report page is named .html, as a browser opens it (it was written into a .txt, exit 0); no folder made first
+    (["report", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len",
+      "64", "--out", "sub/r.txt"], "--out sub/r.txt: the report page's name must end in .html"),
+    (["plan", "--model", "tiny", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len",
+      "64", "--html", "sub/x.txt"], "--html sub/x.txt: the report page's name must end in .html"),
 ])
 def test_flags_that_would_be_ignored_or_misnamed_are_one_line(argv, said, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -129,6 +129,21 @@ def test_simulate_compare_on_one_rank_leaves_out_the_interleaved_panel(capsys):
     assert "--vpp 3 sets the interleaved panel, which --pp 1 leaves out" in capsys.readouterr().err
 
 
+def test_simulate_compare_with_micro_batches_interleaving_cannot_group_leaves_it_out(capsys):
+    """--pp 4 --microbatches 6: interleaved 1F1B takes micro-batches in groups of pp, so --compare shows the other
+    panels and says why (it refused the whole comparison); a --vpp for the panel left out is one line; and a --seq-len
+    beyond the planner's bound is refused as plan refuses it (it ran with 10^22 tokens)."""
+    assert main(["simulate", "--compare", "--pp", "4", "--microbatches", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["schedule"] for r in out["compare"]] == ["gpipe", "1f1b", "zb-h1"]
+    assert "interleaved-1f1b takes micro-batches in groups of --pp (6 is not a multiple of 4)" in out["left_out"]
+    assert main(["simulate", "--compare", "--pp", "4", "--microbatches", "6", "--vpp", "2"]) == 2
+    assert "--vpp 2 sets the interleaved panel, which --microbatches 6 leaves out" in capsys.readouterr().err
+    assert main(["simulate", "--pp", "4", "--microbatches", "8", "--model", "tiny", "--seq-len", str(10**22)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seq-len must be between 1 and 4,294,967,296" in err
+
+
 def test_simulate_summary_without_json(capsys):
     assert main(["simulate", "--schedule", "zb-h1", "--pp", "2", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out

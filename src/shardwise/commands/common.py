@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 
@@ -628,6 +629,18 @@ def prepare_output(path, flag: str, example: str = "out") -> None:
     from shardwise.paths import output_file
 
     output_file(path, flag, example)
+
+
+def check_html_name(path, flag: str, existing: bool = True) -> None:
+    """A report page goes to a file named .html (or .htm), as a browser opens it: a page written into notes.txt or a
+    script's name would open as its source (os.devnull passes, to discard it). `existing` False: only a path that
+    does not exist yet (checked before its folder is made; an existing one after the checks that name it better)."""
+    if path is None or str(path) == os.devnull or os.path.isdir(path):  # a folder: output_file names it
+        return
+    if not existing and os.path.lexists(path):
+        return
+    if not str(path).lower().endswith((".html", ".htm")):
+        raise UsageError(f"{flag} {path}: the report page's name must end in .html — e.g. report.html")
 
 
 def print_json(obj) -> None:

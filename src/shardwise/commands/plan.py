@@ -89,7 +89,7 @@ def best_per_split(ranked):
 
 def check_outputs(args) -> None:
     """--emit/--out/--rank/--html make sense together and can be written: checked before the search."""
-    from shardwise.commands.common import prepare_output
+    from shardwise.commands.common import check_html_name, prepare_output
     from shardwise.errors import UsageError
 
     if args.emit and args.out is None:
@@ -112,6 +112,7 @@ def check_outputs(args) -> None:
 
     reads = folder_files("--model", args.model) | {"--cluster": args.cluster}
     distinct_outputs({"--out": args.out, "--html": args.html}, reads)  # never over the config it plans from
+    check_html_name(args.html, "--html")  # (before its folder is made: prepare_output below)
     from shardwise.emit import OUT_EXAMPLE
 
     prepare_output(args.out, "--out", OUT_EXAMPLE.get(args.emit, "out"))

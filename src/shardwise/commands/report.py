@@ -64,7 +64,7 @@ def _positive(value) -> bool:
 
 
 def run(args) -> int:
-    from shardwise.commands.common import prepare_output, print_json
+    from shardwise.commands.common import check_html_name, prepare_output, print_json
     from shardwise.report import page, plan_page, validate_page, write
 
     given = [f for f in PLAN_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
@@ -75,12 +75,14 @@ def run(args) -> int:
         raise UsageError(f"nothing to report — give the plan's {', '.join(PLAN_FLAGS)} and/or --validate RESULT.json")
     from shardwise.paths import distinct_outputs
 
+    check_html_name(args.out, "--out", existing=False)  # before its folder is made
     prepare_output(args.out, "--out", "report.html")
     validate = validate_page(_validate_result(args.validate)) if args.validate else None
     from shardwise.paths import folder_files
 
     reads = {"--validate": args.validate, "--cluster": getattr(args, "cluster", None)}  # (a bad --validate: named first)
     distinct_outputs({"--out": args.out}, reads | folder_files("--model", getattr(args, "model", None)))
+    check_html_name(args.out, "--out")
     plan = best = None
     echo = {}
     if given:

@@ -114,6 +114,12 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
                 raise UsageError(f"--vpp {args.vpp} sets the interleaved panel, which --pp 1 leaves out (one rank has "
                                  f"nothing to interleave) — drop --vpp, or use --pp 2 or more")
             shapes = [(s, v) for s, v in shapes if s != "interleaved-1f1b"]
+        elif args.microbatches % args.pp:  # Megatron's interleaving takes whole groups of pp: the other panels
+            if args.vpp is not None:
+                raise UsageError(f"--vpp {args.vpp} sets the interleaved panel, which --microbatches "
+                                 f"{args.microbatches} leaves out (not a multiple of --pp {args.pp}) — drop --vpp, or "
+                                 f"give a multiple of {args.pp}")
+            shapes = [(s, v) for s, v in shapes if s != "interleaved-1f1b"]
     else:
         from shardwise.specs import check_named_interleaving, check_pipeline_shape
 
@@ -145,8 +151,10 @@ def _costs(args, v: int, f: float, b: float, w: float, fw=None):
     spec = load_model(args.model)
     if args.seq_len is None:
         args.seq_len = 2048
-    if args.seq_len < 1:
-        raise UsageError(f"--seq-len must be at least 1, got {args.seq_len}")
+    from shardwise.specs import TrainSpec
+
+    if not 1 <= args.seq_len <= TrainSpec.MAX:  # the planner's bound on a sequence
+        raise UsageError(f"--seq-len must be between 1 and {TrainSpec.MAX:,}, got {args.seq_len:,}")
     # On paper for any stack: up to a chunk holding only the embedding and one only the loss, as the stacks that cut
     # so run them (Framework.edge_chunks) and `plan` may recommend for them (Llama 3.1 405B on pp 16 x vpp 8); under a
     # --framework, as that stack cuts (Framework.edge_chunks, Framework.stage_split).
@@ -247,9 +255,12 @@ def _left_out(args, shapes, fw) -> str | None:
     if not args.compare:
         return None
     one_rank = ["interleaved-1f1b"] if args.pp == 1 else []
-    left = [name for name in COMPARE if name not in {n for n, _ in shapes} and name not in one_rank]
+    ungrouped = ["interleaved-1f1b"] if args.pp > 1 and args.microbatches % args.pp else []
+    left = [name for name in COMPARE if name not in {n for n, _ in shapes} and name not in one_rank + ungrouped]
     said = [f"--framework {fw.name} runs no {', '.join(left)} here"] if left and fw is not None else []
     said += ["one pipeline rank (--pp 1) has nothing to interleave"] if one_rank else []
+    said += [f"interleaved-1f1b takes micro-batches in groups of --pp ({args.microbatches} is not a multiple of "
+             f"{args.pp})"] if ungrouped else []
     return "; ".join(said) + ": left out" if said else None
 
 
