@@ -213,3 +213,18 @@ def test_simulate_takes_the_uneven_cut_plan_recommends(capsys):
                  "--microbatches", str(best["num_microbatches"]), "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
     assert (sim["pp"], sim["vpp"], sim["microbatches"]) == (16, 8, 32)
+
+
+def test_simulate_with_a_model_says_what_it_cut_and_what_each_stage_cost(capsys):
+    """--model gpt2 on 4 stages: the JSON names the model, sequence and stack, the layers each stage holds and each
+    stage's costs (it echoed only F=B=W=1, the average stage's, so two stacks' different cuts read alike); the
+    stages' forwards add up to the pipeline's, an average stage costing the given F."""
+    argv = ["simulate", "--pp", "4", "--microbatches", "8", "--model", "gpt2", "--json"]
+    assert main(argv) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert paper["model"] == "gpt2" and paper["seq_len"] == 2048 and paper["framework"] is None
+    assert sum(paper["stage_layers"]) == 12 and paper["stage_layers"] == [3, 4, 4, 1]
+    assert sum(paper["stage_costs_ms"]["f"]) == pytest.approx(4 * paper["costs_ms"]["f"])
+    assert main(argv + ["--framework", "megatron-core"]) == 0
+    megatron = json.loads(capsys.readouterr().out)
+    assert megatron["framework"] == "megatron-core" and megatron["stage_layers"] == [3, 3, 3, 3]

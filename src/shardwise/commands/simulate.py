@@ -209,7 +209,10 @@ def run(args) -> int:
     ms = 1e-3  # costs are in ms; pictures and traces take seconds
     if args.out is not None:
         panels = [(_title(s), _scaled(s.events + s.transfers, ms)) for s in sims]
-        draw_timelines(panels, args.out, suptitle=f"costs per micro-batch per stage: F={f:g} B={b:g} W={w:g} ms, comm={args.comm:g} ms")
+        each = ("of an average stage (each in proportion to its FLOPs, "
+                f"{args.model} cut {'/'.join(f'{n:g}' for n in sims[0].costs.held)} layers)" if args.model else "per stage")
+        draw_timelines(panels, args.out, suptitle=f"costs per micro-batch {each}: F={f:g} B={b:g} W={w:g} ms, "
+                                                  f"comm={args.comm:g} ms")
     if args.trace is not None:
         # One trace; with --compare each schedule's ranks get their own process ids.
         events = [e for i, s in enumerate(sims) for e in _scaled(s.events + s.transfers, ms, rank_offset=i * args.pp)]
@@ -220,13 +223,25 @@ def run(args) -> int:
 
         results = [s.to_dict() | _deadlock_free(s.schedule)
                    | {"costs_ms": {"f": f, "b": b, "w": w, "comm": args.comm}, "method": "simulated",
-                      "lockstep": _lockstep(s.schedule.name, fw)}
+                      "lockstep": _lockstep(s.schedule.name, fw)} | _model_fields(args, s.costs, fw)
                    for s in sims]
         left = _left_out(args, shapes, fw)
         print_json(({"compare": results} | ({"left_out": left} if left else {})) if args.compare else results[0])
     else:
         _print_summary(sims, args, note="; ".join(filter(None, (_left_out(args, shapes, fw), _lockstep_note(shapes, fw)))) or None)
     return 0
+
+
+def _model_fields(args, costs, fw) -> dict:
+    """With --model: what was simulated — the model, sequence and stack, the layers each virtual stage holds (its cut)
+    and each stage's costs (costs_ms holds an average stage's, which every stage scales by its FLOPs)."""
+    if args.model is None:
+        return {}
+    stages = len(costs.held)
+    per = {k: [round(float(x), 6) for x in getattr(costs, k)] if not isinstance(getattr(costs, k), (int, float))
+           else [float(getattr(costs, k))] * stages for k in ("f", "b", "w")}
+    return {"model": args.model, "seq_len": args.seq_len, "framework": fw.name if fw is not None else None,
+            "stage_layers": [float(n) for n in costs.held], "stage_costs_ms": per}
 
 
 def _lockstep(name: str, fw) -> bool:
@@ -277,7 +292,9 @@ def _print_summary(sims, args, note: str | None = None) -> None:
 
     console = Console()
     narrow = console.width < NARROW
-    title = f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms"
+    held = getattr(sims[0].costs, "held", None) if args.model else None  # (closed forms: no --model)
+    cut = f", {args.model} cut {'/'.join(f'{n:g}' for n in held)} layers (costs of an average stage)" if held else ""
+    title = f"pipeline step, p={args.pp}, m={args.microbatches}, costs F,B,W={args.costs} ms, comm={args.comm:g} ms{cut}"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)) if narrow else Table(title=title)
     headers = ("schedule", "makespan", "bubble", "bubble/rank", "in flight/rank", "gloo/NCCL" if narrow else "deadlock-free")
     for col in headers:
