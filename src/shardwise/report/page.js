@@ -235,7 +235,7 @@
       `, ${t.pp} ranks` + (t.vpp > 1 ? ` × ${t.vpp} model chunks` : "") +
       `, ${t.m} micro-batches: the schedule shardwise simulates, timed with the planner's per micro-batch costs ` +
       `(slowest stage: forward ${num(1e3 * t.costs_s.f, 2)} ms, backward ${num(1e3 * (t.costs_s.b + t.costs_s.w), 2)} ms; the others at their own cost; ` +
-      `transfer ${num(1e3 * t.costs_s.transfer, 3)} ms). Pipeline span ${num(makespan, 3)} s, bubble ${num(100 * t.bubble_fraction, 1)} % on the busiest rank. ` +
+      `transfer ${num(1e3 * t.costs_s.transfer, 3)} ms). Pipeline span ${num(makespan, 3)} s, the busiest rank idle ${num(100 * t.bubble_fraction, 1)} % of it (waits for transfers included; the table's pipeline_bubble leaves transfers to pp_p2p). ` +
       "Hover for details; drag across the chart to zoom in, double-click to see the whole step.";
     $("timeline-legend").innerHTML = Object.keys(t.colors).map((k) => `<span><i style="background:${t.colors[k]}"></i>${esc(t.labels[k])}</span>`).join("") +
       (t.vpp > 1 ? `<span><i style="background:${shade(t.colors.F, 1, 2)}"></i>lighter: later model chunk</span>` : "") +
