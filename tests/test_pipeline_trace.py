@@ -43,6 +43,16 @@ def test_trace_files_from_a_real_run(tmp_path):
         assert sum(e["pid"] == rank + 1 and e["cat"] in ("recv", "send") for e in spans) == 2 * waited
     assert (tmp_path / "timeline.png").stat().st_size > 10_000 and (tmp_path / "timeline.svg").exists()
     assert 0.0 < summary["measured_bubble"] < 1.0 and 0.0 < summary["simulated_bubble"] < 1.0
+    # each transfer says what moved and with whom (rank 0 sends activations to 1 and receives gradients from it),
+    # and the steps are marked across every track
+    comm = {e["pid"]: set() for e in spans}
+    for e in spans:
+        if e["cat"] in ("send", "recv"):
+            comm[e["pid"]].add(e["name"])
+    assert any("activation mb0 to rank 1" in n for n in comm[1]) and any("gradient mb0 from rank 1" in n for n in comm[1])
+    assert any("activation mb0 from rank 0" in n for n in comm[2]) and any("gradient mb3 to rank 0" in n for n in comm[2])
+    marks = [e for e in trace["traceEvents"] if e.get("ph") == "i"]
+    assert [m["name"] for m in marks] == ["step 1", "step 2"] and marks[0]["ts"] < marks[1]["ts"]
 
 
 def test_measured_costs_are_the_median_durations_per_stage():

@@ -35,6 +35,7 @@ class Event:
     chunk: int
     start: float
     end: float
+    detail: str = ""  # a transfer's what and where ("activation mb3 to rank 1"): its name in a trace
 
 
 def as_event(e) -> Event:
@@ -42,8 +43,9 @@ def as_event(e) -> Event:
         return e
     if isinstance(e, Mapping):
         return Event(int(e["rank"]), str(e["kind"]), int(e.get("microbatch", -1)), int(e.get("chunk", 0)),
-                     float(e["start"]), float(e["end"]))
-    return Event(int(e.rank), str(e.kind), int(e.microbatch), int(e.chunk), float(e.start), float(e.end))
+                     float(e["start"]), float(e["end"]), str(e.get("detail", "")))
+    return Event(int(e.rank), str(e.kind), int(e.microbatch), int(e.chunk), float(e.start), float(e.end),
+                 str(getattr(e, "detail", "")))
 
 
 def bubble_fraction(events: Iterable) -> float:
@@ -61,17 +63,20 @@ def bubble_fraction(events: Iterable) -> float:
 def _name(e: Event) -> str:
     if e.kind in COMPUTE:
         return f"{e.kind}{e.microbatch}" + (f" c{e.chunk}" if e.chunk else "")
+    if e.detail:  # what moved and where: a rank's two sends of one micro-batch (activation on, gradient back) differ
+        return f"{e.kind} {e.detail}"
     return e.kind if e.microbatch < 0 else f"{e.kind} mb{e.microbatch}"
 
 
-def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None) -> dict:
+def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None, marks: Iterable = ()) -> dict:
     """Chrome-trace dict: one process per rank, compute on thread 0, communication on thread 1 — and on threads 2, 3,
     ... where transfers overlap (a simulated send longer than the actions between them): complete ("X") events on
     one thread must nest (the Trace Event Format), so each overlapping one takes the first lane free at its start.
     Times in microseconds, rounded to the nanosecond (float noise would make touching events overlap).
 
     `names` overrides the process name of some ranks (default "rank N"). Rank N is pid N + 1: Perfetto handles pid 0
-    as the kernel's idle task (google/perfetto#394: "Please start from pid = 1")."""
+    as the kernel's idle task (google/perfetto#394: "Please start from pid = 1"). `marks`: (name, time) pairs drawn
+    as global instant events across every track (a measured run's step boundaries)."""
     evs = [as_event(e) for e in events]
     t0 = min((e.start for e in evs), default=0.0)
     lanes, counts = _comm_lanes(evs)
@@ -88,7 +93,9 @@ def chrome_trace(events: Iterable, names: Mapping[int, str] | None = None) -> di
         start, end = round((e.start - t0) * 1e6, 3), round((e.end - t0) * 1e6, 3)
         out.append({"name": _name(e), "cat": e.kind, "ph": "X", "pid": e.rank + 1,
                     "tid": 1 + lanes[i] if e.kind in COMM else 0, "ts": start, "dur": round(end - start, 3),
-                    "args": {"microbatch": e.microbatch, "chunk": e.chunk}})
+                    "args": {"microbatch": e.microbatch, "chunk": e.chunk} | ({"detail": e.detail} if e.detail else {})})
+    for name, at in marks:
+        out.append({"name": name, "ph": "i", "s": "g", "pid": 1, "tid": 0, "ts": round((at - t0) * 1e6, 3)})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
@@ -104,9 +111,10 @@ def _comm_lanes(evs: list) -> tuple[dict, dict]:
     return lanes, {rank: len(free) for rank, free in ends.items()}
 
 
-def write_chrome_trace(events: Iterable, path: str | Path, names: Mapping[int, str] | None = None) -> Path:
+def write_chrome_trace(events: Iterable, path: str | Path, names: Mapping[int, str] | None = None,
+                       marks: Iterable = ()) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(events, names)))
+    path.write_text(json.dumps(chrome_trace(events, names, marks)))
     return path
 
 

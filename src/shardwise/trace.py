@@ -52,11 +52,11 @@ def measured_costs(schedule, events: list[Event]):
     return Costs(f=per_stage({"F"}), b=per_stage({"I"} if split else {"B"}), w=per_stage({"W"}) if split else 0.0, c=c)
 
 
-def write_trace(ex, out_dir, title: str) -> dict | None:
+def write_trace(ex, out_dir, title: str, last_step: int | None = None) -> dict | None:
     """Gather every rank's records to global rank 0 and write there: trace.json (Chrome trace, all steps, every rank
     — each data-parallel replica's pipeline too — opens in Perfetto), timeline.png / .svg (global rank 0's pipeline:
     its last step measured vs simulated with its measured per-stage costs). Collective over every rank; returns a
-    summary on rank 0."""
+    summary on rank 0. `last_step`: the run's number of the last traced step (the steps are marked in the trace)."""
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (dist.get_rank(ex.pp_group), ex.records))
     if dist.get_rank() != 0:
@@ -71,7 +71,9 @@ def write_trace(ex, out_dir, title: str) -> dict | None:
     # one track per global rank (its data-, tensor- and context-parallel peers too), named by its pipeline rank
     everyone = [replace(e, rank=g) for g, (_, records) in enumerate(gathered) for e in records]
     names = {g: f"pipeline rank {pp} (rank {g})" for g, (pp, _) in enumerate(gathered)}
-    write_chrome_trace(everyone, out / "trace.json", names)
+    starts = sorted(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
+    first = (last_step - len(starts) + 1) if last_step is not None else 1  # the run's own step numbers
+    write_chrome_trace(everyone, out / "trace.json", names, [(f"step {first + i}", at) for i, at in enumerate(starts)])
     panels = [(f"measured ({ex.schedule.name}, last step)", last), ("simulated with the measured costs", sim.events)]
     for suffix in ("png", "svg"):
         draw_timelines(panels, out / f"timeline.{suffix}", suptitle=title)

@@ -524,7 +524,7 @@ def _write_trace(rt: Runtime) -> dict | None:
 
     lay = rt.cfg.layout
     title = f"{rt.cfg.spec.name}: {split(lay)}, {lay.schedule}, {lay.num_microbatches(rt.cfg.global_batch)} micro-batches"
-    info = write_trace(rt.forward_backward.executor, rt.cfg.trace_dir, title)
+    info = write_trace(rt.forward_backward.executor, rt.cfg.trace_dir, title, last_step=rt.step)
     if info and not rt.cfg.json_output:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
               f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "

@@ -118,6 +118,16 @@ class PipelineExecutor:
             torch.cuda.synchronize(self.device)
         return time.time() - t0
 
+    def _detail(self, item: Exchange) -> str:
+        """What the exchange a rank waited in moved, and with whom ("activation mb3 from rank 0; gradient mb1 to rank
+        1"): its name in the trace."""
+        p = self.schedule.p
+        said = [f"{'activation' if t.kind == 'activation' else 'gradient'} mb{t.microbatch} from rank {t.src_stage % p}"
+                for t in item.recvs]
+        said += [f"{'activation' if t.kind == 'activation' else 'gradient'} mb{t.microbatch} to rank {t.dst_stage % p}"
+                 for t in item.sends]
+        return "; ".join(said)
+
     # -- one step
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
         """Run this rank's program for one optimizer step over m micro-batches. Returns the mean
@@ -137,7 +147,7 @@ class PipelineExecutor:
                 t = (item.recvs or item.sends)[0]
                 chunk = (t.dst_stage if item.recvs else t.src_stage) // self.schedule.p
                 self.records.append(Event(self.pp_rank, "recv" if item.recvs else "send", t.microbatch, chunk,
-                                          start, self._now(t0)))
+                                          start, self._now(t0), self._detail(item)))
                 continue
             a = item
             received = {kind: inbox.pop(t) for kind, t in self.inputs[a].items()}

@@ -45,7 +45,7 @@ def simulate_lockstep(p: int, m: int, costs: Costs = Costs()) -> Simulation:
         start = [max(end[s], end[peer]) + n * costs.c if n else end[s] for s, (_, _, peer, n) in enumerate(plan)]
         for s, (mb, fwd, peer, n) in enumerate(plan):
             if n:  # the pair's blocking exchange, before the compute
-                transfers.append(Event(s, "send", mb, 0, start[s] - n * costs.c, start[s]))
+                transfers.append(Event(s, "send", mb, 0, start[s] - n * costs.c, start[s], f"exchange with rank {peer}"))
             if mb in valid:
                 kind = "F" if fwd else "B"
                 end[s] = start[s] + costs.of(kind, s, p, 1)

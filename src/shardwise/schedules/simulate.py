@@ -113,7 +113,9 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> Simulation:
         end[(r, action)] = free[r] = stop
         events.append(Event(r, action.kind, action.microbatch, action.chunk, start, stop))
         transfers += [Event(d.rank, "send", d.action.microbatch, d.action.chunk, end[(d.rank, d.action)],
-                            end[(d.rank, d.action)] + costs.c) for d in deps if d.transfer and costs.c > 0]
+                            end[(d.rank, d.action)] + costs.c,
+                            f"{'activation' if d.action.kind == 'F' else 'gradient'} mb{d.action.microbatch} to rank {r}")
+                      for d in deps if d.transfer and costs.c > 0]
     busy = [0.0] * p
     for e in events:
         busy[e.rank] += e.end - e.start
