@@ -10,7 +10,7 @@ from shardwise.planner.framework import Framework
 
 TORCHTITAN = Framework(
     name="torchtitan",
-    summary="torchtitan: FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
+    summary="FSDP2 (reshard after forward without PP, not with PP), FP32 reduce_dtype, reduce-scatter "
             "every micro-batch (with PP: once per step after the schedule, as torch.distributed.pipelining runs FSDP), TP always with sequence parallelism, torch.distributed.pipelining schedules, "
             "SDPA (FlashAttention-2), AdamW as torch's foreach kernels, one pass per operation (its default until "
             "2025-02; fused since)",
