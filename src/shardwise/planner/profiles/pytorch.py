@@ -47,7 +47,7 @@ TORCHTITAN = Framework(
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
-    cannot=("ZeRO-1", "DDP (ZeRO-0) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
+    cannot=("ZeRO-1", "DDP (ZeRO-0 over data-parallel replicas) with TP, PP or CP (FSDP shards over its cp ranks; with no data parallelism nothing is sharded or reduced, which it runs)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
             "experts split by a tp other than the dense tp or none (ParallelDims: etp == tp or etp == 1)"),
     fp8="torchao",
     loss="eager",
