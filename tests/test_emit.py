@@ -901,3 +901,19 @@ def test_a_file_for_one_stack_holds_a_layout_that_stack_can_hold_in_memory(tmp_p
     layout = Layout(**{f.name: emitted[f.name] for f in fields(Layout) if f.name in emitted})
     job = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, FRAMEWORK["deepspeed"])
     assert estimate(job, layout).fits
+
+
+def test_a_winner_its_stacks_own_launch_file_cannot_hold_is_said(capsys):
+    """Llama 2 70B on 8 A100 under deepspeed-2024 with the optimizer offloaded: the winner is tp 2 x pp 4, which
+    Megatron-DeepSpeed runs and DeepSpeed's own JSON cannot express (no TP beside its pipeline). explain and plan say
+    so, and what --emit deepspeed writes instead; a winner the file holds gets no such note."""
+    argv = ["--model", "llama2-70b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64", "--seq-len",
+            "4096", "--framework", "deepspeed-2024", "--offload", "optimizer"]
+    for command in ("explain", "plan"):
+        assert main([command, *argv]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        assert "DeepSpeed's own launch file cannot hold the winner (it needs TP with a pipeline" in said, said[-600:]
+    assert main(["plan", *argv, "--pp", "1"]) == 0  # its SP too: AutoTP splits the layers, not the sequence
+    assert "own launch file cannot hold the winner (it needs sequence parallelism" in " ".join(capsys.readouterr().out.split())
+    assert main(["plan", *argv, "--tp", "1", "--pp", "1"]) == 0
+    assert "own launch file cannot hold" not in capsys.readouterr().out

@@ -484,7 +484,23 @@ def winner_note(args, job, layout) -> str:
 
     if later := release_note(job, layout):  # the winner uses a later release's opt-in flag, listed
         parts.append(f"the winner's {later}")
+    if not getattr(args, "emit", None) and (unwritable := _emit_refusal(job, layout)):
+        parts.append(unwritable)
     return "; ".join(parts)
+
+
+def _emit_refusal(job, layout) -> str:
+    """Where the stack the plan is for has a launch file `plan --emit` writes, and that file cannot hold the winner
+    (DeepSpeed's JSON has no TP beside its pipeline, which Megatron-DeepSpeed runs): said, with what --emit then
+    writes instead, so a winner is never mistaken for a file the stack's own config expresses."""
+    from shardwise.emit import FRAMEWORK, TITLE, problem
+
+    target = next((t for t, fw in FRAMEWORK.items() if fw == job.framework), None)
+    why = problem(target, job, layout) if target is not None else None
+    if why is None:
+        return ""
+    return (f"{TITLE[target]}'s own launch file cannot hold the winner (it needs {why}): plan --emit {target} writes "
+            f"the fastest layout it can")
 
 
 def job_from_args(args):
