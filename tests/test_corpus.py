@@ -337,3 +337,26 @@ def test_a_resume_whose_data_files_changed_says_so_not_to_give_the_same_data(tmp
         assert main([*run, "--steps", "2", "--resume", "--data", str(tmp_path / data)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], err
+
+
+def test_validation_beside_the_built_in_corpus_is_tokenized_as_it_trains(env, tmp_path, capsys):
+    """--val-data without --data: the run trains on the built-in corpus's bytes, so its validation text is tokenized
+    with bytes too (a model folder's own BPE tokenizer.json had been used, measuring ids it never trained on); a
+    --tokenizer beside --val-data alone is refused, as it tokenizes --data only."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    from shardwise.specs import load_model
+
+    (folder / "config.json").write_text(json.dumps(load_model("tiny").to_hf_config()))
+    shutil.copy(env["tokenizer"], folder / "tokenizer.json")
+    text = tmp_path / "val.txt"
+    text.write_text("plain words to validate on, " * 400)
+    cache = tmp_path / "cache"
+    assert main(["train", "--model", str(folder), "--steps", "1", "--val-data", str(text), "--data-cache", str(cache),
+                 "--global-batch", "4", "--seq-len", "32", "--no-progress"]) == 0
+    (meta,) = cache.glob("*.json")
+    assert json.loads(meta.read_text())["tokenizer"] == "bytes"
+    assert json.loads(meta.read_text())["tokens"] == len(text.read_bytes()) + 1  # one per byte, then end-of-text
+    capsys.readouterr()
+    _one_line_error(capsys, ["--val-data", str(text), "--tokenizer", str(env["tokenizer"])],
+                    "--tokenizer tokenizes --data", "--val-data beside it, use bytes")

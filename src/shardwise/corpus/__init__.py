@@ -37,8 +37,9 @@ def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, 
     from shardwise.corpus.token_file import prepare
     from shardwise.corpus.tokenizer import check_vocab
 
-    if tokenizer and not (data or val_data):
-        raise UsageError("--tokenizer tokenizes --data — give --data PATH... (the built-in corpus uses bytes)")
+    if tokenizer and not data:  # the built-in corpus is bytes, and --val-data is tokenized as the training data is
+        raise UsageError("--tokenizer tokenizes --data — give --data PATH... (the built-in corpus, and --val-data "
+                         "beside it, use bytes)")
     if cfg.eval_every is not None and not val_data:
         raise UsageError("--eval-every needs --val-data PATH... (the text to evaluate on)")
     for flag, value in (("--eval-every", cfg.eval_every), ("--eval-batches", cfg.eval_batches)):
@@ -51,7 +52,7 @@ def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, 
         if paths and all(src.kind == "text" for src in expand(paths, "--data")):
             raise UsageError(f"--data-field {field} names a field of JSON-lines or Parquet records, and "
                              f"{', '.join(paths)} {'is' if len(paths) == 1 else 'are'} plain text — drop --data-field")
-    tok = choose_tokenizer(tokenizer, model, data or val_data)
+    tok = choose_tokenizer(tokenizer, model, data)  # --val-data alone: the built-in corpus's bytes, as it trains on
     check_vocab(tok, cfg.spec.vocab_size, cfg.spec.name)
     out = {}
     for key, paths, flag in (("data", data, "--data"), ("val_data", val_data, "--val-data")):
