@@ -360,3 +360,36 @@ def test_validation_beside_the_built_in_corpus_is_tokenized_as_it_trains(env, tm
     capsys.readouterr()
     _one_line_error(capsys, ["--val-data", str(text), "--tokenizer", str(env["tokenizer"])],
                     "--tokenizer tokenizes --data", "--val-data beside it, use bytes")
+
+
+def test_files_a_folder_scan_cannot_see_are_named_not_dropped(tmp_path, capsys, monkeypatch):
+    """A --data folder's subfolder this user cannot list, or a link to nothing, had been skipped by the scan (the
+    corpus silently shrank); each is one line now. A file this user may not read is one line (it was a traceback)."""
+    import os
+
+    data = tmp_path / "d"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_text("plain words " * 400)
+    (data / "sub" / "b.txt").write_text("more words " * 400)
+    (data / "c.txt").symlink_to(tmp_path / "nowhere.txt")
+    _one_line_error(capsys, ["--data", str(data)], f"{data / 'c.txt'} is a link to nothing")
+    (data / "c.txt").unlink()
+    scandir = os.scandir
+
+    def refusing(path="."):  # root lists any folder: as one who may not
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    _one_line_error(capsys, ["--data", str(data)], f"cannot list {data / 'sub'} (Permission denied)")
+    monkeypatch.setattr(os, "scandir", scandir)
+    from shardwise import paths
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(paths, "file_sha256", unreadable)
+    monkeypatch.setattr(token_file, "file_sha256", unreadable)
+    _one_line_error(capsys, ["--data", str(data / "a.txt"), "--data-cache", str(tmp_path / "cache")],
+                    f"{data / 'a.txt'}: Permission denied — this user cannot open it")

@@ -125,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # the output could not be written (a full disk: `> /dev/full`); any other OSError says itself
-        if getattr(sys.stdout, "failed", None) is not exc:
-            raise
-        _say(f"shardwise: error: cannot write the output: {os.strerror(exc.errno)} — write it somewhere with room")
-        return 1
+        if getattr(sys.stdout, "failed", None) is exc:
+            _say(f"shardwise: error: cannot write the output: {os.strerror(exc.errno)} — write it somewhere with room")
+            return 1
+        if isinstance(exc, PermissionError) and exc.filename:  # an input this user may not read (a model, data file)
+            _say(f"shardwise: error: {exc.filename}: {exc.strerror} — this user cannot open it; change its permissions "
+                 f"or give another path")
+            return 2
+        raise
     except BaseException as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped
         stop = interrupt_behind(exc)
         if stop is None:

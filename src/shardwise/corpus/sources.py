@@ -44,7 +44,7 @@ def expand(paths, flag: str = "--data") -> list[Source]:
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts))
+            files = _folder_files(p, flag, given)
             if not files:
                 raise UsageError(f"{flag} {given}: the folder holds no files — the corpus is empty")
         elif p.is_file():
@@ -64,6 +64,27 @@ def expand(paths, flag: str = "--data") -> list[Source]:
                     raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
             out.append(Source(str(f), kind, f.stat().st_size))
     return out
+
+
+def _folder_files(folder: Path, flag: str, given) -> list[Path]:
+    """The files under `folder` (hidden ones left out), every one of them: a subfolder it cannot list or a link to
+    nothing is one line, where rglob would skip it and the corpus silently shrink."""
+    import os
+
+    def unreadable(err: OSError):
+        raise UsageError(f"{flag} {given}: cannot list {err.filename} ({err.strerror}) — its files would be left out of "
+                         f"the corpus; make it readable, or give the files you mean")
+
+    files = []
+    for root, dirs, names in os.walk(folder, onerror=unreadable):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            f = Path(root) / name
+            if f.is_symlink() and not f.exists():
+                raise UsageError(f"{flag} {given}: {f} is a link to nothing ({os.readlink(f)}) — fix or remove it")
+            if f.is_file():
+                files.append(f)
+    return sorted(files)
 
 
 def pieces(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:
