@@ -301,6 +301,12 @@ def test_export_leaves_out_a_tokenizer_that_changed_since_the_run(env, tmp_path,
     out = " ".join(capsys.readouterr().out.split())
     assert not (tmp_path / "changed" / "tokenizer.json").exists()
     assert "it changed since the run (another sha256)" in out and "tokenizer from" not in out, out
+    tok.unlink()  # removed since the run: said too (it was left out without a word)
+    assert main(["checkpoint", "export", str(ck), "--format", "hf", "--to", str(tmp_path / "gone")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "gone" / "tokenizer.json").exists() and "is no longer there" in out, out
+    assert main(["checkpoint", "export", str(ck), "--format", "hf", "--to", str(tmp_path / "gone2"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenizer_missing"] == str(tok)
 
 
 @pytest.mark.parametrize("dp", [1, 2])
@@ -393,3 +399,10 @@ def test_files_a_folder_scan_cannot_see_are_named_not_dropped(tmp_path, capsys, 
     monkeypatch.setattr(token_file, "file_sha256", unreadable)
     _one_line_error(capsys, ["--data", str(data / "a.txt"), "--data-cache", str(tmp_path / "cache")],
                     f"{data / 'a.txt'}: Permission denied — this user cannot open it")
+
+
+def test_a_json_lines_file_in_another_encoding_says_so_with_the_byte(tmp_path, capsys):
+    """A latin-1 byte in a .jsonl line is named as not UTF-8, at its byte offset in the file (it read "not valid
+    JSON", and the docs promise the offset)."""
+    (tmp_path / "l1.jsonl").write_bytes(b'{"text": "first line"}\n{"text": "caf\xe9 au lait"}\n')
+    _one_line_error(capsys, ["--data", str(tmp_path / "l1.jsonl")], "l1.jsonl:2: not UTF-8 text (byte 36)")

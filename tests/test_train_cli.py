@@ -420,3 +420,15 @@ def test_the_notes_of_a_run_that_passes_its_checks_are_said(tmp_path, capsys):
     assert main(["train", "--plan", str(plan), "--schedule", "gpipe", "--steps", "1", "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "note: --model tiny, the plan's" in err and "note: --schedule gpipe changes nothing at --pp 1" in err
+
+
+def test_a_tp_above_the_kv_heads_names_a_fix_train_has(tmp_path, capsys):
+    """One KV head, tp 2: train's refusal names what train can change (its tp), not the planner's --framework
+    megatron-2021, a flag train does not have (helper-204)."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 256,
+                               "max_position_embeddings": 64}))
+    assert main(["train", "--model", str(cfg), "--tp", "2", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not divide the 1 KV heads" in err[0] and "--framework" not in err[0], err

@@ -68,7 +68,7 @@ def runtime_kv_refusal(spec, tp: int) -> str | None:
     """Why shardwise's runtime cannot run tp over this model's KV heads (its attention splits them), or None."""
     from shardwise.planner.frameworks import get as get_framework
 
-    return get_framework("shardwise").kv_refusal(spec.num_kv_heads, tp)
+    return get_framework("shardwise").kv_refusal(spec.num_kv_heads, tp, planned=False)
 
 
 def check_runtime_model(spec, seq_len: int) -> None:

@@ -154,6 +154,9 @@ def _export_hf(args) -> int:
     if out["tokenizer_changed"]:
         extra += (f"; not the tokenizer at {shown(out['tokenizer_changed'])}: it changed since the run (another "
                   f"sha256), so its ids are not the weights' — copy the one the run trained with by hand")
+    if out["tokenizer_missing"]:
+        extra += (f"; no tokenizer: the run's, {shown(out['tokenizer_missing'])}, is no longer there — copy the one the "
+                  f"run trained with by hand")
     print(f"wrote {out['folder']}: config.json, {count(out['files'], 'safetensors file')} with index, {out['tensors']} tensors, "
           f"{out['parameters']:,} parameters, {_size(out['bytes'])} (step {out['step']}){extra}")
     return 0

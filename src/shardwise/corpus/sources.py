@@ -133,10 +133,17 @@ def _text(path: str) -> Iterator[tuple[str, bool, int]]:
 
 def _jsonl(path: str, field: str) -> Iterator[tuple[str, bool, int]]:
     with open(path, "rb") as f:
+        offset = 0
         for n, line in enumerate(f, 1):
+            offset, start = offset + len(line), offset
             if not line.strip():
                 yield "", False, len(line)
                 continue
+            try:
+                line.decode("utf-8")  # (json.loads would take UTF-16 too, and call any other encoding "not JSON")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path}:{n}: not UTF-8 text (byte {start + exc.start:,}) — JSON lines are UTF-8: "
+                                 f"convert the file") from None
             try:
                 obj = json.loads(line)
             except ValueError:

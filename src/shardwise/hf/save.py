@@ -109,9 +109,12 @@ def export_hf(path, out, max_shard_size: str = "5GB") -> dict:
         del ours, block
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(hf_config(spec, manifest.get("hf_config")), indent=2) + "\n")
-    copied, changed = _copy_tokenizer(manifest.get("tokenizer"), out, manifest.get("tokenizer_sha256"))
+    used = manifest.get("tokenizer")
+    copied, changed = _copy_tokenizer(used, out, manifest.get("tokenizer_sha256"))
+    gone = used if used and used != "bytes" and not Path(used).is_file() else None  # removed since the run
     return {"folder": str(out), "files": len(shards), "tensors": len(tensors), "bytes": total,
-            "parameters": total // 4, "step": manifest["step"], "tokenizer": copied, "tokenizer_changed": changed}
+            "parameters": total // 4, "step": manifest["step"], "tokenizer": copied, "tokenizer_changed": changed,
+            "tokenizer_missing": gone}
 
 
 def _copy_tokenizer(tokenizer: str | None, out: Path, sha256: str | None) -> tuple[str | None, str | None]:

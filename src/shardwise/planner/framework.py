@@ -429,11 +429,12 @@ class Framework:
             return f"{self.name} runs its model eager (it has no torch.compile option)"
         return None
 
-    def kv_refusal(self, num_kv_heads: int, tp: int) -> str | None:
-        """Why this stack cannot split `num_kv_heads` KV heads over tp (one line naming the fix), or None."""
+    def kv_refusal(self, num_kv_heads: int, tp: int, planned: bool = True) -> str | None:
+        """Why this stack cannot split `num_kv_heads` KV heads over tp (one line naming the fix), or None. `planned`:
+        said to the planner's commands, which can name the stack that replicates them (train has no --framework)."""
         if num_kv_heads % tp == 0 or (self.replicates_kv_heads and tp % num_kv_heads == 0):
             return None
-        also = " (--framework megatron-2021 replicates them)" if tp % num_kv_heads == 0 else ""
+        also = " (--framework megatron-2021 replicates them)" if planned and tp % num_kv_heads == 0 else ""
         return (f"tp={tp} does not divide the {num_kv_heads} KV heads, and {self.name} splits them over tp{also} — "
                 f"pick a tp dividing {num_kv_heads}")
 
