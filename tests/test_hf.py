@@ -296,3 +296,15 @@ def test_weights_that_hold_nan_are_named_not_the_learning_rate(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "training stopped at step 1, before any update" in err[0], err
     assert f"--model {folder}'s" in err[0] and "not the learning rate" in err[0] and "--lr" not in err[0]
+
+
+def test_a_folder_with_both_a_single_file_and_an_index_reads_the_single_file_as_transformers_does(tmp_path):
+    """model.safetensors beside a model.safetensors.index.json (a folder saved twice): transformers' from_pretrained
+    reads model.safetensors first; so does shardwise, so both load the same weights (it read the index's shards,
+    here a stale index naming a shard no longer there, which it refused)."""
+    folder = tmp_path / "both"
+    make_model(folder, "llama", tokenizer=False)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
+    with torch.no_grad():
+        torch.testing.assert_close(_load(folder).eval()(_tokens()), hf_logits(folder, _tokens()), rtol=0, atol=ATOL)

@@ -115,7 +115,11 @@ def read_header(file: Path) -> dict:
 
 
 def _files(folder: Path) -> dict[str, list[str] | None]:
-    """{file: the tensors the index puts there (None: no index)}; a missing shard is an error."""
+    """{file: the tensors the index puts there (None: no index)}; a missing shard is an error. A folder holding both
+    model.safetensors and an index is read from model.safetensors, as transformers' from_pretrained reads it
+    (modeling_utils: SAFE_WEIGHTS_NAME before SAFE_WEIGHTS_INDEX_NAME), so both load the same weights."""
+    if (folder / SINGLE).is_file():
+        return {SINGLE: None}
     if (folder / INDEX).is_file():
         from shardwise.specs import read_json_file
 
@@ -130,8 +134,6 @@ def _files(folder: Path) -> dict[str, list[str] | None]:
             if not (folder / file).is_file():
                 raise UsageError(f"{folder / file}: missing — {INDEX} lists this shard; download it again")
         return files
-    if (folder / SINGLE).is_file():
-        return {SINGLE: None}
     found = ", ".join(sorted(p.name for p in folder.glob("*.bin"))) or "none"
     raise UsageError(f"{folder}: no {SINGLE} or {INDEX} (other weight files: {found}) — shardwise reads safetensors; "
                      f"convert with transformers' save_pretrained(..., safe_serialization=True) or use --init random")
