@@ -406,3 +406,11 @@ def test_a_json_lines_file_in_another_encoding_says_so_with_the_byte(tmp_path, c
     JSON", and the docs promise the offset)."""
     (tmp_path / "l1.jsonl").write_bytes(b'{"text": "first line"}\n{"text": "caf\xe9 au lait"}\n')
     _one_line_error(capsys, ["--data", str(tmp_path / "l1.jsonl")], "l1.jsonl:2: not UTF-8 text (byte 36)")
+
+
+def test_a_compressed_corpus_says_to_decompress_it(tmp_path, capsys):
+    """A .jsonl.gz read as text had been called 'not UTF-8 — convert it to UTF-8', the wrong fix."""
+    import gzip
+
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "hello world"}\n' * 50))
+    _one_line_error(capsys, ["--data", str(tmp_path / "c.jsonl.gz")], "a gzip-compressed file — decompress it first")

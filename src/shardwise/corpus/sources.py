@@ -56,6 +56,7 @@ def expand(paths, flag: str = "--data") -> list[Source]:
                 raise UsageError(f"{flag} {given}: {f.name} is an Arrow file (Hugging Face datasets' save_to_disk) — "
                                  f"export it with dataset.to_parquet('train.parquet') or dataset.to_json('train.jsonl') "
                                  f"and give that")
+            _check_uncompressed(f, flag)
             kind = _kind(f)
             if kind == "parquet":
                 try:
@@ -64,6 +65,23 @@ def expand(paths, flag: str = "--data") -> list[Source]:
                     raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
             out.append(Source(str(f), kind, f.stat().st_size))
     return out
+
+
+# What a compressed file starts with: read as text, its bytes would be "not UTF-8", which is the wrong advice.
+COMPRESSED = {b"\x1f\x8b": ("gzip", "gunzip"), b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"), b"BZh": ("bzip2", "bunzip2"),
+              b"\xfd7zXZ\x00": ("xz", "unxz")}
+
+
+def _check_uncompressed(f: Path, flag: str) -> None:
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(6)
+    except OSError:
+        return  # said where the file is read
+    for magic, (name, tool) in COMPRESSED.items():
+        if head.startswith(magic):
+            raise UsageError(f"{flag} {f}: a {name}-compressed file — decompress it first ({tool} {f.name}) and give "
+                             f"the text, .jsonl or .parquet it holds")
 
 
 def _folder_files(folder: Path, flag: str, given) -> list[Path]:
