@@ -414,3 +414,10 @@ def test_a_compressed_corpus_says_to_decompress_it(tmp_path, capsys):
 
     (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "hello world"}\n' * 50))
     _one_line_error(capsys, ["--data", str(tmp_path / "c.jsonl.gz")], "a gzip-compressed file — decompress it first")
+
+
+def test_a_json_document_is_refused_rather_than_trained_as_raw_text(tmp_path, capsys):
+    """data.json, an array of records, had trained as raw text, brackets and keys included (helper-204)."""
+    (tmp_path / "data.json").write_text(json.dumps([{"text": "a document " * 50}] * 20))
+    _one_line_error(capsys, ["--data", str(tmp_path / "data.json")], "a .json file is one JSON document",
+                    "write its records one per line as .jsonl")

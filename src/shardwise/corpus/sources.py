@@ -57,6 +57,11 @@ def expand(paths, flag: str = "--data") -> list[Source]:
                                  f"export it with dataset.to_parquet('train.parquet') or dataset.to_json('train.jsonl') "
                                  f"and give that")
             _check_uncompressed(f, flag)
+            if f.suffix.lower() == ".json":  # one JSON document (an array of records): as text, its brackets and keys
+                raise UsageError(f"{flag} {f}: a .json file is one JSON document, which would train as raw text, "
+                                 f"brackets and keys included — write its records one per line as .jsonl "
+                                 f"(python -c \"import json; [print(json.dumps(r)) for r in json.load(open('{f.name}'))]\" "
+                                 f"> {f.stem}.jsonl)")
             kind = _kind(f)
             if kind == "parquet":
                 try:
