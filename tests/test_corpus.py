@@ -421,3 +421,9 @@ def test_a_json_document_is_refused_rather_than_trained_as_raw_text(tmp_path, ca
     (tmp_path / "data.json").write_text(json.dumps([{"text": "a document " * 50}] * 20))
     _one_line_error(capsys, ["--data", str(tmp_path / "data.json")], "a .json file is one JSON document",
                     "write its records one per line as .jsonl")
+
+
+def test_a_missing_validation_path_is_named_by_its_own_flag_beside_a_data_field(tmp_path, capsys):
+    (tmp_path / "d.jsonl").write_text('{"body": "words of text"}\n' * 200)
+    _one_line_error(capsys, ["--data", str(tmp_path / "d.jsonl"), "--data-field", "body", "--val-data",
+                             str(tmp_path / "none.jsonl")], f"--val-data {tmp_path / 'none.jsonl'}: not found")

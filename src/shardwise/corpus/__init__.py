@@ -49,7 +49,8 @@ def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, 
         from shardwise.corpus.sources import expand
 
         paths = [*(data or []), *(val_data or [])]
-        if paths and all(src.kind == "text" for src in expand(paths, "--data")):
+        sources = [*expand(data or [], "--data"), *expand(val_data or [], "--val-data")]  # each named by its flag
+        if paths and all(src.kind == "text" for src in sources):
             raise UsageError(f"--data-field {field} names a field of JSON-lines or Parquet records, and "
                              f"{', '.join(paths)} {'is' if len(paths) == 1 else 'are'} plain text — drop --data-field")
     tok = choose_tokenizer(tokenizer, model, data)  # --val-data alone: the built-in corpus's bytes, as it trains on
