@@ -347,3 +347,32 @@ def test_explain_asks_the_measured_fabric_what_if_where_it_means_something(gpus,
     assert main(["explain", "--model", "llama3-8b", "--cluster", cluster, "--gpus", str(gpus), "--global-batch", "512",
                  "--seq-len", "4096"]) == 0
     assert ("measured 400G InfiniBand" in " ".join(capsys.readouterr().out.split())) == asked
+
+
+def test_a_log_cut_short_or_mislabelled_or_given_twice_is_refused(tmp_path, capsys):
+    """From a review (helper-205): a log cut inside its 1 GiB row ('... float sum -1 52', the first digits of a time)
+    had that row read as 52 us, moving the fitted NVLink from 462 to 517 GB/s; a log cut at 512 KiB was fitted from
+    latency-bound sizes alone (213 GB/s); a log named as another collective than its own columns (busbw / algbw) say it
+    ran was read as the named one; one log given twice counted twice. Each is one line now."""
+    text = Path(A3_MEGA_REDUCE).read_text()
+    lines = text.splitlines()
+    gib = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["1073741824"])
+    cut = tmp_path / "cut_row_all_reduce.txt"
+    cut.write_text("\n".join(lines[:gib] + [" ".join(lines[gib].split()[:6])]) + "\n")
+    mib = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["1048576"])
+    short = tmp_path / "cut_short_all_reduce.txt"
+    short.write_text("\n".join(lines[:mib]) + "\n")
+    for log, words in ((cut, "its rows with a usable time stop at 512 MiB, though its header says it ran to 8,192 MiB"),
+                       (short, "stop at 0.5 MiB")):
+        assert main(["calibrate", "--nccl-tests", str(log), "--cluster", "dgx-h100-80gb", "--out",
+                     str(tmp_path / "c.toml")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    assert main(["calibrate", "--nccl-tests", f"all_gather={A3_MEGA_REDUCE}", "--cluster", "dgx-h100-80gb", "--out",
+                 str(tmp_path / "c.toml")]) == 2
+    assert "its busbw is 1.87x its algbw, as all_reduce over 16 ranks has it, not all_gather — name it all_reduce=" \
+        in capsys.readouterr().err
+    assert main(["calibrate", "--nccl-tests", A3_MEGA_REDUCE, A3_MEGA_REDUCE, "--cluster", "dgx-h100-80gb", "--out",
+                 str(tmp_path / "c.toml")]) == 2
+    assert "the same file as" in capsys.readouterr().err
+    assert not (tmp_path / "c.toml").exists()

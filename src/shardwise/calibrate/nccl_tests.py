@@ -153,7 +153,11 @@ def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int
     if sec.test and sec.test not in KIND_BY_TEST:
         raise UsageError(f"--nccl-tests {source}: {sec.test} is not a collective the planner times — give "
                          f"{', '.join(KIND_BY_TEST)} logs")
-    kind = kind or KIND_BY_TEST.get(sec.test or "") or _kind_from_name(source)
+    logged = KIND_BY_TEST.get(sec.test or "")
+    if kind and logged and kind != logged:
+        raise UsageError(f"--nccl-tests {kind}={source}: the log ran {sec.test} — name it {logged}={source}, or give "
+                         f"the file alone (its test line names it)")
+    kind = kind or logged or _kind_from_name(source)
     if kind is None:
         raise UsageError(f"--nccl-tests {source}: cannot tell which collective it measured — name it, e.g. "
                          f"all_gather={source}")
@@ -161,6 +165,8 @@ def parse(text: str, source: str, kind: str | None = None, shape: tuple[int, int
     if kind == "send_recv" and ranks != 2:
         raise UsageError(f"--nccl-tests {source}: sendrecv over {ranks} ranks is a ring of pairs the model does not "
                          f"time — give a 2-rank sendrecv_perf log")
+    _check_large_enough(text, source, max(fit))  # (what the log is, said first)
+    _check_bus_factor(sec, source, kind, ranks)
     return NcclLog(source, kind, ranks, nodes, " / ".join(sorted(sec.gpus)), tuple(sorted(points)))
 
 
@@ -196,6 +202,49 @@ def _kind_from_name(source: str) -> str | None:
     name = Path(source).name.lower()
     found = [k for k, pattern in _NAME_PATTERNS.items() if re.search(pattern, name)]
     return found[0] if len(found) == 1 else None
+
+
+# nccl-tests' busbw over algbw for each collective on n ranks (its doc/PERFORMANCE.md): what a log's own columns say it
+# ran, whatever it is named.
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+
+
+def _check_bus_factor(sec: _Section, source: str, kind: str, ranks: int) -> None:
+    """UsageError where the log's busbw / algbw (its largest row's) is another collective's factor than the one it is
+    read as (named on the command line, or taken from the file's name): an all_gather log read as an all_reduce
+    would fit a bandwidth twice off. A factor no collective has (or too few ranks to tell them apart) says nothing."""
+    cols = _time_columns(sec)
+    row = max(sec.rows, key=lambda t: int(t[0])) if sec.rows and cols else None
+    if row is None or cols[0] + 2 >= len(row) or ranks < 3:
+        return
+    algbw, busbw = _float(row[cols[0] + 1]), _float(row[cols[0] + 2])
+    if not algbw or not busbw or algbw < 1:
+        return
+    ratio = busbw / algbw
+    near = [k for k, f in BUS_FACTOR.items() if abs(ratio / f(ranks) - 1) <= 0.02]
+    if near and kind not in near:
+        raise UsageError(f"--nccl-tests {source}: its busbw is {ratio:.3g}x its algbw, as {' or '.join(near)} over "
+                         f"{ranks} ranks has it, not {kind} — name it {near[0]}={source}")
+
+
+# Below this size a collective's time is mostly its latency: a log whose usable rows stop there cannot fit a bandwidth.
+MIN_LARGEST_BYTES = 1 << 24
+
+
+def _check_large_enough(text: str, source: str, largest: float) -> None:
+    """UsageError where the rows with a usable time stop short: below MIN_LARGEST_BYTES, or well below the maxBytes
+    the header says the test ran to (a log cut short, or its large rows timed 0 or flagged wrong)."""
+    import re
+
+    ran = re.search(r"maxBytes\s+(\d+)", text)
+    short = largest < MIN_LARGEST_BYTES or (ran is not None and largest < int(ran.group(1)) / 4)
+    if short:
+        upto = f", though its header says it ran to {int(ran.group(1)) / 2**20:,.0f} MiB" if ran else ""
+        raise UsageError(f"--nccl-tests {source}: its rows with a usable time stop at {largest / 2**20:,.3g} MiB{upto} "
+                         f"— a log cut short, or large rows timed 0 or flagged wrong; below "
+                         f"{MIN_LARGEST_BYTES >> 20} MiB a collective's time is mostly latency, which fits no bandwidth: "
+                         f"give the whole log of a run up to 1 GiB or more (-e 8G)")
 
 
 def _float(token: str) -> float | None:
@@ -261,8 +310,9 @@ def _points(sec: _Section) -> list[tuple[float, float]]:
 
 
 def _agrees(size: int, seconds: float, algbw: float | None) -> bool:
-    """size / time matches the printed algbw (GB/s), or algbw is too small (two decimals) to tell."""
-    return algbw is None or algbw < 1 or abs(size / seconds / 1e9 / algbw - 1) <= 0.05
+    """size / time matches the printed algbw (GB/s), or algbw is too small (two decimals) to tell. A row without its
+    algbw (a log cut inside that row: "1073741824 268435456 float sum -1 52", the first digits of a time) is not one."""
+    return algbw is not None and (algbw < 1 or abs(size / seconds / 1e9 / algbw - 1) <= 0.05)
 
 
 # ----------------------------------------------------------------------------------------------------- the fit

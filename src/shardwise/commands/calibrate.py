@@ -136,6 +136,11 @@ def _from_nccl_tests(args) -> int:
                                            **{f"--nccl-tests {arg}": parse_arg(arg)[0] for arg in args.nccl_tests}})
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)
+    paths = [Path(parse_arg(arg)[0]).resolve() for arg in args.nccl_tests]
+    for i, path in enumerate(paths):  # one log given twice would count twice in the fit
+        if path in paths[:i]:
+            raise UsageError(f"--nccl-tests {args.nccl_tests[i]}: the same file as {args.nccl_tests[paths.index(path)]} "
+                             f"— give each log once")
     logs = [read_log(arg) for arg in args.nccl_tests]
     check_gpus(base, logs, args.cluster)
     result = fit(base, logs)
