@@ -63,7 +63,9 @@ def write_trace(ex, out_dir, title: str, last_step: int | None = None) -> dict |
         return None
     mine = set(dist.get_process_group_ranks(ex.pp_group))  # global rank 0's pipeline: the picture's
     events = [e for g, (_, records) in enumerate(gathered) if g in mine for e in records]  # ranks: pipeline ranks
-    last_start = max(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
+    # each step starts with pipeline rank 0's first forward
+    starts = sorted(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
+    last_start = starts[-1]
     last = [replace(e, start=e.start - last_start, end=e.end - last_start) for e in events if e.start >= last_start - 1e-9]
     sim = simulate(ex.schedule, measured_costs(ex.schedule, events))
     out = Path(out_dir)
@@ -71,7 +73,6 @@ def write_trace(ex, out_dir, title: str, last_step: int | None = None) -> dict |
     # one track per global rank (its data-, tensor- and context-parallel peers too), named by its pipeline rank
     everyone = [replace(e, rank=g) for g, (_, records) in enumerate(gathered) for e in records]
     names = {g: f"pipeline rank {pp} (rank {g})" for g, (pp, _) in enumerate(gathered)}
-    starts = sorted(e.start for e in events if e.kind == "F" and e.rank == 0 and e.microbatch == 0 and e.chunk == 0)
     first = (last_step - len(starts) + 1) if last_step is not None else 1  # the run's own step numbers
     write_chrome_trace(everyone, out / "trace.json", names, [(f"step {first + i}", at) for i, at in enumerate(starts)])
     panels = [(f"measured ({ex.schedule.name}, last step)", last), ("simulated with the measured costs", sim.events)]

@@ -196,11 +196,10 @@ def _idle_knobs(values: dict, named: set[str]) -> None:
     it, so the run's recorded layout is the one that ran (commands.common.settle_idle_knobs); a knob the --plan set,
     not a flag, is said as the plan's key."""
     from shardwise.commands.common import settle_idle_knobs
-
-    def said(key: str, note: str) -> str:
-        return note if key in named else note.replace(f"--{key.replace('_', '-')}", f"the plan's {key}", 1)
-
     from shardwise.console import note
+
+    def said(key: str, text: str) -> str:
+        return text if key in named else text.replace(f"--{key.replace('_', '-')}", f"the plan's {key}", 1)
 
     for text in settle_idle_knobs(values, vpp_named="vpp" in named, said=said):
         note(text)

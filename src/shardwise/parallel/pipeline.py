@@ -90,6 +90,10 @@ class PipelineExecutor:
         steps = p2p_plan(self.schedule)[self.pp_rank]
         self.sends = {s.action: s.send for s in steps}  # what each action's output feeds on other ranks
         self.inputs = {s.action: {t.kind: t for t in s.recv} for s in steps}  # what each action receives
+        # each waited exchange's record but its times, worked out once, not in every step: (kind, micro-batch, chunk,
+        # what it moved and with whom)
+        self.waited = {i: self._record_of(item) for i, item in enumerate(self.program)
+                       if isinstance(item, Exchange) and item.wait}
         self.last_stage = self.schedule.num_stages - 1
         # The last action computing weight gradients of each chunk: data-parallel sync goes with it.
         self.last_weight_action = {s.action.chunk: s.action for s in steps if s.action.kind in ("B", "W")}
@@ -118,15 +122,17 @@ class PipelineExecutor:
             torch.cuda.synchronize(self.device)
         return time.time() - t0
 
-    def _detail(self, item: Exchange) -> str:
-        """What the exchange a rank waited in moved, and with whom ("activation mb3 from rank 0; gradient mb1 to rank
-        1"): its name in the trace."""
+    def _record_of(self, item: Exchange) -> tuple[str, int, int, str]:
+        """A waited exchange's record but its times: recv or send, its first transfer's micro-batch and chunk, and what
+        it moved and with whom ("activation mb3 from rank 0; gradient mb1 to rank 1"), its name in the trace."""
         p = self.schedule.p
         said = [f"{'activation' if t.kind == 'activation' else 'gradient'} mb{t.microbatch} from rank {t.src_stage % p}"
                 for t in item.recvs]
         said += [f"{'activation' if t.kind == 'activation' else 'gradient'} mb{t.microbatch} to rank {t.dst_stage % p}"
                  for t in item.sends]
-        return "; ".join(said)
+        t = (item.recvs or item.sends)[0]
+        chunk = (t.dst_stage if item.recvs else t.src_stage) // p
+        return "recv" if item.recvs else "send", t.microbatch, chunk, "; ".join(said)
 
     # -- one step
     def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], t0: float) -> torch.Tensor | None:
@@ -135,7 +141,7 @@ class PipelineExecutor:
         relative to t0 (wall-clock seconds, the same zero on every rank)."""
         held: dict[tuple[int, int], _Held] = {}
         outbox, inbox, in_flight, loss = {}, {}, [], None
-        for item in self.program:
+        for i, item in enumerate(self.program):
             start = self._now(t0)
             if isinstance(item, Exchange):
                 works = self._post(item, outbox, inbox)
@@ -144,10 +150,8 @@ class PipelineExecutor:
                     continue
                 for work, _ in works:
                     work.wait()
-                t = (item.recvs or item.sends)[0]
-                chunk = (t.dst_stage if item.recvs else t.src_stage) // self.schedule.p
-                self.records.append(Event(self.pp_rank, "recv" if item.recvs else "send", t.microbatch, chunk,
-                                          start, self._now(t0), self._detail(item)))
+                kind, microbatch, chunk, detail = self.waited[i]
+                self.records.append(Event(self.pp_rank, kind, microbatch, chunk, start, self._now(t0), detail))
                 continue
             a = item
             received = {kind: inbox.pop(t) for kind, t in self.inputs[a].items()}

@@ -38,7 +38,8 @@ class Estimate:
     compile: bool = False  # the blocks (and loss) under torch.compile (Job.compile)
     assumptions: dict | None = None
     total_params: int = 0
-    active_params: int = 0  # what one token uses (MoE: top-k experts), the input embedding counted; FLOPs count these but it
+    active_params: int = 0  # what one token uses (MoE: top-k experts), the input embedding included; FLOPs count these
+    # but the embedding (its lookup is no matmul)
     offload: str = ""  # --offload (Job.offload)
     host_bytes: float = 0.0  # under --offload: what a node's CPU memory holds for its GPUs (memory.host_memory_bytes)
     host_capacity: float = 0.0  # the node's CPU memory (0: not stated)
