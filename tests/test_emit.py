@@ -473,15 +473,18 @@ def test_problem_names_the_knob_for_each_target():
     job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(1024, 2048))
     zb = Layout(1, 8, 8, 1, 1, 0, "none", True, "zb-h1")
     assert "zb-h1" in emitter("megatron").problem(job, zb)
-    assert "zb-h1" in emitter("torchtitan").problem(job, zb)
+    # torchtitan: the split first — with neither dp nor cp there is no FSDP to apply mixed precision (maybe_enable_amp)
+    assert "would train in FP32" in emitter("torchtitan").problem(job, zb)
+    assert "zb-h1" in emitter("torchtitan").problem(job, zb.with_(dp=2, zero=2))
     # DeepSpeed: the split itself first (TP beside a pipeline), which no narrowing of the schedule or ZeRO fixes
     assert "TP with a pipeline" in emitter("deepspeed").problem(job, zb)
     assert "zb-h1" in emitter("deepspeed").problem(job, zb.with_(tp=1, sequence_parallel=False))
-    assert "selective" in emitter("torchtitan").problem(job, zb.with_(schedule="1f1b", recompute="selective", zero=2))
+    assert "selective" in emitter("torchtitan").problem(job, zb.with_(dp=2, schedule="1f1b", recompute="selective",
+                                                                      zero=2))
     # torchtitan's own selective recompute (per-op, as its profile prices it) is written, not refused; so is its FSDP
     # over cp ranks refused as ZeRO-0
     titan = make_job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), 1024, 2048, "torchtitan")
-    sel = zb.with_(schedule="1f1b", recompute="selective", zero=2)
+    sel = zb.with_(dp=2, schedule="1f1b", recompute="selective", zero=2)
     assert emitter("torchtitan").problem(titan, sel) is None
     assert emitter("torchtitan")._checkpointing(titan, sel) == {"mode": "selective", "selective_ac_option": "op"}
     # and Megatron's selective recompute (the attention core) is not the per-op kind that plan priced
@@ -532,9 +535,9 @@ def test_torchtitan_config_of_a_megatron_plan_cuts_the_layers_as_scored(tmp_path
     import tomllib
 
     out = tmp_path / "titan.toml"
-    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "32", "--global-batch", "64",
-            "--seq-len", "4096", "--framework", "megatron-core", "--tp", "8", "--pp", "4", "--schedules", "1f1b",
-            "--emit", "torchtitan", "--out", str(out)]
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64",
+            "--seq-len", "4096", "--framework", "megatron-core", "--tp", "8", "--pp", "4",
+            "--schedules", "1f1b", "--zero", "2", "--emit", "torchtitan", "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err
     par = tomllib.loads(out.read_text())["parallelism"]
     assert par["pipeline_parallel_degree"] == 4 and par["pipeline_parallel_layers_per_stage"] == 8, par
@@ -917,3 +920,61 @@ def test_a_winner_its_stacks_own_launch_file_cannot_hold_is_said(capsys):
     assert "own launch file cannot hold the winner (it needs sequence parallelism" in " ".join(capsys.readouterr().out.split())
     assert main(["plan", *argv, "--tp", "1", "--pp", "1"]) == 0
     assert "own launch file cannot hold" not in capsys.readouterr().out
+
+
+def _megatron_args(job, lay, tmp_path, gpus):
+    """The arguments the emitted Megatron script passes, parsed by Megatron-LM's option table."""
+    out = tmp_path / "m.sh"
+    out.write_text(render("megatron", Target(job=job, estimate=estimate(job, lay), gpus=gpus, rank=1)))
+    return megatron_parser().parse_known_args(run_megatron_script(out, tmp_path)[1])[0]
+
+
+def test_megatron_moe_experts_run_as_the_plan_priced_their_gemms(tmp_path):
+    """Without --moe-grouped-gemm Megatron builds SequentialMLP, one local expert after another; megatron-core's plan
+    priced Transformer Engine's GroupedLinear (expert_gemm_streams 4), a stack that runs them one by one did not."""
+    lay = Layout(dp=16, ep=4, zero=1)
+    assert _megatron_args(_job("qwen1.5-moe-a2.7b", "megatron-core"), lay, tmp_path, 16).moe_grouped_gemm is True
+    assert FRAMEWORKS["deepspeed-2024"].expert_gemm_streams == 1
+    assert not _megatron_args(_job("qwen1.5-moe-a2.7b", "deepspeed-2024"), lay, tmp_path, 16).moe_grouped_gemm
+
+
+def test_megatron_gradients_are_reduced_in_the_dtype_the_plan_priced(tmp_path):
+    """Megatron-FSDP accumulates and reduces in the model's dtype unless told ('auto'); the plan priced FP32 under
+    megatron-core: the script says fp32. A plan priced with BF16 reductions (deepspeed-2024) asks Megatron's DDP for
+    them; megatron-core's own DDP reduces FP32 by default and needs no flag."""
+    job = _job("llama3.1-8b", "megatron-core")
+    assert _megatron_args(job, Layout(dp=16, zero=3), tmp_path, 16).megatron_fsdp_main_grads_dtype == "fp32"
+    assert _megatron_args(job, Layout(dp=16, zero=2), tmp_path, 16).megatron_fsdp_main_grads_dtype == "fp32"
+    plain = _megatron_args(job, Layout(dp=16, zero=1), tmp_path, 16)
+    assert not plain.grad_reduce_in_bf16 and plain.megatron_fsdp_main_grads_dtype is None
+    assert FRAMEWORKS["deepspeed-2024"].grad_reduce_bytes == 2
+    assert _megatron_args(_job("llama3.1-8b", "deepspeed-2024"), Layout(dp=16, zero=1), tmp_path, 16).grad_reduce_in_bf16
+
+
+def test_megatron_overlaps_the_reduction_over_context_parallel_ranks_too(tmp_path):
+    """DDP and the distributed optimizer reduce over dp x cp: a dp 1 layout with cp 2 reduces, overlapped as priced."""
+    args = _megatron_args(_job("llama3.1-8b", "megatron-core"), Layout(dp=1, tp=4, cp=2, zero=1, sequence_parallel=True),
+                          tmp_path, 8)
+    assert args.overlap_grad_reduce and args.overlap_param_gather and args.context_parallel_size == 2
+
+
+def test_deepspeed_refuses_a_stage_0_pipeline_it_would_run_as_zero_1():
+    """engine.py: a bf16 pipeline at stage 0 gets BF16_Optimizer, which shards the optimizer states (ZeRO-1)."""
+    job = _job("llama3.1-8b", "deepspeed-2024")
+    assert "BF16_Optimizer" in emitter("deepspeed").problem(job, Layout(dp=8, pp=2, zero=0))
+    assert emitter("deepspeed").problem(job, Layout(dp=8, pp=2, zero=1)) is None
+
+
+def test_torchtitan_refuses_what_it_would_run_in_fp32_or_refuse_at_startup():
+    """maybe_enable_amp: TP or PP without FSDP (dp_shard or cp > 1) trains in FP32; parallelize.py asserts seq_len %
+    (tp x 2 x cp) == 0. The planner's torchtitan profile skips the first too."""
+    job = _job()
+    assert "FP32" in emitter("torchtitan").problem(job, Layout(dp=1, tp=8, zero=2, sequence_parallel=True))
+    assert "FP32" in emitter("torchtitan").problem(job, Layout(dp=1, pp=4, zero=2))
+    assert emitter("torchtitan").problem(job, Layout(dp=1, tp=4, cp=2, zero=2, sequence_parallel=True)) is None
+    assert "FP32" in FRAMEWORKS["torchtitan"].refusal(Layout(dp=1, tp=8, zero=2, sequence_parallel=True))
+    assert FRAMEWORKS["automodel"].refusal(Layout(dp=1, tp=8, zero=2, sequence_parallel=True)) is None  # BF16 weights
+    odd = make_job(load_model("llama3.1-8b"), load_cluster("dgx-h100-80gb"), 256, 2050, "torchtitan")
+    assert "tp x 2 x cp = 4" in emitter("torchtitan").problem(odd, Layout(dp=8, tp=2, zero=2, sequence_parallel=True))
+    even = make_job(load_model("llama3.1-8b"), load_cluster("dgx-h100-80gb"), 256, 2052, "torchtitan")
+    assert emitter("torchtitan").problem(even, Layout(dp=8, tp=2, zero=2, sequence_parallel=True)) is None

@@ -18,7 +18,7 @@ from test_hf_architectures import ARCHITECTURES
 
 MISTRAL = ARCHITECTURES["mistral-7b"][0]  # 32 layers, hidden 4096, 32 query heads of 128, a 4,096-token window
 WINDOW, LAYERS, Q_DIM = MISTRAL["sliding_window"], MISTRAL["num_hidden_layers"], MISTRAL["hidden_size"]
-GPUS, BATCH = 8, 8
+GPUS, BATCH = 16, 8  # dp 2 x tp 8: torchtitan applies mixed precision only through FSDP (dp > 1)
 
 
 def estimate(tmp_path, capsys, changes: dict, seq: int, framework: str, more: list[str] = (),

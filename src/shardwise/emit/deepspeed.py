@@ -67,6 +67,10 @@ def problem(job, layout) -> str | None:
     if layout.recompute_layers is not None:
         return ("full recompute of only some layers — DeepSpeed's activation_checkpoint_interval recomputes every "
                 "layer (in groups); use --framework deepspeed, which plans every layer or none")
+    if layout.pp > 1 and layout.zero == 0:  # engine.py _do_optimizer_sanity_check: BFLOAT16 -> BF16_Optimizer
+        return ("ZeRO-0 with a pipeline — DeepSpeed runs a bf16 pipeline at stage 0 with its BF16_Optimizer, which "
+                "shards the FP32 master weights and Adam states over the data-parallel ranks as ZeRO-1 does; use "
+                "--zero 1")
     if layout.zero == 0 and job.train.grad_bytes == 4:
         return ("ZeRO-0 with fp32 gradients — DeepSpeed accumulates a bf16 model's gradients in fp32 only under ZeRO "
                 "(data_types.grad_accum_dtype); score with --framework deepspeed (bf16 gradients) or use ZeRO >= 1")

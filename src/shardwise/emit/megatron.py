@@ -173,13 +173,18 @@ def _model_args(job) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--attention-backend", attention_backend(job)]
     if m.num_experts:
-        args += _moe_args(m)
+        args += _moe_args(m, get_framework(job.framework))
     return args
 
 
-def _moe_args(m) -> list:
-    """A mixture-of-experts model's FFN, in Megatron-Core's MoE arguments."""
+def _moe_args(m, fw) -> list:
+    """A mixture-of-experts model's FFN, in Megatron-Core's MoE arguments; its local experts' GEMMs as the plan's stack
+    ran them: Transformer Engine's GroupedLinear (--moe-grouped-gemm; without it Megatron builds SequentialMLP, one
+    expert after another: transformer_engine_spec_provider.py grouped_mlp_modules) unless the stack runs them one by
+    one (Framework.expert_gemm_streams 1)."""
     args = ["--num-experts", m.num_experts, "--moe-router-topk", m.experts_per_token, "--moe-ffn-hidden-size", m.moe_ffn_hidden]
+    if fw.expert_gemm_streams != 1:
+        args.append("--moe-grouped-gemm")
     if m.shared_ffn_hidden:
         args += ["--moe-shared-expert-intermediate-size", m.shared_ffn_hidden]
         args += ["--moe-shared-expert-gate"] if m.shared_expert_gate else []
@@ -232,10 +237,12 @@ def _parallel_args(job, layout) -> list[str]:
         if layout.zero < 1:
             args.append("--use-distributed-optimizer")
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
-    # overlapped unless the plan was priced on a stack that reduces after the backward (megatron-2021, the 2021-22
-    # DeepSpeed): the script then runs what was priced
     fw = get_framework(job.framework)
-    if layout.dp > 1 and fw.overlap_grad_reduce:
+    args += _grad_dtype_args(layout, fw)
+    # overlapped unless the plan was priced on a stack that reduces after the backward (megatron-2021, the 2021-22
+    # DeepSpeed): the script then runs what was priced. DDP and the distributed optimizer reduce over the dp x cp
+    # ranks (distributed_data_parallel.py), so a dp 1 layout with cp > 1 reduces too.
+    if layout.dp * layout.cp > 1 and fw.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
         if layout.zero >= 2 or layout.zero == 1 and fw.overlap_param_gather:
             args.append("--overlap-param-gather")
@@ -247,6 +254,18 @@ def _parallel_args(job, layout) -> list[str]:
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     return args
+
+
+def _grad_dtype_args(layout, fw) -> list:
+    """The dtype the gradients are accumulated and reduced in, as the plan priced it (Framework.grad_reduce_bytes).
+    Megatron's DDP and distributed optimizer accumulate and reduce in FP32 under --bf16 by default
+    (arguments.py: accumulate_allreduce_grads_in_fp32 follows --main-grads-dtype fp32), BF16 with
+    --grad-reduce-in-bf16; Megatron-FSDP (ZeRO-2/3) in the model's dtype unless --megatron-fsdp-main-grads-dtype
+    names another ('auto' is the compute dtype: megatron_fsdp/mixed_precision.py main_grads_dtype)."""
+    fp32 = fw.grad_reduce_bytes == 4
+    if layout.zero >= 2:
+        return ["--megatron-fsdp-main-grads-dtype", "fp32" if fp32 else "bf16"]
+    return [] if fp32 else ["--grad-reduce-in-bf16"]
 
 
 def arguments(target) -> dict[str, list[str]]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 
 from shardwise.emit import block_kinds, printable, stage_counts, unwritable
+from shardwise.planner.framework import fp32_without_fsdp
 
 SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py): (hidden, layers, heads, kv heads, FFN width from
@@ -90,6 +91,13 @@ def problem(job, layout) -> str | None:
                 "DDP (ZeRO-0); narrow the search with --zero 0,2,3")
     if layout.zero == 0 and layout.cp > 1:  # parallel_dims.fsdp_enabled = dp_shard_enabled or cp_enabled
         return "ZeRO-0 with CP — torchtitan shards with FSDP over its context-parallel ranks; use --zero 2,3"
+    if fp32_without_fsdp(layout):  # distributed/utils.py maybe_enable_amp: no FSDP, so no mixed precision
+        return ("TP or PP with neither data nor context parallelism — torchtitan applies mixed precision only through "
+                "FSDP (data_parallel_shard_degree or context_parallel_degree > 1), so this file would train in FP32; "
+                "give the plan data parallelism (more --gpus, or a smaller --tp / --pp)")
+    if job.train.seq_len % (2 * layout.tp * layout.cp):  # parallelize.py asserts seq_len % parallel_dims.seq_len_divisor
+        return (f"sequence length {job.train.seq_len} — torchtitan asserts it divides by tp x 2 x cp = "
+                f"{2 * layout.tp * layout.cp} at startup; use a --seq-len that does")
     if layout.dp > 1 and layout.zero == 0 and (layout.tp > 1 or layout.pp > 1):
         return ("ZeRO-0 with TP or PP — torchtitan's DDP (data_parallel_replicate_degree) runs only without TP and PP; "
                 "use FSDP (--zero 2,3)")

@@ -28,6 +28,12 @@ from shardwise.specs import RECOMPUTE, Layout, runtime_refusal
 CALIBRATED_STEP_OVERHEAD = "train_step_overhead_s"
 
 
+def fp32_without_fsdp(layout: Layout) -> bool:
+    """Whether torchtitan runs `layout` without mixed precision: TP or PP, and neither data nor context parallelism for
+    FSDP to apply it with (Framework.amp_needs_fsdp)."""
+    return layout.dp * layout.cp == 1 and (layout.tp > 1 or layout.pp > 1)
+
+
 @dataclass(frozen=True)
 class Framework:
     name: str
@@ -386,6 +392,10 @@ class Framework:
     # candidate). False: plain 1F1B, Megatron's own default (no --num-layers-per-virtual-pipeline-stage).
     interleave_unnamed: bool = False
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP, and CP turns FSDP on (torchtitan)
+    # Mixed precision only through FSDP (dp or cp > 1) or, without TP and PP, DDP's autocast: a TP or PP layout with
+    # neither trains in FP32 (torchtitan distributed/utils.py maybe_enable_amp: "Mixed precision training with TP or
+    # PP is only supported when FSDP/HSDP/CP is enabled"; Training.dtype defaults to float32)
+    amp_needs_fsdp: bool = False
     flash_attention: bool = True  # default of --flash-attention
     calibrated_step_overhead: str | None = None  # [measured] key of a fixed per-step cost (CALIBRATED_STEP_OVERHEAD)
     # The step's scalars (gradient norm, loss) in one all-reduce over every rank, waited for only when the norm
@@ -499,6 +509,9 @@ class Framework:
         if lay.cp > 1 and lay.cp_mode not in self.context_parallel:
             runs = f"it runs {' and '.join(self.context_parallel)}" if self.context_parallel else "drop --cp"
             return f"{self.name} has no {lay.cp_mode} context parallelism ({runs})"
+        if self.amp_needs_fsdp and fp32_without_fsdp(lay):
+            return (f"{self.name} runs mixed precision only through FSDP: with TP or PP and no data or context "
+                    f"parallelism it trains in FP32, which is not what is planned (give it dp > 1 or cp > 1)")
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
             return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
                     f"layout it runs (use ZeRO-2/3)")

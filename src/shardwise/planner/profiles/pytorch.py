@@ -23,7 +23,7 @@ TORCHTITAN = Framework(
     weight_bytes=2, grad_bytes=4, optimizer_bytes=12, attention="fa2", fused_elementwise=False, compiles=True, compile_loss=True,
     glu_tensors=4,  # models/llama3/model.py FeedForward: self.w2(F.silu(self.w1(x)) * self.w3(x)), eager
     grad_reduce_bytes=4, overlap_grad_reduce=True, fsdp_reduce_every_microbatch=True, pipeline_fsdp_once=True, bucket_bytes=100 * 2**20,
-    schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True,
+    schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), zero0_only_pure_dp=True, amp_needs_fsdp=True,
     default_zero=3, default_zero_with_pp=2, selective="op", hybrid_shard=True, torch_fsdp=2, experts_in_layer_units=True,
     expert_tp_is_tp_or_one=True,
     torch_stage_buffers=True,  # torchtitan's pipeline_llama builds torch.distributed.pipelining PipelineStages
@@ -47,8 +47,10 @@ TORCHTITAN = Framework(
     # checkpoint (torchtitan 1ea476e9f parallelisms/parallelize_llama.py checkpoint_wrapper; default "2")
     partial_recompute="every",
     sequence_parallel="always", tp_comm_overlap_available=True, dtensor_sp=True,
-    cannot=("ZeRO-1", "DDP (ZeRO-0 over data-parallel replicas) with TP, PP or CP (FSDP shards over its cp ranks; with no data parallelism nothing is sharded or reduced, which it runs)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
-            "experts split by a tp other than the dense tp or none (ParallelDims: etp == tp or etp == 1)"),
+    cannot=("ZeRO-1", "DDP (ZeRO-0 over data-parallel replicas) with TP, PP or CP (FSDP shards over its cp ranks)", "ZB-H1 (its zero-bubble schedules need several stages per rank)",
+            "experts split by a tp other than the dense tp or none (ParallelDims: etp == tp or etp == 1)",
+            "TP or PP with neither data nor context parallelism (mixed precision comes only through FSDP there: it "
+            "would train in FP32)"),
     fp8="torchao",
     loss="eager",
     cp_attention="torch",
@@ -62,6 +64,7 @@ TORCHTITAN = Framework(
 
 AUTOMODEL = replace(
     TORCHTITAN, name="automodel",
+    amp_needs_fsdp=False,  # BF16 parameters: no mixed precision to lose
     offload=(),  # no CPU offload path modelled for this stack (planner/offload.py)
     summary="NeMo AutoModel's own model path (its MoE recipes: BackendConfig attn/linear/rms_norm 'te', DeepEP): "
             "bf16 parameters (from_config's torch_dtype 'auto' is bfloat16) with no FP32 master copy, torch.optim.Adam "
