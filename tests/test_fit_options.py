@@ -119,6 +119,29 @@ def test_an_option_names_what_the_stacks_defaults_filled_in_beside_it(capsys):
     assert pinned["step_time_s"] > est["step_time_s"]  # recompute alone costs time
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
-    said = (f"--recompute full ({full['memory_gib_per_gpu']:.1f} GiB, step {1e3 * full['step_time_s']:,.0f} ms; the stack's "
+    said = (f"--recompute full ({full['memory_gib_per_gpu']:.1f} GiB, step {full['step_time_s']:,.2f} s; the stack's "
             f"defaults then fill in --schedule interleaved-1f1b --vpp 8)")
     assert said in out, out
+
+
+def test_the_changes_that_fit_say_their_steps_in_the_unit_that_fits_them(capsys, monkeypatch):
+    """A 24-second step reads "23.92 s" as everywhere else (units.seconds), not "23,916 ms"."""
+    from shardwise.units import seconds
+
+    args = ["estimate", "--model", "llama2-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256",
+            "--seq-len", "4096", "--framework", "megatron-2021", "--tp", "4", "--pp", "2"]
+    options = _estimate(capsys, *args)["fit_options"]
+    assert options and all(o["step_time_s"] > 1 for o in options)
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(args) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"step {seconds(o['step_time_s'])}" in text for o in options) and " ms" not in text.split("it fits with")[1]
+
+
+def test_estimate_json_carries_the_note_of_the_stack_it_fell_back_to(capsys):
+    """Where the default stack cannot run the flags, estimate runs under megatron-core: its JSON says so under the key
+    plan's and explain's carry (framework_note), as well as in assumptions.implied."""
+    out = _estimate(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                    "--global-batch", "32", "--seq-len", "8192", "--zero", "1")
+    assert out["framework"] == "megatron-core" and "torchtitan has no ZeRO-1" in out["framework_note"]
+    assert out["framework_note"] in out["assumptions"]["implied"]

@@ -666,6 +666,30 @@ def test_the_gpu_count_nothing_fits_suggests_is_one_where_a_layout_fits(model, f
     assert search(job, n).ranked  # following the hint ends the search for a fitting count
 
 
+@pytest.mark.parametrize("model, framework, gpus, batch, seq, cluster", [
+    ("llama2-70b", "deepspeed", 8, 64, 4096, "dgx-a100-80gb"),  # its pipeline caps ZeRO at 1: ZeRO-3 there is refused
+    ("llama3-8b", "llama3", 1, 16, 8192, "dgx-h100-80gb"),  # its context parallelism is all-gather, not ring
+    ("llama3-8b", "fms-fsdp", 16, 64, 32768, "dgx-h100-80gb"),  # no accumulation: a rank takes its share at once
+])
+def test_the_gpu_count_hint_is_found_where_the_leanest_layout_needs_the_stacks_own_knobs(model, framework, gpus, batch,
+                                                                                        seq, cluster):
+    """The leanest layout at a GPU count is the one the stack runs there: the highest ZeRO stage its pipeline allows,
+    its own context-parallel mode, its one micro-batch a step. Checked with another stack's knobs, every count looked
+    unfit (no hint, and a sentence that began "to make it fit: or ..."), or too small (32 GPUs where 64 are needed)."""
+    import re
+
+    from shardwise.planner.job import make_job
+    from shardwise.planner.search import nothing_fits_message
+
+    job = make_job(load_model(model), load_cluster(cluster), batch, seq, framework)
+    result = search(job, gpus)
+    assert not result.ranked
+    msg = nothing_fits_message(job, gpus, result)
+    assert "fit: or" not in msg and msg.endswith("or a cluster with more memory per GPU"), msg
+    n = int(re.search(r"use about (\d+) GPUs", msg).group(1))
+    assert search(job, n).ranked, msg  # following the hint fits
+
+
 def test_no_gpu_count_is_suggested_where_more_gpus_cannot_shard_the_weights_enough():
     """Meta's 2022-23 stack (`llama2`) has no pipeline and no weight sharding: at tp 8 a 405B model's BF16 weights
     and FP32 gradients alone exceed a GPU, however many there are."""

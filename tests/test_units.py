@@ -15,3 +15,12 @@ def test_seconds_picks_the_unit():
     assert seconds(12.345) == "12.35 s"
     assert seconds(0.0004) == "400 µs"
     assert seconds(0.0123) == "12.3 ms"
+
+
+def test_a_need_above_the_capacity_never_reads_as_equal_to_it():
+    from shardwise.units import GIB, need_of
+
+    assert need_of(159.0 * GIB, 79.6 * GIB) == ("159.0", "79.6")
+    need, have = need_of(63.225 * GIB, 63.21 * GIB)  # both 63.2 at one decimal
+    assert need != have and float(need) > float(have)
+    assert need_of(63.2 * GIB, 63.2 * GIB) == ("63.2", "63.2")  # equal stays equal

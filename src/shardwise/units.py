@@ -34,3 +34,12 @@ def count(n: int, noun: str) -> str:
     """'1 tensor', '1,024 tensors', '2 batches': thousands separated, the plural by the noun's ending."""
     plural = "es" if noun.endswith(("ch", "sh", "s", "x")) else "s"
     return f"{n:,} {noun}{'' if n == 1 else plural}"
+
+
+def need_of(need: float, have: float) -> tuple[str, str]:
+    """A need beside a capacity in GiB (bytes in), 1 decimal, or as many more (up to 3) as it takes for a need above
+    the capacity not to read as equal to it ("63.2 of 63.2")."""
+    for digits in (1, 2, 3):
+        a, b = f"{need / GIB:.{digits}f}", f"{have / GIB:.{digits}f}"
+        if (a != b) == (need != have) or digits == 3:
+            return a, b

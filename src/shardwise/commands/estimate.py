@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
                                        add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
-                                       notes, print_json, under_framework)
+                                       note_fields, notes, print_json, under_framework)
 from shardwise.errors import DoesNotFit, UsageError
-from shardwise.units import GIB, count
+from shardwise.units import GIB, count, need_of, seconds
 
 
 def register(subparsers, name, help):
@@ -90,7 +90,8 @@ def _run(args) -> int:
     if args.json:
         record = est.to_dict()
         record["assumptions"].setdefault("implied", [])  # always there: empty where nothing was filled in
-        print_json(record | ({} if est.fits else {"fit_options": options}) | job_fields(args, job))
+        # the notes also as plan's and explain's JSON carry them (framework_note, ...), beside assumptions.implied
+        print_json(record | ({} if est.fits else {"fit_options": options}) | job_fields(args, job) | note_fields(args))
         return 0
     from shardwise.console import Console
 
@@ -121,12 +122,13 @@ def _run(args) -> int:
 def _unheld(job, est, options: list[dict]) -> str:
     """Why the default stack cannot hold the layout, for the fallback's note: its memory against the GPU's, and the
     fastest of its fit_options, the change that keeps it on that stack, if any."""
-    why = f"the layout needs {est.memory_per_gpu / GIB:.1f} of its {est.gpu_memory_bytes / GIB:.1f} GiB per GPU"
+    need, have = need_of(est.memory_per_gpu, est.gpu_memory_bytes)
+    why = f"the layout needs {need} of its {have} GiB per GPU"
     if not options:
         return why
     best = min(options, key=lambda o: o["step_time_s"])
     return (f"{why}; under {job.framework}, {_change_text(best)} fits ({best['memory_gib_per_gpu']:.1f} GiB, step "
-            f"{best['step_time_s']:.3g} s)")
+            f"{seconds(best['step_time_s'])})")
 
 
 def _change_text(option: dict) -> str:
@@ -292,11 +294,12 @@ def _does_not_fit(est, options: list[dict]) -> str:
         return (f"does not fit the host: the offloaded states need {est.host_bytes / GIB:,.0f} GiB of CPU memory a "
                 f"node, and a node has {est.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "
                 f"{'--offload optimizer, ' if est.offload == 'params' else ''}or a cluster file with more host_memory_gib")
-    head = f"does not fit: {est.memory_per_gpu / GIB:.1f} of {est.gpu_memory_bytes / GIB:.3g} GiB per GPU"
+    need, have = need_of(est.memory_per_gpu, est.gpu_memory_bytes)
+    head = f"does not fit: {need} of {have} GiB per GPU"
     if not options:
         return (f"{head}; no single change of recompute, ZeRO stage, sequence parallelism, compile or micro-batch fits "
                 "it: more GPUs, or another split")
     return head + "; it fits with " + "; or ".join(
-        f"{_change_text(o)} ({o['memory_gib']:.1f} GiB, step {o['step_time_s'] * 1e3:,.0f} ms"
+        f"{_change_text(o)} ({o['memory_gib']:.1f} GiB, step {seconds(o['step_time_s'])}"
         + (f"; the stack's defaults then fill in {' '.join(o['filled_in'])}" if o["filled_in"] else "") + ")"
         for o in options)

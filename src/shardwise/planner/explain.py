@@ -608,6 +608,8 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
             + (f", the GPU waiting on its host {share['host_wait']:.0%}" if "host_wait" in share else "")
             + (f", the offloaded optimizer on the host {share['offload']:.1%} ({win.host_held()})"
                if "offload" in share else "")
+            # the optimizer's own kernels and the step's end (gradient norm, loss): the rest of the step
+            + f", optimizer step {share.get('optimizer', 0.0) + share.get('step_comm', 0.0):.1%}"
             + f"; MFU {win.mfu:.1%}.")
     out = [line, runner_up(result)]
     record = plausibility(job, win)

@@ -715,20 +715,29 @@ def usable_gpu_counts(job: Job) -> list[int]:
 
 
 def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
-    """Whether some split of the search space over `gpus` GPUs fits at its leanest: micro-batch 1, the highest ZeRO
-    stage and the most recompute the search would try for the stack, each sequence-parallel option, the experts
-    spread over the widest expert-parallel degree."""
+    """Whether some split of the search space over `gpus` GPUs fits at its leanest: the smallest micro-batch the
+    search would score (a stack without gradient accumulation takes a rank's whole share at once), the highest ZeRO
+    stage the stack runs on that split (a pipeline may cap it: Framework.max_zero_with_pp) and the most recompute
+    the search would try, each sequence-parallel option, the experts spread over the widest expert-parallel degree."""
     fw = get_framework(job.framework)
     stack = space.for_stack(fw)
     recomputes = [r for r in reversed(RECOMPUTE_ORDER) if r in stack.recompute and r in fw.recompute]
     for tp, pp, dp, cp in degrees(job, gpus, space):
-        zero = max(stack.zero_stages(dp * cp, fw), default=0)
+        mb = min(micro_batches(job, fw, dp, pp, stack), default=None)
+        if mb is None:
+            continue
         ep = max(expert_degrees(job, dp, tp, stack, cp), default=1)  # the experts spread their widest
         for recompute, sp in itertools.product(recomputes, _sp_options(job, fw, tp, cp, stack)):
-            layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, recompute=recompute, sequence_parallel=sp, ep=ep)
-            layout = layout.with_(etp=fw.default_etp(job.model, layout))
-            if not stack_refusal(job, layout) and fits_memory(job, layout):
-                return True
+            for zero in sorted(stack.zero_stages(dp * cp, fw), reverse=True) or [0]:
+                layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, zero=zero, recompute=recompute,
+                                sequence_parallel=sp, ep=ep)
+                layout = layout.with_(etp=fw.default_etp(job.model, layout),
+                                      cp_mode=cp_modes_to_score(job, layout, stack)[0])
+                if stack_refusal(job, layout):
+                    continue
+                if fits_memory(job, layout):
+                    return True
+                break  # the highest ZeRO stage the stack runs here is its leanest
     return False
 
 
@@ -749,15 +758,22 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
                 f"{lean.host_capacity / GIB:,.0f} GiB — more GPUs (smaller shards), "
                 f"{'--offload optimizer, ' if job.offload == 'params' else ''}or a cluster file with more host_memory_gib")
     want = fitting_gpu_count(job, gpus, space)
-    hint = f"use about {want} GPUs, " if want else ""
+    fixes = [widen.removesuffix(", ")] if widen else []
+    fixes += [f"use about {want} GPUs"] if want else []
     fw = get_framework(job.framework)
     if 3 not in fw.zero_stages and job.train.global_batch > 1:
-        hint += "a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3), "
+        fixes.append("a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3)")
     if fw.compiles and not job.compile and not fw.compile_refusal() and estimate(compiled(job), lean.layout).fits:
-        hint += "--compile (the leanest layout fits compiled: its loss and blocks keep less), "
+        fixes.append("--compile (the leanest layout fits compiled: its loss and blocks keep less)")
     # where the weights, gradients and optimizer states alone overfill a GPU, fewer tokens would not make it fit
     states = sum(lean.memory_bytes.get(k, 0.0) for k in ("weights", "gradients", "optimizer")) / GIB
-    tokens = "a smaller global batch or sequence length, " if states <= limit else ""
+    fixes += ["a smaller global batch or sequence length"] if states <= limit else []
+    fixes.append("a cluster with more memory per GPU")
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute_phrase()}) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
-            f"to make it fit: {widen}{hint}{tokens}or a cluster with more memory per GPU")
+            f"to make it fit: {either(fixes)}")
+
+
+def either(options: list[str]) -> str:
+    """'a, b, or c' (one option alone as it is)."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])}, or {options[-1]}"
