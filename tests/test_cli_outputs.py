@@ -286,3 +286,25 @@ def test_tokenizing_into_a_pipe_writes_no_blank_lines(tmp_path):
                           "--steps", "2", "--global-batch", "2", "--seq-len", "16"], capture_output=True, text=True,
                          env=env, check=True).stdout
     assert out.startswith("tiny "), out[:80]
+
+
+def test_the_training_bar_keeps_its_step_counter_whole_at_80_columns():
+    """A log file or an 80-column terminal: the bar gives way, the 'done/total' counter does not ('1000/10…')."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console as RichConsole
+
+    from shardwise.specs import Layout
+    from shardwise.train import progress_bar
+
+    cfg = SimpleNamespace(layout=Layout(dp=2), spec=SimpleNamespace(name="tiny"), steps=1000)
+    bar = progress_bar(cfg, enabled=True, start=999)
+    update = bar.__enter__()
+    try:
+        update({"loss": 1.7909, "tokens_per_s": 53529.0, "step_time_s": 0.00956})
+        buf = io.StringIO()
+        RichConsole(file=buf, width=80).print(bar.progress.make_tasks_table(bar.progress.tasks))
+    finally:
+        bar.__exit__(None, None, None)
+    assert "1000/1000" in buf.getvalue() and "…" not in buf.getvalue(), buf.getvalue()

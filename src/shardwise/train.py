@@ -601,12 +601,16 @@ class progress_bar:
         if not self.enabled:
             return lambda rec: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Column
 
         from shardwise.console import Console
         from shardwise.units import seconds
 
         lay = self.cfg.layout
-        columns = (TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"), BarColumn(), MofNCompleteColumn(),
+        # the bar gives way on a narrow terminal (or a log's 80 columns), never the step counter ("1000/10…")
+        counter = Column(no_wrap=True, min_width=2 * len(str(self.cfg.steps)) + 1)
+        columns = (TextColumn(f"[bold]{self.cfg.spec.name}[/] {split(lay)}"),
+                   BarColumn(bar_width=None, table_column=Column(ratio=1)), MofNCompleteColumn(table_column=counter),
                    TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                    TextColumn("{task.fields[dt]}/step"), TimeElapsedColumn())
         self.progress = Progress(*columns, console=Console(keep_going=True))  # the run goes on if its reader goes
