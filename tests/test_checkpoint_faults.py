@@ -89,6 +89,21 @@ def test_elastic_restart_resumes_by_itself(tmp_path, straight):
     _same(m, straight)
 
 
+def test_an_elastic_restart_under_json_says_what_ended_the_first_attempt(tmp_path):
+    """--json keeps stdout for the JSON: the restart is said on stderr, and the summary names the rank that died and
+    the step the last attempt's records start at (the earlier steps are in the metrics file)."""
+    import json
+
+    ckpt, m = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    proc = _train(["--checkpoint-dir", str(ckpt), "--save-every", "2", "--max-restarts", "1", "--metrics-file", str(m),
+                   "--json"], env={"SHARDWISE_TEST_KILL_RANK": "1", "SHARDWISE_TEST_KILL_AT_STEP": "6"})
+    assert proc.returncode == 0, proc.stderr
+    assert "restart 1 of 1: rank 1 died (exit code 13)" in proc.stderr, proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["restarts"] == 1 and summary["restarted_after"].startswith("rank 1 died (exit code 13)")
+    assert summary["first_step"] == 5 and [json.loads(ln)["step"] for ln in m.read_text().splitlines()][0] == 1
+
+
 def test_a_diverged_job_is_not_replayed_by_its_restarts(tmp_path):
     # every restart resumed from the last checkpoint before the nan and diverged again at the same step: each one
     # now stops at once on the note the first attempt left, and a new run in the folder clears the note

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -472,11 +473,13 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
                             f"diverge again)")
         if rank0:  # a new job, with other settings or not: its own run decides
             marker.unlink(missing_ok=True)
-    if restarts and rank0 and _messages(cfg):  # torchrun's agent started every rank again after one failed
+    why = os.environ.get("SHARDWISE_RESTARTED_AFTER", "a rank had failed")  # the launcher's (not torchrun's)
+    if restarts and rank0 and (_messages(cfg) or cfg.json_output):  # torchrun's agent started every rank again
         allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts))  # torchrun's own, under torchrun
-        why = os.environ.get("SHARDWISE_RESTARTED_AFTER", "a rank had failed")  # the launcher's (not torchrun's)
+        # under --json stdout is the JSON alone: the restart is said on stderr (and in the summary)
         print(f"restart {restarts} of {allowed}: {why}, so every rank was started again; "
-              f"{'resuming from the newest checkpoint' if resume_from else 'no checkpoint yet: from step 0'}", flush=True)
+              f"{'resuming from the newest checkpoint' if resume_from else 'no checkpoint yet: from step 0'}",
+              file=sys.stdout if _messages(cfg) else sys.stderr, flush=True)
     if resume_from is not None:
         manifest = checkpoint.restore(rt, resume_from)
         if rank0 and _messages(cfg):
@@ -498,7 +501,9 @@ def train(cfg: TrainConfig, mesh=None) -> TrainResult:
     if rank0 and cfg.json_output:  # printed by whoever launched the job, once it has ended (commands/train.py)
         result.json_out = {"records": result.records, "trace": trace,
                            "summary": {**summary_dict(result.records, cfg), **memory, "restarts": restarts,
-                                       "first_step": rt.step - len(result.records) + 1}}
+                                       "first_step": rt.step - len(result.records) + 1,
+                                       # the records are the last attempt's; what ended the one before (the rank)
+                                       **({"restarted_after": why} if restarts else {})}}
     return result
 
 
