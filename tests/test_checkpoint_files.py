@@ -350,3 +350,35 @@ def test_a_resume_appends_only_to_its_own_runs_metrics_file(tmp_path, capsys):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and len({r["run"] for r in records}) == 1
     assert records[0]["run"] != json.loads(other.splitlines()[0])["run"]
+
+
+def test_inspects_resume_line_keeps_validating_and_finds_the_data_from_elsewhere(tmp_path, monkeypatch, capsys):
+    """A run started with relative --data and with --val-data --eval-every: the printed resume named the data as typed
+    (wrong from any other folder) and left validation out (the resumed run would stop validating)."""
+    import shlex
+    from pathlib import Path
+
+    import shardwise
+
+    texts = Path(shardwise.__file__).parent / "data"
+    (tmp_path / "run").mkdir()
+    shutil.copy(texts / "lincoln.txt", tmp_path / "run" / "train.txt")
+    shutil.copy(texts / "declaration_of_independence.txt", tmp_path / "run" / "val.txt")
+    monkeypatch.chdir(tmp_path / "run")
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    base = [*[a for a in ARGS if a != "--no-progress"], "--no-progress", "--data", "train.txt", "--val-data", "val.txt",
+            "--eval-every", "2", "--data-cache", str(tmp_path / "cache")]
+    assert main(["train", *base, "--checkpoint-dir", str(ck), "--stop-after", "2", "--metrics-file", str(metrics)]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("COLUMNS", "1000")
+    capsys.readouterr()
+    assert main(["checkpoint", "inspect", str(ck)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "shardwise train" in ln)
+    argv = shlex.split(line[line.index("shardwise train"):].split(" (with any")[0].strip(" │"))[1:]
+    assert argv[argv.index("--data") + 1] == str(tmp_path / "run" / "train.txt")
+    assert argv[argv.index("--val-data") + 1] == str(tmp_path / "run" / "val.txt")
+    assert argv[argv.index("--eval-every") + 1] == "2"
+    assert main(argv + ["--data-cache", str(tmp_path / "cache"), "--metrics-file", str(metrics)]) == 0
+    records = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and "val_loss" in records[-1]

@@ -126,10 +126,15 @@ def _sources(cfg) -> dict:
     back and copies the tokenizer; a resume checks it trains on the same data."""
     out = {"hf_config": cfg.hf_config, "model_given": cfg.model_given, "init": cfg.init}
     if cfg.data is not None:
+        # "given" as typed (relative to where the run started), "given_absolute" for a resume line from anywhere
         out["data"] = {"files": list(cfg.data.sources), "tokens": cfg.data.tokens, "key": cfg.data.key,
-                       "given": list(cfg.data.given), "field": cfg.data.field}
+                       "given": list(cfg.data.given), "given_absolute": [os.path.abspath(g) for g in cfg.data.given],
+                       "field": cfg.data.field}
         out["tokenizer"] = cfg.data.tokenizer
         out["tokenizer_sha256"] = cfg.data.tokenizer_sha256  # export copies it only while it is still this file
+    if getattr(cfg, "val_data", None) is not None:  # what a resume line must pass again to go on validating
+        out["validation"] = {"given_absolute": [os.path.abspath(g) for g in cfg.val_data.given],
+                             "eval_every": cfg.eval_every}
     return out
 
 

@@ -30,7 +30,8 @@ def summary(path) -> dict:
     return {"checkpoint": str(ckpt), "step": m["step"], "steps": m["run"].get("steps"), "layout": m["layout"],
             "world_size": m["world_size"], "model": m["model"], "run": m["run"], "saved_at": m.get("saved_at"),
             "files": len(m["files"]), "bytes": m["bytes"], "groups": groups, "tensors": m["tensors"],
-            "data": m.get("data", {}), "tokenizer": m.get("tokenizer"), "model_given": m.get("model_given"), "init": m.get("init")}
+            "data": m.get("data", {}), "validation": m.get("validation"), "tokenizer": m.get("tokenizer"),
+            "model_given": m.get("model_given"), "init": m.get("init")}
 
 
 def load_tensors(path, prefix: str = "model.") -> tuple[dict[str, torch.Tensor], dict]:

@@ -102,7 +102,6 @@ def resume_command(info: dict, model: str, parent) -> str:
     import shlex
 
     from shardwise.corpus.tokenizer import BYTES
-
     from shardwise.paths import shown
 
     run = info["run"]
@@ -111,11 +110,15 @@ def resume_command(info: dict, model: str, parent) -> str:
         if run.get(key) is not None:
             argv += [f"--{key.replace('_', '-')}", str(run[key])]
     data = info["data"]
-    if data:  # older checkpoints recorded the files only
-        argv += ["--data", *(data.get("given") or data.get("files", []))]
+    if data:  # older checkpoints recorded the files only, then the paths as given (relative to where the run started)
+        argv += ["--data", *map(shown, data.get("given_absolute") or data.get("given") or data.get("files", []))]
         argv += ["--data-field", data["field"]] if data.get("field", "text") != "text" else []
         if info.get("tokenizer") not in (None, BYTES):  # bytes: what --data gets with no tokenizer named
             argv += ["--tokenizer", info["tokenizer"]]
+    val = info.get("validation")
+    if val:  # without them the resumed run would stop validating
+        argv += ["--val-data", *map(shown, val["given_absolute"])]
+        argv += ["--eval-every", str(val["eval_every"])] if val.get("eval_every") else []
     return shlex.join(argv + ["--checkpoint-dir", str(parent), "--resume"])
 
 
