@@ -785,3 +785,14 @@ def test_nothing_fits_offers_fewer_tokens_only_where_fewer_tokens_would_help(cap
     code, _, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8",
                            "--global-batch", "1", "--seq-len", "524288", "--framework", "megatron-core")
     assert code == 2 and "nothing fits" in err and "a smaller global batch or sequence length" in err, err
+
+
+def test_nothing_fits_names_a_zero_stage_the_stack_runs_only_when_named(capsys):
+    """megatron-2021's search leaves its distributed optimizer (ZeRO-1) out unless --zero names it; where that alone
+    makes the leanest layout fit, the message says --zero 1, and following it plans a layout."""
+    argv = ["plan", "--model", "llama2-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256",
+            "--seq-len", "4096", "--framework", "megatron-2021", "--tp", "4", "--pp", "2"]
+    assert main(argv) == 2
+    assert "--zero 1," in capsys.readouterr().err
+    assert main([*argv, "--zero", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["zero"] == 1

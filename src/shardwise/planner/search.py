@@ -759,8 +759,9 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
                 f"{'--offload optimizer, ' if job.offload == 'params' else ''}or a cluster file with more host_memory_gib")
     want = fitting_gpu_count(job, gpus, space)
     fixes = [widen.removesuffix(", ")] if widen else []
-    fixes += [f"use about {want} GPUs"] if want else []
     fw = get_framework(job.framework)
+    fixes += [f"--zero {z}" for z in [_zero_that_fits(job, lean.layout, fw)] if z is not None]
+    fixes += [f"use about {want} GPUs"] if want else []
     if 3 not in fw.zero_stages and job.train.global_batch > 1:
         fixes.append("a framework that shards the weights (--framework torchtitan or deepspeed: ZeRO-3)")
     if fw.compiles and not job.compile and not fw.compile_refusal() and estimate(compiled(job), lean.layout).fits:
@@ -772,6 +773,16 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
     return (f"nothing fits: the leanest layout ({lean.layout.describe()}, ZeRO-{lean.layout.zero}, "
             f"{lean.layout.recompute_phrase()}) needs {need:.1f} GiB per GPU but a GPU has {limit:.3g} GiB — "
             f"to make it fit: {either(fixes)}")
+
+
+def _zero_that_fits(job: Job, layout: Layout, fw) -> int | None:
+    """The lowest ZeRO stage above the leanest layout's that the stack runs on it and that makes it fit (a stage its
+    search leaves out unless named: megatron-2021's distributed optimizer), or None."""
+    for zero in sorted(z for z in fw.zero_stages if z > layout.zero):
+        bigger = layout.with_(zero=zero)
+        if layout.dp * layout.cp > 1 and not stack_refusal(job, bigger) and estimate(job, bigger).fits:
+            return zero
+    return None
 
 
 def either(options: list[str]) -> str:
