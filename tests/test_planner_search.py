@@ -106,13 +106,15 @@ def test_estimate_json_matches_the_library(capsys):
     implied = data["assumptions"].pop("implied")
     assert len(implied) == 1 and implied[0].startswith("framework megatron-core (--framework not given, and the "
                                                        "default torchtitan cannot run this: torchtitan has no ZeRO-1")
+    assert data.pop("framework_note") == implied[0]  # also under the key plan's and explain's JSON carry
     job = Job(load_model("llama-65b"), load_cluster("dgx-a100-80gb"), TrainSpec(256, 2048), flash_attention=True)  # megatron-core
     lay = Layout(dp=2, tp=8, pp=4, micro_batch=1, vpp=2, zero=1, recompute="selective", sequence_parallel=True,
                  schedule="interleaved-1f1b")
     assert data == json.loads(json.dumps(estimate(job, lay).to_dict()))
     code, again, _ = run_cli(capsys, *argv, "--dp", "2")  # the dp that --gpus implies, named: the same answer
     again = json.loads(again)
-    assert code == 0 and again["assumptions"].pop("implied") == implied and again.pop("job") and again == data
+    assert code == 0 and again["assumptions"].pop("implied") == implied and again.pop("job") and again.pop("framework_note")
+    assert again == data
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -796,3 +798,18 @@ def test_nothing_fits_names_a_zero_stage_the_stack_runs_only_when_named(capsys):
     assert "--zero 1," in capsys.readouterr().err
     assert main([*argv, "--zero", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["best"]["zero"] == 1
+
+
+def test_torchtitan_without_data_parallelism_is_refused_by_name_and_the_default_falls_back(capsys):
+    """torchtitan applies mixed precision only through FSDP: tp 8 on 8 GPUs (no dp, no cp) would train in FP32. Named,
+    the stack refuses it in one line saying so; as the default, the plan runs under megatron-core and its note gives
+    the same reason once (not the search's framing inside the note's)."""
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "1024", "--tp", "8"]
+    assert main([*argv, "--framework", "torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert "runs mixed precision only through FSDP" in err and "no schedule" not in err and "\n" not in err.strip()
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["framework"] == "megatron-core"
+    assert "trains in FP32" in out["framework_note"] and "cannot run any layout" not in out["framework_note"]

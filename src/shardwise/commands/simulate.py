@@ -134,7 +134,8 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
     from shardwise.specs import Layout, load_model
 
     layers = load_model(args.model).num_layers if args.model is not None else None
-    runs = [(name, v) for name, v in shapes if not fw.refusal(Layout(pp=args.pp, vpp=v, schedule=name), layers)]
+    runs = [(name, v) for name, v in shapes
+            if not fw.refusal(Layout(pp=args.pp, vpp=v, schedule=name), layers, pipeline_only=True)]
     if not runs:  # the reason of the first (the only one without --compare)
         name, v = shapes[0]
         check(fw, Layout(pp=args.pp, vpp=v, schedule=name), num_layers=layers)

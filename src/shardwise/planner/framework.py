@@ -457,9 +457,12 @@ class Framework:
             return 1
         return tp if (layout.dp * tp * layout.cp) % (layout.ep * tp) == 0 else 1
 
-    def refusal(self, layout: Layout, num_layers: int | None = None, microbatches: int | None = None) -> str | None:
+    def refusal(self, layout: Layout, num_layers: int | None = None, microbatches: int | None = None,
+                pipeline_only: bool = False) -> str | None:
         """Why this stack cannot run `layout` (one clause naming it), or None; with the model's `num_layers`, also
-        whether its pipeline can cut them; with the step's `microbatches` per rank, whether it accumulates them."""
+        whether its pipeline can cut them; with the step's `microbatches` per rank, whether it accumulates them.
+        `pipeline_only`: `layout` is a pipeline alone (simulate), whose data parallelism is not said: no rule on the
+        precision it would then train in."""
         lay = layout
         if microbatches and microbatches > 1 and lay.pp == 1 and not self.accumulates:
             return (f"{self.name} runs one micro-batch per optimizer step (no gradient accumulation), and this step has "
@@ -509,15 +512,19 @@ class Framework:
         if lay.cp > 1 and lay.cp_mode not in self.context_parallel:
             runs = f"it runs {' and '.join(self.context_parallel)}" if self.context_parallel else "drop --cp"
             return f"{self.name} has no {lay.cp_mode} context parallelism ({runs})"
-        if self.amp_needs_fsdp and fp32_without_fsdp(lay):
-            return (f"{self.name} runs mixed precision only through FSDP: with TP or PP and no data or context "
-                    f"parallelism it trains in FP32, which is not what is planned (give it dp > 1 or cp > 1)")
+        if self.amp_needs_fsdp and fp32_without_fsdp(lay) and not pipeline_only:
+            return self.amp_refusal()
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
             return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
                     f"layout it runs (use ZeRO-2/3)")
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
+
+    def amp_refusal(self) -> str:
+        """Why a stack that applies mixed precision only through FSDP (amp_needs_fsdp) refuses a layout that has none."""
+        return (f"{self.name} runs mixed precision only through FSDP: with TP or PP and no data or context "
+                f"parallelism it trains in FP32, which is not what is planned (give it dp > 1 or cp > 1)")
 
     def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
         """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""

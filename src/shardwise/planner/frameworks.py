@@ -57,7 +57,9 @@ def default_note(fallback_reason: str | None = None, held: bool = False) -> str:
     if fallback_reason is None:
         return (f"framework {DEFAULT_FRAMEWORK} (the default, --framework not given; a faster stack plans faster "
                 f"steps: name the stack you run)")
-    reason = fallback_reason.split(" — ")[0].split("cannot run this layout: ", 1)[-1]  # the refusal's own words
+    reason = fallback_reason.split(" — ")[0]  # the refusal's own words, without the command's framing
+    for framing in ("cannot run this layout: ", "cannot run any layout the search allows: "):
+        reason = reason.split(framing, 1)[-1]
     return (f"framework {FALLBACK_FRAMEWORK} (--framework not given, and the default {DEFAULT_FRAMEWORK} cannot "
             f"{'hold' if held else 'run'} this: {reason})")
 

@@ -40,6 +40,7 @@ from typing import Callable
 from shardwise.errors import UsageError
 from shardwise.forked import map_pieces, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
+from shardwise.planner.framework import fp32_without_fsdp
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, compiled
 from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
@@ -246,6 +247,8 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
 def _split_candidates(job: Job, fw, space: SearchSpace, tp: int, pp: int, dp: int, cp: int) -> int:
     """count_candidates of one dp x tp x pp x cp split."""
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
+    if fw.amp_needs_fsdp and fp32_without_fsdp(Layout(dp=dp, tp=tp, pp=pp, cp=cp)):  # every layout of it refused
+        return 0
     sp_variants = len(_sp_options(job, fw, tp, cp, space))
     for mb in micro_batches(job, fw, dp, pp, space):
         m = batch // (dp * mb)
@@ -438,6 +441,10 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
             possible = sorted({e for tp, _, dp, cp in splits for e in expert_degrees(job, dp, tp, every, cp)})
             return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
                     f"and the dp*tp*cp ranks of a split — possible here: {', '.join(map(str, possible))}")
+    splits = list(degrees(job, gpus, space))
+    if fw.amp_needs_fsdp and splits and all(fp32_without_fsdp(Layout(dp=d, tp=t, pp=p, cp=c)) for t, p, d, c in splits):
+        widen = "widen the search (--tp, --pp, --cp, ...), " if space.narrowed() else ""
+        return f"--framework {fw.name} cannot run any layout the search allows: {fw.amp_refusal()} — {widen}or pick another --framework"
     cause = _cp_or_schedule_cause(job, gpus, space, pairs)
     if cause:
         return cause
