@@ -229,9 +229,7 @@ def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_pa
     assert main(base + ck + ["--stop-after", "2"]) == 0
     manifest = json.loads(next((tmp_path / "ck").glob("step_*/manifest.json")).read_text())
     assert manifest["data_position"]["sequences"] == 2 * 4 and manifest["data"]["files"] == [str(env["corpus"]["jsonl"])]
-    assert main(base + ck + ["--resume"]) == 0
-    read = lambda f: [json.loads(line)["loss"] for line in (tmp_path / f).read_text().splitlines()]  # noqa: E731
-    assert read("split.jsonl") == read("straight.jsonl")
+    # other data is refused (asked of the unfinished run: a finished one is said to be finished first)
     other = [a if a != str(env["corpus"]["jsonl"]) else str(env["corpus"]["text"]) for a in base]
     capsys.readouterr()
     assert main([a for a in other if a not in ("--data-field", "body")] + ck + ["--resume"]) == 2
@@ -239,6 +237,10 @@ def test_resume_continues_with_the_next_batch_and_refuses_other_data(env, tmp_pa
     assert f"that run trained on {env['corpus']['jsonl']}" in err and "tokenized as None" not in err
     built_in = [a for a in base if a not in ("--data", str(env["corpus"]["jsonl"]), "--data-field", "body")]
     assert main(built_in + ck + ["--resume"]) == 2  # the built-in corpus is other data too
+    assert "that run trained on" in capsys.readouterr().err
+    assert main(base + ck + ["--resume"]) == 0
+    read = lambda f: [json.loads(line)["loss"] for line in (tmp_path / f).read_text().splitlines()]  # noqa: E731
+    assert read("split.jsonl") == read("straight.jsonl")
     capsys.readouterr()
     monkeypatch.setenv("COLUMNS", "1000")  # the table's resume line on one line
     assert main(["checkpoint", "inspect", str(tmp_path / "ck")]) == 0  # its resume line names the data
@@ -335,7 +337,7 @@ def test_a_resume_whose_data_files_changed_says_so_not_to_give_the_same_data(tmp
     (tmp_path / "b.txt").write_text("another document of other words " * 200)
     run = ["train", "--model", "tiny", "--data-cache", str(tmp_path / "cache"), "--checkpoint-dir", str(tmp_path / "ck"),
            "--no-progress"]
-    assert main([*run, "--steps", "1", "--data", str(tmp_path / "a.txt")]) == 0
+    assert main([*run, "--steps", "2", "--stop-after", "1", "--data", str(tmp_path / "a.txt")]) == 0
     (tmp_path / "a.txt").write_text("the same name, other words " * 200)
     capsys.readouterr()
     for data, said in (("a.txt", "and the files changed since (the data tokenizes differently now) — restore the files"),
@@ -427,3 +429,45 @@ def test_a_missing_validation_path_is_named_by_its_own_flag_beside_a_data_field(
     (tmp_path / "d.jsonl").write_text('{"body": "words of text"}\n' * 200)
     _one_line_error(capsys, ["--data", str(tmp_path / "d.jsonl"), "--data-field", "body", "--val-data",
                              str(tmp_path / "none.jsonl")], f"--val-data {tmp_path / 'none.jsonl'}: not found")
+
+
+def test_a_linked_subfolder_of_a_data_folder_is_read_once_and_a_link_back_up_ends(tmp_path):
+    """A link to a folder inside a --data folder had been skipped (os.walk without followlinks): the corpus silently
+    shrank, and a folder of links only was 'empty'. Its files are read now, in path order; a link back to a folder
+    it lies in is not followed again (a cycle)."""
+    from shardwise.corpus.tokenizer import BYTE_TOKENIZER
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "b.txt").write_text("linked words " * 300)
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "a.txt").write_text("own words " * 300)
+    (data / "more").symlink_to(texts)
+    (texts / "up").symlink_to(data)  # d/more/up is d again: a cycle
+    tf = prepare([str(data)], BYTE_TOKENIZER, cache=str(tmp_path / "cache"))
+    assert list(tf.sources) == [str(data / "a.txt"), str(data / "more" / "b.txt")]
+    assert tf.documents == 2 and tf.tokens == len("own words " * 300) + len("linked words " * 300) + 2
+    (texts / "up").unlink()
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "more").symlink_to(texts)
+    assert list(prepare([str(only)], BYTE_TOKENIZER, cache=str(tmp_path / "cache")).sources) == [
+        str(only / "more" / "b.txt")]
+
+
+def test_a_file_named_twice_is_read_once_with_one_note(tmp_path, capsys):
+    """A folder and a file in it (--data texts texts/a.txt) had trained a.txt twice without a word."""
+    from shardwise.corpus.tokenizer import BYTE_TOKENIZER
+
+    data = tmp_path / "texts"
+    data.mkdir()
+    (data / "a.txt").write_text("first words " * 300)
+    (data / "b.txt").write_text("second words " * 300)
+    tf = prepare([str(data), str(data / "a.txt")], BYTE_TOKENIZER, cache=str(tmp_path / "cache"))
+    assert list(tf.sources) == [str(data / "a.txt"), str(data / "b.txt")] and tf.documents == 2
+    capsys.readouterr()
+    assert main(["train", "--model", "tiny", "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--no-progress",
+                 "--data", str(data), str(data / "a.txt"), "--data-cache", str(tmp_path / "cache")]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "twice" in ln]
+    assert notes == [f"note: --data names {data / 'a.txt'} twice — it is read once"]

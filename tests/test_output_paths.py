@@ -218,3 +218,23 @@ def test_a_timeout_torch_would_round_to_zero_and_an_interleaving_of_one_chunk_ar
     assert "below a millisecond" in one_line(capsys)
     assert main(["simulate", "--pp", "4", "--microbatches", "8", "--schedule", "interleaved-1f1b", "--vpp", "1"]) == 2
     assert "interleaves nothing" in one_line(capsys)
+
+
+@pytest.mark.parametrize("how", ["--data-cache", "--val-data", "SHARDWISE_CACHE"])
+def test_train_refuses_a_token_cache_inside_a_data_folder_it_reads(how, tmp_path, capsys, monkeypatch):
+    """The token cache written among the data (--data-cache, or $SHARDWISE_CACHE's default) was accepted, and its
+    KEY.json then broke the next run on that folder: it is one line now, before anything is written."""
+    data = tmp_path / "texts"
+    data.mkdir()
+    (data / "a.txt").write_text("some text to train on\n" * 200)
+    flag = "--val-data" if how == "--val-data" else "--data"
+    argv = ["train", "--model", "tiny", "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--no-progress",
+            flag, str(data)]
+    if how == "SHARDWISE_CACHE":
+        monkeypatch.setenv("SHARDWISE_CACHE", str(data))
+    else:
+        argv += ["--data-cache", str(data / "cache")]
+    assert main(argv) == 2
+    err = one_line(capsys)
+    assert f"inside the folder {flag} {data} reads" in err and ("SHARDWISE_CACHE" in err) == (how == "SHARDWISE_CACHE")
+    assert [p.name for p in data.iterdir()] == ["a.txt"]

@@ -432,3 +432,47 @@ def test_a_tp_above_the_kv_heads_names_a_fix_train_has(tmp_path, capsys):
     assert main(["train", "--model", str(cfg), "--tp", "2", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not divide the 1 KV heads" in err[0] and "--framework" not in err[0], err
+
+
+@pytest.mark.parametrize("extra, refusal", [
+    ([], "already holds checkpoints of a run (newest step_000002) — add --resume"),
+    (["--resume", "--seq-len", "16"], "that run used --seq-len 32 (now 16)"),
+    (["--resume"], "is the end of the run (step 2 of 2)"),
+])
+def test_the_checkpoint_folder_is_checked_before_the_data_is_tokenized(extra, refusal, tmp_path, capsys, monkeypatch):
+    """The checkpoint folder's checks had waited for the data to be tokenized (hours, on a large corpus) though only the
+    data's own comparison needs it."""
+    import shardwise.corpus
+    from shardwise.errors import UsageError
+
+    data = tmp_path / "a.txt"
+    data.write_text("some text to train on\n" * 200)
+    argv = ["train", "--model", "tiny", "--steps", "2", "--global-batch", "4", "--no-progress", "--data", str(data),
+            "--data-cache", str(tmp_path / "cache"), "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(argv + ["--seq-len", "32"]) == 0
+
+    def tokenizing(*args, **kwargs):
+        raise UsageError("the data was tokenized before the checkpoint folder was checked")
+
+    monkeypatch.setattr(shardwise.corpus, "prepare_run", tokenizing)
+    capsys.readouterr()
+    assert main(argv + (extra if "--seq-len" in extra else extra + ["--seq-len", "32"])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and refusal in err[0], err
+
+
+def test_the_docs_quote_the_refusal_of_a_rope_scaling_the_runtime_lacks(tmp_path, capsys):
+    """docs/models-and-data.md quoted a message (and a fix, --init random) that the code no longer says."""
+    from pathlib import Path
+
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}))
+    assert main(["train", "--model", str(folder), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    said = err.removeprefix("shardwise: error: ").replace(str(folder), "my-llama")
+    doc = (Path(__file__).parents[1] / "docs" / "models-and-data.md").read_text()
+    assert err.startswith("shardwise: error: ") and "yarn" in said and f"`{said}`" in doc, said

@@ -234,7 +234,7 @@ def _check_contents(cfg, root: Path, latest) -> None:
         raise UsageError(f"{root} already holds checkpoints of a run (newest {latest.name}) — add --resume to continue it, "
                          f"or use an empty --checkpoint-dir for a new run")
     manifest = validate(latest, cfg.spec)
-    _check_same_run(latest, manifest, cfg)
+    check_same_run(latest, manifest, cfg)
     if cfg.stop_after is not None and cfg.stop_after <= manifest["step"]:
         raise UsageError(f"--stop-after {cfg.stop_after}, but {latest} is already at step {manifest['step']} — "
                          f"pick a later step")
@@ -269,7 +269,7 @@ def _check_model(ckpt: Path, manifest: dict, spec) -> None:
                          f"another --checkpoint-dir")
 
 
-def _check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
+def check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
     theirs, mine = manifest["run"], run_settings(cfg)
     if theirs.get("data") != mine["data"]:
         files = manifest.get("data", {}).get("files", [])

@@ -279,15 +279,14 @@ def _run(args, notes) -> int:
 
     from shardwise.corpus import prepare_run
 
-    from shardwise.checkpoint import check as check_checkpoints
-
     cfg = config_from(args)
     check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
+    resumed = _check_checkpoint_folder(cfg)
     # Then the data (tokenized once, then cached): a resume checks it is the run's data.
     cfg = prepare_run(cfg, data=args.data, val_data=args.val_data, tokenizer=args.tokenizer, model=args.model,
                       field=args.data_field or "text", cache=args.data_cache,
                       progress=cfg.progress and os.environ.get("RANK", "0") == "0")
-    check_checkpoints(cfg)
+    _check_resumed_data(cfg, resumed)
     cfg = _named_run(cfg)
     notes.release()
     _note_vocab_padding(cfg)
@@ -306,6 +305,33 @@ def _run(args, notes) -> int:
 
         print(json.dumps(out), flush=True)
     return 0
+
+
+def _check_checkpoint_folder(cfg):
+    """checkpoint.check before the data is tokenized (which can take long): a folder of another run without --resume,
+    other settings, a finished run, a damaged checkpoint are said first. The data it compares needs the tokenized
+    data's key, so here the checkpoint's own key stands in for it; _check_resumed_data compares the real one. Returns
+    the checkpoint resumed from, or None."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from shardwise.checkpoint import check, resume_path
+    from shardwise.checkpoint.store import read_manifest
+
+    latest = resume_path(cfg) if cfg.checkpoint_dir and Path(cfg.checkpoint_dir).is_dir() else None
+    run = read_manifest(latest).get("run") if latest is not None else None
+    key = run.get("data") if isinstance(run, dict) else None
+    check(replace(cfg, data=SimpleNamespace(key=key) if key is not None else None))
+    return latest
+
+
+def _check_resumed_data(cfg, latest) -> None:
+    """A resume trains on the data its run trained on (the tokenized key; every other setting was checked before)."""
+    if latest is not None:  # (checkpoint.check's comparison of the run's settings, the data's key among them)
+        from shardwise.checkpoint import check_same_run
+        from shardwise.checkpoint.store import read_manifest
+
+        check_same_run(latest, read_manifest(latest), cfg)
 
 
 def _named_run(cfg):
@@ -344,13 +370,18 @@ def _default_model(args) -> None:
 def _distinct_paths(args) -> None:
     """The files train writes are none of the files it reads (--plan, --data, --val-data, --tokenizer, --model) and lie
     inside none of the --data folders it reads whole: a metrics file over the corpus, or a trace written among the
-    data, would destroy them. In a model folder only its files are kept from being overwritten."""
+    data, would destroy them; nor does the token cache (--data-cache or its default). In a model folder only its files
+    are kept from being overwritten."""
     from shardwise.paths import distinct_outputs, folder_files
 
     reads = {"--plan": args.plan} | folder_files("--tokenizer", args.tokenizer) | folder_files("--model", args.model)
     reads |= {f"--data {p}": p for p in args.data or []} | {f"--val-data {p}": p for p in args.val_data or []}
     distinct_outputs({"--metrics-file": args.metrics_file, "--trace": args.trace, "--checkpoint-dir": args.checkpoint_dir},
                      reads)
+    if args.data or args.val_data:  # (the built-in corpus alone uses no cache)
+        from shardwise.corpus.token_file import check_cache_outside
+
+        check_cache_outside(args.data_cache, {k: v for k, v in reads.items() if k.startswith(("--data ", "--val-data "))})
 
 
 def _given(model: str) -> str:

@@ -7,7 +7,8 @@
   style, Llama 2) see one extra marker per piece.
 - JSON lines (.jsonl, .ndjson): one document per line, from the `text` field or --data-field.
 - Parquet (.parquet, needs pyarrow): one document per row of the `text` column or --data-field.
-A folder stands for every file under it (sorted, hidden files skipped).
+A folder stands for every file under it (sorted, hidden files skipped, links to folders followed).
+A file named twice (a folder and a file in it) is read once, with a note.
 """
 
 from __future__ import annotations
@@ -38,38 +39,66 @@ def _kind(path: Path) -> str:
     return "jsonl" if suffix in JSONL else "parquet" if suffix in PARQUET else "text"
 
 
-def expand(paths, flag: str = "--data") -> list[Source]:
-    """The files behind the given paths, checked: they exist, and Parquet can be read here."""
-    out = []
-    for given in paths:
-        p = Path(given)
-        if p.is_dir():
-            files = _folder_files(p, flag, given)
-            if not files:
-                raise UsageError(f"{flag} {given}: the folder holds no files — the corpus is empty")
-        elif p.is_file():
-            files = [p]
+def expand(paths, flag: str = "--data", say_repeats: bool = False) -> list[Source]:
+    """The files behind the given paths, checked: they exist, and Parquet can be read here. A file named twice (a
+    folder and a file in it, or two links to one file) is read once, where it first comes: training it twice would
+    weigh it double unasked; `say_repeats` says so in a note (the caller that tokenizes: expand runs more than once)."""
+    named = [(f, given) for given in paths for f in _given_files(given, flag)]
+    return [_source(f, flag, given) for f, given in _once(named, flag, say_repeats)]
+
+
+def _given_files(given, flag: str) -> list[Path]:
+    p = Path(given)
+    if p.is_dir():
+        files = _folder_files(p, flag, given)
+        if not files:
+            raise UsageError(f"{flag} {given}: the folder holds no files — the corpus is empty")
+        return files
+    if p.is_file():
+        return [p]
+    raise UsageError(f"{flag} {given}: not found — give text, .jsonl or .parquet files, or folders of them")
+
+
+def _once(named: list[tuple[Path, str]], flag: str, say: bool) -> list[tuple[Path, str]]:
+    """`named` without the files seen before under another path (by real path), in first-seen order."""
+    import os
+
+    first, out, repeats = {}, [], []
+    for f, given in named:
+        real = os.path.realpath(f)
+        if real in first:
+            repeats.append((first[real], f))
         else:
-            raise UsageError(f"{flag} {given}: not found — give text, .jsonl or .parquet files, or folders of them")
-        for f in files:
-            if f.suffix.lower() == ".arrow":  # datasets' save_to_disk writes Arrow files beside state.json
-                raise UsageError(f"{flag} {given}: {f.name} is an Arrow file (Hugging Face datasets' save_to_disk) — "
-                                 f"export it with dataset.to_parquet('train.parquet') or dataset.to_json('train.jsonl') "
-                                 f"and give that")
-            _check_uncompressed(f, flag)
-            if f.suffix.lower() == ".json":  # one JSON document (an array of records): as text, its brackets and keys
-                raise UsageError(f"{flag} {f}: a .json file is one JSON document, which would train as raw text, "
-                                 f"brackets and keys included — write its records one per line as .jsonl "
-                                 f"(python -c \"import json; [print(json.dumps(r)) for r in json.load(open('{f.name}'))]\" "
-                                 f"> {f.stem}.jsonl)")
-            kind = _kind(f)
-            if kind == "parquet":
-                try:
-                    import pyarrow.parquet  # noqa: F401
-                except ImportError:
-                    raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
-            out.append(Source(str(f), kind, f.stat().st_size))
+            first[real] = f
+            out.append((f, given))
+    if repeats and say and os.environ.get("RANK", "0") == "0":  # (under torchrun every rank expands: rank 0 speaks)
+        from shardwise.console import note
+
+        seen, again = repeats[0]
+        alias = f" ({again} is the same file)" if str(again) != str(seen) else ""
+        more = f"; so are {len(repeats) - 1} more files" if len(repeats) > 1 else ""
+        note(f"{flag} names {seen} twice{alias} — it is read once{more}")
     return out
+
+
+def _source(f: Path, flag: str, given) -> Source:
+    if f.suffix.lower() == ".arrow":  # datasets' save_to_disk writes Arrow files beside state.json
+        raise UsageError(f"{flag} {given}: {f.name} is an Arrow file (Hugging Face datasets' save_to_disk) — "
+                         f"export it with dataset.to_parquet('train.parquet') or dataset.to_json('train.jsonl') "
+                         f"and give that")
+    _check_uncompressed(f, flag)
+    if f.suffix.lower() == ".json":  # one JSON document (an array of records): as text, its brackets and keys
+        raise UsageError(f"{flag} {f}: a .json file is one JSON document, which would train as raw text, "
+                         f"brackets and keys included — write its records one per line as .jsonl "
+                         f"(python -c \"import json; [print(json.dumps(r)) for r in json.load(open('{f.name}'))]\" "
+                         f"> {f.stem}.jsonl)")
+    kind = _kind(f)
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
+    return Source(str(f), kind, f.stat().st_size)
 
 
 # What a compressed file starts with: read as text, its bytes would be "not UTF-8", which is the wrong advice.
@@ -91,16 +120,18 @@ def _check_uncompressed(f: Path, flag: str) -> None:
 
 def _folder_files(folder: Path, flag: str, given) -> list[Path]:
     """The files under `folder` (hidden ones left out), every one of them: a subfolder it cannot list or a link to
-    nothing is one line, where rglob would skip it and the corpus silently shrink."""
+    nothing is one line, where rglob would skip it and the corpus silently shrink. A link to a folder is followed (its
+    files are the user's corpus as much as the folder's own), except one back to a folder it lies in (a cycle, whose
+    files are listed already); a folder linked twice is listed twice, and expand reads its files once, with a note."""
     import os
 
     def unreadable(err: OSError):
         raise UsageError(f"{flag} {given}: cannot list {err.filename} ({err.strerror}) — its files would be left out of "
                          f"the corpus; make it readable, or give the files you mean")
 
-    files = []
-    for root, dirs, names in os.walk(folder, onerror=unreadable):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    files, above = [], {os.fspath(folder): {os.path.realpath(folder)}}  # each listed folder: the real folders it is in
+    for root, dirs, names in os.walk(folder, onerror=unreadable, followlinks=True):
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _not_a_cycle(root, d, above)]
         for name in sorted(n for n in names if not n.startswith(".")):
             f = Path(root) / name
             if f.is_symlink() and not f.exists():
@@ -108,6 +139,17 @@ def _folder_files(folder: Path, flag: str, given) -> list[Path]:
             if f.is_file():
                 files.append(f)
     return sorted(files)
+
+
+def _not_a_cycle(root: str, name: str, above: dict) -> bool:
+    """Whether subfolder `name` of `root` leads to none of the folders `root` lies in (then noted in `above`)."""
+    import os
+
+    sub, real = os.path.join(root, name), os.path.realpath(os.path.join(root, name))
+    if real in above[root]:
+        return False
+    above[sub] = above[root] | {real}
+    return True
 
 
 def pieces(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:

@@ -60,6 +60,31 @@ def cache_dir(given: str | None = None) -> tuple[Path, str]:
     return Path(base) / "shardwise" / "tokens", "the token cache's folder (set --data-cache)"
 
 
+def check_cache_outside(cache: str | None, reads: dict) -> None:
+    """The token cache lies in none of the folders read whole as data (`reads`: {"--data PATH": PATH}): the next run
+    on that folder would read the cache's KEY.bin as text and refuse its KEY.json. A hidden folder is exempt: the
+    scan skips it (sources._folder_files). One UsageError naming what set the cache's folder."""
+    root, _ = cache_dir(cache)
+    real = Path(os.path.realpath(root))
+    for flag, path in reads.items():
+        folder = Path(os.path.realpath(path))
+        if folder.is_dir() and (real == folder or folder in real.parents) and \
+                not any(part.startswith(".") for part in real.relative_to(folder).parts):
+            what, fix = _cache_named(cache, root)
+            raise UsageError(f"{what} lies inside the folder {flag} reads: the next run on it would read the cache's "
+                             f"files as data — {fix}")
+
+
+def _cache_named(cache: str | None, root: Path) -> tuple[str, str]:
+    """(the cache's folder as the user set it, the fix that moves it)."""
+    fix = "give --data-cache a folder outside it"
+    if cache:
+        return f"--data-cache {cache}", fix
+    if os.environ.get("SHARDWISE_CACHE"):
+        return f"the token cache {root} ($SHARDWISE_CACHE/tokens)", "set SHARDWISE_CACHE elsewhere, or " + fix
+    return f"the token cache {root} (the default, under $XDG_CACHE_HOME or ~/.cache)", fix
+
+
 def data_key(sources: list[Source], tok: TokenizerSpec, field: str) -> str:
     desc = {"format": FORMAT, "tokenizer": tok.sha256, "eos": tok.eos_id, "dtype": tok.dtype,
             "field": field, "files": [[s.kind, file_sha256(s.path)] for s in sources]}
@@ -94,7 +119,7 @@ def _cached(meta: Path) -> TokenFile | None:
 def prepare(paths, tok: TokenizerSpec, field: str = "text", cache: str | None = None, progress: bool = False,
             flag: str = "--data") -> TokenFile:
     """The token file of `paths` under `tok`, tokenizing them if no cached one exists."""
-    sources = expand(paths, flag)
+    sources = expand(paths, flag, say_repeats=True)
     from shardwise.paths import output_dir
 
     root, what = cache_dir(cache)
