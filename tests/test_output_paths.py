@@ -238,3 +238,21 @@ def test_train_refuses_a_token_cache_inside_a_data_folder_it_reads(how, tmp_path
     err = one_line(capsys)
     assert f"inside the folder {flag} {data} reads" in err and ("SHARDWISE_CACHE" in err) == (how == "SHARDWISE_CACHE")
     assert [p.name for p in data.iterdir()] == ["a.txt"]
+
+
+def test_a_new_run_says_it_writes_over_an_earlier_runs_metrics_and_refuses_another_file(tmp_path, capsys):
+    """A resume refuses to mix two runs in one metrics file; a new run wrote over an earlier one's without a word, and
+    over any file at all. Now: a note naming the records it replaces; a file that holds none of train's, refused."""
+    from shardwise.cli import main
+
+    metrics = tmp_path / "m.jsonl"
+    run = ["train", "--model", "tiny", "--steps", "2", "--global-batch", "4", "--seq-len", "16", "--no-progress",
+           "--metrics-file", str(metrics)]
+    assert main(run) == 0
+    capsys.readouterr()
+    assert main(run) == 0
+    assert f"--metrics-file {metrics} held 2 records of run " in capsys.readouterr().err
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes\n")
+    assert main([*run[:-1], str(other)]) == 2
+    assert "is a file of something else" in capsys.readouterr().err and other.read_text() == "my notes\n"

@@ -282,6 +282,8 @@ def _run(args, notes) -> int:
     cfg = config_from(args)
     check(cfg, checkpoints=False)  # every flag, before the data is tokenized (which can take long)
     resumed = _check_checkpoint_folder(cfg)
+    if not cfg.resume and cfg.metrics_file and os.path.isfile(cfg.metrics_file) and os.path.getsize(cfg.metrics_file):
+        _note_overwritten(cfg.metrics_file)
     # Then the data (tokenized once, then cached): a resume checks it is the run's data.
     cfg = prepare_run(cfg, data=args.data, val_data=args.val_data, tokenizer=args.tokenizer, model=args.model,
                       field=args.data_field or "text", cache=args.data_cache,
@@ -346,6 +348,23 @@ def _named_run(cfg):
     if cfg.resume and cfg.metrics_file and os.path.isfile(cfg.metrics_file):
         metrics_records(cfg.metrics_file, cfg.run_id)
     return cfg
+
+
+def _note_overwritten(path: str) -> None:
+    """A new run writes its metrics file afresh: an earlier run's records there are said to go, never dropped without a
+    word; a file that holds no records of train's is refused (a mistyped path over another file)."""
+    from shardwise.console import note
+    from shardwise.train import metrics_records
+
+    try:
+        earlier = metrics_records(path)
+    except UsageError:
+        raise UsageError(f"--metrics-file {path} is a file of something else (not shardwise train's records), which "
+                         f"this run would write over — give a new path") from None
+    runs = sorted({str(r["run"]) for r in earlier if r.get("run")})
+    whose = f" of run {', '.join(runs)}" if runs else " of an earlier run"
+    note(f"--metrics-file {path} held {len(earlier)} records{whose}: this run writes over them (give another path to "
+         f"keep them)")
 
 
 def _default_model(args) -> None:
