@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardwise.cli import main
+from shardwise.commands.common import NOTE_KEYS
 from shardwise.planner import estimate
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get
 from shardwise.planner.job import make_job
@@ -249,6 +250,9 @@ def test_what_plan_ranks_is_what_estimate_scores(files, framework, model, job, c
         e = answer(["estimate", *common, "--json", *_estimate_argv(c)])
         assert e is not None, c
         e["assumptions"].pop("implied", None)
+        for key in NOTE_KEYS:  # the command's notes: plan's beside its candidates, estimate's in its one record
+            if key in e:
+                assert e.pop(key) == out.get(key), key
         assert e.pop("job")["gpus"] == gpus and e == c  # (plan echoes the job once, beside its candidates)
 
 
