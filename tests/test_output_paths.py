@@ -256,3 +256,21 @@ def test_a_new_run_says_it_writes_over_an_earlier_runs_metrics_and_refuses_anoth
     other.write_text("my notes\n")
     assert main([*run[:-1], str(other)]) == 2
     assert "is a file of something else" in capsys.readouterr().err and other.read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--trace", "{d}/"],
+    ["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", "{d}/"],
+    ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64", "--seq-len",
+     "4096", "--emit", "torchtitan", "--out", "{d}/"],
+])
+def test_an_output_named_as_a_folder_is_refused_not_written_as_a_file(argv, tmp_path, capsys):
+    """'trace/' means a folder (as `train --trace trace/` takes one): argparse's Path dropped the slash and the command
+    wrote a file named 'trace'."""
+    from shardwise.cli import main
+
+    folder = tmp_path / "newdir"
+    assert main([a.replace("{d}", str(folder)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder — give a file path" in err and len(err.strip().splitlines()) == 1
+    assert not folder.exists()

@@ -168,11 +168,17 @@ def test_plan_html_writes_the_same_page(tmp_path, capsys):
     (["--validate", "missing.json"], "missing.json"),
     (["--validate", "bad.json"], "malformed JSON"),
     (["--validate", "other.json"], "not a validate result"),
+    (["--validate", "no-machine.json"], "its 'machine' is null, not an object"),  # was a traceback
+    (["--validate", "word-world.json"], "its 'world' is \"two\", not a whole number"),
 ])
 def test_report_mistakes_are_one_line_exit_2(argv, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "other.json").write_text('{"best": {}}')
+    layout = {"name": "dp2", "predicted_step_time_s": 0.01, "measured_step_time_s": 0.01, "predicted_memory_bytes": 1,
+              "measured_memory_bytes": 1}
+    (tmp_path / "no-machine.json").write_text(json.dumps({"layouts": [layout], "machine": None}))
+    (tmp_path / "word-world.json").write_text(json.dumps({"layouts": [layout], "world": "two"}))
     assert main(["report", *argv, "--out", "r.html"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err

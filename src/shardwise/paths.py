@@ -28,6 +28,18 @@ def _make_folder(folder: Path, flag: str, shown) -> None:
         raise UsageError(f"{flag} {shown}: {what} ({exc.strerror or exc}) — pick a writable path") from None
 
 
+def output_path(example: str):
+    """An argparse type for a file to write: a path that ends in a separator names a folder, which argparse's Path
+    would lose (Path("trace/") is "trace") and the command then write a file by that name."""
+    import argparse
+
+    def parse(text: str) -> Path:
+        if text.endswith(("/", os.sep)):
+            raise argparse.ArgumentTypeError(f"{text} is a folder — give a file path, e.g. {Path(text) / example}")
+        return Path(text)
+    return parse
+
+
 def output_file(path, flag: str, example: str = "out", replaced: bool = False) -> None:
     """`path` can be written as a file: not a folder, its folder exists (created now if missing), and the
     file can be opened for writing (an existing one is left as it is). `example` names a file for the hint.

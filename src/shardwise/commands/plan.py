@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from shardwise.paths import output_path
 
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_model_arg, add_search_args,
                                        add_software_args, job_fields, job_from_args, note_fields, print_json,
@@ -37,7 +38,7 @@ def register(subparsers, name, help):
                         "torchtitan TOML or DeepSpeed JSON; the table then holds only layouts that stack can run, "
                         "scored with its framework profile (with --framework naming another stack: ranked as that "
                         "one runs it, keeping only the layouts the target's own profile holds in memory)")
-    g.add_argument("--out", type=Path, default=None, metavar="PATH", help="where --emit writes")
+    g.add_argument("--out", type=output_path("launch-file"), default=None, metavar="PATH", help="where --emit writes")
     g.add_argument("--rank", type=int, default=None, metavar="N",
                    help="which row of the table --emit writes (default 1, the winner)")
     g.add_argument("--html", type=Path, default=None, metavar="PATH",

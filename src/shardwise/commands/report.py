@@ -55,6 +55,13 @@ def _validate_result(path: Path) -> dict:
     if not isinstance(summary, dict) or any(isinstance(v, float) and not math.isfinite(v) for v in summary.values()):
         raise UsageError(f"--validate {path}: its summary is not an object of finite figures — give the output of "
                          f"`shardwise validate --json`")
+    for key in ("machine", "calibration"):  # objects the page reads fields of
+        if not isinstance(data.get(key, {}), dict):
+            raise UsageError(f"--validate {path}: its '{key}' is {json.dumps(data[key])}, not an object — give the "
+                             f"output of `shardwise validate --json`")
+    if not isinstance(data.get("world", 1), int) or isinstance(data.get("world"), bool):
+        raise UsageError(f"--validate {path}: its 'world' is {json.dumps(data['world'])}, not a whole number — give the "
+                         f"output of `shardwise validate --json`")
     return data
 
 

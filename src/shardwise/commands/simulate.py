@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from shardwise.paths import output_path
 
 from shardwise.errors import UsageError
 
@@ -44,8 +44,9 @@ def register(subparsers, name: str, help: str) -> None:
                               "megatron-core and nemo; a chunk for the embedding and one for the loss only where it "
                               "cuts them")
     p.add_argument("--compare", action="store_true", help="simulate GPipe, 1F1B, interleaved and ZB-H1 side by side")
-    p.add_argument("--out", type=Path, default=None, help="draw the timeline to this .png or .svg")
-    p.add_argument("--trace", type=Path, default=None, help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
+    p.add_argument("--out", type=output_path("timeline.png"), default=None, help="draw the timeline to this .png or .svg")
+    p.add_argument("--trace", type=output_path("trace.json"), default=None,
+                   help="write a Chrome-trace JSON (open in ui.perfetto.dev)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
