@@ -691,3 +691,20 @@ def test_the_zero1_update_calibrate_times_broadcasts_every_tensor_as_the_runtime
     assert done.returncode == 0, done.stderr[-2000:]
     plain, zero1, tensors = map(int, done.stdout.split()[-3:])
     assert (plain, zero1) == (0, tensors) and tensors > 3
+
+
+def test_a_calibration_plans_the_runtime_it_measured_unless_told(calibrated, capsys):
+    """A profile `calibrate` wrote holds this project's runtime's measured costs: with no --framework, plan and
+    estimate price that runtime (shardwise, fp32 matmuls on gloo) and say why, where they took torchtitan's (bf16,
+    ZeRO-3 filled in, pp 2 under megatron-core) and left out splits torchtitan cannot run as if they did not fit."""
+    path, _ = calibrated
+    common = ["--model", "tiny", "--cluster", str(path), "--gpus", "2", "--global-batch", "8", "--seq-len", "32", "--json"]
+    assert main(["estimate", *common, "--pp", "2"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["framework"] == "shardwise" and "`shardwise calibrate`'s measurement" in est["framework_note"]
+    assert est["assumptions"]["gemm_dtype"] == "fp32"
+    assert main(["plan", *common, "--top", "10"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {c["framework"] for c in plan["candidates"]} == {"shardwise"}
+    assert {(c["dp"], c["pp"]) for c in plan["candidates"]} >= {(2, 1), (1, 2)}  # the pipeline is planned too
+    assert main(["estimate", *common, "--pp", "2", "--framework", "torchtitan"]) == 2  # named, the stack's own answer

@@ -295,6 +295,14 @@ def under_framework(args, attempt):
         vars(one).update(flags)
         return one
 
+    if _runtime_calibration(args):  # its measured costs are this project's runtime's: plan for that runtime
+        first = under("shardwise", f"framework shardwise (--framework not given, and --cluster {args.cluster} is "
+                                   f"`shardwise calibrate`'s measurement of this project's runtime: its costs are that "
+                                   f"runtime's)")
+        out = attempt(first)
+        _take_notes(args, first)
+        return out
+
     # estimate: a layout the default cannot hold is tried under the fallback too (fallback_if_unfit)
     first = under(DEFAULT_FRAMEWORK, default_note(), fallback_if_unfit=True)
     try:
@@ -323,6 +331,18 @@ def under_framework(args, attempt):
         return out
     _take_notes(args, first)
     return out
+
+
+def _runtime_calibration(args) -> bool:
+    """Whether --cluster is a profile `shardwise calibrate` measured (its [measured] tables: the runtime's own step,
+    layers and calls), not a datasheet cluster or one fitted to nccl-tests logs."""
+    from shardwise.specs import load_cluster
+
+    cluster = getattr(args, "cluster", None)
+    try:
+        return bool(cluster) and bool(load_cluster(cluster).measured)
+    except UsageError:  # a bad --cluster: the command's own check says so
+        return False
 
 
 def _take_notes(args, attempted) -> None:

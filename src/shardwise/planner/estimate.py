@@ -192,7 +192,9 @@ def _assumptions(job: Job, in_situ: tuple, measured: str) -> dict:
                        + "; attention and LM head bf16"
                        + (", routed experts and router bf16" if job.model.is_moe and not fw.fp8_experts
                           else ", the router bf16" if job.model.is_moe else "")
-                       + "; MFU against the bf16 peak)") if job.precision == "fp8" else "bf16",
+                       + "; MFU against the bf16 peak)") if job.precision == "fp8"
+                      # this project's runtime calibrated on CPU (gloo): fp32 weights and activations, no autocast
+                      else "fp32" if job.train.activation_bytes == 4 else "bf16",
     }
 
 

@@ -46,7 +46,8 @@ DEFAULT_HELP = (f"the training stack that will run the job (default {DEFAULT_FRA
                 f"checked; where it cannot run what the other flags ask, such as --zero 1, or (estimate) cannot hold the "
                 f"layout in memory where {FALLBACK_FRAMEWORK}'s fused kernels can, {FALLBACK_FRAMEWORK} is "
                 f"used instead, and the output says so. Faster stacks plan faster steps, so name the stack you "
-                "run; 'shardwise' plans for this project's own runtime). "
+                "run; 'shardwise' plans for this project's own runtime, the default on a --cluster profile "
+                "`shardwise calibrate` measured). "
                 "It sets what overlaps, the reduce dtype, the attention kernel, the bytes per parameter, and "
                 "which layouts can run at all")
 
