@@ -24,3 +24,11 @@ def test_a_need_above_the_capacity_never_reads_as_equal_to_it():
     need, have = need_of(63.225 * GIB, 63.21 * GIB)  # both 63.2 at one decimal
     assert need != have and float(need) > float(have)
     assert need_of(63.2 * GIB, 63.2 * GIB) == ("63.2", "63.2")  # equal stays equal
+
+
+def test_estimate_json_keeps_three_significant_digits_of_small_figures():
+    """A tiny model's 0.000673 GiB of weights read 0.001 in --json (49 % off) while 0.000337 kept its digits."""
+    from shardwise.planner.estimate import _round
+
+    assert _round(0.000673, 3) == 0.000673 and _round(0.0123456, 3) == 0.0123
+    assert _round(79.6543, 3) == 79.654 and _round(0.0, 3) == 0.0 and _round(12.3456789, 6) == 12.345679

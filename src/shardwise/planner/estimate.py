@@ -112,10 +112,11 @@ class Estimate:
 
 
 def _round(x: float, digits: int) -> float:
-    """x to `digits` decimals for the JSON, but never a positive figure printed as 0 (a one-token step's MFU):
-    that keeps three significant digits instead."""
-    r = round(x, digits)
-    return r if r or not x else float(f"{x:.3g}")
+    """x to `digits` decimals for the JSON, but never with fewer than three significant digits (a tiny model's
+    0.000673 GiB of weights read 0.001, a one-token step's MFU 0): a figure below 10^(2 - digits) keeps three."""
+    if not x or abs(x) >= 10 ** (2 - digits):
+        return round(x, digits)
+    return float(f"{x:.3g}")
 
 
 # What mfu and hfu count (step_time.model_flops_per_step; hardware_flops adds what recompute runs again).
