@@ -141,12 +141,13 @@ def test_the_demo_says_a_busy_machine_was_measured(monkeypatch):
             return load_cluster("dgx-h100-80gb")
 
     monkeypatch.setattr(cal, "calibrate", lambda cfg, progress: Profile())
-    console = Console(record=True, width=200)
-    _calibrate(console, load_model("tiny"), 4)
-    assert "other processes kept 1.5 of this machine's" in console.export_text()
+    console, aside = Console(record=True, width=200), Console(record=True, width=200)
+    _calibrate(console, load_model("tiny"), 4, aside)  # under --json, `aside` is stderr's: stdout is the JSON
+    assert "other processes kept 1.5 of this machine's" in aside.export_text()
+    assert "other processes" not in console.export_text()
     Profile.other_cpu_cores = 0.01
     console = Console(record=True, width=200)
-    _calibrate(console, load_model("tiny"), 4)
+    _calibrate(console, load_model("tiny"), 4, console)
     assert "other processes" not in console.export_text()
 
 

@@ -55,7 +55,9 @@ def _run(args) -> int:
         from shardwise.launch import JobFailed
 
         try:
-            out["local"] = local(console, args.world, args.steps, progress=not args.json)
+            # under --json stdout is the JSON alone: the calibration's progress and a busy-machine note go to stderr
+            aside = Console(stderr=True) if args.json else console
+            out["local"] = local(console, args.world, args.steps, progress=not args.json, aside=aside)
         except JobFailed as exc:
             import sys
 
@@ -107,13 +109,14 @@ def article(console) -> dict:
     return {"best": top[0].to_dict()}
 
 
-def local(console, world: int, steps: int, progress: bool = True) -> dict:
-    """Parts 2 and 3: measure this machine, plan the tiny model on it, train the pick."""
+def local(console, world: int, steps: int, progress: bool = True, aside=None) -> dict:
+    """Parts 2 and 3: measure this machine, plan the tiny model on it, train the pick; `aside`, the console of the
+    calibration's progress and notes (default: `console`)."""
     from shardwise.specs import load_model
 
     spec = load_model(LOCAL["model"])
     console.rule(f"2. Measure this machine ({world} CPU processes) and plan {spec.name} on it")
-    cluster = _calibrate(console, spec, world)
+    cluster = _calibrate(console, spec, world, aside or console)
     est = _pick(console, spec, cluster, world)
     console.rule(f"3. Train {spec.name} with {est.layout.describe()} on {world} processes")
     measured = _train(est.layout, spec, steps, progress)
@@ -124,7 +127,7 @@ def local(console, world: int, steps: int, progress: bool = True) -> dict:
     return {"layout": est.to_dict(), "predicted_step_time_s": predicted, "measured_step_time_s": measured}
 
 
-def _calibrate(console, spec, world: int):
+def _calibrate(console, spec, world: int, aside):
     from rich.progress import BarColumn, Progress, TextColumn
 
     from shardwise.calibrate import CalibrateConfig, calibrate, rank_steps
@@ -132,7 +135,7 @@ def _calibrate(console, spec, world: int):
     cfg = CalibrateConfig(model=spec, world=world, repeats=5, warmup=2, seq_len=LOCAL["seq_len"],
                           sizes=tuple(2**k for k in range(10, 23, 3))).resolved()
     with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.description}"),
-                  console=console, transient=True, disable=not console.is_terminal) as bar:
+                  console=aside, transient=True, disable=not aside.is_terminal) as bar:
         task = bar.add_task("starting ranks", total=rank_steps(cfg))
         profile = calibrate(cfg, lambda label: bar.update(task, advance=1, description=label))
     cluster = profile.to_cluster()
@@ -142,8 +145,8 @@ def _calibrate(console, spec, world: int):
 
     busy = neighbours_note("the measurement", profile.other_cpu_cores)
     if busy:  # the prediction below is only as good as a quiet machine's measurement
-        console.print(f"[yellow]note: {busy} — the prediction below may be far off; run the demo on a quiet machine[/]",
-                      highlight=False)
+        aside.print(f"[yellow]note: {busy} — the prediction below may be far off; run the demo on a quiet machine[/]",
+                    highlight=False)
     return cluster
 
 
