@@ -166,8 +166,8 @@ def _costs(args, v: int, f: float, b: float, w: float, fw=None):
 
 
 def _deadlock_free(schedule) -> dict:
-    """Whether the executor's messages for this schedule finish under gloo's buffered sends and under
-    NCCL's rendezvous sends (one FIFO per pair of ranks): checked message by message for a simulated
+    """Whether the executor's messages for this schedule finish under buffered sends (NCCL's below its eager
+    threshold) and under rendezvous sends with one FIFO per pair of ranks (NCCL's above it): checked message by message for a simulated
     schedule. A closed-form answer (too many actions to check one by one) reports what `p2p_program`
     guarantees for every schedule it accepts: it only ever returns a program that finishes under both
     (docs/pipeline.md, "Messages that cannot deadlock on NCCL")."""
@@ -315,8 +315,9 @@ def _print_summary(sims, args, note: str | None = None) -> None:
         console.print(note, highlight=False)
     free = "gloo/NCCL" if narrow else "deadlock-free"
     console.print(("i-1f1b: interleaved 1F1B; " if narrow else "") + "in flight/rank: peak activations held, in "
-                  f"micro-batches of one whole stage; {free}: the executor's messages finish with buffered sends (gloo) / "
-                  "rendezvous sends, one FIFO per rank pair (NCCL)", highlight=False)
+                  f"micro-batches of one whole stage; {free}: the executor's messages finish with buffered sends (NCCL "
+                  "below its eager threshold) and with rendezvous sends, one FIFO per rank pair (NCCL above it)",
+                  highlight=False)
     for label, path in (("timeline", args.out), ("trace", args.trace)):
         if path is not None:
             console.print(f"{label} written to {path}")
