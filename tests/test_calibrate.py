@@ -708,3 +708,16 @@ def test_a_calibration_plans_the_runtime_it_measured_unless_told(calibrated, cap
     assert {c["framework"] for c in plan["candidates"]} == {"shardwise"}
     assert {(c["dp"], c["pp"]) for c in plan["candidates"]} >= {(2, 1), (1, 2)}  # the pipeline is planned too
     assert main(["estimate", *common, "--pp", "2", "--framework", "torchtitan"]) == 2  # named, the stack's own answer
+
+
+def test_a_calibration_of_another_model_or_length_is_said(calibrated, capsys):
+    """Its per-layer and per-call costs are the measured model's: another model, or another sequence length, is
+    priced from them, and the answer says so (cluster_note) — nothing said where they are the job's own."""
+    path, _ = calibrated
+    measured = load_cluster(str(path)).measured
+    same = ["--model", measured["model"], "--seq-len", str(measured["tokens"])]
+    for what, note in ((same, None), (["--model", "tiny-gpt2", "--seq-len", str(measured["tokens"])], "tiny-gpt2"),
+                       (["--model", measured["model"], "--seq-len", str(2 * measured["tokens"])], "at 32")):
+        assert main(["estimate", *what, "--cluster", str(path), "--gpus", "2", "--global-batch", "8", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out).get("cluster_note")
+        assert (got is None) if note is None else (f"calibrated on {measured['model']}" in got and note in got), got

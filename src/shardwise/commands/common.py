@@ -333,6 +333,18 @@ def under_framework(args, attempt):
     return out
 
 
+def _calibrated_on_other(cluster, model, seq_len: int) -> str | None:
+    """The note for a calibration measured on another model or sequence length than the job's: its per-layer and
+    per-call costs are the measured model's, carried over by FLOPs and bytes, not timed on this one."""
+    measured = cluster.measured or {}
+    on, tokens = measured.get("model"), measured.get("tokens")
+    if on is None or (on == model.name and tokens in (None, seq_len)):
+        return None
+    return (f"--cluster was calibrated on {on} at {tokens} tokens a sequence: {model.name} at {seq_len} is priced from "
+            f"those measurements, carried over by FLOPs and bytes (`shardwise calibrate --model {model.name} --seq-len "
+            f"{seq_len}` times its own)")
+
+
 def _runtime_calibration(args) -> bool:
     """Whether --cluster is a profile `shardwise calibrate` measured (its [measured] tables: the runtime's own step,
     layers and calls), not a datasheet cluster or one fitted to nccl-tests logs."""
@@ -548,6 +560,8 @@ def job_from_args(args):
     cluster = load_cluster(args.cluster)
     if cluster.inferred:
         args.cluster_note = cluster.inferred
+    elif (other := _calibrated_on_other(cluster, model, args.seq_len)):
+        args.cluster_note = other
     if getattr(args, "gpus", None):  # the job's own GPUs: which groups exist, where they sit on nodes (comm.placement)
         cluster = replace(cluster, num_gpus=args.gpus)
     job = make_job(model, cluster, args.global_batch, args.seq_len, framework,
