@@ -100,6 +100,8 @@ def test_plot(tmp_path, sweep):
 @pytest.mark.parametrize("argv, words", [
     (["--world", "0"], "--world must be at least 1"),
     (["--layouts", "dp2:turbo"], "unknown part 'turbo'"),
+    (["--layouts", "tp2:sp:sp"], "names its sequence parallelism twice ('sp')"),  # ran as tp2:sp, unsaid
+    (["--layouts", "dp2:zero1:zero3"], "names its ZeRO stage twice ('zero3')"),
     (["--layouts", "tp3"], "does not divide the world"),
     (["--layouts", "dp1:tp1:pp1"], "does not match 2 GPUs"),
     (["--layouts", "pp2:interleaved-1f1b:v4"], "exceed"),

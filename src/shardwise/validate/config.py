@@ -39,6 +39,14 @@ def layout_fields(text: str, world: int) -> dict:
     for part in filter(None, text.strip().lower().split(":")):
         key = next((k for k in ("zero", "dp", "tp", "pp", "cp", "etp", "ep", "mb", "v")
                     if part.startswith(k) and part[len(k):].isdigit()), None)
+        named = {"mb": "micro_batch", "v": "vpp"}.get(key, key) if key else (
+            "cp_mode" if part in CP_MODES else "recompute" if part in RECOMPUTE else "schedule" if part in SCHEDULES
+            else "sequence_parallel" if part == "sp" else None)
+        if named in fields:  # 'tp2:sp:sp', 'zero1:zero3': a typo, not a layout
+            what = {"zero": "ZeRO stage", "micro_batch": "micro-batch", "vpp": "virtual stages", "cp_mode":
+                    "context-parallel mode", "recompute": "recompute policy", "sequence_parallel": "sequence "
+                    "parallelism"}.get(named, named)
+            raise UsageError(f"layout '{text}' names its {what} twice ('{part}') — name each part once")
         if key:
             fields[{"mb": "micro_batch", "v": "vpp"}.get(key, key)] = int(part[len(key):])
         elif part in CP_MODES:
