@@ -106,7 +106,7 @@ def _measure_here(args) -> int:
     if args.json:
         print_json(profile.to_dict())
         for warning in warnings(profile):  # stdout stays one JSON object
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"shardwise: warning: {warning}", file=sys.stderr)
         return 0
     _print(Console(), profile, args.out, args.model)
     return 0
