@@ -274,3 +274,22 @@ def test_an_output_named_as_a_folder_is_refused_not_written_as_a_file(argv, tmp_
     err = capsys.readouterr().err
     assert "is a folder — give a file path" in err and len(err.strip().splitlines()) == 1
     assert not folder.exists()
+
+
+def test_a_file_both_trained_and_validated_on_is_said(tmp_path, capsys):
+    """The validation loss of a file --data also trains on measures training text: said in one note, not refused."""
+    import shutil
+
+    import shardwise
+    from shardwise.cli import main
+
+    texts = Path(shardwise.__file__).parent / "data"
+    for name in ("lincoln.txt", "declaration_of_independence.txt"):
+        shutil.copy(texts / name, tmp_path / name)
+    base = ["train", "--model", "tiny", "--steps", "1", "--global-batch", "4", "--seq-len", "16", "--no-progress",
+            "--data-cache", str(tmp_path / "cache"), "--data", str(tmp_path / "lincoln.txt")]
+    assert main([*base, str(tmp_path / "declaration_of_independence.txt"), "--val-data",
+                 str(tmp_path / "declaration_of_independence.txt")]) == 0
+    assert "is also in --data: the validation loss measures text the run trains on" in capsys.readouterr().err
+    assert main([*base, "--val-data", str(tmp_path / "declaration_of_independence.txt")]) == 0
+    assert "is also in --data" not in capsys.readouterr().err

@@ -61,4 +61,20 @@ def prepare_run(cfg, *, data=None, val_data=None, tokenizer: str | None = None, 
             tf = prepare(paths, tok, field, cache, progress, flag)
             check_size(tf, cfg.seq_len, cfg.global_batch, flag)
             out[key] = tf
+    if "data" in out and "val_data" in out:
+        _note_shared_files(out["data"], out["val_data"])
     return replace(cfg, **out) if out else cfg
+
+
+def _note_shared_files(data, val_data) -> None:
+    """A file both trained on and validated on: the validation loss then measures text the model trained on. Said
+    (one note, rank 0), not refused: a smoke test may mean it."""
+    import os
+
+    from shardwise.console import note
+
+    trained = {os.path.realpath(s) for s in data.sources}
+    both = [s for s in val_data.sources if os.path.realpath(s) in trained]
+    if both and os.environ.get("RANK", "0") == "0":
+        more = f" and {len(both) - 1} more" if len(both) > 1 else ""
+        note(f"--val-data {both[0]}{more} is also in --data: the validation loss measures text the run trains on")
