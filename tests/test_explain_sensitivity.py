@@ -173,3 +173,26 @@ def test_the_winners_line_accounts_for_the_whole_step(model, cluster, gpus, batc
     line = summary(job, gpus, result)[0]
     shares = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", line.split(" step, ")[1].split("; MFU")[0])]
     assert abs(sum(shares) - 100) <= 0.5 + 0.05 * len(shares), line
+
+
+def test_the_dp_and_pp_sentences_say_what_each_gpu_does_and_the_textbook_bubble():
+    """'the step needs 1/dp of the compute per GPU' was wrong wherever tp, pp or cp > 1 (dp4 x cp16: each GPU does
+    1/64); dp 1 read as if there were replicas; the bubble was never tied to (p - 1)/(m + p - 1) (helper-213)."""
+    import re
+
+    from shardwise.planner.explain import explain
+
+    def paragraphs(*args):
+        job = _job(*args)
+        return explain(job, args[2], search(job, args[2], SearchSpace()))
+
+    cp_case = paragraphs("llama3-8b", "dgx-h100-80gb", 64, 32, 131072, "llama3")
+    dp = next(p for p in cp_case if p.startswith("DP = "))
+    lay = re.search(r"DP = (\d+)", dp)
+    assert lay and "each GPU does 1/64 of the step's compute" in dp, dp
+    one = paragraphs("gpt2", "dgx-h100-80gb", 1, 8, 1024, "shardwise")
+    assert any(p.startswith("DP = 1: no data parallelism") and "no gradient reduction" in p for p in one)
+    assert any("one GPU runs the job, so nothing crosses a link" in p for p in one)
+    piped = paragraphs("llama-65b", "dgx-a100-80gb", 64, 1024, 2048, "torchtitan")
+    pp = next(p for p in piped if p.startswith("PP = 8 (1f1b)"))
+    assert "uniform stages give (p - 1) / (m + p - 1) = 7/263 = 2.7%" in pp, pp

@@ -48,8 +48,9 @@ def _compare(best: dict, chosen: int, winner: Estimate, name: str) -> str:
     # the four fastest other degrees (the runner-up's among them), in degree order
     nearest = sorted(sorted((e.step_time, v) for v, e in best.items() if v != chosen)[:4], key=lambda x: x[1])
     others = [f"{name}={v}: {seconds(t)} (+{t / winner.step_time - 1:.1%})" for t, v in nearest]
+    left = len(best) - 1 - len(nearest)
     if others:
-        return "; ".join(others)
+        return "; ".join(others) + (f" ({left} slower degree{'s' * (left > 1)} left out)" if left > 0 else "")
     return f"no other {name} degree in the search both runs on this stack and fits (estimate --{name} N says why for one)"
 
 
@@ -84,10 +85,7 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
 
     mem = win.memory_bytes
     out.append(
-        f"DP = {lay.dp}: {f'{lay.dp} replicas each take' if lay.dp > 1 else 'one replica takes'} {train.global_batch // lay.dp} of the {train.global_batch} sequences, "
-        f"so the step needs 1/{lay.dp} of the compute per GPU; the exposed gradient traffic"
-        f"{f' (over the {lay.dp * lay.cp} data- and context-parallel ranks)' if lay.cp > 1 else ''} costs "
-        f"{seconds(win.time_s['dp_comm'])}. ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
+        f"{_dp_sentence(lay, train.global_batch, win.time_s['dp_comm'])} ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()})"
         + "".join(f", {key} {mem[key] / GIB:.1f} GiB" for key in mem  # what else the total holds: logits, workspace
@@ -134,7 +132,8 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
     if not fw.tensor_parallel:  # the heads rule and other degrees mean nothing to a stack without TP
         return f"TP = 1: {fw.name} has no tensor parallelism; every GPU runs whole layers."
     allowed = [t for t in divisors(gpus) if tp_fits(model, t, fw)]
-    kv = " (or a multiple of them: it replicates them)" if fw.replicates_kv_heads else ""
+    kv = (" (or a multiple of them: it replicates them)" if fw.replicates_kv_heads and model.num_kv_heads < model.num_heads
+          else "")
     link = ("NVLink (inside one node)" if one_node(cluster, lay.tp) else
             f"the inter-node network (groups of {lay.tp} do not tile nodes of {cluster.gpus_per_node}: some span two)"
             if lay.tp <= cluster.gpus_per_node else "the inter-node network")
@@ -142,9 +141,10 @@ def tp_paragraph(job: Job, gpus: int, result: SearchResult) -> str:
     by_tp = _best_by(result, lambda l: l.tp)
     inside = "" if any(t > 1 and cluster.gpus_per_node % t == 0 for t in allowed) else \
         " (none of the possible tp > 1 here does)" if max(allowed, default=1) > 1 else ""
-    nodes = (f"a node has {cluster.gpus_per_node} GPUs, so a tp that divides {cluster.gpus_per_node} keeps its per-layer "
-             f"collectives on NVLink ({cluster.intra_node_bandwidth / 1e9:.0f} GB/s vs "
-             f"{cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU across nodes){inside}" if cluster.gpus_per_node > 1 else
+    nodes = ("one GPU runs the job, so nothing crosses a link" if gpus == 1 else
+             f"a node has {cluster.gpus_per_node} GPUs, so a tp that divides {cluster.gpus_per_node} keeps its per-layer "
+             f"collectives on NVLink ({cluster.intra_node_bandwidth / 1e9:g} GB/s datasheet vs "
+             f"{cluster.inter_node_bandwidth / 1e9:g} GB/s per GPU across nodes){inside}" if cluster.gpus_per_node > 1 else
              "a node has one GPU, so any tp > 1 runs its per-layer collectives over the network")
     traffic = (f"This layout's TP traffic runs on {link} and costs {seconds(win.time_s['tp_comm'])} ({tp_share:.0%} of "
                f"the step)" if lay.tp > 1 else "This layout has no TP traffic: every GPU runs whole layers")
@@ -166,7 +166,8 @@ def pp_paragraph(job: Job, result: SearchResult, gpus: int = 0) -> str:
         return (
             f"PP = {lay.pp} ({lay.schedule}{f', {lay.vpp} virtual stages per rank' if lay.vpp > 1 else ''}): each rank holds "
             f"about {model.num_layers / lay.pp:.1f} of the {model.num_layers} layers; with {m} micro-batches of "
-            f"{count(lay.micro_batch, 'sequence')} the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step). "
+            f"{count(lay.micro_batch, 'sequence')} the bubble is {seconds(win.time_s['pipeline_bubble'])} ({bubble:.1%} of the step; "
+            f"{_bubble_formula(lay, m)}, simulated with each rank's own costs). "
             f"Best step at other degrees: {_compare(by_pp, lay.pp, win, 'pp')}."
         )
     others = (f"{fw.name} has no pipeline parallelism." if not fw.schedules else
@@ -175,6 +176,19 @@ def pp_paragraph(job: Job, result: SearchResult, gpus: int = 0) -> str:
     return (f"PP = 1: no pipeline, so no bubble; {count(m, 'micro-batch')} of {count(lay.micro_batch, 'sequence')} "
             f"{'accumulate' if m > 1 else 'makes the step: no accumulation of'} "
             f"gradients. {others}")
+
+
+def _bubble_formula(lay, m: int) -> str:
+    """The textbook idle share of a pipeline of uniform stages, for the winner's schedule: (p - 1) / (m + p - 1) for
+    GPipe and 1F1B (Huang et al. 2019; idle over the whole step), (p - 1) / (v m) of the compute for interleaved 1F1B
+    (Narayanan et al. 2021), ZB-H1 about a third of 1F1B's (Qi et al. 2023)."""
+    p, v = lay.pp, lay.vpp
+    if lay.schedule == "interleaved-1f1b":
+        return f"uniform stages give (p - 1) / (v m) = {p - 1}/({v}·{m}) = {(p - 1) / (v * m):.1%} of the compute"
+    share = (p - 1) / (m + p - 1)
+    if lay.schedule == "zb-h1":
+        return f"about a third of 1F1B's (p - 1) / (m + p - 1) = {p - 1}/{m + p - 1} = {share:.1%}"
+    return f"uniform stages give (p - 1) / (m + p - 1) = {p - 1}/{m + p - 1} = {share:.1%}"
 
 
 def cp_paragraph(job: Job, result: SearchResult) -> str:
@@ -221,9 +235,9 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     rule = (f"cp x tp = {span} <= {c.gpus_per_node} GPUs per node keeps this traffic on NVLink"
             if one_node(c, lay.cp, lay.tp) else
             f"cp x tp = {span} in groups that do not tile nodes of {c.gpus_per_node}: some K/V traffic crosses nodes at "
-            f"{c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU" if span <= c.gpus_per_node else
+            f"{c.inter_node_bandwidth / 1e9:g} GB/s per GPU" if span <= c.gpus_per_node else
             f"cp x tp = {span} > {c.gpus_per_node} GPUs per node: the rule of thumb cp x tp <= node breaks, the K/V "
-            f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:.0f} GB/s per GPU" +
+            f"traffic crosses nodes at {c.inter_node_bandwidth / 1e9:g} GB/s per GPU" +
             (" — affordable while each hop stays shorter than the attention it hides behind, which grows with the tokens "
              "per rank" if lay.cp_mode == "ring" else ", in the open"))
     share = win.time_s.get("cp_comm", 0.0) / win.step_time
@@ -265,7 +279,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     whole = estimate(job, lay.with_(ep=1, etp=1))
     group = lay.ep * lay.etp
     where = ("inside one node (NVLink)" if one_node(cluster, group) else
-             f"across {placement(cluster, group, 1)[1]} nodes (the network, {cluster.inter_node_bandwidth / 1e9:.0f} GB/s per GPU)")
+             f"across {placement(cluster, group, 1)[1]} nodes (the network, {cluster.inter_node_bandwidth / 1e9:g} GB/s per GPU)")
     a2a = win.time_s.get("ep_comm", 0.0)
     by_ep = _best_by(result, lambda l: l.ep)
     copies = ranks // group
@@ -614,6 +628,23 @@ def summary(job: Job, gpus: int, result: SearchResult) -> list[str]:
     out = [line, runner_up(result)]
     record = plausibility(job, win)
     return out + ([record] if record else [])
+
+
+def _dp_sentence(lay, batch: int, dp_comm: float) -> str:
+    """What data parallelism does for the winner: each replica of tp x pp x cp GPUs takes 1/dp of the sequences (each
+    GPU 1/world of the step's compute), and what its gradient reduction leaves exposed; with dp 1, that there is
+    none (only context parallelism's ranks, if any, reduce)."""
+    group = lay.tp * lay.pp * lay.cp
+    each = f"each GPU does 1/{lay.dp * group} of the step's compute" if lay.dp * group > 1 else "one GPU does it all"
+    if lay.dp == 1:
+        reduced = (f"; the gradients are reduced over the {lay.cp} context-parallel ranks, exposed "
+                   f"{seconds(dp_comm)}" if lay.cp > 1 else "; no gradient reduction")
+        takes = "the one sequence" if batch == 1 else f"all {batch} sequences"
+        return f"DP = 1: no data parallelism — one replica takes {takes} ({each}){reduced}."
+    replica = f"{group} GPUs (tp x pp x cp)" if group > 1 else "one GPU"
+    over = f" (over the {lay.dp * lay.cp} data- and context-parallel ranks)" if lay.cp > 1 else ""
+    return (f"DP = {lay.dp}: {lay.dp} replicas of {replica} each take {batch // lay.dp} of the {batch} sequences "
+            f"({each}); the exposed gradient traffic{over} costs {seconds(dp_comm)}.")
 
 
 def _dtype(nbytes: int) -> str:
