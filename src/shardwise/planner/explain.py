@@ -85,7 +85,8 @@ def explain(job: Job, gpus: int, result: SearchResult) -> list[str]:
 
     mem = win.memory_bytes
     out.append(
-        f"{_dp_sentence(lay, train.global_batch, win.time_s['dp_comm'])} ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB, gradients "
+        f"{_dp_sentence(lay, train.global_batch, win.time_s['dp_comm'])} ZeRO-{lay.zero} leaves weights {mem['weights'] / GIB:.1f} GiB"
+        f"{_weight_copies(job)}, gradients "
         f"{mem['gradients'] / GIB:.1f} GiB and optimizer states {mem['optimizer'] / GIB:.1f} GiB per GPU; activations "
         f"take {mem['activations'] / GIB:.1f} GiB ({lay.recompute_phrase()})"
         + "".join(f", {key} {mem[key] / GIB:.1f} GiB" for key in mem  # what else the total holds: logits, workspace
@@ -645,6 +646,17 @@ def _dp_sentence(lay, batch: int, dp_comm: float) -> str:
     over = f" (over the {lay.dp * lay.cp} data- and context-parallel ranks)" if lay.cp > 1 else ""
     return (f"DP = {lay.dp}: {lay.dp} replicas of {replica} each take {batch // lay.dp} of the {batch} sequences "
             f"({each}); the exposed gradient traffic{over} costs {seconds(dp_comm)}.")
+
+
+def _weight_copies(job: Job) -> str:
+    """What the weights' GiB hold beyond the bytes per parameter the Fit line counts: Transformer Engine's FP8 copy of
+    each linear's weight and its transpose (memory.fp8_weight_copy_bytes), where the stack keeps them."""
+    from shardwise.planner.memory import fp8_saved, fp8_weight_copy_bytes
+
+    if not fp8_saved(job):
+        return ""
+    kept = "its transposed FP8 copy" if job.train.weight_bytes == 1 else "their FP8 copy and its transpose"
+    return f" (with {kept}, {fp8_weight_copy_bytes(job)} B a layer parameter, which Transformer Engine keeps)"
 
 
 def _dtype(nbytes: int) -> str:
