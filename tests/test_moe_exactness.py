@@ -124,3 +124,21 @@ def test_reference_has_a_real_load_balancing_term(references):
 
     start = dict(Transformer(spec, seed=3).named_parameters())
     assert (params["layers.0.feed_forward.experts.w1"] - start["layers.0.feed_forward.experts.w1"]).abs().max() > 50e-5
+
+
+def test_json_records_of_a_recomputed_moe_run_are_its_losses(capsys):
+    """--json measures a recomputed layer's working set by running the first block once more: a MoE block counted
+    that probe's load-balancing loss into step 2's record (aux +25 %, loss 90x the tolerance off; helper-212)."""
+    import json
+
+    from shardwise.cli import main
+
+    def records(*extra):
+        assert main(["train", "--model", "tiny-moe", "--steps", "3", "--global-batch", "4", "--seq-len", "16", "--seed",
+                     "0", "--lr", "2e-4", *extra, "--json"]) == 0
+        return [(r["loss"], r["aux_loss"]) for r in json.loads(capsys.readouterr().out)["records"]]
+
+    plain, recomputed = records(), records("--recompute", "full")
+    assert len(plain) == 3
+    for (loss, aux), (loss_r, aux_r) in zip(plain, recomputed):
+        assert abs(loss - loss_r) <= 1e-6 * abs(loss) and abs(aux - aux_r) <= 1e-6 * abs(aux)

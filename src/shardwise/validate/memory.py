@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from shardwise import precision
+from shardwise.moe import moe_layers_of
 from shardwise.validate.saved_bytes import SavedBytes, storage_address
 
 STATE_KEYS = ("weights", "gradients", "optimizer", "activations")
@@ -117,12 +118,17 @@ def recompute_working_bytes(rt) -> int:
     rope = (model.rope_cos, model.rope_sin) if cfg.spec.family == "llama" else None
     counter = MemoryCounter(rt.models, exclude=[x])
     amp = precision.autocast(rt.device.type, rt.cfg.autocast)
+    # a MoE block counts its load-balancing loss into the step's record as it runs: the probe's must not be counted
+    moes = moe_layers_of([block])
+    kept = [m.aux_loss_sum for m in moes]
     block.recompute = False
     try:
         with counter.hooks(0), amp:
             block(x, rope)  # no backward: the graph (and what it saved) is dropped here
     finally:
         block.recompute = True
+        for m, aux in zip(moes, kept):
+            m.aux_loss_sum = aux
     return counter.peak
 
 
