@@ -142,3 +142,27 @@ def test_json_records_of_a_recomputed_moe_run_are_its_losses(capsys):
     assert len(plain) == 3
     for (loss, aux), (loss_r, aux_r) in zip(plain, recomputed):
         assert abs(loss - loss_r) <= 1e-6 * abs(loss) and abs(aux - aux_r) <= 1e-6 * abs(aux)
+
+
+def test_export_hf_of_a_moe_shape_without_a_mapping_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A shared expert and a dense first layer have no Hugging Face table: export raised a KeyError traceback after
+    creating the --to folder (helper-212). Now one line naming the other format, exit 2, nothing created."""
+    import json
+
+    from shardwise.cli import main
+
+    config = tmp_path / "shared.json"
+    config.write_text(json.dumps({
+        "model_type": "deepseek_v2", "hidden_size": 48, "intermediate_size": 96, "moe_intermediate_size": 24,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+        "max_position_embeddings": 64, "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "kv_lora_rank": None, "q_lora_rank": None}))
+    ckpt, out = tmp_path / "ck", tmp_path / "hf"
+    code = main(["train", "--model", str(config), "--steps", "1", "--global-batch", "4", "--seq-len", "16",
+                 "--no-progress", "--checkpoint-dir", str(ckpt)])
+    assert code == 0, capsys.readouterr().err  # the runtime trains this shape (a dense first layer, a shared expert)
+    capsys.readouterr()
+    assert main(["checkpoint", "export", str(ckpt), "--format", "hf", "--to", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no Hugging Face mapping" in err and "--format safetensors" in err, err
+    assert not out.exists()

@@ -92,10 +92,13 @@ def export_hf(path, out, max_shard_size: str = "5GB") -> dict:
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"--to {out} exists and is not an empty folder — give a new folder for the Hugging Face model")
     distinct_outputs({"--to": out}, {"the checkpoint": path})
-    output_dir(out, "--to")  # before reading gigabytes
     manifest = validate(ckpt)
     spec = spec_of(manifest)
-    tensors = hf_tensors(spec)
+    try:
+        tensors = hf_tensors(spec)
+    except KeyError as exc:  # a model shape no transformers class of the table holds (mapping.table_key)
+        raise UsageError(f"--format hf: {exc.args[0]} — export it with --format safetensors (shardwise's names)") from None
+    output_dir(out, "--to")  # before reading gigabytes, once the model is known to have a Hugging Face form
     shards = _plan_shards(tensors, limit)
     weight_map, total = {}, 0
     for k, names in enumerate(shards, 1):
