@@ -166,3 +166,18 @@ def test_export_hf_of_a_moe_shape_without_a_mapping_is_one_line_and_writes_nothi
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Hugging Face mapping" in err and "--format safetensors" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_unsplit_experts_beside_tp_are_predicted_as_the_runtime_shards_them(zero, capsys):
+    """ep = etp = 1 with tp 2: the runtime shards the experts with their layer's dense weights over dp, each tp rank
+    holding them whole; the planner divided their states by dp x tp (measured/predicted 1.115 at ZeRO-1, 1.304 at
+    ZeRO-3; helper-212)."""
+    import json
+
+    from shardwise.cli import main
+
+    assert main(["train", "--model", "tiny-moe", "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--seed", "0",
+                 "--dp", "2", "--tp", "2", "--zero", str(zero), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01), summary

@@ -602,7 +602,8 @@ def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
         states = _experts_offloaded(job, layout, experts, moe.expert_states(
-            t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe))
+            t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe,
+            get_framework(job.framework).experts_in_layer_units))
         out = {k: out[k] + states.get(k, 0.0) for k in out}
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:
@@ -619,18 +620,23 @@ def _experts_offloaded(job: Job, layout: Layout, experts: float, states: dict[st
     that acts on the experts' own replicas (moe.expert_states)."""
     if not job.offload:
         return states
-    fw, zero = get_framework(job.framework), _expert_zero(layout)
+    fw, zero = get_framework(job.framework), _expert_zero(job, layout)
     out = dict(states, optimizer=0.0)
     if offload.gradients_on_host(fw, job.offload, zero):
         out["gradients"] = 0.0
     if job.offload == "params" and zero >= 2 and not fw.weight_shard_is_master:
-        out["weights"] -= job.train.weight_bytes * experts / moe.expert_replicas(layout, layout.cp)
+        out["weights"] -= job.train.weight_bytes * experts / expert_replicas(job, layout)
     return out
 
 
-def _expert_zero(layout: Layout) -> int:
+def expert_replicas(job: Job, layout: Layout) -> int:
+    """moe.expert_replicas as the job's stack shards its experts (Framework.experts_in_layer_units)."""
+    return moe.expert_replicas(layout, layout.cp, get_framework(job.framework).experts_in_layer_units)
+
+
+def _expert_zero(job: Job, layout: Layout) -> int:
     """The ZeRO stage as it acts on the routed experts: over their edp replicas (moe.expert_states)."""
-    return layout.zero if layout.dp * layout.cp > 1 and moe.expert_replicas(layout, layout.cp) > 1 else 0
+    return layout.zero if layout.dp * layout.cp > 1 and expert_replicas(job, layout) > 1 else 0
 
 
 def allocator_slack(job: Job) -> float:
@@ -676,7 +682,7 @@ def offload_shards(job: Job, layout: Layout) -> tuple[float, float]:
     rank = max(pipeline_ranks(job, layout), key=lambda r: rank_params(job, layout, r))
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
     dense = (params - experts) / (layout.shard_group if layout.zero_in_effect >= 1 else 1)
-    return dense, experts / (moe.expert_replicas(layout, layout.cp) if _expert_zero(layout) >= 1 else 1)
+    return dense, experts / (expert_replicas(job, layout) if _expert_zero(job, layout) >= 1 else 1)
 
 
 def offload_shard(job: Job, layout: Layout) -> float:
@@ -697,7 +703,7 @@ def host_memory_bytes(job: Job, layout: Layout) -> float:
     t, fw = job.train, get_framework(job.framework)
     dense, experts = offload_shards(job, layout)
     per_gpu = sum(offload.host_bytes(fw, job.offload, zero, shard, t.weight_bytes, t.optimizer_bytes)
-                  for zero, shard in ((layout.zero_in_effect, dense), (_expert_zero(layout), experts)))
+                  for zero, shard in ((layout.zero_in_effect, dense), (_expert_zero(job, layout), experts)))
     return per_gpu * node_gpus(job, layout)
 
 

@@ -76,8 +76,12 @@ def _rank_moe_layers(model: ModelSpec, pp: int, vpp: int, rank: int, seq_len: in
     return sum(model.is_moe_layer(i) for i in _rank_layer_ids(model, pp, vpp, rank, seq_len, rule))
 
 
-def expert_replicas(layout: Layout, cp: int) -> int:
-    """edp: how many ranks of a stage hold the same expert shard."""
+def expert_replicas(layout: Layout, cp: int, in_layer_units: bool = False) -> int:
+    """edp: how many ranks of a stage hold the same expert shard. A stack whose unsplit experts (ep x etp = 1) ride in
+    their layer's own data-parallel unit (Framework.experts_in_layer_units) shards them with the dense weights, over
+    dp x cp: each tp rank holds them whole."""
+    if in_layer_units and layout.ep * layout.etp == 1:
+        return layout.dp * cp
     return layout.dp * layout.tp * cp // (layout.ep * layout.etp)
 
 
@@ -87,11 +91,11 @@ def experts_per_gpu(model: ModelSpec, layout: Layout, moe_layers: int) -> float:
 
 
 def expert_states(weight_b: int, grad_b: int, optim_b: int, layout: Layout, cp: int, experts: float,
-                  layer_experts: float) -> dict[str, float]:
+                  layer_experts: float, in_layer_units: bool = False) -> dict[str, float]:
     """Weights, gradients and optimizer states of this GPU's experts, ZeRO-sharded over their edp replicas
     as the runtime shards them (ZeRO-1: their own optimizer over edp; ZeRO-2/3: FSDP over edp, which keeps
     all of them (ZeRO-2) or two layers' (ZeRO-3) gathered while in use)."""
-    edp = expert_replicas(layout, cp)
+    edp = expert_replicas(layout, cp, in_layer_units)
     zero = layout.zero if layout.dp * cp > 1 and edp > 1 else 0
     weights, grads, optim = weight_b * experts, grad_b * experts, optim_b * experts
     if zero >= 1:
