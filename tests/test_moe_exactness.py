@@ -181,3 +181,22 @@ def test_unsplit_experts_beside_tp_are_predicted_as_the_runtime_shards_them(zero
                  "--dp", "2", "--tp", "2", "--zero", str(zero), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01), summary
+
+
+def test_full_recompute_of_narrow_experts_beside_a_wide_dense_layer_is_predicted(tmp_path, capsys):
+    """The layer being recomputed holds its whole set: with a dense first layer wider than the experts, the dense
+    one's. The planner took the MoE layer's (measured/predicted 1.225; helper-212)."""
+    import json
+
+    from shardwise.cli import main
+
+    config = tmp_path / "wide-dense.json"
+    config.write_text(json.dumps({
+        "model_type": "deepseek_v2", "hidden_size": 48, "intermediate_size": 384, "moe_intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+        "max_position_embeddings": 64, "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "kv_lora_rank": None, "q_lora_rank": None}))
+    assert main(["train", "--model", str(config), "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--seed",
+                 "0", "--recompute", "full", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01), summary
