@@ -147,16 +147,9 @@ def test_json_records_of_a_recomputed_moe_run_are_its_losses(capsys):
 def test_export_hf_of_a_moe_shape_without_a_mapping_is_one_line_and_writes_nothing(tmp_path, capsys):
     """A shared expert and a dense first layer have no Hugging Face table: export raised a KeyError traceback after
     creating the --to folder (helper-212). Now one line naming the other format, exit 2, nothing created."""
-    import json
-
     from shardwise.cli import main
 
-    config = tmp_path / "shared.json"
-    config.write_text(json.dumps({
-        "model_type": "deepseek_v2", "hidden_size": 48, "intermediate_size": 96, "moe_intermediate_size": 24,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
-        "max_position_embeddings": 64, "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1,
-        "first_k_dense_replace": 1, "kv_lora_rank": None, "q_lora_rank": None}))
+    config = _dense_then_shared_expert_config(tmp_path / "shared.json", dense_ffn=96, layers=2)
     ckpt, out = tmp_path / "ck", tmp_path / "hf"
     code = main(["train", "--model", str(config), "--steps", "1", "--global-batch", "4", "--seq-len", "16",
                  "--no-progress", "--checkpoint-dir", str(ckpt)])
@@ -190,13 +183,21 @@ def test_full_recompute_of_narrow_experts_beside_a_wide_dense_layer_is_predicted
 
     from shardwise.cli import main
 
-    config = tmp_path / "wide-dense.json"
-    config.write_text(json.dumps({
-        "model_type": "deepseek_v2", "hidden_size": 48, "intermediate_size": 384, "moe_intermediate_size": 24,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
-        "max_position_embeddings": 64, "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1,
-        "first_k_dense_replace": 1, "kv_lora_rank": None, "q_lora_rank": None}))
+    config = _dense_then_shared_expert_config(tmp_path / "wide-dense.json", dense_ffn=384, layers=3)
     assert main(["train", "--model", str(config), "--steps", "1", "--global-batch", "4", "--seq-len", "32", "--seed",
                  "0", "--recompute", "full", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["memory_measured_gib"] == pytest.approx(summary["memory_predicted_gib"], rel=0.01), summary
+
+
+def _dense_then_shared_expert_config(path, dense_ffn: int, layers: int):
+    """A DeepSeek-keyed config: a dense first layer of `dense_ffn`, then MoE layers of 4 narrow experts (24) and a
+    shared one, top-1 — a shape the runtime trains and Hugging Face's Mixtral table does not hold."""
+    import json
+
+    path.write_text(json.dumps({
+        "model_type": "deepseek_v2", "hidden_size": 48, "intermediate_size": dense_ffn, "moe_intermediate_size": 24,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+        "max_position_embeddings": 64, "n_routed_experts": 4, "num_experts_per_tok": 1, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "kv_lora_rank": None, "q_lora_rank": None}))
+    return path
