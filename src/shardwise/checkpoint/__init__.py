@@ -183,11 +183,12 @@ def resume_path(cfg) -> Path | None:
 # --------------------------------------------------------------------------- before any process starts
 
 
-def check(cfg) -> None:
-    """Every problem with the checkpoint options, as one UsageError, before any process group exists."""
+def check(cfg, data: bool = True) -> None:
+    """Every problem with the checkpoint options, as one UsageError, before any process group exists; `data` False:
+    all but whether the run trains on the checkpoint's data (before the data is tokenized: check_same_run)."""
     if check_flags(cfg):
         root = Path(cfg.checkpoint_dir)
-        _check_contents(cfg, root, store.newest(root))
+        _check_contents(cfg, root, store.newest(root), data)
 
 
 def run_id(cfg) -> str:
@@ -223,7 +224,7 @@ def check_flags(cfg) -> bool:
     return True
 
 
-def _check_contents(cfg, root: Path, latest) -> None:
+def _check_contents(cfg, root: Path, latest, data: bool = True) -> None:
     if latest is None:
         if cfg.resume:
             inside = (Path(root) / store.MANIFEST).is_file()  # a step_NNNNNN folder given: its run's is the parent
@@ -234,7 +235,7 @@ def _check_contents(cfg, root: Path, latest) -> None:
         raise UsageError(f"{root} already holds checkpoints of a run (newest {latest.name}) — add --resume to continue it, "
                          f"or use an empty --checkpoint-dir for a new run")
     manifest = validate(latest, cfg.spec)
-    check_same_run(latest, manifest, cfg)
+    check_same_run(latest, manifest, cfg, data)
     if cfg.stop_after is not None and cfg.stop_after <= manifest["step"]:
         raise UsageError(f"--stop-after {cfg.stop_after}, but {latest} is already at step {manifest['step']} — "
                          f"pick a later step")
@@ -269,9 +270,11 @@ def _check_model(ckpt: Path, manifest: dict, spec) -> None:
                          f"another --checkpoint-dir")
 
 
-def check_same_run(ckpt: Path, manifest: dict, cfg) -> None:
+def check_same_run(ckpt: Path, manifest: dict, cfg, data: bool = True) -> None:
+    """`cfg` continues the run of checkpoint `ckpt`: its data (unless `data` is False: not tokenized yet), its
+    settings, and steps left to train."""
     theirs, mine = manifest["run"], run_settings(cfg)
-    if theirs.get("data") != mine["data"]:
+    if data and theirs.get("data") != mine["data"]:
         files = manifest.get("data", {}).get("files", [])
         if not files:
             raise UsageError(f"{ckpt}: that run trained on the built-in corpus — resume it without --data")

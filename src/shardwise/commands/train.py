@@ -311,20 +311,12 @@ def _run(args, notes) -> int:
 
 def _check_checkpoint_folder(cfg):
     """checkpoint.check before the data is tokenized (which can take long): a folder of another run without --resume,
-    other settings, a finished run, a damaged checkpoint are said first. The data it compares needs the tokenized
-    data's key, so here the checkpoint's own key stands in for it; _check_resumed_data compares the real one. Returns
-    the checkpoint resumed from, or None."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
+    other settings, a finished run, a damaged checkpoint are said first; whether the data is the run's needs the
+    tokenized data's key (_check_resumed_data). Returns the checkpoint resumed from, or None."""
     from shardwise.checkpoint import check, resume_path
-    from shardwise.checkpoint.store import read_manifest
 
-    latest = resume_path(cfg) if cfg.checkpoint_dir and Path(cfg.checkpoint_dir).is_dir() else None
-    run = read_manifest(latest).get("run") if latest is not None else None
-    key = run.get("data") if isinstance(run, dict) else None
-    check(replace(cfg, data=SimpleNamespace(key=key) if key is not None else None))
-    return latest
+    check(cfg, data=False)
+    return resume_path(cfg) if cfg.checkpoint_dir and Path(cfg.checkpoint_dir).is_dir() else None
 
 
 def _check_resumed_data(cfg, latest) -> None:

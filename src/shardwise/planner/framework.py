@@ -512,7 +512,7 @@ class Framework:
         if lay.cp > 1 and lay.cp_mode not in self.context_parallel:
             runs = f"it runs {' and '.join(self.context_parallel)}" if self.context_parallel else "drop --cp"
             return f"{self.name} has no {lay.cp_mode} context parallelism ({runs})"
-        if self.amp_needs_fsdp and fp32_without_fsdp(lay) and not pipeline_only:
+        if self.trains_fp32(lay) and not pipeline_only:
             return self.amp_refusal()
         if self.zero0_only_pure_dp and lay.zero == 0 and lay.cp > 1:  # parallel_dims: fsdp_enabled = dp_shard or cp
             return (f"{self.name} shards with FSDP over its context-parallel ranks whenever cp > 1: ZeRO-0 is not a "
@@ -520,6 +520,10 @@ class Framework:
         if self.name == "shardwise":
             return runtime_refusal(layout)
         return None
+
+    def trains_fp32(self, layout: Layout) -> bool:
+        """Whether this stack would run `layout` without mixed precision (amp_needs_fsdp: TP or PP, no dp or cp)."""
+        return self.amp_needs_fsdp and fp32_without_fsdp(layout)
 
     def amp_refusal(self) -> str:
         """Why a stack that applies mixed precision only through FSDP (amp_needs_fsdp) refuses a layout that has none."""

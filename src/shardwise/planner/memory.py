@@ -288,10 +288,11 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
         delta += 4 * job.model.num_experts * b
     if layout.recompute == "full":
-        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(rank_layers(job, layout, rank), 1)
+        layers = rank_layers(job, layout, rank)
+        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
         # the layer being recomputed holds its whole set: the largest of the stage's, a dense one where a MoE layer
         # keeps less (narrow experts beside a wide dense layer) and the stage holds both
-        working = 0.0 if delta < 0 and n < rank_layers(job, layout, rank) else min(recomputed * inflight, 1) * delta
+        working = 0.0 if delta < 0 and n < layers else min(recomputed * inflight, 1) * delta
         return working + (n - recomputed) * inflight * delta
     return n * inflight * delta
 

@@ -40,7 +40,6 @@ from typing import Callable
 from shardwise.errors import UsageError
 from shardwise.forked import map_pieces, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
-from shardwise.planner.framework import fp32_without_fsdp
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job, compiled
 from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
@@ -247,7 +246,7 @@ def count_candidates(job: Job, gpus: int, space: SearchSpace = SearchSpace()) ->
 def _split_candidates(job: Job, fw, space: SearchSpace, tp: int, pp: int, dp: int, cp: int) -> int:
     """count_candidates of one dp x tp x pp x cp split."""
     batch, layers, total = job.train.global_batch, job.model.num_layers, 0
-    if fw.amp_needs_fsdp and fp32_without_fsdp(Layout(dp=dp, tp=tp, pp=pp, cp=cp)):  # every layout of it refused
+    if fw.trains_fp32(Layout(dp=dp, tp=tp, pp=pp, cp=cp)):  # every layout of the split refused
         return 0
     sp_variants = len(_sp_options(job, fw, tp, cp, space))
     for mb in micro_batches(job, fw, dp, pp, space):
@@ -442,7 +441,7 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
             return (f"--ep {','.join(map(str, space.ep))}: ep must divide the {model.num_experts} experts of {model.name} "
                     f"and the dp*tp*cp ranks of a split — possible here: {', '.join(map(str, possible))}")
     splits = list(degrees(job, gpus, space))
-    if fw.amp_needs_fsdp and splits and all(fp32_without_fsdp(Layout(dp=d, tp=t, pp=p, cp=c)) for t, p, d, c in splits):
+    if splits and all(fw.trains_fp32(Layout(dp=d, tp=t, pp=p, cp=c)) for t, p, d, c in splits):
         widen = "widen the search (--tp, --pp, --cp, ...), " if space.narrowed() else ""
         return f"--framework {fw.name} cannot run any layout the search allows: {fw.amp_refusal()} — {widen}or pick another --framework"
     cause = _cp_or_schedule_cause(job, gpus, space, pairs)
@@ -785,9 +784,11 @@ def nothing_fits_message(job: Job, gpus: int, result: SearchResult, space: Searc
 def _zero_that_fits(job: Job, layout: Layout, fw) -> int | None:
     """The lowest ZeRO stage above the leanest layout's that the stack runs on it and that makes it fit (a stage its
     search leaves out unless named: megatron-2021's distributed optimizer), or None."""
+    if layout.dp * layout.cp == 1:  # nothing to shard over
+        return None
     for zero in sorted(z for z in fw.zero_stages if z > layout.zero):
         bigger = layout.with_(zero=zero)
-        if layout.dp * layout.cp > 1 and not stack_refusal(job, bigger) and estimate(job, bigger).fits:
+        if not stack_refusal(job, bigger) and estimate(job, bigger).fits:
             return zero
     return None
 

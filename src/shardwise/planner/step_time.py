@@ -30,7 +30,7 @@ from shardwise.planner.layer_time import (achievable_flops, cache_key, calibrate
                                           LayerCost, fc2_flops, matmul_params_per_layer, paced,
                                           tp_element_bytes)
 from shardwise.planner.job import Job, per_rank_job
-from shardwise.planner.memory import (layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
+from shardwise.planner.memory import (expert_replicas, layer_params, local_seq, node_gpus, offload_shard, op_checkpointing,
                                       pipeline_ranks, rank_expert_params, rank_layers, rank_params,
                                       rank_recomputed_layers, split_rule)
 from shardwise.planner.overlap import Window, dp_exposed, fp8_gathered
@@ -467,7 +467,7 @@ def dp_comm_time(job: Job, layout: Layout, rank: int, m: int, cost: StageCost) -
     win = Window(forward=cost.f, backward=cost.b + cost.w, layer_forward=cost.layer_f, layer_backward=cost.layer_b,
                  layers=cost.layers, microbatches=m)
     params, experts = rank_params(job, layout, rank), rank_expert_params(job, layout, rank)
-    edp, split = moe.expert_replicas(layout, layout.cp, fw.experts_in_layer_units), layout.ep * layout.etp
+    edp, split = expert_replicas(job, layout), layout.ep * layout.etp
     dense = layer_params(job.model, layout.tp)
     fp8 = dense if fp8_gathered(job, layout) else 0.0  # torchao's FP8 gather: the dense linears, never the experts
     if experts and split == 1 and fw.experts_in_layer_units:  # the experts in their layers' own calls
@@ -767,8 +767,7 @@ def _optimizer_time(job: Job, layout: Layout, ranks) -> float:
     sharded = params
     if layout.zero >= 1 and layout.dp * layout.cp > 1:  # the experts' states shard over their own replicas, as
         # moe.expert_states shards their memory
-        sharded = (params - experts) / layout.shard_group + experts / moe.expert_replicas(
-            layout, layout.cp, fw.experts_in_layer_units)
+        sharded = (params - experts) / layout.shard_group + experts / expert_replicas(job, layout)
     # Calibrated fixed costs per step: the optimizer's per-tensor work in a bare step, with FSDP the
     # dispatch of each sharded parameter tensor, and what the framework's loop adds to a bare step (the
     # `shardwise` profile's CALIBRATED_STEP_OVERHEAD: its scalars and records; calibrate takes the clip's and DDP's
