@@ -203,6 +203,14 @@ def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
     return {"mlp": "geglu", "layer_norms": norms, "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True)}
 
 
+def _softcap(cfg: dict, source: str) -> float:
+    """Gemma 2's attention-logit soft-cap: its attn_logit_softcapping, Gemma2Config's 50.0 when the key is absent,
+    none when it is null (transformers' Gemma2Attention caps only where the key is not None)."""
+    if "attn_logit_softcapping" in cfg and cfg["attn_logit_softcapping"] is None:
+        return 0.0
+    return optional(cfg, "attn_logit_softcapping", 50.0, source)
+
+
 # Llama-keyed architectures: what each changes of the Llama reader's spec (None: nothing). Qwen2's q/k/v biases and
 # Qwen3's per-head QK-norm are read with the MoE variants (model_spec._attention_from_hf).
 def _internlm_bias(cfg: dict, source: str) -> dict:
@@ -233,7 +241,7 @@ LLAMA_VARIANTS = {
                                  "max_positions": optional(cfg, "seq_length", 2048, source)},
     "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each
     "gemma": _gemma,
-    "gemma2": lambda cfg, source: _gemma(cfg, source, norms=4),
+    "gemma2": lambda cfg, source: _gemma(cfg, source, norms=4) | {"attn_softcap": _softcap(cfg, source)},
     # OLMo: LayerNorm without weight or bias (OlmoLayerNorm); OLMo 2: RMSNorm after attention and after the MLP
     # (none before), and RMSNorm on q and k over all heads (q_norm: num_heads * head_dim)
     "olmo": lambda cfg, source: {"norm": "nonparametric"},

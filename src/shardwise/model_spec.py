@@ -83,6 +83,9 @@ class ModelSpec:
     mlp_bias: bool | None = None
     head_bias: bool = False  # GPT-J's LM head has a bias
     attention_sinks: bool = False  # GPT-OSS: one learned logit per head and layer joins each softmax
+    # Gemma 2: each attention logit soft-capped, cap * tanh(logit / cap) (its attn_logit_softcapping; 0: none). No
+    # parameters; it decides which fused attention kernels can run it (planner/job.softcap_unfused).
+    attn_softcap: float = 0.0
     norm: str = ""  # "layernorm" (weight and bias), "layernorm-nobias" (MPT), "rmsnorm", "nonparametric" (OLMo)
     layer_norms: int = 2  # norms per layer: 1 where attention and MLP share one (GPT-J, Falcon-7B), 4 in Gemma 2
     embed_norm: bool = False  # BLOOM's LayerNorm right after the embedding
@@ -326,6 +329,8 @@ class ModelSpec:
                 cfg["use_sliding_window"] = True
                 cfg["layer_types"] = (["sliding_attention"] * self.window_layers
                                       + ["full_attention"] * (self.num_layers - self.window_layers))
+        if self.model_type == "gemma2":  # absent reads as Gemma2Config's 50.0: written either way
+            cfg["attn_logit_softcapping"] = self.attn_softcap or None
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
     def _gpt_neox_config(self) -> dict:
@@ -805,6 +810,17 @@ def read_json_file(path: Path, source: str, fix: str):
         raise UsageError(f"{source}: cannot read it ({exc.strerror}) — check the path and its permissions") from None
     except RecursionError:
         raise UsageError(f"{source}: nested too deeply to be a config — {fix}") from None
+
+
+def config_path(ref: str | None) -> str | None:
+    """The config.json file `load_model(ref)` reads: ref itself (a config file), the folder's config.json, or None (a
+    preset, or nothing there)."""
+    if not ref:
+        return None
+    path = Path(ref)
+    if path.is_dir():
+        return str(path / "config.json") if (path / "config.json").is_file() else None
+    return str(path) if path.is_file() else None
 
 
 def load_model(ref: str) -> ModelSpec:

@@ -413,6 +413,8 @@ def model_note(job) -> str:
                          f"RoPE scaling or a context extension the config does not state")
     if model.windowed(seq_len):
         parts.append(window_note(job))
+    if model.attn_softcap:
+        parts.append(softcap_note(job))
     if model.mtp_layers:
         parts.append(f"{model.name}'s {model.mtp_layers} multi-token-prediction module(s) (num_nextn_predict_layers) "
                      f"are not counted: each adds about one layer and one LM-head pass to the last pipeline stage")
@@ -438,6 +440,22 @@ def window_note(job) -> str:
               else "torch's SDPA")  # the families that take no window, and the stacks that call SDPA with a mask
     return (f"{head}, but their attention time is full causal attention: {job.framework}'s attention here ({kernel}) "
             f"takes no window and computes every block")
+
+
+def softcap_note(job) -> str:
+    """How attention with soft-capped logits (Gemma 2) is priced: in the stack's fused kernel where it takes the cap,
+    else as the materialised softmax the stack falls back to (planner/job.softcap_unfused)."""
+    from shardwise.planner.frameworks import get as get_framework
+    from shardwise.planner.job import softcap_unfused
+
+    fw = get_framework(job.framework)
+    head = f"{job.model.name} soft-caps its attention logits at {job.model.attn_softcap:g} (attn_logit_softcapping)"
+    if not softcap_unfused(job.model, fw, job.attention):
+        return head + (f": {fw.name}'s fused attention applies the cap, priced as the fused kernel" if job.flash_attention
+                       else ", in the materialised softmax priced here")
+    return (f"{head}, which {fw.name}'s fused attention ({job.attention or fw.attention}) cannot apply: its layers are "
+            f"priced with the stack's unfused attention, the s x s scores in memory and through HBM (kernels that "
+            f"take the cap: flash-attn 2.6 or later, FlashAttention-3)")
 
 
 def idle_knobs(tp: int, pp: int, cp: int, *, schedule=None, vpp=None, sequence_parallel=None, cp_mode=None,
@@ -602,17 +620,16 @@ SHORT = {"interleaved-1f1b": "i-1f1b", "selective": "sel", "none": "-"}  # narro
 WIDE = 118  # below this many columns the table gets short headers and values, so nothing is cut
 
 
-CRAMPED = 70  # columns below which a layout table's numbers fold rather than its layout
-
-
 def layout_table(estimates, title: str, width: int | None = None):
     """A rich table of ranked layout estimates (plan, estimate). Narrower than WIDE columns (a pipe, an 80-column
     terminal): short headers and values, no borders; at 80 columns no value is cut or folded but the layout, which,
-    where even that is too wide (dp16384·tp4·pp16·ep16·v2·mb1), folds onto a second line. Narrower than CRAMPED, the
-    layout stays whole and the numbers fold instead (rich would otherwise drop the one column that may wrap)."""
+    where even that is too wide (dp16384·tp4·pp16·ep16·v2·mb1), folds onto a second line. Narrower still, the layout,
+    schedule and recompute fold and no number does; where the numbers alone are too wide, the least telling columns
+    are left out, the caption says which (console.fit_table)."""
     from rich import box
     from rich.table import Table
 
+    from shardwise.console import fit_table
     from shardwise.units import seconds
 
     gib = 2**30
@@ -628,8 +645,7 @@ def layout_table(estimates, title: str, width: int | None = None):
         headers = ("#", "layout", "schedule", "ZeRO", "recompute", "SP", "mem GiB/GPU", "fits", "step", "tokens/s", "MFU")
     for col, just in zip(headers, ("right", "left", "left", "right", "left", "center", "right", "center", "right",
                                    "right", "right")):
-        whole = col == "layout" if width is not None and width < CRAMPED else col != "layout"
-        table.add_column(col, justify=just, no_wrap=whole, overflow="fold")
+        table.add_column(col, justify=just, no_wrap=col != "layout", overflow="fold")
     for i, e in enumerate(estimates, 1):
         lay = e.layout
         table.add_row(str(i), lay.describe() + (f" ({lay.cp_mode})" if lay.cp > 1 else ""),  # ring / allgather CP
@@ -638,6 +654,10 @@ def layout_table(estimates, title: str, width: int | None = None):
                       "yes" if lay.sequence_parallel else "-", f"{e.memory_per_gpu / gib:.1f}",
                       "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),
                       _tokens(e.tokens_per_s, narrow), f"{e.mfu:.1%}")
+    if narrow:  # text columns fold, numbers stay whole; where they alone are too wide, columns are left out
+        gone = fit_table(table, width, text=(1, 2, 4), drop=(5, 3, 4, 2, 0, 8))
+        if gone:
+            table.caption += f"; left out to fit {width} columns: {', '.join(gone)} (--json has every field)"
     return table
 
 
@@ -646,10 +666,11 @@ def _tokens(per_s: float, narrow: bool) -> str:
     return f"{per_s / 1e6:.2f}M" if narrow and per_s >= 1e6 else f"{per_s:,.0f}"
 
 
-def breakdown_table(est):
-    """Memory and time breakdown of one estimate, side by side."""
+def breakdown_table(est, width: int | None = None):
+    """Memory and time breakdown of one estimate, side by side; in `width` columns the names fold, no figure does."""
     from rich.table import Table
 
+    from shardwise.console import fit_table
     from shardwise.units import seconds
 
     gib = 2**30
@@ -664,6 +685,7 @@ def breakdown_table(est):
         tk, tv = tim[i] if i < len(tim) else ("", None)
         table.add_row(mk, "" if mv is None else f"{mv / gib:.2f}", tk, "" if tv is None else seconds(tv))
     table.add_row("[b]total[/]", f"[b]{est.memory_per_gpu / gib:.2f}[/]", "[b]step[/]", f"[b]{seconds(est.step_time)}[/]")
+    fit_table(table, width, text=(0, 2))
     return table
 
 

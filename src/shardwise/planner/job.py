@@ -13,6 +13,7 @@ from shardwise.errors import UsageError
 from shardwise.frozen import cached_hash
 from shardwise.planner.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PRECISIONS
 from shardwise.planner.frameworks import get as get_framework
+from shardwise.planner.kernels import SOFTCAP_FAMILIES
 from shardwise.planner.offload import check_offload
 from shardwise.specs import ClusterSpec, ModelSpec, TrainSpec
 
@@ -207,6 +208,13 @@ def runtime_tensors(gpu: bool) -> tuple[SavedTensors, int]:
 ATTENTION_BACKENDS = {"auto": "", "fused": "", "flash": "fa2"}
 
 
+def softcap_unfused(model, fw, attention: str = "") -> bool:
+    """Whether the model soft-caps its attention logits (Gemma 2) and the stack's fused attention cannot apply the cap,
+    so that its layers run a materialised softmax: a family outside kernels.SOFTCAP_FAMILIES (`attention`: the run's
+    own, Job.attention; else the stack's), or one reached through torch's SDPA (Framework.window_kernel False)."""
+    return bool(model.attn_softcap) and not ((attention or fw.attention) in SOFTCAP_FAMILIES and fw.window_kernel)
+
+
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
              fp8_params: bool = False, compile: bool = False, compile_loss: bool | None = None, fused_norms: bool = False,
@@ -246,6 +254,8 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     fp8_all_gather = fp8_params and fw.fp8 == "torchao"
     fp8_params = fp8_params and not fp8_all_gather
     fused = fw.flash_attention if flash_attention is None else flash_attention
+    # soft-capped logits (Gemma 2) where the stack's kernel cannot cap: it runs its unfused attention (softcap_unfused)
+    fused = fused and not softcap_unfused(model, fw, ATTENTION_BACKENDS.get(attention_backend or "auto", ""))
     refusal = attention_backend_refusal(fw, cluster, attention_backend, fused)
     if refusal:
         raise UsageError(refusal)

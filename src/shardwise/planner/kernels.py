@@ -348,6 +348,16 @@ ATTENTION_KERNEL = {"te": {"hopper": "cudnn", "ampere": "fa2"}, "fa3": {"hopper"
 # and cuDNN kernels to the memory-efficient one, which visits every block) or a materialised softmax (the masked
 # s x s scores, whole).
 WINDOW_FAMILIES = frozenset({"te", "fa2", "fa3", "xformers"})
+# The attention families whose fused kernels soft-cap the logits (Gemma 2's cap * tanh(logit / cap)): flash-attn from
+# 2.6 (flash_attn_func(..., softcap=), added for Gemma 2 in 2024-07) and FlashAttention-3; "fa2" also stands for
+# torchtitan, whose models with a score modifier attend through FlexAttention (score_mod). Transformer Engine's
+# DotProductAttention takes a softcap only since NVIDIA/TransformerEngine #3391 (2026-08), through its FA2/FA3 backends:
+# cuDNN's FusedAttention is disqualified by it; Megatron-Core passes it (attn_logit_softcapping, NVIDIA/Megatron-LM
+# #6590) only on Megatron-Bridge's opt-in Gemma 2 path (NVIDIA-NeMo/Megatron-Bridge #5628), the default one running
+# its unfused attention: so "te" is not here, and --attention-backend flash (Job.attention "fa2") prices the opt-in
+# path. Not either: torch's SDPA (no argument for it), xformers, FlashAttention-1. Where the stack's kernel cannot,
+# its layers run a materialised softmax (job.softcap_unfused), scores and all.
+SOFTCAP_FAMILIES = frozenset({"fa2", "fa3"})
 # A materialised softmax (no fused kernel) moves the s x s scores through HBM, in units of one score
 # in activation precision, per pass: Megatron's fused scale-mask-softmax reads scores and writes
 # probabilities (2); dropout reads them and writes its output and a 1-byte mask (2 + 1/e). Backward:
