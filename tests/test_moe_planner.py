@@ -13,7 +13,7 @@ from shardwise.planner import estimate
 from shardwise.planner.job import make_job
 from shardwise.planner.memory import rank_expert_params, rank_params
 from shardwise.planner.moe import all_to_all_time
-from shardwise.planner.step_time import model_flops_per_step
+from shardwise.planner.step_time import attention_flops_per_step, model_flops_per_step
 from shardwise.specs import Layout, load_cluster, load_model
 
 H100 = load_cluster("dgx-h100-80gb")
@@ -98,6 +98,11 @@ def test_explain_says_why_experts_are_split(capsys):
     assert main(["explain", "--model", "mixtral-8x7b", *JOB, "--pp", "1,2", "--tp", "1,2", "--micro-batch", "1"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "EP = " in text and "all-to-all" in text and "with every expert on every GPU (ep = 1)" in text
+    # the parameters it says FLOPs and MFU count: model_flops_per_step's, less the attention cores', per token / 6
+    job = make_job(load_model("mixtral-8x7b"), H100, 256, 4096)
+    counted = (model_flops_per_step(job) - attention_flops_per_step(job)) / (6 * 256 * 4096)
+    said = float(text.split("FLOPs and MFU count the ")[1].split(" B")[0]) * 1e9
+    assert said == pytest.approx(counted, abs=0.05e9) and said < load_model("mixtral-8x7b").active_params() - 0.1e9
 
 
 def test_mla_attention_is_counted_not_trained():
