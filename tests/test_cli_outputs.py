@@ -89,6 +89,73 @@ def test_validate_table_stays_whole_at_80_columns():
     assert "4 ms" in out and "i-1f1b" in out and "sel-rc" in out, out  # units; short words, explained in the caption
 
 
+def _cells_whole(table, width: int, text: set[str]) -> str:
+    """The table printed in `width` columns; each cell outside the `text` columns whole on one line of it."""
+    import os
+
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    out = console.export_text()
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= width and "…" not in out, out
+    for column in table.columns:
+        if str(column.header) in text:
+            continue
+        for cell in column.cells:
+            plain = Text.from_markup(cell).plain
+            assert any(re.search(rf"(?<!\S){re.escape(plain)}(?!\S)", line) for line in lines), (column.header, plain, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama_plan():
+    from shardwise.planner import Job
+    from shardwise.planner.search import search
+    from shardwise.specs import TrainSpec, load_cluster, load_model
+
+    return search(Job(load_model("llama2-7b"), load_cluster("dgx-a100-80gb"), TrainSpec(64, 4096)), 16).ranked[:10]
+
+
+@pytest.mark.parametrize("width", [40, 50, 60, 69])
+def test_tables_below_70_columns_fold_words_never_numbers(width, llama_plan):
+    """Below 70 columns (`COLUMNS=60 shardwise plan ...`) the layout, schedule and recompute fold and every number
+    stays whole on its line ("1.24M" and "84.8" were split over two); where the numbers alone do not fit, the least
+    telling columns are left out and the caption names them. The same for estimate's breakdown and validate's table."""
+    from shardwise.commands.common import breakdown_table, layout_table
+    from shardwise.commands.validate import _print
+
+    table = layout_table(llama_plan, "llama2-7b on 16 GPUs", width=width)
+    _cells_whole(table, width, {"layout", "sched", "rc"})
+    headers = [str(c.header) for c in table.columns]
+    assert {"layout", "GiB", "fits", "tok/s", "MFU"} <= set(headers)
+    if width >= 60:
+        assert len(headers) == 11  # every column: the layout folds instead
+    else:
+        assert "left out to fit" in table.caption and "SP" in table.caption
+    _cells_whole(breakdown_table(llama_plan[0], width=width), width, {"memory", "time"})
+
+    from rich.console import Console
+
+    names = ["dp2 tp1 pp1 mb1", "dp1 tp1 pp2 mb1 interleaved-1f1b v2 zero1 selective recompute", "dp1 tp2 pp1 mb1 sp"]
+    layouts = [dict(name=n, predicted_step_time_s=0.004 * (i + 1), measured_step_time_s=0.005 * (i + 1), noisy=False,
+                    step_time_spread=0.1, predicted_memory_bytes=2.25e7, measured_memory_bytes=2.1e7)
+               for i, n in enumerate(names)]
+    summary = dict(median_abs_error=0.2, p90_abs_error=0.2, spearman=1.0, kendall_tau=1.0, top1_regret=0.0,
+                   best_in_top3=True, memory_median_abs_error=0.05, memory_p90_abs_error=0.05, noisy_layouts=0)
+    import os
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))
+    _print(console, dict(model="tiny", world=2, backend="gloo", cluster="calibrated", global_batch=8, seq_len=64,
+                         layouts=layouts, summary=summary), None)
+    out = console.export_text()
+    assert max(map(len, out.splitlines())) <= width and "…" not in out, out
+    for figure in ("4 ms", "5 ms", "-20%", "+7.1%"):  # a time, its error, the memory error: each whole on a line
+        assert any(figure in line for line in out.splitlines()), (figure, out)
+
+
 def _leaf_parsers(parser, path=()):
     """(command path, parser) of every command a user can run, sub-actions (`checkpoint inspect`) included."""
     import argparse

@@ -184,7 +184,8 @@ def _damage(kind, folder):
         cfg = json.loads((folder / "config.json").read_text())
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # Llama 3.1's (llama3) runs: test above
         (folder / "config.json").write_text(json.dumps(cfg))
-        return "linear RoPE scaling", "which shardwise's runtime does not implement"  # not fixed by --init random
+        # named by the file that holds the key, not by the folder's name (the model's)
+        return f"{folder / 'config.json'}: llama uses linear RoPE scaling", "which shardwise's runtime does not implement"
     raise ValueError(kind)
 
 
@@ -197,6 +198,24 @@ def test_bad_folder_is_one_line_naming_the_file(folders, tmp_path, capsys, kind)
     assert main(["train", "--model", str(folder), "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and where in err and what in err, err
+
+
+@pytest.mark.parametrize("given", ["folder", "config.json"])
+def test_an_unsupported_rope_scaling_names_the_config_file(tmp_path, capsys, given):
+    """`train --model FOLDER` (or its config.json) whose config asks for YaRN: the refusal names the config.json that
+    holds rope_scaling, not only the folder's name (the model's), whichever check meets it first."""
+    from shardwise.specs import load_model
+
+    folder = tmp_path / "mymodel"
+    folder.mkdir()
+    cfg = load_model("tiny").to_hf_config() | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 64}}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model = folder if given == "folder" else folder / "config.json"
+    assert main(["train", "--model", str(model), "--steps", "1", "--global-batch", "4", "--seq-len", "16",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{folder / 'config.json'}: mymodel uses yarn RoPE scaling" in err, err
 
 
 def test_init_pretrained_needs_a_folder(capsys):

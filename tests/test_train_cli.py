@@ -114,6 +114,21 @@ def test_plan_layout_and_flags(tmp_path, capsys):
     assert "--tp 1 contradicts tp=2" in capsys.readouterr().err
 
 
+def test_summary_reports_dp_shard_as_estimate_does(capsys):
+    """train --json's layout says dp_shard as `estimate --json` does: the shard group's dp ranks (all of dp when not
+    hybrid), not the Layout's 0, so the same layout reads the same in both and train --plan takes it back."""
+    from shardwise.train import summary_dict
+
+    cfg = _config(["--dp", "4", "--zero", "3", "--global-batch", "8"])
+    assert cfg.layout.dp_shard == 0  # the dataclass's "not hybrid"
+    layout = summary_dict([{"loss": 1.0, "step_time_s": 0.1}], cfg)["layout"]
+    assert main(["estimate", "--model", "tiny", "--cluster", "dgx-a100-80gb", "--gpus", "4", "--dp", "4", "--tp", "1",
+                 "--pp", "1", "--zero", "3", "--global-batch", "8", "--seq-len", "64", "--json"]) == 0
+    estimated = json.loads(capsys.readouterr().out)
+    assert layout["dp_shard"] == estimated["dp_shard"] == 4
+    assert set(cfg.layout.to_dict()) <= set(layout)  # every field still there
+
+
 def load_model_params(name: str) -> int:
     from shardwise.specs import load_model
 

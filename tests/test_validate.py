@@ -54,6 +54,15 @@ def test_contract_keys_and_well_formed_values(sweep):
     assert "drift_corrected" not in s and all("drift_corrected_step_time_s" not in x for x in sweep["layouts"])
 
 
+def test_layout_records_report_dp_shard_as_estimate_does(sweep):
+    """dp_shard in each layout record is the shard group's dp ranks, as `estimate --json` reports it (dp here: no
+    layout is hybrid), never the Layout's 0 for "every dp rank"."""
+    for x in sweep["layouts"]:
+        assert x["dp_shard"] == x["dp"], x["name"]
+    zero3 = next(x for x in sweep["layouts"] if x["zero"] == 3)
+    assert zero3["dp_shard"] == 2
+
+
 def test_layouts_share_their_process_groups(sweep):
     """Each gloo group keeps an event-loop thread waking 100 times a second (validate.measure.mesh_split), so the
     sweep's meshes share every group of the same ranks. Hand count of a rank's groups for the fixture's four layouts

@@ -183,3 +183,49 @@ def _columns(stream) -> int:
         return os.get_terminal_size(stream.fileno()).columns or 80
     except (AttributeError, OSError, ValueError):
         return 80
+
+
+def fit_table(table, width: int | None, text=(), drop=(), floor: int = 6) -> list[str]:
+    """Fit a rich table into `width` terminal columns without splitting a number over two lines: every column but the
+    `text` ones (headers or positions: a layout's name, a schedule) is kept whole (no_wrap), the text ones fold, down
+    to `floor` characters each (rich would otherwise fold the numbers once the text alone cannot give the room, or
+    shrink the one column that may wrap to nothing). Where even that is too wide, the `drop` columns (headers or
+    positions, the first named first) are left out until it fits. Returns the headers left out, for a caption; None
+    width: nothing to fit, the table as it is."""
+    if width is None:
+        return []
+    from dataclasses import replace
+    from io import StringIO
+
+    from rich.console import Console as RichConsole
+
+    probe = RichConsole(file=StringIO(), width=10_000, color_system=None, legacy_windows=False)
+    wide = probe.options.update_width(10_000)
+
+    def natural(renderable) -> int:  # its width on one line
+        if isinstance(renderable, str):
+            renderable = probe.render_str(renderable)
+        return probe.measure(renderable, options=wide).maximum
+
+    def position(key) -> int | None:
+        if isinstance(key, int):
+            return key
+        return next((i for i, c in enumerate(original) if str(c.header) == key), None)
+
+    original = list(table.columns)
+    texts = {position(k) for k in text} - {None}
+    keep = list(range(len(original)))
+    dropping = [p for p in (position(k) for k in drop) if p is not None]
+    while True:
+        table.columns = [replace(original[i], _index=n) for n, i in enumerate(keep)]  # _index: rich's padding
+        widths = [max([natural(c.header)] + [natural(cell) for cell in c.cells]) for c in table.columns]
+        frame = probe.measure(table, options=wide).maximum - sum(widths)  # borders and padding
+        need = frame + sum(min(w, floor) if i in texts else w for i, w in zip(keep, widths))
+        if need <= width or not dropping:
+            break
+        gone = dropping.pop(0)
+        if gone in keep and len(keep) > 1:
+            keep.remove(gone)
+    for i, column in zip(keep, table.columns):
+        column.no_wrap, column.overflow = (False, "fold") if i in texts else (True, column.overflow)
+    return [str(original[i].header) for i in range(len(original)) if i not in keep]

@@ -87,6 +87,7 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
     refusal = runtime_refusal(lay)
     if refusal:
         raise UsageError(refusal)
+    from shardwise.model_spec import config_path
     from shardwise.preflight import check_runtime_model, runtime_kv_refusal
 
     kv = runtime_kv_refusal(spec, lay.tp)
@@ -94,7 +95,7 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
         raise UsageError(kv)
     if cfg.trace_dir and lay.pp == 1:
         raise UsageError("--trace draws the pipeline schedule's timeline — use it with --pp 2 or more")
-    check_runtime_model(spec, cfg.seq_len)
+    check_runtime_model(spec, cfg.seq_len, config_path(cfg.model_given))  # a refusal names the config.json
     if spec.is_moe and lay.tp > 1 and (cfg.seq_len // lay.cp) % lay.tp:
         per_rank = f"--seq-len {cfg.seq_len}" + (f" / cp {lay.cp}" if lay.cp > 1 else "")
         raise UsageError(f"each tp rank routes 1/tp of every sequence through the experts, but {per_rank} is not "

@@ -71,10 +71,10 @@ def runtime_kv_refusal(spec, tp: int) -> str | None:
     return get_framework("shardwise").kv_refusal(spec.num_kv_heads, tp, planned=False)
 
 
-def check_runtime_model(spec, seq_len: int) -> None:
+def check_runtime_model(spec, seq_len: int, source: str | None = None) -> None:
     """UsageError if shardwise's runtime cannot build this model at this sequence length (train, calibrate and
-    validate all run it)."""
-    check_runtime_blocks(spec)  # first: no --seq-len or other flag makes blocks the runtime lacks trainable
+    validate all run it). `source`: the config.json it was read from, named by the refusals (None: a preset)."""
+    check_runtime_blocks(spec, source)  # first: no --seq-len or other flag makes blocks the runtime lacks trainable
     # At any cp: context parallelism splits the tokens, each keeping its global position (specs.check_sequence_split).
     # Rotary positions are a function of the index, but shardwise.model builds its cos/sin tables for n of them.
     n = spec.max_positions
@@ -93,14 +93,17 @@ def check_runtime_model(spec, seq_len: int) -> None:
                          f"head's two halves (RoPE) — plan and estimate it, or train a model with an even head_dim")
 
 
-def check_runtime_blocks(spec) -> None:
+def check_runtime_blocks(spec, source: str | None = None) -> None:
     """UsageError if shardwise's runtime has no blocks for this model (the first thing to say of a model folder whose
-    config it cannot train at all, before what of its weights or activation differs)."""
+    config it cannot train at all, before what of its weights or activation differs). `source`: the config.json file
+    the spec was read from (model_spec.config_path), named first as the file that holds the keys (rope_scaling, ...)
+    to look at; None (a preset, or a caller that does not know it): the model's name alone."""
     from shardwise.model import unsupported
 
     missing = unsupported(spec)
     if missing:
-        raise UsageError(f"{spec.name} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
+        where = f"{source}: {spec.name}" if source else spec.name
+        raise UsageError(f"{where} uses {missing}, which shardwise's runtime does not implement — plan and estimate "
                          "it (counted exactly), or train a model of the blocks the runtime builds (Llama's, GPT-2's, "
                          "Mixtral's)")
 

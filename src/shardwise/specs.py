@@ -546,9 +546,15 @@ class Layout:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
+    def dp_shard_size(self) -> int:
+        """dp ranks in one shard group: dp_shard, or every dp rank where it is 0 (not hybrid). What the JSON records
+        (estimate, train, validate) report as dp_shard."""
+        return self.dp_shard or self.dp
+
+    @property
     def shard_group(self) -> int:
         """Ranks ZeRO shards the model states over: every dp x cp rank, or with HSDP one shard group's dp_shard x cp."""
-        return (self.dp_shard or self.dp) * self.cp
+        return self.dp_shard_size * self.cp
 
     @property
     def zero_in_effect(self) -> int:
@@ -559,13 +565,19 @@ class Layout:
     @property
     def replicas(self) -> int:
         """Shard groups holding the same shards (HSDP; 1 otherwise): a gradient shard is all-reduced across them."""
-        return self.dp // (self.dp_shard or self.dp)
+        return self.dp // self.dp_shard_size
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.micro_batch)
 
     def to_dict(self) -> dict:
+        """Every field as it is (dp_shard 0 where not hybrid): what a checkpoint's manifest stores and reads back."""
         return asdict(self)
+
+    def record(self) -> dict:
+        """The fields as the JSON outputs report them: dp_shard resolved to the shard group's dp ranks (dp_shard_size),
+        the value `estimate --json` reports, never the 0 that means "every dp rank"."""
+        return {**asdict(self), "dp_shard": self.dp_shard_size}
 
     def with_(self, **changes) -> "Layout":
         return replaced(self, changes)  # dataclasses.replace, without the frozen __init__ (the search makes many)

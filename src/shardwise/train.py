@@ -551,7 +551,7 @@ def summary_dict(records: list[dict], cfg: TrainConfig) -> dict:
     lay = cfg.layout
     return {"steps": len(records), "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"],
             "median_step_time_s": median, "tokens_per_s": cfg.tokens_per_step / median,
-            "layout": lay.to_dict(), "num_microbatches": lay.num_microbatches(cfg.global_batch)}
+            "layout": lay.record(), "num_microbatches": lay.num_microbatches(cfg.global_batch)}
 
 
 def summary(records: list[dict], cfg: TrainConfig) -> str:

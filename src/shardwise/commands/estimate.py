@@ -99,7 +99,7 @@ def _run(args) -> int:
 
     console = Console()
     console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
-    console.print(breakdown_table(est))
+    console.print(breakdown_table(est, width=console.width))
     if est.offload:
         console.print(f"host: {est.host_held()} hold the offloaded states (--offload {est.offload})", highlight=False)
     if not est.fits:

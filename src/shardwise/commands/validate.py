@@ -191,6 +191,7 @@ def _print(console, result: dict, picture: str | None) -> None:
     from rich.table import Table
 
     from shardwise.commands.common import WIDE
+    from shardwise.console import fit_table
     from shardwise.units import seconds
     from shardwise.validate.stats import rank_text
 
@@ -218,6 +219,10 @@ def _print(console, result: dict, picture: str | None) -> None:
         table.add_row(name, seconds(p), seconds(m), f"{(p - m) / m:+.0%}",
                       ("[yellow]" if x["noisy"] else "") + f"{x['step_time_spread']:.0%}", f"{pm / mib:.2f}",
                       f"{mm / mib:.2f}", f"{round((pm - mm) / mm, 3) + 0.0:+.1%}")  # + 0.0: no -0.0 %
+    if narrow:  # the layout folds, no figure does; where the figures alone are too wide, the least telling go
+        gone = fit_table(table, console.width, text=(0,), drop=(4, 5, 6))
+        if gone:
+            table.caption += f"; left out to fit {console.width} columns: {', '.join(gone)} (--json has every field)"
     console.print(table)
     s = result["summary"]
     console.print(f"step time: median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}; ranking: "

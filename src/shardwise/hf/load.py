@@ -309,7 +309,8 @@ def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolde
         return None, None
     from shardwise.preflight import check_runtime_blocks
 
-    check_runtime_blocks(spec)  # a folder of a model the runtime cannot build says that first, whatever --init
+    # a folder of a model the runtime cannot build says that first, whatever --init, naming the config.json
+    check_runtime_blocks(spec, str(folder / CONFIG))
     config = read_config(folder)
     if init is None and not has_weights(folder):
         other = other_weights(folder)

@@ -89,7 +89,7 @@ class Estimate:
             "num_microbatches": self.num_microbatches, "zero": lay.zero, "recompute": lay.recompute,
             "recompute_layers": lay.recompute_layers,
             "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule, "cp": lay.cp, "cp_mode": lay.cp_mode,
-            "ep": lay.ep, "etp": lay.etp, "dp_shard": lay.dp_shard or lay.dp,
+            "ep": lay.ep, "etp": lay.etp, "dp_shard": lay.dp_shard_size,
             "total_params": self.total_params, "active_params": self.active_params,
             "fits": self.fits,
             "memory_gib_per_gpu": _round(self.memory_per_gpu / GIB, 3),

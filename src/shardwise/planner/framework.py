@@ -366,6 +366,12 @@ class Framework:
     # experts' gradients in buffers or groups of their own even then, one more set of calls (Megatron's DDP puts
     # parameters with allreduce=False, every expert's, in expert_parallel_buffers; DeepSpeed's MoE param groups).
     experts_in_layer_units: bool = False
+    # Under ZeRO-3 with the experts split (their own FSDP unit inside each block's), the layers whose local experts
+    # stay gathered at once: 2, the current and the next one prefetched (torchtitan's apply_fsdp names each previous
+    # block's experts in set_modules_to_backward_prefetch when ep > 1); 1 where FSDP2 prefetches implicitly, one unit
+    # ahead in post-forward order, which from a block is its own experts, from the experts the previous block's dense
+    # weights (shardwise's data_parallel._shard_experts: one layer's experts gathered, as validate measures).
+    zero3_expert_layers_gathered: int = 2
     max_zero_with_pp: int = 3
     # What an unnamed --zero / --recompute may become (estimate.complete_layout): () = any stage or policy the stack
     # runs, the fastest that fits. A stack whose later options were opt-in flags keeps its own defaults instead

@@ -605,9 +605,10 @@ def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     out["activations"] = saved + transient
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
+        fw = get_framework(job.framework)
         states = _experts_offloaded(job, layout, experts, moe.expert_states(
             t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe,
-            get_framework(job.framework).experts_in_layer_units))
+            fw.experts_in_layer_units, fw.zero3_expert_layers_gathered))
         out = {k: out[k] + states.get(k, 0.0) for k in out}
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:

@@ -91,10 +91,11 @@ def experts_per_gpu(model: ModelSpec, layout: Layout, moe_layers: int) -> float:
 
 
 def expert_states(weight_b: int, grad_b: int, optim_b: int, layout: Layout, cp: int, experts: float,
-                  layer_experts: float, in_layer_units: bool = False) -> dict[str, float]:
+                  layer_experts: float, in_layer_units: bool = False, zero3_layers: int = 2) -> dict[str, float]:
     """Weights, gradients and optimizer states of this GPU's experts, ZeRO-sharded over their edp replicas
     as the runtime shards them (ZeRO-1: their own optimizer over edp; ZeRO-2/3: FSDP over edp, which keeps
-    all of them (ZeRO-2) or two layers' (ZeRO-3) gathered while in use)."""
+    all of them (ZeRO-2) or `zero3_layers` layers' (ZeRO-3: Framework.zero3_expert_layers_gathered) gathered while
+    in use)."""
     edp = expert_replicas(layout, cp, in_layer_units)
     zero = layout.zero if layout.dp * cp > 1 and edp > 1 else 0
     weights, grads, optim = weight_b * experts, grad_b * experts, optim_b * experts
@@ -102,7 +103,9 @@ def expert_states(weight_b: int, grad_b: int, optim_b: int, layout: Layout, cp: 
         optim /= edp
     if zero >= 2:
         grads /= edp
-        gathered = experts if zero == 2 else min(2 * layer_experts, experts)
+        # in their layer's own unit (unsplit, in_layer_units) they are gathered with it: the dense layers' two
+        layers = 2 if in_layer_units and layout.ep * layout.etp == 1 else zero3_layers
+        gathered = experts if zero == 2 else min(layers * layer_experts, experts)
         weights = weight_b * (experts / edp + gathered)
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 

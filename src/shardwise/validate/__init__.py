@@ -139,7 +139,7 @@ def validate(cfg: ValidateConfig, report=lambda label: None) -> dict | None:
     for lay, run in zip(cfg.layouts, runs):
         pred = predict(cfg, lay)
         layouts.append({
-            "name": describe(lay), **lay.to_dict(),
+            "name": describe(lay), **lay.record(),
             "predicted_step_time_s": pred["step_time_s"], "measured_step_time_s": statistics.median(run["times"]),
             "step_time_spread": spread(run["times"]), "noisy": spread(run["times"]) > NOISY,
             "timed_steps": len(run["times"]),

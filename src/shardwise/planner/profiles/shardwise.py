@@ -44,6 +44,9 @@ SHARDWISE = Framework(
     calibrated_step_overhead=CALIBRATED_STEP_OVERHEAD, one_scalar_allreduce=True,
     expert_gemm_streams=1,  # shardwise.moe.Experts: one local expert after another
     experts_in_layer_units=True,  # parallel/data_parallel.py: experts apart only under an expert placement
+    # data_parallel._shard_experts: each block's experts an FSDP2 unit of their own, prefetched implicitly (one unit
+    # ahead): one layer's local experts gathered at a time under ZeRO-3, not two (measured by train --json, validate)
+    zero3_expert_layers_gathered=1,
     cannot=("ZB-H1 with ZeRO-2/3 (FSDP cannot follow a split backward)", "TP comm overlap"),
     loss="eager", unnamed_sequence_parallel=False,
     partial_recompute="block",  # shardwise.model Transformer.set_recompute: the first N blocks of each chunk
