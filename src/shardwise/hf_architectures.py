@@ -1,10 +1,11 @@
 """The Hugging Face architectures beyond Llama and GPT-2, each read from its own config.json keys (names and defaults
 as transformers' configuration_*.py spell them; what each holds as its modeling_*.py builds it) into ModelSpec's terms.
 
-`READERS`: architectures with keys of their own (OPT, BLOOM, MPT, GPT-NeoX, Falcon, GPT-J, StarCoder), modelled with
-GPT-2-family blocks (LayerNorm, a two-matrix MLP). `LLAMA_VARIANTS`: architectures with Llama's keys (Mistral, Qwen2,
-Qwen3, Gemma, OLMo, Phi-3, StarCoder2; GPT-OSS with Mixtral's, Kimi K2 with DeepSeek-V3's), read by model_spec's Llama reader and then
-changed where they differ.
+`READERS`: architectures with keys of their own (OPT, BLOOM, MPT, GPT-NeoX, Falcon, GPT-J, StarCoder, ChatGLM2/3),
+modelled with GPT-2-family blocks (LayerNorm, a two-matrix MLP) or, for ChatGLM, Llama-style ones. `LLAMA_VARIANTS`:
+architectures with Llama's keys (Mistral, Qwen v1, Qwen2, Qwen3, Gemma, Gemma 2, OLMo, OLMo 2, Phi-3, InternLM,
+InternLM2, Baichuan, Nemotron, StarCoder2; GPT-OSS with Mixtral's, Kimi K2 with DeepSeek-V3's), read by model_spec's
+Llama reader and then changed where they differ.
 
 What the planner counts is what changes parameters, FLOPs or memory: biases, a learned position table, an untied head,
 multi-query K/V heads, the MLP's kind and width, the norms; and what changes communication: parallel attention+MLP
@@ -12,7 +13,8 @@ blocks (ModelSpec.parallel_residual: the same matrices and FLOPs, one tensor-par
 per layer forward instead of two). What it does not model changes neither materially:
 ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
 (GPT-NeoX's rotary_pct, GPT-J's rotary_dim), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
-scale and logit soft-capping, OLMo's clip_qkv. Sliding-window attention (Mistral, Gemma 2's local layers) is read
+scale and Gemma 2's final-logit soft-capping, OLMo's clip_qkv. Gemma 2's attention-logit soft-capping is read
+(attn_logit_softcapping): it decides whether the stack's fused attention can run the layer (planner/job.softcap_unfused). Sliding-window attention (Mistral, Gemma 2's local layers) is read
 (model_spec.config_extras) and priced by the planner (docs/planner.md "Sliding windows").
 None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
 """
