@@ -748,13 +748,16 @@ def _pipeline_spans(job: Job, layout: Layout, costs: dict, slow: StageCost, c: f
 def _dp_time(job: Job, layout: Layout, costs: dict, runs: int, mr: int) -> float:
     """Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
     last micro-batch's backward ends on rank r the backwards of ranks 0..r-1 earlier than on rank 0, and its next
-    forward starts their forwards later (each at its own cost). The slowest rank's."""
+    forward starts their forwards later (each at its own cost). Under interleaving that is each rank's first chunk
+    alone, 1/v of its cost (the last backward and the first forward are chunk 0's); ZB-H1's deferred weight passes
+    fill the drain, every rank ending together (schedules.simulate: p 4, m 8, unit costs). The slowest rank's."""
     per_rank = rank_costs(job, layout, costs)
+    chunk = 1 / (layout.vpp if layout.schedule == "interleaved-1f1b" else 1)
     dp = 0.0
     for r, cost in costs.items():
         after, before = dp_comm_time(job, layout, r, mr, cost)
-        drain = sum(x.b + x.w for x in per_rank[:r])
-        fill = sum(x.f for x in per_rank[:r])
+        drain = 0.0 if layout.schedule == "zb-h1" else chunk * sum(x.b + x.w for x in per_rank[:r])
+        fill = chunk * sum(x.f for x in per_rank[:r])
         dp = max(dp, runs * (max(0.0, after - drain) + max(0.0, before - fill)))
     return dp
 
