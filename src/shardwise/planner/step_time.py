@@ -146,8 +146,10 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
     edge_f, edge_b = (a + b for a, b in zip(tp_edge_time(job, layout, rank, tokens),
                                            pipe_regather_time(job, layout, rank, tokens)))
     f = layers * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) + edge_f
-    if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":  # weights cast again every micro-batch
-        f += fp8_weight_cast(job, layout, layers)
+    cast = 0.0  # weights cast again every micro-batch, inside each layer's forward (torchao's Float8Linear)
+    if job.precision == "fp8" and get_framework(job.framework).fp8 != "te":
+        cast = fp8_weight_cast(job, layout, layers)
+    f += cast
     f += autocast_cast_time(job, layout, rank) * slowest
     b_in = layers * (lc.bwd_in + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + oh) + edge_b
     w = layers * (lc.bwd_w + oh) + accumulation_time(job, layout, rank) * slowest
@@ -179,7 +181,8 @@ def _stage_cost(job: Job, layout: Layout, rank: int, in_situ: float, measured: s
         - host_wait
     return StageCost(f=f, b=b_in + rec + rec_tp + rec_cp + rec_ep, w=w, compute=compute, recompute=rec, tp_comm=tp_comm,
                      flops_model=flops_model, flops_recompute=flops_rec, layers=layers,
-                     layer_f=(lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh) * lift,
+                     # the window a prefetched gather hides behind: the layer's whole forward, its weight cast included
+                     layer_f=(lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd + oh + cast / max(layers, 1)) * lift,
                      layer_b=(lc.bwd_in + lc.bwd_w + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd + 2 * oh) * lift + rec / max(layers, 1),
                      cp_comm=cp_comm, ep_comm=ep_comm, host_wait=host_wait)
 
