@@ -293,3 +293,20 @@ def test_a_file_both_trained_and_validated_on_is_said(tmp_path, capsys):
     assert "is also in --data: the validation loss measures text the run trains on" in capsys.readouterr().err
     assert main([*base, "--val-data", str(tmp_path / "declaration_of_independence.txt")]) == 0
     assert "is also in --data" not in capsys.readouterr().err
+
+
+LONG = "x" * 256  # one name past the 255 bytes Linux file systems take (ENAMETOOLONG)
+JOB = ["--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "128"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--model", LONG, *JOB],
+    ["plan", "--model", "llama3-8b", *JOB[:1], f"{LONG}.toml", *JOB[2:]],
+    ["report", "--model", "llama3-8b", *JOB, "--out", f"{LONG}.html"],
+    ["plan", "--model", "llama3-8b", *JOB, "--emit", "megatron", "--out", f"{LONG}/run.sh"],
+    ["simulate", "--pp", "2", "--microbatches", "4", "--trace", f"{LONG}.json"],
+], ids=["model", "cluster", "report-out", "emit-out", "simulate-trace"])
+def test_a_path_with_a_name_too_long_is_one_line_and_exit_2(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert "255" in one_line(capsys)

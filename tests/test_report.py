@@ -212,3 +212,18 @@ def test_no_two_rows_of_the_table_read_the_same(tmp_path):
     rows = [tuple(row[col[c]] for c in shown) for row in lay["rows"]]
     assert any(row[col["cp"]] > 1 for row in lay["rows"]) and len(set(rows)) == len(rows)
     assert {row[col["cp_mode"]] for row in lay["rows"] if row[col["cp"]] > 1} == {"ring", "allgather"}
+
+
+def test_a_pipeline_too_long_to_simulate_is_said_not_drawn(tmp_path):
+    """A winner whose schedule has more actions than schedules.MAX_SIMULATED: the page says so in the timeline's place,
+    where it had simulated every action (a global batch of a million sequences took 21 s and 1 GB; ten million, more
+    than a minute)."""
+    from shardwise.schedules import MAX_SIMULATED, action_count
+
+    out = tmp_path / "r.html"
+    assert main(["report", *PLAN[:4], "--global-batch", "1000000", "--seq-len", "1024", "--gpus", "8", "--pp", "2",
+                 "--out", str(out)]) == 0
+    plan = json.loads(parse(out).data_json)["plan"]
+    win = plan["winner"]
+    assert action_count(win["schedule"], win["pp"], win["num_microbatches"], win["vpp"]) > MAX_SIMULATED
+    assert f"{win['num_microbatches']:,} micro-batches" in plan["timeline"]["omitted"]

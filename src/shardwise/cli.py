@@ -9,6 +9,7 @@ it must not import torch at module level, so that
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import re
@@ -131,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, PermissionError) and exc.filename:  # an input this user may not read (a model, data file)
             _say(f"shardwise: error: {exc.filename}: {exc.strerror} — this user cannot open it; change its permissions "
                  f"or give another path")
+            return 2
+        if exc.errno == errno.ENAMETOOLONG and exc.filename:  # a path given on the command line (checked before launch)
+            name = max(str(exc.filename).split(os.sep), key=len)
+            _say(f"shardwise: error: {str(exc.filename)[:60]}...: a name in this path is {len(name.encode()):,} bytes, "
+                 f"more than the file system takes (255) — give a shorter path")
             return 2
         raise
     except BaseException as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
-from shardwise.paths import output_path
 
 from shardwise.errors import UsageError
-
+from shardwise.paths import output_path
+from shardwise.schedules.simulate import MAX_SIMULATED, action_count
 from shardwise.specs import PLANNED_SCHEDULES as COMPARE
 from shardwise.specs import SCHEDULES
 
-# Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions the closed forms answer (exact for
-# uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture stays readable up to MAX_DRAWN.
-MAX_SIMULATED = 20_000  # actions, over all schedules of one command (~60 us each with the message-by-message check)
+# Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions, over all schedules of one command, the
+# closed forms answer (exact for uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture
+# stays readable up to MAX_DRAWN.
 MAX_DRAWN = 4_000  # actions in one --out picture
 MAX_DRAWN_RANKS = 64  # rows of one --out picture
 MAX_STAGES = 10_000  # pp * vpp: a stage holds at least one layer (specs.MAX_LAYERS)
@@ -62,10 +62,6 @@ def parse_costs(text: str) -> tuple[float, float, float]:
         raise UsageError(f"--costs {text}: every pass costs nothing, so there is no step to simulate — make F, B or W "
                          f"positive (e.g. 1,1,1)")
     return values
-
-
-def _actions(name: str, p: int, m: int, v: int) -> int:
-    return p * m * v * (3 if name == "zb-h1" else 2)
 
 
 def _check(args) -> None:
@@ -200,7 +196,7 @@ def run(args) -> int:
     shapes = _shapes(args, fw)
     for name, v in shapes:
         check_shape(name, args.pp, args.microbatches, v)
-    actions = sum(_actions(name, args.pp, args.microbatches, v) for name, v in shapes)
+    actions = sum(action_count(name, args.pp, args.microbatches, v) for name, v in shapes)
     if actions > MAX_SIMULATED:
         return _closed_form(args, shapes, actions, (f, b, w), fw)
     if args.out is not None and (actions > MAX_DRAWN * len(shapes) or args.pp > MAX_DRAWN_RANKS):

@@ -61,13 +61,19 @@ def timeline(job, est) -> dict | None:
     from shardwise.planner.frameworks import get as get_framework
     from shardwise.planner.job import per_rank_job
     from shardwise.planner.step_time import distinct_costs, pipeline_costs, rank_costs
-    from shardwise.schedules import Costs, build, simulate
+    from shardwise.schedules import MAX_SIMULATED, Costs, action_count, build, simulate
     from shardwise.schedules.lockstep import simulate_lockstep
     from shardwise.timeline import COLORS, LABELS
 
     lay = est.layout
     if lay.pp == 1:
         return None
+    actions = action_count(lay.schedule, lay.pp, est.num_microbatches, lay.vpp)
+    if actions > MAX_SIMULATED:  # one by one they would take minutes and gigabytes, and no picture shows them
+        return {"omitted": f"The winner's {lay.schedule} pipeline has {actions:,} actions ({lay.pp} stages x "
+                           f"{est.num_microbatches:,} micro-batches), more than the {MAX_SIMULATED:,} this page "
+                           f"simulates one by one: its step time and bubble are in the table; `shardwise simulate` "
+                           f"draws a smaller run of the same schedule."}
     job = per_rank_job(job, lay.tp)
     distinct = distinct_costs(job, lay)
     slow, c = pipeline_costs(job, lay, distinct)

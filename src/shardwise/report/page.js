@@ -223,8 +223,8 @@
 
   function initTimeline(plan) {
     const t = plan.timeline;
-    if (!t) {
-      $("timeline-note").textContent = "The winner has no pipeline (pp = 1): every GPU runs the whole model, so there is no pipeline timeline.";
+    if (!t || t.omitted) {
+      $("timeline-note").textContent = t ? t.omitted : "The winner has no pipeline (pp = 1): every GPU runs the whole model, so there is no pipeline timeline.";
       $("timeline-canvas").hidden = true;
       return;
     }

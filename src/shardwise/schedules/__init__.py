@@ -9,9 +9,9 @@
 from shardwise.schedules.generators import build
 from shardwise.schedules.schedule import (Action, Dep, Schedule, Step, Transfer, dependencies, next_rank,
                                           p2p_plan, prev_rank, stage_owner, virtual_stage)
-from shardwise.schedules.simulate import Costs, Simulation, model_costs, simulate
+from shardwise.schedules.simulate import MAX_SIMULATED, Costs, Simulation, action_count, model_costs, simulate
 from shardwise.schedules.validate import InvalidSchedule, problems, resolve, validate
 
 __all__ = ["build", "Action", "Dep", "Schedule", "Step", "Transfer", "dependencies", "next_rank",
-           "p2p_plan", "prev_rank", "stage_owner", "virtual_stage", "Costs", "Simulation", "model_costs", "simulate",
+           "p2p_plan", "prev_rank", "stage_owner", "virtual_stage", "Costs", "Simulation", "model_costs", "simulate", "MAX_SIMULATED", "action_count",
            "InvalidSchedule", "problems", "resolve", "validate"]

@@ -27,6 +27,16 @@ from shardwise.timeline import Event
 Cost = float | Sequence[float]
 
 
+# Beyond this many actions, one at a time, a simulation stops being a matter of seconds (~60 us each with the
+# message-by-message check): `simulate` answers with the closed forms instead, the report page leaves the picture out.
+MAX_SIMULATED = 20_000
+
+
+def action_count(name: str, p: int, m: int, v: int) -> int:
+    """Actions of one schedule: each rank's forward and backward of every micro-batch and chunk, ZB-H1's split too."""
+    return p * m * v * (3 if name == "zb-h1" else 2)
+
+
 @dataclass(frozen=True)
 class Costs:
     """Per micro-batch costs. Each of f, b, w is one number for every stage, a list of p (one per
