@@ -813,3 +813,13 @@ def test_torchtitan_without_data_parallelism_is_refused_by_name_and_the_default_
     out = json.loads(capsys.readouterr().out)
     assert out["best"]["framework"] == "megatron-core"
     assert "trains in FP32" in out["framework_note"] and "cannot run any layout" not in out["framework_note"]
+
+
+def test_max_vpp_1_with_only_interleaving_names_the_depth(capsys):
+    """--max-vpp 1 leaves interleaved 1F1B no depth to search (it interleaves two or more chunks a rank): the refusal
+    names that, where it had blamed the micro-batch count and the layers, neither of which failed."""
+    code, _, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                           "--global-batch", "64", "--seq-len", "4096", "--pp", "2", "--max-vpp", "1",
+                           "--schedules", "interleaved-1f1b", "--framework", "megatron-core")
+    assert code == 2 and err.count("\n") == 1
+    assert "--max-vpp 1" in err and "multiple of pp" not in err

@@ -451,6 +451,9 @@ def no_layout_message(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -
            else f"pp*vpp at most the {model.num_layers} layers{' + 2' if fw.edge_chunks else ''}")
     deep = f", and pp of at least {fw.min_interleaved_pp} on {fw.name}" if fw.min_interleaved_pp > 2 else ""
     others = " or ".join(s for s in SEARCH_SCHEDULES if s in fw.schedules and s not in space.schedules) or "1f1b"
+    if space.max_vpp == 1:  # the searched depths start at 2 (search.py: one chunk a rank interleaves nothing)
+        return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines: --max-vpp 1 leaves "
+                f"interleaved-1f1b one model chunk a rank, which interleaves nothing — raise --max-vpp or add {others}")
     return (f"no schedule in --schedules {','.join(space.schedules)} can run these pipelines (interleaved-1f1b needs the "
             f"micro-batch count to be a multiple of pp, {cut}{deep}) — add {others}")
 
