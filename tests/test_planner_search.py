@@ -823,3 +823,8 @@ def test_max_vpp_1_with_only_interleaving_names_the_depth(capsys):
                            "--schedules", "interleaved-1f1b", "--framework", "megatron-core")
     assert code == 2 and err.count("\n") == 1
     assert "--max-vpp 1" in err and "multiple of pp" not in err
+
+
+def test_an_empty_name_in_a_list_flag_is_shown(capsys):
+    code, _, err = run_cli(capsys, "plan", *ARTICLE, "--schedules", "1f1b,,gpipe")
+    assert code == 2 and "unknown '' — choose from" in err

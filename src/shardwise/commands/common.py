@@ -225,7 +225,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _choice_list(choices):
     def parse(text: str) -> tuple[str, ...]:
         values = tuple(v.strip() for v in text.split(","))
-        bad = [v for v in values if v not in choices]
+        bad = [repr(v) if not v else v for v in values if v not in choices]  # an empty name shown as ''
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} — choose from {', '.join(choices)}")
         return values
