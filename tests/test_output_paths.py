@@ -4,6 +4,7 @@ is one line: the overwrites and tracebacks an outside fuzz of report, simulate, 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -310,3 +311,10 @@ def test_a_path_with_a_name_too_long_is_one_line_and_exit_2(argv, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     assert "255" in one_line(capsys)
+
+
+def test_an_input_that_is_a_pipe_is_said_to_be_one(tmp_path, capsys):
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    assert main(["report", "--model", "llama3-8b", *JOB, "--validate", str(fifo), "--out", str(tmp_path / "r.html")]) == 2
+    assert "not a regular file" in one_line(capsys)

@@ -136,5 +136,6 @@ def input_file(path, flag: str, fix: str) -> Path:
     if file.is_dir():
         raise UsageError(f"{flag} {path} is a folder — {fix}")
     if not file.is_file():
-        raise UsageError(f"{flag} {path}: no such file — {fix}")
+        what = "not a regular file (a pipe, a device)" if file.exists() else "no such file"
+        raise UsageError(f"{flag} {path}: {what} — {fix}")
     return file
