@@ -30,7 +30,15 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/
 FAILED=""
 PARTS=" ${PARTS:-kernels pipeline gpt2 llama1b profile} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-KERNELS_CLUSTER=${KERNELS_CLUSTER:-dgx-h200}
+# the datasheet profile of the GPU present (part 4 predicts from it, uncalibrated)
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+    *H200*) GPU_CLUSTER=dgx-h200 ;;
+    *H100*) GPU_CLUSTER=dgx-h100-80gb ;;
+    *A100*80GB*) GPU_CLUSTER=dgx-a100-80gb ;;
+    *A100*) GPU_CLUSTER=dgx-a100-40gb ;;
+    *) GPU_CLUSTER=dgx-h200 ;;
+esac
+KERNELS_CLUSTER=${KERNELS_CLUSTER:-$GPU_CLUSTER}
 BIG=benchmarks/data/gpu_configs/llama-1.3b-nanotron.json
 if part profile; then
     timeout 240 python3 benchmarks/gpu_step_profile.py --model "$BIG" --out "$OUT/gpu-step-profile.json" || FAILED="$FAILED profile"
@@ -69,11 +77,13 @@ MODEL=${MODEL:-gpt2}
 SEQ=${SEQ:-1024}
 part gpt2 && {
 # validate times the model at one sequence and the host's floor again beside its sweep, to tell how far the machine's
-# speed moved since the calibration (gpt2 is host-bound here, and a host's speed moves 20 % within minutes)
+# speed moved since the calibration (gpt2 is host-bound here, and a host's speed moves 20 % within minutes). Each step
+# runs only if the one before it passed (set -e is off inside an || list): no stale profile of an earlier run is used.
+rm -f "$OUT/gpu-profile.toml"
 timeout 240 shardwise calibrate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --micro-batch 1 \
-    --out "$OUT/gpu-profile.toml" | tee "$OUT/gpu-calibrate.txt"
+    --out "$OUT/gpu-profile.toml" | tee "$OUT/gpu-calibrate.txt" &&
 timeout 240 shardwise validate --backend nccl --world 1 --model "$MODEL" --seq-len "$SEQ" --global-batch 16 \
-    --cluster "$OUT/gpu-profile.toml" --steps 5 --repeats 3 --plot "$OUT/gpu-accuracy.png" --json > "$OUT/gpu-validate.json"
+    --cluster "$OUT/gpu-profile.toml" --steps 5 --repeats 3 --plot "$OUT/gpu-accuracy.png" --json > "$OUT/gpu-validate.json" &&
 python3 - "$OUT/gpu-validate.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -85,8 +95,9 @@ for x in r["layouts"]:
 print(json.dumps(r["summary"], indent=1))
 PY
 } || { part gpt2 && FAILED="$FAILED gpt2-validate"; }
+# two layouts: the sweep keeps every layout built, and four of this model's 20 GiB of FP32 states overfill an H100
 part llama1b && { timeout 300 shardwise validate --backend nccl --world 1 --model "$BIG" --seq-len 4096 --global-batch 8 \
-    --cluster "$KERNELS_CLUSTER" --steps 3 --repeats 2 --json > "$OUT/gpu-validate-llama1b.json" || FAILED="$FAILED llama1b-validate"; }
+    --layouts dp1 dp1:full --cluster "$KERNELS_CLUSTER" --steps 3 --repeats 2 --json > "$OUT/gpu-validate-llama1b.json" || FAILED="$FAILED llama1b-validate"; }
 part llama1b && python3 - "$OUT/gpu-validate-llama1b.json" <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))

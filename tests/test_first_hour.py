@@ -390,3 +390,24 @@ def test_train_checks_every_flag_before_it_tokenizes_the_data(tmp_path, capsys):
                           capsys)
     assert "tp=3 does not divide the 4 attention heads" in err, err
     assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+def test_a_gpu_sweep_whose_layouts_fit_alone_but_not_together_is_refused(monkeypatch):
+    """validate keeps every layout of its sweep built while the others train: on a GPU their states add up. The 1.3B
+    Llama of benchmarks/gpu_check.sh at seq 4096: each of its default world-1 layouts fits an 80 GB GPU alone, all four
+    (20 GiB of FP32 states each) do not; two do."""
+    from shardwise import preflight
+    from shardwise.errors import UsageError
+    from shardwise.specs import Layout, load_model
+    from shardwise.train import TrainConfig
+
+    monkeypatch.setattr(preflight, "free_gpu_bytes", lambda ranks: 78 * 2**30)
+    monkeypatch.setattr(preflight, "available_host_memory", lambda: None)
+    model = load_model("benchmarks/data/gpu_configs/llama-1.3b-nanotron.json")
+    layouts = [Layout(), Layout(micro_batch=2), Layout(recompute="selective"), Layout(recompute="full")]
+    cfgs = [TrainConfig(spec=model, layout=lay, steps=1, backend="nccl", global_batch=8, seq_len=4096) for lay in layouts]
+    for cfg in cfgs:
+        preflight.check_memory(cfg)  # each alone fits
+    with pytest.raises(UsageError, match="built at once"):
+        preflight.check_sweep_memory(cfgs, fix="give fewer --layouts")
+    preflight.check_sweep_memory([cfgs[0], cfgs[3]], fix="give fewer --layouts")

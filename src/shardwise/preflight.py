@@ -41,17 +41,22 @@ def available_host_memory() -> float | None:
         return None
 
 
-def rank_memory(cfg) -> tuple[float, float]:
-    """(device bytes, host bytes) one rank needs at its peak, as the planner predicts them."""
+def _counted(cfg) -> dict[str, float]:
+    """The planner's prediction of one rank's bytes at its peak (planner.memory.counted_memory) for this run."""
     from shardwise.planner.job import runtime_job
     from shardwise.planner.memory import counted_memory
     from shardwise.specs import load_cluster
 
-    lay = cfg.layout
     # The runtime's memory does not depend on the cluster (only its time does): any preset will do.
     job = runtime_job(cfg.spec, load_cluster("dgx-h100-80gb"), cfg.global_batch, cfg.seq_len,
                       gpu=cfg.device_type == "cuda")
-    device = sum(counted_memory(job, lay).values())
+    return counted_memory(job, cfg.layout)
+
+
+def rank_memory(cfg) -> tuple[float, float]:
+    """(device bytes, host bytes) one rank needs at its peak, as the planner predicts them."""
+    lay = cfg.layout
+    device = sum(_counted(cfg).values())
     build = 4.0 * cfg.spec.num_params() / lay.pp  # fp32 weights of a whole stage, before TP slices them
     started = "LOCAL_WORLD_SIZE" in os.environ  # under torchrun the ranks' interpreters already exist
     host = (0 if started else RANK_OVERHEAD_BYTES) + (build if cfg.device_type == "cuda" else max(build, device))
@@ -127,6 +132,22 @@ def check_memory(cfg, fix: str = TRAIN_FIX, override: str = "--no-memory-check")
         raise UsageError(f"this run needs about {ranks * host / GIB:,.1f} GiB of memory ({ranks} rank{'s' * (ranks > 1)} x "
                          f"{host / GIB:,.1f} GiB: weights, gradients, optimizer states, activations, the process) but "
                          f"this machine has {have / GIB:,.1f} GiB available — {fix}{anyway}")
+
+
+def check_sweep_memory(cfgs, fix: str) -> None:
+    """UsageError if a sweep that keeps every layout built at once (validate: each runtime's weights, gradients and
+    optimizer states live for the whole sweep, one layout trains at a time) needs more GPU memory than a GPU has free:
+    the states of all, and the activations of the largest. Each layout alone is check_memory's."""
+    if len(cfgs) < 2 or cfgs[0].device_type != "cuda":  # on CPU the ranks' host memory: check_memory's per layout
+        return
+    counted = [_counted(cfg) for cfg in cfgs]
+    states = sum(c["weights"] + c["gradients"] + c["optimizer"] for c in counted)
+    need = states + max(c["activations"] for c in counted)
+    free = free_gpu_bytes(local_ranks(cfgs[0]))
+    if need > free:
+        raise UsageError(f"the sweep keeps its {len(cfgs)} layouts built at once: their weights, gradients and optimizer "
+                         f"states ({states / GIB:,.1f} GiB) and the largest one's activations need about "
+                         f"{need / GIB:,.1f} GiB of a GPU, which has {free / GIB:,.1f} GiB free — {fix}")
 
 
 # The least free memory of the first `ranks` GPUs, read in a process of its own: mem_get_info opens a CUDA context on

@@ -71,6 +71,17 @@ def _config(args, cluster):
                           timeout_s=args.timeout)
 
 
+def _check_sweep_memory(cfg) -> None:
+    """Every layout of the sweep stays built while the others train (validate.measure): all their states at once."""
+    from shardwise.preflight import check_sweep_memory
+    from shardwise.train import TrainConfig
+
+    check_sweep_memory([TrainConfig(spec=cfg.model, layout=lay, steps=1, global_batch=cfg.global_batch,
+                                    seq_len=cfg.seq_len, memory_check=False, backend=cfg.backend)
+                        for lay in cfg.layouts],
+                       fix="give fewer --layouts (each alone fits), or a smaller --model, --global-batch or --seq-len")
+
+
 def _settled(text: str, world: int):
     """A --layouts entry as it runs, as train runs the same flags: a knob that changes nothing there set back and said
     (so 'pp1:gpipe' and 'pp1' are one layout), interleaving without a depth at 2 chunks a rank, with a depth of 1
@@ -147,6 +158,7 @@ def _run(args) -> int:
             raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
                              f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
                              f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
+        _check_sweep_memory(cfg)
     err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     try:
         if cfg.cluster is None:
