@@ -75,18 +75,24 @@ def test_validate_table_stays_whole_at_80_columns():
 
     from shardwise.commands.validate import _print
 
-    names = ["dp2 tp1 pp1 mb1", "dp1 tp1 pp2 mb1 interleaved-1f1b v2 zero1 selective recompute", "dp1 tp2 pp1 mb1 sp"]
-    layouts = [dict(name=n, predicted_step_time_s=0.004 * (i + 1), measured_step_time_s=0.005 * (i + 1), noisy=False,
-                    step_time_spread=0.1, predicted_memory_bytes=2e7, measured_memory_bytes=2.1e7)
-               for i, n in enumerate(names)]
-    summary = dict(median_abs_error=0.2, p90_abs_error=0.2, spearman=1.0, kendall_tau=1.0, top1_regret=0.0,
-                   best_in_top3=True, memory_median_abs_error=0.05, memory_p90_abs_error=0.05, noisy_layouts=0)
+    layouts, summary = _validate_records(2e7)
     console = Console(width=80, record=True, file=open("/dev/null", "w"))
     _print(console, dict(model="tiny", world=2, backend="gloo", cluster="calibrated", global_batch=8, seq_len=64,
                          layouts=layouts, summary=summary), None)
     out = console.export_text()
     assert max(map(len, out.splitlines())) <= 80 and "…" not in out, out
     assert "4 ms" in out and "i-1f1b" in out and "sel-rc" in out, out  # units; short words, explained in the caption
+
+
+def _validate_records(predicted_memory: float) -> tuple[list[dict], dict]:
+    """Three layouts' records and a summary as validate --json gives them, for its table."""
+    names = ["dp2 tp1 pp1 mb1", "dp1 tp1 pp2 mb1 interleaved-1f1b v2 zero1 selective recompute", "dp1 tp2 pp1 mb1 sp"]
+    layouts = [dict(name=n, predicted_step_time_s=0.004 * (i + 1), measured_step_time_s=0.005 * (i + 1), noisy=False,
+                    step_time_spread=0.1, predicted_memory_bytes=predicted_memory, measured_memory_bytes=2.1e7)
+               for i, n in enumerate(names)]
+    summary = dict(median_abs_error=0.2, p90_abs_error=0.2, spearman=1.0, kendall_tau=1.0, top1_regret=0.0,
+                   best_in_top3=True, memory_median_abs_error=0.05, memory_p90_abs_error=0.05, noisy_layouts=0)
+    return layouts, summary
 
 
 def _cells_whole(table, width: int, text: set[str]) -> str:
@@ -139,12 +145,7 @@ def test_tables_below_70_columns_fold_words_never_numbers(width, llama_plan):
 
     from rich.console import Console
 
-    names = ["dp2 tp1 pp1 mb1", "dp1 tp1 pp2 mb1 interleaved-1f1b v2 zero1 selective recompute", "dp1 tp2 pp1 mb1 sp"]
-    layouts = [dict(name=n, predicted_step_time_s=0.004 * (i + 1), measured_step_time_s=0.005 * (i + 1), noisy=False,
-                    step_time_spread=0.1, predicted_memory_bytes=2.25e7, measured_memory_bytes=2.1e7)
-               for i, n in enumerate(names)]
-    summary = dict(median_abs_error=0.2, p90_abs_error=0.2, spearman=1.0, kendall_tau=1.0, top1_regret=0.0,
-                   best_in_top3=True, memory_median_abs_error=0.05, memory_p90_abs_error=0.05, noisy_layouts=0)
+    layouts, summary = _validate_records(2.25e7)
     import os
 
     console = Console(width=width, record=True, file=open(os.devnull, "w"))
