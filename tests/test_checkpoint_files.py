@@ -382,3 +382,21 @@ def test_inspects_resume_line_keeps_validating_and_finds_the_data_from_elsewhere
     assert main(argv + ["--data-cache", str(tmp_path / "cache"), "--metrics-file", str(metrics)]) == 0
     records = [json.loads(ln) for ln in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and "val_loss" in records[-1]
+
+
+def test_a_checkpoint_of_a_version_without_a_newer_model_field_resumes(good, tmp_path, capsys):
+    """A manifest written before a ModelSpec field existed (attn_softcap, 2026-12-07) resumes: the missing field reads
+    as its default, what that version built. One that states another value is still another model."""
+    root, _ = _copy(good, tmp_path)
+    manifest = next(root.glob("step_*/manifest.json"))
+    m = json.loads(manifest.read_text())
+    del m["model"]["attn_softcap"]
+    manifest.write_text(json.dumps(m))
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--resume"]) == 0, capsys.readouterr().err
+    root, _ = _copy(good, tmp_path / "again")
+    manifest = next(root.glob("step_*/manifest.json"))
+    m = json.loads(manifest.read_text())
+    m["model"]["attn_softcap"] = 30.0
+    manifest.write_text(json.dumps(m))
+    assert main(["train", *ARGS, "--checkpoint-dir", str(root), "--resume"]) == 2
+    assert "attn_softcap 30.0 vs 0.0" in capsys.readouterr().err

@@ -256,8 +256,18 @@ def validate(ckpt: Path, spec=None) -> dict:
     return manifest
 
 
+def _field_defaults(cls) -> dict:
+    """A dataclass's field defaults as a manifest stores them (JSON: tuples as lists)."""
+    from dataclasses import MISSING, fields
+
+    values = {f.name: f.default if f.default is not MISSING else f.default_factory()
+              for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+    return json.loads(json.dumps(values))
+
+
 def _check_model(ckpt: Path, manifest: dict, spec) -> None:
     mine, theirs = json.loads(json.dumps(asdict(spec))), manifest["model"]  # as the manifest stored it (tuples: lists)
+    theirs = _field_defaults(type(spec)) | theirs  # a field the writing version had not yet: its default, what it built
     diff = [k for k in mine if k != "name" and mine[k] != theirs.get(k)]
     if diff:
         import shlex
