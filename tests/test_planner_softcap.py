@@ -64,3 +64,22 @@ def test_a_kernel_that_takes_the_cap_keeps_the_fused_price(framework, more, tmp_
     for key in COMPARED:
         assert capped[key] == uncapped[key], key
     assert "applies the cap" in capped["model_note"]
+
+
+@pytest.mark.parametrize("more", [("--attention-backend", "fused"), ("--flash-attention",), ("--cp", "2", "--tp", "1")],
+                         ids=["cudnn-named", "flash-named", "cp"])
+def test_a_refusal_names_the_cap_not_a_flag_never_given(more, tmp_path, capsys):
+    """Where the cap keeps megatron-core's fused kernel out, a refusal says so (and that FA2 applies it), never
+    'drop --no-flash-attention', which the user did not give; a kernel named for this model is refused, not replaced."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA2))
+    argv = [a for a in LAYOUT if a != "--tp" and a != "2"] if "--tp" in more else list(LAYOUT)
+    assert main(["estimate", "--model", str(path), *argv, "--framework", "megatron-core", *more]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "soft-caps" in err and "--attention-backend flash" in err and "--no-flash-attention" not in err, err
+    assert "\n" not in err
+
+
+def test_context_parallelism_runs_on_the_kernel_that_takes_the_cap(tmp_path, capsys):
+    out = estimate(tmp_path, capsys, {}, "megatron-core", "--attention-backend", "flash", "--cp", "2")
+    assert out["layout"]["cp"] == 2 if "layout" in out else out["cp"] == 2

@@ -11,7 +11,7 @@ from shardwise.planner.comm import network_assumed
 from shardwise.planner.frameworks import check
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.layer_time import attention_kernel, cache_key, calibrated as calibrated_cluster
-from shardwise.planner.job import Job
+from shardwise.planner.job import Job, unfused_fix
 from shardwise.planner.memory import fits_memory, host_fits, host_memory_bytes, memory_breakdown
 from shardwise.planner.offload import offload_refusal
 from shardwise.planner.overlap import fp8_gathered, param_gather_bytes
@@ -350,7 +350,7 @@ def check_runs(job: Job, layout: Layout) -> None:
     fw = get_framework(job.framework)
     check(fw, layout, max_chunk_layers(job.model, layout.pp, layout.vpp, job.train.seq_len, fw.stage_split),
           job.model.num_layers, layout.num_microbatches(job.train.global_batch), job.flash_attention,
-          job.model.num_kv_heads)
+          job.model.num_kv_heads, unfused_fix(job))
     reason = offload_refusal(fw, job.offload, layout)
     if reason:
         raise UsageError(f"--offload {job.offload}: {reason}")

@@ -536,21 +536,22 @@ class Framework:
         return (f"{self.name} runs mixed precision only through FSDP: with TP or PP and no data or context "
                 f"parallelism it trains in FP32, which is not what is planned (give it dp > 1 or cp > 1)")
 
-    def attention_refusal(self, layout: Layout, flash_attention: bool) -> str | None:
-        """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None."""
+    def attention_refusal(self, layout: Layout, flash_attention: bool,
+                          unfused_fix: str = "drop --no-flash-attention") -> str | None:
+        """Why this stack cannot run `layout` with (or without) a fused attention kernel, or None. `unfused_fix`: what
+        makes the job's attention fused again (job.unfused_fix)."""
         if layout.cp > 1 and not flash_attention and (self.cp_fused_attention_only
                                                           or self.cp_attention in ("torch", "shardwise")):
             if self.cp_attention == "shardwise":  # no unfused softmax to turn to: its blocks are its own
                 return (f"{self.name} runs context parallelism in its own attention blocks (parallel/context_parallel.py: "
-                        f"SDPA's fused kernel on a CPU, FP32 math blocks on a GPU), never an unfused softmax — drop "
-                        f"--no-flash-attention or use --cp 1")
+                        f"SDPA's fused kernel on a CPU, FP32 math blocks on a GPU), never an unfused softmax — "
+                        f"{unfused_fix}, or use --cp 1")
             why = (" (Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1)"
                    if self.name in ("megatron-core", "nemo") else
                    " (torch's context_parallel dispatches only SDPA's flash, memory-efficient and cuDNN kernels: "
                    "torch/distributed/tensor/experimental/_context_parallel/_attention.py)"
                    if self.cp_attention == "torch" else "")
-            return (f"{self.name} runs context parallelism only in its fused attention kernel{why} — drop "
-                    f"--no-flash-attention or use --cp 1")
+            return f"{self.name} runs context parallelism only in its fused attention kernel{why} — {unfused_fix}, or use --cp 1"
         return None
 
     def cuts(self, num_layers: int, chunks: int) -> bool:

@@ -66,12 +66,13 @@ def default_note(fallback_reason: str | None = None, held: bool = False) -> str:
 
 
 def check(framework: Framework, layout: Layout, chunk_layers: int | None = None, num_layers: int | None = None,
-          microbatches: int | None = None, flash_attention: bool = True, num_kv_heads: int | None = None) -> None:
+          microbatches: int | None = None, flash_attention: bool = True, num_kv_heads: int | None = None,
+          unfused_fix: str = "drop --no-flash-attention") -> None:
     """UsageError (one line, exit 2) when the stack cannot run the layout (with `chunk_layers`, the most layers a
     model chunk holds, also the --recompute-layers counts it can run; with `num_layers`, also its pipeline's cut; with
     `microbatches`, also whether it accumulates that many a step; with `flash_attention` False, also whether its
     context parallelism runs without the fused attention; with `num_kv_heads`, also whether it splits them over tp)."""
-    given = (layout, chunk_layers, num_layers, microbatches, flash_attention, num_kv_heads)
+    given = (layout, chunk_layers, num_layers, microbatches, flash_attention, num_kv_heads, unfused_fix)
     reason = _refusal(framework, *given)
     if reason:
         later = FRAMEWORKS.get(framework.later_release)
@@ -83,10 +84,10 @@ def check(framework: Framework, layout: Layout, chunk_layers: int | None = None,
 
 
 def _refusal(framework: Framework, layout: Layout, chunk_layers: int | None, num_layers: int | None,
-             microbatches: int | None, flash_attention: bool, num_kv_heads: int | None) -> str | None:
+             microbatches: int | None, flash_attention: bool, num_kv_heads: int | None, unfused_fix: str) -> str | None:
     return (framework.refusal(layout, num_layers, microbatches)
             or (framework.partial_refusal(layout, chunk_layers) if chunk_layers else None)
-            or framework.attention_refusal(layout, flash_attention)
+            or framework.attention_refusal(layout, flash_attention, unfused_fix)
             or (framework.kv_refusal(num_kv_heads, layout.tp) if num_kv_heads else None))
 
 

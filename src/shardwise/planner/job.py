@@ -215,6 +215,17 @@ def softcap_unfused(model, fw, attention: str = "") -> bool:
     return bool(model.attn_softcap) and not ((attention or fw.attention) in SOFTCAP_FAMILIES and fw.window_kernel)
 
 
+def unfused_fix(job: Job) -> str:
+    """What makes the job's attention fused again, for a refusal that needs the fused kernel: --no-flash-attention
+    dropped, or where the model's soft-capped logits keep the stack's kernel out (softcap_unfused), a kernel that
+    applies the cap."""
+    fw = get_framework(job.framework)
+    if not softcap_unfused(job.model, fw, job.attention):
+        return "drop --no-flash-attention"
+    flash = ": use --attention-backend flash (FA2 applies it)" if fw.attention == "te" else ""
+    return f"{job.model.name} soft-caps its attention logits, which {fw.name}'s fused kernel cannot apply{flash}"
+
+
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
              flash_attention: bool | None = None, tp_comm_overlap: bool | None = None, precision: str = "bf16",
              fp8_params: bool = False, compile: bool = False, compile_loss: bool | None = None, fused_norms: bool = False,
@@ -254,11 +265,17 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     fp8_all_gather = fp8_params and fw.fp8 == "torchao"
     fp8_params = fp8_params and not fp8_all_gather
     fused = fw.flash_attention if flash_attention is None else flash_attention
-    # soft-capped logits (Gemma 2) where the stack's kernel cannot cap: it runs its unfused attention (softcap_unfused)
-    fused = fused and not softcap_unfused(model, fw, ATTENTION_BACKENDS.get(attention_backend or "auto", ""))
     refusal = attention_backend_refusal(fw, cluster, attention_backend, fused)
     if refusal:
         raise UsageError(refusal)
+    # soft-capped logits (Gemma 2) where the stack's kernel cannot cap: it runs its unfused attention (softcap_unfused)
+    if fused and softcap_unfused(model, fw, ATTENTION_BACKENDS.get(attention_backend or "auto", "")):
+        if attention_backend == "fused" or flash_attention:  # asked by name for a kernel that cannot run this model
+            asked = "--attention-backend fused" if attention_backend == "fused" else "--flash-attention"
+            flash = " or --attention-backend flash (FA2 applies it)" if fw.attention == "te" else ""
+            raise UsageError(f"{asked}: {model.name} soft-caps its attention logits, which {fw.name}'s fused kernel "
+                             f"cannot apply — drop {asked} (the stack runs its unfused attention){flash}")
+        fused = False
     if fused and fw.attention == "fa1" and (cluster.arch or "ampere") == "ampere" and model.head_dim > 128:
         # flash-attn 0.2.x csrc/flash_attn/fmha_api.cpp: TORCH_CHECK((head_size % 8 == 0) && (head_size <= 128))
         raise UsageError(f"--flash-attention: --framework {fw.name} runs FlashAttention-1 on this GPU, which takes "

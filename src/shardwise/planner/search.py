@@ -41,7 +41,7 @@ from shardwise.errors import UsageError
 from shardwise.forked import map_pieces, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
 from shardwise.planner.frameworks import get as get_framework
-from shardwise.planner.job import Job, compiled
+from shardwise.planner.job import Job, compiled, unfused_fix
 from shardwise.planner.memory import fits_memory, memory_breakdown, total_bytes
 from shardwise.specs import PLANNED_SCHEDULES, RECOMPUTE, Layout, divisors, splits_over_tp
 from shardwise.stage_split import max_chunks
@@ -467,7 +467,7 @@ def _cp_or_schedule_cause(job: Job, gpus: int, space: SearchSpace, pairs) -> str
             runs = " and ".join(fw.context_parallel) or "no context parallelism"
             return (f"--cp {','.join(map(str, space.cp))}: --framework {fw.name} runs {runs} (--cp-modes "
                     f"{','.join(space.cp_modes)}) — drop --cp, or pick another --framework")
-        no_cp = fw.attention_refusal(Layout(cp=2), job.flash_attention)
+        no_cp = fw.attention_refusal(Layout(cp=2), job.flash_attention, unfused_fix(job))
         if no_cp:
             return f"--cp {','.join(map(str, space.cp))}: {no_cp}"
         possible = sorted({c for t, p in pairs for c in divisors(gpus // (t * p))
