@@ -2,7 +2,8 @@
 
     python benchmarks/context_parallel.py [--batch 2] [--seq-len 1024] [--repeats 20] [--json]
 
-Two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl) time one optimizer step (zero_grad,
+Two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl: models, batches and the replayed K/V on each
+rank's GPU, the device synchronized before each timer is read) time one optimizer step (zero_grad,
 forward + loss, backward, the gradient average over cp, AdamW) of a 3M-parameter Llama (h256, 4 layers, 8
 heads, 4 KV heads) as the median of `repeats` steps, contenders interleaved step by step:
   single     the whole model on the whole batch, in each process at once (so the cores are as busy as under CP)
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from _ranks import add_rank_args, run_and_print, write_json
 from shardwise.model import Transformer
 from shardwise.parallel import build_mesh, parallelize, shard_sequence
+from shardwise.parallel.mesh import collective_device
 from shardwise.specs import Layout, model_from_hf_config
 from shardwise.train import forward_backward
 
@@ -36,10 +38,16 @@ SMALL = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "
          "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 8192}
 
 
-def _batch(args):
+def _batch(args, device):
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
+    x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g).to(device)
     return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def _sync(device) -> None:
+    """Wait for the work queued on `device` (a GPU runs it after the host returns; NCCL on streams of its own)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _step(chunk, microbatches):
@@ -85,10 +93,10 @@ class _Recorder:
         return False
 
 
-def _replay(calls, group):
+def _replay(calls, group, device):
     """A step of exactly the K/V traffic one CP step moves, nothing else."""
     ring, size = cp_module._Ring(group), dist.get_world_size(group)
-    tensors = [(kind, torch.randn(shape).to(dtype)) for kind, shape, dtype in calls]
+    tensors = [(kind, torch.randn(shape).to(device, dtype)) for kind, shape, dtype in calls]
 
     def once():
         for i, (kind, t) in enumerate(tensors):
@@ -104,17 +112,20 @@ def _replay(calls, group):
     return once
 
 
-def _time(steps: dict, repeats: int) -> dict:
-    """Seconds per contender and round, samples interleaved step by step, ranks starting each step together."""
+def _time(steps: dict, repeats: int, device) -> dict:
+    """Seconds per contender and round, samples interleaved step by step, ranks starting each step together; on a
+    GPU each sample ends when the device has finished the step (its collectives included)."""
     for step in steps.values():
         for _ in range(2):
             step()
     samples = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
+            _sync(device)
             dist.barrier()
             t0 = time.perf_counter()
             float(step().detach())
+            _sync(device)
             samples[name].append(time.perf_counter() - t0)
     return samples
 
@@ -122,21 +133,23 @@ def _time(steps: dict, repeats: int) -> dict:
 def _worker(rank, world, args, path):
     torch.set_num_threads(args.threads)
     spec = model_from_hf_config(SMALL, "small", "benchmark")
-    x, y = _batch(args)
+    device = collective_device()  # this rank's GPU under nccl (the runtime's choice), else the CPU
+    x, y = _batch(args, device)
     mesh = build_mesh(1, 1, 1, cp=2, backend=args.backend, timeout_s=300)
     local = [(shard_sequence(x, 2, rank), shard_sequence(y, 2, rank))]
-    contenders = {"single_s": _step(parallelize(Transformer(spec, seed=0), None, Layout()), [(x, y)])}
+    contenders = {"single_s": _step(parallelize(Transformer(spec, seed=0), None, Layout(), device), [(x, y)])}
     comm = {}
     for mode in ("ring", "allgather"):
-        chunk = parallelize(Transformer(spec, seed=0), mesh, Layout(cp=2, cp_mode=mode), seq_len=args.seq_len)
+        chunk = parallelize(Transformer(spec, seed=0), mesh, Layout(cp=2, cp_mode=mode), device,
+                            seq_len=args.seq_len)
         contenders[f"cp_{mode}_s"] = step = _step(chunk, local)
         with _Recorder() as rec:
             step()
         comm[mode] = rec.calls
-        contenders[f"kv_{mode}_s"] = _replay(rec.calls, mesh["cp"].get_group())
+        contenders[f"kv_{mode}_s"] = _replay(rec.calls, mesh["cp"].get_group(), device)
     out = {"params": sum(p.numel() for p in Transformer(spec).parameters()), "batch": args.batch, "seq_len": args.seq_len,
            "repeats": args.repeats, "backend": args.backend}
-    samples = _time(contenders, args.repeats)
+    samples = _time(contenders, args.repeats, device)
     out.update({name: statistics.median(v) for name, v in samples.items()})
     for mode, calls in comm.items():
         out[f"kv_{mode}_calls"] = len(calls)

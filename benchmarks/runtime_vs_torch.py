@@ -3,7 +3,8 @@
     python benchmarks/runtime_vs_torch.py [--models tiny,small] [--batch 8] [--seq-len 64]
                                           [--repeats 60] [--json]
 
-Per model, two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl) time one optimizer step
+Per model, two processes on gloo (CPU, fp32; nccl on GPUs with --backend nccl: models, batches and the replayed
+collectives on each rank's GPU, the device synchronized before each timer is read) time one optimizer step
 (zero_grad, forward + loss, backward, AdamW) as the median of `repeats` steps, contenders interleaved:
   TP    shardwise tensor_parallel (tp=2)  vs  DTensor: parallelize_module with ColwiseParallel /
         RowwiseParallel on the same linears, vocab-parallel embedding and head, loss_parallel
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from shardwise.model import Transformer
 from _ranks import add_rank_args, run_and_print, write_json
 from shardwise.parallel import build_mesh, parallelize, tensor_parallel
+from shardwise.parallel.mesh import collective_device
 from shardwise.specs import Layout, load_model, model_from_hf_config
 from shardwise.train import TrainConfig, build_runtime, forward_backward, train_step
 
@@ -45,12 +47,19 @@ def spec_for(name: str):
 # --------------------------------------------------------------------------- the step being timed
 
 
-def _batch(args, rank_rows=None):
+def _batch(args, device, rank_rows=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
     if rank_rows is not None:
         x = x[rank_rows]
+    x = x.to(device)
     return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def _sync(device) -> None:
+    """Wait for the work queued on `device` (a GPU runs it after the host returns; NCCL on streams of its own)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _step_fn(model, x, y, loss_ctx=None):
@@ -86,20 +95,23 @@ class _null:
         return False
 
 
-def _time(steps: dict, args) -> dict:
+def _time(steps: dict, args, device) -> dict:
     """Median seconds of one step of each contender over `repeats` samples, after warm-up. Samples are
     interleaved step by step (A B C A B C ...) so every contender sees the same load on a shared machine;
-    the ranks start each step together (a barrier outside the timed region)."""
+    the ranks start each step together (a barrier outside the timed region); on a GPU a sample ends when the device
+    has finished the step (its collectives included)."""
     for step in steps.values():
         for _ in range(3):
             step()
     samples = {name: [] for name in steps}
     for _ in range(args.repeats):
         for name, step in steps.items():
+            _sync(device)
             dist.barrier()
             t0 = time.perf_counter()
             loss = step()
             float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach())
+            _sync(device)
             samples[name].append(time.perf_counter() - t0)
     return {name: statistics.median(v) for name, v in samples.items()}
 
@@ -107,11 +119,11 @@ def _time(steps: dict, args) -> dict:
 # --------------------------------------------------------------------------- the contenders
 
 
-def dtensor_tp(spec, mesh):
+def dtensor_tp(spec, mesh, device):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model = Transformer(spec, seed=0)
+    model = Transformer(spec, seed=0).to(device)  # buffers too (parallelize_module moves only what it shards)
     plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
             "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
     for i, block in model.layers.items():
@@ -145,9 +157,9 @@ def _record_tp_collectives(step) -> list[tuple]:
     return calls
 
 
-def _replay(calls, group):
+def _replay(calls, group, device):
     """A step of exactly the collectives one TP step issues, nothing else."""
-    tensors = [(kind, torch.randn(shape).to(dtype), group) for kind, shape, dtype in calls]
+    tensors = [(kind, torch.randn(shape).to(device, dtype), group) for kind, shape, dtype in calls]
     size = dist.get_world_size(group)
 
     def once():
@@ -171,27 +183,30 @@ def bench_model(name: str, args, rank: int) -> dict:
     from torch.distributed.tensor.parallel import loss_parallel
 
     spec = spec_for(name)
-    x, y = _batch(args)
-    xl, yl = _batch(args, slice(rank * args.batch // 2, (rank + 1) * args.batch // 2))
+    device = collective_device()  # this rank's GPU under nccl (the runtime's choice), else the CPU
+    x, y = _batch(args, device)
+    xl, yl = _batch(args, device, slice(rank * args.batch // 2, (rank + 1) * args.batch // 2))
     tp_mesh = build_mesh(1, 1, 2, backend=args.backend, timeout_s=120)
     dp_mesh = build_mesh(1, 2, 1, backend=args.backend, timeout_s=120)
-    ours_tp = _step_fn(tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"]).model, x, y)
+    ours_tp = _step_fn(tensor_parallel(Transformer(spec, seed=0), tp_mesh["tp"]).model.to(device), x, y)
     calls = _record_tp_collectives(ours_tp)
     cfg = TrainConfig(spec, Layout(dp=2, micro_batch=args.batch // 2), steps=10**6, global_batch=args.batch,
                       seq_len=args.seq_len, backend=args.backend, progress=False)
     rt = build_runtime(cfg, dp_mesh)
+    ids = [device.index] if device.type == "cuda" else None  # DDP's one device per process
     contenders = {
         # the whole model in each process at once, so the cores are as busy as under TP
-        "single_s": _step_fn(Transformer(spec, seed=0), x, y),
+        "single_s": _step_fn(Transformer(spec, seed=0).to(device), x, y),
         "tp_shardwise_s": ours_tp,
-        "tp_dtensor_s": _step_fn(dtensor_tp(spec, tp_mesh), x, y, loss_parallel),
-        "tp_comm_s": _replay(calls, tp_mesh["tp"].get_group()),
-        "dp_shardwise_s": _runtime_step(parallelize(Transformer(spec, seed=0), dp_mesh, Layout(dp=2)), xl, yl),
-        "dp_ddp_s": _step_fn(torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0)), xl, yl),
+        "tp_dtensor_s": _step_fn(dtensor_tp(spec, tp_mesh, device), x, y, loss_parallel),
+        "tp_comm_s": _replay(calls, tp_mesh["tp"].get_group(), device),
+        "dp_shardwise_s": _runtime_step(parallelize(Transformer(spec, seed=0), dp_mesh, Layout(dp=2), device), xl, yl),
+        "dp_ddp_s": _step_fn(torch.nn.parallel.DistributedDataParallel(Transformer(spec, seed=0).to(device), device_ids=ids),
+                             xl, yl),
         "dp_train_step_s": lambda: torch.tensor(train_step(rt)["loss"]),
     }
     out = {"model": name, "params": sum(p.numel() for p in Transformer(spec).parameters()), "tp_collectives": len(calls)}
-    out.update(_time(contenders, args))
+    out.update(_time(contenders, args, device))
     out["tp_floor_s"] = out["single_s"] / 2 + out["tp_comm_s"]
     return out
 

@@ -721,3 +721,18 @@ def test_a_calibration_of_another_model_or_length_is_said(calibrated, capsys):
         assert main(["estimate", *what, "--cluster", str(path), "--gpus", "2", "--global-batch", "8", "--json"]) == 0
         got = json.loads(capsys.readouterr().out).get("cluster_note")
         assert (got is None) if note is None else (f"calibrated on {measured['model']}" in got and note in got), got
+
+
+def test_the_send_recv_beyond_its_table_is_read_at_the_pipeline_messages_size():
+    """On a GPU the layers' all-reduce moves BF16 (sync_bytes) and the pipeline's send/recv FP32, twice the bytes
+    (p2p_bytes): the send/recv's cost beyond its table is its measured call less the table at its own size. A profile
+    from before p2p_bytes reads it at sync_bytes, as it was measured."""
+    import dataclasses
+
+    p = _cp_profile([])
+    tables = dict(p.tables, send_recv=[[size, 2e-4 + size / 2e9] for size in (1024, 8192, 16384, 32768, 262144)])
+    gpu = dataclasses.replace(p, tables=tables, sync_points=[1e-3, 0, 0, 1e-3 + 2e-4 + 32768 / 2e9 + 3e-4],
+                              p2p_bytes=32768)
+    assert gpu.p2p_sync_s() == pytest.approx(3e-4)
+    older = dataclasses.replace(gpu, p2p_bytes=0, sync_points=[1e-3, 0, 0, 1e-3 + 2e-4 + 16384 / 2e9 + 3e-4])
+    assert older.p2p_sync_s() == pytest.approx(3e-4)

@@ -184,7 +184,7 @@ def run_ranks(entry, *args, world: int, backend: str = "gloo", timeout_s: float 
                                                              logs if finish_s is not None else None)
             except ChildFailedError as exc:
                 spent = f" (the last of {max_restarts + 1} attempts: --max-restarts {max_restarts} used)" if max_restarts else ""
-                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s) + spent,
+                raise JobFailed(describe_failures(exc.failures, what, hung, timeout_s, late, finish_s, backend) + spent,
                                 details=_details(exc.failures)) from None
     except KeyboardInterrupt:
         fork_server.stop()
@@ -392,12 +392,14 @@ class _ProgressRelay:
 
 
 def describe_failures(failures: dict, what: str = "training", hung: list | None = None,
-                      timeout_s: float | None = None, late: list | None = None, finish_s: float | None = None) -> str:
+                      timeout_s: float | None = None, late: list | None = None, finish_s: float | None = None,
+                      backend: str | None = None) -> str:
     """Name the rank that died first: a rank that vanished without a Python error (killed, crashed, exited)
     is the cause; ranks that then raised (peer closed the connection, timeout) are the consequence. Where the
     failures are what a silent peer causes (a collective's timeout, a connection it closed) and ranks had to be
     SIGKILLed after them (`hung`: alive after SIGTERM), those ranks stopped answering and are named first. Ranks
-    killed as not finished `finish_s` after another had (`late`) are named as such."""
+    killed as not finished `finish_s` after another had (`late`) are named as such. Under NCCL (`backend`) a
+    collective past its timeout raises no Python error: torch's watchdog aborts the rank (SIGABRT), said as such."""
     if late:
         who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, sorted(late)))
         return (f"{what} stopped: {who} had not finished {finish_s:g} s after the other ranks had (hung or stopped "
@@ -414,6 +416,8 @@ def describe_failures(failures: dict, what: str = "training", hung: list | None 
     stuck = sorted(set(hung or ()) - set(failures))
     if stuck and all(not vanished(f) and _left_waiting(f.message) for f in failures.values()):
         parts[0] = _hung_first(stuck, ordered[0], timeout_s)
+    elif backend == "nccl" and _watchdog_aborted(ordered[0][1]) and all(vanished(f) for f in failures.values()):
+        parts[0] = _nccl_timeout_first(stuck, ordered[0][0], timeout_s)
     others = "; then " + "; ".join(parts[1:]) if len(parts) > 1 else ""
     return f"{what} stopped: {parts[0]}{others} — the other ranks were stopped"
 
@@ -424,6 +428,27 @@ def _hung_first(stuck: list[int], first: tuple, timeout_s: float | None) -> str:
     rank, f = first
     return (f"{who} stopped answering (hung or stopped): rank {rank} waited{waited} for "
             f"{'it' if len(stuck) == 1 else 'them'} and failed: {_last_line(f.message)}")
+
+
+def _watchdog_aborted(f) -> bool:
+    """How NCCL's watchdog ends a rank whose collective ran past the group's timeout: it aborts the process (SIGABRT,
+    exit code -6) from its own thread, with no Python error (so no error file)."""
+    import signal
+
+    return f.exitcode == -signal.SIGABRT
+
+
+def _nccl_timeout_first(stuck: list[int], rank: int, timeout_s: float | None) -> str:
+    """The first rank NCCL's watchdog aborted (`rank`: torch elastic reports the first rank that ended), and the ranks
+    still alive after SIGTERM (`stuck`), which the others were probably waiting for."""
+    limit = f"--timeout {timeout_s:g} s" if timeout_s else "its timeout"
+    aborted = (f"rank {rank} ended first, aborted (exit code -6, SIGABRT) with no Python error, as NCCL's watchdog "
+               f"ends a rank whose collective runs past {limit}")
+    if stuck:
+        who = f"rank {stuck[0]}" if len(stuck) == 1 else "ranks " + ", ".join(map(str, stuck))
+        return f"{who} stopped answering (hung or stopped): {aborted}; it probably waited that long for {who}"
+    return (f"{aborted}: a collective probably exceeded it (a rank hung, stopped or fell behind; raise --timeout if "
+            f"a step is that slow)")
 
 
 def _left_waiting(message) -> bool:

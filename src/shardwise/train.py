@@ -349,12 +349,42 @@ def _maybe_die(step: int) -> None:
         os._exit(13)
 
 
+class StepClock:
+    """A training step's boundaries (`mark`) and the seconds between two of them (`seconds`).
+
+    On the CPU a mark is the host's clock. On a GPU the host runs ahead of the device: it blocks where it must wait
+    for the device (a step's batch copy from pageable memory waits for the step before to end, reading scalars waits
+    for all the work queued before), so host clock readings would give step k's device time to step k + 1. There a
+    mark is a CUDA event recorded on the current stream: it fires when the work queued before it has run, so two
+    marks time the device's work between two boundaries (the idle time the host's own work leaves in it included).
+    `seconds` is called once the end mark's work has been waited for (the step's scalars are read first): it adds no
+    host sync of its own. `events` and `clock` are the event factory and host clock (tests give fakes)."""
+
+    def __init__(self, device: torch.device | str, events=None, clock=time.perf_counter):
+        self.cuda = torch.device(device).type == "cuda"
+        self.events = events or (lambda: torch.cuda.Event(enable_timing=True))
+        self.clock = clock
+
+    def mark(self):
+        if not self.cuda:
+            return self.clock()
+        event = self.events()
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        if not self.cuda:
+            return end - start
+        end.synchronize()  # already passed: the step's scalars, queued after it, have been read
+        return start.elapsed_time(end) / 1e3  # milliseconds
+
+
 class TrainLoop:
     """The steps of a run and their records. Step k's scalars are read back (the step's one host sync) and
-    logged (metrics file, progress bar) after step k + 1 has run, so the loss's all-reduce and the logging
-    never hold up a step. A step's time runs from its start to the next step's start: it holds its own
-    work and the logging of the step before. Evaluation and checkpoints read their step at once and are
-    not counted in any step's time."""
+    logged (metrics file, progress bar) after step k + 1 has been launched, so the loss's all-reduce and the
+    logging never hold up a step. A step's time runs from its start to the next step's start: it holds its own
+    work and the logging of the step before (on a GPU the device's time between those points: StepClock).
+    Evaluation and checkpoints read their step at once and are not counted in any step's time."""
 
     def __init__(self, rt: Runtime, last: int, sink=None, update=lambda rec: None, messages: bool = False,
                  measure_memory: bool = False):
@@ -363,6 +393,7 @@ class TrainLoop:
         self.records: list[dict] = []
         self.memory: dict | None = None
         self._pending = None  # (step, StepScalars, start): launched, not yet logged
+        self.clock = StepClock(rt.device)
 
     def run(self, steps: int) -> list[dict]:
         """Run `steps` steps and log every one of them; returns their records."""
@@ -377,7 +408,7 @@ class TrainLoop:
 
         rt, cfg = self.rt, self.rt.cfg
         _maybe_die(rt.step + 1)
-        start = time.perf_counter()
+        start = self.clock.mark()
         if self.measure_next:  # (imported here: the validate package stays out of every plain training run)
             from shardwise.validate.memory import measure_memory
 
@@ -402,7 +433,8 @@ class TrainLoop:
             self._log(*self._pending, end=None)
             self._pending = None
 
-    def _log(self, step: int, scalars: StepScalars, start: float, end: float | None) -> None:
+    def _log(self, step: int, scalars: StepScalars, start, end) -> None:
+        """`start`, `end`: StepClock marks (`end` None: now, once the step's scalars are read)."""
         rt, cfg = self.rt, self.rt.cfg
         values = scalars.read()
         try:
@@ -413,7 +445,7 @@ class TrainLoop:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(str(exc))
             raise
-        elapsed = (time.perf_counter() if end is None else end) - start
+        elapsed = self.clock.seconds(start, self.clock.mark() if end is None else end)
         rec = {"step": step, "loss": values["loss"], "step_time_s": elapsed, "tokens_per_s": cfg.tokens_per_step / elapsed,
                "lr": values["lr"], "grad_norm": values["grad_norm"],
                **({"aux_loss": values["aux_loss"]} if "aux_loss" in values else {})}

@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardwise.calibrate.compute import runtime_optimizer
+from shardwise.calibrate.compute import pipeline_dtype, runtime_optimizer
 from shardwise.calibrate.config import COLLECTIVES, MODEL_LAYERS, human
 from shardwise.calibrate.timer import (NOISY, SYNC_ROUNDS, Timer, autocast_for, element_size, in_rounds, paired,
                                        reference, spread)
@@ -26,7 +26,10 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
     exchange, "layer handoff" and "stage handoff": the pair's two ranks taking turns — one runs the layer (the stage)
     while the other waits in the exchange, then the other runs it while the first waits — as a pipeline's ranks do
     where the schedule makes one wait for the other's action}, the activation). measure_sync times them for the
-    profile; validate times "layer", "both", "p2p" and "exchange" again beside its sweep (the calls' speed now)."""
+    profile; validate times "layer", "both", "p2p" and "exchange" again beside its sweep (the calls' speed now).
+    The layer and the all-reduce move the compute dtype's activation (bf16 on a GPU, as tensor parallelism's calls
+    do); the send/recv, the exchange and the stage's input and gradient are in the dtype the pipeline executor sends
+    (compute.pipeline_dtype: fp32). On a CPU both are fp32: one tensor."""
     from shardwise.model import Transformer
     from shardwise.parallel.pipeline import BatchP2P
 
@@ -35,6 +38,9 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
     rope = (model.rope_cos, model.rope_sin) if spec.family == "llama" else None
     x = torch.randn(t.cfg.micro_batch, t.cfg.seq_len, spec.hidden, device=t.device, dtype=t.dtype)
     act = torch.ones_like(x)
+    sent = pipeline_dtype()  # what a pipeline stage receives and sends (its input, its output's gradient)
+    pipe = act if act.dtype == sent else torch.ones_like(act, dtype=sent)
+    stage_x = x if x.dtype == sent else x.to(sent)
 
     def layer():
         with autocast_for(t):  # the layer's weights are fp32, as a training job's are; on a GPU x is bf16
@@ -48,7 +54,7 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
 
     def send_recv():
         if peer < t.world:
-            (dist.send if t.rank % 2 == 0 else dist.recv)(act, peer)
+            (dist.send if t.rank % 2 == 0 else dist.recv)(pipe, peer)
 
     def layer_send_recv():
         layer()
@@ -58,16 +64,16 @@ def call_workloads(t: Timer) -> tuple[dict, torch.Tensor]:
 
     def exchange():
         if peer < t.world:  # the executor's exchange: its buffer, both messages posted, each waited for
-            for work in p2p.post([(act, peer, 0)], [(torch.empty_like(act), peer, 0)], None):
+            for work in p2p.post([(pipe, peer, 0)], [(torch.empty_like(pipe), peer, 0)], None):
                 work.wait()
 
     chunk = Transformer(spec, seed=0, layer_ids=range(STAGE_LAYERS), first=False, last=False, device=t.device)
 
     def stage():
-        inp = x.clone().requires_grad_(True)
+        inp = stage_x.clone().requires_grad_(True)
         with autocast_for(t):
             y = chunk(inp, None)
-        torch.autograd.backward(y, act)
+        torch.autograd.backward(y, pipe)
 
     def handoff(compute):
         def run():  # rank 0 computes while rank 1 waits in the exchange, then the other way round
@@ -128,6 +134,7 @@ def measure_sync(t: Timer, out: dict):
         turn = statistics.median(h / 2 - x for h, x in zip(reps[handoff], reps[lockstep]))
         out["sync_points"].append(out["sync_points"][point] + turn)
     out["sync_bytes"] = act.numel() * act.element_size()
+    out["p2p_bytes"] = act.numel() * pipeline_dtype().itemsize  # call_workloads' pipeline messages, act's shape
     out["action_scatter"] = t.reduce([action_scatter(t, loops["stage"])], "mean")[0]
     yield "one stage call at a time"
 

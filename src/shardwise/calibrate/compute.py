@@ -317,6 +317,15 @@ def edge_variants(t: Timer, batch: int, floor: bool = False) -> dict:
     return out
 
 
+def pipeline_dtype() -> torch.dtype:
+    """What the pipeline executor sends between stages and feeds a middle stage: its receive buffers' dtype
+    (parallel.pipeline.PipelineExecutor.dtype, the fp32 residual stream, under autocast too). The planner's
+    shardwise profile counts the same 4 bytes an element (p2p_bytes); the layers' own activations are `t.dtype`."""
+    from shardwise.parallel.pipeline import PipelineExecutor
+
+    return PipelineExecutor.dtype
+
+
 def measure_split_backward(t: Timer, out: dict):
     """out["split_points"] = [plain, split]: seconds of a two-layer middle pipeline chunk (input from the
     stage before, output to the next), forward + backward, with one backward as the executor runs B, and
@@ -332,7 +341,8 @@ def measure_split_backward(t: Timer, out: dict):
         return
     spec, layers = t.cfg.model, 2
     chunk = Transformer(spec, seed=0, layer_ids=range(layers), first=False, last=False, device=t.device)
-    x = torch.randn(t.cfg.micro_batch, t.cfg.seq_len, spec.hidden, device=t.device, dtype=t.dtype)
+    # the chunk's input and its output's gradient as the executor receives them (pipeline_dtype; bf16 layers within)
+    x = torch.randn(t.cfg.micro_batch, t.cfg.seq_len, spec.hidden, device=t.device, dtype=pipeline_dtype())
     grad = torch.randn_like(x)
     params = [p for p in chunk.parameters() if p.requires_grad]
 

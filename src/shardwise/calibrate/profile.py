@@ -51,6 +51,9 @@ class Profile:
     # (comm.measure_sync)
     sync_points: list = field(default_factory=list)
     sync_bytes: int = 0  # that all-reduce's message
+    # the send/recv's, the exchange's and the stage's message: the pipeline executor's dtype (fp32, twice the bf16
+    # all-reduce's on a GPU); 0 in profiles before 2026-12-07, which sent sync_bytes (p2p_message_bytes)
+    p2p_bytes: int = 0
     action_scatter: float = 0.0  # one stage call's time: interquartile range / 1.349 / median (comm.action_scatter)
     fsdp_call_s: float = 0.0  # each FSDP collective in a step, beyond its table time
     fsdp_tensors: int = 0  # parameter tensors of the sharded layer behind fsdp_points
@@ -137,13 +140,18 @@ class Profile:
         norm = interpolate(self.monotone_tables()["all_reduce"], 4) + self.sync_overhead_s() if self.tables.get("all_reduce") else 0.0
         return max((sharded_u - plain_u - norm) / self.fsdp_tensors, 0.0)
 
+    def p2p_message_bytes(self) -> int:
+        """The pipeline messages' size in sync_points' send/recv, exchange and stage calls (measure_sync)."""
+        return self.p2p_bytes or self.sync_bytes
+
     def _in_context(self, index: int, kind: str) -> float:
         """(layer + call) - layer - the table's time for that call: what the call costs between layers
         beyond what the planner reads from its table."""
         if len(self.sync_points) <= index or not self.tables.get(kind):
             return 0.0
         layer, both = self.sync_points[0], self.sync_points[index]
-        return max(both - layer - interpolate(self.monotone_tables()[kind], self.sync_bytes), 0.0)
+        size = self.p2p_message_bytes() if kind == "send_recv" else self.sync_bytes
+        return max(both - layer - interpolate(self.monotone_tables()[kind], size), 0.0)
 
     def sync_overhead_s(self) -> float:
         """A collective issued between two layers, beyond its table time (measured on an all-reduce)."""
@@ -170,7 +178,7 @@ class Profile:
         charges it to every exchange a rank waits on in the executor's program (planner/step_time._pipeline_spans)."""
         if len(self.sync_points) < 8 or not self.tables.get("send_recv"):
             return 0.0
-        table = interpolate(self.monotone_tables()["send_recv"], self.sync_bytes)
+        table = interpolate(self.monotone_tables()["send_recv"], self.p2p_message_bytes())
         return max(self._exchange_line()[0] - table, 0.0)
 
     def lockstep_spread(self) -> float:
@@ -201,7 +209,7 @@ class Profile:
         program_makespan). [] from a calibration that did not time them."""
         if len(self.sync_points) < 10 or not self.tables.get("send_recv"):
             return []
-        sp, table = self.sync_points, interpolate(self.monotone_tables()["send_recv"], self.sync_bytes)
+        sp, table = self.sync_points, interpolate(self.monotone_tables()["send_recv"], self.p2p_message_bytes())
         return [[sp[0], max(sp[8] - sp[0] - table, 0.0)], [sp[6], max(sp[9] - sp[6] - table, 0.0)]]
 
     def _cp_beyond(self, index: int, exchanges: float) -> float:
