@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import published_runs as pr
@@ -227,7 +226,7 @@ def differences(row: dict, run: pr.Run, est: dict, argv: list[str]) -> list[str]
     for k in ("inter_node_bandwidth", "gpu_memory_bytes"):
         if getattr(preset, k) != getattr(stated, k):
             why.append(f"cluster {k}: preset {getattr(preset, k) / 1e9:g} GB(/s), row states {getattr(stated, k) / 1e9:g}")
-    lay = asdict(run.layout) | {"dp_shard": run.layout.dp_shard or run.layout.dp}
+    lay = run.layout.record()
     for k in KNOBS:
         if est[k] != lay[k]:
             why.append(f"{k}: command line {est[k]}, internal {lay[k]}")

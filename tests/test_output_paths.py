@@ -318,3 +318,11 @@ def test_an_input_that_is_a_pipe_is_said_to_be_one(tmp_path, capsys):
     os.mkfifo(fifo)
     assert main(["report", "--model", "llama3-8b", *JOB, "--validate", str(fifo), "--out", str(tmp_path / "r.html")]) == 2
     assert "not a regular file" in one_line(capsys)
+
+
+def test_a_path_too_long_overall_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    deep = "/".join(["a" * 250] * 20) + "/config.json"  # each name fits; the whole path does not (PATH_MAX)
+    assert main(["estimate", "--model", deep, *JOB]) == 2
+    err = one_line(capsys)
+    assert "this path is" in err and "a name in this path" not in err

@@ -134,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                  f"or give another path")
             return 2
         if exc.errno == errno.ENAMETOOLONG and exc.filename:  # a path given on the command line (checked before launch)
-            name = max(str(exc.filename).split(os.sep), key=len)
-            _say(f"shardwise: error: {str(exc.filename)[:60]}...: a name in this path is {len(name.encode()):,} bytes, "
-                 f"more than the file system takes (255) — give a shorter path")
+            path = str(exc.filename)
+            name = max(path.split(os.sep), key=len).encode()
+            what = (f"a name in this path is {len(name):,} bytes, more than the file system takes (255)" if len(name) > 255
+                    else f"this path is {len(path.encode()):,} bytes, more than the system takes ({os.pathconf('/', 'PC_PATH_MAX'):,})")
+            _say(f"shardwise: error: {path[:60]}...: {what} — give a shorter path")
             return 2
         raise
     except BaseException as exc:  # Ctrl-C, or SIGTERM (Interrupted): every process was stopped

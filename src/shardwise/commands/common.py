@@ -636,9 +636,7 @@ def layout_table(estimates, title: str, width: int | None = None):
     narrow = width is not None and width < WIDE
     short = (lambda text: SHORT.get(text, text)) if narrow else (lambda text: text)
     if narrow:
-        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0),
-                      caption="i-1f1b: interleaved 1F1B; Z: ZeRO stage; rc: recompute (sel: selective; full:N: N layers "
-                              "of each stage); M: million")
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
         headers = ("#", "layout", "sched", "Z", "rc", "SP", "GiB", "fits", "step", "tok/s", "MFU")
     else:
         table = Table(title=title)
@@ -656,8 +654,11 @@ def layout_table(estimates, title: str, width: int | None = None):
                       _tokens(e.tokens_per_s, narrow), f"{e.mfu:.1%}")
     if narrow:  # text columns fold, numbers stay whole; where they alone are too wide, columns are left out
         gone = fit_table(table, width, text=(1, 2, 4), drop=(5, 3, 4, 2, 0, 8))
-        if gone:
-            table.caption += f"; left out to fit {width} columns: {', '.join(gone)} (--json has every field)"
+        legend = {"sched": "i-1f1b: interleaved 1F1B", "Z": "Z: ZeRO stage",  # the abbreviations of the columns shown
+                  "rc": "rc: recompute (sel: selective; full:N: N layers of each stage)", "tok/s": "M: million"}
+        said = [text for header, text in legend.items() if header not in gone]
+        said += [f"left out to fit {width} columns: {', '.join(gone)} (--json has every field)"] if gone else []
+        table.caption = "; ".join(said) or None
     return table
 
 

@@ -71,15 +71,20 @@ def _config(args, cluster):
                           timeout_s=args.timeout)
 
 
-def _check_sweep_memory(cfg) -> None:
-    """Every layout of the sweep stays built while the others train (validate.measure): all their states at once."""
+def _check_sweep_memory(cfg, given: bool) -> None:
+    """Every layout of the sweep stays built while the others train (validate.measure): all their states at once.
+    `given`: the user named the layouts (else the default sweep's, which the fix names)."""
     from shardwise.preflight import check_sweep_memory
     from shardwise.train import TrainConfig
+    from shardwise.validate.config import describe
 
+    fewer = ("give fewer --layouts (each alone fits)" if given else
+             f"name a few of the default sweep's layouts with --layouts ({', '.join(describe(l) for l in cfg.layouts)}; "
+             f"each alone fits)")
     check_sweep_memory([TrainConfig(spec=cfg.model, layout=lay, steps=1, global_batch=cfg.global_batch,
                                     seq_len=cfg.seq_len, memory_check=False, backend=cfg.backend)
                         for lay in cfg.layouts],
-                       fix="give fewer --layouts (each alone fits), or a smaller --model, --global-batch or --seq-len")
+                       fix=f"{fewer}, or a smaller --model, --global-batch or --seq-len")
 
 
 def _settled(text: str, world: int):
@@ -158,7 +163,7 @@ def _run(args) -> int:
             raise UsageError(f"--cluster {args.cluster} was calibrated on {calibrated_world} ranks and this sweep runs "
                              f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
                              f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
-        _check_sweep_memory(cfg)
+        _check_sweep_memory(cfg, given=bool(args.layouts))
     err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     try:
         if cfg.cluster is None:

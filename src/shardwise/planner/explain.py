@@ -14,10 +14,10 @@ from shardwise.planner.comm import one_node, placement
 from shardwise.planner.estimate import GIB, Estimate, assumptions, checked_gpu, estimate
 from shardwise.planner.frameworks import get as get_framework
 from shardwise.planner.job import Job
-from shardwise.planner.layer_time import matmul_params_per_layer
 from shardwise.planner.overlap import fp8_gathered
 from shardwise.planner.search import SearchResult, tp_fits
-from shardwise.planner.step_time import HOST_FLOOR_KEYS, attention_flops_per_step, host_bound_note, model_flops_per_step
+from shardwise.planner.step_time import (HOST_FLOOR_KEYS, attention_flops_per_step, flop_params, host_bound_note,
+                                         model_flops_per_step)
 from shardwise.specs import TrainSpec, divisors
 from shardwise.units import count, gib, params, seconds
 
@@ -285,7 +285,6 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     a2a = win.time_s.get("ep_comm", 0.0)
     by_ep = _best_by(result, lambda l: l.ep)
     copies = ranks // group
-    flop_params = model.num_layers * matmul_params_per_layer(model) + model.hidden * model.vocab_size  # model_flops_per_step
     replicas = ("each one held once, with no replica to average its gradients with" if copies == 1 else
                 f"and {copies} replicas of each average their gradients")
     against = f", against {gib(states(whole))} with every expert on every GPU (ep = 1)" if group > 1 else ""
@@ -297,7 +296,7 @@ def experts_paragraph(job: Job, result: SearchResult) -> str:
     return (
         f"EP = {lay.ep}: {model.num_experts} experts in each of {len(model.moe_layers)} MoE layers, {model.experts_per_token} "
         f"per token, so a token uses {params(model.active_params())} of the {params(model.num_params())} parameters "
-        f"(FLOPs and MFU count the {params(flop_params)} of them its matrix multiplications use: the LM head's, not the "
+        f"(FLOPs and MFU count the {params(flop_params(model))} of them its matrix multiplications use: the LM head's, not the "
         f"embedding lookup's). The experts fold over the {ranks} dp x tp{' x cp' if lay.cp > 1 else ''} "
         f"ranks of a stage: each GPU holds {count(local, 'expert')} per layer{f', 1/{lay.etp} of each' if lay.etp > 1 else ''}, "
         f"{replicas}. That leaves {gib(states(win))} of weights, gradients and optimizer states per GPU"

@@ -84,7 +84,7 @@ def fp8_gathered(job, layout) -> bool:
     """Whether torchao's float8 all-gather runs (Job.fp8_all_gather): only where FSDP shards over data-parallel ranks.
     torchtitan turns it on only with `parallel_dims.dp_shard_enabled` (components/quantization/float8.py): a
     dp_shard degree above 1, context-parallel ranks not counted; ZeRO-0 is DDP, which gathers nothing."""
-    return job.fp8_all_gather and layout.zero >= 2 and (layout.dp_shard or layout.dp) > 1
+    return job.fp8_all_gather and layout.zero >= 2 and layout.dp_shard_size > 1
 
 
 def grad_reduce_behind(job, layout, experts: bool = False) -> bool | None:

@@ -69,11 +69,15 @@ LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "compos
               "flash-attn": (8, 4), "compiled": (4, 4)}
 
 
+def flop_params(model) -> float:
+    """The parameters PaLM's count multiplies per token: every layer's matrices (a token's experts only) and the LM
+    head's, not the embedding lookup's."""
+    return model.num_layers * matmul_params_per_layer(model) + model.hidden * model.vocab_size
+
+
 def model_flops_per_step(job: Job) -> float:
     """PaLM model FLOPs of one step over the whole job (forward + backward, no recompute)."""
-    m, s = job.model, job.train.seq_len
-    per_token = 6 * (m.num_layers * matmul_params_per_layer(m) + m.hidden * m.vocab_size)
-    return per_token * s * job.train.global_batch + attention_flops_per_step(job)
+    return 6 * flop_params(job.model) * job.train.seq_len * job.train.global_batch + attention_flops_per_step(job)
 
 
 def attention_flops_per_step(job: Job) -> float:
@@ -752,14 +756,16 @@ def _dp_time(job: Job, layout: Layout, costs: dict, runs: int, mr: int) -> float
     """Data-parallel traffic of each candidate rank, less the idle time that rank has: in a pipeline the
     last micro-batch's backward ends on rank r the backwards of ranks 0..r-1 earlier than on rank 0, and its next
     forward starts their forwards later (each at its own cost). Under interleaving that is each rank's first chunk
-    alone, 1/v of its cost (the last backward and the first forward are chunk 0's); ZB-H1's deferred weight passes
-    fill the drain, every rank ending together (schedules.simulate: p 4, m 8, unit costs). The slowest rank's."""
+    alone, 1/v of its cost (the last backward and the first forward are chunk 0's); under ZB-H1 the deferred weight
+    passes fill the drain but for each earlier rank's input-gradient pass beyond its weight pass, b - w (every rank
+    ends together where they are equal: schedules.simulate, p 4, m 8). The slowest rank's."""
     per_rank = rank_costs(job, layout, costs)
     chunk = 1 / (layout.vpp if layout.schedule == "interleaved-1f1b" else 1)
     dp = 0.0
     for r, cost in costs.items():
         after, before = dp_comm_time(job, layout, r, mr, cost)
-        drain = 0.0 if layout.schedule == "zb-h1" else chunk * sum(x.b + x.w for x in per_rank[:r])
+        drain = (sum(max(0.0, x.b - x.w) for x in per_rank[:r]) if layout.schedule == "zb-h1"
+                 else chunk * sum(x.b + x.w for x in per_rank[:r]))
         fill = chunk * sum(x.f for x in per_rank[:r])
         dp = max(dp, runs * (max(0.0, after - drain) + max(0.0, before - fill)))
     return dp
