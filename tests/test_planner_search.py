@@ -828,3 +828,17 @@ def test_max_vpp_1_with_only_interleaving_names_the_depth(capsys):
 def test_an_empty_name_in_a_list_flag_is_shown(capsys):
     code, _, err = run_cli(capsys, "plan", *ARTICLE, "--schedules", "1f1b,,gpipe")
     assert code == 2 and "unknown '' — choose from" in err
+
+
+def test_nothing_fits_under_emit_suggests_a_count_the_target_can_run(tmp_path, capsys):
+    """--emit deepspeed: the GPU count 'nothing fits' suggests is one where a layout DeepSpeed's files can express
+    fits (no TP beside its pipeline); it had suggested 72, where only such a layout fits and the plan is refused."""
+    import re
+
+    job = ["--model", "gpt3-175b", "--cluster", "dgx-a100-40gb", "--global-batch", "512", "--seq-len", "128",
+           "--emit", "deepspeed", "--out", str(tmp_path / "run.sh")]
+    code, _, err = run_cli(capsys, "plan", *job, "--gpus", "64")
+    assert code == 2, err
+    n = int(re.search(r"use about (\d+) GPUs", err).group(1))
+    code, _, err = run_cli(capsys, "plan", *job, "--gpus", str(n))
+    assert code == 0, err

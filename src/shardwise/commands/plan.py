@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from shardwise.paths import output_path
 
@@ -61,7 +62,7 @@ def _plan(args):
     if getattr(args, "top", 1) < 1:  # plan and explain show --top rows; report shows them all
         raise UsageError(f"--top must be at least 1, got {args.top}")
     job = job_from_args(args)
-    space = space_from_args(args)
+    space = replace(space_from_args(args), emit=getattr(args, "emit", None) or "")
     if refusal := schedules_refusal(job, space):
         raise UsageError(refusal)
     from shardwise.console import SearchProgress

@@ -75,6 +75,9 @@ class SearchSpace:
     cp: tuple[int, ...] | None = None  # None: 1 and every cp that leaves MIN_CP_TOKENS tokens per rank
     cp_modes: tuple[str, ...] = ("ring", "allgather")
     ep: tuple[int, ...] | None = None  # expert-parallel degrees (MoE models)
+    # the launch file the plan is for (--emit): a layout its target cannot express fits no purpose, so the GPU count
+    # "nothing fits" suggests is one where a layout it can express fits (emit.problem)
+    emit: str = ""
 
     def narrowed(self) -> bool:
         """Whether the user restricted any knob (the order of a list does not matter)."""
@@ -697,12 +700,27 @@ def _search_base(tally: _Tally, base: Layout, m: int) -> tuple[bool, bool]:
     return measured, fitted
 
 
+def _emit_refusal(target: str, job: Job, layout: Layout) -> str | None:
+    """Why the --emit target cannot express `layout` (shardwise.emit.problem), or None (no target)."""
+    if not target:
+        return None
+    from shardwise.emit import problem  # (emit reads the planner's records: imported where a target is named)
+
+    return problem(target, job, layout)
+
+
+EMIT_COUNTS_TRIED = 256  # GPU counts above the asked one tried for a fit under an --emit target's limits
+
+
 def fitting_gpu_count(job: Job, gpus: int, space: SearchSpace = SearchSpace(), limit: int = MAX_GPUS) -> int | None:
     """About the smallest GPU count above `gpus` that the layout rules can use (whole nodes, a tp dividing the heads,
     a dp dividing the global batch) and at which a lean layout of the search space fits (`_lean_fits`); None where
     no count up to `limit` does (a stack that cannot shard its weights over dp: more GPUs never shrink them below
     what its largest tp x pp leaves)."""
     counts = [n for n in usable_gpu_counts(job) if gpus < n <= limit]
+    if space.emit:  # a target's limits (no TP beside DeepSpeed's pipeline) leave the largest count's extreme split out:
+        # fitting is no longer monotone there, so the nearest counts are tried in turn
+        return next((n for n in counts[:EMIT_COUNTS_TRIED] if _lean_fits(job, n, space)), None)
     if not counts or not _lean_fits(job, counts[-1], space):
         return None
     lo, hi = 0, len(counts) - 1  # more GPUs shard the states further: bisect for the first count that fits
@@ -742,7 +760,7 @@ def _lean_fits(job: Job, gpus: int, space: SearchSpace) -> bool:
                                 sequence_parallel=sp, ep=ep)
                 layout = layout.with_(etp=fw.default_etp(job.model, layout),
                                       cp_mode=cp_modes_to_score(job, layout, stack)[0])
-                if stack_refusal(job, layout):
+                if stack_refusal(job, layout) or _emit_refusal(space.emit, job, layout):
                     continue
                 if fits_memory(job, layout):
                     return True
