@@ -107,7 +107,7 @@ def test_json_report(tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--nccl-tests", H100_IB[4]], "--cluster"),
     (["--cluster", "dgx-h100-80gb"], "--nccl-tests"),
-    (["--nccl-tests", "/no/such/log.txt", "--cluster", "dgx-h100-80gb"], "cannot read"),
+    (["--nccl-tests", "/no/such/log.txt", "--cluster", "dgx-h100-80gb"], "no such file"),
     (["--nccl-tests", str(LOGS / "dstack-a3mega_all_gather_2x8.txt"), "--cluster", "dgx-h100-80gb"], "NODESxGPUS"),
     (["--nccl-tests", f"alltoall={H100_IB[4]}", "--cluster", "dgx-h100-80gb"], "unknown collective"),
     (["--nccl-tests", f"all_reduce@4by8={H100_IB[4]}", "--cluster", "dgx-h100-80gb"], "NODESxGPUS"),

@@ -213,10 +213,12 @@ def test_an_output_path_that_is_a_named_pipe_is_one_line_not_a_hang(tmp_path, ca
 
 
 def test_a_timeout_torch_would_round_to_zero_and_an_interleaving_of_one_chunk_are_one_line(capsys):
-    """Found by an outside review: --timeout 1e-9 passed the checks and failed at rendezvous ("timed out after 0ms");
-    simulate drew interleaved 1F1B with one chunk a rank, which train refuses."""
-    assert main(["train", "--model", "tiny", "--dp", "2", "--steps", "1", "--timeout", "1e-9"]) == 2
-    assert "below a millisecond" in one_line(capsys)
+    """Found by outside reviews: --timeout 1e-9, and then 0.001 (which the refusal of 1e-9 suggested), passed the
+    checks and failed at the ranks' rendezvous ("timed out after 1ms"); simulate drew interleaved 1F1B with one chunk
+    a rank, which train refuses."""
+    for short in ("1e-9", "0.001"):
+        assert main(["train", "--model", "tiny", "--dp", "2", "--steps", "1", "--timeout", short]) == 2
+        assert "too short for the ranks to meet" in one_line(capsys)
     assert main(["simulate", "--pp", "4", "--microbatches", "8", "--schedule", "interleaved-1f1b", "--vpp", "1"]) == 2
     assert "interleaves nothing" in one_line(capsys)
 
@@ -326,3 +328,17 @@ def test_a_path_too_long_overall_says_so(tmp_path, monkeypatch, capsys):
     assert main(["estimate", "--model", deep, *JOB]) == 2
     err = one_line(capsys)
     assert "this path is" in err and "a name in this path" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "loop"])
+def test_calibrate_refuses_an_nccl_tests_log_that_is_no_file(kind, tmp_path, capsys):
+    """A named pipe hung calibrate --nccl-tests (it read it, waiting for a writer); a symlink loop was a traceback."""
+    log = tmp_path / "nccl.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        (tmp_path / "other.log").symlink_to(log)
+        log.symlink_to(tmp_path / "other.log")
+    assert main(["calibrate", "--cluster", "dgx-h100-80gb", "--nccl-tests", str(log),
+                 "--out", str(tmp_path / "c.toml")]) == 2
+    assert "--nccl-tests" in one_line(capsys)

@@ -29,6 +29,7 @@ from shardwise.train import TrainConfig
 
 
 MAX_STEPS = 10**9  # optimizer steps: far beyond any training run (Llama 3 405B took about a million)
+MIN_TIMEOUT_S = 1.0  # --timeout's floor: 1 ms failed the rendezvous's connection on a quiet 2-core machine
 
 
 def under_torchrun() -> bool:
@@ -70,9 +71,9 @@ def check(cfg: TrainConfig, checkpoints: bool = True) -> None:
     if cfg.steps > MAX_STEPS:
         raise UsageError(f"--steps {cfg.steps:,} is more than any run takes (at most {MAX_STEPS:,}) — the warm-up alone "
                          f"would last {cfg.steps // 10:,} steps")
-    if cfg.timeout_s < 1e-3:  # torch keeps a collective's timeout in whole milliseconds: below one it is 0
-        raise UsageError(f"--timeout {cfg.timeout_s:g} s is below a millisecond, which torch rounds to 0 (every wait "
-                         f"would fail at once) — give 0.001 or more")
+    if cfg.timeout_s < MIN_TIMEOUT_S:  # the ranks' rendezvous waits under it too: a millisecond cannot connect
+        raise UsageError(f"--timeout {cfg.timeout_s:g} s is too short for the ranks to meet (their rendezvous and every "
+                         f"collective wait under it) — give {MIN_TIMEOUT_S:g} or more")
     if cfg.timeout_s > 10**7:
         raise UsageError(f"--timeout {cfg.timeout_s:g} s is longer than any job (at most 10,000,000 s, ~4 months)")
     if not 0 <= cfg.seed < 2**63:

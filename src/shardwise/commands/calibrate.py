@@ -129,11 +129,13 @@ def _from_nccl_tests(args) -> int:
                          f"--nccl-tests reads logs instead — drop {'it' if one else 'them'}, or calibrate without "
                          f"--nccl-tests")
     from shardwise.calibrate.nccl_tests import parse_arg
-    from shardwise.paths import distinct_outputs
+    from shardwise.paths import distinct_outputs, input_file
 
     args.out = args.out or "cluster.toml"
     distinct_outputs({"--out": args.out}, {"--cluster": args.cluster,
                                            **{f"--nccl-tests {arg}": parse_arg(arg)[0] for arg in args.nccl_tests}})
+    for arg in args.nccl_tests:  # a regular file: a named pipe would block the read below until something writes it
+        input_file(parse_arg(arg)[0], "--nccl-tests", "give an nccl-tests log file (all_reduce_perf ... > log)")
     data, name, source = cluster_toml(args.cluster)
     base = cluster_from_toml(data, name=name, source=source)
     paths = [Path(parse_arg(arg)[0]).resolve() for arg in args.nccl_tests]
