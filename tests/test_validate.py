@@ -112,7 +112,8 @@ def test_plot(tmp_path, sweep):
     (["--layouts", "tp2:sp:sp"], "names its sequence parallelism twice ('sp')"),  # ran as tp2:sp, unsaid
     (["--layouts", "dp2:zero1:zero3"], "names its ZeRO stage twice ('zero3')"),
     (["--layouts", "tp3"], "does not divide the world"),
-    (["--layouts", "dp1:tp1:pp1"], "does not match 2 GPUs"),
+    (["--layouts", "dp1:tp1:pp1"], "the sweep runs 2 ranks (--world)"),  # ranks, not GPUs: it said '2 GPUs' on CPU
+    (["--layouts", "dp0"], "a degree of 0 ('dp')"),  # validate has no --dp: it named one
     (["--layouts", "pp2:interleaved-1f1b:v4"], "exceed"),
     (["--backend", "nccl", "--world", "4096"], "nccl"),
     (["--steps", "0"], "--steps"),

@@ -60,11 +60,19 @@ def layout_fields(text: str, world: int) -> dict:
         else:
             raise UsageError(f"layout '{text}': unknown part '{part}' — use dpN tpN ppN cpN epN etpN mbN vN zeroN sp, "
                              f"{'/'.join(RECOMPUTE)}, {'/'.join(CP_MODES)} or a schedule ({', '.join(SCHEDULES)})")
+    zero = [k for k in ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch", "vpp") if fields.get(k, 1) < 1]
+    if zero:
+        raise UsageError(f"layout '{text}': a degree of 0 ('{zero[0]}') — each of dpN tpN ppN cpN epN etpN mbN vN is 1 "
+                         f"or more")
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if "dp" not in fields:
-        if min(tp, pp, cp) < 1 or world % (tp * pp * cp):
+        if world % (tp * pp * cp):
             raise UsageError(f"layout '{text}': tp*pp*cp = {tp * pp * cp} does not divide the world of {world}")
         fields["dp"] = world // (tp * pp * cp)
+    product = fields["dp"] * tp * pp * cp
+    if product != world:  # every layout uses all of the sweep's ranks
+        raise UsageError(f"layout '{text}': dp*tp*pp*cp = {product}, and the sweep runs {world} ranks (--world) — "
+                         f"give degrees whose product is {world}, or leave dp out to fill the rest")
     fields.setdefault("schedule", default_schedule(fields.get("vpp", 1)))
     return fields
 
