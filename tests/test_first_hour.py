@@ -123,7 +123,9 @@ BAD = [
     (["report", "--validate", "{dir}/v.json", "--out", "{dir}"], "--out {dir} is a folder — give a file path, e.g. {dir}/report.html"),
     (["calibrate", "--sizes", "1e99"], "must be between 1 byte and 16 GiB"),
     (["calibrate", "--sizes", "nan"], "must be between 1 byte and 16 GiB"),
-    (["calibrate", "--timeout", "nan"], "--timeout must be a positive number of seconds"),
+    (["calibrate", "--timeout", "nan"], "--timeout must be 1 to 10,000,000 seconds"),
+    (["calibrate", "--timeout", "0.001"], "--timeout must be 1 to 10,000,000 seconds"),  # the rendezvous cannot meet
+    (["calibrate", "--micro-batch", "1000000000"], "--micro-batch 1,000,000,000 is more than calibrate measures"),
     (["train", "--model", "tiny", "--lr", "inf"], "--lr must be a finite number above 0"),
     (["train", "--model", "tiny", "--weight-decay", "nan"], "--weight-decay must be a finite number 0 or more"),
     (["train", "--model", "tiny", "--timeout", "inf"], "--timeout must be a finite number above 0"),

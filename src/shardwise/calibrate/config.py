@@ -62,8 +62,13 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
     for flag, value in (("--micro-batch", cfg.micro_batch), ("--seq-len", cfg.seq_len)):  # (validate has no --micro-batch)
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    if not 0 < cfg.timeout_s <= 10**7:
-        raise UsageError(f"--timeout must be a positive number of seconds (at most 10,000,000), got {cfg.timeout_s}")
+    if 4 * cfg.micro_batch * cfg.world > 2**32:  # check_memory's job: four micro-batches at once on every rank
+        raise UsageError(f"--micro-batch {cfg.micro_batch:,} is more than calibrate measures (it runs four at once on "
+                         f"each of --world {cfg.world} ranks, at most 2^32 sequences in all) — give a smaller --micro-batch")
+    from shardwise.launch import MIN_TIMEOUT_S
+
+    if not MIN_TIMEOUT_S <= cfg.timeout_s <= 10**7:  # the ranks' rendezvous waits under it too
+        raise UsageError(f"--timeout must be {MIN_TIMEOUT_S:g} to 10,000,000 seconds, got {cfg.timeout_s}")
     if cfg.sizes and len(set(cfg.sizes)) < 2:  # each collective's table is a line through its sizes: a single point has no slope
         raise UsageError(f"--sizes needs two message sizes or more (got {len(set(cfg.sizes))}): a collective's "
                          f"bandwidth is read off the line through them — e.g. --sizes 1K,64K,1M")
