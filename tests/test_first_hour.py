@@ -127,6 +127,8 @@ BAD = [
     (["calibrate", "--timeout", "0.001"], "--timeout must be 1 to 10,000,000 seconds"),  # the rendezvous cannot meet
     (["calibrate", "--micro-batch", "1000000000"], "--micro-batch 1,000,000,000 is more than calibrate measures"),
     (["train", "--model", "tiny", "--lr", "inf"], "--lr must be a finite number above 0"),
+    (["train", "--model", "tiny", "--lr", "-inf"], "--lr must be a finite number above 0"),  # was "expected one argument"
+    (["train", "--model", "tiny", "--weight-decay", "-NaN"], "--weight-decay must be a finite number 0 or more"),
     (["train", "--model", "tiny", "--weight-decay", "nan"], "--weight-decay must be a finite number 0 or more"),
     (["train", "--model", "tiny", "--timeout", "inf"], "--timeout must be a finite number above 0"),
     (["train", "--model", "tiny", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1"),

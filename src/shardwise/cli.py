@@ -46,8 +46,9 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # A value that starts with a minus and a digit is a value, as argparse already reads -1 and -.5: also -1,2 and
-        # -1K, so `--tp -1,2` and `--sizes -1K` reach the product's own range checks instead of "expected one argument".
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # -1K, so `--tp -1,2` and `--sizes -1K` reach the product's own range checks instead of "expected one argument";
+        # and -inf / -nan, which Python's float() reads, so `--lr -inf` reaches the check that says "finite".
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)
 
     def error(self, message: str):
         where = f"{self.prog} {self.chosen}" if self.chosen in COMMANDS else self.prog
