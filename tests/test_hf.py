@@ -201,19 +201,23 @@ def test_bad_folder_is_one_line_naming_the_file(folders, tmp_path, capsys, kind)
 
 
 @pytest.mark.parametrize("given", ["folder", "config.json"])
-def test_an_unsupported_rope_scaling_names_the_config_file(tmp_path, capsys, given):
+@pytest.mark.parametrize("command", [["train", "--steps", "1", "--global-batch", "4", "--no-progress"],
+                                     ["calibrate", "--world", "2"], ["validate", "--world", "2", "--cluster", "dgx-h200"]],
+                         ids=["train", "calibrate", "validate"])
+def test_an_unsupported_rope_scaling_names_the_config_file(tmp_path, capsys, given, command, monkeypatch):
     """`train --model FOLDER` (or its config.json) whose config asks for YaRN: the refusal names the config.json that
-    holds rope_scaling, not only the folder's name (the model's), whichever check meets it first."""
+    holds rope_scaling, not only the folder's name (the model's), whichever check meets it first; calibrate and
+    validate too (they named the model alone)."""
     from shardwise.specs import load_model
 
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "mymodel"
     folder.mkdir()
     cfg = load_model("tiny").to_hf_config() | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                                 "original_max_position_embeddings": 64}}
     (folder / "config.json").write_text(json.dumps(cfg))
     model = folder if given == "folder" else folder / "config.json"
-    assert main(["train", "--model", str(model), "--steps", "1", "--global-batch", "4", "--seq-len", "16",
-                 "--no-progress"]) == 2
+    assert main([command[0], "--model", str(model), *command[1:], "--seq-len", "16"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{folder / 'config.json'}: mymodel uses yarn RoPE scaling" in err, err
 

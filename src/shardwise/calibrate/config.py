@@ -33,6 +33,7 @@ class CalibrateConfig:
     # The precision of the measured work: "" is the device's own (bf16 under autocast on a GPU, fp32 on a CPU);
     # "bfloat16" on a CPU runs a GPU calibration's code path there (tests: its fp32 weights under bf16 autocast).
     dtype: str = ""
+    model_source: str | None = None  # the config.json the model was read from (model_spec.config_path): refusals name it
 
     @property
     def device_type(self) -> str:
@@ -84,7 +85,7 @@ def check_config(cfg: CalibrateConfig, cuda_devices: int) -> None:
             raise UsageError(f"{flag} {value:,} is more than a median needs (at most {MAX_REPEATS:,}) — 10 is plenty")
     from shardwise import preflight
 
-    preflight.check_runtime_model(cfg.model, cfg.seq_len)
+    preflight.check_runtime_model(cfg.model, cfg.seq_len, cfg.model_source)
     preflight.check_cores(cfg.world, gpu=cfg.backend == "nccl")
     check_memory(cfg)
 

@@ -51,10 +51,12 @@ def register(subparsers, name, help):
 
 def _config(args):
     from shardwise.calibrate import CalibrateConfig, parse_size
+    from shardwise.model_spec import config_path
     from shardwise.specs import load_model
 
     sizes = tuple(parse_size(s, "--sizes") for arg in (args.sizes or []) for s in arg.split(",") if s)
-    return CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, sizes=sizes, repeats=args.repeats,
+    return CalibrateConfig(model=load_model(args.model), model_source=config_path(args.model), world=args.world,
+                           backend=args.backend, sizes=sizes, repeats=args.repeats,
                            warmup=args.warmup, micro_batch=args.micro_batch,
                            seq_len=args.seq_len, copy_bytes=parse_size(args.copy_size, "--copy-size") if args.copy_size else 0,
                            timeout_s=args.timeout)

@@ -130,12 +130,13 @@ def _run(args) -> int:
 
     from shardwise.calibrate import CalibrateConfig, calibrate, check_config, rank_steps
     from shardwise.launch import JobFailed
+    from shardwise.model_spec import config_path
     from shardwise.specs import load_cluster, load_model
     from shardwise.validate import default_layouts, plot, validate
 
     cuda = _cuda_devices() if args.backend == "nccl" else 0
-    cal = CalibrateConfig(model=load_model(args.model), world=args.world, backend=args.backend, seq_len=args.seq_len,
-                          timeout_s=args.timeout)
+    cal = CalibrateConfig(model=load_model(args.model), model_source=config_path(args.model), world=args.world,
+                          backend=args.backend, seq_len=args.seq_len, timeout_s=args.timeout)
     check_config(cal, cuda)  # world, backend and GPUs, before anything starts
     from shardwise.commands.common import prepare_output
 
