@@ -342,3 +342,13 @@ def test_calibrate_refuses_an_nccl_tests_log_that_is_no_file(kind, tmp_path, cap
     assert main(["calibrate", "--cluster", "dgx-h100-80gb", "--nccl-tests", str(log),
                  "--out", str(tmp_path / "c.toml")]) == 2
     assert "--nccl-tests" in one_line(capsys)
+
+
+@pytest.mark.parametrize("argv", [["train", "--model", "tiny", "--checkpoint-dir", ""], ["train", "--model", "tiny", "--trace="],
+                                  ["calibrate", "--sizes", ""], ["checkpoint", "export", "x", "--max-shard-size", ""]],
+                         ids=["checkpoint-dir", "trace=", "sizes", "max-shard-size"])
+def test_a_flag_given_an_empty_value_is_refused(argv, capsys):
+    """An empty value (a script's unset variable) had read as the flag unset (no checkpoint written) or as '.'."""
+    assert main(argv) == 2
+    flag = next(a.rstrip("=") for a in argv if a.startswith("--") and (a.endswith("=") or argv[argv.index(a) + 1:][:1] == [""]))
+    assert f"{flag} is given an empty value" in one_line(capsys)

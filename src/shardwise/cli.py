@@ -100,6 +100,23 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+# Flags whose own checks say what an empty value means for them
+EMPTY_SAID = {"--layouts"}
+
+
+def _empty_value(argv: list[str]) -> str | None:
+    """The first flag given an empty value ('--checkpoint-dir ""', '--out='), as a script's unset variable gives it:
+    argparse takes it, and an empty path or size then reads as unset or as the working folder, silently."""
+    for i, token in enumerate(argv):
+        flag, eq, value = token.partition("=")
+        if flag.startswith("--") and eq and not value and flag not in EMPTY_SAID:
+            return flag
+        if token == "" and i and argv[i - 1].startswith("--") and "=" not in argv[i - 1] \
+                and argv[i - 1] not in EMPTY_SAID:
+            return argv[i - 1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from_shell = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -107,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         from shardwise.console import prepare_streams
 
         prepare_streams()
+    empty = _empty_value(argv)
+    if empty:
+        _say(f"shardwise: error: {empty} is given an empty value — give one, or leave {empty} out for its default")
+        return 2
     try:
         args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # --help, or a bad flag (already reported in one line)
