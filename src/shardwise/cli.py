@@ -101,7 +101,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 # Flags whose own checks say what an empty value means for them
-EMPTY_SAID = {"--layouts"}
+EMPTY_SAID = {"--layouts", "--framework"}
 
 
 def _empty_value(argv: list[str]) -> str | None:
