@@ -215,6 +215,13 @@ def softcap_unfused(model, fw, attention: str = "") -> bool:
     return bool(model.attn_softcap) and not ((attention or fw.attention) in SOFTCAP_FAMILIES and fw.window_kernel)
 
 
+def _cap_kept_out(model, fw) -> tuple[str, str]:
+    """(why the stack's fused kernel is kept out by the model's soft-cap, the kernel that applies it where the stack
+    has one): the words of unfused_fix and make_job's refusal."""
+    flash = "--attention-backend flash (FA2 applies it)" if fw.attention == "te" else ""
+    return f"{model.name} soft-caps its attention logits, which {fw.name}'s fused kernel cannot apply", flash
+
+
 def unfused_fix(job: Job) -> str:
     """What makes the job's attention fused again, for a refusal that needs the fused kernel: --no-flash-attention
     dropped, or where the model's soft-capped logits keep the stack's kernel out (softcap_unfused), a kernel that
@@ -222,8 +229,8 @@ def unfused_fix(job: Job) -> str:
     fw = get_framework(job.framework)
     if not softcap_unfused(job.model, fw, job.attention):
         return "drop --no-flash-attention"
-    flash = ": use --attention-backend flash (FA2 applies it)" if fw.attention == "te" else ""
-    return f"{job.model.name} soft-caps its attention logits, which {fw.name}'s fused kernel cannot apply{flash}"
+    why, flash = _cap_kept_out(job.model, fw)
+    return why + (f": use {flash}" if flash else "")
 
 
 def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = DEFAULT_FRAMEWORK, *,
@@ -272,9 +279,9 @@ def make_job(model, cluster, global_batch: int, seq_len: int, framework: str = D
     if fused and softcap_unfused(model, fw, ATTENTION_BACKENDS.get(attention_backend or "auto", "")):
         if attention_backend == "fused" or flash_attention:  # asked by name for a kernel that cannot run this model
             asked = "--attention-backend fused" if attention_backend == "fused" else "--flash-attention"
-            flash = " or --attention-backend flash (FA2 applies it)" if fw.attention == "te" else ""
-            raise UsageError(f"{asked}: {model.name} soft-caps its attention logits, which {fw.name}'s fused kernel "
-                             f"cannot apply — drop {asked} (the stack runs its unfused attention){flash}")
+            why, flash = _cap_kept_out(model, fw)
+            raise UsageError(f"{asked}: {why} — drop {asked} (the stack runs its unfused attention)"
+                             + (f" or {flash}" if flash else ""))
         fused = False
     if fused and fw.attention == "fa1" and (cluster.arch or "ampere") == "ampere" and model.head_dim > 128:
         # flash-attn 0.2.x csrc/flash_attn/fmha_api.cpp: TORCH_CHECK((head_size % 8 == 0) && (head_size <= 128))
