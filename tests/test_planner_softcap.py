@@ -36,6 +36,29 @@ def test_the_cap_is_read_as_transformers_reads_it():
     assert model_from_hf_config(llama, "l", "test").attn_softcap == 0.0  # a key of Gemma 2's alone
 
 
+def test_the_final_cap_is_read_as_transformers_reads_it():
+    assert model_from_hf_config(GEMMA2, "g", "test").final_softcap == 30.0  # absent: Gemma2Config's default
+    assert model_from_hf_config(GEMMA2 | {"final_logit_softcapping": 50.0}, "g", "test").final_softcap == 50.0
+    assert model_from_hf_config(GEMMA2 | {"final_logit_softcapping": None}, "g", "test").final_softcap == 0.0
+    capped = model_from_hf_config(GEMMA2, "g", "test")
+    assert model_from_hf_config(capped.to_hf_config(), "g", "test").final_softcap == 30.0  # written back as read
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "deepspeed-2024"])
+def test_final_logits_capped_keep_tanhs_output_and_cost_its_passes(framework, tmp_path, capsys):
+    """tanh keeps its BF16 output for backward: one logits-sized tensor more on the last stage, the vocabulary split
+    over TP (2 here), 2 bytes an element; and the element-wise passes cost time, a few milliseconds, not more."""
+    capped = estimate(tmp_path, capsys, {}, framework)
+    uncapped = estimate(tmp_path, capsys, {"final_logit_softcapping": None}, framework)
+    tokens, vocab_shard = 4096, GEMMA2["vocab_size"] / 2
+    extra_gib = capped["memory_breakdown_gib"]["logits"] - uncapped["memory_breakdown_gib"]["logits"]
+    assert extra_gib == pytest.approx(tokens * vocab_shard * 2 / 2**30, abs=0.002)
+    slower = capped["step_time_s"] - uncapped["step_time_s"]
+    assert 0 < slower < 0.05 * uncapped["step_time_s"]
+    assert "final_logit_softcapping" in capped["model_note"]
+    assert "final_logit_softcapping" not in uncapped.get("model_note", "")
+
+
 def test_a_malformed_cap_is_one_line_and_exit_2(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(GEMMA2 | {"attn_logit_softcapping": "50"}))

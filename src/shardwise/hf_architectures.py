@@ -13,8 +13,10 @@ blocks (ModelSpec.parallel_residual: the same matrices and FLOPs, one tensor-par
 per layer forward instead of two). What it does not model changes neither materially:
 ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
 (GPT-NeoX's rotary_pct, GPT-J's rotary_dim), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
-scale and Gemma 2's final-logit soft-capping, OLMo's clip_qkv. Gemma 2's attention-logit soft-capping is read
-(attn_logit_softcapping): it decides whether the stack's fused attention can run the layer (planner/job.softcap_unfused). Sliding-window attention (Mistral, Gemma 2's local layers) is read
+scale, OLMo's clip_qkv. Gemma 2's soft-caps are read: the attention logits' (attn_logit_softcapping) decides whether the
+stack's fused attention can run the layer (planner/job.softcap_unfused); the final logits' (final_logit_softcapping)
+keeps one more logits-sized tensor and adds element-wise passes over them (planner/memory.last_stage_bytes,
+step_time.loss_bytes). Sliding-window attention (Mistral, Gemma 2's local layers) is read
 (model_spec.config_extras) and priced by the planner (docs/planner.md "Sliding windows").
 None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
 """
@@ -205,12 +207,18 @@ def _gemma(cfg: dict, source: str, norms: int = 2) -> dict:
     return {"mlp": "geglu", "layer_norms": norms, "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True)}
 
 
-def _softcap(cfg: dict, source: str) -> float:
-    """Gemma 2's attention-logit soft-cap: its attn_logit_softcapping, Gemma2Config's 50.0 when the key is absent,
-    none when it is null (transformers' Gemma2Attention caps only where the key is not None)."""
-    if "attn_logit_softcapping" in cfg and cfg["attn_logit_softcapping"] is None:
+def _softcap(cfg: dict, source: str, key: str, default: float) -> float:
+    """One of Gemma 2's soft-caps: its key, Gemma2Config's default when the key is absent (attention 50.0, final
+    logits 30.0), none when it is null (transformers' Gemma2 caps only where the key is not None)."""
+    if key in cfg and cfg[key] is None:
         return 0.0
-    return optional(cfg, "attn_logit_softcapping", 50.0, source)
+    return optional(cfg, key, default, source)
+
+
+def _gemma2(cfg: dict, source: str) -> dict:
+    """Gemma 2: Gemma's blocks with four norms a layer, its attention logits and its final logits soft-capped."""
+    return _gemma(cfg, source, norms=4) | {"attn_softcap": _softcap(cfg, source, "attn_logit_softcapping", 50.0),
+                                           "final_softcap": _softcap(cfg, source, "final_logit_softcapping", 30.0)}
 
 
 # Llama-keyed architectures: what each changes of the Llama reader's spec (None: nothing). Qwen2's q/k/v biases and
@@ -243,7 +251,7 @@ LLAMA_VARIANTS = {
                                  "max_positions": optional(cfg, "seq_length", 2048, source)},
     "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each
     "gemma": _gemma,
-    "gemma2": lambda cfg, source: _gemma(cfg, source, norms=4) | {"attn_softcap": _softcap(cfg, source)},
+    "gemma2": _gemma2,
     # OLMo: LayerNorm without weight or bias (OlmoLayerNorm); OLMo 2: RMSNorm after attention and after the MLP
     # (none before), and RMSNorm on q and k over all heads (q_norm: num_heads * head_dim)
     "olmo": lambda cfg, source: {"norm": "nonparametric"},

@@ -86,6 +86,9 @@ class ModelSpec:
     # Gemma 2: each attention logit soft-capped, cap * tanh(logit / cap) (its attn_logit_softcapping; 0: none). No
     # parameters; it decides which fused attention kernels can run it (planner/job.softcap_unfused).
     attn_softcap: float = 0.0
+    # Gemma 2: the LM head's logits soft-capped the same way before the loss (final_logit_softcapping; 0: none): one
+    # more logits-sized tensor kept for backward (tanh's output) and three element-wise passes over the logits.
+    final_softcap: float = 0.0
     norm: str = ""  # "layernorm" (weight and bias), "layernorm-nobias" (MPT), "rmsnorm", "nonparametric" (OLMo)
     layer_norms: int = 2  # norms per layer: 1 where attention and MLP share one (GPT-J, Falcon-7B), 4 in Gemma 2
     embed_norm: bool = False  # BLOOM's LayerNorm right after the embedding
@@ -329,8 +332,9 @@ class ModelSpec:
                 cfg["use_sliding_window"] = True
                 cfg["layer_types"] = (["sliding_attention"] * self.window_layers
                                       + ["full_attention"] * (self.num_layers - self.window_layers))
-        if self.model_type == "gemma2":  # absent reads as Gemma2Config's 50.0: written either way
+        if self.model_type == "gemma2":  # absent reads as Gemma2Config's 50.0 and 30.0: written either way
             cfg["attn_logit_softcapping"] = self.attn_softcap or None
+            cfg["final_logit_softcapping"] = self.final_softcap or None
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
 
     def _gpt_neox_config(self) -> dict:

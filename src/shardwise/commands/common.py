@@ -394,8 +394,8 @@ def model_note(job) -> str:
     """What of the model the planner does not price, or prices in a way worth saying, where it matters: a sequence
     beyond a learned position table (the table counted as given) or beyond the positions a rotary model's config is
     set up for, attention through a sliding window shorter than the sequence (model FLOPs over the window; time over
-    it where the stack's kernel skips the rest: window_note), DeepSeek's multi-token-prediction modules (not
-    counted)."""
+    it where the stack's kernel skips the rest: window_note), Gemma 2's soft-caps (softcap_note; its final logits'
+    tensor and passes), DeepSeek's multi-token-prediction modules (not counted)."""
     model, seq_len = job.model, job.train.seq_len
     parts = []
     if model.learned_positions and seq_len > model.max_positions:  # runnable only with a longer table
@@ -415,6 +415,9 @@ def model_note(job) -> str:
         parts.append(window_note(job))
     if model.attn_softcap:
         parts.append(softcap_note(job))
+    if model.final_softcap:
+        parts.append(f"{model.name} soft-caps its final logits at {model.final_softcap:g} (final_logit_softcapping): "
+                     f"priced as one more logits-sized tensor kept for backward and its element-wise passes")
     if model.mtp_layers:
         parts.append(f"{model.name}'s {model.mtp_layers} multi-token-prediction module(s) (num_nextn_predict_layers) "
                      f"are not counted: each adds about one layer and one LM-head pass to the last pipeline stage")

@@ -321,12 +321,14 @@ def first_stage_bytes(job: Job, layout: Layout) -> float:
 
 def last_stage_bytes(job: Job, layout: Layout) -> float:
     """Per micro-batch, on the last stage beyond its layers: the logits and the loss's buffers
-    (vocab-parallel with TP), and, when the runtime keeps them, the final norm's and the head's
-    inputs and the targets."""
+    (vocab-parallel with TP), a soft-cap's tanh output where the model caps its final logits (Gemma 2: tanh keeps
+    its output for backward, in the activations' dtype), and, when the runtime keeps them, the final norm's and the
+    head's inputs and the targets."""
     saved, model = job.saved, job.model
     tokens = local_seq(job, layout) * layout.micro_batch
     e = job.train.activation_bytes
-    out = logit_elements(job, layout) * saved.logits_bytes + tokens * saved.token_id_bytes
+    kept = saved.logits_bytes + (e if model.final_softcap else 0)
+    out = logit_elements(job, layout) * kept + tokens * saved.token_id_bytes
     if saved.head_inputs:
         split = layout.tp if layout.sequence_parallel else 1  # replicated over TP unless SP splits the sequence
         out += tokens * (norm_bytes(model, e, saved) + e * model.hidden) / split

@@ -67,6 +67,12 @@ OPTIMIZER_BYTES_PER_PARAM = 34
 #     softmax from the logits and writes the BF16 gradient (2 + 2): 4, 4.
 LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "composer": (48, 4), "xentropy": (4, 4),
               "flash-attn": (8, 4), "compiled": (4, 4)}
+# Gemma 2's soft-cap of its final logits, cap * tanh(logits / cap), in the model's code before any of those losses
+# (transformers' Gemma2ForCausalLM, NeMo's Gemma 2 output layer), in units of the activations' bytes e per logit:
+# eager, three element-wise kernels (divide, tanh, multiply) each reading and writing the logits, 6e; backward, the
+# multiply's and the divide's gradients (2e each) and tanh's, which reads the gradient and its kept output (3e), 7e.
+# Compiled, one fused kernel each way: 2e and 3e.
+SOFTCAP_PASSES = {False: (6, 7), True: (2, 3)}
 
 
 def flop_params(model) -> float:
@@ -389,11 +395,22 @@ def head_time(job: Job, layout: Layout, tokens: int) -> tuple[float, float, floa
         gather_f = (tp_call_time(c, "all_gather", 2 * tokens * loss_vocab, tp, layout.sequence_parallel)
                     + 8 * tokens * loss_vocab / kernels.hbm_rate(c))
         gather_b = 4 * tokens * vocab / kernels.hbm_rate(c)
-    loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in LOSS_BYTES[loss])
+    loss_f, loss_b = (n * tokens * loss_vocab / kernels.hbm_rate(c) for n in loss_bytes(job, loss))
     prec = job.precision  # the head stays BF16, at the job's in-situ share
     return (kernels.gemm_time(c, tokens, vocab, model.hidden, precision=prec) + loss_f + gather_f,
             kernels.gemm_time(c, tokens, model.hidden, vocab, precision=prec) + loss_b + gather_b,
             kernels.gemm_time(c, model.hidden, vocab, tokens, out_bytes=2 * job.train.grad_bytes, precision=prec))
+
+
+def loss_bytes(job: Job, loss: str) -> tuple[float, float]:
+    """(forward, backward) bytes through HBM per logit beyond the head's GEMMs: the loss's (LOSS_BYTES) and, where the
+    model soft-caps its final logits, the cap's element-wise passes (SOFTCAP_PASSES)."""
+    f, b = LOSS_BYTES[loss]
+    if job.model.final_softcap:
+        e = job.train.activation_bytes
+        cap_f, cap_b = SOFTCAP_PASSES[job.compile]
+        f, b = f + cap_f * e, b + cap_b * e
+    return f, b
 
 
 def tp_edge_time(job: Job, layout: Layout, rank: int, tokens: int) -> tuple[float, float]:
