@@ -141,6 +141,8 @@ def test_tables_below_70_columns_fold_words_never_numbers(width, llama_plan):
         assert len(headers) == 11  # every column: the layout folds instead
     else:
         assert "left out to fit" in table.caption and "SP" in table.caption
+    in_millions = any(str(cell).endswith("M") for cell in table.columns[headers.index("tok/s")].cells)
+    assert ("M: million" in (table.caption or "")) == in_millions  # explained where a figure uses it (helper-226)
     _cells_whole(breakdown_table(llama_plan[0], width=width), width, {"memory", "time"})
 
     from rich.console import Console
@@ -377,3 +379,15 @@ def test_the_training_bar_keeps_its_step_counter_whole_at_80_columns():
     finally:
         bar.__exit__(None, None, None)
     assert "1000/1000" in buf.getvalue() and "…" not in buf.getvalue(), buf.getvalue()
+
+
+def test_a_layout_too_long_for_its_column_breaks_between_its_parts():
+    # rich folded "dp32768·tp2·pp16·ep8·v2·mb1" as "...·mb" above "1" in an 80-column plan (a number on a line alone)
+    from shardwise.console import break_after
+
+    layout = "dp65536·hsdp8·tp1·pp16·ep16·v2·mb1"
+    for room in (8, 12, 24, 30):
+        lines = break_after(layout, "·", room).split("\n")
+        assert "".join(lines) == layout and all(len(line) <= room for line in lines)
+        assert all(line.endswith("·") for line in lines[:-1]) and len(lines) > 1
+    assert break_after(layout, "·", len(layout)) == layout

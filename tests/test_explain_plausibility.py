@@ -101,3 +101,17 @@ def test_a_cluster_file_without_an_arch_is_held_to_the_a100_record(tmp_path):
     # A calibrated cluster (no arch either) measures its own peak: no published GPU record applies to it.
     calibrated = replace(other, cluster=replace(other.cluster, measured={"matmul_tflops": 1.0}))
     assert plausibility(calibrated, _at(result.ranked[0], 0.90)) == ""
+
+
+def test_a_mixture_of_experts_answers_to_the_records_of_the_parameters_its_flops_count():
+    # Mixtral's 46.7 B parameters hold 12.9 B a token uses: its GEMMs and MFU are a 13 B model's, so it answers to the
+    # record under 20 B (LLaMA 13B's), not to the larger models' lower one, and the sentence says the class and that
+    # the record is a dense run (helper-226).
+    from shardwise.planner.explain import published_record
+
+    job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-a100-80gb"), 256, 4096, "megatron-core")
+    mfu, _, who, size_class = published_record(job, 64)
+    assert "LLaMA 13B" in who and mfu > 0.7 and size_class.startswith("under 20 B FLOP-counted")
+    win = search(job, 64, SearchSpace(micro_batch=(1,), max_vpp=2)).ranked[0]
+    said = plausibility(job, _at(win, 0.75))
+    assert "under 20 B FLOP-counted" in said and "a dense run" in said

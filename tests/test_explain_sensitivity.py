@@ -196,3 +196,25 @@ def test_the_dp_and_pp_sentences_say_what_each_gpu_does_and_the_textbook_bubble(
     piped = paragraphs("llama-65b", "dgx-a100-80gb", 64, 1024, 2048, "torchtitan")
     pp = next(p for p in piped if p.startswith("PP = 8 (1f1b)"))
     assert "uniform stages give (p - 1) / (m + p - 1) = 7/263 = 2.7%" in pp, pp
+
+
+def test_the_cp_paragraph_names_what_splitting_the_sequence_would_add():
+    # shardwise's runtime runs its CP blocks as FP32 math: splitting costs compute, not K/V traffic, and the
+    # paragraph had said "only adds K/V traffic" whatever the breakdown (helper-226).
+    job = _job("llama3-8b", "dgx-h100-80gb", 8, 8, 16384, "shardwise")
+    result = search(job, 8, SearchSpace(tp=(1, 2), pp=(1,), cp=(1, 2), micro_batch=(1,)))
+    assert result.ranked[0].layout.cp == 1
+    [paragraph] = [p for p in explain(job, 8, result) if p.startswith("CP = 1")]
+    split = min((e for e in result.ranked if e.layout.cp == 2), key=lambda e: e.step_time)
+    added = {k: split.time_s[k] - result.ranked[0].time_s[k] for k in ("compute", "cp_comm")}
+    assert added["compute"] > added["cp_comm"]  # what the runtime's math blocks cost, by the planner's own numbers
+    assert "mostly compute" in paragraph and "FP32 math" in paragraph and "only adds K/V traffic" not in paragraph
+
+
+def test_a_layout_without_sp_says_so_where_the_winner_has_it():
+    from shardwise.planner.explain import _knobs
+
+    job = _job("llama2-7b", "dgx-h100-80gb", 8, 1, 4096, "megatron-core")
+    sp, plain = (estimate(job, Layout(tp=8, micro_batch=1, sequence_parallel=on)) for on in (True, False))
+    assert _knobs(sp).endswith(", SP") and _knobs(plain).endswith(", no SP")
+    assert "SP" not in _knobs(estimate(job, Layout(dp=8, micro_batch=1)))  # tp 1: nothing to say

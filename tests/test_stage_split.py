@@ -308,3 +308,19 @@ def test_internevo_cuts_no_chunk_without_a_layer_and_vpp_must_divide_the_layers(
     space = SearchSpace(tp=(1,), pp=(4,), micro_batch=(1,), schedules=("interleaved-1f1b",))
     vpps = {e.layout.vpp for e in search(job, 16, space).ranked}
     assert vpps == {2, 4, 8}  # of 2..8 (32 layers over 4 ranks), those dividing 32
+
+
+def test_plan_and_explain_say_when_their_winner_needs_a_named_cut():
+    # plan's and explain's winner note carries estimate's sentence (helper-226: pp 4 x 9 chunks of llama3-70b's 80
+    # layers won under megatron-core and nothing said that Megatron needs --pipeline-model-parallel-layout for it)
+    import argparse
+
+    from shardwise.commands.common import winner_note
+    from shardwise.planner.job import make_job
+    from shardwise.specs import Layout, load_cluster, load_model
+
+    job = make_job(load_model("llama3-70b"), load_cluster("dgx-h100-80gb"), 512, 8192, "megatron-core")
+    args = argparse.Namespace(emit=None)
+    uneven = Layout(dp=32, tp=4, pp=4, vpp=9, schedule="interleaved-1f1b", micro_batch=1, sequence_parallel=True)
+    assert "--pipeline-model-parallel-layout" in winner_note(args, job, uneven)
+    assert "do not divide" not in winner_note(args, job, uneven.with_(vpp=5))  # 20 chunks of 4 layers: Megatron's own

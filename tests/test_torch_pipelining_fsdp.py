@@ -148,3 +148,17 @@ def test_fsdp2_keeps_no_bf16_shard_beside_the_gathered_weights(measured):
         else:  # two layers and the root, no shard of the rest
             assert gathered < rank_params(job, layout, rank) / 8
         assert mem["weights"] == pytest.approx(states["weights"])
+
+
+def test_torchtitan_pipelines_hold_the_experts_gradients_unsharded_too():
+    # The pipeline turns every FSDP unit's sync off, the experts' units too (helper-226): their FP32 gradients are held
+    # whole, so a GPU's gradients do not shrink as more data-parallel replicas join; without a pipeline they do.
+    def gradients(gpus: int, pp: int) -> float:
+        job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-a100-80gb"), 4 * gpus, 4096, "torchtitan")
+        layout = Layout(dp=gpus // pp, tp=1, pp=pp, ep=2, micro_batch=1, zero=2)
+        return memory_breakdown(job, layout)[1]["gradients"]
+
+    assert gradients(128, 4) == pytest.approx(gradients(64, 4), rel=1e-9)
+    assert gradients(64, 1) < 0.6 * gradients(32, 1)
+    expert_params = 8 * 3 * 4096 * 14336 * 32 / 2 / 4  # 8 experts of 3 matrices, 32 layers over pp 4, ep 2
+    assert gradients(128, 4) > 4 * expert_params * 0.5  # FP32, at least the half created by the activations' peak

@@ -185,13 +185,29 @@ def _columns(stream) -> int:
         return 80
 
 
-def fit_table(table, width: int | None, text=(), drop=(), floor: int = 6) -> list[str]:
+def break_after(cell: str, sep: str, room: int) -> str:
+    """`cell` on lines of at most `room` characters where it can break just after `sep` (a layout's "·"), so a fold
+    never splits one of its parts ("mb" above "1"); a part longer than `room` stays whole for rich to fold."""
+    if len(cell) <= room or sep not in cell:
+        return cell
+    parts = cell.split(sep)
+    lines, line = [], ""
+    for piece in [p + sep for p in parts[:-1]] + parts[-1:]:  # each part with the separator it ends with
+        if line and len(line) + len(piece) > room:
+            lines.append(line)
+            line = ""
+        line += piece
+    return "\n".join(lines + [line])
+
+
+def fit_table(table, width: int | None, text=(), drop=(), floor: int = 6, sep: str = "") -> list[str]:
     """Fit a rich table into `width` terminal columns without splitting a number over two lines: every column but the
     `text` ones (headers or positions: a layout's name, a schedule) is kept whole (no_wrap), the text ones fold, down
     to `floor` characters each (rich would otherwise fold the numbers once the text alone cannot give the room, or
     shrink the one column that may wrap to nothing). Where even that is too wide, the `drop` columns (headers or
     positions, the first named first) are left out until it fits. Returns the headers left out, for a caption; None
-    width: nothing to fit, the table as it is."""
+    width: nothing to fit, the table as it is. With `sep` (a layout's "·"), a text cell too long for its room breaks
+    after it, not inside one of its parts (break_after)."""
     if width is None:
         return []
     from dataclasses import replace
@@ -228,4 +244,10 @@ def fit_table(table, width: int | None, text=(), drop=(), floor: int = 6) -> lis
             keep.remove(gone)
     for i, column in zip(keep, table.columns):
         column.no_wrap, column.overflow = (False, "fold") if i in texts else (True, column.overflow)
+    if sep:  # each text column's cells broken after `sep` to the room the other columns leave it at most
+        for n, (i, column) in enumerate(zip(keep, table.columns)):
+            if i in texts:
+                others = sum(min(w, floor) if j in texts else w for j, w in zip(keep, widths) if j != i)
+                room = max(width - frame - others, floor)
+                column._cells = [break_after(c, sep, room) if isinstance(c, str) else c for c in column._cells]
     return [str(original[i].header) for i in range(len(original)) if i not in keep]

@@ -511,7 +511,8 @@ def winner_note(args, job, layout) -> str:
     """What a flag of plan or explain narrowed or switched that their winner has no use for, said as estimate says its
     idle flags: --schedules where the winner has no pipeline, --tp-comm-overlap where it has no tensor parallelism;
     and, --recompute not given, the policies a stack searched as its published runs trained left out (deepspeed,
-    megatron-2021); and a later release's opt-in flag the winner uses (estimate.release_note)."""
+    megatron-2021); a later release's opt-in flag the winner uses (estimate.release_note); a pipeline cut its stack
+    builds only when told (estimate.split_note)."""
     from shardwise.planner.search import PLANNED_SCHEDULES
 
     parts = []
@@ -533,10 +534,12 @@ def winner_note(args, job, layout) -> str:
         parts.append(f"{fw.name} is searched with {' and '.join(fw.unnamed_recompute)} recompute, as its published runs "
                      f"trained; --recompute {','.join([*fw.unnamed_recompute, *others])} searches "
                      f"{' and '.join(others)} too")
-    from shardwise.planner.estimate import release_note
+    from shardwise.planner.estimate import release_note, split_note
 
     if later := release_note(job, layout):  # the winner uses a later release's opt-in flag, listed
         parts.append(f"the winner's {later}")
+    if uneven := split_note(job, layout):  # a cut the stack builds only when told (helper-226)
+        parts.append(f"the winner's {uneven}")
     if not getattr(args, "emit", None) and (unwritable := _emit_refusal(job, layout)):
         parts.append(unwritable)
     return "; ".join(parts)
@@ -656,9 +659,11 @@ def layout_table(estimates, title: str, width: int | None = None):
                       "[green]yes[/]" if e.fits else "[red]no[/]", seconds(e.step_time),
                       _tokens(e.tokens_per_s, narrow), f"{e.mfu:.1%}")
     if narrow:  # text columns fold, numbers stay whole; where they alone are too wide, columns are left out
-        gone = fit_table(table, width, text=(1, 2, 4), drop=(5, 3, 4, 2, 0, 8))
+        gone = fit_table(table, width, text=(1, 2, 4), drop=(5, 3, 4, 2, 0, 8), sep="·")
         legend = {"sched": "i-1f1b: interleaved 1F1B", "Z": "Z: ZeRO stage",  # the abbreviations of the columns shown
                   "rc": "rc: recompute (sel: selective; full:N: N layers of each stage)", "tok/s": "M: million"}
+        if not any(e.tokens_per_s >= 1e6 for e in estimates):  # no figure in millions to explain
+            legend.pop("tok/s")
         said = [text for header, text in legend.items() if header not in gone]
         said += [f"left out to fit {width} columns: {', '.join(gone)} (--json has every field)"] if gone else []
         table.caption = "; ".join(said) or None

@@ -28,8 +28,8 @@ def _knobs(e: Estimate) -> str:
              lay.recompute_phrase()]
     if lay.cp > 1:  # two layouts may differ by it alone (ring against all-gather attention)
         parts.append(f"{lay.cp_mode} CP")
-    if lay.sequence_parallel:
-        parts.append("SP")
+    if lay.tp > 1:  # two layouts may differ by it alone
+        parts.append("SP" if lay.sequence_parallel else "no SP")
     return ", ".join(parts)
 
 
@@ -193,6 +193,21 @@ def _bubble_formula(lay, m: int) -> str:
     return f"uniform stages give (p - 1) / (m + p - 1) = {p - 1}/{m + p - 1} = {share:.1%}"
 
 
+def _split_cost(job: Job, win: Estimate, by_cp: dict) -> str:
+    """What the fastest layout that splits the sequence adds to the winner's step, by its largest term: the K/V
+    traffic, or compute where the stack's CP blocks run slower than its attention kernel (shardwise's runtime: FP32
+    math blocks, memory.cp_math_blocks)."""
+    from shardwise.planner.memory import cp_math_blocks
+
+    split = min((e for cp, e in by_cp.items() if cp > 1), key=lambda e: e.step_time)
+    added = {k: split.time_s.get(k, 0.0) - win.time_s.get(k, 0.0) for k in TERM_NAMES}
+    term = max(added, key=added.get)
+    said = f"at cp={split.layout.cp} mostly {TERM_NAMES[term]} (+{seconds(added[term])})"
+    if term in ("compute", "recompute") and cp_math_blocks(job):
+        said += f", as {job.framework}'s CP blocks run the attention as FP32 math, not a fused kernel"
+    return said
+
+
 def cp_paragraph(job: Job, result: SearchResult) -> str:
     """Context parallelism in the article's terms: why the sequence had to be split (activations per GPU),
     what the split costs (K/V traffic, and whether the compute hides it), the cp x tp <= node rule of thumb.
@@ -207,8 +222,8 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
         if len(by_cp) == 1:
             return ""
         return (f"CP = 1: one sequence of {s:,} tokens fits each GPU's activations unsplit "
-                f"({win.memory_bytes['activations'] / GIB:.1f} GiB), so splitting it only adds K/V traffic. "
-                f"Best step with the sequence split: {_compare(by_cp, 1, win, 'cp')}.")
+                f"({win.memory_bytes['activations'] / GIB:.1f} GiB), so splitting it only adds cost: "
+                f"{_split_cost(job, win, by_cp)}. Best step with the sequence split: {_compare(by_cp, 1, win, 'cp')}.")
     plain, where = _unsplit(job, lay)
     unsplit = memory_breakdown(job, plain)[1]
     fits_unsplit = sum(unsplit.values()) <= c.gpu_memory_bytes
@@ -557,23 +572,34 @@ PUBLISHED_MFU_RECORD = {
 }
 
 
-def published_record(job: Job, gpus: int) -> tuple[float, int, str]:
-    """(MFU, GPU floor, who) of the best published run on the job's GPU generation for a model of its size on at
-    least the largest record floor <= gpus; (1.0, 1, "") where no record applies."""
+def published_record(job: Job, gpus: int) -> tuple[float, int, str, str]:
+    """(MFU, GPU floor, who, size class) of the best published run on the job's GPU generation for a model of its
+    size class on at least the largest record floor <= gpus; (1.0, 1, "", "") where no record applies. A mixture of
+    experts is classed by the parameters its FLOPs count (flop_params: a token's experts), which its GEMMs' sizes and
+    so its MFU follow, and held to the dense records (the reference set states no MoE run's MFU)."""
     # A datasheet cluster file that names no arch is timed with Ampere's kernel constants (kernels.py): held to Ampere's
     # records. A calibrated one (`calibrate`: its peak is its own measured rate, its arch unnamed) has no record.
     c = job.cluster
     by_size = PUBLISHED_MFU_RECORD.get(c.arch or ("" if c.measured else "ampere"), ())
-    tiers = next((t for size, t in by_size if job.model.num_params() >= size), ())
+    counted = flop_params(job.model) if job.model.num_experts else job.model.num_params()
+    found = next(((i, size, t) for i, (size, t) in enumerate(by_size) if counted >= size), None)
+    if found is None:
+        return 1.0, 1, "", ""
+    i, size, tiers = found
+    above = by_size[i - 1][0] if i > 0 else 0
+    kind = "FLOP-counted (a token's experts) " if job.model.num_experts else ""
+    size_class = (f"{size / 1e9:g} B {kind}parameters or more" if size and not above else
+                  f"under {above / 1e9:g} B {kind}parameters" if not size else
+                  f"{size / 1e9:g}-{above / 1e9:g} B {kind}parameters")
     floor, mfu, who = next(((f, m, w) for f, m, w in reversed(tiers) if gpus >= f), (1, 1.0, ""))
-    return mfu, floor, who
+    return mfu, floor, who, size_class
 
 
 def plausibility(job: Job, win: Estimate) -> str:
     """A sentence when the winner's MFU is above the best ever published on its GPU generation for a model of
     its size at its scale, saying why this plan could beat it and what to check."""
     lay, t = win.layout, win.time_s
-    mfu, floor, who = published_record(job, lay.world_size)
+    mfu, floor, who, size_class = published_record(job, lay.world_size)
     if win.mfu <= mfu:
         return ""
     scale = f" on {floor:,} or more GPUs" if floor > 1 else ""
@@ -587,8 +613,9 @@ def plausibility(job: Job, win: Estimate) -> str:
          "the optimizer"] + ([f"{share('host_wait')} waiting on the host"] if "host_wait" in t else [])
     fp8 = (" Its matmuls run in FP8, at up to twice the BF16 peak this MFU is counted against, where the records are "
            "BF16 runs: an FP8 plan can pass them by that alone." if job.precision == "fp8" else "")
-    return (f"Plausibility: MFU {win.mfu:.1%} is above the best published on this GPU generation for a model this "
-            f"size{scale}, {who}.{fp8} This plan "
+    dense = " (a dense run: no mixture-of-experts run's MFU is in the reference set)" if job.model.num_experts else ""
+    return (f"Plausibility: MFU {win.mfu:.1%} is above the best published on this GPU generation for a model of "
+            f"{size_class}{scale}, {who}{dense}.{fp8} This plan "
             f"spends {1 - t['compute'] / win.step_time:.0%} of its step outside the layers' compute ({', '.join(reasons)}); "
             f"its compute runs at the rates the kernel benchmarks and the published runs support "
             f"(in-situ efficiency {assumptions(job)['in_situ_efficiency']:.2f}). Treat the margin over {mfu:.1%} as "

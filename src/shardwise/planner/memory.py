@@ -463,6 +463,24 @@ def rank_params(job: Job, layout: Layout, rank: int) -> float:
     return p
 
 
+def unsharded_grad_bytes(job: Job, layout: Layout, grads_held: float = 1.0) -> float | None:
+    """Bytes per parameter of gradients a ZeRO-2/3 stack holds unsharded at the activations' peak, or None where it
+    holds them sharded. Every FSDP unit alike, the experts' too (torch's pipelining turns every unit's sync off):
+    - FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce
+      dtype, until its one reduce-scatter after the schedule; it creates a unit's at its first backward, so at the
+      activations' peak only the `grads_held` share of them exists (rank_memory);
+    - FSDP under no_sync() (Framework.fsdp_no_sync) holds every gradient unsharded, in the dtype its units compute
+      in, from the first micro-batch's backward on: through the later ones' activations peaks."""
+    fw = get_framework(job.framework)
+    if layout.zero_in_effect < 2:
+        return None
+    if fw.fsdp_once_per_step(layout):
+        return fw.grad_reduce_bytes * grads_held
+    if fw.fsdp_no_sync and layout.num_microbatches(job.train.global_batch) > 1:
+        return param_gather_bytes(job, fw)
+    return None
+
+
 def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | None = None,
                       gathered_layers: int = ZERO3_GATHERED_LAYERS, grads_held: float = 1.0) -> dict[str, float]:
     """Weights, gradients and optimizer states of `params` parameters (`layers` of them whole layers)
@@ -504,15 +522,9 @@ def model_state_bytes(job: Job, layout: Layout, params: float, layers: int | Non
         if fp8_gathered(job, layout) and layers is not None:  # the layers' dense weights gathered and held in FP8
             held = min(gathered_layers, layers) if zero >= 3 else layers
             weights -= (t.weight_bytes - 1) * held * layer_params(job.model, layout.tp)
-    # FSDP under torch.distributed.pipelining (and Llama 3's FSDP) holds every gradient unsharded, in the reduce
-    # dtype, until its one reduce-scatter after the schedule; it creates a unit's at its first backward, so at the
-    # activations' peak only the `grads_held` share of them exists (rank_memory).
-    if zero >= 2 and fw.fsdp_once_per_step(layout):
-        grads = fw.grad_reduce_bytes * params * grads_held
-    # FSDP under no_sync() (Framework.fsdp_no_sync) holds every gradient unsharded, in the dtype its units compute in,
-    # from the first micro-batch's backward on: through the later ones' activations peaks.
-    elif zero >= 2 and fw.fsdp_no_sync and layout.num_microbatches(t.global_batch) > 1:
-        grads = param_gather_bytes(job, fw) * params
+    unsharded = unsharded_grad_bytes(job, layout, grads_held)
+    if unsharded is not None:
+        grads = unsharded * params
     elif offload.gradients_on_host(fw, job.offload, zero):
         grads = 0.0  # each reduced partition copied to the host (planner/offload.py)
     if job.offload:  # the optimizer states and master on the host
@@ -608,9 +620,12 @@ def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
         fw = get_framework(job.framework)
-        states = _experts_offloaded(job, layout, experts, moe.expert_states(
-            t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe,
-            fw.experts_in_layer_units, fw.zero3_expert_layers_gathered))
+        states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts,
+                                   experts / n_moe, fw.experts_in_layer_units, fw.zero3_expert_layers_gathered)
+        unsharded = unsharded_grad_bytes(job, layout, held.grads_held)
+        if unsharded is not None and states["gradients"] < t.grad_bytes * experts:  # sharded by ZeRO-2/3 over edp
+            states["gradients"] = unsharded * experts
+        states = _experts_offloaded(job, layout, experts, states)
         out = {k: out[k] + states.get(k, 0.0) for k in out}
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:
