@@ -21,6 +21,7 @@ from shardwise.frozen import cached_hash
 from shardwise.hf_architectures import LLAMA_VARIANTS, READERS
 from shardwise.hf_keys import (MAX_LAYERS, SWIGLU_ACTS, count, dropout, flag, mlp_of_act, optional, require,
                                require_any)
+from shardwise.paths import refuse_special
 
 
 @cached_hash
@@ -832,7 +833,10 @@ def load_model(ref: str) -> ModelSpec:
     path = Path(ref)
     if not ref.strip():
         raise UsageError(f"--model is empty — give a preset ({', '.join(model_presets())}), a config.json or a model folder")
+    if ref not in model_presets():  # a named pipe, a symlink loop: said as such, never opened (a pipe would block)
+        refuse_special(path, f"--model {ref}", f"; or give a preset ({', '.join(model_presets())})")
     if path.is_dir():
+        refuse_special(path / "config.json", f"--model {ref}: its config.json")
         if not (path / "config.json").is_file():
             raise UsageError(f"{ref}: no config.json in this folder — a Hugging Face model folder holds config.json "
                              f"(and its weights); or give a preset ({', '.join(model_presets())})")

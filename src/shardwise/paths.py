@@ -8,8 +8,10 @@ created, a probe file is opened and removed): permission bits do not tell root, 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -130,12 +132,54 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
+def what_stands(path) -> str | None:
+    """What stands at an input `path` that is neither a regular file nor a folder (links followed), in an error
+    message's words — "a named pipe", "a socket", "a device", "a symlink loop", "a link to nothing (TARGET)" — or
+    None: a file, a folder, or nothing at all (the caller says "not found" in its own words). Only stat is called,
+    never open: opening a named pipe to read blocks until something writes it."""
+    text = os.fspath(path)
+    try:
+        mode = os.stat(text).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if os.path.islink(text):
+            try:
+                return f"a link to nothing ({os.readlink(text)})"
+            except OSError:
+                return "a link to nothing"
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def special_fix(what: str) -> str:
+    """The fix for an input that is `what` (what_stands's words)."""
+    if what == "a symlink loop":
+        return "the link leads back to itself: point it at the real file (ln -sfn FILE LINK), or give the file itself"
+    if what.startswith("a link to nothing"):
+        return "its target is gone: fix the link, or give the file itself"
+    return "shardwise reads its inputs from regular files: save the content to a file and give that path"
+
+
+def refuse_special(path, named: str, more: str = "") -> None:
+    """One UsageError line if `path` is a named pipe, a socket, a device, a symlink loop or a link to nothing (see
+    what_stands): "`named` is not a regular file: it is … — the fix[; `more`]". `named` is how the caller names
+    the input (--data PATH, model config 'PATH'); `more` adds the caller's other choices (or a preset ...)."""
+    what = what_stands(path)
+    if what:
+        raise UsageError(f"{named} is not a regular file: it is {what} — {special_fix(what)}{more}")
+
+
 def input_file(path, flag: str, fix: str) -> Path:
     """`path` is an existing file (not a folder): else one UsageError line naming the flag and `fix`."""
     file = Path(str(path))
     if file.is_dir():
         raise UsageError(f"{flag} {path} is a folder — {fix}")
     if not file.is_file():
-        what = "not a regular file (a pipe, a device)" if file.exists() else "no such file"
-        raise UsageError(f"{flag} {path}: {what} — {fix}")
+        what = what_stands(file)
+        if what:
+            raise UsageError(f"{flag} {path}: not a regular file but {what} — {special_fix(what)}")
+        raise UsageError(f"{flag} {path}: no such file — {fix}")
     return file

@@ -455,6 +455,10 @@ def cluster_toml(ref: str) -> tuple[dict, str, str]:
     if path.is_dir() and ref not in cluster_presets():  # a folder is never a cluster; a preset's name still is
         raise UsageError(f"--cluster {ref} is a folder — give a cluster .toml file (e.g. from `shardwise calibrate`) "
                          f"or a preset ({', '.join(cluster_presets())})")
+    if ref not in cluster_presets():  # a named pipe, a symlink loop: said as such, never opened (a pipe would block)
+        from shardwise.paths import refuse_special
+
+        refuse_special(path, f"--cluster {ref}", f"; or give a preset ({', '.join(cluster_presets())})")
     if ref.endswith(".toml") or path.is_file():  # a file of a preset's name here is the user's own: it wins
         if not path.is_file():
             what = "is not a regular file" if path.exists() else "not found"  # a pipe, a device

@@ -62,7 +62,7 @@ def run_inspect(args) -> int:
     if args.json:
         if not args.tensors:
             info.pop("tensors")
-        print_json(info)
+        print_json({**info, "layout": _reported(info["layout"])})
         return 0
     lay, model, run = info["layout"], info["model"], info["run"]
     console = Console()
@@ -94,6 +94,19 @@ def run_inspect(args) -> int:
             t.add_row(key, "×".join(map(str, v["shape"])) or "scalar", v["dtype"])
         console.print(t)
     return 0
+
+
+def _reported(lay: dict) -> dict:
+    """The manifest's layout as `train --json`, `validate --json` and `estimate --json` report a layout
+    (Layout.record): dp_shard the dp ranks of one shard group, not the 0 a manifest stores for "every dp rank". The
+    manifest itself keeps its 0 (what a resume, and older shardwise, read back); fields this version does not know
+    are shown as written."""
+    from dataclasses import fields
+
+    from shardwise.specs import Layout
+
+    known = {f.name for f in fields(Layout)}
+    return {**lay, "dp_shard": Layout(**{k: v for k, v in lay.items() if k in known}).dp_shard_size}
 
 
 def resume_command(info: dict, model: str, parent) -> str:

@@ -56,6 +56,9 @@ def _given_files(given, flag: str) -> list[Path]:
         return files
     if p.is_file():
         return [p]
+    from shardwise.paths import refuse_special
+
+    refuse_special(p, f"{flag} {given}")  # a named pipe (never opened: it would block), a symlink loop
     raise UsageError(f"{flag} {given}: not found — give text, .jsonl or .parquet files, or folders of them")
 
 
@@ -98,7 +101,35 @@ def _source(f: Path, flag: str, given) -> Source:
             import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise UsageError(f"{f}: reading Parquet needs pyarrow — {PYARROW_HINT}") from None
+        _parquet_file(str(f))  # its footer, now: not after the files before it are tokenized
     return Source(str(f), kind, f.stat().st_size)
+
+
+def _unreadable_parquet(path: str, exc: Exception) -> UsageError:
+    """One line for a .parquet file pyarrow cannot read (not Parquet, truncated, a damaged page), with the fix."""
+    name = Path(path).name
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+    again = (f"write it again (pandas: df.to_parquet('{name}'); datasets: ds.to_parquet('{name}')) or download it "
+             f"again")
+    try:
+        with open(path, "rb") as f:
+            parquet = f.read(4) == b"PAR1"  # what every Parquet file starts (and ends) with
+    except OSError:
+        parquet = True
+    if not parquet:
+        return UsageError(f"{path}: not a Parquet file ({detail}) — if it holds text or JSON lines, give it a .txt or "
+                          f".jsonl name; if it was Parquet, {again}")
+    return UsageError(f"{path}: not a readable Parquet file ({detail}) — it is damaged or cut short: {again}")
+
+
+def _parquet_file(path: str):
+    """pyarrow's ParquetFile of `path` (its footer read and checked), or one UsageError line with the fix."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses for damaged files
+        raise _unreadable_parquet(path, exc) from None
 
 
 # What a compressed file starts with: read as text, its bytes would be "not UTF-8", which is the wrong advice.
@@ -125,6 +156,8 @@ def _folder_files(folder: Path, flag: str, given) -> list[Path]:
     files are listed already); a folder linked twice is listed twice, and expand reads its files once, with a note."""
     import os
 
+    from shardwise.paths import what_stands
+
     def unreadable(err: OSError):
         raise UsageError(f"{flag} {given}: cannot list {err.filename} ({err.strerror}) — its files would be left out of "
                          f"the corpus; make it readable, or give the files you mean")
@@ -134,10 +167,13 @@ def _folder_files(folder: Path, flag: str, given) -> list[Path]:
         dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _not_a_cycle(root, d, above)]
         for name in sorted(n for n in names if not n.startswith(".")):
             f = Path(root) / name
-            if f.is_symlink() and not f.exists():
+            if f.is_symlink() and not f.exists() and what_stands(f) != "a symlink loop":
                 raise UsageError(f"{flag} {given}: {f} is a link to nothing ({os.readlink(f)}) — fix or remove it")
             if f.is_file():
                 files.append(f)
+            elif what_stands(f):  # a named pipe, a symlink loop: it would be left out of the corpus unsaid
+                raise UsageError(f"{flag} {given}: {f} is {what_stands(f)}, not a regular file — replace it with the "
+                                 f"file it stands for, or move it out of the folder")
     return sorted(files)
 
 
@@ -222,19 +258,30 @@ def _jsonl(path: str, field: str) -> Iterator[tuple[str, bool, int]]:
             yield text, True, len(line)
 
 
-def _parquet(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:
-    import pyarrow.parquet as pq
+def _batches(pf, path: str, field: str):
+    """pf's `field` column in batches; a page pyarrow cannot decode (a damaged file whose footer reads) is one
+    UsageError line, not a traceback from inside the tokenizer's loop."""
+    import pyarrow as pa
 
-    try:
-        pf = pq.ParquetFile(src.path)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses for damaged files
-        raise UsageError(f"{src.path}: not a readable Parquet file ({str(exc).splitlines()[0][:120]})") from None
+    batches = pf.iter_batches(batch_size=1024, columns=[field])
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, ValueError) as exc:  # ArrowInvalid is a ValueError, ArrowIOError an OSError
+            raise _unreadable_parquet(path, exc) from None
+        yield batch
+
+
+def _parquet(src: Source, field: str) -> Iterator[tuple[str, bool, int]]:
+    pf = _parquet_file(src.path)
     names = pf.schema_arrow.names
     if field not in names:
         raise UsageError(f"{src.path}: no column '{field}' (columns: {', '.join(names[:8])}) — name the text column with --data-field")
     rows = max(1, pf.metadata.num_rows)
     done = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
+    for batch in _batches(pf, src.path, field):
         texts = batch.column(0).to_pylist()
         for text in texts:
             if text is not None and not isinstance(text, str):

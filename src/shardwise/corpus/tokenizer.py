@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from shardwise.errors import UsageError
+from shardwise.paths import refuse_special
 
 BYTES = "bytes"
 FILE = "tokenizer.json"
@@ -68,6 +69,7 @@ def find_tokenizer(path) -> Path:
     """A tokenizer.json given directly or inside a folder."""
     p = Path(path)
     file = p / FILE if p.is_dir() else p
+    refuse_special(file, f"--tokenizer {path}" + (f": its {FILE}" if p.is_dir() else ""))  # a pipe would block
     if not file.is_file():
         raise UsageError(f"--tokenizer {path}: no {FILE} there — give a tokenizer.json or a model folder holding one")
     return file

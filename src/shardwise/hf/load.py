@@ -30,6 +30,7 @@ from pathlib import Path
 from shardwise.errors import UsageError
 from shardwise.hf.mapping import BASE_PREFIX, IGNORED, hf_tensors, source, table_key
 from shardwise.model_spec import rope_scaling
+from shardwise.paths import refuse_special
 from shardwise.specs import ModelSpec
 
 CONFIG = "config.json"
@@ -104,14 +105,52 @@ def read_header(file: Path) -> dict:
             raise UsageError(f"{file}: truncated or not a safetensors file ({size} bytes) — download it again")
         try:
             header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise UsageError(f"{file}: damaged safetensors header — download it again") from None
+    if not isinstance(header, dict):
+        raise UsageError(f"{file}: damaged safetensors header (not a table of tensors) — download it again")
     header.pop("__metadata__", None)
-    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    for name, t in header.items():
+        if not _entry_ok(t):
+            raise UsageError(f"{file}: damaged safetensors header (tensor '{name}': {json.dumps(t)[:80]}) — download it again")
+    end = max((t["data_offsets"][1] for t in header.values()), default=0)
     if end > size - 8 - n:
         raise UsageError(f"{file}: truncated — it holds {size - 8 - n:,} bytes of tensor data and its header needs {end:,}; "
                          f"download it again")
+    _opens(file)
     return header
+
+
+def _entry_ok(t) -> bool:
+    """A header entry as safetensors writes one: {dtype, shape: [n >= 0, ...], data_offsets: [start, stop]}, its span
+    the bytes its shape needs (for the dtypes shardwise reads; safetensors' own check, _opens, covers the others)."""
+    if not (isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list)
+            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2):
+        return False
+    whole = [x for x in (*t["shape"], *t["data_offsets"]) if isinstance(x, int) and not isinstance(x, bool) and x >= 0]
+    if len(whole) != len(t["shape"]) + 2:
+        return False
+    start, stop = t["data_offsets"]
+    n = DTYPES.get(t["dtype"])
+    for d in t["shape"]:
+        n = n * d if n is not None else None
+    return start <= stop and (n is None or stop - start == n)
+
+
+def _opens(file: Path) -> None:
+    """safetensors itself reads the header as each rank will (it also wants the tensors to cover the file exactly: a
+    file with bytes past its last tensor, or a gap, is refused there): its refusal here, before any process starts,
+    rather than a rank's traceback. It maps the file and reads no tensor."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        if isinstance(exc, OSError):
+            raise UsageError(f"{file}: cannot read it ({exc.strerror or exc}) — check the file and its permissions") from None
+        raise UsageError(f"{file}: not a whole safetensors file (safetensors: {str(exc).splitlines()[0][:120]}) — "
+                         f"download it again") from None
 
 
 def _files(folder: Path) -> dict[str, list[str] | None]:
@@ -131,6 +170,7 @@ def _files(folder: Path) -> dict[str, list[str] | None]:
         for name, file in weight_map.items():
             files.setdefault(str(file), []).append(name)
         for file in files:
+            refuse_special(folder / file, f"{folder / file}, which {INDEX} lists,")
             if not (folder / file).is_file():
                 raise UsageError(f"{folder / file}: missing — {INDEX} lists this shard; download it again")
         return files
@@ -311,6 +351,8 @@ def model_source(model: str, init: str | None, spec: ModelSpec) -> tuple[HFFolde
 
     # a folder of a model the runtime cannot build says that first, whatever --init, naming the config.json
     check_runtime_blocks(spec, str(folder / CONFIG))
+    for name in (SINGLE, INDEX):  # a pipe (never opened: it would block) or a symlink loop, not "no weights"
+        refuse_special(folder / name, f"--model {model}: its {name}")
     config = read_config(folder)
     if init is None and not has_weights(folder):
         other = other_weights(folder)
