@@ -47,6 +47,12 @@ def test_moe_param_count_equals_transformers(name):
         assert abs(spec.active_params() / active - 1) < 0.03
 
 
+def test_deepseek_v3s_preset_holds_its_multi_token_prediction_module():
+    # the hub's config.json says num_nextn_predict_layers 1; the preset had left it out, so the note that the module is
+    # not counted never showed for --model deepseek-v3 (helper-225)
+    assert load_model("deepseek-v3").mtp_layers == 1
+
+
 def test_active_params_count_top_k_of_the_routed_experts():
     spec = load_model("mixtral-8x7b")
     per_expert = 3 * spec.hidden * spec.moe_ffn_hidden
