@@ -115,3 +115,12 @@ def test_a_mixture_of_experts_answers_to_the_records_of_the_parameters_its_flops
     win = search(job, 64, SearchSpace(micro_batch=(1,), max_vpp=2)).ranked[0]
     said = plausibility(job, _at(win, 0.75))
     assert "under 20 B FLOP-counted" in said and "a dense run" in said
+
+
+def test_a_term_under_one_percent_of_the_step_is_not_said_as_zero():
+    # "0% context-parallel K/V traffic" listed a term as a reason and as nothing at once (helper-226)
+    job, result = _readme_demo()
+    win = _at(result.ranked[0], 0.64)
+    win = replace(win, time_s={**win.time_s, "ep_comm": 1e-4 * win.step_time})
+    sentence = plausibility(job, win)
+    assert "<1% the experts' all-to-all traffic" in sentence and " 0% " not in sentence, sentence

@@ -240,8 +240,10 @@ def cp_paragraph(job: Job, result: SearchResult) -> str:
     if lay.cp_mode == "ring":
         how = (f"ring: each layer passes K/V blocks of {block / 1e6:.1f} MB ({kv}) cp - 1 = {lay.cp - 1} hops forward and "
                f"again with dK/dV backward, each hop behind 1/cp of the layer's attention "
-               f"({seconds(lc.attn_fwd / lay.cp)} forward): exposed {seconds(lc.cp_fwd)} forward and "
-               f"{seconds(lc.cp_bwd)} backward per layer and micro-batch")
+               f"({seconds(lc.attn_fwd / lay.cp)} forward): " + (
+                   "every hop hidden, forward and backward" if not lc.cp_fwd and not lc.cp_bwd else
+                   f"exposed {seconds(lc.cp_fwd) if lc.cp_fwd else 'nothing'} forward and "
+                   f"{seconds(lc.cp_bwd) if lc.cp_bwd else 'nothing'} backward per layer and micro-batch"))
     else:
         back = ("gathers again and passes dK/dV around the ring backward (torch's context parallelism)"
                 if torch_dkv_ring(job) else "gathers again and reduce-scatters dK/dV backward")
@@ -603,7 +605,10 @@ def plausibility(job: Job, win: Estimate) -> str:
     if win.mfu <= mfu:
         return ""
     scale = f" on {floor:,} or more GPUs" if floor > 1 else ""
-    share = lambda *keys: f"{sum(t.get(k, 0.0) for k in keys) / win.step_time:.0%}"  # noqa: E731
+    def share(*keys) -> str:  # a term under 1 % of the step said as such, not as "0%"
+        part = sum(t.get(k, 0.0) for k in keys) / win.step_time
+        return f"{part:.0%}" if part >= 0.005 or part == 0 else "<1%"
+
     reasons = ([f"{share('recompute')} in {lay.recompute_phrase()}"] if lay.recompute != "none" else []) + \
         ([f"{share('tp_comm')} exposed TP traffic" + (" (inside NVLink)" if one_node(job.cluster, lay.tp) else "")]
          if lay.tp > 1 else []) + \
