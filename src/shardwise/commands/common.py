@@ -189,8 +189,11 @@ def add_software_args(p: argparse.ArgumentParser) -> None:
                         "(TE's pick on Ampere, and on Hopper under NVTE_FUSED_ATTN=0); auto (default), TE's own pick")
     p.add_argument("--fused-norms", action="store_true",
                    help="the RMSNorm/LayerNorm layers run as one fused kernel in a stack whose other element-wise "
-                        "work is eager (torchtitan's norm_type fused_rmsnorm, its presets' default until 2024-08): "
-                        "their time and the tensors they keep are a fused kernel's")
+                        "work is eager (torchtitan's norm_type fused_rmsnorm, its presets' default until 2024-08; and "
+                        "torchtitan's nn.RMSNorm on a GPU under torch 2.8 or later, whose rms_norm calls the fused "
+                        "_fused_rms_norm kernel when the weight's dtype is the input's, as FSDP2's BF16 parameters "
+                        "make it): their time and the tensors they keep are a fused kernel's. Without it, torch's "
+                        "composite RMSNorm of earlier releases is priced, as the published torchtitan runs ran it")
     p.add_argument("--moe-dispatcher", choices=["alltoall", "deepep"], default=None,
                    help="mixture of experts: how tokens reach their experts — alltoall (default: NCCL's all-to-all, a "
                         "token's row sent once per expert it chose) or deepep (DeepEP's kernels: once per node, then "
