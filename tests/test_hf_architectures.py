@@ -1,5 +1,6 @@
 """The config.json of the architectures published training runs used (OPT, BLOOM, MPT, GPT-NeoX/Pythia, Falcon, GPT-J,
-StarCoder, Mistral, Qwen2/3, Gemma 1/2, OLMo 1/2, Phi-3, StarCoder2, Kimi K2, GPT-OSS), read from their own keys: each
+StarCoder, Mistral, Qwen2/3, Gemma 1/2/3, OLMo 1/2, Phi-3, Phi-3.5-MoE, StarCoder2, Kimi K2, GPT-OSS, Granite, Cohere,
+StableLM, DeepSeek-MoE), read from their own keys: each
 real config (trimmed to the keys that matter, Hub repo in the comment) gives the parameter count its authors publish or that
 transformers builds, `estimate --model config.json --json` runs on it, `train` refuses it in one line, and a config
 shardwise cannot count is one line and exit 2."""
@@ -130,6 +131,65 @@ ARCHITECTURES = {
                       "sliding_window": 128, "swiglu_limit": 7.0, "rope_theta": 150000, "attention_bias": True,
                       "tie_word_embeddings": False, "router_aux_loss_coef": 0.9,
                       "layer_types": ["sliding_attention", "full_attention"] * 18}, 116_829_156_672),
+    # google/gemma-3-1b-it (model_type gemma3_text): QK-norm per head, no soft-caps (null), a 512-token window on 5 of
+    # every 6 layers (sliding_window_pattern; no layer_types key)
+    "gemma-3-1b": ({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 26,
+                    "vocab_size": 262144, "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": 256, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                    "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1000000,
+                    "rope_local_base_freq": 10000, "rms_norm_eps": 1e-06, "attention_bias": False}, 999_885_952),
+    # ibm-granite/granite-3.0-8b-base: Llama's blocks, four scalar multipliers (no parameters), tied
+    "granite-3.0-8b": ({"model_type": "granite", "hidden_size": 4096, "intermediate_size": 12800,
+                        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+                        "vocab_size": 49155, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+                        "attention_bias": False, "mlp_bias": False, "embedding_multiplier": 12.0,
+                        "logits_scaling": 16.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                        "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 10000.0}, 8_170_848_256),
+    # CohereForAI/c4ai-command-r-v01: a parallel block after one bias-free LayerNorm, tied head
+    "command-r-35b": ({"model_type": "cohere", "hidden_size": 8192, "intermediate_size": 22528,
+                       "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 64,
+                       "vocab_size": 256000, "max_position_embeddings": 8192, "logit_scale": 0.0625,
+                       "use_qk_norm": False, "layer_norm_eps": 1e-05, "hidden_act": "silu",
+                       "rope_theta": 8000000.0}, 34_980_831_232),
+    # CohereForAI/aya-23-8B
+    "aya-23-8b": ({"model_type": "cohere", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "logit_scale": 0.0625, "use_qk_norm": False,
+                   "attention_bias": False, "layer_norm_eps": 1e-05, "hidden_act": "silu", "rope_theta": 10000},
+                  8_028_033_024),
+    # CohereForAI/c4ai-command-r-plus: use_qk_norm, a LayerNorm weight per head on q and on k
+    "command-r-plus": ({"model_type": "cohere", "hidden_size": 12288, "intermediate_size": 33792,
+                        "num_hidden_layers": 64, "num_attention_heads": 96, "num_key_value_heads": 8,
+                        "vocab_size": 256000, "max_position_embeddings": 8192, "logit_scale": 0.8333333333333334,
+                        "use_qk_norm": True, "layer_norm_eps": 1e-05, "hidden_act": "silu",
+                        "rope_theta": 75000000.0}, 103_810_674_688),
+    # stabilityai/stablelm-3b-4e1t: LayerNorm with bias, rotary on a quarter of each head, untied
+    "stablelm-3b": ({"model_type": "stablelm", "hidden_size": 2560, "intermediate_size": 6912,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                     "vocab_size": 50304, "max_position_embeddings": 4096, "partial_rotary_factor": 0.25,
+                     "layer_norm_eps": 1e-05, "use_qkv_bias": False, "tie_word_embeddings": False,
+                     "hidden_act": "silu", "rope_theta": 10000}, 2_795_443_200),
+    # stabilityai/stablelm-2-1_6b: biases on q, k and v (use_qkv_bias)
+    "stablelm-2-1.6b": ({"model_type": "stablelm", "hidden_size": 2048, "intermediate_size": 5632,
+                         "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32,
+                         "vocab_size": 100352, "max_position_embeddings": 4096, "partial_rotary_factor": 0.25,
+                         "use_qkv_bias": True, "tie_word_embeddings": False, "layer_norm_eps": 1e-05,
+                         "hidden_act": "silu", "rope_theta": 10000}, 1_644_515_328),
+    # stabilityai/stablelm-2-12b: per-head LayerNorms on q and k, attention and MLP in parallel after one LayerNorm
+    "stablelm-2-12b": ({"model_type": "stablelm", "hidden_size": 5120, "intermediate_size": 13824,
+                        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+                        "vocab_size": 100352, "max_position_embeddings": 4096, "partial_rotary_factor": 0.25,
+                        "use_qkv_bias": False, "qk_layernorm": True, "use_parallel_residual": True,
+                        "tie_word_embeddings": False, "layer_norm_eps": 1e-05, "hidden_act": "silu",
+                        "rope_theta": 10000}, 12_143_185_920),
+    # microsoft/Phi-3.5-MoE-instruct (model card: 42B total, 6.6B active): LayerNorm with bias, attention and LM-head
+    # biases
+    "phi-3.5-moe": ({"model_type": "phimoe", "hidden_size": 4096, "intermediate_size": 6400, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 16,
+                     "num_experts_per_tok": 2, "vocab_size": 32064, "max_position_embeddings": 131072,
+                     "sliding_window": 131072, "attention_bias": True, "lm_head_bias": True,
+                     "tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-05}, 41_873_153_344),
 }
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}  # transformers builds Kimi K2 as DeepseekV3ForCausalLM
 
@@ -181,6 +241,26 @@ def test_internlm_v1_biases_q_k_v_and_o():
            "num_hidden_layers": 32, "vocab_size": 103168, "max_position_embeddings": 2048}
     with_bias, without = (model_from_hf_config(c, "internlm", "test") for c in (cfg, cfg | {"bias": False}))
     assert with_bias.num_params() - without.num_params() == 32 * 4 * 4096
+
+
+# deepseek-ai/deepseek-moe-16b-base (remote code, no transformers class): 64 routed experts of width 1408, 2 shared, the
+# first layer dense. Its card: 16.4B parameters, 2.8B activated; by hand, layer 0 (4 x 2048^2 + 3 x 2048 x 10944
+# + 2 norms) + 27 MoE layers (4 x 2048^2 + 64 x 3 x 2048 x 1408 + 3 x 2048 x 2816 + a 64 x 2048 router + 2 norms)
+# + 2 x 102400 x 2048 + the final norm = 16,375,728,128
+DEEPSEEK_MOE_16B = {"model_type": "deepseek", "hidden_size": 2048, "intermediate_size": 10944,
+                    "moe_intermediate_size": 1408, "num_hidden_layers": 28, "num_attention_heads": 16,
+                    "num_key_value_heads": 16, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+                    "first_k_dense_replace": 1, "moe_layer_freq": 1, "norm_topk_prob": False, "scoring_func": "softmax",
+                    "vocab_size": 102400, "max_position_embeddings": 4096, "attention_bias": False,
+                    "rms_norm_eps": 1e-06, "rope_theta": 10000, "tie_word_embeddings": False}
+
+
+def test_deepseek_moe_v1_is_deepseek_v2s_moe_with_llama_attention():
+    spec = model_from_hf_config(DEEPSEEK_MOE_16B, "deepseek-moe-16b", "test")
+    assert spec.num_params() == 16_375_728_128 and spec.active_params() == 2_828_650_496
+    assert spec.attention == "gqa" and spec.moe_layers == tuple(range(1, 28)) and spec.shared_ffn_hidden == 2 * 1408
+    with pytest.raises(UsageError, match="leaves out 'moe_intermediate_size' .transformers would fill in 1407"):
+        model_from_hf_config({k: v for k, v in DEEPSEEK_MOE_16B.items() if k != "moe_intermediate_size"}, "d", "test")
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -240,6 +320,20 @@ def test_what_each_architecture_holds():
     assert not spec["starcoder2-15b"].gated_mlp and spec["starcoder2-15b"].has_bias
     assert spec["kimi-k2"].attention == "mla" and spec["kimi-k2"].router_scoring == "sigmoid"
     assert spec["kimi-k2"].active_params() == 32_861_477_888  # the card's "32B activated"
+    # Gemma 3: QK-norm over head_dim, no soft-caps, the window on 22 of 26 layers (the 6th, 12th, ... global)
+    gemma3 = spec["gemma-3-1b"]
+    assert gemma3.qk_norm == "head" and gemma3.layer_norms == 4 and gemma3.tie_embeddings
+    assert (gemma3.attn_softcap, gemma3.final_softcap, gemma3.sliding_window, gemma3.window_layers) == (0, 0, 512, 22)
+    assert spec["granite-3.0-8b"].tie_embeddings and not spec["granite-3.0-8b"].parallel_residual
+    for name in ("command-r-35b", "command-r-plus", "stablelm-2-12b"):  # one norm before attention and MLP side by side
+        assert spec[name].parallel_residual and spec[name].layer_norms == 1
+    assert spec["command-r-35b"].norm_kind == "layernorm-nobias" and spec["command-r-35b"].tie_embeddings
+    assert spec["command-r-plus"].qk_norm == "full" and spec["stablelm-2-12b"].qk_norm == "full"
+    assert spec["stablelm-3b"].norm_kind == "layernorm" and not spec["stablelm-3b"].parallel_residual
+    assert spec["stablelm-2-1.6b"].qkv_bias and not spec["stablelm-2-1.6b"].attention_bias
+    phimoe = spec["phi-3.5-moe"]
+    assert phimoe.norm_kind == "layernorm" and phimoe.attention_bias and phimoe.head_bias and not phimoe.ffn_bias
+    assert phimoe.active_params() == 6_640_999_744  # the card's "6.6B active parameters"
 
 
 ESTIMATE = ["--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "64", "--seq-len", "2048",
@@ -268,6 +362,8 @@ def test_train_refuses_an_architecture_it_does_not_build(tmp_path, capsys):
     assert "uses bloom's blocks, which shardwise's runtime does not implement" in err and "\n" not in err
 
 
+TINY_LLAMA_KEYS = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
 TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
                  "num_experts_per_tok": 2, "vocab_size": 128, "shared_expert_intermediate_size": 64}
@@ -285,6 +381,26 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
     ({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 128,
       "activation_function": "swish"}, "activation_function 'swish' is not an activation"),
     ({"model_type": "t5", "d_model": 64}, "model_type 't5' is not an architecture shardwise models"),
+    # Gemma 3's multimodal wrapper: its language model is gemma3_text (the vision tower is not modelled)
+    ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, "supported: baichuan"),
+    # the new types' own keys, malformed
+    ({**TINY_LLAMA_KEYS, "model_type": "granite", "logits_scaling": "16"},
+     "key 'logits_scaling' must be a positive number"),
+    ({**TINY_LLAMA_KEYS, "model_type": "cohere", "use_qk_norm": "false"}, "'use_qk_norm' must be true or false"),
+    ({**TINY_LLAMA_KEYS, "model_type": "cohere", "logit_scale": -1}, "key 'logit_scale' must be a positive number"),
+    ({**TINY_LLAMA_KEYS, "model_type": "stablelm", "use_parallel_residual": 1},
+     "'use_parallel_residual' must be true or false, got 1"),
+    ({**TINY_LLAMA_KEYS, "model_type": "stablelm", "layer_norm_eps": "1e-5"},
+     "key 'layer_norm_eps' must be a positive"),
+    ({**TINY_LLAMA_KEYS, "model_type": "gemma3_text", "sliding_window": 16, "sliding_window_pattern": 0},
+     "key 'sliding_window_pattern' must be a positive integer, got 0"),
+    ({**TINY_LLAMA_KEYS, "model_type": "gemma3_text", "use_bidirectional_attention": True},
+     "an encoder (EmbeddingGemma)"),
+    ({**TINY_LLAMA_KEYS, "model_type": "phimoe", "num_local_experts": 4, "num_experts_per_tok": 2,
+      "lm_head_bias": "yes"},
+     "'lm_head_bias' must be true or false"),
+    ({**TINY_LLAMA_KEYS, "model_type": "phimoe"},
+     "model_type phimoe is a mixture of experts, but the config gives no expert"),
     # a MoE config whose expert keys place no expert, or routing groups that cannot be
     ({**TINY_QWEN_MOE, "mlp_only_layers": [-1, 9]}, "mlp_only_layers [-1, 9] are not layers of a 2-layer model"),
     ({**TINY_QWEN_MOE, "mlp_only_layers": [0, 1]}, "but no layer is a MoE layer"),
@@ -344,11 +460,17 @@ def test_a_config_shardwise_cannot_count_is_one_line_and_exit_2(cfg, fragment, t
 
 
 def test_llama_keyed_architectures_round_trip_through_to_hf_config(tmp_path):
-    for name in ("mistral-7b", "qwen2-7b", "qwen3-8b", "gemma-2-9b", "olmo-7b", "olmo2-7b", "phi3-mini"):
+    for name in ("mistral-7b", "qwen2-7b", "qwen3-8b", "gemma-2-9b", "olmo-7b", "olmo2-7b", "phi3-mini",
+                 "gemma-3-1b", "granite-3.0-8b"):
         spec = model_from_hf_config(ARCHITECTURES[name][0], name, "test")
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(spec.to_hf_config()))
-        assert load_model(str(path)) == spec
+        assert load_model(str(path)) == spec, name
+    # flags Llama's keys cannot write back (Command R+'s QK-norm, StableLM 2 12B's parallel block, Phi-3.5-MoE's head
+    # bias) are refused, not dropped
+    for name in ("command-r-plus", "stablelm-2-12b", "stablelm-2-1.6b", "phi-3.5-moe"):
+        with pytest.raises(ValueError, match="no config.json writer"):
+            model_from_hf_config(ARCHITECTURES[name][0], name, "test").to_hf_config()
 
 
 def test_parallel_residual_is_read_and_written_with_gpt_neox_keys(tmp_path):
@@ -409,13 +531,16 @@ def test_what_a_config_says_the_planner_does_not_price_is_said(changes, seq, sai
 
 
 def test_a_config_without_model_type_is_read_as_the_architecture_it_names():
-    """No model_type: `architectures` names it. An architecture shardwise does not model is refused (Granite's keys
-    are Llama's, so they had read as Llama with its multipliers dropped); one it models is read as that one, not by
-    its keys alone (OLMo 2's QK-norm had been lost as Llama's); without either, the keys decide, as before."""
+    """No model_type: `architectures` names it. An architecture shardwise does not model is refused (Cohere 2's keys
+    are Llama's, so they had read as Llama with its parallel block and interleaved windows dropped); one it models is
+    read as that one, not by its keys alone (OLMo 2's QK-norm had been lost as Llama's, Granite is read as granite);
+    without either, the keys decide, as before."""
     llama_keys = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
-    with pytest.raises(UsageError, match="architectures GraniteForCausalLM is not an architecture shardwise models"):
-        model_from_hf_config({**llama_keys, "architectures": ["GraniteForCausalLM"]}, "g", "granite/config.json")
+    with pytest.raises(UsageError, match="architectures Cohere2ForCausalLM is not an architecture shardwise models"):
+        model_from_hf_config({**llama_keys, "architectures": ["Cohere2ForCausalLM"]}, "c", "cohere2/config.json")
+    granite = model_from_hf_config({**llama_keys, "architectures": ["GraniteForCausalLM"]}, "g", "granite/config.json")
+    assert granite.model_type == "granite"
     named = model_from_hf_config({**llama_keys, "architectures": ["Olmo2ForCausalLM"]}, "o", "olmo2/config.json")
     typed = model_from_hf_config({**llama_keys, "model_type": "olmo2"}, "o", "olmo2/config.json")
     assert named == typed and named.model_type == "olmo2"

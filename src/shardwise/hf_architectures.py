@@ -3,21 +3,24 @@ as transformers' configuration_*.py spell them; what each holds as its modeling_
 
 `READERS`: architectures with keys of their own (OPT, BLOOM, MPT, GPT-NeoX, Falcon, GPT-J, StarCoder, ChatGLM2/3),
 modelled with GPT-2-family blocks (LayerNorm, a two-matrix MLP) or, for ChatGLM, Llama-style ones. `LLAMA_VARIANTS`:
-architectures with Llama's keys (Mistral, Qwen v1, Qwen2, Qwen3, Gemma, Gemma 2, OLMo, OLMo 2, Phi-3, InternLM,
-InternLM2, Baichuan, Nemotron, StarCoder2; GPT-OSS with Mixtral's, Kimi K2 with DeepSeek-V3's), read by model_spec's
-Llama reader and then changed where they differ.
+architectures with Llama's keys (Mistral, Qwen v1, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model, OLMo, OLMo 2,
+Phi-3, InternLM, InternLM2, Baichuan, Nemotron, StarCoder2, Granite, Cohere, StableLM; GPT-OSS and Phi-3.5-MoE with
+Mixtral's, Kimi K2 with DeepSeek-V3's, DeepSeek-MoE with DeepSeek-V2's MoE keys), read by model_spec's Llama reader
+and then changed where they differ.
 
 What the planner counts is what changes parameters, FLOPs or memory: biases, a learned position table, an untied head,
 multi-query K/V heads, the MLP's kind and width, the norms; and what changes communication: parallel attention+MLP
-blocks (ModelSpec.parallel_residual: the same matrices and FLOPs, one tensor-parallel reduction of the summed outputs
-per layer forward instead of two). What it does not model changes neither materially:
-ALiBi or rotary (a few element-wise operations per score or per q/k element, no parameters), partial rotary
-(GPT-NeoX's rotary_pct, GPT-J's rotary_dim), fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding
-scale, OLMo's clip_qkv. Gemma 2's soft-caps are read: the attention logits' (attn_logit_softcapping) decides whether the
-stack's fused attention can run the layer (planner/job.softcap_unfused); the final logits' (final_logit_softcapping)
-keeps one more logits-sized tensor and adds element-wise passes over them (planner/memory.last_stage_bytes,
-step_time.loss_bytes). Sliding-window attention (Mistral, Gemma 2's local layers) is read
-(model_spec.config_extras) and priced by the planner (docs/planner.md "Sliding windows").
+blocks (ModelSpec.parallel_residual, GPT-J's, GPT-NeoX's, Falcon's, Cohere's, StableLM's with use_parallel_residual:
+the same matrices and FLOPs, one tensor-parallel reduction of the summed outputs per layer forward instead of two).
+What it does not model changes neither materially: ALiBi or rotary (a few element-wise operations per score or per q/k
+element, no parameters), partial rotary (GPT-NeoX's rotary_pct, GPT-J's rotary_dim, StableLM's partial_rotary_factor),
+fused QKV or gate/up matrices (Phi-3: the same parameters), Gemma's embedding scale, Granite's multipliers and
+Cohere's logit_scale (an element-wise pass each), OLMo's clip_qkv. Gemma 2's soft-caps are read: the attention logits'
+(attn_logit_softcapping) decides whether the stack's fused attention can run the layer (planner/job.softcap_unfused);
+the final logits' (final_logit_softcapping) keeps one more logits-sized tensor and adds element-wise passes over them
+(planner/memory.last_stage_bytes, step_time.loss_bytes). Sliding-window attention (Mistral, Gemma 2's local layers,
+Gemma 3's on 5 of every 6 layers) is read (model_spec.config_extras) and priced by the planner (docs/planner.md
+"Sliding windows").
 None of these is trained by `shardwise train` (the runtime builds Llama and GPT-2 blocks only).
 """
 
@@ -221,6 +224,69 @@ def _gemma2(cfg: dict, source: str) -> dict:
                                            "final_softcap": _softcap(cfg, source, "final_logit_softcapping", 30.0)}
 
 
+def _gemma3_text(cfg: dict, source: str) -> dict:
+    """Gemma 3's language model (model_type gemma3_text: gemma-3-1b, and the text_config of the larger, multimodal
+    ones): Gemma 2's blocks (attention_bias read, the MLP never biased) with an RMSNorm on q and one on k over
+    head_dim (q_norm, k_norm), no soft-cap unless the config sets one (Gemma3TextConfig's attn_logit_softcapping and
+    final_logit_softcapping default to null), and sliding windows on the layers layer_types names (without it, 5 of
+    every sliding_window_pattern = 6: model_spec.config_extras). query_pre_attn_scalar (the scores' scale) and
+    rope_local_base_freq hold no parameters. EmbeddingGemma's config (use_bidirectional_attention) is an encoder's:
+    refused."""
+    if flag(cfg, "use_bidirectional_attention", source):
+        raise UsageError(f"{source}: use_bidirectional_attention is true: an encoder (EmbeddingGemma), not a causal "
+                         "decoder — shardwise plans decoder-only transformers; give a decoder's config.json")
+    return _gemma(cfg, source, norms=4) | {
+        "qk_norm": "head", "mlp_bias": None, "attn_softcap": _softcap(cfg, source, "attn_logit_softcapping", 0.0),
+        "final_softcap": _softcap(cfg, source, "final_logit_softcapping", 0.0),
+        "max_positions": optional(cfg, "max_position_embeddings", 131072, source)}
+
+
+def _granite(cfg: dict, source: str) -> dict:
+    """IBM Granite 3.x (model_type granite): Llama's blocks and bias keys (attention_bias, mlp_bias), untied by default,
+    with four scalar multipliers that hold no parameters and cost an element-wise pass each: embedding_multiplier on
+    the embeddings, residual_multiplier on each block's two outputs, attention_multiplier as the scores' scale (in place
+    of 1/sqrt(head_dim)), logits_scaling dividing the logits. Read only to check them (a malformed one is one line)."""
+    for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"):
+        optional(cfg, key, 1.0, source)
+    return {}
+
+
+def _cohere(cfg: dict, source: str) -> dict:
+    """Cohere Command-R and Aya (model_type cohere): attention and the SwiGLU MLP in parallel after one LayerNorm
+    without bias (CohereLayerNorm: weight only), tied head, attention_bias on q, k, v and o (the MLP never has
+    biases); with use_qk_norm (Command R+), a LayerNorm weight per head on q and on k (num_heads x head_dim and
+    num_kv_heads x head_dim: counted as qk_norm "full"). logit_scale multiplies the logits (an element-wise pass, no
+    parameters)."""
+    optional(cfg, "logit_scale", 0.0625, source)
+    return {"norm": "layernorm-nobias", "layer_norms": 1, "parallel_residual": True, "mlp_bias": None,
+            "qk_norm": "full" if flag(cfg, "use_qk_norm", source) else "",
+            "tie_embeddings": flag(cfg, "tie_word_embeddings", source, True),
+            "norm_eps": optional(cfg, "layer_norm_eps", 1e-5, source),
+            "max_positions": optional(cfg, "max_position_embeddings", 8192, source)}
+
+
+def _stablelm(cfg: dict, source: str) -> dict:
+    """StableLM (stabilityai/stablelm-3b-4e1t, stablelm-2-*; model_type stablelm): Llama's SwiGLU MLP without biases,
+    LayerNorm with bias, rotary on partial_rotary_factor of each head (no parameters), biases on q, k and v with
+    use_qkv_bias (o never), one LayerNorm weight per head on q and on k with qk_layernorm (StableLmLayerNormPerHead,
+    no bias: counted as qk_norm "full"), and with use_parallel_residual attention and MLP side by side after the one
+    input LayerNorm (no post-attention norm). Untied head by default."""
+    parallel = flag(cfg, "use_parallel_residual", source)
+    return {"norm": "layernorm", "layer_norms": 1 if parallel else 2, "parallel_residual": parallel,
+            "attn_bias": None, "mlp_bias": None, "qkv_bias": flag(cfg, "use_qkv_bias", source),
+            "qk_norm": "full" if flag(cfg, "qk_layernorm", source) else "",
+            "norm_eps": optional(cfg, "layer_norm_eps", 1e-5, source),
+            "max_positions": optional(cfg, "max_position_embeddings", 4096, source)}
+
+
+def _phimoe(cfg: dict, source: str) -> dict:
+    """Phi-3.5-MoE (model_type phimoe): Mixtral's keys and experts (num_local_experts SwiGLU experts, a router without
+    bias), LayerNorm with bias (its eps under rms_norm_eps), biases on q, k, v and o with attention_bias, a bias on the
+    LM head with lm_head_bias. Its SparseMixer routing and jitter pick the top-k differently, at no other cost."""
+    return {"norm": "layernorm", "mlp_bias": None, "head_bias": flag(cfg, "lm_head_bias", source),
+            "max_positions": optional(cfg, "max_position_embeddings", 131072, source)}
+
+
 # Llama-keyed architectures: what each changes of the Llama reader's spec (None: nothing). Qwen2's q/k/v biases and
 # Qwen3's per-head QK-norm are read with the MoE variants (model_spec._attention_from_hf).
 def _internlm_bias(cfg: dict, source: str) -> dict:
@@ -252,6 +318,15 @@ LLAMA_VARIANTS = {
     "phi3": None,  # fused qkv_proj and gate_up_proj: the same matrices as Llama's, one GEMM each
     "gemma": _gemma,
     "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
+    "granite": _granite,
+    "cohere": _cohere,
+    "stablelm": _stablelm,
+    "phimoe": _phimoe,
+    # DeepSeek-MoE (deepseek-ai/deepseek-moe-16b-*, remote code; model_type deepseek): Llama's attention (attention_bias
+    # on q, k, v, o) and DeepSeek-V2's MoE keys (n_routed_experts, n_shared_experts, first_k_dense_replace,
+    # moe_layer_freq, read by model_spec._moe_from_hf); its MLPs and router have no biases
+    "deepseek": lambda cfg, source: {"mlp_bias": None},
     # OLMo: LayerNorm without weight or bias (OlmoLayerNorm); OLMo 2: RMSNorm after attention and after the MLP
     # (none before), and RMSNorm on q and k over all heads (q_norm: num_heads * head_dim)
     "olmo": lambda cfg, source: {"norm": "nonparametric"},

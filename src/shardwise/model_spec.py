@@ -295,8 +295,9 @@ class ModelSpec:
 
     def to_hf_config(self) -> dict:
         """An HF-style config.json for this spec (round-trips through load_model): Llama's or GPT-2's keys, so
-        not for an architecture read from keys of its own (hf_architectures.READERS, StarCoder2's use_bias)."""
-        if self.model_type in READERS or self.model_type == "starcoder2":
+        not for an architecture read from keys of its own (hf_architectures.READERS, StarCoder2's use_bias, StableLM's
+        and Cohere's norm and block flags, Phi-3.5-MoE's head bias: OWN_KEY_TYPES)."""
+        if self.model_type in READERS or self.model_type in OWN_KEY_TYPES:
             raise ValueError(f"no config.json writer for model_type {self.model_type}: give its own config.json")
         if self.family == "gpt2" and self.parallel_residual:
             return self._gpt_neox_config()
@@ -412,7 +413,8 @@ CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
 def type_from_architectures(cfg: dict, source: str) -> str | None:
     """A config without model_type: the model type its `architectures` names (Qwen2ForCausalLM: qwen2), where that is
     one shardwise models; UsageError where it names another (its keys alone would read as Llama's, dropping what
-    makes it that architecture: Granite's multipliers, Cohere's parallel block); None where it names no decoder."""
+    makes it that architecture: Cohere 2's interleaved windows, Granite-MoE's experts); None where it names no
+    decoder."""
     names = cfg.get("architectures")
     heads = [n for n in names if isinstance(n, str) and n.endswith(CAUSAL_HEADS)] if isinstance(names, list) else []
     if not heads:
@@ -487,10 +489,15 @@ def model_from_hf_config(cfg: dict, name: str, source: str) -> ModelSpec:
 # (the window its config class defaults to, which layers use it without layer_types: "all", "even" (Gemma 2 and GPT-OSS
 # alternate, the first local), "from_max" (Qwen2/3: layers from max_window_layers on), "even_below_max" (Qwen2-MoE:
 # every other layer below it), whether use_sliding_window must say true (the Qwen configs default it to false)).
+# Llama-keyed types whose configs hold flags Llama's keys cannot write back (to_hf_config refuses them).
+OWN_KEY_TYPES = frozenset({"starcoder2", "stablelm", "cohere", "phimoe"})
+
 WINDOWED_TYPES = {"mistral": (4096, "all", False), "mixtral": (0, "all", False), "starcoder2": (0, "all", False),
                   "phi3": (0, "all", False), "gemma2": (4096, "even", False), "gpt_oss": (128, "even", False),
                   "qwen2": (0, "from_max", True), "qwen3": (0, "from_max", True),
-                  "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True)}
+                  "qwen2_moe": (0, "even_below_max", True), "qwen3_moe": (0, "all", True),
+                  # Gemma 3: 5 local layers of every sliding_window_pattern (6), then a global one; Phi-3.5-MoE: all
+                  "gemma3_text": (4096, "pattern", False), "phimoe": (0, "all", False)}
 
 
 # The layer kinds a config's layer_types may name for the architectures modelled here (transformers' Mistral, Qwen2,
@@ -525,7 +532,9 @@ def config_extras(cfg: dict, num_layers: int, model_type: str, source: str = "co
         layers = sum(t == "sliding_attention" for t in types)
     else:
         local = {"all": lambda i: True, "even": lambda i: i % 2 == 0, "from_max": lambda i: i >= first,
-                 "even_below_max": lambda i: i % 2 == 0 and i < first}.get(rule, lambda i: False)
+                 "even_below_max": lambda i: i % 2 == 0 and i < first,
+                 "pattern": lambda i: (i + 1) % optional(cfg, "sliding_window_pattern", 6, source) != 0,
+                 }.get(rule, lambda i: False)
         layers = sum(local(i) for i in range(num_layers)) if window else 0
     return {"sliding_window": window if layers else 0, "window_layers": layers, "rope_scaling": rope_scaling(cfg, source),
             "mtp_layers": given("num_nextn_predict_layers")}
@@ -614,7 +623,7 @@ def _llama_spec(cfg: dict, name: str, source: str, model_type: str) -> ModelSpec
 
 
 # head_dim where a config leaves it out: the config class's default where it has one (else hidden / heads)
-HEAD_DIM_DEFAULT = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gpt_oss": 64}
+HEAD_DIM_DEFAULT = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256, "gpt_oss": 64}
 # max_position_embeddings where a config leaves it out: its transformers config class's default (LlamaConfig's 2048
 # for the types not named; read for the runtime's refusal and the long-sequence note, never priced).
 MAX_POSITIONS_DEFAULT = {"mistral": 131072, "mixtral": 131072, "gpt_oss": 131072, "qwen2": 32768, "qwen3": 32768,
@@ -623,7 +632,7 @@ MAX_POSITIONS_DEFAULT = {"mistral": 131072, "mixtral": 131072, "gpt_oss": 131072
 # num_key_value_heads where a config leaves it out: the default of the architecture's transformers config class (None in
 # LlamaConfig and the others not named: the attention heads, multi-head attention). A null key is the heads everywhere.
 KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "gpt_oss": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4,
-                    "gemma": 16, "gemma2": 4, "starcoder2": 2}
+                    "gemma": 16, "gemma2": 4, "starcoder2": 2, "gemma3_text": 4, "stablelm": 32, "phimoe": 8}
 
 # Which of LlamaConfig's bias keys each architecture's transformers code reads (absent: both, as Llama's): Mistral,
 # Mixtral, Qwen2 (its q/k/v biases are fixed: qkv_bias), Phi-3 build their linears without biases whatever the config
@@ -665,7 +674,7 @@ _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtr
 # The model types that are mixtures of experts whatever their keys, and the key each names its expert count with.
 _MOE_TYPES = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
               "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "kimi_k2": "n_routed_experts",
-              "gpt_oss": "num_local_experts"}
+              "gpt_oss": "num_local_experts", "phimoe": "num_local_experts", "deepseek": "n_routed_experts"}
 
 
 # Keys a family's config must state because a missing one would be read otherwise than transformers reads it (its
@@ -675,7 +684,7 @@ _MOE_TYPES = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3
 _DEEPSEEK_V3_STATED = {"moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3,
                        "q_lora_rank": 1536, "kv_lora_rank": 512}
 _STATED_KEYS = {"qwen2_moe": {"moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
-                "qwen3_moe": {"moe_intermediate_size": 768},
+                "qwen3_moe": {"moe_intermediate_size": 768}, "deepseek": {"moe_intermediate_size": 1407},
                 "deepseek_v2": {"moe_intermediate_size": 1407, "n_shared_experts": 2, "q_lora_rank": 1536,
                                 "kv_lora_rank": 512},
                 **dict.fromkeys(DEEPSEEK_V3_KEYS, _DEEPSEEK_V3_STATED)}
