@@ -324,3 +324,24 @@ def test_plan_and_explain_say_when_their_winner_needs_a_named_cut():
     uneven = Layout(dp=32, tp=4, pp=4, vpp=9, schedule="interleaved-1f1b", micro_batch=1, sequence_parallel=True)
     assert "--pipeline-model-parallel-layout" in winner_note(args, job, uneven)
     assert "do not divide" not in winner_note(args, job, uneven.with_(vpp=5))  # 20 chunks of 4 layers: Megatron's own
+
+
+def test_interleaving_named_with_one_chunk_is_what_the_stack_runs():
+    """Megatron-Core turns a virtual pipeline of 1 into None (arguments.py) and runs plain 1F1B: estimate prices that
+    and says so; torch's ScheduleInterleaved1F1B runs its interleaved code with one chunk (twice 1F1B's warm-up, more
+    activations in flight), as torchtitan does, and so does Megatron-LM of 2021."""
+    from shardwise.cli import main
+
+    def estimate(framework, schedule, *vpp):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16",
+                         "--global-batch", "64", "--seq-len", "4096", "--tp", "2", "--pp", "4", "--micro-batch", "1",
+                         "--recompute", "none", "--schedule", schedule, *vpp, "--framework", framework, "--json"]) == 0
+        return __import__("json").loads(out.getvalue())
+
+    one, plain = estimate("megatron-core", "interleaved-1f1b", "--vpp", "1"), estimate("megatron-core", "1f1b")
+    assert one["step_time_s"] == plain["step_time_s"] and one["memory_gib_per_gpu"] == plain["memory_gib_per_gpu"]
+    assert any("runs as plain 1F1B" in note for note in one["assumptions"]["implied"])
+    one, plain = estimate("torchtitan", "interleaved-1f1b", "--vpp", "1"), estimate("torchtitan", "1f1b")
+    assert one["memory_breakdown_gib"]["activations"] > plain["memory_breakdown_gib"]["activations"]

@@ -138,8 +138,10 @@ def _change_text(option: dict) -> str:
 
 def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     """The layout knobs the command line named, and a note for each flag that changes nothing here (common.idle_knobs),
-    with the knob set back to what plan reports (a sequence beyond a learned position table: common.model_note)."""
+    with the knob set back to what plan reports (a sequence beyond a learned position table: common.model_note);
+    interleaving named with one chunk a rank on a stack that runs that as plain 1F1B (Framework.one_chunk_runs_1f1b)."""
     from shardwise.commands.common import idle_knobs
+    from shardwise.planner.frameworks import get
 
     split = args.tp * args.pp * args.cp  # dp where the GPUs divide (else dp_from_gpus says why, in one line)
     dp = args.gpus // split if split > 0 and args.gpus % split == 0 else None
@@ -156,6 +158,11 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
         args.schedule = None
     if "cp_mode" in idle:  # the layout as plan reports one without cp
         args.cp_mode = None
+    fw = get(job.framework)
+    if args.pp > 1 and args.schedule == "interleaved-1f1b" and args.vpp == 1 and fw.one_chunk_runs_1f1b:
+        args.schedule = None  # filled in as the stack's plain 1F1B, said
+        idle["schedule"] = (f"--schedule interleaved-1f1b --vpp 1 runs as plain 1F1B on {fw.name} (Megatron-LM's "
+                            f"arguments.py sets a virtual pipeline of 1 to None): priced as --schedule 1f1b")
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
     return named, list(idle.values())
 

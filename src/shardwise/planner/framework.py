@@ -397,6 +397,11 @@ class Framework:
     # the fastest depth that fits, as the stack's recipes set it (estimate.pipeline_shapes; plain 1F1B stays a
     # candidate). False: plain 1F1B, Megatron's own default (no --num-layers-per-virtual-pipeline-stage).
     interleave_unnamed: bool = False
+    # Interleaved 1F1B named with one model chunk a rank runs as plain 1F1B (Megatron-LM's arguments.py since the
+    # --num-virtual-stages-per-pipeline-rank rework sets virtual_pipeline_model_parallel_size 1 to None, so
+    # get_forward_backward_func picks the non-interleaved schedule). False: the interleaved code with one chunk, twice
+    # 1F1B's warm-up (torch's ScheduleInterleaved1F1B, Megatron-LM of 2021).
+    one_chunk_runs_1f1b: bool = False
     zero0_only_pure_dp: bool = False  # DDP cannot combine with TP or PP, and CP turns FSDP on (torchtitan)
     # Mixed precision only through FSDP (dp or cp > 1) or, without TP and PP, DDP's autocast: a TP or PP layout with
     # neither trains in FP32 (torchtitan distributed/utils.py maybe_enable_amp: "Mixed precision training with TP or

@@ -75,7 +75,7 @@ MEGATRON_CORE = Framework(
     # parallel communication (enabled by default)", which overlaps only under the interleaved schedule; Megatron-Bridge's
     # and NeMo's recipes set a virtual pipeline for every pp > 1): a pipeline named without a schedule is weighed as
     # 1F1B and each interleaving depth, the fastest that fits (estimate.pipeline_shapes), as nemo's is
-    interleave_unnamed=True,
+    interleave_unnamed=True, one_chunk_runs_1f1b=True,
     cannot=("GPipe and ZB-H1 schedules",),
     fp8="te", fp8_experts=True, expert_gemm_streams=4,
     # --moe-token-dispatcher-type flex with DeepEP; --overlap-moe-expert-parallel-comm (megatron/training/arguments.py)
@@ -118,8 +118,8 @@ NEMO = Framework(
     loss="fused",
     # Every NeMo recipe with a pipeline interleaves it (nemo/collections/llm/recipes: gpt3_175b pp 8 vpp 6, llama3_70b
     # pp 4 vpp 5, mixtral_8x7b pp 4 vpp 8; Megatron-Bridge nemotron4_340b pp 12 vpp 8; dgxc-benchmarking's NeMo configs
-    # INTERLEAVED_PIPELINE).
-    interleave_unnamed=True,
+    # INTERLEAVED_PIPELINE). Megatron-Core's schedules: a depth of 1 runs plain 1F1B.
+    interleave_unnamed=True, one_chunk_runs_1f1b=True,
     # scripts/performance/executors.py: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200
     expandable_segments=True,
     partial_recompute="block",  # activations_checkpoint_granularity full, method block, num_layers N (megatron-core's)
