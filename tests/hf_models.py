@@ -31,8 +31,9 @@ def make_tokenizer(folder: Path) -> Path:
 
 
 def make_model(folder: Path, family: str, *, vocab: int = VOCAB, layers: int = 4, shard_size: str | None = None,
-               tokenizer: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, rope_scaling: dict | None = None):
-    """A random tiny Llama (GQA, untied) or GPT-2 (tied, biases) saved as a Hugging Face folder."""
+               tokenizer: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32, rope_scaling: dict | None = None,
+               tie: bool = True):
+    """A random tiny Llama (GQA, untied) or GPT-2 (biases; tied unless `tie` is False) saved as a Hugging Face folder."""
     import transformers
 
     torch.manual_seed(seed)
@@ -44,7 +45,8 @@ def make_model(folder: Path, family: str, *, vocab: int = VOCAB, layers: int = 4
         model = transformers.LlamaForCausalLM(cfg)
     else:
         cfg = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=vocab, n_positions=64,
-                                      bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                      bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      tie_word_embeddings=tie)
         model = transformers.GPT2LMHeadModel(cfg)
     with torch.no_grad():  # transformers starts norms at 1 and biases at 0: make every tensor matter
         for name, p in model.named_parameters():

@@ -36,10 +36,11 @@ def folders(tmp_path_factory):
     make_model(root / "llama", "llama", shard_size="60KB", tokenizer=False)  # several shards and an index
     make_model(root / "gpt2", "gpt2", vocab=385, tokenizer=False)  # one model.safetensors
     make_model(root / "llama-bf16", "llama", tokenizer=False, dtype=torch.bfloat16)  # read into new fp32 tensors
-    return root
+    make_model(root / "gpt2-untied", "gpt2", tokenizer=False, tie=False)  # its own lm_head (helper-228: refused, and
+    return root  # an untied head trained from random was left out of the export)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16", "gpt2-untied"])
 def test_loaded_model_has_transformers_logits(folders, family):
     folder = folders / family
     model = _load(folder).eval()
@@ -122,7 +123,7 @@ def test_one_rank_keeps_gpt2_weights_mapped_and_replicas_get_contiguous_copies(f
         assert torch.equal(p, mapped[name]), name
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "llama-bf16", "gpt2-untied"])
 def test_train_export_reload_in_transformers(folders, tmp_path, family):
     """train --model DIR (1 process, 3 steps) -> checkpoint export --format hf -> transformers: the trained logits.
     From a bf16 folder (its config.json says "dtype": "bfloat16", as transformers >= 4.56 writes it) the export still

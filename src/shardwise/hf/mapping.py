@@ -81,6 +81,7 @@ GPT2 = (
     Rule("layers.{i}.feed_forward.w2.weight", "transformer.h.{i}.mlp.c_proj.weight", conv1d=True),
     Rule("layers.{i}.feed_forward.w2.bias", "transformer.h.{i}.mlp.c_proj.bias"),
     *(Rule(f"norm.{p}", f"transformer.ln_f.{p}") for p in ("weight", "bias")),
+    Rule("output.weight", "lm_head.weight"),  # GPT2LMHeadModel's head: the embedding unless untied (helper-228)
 )
 
 MIXTRAL = tuple(r for r in LLAMA if ".feed_forward." not in r.ours) + (
