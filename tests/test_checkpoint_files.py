@@ -176,6 +176,19 @@ def test_resume_names_the_model_folder_it_was_trained_with(good, tmp_path, capsy
     assert "written for another model named 'llama'" in err and f"use --model {trained} or" in err, err
 
 
+def test_a_resume_without_model_trains_the_model_its_checkpoint_trained(tmp_path, capsys):
+    # it read --model as tiny and refused "written for model 'tiny-gpt2', not 'tiny'" (helper-228)
+    root = tmp_path / "ckpt"
+    args = [a if a != "tiny" else "tiny-gpt2" for a in ARGS]
+    assert main(["train", *args, "--checkpoint-dir", str(root), "--stop-after", "2"]) == 0
+    capsys.readouterr()
+    unnamed = [a for i, a in enumerate(ARGS) if a != "--model" and (i == 0 or ARGS[i - 1] != "--model")]
+    assert main(["train", *unnamed, "--checkpoint-dir", str(root), "--resume"]) == 0
+    out = capsys.readouterr()
+    assert "--model tiny-gpt2, the one its checkpoint trained" in out.err + out.out
+    assert (root / "step_000004").is_dir()
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--save-every", "2"], "--save-every needs --checkpoint-dir"),
     (["--resume"], "--resume needs --checkpoint-dir"),

@@ -24,7 +24,8 @@ def register(subparsers, name, help):
                               epilog="example: shardwise train --model tiny --dp 2 --tp 2 --steps 50 --metrics-file m.jsonl")
     p.add_argument("--model", default=None,
                    help="model preset (e.g. tiny, tiny-gpt2), a Hugging Face config.json, or a Hugging Face model folder "
-                        "(config.json + safetensors: its weights are loaded); default: the --plan's preset, else tiny")
+                        "(config.json + safetensors: its weights are loaded); default: with --resume, the model its checkpoint "
+                        "trained; else the --plan's preset, else tiny")
     p.add_argument("--init", default=None, choices=["pretrained", "random"],
                    help="pretrained: the --model folder's weights (the default when it has them); random: seeded "
                         "initialisation, ignoring them")
@@ -366,6 +367,12 @@ def _default_model(args) -> None:
 
     if getattr(args, "model_defaulted", None) is None:  # (run resolves it before config_from, which does it again)
         args.model_defaulted = args.model is None
+    if args.model is None and (resumed := _resumed_model(args)):
+        args.model = resumed
+        if os.environ.get("RANK", "0") == "0":
+            from shardwise.console import note
+
+            note(f"--model {resumed}, the one its checkpoint trained (--model not given)")
     if args.model is None:
         data = _plan_file(args.plan) if args.plan else None
         job = data.get("job") if isinstance(data, dict) and isinstance(data.get("job"), dict) else {}
@@ -376,6 +383,22 @@ def _default_model(args) -> None:
 
             note(f"--model {args.model}, the plan's (the preset of that name: give --model for a folder or "
                  f"config.json it was planned from)")
+
+
+def _resumed_model(args) -> str | None:
+    """--resume without --model: the --model the newest checkpoint in --checkpoint-dir was trained with (its manifest's
+    model_given: a preset's name or a folder's absolute path), where there is one; None otherwise (tiny, or the plan's,
+    as before; a damaged manifest is said by the resume itself)."""
+    if not args.resume or not args.checkpoint_dir or args.plan:
+        return None
+    from shardwise.checkpoint.store import newest, read_manifest
+    from shardwise.errors import UsageError
+
+    try:
+        latest = newest(Path(args.checkpoint_dir))
+        return (read_manifest(latest).get("model_given") or None) if latest else None
+    except (UsageError, OSError):
+        return None
 
 
 def _distinct_paths(args) -> None:
