@@ -471,3 +471,22 @@ def test_a_file_named_twice_is_read_once_with_one_note(tmp_path, capsys):
                  "--data", str(data), str(data / "a.txt"), "--data-cache", str(tmp_path / "cache")]) == 0
     notes = [ln for ln in capsys.readouterr().err.splitlines() if "twice" in ln]
     assert notes == [f"note: --data names {data / 'a.txt'} twice — it is read once"]
+
+
+def test_a_model_config_files_folder_lends_its_tokenizer_and_bytes_are_said(tmp_path, capsys):
+    # --model DIR/config.json with DIR/tokenizer.json beside it tokenized --data as bytes, unsaid (helper-228)
+    from hf_models import make_model
+
+    from shardwise.corpus import choose_tokenizer
+    from shardwise.corpus.tokenizer import BYTES
+
+    folder = tmp_path / "llama"
+    make_model(folder, "llama", tokenizer=True)
+    data = [str(tmp_path / "a.txt")]
+    assert choose_tokenizer(None, str(folder / "config.json"), data).path == str((folder / "tokenizer.json").resolve())
+    assert "tokenized as bytes" not in capsys.readouterr().err
+    (folder / "tokenizer.json").unlink()
+    assert choose_tokenizer(None, str(folder / "config.json"), data).path == BYTES
+    assert "--data is tokenized as bytes" in capsys.readouterr().err
+    assert choose_tokenizer(None, "tiny", data).path == BYTES  # a preset: nothing to say
+    assert capsys.readouterr().err == ""

@@ -18,14 +18,22 @@ from pathlib import Path
 from shardwise.errors import UsageError
 
 
-def choose_tokenizer(tokenizer: str | None, model: str | None, data) :
-    """--tokenizer, else the --model folder's own tokenizer.json (for --data), else bytes."""
+def choose_tokenizer(tokenizer: str | None, model: str | None, data):
+    """--tokenizer, else the --model folder's own tokenizer.json (for --data; a --model config.json's folder too, where
+    one sits beside it), else bytes, said in a note where --data of a --model folder or config.json is tokenized so (a
+    preset's vocabulary is bytes or any)."""
+    from shardwise.console import note
     from shardwise.corpus.tokenizer import BYTE_TOKENIZER, FILE, load_tokenizer
 
     if tokenizer:
         return load_tokenizer(tokenizer)
-    if data and model and (Path(model) / FILE).is_file():
-        return load_tokenizer(model)
+    if data and model:
+        folder = Path(model) if Path(model).is_dir() else Path(model).parent if Path(model).is_file() else None
+        if folder is not None and (folder / FILE).is_file():
+            return load_tokenizer(folder)
+    if data and model and Path(model).exists():  # a model of its own, whose tokenizer the bytes are most likely not
+        note(f"--data is tokenized as bytes (256 ids and end-of-text 0): no --tokenizer given and no {FILE} beside "
+             f"--model {model} — give --tokenizer for its Hugging Face {FILE}")
     return BYTE_TOKENIZER
 
 
