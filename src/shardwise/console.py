@@ -185,6 +185,15 @@ def _columns(stream) -> int:
         return 80
 
 
+def print_wrapped(console, text: str) -> None:
+    """`text` wrapped to the console's width at word boundaries, no line ending in a space (rich's own wrapping
+    leaves one at each break) and nothing in it read as markup."""
+    import textwrap
+
+    console.print(textwrap.fill(text, width=max(console.width, 20), break_long_words=False, break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
+
+
 def break_after(cell: str, sep: str, room: int) -> str:
     """`cell` on lines of at most `room` characters where it can break just after `sep` (a layout's "·"), so a fold
     never splits one of its parts ("mb" above "1"); a part longer than `room` stays whole for rich to fold."""

@@ -702,9 +702,12 @@ def breakdown_table(est, width: int | None = None):
 
 
 def print_explanation(console, paragraphs, title: str) -> None:
+    """The title, then each paragraph as a bullet (console.print_wrapped)."""
+    from shardwise.console import print_wrapped
+
     console.print(f"[b]{title}[/]")
     for text in paragraphs:
-        console.print(f"- {text}", highlight=False)
+        print_wrapped(console, f"- {text}")
 
 
 def prepare_output(path, flag: str, example: str = "out") -> None:

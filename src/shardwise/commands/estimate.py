@@ -93,7 +93,7 @@ def _run(args) -> int:
         # the notes also as plan's and explain's JSON carry them (framework_note, ...), beside assumptions.implied
         print_json(record | ({} if est.fits else {"fit_options": options}) | job_fields(args, job) | note_fields(args))
         return 0
-    from shardwise.console import Console
+    from shardwise.console import Console, print_wrapped
 
     from shardwise.commands.common import breakdown_table, layout_table
 
@@ -101,21 +101,21 @@ def _run(args) -> int:
     console.print(layout_table([est], title=f"{job.model.name} on {args.gpus} x {job.cluster.name}", width=console.width))
     console.print(breakdown_table(est, width=console.width))
     if est.offload:
-        console.print(f"host: {est.host_held()} hold the offloaded states (--offload {est.offload})", highlight=False)
+        print_wrapped(console, f"host: {est.host_held()} hold the offloaded states (--offload {est.offload})")
     if not est.fits:
-        console.print(_does_not_fit(est, options), highlight=False)
-    console.print(_assumed(job, est), highlight=False)
+        print_wrapped(console, _does_not_fit(est, options))
+    print_wrapped(console, _assumed(job, est))
     for item in filled:
-        console.print(f"filled in: {item}", highlight=False)
+        print_wrapped(console, f"filled in: {item}")
     for note in [*notes(args), *unused]:  # the stack and torch.compile where the user named neither; unused flags
-        console.print(f"note: {note}", highlight=False)
+        print_wrapped(console, f"note: {note}")
     if idle_gather:
-        console.print(f"note: {idle_gather}", highlight=False)
+        print_wrapped(console, f"note: {idle_gather}")
     if host_note:
         console.print(f"[yellow]note: {host_note}[/]", highlight=False)
     for note in (uneven, later):
         if note:
-            console.print(f"note: {note}", highlight=False)
+            print_wrapped(console, f"note: {note}")
     return 0
 
 

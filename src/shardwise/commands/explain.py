@@ -13,7 +13,7 @@ def register(subparsers, name, help):
 
 
 def run(args) -> int:
-    from shardwise.console import Console
+    from shardwise.console import Console, print_wrapped
 
     from shardwise.commands.common import job_fields, note_fields, notes, print_explanation, print_json
     from shardwise.commands.plan import plan
@@ -27,5 +27,5 @@ def run(args) -> int:
         return 0
     print_explanation(Console(), paragraphs, f"Where to split {job.model.name} on {args.gpus} x {job.cluster.name}")
     for note in notes(args):
-        Console().print(f"note: {note}", highlight=False)
+        print_wrapped(Console(), f"note: {note}")
     return 0

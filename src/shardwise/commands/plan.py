@@ -206,7 +206,7 @@ def run(args) -> int:
             out["thinned"] = result.thinned
         print_json(out | note_fields(args))  # --framework or --compile not given: which stack, compiled or not, and why
         return 0
-    from shardwise.console import Console
+    from shardwise.console import Console, print_wrapped
 
     from shardwise.commands.common import layout_table, notes, print_explanation
 
@@ -218,9 +218,9 @@ def run(args) -> int:
                                          f"{'' if args.all_variants else '; best of each ' + _split_words(job) + ' split'}{only})",
                                width=console.width))
     if result.thinned:
-        console.print(f"note: {result.thinned}", highlight=False)
+        print_wrapped(console, f"note: {result.thinned}")
     for note in notes(args):
-        console.print(f"note: {note}", highlight=False)
+        print_wrapped(console, f"note: {note}")
     from shardwise.planner.explain import explain, summary
 
     paragraphs = explain(job, args.gpus, result) if args.explain else summary(job, args.gpus, result)
