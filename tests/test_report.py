@@ -5,6 +5,7 @@ What the page does in a browser is tested in test_report_browser.py."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from html.parser import HTMLParser
 
@@ -102,6 +103,8 @@ def test_page_data_are_the_planners_numbers(planned, tmp_path):
         assert sum(time) == pytest.approx(est.step_time, rel=1e-4)
         assert row[col["mem_gib"]] == pytest.approx(est.memory_per_gpu / GIB, rel=1e-4)
         assert row[col["split_rank"]] == split.get(id(est))  # plan's row number, for the best of each split
+        # shown to 0.1 % as plan shows it: stored at 4 digits it was rounded twice (41.45 % -> 0.4145 -> 41.4 %)
+        assert f"{100 * row[col['mfu']]:.1f}" == f"{100 * est.mfu:.1f}"
     assert [k for k, *_ in lay["memory_keys"]] == list(result.ranked[0].memory_bytes)
     assert [k for k, *_ in lay["time_keys"]] == list(result.ranked[0].time_s)
     assert data["explanation"] and data["explanation"][0].startswith("Fit: M_model")
@@ -152,6 +155,7 @@ def test_validate_only_report_and_both(tmp_path, capsys):
     assert data["plan"] is not None and data["validate"] is not None
     # the tiny model's sweep on 2 ranks beside another model's plan: said, not silently combined
     assert "note: the validate run is tiny on 2 ranks and the plan" in capsys.readouterr().err
+    assert any("describe different jobs" in w for w in data["validate"]["warnings"])  # and on the page (helper-229)
 
 
 def test_plan_html_writes_the_same_page(tmp_path, capsys):
@@ -225,5 +229,11 @@ def test_a_pipeline_too_long_to_simulate_is_said_not_drawn(tmp_path):
                  "--out", str(out)]) == 0
     plan = json.loads(parse(out).data_json)["plan"]
     win = plan["winner"]
-    assert action_count(win["schedule"], win["pp"], win["num_microbatches"], win["vpp"]) > MAX_SIMULATED
-    assert f"{win['num_microbatches']:,} micro-batches" in plan["timeline"]["omitted"]
+    actions = action_count(win["schedule"], win["pp"], win["num_microbatches"], win["vpp"])
+    assert actions > MAX_SIMULATED
+    said = plan["timeline"]["omitted"]
+    assert f"{win['num_microbatches']:,} micro-batches" in said
+    # the factors said multiply to the count said (it had left out the chunks and the passes: helper-229)
+    factors = re.search(r"has ([\d,]+) actions \((.*?)\)", said)
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"[\d,]+", factors.group(2))]
+    assert int(factors.group(1).replace(",", "")) == actions == math.prod(numbers), said

@@ -564,7 +564,8 @@ def _write_trace(rt: Runtime) -> dict | None:
     info = write_trace(rt.forward_backward.executor, rt.cfg.trace_dir, title, last_step=rt.step)
     if info and not rt.cfg.json_output:
         print(f"trace: bubble measured {100 * info['measured_bubble']:.1f}% vs simulated {100 * info['simulated_bubble']:.1f}% "
-              f"(step {info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
+              f"(the last step's pipeline schedule, before its gradient sync and optimizer: "
+              f"{info['measured_step_s'] * 1e3:.1f} vs {info['simulated_step_s'] * 1e3:.1f} ms); wrote "
               + ", ".join(info["files"]), flush=True)
     return info
 

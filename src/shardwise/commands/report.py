@@ -101,8 +101,10 @@ def run(args) -> int:
         best = result.ranked[0].to_dict()
         echo = job_fields(args, job)
         if validate and (validate["model"], validate["world"]) != (job.model.name, args.gpus):
-            print(f"note: the validate run is {validate['model']} on {validate['world']} ranks and the plan "
-                  f"{job.model.name} on {args.gpus} GPUs: the page's two parts describe different jobs", file=sys.stderr)
+            differ = (f"the validate run is {validate['model']} on {validate['world']} ranks and the plan "
+                      f"{job.model.name} on {args.gpus} GPUs: the page's two parts describe different jobs")
+            print(f"note: {differ}", file=sys.stderr)
+            validate["warnings"] = [*(validate.get("warnings") or []), differ]  # said on the page too (helper-229)
     html = page(plan=plan, validate=validate)
     write(args.out, html)
     size = len(html.encode())

@@ -47,7 +47,7 @@ def layouts(ranked) -> dict:
         rows.append([lay.describe(), lay.dp, lay.tp, lay.pp, lay.cp, lay.cp_mode if lay.cp > 1 else "-", lay.ep, lay.vpp,
                      lay.micro_batch, e.num_microbatches, lay.zero, recompute,
                      lay.sequence_parallel, lay.schedule if lay.pp > 1 else "-", _r(e.memory_per_gpu / GIB),
-                     _r(e.step_time), round(e.tokens_per_s), round(e.mfu, 4), split_rank])
+                     _r(e.step_time), round(e.tokens_per_s), e.mfu, split_rank])  # unrounded: shown to 0.1 %, rounded once
         mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])
         time.append([_r(e.time_s.get(k, 0.0)) for k in time_keys])
     return {"columns": list(LAYOUT_COLUMNS), "rows": rows, "memory": mem, "time": time,
@@ -70,8 +70,11 @@ def timeline(job, est) -> dict | None:
         return None
     actions = action_count(lay.schedule, lay.pp, est.num_microbatches, lay.vpp)
     if actions > MAX_SIMULATED:  # one by one they would take minutes and gigabytes, and no picture shows them
+        passes = 3 if lay.schedule == "zb-h1" else 2  # forward, backward (and ZB-H1's weight pass)
+        chunks = f" x {lay.vpp} chunks a stage" if lay.vpp > 1 else ""
         return {"omitted": f"The winner's {lay.schedule} pipeline has {actions:,} actions ({lay.pp} stages x "
-                           f"{est.num_microbatches:,} micro-batches), more than the {MAX_SIMULATED:,} this page "
+                           f"{est.num_microbatches:,} micro-batches{chunks} x {passes} passes), more than the "
+                           f"{MAX_SIMULATED:,} this page "
                            f"simulates one by one: its step time and bubble are in the table; `shardwise simulate` "
                            f"draws a smaller run of the same schedule."}
     job = per_rank_job(job, lay.tp)

@@ -348,7 +348,14 @@
     const family = (x) => (x.tp > 1 ? 1 : x.pp > 1 ? 2 : 0);
     const names = ["data parallel", "tensor parallel", "pipeline"];
     const ms = rows.flatMap((x) => [1e3 * x.predicted_s, 1e3 * x.measured_s]);
-    const lo = Math.min(...ms) / 1.3, hi = Math.max(...ms) * 1.3;
+    // the axes' ends on 1-2-5 steps, where Chart.js draws a tick anyway: an end at the data (31.9, 434.5) drew its
+    // own label over the neighbouring tick's ("434.5" over "400")
+    const nice = (x, up) => {
+      const p = 10 ** Math.floor(Math.log10(x));
+      const steps = up ? [1, 2, 5, 10].map((k) => k * p).filter((v) => v >= x) : [10, 5, 2, 1].map((k) => k * p).filter((v) => v <= x);
+      return steps[0];
+    };
+    const lo = nice(Math.min(...ms) / 1.3, false), hi = nice(Math.max(...ms) * 1.3, true);
     api.charts.validate = new Chart($("validate-chart"), {
       type: "scatter",
       data: {
