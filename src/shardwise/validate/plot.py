@@ -37,6 +37,9 @@ def plot(result: dict, path: str) -> None:
         pts = [(m, p) for x, m, p in zip(lays, meas, pred) if _family(x) == family]
         if pts:
             ax1.scatter(*zip(*pts), color=colour, s=36, label=family, zorder=3)
+    noisy = [(m, p) for x, m, p in zip(lays, meas, pred) if x.get("noisy")]
+    if noisy:  # their repeats spread too far to trust the measurement (the table's "(noisy)")
+        ax1.scatter(*zip(*noisy), s=110, facecolors="none", edgecolors="black", lw=1, label="noisy", zorder=4)
     ax1.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), aspect="equal",
             xlabel="measured step time (ms)", ylabel="predicted step time (ms)")
     s = result["summary"]
@@ -58,7 +61,7 @@ def plot(result: dict, path: str) -> None:
              color=[COLOURS[_family(x)] for x in lays])
     for i, (p, m) in enumerate(zip(pred, meas)):
         ax2.text(max(p, m) * 1.05, i, f"{(p - m) / m:+.0%}", va="center", fontsize=8)
-    ax2.set_yticks(y, [x["name"] for x in lays], fontsize=8.5)
+    ax2.set_yticks(y, [x["name"] + (" (noisy)" if x.get("noisy") else "") for x in lays], fontsize=8.5)
     ax2.set_xscale("log")
     ax2.set_xlim(lo, hi * 1.6)
     ax2.xaxis.set_major_formatter(ms)
