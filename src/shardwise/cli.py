@@ -27,7 +27,7 @@ COMMANDS = {
     "report": "write one self-contained HTML page: the ranked layouts, their memory and time, the winner's pipeline, a validate run",
     "simulate": "simulate a pipeline schedule: makespan, bubble, activations in flight, timeline picture",
     "train": "train a model with a dp x tp x pp x cp (x ep) layout on torch.distributed",
-    "checkpoint": "inspect a training checkpoint, or export its model as one safetensors file",
+    "checkpoint": "inspect a training checkpoint, or export its model (one safetensors file, or a Hugging Face folder)",
     "calibrate": "measure this machine (matmul, memory, collectives by size) and write a cluster profile",
     "validate": "train a sweep of real layouts briefly and compare the planner's predictions with the measurements",
 }

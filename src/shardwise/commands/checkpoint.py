@@ -1,4 +1,5 @@
-"""`shardwise checkpoint`: look inside a training checkpoint, or export its model as one safetensors file.
+"""`shardwise checkpoint`: look inside a training checkpoint, or export its model (one safetensors file or a Hugging
+Face folder).
 
     shardwise checkpoint inspect DIR [--json] [--tensors]
     shardwise checkpoint export DIR --to model.safetensors
@@ -86,7 +87,7 @@ def run_inspect(args) -> int:
     table.add_row("on disk", f"{_size(info['bytes'])} in {info['files']} files, saved {info['saved_at']}")
     parent = Path(info["checkpoint"]).parent
     given = info.get("model_given") or model["name"]  # older checkpoints: the model's name
-    table.add_row("resume", f"{resume_command(info, given, parent)} (with any --dp/--tp/--pp)")
+    table.add_row("resume", f"{resume_command(info, given, parent)} (with any layout: --dp/--tp/--pp/--cp/--ep, ZeRO, schedule, recompute)")
     console.print(table)
     if args.tensors:
         t = Table("tensor", "shape", "dtype")

@@ -8,7 +8,7 @@ from shardwise.commands.plan import add_plan_args
 def register(subparsers, name, help):
     p = subparsers.add_parser(name, help=help, description=help)
     add_plan_args(p)  # what a plan is computed from; explain prints the winner's reasons, not a table
-    p.add_argument("--json", action="store_true", help='print {"best": {...}, "explanation": ["paragraph", ...]}')
+    p.add_argument("--json", action="store_true", help='print {"best": {...}, "explanation": ["paragraph", ...], "job": the inputs as read, and notes}')
     p.set_defaults(func=run)
 
 

@@ -25,7 +25,8 @@ def register(subparsers, name, help):
     add_plan_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     p.add_argument("--json", action="store_true",
-                   help='print {"best": {...}, "candidates": [...], "scored": variants checked, "fit": those that fit}')
+                   help='print {"best": {...}, "candidates": [...], "scored": variants checked, "fit": those that fit, '
+                        '"job": the inputs as read, and notes such as "framework_note" where one applies}')
     p.add_argument("--explain", action="store_true", help="also explain the decision in plain words")
     p.add_argument("--all-variants", action="store_true",
                    help="list every scored variant that fits (micro-batch, vpp, schedule, ZeRO, recompute) instead of "

@@ -27,7 +27,7 @@ def register(subparsers, name, help):
     p.add_argument("--validate", type=Path, default=None, metavar="RESULT.json",
                    help="a `shardwise validate --json` result: adds predicted vs measured")
     p.add_argument("--out", type=Path, required=True, metavar="PATH", help="the HTML file to write")
-    p.add_argument("--json", action="store_true", help='print {"path", "bytes", "layouts", "best", "validate"}')
+    p.add_argument("--json", action="store_true", help='print {"path", "bytes", "layouts", "best", "validate", and with a plan "job": its inputs as read}')
     p.set_defaults(func=run)
 
 

@@ -35,7 +35,8 @@ def register(subparsers, name, help):
                    sequence_parallel=None,
                    ep=None, etp=None, cp=None, cp_mode=None)
     p.add_argument("--microbatches", type=int, default=None,
-                   help="micro-batches per step and dp rank (instead of --micro-batch; default: one)")
+                   help="micro-batches per step and dp rank (instead of --micro-batch; default: one without a pipeline, one "
+                        "sequence each with one: global batch / dp of them)")
     p.add_argument("--plan", default=None, help="take the layout from `shardwise plan --json` / `estimate --json` output")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
     p.add_argument("--global-batch", type=int, default=None,
@@ -56,8 +57,9 @@ def register(subparsers, name, help):
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (the resumed, saved and summary lines are still printed)")
     p.add_argument("--json", action="store_true",
-                   help='print {"records": [...], "summary": {...}} at the end instead of the progress bar and messages; '
-                        'the summary compares the measured memory of the first step with the planner\'s prediction')
+                   help='print {"records": [...], "summary": {...}} (and "trace" with --trace) at the end instead of '
+                        'the progress bar and messages; the summary compares the measured memory of the first step '
+                        'with the planner\'s prediction')
     dg = p.add_argument_group("data", "your corpus, tokenized once into a cached memory-mapped token file")
     dg.add_argument("--data", nargs="+", default=None, metavar="PATH",
                     help="text files, JSON lines (.jsonl) or Parquet (.parquet) files, or folders of them "
@@ -70,7 +72,7 @@ def register(subparsers, name, help):
     dg.add_argument("--eval-batches", type=int, default=None, metavar="K", help="global batches of --val-data per evaluation, at most (default 4)")
     dg.add_argument("--data-cache", default=None, metavar="DIR",
                     help="where tokenized corpora are kept (default $SHARDWISE_CACHE/tokens or ~/.cache/shardwise/tokens)")
-    ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp, ZeRO stage or schedule")
+    ck = p.add_argument_group("checkpoints", "layout-free checkpoints: resume under any dp x tp x pp x cp x ep, ZeRO stage, schedule or recompute")
     ck.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="write checkpoints to DIR/step_NNNNNN (and resume from there)")
     ck.add_argument("--save-every", type=int, default=None, metavar="N",
                     help="save every N steps (default: only after the last step of this invocation)")

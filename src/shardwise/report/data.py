@@ -47,7 +47,7 @@ def layouts(ranked) -> dict:
         rows.append([lay.describe(), lay.dp, lay.tp, lay.pp, lay.cp, lay.cp_mode if lay.cp > 1 else "-", lay.ep, lay.vpp,
                      lay.micro_batch, e.num_microbatches, lay.zero, recompute,
                      lay.sequence_parallel, lay.schedule if lay.pp > 1 else "-", _r(e.memory_per_gpu / GIB),
-                     _r(e.step_time), round(e.tokens_per_s), e.mfu, split_rank])  # unrounded: shown to 0.1 %, rounded once
+                     _r(e.step_time), round(e.tokens_per_s), round(round(100 * e.mfu, 1) / 100, 4), split_rank])  # as shown: rounded once
         mem.append([_r(e.memory_bytes.get(k, 0.0) / GIB) for k in mem_keys])
         time.append([_r(e.time_s.get(k, 0.0)) for k in time_keys])
     return {"columns": list(LAYOUT_COLUMNS), "rows": rows, "memory": mem, "time": time,
