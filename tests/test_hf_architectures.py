@@ -466,6 +466,11 @@ def test_llama_keyed_architectures_round_trip_through_to_hf_config(tmp_path):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(spec.to_hf_config()))
         assert load_model(str(path)) == spec, name
+    capped = model_from_hf_config(ARCHITECTURES["gemma-3-1b"][0] | {"attn_logit_softcapping": 50.0,
+                                                                     "final_logit_softcapping": 30.0}, "g3", "test")
+    path = tmp_path / "g3.json"
+    path.write_text(json.dumps(capped.to_hf_config()))
+    assert (capped.attn_softcap, capped.final_softcap) == (50.0, 30.0) and load_model(str(path)) == capped
     # flags Llama's keys cannot write back (Command R+'s QK-norm, StableLM 2 12B's parallel block, Phi-3.5-MoE's head
     # bias) are refused, not dropped
     for name in ("command-r-plus", "stablelm-2-12b", "stablelm-2-1.6b", "phi-3.5-moe"):

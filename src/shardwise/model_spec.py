@@ -334,7 +334,7 @@ class ModelSpec:
                 cfg["use_sliding_window"] = True
                 cfg["layer_types"] = (["sliding_attention"] * self.window_layers
                                       + ["full_attention"] * (self.num_layers - self.window_layers))
-        if self.model_type == "gemma2":  # absent reads as Gemma2Config's 50.0 and 30.0: written either way
+        if self.model_type in ("gemma2", "gemma3_text"):  # absent reads as the config class's default: written either way
             cfg["attn_logit_softcapping"] = self.attn_softcap or None
             cfg["final_logit_softcapping"] = self.final_softcap or None
         return cfg | moe_hf_keys(self) | attention_hf_keys(self)
