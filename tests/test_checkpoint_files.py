@@ -189,6 +189,24 @@ def test_a_resume_without_model_trains_the_model_its_checkpoint_trained(tmp_path
     assert (root / "step_000004").is_dir()
 
 
+def test_a_resume_without_model_whose_model_folder_moved_says_so(tmp_path, capsys):
+    # it said "--model /…/m: not found", a flag the user had not given (helper-231)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64}))
+    root = tmp_path / "ckpt"
+    args = [a if a != "tiny" else str(folder) for a in ARGS]
+    assert main(["train", *args, "--checkpoint-dir", str(root), "--stop-after", "2"]) == 0
+    folder.rename(tmp_path / "moved")
+    capsys.readouterr()
+    unnamed = [a for i, a in enumerate(ARGS) if a != "--model" and (i == 0 or ARGS[i - 1] != "--model")]
+    assert main(["train", *unnamed, "--checkpoint-dir", str(root), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"was trained with --model {folder}, which is not there any more — pass --model" in err and "\n" not in err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--save-every", "2"], "--save-every needs --checkpoint-dir"),
     (["--resume"], "--resume needs --checkpoint-dir"),

@@ -345,3 +345,10 @@ def test_interleaving_named_with_one_chunk_is_what_the_stack_runs():
     assert any("runs as plain 1F1B" in note for note in one["assumptions"]["implied"])
     one, plain = estimate("torchtitan", "interleaved-1f1b", "--vpp", "1"), estimate("torchtitan", "1f1b")
     assert one["memory_breakdown_gib"]["activations"] > plain["memory_breakdown_gib"]["activations"]
+    # a stack built on Megatron-Core without interleaving still refuses it (helper-231: it had been let through)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch",
+                     "64", "--seq-len", "4096", "--tp", "2", "--pp", "4", "--schedule", "interleaved-1f1b", "--vpp", "1",
+                     "--framework", "aleph-alpha"]) == 2
+    assert "no interleaved-1f1b pipeline schedule" in err.getvalue()

@@ -5,6 +5,7 @@ reduce-scatters in every micro-batch."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -162,3 +163,11 @@ def test_torchtitan_pipelines_hold_the_experts_gradients_unsharded_too():
     assert gradients(64, 1) < 0.6 * gradients(32, 1)
     expert_params = 8 * 3 * 4096 * 14336 * 32 / 2 / 4  # 8 experts of 3 matrices, 32 layers over pp 4, ep 2
     assert gradients(128, 4) > 4 * expert_params * 0.5  # FP32, at least the half created by the activations' peak
+    # they stay on the GPU under --offload params as the dense ones do (helper-231: the experts' went to 0), and a GPU
+    # holding half the experts holds less, their units on one replica (ep = dp) or more
+    job = make_job(load_model("mixtral-8x7b"), load_cluster("dgx-a100-80gb"), 256, 4096, "torchtitan")
+    lay = Layout(dp=16, tp=1, pp=4, ep=2, micro_batch=1, zero=2, recompute="full")
+    held = memory_breakdown(job, lay)[1]["gradients"]
+    assert memory_breakdown(replace(job, offload="params"), lay)[1]["gradients"] == pytest.approx(held, rel=1e-9)
+    halves = [memory_breakdown(job, lay.with_(ep=ep))[1]["gradients"] for ep in (8, 16)]
+    assert halves[1] < halves[0] < held

@@ -159,10 +159,12 @@ def _idle_flags(args, job) -> tuple[set[str], list[str]]:
     if "cp_mode" in idle:  # the layout as plan reports one without cp
         args.cp_mode = None
     fw = get(job.framework)
-    if args.pp > 1 and args.schedule == "interleaved-1f1b" and args.vpp == 1 and fw.one_chunk_runs_1f1b:
+    if (args.pp > 1 and args.schedule == "interleaved-1f1b" and args.vpp == 1 and fw.one_chunk_runs_1f1b
+            and "interleaved-1f1b" in fw.schedules):  # a stack without interleaving refuses it (check_runs)
         args.schedule = None  # filled in as the stack's plain 1F1B, said
-        idle["schedule"] = (f"--schedule interleaved-1f1b --vpp 1 runs as plain 1F1B on {fw.name} (Megatron-LM's "
-                            f"arguments.py sets a virtual pipeline of 1 to None): priced as --schedule 1f1b")
+        idle["schedule"] = (f"--schedule interleaved-1f1b --vpp 1 runs as plain 1F1B on {fw.name} (one model chunk a "
+                            f"rank runs its non-interleaved schedule, as Megatron-LM sets a virtual pipeline of 1 to "
+                            f"None): priced as --schedule 1f1b")
     named = {k for k in ("zero", "recompute", "cp_mode", "sequence_parallel", "vpp", "schedule") if getattr(args, k) is not None}
     return named, list(idle.values())
 

@@ -394,13 +394,17 @@ def _resumed_model(args) -> str | None:
     if not args.resume or not args.checkpoint_dir or args.plan:
         return None
     from shardwise.checkpoint.store import newest, read_manifest
-    from shardwise.errors import UsageError
+    from shardwise.specs import model_presets
 
     try:
         latest = newest(Path(args.checkpoint_dir))
-        return (read_manifest(latest).get("model_given") or None) if latest else None
+        given = (read_manifest(latest).get("model_given") or None) if latest else None
     except (UsageError, OSError):
         return None
+    if given and given not in model_presets() and not Path(given).exists():  # the folder it trained has moved
+        raise UsageError(f"--resume without --model: {latest} was trained with --model {given}, which is not there "
+                         f"any more — pass --model with where that model is now")
+    return given
 
 
 def _distinct_paths(args) -> None:

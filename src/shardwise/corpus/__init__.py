@@ -12,6 +12,7 @@ from __future__ import annotations
 
 
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def choose_tokenizer(tokenizer: str | None, model: str | None, data):
         folder = Path(model) if Path(model).is_dir() else Path(model).parent if Path(model).is_file() else None
         if folder is not None and (folder / FILE).is_file():
             return load_tokenizer(folder)
-    if data and model and Path(model).exists():  # a model of its own, whose tokenizer the bytes are most likely not
+    if data and model and Path(model).exists() and os.environ.get("RANK", "0") == "0":  # a model of its own: said once
         note(f"--data is tokenized as bytes (256 ids and end-of-text 0): no --tokenizer given and no {FILE} beside "
              f"--model {model} — give --tokenizer for its Hugging Face {FILE}")
     return BYTE_TOKENIZER

@@ -620,12 +620,14 @@ def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
     if experts:  # states ZeRO-sharded over the experts' own replicas; what a MoE layer saves beyond a dense one
         t, n_moe = job.train, moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
         fw = get_framework(job.framework)
-        states = moe.expert_states(t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts,
-                                   experts / n_moe, fw.experts_in_layer_units, fw.zero3_expert_layers_gathered)
+        states = _experts_offloaded(job, layout, experts, moe.expert_states(
+            t.weight_bytes, t.grad_bytes, t.optimizer_bytes, layout, layout.cp, experts, experts / n_moe,
+            fw.experts_in_layer_units, fw.zero3_expert_layers_gathered))
+        # held unsharded as the dense ones are (model_state_bytes), on the GPU whatever --offload: the experts' FSDP
+        # units too, on a mesh of one replica as on more (torchtitan wraps them either way)
         unsharded = unsharded_grad_bytes(job, layout, held.grads_held)
-        if unsharded is not None and states["gradients"] < t.grad_bytes * experts:  # sharded by ZeRO-2/3 over edp
+        if unsharded is not None:
             states["gradients"] = unsharded * experts
-        states = _experts_offloaded(job, layout, experts, states)
         out = {k: out[k] + states.get(k, 0.0) for k in out}
     out["activations"] += moe_activation_delta(job, layout, rank, held.inflight) + cp_buffer_bytes(job, layout)
     if rank == 0:

@@ -71,8 +71,9 @@ LOSS_BYTES = {"megatron": (38, 14), "fused": (10, 6), "eager": (22, 26), "compos
 # (transformers' Gemma2ForCausalLM, NeMo's Gemma 2 output layer), in units of the activations' bytes e per logit:
 # eager, three element-wise kernels (divide, tanh, multiply) each reading and writing the logits, 6e; backward, the
 # multiply's and the divide's gradients (2e each) and tanh's, which reads the gradient and its kept output (3e), 7e.
-# Compiled, one fused kernel each way: 2e and 3e.
-SOFTCAP_PASSES = {False: (6, 7), True: (2, 3)}
+# Eager under --compile too: the cap runs after the LM head, outside the blocks torch.compile wraps (torchtitan
+# compiles each block and the loss, not the model's output code).
+SOFTCAP_PASSES = (6, 7)
 
 
 def flop_params(model) -> float:
@@ -408,7 +409,7 @@ def loss_bytes(job: Job, loss: str) -> tuple[float, float]:
     f, b = LOSS_BYTES[loss]
     if job.model.final_softcap:
         e = job.train.activation_bytes
-        cap_f, cap_b = SOFTCAP_PASSES[job.compile]
+        cap_f, cap_b = SOFTCAP_PASSES
         f, b = f + cap_f * e, b + cap_b * e
     return f, b
 
