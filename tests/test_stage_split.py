@@ -240,6 +240,9 @@ def test_a_megatron_core_cut_megatron_does_not_build_itself_is_said():
     said = implied("nemo", 4, 7)  # 40 layers on 28 chunks
     assert "28 model chunks do not divide the 40 layers" in said and "1 or 2 layers a chunk" in said, said
     assert "--pipeline-model-parallel-layout" in implied("megatron-core", 4, 3)  # 12 chunks: neither 40 nor 42
+    # aleph-alpha cuts Megatron's way but has no layout flag to name (helper-231)
+    said = implied("aleph-alpha", 9, 1)  # 9 chunks: neither 40 nor 42
+    assert "do not divide the 40 layers" in said and "--pipeline-model-parallel-layout" not in said, said
     for framework, pp, vpp in (("nemo", 4, 5), ("megatron-core", 6, 1), ("torchtitan", 4, 7)):  # 40/20; 42/6; any cut
         assert "model chunks do not divide" not in implied(framework, pp, vpp), (framework, pp, vpp)
 

@@ -356,6 +356,10 @@ def check_runs(job: Job, layout: Layout) -> None:
         raise UsageError(f"--offload {job.offload}: {reason}")
 
 
+# The stacks that take Megatron-Core's --pipeline-model-parallel-layout (a named uneven cut; NeMo passes it through).
+LAYOUT_FLAG_STACKS = ("megatron-core", "nemo")
+
+
 def split_note(job: Job, layout: Layout) -> str:
     """A note where the job's stack cuts its pipeline Megatron's way and this layout's chunks are a cut Megatron does
     not build itself (stage_split.megatron_cuts): what is priced instead, and how Megatron runs it; else ""."""
@@ -364,10 +368,11 @@ def split_note(job: Job, layout: Layout) -> str:
                                                                                                    chunks):
         return ""
     counts = sorted(set(stage_layer_counts(job.model, chunks, job.train.seq_len, "megatron")))
+    how = (", which it runs only through --pipeline-model-parallel-layout (`plan --emit megatron` writes it)"
+           if job.framework in LAYOUT_FLAG_STACKS else "")  # Megatron-Core's flag, not its cut rule's other stacks'
     return (f"pp x vpp = {chunks} model chunks do not divide the {job.model.num_layers} layers (nor the layers + 2, with "
             f"the embedding and the loss a layer's slot each), which is all {job.framework} cuts by itself: priced "
-            f"as the balanced cut of {' or '.join(map(str, counts))} layers a chunk, which it runs only through "
-            f"--pipeline-model-parallel-layout (`plan --emit megatron` writes it)")
+            f"as the balanced cut of {' or '.join(map(str, counts))} layers a chunk{how}")
 
 
 def release_note(job: Job, layout: Layout) -> str:
