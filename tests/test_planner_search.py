@@ -573,6 +573,12 @@ def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_nee
     code, out, err = run_cli(capsys, "estimate", *ARTICLE, "--tp", "8", "--micro-batch", "1", "--zero", "1", "--compile")
     assert code == 2 and not out and err.count("\n") == 1
     assert "torchtitan has no ZeRO-1" in err and "nor can megatron-core (--compile" in err
+    # a refusal of the input itself (a range), which one stack meets before its own check, is said plainly
+    # (helper-232: "the default torchtitan cannot run this (--gpus must be at least 1, got 0), nor can megatron-core")
+    for bad in (["--gpus", "0", "--compile"], ["--pp", "-1", "--offload", "optimizer"]):
+        code, out, err = run_cli(capsys, "estimate", *ARTICLE, *bad)
+        assert code == 2 and err.startswith("shardwise: error: --") and "must be at least 1" in err, err
+        assert "cannot run this" not in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("framework, flags, later", [

@@ -634,7 +634,8 @@ def check_chunks_interleave(vpp: int, schedule: str) -> None:
     """UsageError for model chunks under a schedule that does not interleave them (the schedule generators' rule too,
     which build an interleaved schedule on one rank as data)."""
     if vpp > 1 and schedule != "interleaved-1f1b":
-        raise UsageError(f"vpp={vpp} needs --schedule interleaved-1f1b (got {schedule})")
+        raise UsageError(f"--vpp {vpp} needs --schedule interleaved-1f1b (got {schedule}) — name that schedule, or drop "
+                         f"--vpp (one model chunk a rank)")
 
 
 def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpus: int | None = None,

@@ -327,6 +327,11 @@ def under_framework(args, attempt):
                 raise
             if all(str(e).startswith("nothing fits") for e in (refusal, again)):
                 raise refusal from None  # no stack fits it: the default's leanest layout and GPU count answer
+            # A refusal that names no stack is the input's own (a range, a divisor): either stack meets it, one
+            # earlier than the other (helper-232: --gpus 0 --compile read "the default cannot run this")
+            plain = [e for e, name in ((refusal, DEFAULT_FRAMEWORK), (again, FALLBACK_FRAMEWORK)) if name not in str(e)]
+            if plain:
+                raise plain[0] from None
             raise UsageError(f"--framework not given: the default {DEFAULT_FRAMEWORK} cannot run this ({refusal}), nor "
                              f"can {FALLBACK_FRAMEWORK} ({again}) — name a --framework that does, or change the "
                              f"flags") from None

@@ -8,7 +8,7 @@ from shardwise.errors import UsageError
 from shardwise.paths import output_path
 from shardwise.schedules.simulate import MAX_SIMULATED, action_count
 from shardwise.specs import PLANNED_SCHEDULES as COMPARE
-from shardwise.specs import SCHEDULES
+from shardwise.specs import SCHEDULES, default_schedule
 
 # Limits that keep every answer within seconds. Beyond MAX_SIMULATED actions, over all schedules of one command, the
 # closed forms answer (exact for uniform costs: tests/test_simulate.py proves them equal to the simulator); a picture
@@ -21,7 +21,8 @@ MAX_MICROBATCHES = 2**32
 
 def register(subparsers, name: str, help: str) -> None:
     p = subparsers.add_parser(name, help=help, description=help)
-    p.add_argument("--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="pipeline schedule (default 1f1b; interleaved-1f1b with --vpp 2 or more)")
     p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
     p.add_argument("--vpp", type=int, default=None,
@@ -120,7 +121,7 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
     else:
         from shardwise.specs import check_named_interleaving, check_pipeline_shape
 
-        schedule = args.schedule or "1f1b"
+        schedule = args.schedule or default_schedule(args.vpp or 1)  # --vpp 2+ alone interleaves, as estimate reads it
         if args.vpp is not None:  # as train refuses it
             check_named_interleaving(args.pp, args.vpp, schedule)
         shapes = [(schedule, args.vpp if args.vpp is not None else (2 if schedule == "interleaved-1f1b" else 1))]
