@@ -782,7 +782,9 @@ def validate_experts(layout: Layout, model: ModelSpec) -> None:
     """Expert parallelism: ep experts groups x etp expert shards fold over the dp x tp (x cp) ranks of a stage."""
     if not model.is_moe:
         if layout.ep > 1 or layout.etp > 1:
-            raise UsageError(f"--ep/--etp split experts, but {model.name} has no experts — drop them or use a MoE model")
+            named = "/".join(f for f, v in (("--ep", layout.ep), ("--etp", layout.etp)) if v > 1)
+            raise UsageError(f"{named} split{'s' if '/' not in named else ''} experts, but {model.name} has no experts — "
+                             f"drop {'it' if '/' not in named else 'them'} or use a MoE model")
         return
     if model.num_experts % layout.ep:
         raise UsageError(f"ep={layout.ep} does not divide the {model.num_experts} experts of {model.name} — pick a divisor "

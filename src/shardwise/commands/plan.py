@@ -96,7 +96,8 @@ def check_outputs(args) -> None:
     from shardwise.errors import UsageError
 
     if args.emit and args.out is None:
-        raise UsageError(f"--emit {args.emit} needs --out PATH (the file to write)")
+        example = {"megatron": "megatron.sh", "torchtitan": "job.toml", "deepspeed": "ds.json"}.get(args.emit, "out")
+        raise UsageError(f"--emit {args.emit} needs --out PATH (the file to write) — add e.g. --out {example}")
     if args.out is not None and not args.emit:
         raise UsageError("--out is where --emit writes — add --emit megatron|torchtitan|deepspeed "
                          "(the report page goes to --html PATH)")

@@ -67,7 +67,8 @@ def parse_costs(text: str) -> tuple[float, float, float]:
 
 def _check(args) -> None:
     if not (math.isfinite(args.comm) and 0 <= args.comm <= 1e12):
-        raise UsageError(f"--comm must be non-negative and finite (ms), got {args.comm}")
+        raise UsageError(f"--comm must be non-negative and finite (ms), got {args.comm} — e.g. --comm 0.1, or leave it out "
+                         f"for free transfers")
     for flag, value, top in (("--pp", args.pp, MAX_STAGES), ("--microbatches", args.microbatches, MAX_MICROBATCHES),
                              ("--vpp", args.vpp if args.vpp is not None else 1, MAX_STAGES)):
         if value < 1:
@@ -78,7 +79,7 @@ def _check(args) -> None:
         raise UsageError(f"pp*vpp = {args.pp * args.vpp:,} stages is above {MAX_STAGES:,} (a stage holds at least one "
                          f"layer) — lower --pp or --vpp")
     if args.out is not None and args.out.suffix.lower() not in (".png", ".svg"):
-        raise UsageError(f"--out must end in .png or .svg, got '{args.out}'")
+        raise UsageError(f"--out must end in .png or .svg, got '{args.out}' — name the picture timeline.png or timeline.svg")
     from shardwise.commands.common import prepare_output
     from shardwise.paths import distinct_outputs
 
