@@ -270,3 +270,24 @@ def test_a_gpu_sweeps_layouts_are_checked_as_gpu_jobs():
     with pytest.raises(UsageError, match="need 2 GPUs, found 0"):
         check_layout(Layout(dp=2), load_model("tiny"), 2, 8, 64, backend="nccl")
 
+
+
+def test_a_model_folder_with_weights_is_told_they_are_not_read(monkeypatch, capsys, tmp_path):
+    # validate times seeded weights: a folder's safetensors (even a truncated one) went unmentioned (helper-224)
+    import shardwise.validate as sweep
+    from hf_models import make_model
+
+    folder = tmp_path / "llama"
+    make_model(folder, "llama", tokenizer=False)
+    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": 0.02,
+              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": False, "step_time_spread": 0.1}
+    summary = {"median_abs_error": 0.0, "p90_abs_error": 0.0, "spearman": 1.0, "kendall_tau": 1.0, "top1_regret": 0.0,
+               "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0, "noisy_layouts": 0}
+    result = {"model": "llama", "world": 2, "backend": "gloo", "cluster": "dgx-h100-80gb", "global_batch": 8,
+              "seq_len": 64, "layouts": [layout], "summary": summary,
+              "machine": {"cores": 2, "other_cpu_cores": 0.0, "calibration_other_cpu_cores": None, "speed_ratio": None}}
+    monkeypatch.setattr(sweep, "validate", lambda cfg, progress: result)
+    assert main(["validate", "--model", str(folder), "--world", "2", "--cluster", "dgx-h100-80gb", "--layouts", "dp2",
+                 "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "the layouts run on seeded weights" in err and "safetensors are not read" in err

@@ -165,6 +165,13 @@ def _run(args) -> int:
                              f"{args.world}: its collectives and the ranks' sharing of the cores were measured at "
                              f"{calibrated_world} — calibrate at --world {args.world}, or leave --cluster out")
         _check_sweep_memory(cfg, given=bool(args.layouts))
+        from shardwise.hf.load import has_weights
+
+        if has_weights(args.model):  # a truncated or damaged file would go unnoticed too: say what is measured
+            from shardwise.console import note
+
+            note(f"the layouts run on seeded weights: {args.model}'s safetensors are not read (a step's time and memory "
+                 f"do not depend on the weights' values; `train --model {args.model}` loads them)")
     err = Console(stderr=True, keep_going=True)  # progress only: the work goes on if its reader goes
     try:
         if cfg.cluster is None:
