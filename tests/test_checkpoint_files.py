@@ -189,6 +189,14 @@ def test_a_resume_without_model_trains_the_model_its_checkpoint_trained(tmp_path
     assert (root / "step_000004").is_dir()
 
 
+def test_a_resume_without_model_of_a_hub_id_resumes(tmp_path, capsys):
+    # --model openai-community/gpt2 reads the gpt2 preset: its resume was refused as "not there any more" (helper-233)
+    root = tmp_path / "ckpt"
+    args = ["--model", "openai-community/gpt2", "--steps", "2", "--global-batch", "1", "--seq-len", "16", "--no-progress"]
+    assert main(["train", *args, "--checkpoint-dir", str(root), "--stop-after", "1"]) == 0
+    assert main(["train", *args[2:], "--checkpoint-dir", str(root), "--resume"]) == 0, capsys.readouterr().err
+
+
 def test_a_resume_without_model_whose_model_folder_moved_says_so(tmp_path, capsys):
     # it said "--model /…/m: not found", a flag the user had not given (helper-231)
     folder = tmp_path / "m"

@@ -579,6 +579,11 @@ def test_an_unnamed_framework_is_the_default_or_the_fallback_where_the_flags_nee
         code, out, err = run_cli(capsys, "estimate", *ARTICLE, *bad)
         assert code == 2 and err.startswith("shardwise: error: --") and "must be at least 1" in err, err
         assert "cannot run this" not in err and err.count("\n") == 1
+    # a stack's own limit that names no stack (its stage cut's layers) keeps both reasons (helper-233)
+    code, _, err = run_cli(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                           "--global-batch", "64", "--seq-len", "4096", "--pp", "2", "--zero", "1",
+                           "--recompute-layers", "17")  # torchtitan's stage holds 17 layers, megatron-core's 16
+    assert code == 2 and "torchtitan has no ZeRO-1" in err and "nor can megatron-core" in err, err
 
 
 @pytest.mark.parametrize("framework, flags, later", [

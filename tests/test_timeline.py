@@ -155,7 +155,7 @@ def test_simulate_summary_without_json(capsys):
     (["--schedule", "1f1b", "--vpp", "2", "--pp", "4", "--microbatches", "8"], "needs --schedule interleaved-1f1b"),
     (["--pp", "0", "--microbatches", "8"], "--pp must be at least 1"),
     (["--schedule", "interleaved-1f1b", "--pp", "1", "--microbatches", "8"], "interleaved-1f1b interleaves model chunks over pipeline ranks, and pp=1 has one"),
-    (["--vpp", "2", "--pp", "1", "--microbatches", "8"], "interleaves model chunks over pipeline ranks, and pp=1"),  # not
+    (["--vpp", "2", "--pp", "1", "--microbatches", "8"], "--vpp 2 interleaves model chunks over pipeline ranks, and --pp 1"),  # not
     # "needs --schedule interleaved-1f1b", which would then be refused too
     # --vpp alone interleaves, as estimate reads it (helper-232: "vpp=2 needs --schedule interleaved-1f1b (got 1f1b)")
     (["--vpp", "2", "--pp", "4", "--microbatches", "6"], "multiple of --pp"),

@@ -106,6 +106,10 @@ def layout_from_args(args, dp: int) -> Layout:
                   dp_shard=getattr(args, "dp_shard", 0))
 
 
+# The words of the refusals that depend on no stack: a value out of range, degrees that do not divide the GPUs.
+INPUT_REFUSALS = ("must be at least 1, got", "must be between", "does not divide")
+
+
 def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:
     from shardwise.planner.search import check_gpus
 
@@ -327,9 +331,10 @@ def under_framework(args, attempt):
                 raise
             if all(str(e).startswith("nothing fits") for e in (refusal, again)):
                 raise refusal from None  # no stack fits it: the default's leanest layout and GPU count answer
-            # A refusal that names no stack is the input's own (a range, a divisor): either stack meets it, one
-            # earlier than the other (helper-232: --gpus 0 --compile read "the default cannot run this")
-            plain = [e for e, name in ((refusal, DEFAULT_FRAMEWORK), (again, FALLBACK_FRAMEWORK)) if name not in str(e)]
+            # A refusal of the input itself (a range, a divisor of the GPUs) is said plainly: either stack meets it,
+            # one earlier than the other (helper-232: --gpus 0 --compile read "the default cannot run this"). Only
+            # those: a stack's own limit may not name the stack (its stage cut's layers; helper-233)
+            plain = [e for e in (refusal, again) if any(words in str(e) for words in INPUT_REFUSALS)]
             if plain:
                 raise plain[0] from None
             raise UsageError(f"--framework not given: the default {DEFAULT_FRAMEWORK} cannot run this ({refusal}), nor "

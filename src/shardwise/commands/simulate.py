@@ -122,6 +122,9 @@ def _shapes(args, fw=None) -> list[tuple[str, int]]:
     else:
         from shardwise.specs import check_named_interleaving, check_pipeline_shape
 
+        if args.schedule is None and args.pp == 1 and (args.vpp or 1) > 1:  # the flag given, not the schedule it implies
+            raise UsageError(f"--vpp {args.vpp} interleaves model chunks over pipeline ranks, and --pp 1 has one — give "
+                             f"--pp 2 or more, or drop --vpp")
         schedule = args.schedule or default_schedule(args.vpp or 1)  # --vpp 2+ alone interleaves, as estimate reads it
         if args.vpp is not None:  # as train refuses it
             check_named_interleaving(args.pp, args.vpp, schedule)

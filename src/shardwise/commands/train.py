@@ -394,6 +394,7 @@ def _resumed_model(args) -> str | None:
     if not args.resume or not args.checkpoint_dir or args.plan:
         return None
     from shardwise.checkpoint.store import newest, read_manifest
+    from shardwise.model_spec import HUB_PRESETS
     from shardwise.specs import model_presets
 
     try:
@@ -401,7 +402,8 @@ def _resumed_model(args) -> str | None:
         given = (read_manifest(latest).get("model_given") or None) if latest else None
     except (UsageError, OSError):
         return None
-    if given and given not in model_presets() and not Path(given).exists():  # the folder it trained has moved
+    preset = HUB_PRESETS.get(given.lower(), given) if given else given  # a hub id reads its preset
+    if given and preset not in model_presets() and not Path(given).exists():  # the folder it trained has moved
         raise UsageError(f"--resume without --model: {latest} was trained with --model {given}, which is not there "
                          f"any more — pass --model with where that model is now")
     return given

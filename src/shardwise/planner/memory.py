@@ -280,6 +280,28 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
     if not n:
         return 0.0
+    delta = _moe_layer_delta(job, layout)
+    if layout.recompute == "full":
+        layers = rank_layers(job, layout, rank)
+        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
+        return _moe_working(delta, n, layers, recomputed, inflight) + (n - recomputed) * inflight * delta
+    return n * inflight * delta
+
+
+def moe_working_delta(job: Job, layout: Layout, rank: int, inflight: float) -> float:
+    """The part of moe_activation_delta that is the recomputed layer's working set (full recompute; else 0): the
+    transient a MoE stage's recompute really holds is the dense one plus this (logits_overlap)."""
+    n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
+    if not n or layout.recompute != "full":
+        return 0.0
+    layers = rank_layers(job, layout, rank)
+    recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
+    return _moe_working(_moe_layer_delta(job, layout), n, layers, recomputed, inflight)
+
+
+def _moe_layer_delta(job: Job, layout: Layout) -> float:
+    """What one MoE layer keeps beyond a dense one, per micro-batch (moe.layer_activation_delta, as the stack keeps
+    it)."""
     s, b, e = local_seq(job, layout), layout.micro_batch, job.train.activation_bytes
     gated = job.saved.gated_mlp_tensors - (1 if job.moe_recompute == "act" else 0)
     delta = moe.layer_activation_delta(job.model, s, b, layout, e, gated, job.capacity_factor)
@@ -287,14 +309,14 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
         delta = -s * b * e * gated * job.model.ffn_hidden / layout.tp
     if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
         delta += 4 * job.model.num_experts * b
-    if layout.recompute == "full":
-        layers = rank_layers(job, layout, rank)
-        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
-        # the layer being recomputed holds its whole set: the largest of the stage's, a dense one where a MoE layer
-        # keeps less (narrow experts beside a wide dense layer) and the stage holds both
-        working = 0.0 if delta < 0 and n < layers else min(recomputed * inflight, 1) * delta
-        return working + (n - recomputed) * inflight * delta
-    return n * inflight * delta
+    return delta
+
+
+def _moe_working(delta: float, n: int, layers: int, recomputed: float, inflight: float) -> float:
+    """What the layer being recomputed holds beyond a dense one's working set: its whole set is the largest of the
+    stage's, a dense one where a MoE layer keeps less (narrow experts beside a wide dense layer) and the stage holds
+    both."""
+    return 0.0 if delta < 0 and n < layers else min(recomputed * inflight, 1) * delta
 
 
 def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
@@ -589,10 +611,13 @@ def logits_overlap(job: Job, layout: Layout, rank: int, transient: float | None 
     has it (per_rank_job)."""
     if rank != layout.pp - 1:
         return 0.0
+    held = rank_holdings(job, layout, rank)
     if transient is None:
-        held = rank_holdings(job, layout, rank)
         _, transient = activation_parts(job, layout, held.layers, held.inflight,
                                         rank_recomputed_layers(job, layout, rank))
+    # a recomputed MoE layer's working set is the dense one's plus its own delta (helper-233: the dense one alone
+    # took the last stage's activations below its saved inputs)
+    transient += moe_working_delta(job, layout, rank, held.inflight)
     # ZB-H1's input-gradient pass keeps the graph, logits included, until the weight pass: only the loss's scratch goes
     freed = loss_transient_bytes(job, layout) + (0.0 if layout.schedule == "zb-h1" else last_stage_bytes(job, layout))
     return min(transient, freed)
@@ -634,9 +659,7 @@ def _rank_memory(job: Job, layout: Layout, rank: int) -> dict[str, float]:
         out["activations"] += held.first
     out["activations"] += held.stage_buffers
     out["logits"] = held.logits
-    # never more than the activations counted: a MoE layer's delta can leave less than the dense transient the overlap
-    # is worked out on (helper-232: -0.015 GiB on an 8-layer DeepSeek-V3 cut at pp 8 with full recompute)
-    out["activations"] -= min(logits_overlap(job, layout, rank, transient), max(out["activations"], 0.0))
+    out["activations"] -= logits_overlap(job, layout, rank, transient)
     out["workspace"] = WORKSPACE_BYTES + allocator_slack(job) * sum(out.values())
     return out
 

@@ -97,7 +97,7 @@ def check_shape(name: str, p: int, m: int, v: int = 1) -> None:
     if name == "interleaved-1f1b" and m % p:
         raise UsageError(f"interleaved-1f1b needs --microbatches ({m}) to be a multiple of --pp ({p}) (Megatron's rule) — "
                          f"give {' or '.join(map(str, sorted({max(p, m // p * p), (m // p + 1) * p})))} "
-                         f"micro-batches, or --schedule 1f1b")
+                         f"micro-batches, or --schedule 1f1b{' without --vpp' if v > 1 else ''}")
 
 
 def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
