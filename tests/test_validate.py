@@ -220,18 +220,27 @@ def test_warns_when_other_processes_shared_the_machine():
     assert "1.40x its calibrated time" in slower and "slower" in slower and "other processes" not in slower
 
 
+def _one_layout_result(model: str, measured_s: float, noisy: bool, other_cores: float) -> dict:
+    """validate's JSON answer for one dp2 layout predicted at 20 ms (what a test puts in place of the sweep)."""
+    error = abs(measured_s / 0.02 - 1)
+    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": measured_s,
+              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": noisy,
+              "step_time_spread": 0.4 if noisy else 0.1}
+    summary = {"median_abs_error": error, "p90_abs_error": error, "spearman": 1.0, "kendall_tau": 1.0,
+               "top1_regret": 0.0, "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0,
+               "noisy_layouts": int(noisy)}
+    return {"model": model, "world": 2, "backend": "gloo", "cluster": "dgx-h100-80gb", "global_batch": 8, "seq_len": 64,
+            "layouts": [layout], "summary": summary,
+            "machine": {"cores": 2, "other_cpu_cores": other_cores, "calibration_other_cpu_cores": None,
+                        "speed_ratio": None}}
+
+
 def test_json_keeps_stdout_the_json_and_says_the_warnings_on_stderr(monkeypatch, capsys):
     """`validate --json > run.json` on a busy machine: the warnings the table prints go to stderr, the JSON alone to
     stdout (they were printed in table mode only, so a sweep at 1.3 other cores passed silently)."""
     import shardwise.validate as sweep
 
-    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": 0.03,
-              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": True, "step_time_spread": 0.4}
-    summary = {"median_abs_error": 0.3, "p90_abs_error": 0.3, "spearman": 1.0, "kendall_tau": 1.0, "top1_regret": 0.0,
-               "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0, "noisy_layouts": 1}
-    result = {"model": "tiny", "world": 2, "backend": "gloo", "cluster": "dgx-h100-80gb", "global_batch": 8,
-              "seq_len": 64, "layouts": [layout], "summary": summary,
-              "machine": {"cores": 2, "other_cpu_cores": 1.3, "calibration_other_cpu_cores": None, "speed_ratio": None}}
+    result = _one_layout_result("tiny", measured_s=0.03, noisy=True, other_cores=1.3)
     monkeypatch.setattr(sweep, "validate", lambda cfg, progress: result)
     code = main(["validate", "--model", "tiny", "--world", "2", "--cluster", "dgx-h100-80gb", "--layouts",
                  "dp2", "--json"])
@@ -279,13 +288,7 @@ def test_a_model_folder_with_weights_is_told_they_are_not_read(monkeypatch, caps
 
     folder = tmp_path / "llama"
     make_model(folder, "llama", tokenizer=False)
-    layout = {"name": "dp2 tp1 pp1 mb1", "predicted_step_time_s": 0.02, "measured_step_time_s": 0.02,
-              "predicted_memory_bytes": 2**20, "measured_memory_bytes": 2**20, "noisy": False, "step_time_spread": 0.1}
-    summary = {"median_abs_error": 0.0, "p90_abs_error": 0.0, "spearman": 1.0, "kendall_tau": 1.0, "top1_regret": 0.0,
-               "best_in_top3": True, "memory_median_abs_error": 0.0, "memory_p90_abs_error": 0.0, "noisy_layouts": 0}
-    result = {"model": "llama", "world": 2, "backend": "gloo", "cluster": "dgx-h100-80gb", "global_batch": 8,
-              "seq_len": 64, "layouts": [layout], "summary": summary,
-              "machine": {"cores": 2, "other_cpu_cores": 0.0, "calibration_other_cpu_cores": None, "speed_ratio": None}}
+    result = _one_layout_result("llama", measured_s=0.02, noisy=False, other_cores=0.0)
     monkeypatch.setattr(sweep, "validate", lambda cfg, progress: result)
     assert main(["validate", "--model", str(folder), "--world", "2", "--cluster", "dgx-h100-80gb", "--layouts", "dp2",
                  "--json"]) == 0
