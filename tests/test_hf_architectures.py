@@ -450,6 +450,10 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layer
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
       "intermediate_size": 128, "vocab_size": 128, "rope_scaling": {"rope_type": "linear", "factor": "NaN"}},
      "RoPE scaling's 'factor' must be a finite number"),
+    # nor a negative one (helper-232: accepted, and written to a launch file)
+    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 128, "rope_scaling": {"rope_type": "linear", "factor": -2}},
+     "RoPE scaling's 'factor' must be positive"),
 ])
 def test_a_config_shardwise_cannot_count_is_one_line_and_exit_2(cfg, fragment, tmp_path, capsys):
     path = tmp_path / "config.json"

@@ -560,6 +560,10 @@ def rope_scaling(cfg: dict, source: str = "config") -> tuple:
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
             raise UsageError(f"{source}: RoPE scaling's '{key}' must be a finite number, got {json.dumps(value)[:40]} — "
                              f"fix it, or leave the key out")
+    factor = params.get("factor")
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor <= 0:  # a scale of positions
+        raise UsageError(f"{source}: RoPE scaling's 'factor' must be positive (how many times the trained context it "
+                         f"stretches to, e.g. 8.0), got {factor} — fix it, or leave rope_scaling out")
     keep = {k: v for k, v in params.items() if k not in ("type", "rope_theta") and isinstance(v, (int, float, str))}
     return tuple(sorted((keep | {"rope_type": str(kind)}).items()))
 
