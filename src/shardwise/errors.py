@@ -11,6 +11,12 @@ class UsageError(ValueError):
     exit_code = 2
 
 
+class InputError(UsageError):
+    """Bad input whatever stack runs it: a value out of range, degrees that do not divide the GPUs, the model's heads
+    or its experts. Under the default stack's fallback (commands/common.py under_framework) it is said plainly, as
+    either stack meets it, where another refusal names both stacks' reasons."""
+
+
 class DoesNotFit(UsageError):
     """`estimate` under the default stack (no --framework): the layout does not fit its memory, so the fallback stack
     is tried (commands/common.py under_framework); never reaches the user as an error."""

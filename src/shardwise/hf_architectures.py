@@ -218,10 +218,11 @@ def _softcap(cfg: dict, source: str, key: str, default: float) -> float:
     return optional(cfg, key, default, source)
 
 
-def _gemma2(cfg: dict, source: str) -> dict:
-    """Gemma 2: Gemma's blocks with four norms a layer, its attention logits and its final logits soft-capped."""
-    return _gemma(cfg, source, norms=4) | {"attn_softcap": _softcap(cfg, source, "attn_logit_softcapping", 50.0),
-                                           "final_softcap": _softcap(cfg, source, "final_logit_softcapping", 30.0)}
+def _gemma2(cfg: dict, source: str, caps: tuple[float, float] = (50.0, 30.0)) -> dict:
+    """Gemma 2: Gemma's blocks with four norms a layer, its attention logits and its final logits soft-capped (`caps`:
+    the config class's defaults where a key is absent)."""
+    return _gemma(cfg, source, norms=4) | {"attn_softcap": _softcap(cfg, source, "attn_logit_softcapping", caps[0]),
+                                           "final_softcap": _softcap(cfg, source, "final_logit_softcapping", caps[1])}
 
 
 def _gemma3_text(cfg: dict, source: str) -> dict:
@@ -235,10 +236,8 @@ def _gemma3_text(cfg: dict, source: str) -> dict:
     if flag(cfg, "use_bidirectional_attention", source):
         raise UsageError(f"{source}: use_bidirectional_attention is true: an encoder (EmbeddingGemma), not a causal "
                          "decoder — shardwise plans decoder-only transformers; give a decoder's config.json")
-    return _gemma(cfg, source, norms=4) | {
-        "qk_norm": "head", "mlp_bias": None, "attn_softcap": _softcap(cfg, source, "attn_logit_softcapping", 0.0),
-        "final_softcap": _softcap(cfg, source, "final_logit_softcapping", 0.0),
-        "max_positions": optional(cfg, "max_position_embeddings", 131072, source)}
+    return _gemma2(cfg, source, caps=(0.0, 0.0)) | {
+        "qk_norm": "head", "mlp_bias": None, "max_positions": optional(cfg, "max_position_embeddings", 131072, source)}
 
 
 def _granite(cfg: dict, source: str) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from shardwise.errors import UsageError
+from shardwise.errors import InputError, UsageError
 from shardwise.frozen import cached_hash, replaced
 from shardwise.model_spec import (  # noqa: F401 - re-exported: callers find every spec here
     MAX_LAYERS, MODEL_TYPES, ModelSpec, load_model, model_from_hf_config, model_presets, preset_dir, read_json_file)
@@ -502,7 +502,7 @@ class TrainSpec:
     def __post_init__(self):
         for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len)):
             if not 1 <= value <= self.MAX:
-                raise UsageError(f"{flag} must be between 1 and {self.MAX:,}, got {value:,}")
+                raise InputError(f"{flag} must be between 1 and {self.MAX:,}, got {value:,}")
 
     @property
     def bytes_per_param(self) -> int:
@@ -645,7 +645,7 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     may not), so pp*vpp may reach the layers + 2; `split_rule`: how it cuts the layers (Framework.stage_split)."""
     for name in ("dp", "tp", "pp", "cp", "micro_batch", "vpp", "ep", "etp"):
         if getattr(layout, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(layout, name)}")
     if num_gpus is not None and layout.world_size != num_gpus:
         degrees = "dp*tp*pp" + ("*cp" if layout.cp > 1 else "")
         values = "*".join(str(v) for v in (layout.dp, layout.tp, layout.pp) + ((layout.cp,) if layout.cp > 1 else ()))
@@ -664,12 +664,12 @@ def validate_layout(layout: Layout, model: ModelSpec, global_batch: int, num_gpu
     check_recompute_layers(layout, model, seq_len, split_rule)
     check_hybrid_shard(layout)
     if model.num_heads % layout.tp:
-        raise UsageError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
+        raise InputError(f"tp={layout.tp} does not divide the {model.num_heads} attention heads of {model.name} — pick a divisor")
     if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:  # fewer KV heads than tp: the stack's call
-        raise UsageError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name}, nor a "
+        raise InputError(f"tp={layout.tp} does not divide the {model.num_kv_heads} KV heads of {model.name}, nor a "
                          f"multiple of them (each rank a copy of its query heads' KV) — pick a divisor of {model.num_kv_heads}")
     if model.ffn_hidden % layout.tp and len(model.moe_layers) < model.num_layers:
-        raise UsageError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
+        raise InputError(f"tp={layout.tp} does not divide the FFN size {model.ffn_hidden} of {model.name} — pick a divisor")
     validate_experts(layout, model)
     check_chunks(layout.pp, layout.vpp, model, edge_chunks)
     check_pipeline_shape(layout.pp, layout.vpp, layout.schedule)
@@ -710,7 +710,7 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
         raise UsageError(f"--recompute-layers recomputes whole layers, but --recompute is {layout.recompute} — use "
                          f"--recompute full with it, or drop --recompute-layers")
     if n < 1:
-        raise UsageError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
+        raise InputError(f"--recompute-layers must be at least 1, got {n} (for no recompute use --recompute none)")
     chunks = layout.pp * layout.vpp
     most = (max_chunk_layers(model, layout.pp, layout.vpp, seq_len, split_rule) if seq_len is not None and chunks <= max_chunks(model.num_layers, True)
             else -(-model.num_layers // chunks))
@@ -723,13 +723,13 @@ def check_recompute_layers(layout: Layout, model: ModelSpec, seq_len: int | None
 def check_hybrid_shard(layout: Layout) -> None:
     """HSDP's shard groups split dp evenly, and only ZeRO-3 (FSDP's FULL_SHARD) has them."""
     if layout.dp_shard < 0:
-        raise UsageError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
+        raise InputError(f"--dp-shard must be at least 1, got {layout.dp_shard}")
     # a shard group is dp_shard x cp ranks: one rank alone (no cp) shards nothing, every state replicated
     if layout.dp_shard == 1 and layout.cp == 1 and layout.dp > 1:
         raise UsageError("--dp-shard 1 shards nothing (a group of one rank holds every state): that is DDP — use "
                          "--zero 0, or --dp-shard 2 or more")
     if layout.dp_shard and layout.dp % layout.dp_shard:
-        raise UsageError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
+        raise InputError(f"--dp-shard {layout.dp_shard} does not divide dp={layout.dp} — each shard group takes an "
                          f"equal slice of the data-parallel ranks; pick a divisor of {layout.dp}")
     if layout.replicas > 1 and layout.zero not in (1, 3):
         raise UsageError(f"--dp-shard {layout.dp_shard} needs --zero 3 (hybrid sharding replicates ZeRO-3's shard "
@@ -787,17 +787,17 @@ def validate_experts(layout: Layout, model: ModelSpec) -> None:
                              f"drop {'it' if '/' not in named else 'them'} or use a MoE model")
         return
     if model.num_experts % layout.ep:
-        raise UsageError(f"ep={layout.ep} does not divide the {model.num_experts} experts of {model.name} — pick a divisor "
+        raise InputError(f"ep={layout.ep} does not divide the {model.num_experts} experts of {model.name} — pick a divisor "
                          f"of {model.num_experts}")
     if model.moe_ffn_hidden % layout.etp:
-        raise UsageError(f"etp={layout.etp} does not divide the expert FFN size {model.moe_ffn_hidden} of {model.name} — "
+        raise InputError(f"etp={layout.etp} does not divide the expert FFN size {model.moe_ffn_hidden} of {model.name} — "
                          f"pick a divisor")
     if model.shared_ffn_hidden % layout.tp:
-        raise UsageError(f"tp={layout.tp} does not divide the shared-expert FFN size {model.shared_ffn_hidden} of "
+        raise InputError(f"tp={layout.tp} does not divide the shared-expert FFN size {model.shared_ffn_hidden} of "
                          f"{model.name} — pick a divisor")
     ranks = layout.dp * layout.tp * layout.cp
     if ranks % (layout.ep * layout.etp):
-        raise UsageError(f"ep*etp = {layout.ep}*{layout.etp} = {layout.ep * layout.etp} does not divide dp*tp*cp = {ranks}: "
+        raise InputError(f"ep*etp = {layout.ep}*{layout.etp} = {layout.ep * layout.etp} does not divide dp*tp*cp = {ranks}: "
                          f"the experts fold over the same ranks as the dense layers — pick ep*etp dividing {ranks}")
 
 

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import replace
 
-from shardwise.errors import DoesNotFit, UsageError
+from shardwise.errors import DoesNotFit, InputError, UsageError
 from shardwise.specs import (CP_MODES, PLANNED_SCHEDULES, RECOMPUTE, SCHEDULES, Layout, cluster_presets, default_schedule,
                              load_cluster, load_model, model_presets)
 
@@ -106,20 +106,16 @@ def layout_from_args(args, dp: int) -> Layout:
                   dp_shard=getattr(args, "dp_shard", 0))
 
 
-# The words of the refusals that depend on no stack: a value out of range, degrees that do not divide the GPUs.
-INPUT_REFUSALS = ("must be at least 1, got", "must be between", "does not divide")
-
-
 def dp_from_gpus(gpus: int, tp: int, pp: int, cp: int = 1) -> int:
     from shardwise.planner.search import check_gpus
 
     check_gpus(gpus, "estimate")
     for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp)):
         if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+            raise InputError(f"{flag} must be at least 1, got {value}")
     if gpus % (tp * pp * cp):
         what, values = ("tp*pp*cp", f"{tp}*{pp}*{cp}") if cp > 1 else ("tp*pp", f"{tp}*{pp}")
-        raise UsageError(f"{what} = {values} does not divide {gpus} GPUs — choose degrees whose product divides --gpus")
+        raise InputError(f"{what} = {values} does not divide {gpus} GPUs — choose degrees whose product divides --gpus")
     return gpus // (tp * pp * cp)
 
 
@@ -275,7 +271,7 @@ def space_from_args(args):
     from shardwise.planner.search import SearchSpace
 
     if args.max_vpp is not None and args.max_vpp < 1:
-        raise UsageError(f"--max-vpp must be at least 1, got {args.max_vpp}")
+        raise InputError(f"--max-vpp must be at least 1, got {args.max_vpp}")
 
     sp = None if args.sequence_parallel is None else (args.sequence_parallel,)
     return SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, zero=args.zero,
@@ -331,10 +327,10 @@ def under_framework(args, attempt):
                 raise
             if all(str(e).startswith("nothing fits") for e in (refusal, again)):
                 raise refusal from None  # no stack fits it: the default's leanest layout and GPU count answer
-            # A refusal of the input itself (a range, a divisor of the GPUs) is said plainly: either stack meets it,
-            # one earlier than the other (helper-232: --gpus 0 --compile read "the default cannot run this"). Only
-            # those: a stack's own limit may not name the stack (its stage cut's layers; helper-233)
-            plain = [e for e in (refusal, again) if any(words in str(e) for words in INPUT_REFUSALS)]
+            # A refusal of the input itself (errors.InputError: a range, a divisor) is said plainly: either stack
+            # meets it, one earlier than the other (helper-232: --gpus 0 --compile read "the default cannot run
+            # this"); a stack's own limit keeps both reasons (helper-233)
+            plain = [e for e in (refusal, again) if isinstance(e, InputError)]
             if plain:
                 raise plain[0] from None
             raise UsageError(f"--framework not given: the default {DEFAULT_FRAMEWORK} cannot run this ({refusal}), nor "
@@ -581,7 +577,7 @@ def job_from_args(args):
     framework = get(DEFAULT_FRAMEWORK if named is None else named).name  # unknown (or empty) name: one line, exit 2
     capacity = getattr(args, "capacity_factor", 1.0)
     if not 1.0 <= capacity <= 1e3:
-        raise UsageError(f"--capacity-factor {capacity} must be between 1 (balanced routing) and 1000, e.g. 1.25")
+        raise InputError(f"--capacity-factor {capacity} must be between 1 (balanced routing) and 1000, e.g. 1.25")
     model = load_model(args.model)
     if capacity != 1.0 and not model.is_moe:
         raise UsageError(f"--capacity-factor {capacity:g} is the busiest expert's load over the mean, but {model.name} has "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardwise.commands.common import (add_cluster_args, add_job_args, add_layout_args, add_model_arg,
                                        add_software_args, dp_from_gpus, job_fields, job_from_args, layout_from_args,
                                        note_fields, notes, print_json, under_framework)
-from shardwise.errors import DoesNotFit, UsageError
+from shardwise.errors import DoesNotFit, InputError, UsageError
 from shardwise.units import GIB, count, need_of, seconds
 
 
@@ -43,7 +43,7 @@ def _run(args) -> int:
     if args.recompute_layers is not None and args.recompute is None:  # recomputing whole layers is full recompute
         args.recompute = "full"
     if args.dp_shard is not None and args.dp_shard < 1:  # 0 is the layout's "one group of all dp", not a size
-        raise UsageError(f"--dp-shard must be at least 1, got {args.dp_shard} (leave it out for one shard group of "
+        raise InputError(f"--dp-shard must be at least 1, got {args.dp_shard} (leave it out for one shard group of "
                          f"every dp rank)")
     args.dp_shard = args.dp_shard or 0
     if args.dp_shard and args.zero is None:  # shard groups: ZeRO-3's (HSDP), or ZeRO-1's where the stack has them

@@ -280,23 +280,26 @@ def moe_activation_delta(job: Job, layout: Layout, rank: int, inflight: float) -
     n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
     if not n:
         return 0.0
-    delta = _moe_layer_delta(job, layout)
     if layout.recompute == "full":
-        layers = rank_layers(job, layout, rank)
-        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
-        return _moe_working(delta, n, layers, recomputed, inflight) + (n - recomputed) * inflight * delta
-    return n * inflight * delta
+        recomputed = n * rank_recomputed_layers(job, layout, rank) / max(rank_layers(job, layout, rank), 1)
+        kept = (n - recomputed) * inflight * _moe_layer_delta(job, layout)
+        return moe_working_delta(job, layout, rank, inflight) + kept
+    return n * inflight * _moe_layer_delta(job, layout)
 
 
 def moe_working_delta(job: Job, layout: Layout, rank: int, inflight: float) -> float:
     """The part of moe_activation_delta that is the recomputed layer's working set (full recompute; else 0): the
-    transient a MoE stage's recompute really holds is the dense one plus this (logits_overlap)."""
+    transient a MoE stage's recompute really holds is the dense one plus this (logits_overlap). Its whole set is the
+    largest of the stage's: a dense one's where a MoE layer keeps less (narrow experts beside a wide dense layer) and
+    the stage holds both."""
     n = moe.rank_moe_layers(job.model, layout, rank, job.train.seq_len, split_rule(job))
     if not n or layout.recompute != "full":
         return 0.0
     layers = rank_layers(job, layout, rank)
-    recomputed = n * rank_recomputed_layers(job, layout, rank) / max(layers, 1)
-    return _moe_working(_moe_layer_delta(job, layout), n, layers, recomputed, inflight)
+    delta = _moe_layer_delta(job, layout)
+    if delta < 0 and n < layers:
+        return 0.0
+    return min(n * rank_recomputed_layers(job, layout, rank) / max(layers, 1) * inflight, 1) * delta
 
 
 def _moe_layer_delta(job: Job, layout: Layout) -> float:
@@ -310,13 +313,6 @@ def _moe_layer_delta(job: Job, layout: Layout) -> float:
     if job.saved.router_aux and job.model.aux_loss_coef:  # the load-balancing loss keeps its per-sequence expert shares
         delta += 4 * job.model.num_experts * b
     return delta
-
-
-def _moe_working(delta: float, n: int, layers: int, recomputed: float, inflight: float) -> float:
-    """What the layer being recomputed holds beyond a dense one's working set: its whole set is the largest of the
-    stage's, a dense one where a MoE layer keeps less (narrow experts beside a wide dense layer) and the stage holds
-    both."""
-    return 0.0 if delta < 0 and n < layers else min(recomputed * inflight, 1) * delta
 
 
 def edge_inflight(schedule: str, p: int, m: int, first: bool) -> int:
@@ -617,7 +613,8 @@ def logits_overlap(job: Job, layout: Layout, rank: int, transient: float | None 
                                         rank_recomputed_layers(job, layout, rank))
     # a recomputed MoE layer's working set is the dense one's plus its own delta (helper-233: the dense one alone
     # took the last stage's activations below its saved inputs)
-    transient += moe_working_delta(job, layout, rank, held.inflight)
+    if job.model.is_moe:
+        transient += moe_working_delta(job, layout, rank, held.inflight)
     # ZB-H1's input-gradient pass keeps the graph, logits included, until the weight pass: only the loss's scratch goes
     freed = loss_transient_bytes(job, layout) + (0.0 if layout.schedule == "zb-h1" else last_stage_bytes(job, layout))
     return min(transient, freed)

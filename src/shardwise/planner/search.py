@@ -37,7 +37,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from shardwise.errors import UsageError
+from shardwise.errors import InputError, UsageError
 from shardwise.forked import map_pieces, worker_count
 from shardwise.planner.estimate import GIB, Estimate, estimate, fewest_recomputed, stack_refusal
 from shardwise.planner.frameworks import get as get_framework
@@ -271,7 +271,7 @@ def micro_batches(job: Job, fw, dp: int, pp: int, space: SearchSpace) -> list[in
 def check_gpus(gpus: int, command: str) -> None:
     """--gpus between 1 and MAX_GPUS, or one UsageError line; `command` (plan, estimate) is what the fix tells to do."""
     if gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+        raise InputError(f"--gpus must be at least 1, got {gpus}")
     if gpus > MAX_GPUS:
         raise UsageError(f"--gpus {gpus:,} is above {MAX_GPUS:,}, the most shardwise plans for — {command} a part of "
                          f"the cluster (layouts repeat across identical parts)")
@@ -304,7 +304,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
     space = space.for_stack(get_framework(job.framework))
     for flag, values in (("--ep", space.ep), ("--tp", space.tp), ("--pp", space.pp), ("--micro-batch", space.micro_batch), ("--cp", space.cp)):
         if values is not None and min(values) < 1:
-            raise UsageError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
+            raise InputError(f"{flag} values must be at least 1, got {','.join(map(str, values))}")
     if space.ep is not None and any(e > 1 for e in space.ep) and not job.model.is_moe:
         raise UsageError(f"--ep {','.join(map(str, space.ep))}: expert parallelism splits experts, but {job.model.name} "
                          f"has no experts — drop --ep or plan a mixture-of-experts model")
@@ -322,7 +322,7 @@ def check_search(job: Job, gpus: int, space: SearchSpace = SearchSpace()) -> tup
                          f"{' or '.join(f'ZeRO-{z}' for z in space.zero)} (it runs ZeRO {', '.join(map(str, runs))}) — "
                          f"pick from those or another --framework")
     if space.max_vpp is not None and space.max_vpp < 1:
-        raise UsageError(f"--max-vpp must be at least 1, got {space.max_vpp}")
+        raise InputError(f"--max-vpp must be at least 1, got {space.max_vpp}")
     required = _sp_required(job, get_framework(job.framework))
     if space.sequence_parallel == (False,) and required and any(t > 1 for t in (space.tp or divisors(gpus))):
         # as estimate refuses it (planner/framework.py), not a filter the stack would quietly ignore
